@@ -1,0 +1,91 @@
+"""The one small interface every protection backend implements.
+
+Seen from the three roles (DESIGN.md section 4):
+
+* hospital:  ``backend.protect(vector, ...) -> bytes``   (a sealed contribution)
+* server:    ``acc = backend.combiner(); acc.add(payload); acc.aggregate() -> bytes``
+             (blind, streaming: memory O(L), never K payloads at once)
+* revealer:  ``backend.reveal(aggregate, ...) -> np.ndarray``  (float64, length L)
+
+Backend-specific key material is passed as keyword arguments (the CKKS public
+or secret context, the SecAgg client state / unmasking material).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import ClassVar
+
+import numpy as np
+
+from ..exceptions import BoundsExceeded, InvalidInputError, LayoutMismatch, RoundAlreadyClosed
+from ..params import SessionParams
+
+__all__ = ["ProtectionBackend", "Combiner", "check_vector"]
+
+
+def check_vector(params: SessionParams, vector, *, bound: float | None = None) -> np.ndarray:
+    """Validate a packed hospital vector: shape, finiteness and declared bounds."""
+    v = np.asarray(vector)
+    if v.dtype == object or not np.issubdtype(v.dtype, np.number):
+        raise TypeError("vector must be a numeric array")
+    v = v.astype(np.float64, copy=False)
+    if v.ndim != 1 or v.shape[0] != params.layout.length:
+        raise LayoutMismatch(f"vector has shape {v.shape}; {params.layout.layout_id} needs ({params.layout.length},)")
+    if not np.all(np.isfinite(v)):
+        raise InvalidInputError("vector contains NaN or inf")
+    limit = params.bounds.hospital_bound(params.gamma) if bound is None else bound
+    peak = float(np.max(np.abs(v))) if v.size else 0.0
+    if peak > limit:
+        raise BoundsExceeded(
+            f"largest |entry| {peak:.6g} exceeds the declared per-hospital bound {limit:.6g}; "
+            "it could wrap the protected sum, so it is refused before protection"
+        )
+    return v
+
+
+class Combiner(ABC):
+    """Server-side running sum of protected contributions."""
+
+    def __init__(self):
+        self.count = 0
+        self._closed = False
+
+    def add(self, payload: bytes) -> None:
+        if self._closed:
+            raise RoundAlreadyClosed("combiner already produced its aggregate")
+        self._add(payload)
+        self.count += 1
+
+    def aggregate(self) -> bytes:
+        if self.count == 0:
+            raise InvalidInputError("no contributions to combine")
+        self._closed = True
+        return self._aggregate()
+
+    @abstractmethod
+    def _add(self, payload: bytes) -> None: ...
+
+    @abstractmethod
+    def _aggregate(self) -> bytes: ...
+
+
+class ProtectionBackend(ABC):
+    name: ClassVar[str]
+
+    def __init__(self, params: SessionParams):
+        if params.backend != self.name:
+            raise ValueError(f"{type(self).__name__} needs backend={self.name!r}, got {params.backend!r}")
+        self.params = params
+
+    @abstractmethod
+    def protect(self, vector: np.ndarray, **kw) -> bytes:
+        """Hospital: protect one packed statistics vector."""
+
+    @abstractmethod
+    def combiner(self, **kw) -> Combiner:
+        """Server: a fresh streaming combiner that cannot read what it sums."""
+
+    @abstractmethod
+    def reveal(self, aggregate: bytes, **kw) -> np.ndarray:
+        """Allowed party: the float64 aggregate vector from the combined payload."""
