@@ -37,6 +37,7 @@ __all__ = [
     "SanityCheckFailed",
     "DecryptionRefused",
     "AuditChainBroken",
+    "InvalidKey",
 ]
 
 
@@ -179,3 +180,11 @@ class AuditChainBroken(SecureAFLError):
     def __init__(self, message: str = "", *, index: int | None = None, reason: str | None = None):
         super().__init__(message, reason=reason)
         self.index = index
+
+
+class InvalidKey(SecureAFLError):
+    """Key material is unusable here: a wrong passphrase or key file, a sealed key
+    for another session, or a public context where a secret one is needed.
+    Deliberately detail-free about which."""
+
+    reason = "invalid_key"

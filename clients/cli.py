@@ -1,0 +1,31 @@
+"""``secure-afl client ...``: the hospital-side command group.
+
+Each subcommand module exposes ``register(parser)`` (adds its arguments and
+``set_defaults(func=...)``) and is imported only when the parser is built;
+torch is imported only when a command that needs it runs. To add a command,
+append ``(name, help, module)`` to ``_SUBCOMMANDS``.
+
+Runs on: the hospital.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+
+__all__ = ["register"]
+
+# (subcommand, help, module providing register(parser))
+_SUBCOMMANDS = [
+    ("embed", "extract backbone embeddings or local AFL statistics from images",
+     "secure_afl.clients.embed"),
+    ("submit", "compute, protect, sign and upload this hospital's statistics",
+     "secure_afl.clients.submit"),
+]
+
+
+def register(parser: argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(dest="client_command", metavar="SUBCOMMAND", required=True)
+    for name, help_, module in _SUBCOMMANDS:
+        p = sub.add_parser(name, help=help_, description=help_)
+        importlib.import_module(module).register(p)

@@ -1,0 +1,183 @@
+"""The hospital client role: statistics -> protect -> sign -> upload -> receipt.
+
+Runs on: a hospital's own machine. Sees: its own embeddings and statistics,
+the session parameters, the key holder's public context (ckks) and, for
+secagg, its peers' public keys and the encrypted shares addressed to it.
+Sends: one protected, signed contribution per session (plus, for secagg, its
+public keys, encrypted shares and at most one share per peer in the unmask
+round).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+from pathlib import Path
+
+import numpy as np
+
+from secure_afl import pki
+from secure_afl.backends import get_backend
+from secure_afl.exceptions import InvalidInputError, ParameterMismatch, StageError
+from secure_afl.packing import Layout
+from secure_afl.params import SessionParams
+from secure_afl.protocol import H_UPLOAD
+from secure_afl.signing import sign_upload, verify_receipt
+from secure_afl.stats import StatisticsAccumulator, SufficientStatistics
+
+from .transport import ServiceClient
+
+__all__ = ["HospitalClient", "statistics_from_file"]
+
+log = logging.getLogger("secure_afl.client")
+
+
+def statistics_from_file(path, n_classes: int, *, max_norm: float | None = None,
+                         batch_size: int = 8192) -> SufficientStatistics:
+    """X^T X, X^T Y and counts (no gamma yet) from an embeddings or statistics .npz.
+
+    Embeddings .npz: "X" (N x d) and "y" (N labels in [0, C)), streamed in
+    batches. Statistics .npz (from ``client embed --stats-only``): "gram",
+    "cross", "counts", "n".
+    """
+    path = Path(path)
+    try:
+        z = np.load(path, allow_pickle=False)
+    except (OSError, ValueError) as e:
+        raise InvalidInputError(f"{path}: not a readable .npz ({e})") from None
+    with z:
+        if "gram" in z.files:
+            from .statsfile import load_statistics_file
+
+            stats, _ = load_statistics_file(path)
+            if stats.n_classes != n_classes:
+                raise InvalidInputError(f"{path} has {stats.n_classes} classes; the session has {n_classes}")
+            return stats
+        if "X" not in z.files or "y" not in z.files:
+            raise InvalidInputError(f"{path} must hold 'X' and 'y' (embeddings) or 'gram'/'cross' (statistics)")
+        X, y = z["X"], z["y"]
+    if X.ndim != 2:
+        raise InvalidInputError(f"{path}: X must be 2-D; got shape {X.shape}")
+    acc = StatisticsAccumulator(X.shape[1], n_classes, max_norm=max_norm)
+    for s in range(0, X.shape[0], batch_size):
+        acc.update(X[s:s + batch_size], y[s:s + batch_size])
+    return acc.finalize(gamma=0.0)
+
+
+class HospitalClient:
+    """One hospital's side of one session.
+
+    Parameters
+    ----------
+    server_url : str
+        ``https://127.0.0.1:8443``.
+    session_id : str
+    party : :class:`secure_afl.pki.PartyFiles`
+        This hospital's TLS and identity material (``pki.load_party(dir, "hospital", name)``).
+    server_identity_pub : Ed25519PublicKey or hex, optional
+        Pins the server's receipt key; read from the PKI directory by default.
+    """
+
+    def __init__(self, server_url: str, session_id: str, party, *, server_identity_pub=None,
+                 receipts_dir=None, timeout: float = 120.0):
+        if party.role != "hospital":
+            raise InvalidInputError(f"party must be a hospital, got {party.role}")
+        self.party = party
+        self.name = party.name
+        self.conn = ServiceClient(server_url, party, session_id, timeout=timeout)
+        self.session_id = session_id
+        self.receipts_dir = Path(receipts_dir) if receipts_dir else None
+        if server_identity_pub is None:
+            servers = pki.load_enrolments(party.pki_dir, role="server")
+            if len(servers) != 1:
+                raise InvalidInputError("cannot pin the server's identity key: give server_identity_pub")
+            server_identity_pub = next(iter(servers.values())).identity_pub
+        self.server_pub = (pki.public_key_from_hex(server_identity_pub)
+                           if isinstance(server_identity_pub, str) else server_identity_pub)
+        self.bytes_uploaded = 0
+
+    def close(self) -> None:
+        self.conn.close()
+
+    # -- stages -----------------------------------------------------------------------
+    def fetch_params(self, *, wait_s: float = 60.0) -> SessionParams:
+        info = self.conn.wait_until(lambda i: i["status"] != "awaiting_context", timeout=wait_s,
+                                    what="the key holder's public context")
+        if info["status"] != "open":
+            raise StageError(f"session {self.session_id} is {info['status']}, not open")
+        params = SessionParams.from_dict(info["params"])
+        if params.digest().hex() != info["params_digest"]:
+            raise ParameterMismatch("server's parameter digest does not match its parameters")
+        if info["server_identity_pub"] != pki.public_key_hex(self.server_pub):
+            raise ParameterMismatch("the server does not present the pinned identity key")
+        return params
+
+    def protect(self, params: SessionParams, stats: SufficientStatistics) -> bytes:
+        """Add the RI intermediary gamma, pack, and protect under the session's backend."""
+        lay = params.layout
+        if stats.gamma != 0.0 or stats.contributors != 1.0:
+            raise InvalidInputError("protect() takes one hospital's raw statistics (gamma = 0); "
+                                    "the session's gamma is added here")
+        if stats.gram.shape != (lay.dim, lay.dim) or stats.cross.shape != (lay.dim, lay.n_classes):
+            raise ParameterMismatch(f"statistics have d={stats.dim}, C={stats.n_classes}; "
+                                    f"the session expects {lay.layout_id}")
+        if stats.n > params.bounds.n_max:
+            raise InvalidInputError(f"n_k = {stats.n:.0f} exceeds the session's n_max = {params.bounds.n_max}")
+        with_ri = SufficientStatistics(stats.gram + params.gamma * np.eye(lay.dim), stats.cross, stats.n,
+                                       stats.class_counts, 1.0, params.gamma)
+        vector = Layout(lay.dim, lay.n_classes).pack(with_ri)
+        backend = get_backend(params)
+        if params.backend == "ckks":
+            ctx = self.conn.request("GET", self.conn.path("/context"), signed=False).content
+            want = params.backend_params.get("public_context_sha256")
+            if hashlib.sha256(ctx).hexdigest() != want:
+                raise ParameterMismatch("the public context does not match the session parameters")
+            return backend.protect(vector, public_context=ctx)
+        return backend.protect(vector)
+
+    def upload(self, params: SessionParams, payload: bytes, *, progress: bool = False) -> dict:
+        statement = sign_upload(self.party.identity_key(), self.session_id, params.digest(),
+                                hashlib.sha256(payload).digest(), self.name)
+        headers = {H_UPLOAD: json.dumps(statement, separators=(",", ":")),
+                   "content-type": "application/octet-stream"}
+        content = _progress_chunks(payload, self.name) if progress else None
+        if content is not None:
+            headers["content-length"] = str(len(payload))
+        resp = self.conn.request("POST", self.conn.path("/uploads"), body=payload, signed=False,
+                                 headers=headers, content=content)
+        receipt = verify_receipt(resp.json(), self.server_pub)
+        if receipt["payload_sha256"] != hashlib.sha256(payload).hexdigest() or receipt["hospital"] != self.name:
+            raise ParameterMismatch("receipt does not acknowledge this payload")
+        self.bytes_uploaded += len(payload)
+        self._keep_receipt(receipt)
+        return receipt
+
+    def submit(self, stats: SufficientStatistics, *, progress: bool = False) -> dict:
+        """plain / ckks: the whole hospital side in one call. Returns the receipt."""
+        params = self.fetch_params()
+        if params.backend == "secagg":
+            from .secagg_client import run_secagg
+
+            return run_secagg(self, params, stats, progress=progress)
+        return self.upload(params, self.protect(params, stats), progress=progress)
+
+    def _keep_receipt(self, receipt: dict) -> None:
+        if self.receipts_dir is None:
+            return
+        self.receipts_dir.mkdir(parents=True, exist_ok=True)
+        path = self.receipts_dir / f"receipt-{self.session_id}-{self.name}.json"
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(receipt, indent=2, sort_keys=True))
+        os.replace(tmp, path)
+
+
+def _progress_chunks(payload: bytes, name: str, chunk: int = 1 << 20):
+    from tqdm import tqdm
+
+    with tqdm(total=len(payload), unit="B", unit_scale=True, desc=f"upload {name}", leave=False) as bar:
+        for i in range(0, len(payload), chunk):
+            piece = payload[i:i + chunk]
+            bar.update(len(piece))
+            yield piece

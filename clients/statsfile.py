@@ -1,0 +1,214 @@
+"""Hospital-side files: embeddings (.npz) and local statistics (.npz).
+
+Runs on: the hospital. Sees: its own embeddings and statistics only. Nothing
+here needs torch, so ``secure-afl client submit`` can read either file on a
+machine without the backbone stack.
+
+Two file kinds, both plain ``.npz`` archives readable with
+``numpy.load(path, allow_pickle=False)``:
+
+* embeddings file (``client embed --out FILE``)::
+
+      X        (N, d) float32 or float64   penultimate-layer embeddings
+      y        (N,)   int64                class index into ``classes``
+      classes  (C,)   str                  class names, index order
+      format   "secure-afl/embeddings/v1"  + metadata (backbone, weights, ...)
+
+* statistics file (``client embed --stats-only FILE``)::
+
+      gram     (d, d) float64   C_k = X_k^T X_k   (never includes gamma)
+      cross    (d, C) float64   Q_k = X_k^T Y_k   (Y_k one-hot)
+      counts   (C,)   float64   samples per class
+      n        ()     int64     N_k = counts.sum()
+      classes  (C,)   str
+      gamma    ()     float64   RI intermediary requested at extraction time
+                                (metadata only: it is NOT added to ``gram``)
+      format   "secure-afl/statistics/v1"  + metadata
+
+:func:`load_statistics_file` accepts either kind and returns the statistics
+(``gamma`` = 0) and the class names; that is what ``client submit`` calls.
+Files are written atomically (temporary file in the same directory, fsync,
+``os.replace``) so a failed run never leaves a partial file that looks complete.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from secure_afl.exceptions import InvalidInputError
+from secure_afl.stats import StatisticsAccumulator, SufficientStatistics
+
+__all__ = [
+    "EMBEDDINGS_FORMAT",
+    "STATISTICS_FORMAT",
+    "StatisticsFileError",
+    "atomic_savez",
+    "write_embeddings_file",
+    "write_statistics_file",
+    "load_statistics_file",
+    "load_embeddings_file",
+    "read_metadata",
+]
+
+EMBEDDINGS_FORMAT = "secure-afl/embeddings/v1"
+STATISTICS_FORMAT = "secure-afl/statistics/v1"
+
+_ARRAY_KEYS = {"X", "y", "classes", "gram", "cross", "counts", "n"}
+
+
+class StatisticsFileError(InvalidInputError):
+    """An embeddings / statistics file is missing, unreadable or inconsistent."""
+
+    reason = "bad_statistics_file"
+
+
+def atomic_savez(path, **arrays) -> Path:
+    """``np.savez`` to a temp file next to ``path``, fsync, then ``os.replace``.
+
+    On any failure the temporary file is removed and ``path`` is untouched.
+    The file is written exactly at ``path`` (no ``.npz`` suffix is appended).
+    """
+    path = Path(path)
+    parent = path.parent if str(path.parent) else Path(".")
+    parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".partial", dir=parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            np.savez(fh, **arrays)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    return path
+
+
+def _meta_arrays(metadata: dict | None) -> dict:
+    out = {}
+    for key, value in (metadata or {}).items():
+        if key in _ARRAY_KEYS or key == "format":
+            raise ValueError(f"metadata key {key!r} is reserved")
+        out[key] = np.asarray("" if value is None else value)
+    return out
+
+
+def _classes_array(classes) -> np.ndarray:
+    names = [str(c) for c in classes]
+    if not names:
+        raise InvalidInputError("at least one class name is required")
+    return np.asarray(names, dtype=np.str_)
+
+
+def write_embeddings_file(path, X, y, classes, metadata: dict | None = None) -> Path:
+    """Write the embeddings file (X, y, classes, metadata) atomically."""
+    X = np.asarray(X)
+    y = np.asarray(y, dtype=np.int64)
+    if X.ndim != 2 or y.shape != (X.shape[0],):
+        raise InvalidInputError(f"X must be (N, d) and y (N,); got {X.shape} and {y.shape}")
+    return atomic_savez(path, X=X, y=y, classes=_classes_array(classes),
+                        format=np.asarray(EMBEDDINGS_FORMAT), **_meta_arrays(metadata))
+
+
+def write_statistics_file(path, stats: SufficientStatistics, classes, metadata: dict | None = None) -> Path:
+    """Write C_k, Q_k, counts, n and classes atomically.
+
+    ``stats`` must not carry gamma (``stats.gamma == 0``): the file holds the
+    raw X^T X; the RI intermediary is added at submission time.
+    """
+    if stats.gamma != 0:
+        raise InvalidInputError("the statistics file stores X^T X without gamma; pass stats with gamma=0")
+    classes = _classes_array(classes)
+    if classes.shape[0] != stats.n_classes:
+        raise InvalidInputError(f"{classes.shape[0]} class names for {stats.n_classes} classes")
+    return atomic_savez(
+        path,
+        gram=np.asarray(stats.gram, dtype=np.float64),
+        cross=np.asarray(stats.cross, dtype=np.float64),
+        counts=np.asarray(stats.class_counts, dtype=np.float64),
+        n=np.asarray(int(round(stats.n)), dtype=np.int64),
+        classes=classes,
+        format=np.asarray(STATISTICS_FORMAT),
+        **_meta_arrays(metadata),
+    )
+
+
+def _open(path):
+    path = Path(path)
+    if not path.is_file():
+        raise StatisticsFileError(f"{path}: no such file", reason="not_found")
+    try:
+        return np.load(path, allow_pickle=False)
+    except Exception as exc:  # zipfile.BadZipFile, ValueError, OSError ...
+        raise StatisticsFileError(f"{path}: not a readable .npz archive ({exc})") from None
+
+
+def read_metadata(path) -> dict:
+    """All 0-d entries of an embeddings / statistics file as Python scalars/str."""
+    with _open(path) as z:
+        return {k: z[k].item() for k in z.files if k not in _ARRAY_KEYS and z[k].ndim == 0}
+
+
+def load_embeddings_file(path):
+    """Return ``(X, y, classes)`` of an embeddings file, validated."""
+    with _open(path) as z:
+        missing = {"X", "y", "classes"} - set(z.files)
+        if missing:
+            raise StatisticsFileError(f"{path}: not an embeddings file (missing {sorted(missing)})")
+        X, y, classes = z["X"], z["y"], [str(c) for c in z["classes"]]
+    if X.ndim != 2 or X.shape[0] == 0 or y.shape != (X.shape[0],) or y.dtype.kind not in "iu":
+        raise StatisticsFileError(f"{path}: X must be (N>0, d) and y (N,) integers; got {X.shape}, {y.shape}")
+    if y.min() < 0 or y.max() >= len(classes):
+        raise StatisticsFileError(f"{path}: labels outside [0, {len(classes)})")
+    if not np.all(np.isfinite(X)):
+        raise StatisticsFileError(f"{path}: X contains NaN or inf")
+    return X, y.astype(np.int64), classes
+
+
+def load_statistics_file(path, *, batch_size: int = 8192) -> tuple[SufficientStatistics, list[str]]:
+    """Load a statistics file **or** an embeddings file.
+
+    Returns ``(stats, class_names)`` with ``stats.gamma == 0`` and
+    ``stats.gram == X^T X`` (float64). For an embeddings file the statistics
+    are accumulated here in float64, batch by batch.
+    """
+    with _open(path) as z:
+        files = set(z.files)
+        if "gram" not in files:
+            kind = None
+        else:
+            kind = "stats"
+            missing = {"gram", "cross", "counts", "n", "classes"} - files
+            if missing:
+                raise StatisticsFileError(f"{path}: incomplete statistics file (missing {sorted(missing)})")
+            gram, cross, counts = z["gram"], z["cross"], z["counts"]
+            n, classes = z["n"], [str(c) for c in z["classes"]]
+    if kind is None:
+        X, y, classes = load_embeddings_file(path)
+        acc = StatisticsAccumulator(X.shape[1], len(classes))
+        for s in range(0, X.shape[0], batch_size):
+            acc.update(X[s:s + batch_size], y[s:s + batch_size])
+        return acc.finalize(gamma=0.0), classes
+
+    d = gram.shape[0] if gram.ndim == 2 else -1
+    C = len(classes)
+    if gram.shape != (d, d) or d < 1 or cross.shape != (d, C) or counts.shape != (C,) or n.shape != ():
+        raise StatisticsFileError(
+            f"{path}: inconsistent shapes gram {gram.shape}, cross {cross.shape}, counts {counts.shape}, "
+            f"{C} classes")
+    gram, cross, counts = (a.astype(np.float64) for a in (gram, cross, counts))
+    if not (np.all(np.isfinite(gram)) and np.all(np.isfinite(cross)) and np.all(np.isfinite(counts))):
+        raise StatisticsFileError(f"{path}: statistics contain NaN or inf")
+    if not np.allclose(gram, gram.T, rtol=0, atol=1e-9 * max(1.0, float(np.abs(gram).max()))):
+        raise StatisticsFileError(f"{path}: gram is not symmetric")
+    if np.any(counts < 0) or np.any(counts != np.round(counts)) or counts.sum() != int(n) or int(n) < 1:
+        raise StatisticsFileError(f"{path}: class counts do not add up to n={int(n)}")
+    stats = SufficientStatistics(0.5 * (gram + gram.T), cross, float(n), counts, 1.0, 0.0)
+    return stats, classes

@@ -1,0 +1,41 @@
+"""``secure-afl client submit``: one hospital's contribution to one session."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+
+def _cmd_submit(args) -> int:
+    from secure_afl import pki
+
+    from .hospital import HospitalClient, statistics_from_file
+
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING)
+    party = pki.load_party(args.pki, "hospital", args.name)
+    client = HospitalClient(args.server, args.session, party, receipts_dir=args.receipts)
+    try:
+        params = client.fetch_params()
+        stats = statistics_from_file(args.embeddings or args.stats, params.layout.n_classes,
+                                     max_norm=params.bounds.max_norm)
+        receipt = client.submit(stats, progress=not args.no_progress)
+    finally:
+        client.close()
+    print(json.dumps({"hospital": args.name, "session": args.session, "backend": params.backend,
+                      "samples": int(stats.n), "bytes_uploaded": client.bytes_uploaded,
+                      "receipt_seq": receipt.get("seq")}))
+    return 0
+
+
+def register(parser) -> None:
+    parser.add_argument("--server", required=True, help="https://host:port of the aggregation server")
+    parser.add_argument("--session", required=True, help="session id")
+    parser.add_argument("--pki", required=True, help="PKI directory with ca.pem and this hospital's files")
+    parser.add_argument("--name", required=True, help="this hospital's enrolled name")
+    src = parser.add_mutually_exclusive_group(required=True)
+    src.add_argument("--embeddings", help=".npz with X (N x d) and y (N labels in [0, C))")
+    src.add_argument("--stats", help="statistics .npz from `client embed --stats-only`")
+    parser.add_argument("--receipts", default="receipts", help="directory to keep the signed receipt in")
+    parser.add_argument("--no-progress", action="store_true", help="no upload progress bar")
+    parser.add_argument("-v", "--verbose", action="store_true")
+    parser.set_defaults(func=_cmd_submit)

@@ -1,0 +1,106 @@
+"""Signed HTTPS transport used by the hospital client and the key holder.
+
+mTLS with the consortium CA (httpx + an ``ssl.SSLContext`` from
+:mod:`secure_afl.pki`), plus an Ed25519 request signature on every call that
+is not public (:func:`secure_afl.protocol.sign_request`). A 4xx answer is
+turned back into the library's typed exception with the server's reason, so
+callers handle network refusals and local refusals the same way.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Iterable
+
+import httpx
+
+from secure_afl import exceptions as E
+from secure_afl.protocol import API, sign_request
+
+__all__ = ["ServiceClient", "ServiceError", "error_from_response"]
+
+
+class ServiceError(E.SecureAFLError):
+    """A refusal by the server whose reason has no more specific class here."""
+
+
+_BY_REASON = {
+    "malformed": E.MalformedPayload,
+    "layout_mismatch": E.LayoutMismatch,
+    "parameter_mismatch": E.ParameterMismatch,
+    "wrong_session": E.WrongSession,
+    "bounds_exceeded": E.BoundsExceeded,
+    "invalid_contribution": E.InvalidContribution,
+    "bad_signature": E.InvalidSignature,
+    "duplicate": E.DuplicateContribution,
+    "replay": E.ReplayedContribution,
+    "round_closed": E.RoundAlreadyClosed,
+    "wrong_stage": E.StageError,
+    "insufficient_contributors": E.InsufficientContributors,
+    "insufficient_shares": E.InsufficientShares,
+    "overlapping_unmask_request": E.OverlappingUnmaskRequest,
+    "secret_key_context": E.SecretKeyNotAllowed,
+    "policy_violation": E.PolicyViolation,
+}
+
+
+def error_from_response(resp: httpx.Response) -> E.SecureAFLError:
+    try:
+        body = resp.json()
+        reason, detail = str(body.get("error", "error")), str(body.get("detail", ""))
+    except ValueError:
+        reason, detail = "error", resp.text[:200]
+    cls = _BY_REASON.get(reason, ServiceError)
+    err = cls(f"server refused ({resp.status_code} {reason}): {detail}", reason=reason)
+    err.status_code = resp.status_code
+    return err
+
+
+class ServiceClient:
+    """One party's authenticated connection to the aggregation server."""
+
+    def __init__(self, base_url: str, party, session_id: str, *, timeout: float = 120.0,
+                 present_cert: bool = True, verify=None):
+        self.base_url = base_url.rstrip("/")
+        self.party = party
+        self.party_id = f"{party.role}:{party.name}"
+        self.session_id = session_id
+        self._key = party.identity_key()
+        ctx = verify if verify is not None else party.client_ssl_context(present_cert=present_cert)
+        self.http = httpx.Client(base_url=self.base_url, verify=ctx, timeout=timeout)
+
+    def close(self) -> None:
+        self.http.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def path(self, suffix: str = "") -> str:
+        return f"{API}/sessions/{self.session_id}{suffix}"
+
+    def request(self, method: str, path: str, *, body: bytes = b"", signed: bool = True,
+                headers: dict | None = None, content: Iterable[bytes] | None = None) -> httpx.Response:
+        h = dict(headers or {})
+        if signed:
+            h.update(sign_request(self._key, self.party_id, method, path, body))
+        resp = self.http.request(method, path, content=content if content is not None else body, headers=h)
+        if resp.status_code >= 400:
+            raise error_from_response(resp)
+        return resp
+
+    def info(self) -> dict:
+        return self.request("GET", self.path(), signed=False).json()
+
+    def wait_until(self, predicate, *, timeout: float, interval: float = 0.2, what: str = "condition") -> dict:
+        """Poll the session info until ``predicate(info)``; bounded by ``timeout``."""
+        deadline = time.monotonic() + timeout
+        while True:
+            info = self.info()
+            if predicate(info):
+                return info
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"gave up waiting for {what} after {timeout:.0f} s (status {info['status']})")
+            time.sleep(interval)

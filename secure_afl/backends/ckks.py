@@ -1,0 +1,302 @@
+"""``ckks``: CKKS homomorphic encryption (TenSEAL) of the packed statistics.
+
+Roles (DESIGN.md sections 3-4; threat model in ``threat_model/``):
+
+* key holder: :func:`new_ckks_session` (or :func:`ckks_session_params`,
+  :func:`generate_keys`, :func:`bind_public_context`) creates the session
+  parameters and a FRESH key pair; publishes ``params`` and the public
+  context; keeps the secret context, at rest only sealed by
+  :func:`save_secret_context`; decrypts only the aggregate with
+  :meth:`CKKSBackend.reveal`. Sees: the aggregate.
+* hospital: ``CKKSBackend(params).protect(vector, public_context=pub)``.
+  Sees: its own statistics.
+* server: ``CKKSBackend(params).combiner(public_context=pub)``; adds
+  ciphertexts it cannot read, streaming (holds one running sum of
+  ``ceil(L / (N/2))`` ciphertexts). Refuses a context that holds a secret key.
+  Sees: ciphertexts, sizes, who uploaded.
+
+Binding: ``params.backend_params`` carries the CKKS parameters and
+``public_context_sha256``; both enter :meth:`SessionParams.digest`, which every
+payload header carries, so a payload made under another key or other
+parameters is refused by :func:`~secure_afl.envelope.open_envelope`
+(:class:`ParameterMismatch`) before its body is parsed. Ciphertexts are then
+checked one by one (level, scale, size) under the session's context.
+
+Precision (see :mod:`secure_afl.hazmat.ckks` for the derivation): for K
+contributions whose largest entries sum to M, every revealed entry satisfies
+with overwhelming probability::
+
+    |reveal - sum| <= 7.55 sqrt(K (N/24) (2 + (2N/3)(ln(N/2) + 30 ln 2))) / 2^s + 2^-46 M
+
+e.g. 1.6e-7 + 1.4e-14 M at the design point (N = 8192, s = 40) for K = 10.
+
+Notes
+-----
+* CKKS ciphertexts are malleable and carry no proof of range: a hospital that
+  encrypts values outside the declared bound (or under another key with the
+  same parameters) corrupts the sum and the server cannot tell. The honest
+  hospital's :meth:`protect` refuses out-of-bound vectors
+  (:class:`BoundsExceeded`) because an overflow decrypts to garbage with no
+  error; :meth:`reveal` refuses an aggregate that lands outside the declared
+  bound (:class:`SanityCheckFailed`), which catches wraps, not every lie.
+* The envelope is not authenticated: anyone can seal a single contribution as
+  an "aggregate". Decrypting only aggregates backed by a manifest of
+  ``min_clients`` signed uploads is the key holder's job, not this module's.
+* Python cannot wipe memory; the secret context bytes live until collected.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..envelope import open_envelope, seal
+from ..exceptions import (
+    InvalidParameterError,
+    ParameterMismatch,
+    SanityCheckFailed,
+)
+from ..hazmat import ckks as hz
+from ..packing import Layout
+from ..params import Bounds, SessionParams
+from .base import Combiner, ProtectionBackend, check_vector
+
+__all__ = [
+    "CKKSBackend",
+    "CKKSKeyPair",
+    "ckks_session_params",
+    "generate_keys",
+    "bind_public_context",
+    "new_ckks_session",
+    "ckks_parameters",
+    "expected_abs_error",
+    "save_secret_context",
+    "load_secret_context",
+    "PUBLIC_CONTEXT_KEY",
+]
+
+PUBLIC_CONTEXT_KEY = "public_context_sha256"
+_AD_PREFIX = b"secure-afl/ckks-secret-context/v1/session="
+
+
+@dataclass(frozen=True, repr=False)
+class CKKSKeyPair:
+    """A session's key material. ``secret_context`` never leaves the key holder."""
+
+    secret_context: bytes
+    public_context: bytes
+
+    def __repr__(self) -> str:  # never print key bytes
+        return f"CKKSKeyPair(public_context_sha256={hz.context_sha256(self.public_context)[:16]}..., secret=<hidden>)"
+
+
+# -- session setup (key holder) -----------------------------------------------------
+def ckks_session_params(session_id: str, layout: Layout, gamma: float, bounds: Bounds, *,
+                        max_abs_error: float = 1e-6, max_poly_modulus_degree: int = 16384) -> SessionParams:
+    """Session parameters with CKKS parameters chosen from ``bounds``; not yet bound to a key.
+
+    Raises :class:`InvalidParameterError` (naming the fix) when no supported
+    parameter set holds ``bounds.aggregate_bound(gamma)`` for ``bounds.k_max``
+    clients within ``max_abs_error``.
+    """
+    unbound = SessionParams(session_id, "ckks", layout, gamma, bounds)
+    chosen = hz.select_parameters(bounds.aggregate_bound(gamma), bounds.k_max, max_abs_error=max_abs_error,
+                                  max_poly_modulus_degree=max_poly_modulus_degree)
+    return unbound.with_backend_params(**chosen.to_dict())
+
+
+def ckks_parameters(params: SessionParams) -> hz.CKKSParameters:
+    """The :class:`~secure_afl.hazmat.ckks.CKKSParameters` of a ckks session."""
+    if params.backend != "ckks":
+        raise InvalidParameterError(f"session backend is {params.backend!r}, not 'ckks'")
+    return hz.CKKSParameters.from_dict(params.backend_params)
+
+
+def generate_keys(params: SessionParams) -> CKKSKeyPair:
+    """Key holder: a FRESH asymmetric context for this session's CKKS parameters.
+
+    The public context holds the public key only: no secret key, and no
+    relinearisation or Galois keys (sums need neither; the context is smaller).
+    """
+    ctx = hz.generate_context(ckks_parameters(params))
+    return CKKSKeyPair(secret_context=hz.serialize_secret(ctx), public_context=hz.serialize_public(ctx))
+
+
+def bind_public_context(params: SessionParams, public_context: bytes) -> SessionParams:
+    """Bind ``sha256(public_context)`` into ``params`` (so into every payload's digest)."""
+    hz.load_context(public_context, ckks_parameters(params), secret=False)
+    return params.with_backend_params(**{PUBLIC_CONTEXT_KEY: hz.context_sha256(public_context)})
+
+
+def new_ckks_session(session_id: str, layout: Layout, gamma: float, bounds: Bounds, **kw):
+    """Key holder convenience: ``(params bound to a fresh key, CKKSKeyPair)``."""
+    params = ckks_session_params(session_id, layout, gamma, bounds, **kw)
+    keys = generate_keys(params)
+    return bind_public_context(params, keys.public_context), keys
+
+
+def expected_abs_error(params: SessionParams, n_clients: int | None = None, *,
+                       magnitude: float | None = None) -> float:
+    """Per-entry error bound (E) of a revealed K-sum (hazmat docstring).
+
+    ``n_clients`` defaults to ``bounds.k_max``; ``magnitude`` (sum over clients
+    of max |entry|) defaults to the declared worst case ``n_clients *
+    hospital_bound(gamma)``.
+    """
+    p = ckks_parameters(params)
+    k = params.bounds.k_max if n_clients is None else int(n_clients)
+    m = k * params.bounds.hospital_bound(params.gamma) if magnitude is None else float(magnitude)
+    return hz.expected_abs_error(p, k, m)
+
+
+# -- secret context at rest (key holder) -----------------------------------------------
+def _ad(session_id: str) -> bytes:
+    return _AD_PREFIX + session_id.encode()
+
+
+def save_secret_context(path, secret_context: bytes, *, session_id: str, passphrase=None,
+                        key: bytes | None = None, overwrite: bool = False, scrypt_log2_n: int = 17) -> None:
+    """Write the secret context sealed with AES-256-GCM, file mode 0600.
+
+    The AEAD key is ``key`` (32 random bytes from a key file) or
+    scrypt(passphrase, n=2^scrypt_log2_n, r=8, p=1); ``session_id`` is
+    authenticated as associated data, so a file cannot be replayed as another
+    session's key.
+    """
+    blob = hz.seal_secret(secret_context, associated_data=_ad(session_id), passphrase=passphrase, key=key,
+                          scrypt_log2_n=scrypt_log2_n)
+    flags = os.O_WRONLY | os.O_CREAT | (os.O_TRUNC if overwrite else os.O_EXCL) | getattr(os, "O_NOFOLLOW", 0)
+    fd = os.open(os.fspath(path), flags, 0o600)
+    try:
+        os.fchmod(fd, 0o600)  # also when overwriting a file created with a wider mode
+        view = memoryview(blob)
+        while view:
+            view = view[os.write(fd, view):]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def load_secret_context(path, *, session_id: str, passphrase=None, key: bytes | None = None) -> bytes:
+    """Read back :func:`save_secret_context`; a wrong passphrase/key/session raises :class:`InvalidKey`."""
+    with open(os.fspath(path), "rb") as f:
+        blob = f.read()
+    return hz.open_secret(blob, associated_data=_ad(session_id), passphrase=passphrase, key=key)
+
+
+# -- the backend ----------------------------------------------------------------------
+class _CKKSCombiner(Combiner):
+    """Server: running sum of ciphertext chunks. Memory: one contribution's worth."""
+
+    def __init__(self, backend: "CKKSBackend", ctx):
+        super().__init__()
+        self._b = backend
+        self._ctx = ctx
+        self._sum = None
+
+    def _add(self, payload: bytes) -> None:
+        # parse and check everything before touching the running sum (all-or-nothing)
+        chunks = self._b._load(self._ctx, payload, "contribution")
+        self._sum = hz.add_chunks(self._sum, chunks)
+
+    def _aggregate(self) -> bytes:
+        body = hz.dump_chunks(self._sum, self._b.params.layout.length)
+        self._sum = None
+        return seal(self._b.params, "aggregate", body, contributors=self.count)
+
+
+class CKKSBackend(ProtectionBackend):
+    """CKKS protection. ``params`` must come from :func:`ckks_session_params` and,
+    for protect/combine/reveal, be bound to a key (:func:`bind_public_context`).
+
+    Raises
+    ------
+    InvalidParameterError
+        When the CKKS parameters in ``params`` do not hold the declared bounds.
+    """
+
+    name = "ckks"
+
+    def __init__(self, params: SessionParams):
+        super().__init__(params)
+        self.ckks_ = ckks_parameters(params)
+        need, k = params.bounds.aggregate_bound(params.gamma), params.bounds.k_max
+        if need > self.ckks_.max_aggregate(k):
+            raise InvalidParameterError(
+                f"CKKS parameters {self.ckks_.to_dict()} hold aggregates up to {self.ckks_.max_aggregate(k):.4g}, "
+                f"but the declared bounds need {need:.4g}; create the session with ckks_session_params, "
+                "or lower n_max, max_norm or k_max."
+            )
+        self._contexts: dict = {}
+
+    # -- key binding ---------------------------------------------------------------
+    def _bound_digest(self) -> str:
+        digest = self.params.backend_params.get(PUBLIC_CONTEXT_KEY)
+        if not isinstance(digest, str):
+            raise InvalidParameterError(
+                "session parameters are not bound to a public context; the key holder must call "
+                "bind_public_context(params, public_context) and publish the result"
+            )
+        return digest
+
+    def _public_context(self, public_context: bytes):
+        digest = self._bound_digest()
+        if not isinstance(public_context, (bytes, bytearray, memoryview)):
+            raise TypeError("public_context must be bytes")
+        public_context = bytes(public_context)
+        sha = hz.context_sha256(public_context)
+        if sha in self._contexts:
+            return self._contexts[sha]
+        ctx = hz.load_context(public_context, self.ckks_, secret=False)  # SecretKeyNotAllowed first
+        if sha != digest:
+            raise ParameterMismatch("public context is not the one bound into this session's parameters")
+        self._contexts = {sha: ctx}
+        return ctx
+
+    def _secret_context(self, secret_context: bytes):
+        digest = self._bound_digest()
+        ctx = hz.load_context(secret_context, self.ckks_, secret=True)
+        if hz.context_sha256(hz.serialize_public(ctx)) != digest:
+            raise ParameterMismatch("secret context belongs to another key than this session's")
+        return ctx
+
+    def _load(self, ctx, payload: bytes, kind: str) -> list:
+        env = open_envelope(self.params, payload, kind)
+        return hz.load_chunks(ctx, self.ckks_, env.body, self.params.layout.length)
+
+    # -- the three roles ---------------------------------------------------------------
+    def protect(self, vector, *, public_context: bytes, **kw) -> bytes:
+        """Hospital: check bounds, encrypt chunk by chunk, seal a "contribution".
+
+        Raises :class:`BoundsExceeded` before any encryption when an entry
+        exceeds ``bounds.hospital_bound(gamma)``.
+        """
+        v = check_vector(self.params, vector)
+        ctx = self._public_context(public_context)
+        return seal(self.params, "contribution", hz.encrypt_vector(ctx, self.ckks_, v))
+
+    def combiner(self, *, public_context: bytes, **kw) -> Combiner:
+        """Server: a streaming combiner. Refuses a context with a secret key (:class:`SecretKeyNotAllowed`)."""
+        return _CKKSCombiner(self, self._public_context(public_context))
+
+    def reveal(self, aggregate: bytes, *, secret_context: bytes, **kw) -> np.ndarray:
+        """Key holder: decrypt the aggregate to a float64 vector of length L.
+
+        Every entry is within :func:`expected_abs_error` of the true sum.
+        A public context raises :class:`InvalidKey`; a decrypted value beyond
+        the declared aggregate bound (a wrapped sum) :class:`SanityCheckFailed`.
+        """
+        env = open_envelope(self.params, aggregate, "aggregate")
+        ctx = self._secret_context(secret_context)
+        chunks = hz.load_chunks(ctx, self.ckks_, env.body, self.params.layout.length)
+        v = hz.decrypt_chunks(ctx, chunks, self.params.layout.length)
+        limit = self.params.bounds.aggregate_bound(self.params.gamma)
+        limit += expected_abs_error(self.params)
+        if not np.all(np.isfinite(v)) or float(np.max(np.abs(v))) > limit:
+            raise SanityCheckFailed(
+                "decrypted aggregate leaves the declared aggregate bound: the homomorphic sum wrapped "
+                "(a contribution exceeded the bounds) or was not formed from this session's contributions"
+            )
+        return v

@@ -1,0 +1,631 @@
+"""CKKS primitives for additive aggregation, on TenSEAL 0.3.18 (Microsoft SEAL).
+
+.. danger::
+
+   This is a "Hazardous Materials" module. You should **ONLY** use it if you're
+   100% absolutely sure that you know what you're doing because this module is
+   full of land mines, dragons, and dinosaurs with laser guns. The recipe that
+   the server, the key holder and the hospitals use is
+   :mod:`secure_afl.backends.ckks`; it checks bounds, binds every payload to
+   its session and refuses secret keys where they do not belong. Nothing here
+   does.
+
+What this module provides
+-------------------------
+* :class:`CKKSParameters` and :func:`select_parameters`: ``(N, coeff bits,
+  scale)`` chosen from the declared aggregate bound so the K-client sum
+  provably cannot wrap, and :func:`expected_abs_error`, the precision bound.
+* :func:`generate_context`, :func:`serialize_public`, :func:`serialize_secret`,
+  :func:`load_context`: fresh asymmetric keys; a public context holds the
+  public key only (no secret, relinearisation or Galois keys: sums need none).
+* :func:`encrypt_vector`, :func:`load_chunks`, :func:`add_chunks`,
+  :func:`dump_chunks`, :func:`decrypt_chunks`: a float64 vector of length L is
+  cut into ``ceil(L / (N/2))`` chunks, one CKKS ciphertext (``CKKSVector``)
+  each, serialised length-prefixed.
+* :func:`seal_secret` / :func:`open_secret`: AEAD wrapping of a secret context
+  at rest (scrypt or a raw 32-byte key, AES-256-GCM).
+
+Every TenSEAL/SEAL exception is caught here and re-raised as a typed
+:mod:`secure_afl.exceptions` error; no C++ exception text leaves this module.
+
+Notation
+--------
+N      ring degree (``poly_modulus_degree``); n = N/2 slots per ciphertext.
+q_i    the coefficient primes; the LAST one (P) is SEAL's special prime, used
+       only during encryption (and key switching, which sums never need).
+Q      = prod of the data primes q_0 .. q_{l-1}; a fresh ciphertext lives
+       mod Q and, since we never rescale, so does every sum of them.
+D      = sum of the data primes' bit sizes; l = number of data primes.
+Delta  = 2^s, the global scale.
+A      the declared aggregate bound, ``Bounds.aggregate_bound(gamma)`` =
+       K_max * max(n_max B^2 + gamma, n_max B, n_max, 1).
+
+Headroom: why a K-client sum cannot wrap
+----------------------------------------
+1. Encoding. A real vector z (n slots) becomes m = round(Delta * tau^{-1}(z)),
+   with tau^{-1}(z)_j = (1/N) sum_i z_i zeta_i^{-j} over the N primitive 2N-th
+   roots (z extended by conjugates). Each term has modulus |z_i|, so
+   ``|m_j| <= Delta * ||z||_inf + 1/2``.
+2. Encryption with the public key (b, a) = (-a s + e, a): SEAL encrypts at the
+   key level Q*P and divides by P with rounding, so
+   ``c0 + c1 s = m + e_fresh (mod Q)`` with
+   e_fresh = r0 + r1 s + (v e + e0 + e1 s)/P, |r0|,|r1| <= 1/2, s, v ternary,
+   Gaussians clipped at 6 sigma = 19.2, so
+   ``||e_fresh||_inf <= 1/2 + N/2 + (2N + 1) 19.2 / P <= N/2 + 1``
+   (P >= 2^39, N <= 2^15).
+3. Addition is coefficient-wise mod Q: the sum of K ciphertexts decrypts to
+   ``M + E (mod Q)`` with M = sum_k m_k, E = sum_k e_fresh_k. Decoding reads
+   the centred representative, which equals M + E exactly iff
+   ||M + E||_inf < Q/2. Otherwise the result is GARBAGE AND NO ERROR IS
+   RAISED (tests/test_ckks.py::test_raw_tenseal_wraps_silently).
+4. Because sum_k ||z_k||_inf <= A and K <= K_max, a sufficient condition is
+   ``Delta * A + K_max * (N + 2) < Q / 2``.
+   Each q_i has b_i bits, so q_i >= 2^(b_i - 1) and Q/2 >= 2^(D - l - 1).
+   We keep MARGIN_BITS more in reserve and require::
+
+       Delta * A + K_max * (N + 2) <= 2^(D - l - 1 - MARGIN_BITS)        (H)
+
+   i.e. ``A <= max_aggregate = (2^(D - l - 1 - MARGIN_BITS) - K_max (N + 2)) / 2^s``.
+   Design point N = 8192, bits [60, 40, 40], s = 40: D = 100, l = 2,
+   max_aggregate ~ 2^55 ~ 3.6e16. (H) also keeps every single encoding below
+   SEAL's own "encoded values are too large" limit (2^D).
+
+Precision: the error bound
+--------------------------
+The decoded slot i of a K-sum is sum_k z_k,i + Re(tau(E)_i)/Delta + float64
+rounding, E = sum_k (u_k + r0_k + r1_k s) (u_k: encoding rounding; the /P
+terms are < 2^-20 and dropped). Coefficients of u, r0, r1 are independent and
+roughly uniform on [-1/2, 1/2] (variance 1/12); tau(r1 s)_i = tau(r1)_i tau(s)_i.
+Given the key s, the real part of slot i therefore has variance::
+
+    v_i = K * (N/24) * (2 + |tau(s)_i|^2) / Delta^2
+
+|tau(s)_i|^2 is about exponential with mean 2N/3 (s ternary, variance 2/3), so
+except with probability 2^-30 per key, max_i |tau(s)_i|^2 <= (2N/3) t with
+t = ln(N/2) + 30 ln 2. A Gaussian tail of z = sqrt(2 ln 2^41) ~ 7.55
+standard deviations fails with probability <= 2^-40 per slot, so::
+
+    noise_bound(K) = 7.55 * sqrt(K * (N/24) * (2 + (2N/3) t)) / Delta
+
+(N = 8192, s = 40: 5.1e-8 at K = 1, 1.6e-7 at K = 10, 5.1e-7 at K = 100).
+The heavy tail of the product term is why the bound is ~40 times the average
+standard deviation sqrt(K N (2 + 2N/3) / 24) / Delta (1.2e-9 at K = 1, which
+matches the measured 1.24e-9; measured maxima over 12k slots are 7-9 standard
+deviations, not the ~4 a Gaussian would give).
+
+Encoding and decoding run an FFT in float64, which adds a relative error:
+measured std 1.5e-16 and max 7.6e-16 times the magnitude of the values in the
+ciphertext. We bound it by FLOAT_REL * M with FLOAT_REL = 2^-46 and M the sum
+over clients of their largest |entry| (<= A). In total::
+
+    expected_abs_error = noise_bound(K) + 2^-46 * M                       (E)
+
+The first term depends only on (N, s, K); :func:`select_parameters` keeps it
+below ``max_abs_error`` (default 1e-6) at K = K_max. The second is a float64
+property of any pipeline that handles values of magnitude M.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import os
+import struct
+from dataclasses import dataclass
+from typing import Iterable, Sequence
+
+import numpy as np
+import tenseal as ts
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+from cryptography.hazmat.primitives.kdf.scrypt import Scrypt
+
+from ..exceptions import (
+    InvalidContribution,
+    InvalidKey,
+    InvalidParameterError,
+    MalformedPayload,
+    ParameterMismatch,
+    SecretKeyNotAllowed,
+)
+
+__all__ = [
+    "CKKSParameters",
+    "SUPPORTED_PARAMETERS",
+    "SEAL_MAX_COEFF_BITS",
+    "MARGIN_BITS",
+    "FLOAT_REL",
+    "select_parameters",
+    "noise_bound",
+    "expected_abs_error",
+    "generate_context",
+    "serialize_public",
+    "serialize_secret",
+    "load_context",
+    "context_sha256",
+    "encrypt_vector",
+    "load_chunks",
+    "add_chunks",
+    "dump_chunks",
+    "decrypt_chunks",
+    "seal_secret",
+    "open_secret",
+]
+
+#: SEAL's largest total coefficient-modulus bit count for 128-bit classical
+#: security (HomomorphicEncryption.org standard, ternary secret), per N.
+SEAL_MAX_COEFF_BITS = {4096: 109, 8192: 218, 16384: 438, 32768: 881}
+
+#: Bits held in reserve below the provable Q/2 lower bound (factor 4).
+MARGIN_BITS = 2
+
+#: Relative float64 error of encode + decode (measured ~2^-50.5; see module docstring).
+FLOAT_REL = 2.0 ** -46
+
+# Gaussian tail (<= 2^-40 per slot) and key tail (<= 2^-30 per key) constants.
+_Z_SLOT = math.sqrt(2.0 * 41.0 * math.log(2.0))
+_T_KEY_EXTRA = 30.0 * math.log(2.0)
+
+
+@dataclass(frozen=True)
+class CKKSParameters:
+    """One CKKS parameter set for rescale-free sums.
+
+    Parameters
+    ----------
+    poly_modulus_degree : int
+        N; a ciphertext holds N/2 values.
+    coeff_mod_bit_sizes : tuple of int
+        Bit sizes of the coefficient primes; the last is SEAL's special prime.
+    scale_bits : int
+        s, the global scale is 2^s.
+    """
+
+    poly_modulus_degree: int
+    coeff_mod_bit_sizes: tuple
+    scale_bits: int
+
+    def __post_init__(self):
+        n = self.poly_modulus_degree
+        bits = tuple(self.coeff_mod_bit_sizes)
+        object.__setattr__(self, "coeff_mod_bit_sizes", bits)
+        caller = "CKKSParameters"
+        if isinstance(n, bool) or not isinstance(n, int) or n not in SEAL_MAX_COEFF_BITS:
+            raise InvalidParameterError(
+                f"The 'poly_modulus_degree' parameter of {caller} must be one of "
+                f"{sorted(SEAL_MAX_COEFF_BITS)}. Got {n!r} instead."
+            )
+        if len(bits) < 2 or any(isinstance(b, bool) or not isinstance(b, int) or not 20 <= b <= 60 for b in bits):
+            raise InvalidParameterError(
+                f"The 'coeff_mod_bit_sizes' parameter of {caller} must be at least two ints in "
+                f"[20, 60]. Got {list(bits)!r} instead."
+            )
+        if sum(bits) > SEAL_MAX_COEFF_BITS[n]:
+            raise InvalidParameterError(
+                f"coeff_mod_bit_sizes={list(bits)} total {sum(bits)} bits, above the 128-bit security "
+                f"limit {SEAL_MAX_COEFF_BITS[n]} for poly_modulus_degree={n}; use fewer or smaller primes "
+                "or a larger poly_modulus_degree."
+            )
+        s = self.scale_bits
+        if isinstance(s, bool) or not isinstance(s, int) or not 20 <= s <= 60:
+            raise InvalidParameterError(
+                f"The 'scale_bits' parameter of {caller} must be an int in the range [20, 60]. Got {s!r} instead."
+            )
+        if bits[-1] < 39:
+            # the encryption noise bound (module docstring, step 2) needs P >= 2^39
+            raise InvalidParameterError(
+                f"the special (last) prime of coeff_mod_bit_sizes={list(bits)} must have at least 39 bits."
+            )
+        if self.headroom_bits <= s:
+            raise InvalidParameterError(
+                f"scale_bits={s} leaves no headroom in a {self.data_bits}-bit data modulus; "
+                "lower scale_bits or add data primes."
+            )
+
+    # -- geometry ------------------------------------------------------------
+    @property
+    def slots(self) -> int:
+        return self.poly_modulus_degree // 2
+
+    @property
+    def data_bits(self) -> int:
+        """D: bits of the data modulus Q (all primes but the special one)."""
+        return sum(self.coeff_mod_bit_sizes[:-1])
+
+    @property
+    def n_data_primes(self) -> int:
+        return len(self.coeff_mod_bit_sizes) - 1
+
+    @property
+    def scale(self) -> float:
+        return float(2 ** self.scale_bits)
+
+    @property
+    def headroom_bits(self) -> int:
+        """log2 of the usable coefficient bound: D - l - 1 - MARGIN_BITS (condition (H))."""
+        return self.data_bits - self.n_data_primes - 1 - MARGIN_BITS
+
+    def n_chunks(self, length: int) -> int:
+        return max(1, -(-int(length) // self.slots))
+
+    def max_aggregate(self, n_clients: int) -> float:
+        """Largest sum_k ||z_k||_inf that condition (H) admits for ``n_clients`` ciphertexts."""
+        room = 2.0 ** self.headroom_bits - float(n_clients) * (self.poly_modulus_degree + 2)
+        return max(room, 0.0) / self.scale
+
+    def approx_bytes_per_value(self) -> float:
+        """Serialized ciphertext bytes per packed value: 2 polys x N coeffs x D bits / (N/2) slots."""
+        return self.data_bits / 2.0
+
+    # -- dict form (goes into SessionParams.backend_params) --------------------
+    def to_dict(self) -> dict:
+        return {
+            "poly_modulus_degree": int(self.poly_modulus_degree),
+            "coeff_mod_bit_sizes": [int(b) for b in self.coeff_mod_bit_sizes],
+            "scale_bits": int(self.scale_bits),
+        }
+
+    @classmethod
+    def from_dict(cls, d) -> "CKKSParameters":
+        try:
+            return cls(
+                d["poly_modulus_degree"], tuple(d["coeff_mod_bit_sizes"]), d["scale_bits"]
+            )
+        except (KeyError, TypeError):
+            raise InvalidParameterError(
+                "ckks backend_params must hold 'poly_modulus_degree', 'coeff_mod_bit_sizes' and "
+                f"'scale_bits'. Got {dict(d) if hasattr(d, 'keys') else d!r} instead."
+            ) from None
+
+
+#: Parameter sets, cheapest first (bytes per value ~ D/2). The first is the
+#: measured design point; the next ones add data-modulus bits (larger primes,
+#: then a larger N where 8192 runs out of security budget).
+SUPPORTED_PARAMETERS: tuple = (
+    (8192, (60, 40, 40)),               # D = 100: the design point, ~57 B/value
+    (8192, (60, 60, 60)),               # D = 120
+    (8192, (60, 50, 50, 50)),           # D = 160 (total 210 <= 218)
+    (16384, (60, 60, 60, 60, 60)),      # D = 240
+    (16384, (60, 60, 60, 60, 60, 60, 60)),  # D = 360 (total 420 <= 438)
+)
+# Within one set: the design scale first, then more precision, then more headroom.
+_SCALE_ORDER = (40, 45, 50, 35, 30, 25)
+
+
+def noise_bound(params: CKKSParameters, n_clients: int) -> float:
+    """High-probability bound on the value-independent error of a K-sum (first term of (E))."""
+    n = float(params.poly_modulus_degree)
+    k = max(int(n_clients), 1)
+    t = math.log(n / 2.0) + _T_KEY_EXTRA
+    var = k * (n / 24.0) * (2.0 + (2.0 * n / 3.0) * t)
+    return _Z_SLOT * math.sqrt(var) / params.scale
+
+
+def expected_abs_error(params: CKKSParameters, n_clients: int, magnitude: float) -> float:
+    """Bound (E) on |decrypted sum - true sum| per entry.
+
+    Parameters
+    ----------
+    params : CKKSParameters
+    n_clients : int
+        K, ciphertexts summed.
+    magnitude : float
+        M = sum over clients of max |entry| (the declared aggregate bound A is
+        always a valid choice; the actual value gives a tighter bound).
+    """
+    return noise_bound(params, n_clients) + FLOAT_REL * float(magnitude)
+
+
+def select_parameters(aggregate_bound: float, k_max: int, *, max_abs_error: float = 1e-6,
+                      max_poly_modulus_degree: int = 16384) -> CKKSParameters:
+    """The cheapest supported set that holds ``aggregate_bound`` for ``k_max`` clients.
+
+    A set qualifies when condition (H) holds (``aggregate_bound <=
+    max_aggregate(k_max)``) and ``noise_bound(k_max) <= max_abs_error``.
+    Candidates are tried in the order of :data:`SUPPORTED_PARAMETERS`; within a
+    set the scale 2^40 first, then larger scales (precision), then smaller
+    ones (headroom).
+
+    Raises
+    ------
+    InvalidParameterError
+        When no supported set qualifies; the message names the fix.
+    """
+    if not (isinstance(aggregate_bound, (int, float)) and math.isfinite(aggregate_bound) and aggregate_bound > 0):
+        raise InvalidParameterError(
+            f"The 'aggregate_bound' parameter of select_parameters must be a finite float > 0. "
+            f"Got {aggregate_bound!r} instead."
+        )
+    precise_enough = [p for p in _candidates(max_poly_modulus_degree) if noise_bound(p, k_max) <= max_abs_error]
+    for p in precise_enough:
+        if aggregate_bound <= p.max_aggregate(k_max):
+            return p
+    held = max((p.max_aggregate(k_max) for p in precise_enough), default=0.0)
+    raise InvalidParameterError(
+        f"No supported CKKS parameter set (poly_modulus_degree <= {max_poly_modulus_degree}) holds the "
+        f"declared aggregate bound {aggregate_bound:.4g} = k_max * max(n_max*max_norm^2 + gamma, "
+        f"n_max*max_norm, n_max) for k_max={k_max} with noise <= max_abs_error={max_abs_error:g}; "
+        f"the largest bound that fits is {held:.4g}. Lower n_max, max_norm or k_max, or allow a "
+        "larger max_poly_modulus_degree or a larger max_abs_error."
+    )
+
+
+def _candidates(max_poly_modulus_degree: int):
+    for n, bits in SUPPORTED_PARAMETERS:
+        if n > max_poly_modulus_degree:
+            continue
+        for s in _SCALE_ORDER:
+            try:
+                yield CKKSParameters(n, bits, s)
+            except InvalidParameterError:
+                continue
+
+
+# -- contexts ------------------------------------------------------------------
+def generate_context(params: CKKSParameters) -> "ts.Context":
+    """A FRESH asymmetric CKKS context (secret + public key) for ``params``."""
+    ctx = ts.context(
+        ts.SCHEME_TYPE.CKKS,
+        poly_modulus_degree=params.poly_modulus_degree,
+        coeff_mod_bit_sizes=list(params.coeff_mod_bit_sizes),
+    )
+    ctx.global_scale = params.scale
+    _check_context(ctx, params)
+    return ctx
+
+
+def serialize_public(ctx: "ts.Context") -> bytes:
+    """Public key and parameters only: no secret, relinearisation or Galois keys."""
+    return ctx.serialize(save_public_key=True, save_secret_key=False, save_galois_keys=False, save_relin_keys=False)
+
+
+def serialize_secret(ctx: "ts.Context") -> bytes:
+    """Secret and public key (no relinearisation / Galois keys). Handle as key material."""
+    if not ctx.has_secret_key():
+        raise InvalidKey("context holds no secret key")
+    return ctx.serialize(save_public_key=True, save_secret_key=True, save_galois_keys=False, save_relin_keys=False)
+
+
+def context_sha256(public_context: bytes) -> str:
+    return hashlib.sha256(bytes(public_context)).hexdigest()
+
+
+def load_context(data: bytes, params: CKKSParameters, *, secret: bool) -> "ts.Context":
+    """Parse a serialized context and check it against ``params``.
+
+    ``secret=False`` refuses a context holding a secret key
+    (:class:`SecretKeyNotAllowed`); ``secret=True`` requires one
+    (:class:`InvalidKey`). Unparsable bytes raise :class:`MalformedPayload`;
+    a context for other parameters :class:`ParameterMismatch`.
+    """
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise TypeError("context must be bytes")
+    try:
+        ctx = ts.context_from(bytes(data))
+        has_secret = ctx.has_secret_key()
+        has_public = ctx.has_public_key()
+    except Exception:  # TenSEAL/SEAL/protobuf raise assorted types with C++ text
+        raise MalformedPayload("bytes do not parse as a TenSEAL context") from None
+    if secret and not has_secret:
+        raise InvalidKey("this operation needs the secret context; a public context cannot decrypt")
+    if not secret and has_secret:
+        raise SecretKeyNotAllowed(
+            "the context holds a secret key; only the key holder may have it. Pass the public context "
+            "(serialize_public) instead."
+        )
+    if not has_public:
+        raise ParameterMismatch("context holds no public key")
+    _check_context(ctx, params)
+    return ctx
+
+
+def _check_context(ctx: "ts.Context", params: CKKSParameters) -> None:
+    try:
+        sc = ctx.seal_context().data
+        first, key = sc.first_context_data(), sc.key_context_data()
+        got = (
+            first.parms().poly_modulus_degree(),
+            first.chain_index() + 1,
+            first.total_coeff_modulus_bit_count(),
+            key.total_coeff_modulus_bit_count(),
+            float(ctx.global_scale),
+        )
+    except Exception:
+        raise ParameterMismatch("context does not carry CKKS parameters with a global scale") from None
+    n, l_data, d_bits, k_bits, scale = got
+    total = sum(params.coeff_mod_bit_sizes)
+    ok = (
+        n == params.poly_modulus_degree
+        and l_data == params.n_data_primes
+        and params.data_bits - params.n_data_primes < d_bits <= params.data_bits
+        and total - len(params.coeff_mod_bit_sizes) < k_bits <= total
+        and scale == params.scale
+    )
+    if not ok:
+        raise ParameterMismatch(
+            f"context parameters (N={n}, data primes={l_data}, data bits={d_bits}, scale=2^{math.log2(scale):g}) "
+            f"do not match the session's {params.to_dict()}"
+        )
+
+
+# -- ciphertext chunks -------------------------------------------------------------
+_BODY_MAGIC = b"SAFLCKK1"
+_BODY_HEAD = struct.Struct("<8sII")  # magic, number of chunks, total length L
+_CHUNK_LEN = struct.Struct("<Q")
+_MAX_CHUNK_BYTES = 1 << 28
+
+
+def encrypt_vector(ctx: "ts.Context", params: CKKSParameters, vector: np.ndarray) -> bytes:
+    """Encrypt a float64 vector chunk by chunk under ``ctx``'s public key.
+
+    Body format: ``b"SAFLCKK1" | u32 n_chunks | u32 L | (u64 len | chunk)*``.
+    The caller has checked the vector against the declared bound.
+    """
+    v = np.ascontiguousarray(vector, dtype=np.float64)
+    parts = [_BODY_HEAD.pack(_BODY_MAGIC, params.n_chunks(v.shape[0]), v.shape[0])]
+    for start in range(0, max(v.shape[0], 1), params.slots):
+        try:
+            blob = ts.ckks_vector(ctx, v[start:start + params.slots]).serialize()
+        except Exception:
+            raise InvalidParameterError("TenSEAL refused to encrypt the vector under this context") from None
+        parts.append(_CHUNK_LEN.pack(len(blob)))
+        parts.append(blob)
+    return b"".join(parts)
+
+
+def _split_body(body: bytes, params: CKKSParameters, length: int) -> list:
+    if len(body) < _BODY_HEAD.size:
+        raise MalformedPayload("ckks body truncated before its header ends")
+    magic, count, total = _BODY_HEAD.unpack_from(body)
+    if magic != _BODY_MAGIC:
+        raise MalformedPayload("not a ckks body (bad magic)")
+    if total != length or count != params.n_chunks(length):
+        raise MalformedPayload(f"ckks body holds {count} chunks for L={total}; expected "
+                               f"{params.n_chunks(length)} for L={length}")
+    out, pos = [], _BODY_HEAD.size
+    for _ in range(count):
+        if pos + _CHUNK_LEN.size > len(body):
+            raise MalformedPayload("ckks body truncated inside a chunk length")
+        (n,) = _CHUNK_LEN.unpack_from(body, pos)
+        pos += _CHUNK_LEN.size
+        if n == 0 or n > _MAX_CHUNK_BYTES or pos + n > len(body):
+            raise MalformedPayload("ckks chunk length out of range or truncated")
+        out.append(body[pos:pos + n])
+        pos += n
+    if pos != len(body):
+        raise MalformedPayload("trailing bytes after the last ckks chunk")
+    return out
+
+
+def load_chunks(ctx: "ts.Context", params: CKKSParameters, body: bytes, length: int) -> list:
+    """Parse and check every chunk; all-or-nothing.
+
+    Each chunk must deserialize under ``ctx`` and be a fresh-level ciphertext
+    of this session: 2 polynomials, NTT form, the first data level (a
+    ciphertext switched to a lower level would have a smaller Q and less
+    headroom), scale exactly 2^s and the expected number of values.
+    Framing errors raise :class:`MalformedPayload`; anything wrong with a
+    ciphertext raises a detail-free :class:`InvalidContribution`.
+    """
+    blobs = _split_body(body, params, length)
+    try:
+        first_id = list(ctx.seal_context().data.first_parms_id())
+    except Exception:
+        raise ParameterMismatch("context has no CKKS parameters") from None
+    out = []
+    for i, blob in enumerate(blobs):
+        want = min(params.slots, length - i * params.slots)
+        try:
+            vec = ts.ckks_vector_from(ctx, blob)
+            cts = vec.ciphertext()
+            ok = (
+                vec.size() == want
+                and len(cts) == 1
+                and cts[0].size() == 2
+                and cts[0].is_ntt_form()
+                and list(cts[0].parms_id()) == first_id
+                and cts[0].scale == params.scale
+                and cts[0].poly_modulus_degree() == params.poly_modulus_degree
+            )
+        except Exception:
+            raise InvalidContribution() from None
+        if not ok:
+            raise InvalidContribution()
+        out.append(vec)
+    return out
+
+
+def add_chunks(acc: list | None, chunks: list) -> list:
+    """acc += chunks, chunk by chunk (homomorphic addition mod Q)."""
+    if acc is None:
+        return list(chunks)
+    if len(acc) != len(chunks):
+        raise InvalidContribution()
+    try:
+        for a, c in zip(acc, chunks):
+            a.add_(c)
+    except Exception:
+        raise InvalidContribution() from None
+    return acc
+
+
+def dump_chunks(chunks: Sequence, length: int) -> bytes:
+    parts = [_BODY_HEAD.pack(_BODY_MAGIC, len(chunks), length)]
+    for c in chunks:
+        blob = c.serialize()
+        parts.append(_CHUNK_LEN.pack(len(blob)))
+        parts.append(blob)
+    return b"".join(parts)
+
+
+def decrypt_chunks(ctx: "ts.Context", chunks: Iterable, length: int) -> np.ndarray:
+    """Decrypt and concatenate to a float64 vector of ``length``."""
+    try:
+        parts = [np.asarray(c.decrypt(), dtype=np.float64) for c in chunks]
+    except Exception:
+        raise InvalidContribution() from None
+    v = np.concatenate(parts) if parts else np.zeros(0)
+    if v.shape != (length,):
+        raise InvalidContribution()
+    return v
+
+
+# -- secret context at rest ----------------------------------------------------------
+_SK_MAGIC = b"SAFLSK01"
+_SK_HEAD = struct.Struct("<8sBBBB16s12s")  # magic, kdf, log2 n, r, p, salt, nonce
+_KDF_RAW, _KDF_SCRYPT = 0, 1
+_SCRYPT_LOG2N_RANGE = (14, 22)
+
+
+def _derive(kdf: int, log2n: int, r: int, p: int, salt: bytes, passphrase, key) -> bytes:
+    if kdf == _KDF_RAW:
+        if key is None:
+            raise InvalidKey("this secret context was sealed with a key file; pass key=")
+        if not isinstance(key, (bytes, bytearray)) or len(key) != 32:
+            raise ValueError("key must be 32 bytes")
+        return bytes(key)
+    if passphrase is None:
+        raise InvalidKey("this secret context was sealed with a passphrase; pass passphrase=")
+    pw = passphrase.encode() if isinstance(passphrase, str) else passphrase
+    if not isinstance(pw, (bytes, bytearray)) or len(pw) == 0:
+        raise ValueError("passphrase must be a non-empty str or bytes")
+    return Scrypt(salt=salt, length=32, n=1 << log2n, r=r, p=p).derive(bytes(pw))
+
+
+def seal_secret(secret: bytes, *, associated_data: bytes, passphrase=None, key: bytes | None = None,
+                scrypt_log2_n: int = 17) -> bytes:
+    """AES-256-GCM encrypt ``secret``; the key is ``key`` (32 bytes) or scrypt(passphrase).
+
+    Format: ``SAFLSK01 | kdf | log2 n | r | p | salt[16] | nonce[12] | ct||tag``.
+    The header and ``associated_data`` (the session id) are authenticated.
+    """
+    if (passphrase is None) == (key is None):
+        raise ValueError("pass exactly one of passphrase= or key=")
+    lo, hi = _SCRYPT_LOG2N_RANGE
+    if not lo <= scrypt_log2_n <= hi:
+        raise ValueError(f"scrypt_log2_n must be in [{lo}, {hi}]")
+    kdf = _KDF_RAW if key is not None else _KDF_SCRYPT
+    salt = os.urandom(16) if kdf == _KDF_SCRYPT else bytes(16)
+    head = _SK_HEAD.pack(_SK_MAGIC, kdf, scrypt_log2_n if kdf else 0, 8 if kdf else 0, 1 if kdf else 0,
+                         salt, os.urandom(12))
+    k = _derive(kdf, scrypt_log2_n, 8, 1, salt, passphrase, key)
+    return head + AESGCM(k).encrypt(head[-12:], bytes(secret), head + bytes(associated_data))
+
+
+def open_secret(blob: bytes, *, associated_data: bytes, passphrase=None, key: bytes | None = None) -> bytes:
+    """Inverse of :func:`seal_secret`. Wrong passphrase/key/associated data -> :class:`InvalidKey`."""
+    blob = bytes(blob)
+    if len(blob) < _SK_HEAD.size + 16:
+        raise MalformedPayload("sealed secret context truncated")
+    magic, kdf, log2n, r, p, salt, nonce = _SK_HEAD.unpack_from(blob)
+    if magic != _SK_MAGIC or kdf not in (_KDF_RAW, _KDF_SCRYPT):
+        raise MalformedPayload("not a sealed secret context")
+    lo, hi = _SCRYPT_LOG2N_RANGE
+    if kdf == _KDF_SCRYPT and not (lo <= log2n <= hi and r == 8 and p == 1):
+        raise MalformedPayload("sealed secret context has unsupported scrypt parameters")
+    k = _derive(kdf, log2n, r, p, salt, passphrase, key)
+    head = blob[:_SK_HEAD.size]
+    try:
+        return AESGCM(k).decrypt(nonce, blob[_SK_HEAD.size:], head + bytes(associated_data))
+    except InvalidTag:
+        raise InvalidKey("the secret context could not be unlocked") from None

@@ -1,0 +1,113 @@
+"""Wire vocabulary shared by the hospital client, the server and the key holder.
+
+No network code: header names, the signed-request scheme and the refusal
+reasons with their HTTP status. Every request that changes state or reads
+something non-public carries an Ed25519 signature by the caller's identity
+key (mTLS authenticates the connection; the signature authenticates the
+request itself and survives in the audit log):
+
+    statement = {type: "request", v: 1, party: "<role>:<name>", method, path,
+                 body_sha256, nonce (16 bytes hex), time (unix s)}
+    X-SAFL-Party, X-SAFL-Time, X-SAFL-Nonce, X-SAFL-Signature headers
+
+The server refuses a statement older than ``MAX_SKEW_S`` or whose nonce it has
+seen before (replay), with a machine-readable reason.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+import time as _time
+from typing import Callable, Mapping
+
+from cryptography.exceptions import InvalidSignature as _CryptoInvalidSignature
+
+from .exceptions import InvalidSignature, MalformedPayload, ReplayedContribution
+from .signing import canonical_json
+
+__all__ = ["H_PARTY", "H_TIME", "H_NONCE", "H_SIGNATURE", "H_UPLOAD", "REQUEST_PREFIX", "MAX_SKEW_S",
+           "sign_request", "verify_request", "STATUS_BY_REASON", "API"]
+
+H_PARTY = "x-safl-party"
+H_TIME = "x-safl-time"
+H_NONCE = "x-safl-nonce"
+H_SIGNATURE = "x-safl-signature"
+H_UPLOAD = "x-safl-upload"
+REQUEST_PREFIX = b"secure-afl/request/v1\0"
+MAX_SKEW_S = 300
+
+API = "/v1"
+
+# Refusal reason -> HTTP status. 4xx only: a refusal is never a server error.
+STATUS_BY_REASON = {
+    "malformed": 400,
+    "invalid_input": 400,
+    "invalid_parameter": 400,
+    "layout_mismatch": 422,
+    "parameter_mismatch": 422,
+    "wrong_session": 422,
+    "bounds_exceeded": 422,
+    "invalid_contribution": 422,
+    "unauthenticated": 401,
+    "bad_signature": 401,
+    "unknown_party": 403,
+    "forbidden": 403,
+    "not_found": 404,
+    "duplicate": 409,
+    "replay": 409,
+    "round_closed": 409,
+    "wrong_stage": 409,
+    "insufficient_contributors": 409,
+    "insufficient_shares": 409,
+    "overlapping_unmask_request": 409,
+    "secret_key_context": 422,
+    "deadline_passed": 410,
+    "too_large": 413,
+    "policy_violation": 409,
+}
+
+
+def _statement(party: str, method: str, path: str, body_sha256: str, nonce: str, t: int) -> dict:
+    return {"type": "request", "v": 1, "party": party, "method": method.upper(), "path": path,
+            "body_sha256": body_sha256, "nonce": nonce, "time": int(t)}
+
+
+def sign_request(identity_key, party: str, method: str, path: str, body: bytes = b"", *,
+                 nonce: bytes | None = None, timestamp: float | None = None) -> dict[str, str]:
+    """Headers that authenticate one request as ``party`` ("role:name")."""
+    n = (nonce if nonce is not None else secrets.token_bytes(16)).hex()
+    t = int(_time.time() if timestamp is None else timestamp)
+    st = _statement(party, method, path, hashlib.sha256(body).hexdigest(), n, t)
+    sig = identity_key.sign(REQUEST_PREFIX + canonical_json(st)).hex()
+    return {H_PARTY: party, H_TIME: str(t), H_NONCE: n, H_SIGNATURE: sig}
+
+
+def verify_request(headers: Mapping[str, str], method: str, path: str, body: bytes,
+                   lookup_pub: Callable[[str], object], *, now: float | None = None,
+                   max_skew_s: float = MAX_SKEW_S) -> dict:
+    """Return the verified statement, or raise a typed error.
+
+    ``lookup_pub(party)`` returns the party's Ed25519 public key or raises
+    (e.g. PolicyViolation for an unknown party). Nonce uniqueness is the
+    caller's job (it must persist seen nonces).
+    """
+    try:
+        party = headers[H_PARTY]
+        t = int(headers[H_TIME])
+        nonce = headers[H_NONCE]
+        sig = bytes.fromhex(headers[H_SIGNATURE])
+    except (KeyError, ValueError, TypeError):
+        raise MalformedPayload("missing or malformed request-signature headers") from None
+    if len(nonce) != 32 or any(c not in "0123456789abcdef" for c in nonce):
+        raise MalformedPayload("request nonce must be 16 bytes of lower-case hex")
+    pub = lookup_pub(party)
+    st = _statement(party, method, path, hashlib.sha256(body).hexdigest(), nonce, t)
+    try:
+        pub.verify(sig, REQUEST_PREFIX + canonical_json(st))
+    except _CryptoInvalidSignature:
+        raise InvalidSignature() from None
+    current = _time.time() if now is None else now
+    if abs(current - t) > max_skew_s:
+        raise ReplayedContribution("request timestamp outside the accepted window")
+    return st

@@ -1,0 +1,341 @@
+"""The aggregation server role: blind, streaming, durable, audited.
+
+Runs on: the consortium's aggregation server. Sees: enrolment records,
+signatures, and protected payloads (CKKS ciphertexts under the key holder's
+public key, or SecAgg masked vectors); with ``plain`` it sees plaintext
+statistics (reference mode only). Trusted for availability, not for
+confidentiality (threat_model/THREAT_MODEL.md).
+
+Stages of a session, visible in :attr:`AggregationServer.status`:
+
+    awaiting_context (ckks only) -> open -> released
+
+* ``open``: one signed upload per enrolled hospital is accepted, validated
+  against the session parameters, written durably and added to a running sum
+  (memory O(L): one combiner, never K payloads).
+* ``released``: at least ``min_clients`` contributed; the aggregate payload
+  and a server-signed manifest (participants, payload hashes, upload
+  signatures) are fixed. Nothing more is accepted.
+
+Every decision, accepted or refused, is appended to the hash-chained audit log
+before it is acknowledged.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import threading
+import time
+from pathlib import Path
+
+from secure_afl import pki
+from secure_afl.audit import AuditLog
+from secure_afl.backends import get_backend
+from secure_afl.envelope import open_envelope, peek_header
+from secure_afl.exceptions import (
+    DuplicateContribution,
+    InsufficientContributors,
+    MalformedPayload,
+    PolicyViolation,
+    ReplayedContribution,
+    RoundAlreadyClosed,
+    SecureAFLError,
+    StageError,
+)
+from secure_afl.packing import Layout
+from secure_afl.params import SessionParams
+from secure_afl.protocol import MAX_SKEW_S, verify_request
+from secure_afl.signing import build_manifest, make_receipt, verify_upload
+
+from .config import ServerConfig
+from .store import Store
+
+__all__ = ["AggregationServer", "DeadlinePassed", "open_server"]
+
+log = logging.getLogger("secure_afl.server")
+
+
+class DeadlinePassed(SecureAFLError):
+    reason = "deadline_passed"
+
+
+class AggregationServer:
+    """One session's server state machine (no HTTP here; see server/app.py)."""
+
+    def __init__(self, config: ServerConfig):
+        self.config = config
+        self.dir = Path(config.data_dir) / config.session_id
+        self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self.store = Store(self.dir)
+        self.party = pki.load_party(config.pki_dir, "server", config.name)
+        self._key = self.party.identity_key()
+        self.identity_pub_hex = pki.public_key_hex(self._key.public_key())
+        self.audit = AuditLog(self.dir / "audit.jsonl", signing_key=self._key)
+        self._lock = threading.RLock()
+        self._enrolled = self._load_enrolled()
+        self._keyholders = pki.load_enrolments(config.pki_dir, role="keyholder")
+        if self.store.get_meta("created_at") is None:
+            self.store.set_meta("created_at", time.time())
+            self.audit.append("session_created", actor=config.name, outcome="accepted",
+                              session=config.session_id,
+                              details={"backend": config.backend, "min_clients": config.min_clients,
+                                       "hospitals": sorted(self._enrolled)})
+        self.params: SessionParams | None = None
+        self.public_context: bytes | None = None
+        self._combiner = None
+        self._recover()
+
+    # -- set-up ------------------------------------------------------------------
+    def _load_enrolled(self) -> dict:
+        issued = pki.load_enrolments(self.config.pki_dir, role="hospital")
+        names = self.config.hospitals or sorted(issued)
+        missing = [n for n in names if n not in issued]
+        if missing:
+            raise FileNotFoundError(f"hospitals {missing} are listed in the config but have no enrolment "
+                                    f"in {self.config.pki_dir}; issue them with `secure-afl pki issue`")
+        return {n: issued[n] for n in names}
+
+    def _base_params(self) -> SessionParams:
+        c = self.config
+        layout = Layout(c.dim, c.classes)
+        if c.backend == "plain":
+            return SessionParams(c.session_id, "plain", layout, c.gamma, c.bounds)
+        if c.backend == "ckks":
+            from secure_afl.backends.ckks import ckks_session_params
+
+            return ckks_session_params(c.session_id, layout, c.gamma, c.bounds)
+        from secure_afl.backends.secagg import secagg_session_params
+
+        return secagg_session_params(c.session_id, layout, c.gamma, c.bounds, n_parties=len(self._enrolled),
+                                     threshold=c.secagg_threshold, neighbours=c.secagg_neighbours or None)
+
+    def _recover(self) -> None:
+        """Rebuild in-memory state from SQLite and payload files after a restart."""
+        stored = self.store.get_meta("params")
+        if stored is not None:
+            self.params = SessionParams.from_dict(stored)
+        elif self.config.backend != "ckks":
+            self.params = self._base_params()
+            self.store.set_meta("params", self.params.to_dict())
+        ctx = self.store.get_meta("public_context_sha256")
+        if ctx is not None:
+            self.public_context = self.store.get_blob(ctx)
+        if self.params is not None:
+            self._combiner = self._new_combiner()
+            for row in self.store.uploads():
+                self._combiner.add(self.store.get_blob(row["payload_sha256"]))
+                if row["audit_seq"] is None:  # killed between commit and audit: finish the bookkeeping
+                    self._finish_acceptance(row["hospital"], row["payload_sha256"], recovered=True)
+        if self.store.upload_count():
+            self.audit.append("server_restarted", actor=self.config.name, outcome="accepted",
+                              session=self.config.session_id,
+                              details={"recovered_uploads": self.store.upload_count(), "status": self.status})
+
+    def _new_combiner(self):
+        backend = get_backend(self.params)
+        if self.params.backend == "ckks":
+            return backend.combiner(public_context=self.public_context)
+        return backend.combiner()
+
+    # -- public state ----------------------------------------------------------------
+    @property
+    def status(self) -> str:
+        if self.store.get_meta("manifest") is not None:
+            return "released"
+        if self.params is None:
+            return "awaiting_context"
+        return "open"
+
+    @property
+    def deadline(self) -> float | None:
+        c = self.config
+        if c.deadline is not None:
+            return c.deadline
+        if c.deadline_s is not None:
+            return float(self.store.get_meta("created_at")) + c.deadline_s
+        return None
+
+    def info(self) -> dict:
+        return {
+            "session_id": self.config.session_id,
+            "status": self.status,
+            "backend": self.config.backend,
+            "params": self.params.to_dict() if self.params else None,
+            "params_digest": self.params.digest().hex() if self.params else None,
+            "min_clients": self.config.min_clients,
+            "contributions": self.store.upload_count(),
+            "hospitals": sorted(self._enrolled),
+            "deadline": self.deadline,
+            "max_upload_bytes": self.config.max_upload_bytes,
+            "server_identity_pub": self.identity_pub_hex,
+        }
+
+    # -- authentication --------------------------------------------------------------
+    def lookup_pub(self, party: str):
+        role, _, name = party.partition(":")
+        if role == "hospital" and name in self._enrolled:
+            return self._enrolled[name].public_key()
+        if role == "keyholder" and name == self.config.keyholder and name in self._keyholders:
+            return self._keyholders[name].public_key()
+        raise PolicyViolation(f"{party!r} is not enrolled in this session", reason="unknown_party")
+
+    def authenticate(self, headers, method: str, path: str, body: bytes, *, roles: tuple[str, ...]) -> str:
+        """Verify a signed request; return the party. Refusals are audited."""
+        try:
+            st = verify_request(headers, method, path, body, self.lookup_pub)
+            role = st["party"].partition(":")[0]
+            if role not in roles:
+                raise PolicyViolation(f"{role} may not call {method} {path}", reason="forbidden")
+            if not self.store.claim_nonce(st["nonce"], st["party"]):
+                raise ReplayedContribution("request nonce was already used")
+            return st["party"]
+        except SecureAFLError as e:
+            self.refuse("request", headers.get("x-safl-party", "anonymous"), e, {"method": method, "path": path})
+            raise
+
+    def refuse(self, event: str, actor: str, err: SecureAFLError, details: dict | None = None) -> None:
+        self.audit.append(event, actor=str(actor)[:128] or "anonymous", outcome="refused",
+                          session=self.config.session_id, reason=err.reason,
+                          details={**(details or {}), "message": str(err)[:300]})
+
+    # -- ckks: the key holder publishes the public context ----------------------------------
+    def publish_context(self, party: str, context: bytes) -> dict:
+        with self._lock:
+            try:
+                if self.config.backend != "ckks":
+                    raise StageError("this session does not use a public context")
+                if self.params is not None:
+                    raise RoundAlreadyClosed("the public context is already published")
+                from secure_afl.backends.ckks import bind_public_context
+
+                params = bind_public_context(self._base_params(), context)  # refuses secret-key contexts
+                get_backend(params).combiner(public_context=context)
+            except SecureAFLError as e:
+                self.refuse("publish_context", party, e)
+                raise
+            digest = self.store.put_blob(context)
+            self.store.set_meta("public_context_sha256", digest)
+            self.store.set_meta("params", params.to_dict())
+            self.params, self.public_context = params, context
+            self._combiner = self._new_combiner()
+            self.audit.append("publish_context", actor=party, outcome="accepted", session=self.config.session_id,
+                              details={"public_context_sha256": digest, "params_digest": params.digest().hex()})
+            return self.info()
+
+    # -- uploads ------------------------------------------------------------------------------
+    def submit(self, hospital: str, statement: dict, payload: bytes) -> dict:
+        """Validate, store durably, add to the running sum, audit, return a signed receipt."""
+        sha = hashlib.sha256(payload).hexdigest()
+        details = {"payload_sha256": sha, "bytes": len(payload)}
+        with self._lock:
+            try:
+                self._check_open()
+                if len(payload) > self.config.max_upload_bytes:
+                    raise PolicyViolation(f"payload of {len(payload)} bytes exceeds the cap of "
+                                          f"{self.config.max_upload_bytes}", reason="too_large")
+                if hospital not in self._enrolled:
+                    raise PolicyViolation(f"{hospital!r} is not enrolled", reason="unknown_party")
+                st = verify_upload(statement, self._enrolled[hospital].public_key(),
+                                   session_id=self.config.session_id, params_digest=self.params.digest(),
+                                   payload_sha256=bytes.fromhex(sha), hospital=hospital, max_age_s=MAX_SKEW_S)
+                if not self.store.claim_nonce("upload:" + st["nonce"], "hospital:" + hospital):
+                    raise ReplayedContribution("this upload statement was already presented")
+                if self.store.has_upload(hospital):
+                    raise DuplicateContribution(f"{hospital} already contributed to this session")
+                self._check_stage_allows_upload(hospital)
+                open_envelope(self.params, payload, "contribution")
+                self._combiner.add(payload)  # validates the body; atomic: a refused payload changes nothing
+            except SecureAFLError as e:
+                self.refuse("upload", hospital, e, details)
+                raise
+            except (TypeError, ValueError, KeyError) as e:
+                err = MalformedPayload(f"upload statement unusable: {type(e).__name__}")
+                self.refuse("upload", hospital, err, details)
+                raise err from None
+            self.store.put_blob(payload)
+            self.store.insert_upload(hospital, sha, st)
+            return self._finish_acceptance(hospital, sha)
+
+    def _finish_acceptance(self, hospital: str, sha: str, *, recovered: bool = False) -> dict:
+        rec = self.audit.append("upload", actor=hospital, outcome="accepted", session=self.config.session_id,
+                                details={"payload_sha256": sha, "recovered": recovered,
+                                         "contributions": self.store.upload_count()})
+        receipt = make_receipt(self._key, self.config.session_id, hospital, bytes.fromhex(sha), rec["seq"])
+        self.store.set_receipt(hospital, rec["seq"], receipt)
+        log.info("[Stage upload] accepted %s (%d so far)", hospital, self.store.upload_count())
+        return receipt
+
+    def _check_open(self) -> None:
+        if self.params is None:
+            raise StageError("the session is not open yet (waiting for the key holder's public context)")
+        if self.status == "released":
+            raise RoundAlreadyClosed("the session's aggregate was released; it accepts nothing more")
+        dl = self.deadline
+        if dl is not None and time.time() > dl:
+            raise DeadlinePassed("the session's upload deadline has passed")
+
+    def _check_stage_allows_upload(self, hospital: str) -> None:
+        """Hook for protocols with rounds before the upload (secagg overrides)."""
+
+    def receipt(self, hospital: str) -> dict:
+        for row in self.store.uploads():
+            if row["hospital"] == hospital and row["receipt"]:
+                return row["receipt"]
+        raise PolicyViolation(f"no accepted upload from {hospital}", reason="not_found")
+
+    # -- release ----------------------------------------------------------------------------------
+    def close(self, party: str) -> dict:
+        """Fix the aggregate and sign the manifest, if at least min_clients contributed."""
+        with self._lock:
+            if self.status == "released":
+                return self.store.get_meta("manifest")
+            try:
+                if self.params is None:
+                    raise StageError("nothing to close: the session never opened")
+                n = self.store.upload_count()
+                if n < self.config.min_clients:
+                    raise InsufficientContributors(
+                        f"{n} contributions, fewer than min_clients={self.config.min_clients}; nothing is released")
+                aggregate = self._final_aggregate()
+                agg_sha = hashlib.sha256(aggregate).hexdigest()
+                participants = []
+                for row in self.store.uploads():
+                    participants.append({**row["statement"],
+                                         "identity_pub": self._enrolled[row["hospital"]].identity_pub})
+                manifest = build_manifest(self._key, self.config.session_id, self.params.digest(), participants,
+                                          bytes.fromhex(agg_sha), self.config.min_clients,
+                                          enrolled=pki.enrolled_keys(self._enrolled))
+            except SecureAFLError as e:
+                self.refuse("close", party, e)
+                raise
+            self.store.put_blob(aggregate)
+            self.store.set_meta("aggregate_sha256", agg_sha)
+            self.store.set_meta("manifest", manifest)
+            self.audit.append("release", actor=party, outcome="accepted", session=self.config.session_id,
+                              details={"aggregate_sha256": agg_sha, "contributors": len(participants),
+                                       "participants": sorted(p["hospital"] for p in participants)})
+            log.info("[Stage release] aggregate of %d contributions released", len(participants))
+            return manifest
+
+    def _final_aggregate(self) -> bytes:
+        return self._combiner.aggregate()
+
+    def released(self) -> tuple[bytes, dict]:
+        if self.status != "released":
+            raise StageError("the aggregate has not been released")
+        return self.store.get_blob(self.store.get_meta("aggregate_sha256")), self.store.get_meta("manifest")
+
+    def shutdown(self) -> None:
+        self.audit.close()
+        self.store.close()
+
+
+def open_server(config: ServerConfig) -> AggregationServer:
+    """The server role for ``config.backend`` (secagg adds its key-exchange rounds)."""
+    if config.backend == "secagg":
+        from .secagg_round import SecAggAggregationServer
+
+        return SecAggAggregationServer(config)
+    return AggregationServer(config)

@@ -1,0 +1,39 @@
+"""``secure-afl server run --config session.toml``."""
+
+from __future__ import annotations
+
+import logging
+
+
+def _cmd_run(args) -> int:
+    import uvicorn
+
+    from .aggregator import open_server
+    from .app import create_app
+    from .config import load_config
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    cfg = load_config(args.config)
+    if args.port is not None:
+        cfg.port = args.port
+    server = open_server(cfg)
+    app = create_app(server)
+    ssl_kwargs = server.party.uvicorn_ssl_kwargs(require_client_cert=cfg.require_client_cert)
+    logging.getLogger("secure_afl.server").info(
+        "serving session %s (%s) on https://%s:%d, mTLS %s", cfg.session_id, cfg.backend, cfg.host, cfg.port,
+        "on" if cfg.require_client_cert else "OFF")
+    try:
+        uvicorn.run(app, host=cfg.host, port=cfg.port, log_level=args.log_level, **ssl_kwargs)
+    finally:
+        server.shutdown()
+    return 0
+
+
+def register(parser) -> None:
+    sub = parser.add_subparsers(dest="server_command", metavar="COMMAND", required=True)
+    p = sub.add_parser("run", help="run the aggregation server for one session",
+                       description="Run the aggregation server (FastAPI + uvicorn, TLS, mTLS by default).")
+    p.add_argument("--config", required=True, help="session.toml")
+    p.add_argument("--port", type=int, help="override [server].port")
+    p.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
+    p.set_defaults(func=_cmd_run)

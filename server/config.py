@@ -1,0 +1,157 @@
+"""Session configuration (session.toml) for the aggregation server.
+
+Example::
+
+    [session]
+    id = "cohort-2026-11"
+    backend = "ckks"            # plain | ckks | secagg
+    dim = 512
+    classes = 100
+    gamma = 1.0                 # RI intermediary
+    min_clients = 3             # the aggregate is never released below this
+    min_class_count = 5         # key holder refuses a release with a rarer class
+    deadline = "2026-12-01T00:00:00Z"   # or deadline_s = 3600 (from first start)
+    max_upload_bytes = 64_000_000
+    hospitals = ["hosp-a", "hosp-b", "hosp-c"]   # enrolled; [] = all issued
+
+    [bounds]
+    max_norm = 40.0             # B: ||x||_2 <= B per embedding
+    n_max = 100000              # n_k <= n_max
+    k_max = 64                  # K <= K_max
+
+    [secagg]                    # only for backend = "secagg"
+    threshold = 2               # Shamir t; default: majority of the hospitals
+    neighbours = 0              # 0: complete graph; k: random k-regular (SecAgg+)
+    stage_timeout_s = 60        # a hospital silent this long in a stage is dropped
+
+    [server]
+    host = "127.0.0.1"
+    port = 8443
+    data_dir = "runs/server"
+    pki_dir = "runs/pki"
+    name = "aggregator"
+    keyholder = "keyholder"
+    require_client_cert = true
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+from secure_afl._validation import param_error
+from secure_afl.params import BACKENDS, Bounds
+
+__all__ = ["ServerConfig", "load_config"]
+
+
+@dataclass
+class ServerConfig:
+    session_id: str
+    backend: str
+    dim: int
+    classes: int
+    gamma: float
+    bounds: Bounds
+    min_clients: int
+    data_dir: Path
+    pki_dir: Path
+    hospitals: list[str] = field(default_factory=list)
+    min_class_count: int = 1
+    deadline: float | None = None  # absolute unix time
+    deadline_s: float | None = None  # relative to the session's creation
+    max_upload_bytes: int = 64_000_000
+    host: str = "127.0.0.1"
+    port: int = 8443
+    name: str = "aggregator"
+    keyholder: str = "keyholder"
+    require_client_cert: bool = True
+    secagg_threshold: int | None = None
+    secagg_neighbours: int = 0
+    stage_timeout_s: float = 60.0
+
+    def __post_init__(self):
+        if self.backend not in BACKENDS:
+            raise param_error("backend", "session.toml", f"one of {BACKENDS}", self.backend)
+        if self.min_clients < 1:
+            raise param_error("min_clients", "session.toml", "an int >= 1", self.min_clients)
+        if self.min_clients > self.bounds.k_max:
+            raise param_error("min_clients", "session.toml", f"<= bounds.k_max={self.bounds.k_max}",
+                              self.min_clients)
+        if self.max_upload_bytes < 1024:
+            raise param_error("max_upload_bytes", "session.toml", "an int >= 1024", self.max_upload_bytes)
+
+
+def _parse_deadline(value) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, _dt.datetime):
+        dt = value
+    else:
+        dt = _dt.datetime.fromisoformat(str(value).replace("Z", "+00:00"))
+    if dt.tzinfo is None:
+        dt = dt.replace(tzinfo=_dt.timezone.utc)
+    return dt.timestamp()
+
+
+def load_config(path) -> ServerConfig:
+    path = Path(path)
+    with open(path, "rb") as fh:
+        raw = tomllib.load(fh)
+    s = raw.get("session", {})
+    b = raw.get("bounds", {})
+    sa = raw.get("secagg", {})
+    srv = raw.get("server", {})
+    base = path.parent
+    try:
+        return ServerConfig(
+            session_id=str(s["id"]),
+            backend=str(s["backend"]),
+            dim=int(s["dim"]),
+            classes=int(s["classes"]),
+            gamma=float(s.get("gamma", 1.0)),
+            bounds=Bounds(float(b["max_norm"]), int(b["n_max"]), int(b["k_max"])),
+            min_clients=int(s.get("min_clients", 2)),
+            min_class_count=int(s.get("min_class_count", 1)),
+            hospitals=[str(h) for h in s.get("hospitals", [])],
+            deadline=_parse_deadline(s.get("deadline")),
+            deadline_s=float(s["deadline_s"]) if "deadline_s" in s else None,
+            max_upload_bytes=int(s.get("max_upload_bytes", 64_000_000)),
+            data_dir=(base / srv.get("data_dir", "server-data")).resolve(),
+            pki_dir=(base / srv.get("pki_dir", "pki")).resolve(),
+            host=str(srv.get("host", "127.0.0.1")),
+            port=int(srv.get("port", 8443)),
+            name=str(srv.get("name", "aggregator")),
+            keyholder=str(srv.get("keyholder", "keyholder")),
+            require_client_cert=bool(srv.get("require_client_cert", True)),
+            secagg_threshold=int(sa["threshold"]) if "threshold" in sa else None,
+            secagg_neighbours=int(sa.get("neighbours", 0)),
+            stage_timeout_s=float(sa.get("stage_timeout_s", 60.0)),
+        )
+    except KeyError as e:
+        raise param_error(str(e.args[0]), "session.toml", "present", None) from None
+
+
+def write_config(path, cfg: dict) -> None:
+    """Write a session.toml from nested dicts (used by the demo and tests)."""
+    lines = []
+    for section, values in cfg.items():
+        lines.append(f"[{section}]")
+        for k, v in values.items():
+            if isinstance(v, bool):
+                lines.append(f"{k} = {'true' if v else 'false'}")
+            elif isinstance(v, (int, float)):
+                lines.append(f"{k} = {v!r}")
+            elif isinstance(v, (list, tuple)):
+                lines.append(f"{k} = [" + ", ".join(f'"{x}"' for x in v) + "]")
+            else:
+                lines.append(f'{k} = "{v}"')
+        lines.append("")
+    Path(path).write_text("\n".join(lines))

@@ -1,0 +1,150 @@
+"""Durable server state: SQLite (WAL) plus content-addressed payload files.
+
+Runs on: the aggregation server. Sees: protected payloads only (ciphertexts
+or masked vectors), signatures, and, for ``plain``, plaintext statistics.
+
+Durability contract: a contribution is acknowledged (receipt) only after its
+payload file is fsync'ed and renamed into place, its row is committed, and its
+audit record is fsync'ed. A SIGKILL at any point loses no acknowledged upload;
+an upload killed before its commit was never acknowledged and the hospital may
+send it again (its nonce was not recorded either).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sqlite3
+import threading
+import time
+from pathlib import Path
+
+__all__ = ["Store"]
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS uploads (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    hospital TEXT NOT NULL UNIQUE,
+    payload_sha256 TEXT NOT NULL,
+    statement TEXT NOT NULL,
+    received_at REAL NOT NULL,
+    audit_seq INTEGER,
+    receipt TEXT
+);
+CREATE TABLE IF NOT EXISTS nonces (nonce TEXT PRIMARY KEY, party TEXT NOT NULL, seen_at REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS messages (
+    stage TEXT NOT NULL, party TEXT NOT NULL, data BLOB NOT NULL, received_at REAL NOT NULL,
+    PRIMARY KEY (stage, party)
+);
+"""
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class Store:
+    def __init__(self, directory):
+        self.dir = Path(directory)
+        self.payload_dir = self.dir / "payloads"
+        self.payload_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self._lock = threading.RLock()
+        self.db = sqlite3.connect(self.dir / "state.sqlite3", check_same_thread=False, isolation_level=None)
+        self.db.execute("PRAGMA journal_mode=WAL")
+        self.db.execute("PRAGMA synchronous=FULL")
+        self.db.executescript(_SCHEMA)
+
+    def close(self) -> None:
+        with self._lock:
+            self.db.close()
+
+    # -- meta ----------------------------------------------------------------
+    def get_meta(self, key: str, default=None):
+        row = self.db.execute("SELECT value FROM meta WHERE key=?", (key,)).fetchone()
+        return json.loads(row[0]) if row else default
+
+    def set_meta(self, key: str, value) -> None:
+        with self._lock:
+            self.db.execute("INSERT OR REPLACE INTO meta(key, value) VALUES (?, ?)", (key, json.dumps(value)))
+
+    # -- blobs ---------------------------------------------------------------
+    def put_blob(self, data: bytes) -> str:
+        """Write ``data`` under its SHA-256, durably; idempotent."""
+        digest = hashlib.sha256(data).hexdigest()
+        final = self.payload_dir / digest
+        if final.exists():
+            return digest
+        tmp = self.payload_dir / f".{digest}.{os.getpid()}.{threading.get_ident()}.tmp"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, final)
+        _fsync_dir(self.payload_dir)
+        return digest
+
+    def get_blob(self, digest: str) -> bytes:
+        data = (self.payload_dir / digest).read_bytes()
+        if hashlib.sha256(data).hexdigest() != digest:
+            raise OSError(f"payload file {digest} is corrupt")
+        return data
+
+    # -- nonces (replay protection across restarts) -----------------------------
+    def claim_nonce(self, nonce: str, party: str) -> bool:
+        """Record a nonce; False if it was seen before."""
+        with self._lock:
+            try:
+                self.db.execute("INSERT INTO nonces(nonce, party, seen_at) VALUES (?, ?, ?)",
+                                (nonce, party, time.time()))
+                return True
+            except sqlite3.IntegrityError:
+                return False
+
+    # -- uploads -------------------------------------------------------------
+    def has_upload(self, hospital: str) -> bool:
+        return self.db.execute("SELECT 1 FROM uploads WHERE hospital=?", (hospital,)).fetchone() is not None
+
+    def insert_upload(self, hospital: str, payload_sha256: str, statement: dict) -> int:
+        with self._lock:
+            cur = self.db.execute(
+                "INSERT INTO uploads(hospital, payload_sha256, statement, received_at) VALUES (?, ?, ?, ?)",
+                (hospital, payload_sha256, json.dumps(statement), time.time()))
+            return int(cur.lastrowid)
+
+    def set_receipt(self, hospital: str, audit_seq: int, receipt: dict) -> None:
+        with self._lock:
+            self.db.execute("UPDATE uploads SET audit_seq=?, receipt=? WHERE hospital=?",
+                            (audit_seq, json.dumps(receipt), hospital))
+
+    def uploads(self) -> list[dict]:
+        rows = self.db.execute(
+            "SELECT seq, hospital, payload_sha256, statement, audit_seq, receipt FROM uploads ORDER BY seq").fetchall()
+        return [{"seq": r[0], "hospital": r[1], "payload_sha256": r[2], "statement": json.loads(r[3]),
+                 "audit_seq": r[4], "receipt": json.loads(r[5]) if r[5] else None} for r in rows]
+
+    def upload_count(self) -> int:
+        return int(self.db.execute("SELECT COUNT(*) FROM uploads").fetchone()[0])
+
+    # -- protocol messages (secagg stages) ---------------------------------------
+    def put_message(self, stage: str, party: str, data: bytes) -> bool:
+        with self._lock:
+            try:
+                self.db.execute("INSERT INTO messages(stage, party, data, received_at) VALUES (?, ?, ?, ?)",
+                                (stage, party, data, time.time()))
+                return True
+            except sqlite3.IntegrityError:
+                return False
+
+    def messages(self, stage: str) -> dict[str, bytes]:
+        rows = self.db.execute("SELECT party, data FROM messages WHERE stage=? ORDER BY party", (stage,)).fetchall()
+        return {r[0]: bytes(r[1]) for r in rows}

@@ -1,0 +1,29 @@
+"""Shared test helpers.
+
+``json_parametrize`` loads known-answer vectors from ``vectors/`` (pyca's
+``@json_parametrize(("secret", "now", ...), "generate.json")`` style). A
+vector file is either a list of cases or ``{"provenance": {...}, "vectors": [...]}``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+VECTORS = Path(__file__).resolve().parent.parent / "vectors"
+
+
+def load_vectors(filename: str) -> list[dict]:
+    data = json.loads((VECTORS / filename).read_text())
+    return data["vectors"] if isinstance(data, dict) else data
+
+
+def json_parametrize(keys, filename: str):
+    """``pytest.mark.parametrize`` over the cases of ``vectors/<filename>`` (missing keys -> None)."""
+    if isinstance(keys, str):
+        keys = tuple(k.strip() for k in keys.split(","))
+    cases = load_vectors(filename)
+    ids = [str(c.get("name", i)) for i, c in enumerate(cases)]
+    return pytest.mark.parametrize(keys, [tuple(c.get(k) for k in keys) for c in cases], ids=ids)
