@@ -110,9 +110,10 @@ class KeyHolder:
         if self._secret_path(params.session_id).exists():
             raise InvalidInputError(f"keys for session {params.session_id} already exist; a session's key is "
                                     "never regenerated (start a new session for a new key)")
-        secret, public = generate_keys(params)
-        save_secret_context(self._secret_path(params.session_id), secret, passphrase=self.passphrase,
-                            session_id=params.session_id)
+        keys = generate_keys(params)
+        public = keys.public_context
+        save_secret_context(self._secret_path(params.session_id), keys.secret_context,
+                            passphrase=self.passphrase, session_id=params.session_id)
         tmp = self.public_path(params.session_id).with_suffix(".tmp")
         tmp.write_bytes(public)
         os.replace(tmp, self.public_path(params.session_id))

@@ -83,8 +83,8 @@ def test_worst_case_sum_at_the_edge_decodes_exactly():
 
 
 @pytest.mark.security
-def test_one_more_fractional_bit_would_wrap_the_edge():
-    # Prepare: the proof's bound is tight enough that f + 1 can overflow int64 for K_max at +H.
+def test_two_more_fractional_bits_overflow_int64_at_the_edge():
+    # Prepare: the bound is tight: with f + 2 the K_max-sum at +H leaves int64.
     b = Bounds(1.0, 100_000, 1000)
     f = max_safe_frac_bits(b.hospital_bound(1.0), b.k_max)
     h = b.hospital_bound(1.0)

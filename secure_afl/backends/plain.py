@@ -22,7 +22,8 @@ class _PlainCombiner(Combiner):
         self._sum = np.zeros(backend.params.layout.length, dtype=np.float64)
 
     def _add(self, payload: bytes) -> None:
-        self._sum += self._b._decode(payload, "contribution")
+        # The server can see plain contributions, so it enforces the declared bounds too.
+        self._sum += check_vector(self._b.params, self._b._decode(payload, "contribution"))
 
     def _aggregate(self) -> bytes:
         return seal(self._b.params, "aggregate", self._sum.astype("<f8").tobytes(), contributors=self.count)

@@ -1,0 +1,267 @@
+"""``secure-afl bench``: benchmarks that print figures (and write JSON).
+
+Subcommands live in :data:`_SUBCOMMANDS` as ``(name, help, target)`` where
+``target`` is either a function ``register(parser)`` or the dotted name of a
+module exposing ``register(parser)``; modules are imported only when the
+``bench`` group is built and skipped quietly if they do not exist yet. A
+``register`` adds its arguments and sets ``func`` (``parser.set_defaults(func=...)``),
+which receives the parsed ``args`` and returns an exit code. Another module
+can also call :func:`add_subcommand`.
+
+``bench protect`` runs one aggregation round in-process: K hospitals compute
+real statistics (random embeddings with ||x|| <= B through
+:func:`secure_afl.stats.local_statistics` and :meth:`Layout.pack`), protect
+them (timed per client), the server combines the survivors' payloads (timed),
+the revealing party reveals (timed), and the result is compared with the
+plaintext sum of the same vectors.
+
+``exact`` in the output means: plain, the revealed sum equals the plaintext
+sum bit for bit; ckks, ``max_abs_error`` is within the stated bound
+:func:`secure_afl.backends.ckks.expected_abs_error` for the actual K and
+magnitudes; secagg, what ``simulate_round`` reports (bit-exact fixed-point
+equality).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import platform
+import sys
+import time
+
+import numpy as np
+
+__all__ = ["register", "add_subcommand", "run_protect", "BenchUnavailable"]
+
+
+class BenchUnavailable(RuntimeError):
+    """A benchmark needs a component that is not in this build yet."""
+
+
+# -- the subcommand registry ------------------------------------------------------------
+def _register_protect(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--backend", choices=("plain", "ckks", "secagg"), required=True)
+    parser.add_argument("--dim", type=int, default=512, help="embedding dimension d (default 512)")
+    parser.add_argument("--classes", type=int, default=100, help="number of classes C (default 100)")
+    parser.add_argument("--clients", type=int, default=10, help="number of hospitals K (default 10)")
+    parser.add_argument("--dropout", type=float, default=0.0, help="fraction of hospitals that never upload")
+    parser.add_argument("--samples", type=int, default=256, help="samples per hospital (n_k = n_max)")
+    parser.add_argument("--max-norm", type=float, default=1.0, help="embedding norm bound B")
+    parser.add_argument("--gamma", type=float, default=1.0, help="RI intermediary gamma")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--json", metavar="PATH", help="also write the figures as JSON here")
+    parser.set_defaults(func=_cmd_protect)
+
+
+_SUBCOMMANDS: list = [
+    ("protect", "time protect / combine / reveal of one round and check the sum", _register_protect),
+    ("extract", "time embedding extraction on this machine", "secure_afl.clients.embed_bench"),
+]
+
+
+def add_subcommand(name: str, help_: str, target) -> None:
+    """Register ``bench NAME``; ``target`` is ``register(parser)`` or a module name."""
+    global _SUBCOMMANDS
+    _SUBCOMMANDS = [s for s in _SUBCOMMANDS if s[0] != name] + [(name, help_, target)]
+
+
+def register(parser: argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(dest="bench_command", metavar="BENCH", required=True)
+    for name, help_, target in _SUBCOMMANDS:
+        if isinstance(target, str):
+            try:
+                target = importlib.import_module(target).register
+            except ModuleNotFoundError as e:
+                if e.name and (target == e.name or target.startswith(e.name + ".")):
+                    continue  # not written yet: no such subcommand in this build
+                target = _unavailable(name, e)
+            except ImportError as e:
+                target = _unavailable(name, e)
+        p = sub.add_parser(name, help=help_, description=help_)
+        target(p)
+
+
+def _unavailable(name: str, err: Exception):
+    def reg(p):
+        def fail(args):
+            print(f"bench {name} is unavailable here: {err}", file=sys.stderr)
+            return 2
+
+        p.set_defaults(func=fail)
+
+    return reg
+
+
+# -- bench protect ----------------------------------------------------------------------
+def _hospital_vector(layout, rng, samples: int, max_norm: float, gamma: float) -> np.ndarray:
+    from .stats import local_statistics
+
+    X = rng.standard_normal((samples, layout.dim))
+    X *= (max_norm * rng.uniform(0.5, 1.0, samples) / np.linalg.norm(X, axis=1))[:, None]
+    y = rng.integers(0, layout.n_classes, samples)
+    return layout.pack(local_statistics(X, y, layout.n_classes, gamma=gamma, max_norm=max_norm))
+
+
+def run_protect(backend: str, dim: int, classes: int, clients: int, *, dropout: float = 0.0, seed: int = 0,
+                samples: int = 256, max_norm: float = 1.0, gamma: float = 1.0) -> dict:
+    """One in-process round; returns the figures (see module docstring)."""
+    from .packing import Layout
+    from .params import Bounds, SessionParams
+
+    if not 0.0 <= dropout < 1.0:
+        raise ValueError(f"dropout must be in [0, 1); got {dropout!r}")
+    layout = Layout(dim, classes)
+    bounds = Bounds(max_norm, samples, clients)
+    rng = np.random.default_rng(seed)
+    n_drop = int(round(dropout * clients))
+    if clients - n_drop < 1:
+        raise ValueError("dropout leaves no hospital")
+    dropped = set(int(i) for i in rng.choice(clients, n_drop, replace=False))
+    session_id = f"bench-{backend}-{seed}"
+    out = {"backend": backend, "dim": dim, "classes": classes, "clients": clients, "dropout": dropout,
+           "length": layout.length, "samples": samples, "max_norm": max_norm, "gamma": gamma, "seed": seed}
+
+    if backend == "secagg":
+        return _run_secagg(out, layout, bounds, gamma, session_id, rng, samples, max_norm, dropout)
+
+    from .backends import get_backend
+
+    t = time.perf_counter()
+    if backend == "ckks":
+        from .backends.ckks import expected_abs_error, new_ckks_session
+
+        params, keys = new_ckks_session(session_id, layout, gamma, bounds)
+        protect_kw = combine_kw = {"public_context": keys.public_context}
+        reveal_kw = {"secret_context": keys.secret_context}
+    elif backend == "plain":
+        params = SessionParams(session_id, "plain", layout, gamma, bounds)
+        protect_kw, combine_kw, reveal_kw = {}, {}, {}
+    else:
+        raise ValueError(f"unknown backend {backend!r}")
+    out["keygen_s"] = time.perf_counter() - t
+    be = get_backend(params)
+    acc = be.combiner(**combine_kw)
+    ref = np.zeros(layout.length)
+    magnitude = 0.0
+    protect_s, combine_s, sizes = [], 0.0, []
+    for k in range(clients):
+        v = _hospital_vector(layout, np.random.default_rng([seed, k]), samples, max_norm, gamma)
+        if k in dropped:
+            continue  # this hospital never uploads
+        t = time.perf_counter()
+        payload = be.protect(v, **protect_kw)
+        protect_s.append(time.perf_counter() - t)
+        sizes.append(len(payload))
+        t = time.perf_counter()
+        acc.add(payload)
+        combine_s += time.perf_counter() - t
+        del payload
+        ref += v
+        magnitude += float(np.max(np.abs(v)))
+    t = time.perf_counter()
+    aggregate = acc.aggregate()
+    combine_s += time.perf_counter() - t
+    t = time.perf_counter()
+    revealed = be.reveal(aggregate, **reveal_kw)
+    reveal_s = time.perf_counter() - t
+    err = float(np.max(np.abs(revealed - ref)))
+    bound = 0.0 if backend == "plain" else expected_abs_error(params, len(sizes), magnitude=magnitude)
+    out.update({
+        "protect_s_per_client": float(np.mean(protect_s)),
+        "combine_s": combine_s,
+        "reveal_s": reveal_s,
+        "bytes_per_client": float(np.mean(sizes)),
+        "bytes_per_value": float(np.mean(sizes)) / layout.length,
+        "max_abs_error": err,
+        "error_bound": bound,
+        "exact": bool(err <= bound),
+        "survivors": len(sizes),
+        "backend_params": {k: v for k, v in params.backend_params.items()},
+    })
+    return out
+
+
+def _run_secagg(out, layout, bounds, gamma, session_id, rng, samples, max_norm, dropout) -> dict:
+    """Hook for the secagg engineer: ``secure_afl.backends.secagg.simulate_round``.
+
+    Contract: ``simulate_round(params, vectors, dropout, rng) -> (aggregate_vector,
+    exact_bool, timings, bytes_per_client)`` with ``timings`` holding
+    ``protect_s_per_client``, ``combine_s``, ``reveal_s`` and, when hospitals
+    dropped, ``survivors`` (their indices) so the plaintext reference can be formed.
+    """
+    from .params import SessionParams
+
+    try:
+        mod = importlib.import_module("secure_afl.backends.secagg")
+    except ModuleNotFoundError as e:
+        if e.name in ("secure_afl.backends.secagg", "secure_afl.backends"):
+            mod = None
+        else:
+            raise
+    simulate_round = getattr(mod, "simulate_round", None)
+    if simulate_round is None:
+        raise BenchUnavailable(
+            "bench protect --backend secagg needs secure_afl.backends.secagg.simulate_round(params, vectors, "
+            "dropout, rng) -> (aggregate_vector, exact_bool, timings, bytes_per_client); it is not in this build yet"
+        )
+    make_params = getattr(mod, "secagg_session_params", None)
+    params = (make_params(session_id, layout, gamma, bounds) if make_params is not None
+              else SessionParams(session_id, "secagg", layout, gamma, bounds))
+    vectors = [_hospital_vector(layout, np.random.default_rng([out["seed"], k]), samples, max_norm, gamma)
+               for k in range(out["clients"])]
+    aggregate, exact, timings, bytes_per_client = simulate_round(params, vectors, dropout, rng)
+    survivors = timings.get("survivors")
+    if survivors is None and dropout == 0.0:
+        survivors = range(len(vectors))
+    err = None
+    if survivors is not None:
+        ref = np.sum([vectors[i] for i in survivors], axis=0)
+        err = float(np.max(np.abs(np.asarray(aggregate, dtype=np.float64) - ref)))
+    out.update({
+        "protect_s_per_client": float(timings.get("protect_s_per_client", float("nan"))),
+        "combine_s": float(timings.get("combine_s", float("nan"))),
+        "reveal_s": float(timings.get("reveal_s", float("nan"))),
+        "bytes_per_client": float(bytes_per_client),
+        "bytes_per_value": float(bytes_per_client) / layout.length,
+        "max_abs_error": err,
+        "exact": bool(exact),
+        "survivors": None if survivors is None else len(list(survivors)),
+        "backend_params": dict(params.backend_params),
+    })
+    return out
+
+
+_ROWS = [
+    ("backend", "{}"), ("dim", "{}"), ("classes", "{}"), ("clients", "{}"), ("dropout", "{:g}"),
+    ("survivors", "{}"), ("length", "{}"), ("keygen_s", "{:.4f}"), ("protect_s_per_client", "{:.4f}"),
+    ("combine_s", "{:.4f}"), ("reveal_s", "{:.4f}"), ("bytes_per_client", "{:,.0f}"),
+    ("bytes_per_value", "{:.2f}"), ("max_abs_error", "{:.3e}"), ("error_bound", "{:.3e}"), ("exact", "{}"),
+]
+
+
+def format_table(res: dict) -> str:
+    lines = []
+    for key, fmt in _ROWS:
+        if key in res and res[key] is not None:
+            lines.append(f"{key:<22} {fmt.format(res[key])}")
+    return "\n".join(lines)
+
+
+def _cmd_protect(args) -> int:
+    try:
+        res = run_protect(args.backend, args.dim, args.classes, args.clients, dropout=args.dropout, seed=args.seed,
+                          samples=args.samples, max_norm=args.max_norm, gamma=args.gamma)
+    except BenchUnavailable as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    res["machine"] = {"platform": platform.platform(), "python": platform.python_version(),
+                      "cpus": os.cpu_count()}
+    print(format_table(res))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(res, f, indent=2, sort_keys=True)
+            f.write("\n")
+    return 0
