@@ -61,7 +61,7 @@ import numpy as np
 from secure_afl.exceptions import InvalidInputError, SecureAFLError
 from secure_afl.stats import SufficientStatistics
 
-from .statsfile import write_embeddings_file, write_statistics_file
+from .statsfile import load_statistics_file, write_embeddings_file, write_statistics_file
 
 __all__ = [
     "EmbeddingError",
@@ -88,6 +88,7 @@ __all__ = [
     "array_source",
     "extract",
     "embed_to_file",
+    "load_statistics_file",
     "register",
 ]
 

@@ -189,8 +189,10 @@ def _run_secagg(out, layout, bounds, gamma, session_id, rng, samples, max_norm, 
 
     Contract: ``simulate_round(params, vectors, dropout, rng) -> (aggregate_vector,
     exact_bool, timings, bytes_per_client)`` with ``timings`` holding
-    ``protect_s_per_client``, ``combine_s``, ``reveal_s`` and, when hospitals
-    dropped, ``survivors`` (their indices) so the plaintext reference can be formed.
+    ``protect_s_per_client``, ``combine_s``, ``reveal_s`` (or ``protect_per_client``,
+    ``combine``, ``reveal``) and, when hospitals dropped, ``survivors`` (their
+    0-based indices into ``vectors``) so the plaintext reference can be formed;
+    without it ``max_abs_error`` is reported as null for dropout > 0.
     """
     from .params import SessionParams
 
@@ -220,10 +222,17 @@ def _run_secagg(out, layout, bounds, gamma, session_id, rng, samples, max_norm, 
     if survivors is not None:
         ref = np.sum([vectors[i] for i in survivors], axis=0)
         err = float(np.max(np.abs(np.asarray(aggregate, dtype=np.float64) - ref)))
+    def timing(*names):
+        for n in names:
+            if n in timings:
+                return float(timings[n])
+        return float("nan")
+
     out.update({
-        "protect_s_per_client": float(timings.get("protect_s_per_client", float("nan"))),
-        "combine_s": float(timings.get("combine_s", float("nan"))),
-        "reveal_s": float(timings.get("reveal_s", float("nan"))),
+        "protect_s_per_client": timing("protect_s_per_client", "protect_per_client"),
+        "combine_s": timing("combine_s", "combine"),
+        "reveal_s": timing("reveal_s", "reveal"),
+        "secagg_timings": {k: v for k, v in timings.items() if isinstance(v, (int, float))},
         "bytes_per_client": float(bytes_per_client),
         "bytes_per_value": float(bytes_per_client) / layout.length,
         "max_abs_error": err,

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import io
 import pickle
-import warnings
 from pathlib import Path
 
 import numpy as np
@@ -413,3 +412,30 @@ def test_npz_source_with_class_count_and_bad_files(tmp_path, weights_pth):
         E.npz_source(tmp_path / "bad.npz")
     with pytest.raises(StatisticsFileError):
         load_statistics_file(tmp_path / "bad.npz")
+
+
+# ----------------------------------------------------------------------------- presets
+
+
+def test_imagenet_preset_loader_matches_weights_transforms_on_non_square_image(tmp_path):
+    # Prepare
+    from torchvision.models import ResNet18_Weights
+
+    prep = E.resolve_preprocessing("imagenet", ResNet18_Weights.DEFAULT)
+    root = tmp_path / "imgs"
+    (root / "c").mkdir(parents=True)
+    img = Image.fromarray(np.random.default_rng(6).integers(0, 256, (300, 260, 3), dtype=np.uint8))
+    img.save(root / "c" / "a.png")
+    src = E.image_folder(root)
+    mean = torch.tensor(prep.mean).view(1, 3, 1, 1)
+    std = torch.tensor(prep.std).view(1, 3, 1, 1)
+    # Execute: CPU loader stage (PIL resize/crop to uint8) + normalisation stage
+    x_u8, _ = E._LoaderDataset(src, prep, geometry=True)[0]
+    ours = E._normalise(x_u8[None], prep, mean, std, resize=False)[0]
+    # Assert
+    assert (prep.resize, prep.crop, prep.mean) == (256, 224, (0.485, 0.456, 0.406))
+    assert x_u8.dtype == torch.uint8 and x_u8.shape == (3, 224, 224)
+    torch.testing.assert_close(ours, ResNet18_Weights.DEFAULT.transforms()(img), rtol=0, atol=1e-6)
+    torch.testing.assert_close(ours, prep.reference_transform()(img), rtol=0, atol=1e-6)
+    paper = E.resolve_preprocessing("paper")
+    assert (paper.resize, paper.crop, paper.mean, paper.std) == (224, 224, (0.5,) * 3, (0.5,) * 3)

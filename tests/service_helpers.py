@@ -1,0 +1,84 @@
+"""A small consortium on 127.0.0.1 for end-to-end tests: PKI, config, real server process."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+
+from secure_afl import pki
+from secure_afl.clients.hospital import HospitalClient
+from secure_afl.demo import ServerProcess, _free_port
+from secure_afl.server.config import write_config
+from secure_afl.server.keyholder import KeyHolder
+from secure_afl.stats import StatisticsAccumulator
+
+
+class Consortium:
+    def __init__(self, root: Path, *, backend: str, hospitals=("h1", "h2", "h3"), dim=6, classes=3,
+                 min_clients=2, max_norm=4.0, n_max=1000, k_max=8, extra_session=None, secagg=None):
+        self.root = Path(root)
+        self.backend = backend
+        self.hospitals = list(hospitals)
+        self.dim, self.classes = dim, classes
+        self.session_id = f"t-{backend}"
+        self.pki_dir = self.root / "pki"
+        if not (self.pki_dir / "ca.pem").exists():
+            pki.init_ca(self.pki_dir)
+            pki.issue(self.pki_dir, "server", "aggregator")
+            pki.issue(self.pki_dir, "keyholder", "keyholder")
+            for h in self.hospitals:
+                pki.issue(self.pki_dir, "hospital", h)
+        self.port = _free_port()
+        self.url = f"https://127.0.0.1:{self.port}"
+        self.min_clients = min_clients
+        cfg = {
+            "session": {"id": self.session_id, "backend": backend, "dim": dim, "classes": classes, "gamma": 1.0,
+                        "min_clients": min_clients, "hospitals": self.hospitals, **(extra_session or {})},
+            "bounds": {"max_norm": max_norm, "n_max": n_max, "k_max": k_max},
+            "server": {"host": "127.0.0.1", "port": self.port, "data_dir": str(self.root / "server"),
+                       "pki_dir": str(self.pki_dir), "name": "aggregator", "keyholder": "keyholder"},
+        }
+        if secagg:
+            cfg["secagg"] = secagg
+        self.config = self.root / "session.toml"
+        write_config(self.config, cfg)
+        self.server = None
+        self.keyholder = KeyHolder(self.pki_dir, "keyholder", self.root / "keys", passphrase=b"test passphrase")
+        self.max_norm = max_norm
+
+    def start(self):
+        self.server = ServerProcess(self.config, self.root / "server.log").start()
+        kh = self.keyholder.party
+        self.server.wait_ready(self.url, kh.ca_file, (kh.cert_file, kh.key_file), timeout=60)
+        return self
+
+    def stop(self):
+        if self.server:
+            self.server.stop()
+
+    def kill9(self):
+        self.server.kill()
+
+    def hospital(self, name) -> HospitalClient:
+        return HospitalClient(self.url, self.session_id, pki.load_party(self.pki_dir, "hospital", name),
+                              receipts_dir=self.root / "receipts", timeout=60)
+
+    def data(self, name, n=40, seed=None):
+        rng = np.random.default_rng(seed if seed is not None else abs(hash(name)) % 2**32)
+        X = rng.standard_normal((n, self.dim))
+        X *= (0.9 * self.max_norm / np.linalg.norm(X, axis=1, keepdims=True)) * rng.uniform(0.1, 1, (n, 1))
+        y = rng.integers(0, self.classes, n)
+        return X, y
+
+    def stats(self, X, y):
+        acc = StatisticsAccumulator(self.dim, self.classes, max_norm=self.max_norm)
+        acc.update(X, y)
+        return acc.finalize(gamma=0.0)
+
+    def connect_keyholder(self):
+        return self.keyholder.connect(self.url, self.session_id)
+
+    def audit_path(self) -> Path:
+        return self.root / "server" / self.session_id / "audit.jsonl"

@@ -1,0 +1,601 @@
+"""secagg backend: PRG vectors, protocol correctness under dropout, refusals, stage order."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import struct
+from itertools import product
+
+import numpy as np
+import pytest
+from conftest import json_parametrize
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from scipy import stats as sstats
+
+from secure_afl.backends import get_backend
+from secure_afl.backends.secagg import (
+    AdvertiseKeysRequest,
+    EncryptedShare,
+    MaskedInput,
+    MaskedInputRequest,
+    SecAggBackend,
+    SecAggClient,
+    SecAggServerRound,
+    SetupRequest,
+    ShareKeysRequest,
+    Stage,
+    UnmaskMaterial,
+    UnmaskRequest,
+    decode_message,
+    neighbour_graph,
+    recommended_neighbours,
+    secagg_session_params,
+    simulate_round,
+)
+from secure_afl.exceptions import (
+    DuplicateContribution,
+    InsufficientShares,
+    InvalidContribution,
+    InvalidInputError,
+    InvalidParameterError,
+    MalformedPayload,
+    OverlappingUnmaskRequest,
+    ParameterMismatch,
+    RoundAlreadyClosed,
+    StageError,
+    WrongSession,
+)
+from secure_afl.hazmat import fixedpoint
+from secure_afl.hazmat.prg import DOMAIN_PAIR_MASK, agree, expand
+from secure_afl.packing import Layout
+from secure_afl.params import Bounds
+
+LAYOUT = Layout(12, 3)  # L = 78 + 36 + 3 + 2 = 119
+BOUNDS = Bounds(1.0, 100, 20)
+SEED = bytes(range(32))
+
+
+def make_params(n=5, *, session="sess-1", **kw):
+    return secagg_session_params(session, LAYOUT, 1.0, BOUNDS, n_parties=n, graph_seed=SEED, **kw)
+
+
+def random_vectors(k, rng, layout=LAYOUT, scale=50.0):
+    return [rng.uniform(-scale, scale, layout.length) for _ in range(k)]
+
+
+def relay(msg):
+    """What the HTTP service does: serialise, ship, parse."""
+    return decode_message(msg.to_bytes())
+
+
+def drive(params, vectors, *, drop_before_masked=(), clients=None, upto=None):
+    """Run the protocol message by message through bytes; returns (server, clients)."""
+    ids = list(range(1, len(vectors) + 1))
+    server = SecAggServerRound(params, participants=ids)
+    clients = clients or {u: SecAggClient(params, u) for u in ids}
+    for stage in Stage.all():
+        if stage == upto:
+            return server, clients
+        for u in sorted(server.active):
+            req = relay(server.request(u))
+            if stage == Stage.MASKED_INPUT:
+                if u in drop_before_masked:
+                    continue
+                resp = clients[u].masked_input(req, vectors[u - 1])
+            else:
+                resp = clients[u].handle(req)
+            server.receive(relay(resp))
+        server.close_stage()
+    return server, clients
+
+
+# ---------------------------------------------------------------------------
+# PRG
+# ---------------------------------------------------------------------------
+def _rotl(x, n):
+    return ((x << n) | (x >> (32 - n))) & 0xFFFFFFFF
+
+
+def reference_chacha20_block(key, counter, nonce):
+    """Independent pure-Python ChaCha20 block (RFC 8439 section 2.3), for cross-checking only."""
+    st = [0x61707865, 0x3320646E, 0x79622D32, 0x6B206574, *struct.unpack("<8I", key), counter,
+          *struct.unpack("<3I", nonce)]
+    w = list(st)
+
+    def qr(a, b, c, d):
+        w[a] = (w[a] + w[b]) & 0xFFFFFFFF; w[d] = _rotl(w[d] ^ w[a], 16)  # noqa: E702
+        w[c] = (w[c] + w[d]) & 0xFFFFFFFF; w[b] = _rotl(w[b] ^ w[c], 12)  # noqa: E702
+        w[a] = (w[a] + w[b]) & 0xFFFFFFFF; w[d] = _rotl(w[d] ^ w[a], 8)  # noqa: E702
+        w[c] = (w[c] + w[d]) & 0xFFFFFFFF; w[b] = _rotl(w[b] ^ w[c], 7)  # noqa: E702
+
+    for _ in range(10):
+        qr(0, 4, 8, 12); qr(1, 5, 9, 13); qr(2, 6, 10, 14); qr(3, 7, 11, 15)  # noqa: E702
+        qr(0, 5, 10, 15); qr(1, 6, 11, 12); qr(2, 7, 8, 13); qr(3, 4, 9, 14)  # noqa: E702
+    return struct.pack("<16I", *[(a + b) & 0xFFFFFFFF for a, b in zip(w, st)])
+
+
+@json_parametrize(("seed", "domain", "n_words", "words"), "prg.json")
+def test_prg_known_answers_and_independent_cross_checks(seed, domain, n_words, words):
+    # Prepare
+    seed, domain = bytes.fromhex(seed), bytes.fromhex(domain)
+    expected = [int(w, 16) for w in words]
+
+    # Execute
+    got = expand(seed, n_words, domain=domain)
+
+    # Assert: vector, pure-Python reference, and the AEAD's keystream (counter starts at 1).
+    assert got.dtype == np.uint64 and got.tolist() == expected
+    stream = b"".join(reference_chacha20_block(seed, c, domain) for c in range((n_words + 7) // 8))
+    assert [int.from_bytes(stream[8 * i:8 * i + 8], "little") for i in range(n_words)] == expected
+    if n_words > 8:
+        ct = ChaCha20Poly1305(seed).encrypt(domain, bytes(8 * (n_words - 8)), None)[:-16]
+        assert np.frombuffer(ct, "<u8").tolist() == expected[8:]
+
+
+def test_prg_domains_separate_and_seed_used_whole():
+    # Prepare
+    s1 = bytes(32)
+    s2 = bytes(31) + b"\x01"  # differs only in the last byte: a folded seed would collide
+
+    # Execute
+    a, b, c = expand(s1, 16), expand(s2, 16), expand(s1, 16, domain=b"saflSELFmask")
+
+    # Assert
+    assert not np.array_equal(a, b) and not np.array_equal(a, c)
+    assert expand(s1, 4).tolist() == a[:4].tolist()
+
+
+@pytest.mark.security
+def test_pairwise_seed_agreement_is_symmetric_and_bound_to_context():
+    # Prepare
+    ku, kv = X25519PrivateKey.generate(), X25519PrivateKey.generate()
+    pu, pv = (k.public_key().public_bytes_raw() for k in (ku, kv))
+
+    # Execute
+    s_uv = agree(ku, pv, purpose="mask", session_id="s", u=1, v=2)
+    s_vu = agree(kv, pu, purpose="mask", session_id="s", u=2, v=1)
+
+    # Assert
+    assert s_uv == s_vu and len(s_uv) == 32
+    assert s_uv != agree(ku, pv, purpose="mask", session_id="t", u=1, v=2)
+    assert s_uv != agree(ku, pv, purpose="share-enc", session_id="s", u=1, v=2)
+    assert s_uv != agree(ku, pv, purpose="mask", session_id="s", u=1, v=3)
+    with pytest.raises(InvalidContribution):
+        agree(ku, bytes(32), purpose="mask", session_id="s", u=1, v=2)  # small-order point
+
+
+# ---------------------------------------------------------------------------
+# Parameters
+# ---------------------------------------------------------------------------
+def test_session_params_defaults_and_validation_messages():
+    # Execute
+    p = make_params(4)
+    bp = p.backend_params
+
+    # Assert
+    assert bp["threshold"] == 3 and bp["neighbours"] is None and bp["n_parties"] == 4
+    assert bp["frac_bits"] == fixedpoint.choose_frac_bits(BOUNDS, 1.0)
+    json.dumps(p.to_dict())
+    with pytest.raises(InvalidParameterError, match="threshold=5 exceeds n_parties=4; lower `threshold` or enrol"):
+        make_params(4, threshold=5)
+    with pytest.raises(InvalidParameterError, match="raise `threshold` to at least 3"):
+        make_params(4, threshold=2)
+    with pytest.raises(InvalidParameterError, match="must be even"):
+        make_params(20, neighbours=5)
+    with pytest.raises(InvalidParameterError, match="raise `neighbours`"):
+        make_params(20, neighbours=4, threshold=6)
+    with pytest.raises(InvalidParameterError, match="exceeds bounds.k_max"):
+        make_params(21)
+    with pytest.raises(InvalidParameterError, match="wrap"):
+        secagg_session_params("s", LAYOUT, 1.0, Bounds(1.0, 10**6, 20), n_parties=4, frac_bits=45)
+    assert make_params(6, neighbours=8).backend_params["neighbours"] is None  # >= n-1: complete graph
+    assert recommended_neighbours(1000) == 30 and recommended_neighbours(10) is None
+
+
+@pytest.mark.security
+def test_hand_edited_backend_params_refused():
+    # Prepare
+    p = make_params(5)
+    weak = p.with_backend_params(threshold=2)
+
+    # Execute / Assert
+    with pytest.raises(InvalidParameterError):
+        SecAggBackend(weak)
+    with pytest.raises(ParameterMismatch):
+        SecAggBackend(p.with_backend_params(protocol="other"))
+    assert get_backend(p).name == "secagg"
+
+
+def test_neighbour_graph_is_regular_symmetric_and_public():
+    # Execute
+    g = neighbour_graph(100, 12, SEED)
+    g2 = neighbour_graph(100, 12, SEED)
+    g3 = neighbour_graph(100, 12, bytes(32))
+
+    # Assert
+    assert g == g2 and g != g3
+    assert all(len(n) == 12 and u not in n for u, n in g.items())
+    assert all(u in g[v] for u, n in g.items() for v in n)
+
+
+# ---------------------------------------------------------------------------
+# Correctness
+# ---------------------------------------------------------------------------
+@settings(max_examples=12, deadline=None)
+@given(k=st.integers(min_value=2, max_value=6), seed=st.integers(min_value=0, max_value=2**32 - 1),
+       scale=st.sampled_from([1e-6, 1.0, 100.0]))
+def test_property_unmasked_sum_equals_plaintext_fixed_point_sum(k, seed, scale):
+    # Prepare
+    rng = np.random.default_rng(seed)
+    params = make_params(k)
+    vectors = random_vectors(k, rng, scale=scale)
+
+    # Execute
+    server, _ = drive(params, vectors)
+
+    # Assert
+    f = params.backend_params["frac_bits"]
+    assert np.array_equal(server.fixed_point_sum_, fixedpoint.fixed_point_sum(vectors, f))
+    assert np.allclose(server.aggregate_vector_, np.sum(vectors, axis=0), rtol=1e-12, atol=k * 2.0**-f)
+
+
+@pytest.mark.parametrize("k, dropout", [(10, 0.1), (10, 0.3), (20, 0.1), (20, 0.3)])
+def test_dropout_gives_exact_survivor_sum(k, dropout):
+    # Prepare
+    rng = np.random.default_rng(k)
+    params = make_params(k)
+    vectors = random_vectors(k, rng)
+    drops = set(int(i) for i in rng.choice(np.arange(1, k + 1), int(round(dropout * k)), replace=False))
+
+    # Execute
+    server, _ = drive(params, vectors, drop_before_masked=drops)
+    agg, exact, timings, nbytes = simulate_round(params, vectors, dropout, rng)
+
+    # Assert
+    survivors = [vectors[u - 1] for u in range(1, k + 1) if u not in drops]
+    f = params.backend_params["frac_bits"]
+    assert set(server.dropped_) == drops
+    assert np.array_equal(server.fixed_point_sum_, fixedpoint.fixed_point_sum(survivors, f))
+    assert np.array_equal(server.aggregate_vector_, fixedpoint.decode(fixedpoint.fixed_point_sum(survivors, f), f))
+    assert exact is True and nbytes > 8 * LAYOUT.length and timings["protect_per_client"] > 0
+
+
+def test_neighbour_graph_round_with_100_clients_and_dropout():
+    # Prepare
+    k = 100
+    params = secagg_session_params("big", Layout(4, 2), 1.0, Bounds(1.0, 100, k), neighbours=12, graph_seed=SEED)
+    rng = np.random.default_rng(7)
+    vectors = random_vectors(k, rng, layout=Layout(4, 2))
+
+    # Execute
+    agg, exact, timings, nbytes = simulate_round(params, vectors, 0.1, 3)
+
+    # Assert
+    assert exact is True
+    assert params.backend_params["threshold"] == 7
+
+
+@pytest.mark.security
+def test_threshold_breaking_dropout_aborts_cleanly_and_reveals_nothing():
+    # Prepare: n=10, t=6: five dropouts leave 5 < 6 holders.
+    k = 10
+    params = make_params(k)
+    vectors = random_vectors(k, np.random.default_rng(0))
+    server, clients = drive(params, vectors, upto=Stage.MASKED_INPUT)
+    for u in range(1, 6):
+        server.receive(relay(clients[u].masked_input(relay(server.request(u)), vectors[u - 1])))
+
+    # Execute / Assert
+    with pytest.raises(InsufficientShares):
+        server.close_stage()
+    assert server.aggregate_vector_ is None and server.fixed_point_sum_ is None
+    assert not server._b_shares and not server._s_shares
+    with pytest.raises(RoundAlreadyClosed):
+        server.request(1)
+    with pytest.raises(InsufficientShares):
+        simulate_round(params, vectors, 0.5, 0)
+
+
+@pytest.mark.security
+def test_too_few_unmask_responses_abort():
+    # Prepare
+    k = 6
+    params = make_params(k)  # t = 4
+    vectors = random_vectors(k, np.random.default_rng(1))
+    server, clients = drive(params, vectors, upto=Stage.UNMASK)
+    for u in (1, 2, 3):
+        server.receive(relay(clients[u].unmask(relay(server.request(u)))))
+
+    # Execute / Assert
+    with pytest.raises(InsufficientShares):
+        server.close_stage()
+    assert server.aggregate_vector_ is None
+
+
+@pytest.mark.security
+def test_client_refuses_unmask_below_threshold():
+    # Prepare
+    params = make_params(5)  # t = 3
+    vectors = random_vectors(5, np.random.default_rng(2))
+    server, clients = drive(params, vectors, upto=Stage.UNMASK)
+
+    # Execute / Assert
+    with pytest.raises(InsufficientShares):
+        clients[1].unmask(UnmaskRequest("sess-1", 1, (1, 2), ()))
+
+
+# ---------------------------------------------------------------------------
+# What the server sees
+# ---------------------------------------------------------------------------
+def _fixed_clients(params, k):
+    return {
+        u: SecAggClient._from_parts(
+            params, u,
+            enc_private=hashlib.sha256(b"enc%d" % u).digest(),
+            mask_private=hashlib.sha256(b"mask%d" % u).digest(),
+            self_mask_seed=hashlib.sha256(b"b%d" % u).digest(),
+        )
+        for u in range(1, k + 1)
+    }
+
+
+@pytest.mark.security
+def test_single_masked_upload_is_indistinguishable_from_uniform():
+    # Prepare: fixed secrets (deterministic test); the input is highly structured.
+    layout = Layout(150, 10)  # L = 12,837 words
+    params = secagg_session_params("unif", layout, 1.0, BOUNDS, n_parties=3, graph_seed=SEED)
+    x = np.zeros(layout.length)
+    x[: layout.length // 2] = 99.0
+    x[layout.length // 2:] = -np.linspace(0, 100, layout.length - layout.length // 2)
+    server, clients = drive(params, [x, x, x], upto=Stage.MASKED_INPUT, clients=_fixed_clients(params, 3))
+
+    # Execute
+    payload = clients[1].masked_input(server.request(1), x).to_bytes()
+    y = SecAggBackend(params)._decode_masked(payload)[1]
+
+    # Assert: top byte uniform (chi-square), every bit balanced, no correlation with the input.
+    counts = np.bincount((y >> np.uint64(56)).astype(np.int64), minlength=256)
+    assert sstats.chisquare(counts).pvalue > 1e-4
+    bits = np.array([((y >> np.uint64(b)) & np.uint64(1)).sum() for b in range(64)], dtype=float)
+    z = (bits - y.size / 2) / np.sqrt(y.size / 4)
+    assert np.max(np.abs(z)) < 5
+    enc = fixedpoint.encode(x, params.backend_params["frac_bits"])
+    for a in (x, enc.view(np.int64).astype(float)):
+        r = np.corrcoef(a, y.astype(float))[0, 1]
+        assert abs(r) < 5 / np.sqrt(y.size)
+    r_bytes = np.corrcoef((enc >> np.uint64(56)).astype(float), (y >> np.uint64(56)).astype(float))[0, 1]
+    assert abs(r_bytes) < 5 / np.sqrt(y.size)
+
+
+@pytest.mark.security
+def test_unmask_request_with_overlapping_lists_refused():
+    # Prepare
+    params = make_params(5)
+    vectors = random_vectors(5, np.random.default_rng(3))
+    server, clients = drive(params, vectors, upto=Stage.UNMASK)
+    honest = server.request(1)
+
+    # Execute / Assert: 3 is listed as survivor and as dropped.
+    with pytest.raises(OverlappingUnmaskRequest):
+        clients[1].unmask(UnmaskRequest("sess-1", 1, (1, 2, 3, 4), (3,)))
+    with pytest.raises(StageError):  # the client aborted: it never answers again
+        clients[1].unmask(honest)
+    with pytest.raises(OverlappingUnmaskRequest):  # asking the client's own key share
+        clients[2].unmask(UnmaskRequest("sess-1", 2, (1, 3, 4), (2,)))
+
+
+@pytest.mark.security
+def test_honest_unmask_never_reveals_both_shares_of_one_client():
+    # Prepare
+    k = 8
+    params = make_params(k)
+    vectors = random_vectors(k, np.random.default_rng(4))
+    server, clients = drive(params, vectors, drop_before_masked={2, 5})
+
+    # Assert
+    assert set(server._b_shares) == set(server.survivors_)
+    assert set(server._s_shares) == {2, 5}
+    assert not set(server._b_shares) & set(server._s_shares)
+
+
+# ---------------------------------------------------------------------------
+# Refusals
+# ---------------------------------------------------------------------------
+@pytest.mark.security
+def test_aead_tampered_share_ciphertext_refused():
+    # Prepare
+    params = make_params(4)
+    vectors = random_vectors(4, np.random.default_rng(5))
+    server, clients = drive(params, vectors, upto=Stage.MASKED_INPUT)
+    req = server.request(1)
+    es = req.shares[0]
+    flipped = bytes([es.ciphertext[0] ^ 1]) + es.ciphertext[1:]
+    bad = MaskedInputRequest(req.session_id, 1, (EncryptedShare(es.sender, 1, es.nonce, flipped),) + req.shares[1:])
+
+    # Execute / Assert
+    with pytest.raises(InvalidContribution):
+        clients[1].masked_input(bad, vectors[0])
+    assert clients[1].stage == "aborted"
+
+
+@pytest.mark.security
+def test_share_redirected_to_another_recipient_refused():
+    # Prepare: the server relays 2's ciphertext for 1 to 3 instead (same sender, relabelled).
+    params = make_params(4)
+    vectors = random_vectors(4, np.random.default_rng(6))
+    server, clients = drive(params, vectors, upto=Stage.MASKED_INPUT)
+    for_1 = {s.sender: s for s in server.request(1).shares}[2]
+    req3 = server.request(3)
+    moved = tuple(EncryptedShare(2, 3, for_1.nonce, for_1.ciphertext) if s.sender == 2 else s for s in req3.shares)
+
+    # Execute / Assert
+    with pytest.raises(InvalidContribution):
+        clients[3].masked_input(MaskedInputRequest("sess-1", 3, moved), vectors[2])
+
+
+@pytest.mark.security
+def test_tampered_truncated_and_foreign_masked_inputs_refused():
+    # Prepare
+    params = make_params(4)
+    other_session = make_params(4, session="sess-2")
+    other_params = make_params(4, threshold=4)
+    vectors = random_vectors(4, np.random.default_rng(8))
+    server, clients = drive(params, vectors, upto=Stage.MASKED_INPUT)
+    payload = clients[1].masked_input(server.request(1), vectors[0]).to_bytes()
+    backend = SecAggBackend(params)
+
+    # Execute / Assert
+    flipped = payload[:-1] + bytes([payload[-1] ^ 0x80])
+    with pytest.raises(MalformedPayload):
+        server.receive(MaskedInput("sess-1", 1, flipped))
+    with pytest.raises(MalformedPayload):
+        server.receive(MaskedInput("sess-1", 1, payload[:-8]))
+    with pytest.raises(MalformedPayload):
+        decode_message(payload[:20])
+    with pytest.raises(WrongSession):
+        SecAggBackend(other_session).combiner().add(payload)
+    with pytest.raises(ParameterMismatch):
+        SecAggBackend(other_params).combiner().add(payload)
+    server.receive(MaskedInput.from_bytes(payload))
+    with pytest.raises(DuplicateContribution):
+        server.receive(MaskedInput.from_bytes(payload))
+    acc = backend.combiner()
+    acc.add(payload)
+    acc.aggregate()
+    with pytest.raises(RoundAlreadyClosed):
+        acc.add(payload)
+
+
+def test_client_refuses_wrong_session_and_parameters():
+    # Prepare
+    params = make_params(4)
+    client = SecAggClient(params, 1)
+    foreign = make_params(4, threshold=4).digest().hex()
+
+    # Execute / Assert
+    with pytest.raises(WrongSession):
+        client.setup(SetupRequest("sess-9", 1, params.digest().hex()))
+    with pytest.raises(ParameterMismatch):
+        client.setup(SetupRequest("sess-1", 1, foreign))
+    with pytest.raises(MalformedPayload):
+        client.setup(SetupRequest("sess-1", 2, params.digest().hex()))
+    assert client.stage == Stage.SETUP  # soft refusals leave the state unchanged
+    client.setup(SetupRequest("sess-1", 1, params.digest().hex()))
+    assert client.stage == Stage.ADVERTISE_KEYS
+
+
+@pytest.mark.parametrize("data", [b"", b"{", b"[]", b'{"type":"secagg.unmask_request"}',
+                                  b'{"type":"secagg.unmask_request","stage":"unmask","session_id":"s",'
+                                  b'"client_id":1,"survivors":[1,"2"],"dropped":[]}',
+                                  b'{"type":"nope"}'])
+def test_malformed_messages_refused(data):
+    with pytest.raises(MalformedPayload):
+        decode_message(data)
+
+
+def test_reveal_refuses_material_for_other_contributors():
+    # Prepare
+    params = make_params(5)
+    vectors = random_vectors(5, np.random.default_rng(9))
+    server, _ = drive(params, vectors, drop_before_masked={4})
+    material = server.unmask_material()
+    wrong = UnmaskMaterial(material.survivors[:-1], material.dropped, material.self_mask_seeds,
+                           material.dropped_mask_keys, material.mask_public_keys)
+
+    # Execute / Assert
+    backend = SecAggBackend(params)
+    assert np.array_equal(backend.reveal(server.aggregate, unmask=UnmaskMaterial.from_dict(
+        json.loads(json.dumps(material.to_dict())))), server.aggregate_vector_)
+    with pytest.raises(InvalidInputError):
+        backend.reveal(server.aggregate, unmask=wrong)
+
+
+def test_every_message_round_trips_through_json_and_bytes():
+    # Prepare
+    params = make_params(4)
+    vectors = random_vectors(4, np.random.default_rng(10))
+    server = SecAggServerRound(params)
+    clients = {u: SecAggClient(params, u) for u in range(1, 5)}
+    seen = set()
+
+    # Execute
+    for stage in Stage.all():
+        for u in sorted(server.active):
+            req = server.request(u)
+            resp = clients[u].masked_input(req, vectors[u - 1]) if stage == Stage.MASKED_INPUT else clients[u].handle(req)
+            for m in (req, resp):
+                seen.add(type(m).__name__)
+                assert type(m).from_dict(json.loads(json.dumps(m.to_dict()))) == m
+                assert decode_message(m.to_bytes()) == m
+            server.receive(resp)
+        server.close_stage()
+
+    # Assert
+    assert len(seen) == 10 and server.aggregate_vector_ is not None
+
+
+# ---------------------------------------------------------------------------
+# Stage order
+# ---------------------------------------------------------------------------
+def _dummy(stage, sid="sess-1", cid=1):
+    return {
+        Stage.SETUP: SetupRequest(sid, cid, "00"),
+        Stage.ADVERTISE_KEYS: AdvertiseKeysRequest(sid, cid),
+        Stage.SHARE_KEYS: ShareKeysRequest(sid, cid, ()),
+        Stage.MASKED_INPUT: MaskedInputRequest(sid, cid, ()),
+        Stage.UNMASK: UnmaskRequest(sid, cid, (), ()),
+    }[stage]
+
+
+@pytest.mark.security
+@pytest.mark.parametrize("position", range(len(Stage.all()) + 1))
+def test_client_rejects_every_out_of_order_stage(position):
+    # Prepare: a real client that completed `position` stages.
+    params = make_params(3)
+    vectors = random_vectors(3, np.random.default_rng(11))
+    upto = Stage.all()[position] if position < len(Stage.all()) else None
+    server, clients = drive(params, vectors, upto=upto)
+    client = clients[1]
+    expected = upto or "done"
+
+    # Execute / Assert: every (expected, received) pair with received != expected.
+    for exp, received in product([expected], Stage.all()):
+        if received == exp:
+            continue
+        with pytest.raises(StageError):
+            client.handle(_dummy(received), vector=vectors[0])
+        assert client.stage == exp
+    if upto is not None:  # the right request still works afterwards
+        req = server.request(1)
+        client.handle(req, vector=vectors[0])
+
+
+@pytest.mark.security
+def test_server_rejects_wrong_stage_duplicates_and_late_messages():
+    # Prepare
+    params = make_params(3)
+    vectors = random_vectors(3, np.random.default_rng(12))
+    server = SecAggServerRound(params)
+    clients = {u: SecAggClient(params, u) for u in range(1, 4)}
+    ack = clients[1].setup(server.request(1))
+
+    # Execute / Assert
+    server.receive(ack)
+    with pytest.raises(DuplicateContribution):
+        server.receive(ack)
+    adv_client = SecAggClient(params, 2)
+    adv_client.setup(server.request(2))
+    with pytest.raises(StageError):
+        server.receive(adv_client.advertise_keys(AdvertiseKeysRequest("sess-1", 2)))
+    for u in (2, 3):
+        server.receive(clients[u].setup(server.request(u)))
+    server.close_stage()
+    with pytest.raises(StageError):
+        server.receive(ack)
+    done, _ = drive(params, vectors)
+    with pytest.raises(RoundAlreadyClosed):
+        done.request(1)
