@@ -608,6 +608,12 @@ class TorchStatisticsAccumulator:
         self.gram = torch.zeros(dim, dim, dtype=torch.float64, device=device)
         self.cross_t = torch.zeros(n_classes, dim, dtype=torch.float64, device=device)  # Q^T
         self.counts = torch.zeros(n_classes, dtype=torch.int64, device=device)
+        self.max_sq_norm = torch.zeros((), dtype=torch.float64, device=device)  # max ||x_i||^2
+
+    @property
+    def max_row_norm(self) -> float:
+        """max_i ||x_i||_2: lets ``client submit`` check the declared bound B on a statistics file."""
+        return float(self.max_sq_norm.sqrt())
 
     def update(self, emb, y) -> None:
         import torch
@@ -616,6 +622,7 @@ class TorchStatisticsAccumulator:
         self.gram.addmm_(e.T, e)
         self.cross_t.index_add_(0, y, e)
         self.counts += torch.bincount(y, minlength=self.n_classes)
+        self.max_sq_norm = torch.maximum(self.max_sq_norm, (e * e).sum(dim=1).max())
 
     def finalize(self) -> SufficientStatistics:
         gram = self.gram.cpu().numpy()
@@ -798,6 +805,7 @@ def extract(source: ImageSource, backbone: Backbone, prep: Preprocessing, *, dev
         "dim": backbone.dim, "head_removed": backbone.head, "device": str(dev),
         "autocast": "bfloat16" if cuda else "none", "source": source.kind,
         "torch_version": torch.__version__, "torchvision_version": _tv_version(),
+        "max_row_norm": acc.max_row_norm,
     }
     return Extraction(X.numpy() if X is not None else None, source.labels.copy(), list(source.classes)
                       + [str(i) for i in range(len(source.classes), C)], stats, backbone.dim, seconds, meta)

@@ -115,7 +115,19 @@ class HospitalClient:
         return params
 
     def protect(self, params: SessionParams, stats: SufficientStatistics) -> bytes:
-        """Add the RI intermediary gamma, pack, and protect under the session's backend."""
+        """plain / ckks: add the RI intermediary gamma, pack, and protect."""
+        vector = self.protect_vector(params, stats)
+        backend = get_backend(params)
+        if params.backend == "ckks":
+            ctx = self.conn.request("GET", self.conn.path("/context"), signed=False).content
+            want = params.backend_params.get("public_context_sha256")
+            if hashlib.sha256(ctx).hexdigest() != want:
+                raise ParameterMismatch("the public context does not match the session parameters")
+            return backend.protect(vector, public_context=ctx)
+        return backend.protect(vector)
+
+    def protect_vector(self, params: SessionParams, stats: SufficientStatistics) -> np.ndarray:
+        """C_k^r = C_k + gamma I, Q_k, n_k, counts packed for the session's layout (float64)."""
         lay = params.layout
         if stats.gamma != 0.0 or stats.contributors != 1.0:
             raise InvalidInputError("protect() takes one hospital's raw statistics (gamma = 0); "
@@ -127,15 +139,7 @@ class HospitalClient:
             raise InvalidInputError(f"n_k = {stats.n:.0f} exceeds the session's n_max = {params.bounds.n_max}")
         with_ri = SufficientStatistics(stats.gram + params.gamma * np.eye(lay.dim), stats.cross, stats.n,
                                        stats.class_counts, 1.0, params.gamma)
-        vector = Layout(lay.dim, lay.n_classes).pack(with_ri)
-        backend = get_backend(params)
-        if params.backend == "ckks":
-            ctx = self.conn.request("GET", self.conn.path("/context"), signed=False).content
-            want = params.backend_params.get("public_context_sha256")
-            if hashlib.sha256(ctx).hexdigest() != want:
-                raise ParameterMismatch("the public context does not match the session parameters")
-            return backend.protect(vector, public_context=ctx)
-        return backend.protect(vector)
+        return Layout(lay.dim, lay.n_classes).pack(with_ri)
 
     def upload(self, params: SessionParams, payload: bytes, *, progress: bool = False) -> dict:
         statement = sign_upload(self.party.identity_key(), self.session_id, params.digest(),
@@ -154,13 +158,13 @@ class HospitalClient:
         self._keep_receipt(receipt)
         return receipt
 
-    def submit(self, stats: SufficientStatistics, *, progress: bool = False) -> dict:
-        """plain / ckks: the whole hospital side in one call. Returns the receipt."""
+    def submit(self, stats: SufficientStatistics, *, progress: bool = False, **secagg_kw) -> dict:
+        """The whole hospital side in one call (all secagg stages included). Returns the receipt."""
         params = self.fetch_params()
         if params.backend == "secagg":
             from .secagg_client import run_secagg
 
-            return run_secagg(self, params, stats, progress=progress)
+            return run_secagg(self, params, stats, progress=progress, **secagg_kw)
         return self.upload(params, self.protect(params, stats), progress=progress)
 
     def _keep_receipt(self, receipt: dict) -> None:

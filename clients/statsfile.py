@@ -23,7 +23,8 @@ Two file kinds, both plain ``.npz`` archives readable with
       classes  (C,)   str
       gamma    ()     float64   RI intermediary requested at extraction time
                                 (metadata only: it is NOT added to ``gram``)
-      format   "secure-afl/statistics/v1"  + metadata
+      format   "secure-afl/statistics/v1"  + metadata, among it
+      max_row_norm  ()  float64  max_i ||x_i||_2, to check the declared bound B
 
 :func:`load_statistics_file` accepts either kind and returns the statistics
 (``gamma`` = 0) and the class names; that is what ``client submit`` calls.

@@ -47,6 +47,8 @@ def check_aggregate_against_manifest(params: SessionParams, aggregate: bytes, ma
                         aggregate_sha256=hashlib.sha256(aggregate).digest())
     env = open_envelope(params, aggregate, "aggregate")
     claimed = env.header.get("contributors")
+    if isinstance(claimed, list):  # secagg names the surviving client ids
+        claimed = len(set(claimed)) if all(isinstance(c, int) for c in claimed) else None
     if claimed != len(m["participants"]):
         raise DecryptionRefused(
             f"aggregate header claims {claimed!r} contributors but the manifest lists {len(m['participants'])}")

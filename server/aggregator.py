@@ -125,7 +125,8 @@ class AggregationServer:
         if self.params is not None:
             self._combiner = self._new_combiner()
             for row in self.store.uploads():
-                self._combiner.add(self.store.get_blob(row["payload_sha256"]))
+                if self._combiner is not None:
+                    self._combiner.add(self.store.get_blob(row["payload_sha256"]))
                 if row["audit_seq"] is None:  # killed between commit and audit: finish the bookkeeping
                     self._finish_acceptance(row["hospital"], row["payload_sha256"], recovered=True)
         if self.store.upload_count():
@@ -246,7 +247,7 @@ class AggregationServer:
                     raise DuplicateContribution(f"{hospital} already contributed to this session")
                 self._check_stage_allows_upload(hospital)
                 open_envelope(self.params, payload, "contribution")
-                self._combiner.add(payload)  # validates the body; atomic: a refused payload changes nothing
+                self._combine_upload(hospital, payload)
             except SecureAFLError as e:
                 self.refuse("upload", hospital, e, details)
                 raise
@@ -278,6 +279,10 @@ class AggregationServer:
 
     def _check_stage_allows_upload(self, hospital: str) -> None:
         """Hook for protocols with rounds before the upload (secagg overrides)."""
+
+    def _combine_upload(self, hospital: str, payload: bytes) -> None:
+        """Validate the body and add it to the running sum; a refused payload changes nothing."""
+        self._combiner.add(payload)
 
     def receipt(self, hospital: str) -> dict:
         for row in self.store.uploads():

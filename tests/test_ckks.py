@@ -6,7 +6,6 @@ import json
 import os
 import stat
 import struct
-from fractions import Fraction
 from pathlib import Path
 
 import numpy as np
@@ -220,8 +219,8 @@ def test_multi_chunk_vector_round_trips():
     revealed = be.reveal(acc.aggregate(), secret_context=keys.secret_context)
 
     # Assert
-    assert _chunks(peek_header(payloads[0]).body)[1:] == (layout.length, _chunks(peek_header(payloads[0]).body)[2])
-    assert len(_chunks(peek_header(payloads[0]).body)[2]) == 2
+    _, total, chunks = _chunks(peek_header(payloads[0]).body)
+    assert (total, len(chunks)) == (layout.length, 2)
     assert np.max(np.abs(revealed - np.sum(vs, axis=0))) <= expected_abs_error(params, 3, magnitude=3 * H)
 
 
@@ -372,7 +371,6 @@ def test_public_context_cannot_decrypt_a_payload(session):
     with pytest.raises(ValueError):
         ts.ckks_vector_from(pub, chunk).decrypt()
     # ... and our reveal refuses a public context with a typed error
-    agg = _reseal(params, payload, peek_header(payload).body).replace(b'"contribution"', b'"aggregate"')
     agg = seal(params, "aggregate", peek_header(payload).body)
     with pytest.raises(InvalidKey):
         CKKSBackend(params).reveal(agg, secret_context=keys.public_context)

@@ -171,6 +171,7 @@ def test_stats_only_file_equals_gram_of_written_embeddings(cli_embeddings, weigh
     assert classes == classes_emb == ["Mango", "apple", "zebra"]
     meta = read_metadata(stats_path)
     assert meta["gamma"] == 0.25 and meta["format"] == "secure-afl/statistics/v1"
+    np.testing.assert_allclose(meta["max_row_norm"], np.linalg.norm(X64, axis=1).max(), rtol=1e-6)
 
 
 def test_image_folder_class_order_is_sorted_and_deterministic(tmp_path):

@@ -714,8 +714,9 @@ def _share_key(enc_sk: X25519PrivateKey, peer_pk: bytes, session_id: str, u: int
     return ChaCha20Poly1305(agree(enc_sk, peer_pk, purpose="share-enc", session_id=session_id, u=u, v=v))
 
 
-def _share_ad(params: SessionParams, sender: int, recipient: int) -> bytes:
-    return f"secure-afl/secagg/v1/share/{params.session_id}/{params.digest().hex()}/{sender}->{recipient}".encode()
+def _share_ad(backend: "SecAggBackend", sender: int, recipient: int) -> bytes:
+    """AEAD associated data: session id, parameter digest and the direction sender -> recipient."""
+    return f"secure-afl/secagg/v1/share/{backend.params.session_id}/{backend.digest_hex}/{sender}->{recipient}".encode()
 
 
 def _pair_seed(mask_sk: X25519PrivateKey, peer_pk: bytes, session_id: str, u: int, v: int) -> bytes:
@@ -895,7 +896,7 @@ class SecAggClient:
             aead = _share_key(self._enc_sk, ads[v].enc_public_key, sid, u, v)
             self._share_keys[v] = aead
             nonce = secrets.token_bytes(_NONCE_BYTES)
-            ct = aead.encrypt(nonce, bs.to_bytes() + ss.to_bytes(), _share_ad(self.params, u, v))
+            ct = aead.encrypt(nonce, bs.to_bytes() + ss.to_bytes(), _share_ad(self.backend, u, v))
             out.append(EncryptedShare(u, v, nonce, ct))
         self._ads = {v: a for v, a in ads.items() if v != u}
         self._stage = Stage.MASKED_INPUT
@@ -915,7 +916,7 @@ class SecAggClient:
             if es.recipient != u or es.sender not in self._ads or es.sender in received:
                 raise MalformedPayload(f"unexpected or duplicate share from client {es.sender}")
             try:
-                pt = self._share_keys[es.sender].decrypt(es.nonce, es.ciphertext, _share_ad(self.params, es.sender, u))
+                pt = self._share_keys[es.sender].decrypt(es.nonce, es.ciphertext, _share_ad(self.backend, es.sender, u))
             except InvalidTag:
                 raise InvalidContribution() from None
             try:
@@ -1178,7 +1179,10 @@ class SecAggServerRound:
                 Stage.UNMASK: self._close_unmask,
             }[self.stage]()
         except SecureAFLError:
-            self.stage = _ABORTED
+            self.stage = _ABORTED  # forget everything share-related: an aborted round reveals nothing
+            self._b_shares.clear()
+            self._s_shares.clear()
+            self._aggregate = None
             raise
         self._responded = set()
         return done
@@ -1290,6 +1294,7 @@ class SecAggBackend(ProtectionBackend):
     def __init__(self, params: SessionParams):
         super().__init__(params)
         self.cfg = _config(params)
+        self.digest_hex = params.digest().hex()
         self._graph: dict[int, frozenset[int]] | None = None
 
     @property

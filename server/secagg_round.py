@@ -1,0 +1,228 @@
+"""The aggregation server for ``secagg`` sessions: the SecAgg rounds over HTTP.
+
+Runs on: the aggregation server. Sees: public keys, AEAD-encrypted shares it
+relays, masked vectors, their mod-2^64 sum and, after the unmask round, the
+self-mask seeds of survivors and mask keys of dropped hospitals: exactly what
+removes the masks from the survivors' sum and nothing that reveals one
+hospital's vector (secure_afl.backends.secagg, threat_model/THREAT_MODEL.md).
+
+Stages (Bonawitz et al. 2017; names from :class:`~secure_afl.backends.secagg.Stage`)::
+
+    [Stage 0] setup          GET  .../secagg/request   -> POST .../secagg/setup
+    [Stage 1] advertise_keys GET  .../secagg/request   -> POST .../secagg/advertise_keys
+    [Stage 2] share_keys     GET  .../secagg/request   -> POST .../secagg/share_keys
+    [Stage 3] masked_input   GET  .../secagg/request   -> POST .../uploads  (signed upload, receipt)
+    [Stage 4] unmask         GET  .../secagg/request   -> POST .../secagg/unmask
+
+A stage closes when every active hospital answered or ``stage_timeout_s``
+passed; who did not answer is dropped. Every accepted message is stored in
+SQLite before it is acknowledged, so a restarted server replays them and
+reaches the same state; stage closings are recorded too.
+"""
+
+from __future__ import annotations
+
+import base64
+import threading
+import time
+
+from fastapi import Request
+
+from secure_afl.backends.secagg import MaskedInput, SecAggServerRound, Stage, decode_message
+from secure_afl.exceptions import (
+    DuplicateContribution,
+    InsufficientShares,
+    MalformedPayload,
+    PolicyViolation,
+    SecureAFLError,
+    StageError,
+)
+from secure_afl.protocol import API
+
+from .aggregator import AggregationServer, log
+
+__all__ = ["SecAggAggregationServer"]
+
+_MESSAGE_STAGES = (Stage.SETUP, Stage.ADVERTISE_KEYS, Stage.SHARE_KEYS, Stage.UNMASK)
+
+
+class SecAggAggregationServer(AggregationServer):
+    """:class:`AggregationServer` plus the SecAgg key-exchange and unmask rounds."""
+
+    def __init__(self, config):
+        self._round: SecAggServerRound | None = None
+        self._stop = threading.Event()
+        super().__init__(config)
+        self._ticker = threading.Thread(target=self._tick_loop, name="secagg-stage-clock", daemon=True)
+        self._ticker.start()
+
+    # -- identities -------------------------------------------------------------------
+    @property
+    def client_ids(self) -> dict[str, int]:
+        """Hospital name -> SecAgg client id (1..n in sorted-name order; also the Shamir x)."""
+        return {name: i + 1 for i, name in enumerate(sorted(self._enrolled))}
+
+    def _name(self, cid: int) -> str:
+        return sorted(self._enrolled)[cid - 1]
+
+    # -- state & recovery -----------------------------------------------------------------
+    def _new_combiner(self):
+        return None  # the round owns the running sum
+
+    def _recover(self) -> None:
+        super()._recover()
+        self._round = SecAggServerRound(self.params, participants=self.client_ids.values())
+        closed = self.store.get_meta("secagg_closed", [])
+        uploads = {row["hospital"]: row for row in self.store.uploads()}
+        for stage in Stage.all():
+            if self._round.stage != stage:
+                break
+            if stage == Stage.MASKED_INPUT:
+                for name, row in uploads.items():
+                    self._round.receive(MaskedInput.from_bytes(self.store.get_blob(row["payload_sha256"])))
+            else:
+                for _, data in self.store.messages(stage).items():
+                    self._round.receive(decode_message(data))
+            if stage in closed:
+                try:
+                    self._round.close_stage()
+                except InsufficientShares:
+                    break
+        if self.store.get_meta("secagg_stage_opened") is None:
+            self.store.set_meta("secagg_stage_opened", time.time())
+
+    def _combine_upload(self, hospital: str, payload: bytes) -> None:
+        m = MaskedInput.from_bytes(payload)
+        if m.client_id != self.client_ids[hospital]:
+            raise PolicyViolation(f"{hospital} sent a masked input for client {m.client_id}", reason="forbidden")
+        self._round.receive(m)
+
+    def _check_stage_allows_upload(self, hospital: str) -> None:
+        if self._round.stage != Stage.MASKED_INPUT:
+            raise StageError(f"masked inputs are accepted in the masked_input stage; the round is in "
+                             f"{self._round.stage}")
+
+    @property
+    def round_stage(self) -> str:
+        if self.store.get_meta("secagg_aborted"):
+            return "aborted"
+        return self._round.stage if self._round else Stage.SETUP
+
+    def info(self) -> dict:
+        d = super().info()
+        d["secagg"] = {"stage": self.round_stage, "client_ids": self.client_ids,
+                       "active": sorted(self._name(c) for c in self._round.active) if self._round else []}
+        return d
+
+    # -- stage clock ----------------------------------------------------------------------------
+    def _tick_loop(self) -> None:
+        while not self._stop.wait(0.2):
+            try:
+                self.tick()
+            except Exception:  # the clock must never die; the error is in the audit log
+                log.exception("secagg stage clock")
+
+    def tick(self, *, now: float | None = None) -> None:
+        """Close the current stage if everyone answered or its time is up."""
+        with self._lock:
+            r = self._round
+            if r is None or self.round_stage in ("done", "aborted"):
+                return
+            now = time.time() if now is None else now
+            opened = float(self.store.get_meta("secagg_stage_opened", now))
+            everyone = r._responded >= set(r.active)
+            if not everyone and now - opened < self.config.stage_timeout_s:
+                return
+            stage = r.stage
+            missing = sorted(self._name(c) for c in set(r.active) - r._responded)
+            try:
+                r.close_stage()
+            except InsufficientShares as e:
+                self.store.set_meta("secagg_aborted", str(e))
+                self.audit.append("secagg_stage_closed", actor=self.config.name, outcome="refused",
+                                  session=self.config.session_id, reason=e.reason,
+                                  details={"stage": stage, "dropped": missing, "message": str(e)[:300]})
+                log.warning("[Stage %s] round aborted: %s", stage, e)
+                return
+            self.store.set_meta("secagg_closed", self.store.get_meta("secagg_closed", []) + [stage])
+            self.store.set_meta("secagg_stage_opened", now)
+            self.audit.append("secagg_stage_closed", actor=self.config.name, outcome="accepted",
+                              session=self.config.session_id,
+                              details={"stage": stage, "dropped": missing, "next": r.stage,
+                                       "active": len(r.active)})
+
+    # -- hospital endpoints -------------------------------------------------------------------------
+    def secagg_request(self, hospital: str) -> dict:
+        with self._lock:
+            stage = self.round_stage
+            if stage in ("done", "aborted"):
+                return {"stage": stage}
+            cid = self.client_ids[hospital]
+            if cid not in self._round.active:
+                return {"stage": stage, "dropped": True}
+            if cid in self._round._responded:
+                return {"stage": stage, "waiting": True}
+            req = self._round.request(cid)
+            return {"stage": stage, "request": base64.b64encode(req.to_bytes()).decode()}
+
+    def secagg_message(self, hospital: str, stage: str, body: bytes) -> dict:
+        with self._lock:
+            try:
+                if stage not in _MESSAGE_STAGES:
+                    raise StageError(f"{stage!r} is not a message stage (masked inputs go to /uploads)")
+                if self.round_stage != stage:
+                    raise StageError(f"the round is in {self.round_stage}, not {stage}")
+                msg = decode_message(body)
+                if getattr(msg, "client_id", None) != self.client_ids[hospital]:
+                    raise PolicyViolation(f"{hospital} may only speak for client {self.client_ids[hospital]}",
+                                          reason="forbidden")
+                if self.store.messages(stage).get(hospital) is not None:
+                    raise DuplicateContribution(f"{hospital} already answered {stage}")
+                self._round.receive(msg)
+            except SecureAFLError as e:
+                self.refuse(f"secagg_{stage}"[:64], hospital, e)
+                raise
+            except (TypeError, ValueError, KeyError) as e:
+                err = MalformedPayload(f"unusable {stage} message: {type(e).__name__}")
+                self.refuse(f"secagg_{stage}"[:64], hospital, err)
+                raise err from None
+            self.store.put_message(stage, hospital, body)
+            self.audit.append(f"secagg_{stage}", actor=hospital, outcome="accepted", session=self.config.session_id,
+                              details={"bytes": len(body)})
+            return {"accepted": True, "stage": stage}
+
+    # -- release --------------------------------------------------------------------------------------
+    def _final_aggregate(self) -> bytes:
+        if self.round_stage != "done":
+            raise StageError(f"the secagg round is {self.round_stage}; the masked sum can be released only "
+                             "after the unmask round completed")
+        return self._round.aggregate
+
+    def unmask_material(self) -> dict:
+        if self.status != "released":
+            raise StageError("the aggregate has not been released")
+        return self._round.unmask_material().to_dict()
+
+    def register_routes(self, app, session_guard, authed, read_body) -> None:
+        @app.get(API + "/sessions/{session_id}/secagg/request")
+        async def secagg_request(session_id: str, request: Request):
+            session_guard(session_id, request)
+            party = await authed(request, ("hospital",))
+            return self.secagg_request(party.partition(":")[2])
+
+        @app.post(API + "/sessions/{session_id}/secagg/{stage}")
+        async def secagg_message(session_id: str, stage: str, request: Request):
+            session_guard(session_id, request)
+            body = await read_body(request, self.config.max_upload_bytes)
+            party = await authed(request, ("hospital",), body)
+            return self.secagg_message(party.partition(":")[2], stage, body)
+
+        @app.get(API + "/sessions/{session_id}/secagg/unmask-material")
+        async def unmask_material(session_id: str, request: Request):
+            session_guard(session_id, request)
+            await authed(request, ("keyholder",))
+            return self.unmask_material()
+
+    def shutdown(self) -> None:
+        self._stop.set()
+        super().shutdown()

@@ -1,0 +1,91 @@
+"""Tests of ``secure-afl bench`` (small dimensions; the real figures come from the CLI)."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+
+import pytest
+
+from secure_afl import bench
+
+KEYS = {"backend", "protect_s_per_client", "combine_s", "reveal_s", "bytes_per_client", "max_abs_error",
+        "exact", "dim", "classes", "clients", "dropout"}
+
+
+def _parser():
+    p = argparse.ArgumentParser(prog="secure-afl bench")
+    bench.register(p)
+    return p
+
+
+@pytest.mark.parametrize("backend", ["plain", "ckks"])
+def test_bench_protect_writes_json(tmp_path, capsys, backend):
+    # Prepare
+    out = tmp_path / "res.json"
+    args = _parser().parse_args(["protect", "--backend", backend, "--dim", "8", "--classes", "3",
+                                 "--clients", "4", "--dropout", "0.25", "--seed", "3", "--json", str(out)])
+
+    # Execute
+    rc = args.func(args)
+
+    # Assert
+    res = json.loads(out.read_text())
+    assert rc == 0
+    assert KEYS <= set(res)
+    assert res["backend"] == backend and res["clients"] == 4 and res["survivors"] == 3
+    assert res["exact"] is True
+    assert res["max_abs_error"] <= res["error_bound"]
+    assert "protect_s_per_client" in capsys.readouterr().out
+
+
+def test_ckks_bytes_per_value_matches_the_parameters():
+    # Prepare / Execute
+    res = bench.run_protect("ckks", 90, 3, 2, samples=16)
+
+    # Assert: ~D/2 bytes per slot for D = 100 data bits, plus framing; L = 4370 needs 2 ciphertexts
+    per_slot = res["bytes_per_client"] / (2 * 4096)
+    assert 50 <= per_slot <= 65
+    assert res["backend_params"]["coeff_mod_bit_sizes"] == [60, 40, 40]
+
+
+def test_secagg_branch_calls_simulate_round_or_says_what_is_missing():
+    # Prepare
+    try:
+        mod = importlib.import_module("secure_afl.backends.secagg")
+    except ModuleNotFoundError:
+        mod = None
+
+    # Execute / Assert
+    if getattr(mod, "simulate_round", None) is None:
+        with pytest.raises(bench.BenchUnavailable, match="simulate_round"):
+            bench.run_protect("secagg", 4, 2, 3, samples=8)
+    else:
+        res = bench.run_protect("secagg", 4, 2, 3, samples=8)
+        assert KEYS <= set(res) and res["backend"] == "secagg"
+
+
+def test_missing_subcommand_module_is_skipped_and_others_can_be_added(monkeypatch):
+    # Prepare
+    def reg(p):
+        p.set_defaults(func=lambda args: 7)
+
+    monkeypatch.setattr(bench, "_SUBCOMMANDS", list(bench._SUBCOMMANDS))
+    bench.add_subcommand("nosuch", "a module that does not exist", "secure_afl.no_such_module_here")
+    bench.add_subcommand("extra", "added by another module", reg)
+
+    # Execute
+    p = _parser()
+    args = p.parse_args(["extra"])
+
+    # Assert
+    assert args.func(args) == 7
+    with pytest.raises(SystemExit):
+        p.parse_args(["nosuch"])
+
+
+def test_bad_dropout_is_refused():
+    # Prepare / Execute / Assert
+    with pytest.raises(ValueError):
+        bench.run_protect("plain", 4, 2, 2, dropout=1.0)
