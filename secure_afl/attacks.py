@@ -245,8 +245,8 @@ def attack_differencing(*, seed: int = 0, verbose: bool = True, work=None, **_) 
 def attack_ckks_server(*, seed: int = 0, verbose: bool = True, **_) -> dict:
     """The singleton attack against a ckks upload: nothing to read."""
     from .backends.ckks import CKKSBackend, new_ckks_session
-    from .envelope import peek_header
-    from .exceptions import InvalidKey, SecretKeyNotAllowed
+    from .envelope import peek_header, seal
+    from .exceptions import InvalidKey, MalformedPayload, SecretKeyNotAllowed
 
     rng = np.random.default_rng(seed)
     params, keys = new_ckks_session("attack-ckks", _layout(), GAMMA, _bounds())
@@ -255,12 +255,13 @@ def attack_ckks_server(*, seed: int = 0, verbose: bool = True, **_) -> dict:
     payload = backend.protect(_packed(X, y), public_context=keys.public_context)
 
     refusals = []
-    try:  # 1. decrypt with what the server holds: the public context
-        backend.reveal(payload, secret_context=keys.public_context)
+    try:  # 1. re-seal the upload as an "aggregate" and decrypt with what the server holds
+        as_aggregate = seal(params, "aggregate", peek_header(payload).body, contributors=1)
+        backend.reveal(as_aggregate, secret_context=keys.public_context)
     except Exception as e:  # recorded and asserted on below
         refusals.append(e)
-    try:  # 2. reveal a contribution as if it were an aggregate (wrong kind)
-        backend.reveal(payload, secret_context=keys.public_context)
+    try:  # 2. even the secret key does not open a single contribution through reveal()
+        backend.reveal(payload, secret_context=keys.secret_context)
     except Exception as e:
         refusals.append(e)
     try:  # 3. the server is offered a secret context: it must refuse to hold it
@@ -274,8 +275,11 @@ def attack_ckks_server(*, seed: int = 0, verbose: bool = True, **_) -> dict:
     finite = raw[np.isfinite(raw)]
     near = int(np.sum([np.any(np.abs(finite - xi) < 1e-9) for xi in X[0]]))
     first = refusals[0]
-    ok_types = isinstance(first, InvalidKey) and isinstance(refusals[-1], SecretKeyNotAllowed)
+    ok_types = (len(refusals) == 3 and isinstance(first, InvalidKey) and isinstance(refusals[1], MalformedPayload)
+                and isinstance(refusals[2], SecretKeyNotAllowed))
     _say(verbose, f"[ckks-server] REFUSED: {type(first).__name__}({first.reason}): {first}")
+    _say(verbose, f"[ckks-server] REFUSED: reveal() of a single contribution, even with the secret key -> "
+                  f"{type(refusals[1]).__name__}({refusals[1].reason})")
     _say(verbose, f"[ckks-server] REFUSED: server offered a secret context -> {type(refusals[-1]).__name__}"
                   f"({refusals[-1].reason}); raw ciphertext bytes contain {near}/{DIM} coordinates of x")
     return {"attack": "ckks-server", "outcome": "refused" if ok_types and near == 0 else "recovered",
@@ -377,6 +381,7 @@ def attack_forward_ciphertext(*, seed: int = 0, verbose: bool = True, work=None,
     from .backends.ckks import CKKSBackend
     from .envelope import peek_header, seal
     from .exceptions import SecureAFLError
+    from .server.keyholder import KeyHolder
 
     rng = np.random.default_rng(seed)
     with _workdir(work) as d:
@@ -407,6 +412,10 @@ def attack_forward_ciphertext(*, seed: int = 0, verbose: bool = True, work=None,
         fixup = backend.protect(fix, public_context=public)
 
         honest = forged_aggregate(K, [payloads[h] for h in names[1:]])
+        # the control (the honest aggregate) runs on a copy of the key holder's state, so
+        # neither run's release ledger entry hides the other
+        shutil.copytree(kh.keys_dir, Path(d) / "keys-control")
+        control = KeyHolder(pki_dir, "keyholder", Path(d) / "keys-control", passphrase=kh.passphrase)
         variants = [
             ("victim's contribution sent as is (kind 'contribution')", victim, participants, K),
             ("re-sealed as an aggregate, header says 1 contributor", seal(params, "aggregate", body, contributors=1),
@@ -424,8 +433,7 @@ def attack_forward_ciphertext(*, seed: int = 0, verbose: bool = True, work=None,
             signed_for = v[4] if len(v) > 4 else aggregate
             try:
                 manifest = _manifest(server_party, params, parts, signed_for, mc)
-                res = kh.reveal_and_solve(params, aggregate, manifest, min_clients=2,
-                                          contributions={h: payloads[h] for h in names})
+                res = kh.reveal_and_solve(params, aggregate, manifest, min_clients=2)
                 out = {"variant": label, "outcome": "recovered",
                        "max_error": float(np.max(np.abs(res.stats.cross - lay.unpack(vecs[names[0]]).cross)))}
                 _say(verbose, f"[forward-ciphertext] NOT REFUSED ({label}): the key holder released a model "
@@ -439,8 +447,7 @@ def attack_forward_ciphertext(*, seed: int = 0, verbose: bool = True, work=None,
             results.append(out)
         # and the honest aggregate still goes through (the guards do not refuse everything)
         manifest = _manifest(server_party, params, participants, honest, 2)
-        res = kh.reveal_and_solve(params, honest, manifest, min_clients=2,
-                                  contributions={h: payloads[h] for h in names})
+        res = control.reveal_and_solve(params, honest, manifest, min_clients=2)
         _say(verbose, f"[forward-ciphertext] honest aggregate of {res.report['contributors']} hospitals released "
                       f"(control)")
     refused = all(r["outcome"] == "refused" for r in results)

@@ -22,6 +22,7 @@ _COMMANDS = [
     ("server", "the aggregation server", "secure_afl.server.cli"),
     ("keyholder", "the key holder: keys, release checks, decryption and the solve", "secure_afl.server.keyholder"),
     ("demo", "end-to-end demo: PKI, server, key holder and K hospitals on 127.0.0.1", "secure_afl.demo"),
+    ("attack", "run the threat-model attack demonstrations", "secure_afl.attacks"),
 ]
 
 

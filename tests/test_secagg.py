@@ -50,7 +50,7 @@ from secure_afl.exceptions import (
     WrongSession,
 )
 from secure_afl.hazmat import fixedpoint
-from secure_afl.hazmat.prg import DOMAIN_PAIR_MASK, agree, expand
+from secure_afl.hazmat.prg import agree, expand
 from secure_afl.packing import Layout
 from secure_afl.params import Bounds
 

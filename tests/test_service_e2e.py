@@ -167,3 +167,73 @@ def test_uploads_after_deadline_refused(consortium):
     conn = c.connect_keyholder()
     assert conn.info()["contributions"] == 0
     conn.close()
+
+
+def _run_hospitals(c, data, stop_before):
+    import threading
+
+    results, errors = {}, {}
+
+    def go(h):
+        cl = c.hospital(h)
+        try:
+            results[h] = cl.submit(c.stats(*data[h]), stop_before=stop_before.get(h), timeout=120)
+        except Exception as e:  # collected and asserted on by the caller
+            errors[h] = e
+        finally:
+            cl.close()
+
+    threads = [threading.Thread(target=go, args=(h,), daemon=True) for h in c.hospitals]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=180)
+    return results, errors
+
+
+def test_secagg_dropouts_at_every_round(consortium):
+    # Prepare: 10 hospitals, threshold 6; one goes silent before each of four stages
+    names = tuple(f"h{i:02d}" for i in range(1, 11))
+    c = consortium(backend="secagg", hospitals=names, min_clients=5, k_max=16,
+                   secagg={"threshold": 6, "stage_timeout_s": 3.0}).start()
+    data = {h: c.data(h, n=30) for h in names}
+    stop = {"h10": "advertise_keys", "h09": "share_keys", "h08": "masked_input", "h07": "unmask"}
+    # Execute
+    results, errors = _run_hospitals(c, data, stop)
+    conn = c.connect_keyholder()
+    res = c.keyholder.finalize(conn, min_clients=5)
+    conn.close()
+    # Assert: the survivors are those whose masked input was summed (h07 uploaded, then went silent)
+    assert not errors, errors
+    survivors = [f"h{i:02d}" for i in range(1, 8)]
+    assert res.report["participants"] == survivors
+    X = np.concatenate([data[h][0] for h in survivors])
+    y = np.concatenate([data[h][1] for h in survivors])
+    W_joint = centralised_weights(X, y, c.classes)
+    assert np.linalg.norm(res.W - W_joint) / np.linalg.norm(W_joint) <= 1e-9
+    ref = plain_reference(c, {h: data[h] for h in survivors})
+    assert np.array_equal(np.round(res.stats.class_counts), ref.class_counts)
+    log = [json.loads(line) for line in c.audit_path().read_text().splitlines()]
+    closed = [r["details"] for r in log if r["event"] == "secagg_stage_closed"]
+    assert [d["dropped"] for d in closed] == [[], ["h10"], ["h09"], ["h08"], ["h07"]]
+
+
+def test_secagg_threshold_breaking_dropout_aborts_and_reveals_nothing(consortium):
+    # Prepare: 4 hospitals, threshold 3; two vanish before the masked input
+    c = consortium(backend="secagg", hospitals=("h1", "h2", "h3", "h4"), min_clients=2,
+                   secagg={"threshold": 3, "stage_timeout_s": 2.0}).start()
+    data = {h: c.data(h) for h in c.hospitals}
+    # Execute
+    results, errors = _run_hospitals(c, data, {"h3": "masked_input", "h4": "masked_input"})
+    conn = c.connect_keyholder()
+    info = conn.info()
+    # Assert
+    assert info["secagg"]["stage"] == "aborted"
+    assert {type(e).__name__ for e in errors.values()} <= {"InsufficientShares", "StageError"}
+    with pytest.raises(Exception) as ei:
+        c.keyholder.close_round(conn)
+    assert ei.value.reason in ("wrong_stage", "insufficient_contributors")
+    with pytest.raises(Exception) as ei:
+        conn.request("GET", conn.path("/secagg/unmask-material"))
+    assert ei.value.status_code == 409
+    conn.close()
