@@ -2,11 +2,8 @@
 
 Subcommands live in :data:`_SUBCOMMANDS` as ``(name, help, target)`` where
 ``target`` is either a function ``register(parser)`` or the dotted name of a
-module exposing ``register(parser)``; modules are imported only when the
-``bench`` group is built and skipped quietly if they do not exist yet. A
-``register`` adds its arguments and sets ``func`` (``parser.set_defaults(func=...)``),
-which receives the parsed ``args`` and returns an exit code. Another module
-can also call :func:`add_subcommand`.
+module exposing ``register(parser)`` (imported when the ``bench`` group is
+built; torch itself is imported only when ``bench extract`` runs).
 
 ``bench protect`` runs one aggregation round in-process: K hospitals compute
 real statistics (random embeddings with ||x|| <= B through
@@ -34,11 +31,7 @@ import time
 
 import numpy as np
 
-__all__ = ["register", "add_subcommand", "run_protect", "BenchUnavailable"]
-
-
-class BenchUnavailable(RuntimeError):
-    """A benchmark needs a component that is not in this build yet."""
+__all__ = ["register", "run_protect"]
 
 
 # -- the subcommand registry ------------------------------------------------------------
@@ -62,37 +55,12 @@ _SUBCOMMANDS: list = [
 ]
 
 
-def add_subcommand(name: str, help_: str, target) -> None:
-    """Register ``bench NAME``; ``target`` is ``register(parser)`` or a module name."""
-    global _SUBCOMMANDS
-    _SUBCOMMANDS = [s for s in _SUBCOMMANDS if s[0] != name] + [(name, help_, target)]
-
-
 def register(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="bench_command", metavar="BENCH", required=True)
     for name, help_, target in _SUBCOMMANDS:
         if isinstance(target, str):
-            try:
-                target = importlib.import_module(target).register
-            except ModuleNotFoundError as e:
-                if e.name and (target == e.name or target.startswith(e.name + ".")):
-                    continue  # not written yet: no such subcommand in this build
-                target = _unavailable(name, e)
-            except ImportError as e:
-                target = _unavailable(name, e)
-        p = sub.add_parser(name, help=help_, description=help_)
-        target(p)
-
-
-def _unavailable(name: str, err: Exception):
-    def reg(p):
-        def fail(args):
-            print(f"bench {name} is unavailable here: {err}", file=sys.stderr)
-            return 2
-
-        p.set_defaults(func=fail)
-
-    return reg
+            target = importlib.import_module(target).register
+        target(sub.add_parser(name, help=help_, description=help_))
 
 
 # -- bench protect ----------------------------------------------------------------------
@@ -185,43 +153,17 @@ def run_protect(backend: str, dim: int, classes: int, clients: int, *, dropout: 
 
 
 def _run_secagg(out, layout, bounds, gamma, session_id, rng, samples, max_norm, dropout) -> dict:
-    """Hook for the secagg engineer: ``secure_afl.backends.secagg.simulate_round``.
+    """The whole SecAgg protocol in-process (:func:`secure_afl.backends.secagg.simulate_round`)."""
+    from .backends.secagg import secagg_session_params, simulate_round
 
-    Contract: ``simulate_round(params, vectors, dropout, rng) -> (aggregate_vector,
-    exact_bool, timings, bytes_per_client)`` with ``timings`` holding
-    ``protect_s_per_client``, ``combine_s``, ``reveal_s`` (or ``protect_per_client``,
-    ``combine``, ``reveal``) and, when hospitals dropped, ``survivors`` (their
-    0-based indices into ``vectors``) so the plaintext reference can be formed;
-    without it ``max_abs_error`` is reported as null for dropout > 0.
-    """
-    from .params import SessionParams
-
-    try:
-        mod = importlib.import_module("secure_afl.backends.secagg")
-    except ModuleNotFoundError as e:
-        if e.name in ("secure_afl.backends.secagg", "secure_afl.backends"):
-            mod = None
-        else:
-            raise
-    simulate_round = getattr(mod, "simulate_round", None)
-    if simulate_round is None:
-        raise BenchUnavailable(
-            "bench protect --backend secagg needs secure_afl.backends.secagg.simulate_round(params, vectors, "
-            "dropout, rng) -> (aggregate_vector, exact_bool, timings, bytes_per_client); it is not in this build yet"
-        )
-    make_params = getattr(mod, "secagg_session_params", None)
-    params = (make_params(session_id, layout, gamma, bounds) if make_params is not None
-              else SessionParams(session_id, "secagg", layout, gamma, bounds))
+    params = secagg_session_params(session_id, layout, gamma, bounds)
     vectors = [_hospital_vector(layout, np.random.default_rng([out["seed"], k]), samples, max_norm, gamma)
                for k in range(out["clients"])]
     aggregate, exact, timings, bytes_per_client = simulate_round(params, vectors, dropout, rng)
-    survivors = timings.get("survivors")
-    if survivors is None and dropout == 0.0:
-        survivors = range(len(vectors))
-    err = None
-    if survivors is not None:
-        ref = np.sum([vectors[i] for i in survivors], axis=0)
-        err = float(np.max(np.abs(np.asarray(aggregate, dtype=np.float64) - ref)))
+    survivors = timings["survivors"]
+    ref = np.sum([vectors[i] for i in survivors], axis=0)
+    err = float(np.max(np.abs(np.asarray(aggregate, dtype=np.float64) - ref)))
+
     def timing(*names):
         for n in names:
             if n in timings:
@@ -237,7 +179,7 @@ def _run_secagg(out, layout, bounds, gamma, session_id, rng, samples, max_norm, 
         "bytes_per_value": float(bytes_per_client) / layout.length,
         "max_abs_error": err,
         "exact": bool(exact),
-        "survivors": None if survivors is None else len(list(survivors)),
+        "survivors": len(survivors),
         "backend_params": dict(params.backend_params),
     })
     return out
@@ -260,12 +202,8 @@ def format_table(res: dict) -> str:
 
 
 def _cmd_protect(args) -> int:
-    try:
-        res = run_protect(args.backend, args.dim, args.classes, args.clients, dropout=args.dropout, seed=args.seed,
-                          samples=args.samples, max_norm=args.max_norm, gamma=args.gamma)
-    except BenchUnavailable as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    res = run_protect(args.backend, args.dim, args.classes, args.clients, dropout=args.dropout, seed=args.seed,
+                      samples=args.samples, max_norm=args.max_norm, gamma=args.gamma)
     res["machine"] = {"platform": platform.platform(), "python": platform.python_version(),
                       "cpus": os.cpu_count()}
     print(format_table(res))

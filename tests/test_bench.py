@@ -50,39 +50,12 @@ def test_ckks_bytes_per_value_matches_the_parameters():
     assert res["backend_params"]["coeff_mod_bit_sizes"] == [60, 40, 40]
 
 
-def test_secagg_branch_calls_simulate_round_or_says_what_is_missing():
-    # Prepare
-    try:
-        mod = importlib.import_module("secure_afl.backends.secagg")
-    except ModuleNotFoundError:
-        mod = None
-
-    # Execute / Assert
-    if getattr(mod, "simulate_round", None) is None:
-        with pytest.raises(bench.BenchUnavailable, match="simulate_round"):
-            bench.run_protect("secagg", 4, 2, 3, samples=8)
-    else:
-        res = bench.run_protect("secagg", 4, 2, 3, samples=8)
-        assert KEYS <= set(res) and res["backend"] == "secagg"
-
-
-def test_missing_subcommand_module_is_skipped_and_others_can_be_added(monkeypatch):
-    # Prepare
-    def reg(p):
-        p.set_defaults(func=lambda args: 7)
-
-    monkeypatch.setattr(bench, "_SUBCOMMANDS", list(bench._SUBCOMMANDS))
-    bench.add_subcommand("nosuch", "a module that does not exist", "secure_afl.no_such_module_here")
-    bench.add_subcommand("extra", "added by another module", reg)
-
+def test_secagg_round_is_exact_with_dropout():
     # Execute
-    p = _parser()
-    args = p.parse_args(["extra"])
-
+    res = bench.run_protect("secagg", 4, 2, 10, samples=8, dropout=0.3)
     # Assert
-    assert args.func(args) == 7
-    with pytest.raises(SystemExit):
-        p.parse_args(["nosuch"])
+    assert KEYS <= set(res) and res["backend"] == "secagg"
+    assert res["exact"] is True and res["survivors"] == 7 and res["max_abs_error"] <= 1e-9
 
 
 def test_bad_dropout_is_refused():

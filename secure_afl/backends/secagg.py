@@ -1386,7 +1386,8 @@ def simulate_round(params: SessionParams, vectors: Sequence, dropout: float = 0.
         Seconds: ``setup``, ``advertise_keys``, ``share_keys``, ``protect_total``,
         ``protect_per_client`` (MASKED_INPUT stage of one hospital: decrypt shares,
         encode, masks, seal), ``combine`` (server streaming sum),
-        ``unmask_clients``, ``reveal`` (reconstruction + mask removal), ``total``.
+        ``unmask_clients``, ``reveal`` (reconstruction + mask removal), ``total``;
+        plus ``survivors``: the 0-based indices of the summed vectors.
     bytes_per_client : int
         Mean bytes a surviving hospital uploads over all five stages.
 
@@ -1474,5 +1475,6 @@ def simulate_round(params: SessionParams, vectors: Sequence, dropout: float = 0.
     timings["total"] = time.perf_counter() - t_start
 
     exact = bool(np.array_equal(server.fixed_point_sum_, reference))
+    timings["survivors"] = [u - 1 for u in server.survivors_]  # 0-based indices into ``vectors``
     bytes_per_client = int(round(sum(up[u] for u in server.survivors_) / max(n_surv, 1)))
     return server.aggregate_vector_, exact, timings, bytes_per_client
