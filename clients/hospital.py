@@ -20,7 +20,7 @@ import numpy as np
 
 from secure_afl import pki
 from secure_afl.backends import get_backend
-from secure_afl.exceptions import InvalidInputError, ParameterMismatch, StageError
+from secure_afl.exceptions import BoundsExceeded, InvalidInputError, ParameterMismatch, StageError
 from secure_afl.packing import Layout
 from secure_afl.params import SessionParams
 from secure_afl.protocol import H_UPLOAD
@@ -49,11 +49,16 @@ def statistics_from_file(path, n_classes: int, *, max_norm: float | None = None,
         raise InvalidInputError(f"{path}: not a readable .npz ({e})") from None
     with z:
         if "gram" in z.files:
-            from .statsfile import load_statistics_file
+            from .statsfile import load_statistics_file, read_metadata
 
             stats, _ = load_statistics_file(path)
             if stats.n_classes != n_classes:
                 raise InvalidInputError(f"{path} has {stats.n_classes} classes; the session has {n_classes}")
+            peak = read_metadata(path).get("max_row_norm")
+            if max_norm is not None and (peak is None or float(peak) > max_norm):
+                raise BoundsExceeded(f"{path}: largest embedding norm {peak} is not within the session's "
+                                     f"declared bound B={max_norm}; re-extract with normalised embeddings or "
+                                     "ask the consortium to raise B")
             return stats
         if "X" not in z.files or "y" not in z.files:
             raise InvalidInputError(f"{path} must hold 'X' and 'y' (embeddings) or 'gram'/'cross' (statistics)")

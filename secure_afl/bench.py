@@ -154,9 +154,11 @@ def run_protect(backend: str, dim: int, classes: int, clients: int, *, dropout: 
 
 def _run_secagg(out, layout, bounds, gamma, session_id, rng, samples, max_norm, dropout) -> dict:
     """The whole SecAgg protocol in-process (:func:`secure_afl.backends.secagg.simulate_round`)."""
-    from .backends.secagg import secagg_session_params, simulate_round
+    from .backends.secagg import recommended_neighbours, secagg_session_params, simulate_round
 
-    params = secagg_session_params(session_id, layout, gamma, bounds)
+    # SecAgg+ neighbour graph of degree 2 ceil(1.5 log2 K) once that is smaller than K - 1
+    params = secagg_session_params(session_id, layout, gamma, bounds,
+                                   neighbours=recommended_neighbours(max(out["clients"], 2)))
     vectors = [_hospital_vector(layout, np.random.default_rng([out["seed"], k]), samples, max_norm, gamma)
                for k in range(out["clients"])]
     aggregate, exact, timings, bytes_per_client = simulate_round(params, vectors, dropout, rng)

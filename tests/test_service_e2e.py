@@ -237,3 +237,38 @@ def test_secagg_threshold_breaking_dropout_aborts_and_reveals_nothing(consortium
         conn.request("GET", conn.path("/secagg/unmask-material"))
     assert ei.value.status_code == 409
     conn.close()
+
+
+def test_images_to_upload_in_two_commands(consortium, tmp_path):
+    """`client embed --stats-only` (real torchvision resnet18, random init) then `client submit --stats`."""
+    from PIL import Image
+
+    # Prepare: two hospitals, each an ImageFolder with two classes of 32x32 images
+    c = consortium(backend="plain", hospitals=("h1", "h2"), dim=512, classes=2, min_clients=2, max_norm=1e4)
+    c.start()
+    rng = np.random.default_rng(0)
+    for h in c.hospitals:
+        for cls in ("benign", "malignant"):
+            d = tmp_path / h / cls
+            d.mkdir(parents=True)
+            for i in range(3):
+                Image.fromarray(rng.integers(0, 256, (32, 32, 3), dtype=np.uint8)).save(d / f"{i}.png")
+    import torch
+    import torchvision
+
+    torch.manual_seed(0)
+    torch.save(torchvision.models.resnet18(num_classes=1000).state_dict(), tmp_path / "w.pth")
+    # Execute
+    for h in c.hospitals:
+        assert main(["client", "embed", "--images", str(tmp_path / h), "--backbone", "resnet18", "--weights",
+                     str(tmp_path / "w.pth"), "--device", "cpu", "--workers", "0", "--no-progress",
+                     "--stats-only", str(tmp_path / f"{h}-stats.npz")]) == 0
+        assert main(["client", "submit", "--server", c.url, "--session", c.session_id, "--pki", str(c.pki_dir),
+                     "--name", h, "--stats", str(tmp_path / f"{h}-stats.npz"), "--receipts",
+                     str(tmp_path / "rc"), "--no-progress"]) == 0
+    conn = c.connect_keyholder()
+    res = c.keyholder.finalize(conn, min_clients=2)
+    conn.close()
+    # Assert
+    assert res.report["samples"] == 12 and res.report["class_counts"] == [6, 6]
+    assert res.W.shape == (512, 2)
