@@ -1,0 +1,165 @@
+"""Security tests against a real ``secure-afl server run`` process (mTLS on 127.0.0.1).
+
+One server process per module (started with :class:`secure_afl.demo.ServerProcess`
+on a free port, bounded waits, always stopped in the fixture finaliser).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+
+import httpx
+import numpy as np
+import pytest
+
+from secure_afl import pki
+from secure_afl.backends.ckks import ckks_session_params, generate_keys
+from secure_afl.demo import ServerProcess, _free_port
+from secure_afl.packing import Layout
+from secure_afl.params import Bounds
+from secure_afl.protocol import API, H_UPLOAD, sign_request
+from secure_afl.server.config import write_config
+
+pytestmark = [pytest.mark.security, pytest.mark.e2e]
+
+DIM, CLASSES, GAMMA = 4, 3, 1.0
+SID = "sec-e2e"
+HOSPITALS = ["hosp-a", "hosp-b"]
+
+
+@pytest.fixture(scope="module")
+def live(tmp_path_factory):
+    work = tmp_path_factory.mktemp("e2e")
+    pki_dir = work / "pki"
+    pki.init_ca(pki_dir, name="e2e security")
+    pki.issue(pki_dir, "server", "aggregator")
+    pki.issue(pki_dir, "keyholder", "keyholder")
+    for h in HOSPITALS:
+        pki.issue(pki_dir, "hospital", h)
+    foreign = work / "foreign"
+    pki.init_ca(foreign, name="another consortium")
+    pki.issue(foreign, "hospital", "hosp-a")
+    port = _free_port()
+    write_config(work / "session.toml", {
+        "session": {"id": SID, "backend": "ckks", "dim": DIM, "classes": CLASSES, "gamma": GAMMA,
+                    "min_clients": 2, "deadline_s": 3600, "hospitals": HOSPITALS},
+        "bounds": {"max_norm": 2.0, "n_max": 100, "k_max": 4},
+        "server": {"host": "127.0.0.1", "port": port, "data_dir": str(work / "server"), "pki_dir": str(pki_dir)},
+    })
+    proc = ServerProcess(work / "session.toml", work / "server.log")
+    kh = pki.load_party(pki_dir, "keyholder", "keyholder")
+    try:
+        proc.start().wait_ready(f"https://127.0.0.1:{port}", kh.ca_file, (kh.cert_file, kh.key_file), timeout=60)
+        yield {"url": f"https://127.0.0.1:{port}", "pki": pki_dir, "foreign": foreign, "work": work}
+    finally:
+        proc.stop()
+
+
+def _client(live, role="hospital", name="hosp-a", present_cert=True):
+    party = pki.load_party(live["pki"], role, name)
+    return party, httpx.Client(base_url=live["url"], verify=party.client_ssl_context(present_cert=present_cert),
+                               timeout=10)
+
+
+def _info(live):
+    _, c = _client(live)
+    with c:
+        return c.get(f"{API}/sessions/{SID}").json()
+
+
+def _audit(live):
+    return [json.loads(x) for x in (live["work"] / "server" / SID / "audit.jsonl").read_text().splitlines()]
+
+
+def test_tls_without_client_certificate_refused_by_server_process(live):
+    # Prepare
+    _, client = _client(live, present_cert=False)
+
+    # Execute / Assert: the handshake (or the first read) fails; no HTTP answer at all
+    with client, pytest.raises((httpx.ConnectError, httpx.ReadError, httpx.RemoteProtocolError)):
+        client.get(f"{API}/health")
+
+
+def test_tls_with_foreign_ca_certificate_refused_by_server_process(live):
+    # Prepare: same name, certificate from another CA; trusts the real CA for the server
+    foreign = pki.load_party(live["foreign"], "hospital", "hosp-a")
+    ctx = pki.client_ssl_context(live["pki"] / "ca.pem", cert_file=foreign.cert_file, key_file=foreign.key_file)
+
+    # Execute / Assert
+    with httpx.Client(base_url=live["url"], verify=ctx, timeout=10) as client, \
+            pytest.raises((httpx.ConnectError, httpx.ReadError, httpx.RemoteProtocolError)):
+        client.get(f"{API}/health")
+
+
+def test_client_refuses_server_not_signed_by_consortium_ca(live):
+    # Prepare: a hospital that trusts only another CA must not talk to this server
+    foreign = pki.load_party(live["foreign"], "hospital", "hosp-a")
+
+    # Execute / Assert
+    with httpx.Client(base_url=live["url"], verify=foreign.client_ssl_context(), timeout=10) as client, \
+            pytest.raises(httpx.ConnectError):
+        client.get(f"{API}/health")
+
+
+def test_secret_key_context_refused_over_https_then_public_accepted(live):
+    # Prepare: the key holder's fresh keys for this session
+    kh, client = _client(live, "keyholder", "keyholder")
+    params = ckks_session_params(SID, Layout(DIM, CLASSES), GAMMA, Bounds(2.0, 100, 4))
+    keys = generate_keys(params)
+    path = f"{API}/sessions/{SID}/context"
+
+    def publish(body):
+        h = sign_request(kh.identity_key(), "keyholder:keyholder", "POST", path, body)
+        return client.post(path, content=body, headers=h)
+
+    with client:
+        # Execute
+        refused = publish(keys.secret_context)
+        status_after_refusal = _info(live)["status"]
+        accepted = publish(keys.public_context)
+
+    # Assert
+    assert refused.status_code == 422 and refused.json()["error"] == "secret_key_context"
+    assert status_after_refusal == "awaiting_context"
+    assert any(r["event"] == "publish_context" and r["outcome"] == "refused" and r["reason"] == "secret_key_context"
+               for r in _audit(live))
+    assert accepted.status_code == 200 and _info(live)["status"] == "open"
+
+
+def test_replay_and_duplicate_over_https_refused_nothing_stored(live):
+    # Prepare: the session is open (previous test); hosp-a uploads one real ckks contribution
+    from secure_afl.backends.ckks import CKKSBackend
+    from secure_afl.params import SessionParams
+    from secure_afl.signing import sign_upload
+
+    info = _info(live)
+    if info["status"] != "open":
+        pytest.skip("session not open (the context test did not run first)")
+    params = SessionParams.from_dict(info["params"])
+    party, client = _client(live)
+    with client:
+        ctx = client.get(f"{API}/sessions/{SID}/context").content
+        rng = np.random.default_rng(0)
+        v = np.zeros(params.layout.length)
+        v[: DIM] = rng.uniform(0, 1, DIM)
+        payload = CKKSBackend(params).protect(v, public_context=ctx)
+        st = sign_upload(party.identity_key(), SID, params.digest(), hashlib.sha256(payload).digest(), "hosp-a")
+        headers = {H_UPLOAD: json.dumps(st), "content-type": "application/octet-stream"}
+        path = f"{API}/sessions/{SID}/uploads"
+        assert client.post(path, content=payload, headers=headers).status_code == 200
+        stored = sorted(os.listdir(live["work"] / "server" / SID / "payloads"))
+
+        # Execute
+        replay = client.post(path, content=payload, headers=headers)
+        st2 = sign_upload(party.identity_key(), SID, params.digest(), hashlib.sha256(payload).digest(), "hosp-a")
+        dup = client.post(path, content=payload, headers={**headers, H_UPLOAD: json.dumps(st2)})
+
+    # Assert
+    assert replay.status_code == 409 and replay.json()["error"] == "replay"
+    assert dup.status_code == 409 and dup.json()["error"] == "duplicate"
+    assert _info(live)["contributions"] == 1
+    assert sorted(os.listdir(live["work"] / "server" / SID / "payloads")) == stored
+    tail = _audit(live)[-2:]
+    assert [(r["outcome"], r["reason"]) for r in tail] == [("refused", "replay"), ("refused", "duplicate")]
