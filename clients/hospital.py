@@ -16,11 +16,19 @@ import logging
 import os
 from pathlib import Path
 
+import httpx
 import numpy as np
 
 from secure_afl import pki
 from secure_afl.backends import get_backend
-from secure_afl.exceptions import BoundsExceeded, InvalidInputError, ParameterMismatch, StageError
+from secure_afl.exceptions import (
+    BoundsExceeded,
+    DuplicateContribution,
+    InvalidInputError,
+    ParameterMismatch,
+    PolicyViolation,
+    StageError,
+)
 from secure_afl.packing import Layout
 from secure_afl.params import SessionParams
 from secure_afl.protocol import H_UPLOAD
@@ -146,22 +154,45 @@ class HospitalClient:
                                        stats.class_counts, 1.0, params.gamma)
         return Layout(lay.dim, lay.n_classes).pack(with_ri)
 
-    def upload(self, params: SessionParams, payload: bytes, *, progress: bool = False) -> dict:
-        statement = sign_upload(self.party.identity_key(), self.session_id, params.digest(),
-                                hashlib.sha256(payload).digest(), self.name)
-        headers = {H_UPLOAD: json.dumps(statement, separators=(",", ":")),
-                   "content-type": "application/octet-stream"}
-        content = _progress_chunks(payload, self.name) if progress else None
-        if content is not None:
-            headers["content-length"] = str(len(payload))
-        resp = self.conn.request("POST", self.conn.path("/uploads"), body=payload, signed=False,
-                                 headers=headers, content=content)
-        receipt = verify_receipt(resp.json(), self.server_pub)
-        if receipt["payload_sha256"] != hashlib.sha256(payload).hexdigest() or receipt["hospital"] != self.name:
+    def upload(self, params: SessionParams, payload: bytes, *, progress: bool = False, attempts: int = 3) -> dict:
+        """Sign and upload ``payload``; return the verified receipt.
+
+        If the connection drops mid-upload the server may or may not have
+        committed it: ask for the receipt, and upload again (freshly signed)
+        only if there is none.
+        """
+        sha = hashlib.sha256(payload).hexdigest()
+        for attempt in range(attempts):
+            statement = sign_upload(self.party.identity_key(), self.session_id, params.digest(),
+                                    bytes.fromhex(sha), self.name)
+            headers = {H_UPLOAD: json.dumps(statement, separators=(",", ":")),
+                       "content-type": "application/octet-stream"}
+            content = _progress_chunks(payload, self.name) if progress else None
+            if content is not None:
+                headers["content-length"] = str(len(payload))
+            try:
+                resp = self.conn.request("POST", self.conn.path("/uploads"), body=payload, signed=False,
+                                         headers=headers, content=content)
+                receipt = resp.json()
+                break
+            except (httpx.TransportError, DuplicateContribution) as e:
+                receipt = self._fetch_receipt()
+                if receipt is not None:
+                    break
+                if isinstance(e, DuplicateContribution) or attempt == attempts - 1:
+                    raise
+        receipt = verify_receipt(receipt, self.server_pub)
+        if receipt["payload_sha256"] != sha or receipt["hospital"] != self.name:
             raise ParameterMismatch("receipt does not acknowledge this payload")
         self.bytes_uploaded += len(payload)
         self._keep_receipt(receipt)
         return receipt
+
+    def _fetch_receipt(self) -> dict | None:
+        try:
+            return self.conn.request("GET", self.conn.path(f"/receipts/{self.name}")).json()
+        except PolicyViolation:
+            return None
 
     def submit(self, stats: SufficientStatistics, *, progress: bool = False, **secagg_kw) -> dict:
         """The whole hospital side in one call (all secagg stages included). Returns the receipt."""

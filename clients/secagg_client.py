@@ -5,7 +5,8 @@ with :class:`~secure_afl.backends.secagg.SecAggClient` (which refuses
 out-of-order stages, tampered shares and overlapping unmask requests), and
 uploads its masked vector as a signed upload (the receipt is kept like for
 any backend). Its secrets (X25519 keys, self-mask seed, shares it holds) live
-only in this process.
+only in this process. A server restart is ridden out: requests are retried,
+and an answer the server had already stored (409 duplicate) counts as sent.
 """
 
 from __future__ import annotations
@@ -15,54 +16,78 @@ import logging
 import time
 
 from secure_afl.backends.secagg import SecAggClient, Stage, decode_message
-from secure_afl.exceptions import InsufficientShares, StageError
+from secure_afl.exceptions import DuplicateContribution, InsufficientShares, StageError
 from secure_afl.params import SessionParams
 from secure_afl.stats import SufficientStatistics
 
-__all__ = ["run_secagg"]
+__all__ = ["SecAggParticipant", "run_secagg"]
 
 log = logging.getLogger("secure_afl.client")
 
 
-def run_secagg(hospital, params: SessionParams, stats: SufficientStatistics, *, progress: bool = False,
-               timeout: float = 600.0, poll: float = 0.1, stop_before: str | None = None) -> dict | None:
-    """Take part in every stage; return the receipt of the masked upload.
+class SecAggParticipant:
+    """One hospital's part in one secagg round; :meth:`run` may pause and resume."""
 
-    ``stop_before`` (a stage name) makes this hospital go silent at that
-    stage, as a crashed site would: failure drills and tests use it to
-    exercise dropout recovery. Returns None in that case.
-    """
-    conn = hospital.conn
-    vector = hospital.protect_vector(params, stats)
-    info = conn.info()
-    cid = info["secagg"]["client_ids"][hospital.name]
-    client = SecAggClient(params, cid)
-    receipt = None
-    deadline = time.monotonic() + timeout
-    answered = set()
-    while time.monotonic() < deadline:
-        r = conn.request("GET", conn.path("/secagg/request")).json()
-        stage = r["stage"]
-        if stage == "done":
-            return receipt
-        if stage == "aborted":
-            raise InsufficientShares("the server aborted the secagg round (too many dropouts); nothing was revealed")
-        if r.get("dropped"):
-            raise StageError(f"{hospital.name} was dropped from the round at stage {stage}")
-        if "request" not in r or stage in answered:
-            time.sleep(poll)
-            continue
-        if stop_before == stage:
-            log.warning("%s goes silent before %s (drill)", hospital.name, stage)
-            return None
-        request = decode_message(base64.b64decode(r["request"]))
-        response = client.handle(request, vector=vector if stage == Stage.MASKED_INPUT else None)
+    def __init__(self, hospital, params: SessionParams, stats: SufficientStatistics):
+        self.hospital = hospital
+        self.params = params
+        self.vector = hospital.protect_vector(params, stats)
+        cid = hospital.conn.info()["secagg"]["client_ids"][hospital.name]
+        self.client = SecAggClient(params, cid)
+        self.receipt: dict | None = None
+        self._answered: set[str] = set()
+
+    def run(self, *, pause_before: str | None = None, timeout: float = 600.0, poll: float = 0.1,
+            progress: bool = False) -> dict | None:
+        """Answer stages until the round is done (returns the receipt).
+
+        With ``pause_before=STAGE`` return None as soon as the round reaches
+        STAGE, without answering it; call :meth:`run` again to go on. A site
+        that never resumes is a dropout (failure drills use this).
+        """
+        conn = self.hospital.conn
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            r = conn.request("GET", conn.path("/secagg/request")).json()
+            stage = r["stage"]
+            if stage == "done":
+                return self.receipt
+            if stage == "aborted":
+                raise InsufficientShares("the server aborted the secagg round (too many dropouts); "
+                                         "nothing was revealed")
+            if r.get("dropped"):
+                raise StageError(f"{self.hospital.name} was dropped from the round at stage {stage}")
+            if "request" not in r or stage in self._answered:
+                time.sleep(poll)
+                continue
+            if pause_before == stage:
+                log.warning("%s pauses before %s", self.hospital.name, stage)
+                return None
+            self._answer(stage, decode_message(base64.b64decode(r["request"])), progress)
+        raise TimeoutError(f"secagg round did not finish within {timeout:.0f} s")
+
+    def _answer(self, stage: str, request, progress: bool) -> None:
+        response = self.client.handle(request, vector=self.vector if stage == Stage.MASKED_INPUT else None)
         if stage == Stage.MASKED_INPUT:
-            receipt = hospital.upload(params, response.to_bytes(), progress=progress)
+            self.receipt = self.hospital.upload(self.params, response.to_bytes(), progress=progress)
         else:
             body = response.to_bytes()
-            conn.request("POST", conn.path(f"/secagg/{stage}"), body=body)
-            hospital.bytes_uploaded += len(body)
-        answered.add(stage)
-        log.info("[Stage %d] %s answered %s", Stage.index(stage), hospital.name, stage)
-    raise TimeoutError(f"secagg round did not finish within {timeout:.0f} s")
+            conn = self.hospital.conn
+            try:
+                conn.request("POST", conn.path(f"/secagg/{stage}"), body=body)
+            except DuplicateContribution:
+                pass  # stored before a connection drop: the server has this answer
+            self.hospital.bytes_uploaded += len(body)
+        self._answered.add(stage)
+        log.info("[Stage %d] %s answered %s", Stage.index(stage), self.hospital.name, stage)
+
+
+def run_secagg(hospital, params: SessionParams, stats: SufficientStatistics, *, progress: bool = False,
+               timeout: float = 600.0, stop_before: str | None = None) -> dict | None:
+    """Take part in every stage; return the receipt of the masked upload.
+
+    ``stop_before`` makes this hospital go silent at that stage, as a crashed
+    site would (failure drills); it then returns None.
+    """
+    return SecAggParticipant(hospital, params, stats).run(pause_before=stop_before, timeout=timeout,
+                                                          progress=progress)

@@ -60,7 +60,7 @@ class ServiceClient:
     """One party's authenticated connection to the aggregation server."""
 
     def __init__(self, base_url: str, party, session_id: str, *, timeout: float = 120.0,
-                 present_cert: bool = True, verify=None):
+                 present_cert: bool = True, verify=None, retry_s: float = 60.0):
         self.base_url = base_url.rstrip("/")
         self.party = party
         self.party_id = f"{party.role}:{party.name}"
@@ -68,6 +68,7 @@ class ServiceClient:
         self._key = party.identity_key()
         ctx = verify if verify is not None else party.client_ssl_context(present_cert=present_cert)
         self.http = httpx.Client(base_url=self.base_url, verify=ctx, timeout=timeout)
+        self.retry_s = retry_s
 
     def close(self) -> None:
         self.http.close()
@@ -82,11 +83,27 @@ class ServiceClient:
         return f"{API}/sessions/{self.session_id}{suffix}"
 
     def request(self, method: str, path: str, *, body: bytes = b"", signed: bool = True,
-                headers: dict | None = None, content: Iterable[bytes] | None = None) -> httpx.Response:
-        h = dict(headers or {})
-        if signed:
-            h.update(sign_request(self._key, self.party_id, method, path, body))
-        resp = self.http.request(method, path, content=content if content is not None else body, headers=h)
+                headers: dict | None = None, content: Iterable[bytes] | None = None,
+                retry: bool = True) -> httpx.Response:
+        """One request; connection failures (server restarting) are retried for ``retry_s``.
+
+        A retried request is signed afresh (new nonce), so the server never sees
+        a replayed signature; whether a retried POST had already taken effect is
+        for the caller to find out (a 409 duplicate says so).
+        """
+        deadline = time.monotonic() + (self.retry_s if retry else 0.0)
+        while True:
+            h = dict(headers or {})
+            if signed:
+                h.update(sign_request(self._key, self.party_id, method, path, body))
+            try:
+                resp = self.http.request(method, path, content=content if content is not None else body,
+                                         headers=h)
+                break
+            except httpx.TransportError:
+                if content is not None or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.25)
         if resp.status_code >= 400:
             raise error_from_response(resp)
         return resp

@@ -272,3 +272,52 @@ def test_images_to_upload_in_two_commands(consortium, tmp_path):
     # Assert
     assert res.report["samples"] == 12 and res.report["class_counts"] == [6, 6]
     assert res.W.shape == (512, 2)
+
+
+def test_secagg_sigkill_mid_round_then_restart_finishes_exactly(consortium):
+    from secure_afl.clients.secagg_client import SecAggParticipant
+
+    # Prepare: h4 pauses before its masked input, so the round waits there
+    c = consortium(backend="secagg", hospitals=("h1", "h2", "h3", "h4"), min_clients=4,
+                   secagg={"threshold": 3, "stage_timeout_s": 60.0}).start()
+    data = {h: c.data(h) for h in c.hospitals}
+    import threading
+
+    others = {}
+    threads = []
+    for h in ("h1", "h2", "h3"):
+        def go(h=h):
+            cl = c.hospital(h)
+            try:
+                others[h] = cl.submit(c.stats(*data[h]), timeout=180)
+            except Exception as e:  # asserted below
+                others[h] = e
+            finally:
+                cl.close()
+        threads.append(threading.Thread(target=go, daemon=True))
+    for t in threads:
+        t.start()
+    h4 = c.hospital("h4")
+    p4 = SecAggParticipant(h4, h4.fetch_params(), c.stats(*data["h4"]))
+    assert p4.run(pause_before="masked_input", timeout=120) is None
+    conn = c.connect_keyholder()
+    conn.wait_until(lambda i: i["contributions"] == 3, timeout=60, what="three masked inputs")
+    # Execute: kill -9 in the middle of the masked-input stage, restart, let h4 go on
+    c.kill9()
+    c.start()
+    receipt = p4.run(timeout=120)
+    for t in threads:
+        t.join(timeout=180)
+    h4.close()
+    res = c.keyholder.finalize(conn, min_clients=4)
+    conn.close()
+    # Assert: nothing lost, the sum is exact over all four
+    assert all(isinstance(r, dict) for r in others.values()), others
+    assert receipt is not None
+    assert res.report["participants"] == ["h1", "h2", "h3", "h4"]
+    X = np.concatenate([d[0] for d in data.values()])
+    y = np.concatenate([d[1] for d in data.values()])
+    W_joint = centralised_weights(X, y, c.classes)
+    assert np.linalg.norm(res.W - W_joint) / np.linalg.norm(W_joint) <= 1e-9
+    log = [json.loads(line) for line in c.audit_path().read_text().splitlines()]
+    assert any(r["event"] == "server_restarted" for r in log)
