@@ -31,9 +31,10 @@ from secure_afl.exceptions import (
 )
 from secure_afl.packing import Layout
 from secure_afl.params import SessionParams
-from secure_afl.protocol import H_UPLOAD
+from secure_afl.protocol import H_TAG, H_UPLOAD
 from secure_afl.signing import sign_upload, verify_receipt
 from secure_afl.stats import StatisticsAccumulator, SufficientStatistics
+from secure_afl.tagging import new_tag, seal_tag, sign_tag
 
 from .transport import ServiceClient
 
@@ -127,20 +128,27 @@ class HospitalClient:
             raise ParameterMismatch("the server does not present the pinned identity key")
         return params
 
-    def protect(self, params: SessionParams, stats: SufficientStatistics) -> bytes:
-        """plain / ckks: add the RI intermediary gamma, pack, and protect."""
-        vector = self.protect_vector(params, stats)
-        backend = get_backend(params)
-        if params.backend == "ckks":
-            ctx = self.conn.request("GET", self.conn.path("/context"), signed=False).content
-            want = params.backend_params.get("public_context_sha256")
-            if hashlib.sha256(ctx).hexdigest() != want:
-                raise ParameterMismatch("the public context does not match the session parameters")
-            return backend.protect(vector, public_context=ctx)
-        return backend.protect(vector)
+    def protect(self, params: SessionParams, stats: SufficientStatistics) -> tuple[bytes, dict | None]:
+        """plain / ckks: pack with the RI intermediary gamma and protect.
 
-    def protect_vector(self, params: SessionParams, stats: SufficientStatistics) -> np.ndarray:
-        """C_k^r = C_k + gamma I, Q_k, n_k, counts packed for the session's layout (float64)."""
+        Returns ``(payload, tag)``: for ckks, ``tag`` is the signed statement of
+        this upload's sealed aggregate tag (:mod:`secure_afl.tagging`), else None.
+        """
+        backend = get_backend(params)
+        if params.backend != "ckks":
+            return backend.protect(self.protect_vector(params, stats)), None
+        ctx = self.conn.request("GET", self.conn.path("/context"), signed=False).content
+        if hashlib.sha256(ctx).hexdigest() != params.backend_params.get("public_context_sha256"):
+            raise ParameterMismatch("the public context does not match the session parameters")
+        tag = new_tag(params)
+        payload = backend.protect(self.protect_vector(params, stats, tag=tag), public_context=ctx)
+        box = seal_tag(params, self.name, tag)
+        return payload, sign_tag(self.party.identity_key(), params, self.name,
+                                 hashlib.sha256(payload).hexdigest(), box)
+
+    def protect_vector(self, params: SessionParams, stats: SufficientStatistics, *,
+                       tag: np.ndarray | None = None) -> np.ndarray:
+        """C_k^r = C_k + gamma I, Q_k, n_k, counts (and the tag) packed for the session's layout."""
         lay = params.layout
         if stats.gamma != 0.0 or stats.contributors != 1.0:
             raise InvalidInputError("protect() takes one hospital's raw statistics (gamma = 0); "
@@ -151,10 +159,11 @@ class HospitalClient:
         if stats.n > params.bounds.n_max:
             raise InvalidInputError(f"n_k = {stats.n:.0f} exceeds the session's n_max = {params.bounds.n_max}")
         with_ri = SufficientStatistics(stats.gram + params.gamma * np.eye(lay.dim), stats.cross, stats.n,
-                                       stats.class_counts, 1.0, params.gamma)
+                                       stats.class_counts, 1.0, params.gamma, tag)
         return Layout(lay.dim, lay.n_classes).pack(with_ri)
 
-    def upload(self, params: SessionParams, payload: bytes, *, progress: bool = False, attempts: int = 3) -> dict:
+    def upload(self, params: SessionParams, payload: bytes, *, tag: dict | None = None, progress: bool = False,
+               attempts: int = 3) -> dict:
         """Sign and upload ``payload``; return the verified receipt.
 
         If the connection drops mid-upload the server may or may not have
@@ -167,6 +176,8 @@ class HospitalClient:
                                     bytes.fromhex(sha), self.name)
             headers = {H_UPLOAD: json.dumps(statement, separators=(",", ":")),
                        "content-type": "application/octet-stream"}
+            if tag is not None:
+                headers[H_TAG] = json.dumps(tag, separators=(",", ":"))
             content = _progress_chunks(payload, self.name) if progress else None
             if content is not None:
                 headers["content-length"] = str(len(payload))
@@ -177,8 +188,8 @@ class HospitalClient:
                 break
             except (httpx.TransportError, DuplicateContribution) as e:
                 receipt = self._fetch_receipt()
-                if receipt is not None:
-                    break
+                if receipt is not None and receipt.get("payload_sha256") == sha:
+                    break  # this very payload was accepted before the connection dropped
                 if isinstance(e, DuplicateContribution) or attempt == attempts - 1:
                     raise
         receipt = verify_receipt(receipt, self.server_pub)
@@ -201,7 +212,8 @@ class HospitalClient:
             from .secagg_client import run_secagg
 
             return run_secagg(self, params, stats, progress=progress, **secagg_kw)
-        return self.upload(params, self.protect(params, stats), progress=progress)
+        payload, tag = self.protect(params, stats)
+        return self.upload(params, payload, tag=tag, progress=progress)
 
     def _keep_receipt(self, receipt: dict) -> None:
         if self.receipts_dir is None:

@@ -357,7 +357,23 @@ def _ckks_consortium(d: Path, hospitals=("hosp-a", "hosp-b", "hosp-c")):
     kh = KeyHolder(pki_dir, "keyholder", d / "keys", passphrase=os.urandom(16).hex().encode())
     params0 = ckks_session_params("attack-forward", _layout(), GAMMA, _bounds())
     public = kh.keygen(params0)
-    return pki_dir, server, parties, kh, bind_public_context(params0, public), public
+    tag_key = (d / "keys" / "attack-forward.tag.pub").read_text().strip()
+    params = bind_public_context(params0, public).with_backend_params(tag_public_key=tag_key)
+    return pki_dir, server, parties, kh, params, public
+
+
+def _tagged_upload(party, params, backend, public, vector):
+    """What an honest ckks hospital sends: the payload (tag inside) and the signed, sealed tag."""
+    from .tagging import new_tag, seal_tag, sign_tag
+
+    lay = _layout()
+    tag = new_tag(params)
+    v = vector.copy()
+    v[lay.slices["tag"]] = tag
+    payload = backend.protect(v, public_context=public)
+    statement = sign_tag(party.identity_key(), params, party.name, hashlib.sha256(payload).hexdigest(),
+                         seal_tag(params, party.name, tag))
+    return payload, statement
 
 
 def _signed_participant(party, params, payload: bytes) -> dict:
@@ -389,7 +405,9 @@ def attack_forward_ciphertext(*, seed: int = 0, verbose: bool = True, work=None,
         backend = CKKSBackend(params)
         names = sorted(parties)
         vecs = {h: _packed(*_embeddings(rng, 15)) for h in names}
-        payloads = {h: backend.protect(vecs[h], public_context=public) for h in names}
+        uploads = {h: _tagged_upload(parties[h], params, backend, public, vecs[h]) for h in names}
+        payloads = {h: uploads[h][0] for h in names}
+        tags = {h: uploads[h][1] for h in names}  # the server holds these and hands them over
         participants = [_signed_participant(parties[h], params, payloads[h]) for h in names]
         K = len(names)
         victim = payloads[names[0]]
@@ -412,10 +430,13 @@ def attack_forward_ciphertext(*, seed: int = 0, verbose: bool = True, work=None,
         fixup = backend.protect(fix, public_context=public)
 
         honest = forged_aggregate(K, [payloads[h] for h in names[1:]])
-        # the control (the honest aggregate) runs on a copy of the key holder's state, so
-        # neither run's release ledger entry hides the other
-        shutil.copytree(kh.keys_dir, Path(d) / "keys-control")
-        control = KeyHolder(pki_dir, "keyholder", Path(d) / "keys-control", passphrase=kh.passphrase)
+
+        def fresh_keyholder(label: str) -> KeyHolder:
+            # each try runs on a copy of the key holder's state, so no ledger entry (or block
+            # after a detected forgery) from one try hides the guard another try meets
+            copy = Path(d) / f"keys-{label}"
+            shutil.copytree(kh.keys_dir, copy)
+            return KeyHolder(pki_dir, "keyholder", copy, passphrase=kh.passphrase)
         variants = [
             ("victim's contribution sent as is (kind 'contribution')", victim, participants, K),
             ("re-sealed as an aggregate, header says 1 contributor", seal(params, "aggregate", body, contributors=1),
@@ -428,18 +449,18 @@ def attack_forward_ciphertext(*, seed: int = 0, verbose: bool = True, work=None,
              participants, K),
         ]
         results = []
-        for v in variants:
+        for i, v in enumerate(variants):
             label, aggregate, parts, mc = v[:4]
             signed_for = v[4] if len(v) > 4 else aggregate
             try:
                 manifest = _manifest(server_party, params, parts, signed_for, mc)
-                res = kh.reveal_and_solve(params, aggregate, manifest, min_clients=2)
+                res = fresh_keyholder(str(i)).reveal_and_solve(params, aggregate, manifest, min_clients=2,
+                                                               tags=tags)
                 err = float(np.max(np.abs(res.stats.cross - lay.unpack(vecs[names[0]]).cross)))
                 out = {"variant": label, "outcome": "released", "max_error": err,
                        "released_samples": res.report["samples"], "victim_samples": 15}
-                _say(verbose, f"[forward-ciphertext] NOT REFUSED ({label}): RESIDUAL RISK - the key holder "
-                              f"released a model of the victim alone ({res.report['samples']} samples, Q max error "
-                              f"{err:.1e}); see THREAT_MODEL.md R3")
+                _say(verbose, f"[forward-ciphertext] NOT REFUSED ({label}): the key holder released a model of "
+                              f"the victim alone ({res.report['samples']} samples, Q max error {err:.1e})")
             except SecureAFLError as e:
                 cause = e.__cause__ if isinstance(e.__cause__, SecureAFLError) else None
                 out = {"variant": label, "outcome": "refused", "error": type(e).__name__, "reason": e.reason,
@@ -449,13 +470,12 @@ def attack_forward_ciphertext(*, seed: int = 0, verbose: bool = True, work=None,
             results.append(out)
         # and the honest aggregate still goes through (the guards do not refuse everything)
         manifest = _manifest(server_party, params, participants, honest, 2)
-        res = control.reveal_and_solve(params, honest, manifest, min_clients=2)
+        res = fresh_keyholder("control").reveal_and_solve(params, honest, manifest, min_clients=2, tags=tags)
         _say(verbose, f"[forward-ciphertext] honest aggregate of {res.report['contributors']} hospitals released "
                       f"(control)")
-    naive, adaptive = results[:-1], results[-1]
-    refused = all(r["outcome"] == "refused" for r in naive)
+    refused = all(r["outcome"] == "refused" for r in results)
     return {"attack": "forward-ciphertext", "outcome": "refused" if refused else "recovered",
-            "variants": results, "residual_homomorphic_fixup": adaptive["outcome"],
+            "variants": results, "homomorphic_fixup": results[-1]["outcome"],
             "honest_released": res.report["contributors"] == K}
 
 

@@ -1,13 +1,17 @@
 """Packing statistics into one flat float64 vector, and back.
 
-Layout v1 for dimension d and C classes (length L = d(d+1)/2 + dC + C + 2)::
+Layout v1 for dimension d and C classes (length L = d(d+1)/2 + dC + C + 2 + 4)::
 
-    [ triu(C^r) row-major | Q row-major | n | counts[0..C-1] | contributors ]
+    [ triu(C^r) row-major | Q row-major | n | counts[0..C-1] | contributors | tag[0..3] ]
 
 Only the upper triangle of the symmetric Gram is sent. ``contributors`` is 1
 for a hospital, so the aggregate itself says how many hospitals were summed
 (the K in RI restoration, eq. (16)) and the key holder can cross-check it
-against the manifest.
+against the manifest. ``tag`` is a random check value a ckks hospital also
+sends, sealed and signed, to the key holder (:mod:`secure_afl.tagging`): the
+decrypted aggregate must carry the sum of the manifest's tags, which a server
+that forges an "aggregate" from fewer ciphertexts cannot produce. Hospitals
+under other backends leave it zero.
 
 The byte form prefixes a 32-byte header (magic, layout version, d, C, L) so a
 vector for another layout is refused with :class:`LayoutMismatch` instead of
@@ -26,9 +30,10 @@ from ._validation import check_int
 from .exceptions import LayoutMismatch, MalformedPayload
 from .stats import SufficientStatistics
 
-__all__ = ["Layout", "LAYOUT_VERSION"]
+__all__ = ["Layout", "LAYOUT_VERSION", "TAG_SLOTS"]
 
 LAYOUT_VERSION = 1
+TAG_SLOTS = 4
 _MAGIC = b"AFLSTATS"
 _HEADER = struct.Struct("<8sIIIQ4x")  # magic, version, d, C, L, pad -> 32 bytes
 
@@ -58,7 +63,7 @@ class Layout:
 
     @property
     def length(self) -> int:
-        return self.n_gram + self.n_cross + self.n_classes + 2
+        return self.n_gram + self.n_cross + self.n_classes + 2 + TAG_SLOTS
 
     @property
     def slices(self) -> dict[str, slice]:
@@ -69,6 +74,7 @@ class Layout:
             "n": slice(g + q, g + q + 1),
             "counts": slice(g + q + 1, g + q + 1 + c),
             "contributors": slice(g + q + 1 + c, g + q + 2 + c),
+            "tag": slice(g + q + 2 + c, g + q + 2 + c + TAG_SLOTS),
         }
 
     @property
@@ -94,6 +100,7 @@ class Layout:
         v[s["n"]] = stats.n
         v[s["counts"]] = stats.class_counts
         v[s["contributors"]] = stats.contributors
+        v[s["tag"]] = 0.0 if stats.tag is None else stats.tag
         return v
 
     def unpack(self, vector: np.ndarray, *, gamma: float = 0.0) -> SufficientStatistics:
@@ -108,7 +115,8 @@ class Layout:
         gram.T[iu] = v[s["gram"]]
         cross = v[s["cross"]].reshape(self.dim, self.n_classes).copy()
         return SufficientStatistics(
-            gram, cross, float(v[s["n"]][0]), v[s["counts"]].copy(), float(v[s["contributors"]][0]), gamma
+            gram, cross, float(v[s["n"]][0]), v[s["counts"]].copy(), float(v[s["contributors"]][0]), gamma,
+            v[s["tag"]].copy(),
         )
 
     # -- byte form -------------------------------------------------------------

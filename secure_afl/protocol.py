@@ -16,7 +16,10 @@ seen before (replay), with a machine-readable reason.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import hashlib
+import json
 import secrets
 import time as _time
 from typing import Callable, Mapping
@@ -26,14 +29,16 @@ from cryptography.exceptions import InvalidSignature as _CryptoInvalidSignature
 from .exceptions import InvalidSignature, MalformedPayload, ReplayedContribution
 from .signing import canonical_json
 
-__all__ = ["H_PARTY", "H_TIME", "H_NONCE", "H_SIGNATURE", "H_UPLOAD", "REQUEST_PREFIX", "MAX_SKEW_S",
-           "sign_request", "verify_request", "STATUS_BY_REASON", "API"]
+__all__ = ["H_PARTY", "H_TIME", "H_NONCE", "H_SIGNATURE", "H_UPLOAD", "H_TAG", "REQUEST_PREFIX", "MAX_SKEW_S",
+           "sign_request", "verify_request", "STATUS_BY_REASON", "API", "context_publication",
+           "parse_context_publication"]
 
 H_PARTY = "x-safl-party"
 H_TIME = "x-safl-time"
 H_NONCE = "x-safl-nonce"
 H_SIGNATURE = "x-safl-signature"
 H_UPLOAD = "x-safl-upload"
+H_TAG = "x-safl-tag"
 REQUEST_PREFIX = b"secure-afl/request/v1\0"
 MAX_SKEW_S = 300
 
@@ -111,3 +116,23 @@ def verify_request(headers: Mapping[str, str], method: str, path: str, body: byt
     if abs(current - t) > max_skew_s:
         raise ReplayedContribution("request timestamp outside the accepted window")
     return st
+
+
+def context_publication(public_context: bytes, tag_public_key: str) -> bytes:
+    """The key holder's publish body: the CKKS public context and its per-session tag key."""
+    return json.dumps({"public_context": base64.b64encode(public_context).decode(),
+                       "tag_public_key": tag_public_key}).encode()
+
+
+def parse_context_publication(body: bytes) -> tuple[bytes, str]:
+    """Inverse of :func:`context_publication`; :class:`MalformedPayload` if it is not one."""
+    try:
+        msg = json.loads(body)
+        context = base64.b64decode(msg["public_context"], validate=True)
+        tag_key = str(msg["tag_public_key"]).lower()
+        if len(bytes.fromhex(tag_key)) != 32:
+            raise ValueError
+    except (ValueError, KeyError, TypeError, binascii.Error):
+        raise MalformedPayload("publish body must be JSON with a base64 public_context and a 32-byte hex "
+                               "tag_public_key") from None
+    return context, tag_key

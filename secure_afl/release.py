@@ -140,11 +140,20 @@ class ReleaseLedger:
         self.db.execute("PRAGMA journal_mode=WAL")
         self.db.execute("CREATE TABLE IF NOT EXISTS releases (key_id TEXT, session_id TEXT, participants TEXT, "
                         "aggregate_sha256 TEXT, released_at REAL)")
+        self.db.execute("CREATE TABLE IF NOT EXISTS blocked (key_id TEXT PRIMARY KEY, reason TEXT, at REAL)")
 
     def close(self) -> None:
         self.db.close()
 
+    def block(self, key_id: str, reason: str) -> None:
+        """Never release under ``key_id`` again (a forged aggregate was presented for it)."""
+        self.db.execute("INSERT OR IGNORE INTO blocked VALUES (?, ?, ?)", (key_id, reason[:500], time.time()))
+
     def check(self, key_id: str, session_id: str, participants: list[str], aggregate_sha256: str) -> None:
+        row = self.db.execute("SELECT reason FROM blocked WHERE key_id=?", (key_id,)).fetchone()
+        if row:
+            raise PolicyViolation(f"key {key_id[:16]} is blocked ({row[0][:120]}); start a new session with a "
+                                  "fresh key after investigating the server")
         mine = set(participants)
         for sess, parts, agg in self.db.execute(
                 "SELECT session_id, participants, aggregate_sha256 FROM releases WHERE key_id=?", (key_id,)):

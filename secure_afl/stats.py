@@ -30,7 +30,8 @@ class SufficientStatistics:
 
     ``gram`` holds X^T X + (contributors * gamma) I when ``gamma`` > 0 was
     added (the RI intermediary); :func:`secure_afl.analytic.ri_restore` removes it.
-    ``contributors`` is 1 for one hospital and K for a sum of K.
+    ``contributors`` is 1 for one hospital and K for a sum of K. ``tag`` is the
+    aggregate check value (:mod:`secure_afl.tagging`); None means zero.
     """
 
     gram: np.ndarray
@@ -39,6 +40,7 @@ class SufficientStatistics:
     class_counts: np.ndarray
     contributors: float = 1.0
     gamma: float = 0.0
+    tag: np.ndarray | None = None
 
     @property
     def dim(self) -> int:
@@ -60,7 +62,14 @@ class SufficientStatistics:
             self.class_counts + other.class_counts,
             self.contributors + other.contributors,
             self.gamma,
+            None if self.tag is None and other.tag is None else _tag(self) + _tag(other),
         )
+
+
+def _tag(s: SufficientStatistics) -> np.ndarray:
+    from .packing import TAG_SLOTS
+
+    return np.zeros(TAG_SLOTS) if s.tag is None else np.asarray(s.tag, dtype=np.float64)
 
 
 @dataclass

@@ -46,7 +46,7 @@ from secure_afl.exceptions import (
 )
 from secure_afl.packing import Layout
 from secure_afl.params import SessionParams
-from secure_afl.protocol import MAX_SKEW_S, verify_request
+from secure_afl.protocol import MAX_SKEW_S, parse_context_publication, verify_request
 from secure_afl.signing import build_manifest, make_receipt, verify_upload
 
 from .config import ServerConfig
@@ -166,6 +166,7 @@ class AggregationServer:
             "params": self.params.to_dict() if self.params else None,
             "params_digest": self.params.digest().hex() if self.params else None,
             "min_clients": self.config.min_clients,
+            "min_class_count": self.config.min_class_count,
             "contributions": self.store.upload_count(),
             "hospitals": sorted(self._enrolled),
             "deadline": self.deadline,
@@ -202,7 +203,8 @@ class AggregationServer:
                           details={**(details or {}), "message": str(err)[:300]})
 
     # -- ckks: the key holder publishes the public context ----------------------------------
-    def publish_context(self, party: str, context: bytes) -> dict:
+    def publish_context(self, party: str, body: bytes) -> dict:
+        """Key holder's ``{"public_context": base64, "tag_public_key": hex}`` opens a ckks session."""
         with self._lock:
             try:
                 if self.config.backend != "ckks":
@@ -210,8 +212,11 @@ class AggregationServer:
                 if self.params is not None:
                     raise RoundAlreadyClosed("the public context is already published")
                 from secure_afl.backends.ckks import bind_public_context
+                from secure_afl.tagging import TAG_KEY_PARAM
 
+                context, tag_key = parse_context_publication(body)
                 params = bind_public_context(self._base_params(), context)  # refuses secret-key contexts
+                params = params.with_backend_params(**{TAG_KEY_PARAM: tag_key})
                 get_backend(params).combiner(public_context=context)
             except SecureAFLError as e:
                 self.refuse("publish_context", party, e)
@@ -226,8 +231,11 @@ class AggregationServer:
             return self.info()
 
     # -- uploads ------------------------------------------------------------------------------
-    def submit(self, hospital: str, statement: dict, payload: bytes) -> dict:
-        """Validate, store durably, add to the running sum, audit, return a signed receipt."""
+    def submit(self, hospital: str, statement: dict, payload: bytes, tag: dict | None = None) -> dict:
+        """Validate, store durably, add to the running sum, audit, return a signed receipt.
+
+        ckks uploads carry the hospital's signed aggregate tag (:mod:`secure_afl.tagging`).
+        """
         sha = hashlib.sha256(payload).hexdigest()
         details = {"payload_sha256": sha, "bytes": len(payload)}
         with self._lock:
@@ -246,6 +254,14 @@ class AggregationServer:
                 if self.store.has_upload(hospital):
                     raise DuplicateContribution(f"{hospital} already contributed to this session")
                 self._check_stage_allows_upload(hospital)
+                if self.params.backend == "ckks":
+                    from secure_afl.tagging import verify_tag
+
+                    if not isinstance(tag, dict):
+                        raise MalformedPayload("a ckks upload needs its signed aggregate tag")
+                    verify_tag(tag, self._enrolled[hospital].public_key(), self.params, hospital, sha)
+                elif tag is not None:
+                    raise MalformedPayload("only ckks uploads carry an aggregate tag")
                 open_envelope(self.params, payload, "contribution")
                 self._combine_upload(hospital, payload)
             except SecureAFLError as e:
@@ -256,7 +272,7 @@ class AggregationServer:
                 self.refuse("upload", hospital, err, details)
                 raise err from None
             self.store.put_blob(payload)
-            self.store.insert_upload(hospital, sha, st)
+            self.store.insert_upload(hospital, sha, st, tag)
             return self._finish_acceptance(hospital, sha)
 
     def _finish_acceptance(self, hospital: str, sha: str, *, recovered: bool = False) -> dict:
@@ -331,6 +347,11 @@ class AggregationServer:
         if self.status != "released":
             raise StageError("the aggregate has not been released")
         return self.store.get_blob(self.store.get_meta("aggregate_sha256")), self.store.get_meta("manifest")
+
+    def tags(self) -> dict:
+        """The participants' signed tag statements, for the key holder's aggregate check."""
+        self.released()
+        return {row["hospital"]: row["tag"] for row in self.store.uploads() if row["tag"] is not None}
 
     def shutdown(self) -> None:
         self.audit.close()

@@ -17,7 +17,7 @@ from fastapi.responses import JSONResponse, Response
 from starlette.concurrency import run_in_threadpool
 
 from secure_afl.exceptions import MalformedPayload, PolicyViolation, SecureAFLError
-from secure_afl.protocol import API, H_UPLOAD, STATUS_BY_REASON
+from secure_afl.protocol import API, H_TAG, H_UPLOAD, STATUS_BY_REASON
 
 from .aggregator import AggregationServer
 
@@ -105,16 +105,18 @@ def create_app(server: AggregationServer) -> FastAPI:
             if not isinstance(statement, dict):
                 raise MalformedPayload(f"missing or malformed {H_UPLOAD} header (the signed upload statement)")
             hospital = str(statement.get("hospital", "anonymous"))[:64]
+            raw_tag = request.headers.get(H_TAG)
+            tag = json.loads(raw_tag) if raw_tag else None
             body = await _read_body(request, cap)
         except json.JSONDecodeError:
-            err = MalformedPayload(f"{H_UPLOAD} header is not JSON")
+            err = MalformedPayload(f"{H_UPLOAD} or {H_TAG} header is not JSON")
             server.refuse("upload", hospital, err)
             raise err from None
         except SecureAFLError as e:
             server.refuse("upload", hospital, e)
             raise
         # CPU-bound validation (ciphertext parsing) runs off the event loop.
-        return await run_in_threadpool(server.submit, hospital, statement, body)
+        return await run_in_threadpool(server.submit, hospital, statement, body, tag)
 
     @app.get(API + "/sessions/{session_id}/receipts/{hospital}")
     async def receipt(session_id: str, hospital: str, request: Request):
@@ -136,6 +138,12 @@ def create_app(server: AggregationServer) -> FastAPI:
         await _authed(request, ("keyholder",))
         blob, _ = server.released()
         return Response(blob, media_type="application/octet-stream")
+
+    @app.get(API + "/sessions/{session_id}/tags")
+    async def tags(session_id: str, request: Request):
+        _session(session_id, request)
+        await _authed(request, ("keyholder",))
+        return server.tags()
 
     @app.get(API + "/sessions/{session_id}/manifest")
     async def manifest(session_id: str, request: Request):

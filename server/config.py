@@ -9,7 +9,7 @@ Example::
     classes = 100
     gamma = 1.0                 # RI intermediary
     min_clients = 3             # the aggregate is never released below this
-    min_class_count = 5         # key holder refuses a release with a rarer class
+    min_class_count = 5         # key holder refuses a release with a rarer present class (default 5)
     deadline = "2026-12-01T00:00:00Z"   # or deadline_s = 3600 (from first start)
     max_upload_bytes = 64_000_000
     hospitals = ["hosp-a", "hosp-b", "hosp-c"]   # enrolled; [] = all issued
@@ -64,7 +64,7 @@ class ServerConfig:
     data_dir: Path
     pki_dir: Path
     hospitals: list[str] = field(default_factory=list)
-    min_class_count: int = 1
+    min_class_count: int = 5
     deadline: float | None = None  # absolute unix time
     deadline_s: float | None = None  # relative to the session's creation
     max_upload_bytes: int = 64_000_000
@@ -119,7 +119,7 @@ def load_config(path) -> ServerConfig:
             gamma=float(s.get("gamma", 1.0)),
             bounds=Bounds(float(b["max_norm"]), int(b["n_max"]), int(b["k_max"])),
             min_clients=int(s.get("min_clients", 2)),
-            min_class_count=int(s.get("min_class_count", 1)),
+            min_class_count=int(s.get("min_class_count", 5)),
             hospitals=[str(h) for h in s.get("hospitals", [])],
             deadline=_parse_deadline(s.get("deadline")),
             deadline_s=float(s["deadline_s"]) if "deadline_s" in s else None,

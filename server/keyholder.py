@@ -101,9 +101,13 @@ class KeyHolder:
     def public_path(self, session_id: str) -> Path:
         return self.keys_dir / f"{session_id}.public.ctx"
 
+    def _tag_paths(self, session_id: str) -> tuple[Path, Path]:
+        return self.keys_dir / f"{session_id}.tag.enc", self.keys_dir / f"{session_id}.tag.pub"
+
     def keygen(self, params: SessionParams) -> bytes:
         """Fresh CKKS keys for this session; returns the public context bytes."""
         from secure_afl.backends.ckks import generate_keys, save_secret_context
+        from secure_afl.tagging import generate_tag_key
 
         if self.passphrase is None:
             raise InvalidInputError(f"a passphrase is needed to store the secret key at rest: set {PASSPHRASE_ENV}")
@@ -114,9 +118,13 @@ class KeyHolder:
         public = keys.public_context
         save_secret_context(self._secret_path(params.session_id), keys.secret_context,
                             passphrase=self.passphrase, session_id=params.session_id)
-        tmp = self.public_path(params.session_id).with_suffix(".tmp")
-        tmp.write_bytes(public)
-        os.replace(tmp, self.public_path(params.session_id))
+        tag_secret, tag_public = generate_tag_key()
+        tag_enc, tag_pub = self._tag_paths(params.session_id)
+        save_secret_context(tag_enc, tag_secret, passphrase=self.passphrase, session_id=f"{params.session_id}/tag")
+        for path, data in ((tag_pub, tag_public.encode()), (self.public_path(params.session_id), public)):
+            tmp = path.with_suffix(".tmp")
+            tmp.write_bytes(data)
+            os.replace(tmp, path)
         return public
 
     def _secret(self, session_id: str) -> bytes:
@@ -125,6 +133,12 @@ class KeyHolder:
         return load_secret_context(self._secret_path(session_id), passphrase=self.passphrase,
                                    session_id=session_id)
 
+    def _tag_secret(self, session_id: str) -> bytes:
+        from secure_afl.backends.ckks import load_secret_context
+
+        return load_secret_context(self._tag_paths(session_id)[0], passphrase=self.passphrase,
+                                   session_id=f"{session_id}/tag")
+
     # -- online stages ----------------------------------------------------------------------
     def connect(self, server_url: str, session_id: str):
         from secure_afl.clients.transport import ServiceClient
@@ -132,33 +146,50 @@ class KeyHolder:
         return ServiceClient(server_url, self.party, session_id)
 
     def publish(self, conn) -> dict:
-        public = self.public_path(conn.session_id).read_bytes()
-        return conn.request("POST", conn.path("/context"), body=public).json()
+        """Send the public context and the tag public key; the server opens the session."""
+        from secure_afl.protocol import context_publication
+
+        body = context_publication(self.public_path(conn.session_id).read_bytes(),
+                                   self._tag_paths(conn.session_id)[1].read_text().strip())
+        return conn.request("POST", conn.path("/context"), body=body).json()
 
     def close_round(self, conn) -> dict:
         return conn.request("POST", conn.path("/close")).json()
 
     def finalize(self, conn, *, min_clients: int, lam: float = 0.0, min_class_count: int = 1,
                  expected_hospitals: list[str] | None = None) -> FinalResult:
-        """Close (if needed), fetch, verify, reveal, check, restore and solve."""
+        """Close (if needed), fetch, verify, reveal, check, restore and solve.
+
+        The release policy is the stricter of this key holder's and the session's
+        (``min_clients``, ``min_class_count``): the server cannot relax it.
+        """
         info = conn.info()
+        min_clients = max(min_clients, int(info.get("min_clients", 1)))
+        min_class_count = max(min_class_count, int(info.get("min_class_count", 1)))
         if info["status"] != "released":
             self.close_round(conn)
             info = conn.info()
         params = SessionParams.from_dict(info["params"])
         aggregate = conn.request("GET", conn.path("/aggregate")).content
         manifest = conn.request("GET", conn.path("/manifest")).json()
-        unmask = None
+        unmask = tags = None
         if params.backend == "secagg":
             unmask = conn.request("GET", conn.path("/secagg/unmask-material")).json()
+        if params.backend == "ckks":
+            tags = conn.request("GET", conn.path("/tags")).json()
         return self.reveal_and_solve(params, aggregate, manifest, min_clients=min_clients, lam=lam,
                                      min_class_count=min_class_count, expected_hospitals=expected_hospitals,
-                                     unmask=unmask)
+                                     unmask=unmask, tags=tags)
 
     def reveal_and_solve(self, params: SessionParams, aggregate: bytes, manifest: dict, *, min_clients: int,
                          lam: float = 0.0, min_class_count: int = 1,
-                         expected_hospitals: list[str] | None = None, unmask: dict | None = None) -> FinalResult:
+                         expected_hospitals: list[str] | None = None, unmask: dict | None = None,
+                         tags: dict | None = None) -> FinalResult:
         """Verify, reveal, check and solve one released aggregate.
+
+        For ckks, ``tags`` maps each participant to its signed aggregate-tag
+        statement; the decrypted tag slots must equal the sum of the sealed tags
+        (:mod:`secure_afl.tagging`), or the release is refused and the key blocked.
 
         For secagg, ``unmask`` is the server's reconstructed material (survivors'
         self-mask seeds, dropped hospitals' mask keys); the key holder removes the
@@ -200,6 +231,16 @@ class KeyHolder:
             lay = Layout(params.layout.dim, params.layout.n_classes)
             stats = lay.unpack(vector, gamma=params.gamma)
             sanity = sanity_check(stats, params, len(participants), abs_tol=tol)
+            tag_check = None
+            if params.backend == "ckks":
+                from secure_afl.tagging import check_aggregate_tag
+
+                try:
+                    tag_check = check_aggregate_tag(params, stats.tag, m, tags or {}, enrolled,
+                                                    self._tag_secret(params.session_id), tol)
+                except SecureAFLError as e:
+                    ledger.block(key_id, f"aggregate tag check failed: {e}")
+                    raise DecryptionRefused(f"not releasing: {e}", reason=e.reason) from e
             check_class_minimum(stats, min_class_count)
             W = solve_from_sums(stats, lam=lam)
             ledger.record(key_id, params.session_id, participants, agg_sha)
@@ -217,6 +258,7 @@ class KeyHolder:
             "aggregate_sha256": agg_sha,
             "params_digest": params.digest().hex(),
             "sanity": sanity.to_dict(),
+            "tag_check": tag_check,
             "error_bound_per_entry": tol,
         }
         return FinalResult(W, stats, params, m, report)

@@ -31,7 +31,8 @@ CREATE TABLE IF NOT EXISTS uploads (
     statement TEXT NOT NULL,
     received_at REAL NOT NULL,
     audit_seq INTEGER,
-    receipt TEXT
+    receipt TEXT,
+    tag TEXT
 );
 CREATE TABLE IF NOT EXISTS nonces (nonce TEXT PRIMARY KEY, party TEXT NOT NULL, seen_at REAL NOT NULL);
 CREATE TABLE IF NOT EXISTS messages (
@@ -114,11 +115,12 @@ class Store:
     def has_upload(self, hospital: str) -> bool:
         return self.db.execute("SELECT 1 FROM uploads WHERE hospital=?", (hospital,)).fetchone() is not None
 
-    def insert_upload(self, hospital: str, payload_sha256: str, statement: dict) -> int:
+    def insert_upload(self, hospital: str, payload_sha256: str, statement: dict, tag: dict | None = None) -> int:
         with self._lock:
             cur = self.db.execute(
-                "INSERT INTO uploads(hospital, payload_sha256, statement, received_at) VALUES (?, ?, ?, ?)",
-                (hospital, payload_sha256, json.dumps(statement), time.time()))
+                "INSERT INTO uploads(hospital, payload_sha256, statement, received_at, tag) VALUES (?, ?, ?, ?, ?)",
+                (hospital, payload_sha256, json.dumps(statement), time.time(),
+                 None if tag is None else json.dumps(tag)))
             return int(cur.lastrowid)
 
     def set_receipt(self, hospital: str, audit_seq: int, receipt: dict) -> None:
@@ -128,9 +130,11 @@ class Store:
 
     def uploads(self) -> list[dict]:
         rows = self.db.execute(
-            "SELECT seq, hospital, payload_sha256, statement, audit_seq, receipt FROM uploads ORDER BY seq").fetchall()
+            "SELECT seq, hospital, payload_sha256, statement, audit_seq, receipt, tag FROM uploads ORDER BY seq"
+        ).fetchall()
         return [{"seq": r[0], "hospital": r[1], "payload_sha256": r[2], "statement": json.loads(r[3]),
-                 "audit_seq": r[4], "receipt": json.loads(r[5]) if r[5] else None} for r in rows]
+                 "audit_seq": r[4], "receipt": json.loads(r[5]) if r[5] else None,
+                 "tag": json.loads(r[6]) if r[6] else None} for r in rows]
 
     def upload_count(self) -> int:
         return int(self.db.execute("SELECT COUNT(*) FROM uploads").fetchone()[0])

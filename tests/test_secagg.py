@@ -54,7 +54,7 @@ from secure_afl.hazmat.prg import agree, expand
 from secure_afl.packing import Layout
 from secure_afl.params import Bounds
 
-LAYOUT = Layout(12, 3)  # L = 78 + 36 + 3 + 2 = 119
+LAYOUT = Layout(12, 3)  # L = 78 + 36 + 3 + 2 + 4 = 123
 BOUNDS = Bounds(1.0, 100, 20)
 SEED = bytes(range(32))
 

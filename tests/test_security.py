@@ -37,7 +37,7 @@ from secure_afl.exceptions import (
 from secure_afl.hazmat import ckks as hz
 from secure_afl.packing import Layout
 from secure_afl.params import Bounds, SessionParams
-from secure_afl.protocol import API, H_UPLOAD, sign_request
+from secure_afl.protocol import API, H_UPLOAD, context_publication, sign_request
 from secure_afl.release import ReleaseLedger, check_class_minimum, sanity_check
 from secure_afl.server.aggregator import AggregationServer
 from secure_afl.server.app import create_app
@@ -45,6 +45,7 @@ from secure_afl.server.config import ServerConfig
 from secure_afl.server.keyholder import KeyHolder
 from secure_afl.signing import build_manifest, sign_upload
 from secure_afl.stats import StatisticsAccumulator, SufficientStatistics, local_statistics
+from secure_afl.tagging import generate_tag_key
 
 pytestmark = pytest.mark.security
 
@@ -161,14 +162,15 @@ def test_server_refuses_secret_key_context_over_http(consortium, tmp_path):
         kh = svc.party("keyholder", "keyholder")
 
         # Execute: the key holder (mistakenly or maliciously) publishes the SECRET context
-        resp = svc.signed("POST", "/context", kh, keys.secret_context)
+        tag_key = generate_tag_key()[1]
+        resp = svc.signed("POST", "/context", kh, context_publication(keys.secret_context, tag_key))
 
         # Assert: 422 secret_key_context, audited, nothing stored, session still closed
         assert resp.status_code == 422 and resp.json()["error"] == "secret_key_context"
         assert svc.server.public_context is None and svc.server.status == "awaiting_context"
         assert svc.audit()[-1]["outcome"] == "refused" and svc.audit()[-1]["event"] == "publish_context"
         assert svc.blobs() == []
-        ok = svc.signed("POST", "/context", kh, keys.public_context)
+        ok = svc.signed("POST", "/context", kh, context_publication(keys.public_context, tag_key))
         assert ok.status_code == 200 and svc.server.status == "open"
     finally:
         svc.close()
@@ -521,8 +523,9 @@ def test_keyholder_detects_tampered_manifest(service, keyholder):
 def test_keyholder_refuses_aggregate_not_named_by_manifest(service, keyholder):
     # Prepare: the manifest names the released aggregate; another one is handed over
     aggregate, manifest = _released(service)
-    other = seal(service.server.params, "aggregate", peek_header(aggregate).body[:-8] + b"\0" * 8,
-                 contributors=2)
+    body = bytearray(peek_header(aggregate).body)
+    body[0] ^= 1  # one bit of C_11
+    other = seal(service.server.params, "aggregate", bytes(body), contributors=2)
 
     # Execute / Assert
     with pytest.raises(DecryptionRefused):

@@ -19,7 +19,8 @@ from secure_afl.backends.ckks import ckks_session_params, generate_keys
 from secure_afl.demo import ServerProcess, _free_port
 from secure_afl.packing import Layout
 from secure_afl.params import Bounds
-from secure_afl.protocol import API, H_UPLOAD, sign_request
+from secure_afl.tagging import generate_tag_key, new_tag, seal_tag, sign_tag
+from secure_afl.protocol import API, H_TAG, H_UPLOAD, context_publication, sign_request
 from secure_afl.server.config import write_config
 
 pytestmark = [pytest.mark.security, pytest.mark.e2e]
@@ -110,7 +111,10 @@ def test_secret_key_context_refused_over_https_then_public_accepted(live):
     keys = generate_keys(params)
     path = f"{API}/sessions/{SID}/context"
 
-    def publish(body):
+    tag_key = generate_tag_key()[1]
+
+    def publish(context):
+        body = context_publication(context, tag_key)
         h = sign_request(kh.identity_key(), "keyholder:keyholder", "POST", path, body)
         return client.post(path, content=body, headers=h)
 
@@ -144,9 +148,13 @@ def test_replay_and_duplicate_over_https_refused_nothing_stored(live):
         rng = np.random.default_rng(0)
         v = np.zeros(params.layout.length)
         v[: DIM] = rng.uniform(0, 1, DIM)
+        tag = new_tag(params)
+        v[params.layout.slices["tag"]] = tag
         payload = CKKSBackend(params).protect(v, public_context=ctx)
         st = sign_upload(party.identity_key(), SID, params.digest(), hashlib.sha256(payload).digest(), "hosp-a")
-        headers = {H_UPLOAD: json.dumps(st), "content-type": "application/octet-stream"}
+        tag_st = sign_tag(party.identity_key(), params, "hosp-a", hashlib.sha256(payload).hexdigest(),
+                          seal_tag(params, "hosp-a", tag))
+        headers = {H_UPLOAD: json.dumps(st), H_TAG: json.dumps(tag_st), "content-type": "application/octet-stream"}
         path = f"{API}/sessions/{SID}/uploads"
         assert client.post(path, content=payload, headers=headers).status_code == 200
         stored = sorted(os.listdir(live["work"] / "server" / SID / "payloads"))

@@ -81,7 +81,7 @@ def test_packing_round_trips_exactly(d, c, n, seed, gamma):
     stats = local_statistics(rng.standard_normal((n, d)) * 1e3, rng.integers(0, c, n), c, gamma=gamma)
     lay = Layout(d, c)
     v = lay.pack(stats)
-    assert v.shape == (lay.length,) and lay.length == d * (d + 1) // 2 + d * c + c + 2
+    assert v.shape == (lay.length,) and lay.length == d * (d + 1) // 2 + d * c + c + 2 + 4
     back = lay.unpack(lay.from_bytes(lay.to_bytes(v)), gamma=gamma)
     assert np.array_equal(back.gram, stats.gram)
     assert np.array_equal(back.cross, stats.cross)
