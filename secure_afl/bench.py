@@ -26,7 +26,6 @@ import importlib
 import json
 import os
 import platform
-import sys
 import time
 
 import numpy as np

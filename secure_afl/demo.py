@@ -216,13 +216,11 @@ def run_demo(args) -> dict:
             from .backends.ckks import ckks_session_params
 
             t = time.perf_counter()
-            from .params import SessionParams  # noqa: F401
-
             params0 = ckks_session_params(session_id, Layout(dim, n_classes), 1.0, _bounds(cfg))
             kh.keygen(params0)
             kh.publish(conn)
             timings["keys"] = time.perf_counter() - t
-            print(f"[Stage 3] keys: fresh CKKS context; public part published, secret stays with the key holder")
+            print("[Stage 3] keys: fresh CKKS context; public part published, secret stays with the key holder")
 
         # Stage 4: hospitals (real HTTPS clients, concurrently)
         t = time.perf_counter()
@@ -265,7 +263,6 @@ def run_demo(args) -> dict:
 
     # Stage 6: verification on the same data
     t = time.perf_counter()
-    params = res.params
     lay = Layout(dim, n_classes)
     plain_sum = None
     for _, X, y in hospitals:

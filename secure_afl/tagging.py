@@ -33,7 +33,6 @@ server (:func:`verify_tag` at upload), key holder (:func:`check_aggregate_tag`).
 
 from __future__ import annotations
 
-import hashlib
 import secrets
 from typing import Mapping
 

@@ -24,7 +24,6 @@ before it is acknowledged.
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import threading
 import time
@@ -33,7 +32,7 @@ from pathlib import Path
 from secure_afl import pki
 from secure_afl.audit import AuditLog
 from secure_afl.backends import get_backend
-from secure_afl.envelope import open_envelope, peek_header
+from secure_afl.envelope import open_envelope
 from secure_afl.exceptions import (
     DuplicateContribution,
     InsufficientContributors,

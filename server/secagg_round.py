@@ -73,15 +73,14 @@ class SecAggAggregationServer(AggregationServer):
         super()._recover()
         self._round = SecAggServerRound(self.params, participants=self.client_ids.values())
         closed = self.store.get_meta("secagg_closed", [])
-        uploads = {row["hospital"]: row for row in self.store.uploads()}
         for stage in Stage.all():
             if self._round.stage != stage:
                 break
             if stage == Stage.MASKED_INPUT:
-                for name, row in uploads.items():
+                for row in self.store.uploads():
                     self._round.receive(MaskedInput.from_bytes(self.store.get_blob(row["payload_sha256"])))
             else:
-                for _, data in self.store.messages(stage).items():
+                for data in self.store.messages(stage).values():
                     self._round.receive(decode_message(data))
             if stage in closed:
                 try:

@@ -497,7 +497,7 @@ def test_resealed_tampered_bodies_are_typed_errors(session, payload):
     acc = CKKSBackend(params).combiner(public_context=keys.public_context)
 
     # Execute / Assert
-    for name, b in tampered.items():
+    for b in tampered.values():
         with pytest.raises((MalformedPayload, InvalidContribution)):
             acc.add(_reseal(params, payload, b))
     assert acc.count == 0  # nothing half-added
