@@ -16,7 +16,10 @@ import logging
 import time
 
 from secure_afl.backends.secagg import SecAggClient, Stage, decode_message
-from secure_afl.exceptions import DuplicateContribution, InsufficientShares, StageError
+from cryptography.exceptions import InvalidSignature
+
+from secure_afl.exceptions import DuplicateContribution, InsufficientShares, InvalidContribution, StageError
+from secure_afl.protocol import SECAGG_REQUEST_PREFIX
 from secure_afl.params import SessionParams
 from secure_afl.stats import SufficientStatistics
 
@@ -63,7 +66,12 @@ class SecAggParticipant:
             if pause_before == stage:
                 log.warning("%s pauses before %s", self.hospital.name, stage)
                 return None
-            self._answer(stage, decode_message(base64.b64decode(r["request"])), progress)
+            raw = base64.b64decode(r["request"])
+            try:
+                self.hospital.server_pub.verify(bytes.fromhex(r.get("signature", "")), SECAGG_REQUEST_PREFIX + raw)
+            except (InvalidSignature, ValueError):
+                raise InvalidContribution("a secagg request does not carry the server's signature") from None
+            self._answer(stage, decode_message(raw), progress)
         raise TimeoutError(f"secagg round did not finish within {timeout:.0f} s")
 
     def _answer(self, stage: str, request, progress: bool) -> None:

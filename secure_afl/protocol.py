@@ -29,7 +29,8 @@ from cryptography.exceptions import InvalidSignature as _CryptoInvalidSignature
 from .exceptions import InvalidSignature, MalformedPayload, ReplayedContribution
 from .signing import canonical_json
 
-__all__ = ["H_PARTY", "H_TIME", "H_NONCE", "H_SIGNATURE", "H_UPLOAD", "H_TAG", "REQUEST_PREFIX", "MAX_SKEW_S",
+__all__ = ["H_PARTY", "H_TIME", "H_NONCE", "H_SIGNATURE", "H_UPLOAD", "H_TAG", "REQUEST_PREFIX",
+           "SECAGG_REQUEST_PREFIX", "MAX_SKEW_S",
            "sign_request", "verify_request", "STATUS_BY_REASON", "API", "context_publication",
            "parse_context_publication"]
 
@@ -40,6 +41,7 @@ H_SIGNATURE = "x-safl-signature"
 H_UPLOAD = "x-safl-upload"
 H_TAG = "x-safl-tag"
 REQUEST_PREFIX = b"secure-afl/request/v1\0"
+SECAGG_REQUEST_PREFIX = b"secure-afl/secagg-request/v1\0"  # server's signature on each secagg stage request
 MAX_SKEW_S = 300
 
 API = "/v1"

@@ -37,7 +37,7 @@ from secure_afl.exceptions import (
     SecureAFLError,
     StageError,
 )
-from secure_afl.protocol import API
+from secure_afl.protocol import API, SECAGG_REQUEST_PREFIX
 
 from .aggregator import AggregationServer, log
 
@@ -161,8 +161,11 @@ class SecAggAggregationServer(AggregationServer):
                 return {"stage": stage, "dropped": True}
             if cid in self._round._responded:
                 return {"stage": stage, "waiting": True}
-            req = self._round.request(cid)
-            return {"stage": stage, "request": base64.b64encode(req.to_bytes()).decode()}
+            raw = self._round.request(cid).to_bytes()
+            # signed, so a hospital holds evidence of what it was asked (e.g. two different
+            # survivor lists would be provable equivocation); the stage closings are in the audit log
+            return {"stage": stage, "request": base64.b64encode(raw).decode(),
+                    "signature": self._key.sign(SECAGG_REQUEST_PREFIX + raw).hex()}
 
     def secagg_message(self, hospital: str, stage: str, body: bytes) -> dict:
         with self._lock:

@@ -195,7 +195,7 @@ def test_secagg_dropouts_at_every_round(consortium):
     # Prepare: 10 hospitals, threshold 6; one goes silent before each of four stages
     names = tuple(f"h{i:02d}" for i in range(1, 11))
     c = consortium(backend="secagg", hospitals=names, min_clients=5, k_max=16,
-                   secagg={"threshold": 6, "stage_timeout_s": 3.0}).start()
+                   secagg={"threshold": 6, "stage_timeout_s": 4.0}).start()
     data = {h: c.data(h, n=30) for h in names}
     stop = {"h10": "advertise_keys", "h09": "share_keys", "h08": "masked_input", "h07": "unmask"}
     # Execute
@@ -321,3 +321,23 @@ def test_secagg_sigkill_mid_round_then_restart_finishes_exactly(consortium):
     assert np.linalg.norm(res.W - W_joint) / np.linalg.norm(W_joint) <= 1e-9
     log = [json.loads(line) for line in c.audit_path().read_text().splitlines()]
     assert any(r["event"] == "server_restarted" for r in log)
+
+
+@pytest.mark.security
+def test_hospital_refuses_secagg_request_not_signed_by_pinned_server(consortium):
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    from secure_afl.clients.secagg_client import SecAggParticipant
+    from secure_afl.exceptions import InvalidContribution
+
+    # Prepare: the hospital pins another key than the one the server signs with
+    c = consortium(backend="secagg", hospitals=("h1", "h2"), min_clients=2,
+                   secagg={"threshold": 2, "stage_timeout_s": 30.0}).start()
+    h = c.hospital("h1")
+    p = SecAggParticipant(h, h.fetch_params(), c.stats(*c.data("h1")))
+    h.server_pub = Ed25519PrivateKey.generate().public_key()
+    # Execute / Assert: nothing is answered
+    with pytest.raises(InvalidContribution):
+        p.run(timeout=30)
+    assert p.client.stage == "setup"
+    h.close()
