@@ -341,3 +341,21 @@ def test_hospital_refuses_secagg_request_not_signed_by_pinned_server(consortium)
         p.run(timeout=30)
     assert p.client.stage == "setup"
     h.close()
+
+
+@pytest.mark.parametrize("backend", ["plain", "ckks", "secagg"])
+def test_demo_command_passes_verification(backend, tmp_path, capsys):
+    # Execute: the real demo (PKI, server process, key holder, hospitals) on the embedded data
+    rc = main(["demo", "--backend", backend, "--hospitals", "3", "--partition", "shards:2",
+               "--report", str(tmp_path / "r.json"), "--model-out", str(tmp_path / "w.safetensors")])
+    # Assert
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert rc == 0 and "PASSED" in capsys.readouterr().out
+    assert {"backend", "hospitals", "samples", "dim", "classes", "verification", "accuracy", "bytes_uploaded",
+            "timings_s"} <= set(report)
+    v = report["verification"]
+    assert v["passed"] and v["prediction_agreement"] == 1.0
+    assert v["weights_rel_error_vs_plaintext"] <= (1e-6 if backend == "ckks" else 1e-9)
+    assert report["accuracy"]["secure"] == report["accuracy"]["plaintext"] > 0.8
+    W, meta = read_model(tmp_path / "w.safetensors")
+    assert W.shape == (report["dim"], report["classes"]) and meta["backend"] == backend
