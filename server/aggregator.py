@@ -105,10 +105,12 @@ class AggregationServer:
             from secure_afl.backends.ckks import ckks_session_params
 
             return ckks_session_params(c.session_id, layout, c.gamma, c.bounds)
-        from secure_afl.backends.secagg import secagg_session_params
+        from secure_afl.backends.secagg import recommended_neighbours, secagg_session_params
 
-        return secagg_session_params(c.session_id, layout, c.gamma, c.bounds, n_parties=len(self._enrolled),
-                                     threshold=c.secagg_threshold, neighbours=c.secagg_neighbours or None)
+        n = len(self._enrolled)
+        neighbours = {-1: recommended_neighbours(max(n, 2)), 0: None}.get(c.secagg_neighbours, c.secagg_neighbours)
+        return secagg_session_params(c.session_id, layout, c.gamma, c.bounds, n_parties=n,
+                                     threshold=c.secagg_threshold, neighbours=neighbours)
 
     def _recover(self) -> None:
         """Rebuild in-memory state from SQLite and payload files after a restart."""

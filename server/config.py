@@ -21,7 +21,8 @@ Example::
 
     [secagg]                    # only for backend = "secagg"
     threshold = 2               # Shamir t; default: majority of the hospitals
-    neighbours = 0              # 0: complete graph; k: random k-regular (SecAgg+)
+    neighbours = -1             # -1 (default): SecAgg+ degree 2 ceil(1.5 log2 K) once smaller than K - 1;
+                                # 0: complete graph (Bonawitz et al.); k: random k-regular graph
     stage_timeout_s = 60        # a hospital silent this long in a stage is dropped
 
     [server]
@@ -74,7 +75,7 @@ class ServerConfig:
     keyholder: str = "keyholder"
     require_client_cert: bool = True
     secagg_threshold: int | None = None
-    secagg_neighbours: int = 0
+    secagg_neighbours: int = -1
     stage_timeout_s: float = 60.0
 
     def __post_init__(self):
@@ -132,7 +133,7 @@ def load_config(path) -> ServerConfig:
             keyholder=str(srv.get("keyholder", "keyholder")),
             require_client_cert=bool(srv.get("require_client_cert", True)),
             secagg_threshold=int(sa["threshold"]) if "threshold" in sa else None,
-            secagg_neighbours=int(sa.get("neighbours", 0)),
+            secagg_neighbours=int(sa.get("neighbours", -1)),
             stage_timeout_s=float(sa.get("stage_timeout_s", 60.0)),
         )
     except KeyError as e:
