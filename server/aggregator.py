@@ -114,6 +114,14 @@ class AggregationServer:
 
     def _recover(self) -> None:
         """Rebuild in-memory state from SQLite and payload files after a restart."""
+        self._rebuild()
+        if self.store.upload_count():
+            self.audit.append("server_restarted", actor=self.config.name, outcome="accepted",
+                              session=self.config.session_id,
+                              details={"recovered_uploads": self.store.upload_count(), "status": self.status})
+
+    def _rebuild(self) -> None:
+        """In-memory state (parameters, running sum) from what is durably stored."""
         stored = self.store.get_meta("params")
         if stored is not None:
             self.params = SessionParams.from_dict(stored)
@@ -130,10 +138,6 @@ class AggregationServer:
                     self._combiner.add(self.store.get_blob(row["payload_sha256"]))
                 if row["audit_seq"] is None:  # killed between commit and audit: finish the bookkeeping
                     self._finish_acceptance(row["hospital"], row["payload_sha256"], recovered=True)
-        if self.store.upload_count():
-            self.audit.append("server_restarted", actor=self.config.name, outcome="accepted",
-                              session=self.config.session_id,
-                              details={"recovered_uploads": self.store.upload_count(), "status": self.status})
 
     def _new_combiner(self):
         backend = get_backend(self.params)
@@ -272,8 +276,13 @@ class AggregationServer:
                 err = MalformedPayload(f"upload statement unusable: {type(e).__name__}")
                 self.refuse("upload", hospital, err, details)
                 raise err from None
-            self.store.put_blob(payload)
-            self.store.insert_upload(hospital, sha, st, tag)
+            try:
+                self.store.put_blob(payload)
+                self.store.insert_upload(hospital, sha, st, tag)
+            except Exception:
+                # not stored, so not accepted: drop it from the running sum again
+                self._rebuild()
+                raise
             return self._finish_acceptance(hospital, sha)
 
     def _finish_acceptance(self, hospital: str, sha: str, *, recovered: bool = False) -> dict:

@@ -69,8 +69,8 @@ class SecAggAggregationServer(AggregationServer):
     def _new_combiner(self):
         return None  # the round owns the running sum
 
-    def _recover(self) -> None:
-        super()._recover()
+    def _rebuild(self) -> None:
+        super()._rebuild()
         self._round = SecAggServerRound(self.params, participants=self.client_ids.values())
         closed = self.store.get_meta("secagg_closed", [])
         for stage in Stage.all():
