@@ -18,8 +18,15 @@ import time
 from secure_afl.backends.secagg import SecAggClient, Stage, decode_message
 from cryptography.exceptions import InvalidSignature
 
-from secure_afl.exceptions import DuplicateContribution, InsufficientShares, InvalidContribution, StageError
-from secure_afl.protocol import SECAGG_REQUEST_PREFIX
+from secure_afl import pki
+from secure_afl.exceptions import (
+    DuplicateContribution,
+    InsufficientShares,
+    InvalidContribution,
+    SecureAFLError,
+    StageError,
+)
+from secure_afl.protocol import H_PARTY, H_TIME, SECAGG_REQUEST_PREFIX, verify_request
 from secure_afl.params import SessionParams
 from secure_afl.stats import SufficientStatistics
 
@@ -35,8 +42,11 @@ class SecAggParticipant:
         self.hospital = hospital
         self.params = params
         self.vector = hospital.protect_vector(params, stats)
-        cid = hospital.conn.info()["secagg"]["client_ids"][hospital.name]
-        self.client = SecAggClient(params, cid)
+        self.client_ids = hospital.conn.info()["secagg"]["client_ids"]
+        if self.client_ids != {n: i + 1 for i, n in enumerate(sorted(self.client_ids))}:
+            raise InvalidContribution("the server's client numbering is not the sorted enrolment order")
+        self.peers = pki.load_enrolments(hospital.party.pki_dir, role="hospital")
+        self.client = SecAggClient(params, self.client_ids[hospital.name])
         self.receipt: dict | None = None
         self._answered: set[str] = set()
 
@@ -71,8 +81,35 @@ class SecAggParticipant:
                 self.hospital.server_pub.verify(bytes.fromhex(r.get("signature", "")), SECAGG_REQUEST_PREFIX + raw)
             except (InvalidSignature, ValueError):
                 raise InvalidContribution("a secagg request does not carry the server's signature") from None
-            self._answer(stage, decode_message(raw), progress)
+            request = decode_message(raw)
+            if stage == Stage.SHARE_KEYS:
+                self._check_advertisements(request, r.get("advertisement_signatures") or {})
+            self._answer(stage, request, progress)
         raise TimeoutError(f"secagg round did not finish within {timeout:.0f} s")
+
+    def _check_advertisements(self, request, signatures: dict) -> None:
+        """Every relayed key advertisement must carry its hospital's own signature.
+
+        The hospital signed its advertisement when it sent it (a signed request over
+        exactly these bytes); re-checking that signature with the peer's enrolled
+        identity key stops a server from swapping in keys of its own and collecting
+        the shares encrypted to them.
+        """
+        names = {cid: name for name, cid in self.client_ids.items()}
+        path = self.hospital.conn.path(f"/secagg/{Stage.ADVERTISE_KEYS}")
+        for ad in request.advertisements:
+            name = names.get(ad.client_id)
+            auth = signatures.get(name)
+            if name is None or not isinstance(auth, dict) or auth.get(H_PARTY) != f"hospital:{name}":
+                raise InvalidContribution(f"advertisement of client {ad.client_id} is not signed by its hospital")
+            try:
+                verify_request(auth, "POST", path, ad.to_bytes(), lambda _: self.peers[name].public_key(),
+                               now=int(auth[H_TIME]))
+            except (KeyError, ValueError):
+                raise InvalidContribution(f"advertisement of {name} is not signed by an enrolled hospital") from None
+            except SecureAFLError:
+                raise InvalidContribution(f"advertisement of {name} does not carry its hospital's signature") \
+                    from None
 
     def _answer(self, stage: str, request, progress: bool) -> None:
         response = self.client.handle(request, vector=self.vector if stage == Stage.MASKED_INPUT else None)

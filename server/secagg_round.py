@@ -37,7 +37,7 @@ from secure_afl.exceptions import (
     SecureAFLError,
     StageError,
 )
-from secure_afl.protocol import API, SECAGG_REQUEST_PREFIX
+from secure_afl.protocol import API, H_NONCE, H_PARTY, H_SIGNATURE, H_TIME, SECAGG_REQUEST_PREFIX
 
 from .aggregator import AggregationServer, log
 
@@ -164,10 +164,16 @@ class SecAggAggregationServer(AggregationServer):
             raw = self._round.request(cid).to_bytes()
             # signed, so a hospital holds evidence of what it was asked (e.g. two different
             # survivor lists would be provable equivocation); the stage closings are in the audit log
-            return {"stage": stage, "request": base64.b64encode(raw).decode(),
-                    "signature": self._key.sign(SECAGG_REQUEST_PREFIX + raw).hex()}
+            out = {"stage": stage, "request": base64.b64encode(raw).decode(),
+                   "signature": self._key.sign(SECAGG_REQUEST_PREFIX + raw).hex()}
+            if stage == Stage.SHARE_KEYS:
+                # each peer's own signature over its advertisement: the hospital checks that the keys it
+                # encrypts shares to are really its peers' (the server cannot substitute its own)
+                out["advertisement_signatures"] = self.store.message_auth(Stage.ADVERTISE_KEYS)
+            return out
 
-    def secagg_message(self, hospital: str, stage: str, body: bytes) -> dict:
+    def secagg_message(self, hospital: str, stage: str, body: bytes, auth: dict | None = None) -> dict:
+        """One hospital's answer for ``stage``; ``auth`` is its request signature (kept for its peers)."""
         with self._lock:
             try:
                 if stage not in _MESSAGE_STAGES:
@@ -188,7 +194,7 @@ class SecAggAggregationServer(AggregationServer):
                 err = MalformedPayload(f"unusable {stage} message: {type(e).__name__}")
                 self.refuse(f"secagg_{stage}"[:64], hospital, err)
                 raise err from None
-            self.store.put_message(stage, hospital, body)
+            self.store.put_message(stage, hospital, body, auth if stage == Stage.ADVERTISE_KEYS else None)
             self.audit.append(f"secagg_{stage}", actor=hospital, outcome="accepted", session=self.config.session_id,
                               details={"bytes": len(body)})
             return {"accepted": True, "stage": stage}
@@ -217,7 +223,8 @@ class SecAggAggregationServer(AggregationServer):
             session_guard(session_id, request)
             body = await read_body(request, self.config.max_upload_bytes)
             party = await authed(request, ("hospital",), body)
-            return self.secagg_message(party.partition(":")[2], stage, body)
+            auth = {h: request.headers[h] for h in (H_PARTY, H_TIME, H_NONCE, H_SIGNATURE)}
+            return self.secagg_message(party.partition(":")[2], stage, body, auth)
 
         @app.get(API + "/sessions/{session_id}/secagg/unmask-material")
         async def unmask_material(session_id: str, request: Request):

@@ -36,7 +36,7 @@ CREATE TABLE IF NOT EXISTS uploads (
 );
 CREATE TABLE IF NOT EXISTS nonces (nonce TEXT PRIMARY KEY, party TEXT NOT NULL, seen_at REAL NOT NULL);
 CREATE TABLE IF NOT EXISTS messages (
-    stage TEXT NOT NULL, party TEXT NOT NULL, data BLOB NOT NULL, received_at REAL NOT NULL,
+    stage TEXT NOT NULL, party TEXT NOT NULL, data BLOB NOT NULL, received_at REAL NOT NULL, auth TEXT,
     PRIMARY KEY (stage, party)
 );
 """
@@ -140,11 +140,13 @@ class Store:
         return int(self.db.execute("SELECT COUNT(*) FROM uploads").fetchone()[0])
 
     # -- protocol messages (secagg stages) ---------------------------------------
-    def put_message(self, stage: str, party: str, data: bytes) -> bool:
+    def put_message(self, stage: str, party: str, data: bytes, auth: dict | None = None) -> bool:
+        """Store one protocol message and, optionally, the sender's request signature over it."""
         with self._lock:
             try:
-                self.db.execute("INSERT INTO messages(stage, party, data, received_at) VALUES (?, ?, ?, ?)",
-                                (stage, party, data, time.time()))
+                self.db.execute(
+                    "INSERT INTO messages(stage, party, data, received_at, auth) VALUES (?, ?, ?, ?, ?)",
+                    (stage, party, data, time.time(), None if auth is None else json.dumps(auth)))
                 return True
             except sqlite3.IntegrityError:
                 return False
@@ -152,3 +154,8 @@ class Store:
     def messages(self, stage: str) -> dict[str, bytes]:
         rows = self.db.execute("SELECT party, data FROM messages WHERE stage=? ORDER BY party", (stage,)).fetchall()
         return {r[0]: bytes(r[1]) for r in rows}
+
+    def message_auth(self, stage: str) -> dict[str, dict]:
+        rows = self.db.execute("SELECT party, auth FROM messages WHERE stage=? AND auth IS NOT NULL",
+                               (stage,)).fetchall()
+        return {r[0]: json.loads(r[1]) for r in rows}

@@ -359,3 +359,47 @@ def test_demo_command_passes_verification(backend, tmp_path, capsys):
     assert report["accuracy"]["secure"] == report["accuracy"]["plaintext"] > 0.8
     W, meta = read_model(tmp_path / "w.safetensors")
     assert W.shape == (report["dim"], report["classes"]) and meta["backend"] == backend
+
+
+@pytest.mark.security
+def test_hospital_refuses_key_advertisement_substituted_by_server(consortium):
+    import base64
+    import dataclasses
+
+    from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+    from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+
+    from secure_afl.backends.secagg import decode_message
+    from secure_afl.clients.secagg_client import SecAggParticipant
+    from secure_afl.exceptions import InvalidContribution
+
+    # Prepare: both hospitals advertised their keys; the round waits in share_keys
+    c = consortium(backend="secagg", hospitals=("h1", "h2"), min_clients=2,
+                   secagg={"threshold": 2, "stage_timeout_s": 60.0}).start()
+    import threading
+
+    parts = {}
+    for h in c.hospitals:
+        cl = c.hospital(h)
+        parts[h] = SecAggParticipant(cl, cl.fetch_params(), c.stats(*c.data(h)))
+    threads = [threading.Thread(target=p.run, kwargs={"pause_before": "share_keys", "timeout": 60}, daemon=True)
+               for p in parts.values()]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=90)
+    p1 = parts["h1"]
+    r = p1.hospital.conn.request("GET", p1.hospital.conn.path("/secagg/request")).json()
+    genuine = decode_message(base64.b64decode(r["request"]))
+    sigs = r["advertisement_signatures"]
+    evil = X25519PrivateKey.generate().public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
+    forged = dataclasses.replace(genuine, advertisements=tuple(
+        dataclasses.replace(a, enc_public_key=evil) if a.client_id == 2 else a for a in genuine.advertisements))
+    # Execute / Assert
+    p1._check_advertisements(genuine, sigs)  # the real keys verify
+    with pytest.raises(InvalidContribution):
+        p1._check_advertisements(forged, sigs)  # a server-substituted key does not
+    with pytest.raises(InvalidContribution):
+        p1._check_advertisements(genuine, {"h1": sigs["h1"]})  # nor an unsigned one
+    for p in parts.values():
+        p.hospital.close()
