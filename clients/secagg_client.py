@@ -12,6 +12,7 @@ and an answer the server had already stored (409 duplicate) counts as sent.
 from __future__ import annotations
 
 import base64
+import json
 import logging
 import time
 
@@ -26,11 +27,14 @@ from secure_afl.exceptions import (
     SecureAFLError,
     StageError,
 )
-from secure_afl.protocol import H_PARTY, H_TIME, SECAGG_REQUEST_PREFIX, verify_request
+from secure_afl.protocol import H_PARTY, H_TIME, SECAGG_CONSISTENCY, SECAGG_REQUEST_PREFIX, verify_request
+from secure_afl.signing import sign_consistency, verify_consistency
 from secure_afl.params import SessionParams
 from secure_afl.stats import SufficientStatistics
 
 __all__ = ["SecAggParticipant", "run_secagg"]
+
+CONSISTENCY = SECAGG_CONSISTENCY
 
 log = logging.getLogger("secure_afl.client")
 
@@ -49,6 +53,7 @@ class SecAggParticipant:
         self.client = SecAggClient(params, self.client_ids[hospital.name])
         self.receipt: dict | None = None
         self._answered: set[str] = set()
+        self._survivors: list[str] = []
 
     def run(self, *, pause_before: str | None = None, timeout: float = 600.0, poll: float = 0.1,
             progress: bool = False) -> dict | None:
@@ -70,6 +75,13 @@ class SecAggParticipant:
                                          "nothing was revealed")
             if r.get("dropped"):
                 raise StageError(f"{self.hospital.name} was dropped from the round at stage {stage}")
+            phase = Stage.UNMASK if stage == CONSISTENCY else stage  # the check opens the unmask stage
+            if pause_before == phase and phase not in self._answered:
+                log.warning("%s pauses before %s", self.hospital.name, stage)
+                return None
+            if stage == CONSISTENCY and CONSISTENCY not in self._answered:
+                self._sign_survivors(r["survivors"])
+                continue
             if "request" not in r or stage in self._answered:
                 time.sleep(poll)
                 continue
@@ -84,6 +96,8 @@ class SecAggParticipant:
             request = decode_message(raw)
             if stage == Stage.SHARE_KEYS:
                 self._check_advertisements(request, r.get("advertisement_signatures") or {})
+            if stage == Stage.UNMASK:
+                self._check_consistency(request, r.get("consistency") or {})
             self._answer(stage, request, progress)
         raise TimeoutError(f"secagg round did not finish within {timeout:.0f} s")
 
@@ -110,6 +124,45 @@ class SecAggParticipant:
             except SecureAFLError:
                 raise InvalidContribution(f"advertisement of {name} does not carry its hospital's signature") \
                     from None
+
+    def _sign_survivors(self, survivors: list[str]) -> None:
+        """Consistency check, step 1: sign the survivor set the server announced (once)."""
+        if self.hospital.name not in survivors or not set(survivors) <= set(self.client_ids):
+            raise InvalidContribution("the announced survivor set is not a set of enrolled hospitals with us in it")
+        st = sign_consistency(self.hospital.party.identity_key(), self.params.session_id, self.params.digest(),
+                              self.hospital.name, survivors)
+        conn = self.hospital.conn
+        try:
+            conn.request("POST", conn.path(f"/secagg/{CONSISTENCY}"), body=json.dumps(st).encode())
+        except DuplicateContribution:
+            pass  # stored before a connection drop
+        self._survivors = sorted(survivors)
+        self._answered.add(CONSISTENCY)
+
+    def _check_consistency(self, request, statements: dict) -> None:
+        """Consistency check, step 2: reveal shares only if a quorum signed the same survivor set.
+
+        Quorum = max(threshold, majority of all enrolled hospitals): two different
+        survivor sets cannot both gather it from honest hospitals, so a server cannot
+        ask one group for b-shares and another for key-shares of the same hospital.
+        """
+        cfg = self.client.cfg
+        quorum = max(cfg.threshold, cfg.n_parties // 2 + 1)
+        signers = set()
+        for name, st in statements.items():
+            if name not in self._survivors or name not in self.peers or st.get("hospital") != name:
+                raise InvalidContribution(f"consistency statement by {name!r} is not from a survivor")
+            try:
+                verify_consistency(st, self.peers[name].public_key(), session_id=self.params.session_id,
+                                   params_digest=self.params.digest(), survivors=self._survivors)
+            except SecureAFLError:
+                raise InvalidContribution(f"{name} did not sign the survivor set we signed") from None
+            signers.add(name)
+        if len(signers) < quorum:
+            raise InvalidContribution(f"only {len(signers)} hospitals confirmed the survivor set; {quorum} needed")
+        ids = {self.client_ids[n] for n in self._survivors}
+        if not set(request.survivors) <= ids or set(request.dropped) & ids:
+            raise InvalidContribution("the unmask request contradicts the signed survivor set")
 
     def _answer(self, stage: str, request, progress: bool) -> None:
         response = self.client.handle(request, vector=self.vector if stage == Stage.MASKED_INPUT else None)

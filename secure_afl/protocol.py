@@ -30,7 +30,7 @@ from .exceptions import InvalidSignature, MalformedPayload, ReplayedContribution
 from .signing import canonical_json
 
 __all__ = ["H_PARTY", "H_TIME", "H_NONCE", "H_SIGNATURE", "H_UPLOAD", "H_TAG", "REQUEST_PREFIX",
-           "SECAGG_REQUEST_PREFIX", "MAX_SKEW_S",
+           "SECAGG_REQUEST_PREFIX", "SECAGG_CONSISTENCY", "MAX_SKEW_S",
            "sign_request", "verify_request", "STATUS_BY_REASON", "API", "context_publication",
            "parse_context_publication"]
 
@@ -42,6 +42,8 @@ H_UPLOAD = "x-safl-upload"
 H_TAG = "x-safl-tag"
 REQUEST_PREFIX = b"secure-afl/request/v1\0"
 SECAGG_REQUEST_PREFIX = b"secure-afl/secagg-request/v1\0"  # server's signature on each secagg stage request
+# Bonawitz et al.'s consistency check: the first half of the secagg unmask stage, run by the service
+SECAGG_CONSISTENCY = "consistency"
 MAX_SKEW_S = 300
 
 API = "/v1"

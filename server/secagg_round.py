@@ -12,7 +12,9 @@ Stages (Bonawitz et al. 2017; names from :class:`~secure_afl.backends.secagg.Sta
     [Stage 1] advertise_keys GET  .../secagg/request   -> POST .../secagg/advertise_keys
     [Stage 2] share_keys     GET  .../secagg/request   -> POST .../secagg/share_keys
     [Stage 3] masked_input   GET  .../secagg/request   -> POST .../uploads  (signed upload, receipt)
-    [Stage 4] unmask         GET  .../secagg/request   -> POST .../secagg/unmask
+    [Stage 4] unmask         GET  .../secagg/request   -> POST .../secagg/consistency (survivor set, signed)
+                             GET  .../secagg/request   -> POST .../secagg/unmask (with a quorum of those
+                                                          signatures attached to the request)
 
 A stage closes when every active hospital answered or ``stage_timeout_s``
 passed; who did not answer is dropped. Every accepted message is stored in
@@ -23,6 +25,7 @@ reaches the same state; stage closings are recorded too.
 from __future__ import annotations
 
 import base64
+import json
 import threading
 import time
 
@@ -37,12 +40,14 @@ from secure_afl.exceptions import (
     SecureAFLError,
     StageError,
 )
-from secure_afl.protocol import API, H_NONCE, H_PARTY, H_SIGNATURE, H_TIME, SECAGG_REQUEST_PREFIX
+from secure_afl.protocol import API, H_NONCE, H_PARTY, H_SIGNATURE, H_TIME, SECAGG_CONSISTENCY, SECAGG_REQUEST_PREFIX
+from secure_afl.signing import verify_consistency
 
 from .aggregator import AggregationServer, log
 
 __all__ = ["SecAggAggregationServer"]
 
+CONSISTENCY = SECAGG_CONSISTENCY
 _MESSAGE_STAGES = (Stage.SETUP, Stage.ADVERTISE_KEYS, Stage.SHARE_KEYS, Stage.UNMASK)
 
 
@@ -161,6 +166,10 @@ class SecAggAggregationServer(AggregationServer):
                 return {"stage": stage, "dropped": True}
             if cid in self._round._responded:
                 return {"stage": stage, "waiting": True}
+            if stage == Stage.UNMASK:
+                gate = self._consistency_gate(hospital)
+                if gate is not None:
+                    return gate
             raw = self._round.request(cid).to_bytes()
             # signed, so a hospital holds evidence of what it was asked (e.g. two different
             # survivor lists would be provable equivocation); the stage closings are in the audit log
@@ -170,7 +179,60 @@ class SecAggAggregationServer(AggregationServer):
                 # each peer's own signature over its advertisement: the hospital checks that the keys it
                 # encrypts shares to are really its peers' (the server cannot substitute its own)
                 out["advertisement_signatures"] = self.store.message_auth(Stage.ADVERTISE_KEYS)
+            if stage == Stage.UNMASK:
+                out["consistency"] = {h: json.loads(b) for h, b in self.store.messages(CONSISTENCY).items()}
             return out
+
+    # -- consistency round (between masked input and unmask) ------------------------------------------
+    @property
+    def survivor_names(self) -> list[str]:
+        return sorted(self._name(c) for c in self._round.survivors_)
+
+    def consistency_quorum(self) -> int:
+        """Signatures over one survivor set needed before any share is revealed: a majority of all
+        enrolled hospitals and at least the threshold, so no two different sets can both reach it."""
+        cfg = self._round.cfg
+        return max(cfg.threshold, cfg.n_parties // 2 + 1)
+
+    def _consistency_gate(self, hospital: str) -> dict | None:
+        """None once this hospital may receive its unmask request."""
+        signed = self.store.messages(CONSISTENCY)
+        if hospital not in signed:
+            return {"stage": CONSISTENCY, "survivors": self.survivor_names,
+                    "quorum": self.consistency_quorum()}
+        opened = float(self.store.get_meta("secagg_stage_opened", time.time()))
+        everyone = len(signed) == len(self._round.survivors_)
+        late = time.time() - opened >= self.config.stage_timeout_s / 2
+        if everyone or (late and len(signed) >= self.consistency_quorum()):
+            return None
+        return {"stage": Stage.UNMASK, "waiting": True}
+
+    def secagg_consistency(self, hospital: str, body: bytes) -> dict:
+        """A survivor's signed statement of the survivor set (Bonawitz et al.'s consistency check)."""
+        with self._lock:
+            try:
+                if self.round_stage != Stage.UNMASK:
+                    raise StageError(f"the round is in {self.round_stage}, not in its consistency check")
+                if hospital not in self.survivor_names:
+                    raise StageError(f"{hospital} is not a survivor of the masked-input stage")
+                if hospital in self.store.messages(CONSISTENCY):
+                    raise DuplicateContribution(f"{hospital} already signed the survivor set")
+                try:
+                    statement = json.loads(body)
+                except (UnicodeDecodeError, json.JSONDecodeError):
+                    raise MalformedPayload("consistency statement is not JSON") from None
+                verify_consistency(statement, self._enrolled[hospital].public_key(),
+                                   session_id=self.config.session_id, params_digest=self.params.digest(),
+                                   survivors=self.survivor_names)
+                if statement.get("hospital") != hospital:
+                    raise PolicyViolation(f"{hospital} may only sign for itself", reason="forbidden")
+            except SecureAFLError as e:
+                self.refuse("secagg_consistency", hospital, e)
+                raise
+            self.store.put_message(CONSISTENCY, hospital, body)
+            self.audit.append("secagg_consistency", actor=hospital, outcome="accepted",
+                              session=self.config.session_id, details={"survivors": self.survivor_names})
+            return {"accepted": True, "stage": CONSISTENCY}
 
     def secagg_message(self, hospital: str, stage: str, body: bytes, auth: dict | None = None) -> dict:
         """One hospital's answer for ``stage``; ``auth`` is its request signature (kept for its peers)."""
@@ -223,6 +285,8 @@ class SecAggAggregationServer(AggregationServer):
             session_guard(session_id, request)
             body = await read_body(request, self.config.max_upload_bytes)
             party = await authed(request, ("hospital",), body)
+            if stage == CONSISTENCY:
+                return self.secagg_consistency(party.partition(":")[2], body)
             auth = {h: request.headers[h] for h in (H_PARTY, H_TIME, H_NONCE, H_SIGNATURE)}
             return self.secagg_message(party.partition(":")[2], stage, body, auth)
 

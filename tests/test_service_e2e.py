@@ -403,3 +403,42 @@ def test_hospital_refuses_key_advertisement_substituted_by_server(consortium):
         p1._check_advertisements(genuine, {"h1": sigs["h1"]})  # nor an unsigned one
     for p in parts.values():
         p.hospital.close()
+
+
+@pytest.mark.security
+def test_hospital_reveals_no_share_without_a_quorum_on_one_survivor_set(consortium):
+    from secure_afl.backends.secagg import UnmaskRequest
+    from secure_afl.clients.secagg_client import SecAggParticipant
+    from secure_afl.exceptions import InvalidContribution
+    from secure_afl.signing import sign_consistency
+
+    # Prepare: 5 hospitals (quorum = max(t = 3, 5 // 2 + 1) = 3); h1's view of the survivors is h1..h4
+    names = ("h1", "h2", "h3", "h4", "h5")
+    c = consortium(backend="secagg", hospitals=names, min_clients=3, secagg={"threshold": 3}).start()
+    h = c.hospital("h1")
+    p = SecAggParticipant(h, h.fetch_params(), c.stats(*c.data("h1")))
+    p._survivors = ["h1", "h2", "h3", "h4"]
+    sid, digest = c.session_id, p.params.digest()
+
+    def st(name, survivors):
+        return sign_consistency(pki.load_party(c.pki_dir, "hospital", name).identity_key(), sid, digest, name,
+                                survivors)
+
+    good = {n: st(n, p._survivors) for n in ("h1", "h2", "h3")}
+    request = UnmaskRequest(sid, 1, (1, 2, 3, 4), (5,))
+    # Execute / Assert: a quorum over the same set -> go on
+    p._check_consistency(request, good)
+    # too few confirmations
+    with pytest.raises(InvalidContribution):
+        p._check_consistency(request, {n: good[n] for n in ("h1", "h2")})
+    # one "confirmation" is over another survivor set (the server told h3 something else)
+    with pytest.raises(InvalidContribution):
+        p._check_consistency(request, {**good, "h3": st("h3", ["h1", "h2", "h3"])})
+    # a statement signed by someone else than its named hospital
+    forged = {**st("h4", p._survivors), "hospital": "h3"}
+    with pytest.raises(InvalidContribution):
+        p._check_consistency(request, {**good, "h3": forged})
+    # the request asks for key shares of a hospital the quorum says survived
+    with pytest.raises(InvalidContribution):
+        p._check_consistency(UnmaskRequest(sid, 1, (1, 2, 3), (4,)), good)
+    h.close()
