@@ -85,9 +85,6 @@ class SecAggParticipant:
             if "request" not in r or stage in self._answered:
                 time.sleep(poll)
                 continue
-            if pause_before == stage:
-                log.warning("%s pauses before %s", self.hospital.name, stage)
-                return None
             raw = base64.b64decode(r["request"])
             try:
                 self.hospital.server_pub.verify(bytes.fromhex(r.get("signature", "")), SECAGG_REQUEST_PREFIX + raw)
@@ -117,7 +114,8 @@ class SecAggParticipant:
             if name is None or not isinstance(auth, dict) or auth.get(H_PARTY) != f"hospital:{name}":
                 raise InvalidContribution(f"advertisement of client {ad.client_id} is not signed by its hospital")
             try:
-                verify_request(auth, "POST", path, ad.to_bytes(), lambda _: self.peers[name].public_key(),
+                peer_pub = self.peers[name].public_key()
+                verify_request(auth, "POST", path, ad.to_bytes(), lambda _party, pub=peer_pub: pub,
                                now=int(auth[H_TIME]))
             except (KeyError, ValueError):
                 raise InvalidContribution(f"advertisement of {name} is not signed by an enrolled hospital") from None
