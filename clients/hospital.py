@@ -27,6 +27,7 @@ from secure_afl.exceptions import (
     InvalidInputError,
     ParameterMismatch,
     PolicyViolation,
+    ReplayedContribution,
     StageError,
 )
 from secure_afl.packing import Layout
@@ -182,15 +183,16 @@ class HospitalClient:
             if content is not None:
                 headers["content-length"] = str(len(payload))
             try:
+                # no transparent retry: after a dropped connection the receipt tells whether it landed
                 resp = self.conn.request("POST", self.conn.path("/uploads"), body=payload, signed=False,
-                                         headers=headers, content=content)
+                                         headers=headers, content=content, retry=False)
                 receipt = resp.json()
                 break
-            except (httpx.TransportError, DuplicateContribution) as e:
+            except (httpx.TransportError, DuplicateContribution, ReplayedContribution) as e:
                 receipt = self._fetch_receipt()
                 if receipt is not None and receipt.get("payload_sha256") == sha:
                     break  # this very payload was accepted before the connection dropped
-                if isinstance(e, DuplicateContribution) or attempt == attempts - 1:
+                if isinstance(e, (DuplicateContribution, ReplayedContribution)) or attempt == attempts - 1:
                     raise
         receipt = verify_receipt(receipt, self.server_pub)
         if receipt["payload_sha256"] != sha or receipt["hospital"] != self.name:

@@ -195,7 +195,7 @@ def test_secagg_dropouts_at_every_round(consortium):
     # Prepare: 10 hospitals, threshold 6; one goes silent before each of four stages
     names = tuple(f"h{i:02d}" for i in range(1, 11))
     c = consortium(backend="secagg", hospitals=names, min_clients=5, k_max=16,
-                   secagg={"threshold": 6, "stage_timeout_s": 4.0}).start()
+                   secagg={"threshold": 6, "stage_timeout_s": 6.0}).start()
     data = {h: c.data(h, n=30) for h in names}
     stop = {"h10": "advertise_keys", "h09": "share_keys", "h08": "masked_input", "h07": "unmask"}
     # Execute
