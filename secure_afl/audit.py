@@ -61,7 +61,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
 
-from .exceptions import AuditChainBroken, InvalidSignature, MalformedPayload, SecureAFLError
+from ._io import fsync_dir, write_all
+from .exceptions import (
+    AuditChainBroken,
+    InvalidSignature,
+    MalformedPayload,
+    SecureAFLError,
+)
 from .signing import canonical_json, verify_receipt
 
 try:  # POSIX: one writer per log file
@@ -190,7 +196,7 @@ class AuditLog:
                 except BlockingIOError:
                     raise RuntimeError(f"{self.path} is already open by another AuditLog writer") from None
             if created:
-                _fsync_dir(self.path.parent)
+                fsync_dir(self.path.parent)
             with open(fd, "rb", closefd=False) as fh:
                 fh.seek(0)
                 data = fh.read()
@@ -212,7 +218,7 @@ class AuditLog:
             n += 1
         fd = os.open(side, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         try:
-            _write_all(fd, torn)
+            write_all(fd, torn)
             os.fsync(fd)
         finally:
             os.close(fd)
@@ -286,30 +292,11 @@ class AuditLog:
             rec = {**body, "hash": record_hash(body)}
             if self._key is not None:
                 rec["sig"] = self._key.sign(RECORD_SIG_PREFIX + bytes.fromhex(rec["hash"])).hex()
-            _write_all(self._fd, canonical_json(rec) + b"\n")
+            write_all(self._fd, canonical_json(rec) + b"\n")
             os.fsync(self._fd)
             self._seq += 1
             self._head = rec["hash"]
             return rec
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view):]
-
-
-def _fsync_dir(directory: Path) -> None:
-    try:
-        dfd = os.open(directory, os.O_RDONLY)
-    except OSError:  # pragma: no cover - platforms without directory fds
-        return
-    try:
-        os.fsync(dfd)
-    except OSError:  # pragma: no cover
-        pass
-    finally:
-        os.close(dfd)
 
 
 # --------------------------------------------------------------------------

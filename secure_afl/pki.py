@@ -69,6 +69,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Mapping
 
+from ._io import write_all
 from ._validation import param_error
 from .exceptions import InvalidSignature, MalformedPayload
 
@@ -134,10 +135,7 @@ def _write_file(path: Path, data: bytes, *, private: bool) -> None:
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
     try:
         os.fchmod(fd, mode)  # independent of the umask
-        view = memoryview(data)
-        while view:
-            n = os.write(fd, view)
-            view = view[n:]
+        write_all(fd, data)
         os.fsync(fd)
     finally:
         os.close(fd)

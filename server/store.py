@@ -20,6 +20,8 @@ import threading
 import time
 from pathlib import Path
 
+from secure_afl._io import fsync_dir, write_all
+
 __all__ = ["Store"]
 
 _SCHEMA = """
@@ -40,14 +42,6 @@ CREATE TABLE IF NOT EXISTS messages (
     PRIMARY KEY (stage, party)
 );
 """
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 class Store:
@@ -84,14 +78,12 @@ class Store:
         tmp = self.payload_dir / f".{digest}.{os.getpid()}.{threading.get_ident()}.tmp"
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view):]
+            write_all(fd, data)
             os.fsync(fd)
         finally:
             os.close(fd)
         os.replace(tmp, final)
-        _fsync_dir(self.payload_dir)
+        fsync_dir(self.payload_dir)
         return digest
 
     def get_blob(self, digest: str) -> bytes:

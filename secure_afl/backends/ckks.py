@@ -52,6 +52,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .._io import write_all
 from ..envelope import open_envelope, seal
 from ..exceptions import (
     InvalidParameterError,
@@ -171,9 +172,7 @@ def save_secret_context(path, secret_context: bytes, *, session_id: str, passphr
     fd = os.open(os.fspath(path), flags, 0o600)
     try:
         os.fchmod(fd, 0o600)  # also when overwriting a file created with a wider mode
-        view = memoryview(blob)
-        while view:
-            view = view[os.write(fd, view):]
+        write_all(fd, blob)
         os.fsync(fd)
     finally:
         os.close(fd)
