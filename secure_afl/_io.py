@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-__all__ = ["write_all", "fsync_dir"]
+__all__ = ["write_all", "write_file", "fsync_dir"]
 
 
 def write_all(fd: int, data: bytes) -> None:
@@ -13,6 +13,22 @@ def write_all(fd: int, data: bytes) -> None:
     view = memoryview(data)
     while view:
         view = view[os.write(fd, view):]
+
+
+def write_file(path, data: bytes, *, mode: int = 0o600, exclusive: bool = True) -> None:
+    """Create ``path`` with ``mode`` (whatever the umask), write ``data`` and fsync it.
+
+    ``exclusive`` refuses an existing file (keys are never overwritten);
+    symlinks are never followed.
+    """
+    flags = os.O_WRONLY | os.O_CREAT | (os.O_EXCL if exclusive else os.O_TRUNC) | getattr(os, "O_NOFOLLOW", 0)
+    fd = os.open(os.fspath(path), flags, mode)
+    try:
+        os.fchmod(fd, mode)
+        write_all(fd, data)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def fsync_dir(directory: Path) -> None:

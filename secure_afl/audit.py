@@ -61,7 +61,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
 
-from ._io import fsync_dir, write_all
+from ._io import fsync_dir, write_all, write_file
 from .exceptions import (
     AuditChainBroken,
     InvalidSignature,
@@ -216,12 +216,7 @@ class AuditLog:
         n = 0
         while (side := self.path.with_name(f"{self.path.name}.torn-{n}")).exists():
             n += 1
-        fd = os.open(side, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        try:
-            write_all(fd, torn)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        write_file(side, torn)
         os.ftruncate(self._fd, good_len)
         os.fsync(self._fd)
         self.append("log_recovered", actor="audit", outcome="accepted",

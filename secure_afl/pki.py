@@ -69,7 +69,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Mapping
 
-from ._io import write_all
+from ._io import write_file
 from ._validation import param_error
 from .exceptions import InvalidSignature, MalformedPayload
 
@@ -131,14 +131,7 @@ def _now() -> _dt.datetime:
 
 def _write_file(path: Path, data: bytes, *, private: bool) -> None:
     """Create ``path`` (never overwrite); private files get mode 0600."""
-    mode = 0o600 if private else 0o644
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
-    try:
-        os.fchmod(fd, mode)  # independent of the umask
-        write_all(fd, data)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    write_file(path, data, mode=0o600 if private else 0o644)
 
 
 def _private_pem(key) -> bytes:

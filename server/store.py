@@ -20,7 +20,7 @@ import threading
 import time
 from pathlib import Path
 
-from secure_afl._io import fsync_dir, write_all
+from secure_afl._io import fsync_dir, write_file
 
 __all__ = ["Store"]
 
@@ -76,12 +76,7 @@ class Store:
         if final.exists():
             return digest
         tmp = self.payload_dir / f".{digest}.{os.getpid()}.{threading.get_ident()}.tmp"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        try:
-            write_all(fd, data)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        write_file(tmp, data, exclusive=False)
         os.replace(tmp, final)
         fsync_dir(self.payload_dir)
         return digest

@@ -52,7 +52,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .._io import write_all
+from .._io import write_file
 from ..envelope import open_envelope, seal
 from ..exceptions import (
     InvalidParameterError,
@@ -168,14 +168,7 @@ def save_secret_context(path, secret_context: bytes, *, session_id: str, passphr
     """
     blob = hz.seal_secret(secret_context, associated_data=_ad(session_id), passphrase=passphrase, key=key,
                           scrypt_log2_n=scrypt_log2_n)
-    flags = os.O_WRONLY | os.O_CREAT | (os.O_TRUNC if overwrite else os.O_EXCL) | getattr(os, "O_NOFOLLOW", 0)
-    fd = os.open(os.fspath(path), flags, 0o600)
-    try:
-        os.fchmod(fd, 0o600)  # also when overwriting a file created with a wider mode
-        write_all(fd, blob)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    write_file(path, blob, exclusive=not overwrite)  # 0600 also when overwriting a wider-mode file
 
 
 def load_secret_context(path, *, session_id: str, passphrase=None, key: bytes | None = None) -> bytes:
