@@ -1,4 +1,4 @@
-"""``secagg``: additive masking in Z_(2^64) with dropout recovery.
+"""``secagg``: additive masking in Z_(2^64) (two lanes per entry) with dropout recovery.
 
 After Bonawitz et al. 2017 ("Practical Secure Aggregation for
 Privacy-Preserving Machine Learning", semi-honest variant) with the SecAgg+
@@ -40,9 +40,11 @@ computes::
     sum_{u in U3} x_u = S - sum_{u in U3} PRG(b_u)
                           - sum_{v in D} sum_{u in N(v) cap U3} sign(u, v) PRG(s_uv)
 
-where ``sign(u, v) = +1 if v > u else -1``. Because the declared bounds keep
-the integer sum inside (-2^63, 2^63) (:func:`~secure_afl.hazmat.fixedpoint.choose_frac_bits`),
-the result is bit-for-bit the plaintext fixed-point sum.
+where ``sign(u, v) = +1 if v > u else -1``. Each entry travels as two 64-bit
+lanes; because the declared bounds keep each lane's integer sum inside
+(-2^58, 2^58) (:func:`~secure_afl.hazmat.fixedpoint.choose_frac_bits`), the
+result is bit-for-bit the plaintext fixed-point sum, and its decoding is the
+exact sum of the hospitals' float64 values rounded once.
 
 Notes
 -----
@@ -213,8 +215,9 @@ def secagg_session_params(
     n_parties : int, optional
         Number of enrolled hospitals (client ids ``1..n_parties``); default and
         maximum ``bounds.k_max`` (the no-wrap proof is for k_max summands).
-    frac_bits : int, optional
-        Fixed-point fractional bits; default :func:`~secure_afl.hazmat.fixedpoint.choose_frac_bits`.
+    frac_bits : pair of int, optional
+        Fixed-point fractional bits ``(f1, f2)`` of the two lanes; default
+        :func:`~secure_afl.hazmat.fixedpoint.choose_frac_bits`.
         An explicit value is checked against the no-wrap condition.
     graph_seed : bytes, optional
         32 public bytes that fix the neighbour graph; default fresh random.
@@ -286,7 +289,7 @@ def secagg_session_params(
         bounds=bounds,
         backend_params={
             "protocol": PROTOCOL,
-            "frac_bits": int(frac_bits),
+            "frac_bits": [int(f) for f in frac_bits],
             "n_parties": int(n),
             "threshold": int(threshold),
             "neighbours": neighbours,
@@ -297,7 +300,7 @@ def secagg_session_params(
 
 @dataclass(frozen=True)
 class _Config:
-    frac_bits: int
+    frac_bits: tuple
     n_parties: int
     threshold: int
     neighbours: int | None
@@ -310,7 +313,7 @@ def _config(params: SessionParams) -> _Config:
         if bp.get("protocol") != PROTOCOL:
             raise ValueError
         cfg = _Config(
-            int(bp["frac_bits"]), int(bp["n_parties"]), int(bp["threshold"]),
+            tuple(int(f) for f in bp["frac_bits"]), int(bp["n_parties"]), int(bp["threshold"]),
             None if bp.get("neighbours") is None else int(bp["neighbours"]), bytes.fromhex(bp["graph_seed"]),
         )
     except (KeyError, TypeError, ValueError):
@@ -1010,7 +1013,7 @@ class _SecAggCombiner(Combiner):
     def __init__(self, backend: "SecAggBackend", allowed: Iterable[int] | None = None):
         super().__init__()
         self._b = backend
-        self._sum = np.zeros(backend.params.layout.length, dtype=np.uint64)
+        self._sum = np.zeros(fixedpoint.n_words(backend.params.layout.length), dtype=np.uint64)
         self._allowed = None if allowed is None else frozenset(allowed)
         self.contributors: set[int] = set()
 
@@ -1322,7 +1325,7 @@ class SecAggBackend(ProtectionBackend):
         cid = env.header.get("client_id")
         if env.header.get("stage") != Stage.MASKED_INPUT or isinstance(cid, bool) or not isinstance(cid, int):
             raise MalformedPayload("not a secagg masked input")
-        if len(env.body) != 8 * self.params.layout.length:
+        if len(env.body) != 8 * fixedpoint.n_words(self.params.layout.length):
             raise MalformedPayload("masked input has the wrong length")
         return cid, np.frombuffer(env.body, dtype="<u8").astype(np.uint64)
 
@@ -1333,7 +1336,7 @@ class SecAggBackend(ProtectionBackend):
         if not isinstance(unmask, UnmaskMaterial):
             raise TypeError("unmask must be an UnmaskMaterial")
         env = open_envelope(self.params, aggregate, "aggregate")
-        if len(env.body) != 8 * self.params.layout.length:
+        if len(env.body) != 8 * fixedpoint.n_words(self.params.layout.length):
             raise MalformedPayload("aggregate has the wrong length")
         surv = tuple(sorted(unmask.survivors))
         if list(surv) != env.header.get("contributors") or set(surv) & set(unmask.dropped):
@@ -1435,7 +1438,7 @@ def simulate_round(params: SessionParams, vectors: Sequence, dropout: float = 0.
 
     # Stage 3: survivors mask and upload; the server streams them into its sum.
     protect_s, combine_s = 0.0, 0.0
-    reference = np.zeros(params.layout.length, dtype=np.uint64)
+    reference = np.zeros(fixedpoint.n_words(params.layout.length), dtype=np.uint64)
     t0 = time.perf_counter()
     for u in sorted(server.active):
         req = server.request(u)

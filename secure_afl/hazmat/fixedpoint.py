@@ -1,33 +1,73 @@
-"""Fixed-point encoding of float64 statistics into the ring Z_(2^64).
+"""Two-lane fixed-point encoding of float64 statistics, summed in Z_(2^64) per lane.
 
 .. warning::
 
     This is a "Hazardous Materials" module. You should **ONLY** use it if
     you're 100% absolutely sure that you know what you're doing because this
     module is full of land mines, dragons, and dinosaurs with laser guns.
-    The recipe API is :mod:`secure_afl.backends.secagg`.
+    The recipe APIs are :mod:`secure_afl.backends.secagg` and
+    :mod:`secure_afl.backends.bfv`.
 
-Runs on: hospitals (encode) and the revealing server (decode of the sum).
+Runs on: hospitals (encode) and the party that reveals the sum (decode).
 
-Encoding with ``f`` fractional bits::
+Why two lanes
+-------------
+One 64-bit word leaves ``f ~ 63 - log2(K_max H)`` fractional bits (about 30
+for d = 512 statistics), so each entry is rounded at 2^-f before summation and
+a solve with cond(C) ~ 1e9 multiplies that rounding into W. Two lanes give
+every entry about twice the bits without any carry between words, so each lane
+is still an independent sum of integers that can be masked (secagg) or
+encrypted (bfv) on its own.
 
-    enc(v) = round(v * 2^f) mod 2^64                (uint64, two's complement)
-    dec(s) = signed(s) / 2^f,   signed(s) = s - 2^64 if s >= 2^63 else s
+Encoding with ``frac_bits = (f1, f2)``::
 
-No-wrap condition. For |v| <= H (the declared per-hospital bound,
-:meth:`~secure_afl.params.Bounds.hospital_bound`), ``|round(v 2^f)| <= H 2^f + 1/2``,
-so the *integer* sum of K <= K_max encodings satisfies::
+    x     = v * 2^f1                      (exact: scaling by a power of two)
+    hi    = round(x)                      (round half to even)
+    r     = x - hi                        (exact, |r| <= 1/2)
+    lo    = round(r * 2^f2)
+    words = [hi mod 2^64 for each entry] ++ [lo mod 2^64 for each entry]
 
-    |sum_k round(v_k 2^f)| <= K_max (H 2^f + 1/2) < 2^63
+so a vector of length L becomes 2L uint64 words and
+``v = (hi * 2^f2 + lo) / 2^(f1+f2) + e`` with ``|e| <= 2^-(f1+f2+1)``.
 
-and therefore the mod-2^64 sum, read as a signed 64-bit integer, *is* the
-integer sum: decoding the ring sum is bit-for-bit the plaintext fixed-point
-sum. :func:`choose_frac_bits` returns the largest ``f`` for which the strict
-inequality holds (checked in exact rational arithmetic, not in floats).
+No-wrap proof
+-------------
+Let H be the declared per-hospital bound
+(:meth:`~secure_afl.params.Bounds.hospital_bound`), K <= K_max the number of
+summands and ``LANE_BOUND = 2^58``. For |v| <= H:
 
-Precision: each entry is rounded once, so the decoded sum differs from the
-float sum by at most ``K / 2^(f+1)`` per entry (plus the float64 rounding of
-the final division, relative 2^-53).
+* ``|hi| <= H 2^f1 + 1/2``;
+* ``|r| <= 1/2`` so ``|r 2^f2| <= 2^(f2-1)``, an integer when f2 >= 1, hence
+  ``|lo| <= 2^(f2-1)`` (rounding cannot leave an interval whose ends are
+  integers).
+
+:func:`choose_frac_bits` picks the largest f1 with
+``K_max (H 2^f1 + 1/2) < LANE_BOUND`` and the largest f2 with
+``K_max 2^(f2-1) < LANE_BOUND`` (both tested in exact rational arithmetic), so
+each lane's *integer* sum over any K <= K_max hospitals lies in
+(-2^58, 2^58). Therefore:
+
+* in Z_(2^64) the lane sum read as a signed 64-bit integer *is* the integer
+  sum (2^58 < 2^63), whatever masks were added and removed;
+* modulo a plaintext prime t > 2^59 (the bfv backend) the centred residue is
+  the integer sum too (2^58 < t/2).
+
+Both backends therefore recover the same two integers ``S_hi, S_lo`` per entry.
+
+Decoding and exactness
+----------------------
+:func:`decode` forms the integer ``S = S_hi 2^f2 + S_lo`` exactly (Python
+integers) and returns ``S / 2^(f1+f2)`` rounded ONCE to float64 (correctly
+rounded int -> float conversion; the power-of-two scaling is exact). With
+``e_k`` the per-hospital encoding errors::
+
+    |decode - sum_k v_k| <= K 2^-(f1+f2+1)  +  half an ulp of the result
+
+The first term is far below float64 resolution of the declared bound
+(f1 + f2 ~ 116 - 2 log2 K_max - log2 H), so the decoded sum is the exact sum
+of the hospitals' float64 values rounded once, up to that term: at least as
+accurate as float64 summation in any order, and independent of the order and
+of the backend (secagg and bfv decode bit for bit the same float64).
 """
 
 from __future__ import annotations
@@ -41,127 +81,175 @@ from ..exceptions import BoundsExceeded, InvalidInputError, InvalidParameterErro
 from ..params import Bounds
 
 __all__ = [
+    "LANES",
+    "LANE_BOUND_BITS",
     "MIN_FRAC_BITS",
-    "MAX_FRAC_BITS",
     "choose_frac_bits",
-    "max_safe_frac_bits",
     "check_frac_bits",
+    "n_words",
     "encode",
+    "lane_sums",
     "decode",
-    "decode_signed",
+    "decode_lanes",
     "fixed_point_sum",
+    "abs_error_bound",
 ]
 
-#: Refuse sessions whose bounds leave fewer fractional bits than this.
-MIN_FRAC_BITS = 16
-#: Never use more: 2^-52 is below float64 resolution for |v| >= 1 anyway.
-MAX_FRAC_BITS = 52
+#: Words per entry.
+LANES = 2
+#: Every lane's integer sum stays inside (-2^LANE_BOUND_BITS, 2^LANE_BOUND_BITS):
+#: below 2^63 (signed Z_(2^64)) and below t/2 for a plaintext prime t > 2^59.
+LANE_BOUND_BITS = 58
+#: Refuse sessions whose bounds leave fewer total fractional bits than this.
+MIN_FRAC_BITS = 53
 
-_TWO63 = 1 << 63
-
-
-def _fits(bound: Fraction, k_max: int, f: int) -> bool:
-    """Exact test of ``k_max * (bound * 2^f + 1/2) < 2^63``."""
-    return k_max * (bound * (Fraction(2) ** f) + Fraction(1, 2)) < _TWO63
+_LANE_BOUND = 1 << LANE_BOUND_BITS
 
 
-def max_safe_frac_bits(hospital_bound: float, k_max: int) -> int:
-    """Largest f (may be negative) with ``k_max (hospital_bound 2^f + 1/2) < 2^63``."""
-    check_real("hospital_bound", hospital_bound, "max_safe_frac_bits", low=0.0, low_open=True)
-    check_int("k_max", k_max, "max_safe_frac_bits", low=1)
-    b = Fraction(hospital_bound)
-    if k_max * Fraction(1, 2) >= _TWO63:
-        raise InvalidParameterError(f"k_max={k_max} is too large for a 64-bit ring; lower `k_max`")
-    f = 62
-    while f > -1100 and not _fits(b, k_max, f):
+def _hi_fits(bound: Fraction, k_max: int, f1: int) -> bool:
+    """Exact test of ``k_max * (bound * 2^f1 + 1/2) < 2^58``."""
+    return k_max * (bound * (Fraction(2) ** f1) + Fraction(1, 2)) < _LANE_BOUND
+
+
+def _lo_fits(k_max: int, f2: int) -> bool:
+    """Exact test of ``k_max * 2^(f2 - 1) < 2^58`` (f2 >= 1)."""
+    return f2 >= 1 and k_max * (Fraction(2) ** (f2 - 1)) < _LANE_BOUND
+
+
+def _max_f1(h: Fraction, k_max: int) -> int:
+    f = LANE_BOUND_BITS
+    while f > -1100 and not _hi_fits(h, k_max, f):
         f -= 1
     return f
 
 
-def choose_frac_bits(bounds: Bounds, gamma: float, *, min_frac_bits: int = MIN_FRAC_BITS) -> int:
-    """Choose the number of fractional bits ``f`` for a session.
+def _max_f2(k_max: int) -> int:
+    f = LANE_BOUND_BITS
+    while f >= 1 and not _lo_fits(k_max, f):
+        f -= 1
+    return f
+
+
+def choose_frac_bits(bounds: Bounds, gamma: float, *, min_frac_bits: int = MIN_FRAC_BITS) -> tuple[int, int]:
+    """Choose ``(f1, f2)`` for a session (module docstring, no-wrap proof).
 
     Parameters
     ----------
     bounds : Bounds
-        Declared bounds; ``H = bounds.hospital_bound(gamma)``, ``K = bounds.k_max``.
+        ``H = bounds.hospital_bound(gamma)``, ``K = bounds.k_max``.
     gamma : float
         RI intermediary added to the Gram diagonal.
-    min_frac_bits : int, default=16
-        Refuse the session if fewer fractional bits would remain.
-
-    Returns
-    -------
-    f : int
-        ``min(52, max{f : K (H 2^f + 1/2) < 2^63})``.
+    min_frac_bits : int, default=53
+        Refuse the session if ``f1 + f2`` is smaller.
 
     Raises
     ------
     InvalidParameterError
-        If ``f < min_frac_bits``; the message names the fix.
+        If the bounds leave too few fractional bits; the message names the fix.
     """
     if not isinstance(bounds, Bounds):
         raise param_error("bounds", "choose_frac_bits", "a Bounds", bounds)
     check_real("gamma", gamma, "choose_frac_bits", low=0.0)
-    check_int("min_frac_bits", min_frac_bits, "choose_frac_bits", low=0, high=MAX_FRAC_BITS)
+    check_int("min_frac_bits", min_frac_bits, "choose_frac_bits", low=0)
     h = bounds.hospital_bound(gamma)
-    f = min(MAX_FRAC_BITS, max_safe_frac_bits(h, bounds.k_max))
-    if f < min_frac_bits:
+    k = bounds.k_max
+    if not _lo_fits(k, 1):
+        raise InvalidParameterError(f"k_max={k} is too large for 58-bit lanes; lower `k_max`")
+    f1, f2 = _max_f1(Fraction(h), k), _max_f2(k)
+    if f1 + f2 < min_frac_bits:
         raise InvalidParameterError(
-            f"the declared bounds (per-hospital bound {h:.6g}, k_max={bounds.k_max}) leave only "
-            f"{f} fractional bits in Z_(2^64), below the minimum {min_frac_bits}; lower `max_norm` "
-            "(normalise embeddings), `n_max` or `k_max`, or use the ckks backend"
+            f"the declared bounds (per-hospital bound {h:.6g}, k_max={k}) leave only {f1 + f2} fractional "
+            f"bits in two 58-bit lanes, below the minimum {min_frac_bits}; lower `max_norm` (normalise "
+            "embeddings), `n_max` or `k_max`"
         )
-    return f
+    return int(f1), int(f2)
 
 
-def check_frac_bits(frac_bits: int, bounds: Bounds, gamma: float) -> int:
-    """Validate an explicit ``frac_bits`` against the no-wrap condition."""
-    check_int("frac_bits", frac_bits, "check_frac_bits", low=0, high=MAX_FRAC_BITS)
+def check_frac_bits(frac_bits, bounds: Bounds, gamma: float) -> tuple[int, int]:
+    """Validate an explicit ``(f1, f2)`` against the no-wrap condition."""
+    try:
+        f1, f2 = (int(x) for x in frac_bits)
+        if any(isinstance(x, bool) for x in frac_bits):
+            raise TypeError
+    except (TypeError, ValueError):
+        raise param_error("frac_bits", "check_frac_bits", "a pair of ints (f1, f2)", frac_bits) from None
     h = bounds.hospital_bound(gamma)
-    if not _fits(Fraction(h), bounds.k_max, frac_bits):
-        safe = max_safe_frac_bits(h, bounds.k_max)
+    if not (_hi_fits(Fraction(h), bounds.k_max, f1) and _lo_fits(bounds.k_max, f2)):
         raise InvalidParameterError(
-            f"frac_bits={frac_bits} lets a sum of k_max={bounds.k_max} hospitals with |entry| <= {h:.6g} "
-            f"wrap modulo 2^64; use frac_bits <= {safe} or lower the declared bounds"
+            f"frac_bits={[f1, f2]} lets a lane sum of k_max={bounds.k_max} hospitals with |entry| <= {h:.6g} "
+            f"leave (-2^58, 2^58); use frac_bits <= {list(choose_frac_bits(bounds, gamma, min_frac_bits=0))} "
+            "or lower the declared bounds"
         )
-    return int(frac_bits)
+    return f1, f2
 
 
-def encode(values, frac_bits: int, *, bound: float | None = None) -> np.ndarray:
-    """``round(v * 2^f) mod 2^64`` as uint64 (round half to even).
+def n_words(length: int) -> int:
+    """uint64 words that carry a vector of ``length`` entries."""
+    return LANES * int(length)
 
-    Raises :class:`BoundsExceeded` if ``|v| > bound`` (when given) or if
-    ``v * 2^f`` does not fit a signed 64-bit integer.
+
+def _pair(frac_bits) -> tuple[int, int]:
+    try:
+        f1, f2 = frac_bits
+    except (TypeError, ValueError):
+        raise param_error("frac_bits", "fixedpoint", "a pair of ints (f1, f2)", frac_bits) from None
+    check_int("f1", f1, "fixedpoint", low=-1100, high=LANE_BOUND_BITS)
+    check_int("f2", f2, "fixedpoint", low=1, high=LANE_BOUND_BITS)
+    return int(f1), int(f2)
+
+
+def encode(values, frac_bits, *, bound: float | None = None) -> np.ndarray:
+    """The 2L words ``[hi mod 2^64] ++ [lo mod 2^64]`` of a float64 vector (module docstring).
+
+    Raises :class:`BoundsExceeded` if ``|v| > bound`` (when given) or if a
+    lane does not fit a 58-bit signed integer.
     """
-    check_int("frac_bits", frac_bits, "encode", low=0, high=MAX_FRAC_BITS)
-    v = np.asarray(values, dtype=np.float64)
+    f1, f2 = _pair(frac_bits)
+    v = np.asarray(values, dtype=np.float64).reshape(-1)
     if not np.all(np.isfinite(v)):
         raise InvalidInputError("cannot encode NaN or inf")
     if bound is not None and v.size and float(np.max(np.abs(v))) > bound:
         raise BoundsExceeded(f"|entry| exceeds the declared bound {bound:.6g}")
-    scaled = np.rint(np.ldexp(v, frac_bits))  # exact scaling by a power of two
-    if scaled.size and float(np.max(np.abs(scaled))) >= 2.0**63:
-        raise BoundsExceeded("an entry times 2^frac_bits does not fit in 64 bits")
-    return scaled.astype(np.int64).view(np.uint64)
+    x = np.ldexp(v, f1)
+    if x.size and float(np.max(np.abs(x))) >= 2.0 ** LANE_BOUND_BITS:
+        raise BoundsExceeded("an entry times 2^f1 does not fit a 58-bit lane")
+    hi = np.rint(x)
+    lo = np.rint(np.ldexp(x - hi, f2))  # x - hi is exact
+    out = np.empty(2 * v.size, dtype=np.int64)
+    out[:v.size] = hi.astype(np.int64)
+    out[v.size:] = lo.astype(np.int64)
+    return out.view(np.uint64)
 
 
-def decode_signed(words) -> np.ndarray:
-    """Two's-complement reading of uint64 words as int64 (exact)."""
+def lane_sums(words) -> tuple[np.ndarray, np.ndarray]:
+    """Signed (int64) readings ``S_hi, S_lo`` of 2L summed words (two's complement, exact)."""
     w = np.asarray(words)
-    if w.dtype != np.uint64:
-        raise InvalidInputError(f"expected uint64 words, got {w.dtype}")
-    return w.view(np.int64)
+    if w.dtype != np.uint64 or w.ndim != 1 or w.shape[0] % LANES:
+        raise InvalidInputError(f"expected an even number of uint64 words, got {w.dtype} {w.shape}")
+    s = w.view(np.int64)
+    half = w.shape[0] // LANES
+    return s[:half], s[half:]
 
 
-def decode(words, frac_bits: int) -> np.ndarray:
-    """``signed(s) / 2^f`` as float64 (the only rounding is int64 -> float64)."""
-    check_int("frac_bits", frac_bits, "decode", low=0, high=MAX_FRAC_BITS)
-    return np.ldexp(decode_signed(words).astype(np.float64), -frac_bits)
+def decode_lanes(s_hi, s_lo, frac_bits) -> np.ndarray:
+    """``(S_hi 2^f2 + S_lo) / 2^(f1+f2)``, formed exactly and rounded once to float64."""
+    f1, f2 = _pair(frac_bits)
+    hi = np.asarray(s_hi).astype(object)
+    lo = np.asarray(s_lo).astype(object)
+    if hi.shape != lo.shape:
+        raise InvalidInputError("lane sums differ in length")
+    exact = hi * (1 << f2) + lo  # Python ints: no rounding
+    # float(int) is correctly rounded; scaling by 2^-(f1+f2) is exact (no underflow at these sizes).
+    return np.ldexp(exact.astype(np.float64), -(f1 + f2)) if exact.size else np.zeros(0)
 
 
-def fixed_point_sum(vectors, frac_bits: int) -> np.ndarray:
-    """Plaintext reference: ``sum_k enc(v_k) mod 2^64`` (uint64)."""
+def decode(words, frac_bits) -> np.ndarray:
+    """Float64 vector (length L) of 2L summed words."""
+    return decode_lanes(*lane_sums(words), frac_bits)
+
+
+def fixed_point_sum(vectors, frac_bits) -> np.ndarray:
+    """Plaintext reference: ``sum_k encode(v_k) mod 2^64`` (2L uint64 words)."""
     total = None
     for v in vectors:
         e = encode(v, frac_bits)
@@ -172,3 +260,13 @@ def fixed_point_sum(vectors, frac_bits: int) -> np.ndarray:
     if total is None:
         raise InvalidInputError("no vectors to sum")
     return total
+
+
+def abs_error_bound(frac_bits, n_clients: int, magnitude: float) -> float:
+    """Per-entry bound on ``|decode - sum of the float64 values|`` for ``n_clients`` summands.
+
+    ``magnitude`` bounds the |sum| (the declared aggregate bound is always
+    valid); the second term is the single final rounding to float64.
+    """
+    f1, f2 = _pair(frac_bits)
+    return float(n_clients) * 2.0 ** -(f1 + f2 + 1) + float(magnitude) * 2.0 ** -53
