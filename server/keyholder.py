@@ -31,6 +31,8 @@ import numpy as np
 from secure_afl import pki
 from secure_afl.analytic import solve_from_sums
 from secure_afl.backends import get_backend
+from secure_afl.certify import certify_release
+from secure_afl.hazmat.fixedpoint import abs_error_bound
 from secure_afl.exceptions import DecryptionRefused, InvalidInputError, SecureAFLError
 from secure_afl.packing import Layout
 from secure_afl.params import SessionParams
@@ -223,8 +225,8 @@ class KeyHolder:
                 if unmask is None:
                     raise DecryptionRefused("secagg release needs the unmask material")
                 vector = backend.reveal(aggregate, unmask=unmask)
-                # each fixed-point entry is within 2^-(f+1) of its value: K of them summed
-                tol = len(participants) * 2.0 ** -(params.backend_params["frac_bits"] + 1)
+                tol = abs_error_bound(tuple(params.backend_params["frac_bits"]), len(participants),
+                                      params.bounds.aggregate_bound(params.gamma))
             else:
                 vector = backend.reveal(aggregate)
                 tol = 1e-9
@@ -243,6 +245,7 @@ class KeyHolder:
                     raise DecryptionRefused(f"not releasing: {e}", reason=e.reason) from e
             check_class_minimum(stats, min_class_count)
             W = solve_from_sums(stats, lam=lam)
+            w_bound = certify_release(params, stats, W, len(participants), lam=lam)
             ledger.record(key_id, params.session_id, participants, agg_sha)
         finally:
             ledger.close()
@@ -260,6 +263,7 @@ class KeyHolder:
             "sanity": sanity.to_dict(),
             "tag_check": tag_check,
             "error_bound_per_entry": tol,
+            "w_error_bound": w_bound.to_dict(),
         }
         return FinalResult(W, stats, params, m, report)
 
@@ -307,7 +311,17 @@ def _cmd_finalize(args) -> int:
         Path(args.report).write_text(json.dumps(res.report, indent=2))
     print(f"model W {res.W.shape} from {res.report['contributors']} hospitals, {res.report['samples']} samples "
           f"-> {args.out}")
+    print(format_w_bound(res.report["w_error_bound"]))
     return 0
+
+
+def format_w_bound(b: dict) -> str:
+    """One line for the certified W error bound, or its warning."""
+    if not b["applies"]:
+        return f"WARNING: {b['warning']}"
+    line = (f"certified ||W - W_exact|| / ||W_exact|| <= {b['rel_bound']:.3e} "
+            f"(cond(C) = {b['condition_number']:.3g}, per-entry error <= {b['eps_C']:.3g})")
+    return line + (f"\nWARNING: {b['warning']}" if b["warning"] else "")
 
 
 def register(parser) -> None:

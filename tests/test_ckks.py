@@ -99,33 +99,62 @@ def _body(total, chunks):
 
 
 # -- parameter selection -----------------------------------------------------------
-def test_design_point_is_chosen_for_ordinary_bounds(session):
+def test_chosen_chain_is_the_smallest_that_holds_bounds_and_precision(session):
     # Prepare
     params, _ = session
+    agg, k = BOUNDS.aggregate_bound(1.0), BOUNDS.k_max
 
     # Execute
     p = ckks_parameters(params)
 
-    # Assert
-    assert (p.poly_modulus_degree, p.coeff_mod_bit_sizes, p.scale_bits) == (8192, (60, 40, 40), 40)
-    assert 2.0 ** 54 < p.max_aggregate(BOUNDS.k_max) <= 2.0 ** 55
+    # Assert: 128-bit budget, precision target, headroom (H) -- and one data bit fewer breaks (H).
+    assert sum(p.coeff_mod_bit_sizes) <= hz.SEAL_MAX_COEFF_BITS[p.poly_modulus_degree]
+    assert hz.noise_bound(p, k) <= 1e-6
+    assert agg <= p.max_aggregate(k)
+    bits = p.coeff_mod_bit_sizes
+    smaller = (bits[0] - 1,) + bits[1:]
+    assert agg > hz.CKKSParameters(p.poly_modulus_degree, smaller, p.scale_bits).max_aggregate(k)
     assert len(params.backend_params["public_context_sha256"]) == 64
+
+
+@pytest.mark.parametrize("k_max, target", [(10, 1e-6), (100, 1e-6)])
+def test_demo_scale_session_fits_in_32_bytes_per_value(k_max, target):
+    # Prepare: d = 512, C = 100, unit-norm embeddings, 5000 samples per hospital.
+    lay = Layout(512, 100)
+    b = Bounds(1.0, 5000, k_max)
+
+    # Execute
+    params, keys = new_ckks_session("wire", lay, 1.0, b, max_abs_error=target)
+    payload = CKKSBackend(params).protect(np.zeros(lay.length), public_context=keys.public_context)
+
+    # Assert: measured bytes on the wire per packed value
+    assert len(payload) / lay.length <= 32.0
 
 
 def test_larger_bounds_pick_larger_parameters():
     # Prepare
-    huge = Bounds(max_norm=2.0 ** 59, n_max=1, k_max=4)  # aggregate bound 2^120
+    huge = Bounds(max_norm=2.0 ** 40, n_max=1, k_max=4)  # aggregate bound 2^82
 
     # Execute
     default = ckks_session_params("s", LAYOUT, 0.0, huge)
+    small = ckks_session_params("s", LAYOUT, 0.0, BOUNDS)
     many = ckks_session_params("s", LAYOUT, 0.0, Bounds(1.0, 100, 1000))
 
     # Assert
-    assert ckks_parameters(default).poly_modulus_degree == 16384
+    assert ckks_parameters(default).data_bits > ckks_parameters(small).data_bits
     assert ckks_parameters(default).max_aggregate(4) >= huge.aggregate_bound(0.0)
-    # 1000 clients at scale 2^40 would exceed 1e-6 of noise: a larger scale is chosen
-    assert ckks_parameters(many).scale_bits > 40
     assert hz.noise_bound(ckks_parameters(many), 1000) <= 1e-6
+
+
+@pytest.mark.security
+def test_session_whose_precision_cannot_be_met_is_refused_with_the_reason():
+    # Prepare: a huge aggregate bound and a tiny precision target do not fit N <= 32768 at 128-bit security.
+    b = Bounds(max_norm=1e6, n_max=10**6, k_max=1000)
+
+    # Execute / Assert
+    with pytest.raises(InvalidParameterError, match="128-bit security") as e:
+        ckks_session_params("s", LAYOUT, 1.0, b, max_abs_error=1e-12)
+    assert "budget" in str(e.value) and "max_abs_error=1e-12" in str(e.value)
 
 
 @pytest.mark.security
@@ -133,7 +162,7 @@ def test_larger_bounds_pick_larger_parameters():
     "bounds, kw",
     [
         (Bounds(max_norm=1e60, n_max=10 ** 9, k_max=1000), {}),
-        (Bounds(max_norm=2.0 ** 59, n_max=1, k_max=4), {"max_poly_modulus_degree": 8192}),
+        (Bounds(max_norm=2.0 ** 80, n_max=1, k_max=4), {"max_poly_modulus_degree": 8192}),
     ],
 )
 def test_session_refuses_bounds_that_cannot_fit(bounds, kw):
@@ -220,7 +249,8 @@ def test_multi_chunk_vector_round_trips():
 
     # Assert
     _, total, chunks = _chunks(peek_header(payloads[0]).body)
-    assert (total, len(chunks)) == (layout.length, 2)
+    assert (total, len(chunks)) == (layout.length, -(-layout.length // ckks_parameters(params).slots))
+    assert len(chunks) >= 2
     assert np.max(np.abs(revealed - np.sum(vs, axis=0))) <= expected_abs_error(params, 3, magnitude=3 * H)
 
 
@@ -287,7 +317,6 @@ def test_edge_of_the_bound_decrypts_correctly_and_beyond_is_refused():
     # Prepare: hospital bound 2^52, k_max 4 -> aggregate bound 2^54 <= 2^55 (design point)
     bounds = Bounds(max_norm=2.0 ** 26, n_max=1, k_max=4)
     params, keys = new_ckks_session("edge", LAYOUT, 0.0, bounds)
-    assert ckks_parameters(params).coeff_mod_bit_sizes == (60, 40, 40)
     edge = np.full(LAYOUT.length, 2.0 ** 52)
     edge[::2] = -(2.0 ** 52)
     be = CKKSBackend(params)
@@ -319,7 +348,8 @@ def test_reveal_refuses_a_wrapped_aggregate(session):
     params, keys = session
     p = ckks_parameters(params)
     pub = hz.load_context(keys.public_context, p, secret=False)
-    bad = seal(params, "contribution", hz.encrypt_vector(pub, p, np.full(LAYOUT.length, 2.0 ** 58)))
+    x = p.data_modulus / p.scale / 4  # encodes fine; three of them pass Q/2
+    bad = seal(params, "contribution", hz.encrypt_vector(pub, p, np.full(LAYOUT.length, x)))
     be = CKKSBackend(params)
     acc = be.combiner(public_context=keys.public_context)
 
@@ -555,8 +585,9 @@ def test_ciphertext_with_other_ring_parameters_is_refused(session):
 
 @pytest.mark.security
 def test_lower_level_ciphertext_is_refused(session):
-    # Prepare: a rescaled ciphertext lives mod a smaller Q (less headroom)
-    params, keys = session
+    # Prepare: a rescaled ciphertext lives mod a smaller Q (less headroom); bounds that need two data primes
+    params, keys = new_ckks_session("low", LAYOUT, 1.0, Bounds(2.0 ** 20, 1000, 10))
+    assert ckks_parameters(params).n_data_primes >= 2
     pub = ts.context_from(keys.public_context)
     low = (ts.ckks_vector(pub, list(_vectors(1)[0])) * 1.0).serialize()
     forged = seal(params, "contribution", _body(LAYOUT.length, [low]))

@@ -60,15 +60,16 @@ Headroom: why a K-client sum cannot wrap
    RAISED (tests/test_ckks.py::test_raw_tenseal_wraps_silently).
 4. Because sum_k ||z_k||_inf <= A and K <= K_max, a sufficient condition is
    ``Delta * A + K_max * (N + 2) < Q / 2``.
-   Each q_i has b_i bits, so q_i >= 2^(b_i - 1) and Q/2 >= 2^(D - l - 1).
-   We keep MARGIN_BITS more in reserve and require::
+   The primes are the ones SEAL's ``CoeffModulus::Create(N, bits)`` picks
+   (deterministic), so Q is known exactly; we keep MARGIN_BITS in reserve
+   and require::
 
-       Delta * A + K_max * (N + 2) <= 2^(D - l - 1 - MARGIN_BITS)        (H)
+       Delta * A + K_max * (N + 2) <= Q / 2^(1 + MARGIN_BITS)             (H)
 
-   i.e. ``A <= max_aggregate = (2^(D - l - 1 - MARGIN_BITS) - K_max (N + 2)) / 2^s``.
-   Design point N = 8192, bits [60, 40, 40], s = 40: D = 100, l = 2,
-   max_aggregate ~ 2^55 ~ 3.6e16. (H) also keeps every single encoding below
-   SEAL's own "encoded values are too large" limit (2^D).
+   i.e. ``A <= max_aggregate = (Q / 2^(1 + MARGIN_BITS) - K_max (N + 2)) / 2^s``.
+   E.g. N = 4096, one 60-bit data prime, s = 38: max_aggregate ~ 2^20.
+   (H) also keeps every single encoding below SEAL's own "encoded values are
+   too large" limit.
 
 Precision: the error bound
 --------------------------
@@ -107,6 +108,7 @@ property of any pipeline that handles values of magnitude M.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import math
 import os
@@ -116,6 +118,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 import tenseal as ts
+import tenseal.sealapi as sealapi
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.scrypt import Scrypt
@@ -131,7 +134,7 @@ from ..exceptions import (
 
 __all__ = [
     "CKKSParameters",
-    "SUPPORTED_PARAMETERS",
+    "RING_DEGREES",
     "SEAL_MAX_COEFF_BITS",
     "MARGIN_BITS",
     "FLOAT_REL",
@@ -157,7 +160,7 @@ __all__ = [
 SEAL_MAX_COEFF_BITS = {4096: 109, 8192: 218, 16384: 438, 32768: 881}
 
 #: Bits held in reserve below the provable Q/2 lower bound (factor 4).
-MARGIN_BITS = 2
+MARGIN_BITS = 1
 
 #: Relative float64 error of encode + decode (measured ~2^-50.5; see module docstring).
 FLOAT_REL = 2.0 ** -46
@@ -241,16 +244,21 @@ class CKKSParameters:
         return float(2 ** self.scale_bits)
 
     @property
-    def headroom_bits(self) -> int:
-        """log2 of the usable coefficient bound: D - l - 1 - MARGIN_BITS (condition (H))."""
-        return self.data_bits - self.n_data_primes - 1 - MARGIN_BITS
+    def data_modulus(self) -> int:
+        """Q, the product of the data primes SEAL picks for these bit sizes."""
+        return _data_modulus(self.poly_modulus_degree, self.coeff_mod_bit_sizes)
+
+    @property
+    def headroom_bits(self) -> float:
+        """log2 of the usable coefficient bound Q / 2^(1 + MARGIN_BITS) (condition (H))."""
+        return math.log2(self.data_modulus) - 1 - MARGIN_BITS
 
     def n_chunks(self, length: int) -> int:
         return max(1, -(-int(length) // self.slots))
 
     def max_aggregate(self, n_clients: int) -> float:
         """Largest sum_k ||z_k||_inf that condition (H) admits for ``n_clients`` ciphertexts."""
-        room = 2.0 ** self.headroom_bits - float(n_clients) * (self.poly_modulus_degree + 2)
+        room = self.data_modulus / 2.0 ** (1 + MARGIN_BITS) - float(n_clients) * (self.poly_modulus_degree + 2)
         return max(room, 0.0) / self.scale
 
     def approx_bytes_per_value(self) -> float:
@@ -278,27 +286,23 @@ class CKKSParameters:
             ) from None
 
 
-#: Parameter sets, cheapest first (bytes per value ~ D/2). The first is the
-#: measured design point; the next ones add data-modulus bits (larger primes,
-#: then a larger N where 8192 runs out of security budget).
-SUPPORTED_PARAMETERS: tuple = (
-    (8192, (60, 40, 40)),               # D = 100: the design point, ~57 B/value
-    (8192, (60, 60, 60)),               # D = 120
-    (8192, (60, 50, 50, 50)),           # D = 160 (total 210 <= 218)
-    (16384, (60, 60, 60, 60, 60)),      # D = 240
-    (16384, (60, 60, 60, 60, 60, 60, 60)),  # D = 360 (total 420 <= 438)
-)
-# Within one set: the design scale first, then more precision, then more headroom.
-_SCALE_ORDER = (40, 45, 50, 35, 30, 25)
+#: Ring degrees tried, smallest first (all give 128-bit security within SEAL_MAX_COEFF_BITS).
+RING_DEGREES: tuple = (4096, 8192, 16384, 32768)
+#: Bit size of SEAL's special prime when the security budget allows it (>= 39 always).
+SPECIAL_PRIME_BITS = 60
 
 
 def noise_bound(params: CKKSParameters, n_clients: int) -> float:
     """High-probability bound on the value-independent error of a K-sum (first term of (E))."""
-    n = float(params.poly_modulus_degree)
+    return _noise(params.poly_modulus_degree, n_clients, params.scale)
+
+
+def _noise(n: int, n_clients: int, scale: float) -> float:
+    n = float(n)
     k = max(int(n_clients), 1)
     t = math.log(n / 2.0) + _T_KEY_EXTRA
     var = k * (n / 24.0) * (2.0 + (2.0 * n / 3.0) * t)
-    return _Z_SLOT * math.sqrt(var) / params.scale
+    return _Z_SLOT * math.sqrt(var) / scale
 
 
 def expected_abs_error(params: CKKSParameters, n_clients: int, magnitude: float) -> float:
@@ -317,48 +321,99 @@ def expected_abs_error(params: CKKSParameters, n_clients: int, magnitude: float)
 
 
 def select_parameters(aggregate_bound: float, k_max: int, *, max_abs_error: float = 1e-6,
-                      max_poly_modulus_degree: int = 16384) -> CKKSParameters:
-    """The cheapest supported set that holds ``aggregate_bound`` for ``k_max`` clients.
+                      max_poly_modulus_degree: int = 32768) -> CKKSParameters:
+    """The smallest modulus chain that holds ``aggregate_bound`` for ``k_max`` clients at ``max_abs_error``.
 
-    A set qualifies when condition (H) holds (``aggregate_bound <=
-    max_aggregate(k_max)``) and ``noise_bound(k_max) <= max_abs_error``.
-    Candidates are tried in the order of :data:`SUPPORTED_PARAMETERS`; within a
-    set the scale 2^40 first, then larger scales (precision), then smaller
-    ones (headroom).
+    Sums need no multiplication, so the chain is data primes + SEAL's special
+    prime with no spare level (SEAL, through TenSEAL, needs the special prime:
+    a one-prime chain is refused, "keyswitching is not supported"). For each
+    ring degree N and number of data primes l:
+
+    1. the scale 2^s is the smallest with ``noise_bound(k_max) <= max_abs_error``;
+    2. the data primes get the fewest bits b with condition (H):
+       ``2^s A + K (N + 2) <= Q / 2^(1 + MARGIN_BITS)`` with Q the product of
+       the l primes SEAL picks (b <= 60);
+    3. the special prime has ``min(60, budget - l b)`` bits, at least 39, where
+       the budget is the HomomorphicEncryption.org 128-bit limit for N
+       (:data:`SEAL_MAX_COEFF_BITS`).
+
+    Among the sets that qualify, the one with the fewest data bits (bytes on
+    the wire ~ l b / 2 per value) wins, then the smaller N.
 
     Raises
     ------
     InvalidParameterError
-        When no supported set qualifies; the message names the fix.
+        When no set qualifies at 128-bit security; the message names the fix.
     """
     if not (isinstance(aggregate_bound, (int, float)) and math.isfinite(aggregate_bound) and aggregate_bound > 0):
         raise InvalidParameterError(
             f"The 'aggregate_bound' parameter of select_parameters must be a finite float > 0. "
             f"Got {aggregate_bound!r} instead."
         )
-    precise_enough = [p for p in _candidates(max_poly_modulus_degree) if noise_bound(p, k_max) <= max_abs_error]
-    for p in precise_enough:
-        if aggregate_bound <= p.max_aggregate(k_max):
-            return p
-    held = max((p.max_aggregate(k_max) for p in precise_enough), default=0.0)
-    raise InvalidParameterError(
-        f"No supported CKKS parameter set (poly_modulus_degree <= {max_poly_modulus_degree}) holds the "
-        f"declared aggregate bound {aggregate_bound:.4g} = k_max * max(n_max*max_norm^2 + gamma, "
-        f"n_max*max_norm, n_max) for k_max={k_max} with noise <= max_abs_error={max_abs_error:g}; "
-        f"the largest bound that fits is {held:.4g}. Lower n_max, max_norm or k_max, or allow a "
-        "larger max_poly_modulus_degree or a larger max_abs_error."
-    )
-
-
-def _candidates(max_poly_modulus_degree: int):
-    for n, bits in SUPPORTED_PARAMETERS:
+    if not (isinstance(max_abs_error, (int, float)) and math.isfinite(max_abs_error) and max_abs_error > 0):
+        raise InvalidParameterError(
+            f"The 'max_abs_error' parameter of select_parameters must be a finite float > 0. "
+            f"Got {max_abs_error!r} instead."
+        )
+    best, reasons = None, []
+    for n in RING_DEGREES:
         if n > max_poly_modulus_degree:
             continue
-        for s in _SCALE_ORDER:
-            try:
-                yield CKKSParameters(n, bits, s)
-            except InvalidParameterError:
-                continue
+        budget = SEAL_MAX_COEFF_BITS[n]
+        s = _smallest_scale(n, k_max, max_abs_error)
+        if s is None:
+            reasons.append(f"N={n}: noise alone exceeds max_abs_error even at scale 2^60")
+            continue
+        need = s + math.log2(aggregate_bound + k_max * (n + 2) / 2.0 ** s)
+        found = False
+        for n_data in range(1, (budget - 39) // 20 + 1):
+            # primes are a bit below 2^b: start at the lower-bound estimate, step up at most twice
+            bits = max(20, math.ceil((need + 1 + MARGIN_BITS) / n_data))
+            p = None
+            for b in range(bits, min(bits + 2, 60) + 1):
+                special = min(SPECIAL_PRIME_BITS, budget - n_data * b)
+                if special < 39:
+                    break
+                try:
+                    cand = CKKSParameters(n, (b,) * n_data + (special,), s)
+                except InvalidParameterError:
+                    continue
+                if aggregate_bound <= cand.max_aggregate(k_max):
+                    p = cand
+                    break
+            if p is not None:
+                found = True
+                if best is None or (p.data_bits, n) < (best.data_bits, best.poly_modulus_degree):
+                    best = p
+                break
+        if not found:
+            reasons.append(f"N={n}: (H) needs {need + 1 + MARGIN_BITS:.0f}+ data bits at scale 2^{s}, "
+                           f"more than the 128-bit budget of {budget} bits allows")
+    if best is None:
+        raise InvalidParameterError(
+            f"No CKKS parameter set at 128-bit security (HomomorphicEncryption.org table, poly_modulus_degree "
+            f"<= {max_poly_modulus_degree}) holds the declared aggregate bound {aggregate_bound:.4g} = k_max * "
+            f"max(n_max*max_norm^2 + gamma, n_max*max_norm, n_max) for k_max={k_max} with noise <= "
+            f"max_abs_error={max_abs_error:g} ({'; '.join(reasons)}). Lower n_max, max_norm or k_max, or allow "
+            "a larger max_abs_error."
+        )
+    return best
+
+
+@functools.lru_cache(maxsize=64)
+def _data_modulus(n: int, bits: tuple) -> int:
+    try:
+        primes = [m.value() for m in sealapi.CoeffModulus.Create(n, list(bits))]
+    except Exception:
+        raise InvalidParameterError(f"SEAL has no primes of {list(bits)} bits for poly_modulus_degree={n}") from None
+    return math.prod(primes[:-1])
+
+
+def _smallest_scale(n: int, k_max: int, max_abs_error: float) -> int | None:
+    for s in range(20, 61):
+        if _noise(n, k_max, 2.0 ** s) <= max_abs_error:
+            return s
+    return None
 
 
 # -- contexts ------------------------------------------------------------------

@@ -1,0 +1,212 @@
+"""Certified bound on the error of W that protection (and float64) can cause.
+
+Every backend reveals the summed statistics C^r = sum_k C_k^r and
+Q = sum_k Q_k with a per-entry error bound: ``eps_C`` on each entry of C^r and
+``eps_Q`` on each entry of Q (ckks: encryption noise + float64 FFT error +
+any noise flooding the key holder adds; secagg and bfv: the two-lane rounding,
+2^-110-ish, plus one final rounding; plain: float64 summation in some order).
+This module turns those into a bound on ``||W - W*||_F / ||W*||_F``, where W*
+is the exact-arithmetic solution of the exact sums.
+
+Derivation (A = C + lam I symmetric, W* = A*^{-1} Q*, revealed A = A* + dA,
+Q = Q* + dQ, W the float64 solve of A W = Q):
+
+1. ``||dA||_2 <= ||dA||_F <= d eps_C`` (every entry of the d x d matrix is
+   off by at most eps_C; RI restoration C = C^r - K gamma I subtracts a
+   known constant, which adds one rounding per diagonal entry, folded into
+   eps_C by the caller through the magnitude term) and
+   ``||dQ||_F <= sqrt(d c) eps_Q``.
+2. The float64 solve (Cholesky, or the eigendecomposition) is backward
+   stable: it returns the exact solution for A + dS with
+   ``||dS||_2 <= d (d + 1) u ||A||_2`` (u = 2^-53; Higham, Accuracy and
+   Stability of Numerical Algorithms, Thm. 10.3 with || |R^T||R| ||_2 <= d ||A||_2).
+   This is a worst case; typical solves are far better.
+3. With E = ||dA||_2 + ||dS||_2 and A* W* = Q*:
+   ``A*(W - W*) = dQ - (dA + dS) W``, so
+   ``||W - W*||_F <= (||dQ||_F + E ||W||_F) / lambda_min(A*)`` and, by Weyl,
+   ``lambda_min(A*) >= lambda_min(A) - ||dA||_2``. Every quantity is known to
+   the key holder from the revealed sums alone. Dividing by
+   ``||W*||_F >= ||W||_F - ||W - W*||_F`` gives the relative bound.
+
+When it does not apply: if ``lambda_min(A) <= E`` (C is singular or so
+ill-conditioned that the perturbation can close the gap to zero) the solve is
+the minimum-norm one, which is discontinuous where the rank changes, and no
+bound of this kind holds; :func:`w_error_bound` then says so
+(``applies=False``) with a warning instead of a number.
+
+Comparing two pipelines (secure vs plain): both are within their own bound of
+the same W*, so ``||W_s - W_p|| / ||W_p||`` is at most about the sum of the two
+bounds; :func:`plain_summation_error` is the plaintext pipeline's eps.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from ._validation import check_real
+from .exceptions import InvalidInputError
+
+__all__ = ["WBound", "w_error_bound", "certify_release", "entry_error_bounds", "plain_summation_error",
+           "summand_magnitudes", "session_w_target", "UNIT_ROUNDOFF"]
+
+UNIT_ROUNDOFF = 2.0 ** -53
+
+
+@dataclass(frozen=True)
+class WBound:
+    """A certified bound on ``||W - W*||_F / ||W*||_F`` (module docstring).
+
+    ``rel_bound`` is the total, ``data_rel_bound`` the part due to the
+    backend's per-entry error alone (solve taken as exact) and
+    ``solve_rel_bound`` the float64 solve's worst case. ``applies`` is False
+    (and ``rel_bound`` inf) when C is too close to singular for any such bound.
+    """
+
+    rel_bound: float
+    data_rel_bound: float
+    solve_rel_bound: float
+    applies: bool
+    eps_C: float
+    eps_Q: float
+    lambda_min: float
+    lambda_max: float
+    condition_number: float
+    target: float | None
+    warning: str | None
+
+    def to_dict(self) -> dict:
+        return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in asdict(self).items()}
+
+
+def _rel(num_q: float, e_a: float, w_norm: float, lam_min_true: float) -> float:
+    if lam_min_true <= 0:
+        return math.inf
+    abs_err = (num_q + e_a * w_norm) / lam_min_true
+    if abs_err >= w_norm:
+        return math.inf
+    return abs_err / (w_norm - abs_err)
+
+
+def w_error_bound(C, Q, W, *, eps_C: float, eps_Q: float, lam: float = 0.0,
+                  target: float | None = None) -> WBound:
+    """Certified relative error bound of W from the revealed, RI-restored C and Q.
+
+    Parameters
+    ----------
+    C : (d, d) array
+        The restored pooled Gram (``C^r - K gamma I``) as revealed.
+    Q : (d, c) array
+        The pooled cross term as revealed.
+    W : (d, c) array
+        The solution computed from them (``solve_head(C, Q, lam=lam)``).
+    eps_C, eps_Q : float
+        Per-entry absolute error bounds of the revealed C and Q.
+    lam : float
+        Ridge added before the solve (0: none).
+    target : float, optional
+        The session's relative target; a warning is set when the bound exceeds it.
+    """
+    eps_C = check_real("eps_C", eps_C, "w_error_bound", low=0.0)
+    eps_Q = check_real("eps_Q", eps_Q, "w_error_bound", low=0.0)
+    lam = check_real("lam", lam, "w_error_bound", low=0.0)
+    C = np.asarray(C, dtype=np.float64)
+    Q = np.asarray(Q, dtype=np.float64)
+    W = np.asarray(W, dtype=np.float64)
+    if C.ndim != 2 or C.shape[0] != C.shape[1] or Q.shape[0] != C.shape[0] or W.shape != Q.shape:
+        raise InvalidInputError(f"shapes C {C.shape}, Q {Q.shape}, W {W.shape} do not form C W = Q")
+    d, c = Q.shape
+    A = 0.5 * (C + C.T)
+    if lam > 0:
+        A = A + lam * np.eye(d)
+    ev = np.linalg.eigvalsh(A)
+    lam_min, lam_max = float(ev[0]), float(ev[-1])
+    cond = lam_max / lam_min if lam_min > 0 else math.inf
+    dA = d * eps_C
+    dQ = math.sqrt(d * c) * eps_Q
+    dS = d * (d + 1) * UNIT_ROUNDOFF * max(abs(lam_max), abs(lam_min))
+    w_norm = float(np.linalg.norm(W))
+    true_min = lam_min - dA
+    data_rel = _rel(dQ, dA, w_norm, true_min)
+    solve_rel = _rel(0.0, dS, w_norm, true_min)
+    total = _rel(dQ, dA + dS, w_norm, true_min)
+    applies = math.isfinite(total)
+    warning = None
+    if not applies:
+        warning = (f"no W error bound: lambda_min(C) = {lam_min:.3g} is within the perturbation "
+                   f"{dA + dS:.3g} of zero (C is singular or nearly so; the minimum-norm solve is not "
+                   "continuous there). Add samples, lower d, or declare a ridge (lam > 0).")
+    elif target is not None and total > target:
+        warning = (f"cond(C) = {cond:.3g} makes the certified W error bound {total:.3g} exceed the "
+                   f"session's target {target:.3g}")
+    return WBound(total, data_rel, solve_rel, applies, float(eps_C), float(eps_Q), lam_min, lam_max, cond,
+                  None if target is None else float(target), warning)
+
+
+def summand_magnitudes(C_r: np.ndarray, n: float) -> tuple[float, float]:
+    """Bounds on sum_k |C^r_k,ij| and sum_k |Q_k,ic| from the pooled sums alone.
+
+    Every C_k^r is positive semi-definite, so ``|C_k,ij| <= sqrt(C_k,ii C_k,jj)``
+    and, by Cauchy-Schwarz over k, ``sum_k |C_k,ij| <= max_i C^r_ii``. For Q,
+    ``sum_k |Q_k,ic| <= sum_n |x_ni| <= sqrt(N max_i C_ii)``.
+    """
+    diag = float(np.max(np.diag(np.asarray(C_r)))) if np.size(C_r) else 0.0
+    diag = max(diag, 0.0)
+    return diag, math.sqrt(max(float(n), 0.0) * diag)
+
+
+def plain_summation_error(n_clients: int, magnitude: float) -> float:
+    """Float64 summation of ``n_clients`` terms in any order: ``(K - 1) u / (1 - (K - 1) u) * sum |x_k|``."""
+    k = max(int(n_clients) - 1, 0)
+    g = k * UNIT_ROUNDOFF
+    return g / (1.0 - g) * float(magnitude)
+
+
+#: Default relative W targets when the session declares none (``backend_params["w_rel_target"]``).
+DEFAULT_W_TARGET = {"ckks": 1e-6, "plain": 1e-9, "secagg": 1e-9, "bfv": 1e-9}
+#: Gaussian tail factor for a flooding sigma (<= 2^-40 per entry), as for the CKKS noise.
+FLOOD_Z = math.sqrt(2.0 * 41.0 * math.log(2.0))
+
+
+def session_w_target(params) -> float:
+    t = params.backend_params.get("w_rel_target")
+    return float(t) if t is not None else DEFAULT_W_TARGET.get(params.backend, 1e-9)
+
+
+def entry_error_bounds(params, n_clients: int, stats, *, flood_sigma: float = 0.0) -> tuple[float, float]:
+    """Per-entry bounds ``(eps_C, eps_Q)`` of the revealed, RI-restored C and Q of a session.
+
+    ``stats`` are the revealed sums (used for the magnitude terms only);
+    ``flood_sigma`` is the standard deviation of any noise the key holder
+    added before release.
+    """
+    k = int(n_clients)
+    mag_C, mag_Q = summand_magnitudes(stats.gram, stats.n)
+    if params.backend == "ckks":
+        from .backends.ckks import expected_abs_error
+
+        base = expected_abs_error(params, k)
+        eps_C = eps_Q = base
+    elif params.backend in ("secagg", "bfv"):
+        from .hazmat.fixedpoint import abs_error_bound
+
+        fb = tuple(params.backend_params["frac_bits"])
+        eps_C = abs_error_bound(fb, k, mag_C)
+        eps_Q = abs_error_bound(fb, k, mag_Q)
+    else:
+        eps_C = plain_summation_error(k, mag_C)
+        eps_Q = plain_summation_error(k, mag_Q)
+    flood = FLOOD_Z * float(flood_sigma)
+    # RI restoration subtracts K gamma from the diagonal: one more rounding of |C^r_ii|.
+    return eps_C + flood + UNIT_ROUNDOFF * mag_C, eps_Q + flood
+
+
+def certify_release(params, stats, W, n_clients: int, *, lam: float = 0.0, flood_sigma: float = 0.0) -> WBound:
+    """:func:`w_error_bound` for a revealed aggregate of ``params``'s backend."""
+    from .analytic import ri_restore_gram
+
+    eps_C, eps_Q = entry_error_bounds(params, n_clients, stats, flood_sigma=flood_sigma)
+    C = ri_restore_gram(stats.gram, stats.contributors, stats.gamma)
+    return w_error_bound(C, stats.cross, W, eps_C=eps_C, eps_Q=eps_Q, lam=lam, target=session_w_target(params))
