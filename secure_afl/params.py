@@ -17,9 +17,11 @@ from typing import Any, Mapping
 from ._validation import check_int, check_real, param_error
 from .packing import Layout
 
-__all__ = ["Bounds", "SessionParams", "BACKENDS"]
+__all__ = ["Bounds", "SessionParams", "BACKENDS", "HE_BACKENDS"]
 
-BACKENDS = ("plain", "ckks", "secagg")
+BACKENDS = ("plain", "ckks", "secagg", "bfv")
+#: Backends whose key holder holds a secret key and decrypts the aggregate.
+HE_BACKENDS = ("ckks", "bfv")
 _SESSION_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 
 

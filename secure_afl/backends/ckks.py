@@ -108,6 +108,9 @@ def ckks_session_params(session_id: str, layout: Layout, gamma: float, bounds: B
     return unbound.with_backend_params(**chosen.to_dict())
 
 
+#: Common name for :func:`ckks_session_params` (see :func:`secure_afl.backends.he_module`).
+session_params = ckks_session_params
+
 def ckks_parameters(params: SessionParams) -> hz.CKKSParameters:
     """The :class:`~secure_afl.hazmat.ckks.CKKSParameters` of a ckks session."""
     if params.backend != "ckks":
@@ -191,10 +194,10 @@ class _CKKSCombiner(Combiner):
     def _add(self, payload: bytes) -> None:
         # parse and check everything before touching the running sum (all-or-nothing)
         chunks = self._b._load(self._ctx, payload, "contribution")
-        self._sum = hz.add_chunks(self._sum, chunks)
+        self._sum = self._b._hz.add_chunks(self._sum, chunks)
 
     def _aggregate(self) -> bytes:
-        body = hz.dump_chunks(self._sum, self._b.params.layout.length)
+        body = self._b._hz.dump_chunks(self._sum, self._b._n_items())
         self._sum = None
         return seal(self._b.params, "aggregate", body, contributors=self.count)
 
@@ -210,10 +213,23 @@ class CKKSBackend(ProtectionBackend):
     """
 
     name = "ckks"
+    _hz = hz  # the scheme's primitives; the bfv backend swaps in its own
 
     def __init__(self, params: SessionParams):
         super().__init__(params)
-        self.ckks_ = ckks_parameters(params)
+        self._contexts: dict = {}
+        self.ckks_ = self._scheme_parameters(params)
+        self._check_holds_bounds()
+
+    def _scheme_parameters(self, params: SessionParams):
+        return ckks_parameters(params)
+
+    def _n_items(self) -> int:
+        """Encrypted values per contribution."""
+        return self.params.layout.length
+
+    def _check_holds_bounds(self) -> None:
+        params = self.params
         need, k = params.bounds.aggregate_bound(params.gamma), params.bounds.k_max
         if need > self.ckks_.max_aggregate(k):
             raise InvalidParameterError(
@@ -221,7 +237,6 @@ class CKKSBackend(ProtectionBackend):
                 f"but the declared bounds need {need:.4g}; create the session with ckks_session_params, "
                 "or lower n_max, max_norm or k_max."
             )
-        self._contexts: dict = {}
 
     # -- key binding ---------------------------------------------------------------
     def _bound_digest(self) -> str:
@@ -238,10 +253,10 @@ class CKKSBackend(ProtectionBackend):
         if not isinstance(public_context, (bytes, bytearray, memoryview)):
             raise TypeError("public_context must be bytes")
         public_context = bytes(public_context)
-        sha = hz.context_sha256(public_context)
+        sha = self._hz.context_sha256(public_context)
         if sha in self._contexts:
             return self._contexts[sha]
-        ctx = hz.load_context(public_context, self.ckks_, secret=False)  # SecretKeyNotAllowed first
+        ctx = self._hz.load_context(public_context, self.ckks_, secret=False)  # SecretKeyNotAllowed first
         if sha != digest:
             raise ParameterMismatch("public context is not the one bound into this session's parameters")
         self._contexts = {sha: ctx}
@@ -249,14 +264,14 @@ class CKKSBackend(ProtectionBackend):
 
     def _secret_context(self, secret_context: bytes):
         digest = self._bound_digest()
-        ctx = hz.load_context(secret_context, self.ckks_, secret=True)
-        if hz.context_sha256(hz.serialize_public(ctx)) != digest:
+        ctx = self._hz.load_context(secret_context, self.ckks_, secret=True)
+        if self._hz.context_sha256(self._hz.serialize_public(ctx)) != digest:
             raise ParameterMismatch("secret context belongs to another key than this session's")
         return ctx
 
     def _load(self, ctx, payload: bytes, kind: str) -> list:
         env = open_envelope(self.params, payload, kind)
-        return hz.load_chunks(ctx, self.ckks_, env.body, self.params.layout.length)
+        return self._hz.load_chunks(ctx, self.ckks_, env.body, self._n_items())
 
     # -- the three roles ---------------------------------------------------------------
     def protect(self, vector, *, public_context: bytes, **kw) -> bytes:
@@ -267,7 +282,7 @@ class CKKSBackend(ProtectionBackend):
         """
         v = check_vector(self.params, vector)
         ctx = self._public_context(public_context)
-        return seal(self.params, "contribution", hz.encrypt_vector(ctx, self.ckks_, v))
+        return seal(self.params, "contribution", self._hz.encrypt_vector(ctx, self.ckks_, v))
 
     def combiner(self, *, public_context: bytes, **kw) -> Combiner:
         """Server: a streaming combiner. Refuses a context with a secret key (:class:`SecretKeyNotAllowed`)."""
@@ -282,8 +297,8 @@ class CKKSBackend(ProtectionBackend):
         """
         env = open_envelope(self.params, aggregate, "aggregate")
         ctx = self._secret_context(secret_context)
-        chunks = hz.load_chunks(ctx, self.ckks_, env.body, self.params.layout.length)
-        v = hz.decrypt_chunks(ctx, chunks, self.params.layout.length)
+        chunks = self._hz.load_chunks(ctx, self.ckks_, env.body, self.params.layout.length)
+        v = self._hz.decrypt_chunks(ctx, chunks, self.params.layout.length)
         limit = self.params.bounds.aggregate_bound(self.params.gamma)
         limit += expected_abs_error(self.params)
         if not np.all(np.isfinite(v)) or float(np.max(np.abs(v))) > limit:

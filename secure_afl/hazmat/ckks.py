@@ -528,12 +528,13 @@ def encrypt_vector(ctx: "ts.Context", params: CKKSParameters, vector: np.ndarray
     return b"".join(parts)
 
 
-def _split_body(body: bytes, params: CKKSParameters, length: int) -> list:
+def _split_body(body: bytes, params, length: int, magic: bytes = _BODY_MAGIC) -> list:
     if len(body) < _BODY_HEAD.size:
         raise MalformedPayload("ckks body truncated before its header ends")
+    want_magic = magic
     magic, count, total = _BODY_HEAD.unpack_from(body)
-    if magic != _BODY_MAGIC:
-        raise MalformedPayload("not a ckks body (bad magic)")
+    if magic != want_magic:
+        raise MalformedPayload("not a body of this scheme (bad magic)")
     if total != length or count != params.n_chunks(length):
         raise MalformedPayload(f"ckks body holds {count} chunks for L={total}; expected "
                                f"{params.n_chunks(length)} for L={length}")
@@ -604,8 +605,8 @@ def add_chunks(acc: list | None, chunks: list) -> list:
     return acc
 
 
-def dump_chunks(chunks: Sequence, length: int) -> bytes:
-    parts = [_BODY_HEAD.pack(_BODY_MAGIC, len(chunks), length)]
+def dump_chunks(chunks: Sequence, length: int, magic: bytes = _BODY_MAGIC) -> bytes:
+    parts = [_BODY_HEAD.pack(magic, len(chunks), length)]
     for c in chunks:
         blob = c.serialize()
         parts.append(_CHUNK_LEN.pack(len(blob)))

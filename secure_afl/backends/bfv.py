@@ -1,0 +1,130 @@
+"""``bfv``: exact homomorphic sums (BFV through TenSEAL) of the two-lane fixed point.
+
+Same roles, envelope, key binding, key storage and checks as
+:mod:`secure_afl.backends.ckks` (the backend class shares that code); what
+differs is what is encrypted and what decryption returns:
+
+* hospital: the packed vector is encoded into 2L signed 58-bit lane words
+  (:mod:`secure_afl.hazmat.fixedpoint`, the same encoding as secagg) and the
+  words are encrypted, N per ciphertext, under the key holder's public key.
+* server: adds ciphertexts it cannot read (one running sum, O(L) memory).
+* key holder: checks SEAL's invariant noise budget of the sum (refuses one
+  with none left), decrypts the exact integer lane sums and decodes them.
+
+Exactness: decrypted lane sums are exact integers, so the revealed aggregate
+is the exact sum of the hospitals' float64 values rounded once (up to
+K 2^-(f1+f2+1)) -- bit for bit what secagg reveals on the same data -- and
+decryption leaks no noise, so no noise flooding is needed
+(:mod:`secure_afl.hazmat.bfv` explains why and what remains).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..envelope import open_envelope, seal
+from ..exceptions import InvalidParameterError, SanityCheckFailed
+from ..hazmat import bfv as hzb
+from ..hazmat import fixedpoint
+from ..packing import Layout
+from ..params import Bounds, SessionParams
+from .base import check_vector
+from .ckks import PUBLIC_CONTEXT_KEY, CKKSBackend, CKKSKeyPair
+
+__all__ = ["BFVBackend", "bfv_session_params", "bfv_parameters", "generate_keys", "bind_public_context",
+           "new_bfv_session", "expected_abs_error"]
+
+
+def bfv_session_params(session_id: str, layout: Layout, gamma: float, bounds: Bounds, *,
+                       max_poly_modulus_degree: int = 32768) -> SessionParams:
+    """Session parameters: lane bits from the bounds, BFV chain from ``k_max``; not yet bound to a key."""
+    fb = fixedpoint.choose_frac_bits(bounds, gamma)
+    chosen = hzb.select_parameters(bounds.k_max, max_poly_modulus_degree=max_poly_modulus_degree)
+    return SessionParams(session_id, "bfv", layout, gamma, bounds).with_backend_params(
+        frac_bits=[int(f) for f in fb], **chosen.to_dict())
+
+
+def bfv_parameters(params: SessionParams) -> hzb.BFVParameters:
+    if params.backend != "bfv":
+        raise InvalidParameterError(f"session backend is {params.backend!r}, not 'bfv'")
+    return hzb.BFVParameters.from_dict(params.backend_params)
+
+
+#: Common name for :func:`bfv_session_params` (see :func:`secure_afl.backends.he_module`).
+session_params = bfv_session_params
+
+def generate_keys(params: SessionParams) -> CKKSKeyPair:
+    """Key holder: a FRESH BFV key pair (public context: public key only)."""
+    ctx = hzb.generate_context(bfv_parameters(params))
+    return CKKSKeyPair(secret_context=hzb.serialize_secret(ctx), public_context=hzb.serialize_public(ctx))
+
+
+def bind_public_context(params: SessionParams, public_context: bytes) -> SessionParams:
+    hzb.load_context(public_context, bfv_parameters(params), secret=False)
+    return params.with_backend_params(**{PUBLIC_CONTEXT_KEY: hzb.context_sha256(public_context)})
+
+
+def new_bfv_session(session_id: str, layout: Layout, gamma: float, bounds: Bounds, **kw):
+    params = bfv_session_params(session_id, layout, gamma, bounds, **kw)
+    keys = generate_keys(params)
+    return bind_public_context(params, keys.public_context), keys
+
+
+def expected_abs_error(params: SessionParams, n_clients: int | None = None, *,
+                       magnitude: float | None = None) -> float:
+    """Per-entry bound on |revealed - exact sum|: the lane rounding plus one final rounding."""
+    k = params.bounds.k_max if n_clients is None else int(n_clients)
+    m = params.bounds.aggregate_bound(params.gamma) if magnitude is None else float(magnitude)
+    return fixedpoint.abs_error_bound(tuple(params.backend_params["frac_bits"]), k, m)
+
+
+class BFVBackend(CKKSBackend):
+    """BFV protection; ``params`` from :func:`bfv_session_params`, bound to a key for use."""
+
+    name = "bfv"
+    _hz = hzb
+
+    def _scheme_parameters(self, params: SessionParams):
+        return bfv_parameters(params)
+
+    def _n_items(self) -> int:
+        return fixedpoint.n_words(self.params.layout.length)
+
+    def _check_holds_bounds(self) -> None:
+        p = self.params
+        fixedpoint.check_frac_bits(p.backend_params.get("frac_bits"), p.bounds, p.gamma)
+        if not self.ckks_.holds(p.bounds.k_max):
+            raise InvalidParameterError(
+                f"BFV parameters {self.ckks_.to_dict()} leave less than {hzb.MARGIN_BITS} bits of noise budget "
+                f"after k_max={p.bounds.k_max} additions; create the session with bfv_session_params")
+
+    @property
+    def frac_bits(self) -> tuple:
+        return tuple(self.params.backend_params["frac_bits"])
+
+    def protect(self, vector, *, public_context: bytes, **kw) -> bytes:
+        """Hospital: check bounds, encode two lanes, encrypt, seal a "contribution"."""
+        v = check_vector(self.params, vector)
+        ctx = self._public_context(public_context)
+        words = fixedpoint.encode(v, self.frac_bits)
+        return seal(self.params, "contribution", hzb.encrypt_words(ctx, self.ckks_, words))
+
+    def reveal(self, aggregate: bytes, *, secret_context: bytes, **kw) -> np.ndarray:
+        """Key holder: refuse a sum without noise budget, decrypt the exact lane sums, decode."""
+        env = open_envelope(self.params, aggregate, "aggregate")
+        ctx = self._secret_context(secret_context)
+        n = self._n_items()
+        chunks = hzb.load_chunks(ctx, self.ckks_, env.body, n)
+        if hzb.noise_budget(ctx, chunks) <= 0:
+            raise SanityCheckFailed(
+                "the aggregate has no noise budget left: its decryption could be wrong, so it is not decrypted "
+                "(more contributions than the parameters hold, or ciphertexts not made by the recipe)")
+        words = hzb.decrypt_chunks(ctx, chunks, n)
+        half = n // 2
+        v = fixedpoint.decode_lanes(words[:half], words[half:], self.frac_bits)
+        limit = self.params.bounds.aggregate_bound(self.params.gamma) * (1 + 2.0 ** -50)
+        if float(np.max(np.abs(v))) > limit:
+            raise SanityCheckFailed(
+                "decrypted aggregate leaves the declared aggregate bound: it was not formed from "
+                "in-bound contributions of this session")
+        return v
