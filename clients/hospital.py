@@ -20,7 +20,7 @@ import httpx
 import numpy as np
 
 from secure_afl import pki
-from secure_afl.backends import get_backend
+from secure_afl.backends import HE_BACKENDS, get_backend
 from secure_afl.exceptions import (
     BoundsExceeded,
     DuplicateContribution,
@@ -130,13 +130,13 @@ class HospitalClient:
         return params
 
     def protect(self, params: SessionParams, stats: SufficientStatistics) -> tuple[bytes, dict | None]:
-        """plain / ckks: pack with the RI intermediary gamma and protect.
+        """plain / ckks / bfv: pack with the RI intermediary gamma and protect.
 
-        Returns ``(payload, tag)``: for ckks, ``tag`` is the signed statement of
+        Returns ``(payload, tag)``: for ckks and bfv, ``tag`` is the signed statement of
         this upload's sealed aggregate tag (:mod:`secure_afl.tagging`), else None.
         """
         backend = get_backend(params)
-        if params.backend != "ckks":
+        if params.backend not in HE_BACKENDS:
             return backend.protect(self.protect_vector(params, stats)), None
         ctx = self.conn.request("GET", self.conn.path("/context"), signed=False).content
         if hashlib.sha256(ctx).hexdigest() != params.backend_params.get("public_context_sha256"):

@@ -107,7 +107,9 @@ def w_error_bound(C, Q, W, *, eps_C: float, eps_Q: float, lam: float = 0.0,
     lam : float
         Ridge added before the solve (0: none).
     target : float, optional
-        The session's relative target; a warning is set when the bound exceeds it.
+        The session's relative target for what protection adds; a warning is
+        set when ``data_rel_bound`` exceeds it (the float64 solve's worst case,
+        ``solve_rel_bound``, is shared with any plaintext pipeline).
     """
     eps_C = check_real("eps_C", eps_C, "w_error_bound", low=0.0)
     eps_Q = check_real("eps_Q", eps_Q, "w_error_bound", low=0.0)
@@ -138,9 +140,10 @@ def w_error_bound(C, Q, W, *, eps_C: float, eps_Q: float, lam: float = 0.0,
         warning = (f"no W error bound: lambda_min(C) = {lam_min:.3g} is within the perturbation "
                    f"{dA + dS:.3g} of zero (C is singular or nearly so; the minimum-norm solve is not "
                    "continuous there). Add samples, lower d, or declare a ridge (lam > 0).")
-    elif target is not None and total > target:
-        warning = (f"cond(C) = {cond:.3g} makes the certified W error bound {total:.3g} exceed the "
-                   f"session's target {target:.3g}")
+    elif target is not None and data_rel > target:
+        # the target is on what protection adds; the float64 solve's share is the same for plaintext
+        warning = (f"cond(C) = {cond:.3g} makes the certified W error due to protection {data_rel:.3g} exceed "
+                   f"the session's target {target:.3g}")
     return WBound(total, data_rel, solve_rel, applies, float(eps_C), float(eps_Q), lam_min, lam_max, cond,
                   None if target is None else float(target), warning)
 

@@ -31,7 +31,7 @@ from pathlib import Path
 
 from secure_afl import pki
 from secure_afl.audit import AuditLog
-from secure_afl.backends import get_backend
+from secure_afl.backends import HE_BACKENDS, get_backend, he_module
 from secure_afl.envelope import open_envelope
 from secure_afl.exceptions import (
     DuplicateContribution,
@@ -101,10 +101,8 @@ class AggregationServer:
         layout = Layout(c.dim, c.classes)
         if c.backend == "plain":
             return SessionParams(c.session_id, "plain", layout, c.gamma, c.bounds)
-        if c.backend == "ckks":
-            from secure_afl.backends.ckks import ckks_session_params
-
-            return ckks_session_params(c.session_id, layout, c.gamma, c.bounds)
+        if c.backend in HE_BACKENDS:
+            return he_module(c.backend).session_params(c.session_id, layout, c.gamma, c.bounds)
         from secure_afl.backends.secagg import recommended_neighbours, secagg_session_params
 
         n = len(self._enrolled)
@@ -125,7 +123,7 @@ class AggregationServer:
         stored = self.store.get_meta("params")
         if stored is not None:
             self.params = SessionParams.from_dict(stored)
-        elif self.config.backend != "ckks":
+        elif self.config.backend not in HE_BACKENDS:
             self.params = self._base_params()
             self.store.set_meta("params", self.params.to_dict())
         ctx = self.store.get_meta("public_context_sha256")
@@ -141,7 +139,7 @@ class AggregationServer:
 
     def _new_combiner(self):
         backend = get_backend(self.params)
-        if self.params.backend == "ckks":
+        if self.params.backend in HE_BACKENDS:
             return backend.combiner(public_context=self.public_context)
         return backend.combiner()
 
@@ -212,13 +210,13 @@ class AggregationServer:
         """Key holder's ``{"public_context": base64, "tag_public_key": hex}`` opens a ckks session."""
         with self._lock:
             try:
-                if self.config.backend != "ckks":
+                if self.config.backend not in HE_BACKENDS:
                     raise StageError("this session does not use a public context")
                 if self.params is not None:
                     raise RoundAlreadyClosed("the public context is already published")
-                from secure_afl.backends.ckks import bind_public_context
                 from secure_afl.tagging import TAG_KEY_PARAM
 
+                bind_public_context = he_module(self.config.backend).bind_public_context
                 context, tag_key = parse_context_publication(body)
                 params = bind_public_context(self._base_params(), context)  # refuses secret-key contexts
                 params = params.with_backend_params(**{TAG_KEY_PARAM: tag_key})
@@ -259,14 +257,14 @@ class AggregationServer:
                 if self.store.has_upload(hospital):
                     raise DuplicateContribution(f"{hospital} already contributed to this session")
                 self._check_stage_allows_upload(hospital)
-                if self.params.backend == "ckks":
+                if self.params.backend in HE_BACKENDS:
                     from secure_afl.tagging import verify_tag
 
                     if not isinstance(tag, dict):
-                        raise MalformedPayload("a ckks upload needs its signed aggregate tag")
+                        raise MalformedPayload(f"a {self.params.backend} upload needs its signed aggregate tag")
                     verify_tag(tag, self._enrolled[hospital].public_key(), self.params, hospital, sha)
                 elif tag is not None:
-                    raise MalformedPayload("only ckks uploads carry an aggregate tag")
+                    raise MalformedPayload("only ckks and bfv uploads carry an aggregate tag")
                 open_envelope(self.params, payload, "contribution")
                 self._combine_upload(hospital, payload)
             except SecureAFLError as e:

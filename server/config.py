@@ -4,7 +4,7 @@ Example::
 
     [session]
     id = "cohort-2026-11"
-    backend = "ckks"            # plain | ckks | secagg
+    backend = "ckks"            # plain | ckks | bfv | secagg
     dim = 512
     classes = 100
     gamma = 1.0                 # RI intermediary

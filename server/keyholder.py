@@ -30,8 +30,8 @@ import numpy as np
 
 from secure_afl import pki
 from secure_afl.analytic import solve_from_sums
-from secure_afl.backends import get_backend
-from secure_afl.certify import certify_release
+from secure_afl.backends import HE_BACKENDS, get_backend, he_module
+from secure_afl.certify import certify_release, plain_summation_error
 from secure_afl.hazmat.fixedpoint import abs_error_bound
 from secure_afl.exceptions import DecryptionRefused, InvalidInputError, SecureAFLError
 from secure_afl.packing import Layout
@@ -108,8 +108,10 @@ class KeyHolder:
 
     def keygen(self, params: SessionParams) -> bytes:
         """Fresh CKKS keys for this session; returns the public context bytes."""
-        from secure_afl.backends.ckks import generate_keys, save_secret_context
+        from secure_afl.backends.ckks import save_secret_context
         from secure_afl.tagging import generate_tag_key
+
+        generate_keys = he_module(params.backend).generate_keys
 
         if self.passphrase is None:
             raise InvalidInputError(f"a passphrase is needed to store the secret key at rest: set {PASSPHRASE_ENV}")
@@ -177,7 +179,7 @@ class KeyHolder:
         unmask = tags = None
         if params.backend == "secagg":
             unmask = conn.request("GET", conn.path("/secagg/unmask-material")).json()
-        if params.backend == "ckks":
+        if params.backend in HE_BACKENDS:
             tags = conn.request("GET", conn.path("/tags")).json()
         return self.reveal_and_solve(params, aggregate, manifest, min_clients=min_clients, lam=lam,
                                      min_class_count=min_class_count, expected_hospitals=expected_hospitals,
@@ -216,11 +218,11 @@ class KeyHolder:
         try:
             ledger.check(key_id, params.session_id, participants, agg_sha)
             backend = get_backend(params)
-            if params.backend == "ckks":
-                from secure_afl.backends.ckks import expected_abs_error
-
+            if params.backend in HE_BACKENDS:
                 vector = backend.reveal(aggregate, secret_context=self._secret(params.session_id))
-                tol = expected_abs_error(params, len(participants))
+                tol = he_module(params.backend).expected_abs_error(params, len(participants))
+                # the tags are summed in float64 here; allow that summation's own rounding
+                tol += plain_summation_error(len(participants), params.bounds.aggregate_bound(params.gamma))
             elif params.backend == "secagg":
                 if unmask is None:
                     raise DecryptionRefused("secagg release needs the unmask material")
@@ -234,7 +236,7 @@ class KeyHolder:
             stats = lay.unpack(vector, gamma=params.gamma)
             sanity = sanity_check(stats, params, len(participants), abs_tol=tol)
             tag_check = None
-            if params.backend == "ckks":
+            if params.backend in HE_BACKENDS:
                 from secure_afl.tagging import check_aggregate_tag
 
                 try:
@@ -278,16 +280,17 @@ def _keyholder(args) -> KeyHolder:
 
 def _cmd_keygen(args) -> int:
     from .config import load_config
-    from secure_afl.backends.ckks import ckks_session_params
 
     cfg = load_config(args.config)
-    if cfg.backend != "ckks":
-        print(f"session {cfg.session_id} uses {cfg.backend}; only ckks sessions need key-holder keys")
+    if cfg.backend not in HE_BACKENDS:
+        print(f"session {cfg.session_id} uses {cfg.backend}; only {' and '.join(HE_BACKENDS)} sessions need "
+              "key-holder keys")
         return 2
     kh = _keyholder(args)
-    params = ckks_session_params(cfg.session_id, Layout(cfg.dim, cfg.classes), cfg.gamma, cfg.bounds)
+    params = he_module(cfg.backend).session_params(cfg.session_id, Layout(cfg.dim, cfg.classes), cfg.gamma,
+                                                   cfg.bounds)
     public = kh.keygen(params)
-    print(f"fresh CKKS keys for session {cfg.session_id}: public context {kh.public_path(cfg.session_id)} "
+    print(f"fresh {cfg.backend.upper()} keys for session {cfg.session_id}: public context {kh.public_path(cfg.session_id)} "
           f"({len(public)} bytes, sha256 {hashlib.sha256(public).hexdigest()[:16]}...)")
     return 0
 
