@@ -3,39 +3,41 @@
 Every backend reveals the summed statistics C^r = sum_k C_k^r and
 Q = sum_k Q_k with a per-entry error bound: ``eps_C`` on each entry of C^r and
 ``eps_Q`` on each entry of Q (ckks: encryption noise + float64 FFT error +
-any noise flooding the key holder adds; secagg and bfv: the two-lane rounding,
-2^-110-ish, plus one final rounding; plain: float64 summation in some order).
-This module turns those into a bound on ``||W - W*||_F / ||W*||_F``, where W*
-is the exact-arithmetic solution of the exact sums.
+any noise flooding the key holder adds; secagg and bfv: the two-lane rounding
+plus one final rounding; plain: float64 summation in some order). This module
+turns those into a bound on ``||W - W*||_F / ||W*||_F``, where W is the
+computed solution and W* the exact-arithmetic solution of the exact sums.
 
-Derivation (A = C + lam I symmetric, W* = A*^{-1} Q*, revealed A = A* + dA,
-Q = Q* + dQ, W the float64 solve of A W = Q):
+Derivation (A = C + lam I symmetric; revealed A = A* + dA, Q = Q* + dQ):
 
-1. ``||dA||_2 <= ||dA||_F <= d eps_C`` (every entry of the d x d matrix is
-   off by at most eps_C; RI restoration C = C^r - K gamma I subtracts a
-   known constant, which adds one rounding per diagonal entry, folded into
-   eps_C by the caller through the magnitude term) and
-   ``||dQ||_F <= sqrt(d c) eps_Q``.
-2. The float64 solve (Cholesky, or the eigendecomposition) is backward
-   stable: it returns the exact solution for A + dS with
-   ``||dS||_2 <= d (d + 1) u ||A||_2`` (u = 2^-53; Higham, Accuracy and
-   Stability of Numerical Algorithms, Thm. 10.3 with || |R^T||R| ||_2 <= d ||A||_2).
-   This is a worst case; typical solves are far better.
-3. With E = ||dA||_2 + ||dS||_2 and A* W* = Q*:
-   ``A*(W - W*) = dQ - (dA + dS) W``, so
-   ``||W - W*||_F <= (||dQ||_F + E ||W||_F) / lambda_min(A*)`` and, by Weyl,
-   ``lambda_min(A*) >= lambda_min(A) - ||dA||_2``. Every quantity is known to
-   the key holder from the revealed sums alone. Dividing by
-   ``||W*||_F >= ||W||_F - ||W - W*||_F`` gives the relative bound.
+1. Data. ``||dA||_2 <= ||dA||_F <= d eps_C`` (every entry of the d x d matrix
+   is off by at most eps_C; RI restoration C = C^r - K gamma I adds one
+   rounding per diagonal entry, folded into eps_C by :func:`entry_error_bounds`)
+   and ``||dQ||_F <= sqrt(d c) eps_Q``. With W' the exact solution of the
+   revealed system, ``A*(W' - W*) = dQ - dA W'`` so
+   ``||W' - W*||_F <= (||dQ||_F + ||dA||_2 ||W'||_F) / lambda_min(A*)`` and
+   ``lambda_min(A*) >= lambda_min(A) - ||dA||_2`` (Weyl).
+2. Solve, a posteriori. ``W - W' = -A^{-1} R`` with ``R = Q - A W``; R is
+   computed in extended precision (``numpy.longdouble``, unit roundoff u_x)
+   with a rounding error of at most ``(d + 2) u_x (|A||W| + |Q|)`` entrywise,
+   so ``||W - W'||_F <= (||R||_F + (d + 2) u_x || |A||W| + |Q| ||_F) / lambda_min(A)``.
+   This certifies the solve actually performed (Cholesky or the
+   eigendecomposition) instead of a worst case, which at d = 512 and
+   cond 1e9 would be useless.
+3. lambda_min(A) itself comes from ``eigvalsh``; we subtract ``d u ||A||_F``,
+   the backward-error size of a symmetric eigensolver, before using it.
 
-When it does not apply: if ``lambda_min(A) <= E`` (C is singular or so
-ill-conditioned that the perturbation can close the gap to zero) the solve is
-the minimum-norm one, which is discontinuous where the rank changes, and no
-bound of this kind holds; :func:`w_error_bound` then says so
-(``applies=False``) with a warning instead of a number.
+The total ``||W - W*||_F <= e_solve + e_data`` is divided by
+``||W*||_F >= ||W||_F - (e_solve + e_data)``.
+
+When it does not apply: if lambda_min(A) is within the perturbation of zero
+(C singular or so ill-conditioned that dA can close the gap) the solve is the
+minimum-norm one, which is discontinuous where the rank changes, and no bound
+of this kind holds; :func:`w_error_bound` then says so (``applies=False``)
+with a warning instead of a number.
 
 Comparing two pipelines (secure vs plain): both are within their own bound of
-the same W*, so ``||W_s - W_p|| / ||W_p||`` is at most about the sum of the two
+the same W*, so ``||W_s - W_p||`` is at most the sum of the two absolute
 bounds; :func:`plain_summation_error` is the plaintext pipeline's eps.
 """
 
@@ -60,8 +62,8 @@ class WBound:
     """A certified bound on ``||W - W*||_F / ||W*||_F`` (module docstring).
 
     ``rel_bound`` is the total, ``data_rel_bound`` the part due to the
-    backend's per-entry error alone (solve taken as exact) and
-    ``solve_rel_bound`` the float64 solve's worst case. ``applies`` is False
+    backend's per-entry error and ``solve_rel_bound`` the float64 solve's
+    (certified a posteriori); ``abs_bound`` bounds ``||W - W*||_F``. ``applies`` is False
     (and ``rel_bound`` inf) when C is too close to singular for any such bound.
     """
 
@@ -76,18 +78,10 @@ class WBound:
     condition_number: float
     target: float | None
     warning: str | None
+    abs_bound: float = math.inf
 
     def to_dict(self) -> dict:
         return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in asdict(self).items()}
-
-
-def _rel(num_q: float, e_a: float, w_norm: float, lam_min_true: float) -> float:
-    if lam_min_true <= 0:
-        return math.inf
-    abs_err = (num_q + e_a * w_norm) / lam_min_true
-    if abs_err >= w_norm:
-        return math.inf
-    return abs_err / (w_norm - abs_err)
 
 
 def w_error_bound(C, Q, W, *, eps_C: float, eps_Q: float, lam: float = 0.0,
@@ -108,8 +102,8 @@ def w_error_bound(C, Q, W, *, eps_C: float, eps_Q: float, lam: float = 0.0,
         Ridge added before the solve (0: none).
     target : float, optional
         The session's relative target for what protection adds; a warning is
-        set when ``data_rel_bound`` exceeds it (the float64 solve's worst case,
-        ``solve_rel_bound``, is shared with any plaintext pipeline).
+        set when ``data_rel_bound`` exceeds it (the solve's share is the same
+        for a plaintext pipeline).
     """
     eps_C = check_real("eps_C", eps_C, "w_error_bound", low=0.0)
     eps_Q = check_real("eps_Q", eps_Q, "w_error_bound", low=0.0)
@@ -117,35 +111,48 @@ def w_error_bound(C, Q, W, *, eps_C: float, eps_Q: float, lam: float = 0.0,
     C = np.asarray(C, dtype=np.float64)
     Q = np.asarray(Q, dtype=np.float64)
     W = np.asarray(W, dtype=np.float64)
-    if C.ndim != 2 or C.shape[0] != C.shape[1] or Q.shape[0] != C.shape[0] or W.shape != Q.shape:
+    if C.ndim != 2 or C.shape[0] != C.shape[1] or Q.ndim != 2 or Q.shape[0] != C.shape[0] or W.shape != Q.shape:
         raise InvalidInputError(f"shapes C {C.shape}, Q {Q.shape}, W {W.shape} do not form C W = Q")
+    if not (np.all(np.isfinite(C)) and np.all(np.isfinite(Q)) and np.all(np.isfinite(W))):
+        raise InvalidInputError("C, Q or W contains NaN or inf")
     d, c = Q.shape
     A = 0.5 * (C + C.T)
     if lam > 0:
         A = A + lam * np.eye(d)
     ev = np.linalg.eigvalsh(A)
-    lam_min, lam_max = float(ev[0]), float(ev[-1])
-    cond = lam_max / lam_min if lam_min > 0 else math.inf
+    lam_max = float(ev[-1])
+    lam_lo = float(ev[0]) - d * UNIT_ROUNDOFF * float(np.linalg.norm(A))
+    cond = lam_max / lam_lo if lam_lo > 0 else math.inf
+    # step 2: residual in extended precision
+    ux = float(np.finfo(np.longdouble).eps) / 2.0
+    Al, Wl, Ql = A.astype(np.longdouble), W.astype(np.longdouble), Q.astype(np.longdouble)
+    R = Ql - Al @ Wl
+    mag = np.abs(Al) @ np.abs(Wl) + np.abs(Ql)
+    r_norm = float(np.sqrt(np.sum(R * R))) + (d + 2) * ux * float(np.sqrt(np.sum(mag * mag))) * (1 + 1e-6)
     dA = d * eps_C
     dQ = math.sqrt(d * c) * eps_Q
-    dS = d * (d + 1) * UNIT_ROUNDOFF * max(abs(lam_max), abs(lam_min))
     w_norm = float(np.linalg.norm(W))
-    true_min = lam_min - dA
-    data_rel = _rel(dQ, dA, w_norm, true_min)
-    solve_rel = _rel(0.0, dS, w_norm, true_min)
-    total = _rel(dQ, dA + dS, w_norm, true_min)
-    applies = math.isfinite(total)
+    e_solve = e_data = math.inf
+    if lam_lo > 0:
+        e_solve = r_norm / lam_lo
+        if lam_lo - dA > 0:
+            e_data = (dQ + dA * (w_norm + e_solve)) / (lam_lo - dA)
+    total = e_solve + e_data
+    applies = math.isfinite(total) and total < w_norm
+    denom = w_norm - total if applies else 0.0
+    rel = total / denom if applies else math.inf
+    data_rel = e_data / denom if applies else math.inf
+    solve_rel = e_solve / denom if applies else math.inf
     warning = None
     if not applies:
-        warning = (f"no W error bound: lambda_min(C) = {lam_min:.3g} is within the perturbation "
-                   f"{dA + dS:.3g} of zero (C is singular or nearly so; the minimum-norm solve is not "
-                   "continuous there). Add samples, lower d, or declare a ridge (lam > 0).")
+        warning = (f"no W error bound: lambda_min(C) = {float(ev[0]):.3g} is within the perturbation "
+                   f"{dA:.3g} (+ rounding) of zero (C is singular or nearly so; the minimum-norm solve is not "
+                   "continuous there). Add samples, lower d, tighten the precision target, or declare a ridge.")
     elif target is not None and data_rel > target:
-        # the target is on what protection adds; the float64 solve's share is the same for plaintext
         warning = (f"cond(C) = {cond:.3g} makes the certified W error due to protection {data_rel:.3g} exceed "
                    f"the session's target {target:.3g}")
-    return WBound(total, data_rel, solve_rel, applies, float(eps_C), float(eps_Q), lam_min, lam_max, cond,
-                  None if target is None else float(target), warning)
+    return WBound(rel, data_rel, solve_rel, applies, float(eps_C), float(eps_Q), float(ev[0]), lam_max, cond,
+                  None if target is None else float(target), warning, total if applies else math.inf)
 
 
 def summand_magnitudes(C_r: np.ndarray, n: float) -> tuple[float, float]:
