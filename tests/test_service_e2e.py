@@ -43,17 +43,18 @@ def plain_reference(c, data):
     return total
 
 
-@pytest.mark.parametrize("backend", ["plain", "ckks"])
+@pytest.mark.parametrize("backend", ["plain", "ckks", "bfv"])
 def test_full_session_equals_plaintext(consortium, backend):
     # Prepare
     c = consortium(backend=backend, hospitals=("h1", "h2", "h3"), min_clients=3).start()
     conn = c.connect_keyholder()
-    if backend == "ckks":
-        from secure_afl.backends.ckks import ckks_session_params
+    if backend in ("ckks", "bfv"):
+        from secure_afl.backends import he_module
         from secure_afl.packing import Layout
         from secure_afl.params import Bounds
 
-        c.keyholder.keygen(ckks_session_params(c.session_id, Layout(c.dim, c.classes), 1.0, Bounds(c.max_norm, 1000, 8)))
+        c.keyholder.keygen(he_module(backend).session_params(c.session_id, Layout(c.dim, c.classes), 1.0,
+                                                             Bounds(c.max_norm, 1000, 8)))
         c.keyholder.publish(conn)
     data = {h: c.data(h) for h in c.hospitals}
     # Execute
@@ -67,8 +68,10 @@ def test_full_session_equals_plaintext(consortium, backend):
     X_all = np.concatenate([d[0] for d in data.values()])
     y_all = np.concatenate([d[1] for d in data.values()])
     W_joint = centralised_weights(X_all, y_all, c.classes)
-    tol = 1e-9 if backend == "plain" else 1e-6
+    tol = 1e-6 if backend == "ckks" else 1e-9
     assert np.linalg.norm(res.W - W_joint) / np.linalg.norm(W_joint) <= tol
+    bound = res.report["w_error_bound"]
+    assert bound["applies"] and np.linalg.norm(res.W - W_joint) / np.linalg.norm(W_joint) <= 2 * bound["rel_bound"]
     assert res.report["participants"] == ["h1", "h2", "h3"]
     v = verify_log(c.audit_path(), server_pub=pki.load_party(c.pki_dir, "server", "aggregator").identity_pub(),
                    receipts=load_receipts(c.root / "receipts"))
@@ -343,7 +346,7 @@ def test_hospital_refuses_secagg_request_not_signed_by_pinned_server(consortium)
     h.close()
 
 
-@pytest.mark.parametrize("backend", ["plain", "ckks", "secagg"])
+@pytest.mark.parametrize("backend", ["plain", "ckks", "bfv", "secagg"])
 def test_demo_command_passes_verification(backend, tmp_path, capsys):
     # Execute: the real demo (PKI, server process, key holder, hospitals) on the embedded data
     rc = main(["demo", "--backend", backend, "--hospitals", "3", "--partition", "shards:2",
@@ -355,7 +358,8 @@ def test_demo_command_passes_verification(backend, tmp_path, capsys):
             "timings_s"} <= set(report)
     v = report["verification"]
     assert v["passed"] and v["prediction_agreement"] == 1.0
-    assert v["weights_rel_error_vs_plaintext"] <= (1e-6 if backend == "ckks" else 1e-9)
+    assert v["weights_rel_error_vs_plaintext"] <= v["allowed_rel_error"]
+    assert v["certified_bound_secure"]["applies"]
     assert report["accuracy"]["secure"] == report["accuracy"]["plaintext"] > 0.8
     W, meta = read_model(tmp_path / "w.safetensors")
     assert W.shape == (report["dim"], report["classes"]) and meta["backend"] == backend
