@@ -13,10 +13,14 @@ the revealing party reveals (timed), and the result is compared with the
 plaintext sum of the same vectors.
 
 ``exact`` in the output means: plain, the revealed sum equals the plaintext
-sum bit for bit; ckks, ``max_abs_error`` is within the stated bound
-:func:`secure_afl.backends.ckks.expected_abs_error` for the actual K and
-magnitudes; secagg, what ``simulate_round`` reports (bit-exact fixed-point
-equality).
+sum bit for bit; ckks and bfv, ``max_abs_error`` is within the backend's
+stated per-entry bound for the actual K and magnitudes; secagg, what
+``simulate_round`` reports (bit-exact fixed-point equality). ``w_bound`` is the
+certified bound on ``||W - W*|| / ||W*||`` of the W solved from the revealed
+sums (:mod:`secure_afl.certify`).
+
+With no ``--backend`` and several ``--clients``, every backend runs at every
+K in one go and one table is printed (the figures in docs/BENCHMARKS.md).
 """
 
 from __future__ import annotations
@@ -32,13 +36,17 @@ import numpy as np
 
 __all__ = ["register", "run_protect"]
 
+BACKENDS = ("plain", "ckks", "bfv", "secagg")
+
 
 # -- the subcommand registry ------------------------------------------------------------
 def _register_protect(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--backend", choices=("plain", "ckks", "secagg"), required=True)
+    parser.add_argument("--backend", choices=BACKENDS, nargs="+", default=list(BACKENDS),
+                        help="backends to run (default: all)")
     parser.add_argument("--dim", type=int, default=512, help="embedding dimension d (default 512)")
     parser.add_argument("--classes", type=int, default=100, help="number of classes C (default 100)")
-    parser.add_argument("--clients", type=int, default=10, help="number of hospitals K (default 10)")
+    parser.add_argument("--clients", type=int, nargs="+", default=[10, 100],
+                        help="numbers of hospitals K (default 10 100)")
     parser.add_argument("--dropout", type=float, default=0.0, help="fraction of hospitals that never upload")
     parser.add_argument("--samples", type=int, default=256, help="samples per hospital (n_k = n_max)")
     parser.add_argument("--max-norm", type=float, default=1.0, help="embedding norm bound B")
@@ -97,10 +105,14 @@ def run_protect(backend: str, dim: int, classes: int, clients: int, *, dropout: 
     from .backends import get_backend
 
     t = time.perf_counter()
-    if backend == "ckks":
-        from .backends.ckks import expected_abs_error, new_ckks_session
+    if backend in ("ckks", "bfv"):
+        from .backends import he_module
 
-        params, keys = new_ckks_session(session_id, layout, gamma, bounds)
+        he = he_module(backend)
+        params = he.session_params(session_id, layout, gamma, bounds)
+        keys = he.generate_keys(params)
+        params = he.bind_public_context(params, keys.public_context)
+        expected_abs_error = he.expected_abs_error
         protect_kw = combine_kw = {"public_context": keys.public_context}
         reveal_kw = {"secret_context": keys.secret_context}
     elif backend == "plain":
@@ -148,7 +160,18 @@ def run_protect(backend: str, dim: int, classes: int, clients: int, *, dropout: 
         "survivors": len(sizes),
         "backend_params": {k: v for k, v in params.backend_params.items()},
     })
+    out["w_bound"] = _w_bound(params, layout, revealed, len(sizes))
     return out
+
+
+def _w_bound(params, layout, revealed, n_clients: int) -> float | None:
+    """Certified ||W - W*|| / ||W*|| of the W solved from the revealed sums (None: no bound applies)."""
+    from .analytic import solve_from_sums
+    from .certify import certify_release
+
+    stats = layout.unpack(np.asarray(revealed, dtype=np.float64), gamma=params.gamma)
+    b = certify_release(params, stats, solve_from_sums(stats), n_clients)
+    return b.rel_bound if b.applies else None
 
 
 def _run_secagg(out, layout, bounds, gamma, session_id, rng, samples, max_norm, dropout) -> dict:
@@ -183,6 +206,7 @@ def _run_secagg(out, layout, bounds, gamma, session_id, rng, samples, max_norm, 
         "survivors": len(survivors),
         "backend_params": dict(params.backend_params),
     })
+    out["w_bound"] = _w_bound(params, layout, aggregate, len(survivors))
     return out
 
 
@@ -191,7 +215,24 @@ _ROWS = [
     ("survivors", "{}"), ("length", "{}"), ("keygen_s", "{:.4f}"), ("protect_s_per_client", "{:.4f}"),
     ("combine_s", "{:.4f}"), ("reveal_s", "{:.4f}"), ("bytes_per_client", "{:,.0f}"),
     ("bytes_per_value", "{:.2f}"), ("max_abs_error", "{:.3e}"), ("error_bound", "{:.3e}"), ("exact", "{}"),
+    ("w_bound", "{:.3e}"),
 ]
+_COLUMNS = [
+    ("backend", "{}"), ("clients", "{}"), ("protect_s_per_client", "{:.4f}"), ("combine_s", "{:.4f}"),
+    ("reveal_s", "{:.4f}"), ("bytes_per_value", "{:.2f}"), ("bytes_per_client", "{:,.0f}"),
+    ("max_abs_error", "{:.3e}"), ("w_bound", "{:.3e}"),
+]
+
+
+def format_rows(results: list) -> str:
+    """One line per run: the figures side by side."""
+    head = ["backend", "K", "protect s/hosp", "combine s", "reveal s", "B/value", "bytes/hosp", "max error",
+            "certified W bound"]
+    cells = [[("n/a" if r.get(k) is None else f.format(r[k])) for k, f in _COLUMNS] for r in results]
+    widths = [max(len(h), *(len(c[i]) for c in cells)) for i, h in enumerate(head)]
+    lines = ["  ".join(h.rjust(w) for h, w in zip(head, widths))]
+    lines += ["  ".join(c.rjust(w) for c, w in zip(row, widths)) for row in cells]
+    return "\n".join(lines)
 
 
 def format_table(res: dict) -> str:
@@ -203,13 +244,20 @@ def format_table(res: dict) -> str:
 
 
 def _cmd_protect(args) -> int:
-    res = run_protect(args.backend, args.dim, args.classes, args.clients, dropout=args.dropout, seed=args.seed,
-                      samples=args.samples, max_norm=args.max_norm, gamma=args.gamma)
-    res["machine"] = {"platform": platform.platform(), "python": platform.python_version(),
-                      "cpus": os.cpu_count()}
-    print(format_table(res))
+    machine = {"platform": platform.platform(), "python": platform.python_version(), "cpus": os.cpu_count()}
+    results = []
+    for k in args.clients:
+        for backend in args.backend:
+            res = run_protect(backend, args.dim, args.classes, k, dropout=args.dropout, seed=args.seed,
+                              samples=args.samples, max_norm=args.max_norm, gamma=args.gamma)
+            res["machine"] = machine
+            results.append(res)
+            print(f"[{backend}, K = {k}] done", flush=True)
+    if len(results) == 1:
+        print(format_table(results[0]))
+    print(format_rows(results))
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(res, f, indent=2, sort_keys=True)
+            json.dump(results[0] if len(results) == 1 else results, f, indent=2, sort_keys=True)
             f.write("\n")
     return 0
