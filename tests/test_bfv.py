@@ -130,6 +130,24 @@ def test_ciphertext_under_another_key_is_refused_or_caught(session):
 
 
 @pytest.mark.security
+def test_reveal_refuses_an_aggregate_beyond_the_declared_bound(session):
+    # Prepare: hospitals bypass the recipe and encrypt lane words far beyond the declared bound
+    params, keys = session
+    p = bfv_parameters(params)
+    pub = hzb.load_context(keys.public_context, p, secret=False)
+    words = np.zeros(fixedpoint.n_words(LAYOUT.length), dtype=np.int64)
+    words[:LAYOUT.length] = 2**57
+    bad = seal(params, "contribution", hzb.encrypt_words(pub, p, words))
+
+    # Execute: the server cannot tell
+    agg = _combine(params, keys, [bad] * 3)
+
+    # Assert
+    with pytest.raises(SanityCheckFailed, match="declared aggregate bound"):
+        BFVBackend(params).reveal(agg, secret_context=keys.secret_context)
+
+
+@pytest.mark.security
 def test_aggregate_without_noise_budget_is_not_decrypted(session):
     # Prepare: many more additions than the parameters hold (the server could add one payload repeatedly)
     params, keys = session
@@ -168,6 +186,10 @@ def test_malformed_and_wrong_scheme_bodies_refused(session):
         acc.add(seal(params, "contribution", body[:-3]))
     with pytest.raises(InvalidContribution):
         acc.add(seal(params, "contribution", hzb._raw_body([ckks_blob] * 1, fixedpoint.n_words(LAYOUT.length))))
+    pub = ts.context_from(keys.public_context)
+    short = ts.bfv_vector(pub, [1, 2, 3]).serialize()  # a valid BFV ciphertext with the wrong slot count
+    with pytest.raises(InvalidContribution):
+        acc.add(seal(params, "contribution", hzb._raw_body([short], fixedpoint.n_words(LAYOUT.length))))
     acc.add(payload)  # nothing accepted so far was lost
     assert acc.count == 1
 
@@ -183,6 +205,8 @@ def test_parameters_are_checked():
     with pytest.raises(InvalidParameterError):
         hzb.BFVParameters(8192, (60, 60, 60, 60))  # 240 bits > 218: below 128-bit security
     with pytest.raises(InvalidParameterError):
-        BFVBackend(SessionParams("p", "bfv", LAYOUT, GAMMA, Bounds(1.0, 100, 4000), bp))  # too many additions
+        many = Bounds(1.0, 100, 4000)  # lanes sized for 4000 hospitals, chain for 4: too little noise budget
+        fb = list(fixedpoint.choose_frac_bits(many, GAMMA))
+        BFVBackend(SessionParams("p", "bfv", LAYOUT, GAMMA, many, {**bp, "frac_bits": fb}))
     with pytest.raises(InvalidParameterError):
         BFVBackend(params.with_backend_params(frac_bits=[60, 56]))  # lanes could wrap

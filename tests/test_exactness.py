@@ -202,6 +202,21 @@ def test_w_error_bound_dominates_random_perturbations():
         assert b.applies and _rel(W, W2) <= b.rel_bound  # W is the exact solution of the unperturbed system
 
 
+def test_w_error_bound_certifies_a_sloppy_solve():
+    # Prepare: exact data (eps = 0) but a W that is not the solution: only the a-posteriori solve term can see it
+    rng = np.random.default_rng(6)
+    X = rng.standard_normal((100, 20))
+    A, Q = X.T @ X, X.T @ rng.standard_normal((100, 2))
+    W = np.linalg.solve(A, Q)
+    sloppy = W + 1e-6 * rng.standard_normal(W.shape)
+
+    # Execute
+    b = w_error_bound(A, Q, sloppy, eps_C=0.0, eps_Q=0.0)
+
+    # Assert
+    assert b.applies and _rel(sloppy, W) <= b.rel_bound <= 1e3 * _rel(sloppy, W)
+
+
 def test_w_error_bound_refuses_bad_shapes():
     # Execute / Assert
     with pytest.raises(InvalidInputError):
