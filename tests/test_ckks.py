@@ -676,3 +676,18 @@ def test_generate_keys_is_fresh(session):
     # Assert
     assert again.public_context != keys.public_context
     assert again.secret_context != keys.secret_context
+
+
+@pytest.mark.security
+@pytest.mark.parametrize("k_max", [1, 10, 100])
+def test_chosen_chain_holds_bounds_just_below_powers_of_two(k_max):
+    # Prepare: aggregate bounds at the edge of an integer number of bits, where SEAL's primes (a bit
+    # below 2^b) matter; every chosen chain must still satisfy the headroom condition (H).
+    for j in range(4, 60, 3):
+        a = 2.0 ** j * (1 - 1e-9)
+
+        # Execute
+        p = hz.select_parameters(a, k_max, max_abs_error=1e-6)
+
+        # Assert
+        assert a <= p.max_aggregate(k_max), (j, p)
