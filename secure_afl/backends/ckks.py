@@ -28,7 +28,8 @@ with overwhelming probability::
 
     |reveal - sum| <= 7.55 sqrt(K (N/24) (2 + (2N/3)(ln(N/2) + 30 ln 2))) / 2^s + 2^-46 M
 
-e.g. 1.6e-7 + 1.4e-14 M at the design point (N = 8192, s = 40) for K = 10.
+e.g. 1.6e-7 + 1.4e-14 M at N = 8192, s = 40 for K = 10. The session's
+precision target ``max_abs_error`` bounds the first term at K = k_max.
 
 Notes
 -----
@@ -95,12 +96,14 @@ class CKKSKeyPair:
 
 # -- session setup (key holder) -----------------------------------------------------
 def ckks_session_params(session_id: str, layout: Layout, gamma: float, bounds: Bounds, *,
-                        max_abs_error: float = 1e-6, max_poly_modulus_degree: int = 16384) -> SessionParams:
-    """Session parameters with CKKS parameters chosen from ``bounds``; not yet bound to a key.
+                        max_abs_error: float = 1e-6, max_poly_modulus_degree: int = 32768) -> SessionParams:
+    """Session parameters with CKKS parameters chosen from ``bounds`` and the
+    precision target ``max_abs_error``; not yet bound to a key.
 
-    Raises :class:`InvalidParameterError` (naming the fix) when no supported
-    parameter set holds ``bounds.aggregate_bound(gamma)`` for ``bounds.k_max``
-    clients within ``max_abs_error``.
+    The smallest modulus chain that holds ``bounds.aggregate_bound(gamma)``
+    for ``bounds.k_max`` clients with noise <= ``max_abs_error`` at 128-bit
+    security (:func:`secure_afl.hazmat.ckks.select_parameters`). Raises
+    :class:`InvalidParameterError` with the reason and the fix when none does.
     """
     unbound = SessionParams(session_id, "ckks", layout, gamma, bounds)
     chosen = hz.select_parameters(bounds.aggregate_bound(gamma), bounds.k_max, max_abs_error=max_abs_error,
