@@ -117,6 +117,17 @@ def test_chosen_chain_is_the_smallest_that_holds_bounds_and_precision(session):
     assert len(params.backend_params["public_context_sha256"]) == 64
 
 
+@pytest.mark.security
+def test_backend_refuses_parameters_that_miss_the_precision_target(session):
+    # Prepare: the session's parameters claimed for a tighter precision target than they meet
+    params, _ = session
+    forged = params.with_backend_params(max_abs_error=1e-12)
+
+    # Execute / Assert
+    with pytest.raises(InvalidParameterError, match="precision target"):
+        CKKSBackend(forged)
+
+
 @pytest.mark.parametrize("k_max, target", [(10, 1e-6), (100, 1e-6)])
 def test_demo_scale_session_fits_in_32_bytes_per_value(k_max, target):
     # Prepare: d = 512, C = 100, unit-norm embeddings, 5000 samples per hospital.

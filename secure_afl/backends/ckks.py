@@ -96,7 +96,7 @@ class CKKSKeyPair:
 
 # -- session setup (key holder) -----------------------------------------------------
 def ckks_session_params(session_id: str, layout: Layout, gamma: float, bounds: Bounds, *,
-                        max_abs_error: float = 1e-6, max_poly_modulus_degree: int = 32768) -> SessionParams:
+                        max_abs_error: float = 1e-6, max_poly_modulus_degree: int = 16384) -> SessionParams:
     """Session parameters with CKKS parameters chosen from ``bounds`` and the
     precision target ``max_abs_error``; not yet bound to a key.
 
@@ -108,7 +108,7 @@ def ckks_session_params(session_id: str, layout: Layout, gamma: float, bounds: B
     unbound = SessionParams(session_id, "ckks", layout, gamma, bounds)
     chosen = hz.select_parameters(bounds.aggregate_bound(gamma), bounds.k_max, max_abs_error=max_abs_error,
                                   max_poly_modulus_degree=max_poly_modulus_degree)
-    return unbound.with_backend_params(**chosen.to_dict())
+    return unbound.with_backend_params(**chosen.to_dict(), max_abs_error=float(max_abs_error))
 
 
 #: Common name for :func:`ckks_session_params` (see :func:`secure_afl.backends.he_module`).
@@ -239,6 +239,13 @@ class CKKSBackend(ProtectionBackend):
                 f"CKKS parameters {self.ckks_.to_dict()} hold aggregates up to {self.ckks_.max_aggregate(k):.4g}, "
                 f"but the declared bounds need {need:.4g}; create the session with ckks_session_params, "
                 "or lower n_max, max_norm or k_max."
+            )
+        target = params.backend_params.get("max_abs_error")
+        if target is not None and hz.noise_bound(self.ckks_, k) > float(target):
+            raise InvalidParameterError(
+                f"CKKS parameters {self.ckks_.to_dict()} have noise up to {hz.noise_bound(self.ckks_, k):.3g} "
+                f"per entry at k_max={k}, above the session's precision target {target}; create the session "
+                "with ckks_session_params"
             )
 
     # -- key binding ---------------------------------------------------------------

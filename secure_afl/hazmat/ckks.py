@@ -321,7 +321,7 @@ def expected_abs_error(params: CKKSParameters, n_clients: int, magnitude: float)
 
 
 def select_parameters(aggregate_bound: float, k_max: int, *, max_abs_error: float = 1e-6,
-                      max_poly_modulus_degree: int = 32768) -> CKKSParameters:
+                      max_poly_modulus_degree: int = 16384) -> CKKSParameters:
     """The smallest modulus chain that holds ``aggregate_bound`` for ``k_max`` clients at ``max_abs_error``.
 
     Sums need no multiplication, so the chain is data primes + SEAL's special
