@@ -107,7 +107,7 @@ class KeyHolder:
         return self.keys_dir / f"{session_id}.tag.enc", self.keys_dir / f"{session_id}.tag.pub"
 
     def keygen(self, params: SessionParams) -> bytes:
-        """Fresh CKKS keys for this session; returns the public context bytes."""
+        """Fresh keys (ckks or bfv) for this session; returns the public context bytes."""
         from secure_afl.backends.ckks import save_secret_context
         from secure_afl.tagging import generate_tag_key
 
@@ -290,8 +290,8 @@ def _cmd_keygen(args) -> int:
     params = he_module(cfg.backend).session_params(cfg.session_id, Layout(cfg.dim, cfg.classes), cfg.gamma,
                                                    cfg.bounds)
     public = kh.keygen(params)
-    print(f"fresh {cfg.backend.upper()} keys for session {cfg.session_id}: public context {kh.public_path(cfg.session_id)} "
-          f"({len(public)} bytes, sha256 {hashlib.sha256(public).hexdigest()[:16]}...)")
+    print(f"fresh {cfg.backend.upper()} keys for session {cfg.session_id}: public context "
+          f"{kh.public_path(cfg.session_id)} ({len(public)} bytes, sha256 {hashlib.sha256(public).hexdigest()[:16]}...)")
     return 0
 
 

@@ -249,7 +249,9 @@ def _check_context(ctx, params: BFVParameters) -> None:
     try:
         sc = ctx.seal_context().data
         key = sc.key_context_data().parms()
-        got = (str(key.scheme()) == str(sealapi.SCHEME_TYPE.BFV), key.poly_modulus_degree(), key.plain_modulus().value(),
+        # the scheme enums of the two bindings do not compare equal; their names do
+        is_bfv = str(key.scheme()) == str(sealapi.SCHEME_TYPE.BFV)
+        got = (is_bfv, key.poly_modulus_degree(), key.plain_modulus().value(),
                tuple(int(m.value()) for m in key.coeff_modulus()))
     except Exception:
         raise ParameterMismatch("context does not carry BFV parameters") from None
