@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import json
 import time
+import warnings
 from pathlib import Path
 
 import numpy as np
 
 from ..analytic import aa_law_aggregate, local_weights, ri_restore_weights, solve_head
-from ..exceptions import InvalidInputError
+from ..exceptions import BoundsExceeded
 from ..packing import Layout
 from ..params import Bounds
 from ..partition import partition
@@ -50,22 +51,31 @@ def run_afl(clients, test, n_classes: int, *, backend: str = "plain", gamma: flo
             "rounds": 1, "bytes_per_round": float(np.mean(ss.bytes_up)), "seconds": time.perf_counter() - t0}
 
 
-def methods(dim: int, n_classes: int, hidden: int, mus):
-    """(name, runner) pairs; runner(clients, test, cfg) -> result dict."""
+def methods(dim: int, n_classes: int, hidden: int, mus, *, lr_linear: float = 3.0, lr_mlp: float = 1.0):
+    """(name, runner) pairs; runner(clients, test, cfg) -> result dict.
+
+    The linear head takes a larger step than the MLP: the embeddings have
+    small entries (||x|| <= sqrt(2) over d = 256), and a step that suits the
+    linear head makes the MLP diverge.
+    """
     lin, mlp = LinearHead(dim, n_classes), MLPHead(dim, n_classes, hidden)
+    L = {"lr": float(lr_linear)}
+    M = {"lr": float(lr_mlp)}
     out = [("AFL", lambda cl, te, cfg: run_afl(cl, te, n_classes, backend=cfg.backend))]
-    out.append(("FedAvg-linear", lambda cl, te, cfg: run_fedavg(lin, cl, te, cfg)))
-    out.append(("FedAvg-mlp", lambda cl, te, cfg: run_fedavg(mlp, cl, te, cfg)))
+    out.append(("FedAvg-linear", lambda cl, te, cfg: run_fedavg(lin, cl, te, _with(cfg, **L))))
+    out.append(("FedAvg-mlp", lambda cl, te, cfg: run_fedavg(mlp, cl, te, _with(cfg, **M))))
     for mu in mus:
-        out.append((f"FedProx-linear mu={mu:g}", lambda cl, te, cfg, mu=mu: run_fedavg(lin, cl, te, _mu(cfg, mu))))
-        out.append((f"FedProx-mlp mu={mu:g}", lambda cl, te, cfg, mu=mu: run_fedavg(mlp, cl, te, _mu(cfg, mu))))
-    out.append(("FedFac-static", lambda cl, te, cfg: run_fedfac(mlp, cl, te, cfg)))
-    out.append(("FedFac-dynamic", lambda cl, te, cfg: run_fedfac(mlp, cl, te, cfg, dynamic=True)))
+        out.append((f"FedProx-linear mu={mu:g}",
+                    lambda cl, te, cfg, mu=mu: run_fedavg(lin, cl, te, _with(cfg, mu=float(mu), **L))))
+        out.append((f"FedProx-mlp mu={mu:g}",
+                    lambda cl, te, cfg, mu=mu: run_fedavg(mlp, cl, te, _with(cfg, mu=float(mu), **M))))
+    out.append(("FedFac-static", lambda cl, te, cfg: run_fedfac(mlp, cl, te, _with(cfg, **M))))
+    out.append(("FedFac-dynamic", lambda cl, te, cfg: run_fedfac(mlp, cl, te, _with(cfg, **M), dynamic=True)))
     return out
 
 
-def _mu(cfg: FLConfig, mu: float) -> FLConfig:
-    return FLConfig(**{**cfg.__dict__, "mu": float(mu)})
+def _with(cfg: FLConfig, **kw) -> FLConfig:
+    return FLConfig(**{**cfg.__dict__, **kw})
 
 
 def _clients(X, y, n_clients, spec, seed):
@@ -74,24 +84,34 @@ def _clients(X, y, n_clients, spec, seed):
 
 
 def run_grid(data, *, clients=(10,), partitions=("iid",), seeds=(0,), cfg: FLConfig = FLConfig(),
-             hidden: int = 64, mus=(0.01, 0.1), only=None, log=print):
-    """Every method on every (K, partition, seed). Returns a list of result rows."""
+             hidden: int = 64, mus=(0.01, 0.1), lrs=(3.0, 1.0), only=None, log=print, sink=None):
+    """Every method on every (K, partition, seed). Returns a list of result rows; ``sink(row)`` sees each."""
     Xtr, ytr, Xte, yte, C = data
     rows = []
     for K in clients:
-        for spec in partitions:
-            for seed in seeds:
+        for seed in seeds:  # seed outermost: a stopped run still holds whole seeds
+            for spec in partitions:
                 cl = _clients(Xtr, ytr, K, spec, seed)
                 run_cfg = FLConfig(**{**cfg.__dict__, "seed": int(seed)})
-                for name, fn in methods(Xtr.shape[1], C, hidden, mus):
+                for name, fn in methods(Xtr.shape[1], C, hidden, mus, lr_linear=lrs[0], lr_mlp=lrs[1]):
                     if only and not any(name.startswith(o) for o in only):
                         continue
-                    res = fn(cl, (Xte, yte), run_cfg)
+                    try:
+                        res = fn(cl, (Xte, yte), run_cfg)
+                    except BoundsExceeded as e:
+                        # A diverging run is refused by the bound check before protection;
+                        # it is reported as refused, not dropped from the table.
+                        log(f"K={K:<4} {spec:<16} seed={seed} {name:<24} refused: {e}")
+                        res = {"global_acc": float("nan"), "client_acc": float("nan"), "per_client": [],
+                               "rounds": run_cfg.rounds, "bytes_per_round": float("nan"), "seconds": float("nan"),
+                               "history": []}
                     rows.append({"method": name, "K": K, "active": len(cl), "partition": spec, "seed": int(seed),
                                  "global_acc": res["global_acc"], "client_acc": res["client_acc"],
                                  "per_client": [float(v) for v in res["per_client"]],
                                  "rounds": res["rounds"], "bytes_per_round": res["bytes_per_round"],
                                  "seconds": res["seconds"], "history": res["history"]})
+                    if sink is not None:
+                        sink(rows[-1])
                     log(f"K={K:<4} {spec:<16} seed={seed} {name:<24} global={res['global_acc']:.4f} "
                         f"client={res['client_acc']:.4f} bytes/round={res['bytes_per_round']:.0f} "
                         f"{res['seconds']:.1f}s")
@@ -145,7 +165,12 @@ def _alpha_key(spec: str):
 
 def _ms(vals):
     vals = np.asarray(vals, dtype=float)
-    return f"{vals.mean():.3f} ± {vals.std():.3f}" if vals.size > 1 else f"{vals.mean():.3f}"
+    bad = int(np.isnan(vals).sum())
+    vals = vals[~np.isnan(vals)]
+    if not vals.size:
+        return "refused"
+    txt = f"{vals.mean():.3f} ± {vals.std():.3f}" if vals.size > 1 else f"{vals.mean():.3f}"
+    return txt + (f" ({bad} refused)" if bad else "")
 
 
 def _group(rows, *keys):
@@ -188,9 +213,9 @@ def write_report(rows, ablation, out_dir, *, meta: dict, verify=None) -> Path:
             rs = [r for r in rows if r["method"] == m and r["K"] == K]
             if not rs:
                 continue
-            bpr = np.mean([r["bytes_per_round"] for r in rs])
+            bpr = np.nanmean([r["bytes_per_round"] for r in rs])
             lines.append(f"| {m} | {rs[0]['rounds']} | {bpr:,.0f} | {bpr * rs[0]['rounds']:,.0f} | "
-                         f"{np.mean([r['seconds'] for r in rs]):.2f} |")
+                         f"{np.nanmean([r['seconds'] for r in rs]):.2f} |")
         lines.append("")
         # Where a personalised model beats AFL on its own client's label mix.
         afl = {(r["partition"], r["seed"]): r for r in rows if r["method"] == "AFL" and r["K"] == K}
@@ -204,7 +229,7 @@ def write_report(rows, ablation, out_dir, *, meta: dict, verify=None) -> Path:
                 wins, gains, n = [], [], []
                 for r in rs:
                     a = afl.get((s, r["seed"]))
-                    if a is None:
+                    if a is None or not r["per_client"]:
                         continue
                     diff = np.asarray(r["per_client"]) - np.asarray(a["per_client"])
                     wins.append(int((diff > 1e-12).sum()))
@@ -251,10 +276,11 @@ def _plots(rows, out: Path, method_names, specs, Ks):
         for i, (key, label) in enumerate((("global_acc", "global accuracy"), ("client_acc", "per-client accuracy"))):
             ax = axes[i, j]
             for m in method_names:
-                mean = [np.mean([r[key] for r in by.get((m, K, s), [])]) if by.get((m, K, s)) else np.nan
-                        for s in specs]
-                std = [np.std([r[key] for r in by.get((m, K, s), [])]) if by.get((m, K, s)) else np.nan
-                       for s in specs]
+                vals = [[r[key] for r in by.get((m, K, s), [])] or [np.nan] for s in specs]
+                with np.errstate(all="ignore"), warnings.catch_warnings():
+                    warnings.simplefilter("ignore", RuntimeWarning)
+                    mean = [np.nanmean(v) for v in vals]
+                    std = [np.nanstd(v) for v in vals]
                 ax.errorbar(x, mean, yerr=std, marker="o", capsize=3, label=m)
             ax.set_xticks(x, specs, rotation=20)
             ax.set_title(f"K = {K}: {label}")
@@ -271,6 +297,9 @@ def _plots(rows, out: Path, method_names, specs, Ks):
         ax = axes[0, j]
         for m in method_names:
             rs = by.get((m, K0, s), [])
+            if not rs:
+                continue
+            rs = [r for r in rs if r["history"]]
             if not rs:
                 continue
             hist = np.array([[h[2] for h in r["history"]] for r in rs])
@@ -293,13 +322,13 @@ def _plots(rows, out: Path, method_names, specs, Ks):
 
 
 def verify_secure(data, backends, *, K: int = 10, spec: str = "dirichlet:0.1", seed: int = 0,
-                  cfg: FLConfig = FLConfig(), hidden: int = 64, mus=(0.01,), log=print):
+                  cfg: FLConfig = FLConfig(), hidden: int = 64, mus=(0.01,), lrs=(3.0, 1.0), log=print):
     """Each method under each secure backend against the same run under ``plain``."""
     Xtr, ytr, Xte, yte, C = data
     cl = _clients(Xtr, ytr, K, spec, seed)
     base = FLConfig(**{**cfg.__dict__, "seed": int(seed), "backend": "plain"})
     out = []
-    for name, fn in methods(Xtr.shape[1], C, hidden, mus):
+    for name, fn in methods(Xtr.shape[1], C, hidden, mus, lr_linear=lrs[0], lr_mlp=lrs[1]):
         plain = fn(cl, (Xte, yte), base)
         for b in backends:
             sec = fn(cl, (Xte, yte), FLConfig(**{**base.__dict__, "backend": b}))
@@ -327,39 +356,70 @@ def _list(s, conv=str):
 def _command_line(args) -> str:
     flags = []
     for k, v in sorted(vars(args).items()):
-        if k in ("func", "command", "out", "json"):
+        if k in ("func", "command", "out", "json", "rows", "report_from"):
             continue
         flags.append(f"--{k.replace('_', '-')} {v if v != '' else chr(39) * 2}")
     return "secure-afl compare " + " ".join(flags)
 
 
+def _load_rows(paths):
+    rows = []
+    for p in paths:
+        for line in Path(p).read_text().splitlines():
+            if line.strip():
+                rows.append(json.loads(line))
+    return rows
+
+
 def _cmd(args) -> int:
     from ..demo import load_embedded
 
+    if args.report_from:
+        # A .jsonl is a --rows progress file (a run stopped early): rows only.
+        blobs = [{"rows": _load_rows([p])} if p.endswith(".jsonl") else json.loads(Path(p).read_text())
+                 for p in args.report_from]
+        rows = [r for b in blobs for r in b["rows"]]
+        verify = [v for b in blobs for v in (b.get("verify") or [])] or None
+        ablation = [a for b in blobs for a in (b.get("ablation") or [])] or None
+        intro = " ".join(b.get("intro", "") for b in blobs)
+        command = "\n".join(b.get("command", "") for b in blobs)
+        md = write_report(rows, ablation, args.out, verify=verify, meta={"intro": intro, "command": command})
+        print(f"wrote {md}")
+        return 0
     data = load_embedded(args.dataset, args.data_seed)
-    cfg = FLConfig(rounds=args.rounds, local_epochs=args.local_epochs, batch_size=args.batch_size, lr=args.lr,
+    cfg = FLConfig(rounds=args.rounds, local_epochs=args.local_epochs, batch_size=args.batch_size,
                    backend=args.backend, personal_fraction=args.personal_fraction)
+    lrs = (args.lr_linear, args.lr_mlp)
     t0 = time.perf_counter()
+    sink = None
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    if args.rows:
+        fh = open(args.rows, "a")
+
+        def sink(row):
+            fh.write(json.dumps(row, default=float) + "\n")
+            fh.flush()
     rows = run_grid(data, clients=_list(args.clients, int), partitions=_list(args.partitions),
                     seeds=tuple(range(args.seeds)), cfg=cfg, hidden=args.hidden, mus=_list(args.mu, float),
-                    only=_list(args.methods) or None)
+                    lrs=lrs, only=_list(args.methods) or None, sink=sink)
     verify = None
     if args.verify:
         verify = verify_secure(data, _list(args.verify), K=args.verify_clients, cfg=FLConfig(
-            **{**cfg.__dict__, "rounds": args.verify_rounds}), hidden=args.hidden, mus=_list(args.mu, float)[:1])
+            **{**cfg.__dict__, "rounds": args.verify_rounds}), hidden=args.hidden, mus=_list(args.mu, float)[:1], lrs=lrs)
     ablation = ri_ablation(data, clients=_list(args.ri_clients, int), gammas=_list(args.gammas, float)) \
         if args.ri_clients else None
     elapsed = time.perf_counter() - t0
     intro = (f"Data set `{args.dataset}` (fixed random Fourier features, d = {data[0].shape[1]}, "
              f"{data[4]} classes, {data[0].shape[0]} training / {data[2].shape[0]} test samples); "
              f"every aggregation through the `{args.backend}` backend; {args.seeds} seed(s); "
-             f"{args.rounds} rounds, {args.local_epochs} local epoch(s), batch {args.batch_size}, lr {args.lr}, "
+             f"{args.rounds} rounds, {args.local_epochs} local epoch(s), batch {args.batch_size}, "
+             f"lr {args.lr_linear} (linear) / {args.lr_mlp} (MLP), "
              f"hidden units {args.hidden}; {elapsed:.0f} s in all.")
     md = write_report(rows, ablation, args.out, verify=verify,
                       meta={"intro": intro, "command": _command_line(args)})
     if args.json:
-        Path(args.json).write_text(json.dumps({"rows": rows, "verify": verify, "ablation": ablation}, indent=1,
-                                              default=float))
+        Path(args.json).write_text(json.dumps({"rows": rows, "verify": verify, "ablation": ablation, "intro": intro,
+                                               "command": _command_line(args)}, default=float))
     print(f"wrote {md}")
     return 0
 
@@ -372,7 +432,8 @@ def register(parser) -> None:
     parser.add_argument("--rounds", type=int, default=30)
     parser.add_argument("--local-epochs", type=int, default=1)
     parser.add_argument("--batch-size", type=int, default=32)
-    parser.add_argument("--lr", type=float, default=1.0)
+    parser.add_argument("--lr-linear", type=float, default=3.0, help="local SGD step, linear head")
+    parser.add_argument("--lr-mlp", type=float, default=1.0, help="local SGD step, one-hidden-layer head")
     parser.add_argument("--hidden", type=int, default=64)
     parser.add_argument("--mu", default="0.01,0.1", help="FedProx mu grid")
     parser.add_argument("--personal-fraction", type=float, default=0.5, help="FedFac: share of personalised units")
@@ -388,4 +449,7 @@ def register(parser) -> None:
     parser.add_argument("--data-seed", type=int, default=0)
     parser.add_argument("--out", default="docs", help="directory for COMPARISON.md and the PNGs")
     parser.add_argument("--json", metavar="PATH", help="also write every run as JSON")
+    parser.add_argument("--rows", metavar="PATH", help="append each finished run as one JSON line (progress)")
+    parser.add_argument("--report-from", nargs="+", metavar="JSON",
+                        help="only write the report from earlier --json outputs (several runs merged)")
     parser.set_defaults(func=_cmd)
