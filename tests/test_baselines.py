@@ -7,7 +7,7 @@ import pytest
 
 from secure_afl.baselines import FLConfig, LinearHead, MLPHead, SecureSum, run_fedavg, run_fedfac
 from secure_afl.baselines import fedfac as fa
-from secure_afl.baselines.compare import ri_ablation, run_afl
+from secure_afl.baselines.compare import ri_ablation, run_afl, run_grid, write_report
 from secure_afl.baselines.fl import secure_split
 from secure_afl.cli import main
 from secure_afl.demo import random_features
@@ -15,6 +15,14 @@ from secure_afl.exceptions import BoundsExceeded, InvalidInputError
 from secure_afl.partition import dirichlet
 
 D, C = 24, 4
+
+
+@pytest.fixture(autouse=True)
+def _one_blas_thread():
+    from threadpoolctl import threadpool_limits
+
+    with threadpool_limits(1):  # small matrices: threads only contend
+        yield
 
 
 @pytest.fixture(scope="module")
@@ -110,6 +118,38 @@ def test_correlation_from_summed_grams_equals_pooled_correlation():
     total = np.sum([fa.gram_contribution(Z) for Z in blocks], axis=0)
     R = fa.correlation_from_sums(total, 5)
     np.testing.assert_allclose(R, np.corrcoef(np.vstack(blocks), rowvar=False), atol=1e-12)
+
+
+def test_dead_hidden_unit_is_personalised_not_a_nan():
+    rng = np.random.default_rng(4)
+    blocks = [rng.normal(size=(6, 4)) for _ in range(3)]
+    for Z in blocks:
+        Z[:, 2] = 0.5  # a unit whose parameters are the same constant everywhere
+    R = fa.correlation_from_sums(np.sum([fa.gram_contribution(Z) for Z in blocks], axis=0), 4)
+    assert np.all(np.isfinite(R))
+    _, personal = fa.factor_split(R, personal_fraction=0.25)
+    assert personal.tolist() == [2]
+
+
+def test_fedfac_server_never_moves_personalised_units(data):
+    clients, test, _ = data
+    head = MLPHead(D, C, 8)
+    cfg = FLConfig(rounds=2, backend="plain", seed=3)
+    res = run_fedfac(head, clients, test, cfg)
+    pmask = head.unit_mask(res["splits"][-1][1])
+    init = head.init(np.random.default_rng(3))
+    assert pmask.any()
+    np.testing.assert_array_equal(res["theta"][pmask], init[pmask])
+    assert not np.array_equal(res["theta"][~pmask], init[~pmask])
+
+
+def test_refused_run_is_reported_as_refused(data, tmp_path):
+    clients, test, (Xtr, ytr) = data
+    rows = run_grid((Xtr, ytr, test[0], test[1], C), clients=(3,), partitions=("iid",), seeds=(0,),
+                    cfg=FLConfig(rounds=1, update_bound=1e-6), lrs=(1e3, 1.0), only=("FedAvg-linear",), log=lambda m: 0)
+    assert len(rows) == 1 and np.isnan(rows[0]["global_acc"])
+    md = write_report(rows, None, tmp_path, meta={}).read_text()
+    assert "| FedAvg-linear | refused / refused |" in md
 
 
 def test_factor_analysis_recovers_planted_shared_units():

@@ -56,13 +56,15 @@ def correlation_from_sums(total: np.ndarray, h: int) -> np.ndarray:
     mu = total[g:g + h] / n
     cov = G / n - np.outer(mu, mu)
     var = np.clip(np.diag(cov), 0.0, None)
-    # A unit whose column is constant across every client carries no shared
-    # signal; it gets zero correlation (communality 0), i.e. it is personalised.
+    # A unit whose column is constant across every client has no variance for
+    # common factors to explain: its row of R stays zero, diagonal included, so
+    # its communality is 0 and it is personalised (a 1 on the diagonal would
+    # let it be a factor of its own).
     sd = np.sqrt(var)
     live = sd > 1e-12 * max(1.0, float(sd.max(initial=0.0)))
     R = np.zeros((h, h))
     R[np.ix_(live, live)] = cov[np.ix_(live, live)] / np.outer(sd[live], sd[live])
-    np.fill_diagonal(R, 1.0)
+    R[np.flatnonzero(live), np.flatnonzero(live)] = 1.0
     return 0.5 * (R + R.T)
 
 

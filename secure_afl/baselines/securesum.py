@@ -134,8 +134,6 @@ class SecureSum:
         from ..backends.secagg import recommended_neighbours, secagg_session_params, simulate_round
 
         k = len(padded)
-        if k == 1:
-            raise InvalidInputError("secagg needs at least 2 clients in a sum; one client's sum is its own vector")
         bounds = Bounds(self.bounds.max_norm, 1, k)
         nb = recommended_neighbours(k)
         params = secagg_session_params(f"{self.session}-secagg-{self._rounds}", self.layout, 0.0, bounds,
