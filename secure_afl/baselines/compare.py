@@ -210,12 +210,13 @@ def write_report(rows, ablation, out_dir, *, meta: dict, verify=None) -> Path:
         lines.append("| method | rounds | bytes / hospital / round | bytes / hospital in all | wall time (s) |")
         lines.append("|---|---|---|---|---|")
         for m in method_names:
-            rs = [r for r in rows if r["method"] == m and r["K"] == K]
+            rs = [r for r in rows if r["method"] == m and r["K"] == K and not np.isnan(r["seconds"])]
             if not rs:
+                lines.append(f"| {m} | refused | | | |")
                 continue
-            bpr = np.nanmean([r["bytes_per_round"] for r in rs])
+            bpr = np.mean([r["bytes_per_round"] for r in rs])
             lines.append(f"| {m} | {rs[0]['rounds']} | {bpr:,.0f} | {bpr * rs[0]['rounds']:,.0f} | "
-                         f"{np.nanmean([r['seconds'] for r in rs]):.2f} |")
+                         f"{np.mean([r['seconds'] for r in rs]):.2f} |")
         lines.append("")
         # Where a personalised model beats AFL on its own client's label mix.
         afl = {(r["partition"], r["seed"]): r for r in rows if r["method"] == "AFL" and r["K"] == K}
@@ -313,7 +314,8 @@ def _plots(rows, out: Path, method_names, specs, Ks):
         ax.set_ylabel("per-client accuracy")
         ax.set_ylim(0, 1.02)
         ax.grid(alpha=0.3)
-    axes[0, -1].legend(fontsize=6, loc="lower right")
+    if axes[0, -1].get_legend_handles_labels()[0]:
+        axes[0, -1].legend(fontsize=6, loc="lower right")
     fig.tight_layout()
     fig.savefig(out / "comparison_accuracy_vs_rounds.png", dpi=110)
     plt.close(fig)

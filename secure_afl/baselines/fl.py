@@ -181,7 +181,7 @@ def run_fedfac(head: MLPHead, clients, test, cfg: FLConfig, *, dynamic: bool = F
             pmask = head.unit_mask(personal)
         contrib = [_weighted(np.where(pmask, 0.0, new[k] - starts[k]), clients[k][1].size) for k in range(K)]
         total = ss.sum(contrib)
-        theta = theta + cfg.server_lr * np.where(pmask, 0.0, total[:-1] / total[-1])
+        theta = theta + cfg.server_lr * total[:-1] / total[-1]  # personalised entries summed zeros
         own = new
         if r % cfg.eval_every == 0 or r == cfg.rounds:
             g, p, _ = evaluate(head, [np.where(pmask, own[k], theta) for k in range(K)], test, mix)
