@@ -184,6 +184,28 @@ def _fmt(v):
     return "N/A" if v is None else f"{v:.4f}"
 
 
+_HOW_TO_READ = [
+    "How to read it:", "",
+    "* Every method trains on the same frozen embeddings, partitions and seeds. AFL is the closed-form "
+    "linear head (one secure sum of C_k^r, Q_k and counts, RI restoration, minimum-norm solve). FedAvg and "
+    "FedProx (mu grid) train a linear softmax head and a one-hidden-layer head with local mini-batch SGD; "
+    "FedFac trains the one-hidden-layer head with hidden units split into shared and personalised ones by "
+    "factor analysis (static: one split before round 1; dynamic: a new split every round).",
+    "* Every aggregation is a secure sum: each client protects its vector with the backend, the server "
+    "combines payloads it cannot read, only the sum is revealed. FedFac's factor analysis uses a second "
+    "secure sum per split (per-client Grams of the hidden units' parameters), so the server never sees "
+    "a client's parameters either.",
+    "* Global accuracy: the model on the pooled test set (FedFac: the mean over clients of each personalised "
+    "model on the pooled test set). Per-client accuracy: each client's model on a test distribution with "
+    "that client's label mix, averaged over clients; a global model (AFL, FedAvg, FedProx) is evaluated "
+    "the same way.",
+    "* Bytes per hospital per round: what one client uploads for one aggregation (secagg: all five stages; "
+    "ckks: the ciphertexts); FedFac-dynamic uploads two secure sums per round.",
+    "* Empty clients (Dirichlet with small alpha leaves many) do not take part; K is the number of clients "
+    "the data were split into.", "",
+]
+
+
 def write_report(rows, ablation, out_dir, *, meta: dict, verify=None) -> Path:
     """COMPARISON.md and PNGs under ``out_dir``; returns the Markdown path."""
     out = Path(out_dir)
@@ -194,6 +216,7 @@ def write_report(rows, ablation, out_dir, *, meta: dict, verify=None) -> Path:
     by = _group(rows, "method", "K", "partition")
     lines = ["# AFL against FedAvg, FedProx and FedFac", ""]
     lines += [meta.get("intro", ""), "", "```", meta.get("command", ""), "```", ""]
+    lines += _HOW_TO_READ
     for K in Ks:
         lines += [f"## K = {K}: accuracy, global / per-client (mean ± std over seeds)", ""]
         lines.append("| method | " + " | ".join(specs) + " |")
