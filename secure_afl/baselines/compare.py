@@ -299,13 +299,13 @@ def _plots(rows, out: Path, method_names, specs, Ks):
     for j, K in enumerate(Ks):
         for i, (key, label) in enumerate((("global_acc", "global accuracy"), ("client_acc", "per-client accuracy"))):
             ax = axes[i, j]
-            for m in method_names:
+            for i, m in enumerate(method_names):
                 vals = [[r[key] for r in by.get((m, K, s), [])] or [np.nan] for s in specs]
                 with np.errstate(all="ignore"), warnings.catch_warnings():
                     warnings.simplefilter("ignore", RuntimeWarning)
                     mean = [np.nanmean(v) for v in vals]
                     std = [np.nanstd(v) for v in vals]
-                ax.errorbar(x, mean, yerr=std, marker="o", capsize=3, label=m)
+                ax.errorbar(x, mean, yerr=std, marker="o", capsize=3, label=m, color=f"C{i % 10}")
             ax.set_xticks(x, specs, rotation=20)
             ax.set_title(f"K = {K}: {label}")
             ax.set_ylim(0, 1.02)
@@ -319,7 +319,7 @@ def _plots(rows, out: Path, method_names, specs, Ks):
     K0 = Ks[0]
     for j, s in enumerate(specs):
         ax = axes[0, j]
-        for m in method_names:
+        for i, m in enumerate(method_names):
             rs = by.get((m, K0, s), [])
             if not rs:
                 continue
@@ -329,9 +329,9 @@ def _plots(rows, out: Path, method_names, specs, Ks):
             hist = np.array([[h[2] for h in r["history"]] for r in rs])
             rounds = [h[0] for h in rs[0]["history"]]
             if m == "AFL":
-                ax.axhline(hist.mean(), color="k", ls="--", label="AFL (1 round)")
+                ax.axhline(hist.mean(), color=f"C{i % 10}", ls="--", label="AFL (1 round)")
             else:
-                ax.plot(rounds, hist.mean(axis=0), label=m)
+                ax.plot(rounds, hist.mean(axis=0), label=m, color=f"C{i % 10}")
         ax.set_title(f"K = {K0}, {s}")
         ax.set_xlabel("round")
         ax.set_ylabel("per-client accuracy")
