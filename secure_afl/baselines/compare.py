@@ -222,6 +222,8 @@ def write_report(rows, ablation, out_dir, *, meta: dict, verify=None) -> Path:
         lines.append("| method | " + " | ".join(specs) + " |")
         lines.append("|---|" + "---|" * len(specs))
         for m in method_names:
+            if not any((m, K, s) in by for s in specs):
+                continue  # not run at this K
             cells = []
             for s in specs:
                 rs = by.get((m, K, s), [])
@@ -233,9 +235,11 @@ def write_report(rows, ablation, out_dir, *, meta: dict, verify=None) -> Path:
         lines.append("| method | rounds | bytes / hospital / round | bytes / hospital in all | wall time (s) |")
         lines.append("|---|---|---|---|---|")
         for m in method_names:
-            rs = [r for r in rows if r["method"] == m and r["K"] == K and not np.isnan(r["seconds"])]
+            ran = [r for r in rows if r["method"] == m and r["K"] == K]
+            rs = [r for r in ran if not np.isnan(r["seconds"])]
             if not rs:
-                lines.append(f"| {m} | refused | | | |")
+                if ran:
+                    lines.append(f"| {m} | refused | | | |")
                 continue
             bpr = np.mean([r["bytes_per_round"] for r in rs])
             lines.append(f"| {m} | {rs[0]['rounds']} | {bpr:,.0f} | {bpr * rs[0]['rounds']:,.0f} | "
@@ -415,7 +419,7 @@ def _run(args) -> int:
         rows = [r for b in blobs for r in b["rows"]]
         verify = [v for b in blobs for v in (b.get("verify") or [])] or None
         ablation = [a for b in blobs for a in (b.get("ablation") or [])] or None
-        intro = " ".join(b.get("intro", "") for b in blobs)
+        intro = "\n\n".join(b.get("intro", "") for b in blobs)
         command = "\n".join(b.get("command", "") for b in blobs)
         md = write_report(rows, ablation, args.out, verify=verify, meta={"intro": intro, "command": command})
         print(f"wrote {md}")
