@@ -190,7 +190,7 @@ _HOW_TO_READ = [
     "linear head (one secure sum of C_k^r, Q_k and counts, RI restoration, minimum-norm solve). FedAvg and "
     "FedProx (mu grid) train a linear softmax head and a one-hidden-layer head with local mini-batch SGD; "
     "FedFac trains the one-hidden-layer head with hidden units split into shared and personalised ones by "
-    "factor analysis (static: one split before round 1; dynamic: a new split every round).",
+    "factor analysis (static: one split before the first round; dynamic: a new split every round).",
     "* Every aggregation is a secure sum: each client protects its vector with the backend, the server "
     "combines payloads it cannot read, only the sum is revealed. FedFac's factor analysis uses a second "
     "secure sum per split (per-client Grams of the hidden units' parameters), so the server never sees "

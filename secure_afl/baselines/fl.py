@@ -10,7 +10,7 @@ FedFac (Wang, Tang and Li): hidden units of the MLP head are split by factor
 analysis (:mod:`.fedfac`) into shared units, averaged as above, and
 personalised units, which never leave the client (their entries of the
 contribution are zero). Static: one split, from the clients' locally trained
-models before round 1. Dynamic: a fresh split every round from the clients'
+models before the first round. Dynamic: a fresh split every round from the clients'
 updates. The factor analysis runs on a second secure sum (per-client Grams), so
 the server never sees a client's parameters either.
 
