@@ -23,6 +23,7 @@ _COMMANDS = [
     ("keyholder", "the key holder: keys, release checks, decryption and the solve", "secure_afl.server.keyholder"),
     ("demo", "end-to-end demo: PKI, server, key holder and K hospitals on 127.0.0.1", "secure_afl.demo"),
     ("attack", "run the threat-model attack demonstrations", "secure_afl.attacks"),
+    ("compare", "AFL against FedAvg, FedProx and FedFac with secure sums", "secure_afl.baselines.compare"),
 ]
 
 

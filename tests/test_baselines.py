@@ -1,0 +1,206 @@
+"""FedAvg / FedProx / FedFac baselines: correctness before comparison, secure = plain, FedFac split."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from secure_afl.baselines import FLConfig, LinearHead, MLPHead, SecureSum, run_fedavg, run_fedfac
+from secure_afl.baselines import fedfac as fa
+from secure_afl.baselines.compare import ri_ablation, run_afl, run_grid, write_report
+from secure_afl.baselines.fl import secure_split
+from secure_afl.cli import main
+from secure_afl.demo import random_features
+from secure_afl.exceptions import BoundsExceeded, InvalidInputError
+from secure_afl.partition import dirichlet
+
+D, C = 24, 4
+
+
+@pytest.fixture(autouse=True)
+def _one_blas_thread():
+    from threadpoolctl import threadpool_limits
+
+    with threadpool_limits(1):  # small matrices: threads only contend
+        yield
+
+
+@pytest.fixture(scope="module")
+def data():
+    """A small embedded problem: 4 Gaussian classes through the random feature map."""
+    rng = np.random.default_rng(7)
+    centres = rng.normal(0, 2.0, (C, 6))
+    y = rng.integers(0, C, 400)
+    F = random_features(centres[y] + rng.normal(0, 1.0, (400, 6)), dim=D, seed=3)
+    Xtr, ytr, Xte, yte = F[:300], y[:300].astype(np.int64), F[300:], y[300:].astype(np.int64)
+    parts = [p for p in dirichlet(ytr, 4, 0.3, seed=1) if p.size]
+    return [(Xtr[p], ytr[p]) for p in parts], (Xte, yte), (Xtr, ytr)
+
+
+def _centralised_gd(head, X, y, theta, lr, steps):
+    for _ in range(steps):
+        _, g = head.loss_grad(theta, X, y)
+        theta = theta - lr * g
+    return theta
+
+
+@pytest.mark.parametrize("head", [LinearHead(D, C), MLPHead(D, C, 8)], ids=["linear", "mlp"])
+def test_fedavg_one_full_batch_step_is_centralised_gradient_descent(data, head):
+    clients, test, (Xtr, ytr) = data
+    assert len({y.size for _, y in clients}) > 1  # unequal n_k: the n_k weighting matters
+    cfg = FLConfig(rounds=4, local_epochs=1, batch_size=10_000, lr=0.7, backend="plain", seed=2)
+    res = run_fedavg(head, clients, test, cfg)
+    X = np.concatenate([X for X, _ in clients])
+    y = np.concatenate([y for _, y in clients])
+    ref = _centralised_gd(head, X, y, head.init(np.random.default_rng(2)), 0.7, 4)
+    np.testing.assert_allclose(res["theta"], ref, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("backend", ["secagg", "ckks"])
+def test_secure_sum_within_backend_error_bound(backend):
+    rng = np.random.default_rng(0)
+    vectors = [rng.uniform(-50, 50, 300) for _ in range(5)]
+    ss = SecureSum(backend, 300, 50.0, 5, session="t")
+    got = ss.sum(vectors)
+    err = float(np.max(np.abs(got - np.sum(vectors, axis=0))))
+    assert err <= ss.error_bound(5, magnitude=5 * 50.0)
+    assert ss.bytes_up[-1] > 8 * 300  # a protected payload, not nothing
+
+
+def test_secure_sum_refuses_wrong_length_and_out_of_bound_entries():
+    ss = SecureSum("plain", 10, 2.0, 3)
+    with pytest.raises(InvalidInputError):
+        ss.sum([np.zeros(9), np.zeros(9)])
+    with pytest.raises(BoundsExceeded):
+        ss.sum([np.zeros(10), np.full(10, 3.0)])
+
+
+def test_diverging_client_update_is_refused_before_protection(data):
+    clients, test, _ = data
+    with pytest.raises(BoundsExceeded):
+        run_fedavg(LinearHead(D, C), clients, test, FLConfig(rounds=1, lr=50.0, update_bound=1e-6))
+
+
+def _max_diff(a, b):
+    ma, mb = a.get("models", [a["theta"]]), b.get("models", [b["theta"]])
+    return max(float(np.max(np.abs(x - y))) for x, y in zip(ma, mb))
+
+
+@pytest.mark.parametrize("backend", ["secagg", "ckks"])
+def test_secure_and_plain_runs_give_the_same_model(data, backend):
+    clients, test, _ = data
+    n = sum(y.size for _, y in clients)
+    lin, mlp = LinearHead(D, C), MLPHead(D, C, 8)
+    runs = {
+        "fedavg": lambda cfg: run_fedavg(lin, clients, test, cfg),
+        "fedprox": lambda cfg: run_fedavg(mlp, clients, test, FLConfig(**{**cfg.__dict__, "mu": 0.1})),
+        "fedfac-static": lambda cfg: run_fedfac(mlp, clients, test, cfg),
+        "fedfac-dynamic": lambda cfg: run_fedfac(mlp, clients, test, cfg, dynamic=True),
+    }
+    rounds = 2
+    for name, run in runs.items():
+        plain = run(FLConfig(rounds=rounds, backend="plain"))
+        secure = run(FLConfig(rounds=rounds, backend=backend))
+        # Per round the revealed weighted update is off by at most eb / N per entry.
+        n_max = max(y.size for _, y in clients)
+        eb = SecureSum(backend, 10, n_max * 100.0, len(clients)).error_bound(len(clients)) / n
+        assert _max_diff(plain, secure) <= 10 * rounds * eb, name
+        if name.startswith("fedfac"):
+            assert [tuple(map(tuple, s)) for s in plain["splits"]] == [tuple(map(tuple, s)) for s in secure["splits"]]
+    a_plain = run_afl(clients, test, C, backend="plain")
+    a_sec = run_afl(clients, test, C, backend=backend)
+    assert _max_diff(a_plain, a_sec) <= 1e-5
+
+
+def test_correlation_from_summed_grams_equals_pooled_correlation():
+    rng = np.random.default_rng(3)
+    blocks = [rng.normal(size=(7, 5)) + rng.normal(size=5) for _ in range(4)]
+    total = np.sum([fa.gram_contribution(Z) for Z in blocks], axis=0)
+    R = fa.correlation_from_sums(total, 5)
+    np.testing.assert_allclose(R, np.corrcoef(np.vstack(blocks), rowvar=False), atol=1e-12)
+
+
+def test_dead_hidden_unit_is_personalised_not_a_nan():
+    rng = np.random.default_rng(4)
+    blocks = [rng.normal(size=(6, 4)) for _ in range(3)]
+    for Z in blocks:
+        Z[:, 2] = 0.5  # a unit whose parameters are the same constant everywhere
+    R = fa.correlation_from_sums(np.sum([fa.gram_contribution(Z) for Z in blocks], axis=0), 4)
+    assert np.all(np.isfinite(R))
+    _, personal = fa.factor_split(R, personal_fraction=0.25)
+    assert personal.tolist() == [2]
+
+
+def test_fedfac_server_never_moves_personalised_units(data):
+    clients, test, _ = data
+    head = MLPHead(D, C, 8)
+    cfg = FLConfig(rounds=2, backend="plain", seed=3)
+    res = run_fedfac(head, clients, test, cfg)
+    pmask = head.unit_mask(res["splits"][-1][1])
+    init = head.init(np.random.default_rng(3))
+    assert pmask.any()
+    np.testing.assert_array_equal(res["theta"][pmask], init[pmask])
+    assert not np.array_equal(res["theta"][~pmask], init[~pmask])
+
+
+def test_refused_run_is_reported_as_refused(data, tmp_path):
+    clients, test, (Xtr, ytr) = data
+    rows = run_grid((Xtr, ytr, test[0], test[1], C), clients=(3,), partitions=("iid",), seeds=(0,),
+                    cfg=FLConfig(rounds=1, update_bound=1e-6), lrs=(1e3, 1.0), only=("FedAvg-linear",), log=lambda m: 0)
+    assert len(rows) == 1 and np.isnan(rows[0]["global_acc"])
+    md = write_report(rows, None, tmp_path, meta={}).read_text()
+    assert "| FedAvg-linear | refused / refused |" in md
+
+
+def test_factor_analysis_recovers_planted_shared_units():
+    # 6 units driven by two common factors, 6 units of independent noise.
+    rng = np.random.default_rng(5)
+    F = rng.normal(size=(400, 2))
+    shared = F @ rng.normal(size=(2, 6)) + 0.2 * rng.normal(size=(400, 6))
+    noise = rng.normal(size=(400, 6))
+    Z = np.hstack([noise[:, :3], shared[:, :3], noise[:, 3:], shared[:, 3:]])
+    R = np.corrcoef(Z, rowvar=False)
+    s, p = fa.factor_split(R, personal_fraction=0.5, kappa=0.6)
+    assert set(p.tolist()) == {0, 1, 2, 6, 7, 8}
+    assert set(s.tolist()) == {3, 4, 5, 9, 10, 11}
+
+
+@pytest.mark.parametrize("backend", ["secagg", "ckks"])
+def test_secure_fedfac_split_equals_plaintext_split(data, backend):
+    clients, test, _ = data
+    head = MLPHead(D, C, 12)
+    rng = np.random.default_rng(1)
+    thetas = [head.init(rng) for _ in clients]
+    blocks = [head.unit_block(t) for t in thetas]
+    cfg = FLConfig(backend=backend)
+    gs = SecureSum(backend, fa.gram_length(12), (D + 1) * cfg.update_bound ** 2, len(clients))
+    s_sec, p_sec, _ = secure_split(head, blocks, gs, cfg)
+    # Plaintext FedFac: the server stacks the clients' blocks itself.
+    s_pl, p_pl = fa.factor_split(np.corrcoef(np.vstack(blocks), rowvar=False), personal_fraction=cfg.personal_fraction,
+                                 kappa=cfg.kappa)
+    assert p_sec.tolist() == p_pl.tolist() and s_sec.tolist() == s_pl.tolist()
+    assert 0 < len(p_sec) < 12
+
+
+def test_ri_ablation_restored_accuracy_does_not_depend_on_gamma(data):
+    clients, test, (Xtr, ytr) = data
+    Xte, yte = test
+    rows = ri_ablation((Xtr, ytr, Xte, yte, C), clients=(6,), gammas=(0.0, 1.0, 100.0), alpha=0.3)
+    restored = {r["sum_with_ri"] for r in rows}
+    assert len(restored) == 1 and None not in restored
+
+
+def test_compare_cli_writes_tables_and_plots(tmp_path, capsys):
+    out = tmp_path / "docs"
+    rc = main(["compare", "--clients", "3", "--partitions", "iid,dirichlet:0.1", "--seeds", "2", "--rounds", "2",
+               "--hidden", "8", "--mu", "0.1", "--verify", "secagg", "--verify-clients", "3", "--verify-rounds", "1",
+               "--ri-clients", "3", "--gammas", "0,1", "--out", str(out)])
+    assert rc == 0
+    md = (out / "COMPARISON.md").read_text()
+    for name in ("AFL", "FedAvg-linear", "FedAvg-mlp", "FedProx-linear mu=0.1", "FedProx-mlp mu=0.1",
+                 "FedFac-static", "FedFac-dynamic"):
+        assert f"| {name} |" in md
+    assert "| secagg | FedFac-dynamic | 3 |" in md
+    assert "RI ablation" in md and "bytes / hospital / round" in md
+    for png in ("comparison_accuracy_vs_alpha.png", "comparison_accuracy_vs_rounds.png"):
+        assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
