@@ -347,7 +347,7 @@ def attack_secagg_server(*, seed: int = 0, verbose: bool = True, **_) -> dict:
 def _ckks_consortium(d: Path, hospitals=("hosp-a", "hosp-b", "hosp-c")):
     from . import pki
     from .backends.ckks import bind_public_context, ckks_session_params
-    from .server.keyholder import KeyHolder
+    from .keyholder import KeyHolder
 
     pki_dir = d / "pki"
     pki.init_ca(pki_dir, name="attack consortium")
@@ -397,7 +397,7 @@ def attack_forward_ciphertext(*, seed: int = 0, verbose: bool = True, work=None,
     from .backends.ckks import CKKSBackend
     from .envelope import peek_header, seal
     from .exceptions import SecureAFLError
-    from .server.keyholder import KeyHolder
+    from .keyholder import KeyHolder
 
     rng = np.random.default_rng(seed)
     with _workdir(work) as d:

@@ -158,7 +158,7 @@ def run_demo(args) -> dict:
     from .clients.hospital import HospitalClient
     from .packing import Layout
     from .server.config import write_config
-    from .server.keyholder import KeyHolder, write_model
+    from .keyholder import KeyHolder, write_model
     from .stats import StatisticsAccumulator
 
     timings: dict[str, float] = {}

@@ -42,7 +42,7 @@ from secure_afl.release import ReleaseLedger, check_class_minimum, sanity_check
 from secure_afl.server.aggregator import AggregationServer
 from secure_afl.server.app import create_app
 from secure_afl.server.config import ServerConfig
-from secure_afl.server.keyholder import KeyHolder
+from secure_afl.keyholder import KeyHolder
 from secure_afl.signing import build_manifest, sign_upload
 from secure_afl.stats import StatisticsAccumulator, SufficientStatistics, local_statistics
 from secure_afl.tagging import generate_tag_key

@@ -14,7 +14,7 @@ from secure_afl.audit import load_receipts, verify_log
 from secure_afl.cli import main
 from secure_afl.exceptions import DuplicateContribution, InsufficientContributors
 from secure_afl.clients.transport import ServiceError
-from secure_afl.server.keyholder import read_model
+from secure_afl.keyholder import read_model
 
 from service_helpers import Consortium
 
