@@ -50,7 +50,7 @@ def _cmd_finalize(args) -> int:
     with kh.connect(args.server, args.session) as conn:
         res = kh.finalize(conn, min_clients=args.min_clients, lam=args.lam, min_class_count=args.min_class_count)
     meta = {"session": res.params.session_id, "backend": res.params.backend, "gamma": res.params.gamma,
-            "lambda": args.lam, "classes": res.params.layout.n_classes, "participants": res.report["participants"]}
+            "lambda": res.report.get("lambda_total", args.lam), "classes": res.params.layout.n_classes, "participants": res.report["participants"]}
     write_model(args.out, res.W, meta)
     if args.report:
         Path(args.report).write_text(json.dumps(res.report, indent=2))

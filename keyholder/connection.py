@@ -3,7 +3,7 @@
 mTLS with the consortium CA (an ``ssl.SSLContext`` from :mod:`secure_afl.pki`)
 and an Ed25519 request signature on every call. Kept apart from the
 hospitals' transport so the key holder depends on nothing a hospital ships.
-A 4xx answer becomes :class:`ServerRefused` carrying the server's reason.
+A 4xx answer becomes the library's typed exception for the server's reason.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import time
 
 import httpx
 
+from secure_afl import exceptions as E
 from secure_afl.exceptions import SecureAFLError
 from secure_afl.protocol import API, sign_request
 
@@ -19,7 +20,27 @@ __all__ = ["KeyHolderConnection", "ServerRefused"]
 
 
 class ServerRefused(SecureAFLError):
-    """The server answered 4xx; ``reason`` is its machine-readable reason."""
+    """The server answered 4xx with a reason that has no class in :mod:`secure_afl.exceptions`."""
+
+
+def _classes_by_reason() -> dict:
+    out: dict = {}
+    todo = [SecureAFLError]
+    while todo:
+        cls = todo.pop()
+        for sub in cls.__subclasses__():
+            todo.append(sub)
+            if sub.__module__ == E.__name__ and isinstance(sub.__dict__.get("reason"), str):
+                out.setdefault(sub.__dict__["reason"], sub)
+    return out
+
+
+def refusal(status_code: int, reason: str, detail: str) -> SecureAFLError:
+    """The library's typed exception for a server refusal (``status_code`` attached)."""
+    cls = _classes_by_reason().get(reason, ServerRefused)
+    err = cls(f"server refused ({status_code} {reason}): {detail}", reason=reason)
+    err.status_code = status_code
+    return err
 
 
 class KeyHolderConnection:
@@ -62,8 +83,19 @@ class KeyHolderConnection:
                 reason, detail = str(msg.get("error", "error")), str(msg.get("detail", ""))
             except ValueError:
                 reason, detail = "error", resp.text[:200]
-            raise ServerRefused(f"server refused ({resp.status_code} {reason}): {detail}", reason=reason)
+            raise refusal(resp.status_code, reason, detail)
         return resp
 
     def info(self) -> dict:
         return self.request("GET", self.path()).json()
+
+    def wait_until(self, predicate, *, timeout: float, interval: float = 0.2, what: str = "condition") -> dict:
+        """Poll the session info until ``predicate(info)``; bounded by ``timeout``."""
+        deadline = time.monotonic() + timeout
+        while True:
+            info = self.info()
+            if predicate(info):
+                return info
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"gave up waiting for {what} after {timeout:.0f} s (status {info['status']})")
+            time.sleep(interval)

@@ -15,6 +15,7 @@ sanity-check, tag check, class minimum, RI restoration, solve).
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
@@ -35,7 +36,7 @@ from secure_afl.release import ReleaseLedger, check_aggregate_against_manifest, 
 
 from .connection import KeyHolderConnection
 from .custody import KeyCustody
-from .flooding import KAPPA, QUERIES, flood, flood_sigma, flooded_bound
+from .flooding import KAPPA, QUERIES, flood, flood_ridge, flood_sigma, flooded_bound
 from .verify import ContributionRejected, ServerForgery, resum_signed_contributions, verify_manifest_for
 
 __all__ = ["KeyHolder", "FinalResult", "write_model", "read_model"]
@@ -196,8 +197,12 @@ class KeyHolder(KeyCustody):
             sanity = sanity_check(stats, params, len(participants), abs_tol=tol)
             tag_check = check_aggregate_tag(params, stats.tag, m, tags or {}, enrolled,
                                             self.tag_secret(params.session_id), tol)
+            # integers stay integers: the checks above bound their noise far below 1/2
+            stats = dataclasses.replace(stats, contributors=float(len(participants)),
+                                        n=float(np.round(stats.n)), class_counts=np.round(stats.class_counts))
             check_class_minimum(stats, min_class_count)
-            W = solve_from_sums(stats, lam=lam)
+            ridge = flood_ridge(sigma, params.layout.dim)
+            W = solve_from_sums(stats, lam=lam + ridge)
         except BaseException as e:
             ledger.block(key_id, f"check after decryption failed: {type(e).__name__}: {e}")
             raise
@@ -205,7 +210,8 @@ class KeyHolder(KeyCustody):
         report = self._report(params, participants, stats, lam, sanity, tol)
         report.update({"tag_check": tag_check, "resummed_by_keyholder": True,
                        "decryption_error_bound": e_bound, "flood_sigma": sigma, "flood_kappa": KAPPA,
-                       "flood_queries": QUERIES, "error_bound_exceed_probability_per_entry": p_exceed})
+                       "flood_queries": QUERIES, "error_bound_exceed_probability_per_entry": p_exceed,
+                       "flood_ridge": ridge, "lambda_total": lam + ridge})
         return FinalResult(W, stats, params, m, report)
 
     @staticmethod

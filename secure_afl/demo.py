@@ -281,11 +281,18 @@ def run_demo(args) -> dict:
     rel_joint = float(np.linalg.norm(W - W_joint) / np.linalg.norm(W_joint))
     Xe, ye = test if test is not None else (X_all, y_all)
     agreement = float(np.mean(predict(W, Xe) == predict(W_plain, Xe)))
-    target = {"plain": 1e-9, "secagg": 1e-9, "ckks": 1e-6}[args.backend]
+    acc_secure, acc_plain = top1_accuracy(W, Xe, ye), top1_accuracy(W_plain, Xe, ye)
     audit = verify_log(work / "server" / session_id / "audit.jsonl",
                        server_pub=pki.load_party(pki_dir, "server", "aggregator").identity_pub(),
                        receipts=_receipts(receipts_dir))
-    passed = bool(rel_plain <= target and agreement == 1.0 and rel_joint <= max(target, 1e-9) * 10)
+    if args.backend == "ckks":
+        # a flooded release: every statistic within the key holder's reported bound, and the model
+        # (solved with the noise-floor ridge) as accurate as the plaintext one to within a point
+        target = None
+        passed = bool(stats_err <= res.report["error_bound_per_entry"] and acc_secure >= acc_plain - 0.01)
+    else:
+        target = 1e-9
+        passed = bool(rel_plain <= target and agreement == 1.0 and rel_joint <= target * 10)
     timings["verify"] = time.perf_counter() - t
     report = {
         "backend": args.backend,
@@ -301,7 +308,8 @@ def run_demo(args) -> dict:
             "target_rel_error": target,
             "passed": passed,
         },
-        "accuracy": {"secure": top1_accuracy(W, Xe, ye), "plaintext": top1_accuracy(W_plain, Xe, ye)},
+        "accuracy": {"secure": acc_secure, "plaintext": acc_plain},
+        "flooding": {k: res.report.get(k) for k in ("flood_sigma", "flood_ridge", "error_bound_per_entry")},
         "bytes_uploaded": int(sum(results.values())),
         "bytes_per_hospital": float(np.mean(list(results.values()))),
         "timings_s": timings,
@@ -316,7 +324,7 @@ def run_demo(args) -> dict:
         Path(args.report).write_text(json.dumps(report, indent=2))
     if args.model_out:
         write_model(args.model_out, W, {"session": session_id, "backend": args.backend, "gamma": 1.0,
-                                        "lambda": 0.0, "classes": n_classes,
+                                        "lambda": res.report.get("lambda_total", 0.0), "classes": n_classes,
                                         "participants": res.report["participants"]})
     if not args.workdir and not args.keep:
         shutil.rmtree(work, ignore_errors=True)
@@ -344,15 +352,16 @@ def _print_report(r: dict) -> None:
         ("dim x classes", f"{r['dim']} x {r['classes']}"),
         ("bytes per hospital", f"{r['bytes_per_hospital'] / 1e6:.3f} MB"),
         ("stats max |secure - plaintext|", f"{v['stats_max_abs_error']:.3e}"),
-        ("||W_secure - W_plain|| / ||W_plain||", f"{v['weights_rel_error_vs_plaintext']:.3e} "
-                                                  f"(target <= {v['target_rel_error']:.0e})"),
+        ("||W_secure - W_plain|| / ||W_plain||", f"{v['weights_rel_error_vs_plaintext']:.3e} " + (
+            f"(target <= {v['target_rel_error']:.0e})" if v["target_rel_error"] is not None else
+            f"(flooded: sigma {r['flooding']['flood_sigma']:.2e}, ridge {r['flooding']['flood_ridge']:.2e})")),
         ("||W_secure - X^+Y|| / ||X^+Y||", f"{v['weights_rel_error_vs_joint']:.3e}"),
         ("top-1 prediction agreement", f"{v['prediction_agreement']:.4f}"),
         ("accuracy secure / plaintext", f"{r['accuracy']['secure']:.4f} / {r['accuracy']['plaintext']:.4f}"),
         ("time per phase (s)", ", ".join(f"{k} {x:.2f}" for k, x in r["timings_s"].items())),
     ]
     width = max(len(a) for a, _ in rows)
-    print("\nVerification: decryption equals plaintext")
+    print("\nVerification: release against plaintext" + (" (flooded)" if v["target_rel_error"] is None else ""))
     print("-" * (width + 40))
     for a, b in rows:
         print(f"{a:<{width}}  {b}")
