@@ -64,7 +64,7 @@ class _StoredUploads:
         raise ValueError(f"not served: {method} {path}")
 
 
-def run(dim: int, classes: int, k: int, *, distinct: int = 4, n_per_hospital: int = 50, seed: int = 0) -> dict:
+def run(dim: int, classes: int, k: int, *, distinct: int = 4, n_per_hospital: int = 200, seed: int = 0) -> dict:
     from secure_afl import pki
     from secure_afl.analytic import solve_from_sums
     from secure_afl.backends.ckks import CKKSBackend, ckks_session_params
