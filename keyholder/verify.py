@@ -64,12 +64,13 @@ def verify_manifest_for(params: SessionParams, manifest: dict, server_pub, enrol
 
 
 def resum_signed_contributions(params: SessionParams, backend, ctx, manifest: dict,
-                               fetch: Callable[[str], bytes], min_clients: int) -> tuple[list, list[str]]:
-    """Sum the verified uploads of a verified manifest -> (summed chunks, participants).
+                               fetch: Callable[[str], bytes]) -> tuple[list, list[str]]:
+    """Sum the uploads of a manifest already verified by :func:`verify_manifest_for`
+    (distinct enrolled hospitals, at least ``min_clients``) -> (summed chunks, participants).
 
     ``fetch(hospital)`` returns the payload bytes the server stored for that
-    hospital. Raises :class:`ServerForgery`, :class:`ContributionRejected` or
-    :class:`InsufficientContributors`; on any of them nothing was decrypted.
+    hospital. Raises :class:`ServerForgery` or :class:`ContributionRejected`;
+    on either nothing was decrypted.
     """
     from secure_afl.hazmat.ckks import add_chunks
 
@@ -87,8 +88,4 @@ def resum_signed_contributions(params: SessionParams, backend, ctx, manifest: di
                                        f"released with it", hospital) from e
         total = add_chunks(total, chunks)
         seen.append(hospital)
-    if len(set(seen)) != len(seen):
-        raise ServerForgery("a hospital appears twice among the verified contributions")
-    if len(seen) < min_clients:
-        raise InsufficientContributors(f"{len(seen)} verified contributions, fewer than min_clients={min_clients}")
     return total, sorted(seen)

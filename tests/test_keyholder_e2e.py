@@ -211,3 +211,44 @@ def test_server_refuses_degenerate_tag_key_and_unsigned_parameters_at_publish(co
         assert conn.info()["status"] == "open"
     with sqlite3.connect(c.root / "server" / c.session_id / "state.sqlite3") as db:
         assert db.execute("SELECT COUNT(*) FROM uploads").fetchone()[0] == 0
+
+
+def test_signed_malformed_upload_names_its_hospital_before_decryption(consortium):
+    """A hospital colluding with the server swaps its stored upload for bytes that are not a valid
+    ciphertext and signs them: the key holder refuses before decrypting and names that hospital."""
+    # Prepare
+    from secure_afl import pki
+    from secure_afl.keyholder.verify import ContributionRejected
+    from secure_afl.signing import sign_upload
+
+    c = consortium(backend="ckks", hospitals=("h1", "h2", "h3"), min_clients=2)
+    params = _open(c)
+    for h in c.hospitals:
+        cl = c.hospital(h)
+        cl.submit(c.stats(*c.data(h)))
+        cl.close()
+    store = _store(c)
+    good = store.get_blob({r["hospital"]: r for r in store.uploads()}["h2"]["payload_sha256"])
+    broken = good[:-64] + bytes(64)  # framing intact, last ciphertext damaged
+    sha = store.put_blob(broken)
+    h2 = pki.load_party(c.pki_dir, "hospital", "h2")
+    statement = sign_upload(h2.identity_key(), c.session_id, params.digest(), bytes.fromhex(sha), "h2")
+    store.db.execute("UPDATE uploads SET payload_sha256=?, statement=? WHERE hospital='h2'",
+                     (sha, __import__("json").dumps(statement)))
+    store.close()
+
+    # Execute / Assert
+    with pytest.raises(ContributionRejected) as refused:
+        _finalize(c)
+    assert refused.value.hospital == "h2" and _ledger(c)[0] == 0
+
+
+def test_keyholder_never_decrypts_a_server_formed_ckks_aggregate(consortium):
+    c = consortium(backend="ckks", hospitals=("h1", "h2"), min_clients=2)
+    params = ckks_session_params(c.session_id, Layout(c.dim, c.classes), 1.0, Bounds(c.max_norm, 1000, 8))
+    c.keyholder.keygen(params)
+    # Execute / Assert: the library entry point for server aggregates refuses ckks outright
+    from secure_afl.exceptions import DecryptionRefused
+
+    with pytest.raises(DecryptionRefused, match="never decrypted"):
+        c.keyholder.reveal_and_solve(c.keyholder.params(c.session_id), b"", {}, min_clients=2)

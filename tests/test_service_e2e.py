@@ -87,6 +87,12 @@ def test_full_session_equals_plaintext(consortium, backend):
                               res.report["lambda_total"])
         assert np.linalg.norm(res.W - W_joint) <= bound
         assert res.report["flood_sigma"] > 0 and np.linalg.norm(res.W - W_joint) > 1e-9
+        # a key decrypts once: a second finalize is refused, with no second decryption
+        from secure_afl.exceptions import PolicyViolation
+
+        with c.connect_keyholder() as again, pytest.raises(PolicyViolation) as second:
+            c.keyholder.finalize(again, min_clients=3)
+        assert second.value.reason == "key_used"
     assert res.report["participants"] == ["h1", "h2", "h3"]
     v = verify_log(c.audit_path(), server_pub=pki.load_party(c.pki_dir, "server", "aggregator").identity_pub(),
                    receipts=load_receipts(c.root / "receipts"))
