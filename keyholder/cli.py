@@ -54,8 +54,11 @@ def _cmd_finalize(args) -> int:
     write_model(args.out, res.W, meta)
     if args.report:
         Path(args.report).write_text(json.dumps(res.report, indent=2))
+    flood = (f"; flooded, sigma {res.report['flood_sigma']:.2e}, per-entry bound "
+             f"{res.report['error_bound_per_entry']:.2e}, ridge {res.report['flood_ridge']:.2e}"
+             if "flood_sigma" in res.report else "")
     print(f"model W {res.W.shape} from {res.report['contributors']} hospitals, {res.report['samples']} samples "
-          f"-> {args.out}")
+          f"-> {args.out}{flood}")
     return 0
 
 
@@ -75,10 +78,11 @@ def register(parser) -> None:
     common(p, False)
     p.add_argument("--config", required=True, help="the session.toml the server runs")
     p.set_defaults(func=_cmd_keygen)
-    p = sub.add_parser("publish", help="publish the session's public context to the server")
+    p = sub.add_parser("publish", help="publish the public context, tag key and signed parameters to the server")
     common(p, True)
     p.set_defaults(func=_cmd_publish)
-    p = sub.add_parser("finalize", help="close, verify the manifest, decrypt the aggregate, solve, write the model")
+    p = sub.add_parser("finalize", help="close, verify and re-sum the signed uploads (ckks), decrypt once, flood, "
+                                        "check, solve, write the model")
     common(p, True)
     p.add_argument("--min-clients", type=int, required=True, help="this key holder's own release threshold")
     p.add_argument("--min-class-count", type=int, default=1, help="refuse a release with a rarer present class")
