@@ -1,7 +1,8 @@
 """The hospital client role: statistics -> protect -> sign -> upload -> receipt.
 
 Runs on: a hospital's own machine. Sees: its own embeddings and statistics,
-the session parameters, the key holder's public context (ckks) and, for
+the session parameters, the key holder's public context (ckks, accepted only
+under the key holder's own signature over the parameters) and, for
 secagg, its peers' public keys and the encrypted shares addressed to it.
 Sends: one protected, signed contribution per session (plus, for secagg, its
 public keys, encrypted shares and at most one share per peer in the unmask
@@ -29,6 +30,12 @@ from secure_afl.exceptions import (
     PolicyViolation,
     ReplayedContribution,
     StageError,
+)
+from secure_afl.keyholder_params import (
+    PARAMS_SIGNATURE,
+    check_published_keys,
+    pinned_keyholder_key,
+    verify_session_params,
 )
 from secure_afl.packing import Layout
 from secure_afl.params import SessionParams
@@ -93,16 +100,20 @@ class HospitalClient:
         This hospital's TLS and identity material (``pki.load_party(dir, "hospital", name)``).
     server_identity_pub : Ed25519PublicKey or hex, optional
         Pins the server's receipt key; read from the PKI directory by default.
+    keyholder_name : str, optional
+        Which enrolled key holder signs ckks parameters (needed only when the
+        PKI directory enrols more than one).
     """
 
     def __init__(self, server_url: str, session_id: str, party, *, server_identity_pub=None,
-                 receipts_dir=None, timeout: float = 120.0):
+                 receipts_dir=None, timeout: float = 120.0, keyholder_name: str | None = None):
         if party.role != "hospital":
             raise InvalidInputError(f"party must be a hospital, got {party.role}")
         self.party = party
         self.name = party.name
         self.conn = ServiceClient(server_url, party, session_id, timeout=timeout)
         self.session_id = session_id
+        self.keyholder_name = keyholder_name
         self.receipts_dir = Path(receipts_dir) if receipts_dir else None
         if server_identity_pub is None:
             servers = pki.load_enrolments(party.pki_dir, role="server")
@@ -127,6 +138,10 @@ class HospitalClient:
             raise ParameterMismatch("server's parameter digest does not match its parameters")
         if info["server_identity_pub"] != pki.public_key_hex(self.server_pub):
             raise ParameterMismatch("the server does not present the pinned identity key")
+        if params.backend == "ckks":
+            # the server relays the key holder's keys; only the key holder's own signature makes them its keys
+            verify_session_params(params, info.get(PARAMS_SIGNATURE),
+                                  pinned_keyholder_key(self.party.pki_dir, self.keyholder_name))
         return params
 
     def protect(self, params: SessionParams, stats: SufficientStatistics) -> tuple[bytes, dict | None]:
@@ -139,8 +154,7 @@ class HospitalClient:
         if params.backend not in HE_BACKENDS:
             return backend.protect(self.protect_vector(params, stats)), None
         ctx = self.conn.request("GET", self.conn.path("/context"), signed=False).content
-        if hashlib.sha256(ctx).hexdigest() != params.backend_params.get("public_context_sha256"):
-            raise ParameterMismatch("the public context does not match the session parameters")
+        check_published_keys(params, ctx)  # the signed hash, no secret key, a usable tag key
         tag = new_tag(params)
         payload = backend.protect(self.protect_vector(params, stats, tag=tag), public_context=ctx)
         box = seal_tag(params, self.name, tag)

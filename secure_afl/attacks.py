@@ -29,10 +29,15 @@ secagg-server
     The singleton attack against a ``secagg`` masked vector: the masked words
     are uniform and uncorrelated with the input.
 forward-ciphertext
-    Malicious server: forwards one hospital's ciphertext to the key holder as
-    if it were the aggregate (several variants). Refused by the manifest /
-    aggregate hash binding, the contributor counter, the sanity checks and the
-    key holder's recomputation of the sum from the signed contributions.
+    Malicious server against the key holder's real finalize: a manifest with
+    the victim alone, the victim's ciphertext (plus an encrypted fix-up)
+    served as other hospitals' uploads, an upload statement in a hospital's
+    name, a forged "aggregate". The verdict compares what was released with
+    the victim's statistics and counts decryptions in the key holder's ledger.
+decryption-error
+    IND-CPA-D: an attacker who knows every plaintext estimates the CKKS
+    decryption error from a release (the input of key recovery); the verdict
+    compares the estimate with the true error. Flooding makes it noise.
 """
 
 from __future__ import annotations
@@ -346,8 +351,8 @@ def attack_secagg_server(*, seed: int = 0, verbose: bool = True, **_) -> dict:
 # ---------------------------------------------------------------------------
 def _ckks_consortium(d: Path, hospitals=("hosp-a", "hosp-b", "hosp-c")):
     from . import pki
-    from .backends.ckks import bind_public_context, ckks_session_params
-    from .server.keyholder import KeyHolder
+    from .backends.ckks import ckks_session_params
+    from .keyholder import KeyHolder
 
     pki_dir = d / "pki"
     pki.init_ca(pki_dir, name="attack consortium")
@@ -355,11 +360,8 @@ def _ckks_consortium(d: Path, hospitals=("hosp-a", "hosp-b", "hosp-c")):
     pki.issue(pki_dir, "keyholder", "keyholder")
     parties = {h: pki.issue(pki_dir, "hospital", h) for h in hospitals}
     kh = KeyHolder(pki_dir, "keyholder", d / "keys", passphrase=os.urandom(16).hex().encode())
-    params0 = ckks_session_params("attack-forward", _layout(), GAMMA, _bounds())
-    public = kh.keygen(params0)
-    tag_key = (d / "keys" / "attack-forward.tag.pub").read_text().strip()
-    params = bind_public_context(params0, public).with_backend_params(tag_public_key=tag_key)
-    return pki_dir, server, parties, kh, params, public
+    public = kh.keygen(ckks_session_params("attack-forward", _layout(), GAMMA, _bounds()))
+    return pki_dir, server, parties, kh, kh.params("attack-forward"), public
 
 
 def _tagged_upload(party, params, backend, public, vector):
@@ -385,98 +387,213 @@ def _signed_participant(party, params, payload: bytes) -> dict:
     return {**st, "identity_pub": pki.public_key_hex(party.identity_pub())}
 
 
-def _manifest(server_party, params, participants, aggregate: bytes, min_clients: int) -> dict:
-    from .signing import build_manifest
+class _Answer:
+    def __init__(self, value):
+        self._v = value
 
-    return build_manifest(server_party.identity_key(), params.session_id, params.digest(), participants,
-                          hashlib.sha256(aggregate).digest(), min_clients)
+    @property
+    def content(self) -> bytes:
+        return self._v
+
+    def json(self):
+        return self._v
+
+
+class _MaliciousServer:
+    """The server as the adversary: it answers the key holder's real finalize with what it chooses.
+
+    It holds what a real server holds (the hospitals' signed uploads and tags,
+    its own signing key, the public context) and nothing else.
+    """
+
+    def __init__(self, server_party, params, manifest_parts, payloads: dict, tags: dict, *, min_clients: int,
+                 aggregate: bytes = b""):
+        import time
+
+        from .signing import MANIFEST_PREFIX, canonical_json
+
+        self.session_id = params.session_id
+        self._params, self._payloads, self._tags, self._aggregate = params, payloads, tags, aggregate
+        # the server signs whatever list it likes (no honest-server check); it cannot sign for a hospital
+        keep = ("hospital", "payload_sha256", "nonce", "time", "signature", "identity_pub")
+        st = {"type": "manifest", "v": 1, "session_id": params.session_id, "params_digest": params.digest().hex(),
+              "aggregate_sha256": hashlib.sha256(aggregate).hexdigest(), "min_clients": min_clients,
+              "participants": sorted(({k: p[k] for k in keep} for p in manifest_parts), key=lambda e: e["hospital"]),
+              "time": int(time.time())}
+        sig = server_party.identity_key().sign(MANIFEST_PREFIX + canonical_json(st)).hex()
+        self._manifest = {**st, "signature": sig}
+        self._min_clients = min_clients
+
+    def path(self, suffix: str = "") -> str:
+        return suffix
+
+    def info(self) -> dict:
+        return {"status": "released", "backend": "ckks", "params": self._params.to_dict(),
+                "params_digest": self._params.digest().hex(), "min_clients": self._min_clients,
+                "min_class_count": 1}
+
+    def request(self, method: str, path: str, *, body: bytes = b""):
+        if path == "/manifest":
+            return _Answer(self._manifest)
+        if path == "/tags":
+            return _Answer(self._tags)
+        if path == "/aggregate":
+            return _Answer(self._aggregate)
+        if path.startswith("/contributions/"):
+            return _Answer(self._payloads[path.rsplit("/", 1)[1]])
+        raise AssertionError(f"unexpected request {method} {path}")
+
+
+def _fresh_keyholder(kh, pki_dir, d: Path, label: str):
+    """A copy of the key holder's state per try, so a block from one try does not hide another's guard."""
+    from .keyholder import KeyHolder
+
+    copy = d / f"keys-{label}"
+    shutil.copytree(kh.keys_dir, copy)
+    return KeyHolder(pki_dir, "keyholder", copy, passphrase=kh.passphrase)
+
+
+def _decryptions(keyholder, params) -> int:
+    from .release import ReleaseLedger
+
+    ledger = ReleaseLedger(keyholder.keys_dir / "releases.sqlite3")
+    try:
+        return ledger.decryption_count(params.backend_params["public_context_sha256"])
+    finally:
+        ledger.close()
 
 
 def attack_forward_ciphertext(*, seed: int = 0, verbose: bool = True, work=None, **_) -> dict:
-    """A malicious server tries to have one hospital's ciphertext decrypted."""
+    """A malicious server tries to have one hospital's statistics decrypted (real finalize path)."""
     from .backends.ckks import CKKSBackend
     from .envelope import peek_header, seal
     from .exceptions import SecureAFLError
-    from .server.keyholder import KeyHolder
+    from .hazmat import ckks as hz
 
     rng = np.random.default_rng(seed)
     with _workdir(work) as d:
-        pki_dir, server_party, parties, kh, params, public = _ckks_consortium(Path(d))
+        d = Path(d)
+        pki_dir, server_party, parties, kh, params, public = _ckks_consortium(d)
         backend = CKKSBackend(params)
         names = sorted(parties)
         vecs = {h: _packed(*_embeddings(rng, 15)) for h in names}
         uploads = {h: _tagged_upload(parties[h], params, backend, public, vecs[h]) for h in names}
         payloads = {h: uploads[h][0] for h in names}
-        tags = {h: uploads[h][1] for h in names}  # the server holds these and hands them over
-        participants = [_signed_participant(parties[h], params, payloads[h]) for h in names]
-        K = len(names)
-        victim = payloads[names[0]]
-        body = peek_header(victim).body
-
-        def forged_aggregate(contributors: int, extra: list[bytes] = ()) -> bytes:
-            comb = backend.combiner(public_context=public)
-            comb.add(victim)
-            for p in extra:
-                comb.add(p)
-            return seal(params, "aggregate", peek_header(comb.aggregate()).body, contributors=contributors)
+        tags = {h: uploads[h][1] for h in names}
+        signed = {h: _signed_participant(parties[h], params, payloads[h]) for h in names}
+        K, lay = len(names), _layout()
+        victim = names[0]
+        truth = lay.unpack(sum(vecs.values()))
+        mine = lay.unpack(vecs[victim])
 
         # the server can encrypt anything under the public key: a fix-up that makes the
         # victim's vector look like a K-sum (contributor counter K, K gamma on the Gram diagonal)
-        lay = _layout()
         fix = np.zeros(lay.length)
         fix[lay.slices["contributors"]] = K - 1
         iu = np.triu_indices(DIM)
         fix[lay.slices["gram"]] = np.where(iu[0] == iu[1], (K - 1) * GAMMA, 0.0)
+        ctx = hz.load_context(public, backend.ckks_, secret=False)
+
+        def victim_plus(*extra: bytes) -> bytes:
+            acc = backend.load_contribution(ctx, payloads[victim])
+            for p in extra:
+                acc = hz.add_chunks(acc, backend.load_contribution(ctx, p))
+            return seal(params, "contribution", hz.dump_chunks(acc, lay.length))
+
         fixup = backend.protect(fix, public_context=public)
-
-        honest = forged_aggregate(K, [payloads[h] for h in names[1:]])
-
-        def fresh_keyholder(label: str) -> KeyHolder:
-            # each try runs on a copy of the key holder's state, so no ledger entry (or block
-            # after a detected forgery) from one try hides the guard another try meets
-            copy = Path(d) / f"keys-{label}"
-            shutil.copytree(kh.keys_dir, copy)
-            return KeyHolder(pki_dir, "keyholder", copy, passphrase=kh.passphrase)
+        forged = victim_plus(fixup)
+        zero = backend.protect(np.zeros(lay.length), public_context=public)
+        others = {h: payloads[h] for h in names}
         variants = [
-            ("victim's contribution sent as is (kind 'contribution')", victim, participants, K),
-            ("re-sealed as an aggregate, header says 1 contributor", seal(params, "aggregate", body, contributors=1),
-             participants, K),
-            ("re-sealed, header forged to K contributors", forged_aggregate(K), participants, K),
-            ("manifest listing only the victim", forged_aggregate(1), participants[:1], 1),
-            ("manifest signed for the honest sum, victim's ciphertext sent", forged_aggregate(K), participants, K,
-             honest),
-            ("counter and RI fixed up homomorphically (Enc(x_A) + Enc(fix))", forged_aggregate(K, [fixup]),
-             participants, K),
+            ("manifest listing only the victim (server's min_clients = 1)", [signed[victim]], others, 1, b""),
+            ("victim + Enc(fix-up) served as another hospital's upload", list(signed.values()),
+             {**others, names[1]: forged}, K, b""),
+            ("victim's ciphertext served for every participant", list(signed.values()),
+             {h: payloads[victim] for h in names}, K, b""),
+            ("server signs an upload statement in a hospital's name",
+             [signed[victim], {**signed[names[1]], "payload_sha256": hashlib.sha256(zero).hexdigest()}],
+             {**others, names[1]: zero}, 2, b""),
+            ("honest uploads, server's 'aggregate' = victim + Enc(fix-up)", list(signed.values()), others, K,
+             seal(params, "aggregate", peek_header(forged).body, contributors=K)),
         ]
         results = []
-        for i, v in enumerate(variants):
-            label, aggregate, parts, mc = v[:4]
-            signed_for = v[4] if len(v) > 4 else aggregate
+        for i, (label, parts, served, mc, aggregate) in enumerate(variants):
+            keyholder = _fresh_keyholder(kh, pki_dir, d, str(i))
+            server = _MaliciousServer(server_party, params, parts, served, tags, min_clients=mc, aggregate=aggregate)
             try:
-                manifest = _manifest(server_party, params, parts, signed_for, mc)
-                res = fresh_keyholder(str(i)).reveal_and_solve(params, aggregate, manifest, min_clients=2,
-                                                               tags=tags)
-                err = float(np.max(np.abs(res.stats.cross - lay.unpack(vecs[names[0]]).cross)))
-                out = {"variant": label, "outcome": "released", "max_error": err,
-                       "released_samples": res.report["samples"], "victim_samples": 15}
-                _say(verbose, f"[forward-ciphertext] NOT REFUSED ({label}): the key holder released a model of "
-                              f"the victim alone ({res.report['samples']} samples, Q max error {err:.1e})")
+                res = keyholder.finalize(server, min_clients=2)
+                # measured: is what was released the victim's statistics or the honest K-sum?
+                to_victim = float(np.max(np.abs(res.stats.cross - mine.cross)))
+                to_sum = float(np.max(np.abs(res.stats.cross - truth.cross)))
+                outcome = "recovered" if to_victim < to_sum else "released_honest_sum"
+                out = {"variant": label, "outcome": outcome, "distance_to_victim": to_victim,
+                       "distance_to_honest_sum": to_sum, "decryptions": _decryptions(keyholder, params)}
+                _say(verbose, f"[forward-ciphertext] {outcome.upper()} ({label}): released Q is {to_victim:.2e} "
+                              f"from the victim's, {to_sum:.2e} from the honest sum")
             except SecureAFLError as e:
-                cause = e.__cause__ if isinstance(e.__cause__, SecureAFLError) else None
                 out = {"variant": label, "outcome": "refused", "error": type(e).__name__, "reason": e.reason,
-                       "cause": type(cause).__name__ if cause else None}
-                _say(verbose, f"[forward-ciphertext] REFUSED ({label}): {type(e).__name__}({e.reason})"
-                              + (f" <- {type(cause).__name__}" if cause else "") + f": {str(e)[:110]}")
+                       "decryptions": _decryptions(keyholder, params)}
+                _say(verbose, f"[forward-ciphertext] REFUSED ({label}): {type(e).__name__}({e.reason}), "
+                              f"{out['decryptions']} decryptions: {str(e)[:110]}")
             results.append(out)
-        # and the honest aggregate still goes through (the guards do not refuse everything)
-        manifest = _manifest(server_party, params, participants, honest, 2)
-        res = fresh_keyholder("control").reveal_and_solve(params, honest, manifest, min_clients=2, tags=tags)
-        _say(verbose, f"[forward-ciphertext] honest aggregate of {res.report['contributors']} hospitals released "
-                      f"(control)")
-    refused = all(r["outcome"] == "refused" for r in results)
-    return {"attack": "forward-ciphertext", "outcome": "refused" if refused else "recovered",
-            "variants": results, "homomorphic_fixup": results[-1]["outcome"],
-            "honest_released": res.report["contributors"] == K}
+    recovered = any(r["outcome"] == "recovered" for r in results)
+    return {"attack": "forward-ciphertext", "outcome": "recovered" if recovered else "refused",
+            "variants": results,
+            "decrypted_before_refusal": sum(r["decryptions"] for r in results if r["outcome"] == "refused"),
+            "honest_released": results[-1]["outcome"] == "released_honest_sum"}
+
+
+def attack_decryption_error(*, seed: int = 0, verbose: bool = True, work=None, flood: bool = True, **_) -> dict:
+    """IND-CPA-D: does a release give the attacker the decryption error (the key-recovery input)?
+
+    Li and Micciancio's attack needs the exact error e of a decryption whose
+    message the attacker knows (chunks built from the public key, t*(b, a),
+    are the extreme case: their message is 0, the release IS t*e, and s
+    follows by linear algebra). Here the attacker knows every hospital's
+    plaintext (worst case: all of them collude with the server), runs the real
+    finalize, and estimates e as release - known sum. The verdict compares that
+    estimate with the true error, measured with the key holder's secret key.
+    ``flood=False`` measures the same release without the key holder's noise.
+    """
+    from .backends.ckks import CKKSBackend
+    from .hazmat import ckks as hz
+
+    rng = np.random.default_rng(seed)
+    with _workdir(work) as d:
+        d = Path(d)
+        pki_dir, server_party, parties, kh, params, public = _ckks_consortium(d)
+        backend = CKKSBackend(params)
+        names = sorted(parties)
+        vecs = {h: _packed(*_embeddings(rng, 15)) for h in names}
+        uploads = {h: _tagged_upload(parties[h], params, backend, public, vecs[h]) for h in names}
+        payloads = {h: uploads[h][0] for h in names}
+        tags = {h: uploads[h][1] for h in names}
+        server = _MaliciousServer(server_party, params, [_signed_participant(parties[h], params, payloads[h])
+                                                          for h in names], payloads, tags, min_clients=2)
+        lay = _layout()
+        known = sum(v.copy() for v in vecs.values())
+        res = kh.finalize(server, min_clients=2) if flood else None
+        # ground truth, measured with the secret key (the attacker never has it)
+        sk = backend.keyholder_context(kh.secret_context(params.session_id))
+        acc = None
+        for h in names:
+            acc = hz.add_chunks(acc, backend.load_contribution(sk, payloads[h]))
+        raw = hz.decrypt_chunks(sk, acc, lay.length)
+        # the released statistics: more than the published W and report, so an upper bound on the leak
+        released = lay.pack(res.stats) if flood else raw
+        idx = np.arange(lay.length)
+        sl = np.concatenate([idx[lay.slices["gram"]], idx[lay.slices["cross"]]])
+        true_e = (raw - known)[sl]
+        est_e = (released - known)[sl]
+        corr = float(np.corrcoef(true_e, est_e)[0, 1])
+        residual = float(np.linalg.norm(est_e - true_e) / np.linalg.norm(true_e))
+        recovered = residual < 0.5  # the estimate holds most of e: the linear-algebra step goes through
+        _say(verbose, f"[decryption-error] {'RECOVERED' if recovered else 'REFUSED'}: attacker's estimate of the "
+                      f"decryption error has relative residual {residual:.3e} (correlation {corr:.3f}); "
+                      f"flood sigma {res.report['flood_sigma'] if res else 0.0:.2e}")
+    return {"attack": "decryption-error", "outcome": "recovered" if recovered else "refused",
+            "residual": residual, "correlation": corr, "error_rms": float(np.sqrt(np.mean(true_e ** 2))),
+            "flood_sigma": res.report["flood_sigma"] if res else 0.0}
 
 
 ATTACKS = {
@@ -487,6 +604,7 @@ ATTACKS = {
     "ckks-server": attack_ckks_server,
     "secagg-server": attack_secagg_server,
     "forward-ciphertext": attack_forward_ciphertext,
+    "decryption-error": attack_decryption_error,
 }
 
 

@@ -20,7 +20,7 @@ _COMMANDS = [
     ("pki", "consortium CA, TLS certificates and Ed25519 identities", "secure_afl.pki"),
     ("audit", "verify the hash-chained audit log and receipts", "secure_afl.audit"),
     ("server", "the aggregation server", "secure_afl.server.cli"),
-    ("keyholder", "the key holder: keys, release checks, decryption and the solve", "secure_afl.server.keyholder"),
+    ("keyholder", "the key holder: keys, release checks, decryption and the solve", "secure_afl.keyholder.cli"),
     ("demo", "end-to-end demo: PKI, server, key holder and K hospitals on 127.0.0.1", "secure_afl.demo"),
     ("attack", "run the threat-model attack demonstrations", "secure_afl.attacks"),
     ("compare", "AFL against FedAvg, FedProx and FedFac with secure sums", "secure_afl.baselines.compare"),

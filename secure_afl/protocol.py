@@ -122,21 +122,23 @@ def verify_request(headers: Mapping[str, str], method: str, path: str, body: byt
     return st
 
 
-def context_publication(public_context: bytes, tag_public_key: str) -> bytes:
-    """The key holder's publish body: the CKKS public context and its per-session tag key."""
+def context_publication(public_context: bytes, tag_public_key: str, params_signature: str) -> bytes:
+    """The key holder's publish body: the CKKS public context, its per-session tag key, and its
+    signature over the parameters they bind (:mod:`secure_afl.keyholder_params`)."""
     return json.dumps({"public_context": base64.b64encode(public_context).decode(),
-                       "tag_public_key": tag_public_key}).encode()
+                       "tag_public_key": tag_public_key, "params_signature": params_signature}).encode()
 
 
-def parse_context_publication(body: bytes) -> tuple[bytes, str]:
+def parse_context_publication(body: bytes) -> tuple[bytes, str, str]:
     """Inverse of :func:`context_publication`; :class:`MalformedPayload` if it is not one."""
     try:
         msg = json.loads(body)
         context = base64.b64decode(msg["public_context"], validate=True)
         tag_key = str(msg["tag_public_key"]).lower()
-        if len(bytes.fromhex(tag_key)) != 32:
+        signature = str(msg["params_signature"]).lower()
+        if len(bytes.fromhex(tag_key)) != 32 or len(bytes.fromhex(signature)) != 64:
             raise ValueError
     except (ValueError, KeyError, TypeError, binascii.Error):
-        raise MalformedPayload("publish body must be JSON with a base64 public_context and a 32-byte hex "
-                               "tag_public_key") from None
-    return context, tag_key
+        raise MalformedPayload("publish body must be JSON with a base64 public_context, a 32-byte hex "
+                               "tag_public_key and a 64-byte hex params_signature") from None
+    return context, tag_key, signature

@@ -1,6 +1,6 @@
 """What the key holder checks before and after it reveals an aggregate.
 
-Library code (no network), used by :mod:`secure_afl.server.keyholder`:
+Library code (no network), used by :mod:`secure_afl.keyholder`:
 
 * :func:`check_aggregate_against_manifest` - the aggregate payload is the one
   the server-signed manifest names, for this session and parameters, and its
@@ -141,19 +141,46 @@ class ReleaseLedger:
         self.db.execute("CREATE TABLE IF NOT EXISTS releases (key_id TEXT, session_id TEXT, participants TEXT, "
                         "aggregate_sha256 TEXT, released_at REAL)")
         self.db.execute("CREATE TABLE IF NOT EXISTS blocked (key_id TEXT PRIMARY KEY, reason TEXT, at REAL)")
+        self.db.execute("CREATE TABLE IF NOT EXISTS decryptions (key_id TEXT, session_id TEXT, participants TEXT, "
+                        "at REAL)")
 
     def close(self) -> None:
         self.db.close()
 
     def block(self, key_id: str, reason: str) -> None:
-        """Never release under ``key_id`` again (a forged aggregate was presented for it)."""
+        """Never release under ``key_id`` again (a forgery was presented, or a check after decryption failed)."""
         self.db.execute("INSERT OR IGNORE INTO blocked VALUES (?, ?, ?)", (key_id, reason[:500], time.time()))
 
-    def check(self, key_id: str, session_id: str, participants: list[str], aggregate_sha256: str) -> None:
+    def _check_not_blocked(self, key_id: str) -> None:
         row = self.db.execute("SELECT reason FROM blocked WHERE key_id=?", (key_id,)).fetchone()
         if row:
-            raise PolicyViolation(f"key {key_id[:16]} is blocked ({row[0][:120]}); start a new session with a "
-                                  "fresh key after investigating the server")
+            raise PolicyViolation(f"key {key_id[:16]} is blocked ({row[0][:160]}); start a new session with a "
+                                  "fresh key after investigating the server", reason="key_blocked")
+
+    def check_unused(self, key_id: str) -> None:
+        """A CKKS key decrypts once: each decryption leaks a little of the key (bounded by the
+        flooding for ONE query), and a second decryption of the same sum would average the noise away."""
+        self._check_not_blocked(key_id)
+        row = self.db.execute("SELECT session_id FROM decryptions WHERE key_id=?", (key_id,)).fetchone()
+        if row:
+            raise PolicyViolation(f"key {key_id[:16]} already decrypted a release (session {row[0]}); a key "
+                                  "decrypts once. Start a new session with a fresh key.", reason="key_used")
+
+    def record_decryption(self, key_id: str, session_id: str, participants: list[str]) -> None:
+        """Written BEFORE the decryption, so a crash or a failed check still counts it."""
+        self.check_unused(key_id)
+        self.db.execute("INSERT INTO decryptions VALUES (?, ?, ?, ?)",
+                        (key_id, session_id, json.dumps(sorted(participants)), time.time()))
+
+    def decryption_count(self, key_id: str) -> int:
+        return int(self.db.execute("SELECT COUNT(*) FROM decryptions WHERE key_id=?", (key_id,)).fetchone()[0])
+
+    def blocked_reason(self, key_id: str) -> str | None:
+        row = self.db.execute("SELECT reason FROM blocked WHERE key_id=?", (key_id,)).fetchone()
+        return row[0] if row else None
+
+    def check(self, key_id: str, session_id: str, participants: list[str], aggregate_sha256: str) -> None:
+        self._check_not_blocked(key_id)
         mine = set(participants)
         for sess, parts, agg in self.db.execute(
                 "SELECT session_id, participants, aggregate_sha256 FROM releases WHERE key_id=?", (key_id,)):

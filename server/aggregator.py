@@ -175,6 +175,7 @@ class AggregationServer:
             "deadline": self.deadline,
             "max_upload_bytes": self.config.max_upload_bytes,
             "server_identity_pub": self.identity_pub_hex,
+            "keyholder_params_signature": self.store.get_meta("params_signature"),
         }
 
     # -- authentication --------------------------------------------------------------
@@ -207,19 +208,27 @@ class AggregationServer:
 
     # -- ckks: the key holder publishes the public context ----------------------------------
     def publish_context(self, party: str, body: bytes) -> dict:
-        """Key holder's ``{"public_context": base64, "tag_public_key": hex}`` opens a ckks session."""
+        """Key holder's signed ``{public_context, tag_public_key, params_signature}`` opens a ckks session.
+
+        The parameters are recomputed here from the session config and must be
+        the ones the key holder signed; a degenerate tag key or a context with a
+        secret key is refused.
+        """
         with self._lock:
             try:
                 if self.config.backend not in HE_BACKENDS:
                     raise StageError("this session does not use a public context")
                 if self.params is not None:
                     raise RoundAlreadyClosed("the public context is already published")
+                from secure_afl.keyholder_params import check_tag_public_key, verify_session_params
                 from secure_afl.tagging import TAG_KEY_PARAM
 
                 bind_public_context = he_module(self.config.backend).bind_public_context
-                context, tag_key = parse_context_publication(body)
+                context, tag_key, signature = parse_context_publication(body)
                 params = bind_public_context(self._base_params(), context)  # refuses secret-key contexts
+                check_tag_public_key(tag_key)
                 params = params.with_backend_params(**{TAG_KEY_PARAM: tag_key})
+                verify_session_params(params, signature, self.lookup_pub(party))
                 get_backend(params).combiner(public_context=context)
             except SecureAFLError as e:
                 self.refuse("publish_context", party, e)
@@ -227,6 +236,7 @@ class AggregationServer:
             digest = self.store.put_blob(context)
             self.store.set_meta("public_context_sha256", digest)
             self.store.set_meta("params", params.to_dict())
+            self.store.set_meta("params_signature", signature)
             self.params, self.public_context = params, context
             self._combiner = self._new_combiner()
             self.audit.append("publish_context", actor=party, outcome="accepted", session=self.config.session_id,
@@ -355,6 +365,14 @@ class AggregationServer:
         if self.status != "released":
             raise StageError("the aggregate has not been released")
         return self.store.get_blob(self.store.get_meta("aggregate_sha256")), self.store.get_meta("manifest")
+
+    def contribution(self, hospital: str) -> bytes:
+        """One accepted upload's payload bytes, for the key holder to verify and re-sum itself."""
+        self.released()
+        for row in self.store.uploads():
+            if row["hospital"] == hospital:
+                return self.store.get_blob(row["payload_sha256"])
+        raise PolicyViolation(f"no accepted upload from {hospital[:64]!r}", reason="not_found")
 
     def tags(self) -> dict:
         """The participants' signed tag statements, for the key holder's aggregate check."""

@@ -139,6 +139,12 @@ def create_app(server: AggregationServer) -> FastAPI:
         blob, _ = server.released()
         return Response(blob, media_type="application/octet-stream")
 
+    @app.get(API + "/sessions/{session_id}/contributions/{hospital}")
+    async def contribution(session_id: str, hospital: str, request: Request):
+        _session(session_id, request)
+        await _authed(request, ("keyholder",))
+        return Response(server.contribution(hospital), media_type="application/octet-stream")
+
     @app.get(API + "/sessions/{session_id}/tags")
     async def tags(session_id: str, request: Request):
         _session(session_id, request)

@@ -10,7 +10,7 @@ from secure_afl import pki
 from secure_afl.clients.hospital import HospitalClient
 from secure_afl.demo import ServerProcess, _free_port
 from secure_afl.server.config import write_config
-from secure_afl.server.keyholder import KeyHolder
+from secure_afl.keyholder import KeyHolder
 from secure_afl.stats import StatisticsAccumulator
 
 

@@ -42,7 +42,7 @@ from secure_afl.release import ReleaseLedger, check_class_minimum, sanity_check
 from secure_afl.server.aggregator import AggregationServer
 from secure_afl.server.app import create_app
 from secure_afl.server.config import ServerConfig
-from secure_afl.server.keyholder import KeyHolder
+from secure_afl.keyholder import KeyHolder
 from secure_afl.signing import build_manifest, sign_upload
 from secure_afl.stats import StatisticsAccumulator, SufficientStatistics, local_statistics
 from secure_afl.tagging import generate_tag_key
@@ -163,14 +163,19 @@ def test_server_refuses_secret_key_context_over_http(consortium, tmp_path):
 
         # Execute: the key holder (mistakenly or maliciously) publishes the SECRET context
         tag_key = generate_tag_key()[1]
-        resp = svc.signed("POST", "/context", kh, context_publication(keys.secret_context, tag_key))
+        from secure_afl.backends.ckks import bind_public_context
+        from secure_afl.keyholder_params import sign_session_params
+
+        sig = sign_session_params(kh.identity_key(), bind_public_context(svc.server._base_params(), keys.public_context)
+                                  .with_backend_params(tag_public_key=tag_key))
+        resp = svc.signed("POST", "/context", kh, context_publication(keys.secret_context, tag_key, sig))
 
         # Assert: 422 secret_key_context, audited, nothing stored, session still closed
         assert resp.status_code == 422 and resp.json()["error"] == "secret_key_context"
         assert svc.server.public_context is None and svc.server.status == "awaiting_context"
         assert svc.audit()[-1]["outcome"] == "refused" and svc.audit()[-1]["event"] == "publish_context"
         assert svc.blobs() == []
-        ok = svc.signed("POST", "/context", kh, context_publication(keys.public_context, tag_key))
+        ok = svc.signed("POST", "/context", kh, context_publication(keys.public_context, tag_key, sig))
         assert ok.status_code == 200 and svc.server.status == "open"
     finally:
         svc.close()

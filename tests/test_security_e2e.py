@@ -112,9 +112,14 @@ def test_secret_key_context_refused_over_https_then_public_accepted(live):
     path = f"{API}/sessions/{SID}/context"
 
     tag_key = generate_tag_key()[1]
+    from secure_afl.backends.ckks import bind_public_context
+    from secure_afl.keyholder_params import sign_session_params
+
+    sig = sign_session_params(kh.identity_key(), bind_public_context(params, keys.public_context)
+                              .with_backend_params(tag_public_key=tag_key))
 
     def publish(context):
-        body = context_publication(context, tag_key)
+        body = context_publication(context, tag_key, sig)
         h = sign_request(kh.identity_key(), "keyholder:keyholder", "POST", path, body)
         return client.post(path, content=body, headers=h)
 

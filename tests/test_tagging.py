@@ -149,7 +149,10 @@ def test_server_requires_a_valid_tag_on_ckks_uploads(tmp_path):
     srv = AggregationServer(load_config(c.config))
     try:
         tag_pub = (c.root / "keys" / f"{c.session_id}.tag.pub").read_text()
-        srv.publish_context("keyholder:keyholder", context_publication(public, tag_pub))
+        from secure_afl.keyholder_params import sign_session_params
+
+        sig = sign_session_params(kh.party.identity_key(), kh.params(c.session_id))
+        srv.publish_context("keyholder:keyholder", context_publication(public, tag_pub, sig))
         params = srv.params
         from secure_afl.backends import get_backend
 

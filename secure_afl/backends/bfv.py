@@ -110,15 +110,18 @@ class BFVBackend(CKKSBackend):
         return seal(self.params, "contribution", hzb.encrypt_words(ctx, self.ckks_, words))
 
     def reveal(self, aggregate: bytes, *, secret_context: bytes, **kw) -> np.ndarray:
-        """Key holder: refuse a sum without noise budget, decrypt the exact lane sums, decode."""
+        """Decrypt a sealed aggregate (tests and tools; the key holder re-sums contributions itself)."""
         env = open_envelope(self.params, aggregate, "aggregate")
-        ctx = self._secret_context(secret_context)
-        n = self._n_items()
-        chunks = hzb.load_chunks(ctx, self.ckks_, env.body, n)
+        ctx = self.keyholder_context(secret_context)
+        return self.decrypt_sum(ctx, hzb.load_chunks(ctx, self.ckks_, env.body, self._n_items()))
+
+    def decrypt_sum(self, ctx, chunks: list) -> np.ndarray:
+        """Refuse a sum without noise budget, decrypt the exact lane sums, decode."""
         if hzb.noise_budget(ctx, chunks) <= 0:
             raise SanityCheckFailed(
                 "the aggregate has no noise budget left: its decryption could be wrong, so it is not decrypted "
                 "(more contributions than the parameters hold, or ciphertexts not made by the recipe)")
+        n = self._n_items()
         words = hzb.decrypt_chunks(ctx, chunks, n)
         half = n // 2
         v = fixedpoint.decode_lanes(words[:half], words[half:], self.frac_bits)

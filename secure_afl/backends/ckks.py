@@ -1,6 +1,6 @@
 """``ckks``: CKKS homomorphic encryption (TenSEAL) of the packed statistics.
 
-Roles (DESIGN.md sections 3-4; threat model in ``threat_model/``):
+Roles (threat model in ``threat_model/``):
 
 * key holder: :func:`new_ckks_session` (or :func:`ckks_session_params`,
   :func:`generate_keys`, :func:`bind_public_context`) creates the session
@@ -41,8 +41,8 @@ Notes
   error; :meth:`reveal` refuses an aggregate that lands outside the declared
   bound (:class:`SanityCheckFailed`), which catches wraps, not every lie.
 * The envelope is not authenticated: anyone can seal a single contribution as
-  an "aggregate". Decrypting only aggregates backed by a manifest of
-  ``min_clients`` signed uploads is the key holder's job, not this module's.
+  an "aggregate". The key holder therefore never decrypts an aggregate it did
+  not form itself from ``min_clients`` signed uploads (``keyholder/``).
 * Python cannot wipe memory; the secret context bytes live until collected.
 """
 
@@ -299,15 +299,31 @@ class CKKSBackend(ProtectionBackend):
         return _CKKSCombiner(self, self._public_context(public_context))
 
     def reveal(self, aggregate: bytes, *, secret_context: bytes, **kw) -> np.ndarray:
-        """Key holder: decrypt the aggregate to a float64 vector of length L.
+        """Decrypt a sealed aggregate to a float64 vector of length L (tests and tools).
 
-        Every entry is within :func:`expected_abs_error` of the true sum.
-        A public context raises :class:`InvalidKey`; a decrypted value beyond
-        the declared aggregate bound (a wrapped sum) :class:`SanityCheckFailed`.
+        The key holder never calls this on bytes the server computed: it
+        re-sums the signed contributions itself (:meth:`load_contribution`,
+        :meth:`decrypt_sum`). A public context raises :class:`InvalidKey`.
         """
         env = open_envelope(self.params, aggregate, "aggregate")
-        ctx = self._secret_context(secret_context)
-        chunks = self._hz.load_chunks(ctx, self.ckks_, env.body, self.params.layout.length)
+        ctx = self.keyholder_context(secret_context)
+        return self.decrypt_sum(ctx, self._hz.load_chunks(ctx, self.ckks_, env.body, self.params.layout.length))
+
+    def keyholder_context(self, secret_context: bytes):
+        """The key holder's context, checked to be the key this session's parameters bind."""
+        return self._secret_context(secret_context)
+
+    def load_contribution(self, ctx, payload: bytes) -> list:
+        """One hospital's payload as checked ciphertext chunks under ``ctx`` (envelope binding,
+        framing, level, scale, size): :class:`ParameterMismatch`, :class:`MalformedPayload` or
+        :class:`InvalidContribution` otherwise."""
+        return self._load(ctx, payload, "contribution")
+
+    def decrypt_sum(self, ctx, chunks: list) -> np.ndarray:
+        """Decrypt summed chunks; a value beyond the declared aggregate bound raises :class:`SanityCheckFailed`.
+
+        Every entry is within :func:`expected_abs_error` of the true sum.
+        """
         v = self._hz.decrypt_chunks(ctx, chunks, self.params.layout.length)
         limit = self.params.bounds.aggregate_bound(self.params.gamma)
         limit += expected_abs_error(self.params)

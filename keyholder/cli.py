@@ -1,0 +1,104 @@
+"""``secure-afl keyholder keygen | publish | finalize``."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+from secure_afl.packing import Layout
+
+from .custody import PASSPHRASE_ENV
+from .release import KeyHolder, write_model
+
+__all__ = ["register"]
+
+
+def _keyholder(args) -> KeyHolder:
+    passphrase = None
+    if getattr(args, "passphrase_file", None):
+        passphrase = Path(args.passphrase_file).read_bytes().strip()
+    return KeyHolder(args.pki, args.name, args.keys, passphrase=passphrase)
+
+
+def _cmd_keygen(args) -> int:
+    from secure_afl.backends import HE_BACKENDS, he_module
+    from secure_afl.server.config import load_config
+
+    cfg = load_config(args.config)
+    if cfg.backend not in HE_BACKENDS:
+        print(f"session {cfg.session_id} uses {cfg.backend}; only {' and '.join(HE_BACKENDS)} sessions need "
+              "key-holder keys")
+        return 2
+    kh = _keyholder(args)
+    params = he_module(cfg.backend).session_params(cfg.session_id, Layout(cfg.dim, cfg.classes), cfg.gamma,
+                                                   cfg.bounds)
+    public = kh.keygen(params)
+    print(f"fresh {cfg.backend.upper()} keys for session {cfg.session_id}: public context "
+          f"{kh.public_path(cfg.session_id)} ({len(public)} bytes, sha256 {hashlib.sha256(public).hexdigest()[:16]}...)")
+    return 0
+
+
+def _cmd_publish(args) -> int:
+    kh = _keyholder(args)
+    with kh.connect(args.server, args.session) as conn:
+        info = kh.publish(conn)
+    print(f"session {info['session_id']} is {info['status']}; params digest {info['params_digest']}")
+    return 0
+
+
+def _cmd_finalize(args) -> int:
+    kh = _keyholder(args)
+    with kh.connect(args.server, args.session) as conn:
+        res = kh.finalize(conn, min_clients=args.min_clients, lam=args.lam, min_class_count=args.min_class_count)
+    meta = {"session": res.params.session_id, "backend": res.params.backend, "gamma": res.params.gamma,
+            "lambda": res.report.get("lambda_total", args.lam), "classes": res.params.layout.n_classes, "participants": res.report["participants"]}
+    write_model(args.out, res.W, meta)
+    if args.report:
+        Path(args.report).write_text(json.dumps(res.report, indent=2))
+    flood = (f"; flooded, sigma {res.report['flood_sigma']:.2e}, per-entry bound "
+             f"{res.report['error_bound_per_entry']:.2e}, ridge {res.report['flood_ridge']:.2e}"
+             if "flood_sigma" in res.report else "")
+    print(f"model W {res.W.shape} from {res.report['contributors']} hospitals, {res.report['samples']} samples "
+          f"-> {args.out}{flood}")
+    print(format_w_bound(res.report["w_error_bound"]))
+    return 0
+
+
+def format_w_bound(b: dict) -> str:
+    """One line for the certified W error bound, or its warning."""
+    if not b["applies"]:
+        return f"WARNING: {b['warning']}"
+    line = (f"certified ||W - W_exact|| / ||W_exact|| <= {b['rel_bound']:.3e} "
+            f"(cond(C) = {b['condition_number']:.3g}, per-entry error <= {b['eps_C']:.3g})")
+    return line + (f"\nWARNING: {b['warning']}" if b["warning"] else "")
+
+
+def register(parser) -> None:
+    sub = parser.add_subparsers(dest="keyholder_command", metavar="COMMAND", required=True)
+
+    def common(p, online: bool):
+        p.add_argument("--pki", required=True, help="consortium PKI directory")
+        p.add_argument("--name", default="keyholder", help="this key holder's enrolled name")
+        p.add_argument("--keys", required=True, help="key directory (secret contexts, release ledger)")
+        p.add_argument("--passphrase-file", help=f"file with the at-rest passphrase (default: ${PASSPHRASE_ENV})")
+        if online:
+            p.add_argument("--server", required=True, help="https://host:port of the aggregation server")
+            p.add_argument("--session", required=True)
+
+    p = sub.add_parser("keygen", help="fresh CKKS keys for a session (secret stays here, encrypted at rest)")
+    common(p, False)
+    p.add_argument("--config", required=True, help="the session.toml the server runs")
+    p.set_defaults(func=_cmd_keygen)
+    p = sub.add_parser("publish", help="publish the public context, tag key and signed parameters to the server")
+    common(p, True)
+    p.set_defaults(func=_cmd_publish)
+    p = sub.add_parser("finalize", help="close, verify and re-sum the signed uploads (ckks), decrypt once, flood, "
+                                        "check, solve, write the model")
+    common(p, True)
+    p.add_argument("--min-clients", type=int, required=True, help="this key holder's own release threshold")
+    p.add_argument("--min-class-count", type=int, default=1, help="refuse a release with a rarer present class")
+    p.add_argument("--lambda", dest="lam", type=float, default=0.0, help="optional final ridge (default 0)")
+    p.add_argument("--out", required=True, help="model file (.safetensors)")
+    p.add_argument("--report", help="report JSON")
+    p.set_defaults(func=_cmd_finalize)

@@ -1,0 +1,284 @@
+"""The key holder role: verify, re-sum, decrypt once, flood, check, restore and solve.
+
+Runs on: a machine of a party that does not collude with the server. Sees:
+the CKKS secret key (ckks), the hospitals' signed uploads (ciphertexts it
+re-sums itself), the server-signed manifest, and the flooded aggregate of at
+least ``min_clients`` hospitals: never one hospital's statistics. Produces the
+model W and a report.
+
+Stages (``secure-afl keyholder ...``, see ``cli.py``): ``keygen`` (fresh keys
+and the keygen record, ``custody.py``), ``publish`` (public context, tag key
+and the key holder's signature over the parameters), ``finalize`` (close,
+verify and re-sum, ``verify.py``; decrypt once; flood, ``flooding.py``;
+sanity-check, tag check, class minimum, RI restoration, solve).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from secure_afl import pki
+from secure_afl.analytic import solve_from_sums
+from secure_afl.backends import HE_BACKENDS, get_backend, he_module
+from secure_afl.certify import certify_release, plain_summation_error
+from secure_afl.hazmat.fixedpoint import abs_error_bound
+from secure_afl.exceptions import DecryptionRefused, SecureAFLError
+from secure_afl.packing import Layout
+from secure_afl.params import SessionParams
+from secure_afl.release import ReleaseLedger, check_aggregate_against_manifest, check_class_minimum, sanity_check
+
+from .connection import KeyHolderConnection
+from .custody import KeyCustody
+from .flooding import KAPPA, QUERIES, flood, flood_ridge, flood_sigma, flooded_bound
+from .verify import ContributionRejected, ServerForgery, resum_signed_contributions, verify_manifest_for
+
+__all__ = ["KeyHolder", "FinalResult", "write_model", "read_model"]
+
+log = logging.getLogger("secure_afl.keyholder")
+
+
+@dataclass
+class FinalResult:
+    W: np.ndarray
+    stats: object
+    params: SessionParams
+    manifest: dict
+    report: dict
+
+
+def write_model(path, W: np.ndarray, metadata: dict) -> None:
+    """safetensors file: tensor "W" (d, C) float64 plus string metadata; atomic."""
+    from safetensors.numpy import save_file
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    meta = {k: v if isinstance(v, str) else json.dumps(v) for k, v in metadata.items()}
+    save_file({"W": np.ascontiguousarray(W, dtype=np.float64)}, str(tmp), metadata=meta)
+    os.replace(tmp, path)
+
+
+def read_model(path) -> tuple[np.ndarray, dict]:
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="numpy") as f:
+        return f.get_tensor("W"), dict(f.metadata() or {})
+
+
+class KeyHolder(KeyCustody):
+    """Key custody and release for one consortium key holder identity.
+
+    Parameters
+    ----------
+    pki_dir : path
+        Consortium PKI directory (CA, this key holder's files, enrolments).
+    name : str
+        This key holder's enrolled name.
+    keys_dir : path
+        Where per-session key files, keygen records and the release ledger live (0700).
+    passphrase : bytes, optional
+        Protects the secret contexts at rest; default: $SECURE_AFL_KEY_PASSPHRASE.
+    """
+
+    # -- online stages ----------------------------------------------------------------------
+    def connect(self, server_url: str, session_id: str) -> KeyHolderConnection:
+        return KeyHolderConnection(server_url, self.party, session_id)
+
+    def publish(self, conn) -> dict:
+        """Send the public context, the tag key and this key holder's signature over the parameters."""
+        from secure_afl.keyholder_params import sign_session_params
+        from secure_afl.protocol import context_publication
+        from secure_afl.tagging import TAG_KEY_PARAM
+
+        params = self.params(conn.session_id)
+        body = context_publication(self.public_context(conn.session_id),
+                                   params.backend_params[TAG_KEY_PARAM],
+                                   sign_session_params(self.party.identity_key(), params))
+        return conn.request("POST", conn.path("/context"), body=body).json()
+
+    def close_round(self, conn) -> dict:
+        return conn.request("POST", conn.path("/close")).json()
+
+    def _trust(self, expected_hospitals: list[str] | None):
+        servers = pki.load_enrolments(self.pki_dir, role="server")
+        if len(servers) != 1:
+            raise DecryptionRefused("exactly one enrolled server identity is required to check the manifest")
+        enrolled = pki.enrolled_keys(pki.load_enrolments(self.pki_dir, role="hospital"))
+        if expected_hospitals is not None:
+            enrolled = {k: v for k, v in enrolled.items() if k in set(expected_hospitals)}
+        return next(iter(servers.values())).public_key(), enrolled
+
+    def finalize(self, conn, *, min_clients: int, lam: float = 0.0, min_class_count: int = 1,
+                 expected_hospitals: list[str] | None = None) -> FinalResult:
+        """Close (if needed), fetch, verify, reveal, check, restore and solve.
+
+        The release policy is the stricter of this key holder's and the session's
+        (``min_clients``, ``min_class_count``): the server cannot relax it.
+        """
+        info = conn.info()
+        min_clients = max(min_clients, int(info.get("min_clients", 1)))
+        min_class_count = max(min_class_count, int(info.get("min_class_count", 1)))
+        if info["status"] != "released":
+            self.close_round(conn)
+            info = conn.info()
+        if info["backend"] in HE_BACKENDS:
+            return self._finalize_he(conn, info, min_clients=min_clients, lam=lam,
+                                       min_class_count=min_class_count, expected_hospitals=expected_hospitals)
+        params = SessionParams.from_dict(info["params"])
+        aggregate = conn.request("GET", conn.path("/aggregate")).content
+        manifest = conn.request("GET", conn.path("/manifest")).json()
+        unmask = None
+        if params.backend == "secagg":
+            unmask = conn.request("GET", conn.path("/secagg/unmask-material")).json()
+        return self.reveal_and_solve(params, aggregate, manifest, min_clients=min_clients, lam=lam,
+                                     min_class_count=min_class_count, expected_hospitals=expected_hospitals,
+                                     unmask=unmask)
+
+    def _finalize_he(self, conn, info: dict, *, min_clients: int, lam: float, min_class_count: int,
+                     expected_hospitals: list[str] | None) -> FinalResult:
+        """ckks, bfv: verify and re-sum the signed uploads here, decrypt that sum once (ckks: flood it), check.
+
+        A forgery found before decryption, and ANY failure after it, blocks the
+        key in the ledger: no later attempt decrypts under it.
+        """
+        sid = conn.session_id
+        params = self.params(sid)  # the keygen record, never the server's word
+        key_id = params.backend_params["public_context_sha256"]
+        ledger = ReleaseLedger(self.keys_dir / "releases.sqlite3")
+        try:
+            ledger.check_unused(key_id)
+            t0 = time.perf_counter()
+            try:
+                manifest = conn.request("GET", conn.path("/manifest")).json()
+                server_pub, enrolled = self._trust(expected_hospitals)
+                m = verify_manifest_for(params, manifest, server_pub, enrolled, min_clients)
+                backend = get_backend(params)
+                ctx = backend.keyholder_context(self.secret_context(sid))
+                chunks, participants = resum_signed_contributions(
+                    params, backend, ctx, m,
+                    lambda h: conn.request("GET", conn.path(f"/contributions/{h}")).content)
+                tags = conn.request("GET", conn.path("/tags")).json()
+            except (ServerForgery, ContributionRejected) as e:
+                ledger.block(key_id, f"refused before decryption: {e}")
+                raise
+            verify_s = time.perf_counter() - t0
+            res = self._decrypt_once(ledger, key_id, params, backend, ctx, chunks, participants, m, tags,
+                                     enrolled, lam=lam, min_class_count=min_class_count)
+            res.report["verify_and_resum_seconds"] = round(verify_s, 3)
+            return res
+        finally:
+            ledger.close()
+
+    def _decrypt_once(self, ledger, key_id, params, backend, ctx, chunks, participants, m, tags, enrolled, *,
+                      lam: float, min_class_count: int) -> FinalResult:
+        from secure_afl.tagging import check_aggregate_tag
+
+        ledger.record_decryption(key_id, params.session_id, participants)
+        try:
+            e_bound = he_module(params.backend).expected_abs_error(params, len(participants))
+            # the tags are summed in float64 here; allow that summation's own rounding
+            e_bound += plain_summation_error(len(participants), params.bounds.aggregate_bound(params.gamma))
+            if params.backend == "ckks":
+                sigma = flood_sigma(e_bound)
+                vector = flood(backend.decrypt_sum(ctx, chunks), sigma)  # nothing unflooded goes further
+                tol, p_exceed = flooded_bound(e_bound, sigma)
+            else:  # exact decryption (bfv): the noise is rounded away, nothing key-dependent to flood
+                sigma, p_exceed = 0.0, 0.0
+                vector, tol = backend.decrypt_sum(ctx, chunks), e_bound
+            stats = Layout(params.layout.dim, params.layout.n_classes).unpack(vector, gamma=params.gamma)
+            sanity = sanity_check(stats, params, len(participants), abs_tol=tol)
+            tag_check = check_aggregate_tag(params, stats.tag, m, tags or {}, enrolled,
+                                            self.tag_secret(params.session_id), tol)
+            # integers stay integers: the checks above bound their noise far below 1/2
+            stats = dataclasses.replace(stats, contributors=float(len(participants)),
+                                        n=float(np.round(stats.n)), class_counts=np.round(stats.class_counts))
+            check_class_minimum(stats, min_class_count)
+            ridge = flood_ridge(sigma, params.layout.dim) if sigma > 0 else 0.0
+            W = solve_from_sums(stats, lam=lam + ridge)
+            w_bound = certify_release(params, stats, W, len(participants), lam=lam + ridge, flood_sigma=sigma)
+        except BaseException as e:
+            ledger.block(key_id, f"check after decryption failed: {type(e).__name__}: {e}")
+            raise
+        ledger.record(key_id, params.session_id, participants, "resummed:" + key_id)
+        report = self._report(params, participants, stats, lam, sanity, tol)
+        report.update({"tag_check": tag_check, "resummed_by_keyholder": True,
+                       "decryption_error_bound": e_bound, "flood_sigma": sigma, "flood_kappa": KAPPA,
+                       "flood_queries": QUERIES, "error_bound_exceed_probability_per_entry": p_exceed,
+                       "flood_ridge": ridge, "lambda_total": lam + ridge, "w_error_bound": w_bound.to_dict()})
+        return FinalResult(W, stats, params, m, report)
+
+    @staticmethod
+    def _report(params, participants, stats, lam, sanity, tol, agg_sha: str | None = None) -> dict:
+        return {
+            "session_id": params.session_id,
+            "backend": params.backend,
+            "participants": participants,
+            "contributors": len(participants),
+            "samples": int(round(stats.n)),
+            "class_counts": [int(round(c)) for c in stats.class_counts],
+            "gamma": params.gamma,
+            "lambda": lam,
+            "aggregate_sha256": agg_sha,
+            "params_digest": params.digest().hex(),
+            "sanity": sanity.to_dict(),
+            "error_bound_per_entry": tol,
+        }
+
+    def reveal_and_solve(self, params: SessionParams, aggregate: bytes, manifest: dict, *, min_clients: int,
+                         lam: float = 0.0, min_class_count: int = 1,
+                         expected_hospitals: list[str] | None = None, unmask: dict | None = None) -> FinalResult:
+        """plain / secagg: verify the manifest, reveal the server's aggregate, check and solve.
+
+        Neither backend has a key whose decryption noise could leak it: plain
+        is the reference mode, and secagg's masks cancel exactly, so the
+        server's sum is unmasked here. ``unmask`` is the server's reconstructed
+        material (survivors' self-mask seeds, dropped hospitals' mask keys); a
+        wrong material yields garbage that the sanity checks refuse. ckks goes
+        through :meth:`finalize`, which never decrypts a server-formed sum.
+        """
+        if params.backend in HE_BACKENDS:
+            raise DecryptionRefused(f"a {params.backend} release is formed by re-summing the signed uploads (finalize); "
+                                    "a server-formed aggregate is never decrypted")
+        server_pub, enrolled = self._trust(expected_hospitals)
+        try:
+            m = check_aggregate_against_manifest(params, aggregate, manifest, server_pub, enrolled, min_clients)
+        except SecureAFLError as e:
+            raise DecryptionRefused(f"not decrypting: {e}") from e
+        participants = sorted(p["hospital"] for p in m["participants"])
+        agg_sha = hashlib.sha256(aggregate).hexdigest()
+        key_id = f"session:{params.session_id}"
+        ledger = ReleaseLedger(self.keys_dir / "releases.sqlite3")
+        try:
+            ledger.check(key_id, params.session_id, participants, agg_sha)
+            backend = get_backend(params)
+            if params.backend == "secagg":
+                if unmask is None:
+                    raise DecryptionRefused("secagg release needs the unmask material")
+                vector = backend.reveal(aggregate, unmask=unmask)
+                tol = abs_error_bound(tuple(params.backend_params["frac_bits"]), len(participants),
+                                      params.bounds.aggregate_bound(params.gamma))
+            else:
+                vector = backend.reveal(aggregate)
+                tol = 1e-9
+            stats = Layout(params.layout.dim, params.layout.n_classes).unpack(vector, gamma=params.gamma)
+            sanity = sanity_check(stats, params, len(participants), abs_tol=tol)
+            check_class_minimum(stats, min_class_count)
+            W = solve_from_sums(stats, lam=lam)
+            w_bound = certify_release(params, stats, W, len(participants), lam=lam)
+            ledger.record(key_id, params.session_id, participants, agg_sha)
+        finally:
+            ledger.close()
+        report = self._report(params, participants, stats, lam, sanity, tol, agg_sha)
+        report["w_error_bound"] = w_bound.to_dict()
+        return FinalResult(W, stats, params, m, report)
+
+
