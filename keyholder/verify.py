@@ -72,8 +72,7 @@ def resum_signed_contributions(params: SessionParams, backend, ctx, manifest: di
     hospital. Raises :class:`ServerForgery` or :class:`ContributionRejected`;
     on either nothing was decrypted.
     """
-    from secure_afl.hazmat.ckks import add_chunks
-
+    add_chunks = backend.scheme.add_chunks  # the scheme's homomorphic addition (ckks or bfv)
     total, seen = None, []
     for p in manifest["participants"]:
         hospital = p["hospital"]

@@ -1,4 +1,4 @@
-"""The key holder's signature over a ckks session's parameters, checked by everyone who encrypts.
+"""The key holder's signature over an HE (ckks, bfv) session's parameters, checked by everyone who encrypts.
 
 The server relays the key holder's public context and tag key to the
 hospitals; a server that swaps them for keys of its own would read every
@@ -69,13 +69,14 @@ def check_tag_public_key(tag_public_key) -> bytes:
 
 def check_published_keys(params: SessionParams, public_context: bytes) -> None:
     """The context and tag key are the ones the signed digest names, and usable (no secret key in the context)."""
-    from .backends.ckks import PUBLIC_CONTEXT_KEY, ckks_parameters
-    from .hazmat import ckks as hz
+    from .backends import get_backend
+    from .backends.ckks import PUBLIC_CONTEXT_KEY
     from .tagging import TAG_KEY_PARAM
 
-    if hz.context_sha256(public_context) != params.backend_params.get(PUBLIC_CONTEXT_KEY):
+    backend = get_backend(params)  # ckks or bfv: the same binding, each scheme's own context checks
+    if backend.scheme.context_sha256(public_context) != params.backend_params.get(PUBLIC_CONTEXT_KEY):
         raise ParameterMismatch("the public context is not the one the key holder signed")
-    hz.load_context(public_context, ckks_parameters(params), secret=False)  # SecretKeyNotAllowed, wrong parms
+    backend.scheme.load_context(public_context, backend.ckks_, secret=False)  # SecretKeyNotAllowed, wrong parms
     check_tag_public_key(params.backend_params.get(TAG_KEY_PARAM))
 
 

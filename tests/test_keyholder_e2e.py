@@ -78,7 +78,7 @@ def _finalize(c, min_clients=2):
 
 
 def test_multichunk_forgery_d512_refused_before_decryption_and_key_blocked(consortium):
-    """The reviewed attack at d = 512, C = 100 (45 chunks): the server serves, as h2's upload, h1's
+    """The reviewed attack at d = 512, C = 100 (many chunks, one tag slot group): the server serves, as h2's upload, h1's
     ciphertext plus an encrypted fix-up that makes it look like a 2-sum."""
     # Prepare: two honest uploads
     c = consortium(backend="ckks", hospitals=("h1", "h2"), dim=512, classes=100, min_clients=2)
@@ -94,7 +94,7 @@ def test_multichunk_forgery_d512_refused_before_decryption_and_key_blocked(conso
     public = c.keyholder.public_context(c.session_id)
     ctx = hz.load_context(public, backend.ckks_, secret=False)
     lay = params.layout
-    assert hz.CKKSParameters.from_dict(params.backend_params).n_chunks(lay.length) == 45
+    assert hz.CKKSParameters.from_dict(params.backend_params).n_chunks(lay.length) > 40  # the multi-chunk case
     fix = np.zeros(lay.length)
     fix[Layout(lay.dim, lay.n_classes).slices["contributors"]] = 1.0
     chunks = hz.add_chunks(backend.load_contribution(ctx, store.get_blob(rows["h1"]["payload_sha256"])),

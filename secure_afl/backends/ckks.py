@@ -218,6 +218,11 @@ class CKKSBackend(ProtectionBackend):
     name = "ckks"
     _hz = hz  # the scheme's primitives; the bfv backend swaps in its own
 
+    @property
+    def scheme(self):
+        """The scheme's hazmat module (context loading, chunk addition) for the key holder's re-sum."""
+        return self._hz
+
     def __init__(self, params: SessionParams):
         super().__init__(params)
         self._contexts: dict = {}

@@ -141,7 +141,7 @@ class SecureSum:
         total, exact, _, up = simulate_round(params, padded)
         if not exact:  # pragma: no cover - the protocol's own bit-exactness check
             raise InvalidInputError("secagg round did not reveal the exact fixed-point sum")
-        self.secagg_frac_bits = int(params.backend_params["frac_bits"])
+        self.secagg_frac_bits = tuple(params.backend_params["frac_bits"])
         return total, up
 
     # -- error bound ----------------------------------------------------------------
@@ -158,8 +158,9 @@ class SecureSum:
 
             return expected_abs_error(self.params, n_clients, magnitude=m)
         if self.backend == "secagg":
-            from ..hazmat.fixedpoint import choose_frac_bits
+            from ..hazmat.fixedpoint import abs_error_bound, choose_frac_bits
 
             f = choose_frac_bits(Bounds(self.bounds.max_norm, 1, n_clients), 0.0)
-            return n_clients * 2.0 ** -(f + 1) + n_clients * np.finfo(np.float64).eps * m
+            # the exact sum rounded once, against a float64 reference summed in some order
+            return abs_error_bound(f, n_clients, m) + n_clients * np.finfo(np.float64).eps * m
         return n_clients * np.finfo(np.float64).eps * m
