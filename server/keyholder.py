@@ -230,7 +230,16 @@ class KeyHolder:
                 tol = 1e-9
             lay = Layout(params.layout.dim, params.layout.n_classes)
             stats = lay.unpack(vector, gamma=params.gamma)
-            sanity = sanity_check(stats, params, len(participants), abs_tol=tol)
+            if params.dp is None:
+                sanity = sanity_check(stats, params, len(participants), abs_tol=tol)
+            else:  # DP hook: noise makes the Gram indefinite and the counts fractional
+                from secure_afl.dp import dp_sanity_check
+
+                if len(participants) < int(params.dp["min_contributors"]):
+                    raise DecryptionRefused(f"{len(participants)} contributions carry less than the declared "
+                                            f"noise (dp min_contributors={params.dp['min_contributors']})",
+                                            reason="dp_noise_short")
+                dp_checks = dp_sanity_check(stats, params, len(participants))
             tag_check = None
             if params.backend == "ckks":
                 from secure_afl.tagging import check_aggregate_tag
@@ -242,7 +251,26 @@ class KeyHolder:
                     ledger.block(key_id, f"aggregate tag check failed: {e}")
                     raise DecryptionRefused(f"not releasing: {e}", reason=e.reason) from e
             check_class_minimum(stats, min_class_count)
-            W = solve_from_sums(stats, lam=lam)
+            from secure_afl.dp.ledger import PrivacyLedger
+
+            privacy = None
+            if params.dp is None:
+                W = solve_from_sums(stats, lam=lam)
+                with PrivacyLedger(self.keys_dir / "privacy.sqlite3") as pl:
+                    pl.record(params.session_id, agg_sha, None, 0.0, float("inf"))
+            else:  # DP hook: PSD repair + calibrated ridge; RI is never restored (secure_afl.dp.solve)
+                from secure_afl.dp import dp_solve
+                from secure_afl.dp.mechanism import epsilon_from_rdp, release_rdp
+
+                W, solve_info = dp_solve(stats, params, len(participants), lam=lam)
+                rdp = release_rdp(params, len(participants))
+                delta = float(params.dp["delta"])
+                eps = epsilon_from_rdp(rdp, delta)
+                with PrivacyLedger(self.keys_dir / "privacy.sqlite3") as pl:
+                    composed = pl.preview(agg_sha, rdp, delta)
+                    pl.record(params.session_id, agg_sha, rdp, delta, eps)
+                privacy = {**dict(params.dp), "epsilon": eps, "epsilon_composed": composed,
+                           "contributors": len(participants), "solve": solve_info, "checks": dp_checks}
             ledger.record(key_id, params.session_id, participants, agg_sha)
         finally:
             ledger.close()
@@ -257,7 +285,8 @@ class KeyHolder:
             "lambda": lam,
             "aggregate_sha256": agg_sha,
             "params_digest": params.digest().hex(),
-            "sanity": sanity.to_dict(),
+            "sanity": sanity.to_dict() if params.dp is None else {"checks": dp_checks},
+            "dp": privacy,
             "tag_check": tag_check,
             "error_bound_per_entry": tol,
         }
@@ -274,14 +303,14 @@ def _keyholder(args) -> KeyHolder:
 
 def _cmd_keygen(args) -> int:
     from .config import load_config
-    from secure_afl.backends.ckks import ckks_session_params
+    from secure_afl.dp import dp_session_params
 
     cfg = load_config(args.config)
     if cfg.backend != "ckks":
         print(f"session {cfg.session_id} uses {cfg.backend}; only ckks sessions need key-holder keys")
         return 2
     kh = _keyholder(args)
-    params = ckks_session_params(cfg.session_id, Layout(cfg.dim, cfg.classes), cfg.gamma, cfg.bounds)
+    params = dp_session_params(cfg.dp, "ckks", cfg.session_id, Layout(cfg.dim, cfg.classes), cfg.gamma, cfg.bounds)
     public = kh.keygen(params)
     print(f"fresh CKKS keys for session {cfg.session_id}: public context {kh.public_path(cfg.session_id)} "
           f"({len(public)} bytes, sha256 {hashlib.sha256(public).hexdigest()[:16]}...)")
