@@ -200,6 +200,9 @@ def run_demo(args) -> dict:
     }
     if K < 3:
         cfg["secagg"]["threshold"] = K
+    if args.dp is not None:
+        # any min_clients hospitals' shares add up to the full noise
+        cfg["dp"] = {"epsilon": float(args.dp), "delta": 1e-5, "min_contributors": cfg["session"]["min_clients"]}
     write_config(work / "session.toml", cfg)
     url = f"https://127.0.0.1:{port}"
     server = ServerProcess(work / "session.toml", work / "server.log")
@@ -213,10 +216,12 @@ def run_demo(args) -> dict:
 
         conn = kh.connect(url, session_id)
         if args.backend == "ckks":
-            from .backends.ckks import ckks_session_params
+            from .server.config import load_config
+            from .dp import dp_session_params
 
             t = time.perf_counter()
-            params0 = ckks_session_params(session_id, Layout(dim, n_classes), 1.0, _bounds(cfg))
+            params0 = dp_session_params(load_config(work / "session.toml").dp, "ckks", session_id,
+                                        Layout(dim, n_classes), 1.0, _bounds(cfg))
             kh.keygen(params0)
             kh.publish(conn)
             timings["keys"] = time.perf_counter() - t
@@ -257,7 +262,8 @@ def run_demo(args) -> dict:
         conn.close()
         timings["release"] = time.perf_counter() - t
         print(f"[Stage 5] release: manifest of {res.report['contributors']} verified; aggregate revealed, "
-              f"sanity checks passed; RI restored and W {res.W.shape} solved")
+              f"sanity checks passed; " + ("DP solve (PSD repair, calibrated ridge, no RI restoration)"
+                                           if res.report.get("dp") else "RI restored") + f" and W {res.W.shape} solved")
     finally:
         server.stop()
 
@@ -282,10 +288,18 @@ def run_demo(args) -> dict:
     Xe, ye = test if test is not None else (X_all, y_all)
     agreement = float(np.mean(predict(W, Xe) == predict(W_plain, Xe)))
     target = {"plain": 1e-9, "secagg": 1e-9, "ckks": 1e-6}[args.backend]
+    privacy = res.report.get("dp")
     audit = verify_log(work / "server" / session_id / "audit.jsonl",
                        server_pub=pki.load_party(pki_dir, "server", "aggregator").identity_pub(),
                        receipts=_receipts(receipts_dir))
     passed = bool(rel_plain <= target and agreement == 1.0 and rel_joint <= max(target, 1e-9) * 10)
+    if privacy is not None:
+        # the noise is the point: pass when the release is accounted within the declared epsilon and the
+        # statistics are off by no more than the noise bound the key holder checks
+        from .dp.mechanism import TAIL
+
+        noise_bound = TAIL * privacy["solve"]["noise_std"]
+        passed = bool(privacy["epsilon"] <= float(args.dp) and stats_err <= noise_bound)
     timings["verify"] = time.perf_counter() - t
     report = {
         "backend": args.backend,
@@ -299,9 +313,11 @@ def run_demo(args) -> dict:
             "weights_rel_error_vs_joint": rel_joint,
             "prediction_agreement": agreement,
             "target_rel_error": target,
+            "dp_noise_bound": noise_bound if privacy else None,
             "passed": passed,
         },
         "accuracy": {"secure": top1_accuracy(W, Xe, ye), "plaintext": top1_accuracy(W_plain, Xe, ye)},
+        "dp": privacy,
         "bytes_uploaded": int(sum(results.values())),
         "bytes_per_hospital": float(np.mean(list(results.values()))),
         "timings_s": timings,
@@ -351,8 +367,17 @@ def _print_report(r: dict) -> None:
         ("accuracy secure / plaintext", f"{r['accuracy']['secure']:.4f} / {r['accuracy']['plaintext']:.4f}"),
         ("time per phase (s)", ", ".join(f"{k} {x:.2f}" for k, x in r["timings_s"].items())),
     ]
+    if r.get("dp"):
+        p = r["dp"]
+        rows[4] = ("stats max |secure - plaintext|", f"{v['stats_max_abs_error']:.3e} (DP noise, bound "
+                                                     f"{v['dp_noise_bound']:.3e})")
+        rows[5] = ("||W_secure - W_plain|| / ||W_plain||", f"{v['weights_rel_error_vs_plaintext']:.3e} (DP)")
+        rows.insert(5, ("DP epsilon (delta) this release / composed",
+                        f"{p['epsilon']:.3f} ({p['delta']:g}) / {p['epsilon_composed']:.3f}; {p['mechanism']}, "
+                        f"sigma {p['sigma']:.3g}, ridge {p['solve']['calibrated_ridge']:.3g}"))
     width = max(len(a) for a, _ in rows)
-    print("\nVerification: decryption equals plaintext")
+    print("\nVerification: " + ("noisy release within the DP noise bound, accounted" if r.get("dp")
+                                 else "decryption equals plaintext"))
     print("-" * (width + 40))
     for a, b in rows:
         print(f"{a:<{width}}  {b}")
@@ -373,6 +398,8 @@ def register(parser) -> None:
     parser.add_argument("--data", help="directory of hospital *.npz files (X, y); test.npz is the evaluation set")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--min-clients", type=int, help="release threshold (default: all hospitals)")
+    parser.add_argument("--dp", type=float, metavar="EPS", help="distributed differential privacy at epsilon EPS "
+                        "(delta 1e-5): hospitals add noise shares, the key holder accounts and solves with a ridge")
     parser.add_argument("--report", help="write the report JSON here")
     parser.add_argument("--model-out", help="write the model (safetensors) here")
     parser.add_argument("--workdir", help="keep PKI, server state and logs here (default: a temp dir, removed)")

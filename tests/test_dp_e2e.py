@@ -91,3 +91,18 @@ def test_dp_release_refused_with_fewer_noise_shares_than_declared(consortium):
         c.keyholder.finalize(conn, min_clients=2)
     conn.close()
     assert e.value.reason == "dp_noise_short"
+
+
+def test_demo_with_dp_through_the_real_service(tmp_path, capsys):
+    import json
+
+    from secure_afl.cli import main
+
+    # Execute: secagg (Skellam integer noise), three hospitals, a real server process
+    rc = main(["demo", "--backend", "secagg", "--hospitals", "3", "--dp", "2", "--dataset", "breast-cancer",
+               "--report", str(tmp_path / "r.json")])
+    # Assert
+    r = json.loads((tmp_path / "r.json").read_text())
+    assert rc == 0 and r["verification"]["passed"]
+    assert r["dp"]["mechanism"] == "skellam" and r["dp"]["epsilon"] <= 2.0
+    assert r["verification"]["stats_max_abs_error"] > 0  # the release is noisy, not the plaintext sum
