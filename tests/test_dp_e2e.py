@@ -106,3 +106,32 @@ def test_demo_with_dp_through_the_real_service(tmp_path, capsys):
     assert rc == 0 and r["verification"]["passed"]
     assert r["dp"]["mechanism"] == "skellam" and r["dp"]["epsilon"] <= 2.0
     assert r["verification"]["stats_max_abs_error"] > 0  # the release is noisy, not the plaintext sum
+
+
+def test_secagg_dp_with_a_dropout_is_accounted_at_the_survivors_noise(consortium):
+    from test_service_e2e import _run_hospitals
+
+    # Prepare: 5 hospitals, any 3 shares carry the declared noise; h05 vanishes before its masked input
+    names = ("h01", "h02", "h03", "h04", "h05")
+    c = consortium(backend="secagg", hospitals=names, min_clients=3, dp=DP,
+                   secagg={"threshold": 3, "stage_timeout_s": 6.0}).start()
+    data = {h: c.data(h, n=60) for h in names}
+    # Execute
+    results, errors = _run_hospitals(c, data, {"h05": "masked_input"})
+    conn = c.connect_keyholder()
+    res = c.keyholder.finalize(conn, min_clients=3)
+    conn.close()
+    # Assert: four integer shares summed; the key holder accounts exactly those
+    assert not errors, errors
+    survivors = ["h01", "h02", "h03", "h04"]
+    assert res.report["participants"] == survivors
+    total = None
+    for h in survivors:
+        s = c.stats(*data[h])
+        total = s if total is None else total + s
+    iu = np.triu_indices(c.dim)
+    resid = np.concatenate([(res.stats.gram - total.gram - 4.0 * np.eye(c.dim))[iu],
+                            (res.stats.cross - total.cross).ravel()])
+    dp = res.report["dp"]
+    assert 0.5 < resid.std() / (dp["sigma"] * np.sqrt(4 / 3)) < 1.6  # 1e-6 two-sided range (0.45, 1.75)
+    assert dp["contributors"] == 4 and dp["epsilon"] < DP["epsilon"]
