@@ -213,3 +213,35 @@ def test_bad_dp_declarations_are_typed_errors():
         _params("ckks", DPSpec(1.0, 1e-5, 11))  # t > k_max
     with pytest.raises(InvalidParameterError):
         release_rdp(_params("ckks", DPSpec(1.0, 1e-5, 3)), 2)
+
+
+def test_dp_sanity_check_refuses_garbage_and_a_wrong_counter():
+    from secure_afl.dp import dp_sanity_check
+    from secure_afl.exceptions import BoundsExceeded, SanityCheckFailed
+
+    params = _params("secagg", DPSpec(1.0, 1e-5, 3))
+    stats = LAYOUT.unpack(np.zeros(LAYOUT.length), gamma=1.0)
+    stats.contributors = 3.0
+    assert dp_sanity_check(stats, params, 3)["noisy_bound"]
+    with pytest.raises(SanityCheckFailed):
+        dp_sanity_check(stats, params, 4)
+    stats.gram[0, 0] = 2.0 ** 62  # what a wrapped or unmasked-with-wrong-material sum looks like
+    with pytest.raises(SanityCheckFailed):
+        dp_sanity_check(stats, params, 3)
+    with pytest.raises(BoundsExceeded):
+        add_noise_share(params, np.full(LAYOUT.length, 2.0 ** 40))
+
+
+def test_session_toml_dp_section(tmp_path):
+    from secure_afl.server.config import load_config, write_config
+
+    base = {"session": {"id": "s", "backend": "ckks", "dim": 4, "classes": 2, "min_clients": 3},
+            "bounds": {"max_norm": 1.0, "n_max": 10, "k_max": 5}}
+    write_config(tmp_path / "a.toml", {**base, "dp": {"epsilon": 2.0}})
+    cfg = load_config(tmp_path / "a.toml")
+    assert (cfg.dp.epsilon, cfg.dp.delta, cfg.dp.min_contributors) == (2.0, 1e-5, 3)
+    write_config(tmp_path / "b.toml", {**base, "dp": {"epsilon": 2.0, "sigma": 3.0}})
+    with pytest.raises(InvalidParameterError):
+        load_config(tmp_path / "b.toml")
+    write_config(tmp_path / "c.toml", base)
+    assert load_config(tmp_path / "c.toml").dp is None
