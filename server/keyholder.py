@@ -13,8 +13,10 @@ Stages (``secure-afl keyholder ...``):
 2. ``publish``  sends the public context to the server, which opens the session;
 3. ``finalize`` closes the round, fetches aggregate + manifest, verifies the
                 manifest, decrypts the aggregate, sanity-checks it, enforces
-                the release policy, applies RI restoration, solves and writes
-                the model (safetensors) and a report.
+                the release policy, applies RI restoration (with DP on:
+                PSD repair and the calibrated ridge instead, and the privacy
+                ledger; secure_afl.dp), solves and writes the model
+                (safetensors) and a report.
 """
 
 from __future__ import annotations
