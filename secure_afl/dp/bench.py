@@ -23,9 +23,9 @@ __all__ = ["run_bench", "register"]
 EPSILONS = (0.5, 1.0, 2.0, 4.0, 8.0, math.inf)
 
 
-def _accuracy(dataset: str, K: int, eps: float, seed: int, *, alpha: float, delta: float, dim: int) -> float:
+def _accuracy(dataset: str, K: int, eps: float, seed: int, *, alpha: float, delta: float) -> float:
     from ..analytic import solve_from_sums, top1_accuracy
-    from ..demo import load_embedded, random_features  # noqa: F401  (the demo's feature map)
+    from ..demo import load_embedded  # the demo's random Fourier feature map
     from ..packing import Layout
     from ..params import Bounds
     from ..partition import partition
@@ -59,7 +59,7 @@ def run_bench(*, datasets=("digits", "breast-cancer"), clients=(5, 50), epsilons
     for ds in datasets:
         for K in clients:
             for eps in epsilons:
-                accs = [_accuracy(ds, K, eps, s, alpha=alpha, delta=delta, dim=0) for s in range(seeds)]
+                accs = [_accuracy(ds, K, eps, s, alpha=alpha, delta=delta) for s in range(seeds)]
                 rows.append({"dataset": ds, "clients": K, "epsilon": eps, "accuracy_mean": float(np.mean(accs)),
                              "accuracy_std": float(np.std(accs)), "runs": seeds})
     out = {"rows": rows, "delta": delta, "partition": f"dirichlet:{alpha}", "seconds": time.perf_counter() - t0}

@@ -121,10 +121,9 @@ def epsilon_from_rdp(rdp, delta: float) -> float:
     return float(eps)
 
 
-def _skellam_units(z: float, d2: float, d1: float, frac_bits: int, m: int, t: int):
-    """Integer-grid (mu_total, D2_int, D1_int) for noise multiplier z and t noise shares."""
+def _skellam_units(z: float, d2: float, d1: float, frac_bits: int, m: int):
+    """Integer-grid (mu, D2_int, D1_int) of the declared noise (z) summed over t shares of mu/t each."""
     sigma_int = z * d2 * 2.0 ** frac_bits
-    # each of t shares gets mu/t: the sum of the shares is Skellam(mu) with variance 2 mu = sigma_int^2
     mu = sigma_int ** 2 / 2.0
     return mu, d2 * 2.0 ** frac_bits + math.sqrt(m), d1 * 2.0 ** frac_bits + m
 
@@ -144,7 +143,7 @@ def release_rdp(params: SessionParams, contributors: int) -> np.ndarray:
         return gaussian_rdp(z)
     mu, d2, d1 = _skellam_units(float(dp["noise_multiplier"]), float(dp["l2_sensitivity"]),
                                 float(dp["l1_sensitivity"]), int(params.backend_params["frac_bits"]),
-                                int(dp["noised_entries"]), t)
+                                int(dp["noised_entries"]))
     return skellam_rdp(mu * scale, d2, d1)
 
 
@@ -188,7 +187,7 @@ def dp_config(spec: DPSpec, backend: str, bounds: Bounds, layout, *, frac_bits: 
             raise InvalidParameterError("skellam noise needs the session's frac_bits")
 
         def curve(zz):
-            mu, dd2, dd1 = _skellam_units(zz, d2, d1, frac_bits, m, spec.min_contributors)
+            mu, dd2, dd1 = _skellam_units(zz, d2, d1, frac_bits, m)
             return skellam_rdp(mu, dd2, dd1)
 
         z = noise_multiplier_for(spec.epsilon, spec.delta, curve)

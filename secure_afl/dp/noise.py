@@ -28,7 +28,8 @@ import numpy as np
 
 from ..exceptions import BoundsExceeded, InvalidParameterError
 from ..params import Bounds, SessionParams
-from .mechanism import SKELLAM_SHARE_STEPS, TAIL, DPSpec, dp_config, noised_entries, sensitivity, noise_multiplier_for
+from .mechanism import (SKELLAM_SHARE_STEPS, TAIL, DPSpec, dp_config, noise_multiplier_for, noised_entries,
+                        sensitivity)
 
 __all__ = ["share_std", "noise_share", "add_noise_share", "dp_session_params", "padded_bounds"]
 
