@@ -27,3 +27,12 @@ def test_audit_detects_a_mechanism_that_adds_less_noise_than_it_accounts_for():
     r = audit_session(weak, runs=2000, seed=1, accounted=1.0)
     # Assert: the audit measures more leakage than the claim allows
     assert r.epsilon_lower_bound > 1.0
+
+
+def test_bench_dp_audit_cli_prints_the_table(capsys):
+    from secure_afl.cli import main
+
+    assert main(["bench", "dp-audit", "--backends", "plain", "--epsilons", "2", "--runs", "400"]) == 0
+    row = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| plain")][0]
+    accounted, lower = (float(x) for x in row.split("|")[4:6])
+    assert lower <= accounted <= 2.0
