@@ -338,6 +338,10 @@ def _cmd_finalize(args) -> int:
         Path(args.report).write_text(json.dumps(res.report, indent=2))
     print(f"model W {res.W.shape} from {res.report['contributors']} hospitals, {res.report['samples']} samples "
           f"-> {args.out}")
+    if res.report.get("dp"):
+        p = res.report["dp"]
+        print(f"differential privacy: epsilon {p['epsilon']:.4g} at delta {p['delta']:g} for this release, "
+              f"{p['epsilon_composed']:.4g} composed over this key holder's releases ({p['mechanism']} noise)")
     return 0
 
 
