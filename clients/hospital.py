@@ -22,6 +22,7 @@ import numpy as np
 
 from secure_afl import pki
 from secure_afl.backends import HE_BACKENDS, get_backend
+from secure_afl.dp import add_noise_share
 from secure_afl.exceptions import (
     BoundsExceeded,
     DuplicateContribution,
@@ -163,7 +164,10 @@ class HospitalClient:
 
     def protect_vector(self, params: SessionParams, stats: SufficientStatistics, *,
                        tag: np.ndarray | None = None) -> np.ndarray:
-        """C_k^r = C_k + gamma I, Q_k, n_k, counts (and the tag) packed for the session's layout."""
+        """C_k^r = C_k + gamma I, Q_k, n_k, counts (and the tag) packed for the session's layout.
+
+        With DP on, this hospital's noise share (:mod:`secure_afl.dp.noise`) is added here.
+        """
         lay = params.layout
         if stats.gamma != 0.0 or stats.contributors != 1.0:
             raise InvalidInputError("protect() takes one hospital's raw statistics (gamma = 0); "
@@ -175,7 +179,9 @@ class HospitalClient:
             raise InvalidInputError(f"n_k = {stats.n:.0f} exceeds the session's n_max = {params.bounds.n_max}")
         with_ri = SufficientStatistics(stats.gram + params.gamma * np.eye(lay.dim), stats.cross, stats.n,
                                        stats.class_counts, 1.0, params.gamma, tag)
-        return Layout(lay.dim, lay.n_classes).pack(with_ri)
+        packed = Layout(lay.dim, lay.n_classes).pack(with_ri)
+        # DP hook: this hospital's share of the session's noise goes in before protection
+        return add_noise_share(params, packed)
 
     def upload(self, params: SessionParams, payload: bytes, *, tag: dict | None = None, progress: bool = False,
                attempts: int = 3) -> dict:

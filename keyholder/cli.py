@@ -22,7 +22,7 @@ def _keyholder(args) -> KeyHolder:
 
 
 def _cmd_keygen(args) -> int:
-    from secure_afl.backends import HE_BACKENDS, he_module
+    from secure_afl.backends import HE_BACKENDS
     from secure_afl.server.config import load_config
 
     cfg = load_config(args.config)
@@ -31,8 +31,10 @@ def _cmd_keygen(args) -> int:
               "key-holder keys")
         return 2
     kh = _keyholder(args)
-    params = he_module(cfg.backend).session_params(cfg.session_id, Layout(cfg.dim, cfg.classes), cfg.gamma,
-                                                   cfg.bounds)
+    from secure_afl.dp import dp_session_params
+
+    params = dp_session_params(cfg.dp, cfg.backend, cfg.session_id, Layout(cfg.dim, cfg.classes), cfg.gamma,
+                               cfg.bounds)
     public = kh.keygen(params)
     print(f"fresh {cfg.backend.upper()} keys for session {cfg.session_id}: public context "
           f"{kh.public_path(cfg.session_id)} ({len(public)} bytes, sha256 {hashlib.sha256(public).hexdigest()[:16]}...)")
@@ -62,6 +64,10 @@ def _cmd_finalize(args) -> int:
     print(f"model W {res.W.shape} from {res.report['contributors']} hospitals, {res.report['samples']} samples "
           f"-> {args.out}{flood}")
     print(format_w_bound(res.report["w_error_bound"]))
+    if res.report.get("dp"):
+        p = res.report["dp"]
+        print(f"differential privacy: epsilon {p['epsilon']:.4g} at delta {p['delta']:g} for this release, "
+              f"{p['epsilon_composed']:.4g} composed over this key holder's releases ({p['mechanism']} noise)")
     return 0
 
 

@@ -195,7 +195,7 @@ class KeyHolder(KeyCustody):
                 sigma, p_exceed = 0.0, 0.0
                 vector, tol = backend.decrypt_sum(ctx, chunks), e_bound
             stats = Layout(params.layout.dim, params.layout.n_classes).unpack(vector, gamma=params.gamma)
-            sanity = sanity_check(stats, params, len(participants), abs_tol=tol)
+            sanity = _sanity(stats, params, participants, tol)
             tag_check = check_aggregate_tag(params, stats.tag, m, tags or {}, enrolled,
                                             self.tag_secret(params.session_id), tol)
             # integers stay integers: the checks above bound their noise far below 1/2
@@ -203,18 +203,42 @@ class KeyHolder(KeyCustody):
                                         n=float(np.round(stats.n)), class_counts=np.round(stats.class_counts))
             check_class_minimum(stats, min_class_count)
             ridge = flood_ridge(sigma, params.layout.dim) if sigma > 0 else 0.0
-            W = solve_from_sums(stats, lam=lam + ridge)
+            W, privacy = self._solve(params, stats, participants, lam + ridge, "resummed:" + key_id)
             w_bound = certify_release(params, stats, W, len(participants), lam=lam + ridge, flood_sigma=sigma)
         except BaseException as e:
             ledger.block(key_id, f"check after decryption failed: {type(e).__name__}: {e}")
             raise
         ledger.record(key_id, params.session_id, participants, "resummed:" + key_id)
         report = self._report(params, participants, stats, lam, sanity, tol)
-        report.update({"tag_check": tag_check, "resummed_by_keyholder": True,
+        report.update({"dp": privacy, "tag_check": tag_check, "resummed_by_keyholder": True,
                        "decryption_error_bound": e_bound, "flood_sigma": sigma, "flood_kappa": KAPPA,
                        "flood_queries": QUERIES, "error_bound_exceed_probability_per_entry": p_exceed,
                        "flood_ridge": ridge, "lambda_total": lam + ridge, "w_error_bound": w_bound.to_dict()})
         return FinalResult(W, stats, params, m, report)
+
+    def _solve(self, params, stats, participants, lam: float, release_id: str):
+        """W and the privacy record. Without DP: RI restoration and the solve; the release voids any
+        composed epsilon. With DP: PSD repair and the calibrated ridge (RI restoration would cancel the
+        noise), accounted in the privacy ledger (secure_afl.dp)."""
+        from secure_afl.dp.ledger import PrivacyLedger
+
+        if params.dp is None:
+            W = solve_from_sums(stats, lam=lam)
+            with PrivacyLedger(self.keys_dir / "privacy.sqlite3") as pl:
+                pl.record(params.session_id, release_id, None, 0.0, float("inf"))
+            return W, None
+        from secure_afl.dp import dp_solve
+        from secure_afl.dp.mechanism import epsilon_from_rdp, release_rdp
+
+        W, solve_info = dp_solve(stats, params, len(participants), lam=lam)
+        rdp = release_rdp(params, len(participants))
+        delta = float(params.dp["delta"])
+        eps = epsilon_from_rdp(rdp, delta)
+        with PrivacyLedger(self.keys_dir / "privacy.sqlite3") as pl:
+            composed = pl.preview(release_id, rdp, delta)
+            pl.record(params.session_id, release_id, rdp, delta, eps)
+        return W, {**dict(params.dp), "epsilon": eps, "epsilon_composed": composed,
+                   "contributors": len(participants), "solve": solve_info}
 
     @staticmethod
     def _report(params, participants, stats, lam, sanity, tol, agg_sha: str | None = None) -> dict:
@@ -229,7 +253,7 @@ class KeyHolder(KeyCustody):
             "lambda": lam,
             "aggregate_sha256": agg_sha,
             "params_digest": params.digest().hex(),
-            "sanity": sanity.to_dict(),
+            "sanity": sanity if isinstance(sanity, dict) else sanity.to_dict(),
             "error_bound_per_entry": tol,
         }
 
@@ -270,15 +294,26 @@ class KeyHolder(KeyCustody):
                 vector = backend.reveal(aggregate)
                 tol = 1e-9
             stats = Layout(params.layout.dim, params.layout.n_classes).unpack(vector, gamma=params.gamma)
-            sanity = sanity_check(stats, params, len(participants), abs_tol=tol)
+            sanity = _sanity(stats, params, participants, tol)
             check_class_minimum(stats, min_class_count)
-            W = solve_from_sums(stats, lam=lam)
+            W, privacy = self._solve(params, stats, participants, lam, agg_sha)
             w_bound = certify_release(params, stats, W, len(participants), lam=lam)
             ledger.record(key_id, params.session_id, participants, agg_sha)
         finally:
             ledger.close()
         report = self._report(params, participants, stats, lam, sanity, tol, agg_sha)
-        report["w_error_bound"] = w_bound.to_dict()
+        report.update({"dp": privacy, "w_error_bound": w_bound.to_dict()})
         return FinalResult(W, stats, params, m, report)
 
 
+def _sanity(stats, params, participants, tol):
+    """The statistics checks; with DP the noise-aware ones, after refusing a release carrying less noise
+    than the session declared (fewer contributions than dp min_contributors)."""
+    if params.dp is None:
+        return sanity_check(stats, params, len(participants), abs_tol=tol)
+    from secure_afl.dp import dp_sanity_check
+
+    if len(participants) < int(params.dp["min_contributors"]):
+        raise DecryptionRefused(f"{len(participants)} contributions carry less than the declared noise "
+                                f"(dp min_contributors={params.dp['min_contributors']})", reason="dp_noise_short")
+    return {"checks": dp_sanity_check(stats, params, len(participants))}

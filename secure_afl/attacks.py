@@ -169,31 +169,54 @@ def attack_plain_singleton_class(*, seed: int = 0, verbose: bool = True, **_) ->
             "singleton_classes": singles, "n": int(stats.n)}
 
 
-def attack_k2_subtraction(*, seed: int = 0, verbose: bool = True, **_) -> dict:
-    """K = 2: hospital A subtracts its own statistics from the released aggregate."""
+def attack_k2_subtraction(*, seed: int = 0, verbose: bool = True, dp: float | None = None, **_) -> dict:
+    """K = 2: hospital A subtracts its own statistics from the released aggregate.
+
+    With ``dp=EPS`` the session declares distributed DP at that epsilon with
+    min_contributors = 1 (any one hospital's share carries the full noise, so a
+    curious partner that removes its own share still faces all of it); A then
+    gets B's statistics plus B's noise share, and the attack reports the
+    measured error against the noise the session declared.
+    """
     from .backends import get_backend
+    from .dp import DPSpec, add_noise_share, dp_session_params
 
     rng = np.random.default_rng(seed)
-    params = _plain_params("attack-k2")
+    spec = None if dp is None else DPSpec(float(dp), 1e-5, 1)
+    params = dp_session_params(spec, "plain", "attack-k2", _layout(), GAMMA, _bounds())
     backend = get_backend(params)
     XA, yA = _embeddings(rng, 30)
     XB, yB = _embeddings(rng, 12)
     vA, vB = _packed(XA, yA), _packed(XB, yB)
+    # each hospital's own protect path: its packed statistics plus its noise share (none without DP)
+    upA, upB = add_noise_share(params, vA), add_noise_share(params, vB)
     comb = backend.combiner()
-    comb.add(backend.protect(vA))
-    comb.add(backend.protect(vB))
+    comb.add(backend.protect(upA))
+    comb.add(backend.protect(upB))
     released = backend.reveal(comb.aggregate())  # what the key holder reveals
 
     lay = _layout()
-    theirs = lay.unpack(released - vA, gamma=GAMMA)  # hospital A's computation
+    theirs = lay.unpack(released - upA, gamma=GAMMA)  # hospital A's computation (it knows its own share)
     truth = lay.unpack(vB, gamma=GAMMA)
     err = float(max(np.max(np.abs(theirs.gram - truth.gram)), np.max(np.abs(theirs.cross - truth.cross))))
     counts_err = float(np.max(np.abs(theirs.class_counts - truth.class_counts)))
-    _say(verbose, f"[k2-subtraction] RECOVERED the other hospital's statistics: C_B, Q_B max error {err:.1e}; "
-                  f"class counts {theirs.class_counts.astype(int).tolist()} (error {counts_err!r}); "
-                  f"n_B = {int(theirs.n)}")
-    return {"attack": "k2-subtraction", "outcome": "recovered", "max_error": err, "counts_error": counts_err,
-            "n_other": int(theirs.n)}
+    if dp is None:
+        _say(verbose, f"[k2-subtraction] RECOVERED the other hospital's statistics: C_B, Q_B max error {err:.1e}; "
+                      f"class counts {theirs.class_counts.astype(int).tolist()} (error {counts_err!r}); "
+                      f"n_B = {int(theirs.n)}")
+        return {"attack": "k2-subtraction", "outcome": "recovered", "max_error": err, "counts_error": counts_err,
+                "n_other": int(theirs.n)}
+    iu = np.triu_indices(DIM)
+    resid = np.concatenate([(theirs.gram - truth.gram)[iu], (theirs.cross - truth.cross).ravel(),
+                            [theirs.n - truth.n], theirs.class_counts - truth.class_counts])
+    rel = float(np.linalg.norm(theirs.gram - truth.gram) / np.linalg.norm(truth.gram - GAMMA * np.eye(DIM)))
+    sigma = float(params.dp["sigma"])
+    _say(verbose, f"[k2-subtraction] NOISE (DP epsilon={dp:g}): A's estimate of C_B is off by "
+                  f"{100 * rel:.0f}% (Frobenius); residual std {resid.std():.3g} vs the declared sigma "
+                  f"{sigma:.3g}; n_B reads {theirs.n:.1f} (true {int(truth.n)})")
+    return {"attack": "k2-subtraction", "outcome": "noise", "max_error": err, "counts_error": counts_err,
+            "residual_std": float(resid.std()), "residual_mean": float(resid.mean()), "residual_entries": resid.size,
+            "sigma": sigma, "gram_rel_error": rel, "epsilon": float(dp)}
 
 
 def attack_differencing(*, seed: int = 0, verbose: bool = True, work=None, **_) -> dict:
@@ -622,11 +645,12 @@ def _cmd_attack(args) -> int:
         return 0
     names = list(ATTACKS) if args.name == "all" else [args.name]
     for n in names:
-        run_attack(n, seed=args.seed)
+        run_attack(n, seed=args.seed, dp=args.dp)
     return 0
 
 
 def register(parser) -> None:
     parser.add_argument("name", choices=["list", "all", *ATTACKS], help="attack to run ('all' runs every one)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--dp", type=float, metavar="EPS", help="k2-subtraction: the session declares DP at EPS")
     parser.set_defaults(func=_cmd_attack)

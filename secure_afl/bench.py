@@ -59,6 +59,8 @@ def _register_protect(parser: argparse.ArgumentParser) -> None:
 _SUBCOMMANDS: list = [
     ("protect", "time protect / combine / reveal of one round and check the sum", _register_protect),
     ("extract", "time embedding extraction on this machine", "secure_afl.clients.embed_bench"),
+    ("dp", "test accuracy against epsilon (distributed DP), table and PNG", "secure_afl.dp.bench"),
+    ("dp-audit", "empirical epsilon lower bound (canary test) next to the accounted one", "secure_afl.dp.audit"),
 ]
 
 

@@ -207,6 +207,9 @@ def run_demo(args) -> dict:
     }
     if K < 3:
         cfg["secagg"]["threshold"] = K
+    if args.dp is not None:
+        # any min_clients hospitals' shares add up to the full noise
+        cfg["dp"] = {"epsilon": float(args.dp), "delta": 1e-5, "min_contributors": cfg["session"]["min_clients"]}
     write_config(work / "session.toml", cfg)
     url = f"https://127.0.0.1:{port}"
     server = ServerProcess(work / "session.toml", work / "server.log")
@@ -220,8 +223,12 @@ def run_demo(args) -> dict:
 
         conn = kh.connect(url, session_id)
         if args.backend in HE_BACKENDS:
+            from .dp import dp_session_params
+            from .server.config import load_config
+
             t = time.perf_counter()
-            params0 = he_module(args.backend).session_params(session_id, Layout(dim, n_classes), 1.0, _bounds(cfg))
+            params0 = dp_session_params(load_config(work / "session.toml").dp, args.backend, session_id,
+                                        Layout(dim, n_classes), 1.0, _bounds(cfg))
             kh.keygen(params0)
             kh.publish(conn)
             timings["keys"] = time.perf_counter() - t
@@ -263,7 +270,8 @@ def run_demo(args) -> dict:
         conn.close()
         timings["release"] = time.perf_counter() - t
         print(f"[Stage 5] release: manifest of {res.report['contributors']} verified; aggregate revealed, "
-              f"sanity checks passed; RI restored and W {res.W.shape} solved")
+              f"sanity checks passed; " + ("DP solve (PSD repair, calibrated ridge, no RI restoration)"
+                                           if res.report.get("dp") else "RI restored") + f" and W {res.W.shape} solved")
     finally:
         server.stop()
 
@@ -295,13 +303,21 @@ def run_demo(args) -> dict:
     agreement = float(np.mean(predict(W, Xe) == predict(W_plain, Xe)))
     acc_secure, acc_plain = top1_accuracy(W, Xe, ye), top1_accuracy(W_plain, Xe, ye)
     target = session_w_target(res.params)
+    privacy = res.report.get("dp")
     audit = verify_log(work / "server" / session_id / "audit.jsonl",
                        server_pub=pki.load_party(pki_dir, "server", "aggregator").identity_pub(),
                        receipts=_receipts(receipts_dir))
-    if args.backend == "ckks":
+    noise_bound = allowed = None
+    if privacy is not None:
+        # the noise is the point: pass when the release is accounted within the declared epsilon and the
+        # statistics are off by no more than the noise bound the key holder checks
+        from .dp.mechanism import TAIL
+
+        noise_bound = TAIL * privacy["solve"]["noise_std"]
+        passed = bool(privacy["epsilon"] <= float(args.dp) and stats_err <= noise_bound)
+    elif args.backend == "ckks":
         # a flooded release: every statistic within the key holder's reported bound, and the model
         # (solved with the noise-floor ridge) as accurate as the plaintext one to within a point
-        allowed = None
         passed = bool(stats_err <= res.report["error_bound_per_entry"] and acc_secure >= acc_plain - 0.01)
     else:
         if secure_bound["applies"] and plain_bound.applies:
@@ -327,10 +343,12 @@ def run_demo(args) -> dict:
             "certified_bound_secure": secure_bound,
             "certified_bound_plaintext": plain_bound.to_dict(),
             "allowed_rel_error": allowed,
+            "dp_noise_bound": noise_bound,
             "passed": passed,
         },
         "accuracy": {"secure": acc_secure, "plaintext": acc_plain},
         "flooding": {k: res.report.get(k) for k in ("flood_sigma", "flood_ridge", "error_bound_per_entry")},
+        "dp": privacy,
         "bytes_uploaded": int(sum(results.values())),
         "bytes_per_hospital": float(np.mean(list(results.values()))),
         "timings_s": timings,
@@ -385,8 +403,18 @@ def _print_report(r: dict) -> None:
         ("accuracy secure / plaintext", f"{r['accuracy']['secure']:.4f} / {r['accuracy']['plaintext']:.4f}"),
         ("time per phase (s)", ", ".join(f"{k} {x:.2f}" for k, x in r["timings_s"].items())),
     ]
+    if r.get("dp"):
+        p = r["dp"]
+        rows[4] = ("stats max |secure - plaintext|", f"{v['stats_max_abs_error']:.3e} (DP noise, bound "
+                                                     f"{v['dp_noise_bound']:.3e})")
+        rows[5] = ("||W_secure - W_plain|| / ||W_plain||", f"{v['weights_rel_error_vs_plaintext']:.3e} (DP)")
+        rows.insert(5, ("DP epsilon (delta) this release / composed",
+                        f"{p['epsilon']:.3f} ({p['delta']:g}) / {p['epsilon_composed']:.3f}; {p['mechanism']}, "
+                        f"sigma {p['sigma']:.3g}, ridge {p['solve']['calibrated_ridge']:.3g}"))
     width = max(len(a) for a, _ in rows)
-    print("\nVerification: release against plaintext" + (" (flooded)" if v["target_rel_error"] is None else ""))
+    print("\nVerification: " + ("noisy release within the DP noise bound, accounted" if r.get("dp") else
+                                 "release against plaintext (flooded)" if v["allowed_rel_error"] is None else
+                                 "decryption equals plaintext"))
     print("-" * (width + 40))
     for a, b in rows:
         print(f"{a:<{width}}  {b}")
@@ -415,6 +443,8 @@ def register(parser) -> None:
     parser.add_argument("--data", help="directory of hospital *.npz files (X, y); test.npz is the evaluation set")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--min-clients", type=int, help="release threshold (default: all hospitals)")
+    parser.add_argument("--dp", type=float, metavar="EPS", help="distributed differential privacy at epsilon EPS "
+                        "(delta 1e-5): hospitals add noise shares, the key holder accounts and solves with a ridge")
     parser.add_argument("--report", help="write the report JSON here")
     parser.add_argument("--model-out", help="write the model (safetensors) here")
     parser.add_argument("--workdir", help="keep PKI, server state and logs here (default: a temp dir, removed)")

@@ -76,6 +76,8 @@ class SessionParams:
     gamma: float
     bounds: Bounds
     backend_params: Mapping[str, Any] = field(default_factory=dict)
+    #: distributed differential privacy (:mod:`secure_afl.dp`); None = off, and then absent from the digest
+    dp: Mapping[str, Any] | None = None
 
     def __post_init__(self):
         if not isinstance(self.session_id, str) or not _SESSION_ID.match(self.session_id):
@@ -87,9 +89,11 @@ class SessionParams:
             raise param_error("layout", "SessionParams", "a Layout", self.layout)
         if not isinstance(self.bounds, Bounds):
             raise param_error("bounds", "SessionParams", "a Bounds", self.bounds)
+        if self.dp is not None and not isinstance(self.dp, Mapping):
+            raise param_error("dp", "SessionParams", "a mapping or None", self.dp)
 
     def to_dict(self) -> dict:
-        return {
+        d = {
             "session_id": self.session_id,
             "backend": self.backend,
             "layout": {"dim": self.layout.dim, "n_classes": self.layout.n_classes, "version": self.layout.version},
@@ -97,6 +101,9 @@ class SessionParams:
             "bounds": self.bounds.to_dict(),
             "backend_params": dict(self.backend_params),
         }
+        if self.dp is not None:
+            d["dp"] = dict(self.dp)
+        return d
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "SessionParams":
@@ -108,6 +115,7 @@ class SessionParams:
             gamma=float(d["gamma"]),
             bounds=Bounds(float(d["bounds"]["max_norm"]), int(d["bounds"]["n_max"]), int(d["bounds"]["k_max"])),
             backend_params=dict(d.get("backend_params", {})),
+            dp=dict(d["dp"]) if d.get("dp") is not None else None,
         )
 
     def canonical_json(self) -> bytes:
@@ -119,4 +127,8 @@ class SessionParams:
     def with_backend_params(self, **kw) -> "SessionParams":
         bp = dict(self.backend_params)
         bp.update(kw)
-        return SessionParams(self.session_id, self.backend, self.layout, self.gamma, self.bounds, bp)
+        return SessionParams(self.session_id, self.backend, self.layout, self.gamma, self.bounds, bp, self.dp)
+
+    def with_dp(self, dp: Mapping[str, Any] | None) -> "SessionParams":
+        return SessionParams(self.session_id, self.backend, self.layout, self.gamma, self.bounds,
+                             dict(self.backend_params), None if dp is None else dict(dp))

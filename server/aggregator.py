@@ -97,18 +97,19 @@ class AggregationServer:
         return {n: issued[n] for n in names}
 
     def _base_params(self) -> SessionParams:
+        from secure_afl.dp import dp_session_params
+
         c = self.config
         layout = Layout(c.dim, c.classes)
-        if c.backend == "plain":
-            return SessionParams(c.session_id, "plain", layout, c.gamma, c.bounds)
-        if c.backend in HE_BACKENDS:
-            return he_module(c.backend).session_params(c.session_id, layout, c.gamma, c.bounds)
-        from secure_afl.backends.secagg import recommended_neighbours, secagg_session_params
+        if c.backend != "secagg":
+            # DP hook: with c.dp None these are exactly the parameters without DP
+            return dp_session_params(c.dp, c.backend, c.session_id, layout, c.gamma, c.bounds)
+        from secure_afl.backends.secagg import recommended_neighbours
 
         n = len(self._enrolled)
         neighbours = {-1: recommended_neighbours(max(n, 2)), 0: None}.get(c.secagg_neighbours, c.secagg_neighbours)
-        return secagg_session_params(c.session_id, layout, c.gamma, c.bounds, n_parties=n,
-                                     threshold=c.secagg_threshold, neighbours=neighbours)
+        return dp_session_params(c.dp, "secagg", c.session_id, layout, c.gamma, c.bounds, n_parties=n,
+                                 threshold=c.secagg_threshold, neighbours=neighbours)
 
     def _recover(self) -> None:
         """Rebuild in-memory state from SQLite and payload files after a restart."""

@@ -25,6 +25,11 @@ Example::
                                 # 0: complete graph (Bonawitz et al.); k: random k-regular graph
     stage_timeout_s = 60        # a hospital silent this long in a stage is dropped
 
+    [dp]                        # optional: distributed differential privacy (secure_afl.dp)
+    epsilon = 1.0               # target epsilon of one release (or noise_multiplier = z instead)
+    delta = 1e-5
+    min_contributors = 3        # t: the shares of any t hospitals add up to the full noise (default min_clients)
+
     [server]
     host = "127.0.0.1"
     port = 8443
@@ -77,6 +82,7 @@ class ServerConfig:
     secagg_threshold: int | None = None
     secagg_neighbours: int = -1
     stage_timeout_s: float = 60.0
+    dp: "DPSpec | None" = None
 
     def __post_init__(self):
         if self.backend not in BACKENDS:
@@ -110,6 +116,7 @@ def load_config(path) -> ServerConfig:
     b = raw.get("bounds", {})
     sa = raw.get("secagg", {})
     srv = raw.get("server", {})
+    dp = raw.get("dp")
     base = path.parent
     try:
         return ServerConfig(
@@ -135,9 +142,23 @@ def load_config(path) -> ServerConfig:
             secagg_threshold=int(sa["threshold"]) if "threshold" in sa else None,
             secagg_neighbours=int(sa.get("neighbours", -1)),
             stage_timeout_s=float(sa.get("stage_timeout_s", 60.0)),
+            dp=_dp_spec(dp, int(s.get("min_clients", 2))) if dp is not None else None,
         )
     except KeyError as e:
         raise param_error(str(e.args[0]), "session.toml", "present", None) from None
+
+
+def _dp_spec(d: dict, min_clients: int):
+    from secure_afl.dp import DPSpec
+
+    unknown = set(d) - {"epsilon", "delta", "noise_multiplier", "min_contributors", "beta"}
+    if unknown:
+        raise param_error(sorted(unknown)[0], "session.toml [dp]", "one of epsilon, delta, noise_multiplier, "
+                          "min_contributors, beta", None)
+    return DPSpec(epsilon=float(d["epsilon"]) if "epsilon" in d else None, delta=float(d.get("delta", 1e-5)),
+                  min_contributors=int(d.get("min_contributors", min_clients)),
+                  noise_multiplier=float(d["noise_multiplier"]) if "noise_multiplier" in d else None,
+                  beta=float(d.get("beta", 0.01)))
 
 
 def write_config(path, cfg: dict) -> None:

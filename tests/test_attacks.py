@@ -119,3 +119,24 @@ def test_attack_cli_lists_and_runs(capsys):
     # Assert
     assert all(name in listing for name in ATTACKS)
     assert "RECOVERED x exactly: max error 0.0" in out
+
+
+@pytest.mark.parametrize("eps", [1.0, 8.0])
+def test_k2_subtraction_returns_only_noise_under_dp(eps):
+    # Execute: the same attack, the session declaring DP
+    r = run_attack("k2-subtraction", verbose=False, dp=eps, seed=3)
+
+    # Assert (measured): what A recovers is B plus noise of the declared scale, not B
+    assert r["outcome"] == "noise"
+    n = r["residual_entries"]
+    # chi-square on the residual's second moment: false failure rate 1e-6 (bounds for n = 35 entries)
+    from scipy import stats as st
+
+    ratio = (r["residual_std"] ** 2 + r["residual_mean"] ** 2) / r["sigma"] ** 2
+    assert st.chi2.ppf(5e-7, n) / n <= ratio <= st.chi2.isf(5e-7, n) / n
+    assert r["max_error"] > 0.3 * r["sigma"] and r["counts_error"] > 1e-3
+
+
+def test_attack_cli_k2_with_dp_prints_noise(capsys):
+    assert main(["attack", "k2-subtraction", "--dp", "1"]) == 0
+    assert "NOISE" in capsys.readouterr().out

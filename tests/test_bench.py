@@ -78,3 +78,13 @@ def test_bad_dropout_is_refused():
     # Prepare / Execute / Assert
     with pytest.raises(ValueError):
         bench.run_protect("plain", 4, 2, 2, dropout=1.0)
+
+
+def test_bench_dp_prints_a_table_and_writes_a_png(tmp_path, capsys):
+    from secure_afl.dp.bench import run_bench
+
+    out = run_bench(datasets=("breast-cancer",), clients=(5,), epsilons=(1.0, float("inf")), seeds=1,
+                    png=str(tmp_path / "dp.png"), json_path=str(tmp_path / "dp.json"))
+    assert (tmp_path / "dp.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert len(out["rows"]) == 2 and "eps=1" in capsys.readouterr().out
+    assert all(0.0 <= r["accuracy_mean"] <= 1.0 for r in out["rows"])

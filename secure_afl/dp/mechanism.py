@@ -1,0 +1,211 @@
+"""The mechanism: sensitivity of the released statistics, noise scale, privacy accounting.
+
+Neighbouring data sets differ by one sample (add/remove) at one hospital. One
+sample (x, y) with ||x||_2 <= B and a one-hot label changes the noised part of
+the packed aggregate (``triu(C)``, ``Q``, ``n``, ``counts``) by
+
+    triu(x x^T)   L2 <= ||x||^2 = B^2,        L1 <= ||x||_1^2 <= d B^2
+    x y^T         L2  = ||x||   <= B,         L1 <= sqrt(d) B
+    n, counts     L2  = sqrt(2),              L1  = 2
+
+so ``Delta_2 = sqrt(B^4 + B^2 + 2)`` and ``Delta_1 = d B^2 + sqrt(d) B + 2``.
+Every noised entry receives independent noise of standard deviation
+``sigma = z Delta_2`` in total (``z`` the noise multiplier), split over the
+hospitals (:mod:`secure_afl.dp.noise`).
+
+Two mechanisms, one per kind of backend:
+
+* ``gaussian`` (plain, ckks): real Gaussian noise. Its Renyi DP curve is
+  ``eps(alpha) = alpha / (2 z^2)``.
+* ``skellam`` (secagg): integer noise on the fixed-point grid 2^-f, each share a
+  Skellam variable (difference of two Poissons). Skellam is closed under
+  summation, so the survivors' shares add up to one Skellam variable of
+  variance ``2 mu`` exactly, whatever the dropouts. Renyi DP (Agarwal, Kairouz
+  and Liu, 2021) in integer units, with the rounding of each hospital's sum to
+  the grid folded into the sensitivities (``Delta_2 2^f + sqrt(m)``,
+  ``Delta_1 2^f + m`` for m noised entries)::
+
+      eps(alpha) <= alpha D2^2 / (4 mu)
+                    + min(((2 alpha - 1) D2^2 + 6 D1) / (16 mu^2), 3 D1 / (4 mu))
+
+Accounting: the Renyi curves are converted to (epsilon, delta) by
+``dp_accounting``'s RDP conversion (:func:`dp_accounting.rdp.compute_epsilon`)
+at its default orders; for the Gaussian the curve is exactly the one
+``dp_accounting.rdp.RdpAccountant`` computes for a ``GaussianDpEvent``, and the
+tests check that the two agree. Composition over releases adds the curves
+(:mod:`secure_afl.dp.ledger`). The noise multiplier for a target (epsilon,
+delta) is found by bisection on the same conversion.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+from dp_accounting import rdp as _rdp
+
+from .._validation import check_int, check_real, param_error
+from ..exceptions import InvalidParameterError
+from ..params import Bounds, SessionParams
+
+__all__ = ["ORDERS", "DPSpec", "sensitivity", "gaussian_rdp", "skellam_rdp", "epsilon_from_rdp",
+           "noise_multiplier_for", "release_rdp", "release_epsilon", "MECHANISMS", "dp_config",
+           "noised_entries"]
+
+#: Renyi orders of the accountant (dp_accounting's defaults).
+ORDERS = np.asarray(_rdp.rdp_privacy_accountant.DEFAULT_RDP_ORDERS, dtype=np.float64)
+MECHANISMS = {"plain": "gaussian", "ckks": "gaussian", "secagg": "skellam"}
+#: A share entry beyond TAIL standard deviations is redrawn (probability < 1e-32 per entry), so the
+#: noisy sums have a hard bound the protection parameters can be sized for.
+TAIL = 12.0
+#: Integer noise standard deviation per secagg share, in grid units: the grid 2^-f is chosen so that
+#: a share's noise is about 2^20 grid steps (rounding far below the noise, Poisson rates < 2^40).
+SKELLAM_SHARE_STEPS = 2.0 ** 20
+
+
+@dataclass(frozen=True)
+class DPSpec:
+    """What a session declares: a target (epsilon, delta), or a noise multiplier z directly.
+
+    ``min_contributors`` is t, the fewest hospitals whose shares must add up to the
+    full noise: each adds 1/t of the variance, so t or more survivors give at
+    least the declared noise, and the key holder refuses a release with fewer.
+    """
+
+    epsilon: float | None
+    delta: float
+    min_contributors: int
+    noise_multiplier: float | None = None
+    beta: float = 0.01
+
+    def __post_init__(self):
+        if (self.epsilon is None) == (self.noise_multiplier is None):
+            raise param_error("epsilon", "DPSpec", "exactly one of epsilon and noise_multiplier", self.epsilon)
+        if self.epsilon is not None:
+            check_real("epsilon", self.epsilon, "DPSpec", low=0.0, low_open=True)
+        if self.noise_multiplier is not None:
+            check_real("noise_multiplier", self.noise_multiplier, "DPSpec", low=0.0, low_open=True)
+        if check_real("delta", self.delta, "DPSpec", low=0.0, low_open=True) >= 0.1:
+            raise param_error("delta", "DPSpec", "a float in (0, 0.1)", self.delta)
+        check_int("min_contributors", self.min_contributors, "DPSpec", low=1)
+        if check_real("beta", self.beta, "DPSpec", low=0.0, low_open=True) >= 0.5:
+            raise param_error("beta", "DPSpec", "a float in (0, 0.5)", self.beta)
+
+
+def sensitivity(bounds: Bounds, dim: int) -> tuple[float, float]:
+    """(Delta_2, Delta_1) of the noised statistics for one sample (module docstring)."""
+    B = float(bounds.max_norm)
+    return math.sqrt(B ** 4 + B ** 2 + 2.0), dim * B * B + math.sqrt(dim) * B + 2.0
+
+
+def noised_entries(layout) -> slice:
+    """triu(C^r), Q, n and counts: everything but the contributor counter and the tag slots."""
+    s = layout.slices
+    return slice(s["gram"].start, s["counts"].stop)
+
+
+def gaussian_rdp(z: float, orders=ORDERS) -> np.ndarray:
+    return np.asarray(orders, dtype=np.float64) / (2.0 * z * z)
+
+
+def skellam_rdp(mu: float, d2: float, d1: float, orders=ORDERS) -> np.ndarray:
+    """Agarwal et al. (2021) bound for Skellam noise Poisson(mu) - Poisson(mu) per entry."""
+    a = np.asarray(orders, dtype=np.float64)
+    extra = np.minimum(((2 * a - 1) * d2 * d2 + 6 * d1) / (16 * mu * mu), 3 * d1 / (4 * mu))
+    return a * d2 * d2 / (4 * mu) + extra
+
+
+def epsilon_from_rdp(rdp, delta: float) -> float:
+    eps, _ = _rdp.rdp_privacy_accountant.compute_epsilon(ORDERS, np.asarray(rdp, dtype=np.float64), delta)
+    return float(eps)
+
+
+def _skellam_units(z: float, d2: float, d1: float, frac_bits: int, m: int):
+    """Integer-grid (mu, D2_int, D1_int) of the declared noise (z) summed over t shares of mu/t each."""
+    sigma_int = z * d2 * 2.0 ** frac_bits
+    mu = sigma_int ** 2 / 2.0
+    return mu, d2 * 2.0 ** frac_bits + math.sqrt(m), d1 * 2.0 ** frac_bits + m
+
+
+def release_rdp(params: SessionParams, contributors: int) -> np.ndarray:
+    """Renyi curve of one release of ``params`` summed over ``contributors`` noise shares."""
+    dp = params.dp
+    if dp is None:
+        raise InvalidParameterError("the session has no differential privacy configured")
+    t = int(dp["min_contributors"])
+    if contributors < t:
+        raise InvalidParameterError(f"{contributors} noise shares carry less than the declared noise "
+                                    f"(min_contributors={t})")
+    scale = contributors / t  # each share has 1/t of the declared variance
+    z = float(dp["noise_multiplier"]) * math.sqrt(scale)
+    if dp["mechanism"] == "gaussian":
+        return gaussian_rdp(z)
+    mu, d2, d1 = _skellam_units(float(dp["noise_multiplier"]), float(dp["l2_sensitivity"]),
+                                float(dp["l1_sensitivity"]), grid_bits(params),
+                                int(dp["noised_entries"]))
+    return skellam_rdp(mu * scale, d2, d1)
+
+
+def release_epsilon(params: SessionParams, contributors: int) -> float:
+    return epsilon_from_rdp(release_rdp(params, contributors), float(params.dp["delta"]))
+
+
+def noise_multiplier_for(epsilon: float, delta: float, curve=None) -> float:
+    """Smallest z (to 1e-6 relative) whose Renyi curve converts to at most ``epsilon``.
+
+    ``curve(z)`` gives the curve; default the Gaussian one.
+    """
+    curve = curve or gaussian_rdp
+    lo, hi = 1e-3, 1.0
+    while epsilon_from_rdp(curve(hi), delta) > epsilon:
+        hi *= 2.0
+        if hi > 1e7:
+            raise InvalidParameterError(f"epsilon={epsilon} is out of reach at delta={delta}")
+    while hi / lo > 1 + 1e-6:
+        mid = math.sqrt(lo * hi)
+        if epsilon_from_rdp(curve(mid), delta) > epsilon:
+            lo = mid
+        else:
+            hi = mid
+    return hi
+
+
+def grid_bits(params) -> int:
+    """Fractional bits f of the secagg noise grid 2^-f: the high lane's (grid values leave the low lane 0)."""
+    fb = params.backend_params["frac_bits"]
+    return int(fb[0]) if isinstance(fb, (list, tuple)) else int(fb)
+
+
+def dp_config(spec: DPSpec, backend: str, bounds: Bounds, layout, *, frac_bits: int | None = None) -> dict:
+    """The ``dp`` entry of the session parameters (bound into the parameter digest)."""
+    if not isinstance(spec, DPSpec):
+        raise param_error("spec", "dp_config", "a DPSpec", spec)
+    mech = MECHANISMS[backend]
+    d2, d1 = sensitivity(bounds, layout.dim)
+    m = noised_entries(layout).stop
+    if spec.noise_multiplier is not None:
+        z = float(spec.noise_multiplier)
+    elif mech == "gaussian":
+        z = noise_multiplier_for(spec.epsilon, spec.delta)
+    else:
+        if frac_bits is None:
+            raise InvalidParameterError("skellam noise needs the session's frac_bits")
+
+        def curve(zz):
+            mu, dd2, dd1 = _skellam_units(zz, d2, d1, frac_bits, m)
+            return skellam_rdp(mu, dd2, dd1)
+
+        z = noise_multiplier_for(spec.epsilon, spec.delta, curve)
+    return {
+        "mechanism": mech,
+        "epsilon_target": None if spec.epsilon is None else float(spec.epsilon),
+        "delta": float(spec.delta),
+        "noise_multiplier": float(z),
+        "sigma": float(z * d2),
+        "l2_sensitivity": float(d2),
+        "l1_sensitivity": float(d1),
+        "noised_entries": int(m),
+        "min_contributors": int(spec.min_contributors),
+        "beta": float(spec.beta),
+    }

@@ -1,0 +1,165 @@
+"""Distributed DP through the real service: hospitals' noise shares, the key holder's accounting and solve."""
+
+import numpy as np
+import pytest
+
+from secure_afl.analytic import solve_from_sums, solve_head
+from secure_afl.dp import DPSpec, dp_session_params, psd_repair
+from secure_afl.dp.solve import calibrated_ridge
+from secure_afl.exceptions import DecryptionRefused
+from secure_afl.packing import Layout
+from secure_afl.params import Bounds
+
+from service_helpers import Consortium
+
+pytestmark = pytest.mark.e2e
+
+DP = {"epsilon": 1.0, "delta": 1e-5, "min_contributors": 3}
+
+
+@pytest.fixture
+def consortium(tmp_path):
+    made = []
+
+    def make(**kw):
+        c = Consortium(tmp_path / f"c{len(made)}", **kw)
+        made.append(c)
+        return c
+
+    yield make
+    for c in made:
+        c.stop()
+
+
+def _session(c, backend, spec):
+    conn = c.connect_keyholder()
+    if backend == "ckks":
+        params = dp_session_params(spec, "ckks", c.session_id, Layout(c.dim, c.classes), 1.0,
+                                   Bounds(c.max_norm, 1000, 8))
+        c.keyholder.keygen(params)
+        c.keyholder.publish(conn)
+    return conn
+
+
+def _upload_all(c, names):
+    data = {h: c.data(h, n=60) for h in names}
+    for h, (X, y) in data.items():
+        cl = c.hospital(h)
+        cl.submit(c.stats(X, y))
+        cl.close()
+    total = None
+    for X, y in data.values():
+        s = c.stats(X, y)
+        total = s if total is None else total + s
+    return total
+
+
+@pytest.mark.parametrize("backend", ["plain", "ckks"])
+def test_dp_release_is_noisy_accounted_and_never_ri_restored(consortium, backend):
+    # Prepare
+    spec = DPSpec(DP["epsilon"], DP["delta"], DP["min_contributors"])
+    c = consortium(backend=backend, hospitals=("h1", "h2", "h3", "h4"), min_clients=3, dp=DP).start()
+    conn = _session(c, backend, spec)
+    # Execute
+    truth = _upload_all(c, c.hospitals)
+    res = c.keyholder.finalize(conn, min_clients=3)
+    conn.close()
+    # Assert: the revealed Gram carries noise of the summed shares' standard deviation (4 shares of sigma^2/3)
+    dp = res.report["dp"]
+    iu = np.triu_indices(c.dim)
+    resid = np.concatenate([(res.stats.gram - truth.gram - 4.0 * np.eye(c.dim))[iu],
+                            (res.stats.cross - truth.cross).ravel()])
+    expected_sd = dp["sigma"] * np.sqrt(4 / 3)
+    assert 0.5 < resid.std() / expected_sd < 1.6  # 39 entries: the ratio's 1e-6 two-sided range is (0.45, 1.75)
+    # accounted: a release of 4 shares is better than the declared target; the ledger composes it
+    assert dp["epsilon"] <= DP["epsilon"] and dp["epsilon_composed"] == pytest.approx(dp["epsilon"])
+    # the solve: PSD repair of the revealed C^r plus the calibrated ridge beyond the RI term, no RI restoration
+    lam = calibrated_ridge(expected_sd, c.dim, 0.01)
+    W_expected = solve_head(psd_repair(res.stats.gram), res.stats.cross, lam=max(0.0, lam - 4.0))
+    assert np.allclose(res.W, W_expected, rtol=1e-9, atol=1e-12)
+    W_ri = solve_from_sums(res.stats)
+    assert np.linalg.norm(res.W - W_ri) > 1e-3 * np.linalg.norm(W_ri)
+
+
+def test_dp_release_refused_with_fewer_noise_shares_than_declared(consortium):
+    # Prepare: min_clients 2 lets the server release two uploads; the noise needs three shares
+    c = consortium(backend="plain", hospitals=("h1", "h2", "h3"), min_clients=2, dp=DP).start()
+    conn = _session(c, "plain", None)
+    _upload_all(c, ["h1", "h2"])
+    # Execute / Assert
+    with pytest.raises(DecryptionRefused) as e:
+        c.keyholder.finalize(conn, min_clients=2)
+    conn.close()
+    assert e.value.reason == "dp_noise_short"
+
+
+def test_demo_with_dp_through_the_real_service(tmp_path, capsys):
+    import json
+
+    from secure_afl.cli import main
+
+    # Execute: secagg (Skellam integer noise), three hospitals, a real server process
+    rc = main(["demo", "--backend", "secagg", "--hospitals", "3", "--dp", "2", "--dataset", "breast-cancer",
+               "--report", str(tmp_path / "r.json")])
+    # Assert
+    r = json.loads((tmp_path / "r.json").read_text())
+    assert rc == 0 and r["verification"]["passed"]
+    assert r["dp"]["mechanism"] == "skellam" and r["dp"]["epsilon"] <= 2.0
+    assert r["verification"]["stats_max_abs_error"] > 1e-3  # the release is noisy, not the plaintext sum
+
+
+def test_secagg_dp_with_a_dropout_is_accounted_at_the_survivors_noise(consortium):
+    from test_service_e2e import _run_hospitals
+
+    # Prepare: 5 hospitals, any 3 shares carry the declared noise; h05 vanishes before its masked input
+    names = ("h01", "h02", "h03", "h04", "h05")
+    c = consortium(backend="secagg", hospitals=names, min_clients=3, dp=DP,
+                   secagg={"threshold": 3, "stage_timeout_s": 6.0}).start()
+    data = {h: c.data(h, n=60) for h in names}
+    # Execute
+    results, errors = _run_hospitals(c, data, {"h05": "masked_input"})
+    conn = c.connect_keyholder()
+    res = c.keyholder.finalize(conn, min_clients=3)
+    conn.close()
+    # Assert: four integer shares summed; the key holder accounts exactly those
+    assert not errors, errors
+    survivors = ["h01", "h02", "h03", "h04"]
+    assert res.report["participants"] == survivors
+    total = None
+    for h in survivors:
+        s = c.stats(*data[h])
+        total = s if total is None else total + s
+    iu = np.triu_indices(c.dim)
+    resid = np.concatenate([(res.stats.gram - total.gram - 4.0 * np.eye(c.dim))[iu],
+                            (res.stats.cross - total.cross).ravel()])
+    dp = res.report["dp"]
+    assert 0.5 < resid.std() / (dp["sigma"] * np.sqrt(4 / 3)) < 1.6  # 1e-6 two-sided range (0.45, 1.75)
+    assert dp["contributors"] == 4 and dp["epsilon"] < DP["epsilon"]
+
+
+def test_dp_release_of_garbage_is_refused_by_the_noise_aware_checks(consortium):
+    import base64
+    import os
+
+    from secure_afl.exceptions import SanityCheckFailed
+    from secure_afl.params import SessionParams
+
+    # Prepare: a secagg DP round; then the unmask material is corrupted (one survivor's self-mask seed)
+    from test_service_e2e import _run_hospitals
+
+    c = consortium(backend="secagg", hospitals=("h1", "h2", "h3"), min_clients=3, dp=DP,
+                   secagg={"threshold": 2, "stage_timeout_s": 6.0}).start()
+    _, errors = _run_hospitals(c, {h: c.data(h, n=60) for h in c.hospitals}, {})
+    assert not errors, errors
+    conn = c.connect_keyholder()
+    c.keyholder.close_round(conn)
+    params = SessionParams.from_dict(conn.info()["params"])
+    aggregate = conn.request("GET", conn.path("/aggregate")).content
+    manifest = conn.request("GET", conn.path("/manifest")).json()
+    material = conn.request("GET", conn.path("/secagg/unmask-material")).json()
+    conn.close()
+    first = sorted(material["self_mask_seeds"])[0]
+    material["self_mask_seeds"][first] = base64.b64encode(os.urandom(32)).decode()
+    # Execute / Assert: the unmasked "sum" is uniform garbage; noise does not excuse it
+    with pytest.raises(SanityCheckFailed):
+        c.keyholder.reveal_and_solve(params, aggregate, manifest, min_clients=3, unmask=material)
