@@ -393,7 +393,8 @@ def _print_report(r: dict) -> None:
         ("stats max |secure - plaintext|", f"{v['stats_max_abs_error']:.3e}"),
         ("||W_secure - W_plain|| / ||W_plain||", f"{v['weights_rel_error_vs_plaintext']:.3e} " + (
             f"(allowed <= {v['allowed_rel_error']:.3e})" if v["allowed_rel_error"] is not None else
-            f"(flooded: sigma {r['flooding']['flood_sigma']:.2e}, ridge {r['flooding']['flood_ridge']:.2e})")),
+            f"(flooded: sigma {r['flooding']['flood_sigma']:.2e}, ridge {r['flooding']['flood_ridge']:.2e})"
+            if r["flooding"]["flood_sigma"] else "")),
         ("certified bound: secure / plaintext", _fmt_bound(v["certified_bound_secure"]) + " / "
                                                 + _fmt_bound(v["certified_bound_plaintext"])),
         ("plaintext order variation", f"{v['plaintext_order_variation']:.3e}"),

@@ -95,8 +95,17 @@ class CKKSKeyPair:
 
 
 # -- session setup (key holder) -----------------------------------------------------
+#: Default per-entry precision target of a ckks session. The key holder floods every decryption with
+#: noise about 1.1e5 times the certified decryption error (keyholder/flooding.py), so the error itself
+#: must be small for the flooded statistics to stay useful: at 1e-10 the flooding sigma is about 1e-5,
+#: for 34-43 bytes per value on the wire (a 1e-6 target gives about 30 bytes per value but floods
+#: with sigma about 0.1, which costs the demo two points of accuracy).
+DEFAULT_MAX_ABS_ERROR = 1e-10
+
+
 def ckks_session_params(session_id: str, layout: Layout, gamma: float, bounds: Bounds, *,
-                        max_abs_error: float = 1e-6, max_poly_modulus_degree: int = 16384) -> SessionParams:
+                        max_abs_error: float = DEFAULT_MAX_ABS_ERROR,
+                        max_poly_modulus_degree: int = 16384) -> SessionParams:
     """Session parameters with CKKS parameters chosen from ``bounds`` and the
     precision target ``max_abs_error``; not yet bound to a key.
 
