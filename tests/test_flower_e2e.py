@@ -1,0 +1,108 @@
+"""End-to-end: a real Flower deployment on 127.0.0.1 (SuperLink, three hospital SuperNodes and the
+key holder's SuperNode, `flwr run`) carries one secure AFL round; W must match the plaintext solution
+and the native service's W on the same data, and the audit story must hold."""
+
+import json
+
+import numpy as np
+import pytest
+
+from secure_afl import pki
+from secure_afl.analytic import centralised_weights
+from secure_afl.audit import load_receipts, verify_log
+from secure_afl.backends.ckks import ckks_session_params
+from secure_afl.packing import Layout
+from secure_afl.params import Bounds
+from secure_afl.server.keyholder import read_model
+
+from flower_helpers import FlowerDeployment
+from service_helpers import Consortium
+
+pytestmark = pytest.mark.e2e
+
+HOSPITALS = ("h1", "h2", "h3")
+
+
+def hospital_data(c, seed):
+    rng = np.random.default_rng(seed)
+    data = {}
+    for h in HOSPITALS:
+        n = int(rng.integers(30, 60))
+        X = rng.standard_normal((n, c.dim))
+        X *= (0.9 * c.max_norm / np.linalg.norm(X, axis=1, keepdims=True)) * rng.uniform(0.1, 1, (n, 1))
+        data[h] = (X, rng.integers(0, c.classes, n))
+    return data
+
+
+def keygen(c):
+    c.keyholder.keygen(ckks_session_params(c.session_id, Layout(c.dim, c.classes), 1.0,
+                                           Bounds(c.max_norm, 1000, 8)))
+
+
+def native_w(c, data):
+    c.start()
+    try:
+        conn = c.connect_keyholder()
+        if c.backend == "ckks":
+            keygen(c)
+            c.keyholder.publish(conn)
+        for h, (X, y) in data.items():
+            cl = c.hospital(h)
+            cl.submit(c.stats(X, y))
+            cl.close()
+        res = c.keyholder.finalize(conn, min_clients=3)
+        conn.close()
+        return res.W
+    finally:
+        c.stop()
+
+
+@pytest.fixture
+def deployment(tmp_path):
+    d = FlowerDeployment(tmp_path / "flower")
+    yield d
+    d.stop()
+
+
+@pytest.mark.parametrize("backend", ["plain", "ckks"])
+def test_flower_round_matches_plaintext_and_native_service(tmp_path, deployment, backend):
+    # Prepare: one consortium for the Flower round, one for the native service, the same hospital data
+    c = Consortium(tmp_path / "fl", backend=backend, hospitals=HOSPITALS, min_clients=3)
+    data = hospital_data(c, seed=15)
+    for h, (X, y) in data.items():
+        np.savez(tmp_path / f"{h}.npz", X=X, y=y)
+    if backend == "ckks":
+        keygen(c)
+    (tmp_path / "pass").write_bytes(b"test passphrase")
+    deployment.start_superlink()
+    for h in HOSPITALS:
+        deployment.start_supernode(h, {"role": "hospital", "name": h, "pki-dir": c.pki_dir,
+                                       "data": tmp_path / f"{h}.npz", "receipts-dir": tmp_path / "receipts"})
+    deployment.start_supernode("keyholder", {
+        "role": "keyholder", "name": "keyholder", "pki-dir": c.pki_dir, "keys-dir": c.root / "keys",
+        "passphrase-file": tmp_path / "pass", "min-clients": 3, "min-class-count": 1,
+        "out": tmp_path / "model.safetensors", "report": tmp_path / "report.json"})
+    # Execute
+    out = deployment.run({"session-config": str(c.config), "node-wait-s": 120.0, "reply-timeout-s": 240.0},
+                         timeout=420)
+    # Assert
+    assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-4000:] + deployment.logs()
+    assert (tmp_path / "model.safetensors").exists(), out.stdout[-4000:] + deployment.logs()
+    W, meta = read_model(tmp_path / "model.safetensors")
+    X_all = np.concatenate([d[0] for d in data.values()])
+    y_all = np.concatenate([d[1] for d in data.values()])
+    W_plain = centralised_weights(X_all, y_all, c.classes)
+    W_native = native_w(Consortium(tmp_path / "native", backend=backend, hospitals=HOSPITALS, min_clients=3), data)
+    tol = 1e-9 if backend == "plain" else 1e-6
+    rel_plain = np.linalg.norm(W - W_plain) / np.linalg.norm(W_plain)
+    rel_native = np.linalg.norm(W - W_native) / np.linalg.norm(W_native)
+    print(f"flower {backend}: |W-W_plain|/|W_plain| = {rel_plain:.2e}, |W-W_native|/|W_native| = {rel_native:.2e}")
+    assert rel_plain <= tol and rel_native <= 2 * tol
+    assert json.loads(meta["participants"]) == list(HOSPITALS) and meta["backend"] == backend
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["participants"] == list(HOSPITALS) and report["samples"] == len(y_all)
+    assert (report["tag_check"] is not None) == (backend == "ckks")
+    receipts = load_receipts(tmp_path / "receipts")
+    v = verify_log(c.audit_path(), server_pub=pki.load_party(c.pki_dir, "server", "aggregator").identity_pub(),
+                   receipts=receipts)
+    assert v.n_receipts == 3 and v.n_refused == 0
