@@ -106,3 +106,43 @@ def test_flower_round_matches_plaintext_and_native_service(tmp_path, deployment,
     v = verify_log(c.audit_path(), server_pub=pki.load_party(c.pki_dir, "server", "aggregator").identity_pub(),
                    receipts=receipts)
     assert v.n_receipts == 3 and v.n_refused == 0
+
+
+@pytest.mark.security
+def test_flower_rogue_keyholder_node_cannot_open_the_session(tmp_path, deployment):
+    """A SuperNode that calls itself the key holder, with keys from a PKI of its own, offers its own
+    public context: hospitals would encrypt to it. The ServerApp must refuse the publication (audited)
+    and no hospital may upload anything."""
+    # Prepare
+    c = Consortium(tmp_path / "fl", backend="ckks", hospitals=HOSPITALS, min_clients=3)
+    data = hospital_data(c, seed=16)
+    for h, (X, y) in data.items():
+        np.savez(tmp_path / f"{h}.npz", X=X, y=y)
+    rogue_pki = tmp_path / "rogue-pki"
+    pki.init_ca(rogue_pki)
+    pki.issue(rogue_pki, "keyholder", "keyholder")
+    from secure_afl.server.keyholder import KeyHolder
+
+    rogue = KeyHolder(rogue_pki, "keyholder", tmp_path / "rogue-keys", passphrase=b"rogue")
+    rogue.keygen(ckks_session_params(c.session_id, Layout(c.dim, c.classes), 1.0, Bounds(c.max_norm, 1000, 8)))
+    (tmp_path / "pass").write_bytes(b"rogue")
+    deployment.start_superlink()
+    for h in HOSPITALS:
+        deployment.start_supernode(h, {"role": "hospital", "name": h, "pki-dir": c.pki_dir,
+                                       "data": tmp_path / f"{h}.npz", "receipts-dir": tmp_path / "receipts"})
+    deployment.start_supernode("rogue", {
+        "role": "keyholder", "name": "keyholder", "pki-dir": rogue_pki, "keys-dir": tmp_path / "rogue-keys",
+        "passphrase-file": tmp_path / "pass", "min-clients": 1, "out": tmp_path / "stolen.safetensors",
+        "report": tmp_path / "stolen.json"})
+    # Execute
+    out = deployment.run({"session-config": str(c.config), "node-wait-s": 120.0, "reply-timeout-s": 240.0},
+                         timeout=420)
+    # Assert
+    records = [json.loads(line) for line in c.audit_path().read_text().splitlines()]
+    refused = [r for r in records if r.get("outcome") == "refused"]
+    accepted_uploads = [r for r in records if r.get("event") == "upload" and r.get("outcome") == "accepted"]
+    assert refused and refused[0]["actor"] == "keyholder:keyholder", out.stdout[-3000:] + deployment.logs()
+    assert accepted_uploads == [] and not (tmp_path / "stolen.safetensors").exists()
+    assert not any(r.get("event") == "publish_context" and r.get("outcome") == "accepted" for r in records)
+    assert refused[0]["reason"] == "bad_signature" and not (tmp_path / "receipts").exists()
+    assert "secure-afl round refused: bad_signature" in out.stdout

@@ -42,8 +42,13 @@ app = ServerApp()
 @app.main()
 def main(grid: Grid, context: Context) -> None:
     rc = context.run_config
-    report = run_session(grid, Path(str(rc["session-config"])), node_wait_s=float(rc["node-wait-s"]),
-                         reply_timeout_s=float(rc["reply-timeout-s"]))
+    try:
+        report = run_session(grid, Path(str(rc["session-config"])), node_wait_s=float(rc["node-wait-s"]),
+                             reply_timeout_s=float(rc["reply-timeout-s"]))
+    except SecureAFLError as e:
+        # one machine-readable line in the run's log stream (`flwr run --stream`, `flwr log`)
+        log.error("secure-afl round refused: %s: %s", e.reason, e)
+        raise
     log.warning("secure-afl round done: %s", json.dumps(report, sort_keys=True))
 
 
