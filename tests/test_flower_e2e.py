@@ -3,6 +3,7 @@ key holder's SuperNode, `flwr run`) carries one secure AFL round; W must match t
 and the native service's W on the same data, and the audit story must hold."""
 
 import json
+import shutil
 
 import numpy as np
 import pytest
@@ -146,3 +147,36 @@ def test_flower_rogue_keyholder_node_cannot_open_the_session(tmp_path, deploymen
     assert not any(r.get("event") == "publish_context" and r.get("outcome") == "accepted" for r in records)
     assert refused[0]["reason"] == "bad_signature" and not (tmp_path / "receipts").exists()
     assert "secure-afl round refused: bad_signature" in out.stdout
+
+
+@pytest.mark.security
+def test_flower_hospitals_refuse_a_server_that_is_not_the_pinned_one(tmp_path, deployment):
+    """Someone runs the ServerApp with an aggregation-server identity of their own (the hospitals'
+    public enrolments copied in, so it would accept their uploads). Flower connects the hospitals'
+    SuperNodes to it all the same; the hospitals must notice the server is not the consortium's and
+    upload nothing."""
+    # Prepare
+    c = Consortium(tmp_path / "fl", backend="plain", hospitals=HOSPITALS, min_clients=3)
+    data = hospital_data(c, seed=17)
+    for h, (X, y) in data.items():
+        np.savez(tmp_path / f"{h}.npz", X=X, y=y)
+    rogue = Consortium(tmp_path / "rogue", backend="plain", hospitals=(), min_clients=3)
+    for h in HOSPITALS:
+        (rogue.pki_dir / f"hospital-{h}").mkdir()
+        shutil.copy(c.pki_dir / f"hospital-{h}" / "enrolment.json", rogue.pki_dir / f"hospital-{h}")
+    deployment.start_superlink()
+    for h in HOSPITALS:
+        deployment.start_supernode(h, {"role": "hospital", "name": h, "pki-dir": c.pki_dir,
+                                       "data": tmp_path / f"{h}.npz", "receipts-dir": tmp_path / "receipts"})
+    deployment.start_supernode("keyholder", {
+        "role": "keyholder", "name": "keyholder", "pki-dir": rogue.pki_dir, "keys-dir": tmp_path / "keys",
+        "min-clients": 1, "out": tmp_path / "model.safetensors", "report": tmp_path / "report.json"})
+    # Execute
+    out = deployment.run({"session-config": str(rogue.config), "node-wait-s": 120.0, "reply-timeout-s": 240.0},
+                         timeout=420)
+    # Assert
+    records = [json.loads(line) for line in rogue.audit_path().read_text().splitlines()]
+    assert records and sorted(records[0]["details"]["hospitals"]) == list(HOSPITALS), deployment.logs()
+    assert not any(r["event"] == "upload" and r["outcome"] == "accepted" for r in records), deployment.logs()
+    assert not (tmp_path / "receipts").exists() and not (tmp_path / "model.safetensors").exists()
+    assert "secure-afl round refused: insufficient_contributors" in out.stdout, out.stdout[-3000:]
