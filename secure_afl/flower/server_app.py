@@ -96,7 +96,11 @@ def _roll_call(grid: Grid, expected: int, wait_s: float, timeout_s: float) -> di
         if reply.has_error():
             log.warning("node %s did not answer the roll call: %s", reply.metadata.src_node_id, reply.error.reason)
             continue
-        parties[reply.metadata.src_node_id] = (unpack_str(reply.content, "role"), unpack_str(reply.content, "name"))
+        try:
+            parties[reply.metadata.src_node_id] = (unpack_str(reply.content, "role"),
+                                                   unpack_str(reply.content, "name"))
+        except SecureAFLError as e:  # a garbled answer only leaves that node out
+            log.warning("node %s answered the roll call with %s", reply.metadata.src_node_id, e)
     log.info("roll call: %s", sorted(parties.values()))
     return parties
 
