@@ -4,6 +4,7 @@ and the native service's W on the same data, and the audit story must hold."""
 
 import json
 import shutil
+import time
 
 import numpy as np
 import pytest
@@ -84,8 +85,10 @@ def test_flower_round_matches_plaintext_and_native_service(tmp_path, deployment,
         "passphrase-file": tmp_path / "pass", "min-clients": 3, "min-class-count": 1,
         "out": tmp_path / "model.safetensors", "report": tmp_path / "report.json"})
     # Execute
+    t0 = time.perf_counter()
     out = deployment.run({"session-config": str(c.config), "node-wait-s": 120.0, "reply-timeout-s": 240.0},
                          timeout=420)
+    wall = time.perf_counter() - t0
     # Assert
     assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-4000:] + deployment.logs()
     assert (tmp_path / "model.safetensors").exists(), out.stdout[-4000:] + deployment.logs()
@@ -97,7 +100,8 @@ def test_flower_round_matches_plaintext_and_native_service(tmp_path, deployment,
     tol = 1e-9 if backend == "plain" else 1e-6
     rel_plain = np.linalg.norm(W - W_plain) / np.linalg.norm(W_plain)
     rel_native = np.linalg.norm(W - W_native) / np.linalg.norm(W_native)
-    print(f"flower {backend}: |W-W_plain|/|W_plain| = {rel_plain:.2e}, |W-W_native|/|W_native| = {rel_native:.2e}")
+    print(f"flower {backend}: |W-W_plain|/|W_plain| = {rel_plain:.2e}, |W-W_native|/|W_native| = {rel_native:.2e},"
+          f" flwr run {wall:.1f} s")
     assert rel_plain <= tol and rel_native <= 2 * tol
     assert json.loads(meta["participants"]) == list(HOSPITALS) and meta["backend"] == backend
     report = json.loads((tmp_path / "report.json").read_text())
