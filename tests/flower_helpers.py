@@ -58,10 +58,10 @@ class FlowerDeployment:
                                           "--superlink", f"127.0.0.1:{self.port}", "--port", str(_free_port()),
                                           "--node-config", cfg])
 
-    def run(self, run_config: dict, timeout: float) -> subprocess.CompletedProcess:
+    def run(self, run_config: dict, timeout: float, project: Path = PROJECT_DIR) -> subprocess.CompletedProcess:
         """``flwr run`` of the project with ``--stream``: returns when the ServerApp has finished."""
         overrides = " ".join(f'{k}="{v}"' if isinstance(v, str) else f"{k}={v}" for k, v in run_config.items())
-        return subprocess.run([str(BIN / "flwr"), "run", str(PROJECT_DIR), "local-deployment", "--stream",
+        return subprocess.run([str(BIN / "flwr"), "run", str(project), "local-deployment", "--stream",
                                "--run-config", overrides], env=self.env, cwd=self.root, capture_output=True,
                               text=True, timeout=timeout)
 

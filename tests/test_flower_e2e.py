@@ -13,6 +13,7 @@ from secure_afl import pki
 from secure_afl.analytic import centralised_weights
 from secure_afl.audit import load_receipts, verify_log
 from secure_afl.backends.ckks import ckks_session_params
+from secure_afl.flower import PROJECT_DIR
 from secure_afl.packing import Layout
 from secure_afl.params import Bounds
 from secure_afl.server.keyholder import read_model
@@ -184,3 +185,57 @@ def test_flower_hospitals_refuse_a_server_that_is_not_the_pinned_one(tmp_path, d
     assert not any(r["event"] == "upload" and r["outcome"] == "accepted" for r in records), deployment.logs()
     assert not (tmp_path / "receipts").exists() and not (tmp_path / "model.safetensors").exists()
     assert "secure-afl round refused: insufficient_contributors" in out.stdout, out.stdout[-3000:]
+
+
+ROGUE_SERVERAPP = '''
+"""An aggregation server that hands out receipts it did not sign as issued."""
+from flwr.serverapp import ServerApp
+
+from secure_afl.flower import server_app
+from secure_afl.server.aggregator import AggregationServer
+
+app = ServerApp()
+_submit = AggregationServer.submit
+
+
+def _forging_submit(self, hospital, statement, payload, tag=None):
+    receipt = _submit(self, hospital, statement, payload, tag)
+    return {**receipt, "seq": receipt["seq"] + 1000}
+
+
+@app.main()
+def main(grid, context):
+    AggregationServer.submit = _forging_submit
+    server_app.main(grid, context)
+'''
+
+
+@pytest.mark.security
+def test_flower_hospitals_keep_no_receipt_the_server_did_not_sign(tmp_path, deployment):
+    """A ServerApp that alters the receipts it sends (so a hospital would later hold no proof that the
+    audit log names its upload): each hospital's ClientApp must refuse the receipt and keep nothing."""
+    # Prepare: the project file of the Flower app, with the ServerApp swapped for the forging one
+    c = Consortium(tmp_path / "fl", backend="plain", hospitals=HOSPITALS, min_clients=3)
+    data = hospital_data(c, seed=18)
+    for h, (X, y) in data.items():
+        np.savez(tmp_path / f"{h}.npz", X=X, y=y)
+    project = tmp_path / "rogue-project"
+    project.mkdir()
+    (project / "rogue_serverapp.py").write_text(ROGUE_SERVERAPP)
+    (project / "pyproject.toml").write_text((PROJECT_DIR / "pyproject.toml").read_text().replace(
+        '"secure_afl.flower.server_app:app"', '"rogue_serverapp:app"'))
+    deployment.start_superlink()
+    for h in HOSPITALS:
+        deployment.start_supernode(h, {"role": "hospital", "name": h, "pki-dir": c.pki_dir,
+                                       "data": tmp_path / f"{h}.npz", "receipts-dir": tmp_path / "receipts"})
+    deployment.start_supernode("keyholder", {
+        "role": "keyholder", "name": "keyholder", "pki-dir": c.pki_dir, "keys-dir": c.root / "keys",
+        "min-clients": 3, "out": tmp_path / "model.safetensors", "report": tmp_path / "report.json"})
+    # Execute
+    out = deployment.run({"session-config": str(c.config), "node-wait-s": 120.0, "reply-timeout-s": 240.0},
+                         timeout=420, project=project)
+    # Assert: the round itself went through (the forgery is only in the receipts), no receipt was kept
+    assert "secure-afl round done" in out.stdout, out.stdout[-3000:] + deployment.logs()
+    records = [json.loads(line) for line in c.audit_path().read_text().splitlines()]
+    assert sum(r["event"] == "upload" and r["outcome"] == "accepted" for r in records) == 3
+    assert not (tmp_path / "receipts").exists() or load_receipts(tmp_path / "receipts") == []

@@ -26,7 +26,7 @@ import hashlib
 import json
 from pathlib import Path
 
-from flwr.app import Context, Message
+from flwr.app import ConfigRecord, Context, Message
 from flwr.clientapp import ClientApp
 
 from secure_afl import pki
@@ -91,8 +91,10 @@ def upload(msg: Message, context: Context) -> Message:
                                  max_norm=params.bounds.max_norm)
     ctx = unpack_blob(msg.content) if params.backend == "ckks" else None
     payload, tag = protect_contribution(party, params, stats, public_context=ctx)
-    statement = sign_upload(party.identity_key(), params.session_id, params.digest(),
-                            hashlib.sha256(payload).digest(), party.name)
+    sha = hashlib.sha256(payload)
+    statement = sign_upload(party.identity_key(), params.session_id, params.digest(), sha.digest(), party.name)
+    # Flower keeps a node's context between the messages of one run: the receipt must name this payload
+    context.state["secure-afl"] = ConfigRecord({"payload_sha256": sha.hexdigest()})
     return Message(content=pack({"hospital": party.name, "statement": statement, "tag": tag}, payload),
                    reply_to=msg)
 
@@ -108,8 +110,9 @@ def receipt(msg: Message, context: Context) -> Message:
     if len(servers) != 1:
         raise InvalidInputError("cannot pin the server's identity key")
     rc = verify_receipt(unpack_json(msg.content, "receipt"), next(iter(servers.values())).public_key())
-    if rc["hospital"] != party.name:
-        raise ParameterMismatch("receipt acknowledges another hospital")
+    uploaded = context.state["secure-afl"]["payload_sha256"] if "secure-afl" in context.state else None
+    if rc["hospital"] != party.name or rc["payload_sha256"] != uploaded:
+        raise ParameterMismatch("receipt does not acknowledge this hospital's payload")
     out = Path(str(context.node_config.get("receipts-dir", "receipts")))
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"receipt-{rc['session_id']}-{party.name}.json"
