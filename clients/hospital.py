@@ -47,7 +47,7 @@ from secure_afl.tagging import new_tag, seal_tag, sign_tag
 
 from .transport import ServiceClient
 
-__all__ = ["HospitalClient", "statistics_from_file"]
+__all__ = ["HospitalClient", "protect_contribution", "protect_vector", "statistics_from_file"]
 
 log = logging.getLogger("secure_afl.client")
 
@@ -87,6 +87,48 @@ def statistics_from_file(path, n_classes: int, *, max_norm: float | None = None,
     for s in range(0, X.shape[0], batch_size):
         acc.update(X[s:s + batch_size], y[s:s + batch_size])
     return acc.finalize(gamma=0.0)
+
+
+def protect_vector(params: SessionParams, stats: SufficientStatistics, *,
+                   tag: np.ndarray | None = None) -> np.ndarray:
+    """C_k^r = C_k + gamma I, Q_k, n_k, counts (and the tag) packed for the session's layout.
+
+    With DP on, this hospital's noise share (:mod:`secure_afl.dp.noise`) is added here.
+    """
+    lay = params.layout
+    if stats.gamma != 0.0 or stats.contributors != 1.0:
+        raise InvalidInputError("protect() takes one hospital's raw statistics (gamma = 0); "
+                                "the session's gamma is added here")
+    if stats.gram.shape != (lay.dim, lay.dim) or stats.cross.shape != (lay.dim, lay.n_classes):
+        raise ParameterMismatch(f"statistics have d={stats.dim}, C={stats.n_classes}; "
+                                f"the session expects {lay.layout_id}")
+    if stats.n > params.bounds.n_max:
+        raise InvalidInputError(f"n_k = {stats.n:.0f} exceeds the session's n_max = {params.bounds.n_max}")
+    with_ri = SufficientStatistics(stats.gram + params.gamma * np.eye(lay.dim), stats.cross, stats.n,
+                                   stats.class_counts, 1.0, params.gamma, tag)
+    packed = Layout(lay.dim, lay.n_classes).pack(with_ri)
+    # DP hook: this hospital's share of the session's noise goes in before protection
+    return add_noise_share(params, packed)
+
+
+def protect_contribution(party, params: SessionParams, stats: SufficientStatistics, *,
+                         public_context: bytes | None = None) -> tuple[bytes, dict | None]:
+    """plain / ckks / bfv: pack with the RI intermediary gamma and protect, whatever carries the upload.
+
+    ``params`` must already carry the key holder's verified signature (HE backends). Returns
+    ``(payload, tag)``: for ckks and bfv, ``tag`` is the signed statement of this upload's sealed
+    aggregate tag (:mod:`secure_afl.tagging`), else None.
+    """
+    backend = get_backend(params)
+    if params.backend not in HE_BACKENDS:
+        return backend.protect(protect_vector(params, stats)), None
+    if public_context is None:
+        raise ParameterMismatch("an HE session needs the key holder's public context")
+    check_published_keys(params, public_context)  # the signed hash, no secret key, a usable tag key
+    tag = new_tag(params)
+    payload = backend.protect(protect_vector(params, stats, tag=tag), public_context=public_context)
+    box = seal_tag(params, party.name, tag)
+    return payload, sign_tag(party.identity_key(), params, party.name, hashlib.sha256(payload).hexdigest(), box)
 
 
 class HospitalClient:
@@ -139,7 +181,7 @@ class HospitalClient:
             raise ParameterMismatch("server's parameter digest does not match its parameters")
         if info["server_identity_pub"] != pki.public_key_hex(self.server_pub):
             raise ParameterMismatch("the server does not present the pinned identity key")
-        if params.backend == "ckks":
+        if params.backend in HE_BACKENDS:
             # the server relays the key holder's keys; only the key holder's own signature makes them its keys
             verify_session_params(params, info.get(PARAMS_SIGNATURE),
                                   pinned_keyholder_key(self.party.pki_dir, self.keyholder_name))
@@ -151,37 +193,14 @@ class HospitalClient:
         Returns ``(payload, tag)``: for ckks and bfv, ``tag`` is the signed statement of
         this upload's sealed aggregate tag (:mod:`secure_afl.tagging`), else None.
         """
-        backend = get_backend(params)
-        if params.backend not in HE_BACKENDS:
-            return backend.protect(self.protect_vector(params, stats)), None
-        ctx = self.conn.request("GET", self.conn.path("/context"), signed=False).content
-        check_published_keys(params, ctx)  # the signed hash, no secret key, a usable tag key
-        tag = new_tag(params)
-        payload = backend.protect(self.protect_vector(params, stats, tag=tag), public_context=ctx)
-        box = seal_tag(params, self.name, tag)
-        return payload, sign_tag(self.party.identity_key(), params, self.name,
-                                 hashlib.sha256(payload).hexdigest(), box)
+        ctx = None
+        if params.backend in HE_BACKENDS:
+            ctx = self.conn.request("GET", self.conn.path("/context"), signed=False).content
+        return protect_contribution(self.party, params, stats, public_context=ctx)
 
     def protect_vector(self, params: SessionParams, stats: SufficientStatistics, *,
                        tag: np.ndarray | None = None) -> np.ndarray:
-        """C_k^r = C_k + gamma I, Q_k, n_k, counts (and the tag) packed for the session's layout.
-
-        With DP on, this hospital's noise share (:mod:`secure_afl.dp.noise`) is added here.
-        """
-        lay = params.layout
-        if stats.gamma != 0.0 or stats.contributors != 1.0:
-            raise InvalidInputError("protect() takes one hospital's raw statistics (gamma = 0); "
-                                    "the session's gamma is added here")
-        if stats.gram.shape != (lay.dim, lay.dim) or stats.cross.shape != (lay.dim, lay.n_classes):
-            raise ParameterMismatch(f"statistics have d={stats.dim}, C={stats.n_classes}; "
-                                    f"the session expects {lay.layout_id}")
-        if stats.n > params.bounds.n_max:
-            raise InvalidInputError(f"n_k = {stats.n:.0f} exceeds the session's n_max = {params.bounds.n_max}")
-        with_ri = SufficientStatistics(stats.gram + params.gamma * np.eye(lay.dim), stats.cross, stats.n,
-                                       stats.class_counts, 1.0, params.gamma, tag)
-        packed = Layout(lay.dim, lay.n_classes).pack(with_ri)
-        # DP hook: this hospital's share of the session's noise goes in before protection
-        return add_noise_share(params, packed)
+        return protect_vector(params, stats, tag=tag)
 
     def upload(self, params: SessionParams, payload: bytes, *, tag: dict | None = None, progress: bool = False,
                attempts: int = 3) -> dict:

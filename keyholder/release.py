@@ -95,15 +95,17 @@ class KeyHolder(KeyCustody):
 
     def publish(self, conn) -> dict:
         """Send the public context, the tag key and this key holder's signature over the parameters."""
+        return conn.request("POST", conn.path("/context"), body=self.publication_body(conn.session_id)).json()
+
+    def publication_body(self, session_id: str) -> bytes:
+        """The publication any transport carries: public context, tag key, signature over the parameters."""
         from secure_afl.keyholder_params import sign_session_params
         from secure_afl.protocol import context_publication
         from secure_afl.tagging import TAG_KEY_PARAM
 
-        params = self.params(conn.session_id)
-        body = context_publication(self.public_context(conn.session_id),
-                                   params.backend_params[TAG_KEY_PARAM],
+        params = self.params(session_id)
+        return context_publication(self.public_context(session_id), params.backend_params[TAG_KEY_PARAM],
                                    sign_session_params(self.party.identity_key(), params))
-        return conn.request("POST", conn.path("/context"), body=body).json()
 
     def close_round(self, conn) -> dict:
         return conn.request("POST", conn.path("/close")).json()
@@ -131,8 +133,8 @@ class KeyHolder(KeyCustody):
             self.close_round(conn)
             info = conn.info()
         if info["backend"] in HE_BACKENDS:
-            return self._finalize_he(conn, info, min_clients=min_clients, lam=lam,
-                                       min_class_count=min_class_count, expected_hospitals=expected_hospitals)
+            return self.release_he(conn.session_id, _HTTPSource(conn), min_clients=min_clients, lam=lam,
+                                   min_class_count=min_class_count, expected_hospitals=expected_hospitals)
         params = SessionParams.from_dict(info["params"])
         aggregate = conn.request("GET", conn.path("/aggregate")).content
         manifest = conn.request("GET", conn.path("/manifest")).json()
@@ -143,14 +145,17 @@ class KeyHolder(KeyCustody):
                                      min_class_count=min_class_count, expected_hospitals=expected_hospitals,
                                      unmask=unmask)
 
-    def _finalize_he(self, conn, info: dict, *, min_clients: int, lam: float, min_class_count: int,
-                     expected_hospitals: list[str] | None) -> FinalResult:
+    def release_he(self, sid: str, source, *, min_clients: int, lam: float = 0.0, min_class_count: int = 1,
+                   expected_hospitals: list[str] | None = None) -> FinalResult:
         """ckks, bfv: verify and re-sum the signed uploads here, decrypt that sum once (ckks: flood it), check.
+
+        ``source`` is whatever carried the uploads (the server over HTTPS, a Flower message): its
+        ``manifest()``, ``contribution(hospital)`` and ``tags()`` are what the server stored, trusted
+        for nothing beyond the signatures they carry.
 
         A forgery found before decryption, and ANY failure after it, blocks the
         key in the ledger: no later attempt decrypts under it.
         """
-        sid = conn.session_id
         params = self.params(sid)  # the keygen record, never the server's word
         key_id = params.backend_params["public_context_sha256"]
         ledger = ReleaseLedger(self.keys_dir / "releases.sqlite3")
@@ -158,15 +163,13 @@ class KeyHolder(KeyCustody):
             ledger.check_unused(key_id)
             t0 = time.perf_counter()
             try:
-                manifest = conn.request("GET", conn.path("/manifest")).json()
+                manifest = source.manifest()
                 server_pub, enrolled = self._trust(expected_hospitals)
                 m = verify_manifest_for(params, manifest, server_pub, enrolled, min_clients)
                 backend = get_backend(params)
                 ctx = backend.keyholder_context(self.secret_context(sid))
-                chunks, participants = resum_signed_contributions(
-                    params, backend, ctx, m,
-                    lambda h: conn.request("GET", conn.path(f"/contributions/{h}")).content)
-                tags = conn.request("GET", conn.path("/tags")).json()
+                chunks, participants = resum_signed_contributions(params, backend, ctx, m, source.contribution)
+                tags = source.tags()
             except (ServerForgery, ContributionRejected) as e:
                 ledger.block(key_id, f"refused before decryption: {e}")
                 raise
@@ -304,6 +307,22 @@ class KeyHolder(KeyCustody):
         report = self._report(params, participants, stats, lam, sanity, tol, agg_sha)
         report.update({"dp": privacy, "w_error_bound": w_bound.to_dict()})
         return FinalResult(W, stats, params, m, report)
+
+
+class _HTTPSource:
+    """The server's stored manifest, uploads and tag statements, fetched over the key holder's mTLS link."""
+
+    def __init__(self, conn):
+        self.conn = conn
+
+    def manifest(self) -> dict:
+        return self.conn.request("GET", self.conn.path("/manifest")).json()
+
+    def contribution(self, hospital: str) -> bytes:
+        return self.conn.request("GET", self.conn.path(f"/contributions/{hospital}")).content
+
+    def tags(self) -> dict:
+        return self.conn.request("GET", self.conn.path("/tags")).json()
 
 
 def _sanity(stats, params, participants, tol):

@@ -1,0 +1,158 @@
+"""Hospitals and the key holder as a Flower ClientApp; the SuperNode's node config says which.
+
+Hospital node config::
+
+    role="hospital" name="hosp-a" pki-dir="/consortium/pki" data="/ward/stats.npz" receipts-dir="receipts"
+
+``data`` is an embeddings .npz (``X``, ``y``) or a statistics .npz from
+``secure-afl client embed --stats-only``. The hospital checks the session
+parameters and the server's pinned identity, protects C_k, Q_k and counts with
+the session's backend (ckks: under the key holder's public context), signs the
+upload with its PKI identity and keeps the server-signed receipt.
+
+Key holder node config::
+
+    role="keyholder" name="keyholder" pki-dir="/consortium/pki" keys-dir="keys" passphrase-file="pass"
+    out="model.safetensors" report="report.json" min-clients=3 min-class-count=5
+
+The key holder signs its context publication (ckks) and, at finalize, runs the
+native checks and solve on the released aggregate; the model and report stay
+on its machine, only the report goes back to the server.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+from flwr.app import ConfigRecord, Context, Message
+from flwr.clientapp import ClientApp
+
+from secure_afl import pki
+from secure_afl.backends import HE_BACKENDS
+from secure_afl.clients.hospital import protect_contribution, statistics_from_file
+from secure_afl.keyholder_params import PARAMS_SIGNATURE, pinned_keyholder_key, verify_session_params
+from secure_afl.exceptions import InvalidInputError, ParameterMismatch, StageError
+from secure_afl.params import SessionParams
+from secure_afl.protocol import API, sign_request
+from secure_afl.signing import sign_upload, verify_receipt
+
+from . import keyholder_adapter
+from .messages import pack, unpack_blob, unpack_json, unpack_str
+
+__all__ = ["app"]
+
+app = ClientApp()
+
+
+def _cfg(context: Context, key: str, role: str):
+    try:
+        return context.node_config[key]
+    except KeyError:
+        raise InvalidInputError(f"this SuperNode's --node-config lacks {key}=... (needed by the {role})") from None
+
+
+def _role(context: Context, expected: str) -> None:
+    if _cfg(context, "role", expected) != expected:
+        raise StageError(f"this SuperNode serves a {context.node_config['role']}, not a {expected}")
+
+
+def _party(context: Context, role: str):
+    return pki.load_party(_cfg(context, "pki-dir", role), role, str(_cfg(context, "name", role)))
+
+
+@app.query("roll_call")
+def roll_call(msg: Message, context: Context) -> Message:
+    role = str(_cfg(context, "role", "SuperNode"))
+    if role not in ("hospital", "keyholder"):
+        raise InvalidInputError(f"role must be hospital or keyholder, not {role!r}")
+    return Message(content=pack({"role": role, "name": str(_cfg(context, "name", role))}), reply_to=msg)
+
+
+# -- hospital ------------------------------------------------------------------------------------
+def _session_params(info: dict, party) -> SessionParams:
+    """The same checks as the native client's fetch_params: open session, digest, pinned server key."""
+    if info.get("status") != "open":
+        raise StageError(f"session {info.get('session_id')} is {info.get('status')}, not open")
+    params = SessionParams.from_dict(info["params"])
+    if params.digest().hex() != info["params_digest"]:
+        raise ParameterMismatch("server's parameter digest does not match its parameters")
+    servers = pki.load_enrolments(party.pki_dir, role="server")
+    if len(servers) != 1 or info["server_identity_pub"] != next(iter(servers.values())).identity_pub:
+        raise ParameterMismatch("the server does not present the pinned identity key")
+    if params.backend in HE_BACKENDS:
+        # the server relays the key holder's keys; only the key holder's own signature makes them its keys
+        verify_session_params(params, info.get(PARAMS_SIGNATURE), pinned_keyholder_key(party.pki_dir))
+    return params
+
+
+@app.train("upload")
+def upload(msg: Message, context: Context) -> Message:
+    _role(context, "hospital")
+    party = _party(context, "hospital")
+    params = _session_params(unpack_json(msg.content, "info"), party)
+    stats = statistics_from_file(_cfg(context, "data", "hospital"), params.layout.n_classes,
+                                 max_norm=params.bounds.max_norm)
+    ctx = unpack_blob(msg.content) if params.backend in HE_BACKENDS else None
+    payload, tag = protect_contribution(party, params, stats, public_context=ctx)
+    sha = hashlib.sha256(payload)
+    statement = sign_upload(party.identity_key(), params.session_id, params.digest(), sha.digest(), party.name)
+    # Flower keeps a node's context between the messages of one run: the receipt must name this payload
+    context.state["secure-afl"] = ConfigRecord({"payload_sha256": sha.hexdigest()})
+    return Message(content=pack({"hospital": party.name, "statement": statement, "tag": tag}, payload),
+                   reply_to=msg)
+
+
+@app.query("receipt")
+def receipt(msg: Message, context: Context) -> Message:
+    """Verify the server-signed receipt against the pinned key and keep it for the auditor."""
+    _role(context, "hospital")
+    party = _party(context, "hospital")
+    if "error" in msg.content["fields"]:
+        raise StageError(f"upload refused: {unpack_str(msg.content, 'error')}: {unpack_str(msg.content, 'detail')}")
+    servers = pki.load_enrolments(party.pki_dir, role="server")
+    if len(servers) != 1:
+        raise InvalidInputError("cannot pin the server's identity key")
+    rc = verify_receipt(unpack_json(msg.content, "receipt"), next(iter(servers.values())).public_key())
+    uploaded = context.state["secure-afl"]["payload_sha256"] if "secure-afl" in context.state else None
+    if rc["hospital"] != party.name or rc["payload_sha256"] != uploaded:
+        raise ParameterMismatch("receipt does not acknowledge this hospital's payload")
+    out = Path(str(context.node_config.get("receipts-dir", "receipts")))
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"receipt-{rc['session_id']}-{party.name}.json"
+    path.write_text(json.dumps(rc, indent=2, sort_keys=True))
+    return Message(content=pack({"payload_sha256": rc["payload_sha256"]}), reply_to=msg)
+
+
+# -- key holder ----------------------------------------------------------------------------------
+@app.query("publish")
+def publish(msg: Message, context: Context) -> Message:
+    _role(context, "keyholder")
+    kh = keyholder_adapter.open_keyholder(context.node_config)
+    sid = unpack_str(msg.content, "session_id")
+    path = unpack_str(msg.content, "path")
+    if path != f"{API}/sessions/{sid}/context":
+        raise ParameterMismatch(f"refusing to sign a publication for {path!r}")
+    body = keyholder_adapter.publication(kh, sid)
+    headers = sign_request(kh.party.identity_key(), f"keyholder:{kh.party.name}", "POST", path, body)
+    return Message(content=pack({"headers": headers}, body), reply_to=msg)
+
+
+@app.query("finalize")
+def finalize(msg: Message, context: Context) -> Message:
+    _role(context, "keyholder")
+    nc = context.node_config
+    kh = keyholder_adapter.open_keyholder(nc)
+    info, blob = unpack_json(msg.content, "info"), unpack_blob(msg.content)
+    tags, contributions = {}, {}
+    if "contributions" in msg.content["fields"]:  # HE: the signed uploads, concatenated in manifest order
+        tags, at = unpack_json(msg.content, "tags"), 0
+        for hospital, n in unpack_json(msg.content, "contributions"):
+            contributions[str(hospital)], at = blob[at:at + int(n)], at + int(n)
+    report = keyholder_adapter.finalize(
+        kh, info, blob, unpack_json(msg.content, "manifest"), tags, contributions,
+        min_clients=int(_cfg(context, "min-clients", "keyholder")),
+        min_class_count=int(nc.get("min-class-count", 1)), lam=float(nc.get("lambda", 0.0)),
+        out=Path(str(_cfg(context, "out", "keyholder"))), report_path=Path(str(nc.get("report", "report.json"))))
+    return Message(content=pack({"report": report}), reply_to=msg)

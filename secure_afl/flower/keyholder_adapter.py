@@ -1,0 +1,78 @@
+"""The key holder's native code, seen from the Flower app: the one place that names its module.
+
+Everything the key holder decides (manifest and upload signatures, its own
+``min_clients``, the re-sum of the signed uploads and the single flooded
+decryption for HE sessions, the release ledger, the aggregate tag, sanity
+checks, RI restoration and the solve) is :meth:`KeyHolder.release_he` (ckks,
+bfv) or :meth:`KeyHolder.reveal_and_solve` (plain); this module only feeds it
+what the ServerApp sent and writes the model and report the way
+``secure-afl keyholder finalize`` writes them.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from secure_afl.exceptions import InvalidInputError
+from secure_afl.params import SessionParams
+from secure_afl.backends import HE_BACKENDS
+from secure_afl.keyholder import KeyHolder, write_model
+
+__all__ = ["open_keyholder", "publication", "finalize"]
+
+
+def open_keyholder(node_config) -> KeyHolder:
+    try:
+        pki_dir, keys_dir = node_config["pki-dir"], node_config["keys-dir"]
+    except KeyError as e:
+        raise InvalidInputError(f"the key holder's --node-config lacks {e.args[0]}=...") from None
+    passphrase = None
+    if node_config.get("passphrase-file"):
+        passphrase = Path(str(node_config["passphrase-file"])).read_bytes().strip()
+    return KeyHolder(str(pki_dir), str(node_config.get("name", "keyholder")), str(keys_dir), passphrase=passphrase)
+
+
+def publication(kh: KeyHolder, session_id: str) -> bytes:
+    """The body ``keyholder publish`` sends: public context, tag key, signature over the parameters."""
+    if not kh.public_path(session_id).exists():
+        raise InvalidInputError(f"no keys for session {session_id}: run `secure-afl keyholder keygen` first")
+    return kh.publication_body(session_id)
+
+
+class _MessageSource:
+    """What the ServerApp sent: the manifest, the stored uploads and the tag statements."""
+
+    def __init__(self, manifest: dict, contributions: dict, tags: dict):
+        self._manifest, self._contributions, self._tags = manifest, contributions, tags
+
+    def manifest(self) -> dict:
+        return self._manifest
+
+    def contribution(self, hospital: str) -> bytes:
+        if hospital not in self._contributions:
+            raise InvalidInputError(f"the ServerApp sent no upload for {hospital[:64]!r}")
+        return self._contributions[hospital]
+
+    def tags(self) -> dict:
+        return self._tags
+
+
+def finalize(kh: KeyHolder, info: dict, aggregate: bytes, manifest: dict, tags: dict, contributions: dict, *,
+             min_clients: int, min_class_count: int, lam: float, out: Path, report_path: Path) -> dict:
+    """The native finalize; the stricter of the two policies applies. HE sessions are re-summed from
+    the signed uploads (``contributions``); the server's ``aggregate`` is used for plain only."""
+    policy = {"min_clients": max(min_clients, int(info.get("min_clients", 1))),
+              "min_class_count": max(min_class_count, int(info.get("min_class_count", 1))), "lam": lam}
+    if info["backend"] in HE_BACKENDS:
+        res = kh.release_he(info["session_id"], _MessageSource(manifest, contributions, tags), **policy)
+    else:
+        res = kh.reveal_and_solve(SessionParams.from_dict(info["params"]), aggregate, manifest, **policy)
+    params = res.params
+    lam = res.report.get("lambda_total", lam)
+    meta = {"session": params.session_id, "backend": params.backend, "gamma": params.gamma, "lambda": lam,
+            "classes": params.layout.n_classes, "participants": res.report["participants"]}
+    write_model(out, res.W, meta)
+    report_path.parent.mkdir(parents=True, exist_ok=True)
+    report_path.write_text(json.dumps(res.report, indent=2))
+    return res.report

@@ -1,0 +1,107 @@
+"""A local Flower deployment on 127.0.0.1: one SuperLink, one SuperNode per party, `flwr run`."""
+
+from __future__ import annotations
+
+import os
+import socket
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from secure_afl.demo import _free_port
+from secure_afl.flower import PROJECT_DIR
+
+BIN = Path(sys.executable).parent
+
+
+class FlowerDeployment:
+    """Real Flower processes (insecure transport, loopback only); every one is stopped by :meth:`stop`."""
+
+    def __init__(self, root: Path):
+        self.root = Path(root)
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.home = self.root / "flwr-home"
+        self.home.mkdir(exist_ok=True)
+        self.port = _free_port()
+        (self.home / "config.toml").write_text(
+            '[superlink]\ndefault = "local-deployment"\n\n'
+            f'[superlink.local-deployment]\naddress = "127.0.0.1:{self.port}"\ninsecure = true\n')
+        self.env = {**os.environ, "FLWR_HOME": str(self.home), "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}"}
+        self.procs: list[subprocess.Popen] = []
+
+    def _spawn(self, name: str, args: list[str]) -> subprocess.Popen:
+        log = open(self.root / f"{name}.log", "wb")
+        p = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=self.env, cwd=self.root,
+                             start_new_session=True)
+        log.close()
+        self.procs.append(p)
+        return p
+
+    def start_superlink(self) -> None:
+        p = self._spawn("superlink", [str(BIN / "flower-superlink"), "--insecure", "--port", str(self.port),
+                                      "--disable-runtime-dependency-installation"])
+        deadline = time.monotonic() + 60
+        while True:  # bounded: until the SuperLink's HTTP port accepts connections
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
+                return
+            except OSError:
+                if p.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError("the SuperLink did not start:\n" + self.logs()) from None
+                time.sleep(0.2)
+
+    def start_supernode(self, name: str, node_config: dict) -> None:
+        cfg = " ".join(f"{k}={v}" if isinstance(v, (int, float)) else f'{k}="{v}"' for k, v in node_config.items())
+        self._spawn(f"supernode-{name}", [str(BIN / "flower-supernode"), "--insecure",
+                                          "--superlink", f"127.0.0.1:{self.port}", "--port", str(_free_port()),
+                                          "--node-config", cfg])
+
+    def run(self, run_config: dict, timeout: float, project: Path = PROJECT_DIR) -> subprocess.CompletedProcess:
+        """``flwr run`` of the project with ``--stream``: returns when the ServerApp has finished."""
+        overrides = " ".join(f'{k}="{v}"' if isinstance(v, str) else f"{k}={v}" for k, v in run_config.items())
+        return subprocess.run([str(BIN / "flwr"), "run", str(project), "local-deployment", "--stream",
+                               "--run-config", overrides], env=self.env, cwd=self.root, capture_output=True,
+                              text=True, timeout=timeout)
+
+    def logs(self) -> str:
+        return "\n".join(f"== {p.name}\n{p.read_text(errors='replace')[-3000:]}" for p in self.root.glob("*.log"))
+
+    def _ours(self) -> list[int]:
+        """Every live process started with this deployment's FLWR_HOME (SuperExec and app processes
+        detach into sessions of their own, so a process group does not reach them)."""
+        mark = f"FLWR_HOME={self.home}".encode()
+        pids = []
+        for d in Path("/proc").iterdir():
+            if d.name.isdigit() and int(d.name) != os.getpid():
+                try:
+                    if mark in (d / "environ").read_bytes().split(b"\0"):
+                        pids.append(int(d.name))
+                except OSError:
+                    pass
+        return pids
+
+    def stop(self) -> None:
+        for pid in self._ours():
+            try:
+                os.kill(pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+        for p in self.procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGTERM)
+        deadline = time.monotonic() + 20
+        for p in self.procs:
+            try:
+                p.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+        while self._ours() and time.monotonic() < deadline:
+            time.sleep(0.2)  # bounded: detached app processes exit on SIGTERM
+        for pid in self._ours():
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass

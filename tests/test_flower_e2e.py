@@ -1,0 +1,241 @@
+"""End-to-end: a real Flower deployment on 127.0.0.1 (SuperLink, three hospital SuperNodes and the
+key holder's SuperNode, `flwr run`) carries one secure AFL round; W must match the plaintext solution
+and the native service's W on the same data, and the audit story must hold."""
+
+import json
+import shutil
+import time
+
+import numpy as np
+import pytest
+
+from secure_afl import pki
+from secure_afl.analytic import centralised_weights
+from secure_afl.audit import load_receipts, verify_log
+from secure_afl.backends.ckks import ckks_session_params
+from secure_afl.flower import PROJECT_DIR
+from secure_afl.packing import Layout
+from secure_afl.params import Bounds
+from secure_afl.server.keyholder import read_model
+
+from flower_helpers import FlowerDeployment
+from service_helpers import Consortium
+
+pytestmark = pytest.mark.e2e
+
+HOSPITALS = ("h1", "h2", "h3")
+
+
+def hospital_data(c, seed):
+    rng = np.random.default_rng(seed)
+    data = {}
+    for h in HOSPITALS:
+        n = int(rng.integers(30, 60))
+        X = rng.standard_normal((n, c.dim))
+        X *= (0.9 * c.max_norm / np.linalg.norm(X, axis=1, keepdims=True)) * rng.uniform(0.1, 1, (n, 1))
+        data[h] = (X, rng.integers(0, c.classes, n))
+    return data
+
+
+def keygen(c):
+    c.keyholder.keygen(ckks_session_params(c.session_id, Layout(c.dim, c.classes), 1.0,
+                                           Bounds(c.max_norm, 1000, 8)))
+
+
+def native_w(c, data):
+    c.start()
+    try:
+        conn = c.connect_keyholder()
+        if c.backend == "ckks":
+            keygen(c)
+            c.keyholder.publish(conn)
+        for h, (X, y) in data.items():
+            cl = c.hospital(h)
+            cl.submit(c.stats(X, y))
+            cl.close()
+        res = c.keyholder.finalize(conn, min_clients=3)
+        conn.close()
+        return res.W
+    finally:
+        c.stop()
+
+
+@pytest.fixture
+def deployment(tmp_path):
+    d = FlowerDeployment(tmp_path / "flower")
+    yield d
+    d.stop()
+
+
+@pytest.mark.parametrize("backend", ["plain", "ckks"])
+def test_flower_round_matches_plaintext_and_native_service(tmp_path, deployment, backend):
+    # Prepare: one consortium for the Flower round, one for the native service, the same hospital data
+    c = Consortium(tmp_path / "fl", backend=backend, hospitals=HOSPITALS, min_clients=3)
+    data = hospital_data(c, seed=15)
+    for h, (X, y) in data.items():
+        np.savez(tmp_path / f"{h}.npz", X=X, y=y)
+    if backend == "ckks":
+        keygen(c)
+    (tmp_path / "pass").write_bytes(b"test passphrase")
+    deployment.start_superlink()
+    for h in HOSPITALS:
+        deployment.start_supernode(h, {"role": "hospital", "name": h, "pki-dir": c.pki_dir,
+                                       "data": tmp_path / f"{h}.npz", "receipts-dir": tmp_path / "receipts"})
+    deployment.start_supernode("keyholder", {
+        "role": "keyholder", "name": "keyholder", "pki-dir": c.pki_dir, "keys-dir": c.root / "keys",
+        "passphrase-file": tmp_path / "pass", "min-clients": 3, "min-class-count": 1,
+        "out": tmp_path / "model.safetensors", "report": tmp_path / "report.json"})
+    # Execute
+    t0 = time.perf_counter()
+    out = deployment.run({"session-config": str(c.config), "node-wait-s": 120.0, "reply-timeout-s": 240.0},
+                         timeout=420)
+    wall = time.perf_counter() - t0
+    # Assert
+    assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-4000:] + deployment.logs()
+    assert (tmp_path / "model.safetensors").exists(), out.stdout[-4000:] + deployment.logs()
+    W, meta = read_model(tmp_path / "model.safetensors")
+    X_all = np.concatenate([d[0] for d in data.values()])
+    y_all = np.concatenate([d[1] for d in data.values()])
+    W_plain = centralised_weights(X_all, y_all, c.classes)
+    W_native = native_w(Consortium(tmp_path / "native", backend=backend, hospitals=HOSPITALS, min_clients=3), data)
+    tol = 1e-9 if backend == "plain" else 1e-6
+    rel_plain = np.linalg.norm(W - W_plain) / np.linalg.norm(W_plain)
+    rel_native = np.linalg.norm(W - W_native) / np.linalg.norm(W_native)
+    print(f"flower {backend}: |W-W_plain|/|W_plain| = {rel_plain:.2e}, |W-W_native|/|W_native| = {rel_native:.2e},"
+          f" flwr run {wall:.1f} s")
+    assert rel_plain <= tol and rel_native <= 2 * tol
+    assert json.loads(meta["participants"]) == list(HOSPITALS) and meta["backend"] == backend
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["participants"] == list(HOSPITALS) and report["samples"] == len(y_all)
+    assert (report["tag_check"] is not None) == (backend == "ckks")
+    receipts = load_receipts(tmp_path / "receipts")
+    v = verify_log(c.audit_path(), server_pub=pki.load_party(c.pki_dir, "server", "aggregator").identity_pub(),
+                   receipts=receipts)
+    assert v.n_receipts == 3 and v.n_refused == 0
+
+
+@pytest.mark.security
+def test_flower_rogue_keyholder_node_cannot_open_the_session(tmp_path, deployment):
+    """A SuperNode that calls itself the key holder, with keys from a PKI of its own, offers its own
+    public context: hospitals would encrypt to it. The ServerApp must refuse the publication (audited)
+    and no hospital may upload anything."""
+    # Prepare
+    c = Consortium(tmp_path / "fl", backend="ckks", hospitals=HOSPITALS, min_clients=3)
+    data = hospital_data(c, seed=16)
+    for h, (X, y) in data.items():
+        np.savez(tmp_path / f"{h}.npz", X=X, y=y)
+    rogue_pki = tmp_path / "rogue-pki"
+    pki.init_ca(rogue_pki)
+    pki.issue(rogue_pki, "keyholder", "keyholder")
+    from secure_afl.server.keyholder import KeyHolder
+
+    rogue = KeyHolder(rogue_pki, "keyholder", tmp_path / "rogue-keys", passphrase=b"rogue")
+    rogue.keygen(ckks_session_params(c.session_id, Layout(c.dim, c.classes), 1.0, Bounds(c.max_norm, 1000, 8)))
+    (tmp_path / "pass").write_bytes(b"rogue")
+    deployment.start_superlink()
+    for h in HOSPITALS:
+        deployment.start_supernode(h, {"role": "hospital", "name": h, "pki-dir": c.pki_dir,
+                                       "data": tmp_path / f"{h}.npz", "receipts-dir": tmp_path / "receipts"})
+    deployment.start_supernode("rogue", {
+        "role": "keyholder", "name": "keyholder", "pki-dir": rogue_pki, "keys-dir": tmp_path / "rogue-keys",
+        "passphrase-file": tmp_path / "pass", "min-clients": 1, "out": tmp_path / "stolen.safetensors",
+        "report": tmp_path / "stolen.json"})
+    # Execute
+    out = deployment.run({"session-config": str(c.config), "node-wait-s": 120.0, "reply-timeout-s": 240.0},
+                         timeout=420)
+    # Assert
+    records = [json.loads(line) for line in c.audit_path().read_text().splitlines()]
+    refused = [r for r in records if r.get("outcome") == "refused"]
+    accepted_uploads = [r for r in records if r.get("event") == "upload" and r.get("outcome") == "accepted"]
+    assert refused and refused[0]["actor"] == "keyholder:keyholder", out.stdout[-3000:] + deployment.logs()
+    assert accepted_uploads == [] and not (tmp_path / "stolen.safetensors").exists()
+    assert not any(r.get("event") == "publish_context" and r.get("outcome") == "accepted" for r in records)
+    assert refused[0]["reason"] == "bad_signature" and not (tmp_path / "receipts").exists()
+    assert "secure-afl round refused: bad_signature" in out.stdout
+
+
+@pytest.mark.security
+def test_flower_hospitals_refuse_a_server_that_is_not_the_pinned_one(tmp_path, deployment):
+    """Someone runs the ServerApp with an aggregation-server identity of their own (the hospitals'
+    public enrolments copied in, so it would accept their uploads). Flower connects the hospitals'
+    SuperNodes to it all the same; the hospitals must notice the server is not the consortium's and
+    upload nothing."""
+    # Prepare
+    c = Consortium(tmp_path / "fl", backend="plain", hospitals=HOSPITALS, min_clients=3)
+    data = hospital_data(c, seed=17)
+    for h, (X, y) in data.items():
+        np.savez(tmp_path / f"{h}.npz", X=X, y=y)
+    rogue = Consortium(tmp_path / "rogue", backend="plain", hospitals=(), min_clients=3)
+    for h in HOSPITALS:
+        (rogue.pki_dir / f"hospital-{h}").mkdir()
+        shutil.copy(c.pki_dir / f"hospital-{h}" / "enrolment.json", rogue.pki_dir / f"hospital-{h}")
+    deployment.start_superlink()
+    for h in HOSPITALS:
+        deployment.start_supernode(h, {"role": "hospital", "name": h, "pki-dir": c.pki_dir,
+                                       "data": tmp_path / f"{h}.npz", "receipts-dir": tmp_path / "receipts"})
+    deployment.start_supernode("keyholder", {
+        "role": "keyholder", "name": "keyholder", "pki-dir": rogue.pki_dir, "keys-dir": tmp_path / "keys",
+        "min-clients": 1, "out": tmp_path / "model.safetensors", "report": tmp_path / "report.json"})
+    # Execute
+    out = deployment.run({"session-config": str(rogue.config), "node-wait-s": 120.0, "reply-timeout-s": 240.0},
+                         timeout=420)
+    # Assert
+    records = [json.loads(line) for line in rogue.audit_path().read_text().splitlines()]
+    assert records and sorted(records[0]["details"]["hospitals"]) == list(HOSPITALS), deployment.logs()
+    assert not any(r["event"] == "upload" and r["outcome"] == "accepted" for r in records), deployment.logs()
+    assert not (tmp_path / "receipts").exists() and not (tmp_path / "model.safetensors").exists()
+    assert "secure-afl round refused: insufficient_contributors" in out.stdout, out.stdout[-3000:]
+
+
+ROGUE_SERVERAPP = '''
+"""An aggregation server that hands out receipts it did not sign as issued."""
+from flwr.serverapp import ServerApp
+
+from secure_afl.flower import server_app
+from secure_afl.server.aggregator import AggregationServer
+
+app = ServerApp()
+_submit = AggregationServer.submit
+
+
+def _forging_submit(self, hospital, statement, payload, tag=None):
+    receipt = _submit(self, hospital, statement, payload, tag)
+    return {**receipt, "seq": receipt["seq"] + 1000}
+
+
+@app.main()
+def main(grid, context):
+    AggregationServer.submit = _forging_submit
+    server_app.main(grid, context)
+'''
+
+
+@pytest.mark.security
+def test_flower_hospitals_keep_no_receipt_the_server_did_not_sign(tmp_path, deployment):
+    """A ServerApp that alters the receipts it sends (so a hospital would later hold no proof that the
+    audit log names its upload): each hospital's ClientApp must refuse the receipt and keep nothing."""
+    # Prepare: the project file of the Flower app, with the ServerApp swapped for the forging one
+    c = Consortium(tmp_path / "fl", backend="plain", hospitals=HOSPITALS, min_clients=3)
+    data = hospital_data(c, seed=18)
+    for h, (X, y) in data.items():
+        np.savez(tmp_path / f"{h}.npz", X=X, y=y)
+    project = tmp_path / "rogue-project"
+    project.mkdir()
+    (project / "rogue_serverapp.py").write_text(ROGUE_SERVERAPP)
+    (project / "pyproject.toml").write_text((PROJECT_DIR / "pyproject.toml").read_text().replace(
+        '"secure_afl.flower.server_app:app"', '"rogue_serverapp:app"'))
+    deployment.start_superlink()
+    for h in HOSPITALS:
+        deployment.start_supernode(h, {"role": "hospital", "name": h, "pki-dir": c.pki_dir,
+                                       "data": tmp_path / f"{h}.npz", "receipts-dir": tmp_path / "receipts"})
+    deployment.start_supernode("keyholder", {
+        "role": "keyholder", "name": "keyholder", "pki-dir": c.pki_dir, "keys-dir": c.root / "keys",
+        "min-clients": 3, "out": tmp_path / "model.safetensors", "report": tmp_path / "report.json"})
+    # Execute
+    out = deployment.run({"session-config": str(c.config), "node-wait-s": 120.0, "reply-timeout-s": 240.0},
+                         timeout=420, project=project)
+    # Assert: the round itself went through (the forgery is only in the receipts), no receipt was kept
+    assert "secure-afl round done" in out.stdout, out.stdout[-3000:] + deployment.logs()
+    records = [json.loads(line) for line in c.audit_path().read_text().splitlines()]
+    assert sum(r["event"] == "upload" and r["outcome"] == "accepted" for r in records) == 3
+    assert not (tmp_path / "receipts").exists() or load_receipts(tmp_path / "receipts") == []
