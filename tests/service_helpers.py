@@ -83,3 +83,15 @@ class Consortium:
 
     def audit_path(self) -> Path:
         return self.root / "server" / self.session_id / "audit.jsonl"
+
+
+def w_error_bound(X, W, entry_bound: float, n_classes: int, ridge: float = 0.0) -> float:
+    """||W_released - W||_F allowed by a per-entry bound E on the released C and Q and a ridge (perturbation
+    theory): ||dW|| <= (||dQ||_F + (||dC||_2 + ridge) ||W||_F) / (sigma_min(C) - ||dC||_2),
+    ||dC||_2 <= d E, ||dQ||_F <= sqrt(dC) E."""
+    C = X.T @ X
+    d = C.shape[0]
+    dC, dQ = d * entry_bound, np.sqrt(d * n_classes) * entry_bound
+    smin = float(np.linalg.eigvalsh(C)[0])
+    assert smin > dC, "the bound needs a well-conditioned Gram"
+    return (dQ + (dC + ridge) * np.linalg.norm(W)) / (smin - dC)
