@@ -610,6 +610,8 @@ def server_ssl_context(cert_file, key_file, ca_file, *, require_client_cert: boo
     """
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    # TLS 1.2: forward-secret AEAD suites only (TLS 1.3 suites are all of that kind)
+    ctx.set_ciphers("ECDHE+AESGCM:ECDHE+CHACHA20")
     ctx.load_cert_chain(certfile=str(cert_file), keyfile=str(key_file))
     if require_client_cert:
         ctx.load_verify_locations(cafile=str(ca_file))

@@ -27,9 +27,9 @@ from typing import Callable, Mapping
 from cryptography.exceptions import InvalidSignature as _CryptoInvalidSignature
 
 from .exceptions import InvalidSignature, MalformedPayload, ReplayedContribution
-from .signing import canonical_json
+from .signing import canonical_json, parse_json
 
-__all__ = ["H_PARTY", "H_TIME", "H_NONCE", "H_SIGNATURE", "H_UPLOAD", "H_TAG", "REQUEST_PREFIX",
+__all__ = ["H_BODY", "verify_request_digest", "H_PARTY", "H_TIME", "H_NONCE", "H_SIGNATURE", "H_UPLOAD", "H_TAG", "REQUEST_PREFIX",
            "SECAGG_REQUEST_PREFIX", "SECAGG_CONSISTENCY", "MAX_SKEW_S",
            "sign_request", "verify_request", "STATUS_BY_REASON", "API", "context_publication",
            "parse_context_publication"]
@@ -40,6 +40,9 @@ H_NONCE = "x-safl-nonce"
 H_SIGNATURE = "x-safl-signature"
 H_UPLOAD = "x-safl-upload"
 H_TAG = "x-safl-tag"
+# the signed body digest travels ahead of the body, so the server checks the signature before it
+# reads a byte of the body and then checks the streamed body against the digest
+H_BODY = "x-safl-body-sha256"
 REQUEST_PREFIX = b"secure-afl/request/v1\0"
 SECAGG_REQUEST_PREFIX = b"secure-afl/secagg-request/v1\0"  # server's signature on each secagg stage request
 # Bonawitz et al.'s consistency check: the first half of the secagg unmask stage, run by the service
@@ -72,6 +75,9 @@ STATUS_BY_REASON = {
     "overlapping_unmask_request": 409,
     "secret_key_context": 422,
     "deadline_passed": 410,
+    "timeout": 408,
+    "busy": 429,
+    "disconnected": 400,
     "too_large": 413,
     "policy_violation": 409,
 }
@@ -89,7 +95,7 @@ def sign_request(identity_key, party: str, method: str, path: str, body: bytes =
     t = int(_time.time() if timestamp is None else timestamp)
     st = _statement(party, method, path, hashlib.sha256(body).hexdigest(), n, t)
     sig = identity_key.sign(REQUEST_PREFIX + canonical_json(st)).hex()
-    return {H_PARTY: party, H_TIME: str(t), H_NONCE: n, H_SIGNATURE: sig}
+    return {H_PARTY: party, H_TIME: str(t), H_NONCE: n, H_SIGNATURE: sig, H_BODY: st["body_sha256"]}
 
 
 def verify_request(headers: Mapping[str, str], method: str, path: str, body: bytes,
@@ -101,6 +107,17 @@ def verify_request(headers: Mapping[str, str], method: str, path: str, body: byt
     (e.g. PolicyViolation for an unknown party). Nonce uniqueness is the
     caller's job (it must persist seen nonces).
     """
+    return verify_request_digest(headers, method, path, hashlib.sha256(body).hexdigest(), lookup_pub,
+                                 now=now, max_skew_s=max_skew_s)
+
+
+def verify_request_digest(headers: Mapping[str, str], method: str, path: str, body_sha256: str,
+                          lookup_pub: Callable[[str], object], *, now: float | None = None,
+                          max_skew_s: float = MAX_SKEW_S) -> dict:
+    """:func:`verify_request` for a body known only by its SHA-256 (hex) so far."""
+    if not isinstance(body_sha256, str) or len(body_sha256) != 64 or \
+            any(c not in "0123456789abcdef" for c in body_sha256):
+        raise MalformedPayload("body digest must be 32 bytes of lower-case hex")
     try:
         party = headers[H_PARTY]
         t = int(headers[H_TIME])
@@ -111,7 +128,7 @@ def verify_request(headers: Mapping[str, str], method: str, path: str, body: byt
     if len(nonce) != 32 or any(c not in "0123456789abcdef" for c in nonce):
         raise MalformedPayload("request nonce must be 16 bytes of lower-case hex")
     pub = lookup_pub(party)
-    st = _statement(party, method, path, hashlib.sha256(body).hexdigest(), nonce, t)
+    st = _statement(party, method, path, body_sha256, nonce, t)
     try:
         pub.verify(sig, REQUEST_PREFIX + canonical_json(st))
     except _CryptoInvalidSignature:
@@ -131,7 +148,9 @@ def context_publication(public_context: bytes, tag_public_key: str) -> bytes:
 def parse_context_publication(body: bytes) -> tuple[bytes, str]:
     """Inverse of :func:`context_publication`; :class:`MalformedPayload` if it is not one."""
     try:
-        msg = json.loads(body)
+        msg = parse_json(body, "publish body")
+        if not isinstance(msg, dict):
+            raise ValueError
         context = base64.b64decode(msg["public_context"], validate=True)
         tag_key = str(msg["tag_public_key"]).lower()
         if len(bytes.fromhex(tag_key)) != 32:

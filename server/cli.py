@@ -6,11 +6,10 @@ import logging
 
 
 def _cmd_run(args) -> int:
-    import uvicorn
-
     from .aggregator import open_server
     from .app import create_app
     from .config import load_config
+    from .transport import serve
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     cfg = load_config(args.config)
@@ -18,12 +17,11 @@ def _cmd_run(args) -> int:
         cfg.port = args.port
     server = open_server(cfg)
     app = create_app(server)
-    ssl_kwargs = server.party.uvicorn_ssl_kwargs(require_client_cert=cfg.require_client_cert)
     logging.getLogger("secure_afl.server").info(
         "serving session %s (%s) on https://%s:%d, mTLS %s", cfg.session_id, cfg.backend, cfg.host, cfg.port,
         "on" if cfg.require_client_cert else "OFF")
     try:
-        uvicorn.run(app, host=cfg.host, port=cfg.port, log_level=args.log_level, **ssl_kwargs)
+        serve(app, cfg, server.party, log_level=args.log_level)
     finally:
         server.shutdown()
     return 0

@@ -33,6 +33,11 @@ Example::
     name = "aggregator"
     keyholder = "keyholder"
     require_client_cert = true
+    read_timeout_s = 30         # request headers, and each body chunk, must arrive within this
+    body_timeout_s = 600        # a whole request body must arrive within this
+    max_concurrent_uploads = 4  # bodies read at once; more are refused with 429 "busy"
+    max_connections = 64        # open connections; more are answered 503 by uvicorn
+    refusal_interval_s = 60     # unauthenticated refusals: one audit record per peer per interval
 """
 
 from __future__ import annotations
@@ -77,6 +82,11 @@ class ServerConfig:
     secagg_threshold: int | None = None
     secagg_neighbours: int = -1
     stage_timeout_s: float = 60.0
+    read_timeout_s: float = 30.0
+    body_timeout_s: float = 600.0
+    max_concurrent_uploads: int = 4
+    max_connections: int = 64
+    refusal_interval_s: float = 60.0
 
     def __post_init__(self):
         if self.backend not in BACKENDS:
@@ -86,6 +96,12 @@ class ServerConfig:
         if self.min_clients > self.bounds.k_max:
             raise param_error("min_clients", "session.toml", f"<= bounds.k_max={self.bounds.k_max}",
                               self.min_clients)
+        for name in ("read_timeout_s", "body_timeout_s", "refusal_interval_s"):
+            if not 0 < getattr(self, name) < 86400:
+                raise param_error(name, "session.toml", "seconds in (0, 86400)", getattr(self, name))
+        for name in ("max_concurrent_uploads", "max_connections"):
+            if getattr(self, name) < 1:
+                raise param_error(name, "session.toml", "an int >= 1", getattr(self, name))
         if self.max_upload_bytes < 1024:
             raise param_error("max_upload_bytes", "session.toml", "an int >= 1024", self.max_upload_bytes)
 
@@ -132,6 +148,11 @@ def load_config(path) -> ServerConfig:
             name=str(srv.get("name", "aggregator")),
             keyholder=str(srv.get("keyholder", "keyholder")),
             require_client_cert=bool(srv.get("require_client_cert", True)),
+            read_timeout_s=float(srv.get("read_timeout_s", 30.0)),
+            body_timeout_s=float(srv.get("body_timeout_s", 600.0)),
+            max_concurrent_uploads=int(srv.get("max_concurrent_uploads", 4)),
+            max_connections=int(srv.get("max_connections", 64)),
+            refusal_interval_s=float(srv.get("refusal_interval_s", 60.0)),
             secagg_threshold=int(sa["threshold"]) if "threshold" in sa else None,
             secagg_neighbours=int(sa.get("neighbours", -1)),
             stage_timeout_s=float(sa.get("stage_timeout_s", 60.0)),

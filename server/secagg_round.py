@@ -41,7 +41,7 @@ from secure_afl.exceptions import (
     StageError,
 )
 from secure_afl.protocol import API, H_NONCE, H_PARTY, H_SIGNATURE, H_TIME, SECAGG_CONSISTENCY, SECAGG_REQUEST_PREFIX
-from secure_afl.signing import verify_consistency
+from secure_afl.signing import parse_json, verify_consistency
 
 from .aggregator import AggregationServer, log
 
@@ -217,10 +217,7 @@ class SecAggAggregationServer(AggregationServer):
                     raise StageError(f"{hospital} is not a survivor of the masked-input stage")
                 if hospital in self.store.messages(CONSISTENCY):
                     raise DuplicateContribution(f"{hospital} already signed the survivor set")
-                try:
-                    statement = json.loads(body)
-                except (UnicodeDecodeError, json.JSONDecodeError):
-                    raise MalformedPayload("consistency statement is not JSON") from None
+                statement = parse_json(body, "consistency statement")
                 verify_consistency(statement, self._enrolled[hospital].public_key(),
                                    session_id=self.config.session_id, params_digest=self.params.digest(),
                                    survivors=self.survivor_names)
@@ -283,8 +280,7 @@ class SecAggAggregationServer(AggregationServer):
         @app.post(API + "/sessions/{session_id}/secagg/{stage}")
         async def secagg_message(session_id: str, stage: str, request: Request):
             session_guard(session_id, request)
-            body = await read_body(request, self.config.max_upload_bytes)
-            party = await authed(request, ("hospital",), body)
+            party, body = await read_body(request, ("hospital",))
             if stage == CONSISTENCY:
                 return self.secagg_consistency(party.partition(":")[2], body)
             auth = {h: request.headers[h] for h in (H_PARTY, H_TIME, H_NONCE, H_SIGNATURE)}

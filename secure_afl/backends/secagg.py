@@ -108,6 +108,7 @@ from ..hazmat.prg import DOMAIN_GRAPH, DOMAIN_PAIR_MASK, DOMAIN_SELF_MASK, agree
 from ..hazmat.shamir import Share, combine_shares, create_shares
 from ..packing import Layout
 from ..params import Bounds, SessionParams
+from ..signing import parse_json
 from .base import Combiner, ProtectionBackend, check_vector
 
 __all__ = [
@@ -447,10 +448,7 @@ class _Message:
 def _json(data) -> Any:
     if not isinstance(data, (bytes, bytearray, memoryview)):
         raise TypeError("message must be bytes")
-    try:
-        return json.loads(bytes(data))
-    except (UnicodeDecodeError, json.JSONDecodeError):
-        raise MalformedPayload("message is not JSON") from None
+    return parse_json(data, "secagg message")
 
 
 def decode_message(data) -> _Message:
