@@ -470,14 +470,24 @@ def _read_chain(path, pub) -> list[dict]:
     return records
 
 
-def check_chain(path) -> tuple[int, str]:
-    """Structure only: ``(n_records, head hash)`` if every line links, hashes and is canonical.
+@dataclass(frozen=True)
+class ChainShape:
+    """What :func:`check_chain` found: counts and the last record's hash."""
+
+    n_records: int
+    n_accepted: int
+    head_hash: str
+
+
+def check_chain(path) -> ChainShape:
+    """Structure only: every line links, hashes and is canonical.
 
     Not an audit verdict (no signature, no expected head): a writer with the
     file can rebuild any chain. :func:`verify_log` is the auditor's check.
     """
     records = _read_chain(path, None)
-    return len(records), records[-1]["hash"] if records else GENESIS_HASH
+    return ChainShape(len(records), sum(r["outcome"] == "accepted" for r in records),
+                      records[-1]["hash"] if records else GENESIS_HASH)
 
 
 def expected_head(obj, server_pub) -> tuple[int, str, dict | None]:

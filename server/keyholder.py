@@ -172,6 +172,7 @@ class KeyHolder:
         params = SessionParams.from_dict(info["params"])
         aggregate = conn.request("GET", conn.path("/aggregate")).content
         manifest = conn.request("GET", conn.path("/manifest")).json()
+        self.countersign_audit_head(conn, manifest)
         unmask = tags = None
         if params.backend == "secagg":
             unmask = conn.request("GET", conn.path("/secagg/unmask-material")).json()
@@ -180,6 +181,20 @@ class KeyHolder:
         return self.reveal_and_solve(params, aggregate, manifest, min_clients=min_clients, lam=lam,
                                      min_class_count=min_class_count, expected_hospitals=expected_hospitals,
                                      unmask=unmask, tags=tags)
+
+    def countersign_audit_head(self, conn, manifest: dict) -> dict:
+        """Countersign the server's close record (audit seq + head of this release) and hand it back."""
+        from secure_afl.audit import countersign_head
+        from secure_afl.signing import canonical_json
+
+        servers = pki.load_enrolments(self.pki_dir, role="server")
+        close = conn.request("GET", conn.path("/audit/head")).json()["close"]
+        try:
+            cs = countersign_head(self.party.identity_key(), self.party.name, close,
+                                  next(iter(servers.values())).public_key(), manifest)
+        except (SecureAFLError, StopIteration) as e:
+            raise DecryptionRefused(f"not decrypting: the audit close record does not hold ({e})") from e
+        return conn.request("POST", conn.path("/audit/countersign"), body=canonical_json(cs)).json()
 
     def reveal_and_solve(self, params: SessionParams, aggregate: bytes, manifest: dict, *, min_clients: int,
                          lam: float = 0.0, min_class_count: int = 1,
