@@ -282,8 +282,11 @@ def run_demo(args) -> dict:
     Xe, ye = test if test is not None else (X_all, y_all)
     agreement = float(np.mean(predict(W, Xe) == predict(W_plain, Xe)))
     target = {"plain": 1e-9, "secagg": 1e-9, "ckks": 1e-6}[args.backend]
+    head = json.loads((work / "server" / session_id / "audit-head.json").read_text())
     audit = verify_log(work / "server" / session_id / "audit.jsonl",
                        server_pub=pki.load_party(pki_dir, "server", "aggregator").identity_pub(),
+                       head=head, countersign=head["countersign"],
+                       keyholder_pub=pki.load_party(pki_dir, "keyholder", "keyholder").identity_pub(),
                        receipts=_receipts(receipts_dir))
     passed = bool(rel_plain <= target and agreement == 1.0 and rel_joint <= max(target, 1e-9) * 10)
     timings["verify"] = time.perf_counter() - t

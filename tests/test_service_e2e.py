@@ -35,6 +35,15 @@ def consortium(tmp_path, request):
         c.stop()
 
 
+def _verify_countersigned(c):
+    """The auditor's check: the log up to the key holder's countersigned head, with every receipt."""
+    bundle = json.loads((c.audit_path().parent / "audit-head.json").read_text())
+    return verify_log(c.audit_path(), server_pub=pki.load_party(c.pki_dir, "server", "aggregator").identity_pub(),
+                      head=bundle, countersign=bundle["countersign"],
+                      keyholder_pub=pki.load_party(c.pki_dir, "keyholder", "keyholder").identity_pub(),
+                      receipts=load_receipts(c.root / "receipts"))
+
+
 def plain_reference(c, data):
     total = None
     for X, y in data.values():
@@ -70,8 +79,7 @@ def test_full_session_equals_plaintext(consortium, backend):
     tol = 1e-9 if backend == "plain" else 1e-6
     assert np.linalg.norm(res.W - W_joint) / np.linalg.norm(W_joint) <= tol
     assert res.report["participants"] == ["h1", "h2", "h3"]
-    v = verify_log(c.audit_path(), server_pub=pki.load_party(c.pki_dir, "server", "aggregator").identity_pub(),
-                   receipts=load_receipts(c.root / "receipts"))
+    v = _verify_countersigned(c)
     assert v.n_receipts == 3 and v.n_refused == 0
 
 
@@ -100,7 +108,8 @@ def test_client_submit_cli_and_keyholder_cli(consortium, tmp_path):
     assert np.allclose(W, centralised_weights(X_all, y_all, c.classes), rtol=1e-9, atol=1e-10)
     assert meta["backend"] == "plain" and json.loads(meta["participants"]) == ["h1", "h2"]
     assert len(load_receipts(tmp_path / "rc")) == 2
-    assert main(["audit", "verify", str(c.audit_path()), "--receipts", str(tmp_path / "rc")]) == 0
+    assert main(["audit", "verify", str(c.audit_path()), "--pki", str(c.pki_dir),
+                 "--head", str(c.audit_path().parent / "audit-head.json"), "--receipts", str(tmp_path / "rc")]) == 0
 
 
 def test_release_refused_below_min_clients(consortium):
@@ -150,8 +159,7 @@ def test_sigkill_mid_session_loses_nothing(consortium):
     ref = solve_from_sums(plain_reference(c, data))
     assert np.linalg.norm(res.W - ref) / np.linalg.norm(ref) <= 1e-6
     assert res.report["participants"] == ["h1", "h2", "h3", "h4"]
-    v = verify_log(c.audit_path(), server_pub=pki.load_party(c.pki_dir, "server", "aggregator").identity_pub(),
-                   receipts=load_receipts(c.root / "receipts"))
+    v = _verify_countersigned(c)
     assert v.n_receipts == 4
 
 
