@@ -98,7 +98,9 @@ def create_app(server: AggregationServer) -> FastAPI:
     cfg = server.config
     sid = cfg.session_id
     cap = cfg.max_upload_bytes
-    reading = {"n": 0}  # bodies being read now (one event loop: no lock needed)
+    # bodies read at once; made on first use so it belongs to the serving event loop. A request
+    # waiting for a slot holds its headers and at most uvicorn's flow-control buffer of body.
+    slots: list[asyncio.Semaphore] = []
 
     @app.exception_handler(SecureAFLError)
     async def _refused(request: Request, exc: SecureAFLError):
@@ -125,20 +127,23 @@ def create_app(server: AggregationServer) -> FastAPI:
     async def _stream(request: Request, party: str, event: str, expected_sha256: str) -> bytes:
         """The body of an authenticated request: capped, timed, counted, checked against its digest."""
         peer = _peer(request)
+        if not slots:
+            slots.append(asyncio.Semaphore(cfg.max_concurrent_uploads))
         try:
-            if reading["n"] >= cfg.max_concurrent_uploads:
-                raise PolicyViolation(f"{cfg.max_concurrent_uploads} request bodies are being read; retry later",
-                                      reason="busy")
             declared = request.headers.get("content-length")
             if declared is not None:
                 if not declared.isdigit():
                     raise MalformedPayload("bad Content-Length")
                 if int(declared) > cap:
                     raise PolicyViolation(f"body of {declared} bytes exceeds the cap of {cap}", reason="too_large")
+            try:
+                await asyncio.wait_for(slots[0].acquire(), timeout=cfg.read_timeout_s)
+            except asyncio.TimeoutError:
+                raise PolicyViolation(f"{cfg.max_concurrent_uploads} request bodies are being read; retry later",
+                                      reason="busy") from None
         except SecureAFLError as e:
             server.refuse(event, party, e, peer=peer)
             raise
-        reading["n"] += 1
         try:
             h, chunks, size = hashlib.sha256(), [], 0
             deadline = time.monotonic() + cfg.body_timeout_s
@@ -167,7 +172,7 @@ def create_app(server: AggregationServer) -> FastAPI:
             server.refuse(event, party, e, peer=peer)
             raise
         finally:
-            reading["n"] -= 1
+            slots[0].release()
 
     async def _signed_body(request: Request, roles: tuple[str, ...]) -> tuple[str, bytes]:
         """Authenticate from the headers (the signature covers the body digest), then read the body."""
