@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import signal
 
 
 def _cmd_run(args) -> int:
@@ -20,11 +21,20 @@ def _cmd_run(args) -> int:
     logging.getLogger("secure_afl.server").info(
         "serving session %s (%s) on https://%s:%d, mTLS %s", cfg.session_id, cfg.backend, cfg.host, cfg.port,
         "on" if cfg.require_client_cert else "OFF")
+    # uvicorn re-raises SIGTERM after its graceful shutdown; as an exception (not the default
+    # handler) it lets the finally block write the pending refusal summaries and close the log
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     try:
         serve(app, cfg, server.party, log_level=args.log_level)
+    except SystemExit:
+        pass
     finally:
         server.shutdown()
     return 0
+
+
+def _exit_on_sigterm(signum, frame):
+    raise SystemExit(0)
 
 
 def register(parser) -> None:
