@@ -526,8 +526,8 @@ class AggregationServer:
 
         with self._lock:
             try:
-                close = self.audit_head()["close"]
                 cs = parse_json(body, "countersignature")
+                close = self.audit_head()["close"]
                 verify_countersign(cs, self.lookup_pub(party), close)
                 if cs.get("keyholder") != party.partition(":")[2]:
                     raise PolicyViolation("a key holder countersigns only in its own name", reason="forbidden")
