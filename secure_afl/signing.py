@@ -91,27 +91,24 @@ def _no_duplicates(pairs):
     return out
 
 
-def _depth(text: str) -> int:
-    """Maximum bracket nesting outside strings (linear, no recursion)."""
-    depth = worst = 0
-    in_str = escaped = False
-    for ch in text:
-        if in_str:
-            if escaped:
-                escaped = False
-            elif ch == "\\":
-                escaped = True
-            elif ch == '"':
-                in_str = False
-        elif ch == '"':
-            in_str = True
-        elif ch in "[{":
+_STRING = re.compile(r'"(?:[^"\\]|\\.)*"')
+_NOT_BRACKET = {c: None for c in range(128) if chr(c) not in "[]{}"}
+
+
+def _too_deep(text: str, max_depth: int) -> bool:
+    """Bracket nesting outside strings exceeds ``max_depth`` (C-speed filtering, early exit)."""
+    if text.count("[") + text.count("{") <= max_depth:
+        return False
+    brackets = _STRING.sub("", text).translate(_NOT_BRACKET)
+    depth = 0
+    for ch in brackets:
+        if ch in "[{":
             depth += 1
-            if depth > worst:
-                worst = depth
+            if depth > max_depth:
+                return True
         elif ch in "]}":
             depth -= 1
-    return worst
+    return False
 
 
 def parse_json(data, what: str = "message", *, max_depth: int = MAX_JSON_DEPTH) -> Any:
@@ -128,7 +125,7 @@ def parse_json(data, what: str = "message", *, max_depth: int = MAX_JSON_DEPTH) 
             raise MalformedPayload(f"{what} is not UTF-8") from None
     if not isinstance(data, str):
         raise MalformedPayload(f"{what} is not text")
-    if _depth(data) > max_depth:
+    if _too_deep(data, max_depth):
         raise MalformedPayload(f"{what} nests deeper than {max_depth} levels")
 
     def _no_constant(name):
