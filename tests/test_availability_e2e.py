@@ -237,3 +237,28 @@ def test_unsigned_requests_cannot_grow_the_log_cheaply(service):
     service.stop()
     tail = _audit(service)[-1]
     assert tail["event"] == "refusals_suppressed" and tail["details"]["count"] == n - 1
+
+
+def test_client_disconnect_mid_body_is_audited_without_a_traceback(service):
+    # Prepare: h1's signed upload statement for a 1 MiB body
+    party = pki.load_party(service.pki_dir, "hospital", "h1")
+    info = _client(service).get(f"{API}/sessions/{service.session_id}").json()
+    body = b"\2" * (1 << 20)
+    st = sign_upload(party.identity_key(), service.session_id, bytes.fromhex(info["params_digest"]),
+                     hashlib.sha256(body).digest(), "h1")
+    head = (f"POST {API}/sessions/{service.session_id}/uploads HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+            f"Content-Length: {len(body)}\r\n{H_UPLOAD}: {json.dumps(st, separators=(',', ':'))}\r\n\r\n").encode()
+
+    # Execute: half the body, then the client goes away; a later request shows the server still serves
+    s = _tls_socket(service)
+    s.sendall(head + body[: len(body) // 2])
+    s.close()
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and not any(r["reason"] == "disconnected" for r in _audit(service)):
+        _client(service).get(f"{API}/health")
+
+    # Assert
+    rec = [r for r in _audit(service) if r["reason"] == "disconnected"]
+    assert rec and rec[-1]["actor"] == "h1"
+    service.stop()
+    assert "Traceback" not in (service.root / "server.log").read_text()
