@@ -372,7 +372,6 @@ class AggregationServer:
                 verify_upload(statement, self._enrolled[hospital].public_key(),
                               session_id=self.config.session_id, payload_sha256=bytes.fromhex(sha),
                               hospital=hospital, max_age_s=MAX_SKEW_S)
-                self.check_peer(f"hospital:{hospital}", peer)
             except SecureAFLError as e:
                 self.refuse("upload", None, e, details, peer=peer)
                 raise

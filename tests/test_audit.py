@@ -730,3 +730,23 @@ def test_cli_audit_verify_names_first_broken_record(tmp_path, consortium_pki, ca
     out = capsys.readouterr().out
     assert rc == 1
     assert out.startswith("BROKEN (record index 3)")
+
+
+@pytest.mark.security
+def test_receipt_pins_the_log_before_it(tmp_path, server_key):
+    # Prepare: the server edits a record before the receipts (same seqs, same upload records),
+    # rebuilds the chain, re-signs it and offers its new head
+    path = tmp_path / "audit.jsonl"
+    recs = _write_session(path, key=server_key)
+    receipts = _receipts_for(recs, server_key)
+    edited = [dict(r) for r in recs]
+    edited[0]["details"] = {"min_clients": 1}
+    _rewrite(path, _rechain(edited, server_key))
+    new_head = json.loads(_lines(path)[-1])
+
+    # Execute
+    with pytest.raises(AuditChainBroken) as exc:
+        verify_log(path, server_pub=server_key.public_key(), head=_head(new_head), receipts=receipts)
+
+    # Assert
+    assert exc.value.reason == "receipt_unmatched" and exc.value.index == 1

@@ -198,6 +198,12 @@ def test_signature_must_belong_to_the_tls_certificate(service):
     rec = _audit(service)[-1]
     assert rec["actor"] == "unauthenticated" and rec["details"]["tls_peer"]["cert_party"] == "hospital:h1"
 
+    # the same for a signed request: h2's valid signature over h1's connection
+    path = f"{API}/sessions/{service.session_id}/receipts/h2"
+    with _client(service, "h1") as cl:
+        resp = cl.get(path, headers=sign_request(h2.identity_key(), "hospital:h2", "GET", path))
+    assert resp.status_code == 401 and resp.json()["error"] == "unauthenticated"
+
 
 def test_refusal_cannot_be_written_under_a_claimed_name(service):
     # Prepare: from h1's connection, a request that claims to be h2 with a bad signature

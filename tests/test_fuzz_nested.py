@@ -176,6 +176,8 @@ async def _cases_loop(targets, n_cases: int, seed: int) -> dict:
             stats["five_xx"] += 1
         assert 400 <= resp.status_code < 500, (name, depth, resp.status_code, resp.text[:300])
         assert isinstance(resp.json().get("error"), str), (name, resp.text[:300])
+        # refused where the input enters, not by the last-resort handler
+        assert resp.json().get("detail") != "input nested too deeply", (name, depth)
         assert target.server.audit.next_seq > lines_before, (name, depth, "no audit record")
     stats["seconds"] = time.perf_counter() - t0
     stats["rate"] = stats["cases"] / stats["seconds"]
@@ -273,3 +275,40 @@ def test_nested_json_against_the_real_server_process(tmp_path):
     assert refused + suppressed >= len(statuses)
     log_text = (tmp_path / "server.log").read_text()
     assert "Traceback" not in log_text, log_text[-2000:]
+
+
+def test_an_unexpected_error_is_an_audited_json_answer_not_a_traceback(consortium, tmp_path, monkeypatch):
+    # Prepare: the session-info route fails inside the server role (fault injection)
+    t = Target(consortium, str(tmp_path / "s"), "plain")
+
+    def broken():
+        raise KeyError("injected")
+
+    monkeypatch.setattr(t.server, "info", broken)
+
+    async def go():
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=t.app), base_url="http://x") as cl:
+            return await cl.get(t.path())
+
+    try:
+        before = t.server.audit.next_seq
+        # Execute
+        resp = asyncio.run(go())
+        t.server.flush_refusals()
+        # Assert
+        assert resp.status_code == 500 and resp.json()["error"] == "internal"
+        assert t.server.audit.next_seq > before
+    finally:
+        t.close()
+
+
+def test_parse_json_refuses_depth_duplicates_and_constants():
+    from secure_afl.exceptions import MalformedPayload
+    from secure_afl.signing import MAX_JSON_DEPTH, parse_json
+
+    assert parse_json("[" * MAX_JSON_DEPTH + "]" * MAX_JSON_DEPTH) is not None
+    assert parse_json('["' + "[" * 100 + '"]') == ["[" * 100]  # brackets inside strings do not nest
+    for bad in ("[" * (MAX_JSON_DEPTH + 1) + "]" * (MAX_JSON_DEPTH + 1), '{"a":1,"a":1}', "[NaN]", "[Infinity]",
+                b"\xff", "{"):
+        with pytest.raises(MalformedPayload):
+            parse_json(bad)
