@@ -312,3 +312,25 @@ def test_parse_json_refuses_depth_duplicates_and_constants():
                 b"\xff", "{"):
         with pytest.raises(MalformedPayload):
             parse_json(bad)
+
+
+def test_body_must_match_the_digest_its_signature_covers(consortium, tmp_path):
+    # Prepare: the key holder signs one publish body; another body is sent under those headers
+    t = Target(consortium, str(tmp_path / "s"), "ckks")
+    kh = t.party("keyholder", "keyholder")
+    path = t.path("/context")
+    headers = sign_request(kh.identity_key(), "keyholder:keyholder", "POST", path, b'{"signed":1}')
+
+    async def go():
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=t.app), base_url="http://x") as cl:
+            return await cl.post(path, content=b'{"other":2}', headers=headers)
+
+    try:
+        # Execute
+        resp = asyncio.run(go())
+        # Assert: refused as a bad signature, audited under the (authenticated) key holder
+        assert resp.status_code == 401 and resp.json()["error"] == "bad_signature"
+        rec = json.loads(t.log.read_text().splitlines()[-1])
+        assert rec["outcome"] == "refused" and rec["actor"] == "keyholder:keyholder"
+    finally:
+        t.close()
