@@ -750,3 +750,39 @@ def test_receipt_pins_the_log_before_it(tmp_path, server_key):
 
     # Assert
     assert exc.value.reason == "receipt_unmatched" and exc.value.index == 1
+
+
+@pytest.mark.security
+def test_reappended_log_fails_verify_against_an_explicit_head(tmp_path, server_key):
+    # Prepare: the auditor holds SEQ:HEX of the original release; the server cut and re-appended
+    path = tmp_path / "audit.jsonl"
+    recs, _ = _released_session(path, server_key)
+    _rewrite(path, _lines(path)[:6])
+    with AuditLog(path, signing_key=server_key, clock=_clock()) as log:
+        log.append("release", actor="keyholder:kh", session="s1", outcome="accepted",
+                   details={"aggregate_sha256": _digest("other"), "participants": ["hosp-0", "hosp-1"]})
+
+    # Execute
+    with pytest.raises(AuditChainBroken) as exc:
+        verify_log(path, server_pub=server_key.public_key(), head=_head(recs[6]))
+
+    # Assert
+    assert exc.value.reason == "head_mismatch" and exc.value.index == 6
+
+
+@pytest.mark.security
+def test_close_record_must_point_at_the_release(tmp_path, server_key, keyholder_key):
+    # Prepare: a signed, countersigned close record that pins an earlier record (an upload), so the
+    # release after it could be cut or swapped
+    path = tmp_path / "audit.jsonl"
+    recs, close = _released_session(path, server_key)
+    early = audit.make_close_record(server_key, "s1", recs[4]["seq"], recs[4]["hash"], close["participants"], T0)
+    cs = audit.countersign_head(keyholder_key, "kh", early, server_key.public_key())
+
+    # Execute
+    with pytest.raises(AuditChainBroken) as exc:
+        verify_log(path, server_pub=server_key.public_key(), head=early, countersign=cs,
+                   keyholder_pub=keyholder_key.public_key())
+
+    # Assert
+    assert exc.value.reason == "head_mismatch" and exc.value.index == 4
