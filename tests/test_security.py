@@ -855,3 +855,29 @@ def test_fuzz_upload_endpoint_10k_cases(consortium, tmp_path):
             _fuzz_and_check(svc, 10_500, 10_000)
         finally:
             svc.close()
+
+
+def test_server_stores_only_a_countersignature_over_its_own_close_record(service):
+    # Prepare: a released session; a countersignature over a close record pinning another head
+    from secure_afl.audit import countersign_head, make_close_record
+    from secure_afl.signing import canonical_json
+
+    _released(service)
+    kh = service.party("keyholder", "keyholder")
+    server = service.party("aggregator", "server")
+    close = service.server.audit_head()["close"]
+    other = make_close_record(server.identity_key(), close["session_id"], close["seq"] - 1, "ab" * 32,
+                              close["participants"])
+    forged = countersign_head(kh.identity_key(), "keyholder", other, server.identity_pub())
+    honest = countersign_head(kh.identity_key(), "keyholder", close, server.identity_pub())
+
+    # Execute
+    refused = service.signed("POST", "/audit/countersign", kh, canonical_json(forged))
+    nothing_stored = service.server.audit_head()["countersign"] is None
+    accepted = service.signed("POST", "/audit/countersign", kh, canonical_json(honest))
+
+    # Assert
+    assert refused.status_code == 401 and refused.json()["error"] == "bad_signature" and nothing_stored
+    assert accepted.status_code == 200 and accepted.json()["countersign"] == honest
+    head = json.loads((service.server.dir / "audit-head.json").read_text())
+    assert head == {"close": close, "countersign": honest}
