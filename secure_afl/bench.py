@@ -152,8 +152,8 @@ def run_protect(backend: str, dim: int, classes: int, clients: int, *, dropout: 
 
 
 def _run_secagg(out, layout, bounds, gamma, session_id, rng, samples, max_norm, dropout) -> dict:
-    """The whole SecAgg protocol in-process (:func:`secure_afl.backends.secagg.simulate_round`)."""
-    from .backends.secagg import recommended_neighbours, secagg_session_params, simulate_round
+    """The whole SecAgg protocol in-process (:func:`secure_afl.secagg.simulate_round`)."""
+    from .secagg import recommended_neighbours, secagg_session_params, simulate_round
 
     # SecAgg+ neighbour graph of degree 2 ceil(1.5 log2 K) once that is smaller than K - 1
     params = secagg_session_params(session_id, layout, gamma, bounds,
