@@ -95,7 +95,7 @@ def secagg_session_params(
     threshold: int | None = None,
     neighbours: int | None = None,
     n_parties: int | None = None,
-    min_clients: int = 2,
+    min_clients: int | None = None,
     frac_bits: int | None = None,
 ) -> SessionParams:
     """Build and validate :class:`SessionParams` for the ``secagg`` backend.
@@ -117,8 +117,9 @@ def secagg_session_params(
     n_parties : int, optional
         Number of enrolled hospitals (client ids ``1..n_parties``); default and
         maximum ``bounds.k_max`` (the no-wrap proof is for k_max summands).
-    min_clients : int
-        The smallest survivor set the session may unmask; with the colluders it
+    min_clients : int, optional
+        The smallest survivor set the session may unmask (default 2, or 1
+        where the quorum leaves no room for 2); with the colluders it
         fixes the consistency quorum (:func:`consistency_quorum`), which must
         be reachable: ``min_clients <= n_parties - t + 1``.
     frac_bits : int, optional
@@ -161,6 +162,8 @@ def secagg_session_params(
             f"threshold={threshold} exceeds {where}; a hospital's secrets are shared among its share holders: "
             f"use threshold <= {m} (default {default_threshold(m)}) or raise `neighbours`"
         )
+    if min_clients is None:
+        min_clients = max(1, min(2, max_min_clients(n, threshold)))
     min_clients = check_int("min_clients", min_clients, caller, low=1)
     if min_clients > max_min_clients(n, threshold):
         raise InvalidParameterError(
