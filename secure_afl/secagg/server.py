@@ -125,6 +125,11 @@ class SecAggServerRound:
         return self.active - self._responded
 
     @property
+    def advertisements(self) -> dict[int, KeyAdvertisement]:
+        """The signed key advertisements received, by client id."""
+        return dict(self._ads)
+
+    @property
     def statements(self) -> dict[int, ConsistencyStatement]:
         """Signed consistency statements received in the UNMASK stage, by signer."""
         return dict(self._statements)

@@ -1,0 +1,121 @@
+"""A malicious secagg server against the hospitals' own run loops (tests/secagg_adversary.py).
+
+Each test runs real hospitals (real PKI and identity keys, the real
+SecAggParticipant loop and SecAggClient state machine) against a server that
+deviates from the protocol, and measures what the server gets: whether the
+hospitals refused, and whether the victim's vector can be unmasked from the
+shares collected.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from secagg_adversary import MaliciousServer, hospital_data
+
+from secure_afl.exceptions import InsufficientShares, InvalidContribution
+from secure_afl.secagg import neighbour_graph
+
+pytestmark = pytest.mark.security
+
+
+def _split_survivor_sets(adv: MaliciousServer, victim: int) -> None:
+    """Show the victim and half the others S1 = everybody, the other half S2 = everybody but the victim.
+
+    With the colluder signing both, each set gets about (n + 1) / 2 signatures: enough for a quorum
+    of max(t, n/2 + 1), never for one with 2 q > n + t - 1.
+    """
+    everybody = tuple(range(1, len(adv.names) + 1))
+    honest = [c for c in everybody if c not in (victim, adv.colluder)]
+    half = len(honest) // 2
+    for c in [victim] + honest[:half]:
+        adv.survivor_sets[c] = everybody
+    for c in honest[half:]:
+        adv.survivor_sets[c] = tuple(x for x in everybody if x != victim)
+
+
+@pytest.mark.parametrize("n, t", [(5, 3), (7, 2), (9, 4)])
+def test_two_survivor_sets_with_one_colluder_are_refused_and_the_victim_stays_masked(tmp_path, n, t):
+    # Prepare: h1 is the victim, the last hospital colludes with the server; n = 5, t = 3 is the case an
+    # earlier quorum of max(t, n/2 + 1) = 3 let through
+    adv = MaliciousServer(tmp_path, n, threshold=t, colluder=n)
+    victim = 1
+    _split_survivor_sets(adv, victim)
+    data = hospital_data(adv.names)
+
+    # Execute
+    results = adv.run(data)
+
+    # Assert: no honest hospital answered an unmask request; the victim cannot be unmasked
+    assert all(isinstance(r, (InsufficientShares, InvalidContribution)) for r in results.values()), results
+    assert not adv.unmask_responses
+    assert adv.try_unmask(victim) is None
+    assert len(adv.masked) == n  # the attack reached the unmask stage: everybody had uploaded
+
+
+def test_attack_measurement_recovers_the_victim_when_hospitals_reveal_both_shares(tmp_path):
+    # Prepare: the same measurement with the hospitals' answers given to it directly (as the attack
+    # would get them if the hospitals answered both sets): it must recover the victim exactly
+    adv = MaliciousServer(tmp_path, 5, threshold=3, colluder=5)
+    data = hospital_data(adv.names)
+    adv.run(data)  # honest round
+
+    # Execute: the colluder's own shares plus the honest b-shares and the s-shares the honest
+    # hospitals would reveal for a "dropped" victim
+    parts = adv.participants
+    for h, p in parts.items():
+        held = p.client._held
+        adv.unmask_responses[(h, "b")] = type("R", (), {"self_mask_shares": {1: held[1][0].to_bytes()},
+                                                        "mask_key_shares": {}})()
+        adv.unmask_responses[(h, "s")] = type("R", (), {"self_mask_shares": {},
+                                                        "mask_key_shares": {1: held[1][1].to_bytes()}})()
+    y = adv.try_unmask(1)
+
+    # Assert
+    assert all(p.client.stage == "done" for p in parts.values())
+    assert y is not None and np.array_equal(y, adv.victim_fixed_point(1))
+
+
+def test_graph_seed_chosen_by_the_server_is_refused(tmp_path):
+    # Prepare: SecAgg+ graph (degree 4); the server grinds a seed that seats its colluder h8 next to h1
+    n = 8
+    adv = MaliciousServer(tmp_path, n, threshold=3, neighbours=4, colluder=n)
+    seed = next(s for s in (bytes([i]) * 32 for i in range(256)) if n in neighbour_graph(n, 4, s)[1])
+    adv.graph_seed = seed
+
+    # Execute
+    results = adv.run(hospital_data(adv.names))
+
+    # Assert: every honest hospital refused at share_keys; no share left any of them
+    assert all(isinstance(r, InvalidContribution) for r in results.values()), results
+    assert all(p.client.stage == "aborted" for p in adv.participants.values())
+    assert set(adv.share_keys_responses) <= {n}
+
+
+def test_survivor_set_smaller_than_the_quorum_is_not_signed(tmp_path):
+    # Prepare: 7 hospitals, t = 3 (quorum (7 + 2) // 2 + 1 = 5); the server announces a 4-hospital set
+    adv = MaliciousServer(tmp_path, 7, threshold=3, colluder=7)
+    small = (1, 2, 3, 7)
+    for c in range(1, 8):
+        adv.survivor_sets[c] = small
+
+    # Execute
+    results = adv.run(hospital_data(adv.names))
+
+    # Assert: nobody signed, nobody revealed a share
+    assert all(isinstance(results[h], InsufficientShares) for h in ("h1", "h2", "h3")), results
+    assert all(isinstance(results[h], InvalidContribution) for h in ("h4", "h5", "h6")), results  # not in it
+    assert not adv.statements and not adv.unmask_responses
+    assert all(p.client.stage == "aborted" for p in adv.participants.values())
+
+
+def test_honest_server_round_completes_through_the_same_harness(tmp_path):
+    # Prepare: control run, nothing deviates
+    adv = MaliciousServer(tmp_path, 5, threshold=3)
+
+    # Execute
+    results = adv.run(hospital_data(adv.names))
+
+    # Assert
+    assert all(isinstance(r, dict) for r in results.values()), results
+    assert set(adv.unmask_responses) == {1, 2, 3, 4, 5}
