@@ -119,3 +119,70 @@ def test_honest_server_round_completes_through_the_same_harness(tmp_path):
     # Assert
     assert all(isinstance(r, dict) for r in results.values()), results
     assert set(adv.unmask_responses) == {1, 2, 3, 4, 5}
+
+
+@pytest.mark.e2e
+def test_one_wrong_share_is_discarded_and_named_and_the_round_completes_exactly(tmp_path):
+    import json
+    import threading
+
+    from service_helpers import Consortium
+
+    from secure_afl.analytic import centralised_weights
+    from secure_afl.clients.secagg_client import SecAggParticipant
+    from secure_afl.secagg import UnmaskRequest, UnmaskResponse
+
+    # Prepare: a real server process; 5 hospitals, t = 3; h5 answers its unmask request with one
+    # well-formed but wrong share (h1's self-mask share, last bit flipped)
+    c = Consortium(tmp_path / "c", backend="secagg", hospitals=("h1", "h2", "h3", "h4", "h5"), min_clients=2,
+                   secagg={"threshold": 3, "stage_timeout_s": 30.0})
+    try:
+        c.start()
+        data = {h: c.data(h) for h in c.hospitals}
+        parts, results = {}, {}
+        for h in c.hospitals:
+            cl = c.hospital(h)
+            parts[h] = SecAggParticipant(cl, cl.fetch_params(), c.stats(*data[h]))
+        honest_handle = parts["h5"].client.handle
+
+        def lying_handle(request, **kw):
+            resp = honest_handle(request, **kw)
+            if isinstance(request, UnmaskRequest):
+                b = dict(resp.self_mask_shares)
+                b[1] = b[1][:-1] + bytes([b[1][-1] ^ 1])
+                resp = UnmaskResponse(resp.session_id, resp.client_id, b, resp.mask_key_shares)
+            return resp
+
+        parts["h5"].client.handle = lying_handle
+
+        def go(h):
+            try:
+                results[h] = parts[h].run(timeout=120, poll=0.05)
+            except Exception as e:  # asserted below
+                results[h] = e
+
+        threads = [threading.Thread(target=go, args=(h,), daemon=True) for h in c.hospitals]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=180)
+
+        # Execute
+        conn = c.connect_keyholder()
+        res = c.keyholder.finalize(conn, min_clients=5)
+        conn.close()
+    finally:
+        for p in parts.values():
+            p.hospital.close()
+        c.stop()
+
+    # Assert: exact over all five, the wrong share named in the audit log
+    assert all(isinstance(r, dict) for r in results.values()), results
+    assert res.report["participants"] == ["h1", "h2", "h3", "h4", "h5"]
+    X = np.concatenate([d[0] for d in data.values()])
+    y = np.concatenate([d[1] for d in data.values()])
+    W_joint = centralised_weights(X, y, c.classes)
+    assert np.linalg.norm(res.W - W_joint) / np.linalg.norm(W_joint) <= 1e-9
+    log = [json.loads(line) for line in c.audit_path().read_text().splitlines()]
+    bad = [r for r in log if r["event"] == "secagg_bad_share"]
+    assert [(r["actor"], r["details"]["owner"], r["details"]["kind"]) for r in bad] == [("h5", "h1", "b")]
