@@ -21,6 +21,7 @@ from dataclasses import replace
 import numpy as np
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
 from secure_afl import pki
 from secure_afl.clients.hospital import HospitalClient
@@ -28,7 +29,7 @@ from secure_afl.clients.secagg_client import SecAggParticipant
 from secure_afl.exceptions import SecureAFLError
 from secure_afl.hazmat import fixedpoint
 from secure_afl.hazmat.prg import DOMAIN_SELF_MASK, expand
-from secure_afl.hazmat.shamir import Share, combine_shares
+from secure_afl.hazmat.shamir import PRIME, Share, combine_shares
 from secure_afl.packing import Layout
 from secure_afl.params import Bounds
 from secure_afl.protocol import SECAGG_CONSISTENCY, SECAGG_REQUEST_PREFIX
@@ -37,12 +38,14 @@ from secure_afl.secagg import (
     MaskedInput,
     SecAggClient,
     SecAggServerRound,
+    ShareKeysRequest,
     Stage,
     UnmaskRequest,
     decode_message,
+    graph_seed,
     secagg_session_params,
 )
-from secure_afl.secagg.masking import _add_pair_mask, _pair_seed
+from secure_afl.secagg.masking import _add_pair_mask, _pair_seed, _share_ad
 from secure_afl.signing import make_receipt
 from secure_afl.stats import local_statistics
 
@@ -102,6 +105,10 @@ class MaliciousServer:
         # deviations
         self.graph_seed: bytes | None = None  # a seed of the server's choice for SHARE_KEYS
         self.survivor_sets: dict[int, tuple[int, ...]] = {}  # per-hospital survivor set to announce
+        self.forge_ad: int | None = None  # relay this client's advertisement with the server's own key
+        self.ads_shown: tuple[int, ...] | None = None  # relay only these advertisements
+        self.frame_holder: int | None = None  # the colluder deals this holder a share off its commitment
+        self.ask_key_share_of: dict[int, int] = {}  # hospital -> survivor whose mask-key share it is asked
         # what the server learns
         self.share_keys_responses: dict[int, object] = {}
         self.statements: dict[int, object] = {}
@@ -179,10 +186,7 @@ class MaliciousServer:
         if stage != Stage.UNMASK:
             if cid in r.responded:
                 return {"stage": stage, "waiting": True}
-            req = r.request(cid)
-            if stage == Stage.SHARE_KEYS and self.graph_seed is not None:
-                req = replace(req, graph_seed=self.graph_seed)
-            return self._signed(stage, req)
+            return self._signed(stage, self._deviate(r.request(cid)))
         # unmask: the survivor set this hospital is shown, then its unmask request
         surv = self.survivor_sets.get(cid, r.survivors_)
         if cid in self.unmask_responses:
@@ -194,11 +198,40 @@ class MaliciousServer:
             signed.append(self._colluder_statement(tuple(surv)))
         if len(signed) < self._wanted(surv):
             return {"stage": stage, "waiting": True}
-        dropped = tuple(sorted(set(r.survivors_) - set(surv)))
+        dropped = set(r.survivors_) - set(surv)
+        if cid in self.ask_key_share_of:  # call a signed survivor "dropped" in this hospital's request
+            dropped.add(self.ask_key_share_of[cid])
         holders = r.holders(cid)
-        req = UnmaskRequest("adv", cid, tuple(sorted(holders & set(surv))), tuple(sorted(holders & set(dropped))),
+        req = UnmaskRequest("adv", cid, tuple(sorted(holders & (set(surv) - dropped))), tuple(sorted(holders & dropped)),
                             tuple(sorted(signed, key=lambda s: s.client_id)))
         return self._signed(stage, req)
+
+    def _deviate(self, req):
+        if not isinstance(req, ShareKeysRequest):
+            return req
+        ads = req.advertisements
+        if self.ads_shown is not None:
+            ads = tuple(a for a in ads if a.client_id in self.ads_shown)
+        if self.forge_ad is not None:
+            own = X25519PrivateKey.generate().public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
+            ads = tuple(replace(a, enc_public_key=own) if a.client_id == self.forge_ad else a for a in ads)
+        seed = graph_seed(ads) if ads != req.advertisements else req.graph_seed  # consistent with what it shows
+        return replace(req, advertisements=ads, graph_seed=self.graph_seed or seed)
+
+    def _frame(self, resp):
+        """Re-encrypt the share for ``frame_holder`` with a wrong b-share under the honest commitments."""
+        col, v = self.colluder_client, self.frame_holder
+        shares = []
+        for es in resp.shares:
+            if es.recipient == v:
+                ad = _share_ad("adv", self.params.digest().hex(), es.sender, v, es.commit_b, es.commit_s)
+                pt = col._share_keys[v].decrypt(es.nonce, es.ciphertext, ad)
+                n = len(pt) // 2
+                bs = Share.from_bytes(pt[:n])
+                wrong = Share(bs.index, (bs.value + 1) % PRIME, bs.threshold, bs.length).to_bytes()
+                es = replace(es, ciphertext=col._share_keys[v].encrypt(es.nonce, wrong + pt[n:], ad))
+            shares.append(es)
+        return replace(resp, shares=tuple(shares))
 
     def _colluder_statement(self, surv: tuple[int, ...]):
         """The colluder signs whatever set the server needs."""
@@ -217,10 +250,12 @@ class MaliciousServer:
         r = self.round
         col = self.colluder
         if col is not None and col in r.active and col not in r.responded and r.stage != Stage.UNMASK:
-            req = r.request(col)
-            if r.stage == Stage.SHARE_KEYS and self.graph_seed is not None:
-                req = replace(req, graph_seed=self.graph_seed)
+            req = self._deviate(r.request(col))
+            if self.ads_shown is not None and r.stage == Stage.SHARE_KEYS:
+                req = r.request(col)
             resp = self.colluder_client.handle(req, vector=np.zeros(LAYOUT.length))
+            if r.stage == Stage.SHARE_KEYS and self.frame_holder is not None:
+                resp = self._frame(resp)
             if r.stage == Stage.MASKED_INPUT:
                 self.masked[col] = r.backend._decode_masked(resp.to_bytes())[1]
             if r.stage == Stage.SHARE_KEYS:

@@ -186,3 +186,59 @@ def test_one_wrong_share_is_discarded_and_named_and_the_round_completes_exactly(
     log = [json.loads(line) for line in c.audit_path().read_text().splitlines()]
     bad = [r for r in log if r["event"] == "secagg_bad_share"]
     assert [(r["actor"], r["details"]["owner"], r["details"]["kind"]) for r in bad] == [("h5", "h1", "b")]
+
+
+def test_advertisement_relayed_with_the_servers_own_key_is_refused(tmp_path):
+    # Prepare: the server swaps h2's share-encryption key for its own (and seeds the graph consistently)
+    adv = MaliciousServer(tmp_path, 5, threshold=3, colluder=5)
+    adv.forge_ad = 2
+
+    # Execute
+    results = adv.run(hospital_data(adv.names))
+
+    # Assert: nobody encrypted a share to the server's key
+    assert all(isinstance(r, InvalidContribution) for r in results.values()), results
+    assert set(adv.share_keys_responses) <= {5}
+
+
+def test_advertisement_list_too_short_for_the_quorum_is_refused(tmp_path):
+    # Prepare: 5 hospitals, t = 3, min_clients = 2; the server relays only 3 advertisements, for which
+    # the quorum max((3 + 2) // 2 + 1, 2 + 2) = 4 cannot be met
+    adv = MaliciousServer(tmp_path, 5, threshold=3, colluder=5)
+    adv.ads_shown = (1, 2, 3)
+
+    # Execute
+    results = adv.run(hospital_data(adv.names), timeout=5)
+
+    # Assert
+    assert all(isinstance(results[h], InsufficientShares) for h in ("h1", "h2", "h3")), results
+    assert isinstance(results["h4"], InvalidContribution)  # its own advertisement was left out
+    assert set(adv.share_keys_responses) <= {5}
+
+
+def test_share_dealt_off_its_commitment_is_refused_by_its_holder(tmp_path):
+    # Prepare: the colluder h5 deals h2 a wrong self-mask share under the right commitment, so that h2
+    # would later look like the liar
+    adv = MaliciousServer(tmp_path, 5, threshold=3, colluder=5)
+    adv.frame_holder = 2
+
+    # Execute
+    results = adv.run(hospital_data(adv.names), timeout=5)
+
+    # Assert: h2 refuses at its masked input and names the dealer
+    assert isinstance(results["h2"], InvalidContribution) and "client 5" in str(results["h2"]), results
+    assert 2 not in adv.masked
+
+
+def test_unmask_request_calling_a_signed_survivor_dropped_is_refused(tmp_path):
+    # Prepare: everybody signs the full set (quorum met), then the server asks h3 and h4 for h1's
+    # mask-key share as if h1 had dropped, and h2 for h1's self-mask share
+    adv = MaliciousServer(tmp_path, 5, threshold=3, colluder=5)
+    adv.ask_key_share_of = {3: 1, 4: 1}
+
+    # Execute
+    results = adv.run(hospital_data(adv.names))
+
+    # Assert
+    assert isinstance(results["h3"], InvalidContribution) and isinstance(results["h4"], InvalidContribution)
+    assert adv.try_unmask(1) is None
