@@ -157,10 +157,11 @@ def secagg_session_params(
         threshold = default_threshold(m)
     threshold = check_int("threshold", threshold, caller, low=2)
     if threshold > m:
-        where = f"n_parties={n}" if neighbours is None else f"the {m} share holders per hospital (neighbours={neighbours} + 1)"
+        where, more = ((f"n_parties={n}", "enrol more hospitals") if neighbours is None else
+                       (f"the {m} share holders per hospital (neighbours={neighbours} + 1)", "raise `neighbours`"))
         raise InvalidParameterError(
             f"threshold={threshold} exceeds {where}; a hospital's secrets are shared among its share holders: "
-            f"use threshold <= {m} (default {default_threshold(m)}) or raise `neighbours`"
+            f"use threshold <= {m} (default {default_threshold(m)}) or {more}"
         )
     if min_clients is None:
         min_clients = max(1, min(2, max_min_clients(n, threshold)))
