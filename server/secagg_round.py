@@ -97,8 +97,6 @@ class SecAggAggregationServer(AggregationServer):
                     self._round.close_stage()
                 except InsufficientShares:
                     break
-        if self.store.get_meta("secagg_stage_opened") is None:
-            self.store.set_meta("secagg_stage_opened", time.time())
 
     def _combine_upload(self, hospital: str, payload: bytes) -> None:
         m = MaskedInput.from_bytes(payload)
@@ -138,7 +136,10 @@ class SecAggAggregationServer(AggregationServer):
             if r is None or self.round_stage in ("done", "aborted"):
                 return
             now = time.time() if now is None else now
-            opened = float(self.store.get_meta("secagg_stage_opened", now))
+            opened = self.store.get_meta("secagg_stage_opened")
+            if opened is None:
+                return  # the round opens with its first hospital, not with the server process
+            opened = float(opened)
             everyone = not r.waiting_for
             if not everyone and now - opened < self.config.stage_timeout_s:
                 return
@@ -167,6 +168,11 @@ class SecAggAggregationServer(AggregationServer):
             if stage in ("done", "aborted"):
                 return {"stage": stage}
             cid = self.client_ids[hospital]
+            if self.store.get_meta("secagg_stage_opened") is None:
+                # the stage clock starts when the first hospital asks, so an early server never times out
+                self.store.set_meta("secagg_stage_opened", time.time())
+                self.audit.append("secagg_round_opened", actor=hospital, outcome="accepted",
+                                  session=self.config.session_id, details={"stage": stage})
             if cid not in self._round.active:
                 return {"stage": stage, "dropped": True}
             if cid in self._round.responded:

@@ -37,3 +37,29 @@ def test_demo_with_60_hospitals_on_the_secagg_plus_graph(tmp_path, capsys):
     report = json.loads((tmp_path / "r.json").read_text())
     assert rc == 0 and "PASSED" in capsys.readouterr().out
     assert report["hospitals"] == 60 and report["verification"]["weights_rel_error_vs_plaintext"] <= 1e-9
+
+
+def test_stage_clock_starts_with_the_first_hospital_not_with_the_server(tmp_path):
+    import time
+
+    from secure_afl.server.aggregator import open_server
+    from secure_afl.server.config import load_config
+
+    # Prepare: a secagg server that sits idle far longer than its stage timeout before anyone comes
+    c = Consortium(tmp_path, backend="secagg", hospitals=("h1", "h2", "h3"), min_clients=2,
+                   secagg={"threshold": 2, "stage_timeout_s": 30.0})
+    srv = open_server(load_config(c.config))
+    try:
+        later = time.time() + 3600
+        # Execute: the clock ticks an hour on; then h1 arrives and waits for the others
+        srv.tick(now=later)
+        first = srv.secagg_request("h1")
+        srv.tick(now=time.time() + 1)
+        # Assert: nothing closed while nobody was there; h1 gets its setup request
+        assert first["stage"] == "setup" and "request" in first
+        assert srv.round_stage == "setup"
+        log = [json.loads(line) for line in c.audit_path().read_text().splitlines()]
+        assert [r["actor"] for r in log if r["event"] == "secagg_round_opened"] == ["h1"]
+        assert not [r for r in log if r["event"] == "secagg_stage_closed"]
+    finally:
+        srv.shutdown()
