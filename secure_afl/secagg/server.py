@@ -71,7 +71,12 @@ class SecAggServerRound:
     U2, the survivors U3 and dropped D, the responders U5), logs
     ``[Stage n]`` and raises :class:`InsufficientShares` (round aborted,
     nothing revealed) when some hospital is left with fewer than ``threshold``
-    share holders. After the UNMASK stage closes, :attr:`aggregate_vector_`
+    share holders or fewer survivors than the consistency quorum. The UNMASK
+    stage first collects the survivors' signed :class:`ConsistencyStatement`
+    (``receive``); unmask requests go out once :attr:`unmask_open`. A revealed
+    share that misses its commitment is discarded and listed in
+    :attr:`bad_shares`. Everything the service needs (``responded``,
+    ``waiting_for``, ``statements``, ``quorum``, ``advertisements``) is public. After the UNMASK stage closes, :attr:`aggregate_vector_`
     holds the revealed float64 sum and :attr:`fixed_point_sum_` the exact
     uint64 fixed-point sum.
 
