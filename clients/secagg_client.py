@@ -66,9 +66,12 @@ class SecAggParticipant:
         """
         conn = self.hospital.conn
         deadline = time.monotonic() + timeout
+        waiting_in, pause = None, poll
         while time.monotonic() < deadline:
             r = conn.request("GET", conn.path("/secagg/request")).json()
             stage = r["stage"]
+            if stage != waiting_in:
+                pause = poll
             if stage == "done":
                 return self.receipt
             if stage == "aborted":
@@ -84,7 +87,11 @@ class SecAggParticipant:
                 self._sign_survivors(r.get("survivors"))
                 continue
             if "request" not in r or stage in self._answered:
-                time.sleep(poll)
+                if waiting_in != stage:  # one line per stage, and a poll that backs off to 1 s
+                    log.info("%s waits for the other hospitals (%s)", self.hospital.name, stage)
+                    waiting_in = stage
+                time.sleep(pause)
+                pause = min(2 * pause, max(poll, 1.0))
                 continue
             raw = base64.b64decode(r["request"])
             try:

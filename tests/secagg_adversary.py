@@ -109,12 +109,14 @@ class MaliciousServer:
         self.ads_shown: tuple[int, ...] | None = None  # relay only these advertisements
         self.frame_holder: int | None = None  # the colluder deals this holder a share off its commitment
         self.ask_key_share_of: dict[int, int] = {}  # hospital -> survivor whose mask-key share it is asked
+        self.hold_setup_polls = 0  # keep every hospital waiting in SETUP for this many polls
         # what the server learns
         self.share_keys_responses: dict[int, object] = {}
         self.statements: dict[int, object] = {}
         self.unmask_responses: dict[int, object] = {}
         self.masked: dict[int, np.ndarray] = {}
         self.refused: dict[str, BaseException] = {}
+        self.polls: dict[int, int] = {}
 
     # -- the hospitals -------------------------------------------------------------------------
     def hospitals(self, data: dict) -> dict[str, SecAggParticipant]:
@@ -185,6 +187,10 @@ class MaliciousServer:
             return {"stage": stage}
         if stage != Stage.UNMASK:
             if cid in r.responded:
+                self.polls[cid] = self.polls.get(cid, 0) + 1
+                if stage == Stage.SETUP and not r.waiting_for and min(self.polls.values()) >= self.hold_setup_polls \
+                        and len(self.polls) == len(r.active):
+                    r.close_stage()
                 return {"stage": stage, "waiting": True}
             return self._signed(stage, self._deviate(r.request(cid)))
         # unmask: the survivor set this hospital is shown, then its unmask request
@@ -261,7 +267,7 @@ class MaliciousServer:
             if r.stage == Stage.SHARE_KEYS:
                 self.share_keys_responses[col] = resp
             r.receive(resp)
-        if not r.waiting_for:
+        if not r.waiting_for and not (r.stage == Stage.SETUP and self.hold_setup_polls):
             r.close_stage()
 
     # -- the measurement -----------------------------------------------------------------------

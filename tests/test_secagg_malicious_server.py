@@ -109,16 +109,22 @@ def test_survivor_set_smaller_than_the_quorum_is_not_signed(tmp_path):
     assert all(p.client.stage == "aborted" for p in adv.participants.values())
 
 
-def test_honest_server_round_completes_through_the_same_harness(tmp_path):
-    # Prepare: control run, nothing deviates
+def test_honest_server_round_completes_through_the_same_harness(tmp_path, caplog):
+    import logging
+
+    # Prepare: control run, nothing deviates; the server keeps everybody waiting in setup for 6 polls
     adv = MaliciousServer(tmp_path, 5, threshold=3)
+    adv.hold_setup_polls = 6
 
     # Execute
-    results = adv.run(hospital_data(adv.names))
+    with caplog.at_level(logging.INFO, logger="secure_afl.client"):
+        results = adv.run(hospital_data(adv.names))
 
-    # Assert
+    # Assert: complete; a waiting hospital says so once per stage, not once per poll
     assert all(isinstance(r, dict) for r in results.values()), results
     assert set(adv.unmask_responses) == {1, 2, 3, 4, 5}
+    waits = [r.getMessage() for r in caplog.records if "waits for the other hospitals" in r.getMessage()]
+    assert sum("(setup)" in w for w in waits) == 5 and len(waits) == len(set(waits))
 
 
 @pytest.mark.e2e
