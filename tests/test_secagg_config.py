@@ -63,3 +63,34 @@ def test_stage_clock_starts_with_the_first_hospital_not_with_the_server(tmp_path
         assert not [r for r in log if r["event"] == "secagg_stage_closed"]
     finally:
         srv.shutdown()
+
+
+def test_abort_counts_the_hospitals_that_really_answered(tmp_path):
+    import base64
+    import time
+
+    from secure_afl import pki
+    from secure_afl.secagg import SecAggClient, decode_message
+    from secure_afl.server.aggregator import open_server
+    from secure_afl.server.config import load_config
+
+    # Prepare: 3 hospitals, t = 2; only h1 acknowledges setup before the stage times out
+    c = Consortium(tmp_path, backend="secagg", hospitals=("h1", "h2", "h3"), min_clients=2,
+                   secagg={"threshold": 2, "stage_timeout_s": 30.0})
+    srv = open_server(load_config(c.config))
+    try:
+        keys = {i: pki.load_party(c.pki_dir, "hospital", h).identity_pub() for h, i in srv.client_ids.items()}
+        h1 = SecAggClient(srv.params, 1, pki.load_party(c.pki_dir, "hospital", "h1").identity_key(), keys)
+        req = decode_message(base64.b64decode(srv.secagg_request("h1")["request"]))
+        srv.secagg_message("h1", "setup", h1.handle(req).to_bytes())
+        # Execute
+        srv.tick(now=time.time() + 60)
+        # Assert: the abort names the one hospital that answered, as the audit log does
+        log = [json.loads(line) for line in c.audit_path().read_text().splitlines()]
+        answered = [r["actor"] for r in log if r["event"] == "secagg_setup" and r["outcome"] == "accepted"]
+        closed = [r for r in log if r["event"] == "secagg_stage_closed"]
+        assert answered == ["h1"] and srv.round_stage == "aborted"
+        assert closed[-1]["details"]["dropped"] == ["h2", "h3"]
+        assert "only 1 hospitals acknowledged setup" in closed[-1]["details"]["message"]
+    finally:
+        srv.shutdown()
