@@ -56,8 +56,6 @@ __all__ = [
     "verify_receipt",
     "build_manifest",
     "verify_manifest",
-    "sign_consistency",
-    "verify_consistency",
 ]
 
 UPLOAD_PREFIX = b"secure-afl/upload/v1\0"
@@ -534,42 +532,3 @@ def verify_manifest(manifest: Mapping, server_pub, enrolled: Mapping, min_client
         raise InsufficientContributors(
             f"{len(entries)} contributions, fewer than min_clients={min_clients}")
     return {**statement, "signature": m["signature"]}
-
-
-# --------------------------------------------------------------------------
-# secagg consistency round (hospital -> all survivors, relayed by the server)
-# --------------------------------------------------------------------------
-CONSISTENCY_PREFIX = b"secure-afl/secagg-consistency/v1\0"
-
-
-def _consistency_statement(session_id, params_digest, hospital, survivors) -> dict:
-    if not isinstance(survivors, (list, tuple)) or not all(isinstance(s, str) for s in survivors):
-        raise MalformedPayload("survivors must be a list of hospital names")
-    return {"type": "secagg-consistency", "v": _VERSION, "session_id": _name_of("session_id", session_id),
-            "params_digest": _hex_of("params_digest", params_digest, 32), "hospital": _name_of("hospital", hospital),
-            "survivors": sorted(survivors)}
-
-
-def sign_consistency(identity_key, session_id: str, params_digest, hospital: str, survivors) -> dict:
-    """A hospital's signed statement "the survivors of the masked-input stage are exactly ``survivors``".
-
-    Bonawitz et al.'s consistency check: before revealing any share, each
-    survivor signs the survivor set it was told; the unmask request then comes
-    with enough such signatures over the same set, so a server cannot tell two
-    groups of hospitals two different survivor sets.
-    """
-    st = _consistency_statement(session_id, params_digest, hospital, survivors)
-    return {**st, "signature": _sign(identity_key, CONSISTENCY_PREFIX, st)}
-
-
-def verify_consistency(statement: Mapping, identity_pub, *, session_id: str, params_digest, survivors) -> dict:
-    """Check one consistency statement against the expected session, parameters and survivor set."""
-    d = _as_dict("consistency statement", statement)
-    _require(d, ("hospital", "survivors", "signature"), "consistency statement")
-    st = _consistency_statement(session_id, params_digest, d["hospital"], d["survivors"])
-    if {k: d.get(k) for k in st} != st:
-        raise MalformedPayload("consistency statement is for another session, parameters or form")
-    _verify(identity_pub, CONSISTENCY_PREFIX, st, d["signature"])
-    if st["survivors"] != sorted(survivors):
-        raise InvalidSignature()
-    return {**st, "signature": d["signature"]}

@@ -110,12 +110,12 @@ class AggregationServer:
             from secure_afl.backends.ckks import ckks_session_params
 
             return ckks_session_params(c.session_id, layout, c.gamma, c.bounds)
-        from secure_afl.backends.secagg import recommended_neighbours, secagg_session_params
+        from secure_afl.secagg import recommended_neighbours, secagg_session_params
 
         n = len(self._enrolled)
         neighbours = {-1: recommended_neighbours(max(n, 2)), 0: None}.get(c.secagg_neighbours, c.secagg_neighbours)
         return secagg_session_params(c.session_id, layout, c.gamma, c.bounds, n_parties=n,
-                                     threshold=c.secagg_threshold, neighbours=neighbours)
+                                     threshold=c.secagg_threshold, neighbours=neighbours, min_clients=c.min_clients)
 
     def _recover(self) -> None:
         """Rebuild in-memory state from SQLite and payload files after a restart."""

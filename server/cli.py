@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import logging
 import signal
+import sys
+
+from secure_afl.exceptions import InvalidParameterError, ParameterMismatch
 
 
 def _cmd_run(args) -> int:
@@ -16,7 +19,12 @@ def _cmd_run(args) -> int:
     cfg = load_config(args.config)
     if args.port is not None:
         cfg.port = args.port
-    server = open_server(cfg)
+    try:
+        server = open_server(cfg)
+    except (InvalidParameterError, ParameterMismatch) as e:
+        # a session that cannot run (e.g. secagg threshold vs neighbourhood vs min_clients): one line, no trace
+        print(f"secure-afl server run: {args.config}: {e}", file=sys.stderr)
+        return 2
     app = create_app(server)
     logging.getLogger("secure_afl.server").info(
         "serving session %s (%s) on https://%s:%d, mTLS %s", cfg.session_id, cfg.backend, cfg.host, cfg.port,
