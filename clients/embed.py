@@ -58,7 +58,7 @@ from urllib.parse import urlparse
 
 import numpy as np
 
-from secure_afl.exceptions import InvalidInputError, SecureAFLError
+from secure_afl.exceptions import InvalidInputError
 from secure_afl.stats import SufficientStatistics
 
 from .statsfile import load_statistics_file, write_embeddings_file, write_statistics_file
@@ -907,18 +907,14 @@ def register(parser: argparse.ArgumentParser) -> None:
 
 
 def _cmd_embed(args) -> int:
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("always", RandomWeightsWarning)
-            warnings.showwarning = _loud_warning
-            res = embed_to_file(
-                images=args.images, cifar_root=args.cifar_root, npz=args.npz, split=args.split,
-                backbone=args.backbone, weights=args.weights, preset=args.preset, device=args.device,
-                batch_size=args.batch_size, workers=args.workers, out=args.out, stats_only=args.stats_only,
-                classes=args.classes, gamma=args.gamma, dtype=args.dtype, progress=not args.no_progress)
-    except SecureAFLError as exc:
-        print(f"secure-afl client embed: error [{exc.reason}]: {exc}", file=sys.stderr)
-        return 2
+    with warnings.catch_warnings():
+        warnings.simplefilter("always", RandomWeightsWarning)
+        warnings.showwarning = _loud_warning
+        res = embed_to_file(
+            images=args.images, cifar_root=args.cifar_root, npz=args.npz, split=args.split,
+            backbone=args.backbone, weights=args.weights, preset=args.preset, device=args.device,
+            batch_size=args.batch_size, workers=args.workers, out=args.out, stats_only=args.stats_only,
+            classes=args.classes, gamma=args.gamma, dtype=args.dtype, progress=not args.no_progress)
     target = args.stats_only or args.out
     rate = len(res.y) / res.seconds if res.seconds > 0 else float("inf")
     print(f"{len(res.y)} images, d={res.dim}, {len(res.classes)} classes, {rate:.1f} img/s on "

@@ -16,7 +16,6 @@ import logging
 import os
 from pathlib import Path
 
-import httpx
 import numpy as np
 
 from secure_afl import pki
@@ -26,8 +25,9 @@ from secure_afl.exceptions import (
     DuplicateContribution,
     InvalidInputError,
     ParameterMismatch,
-    PolicyViolation,
+    NotFound,
     ReplayedContribution,
+    ServerUnreachable,
     StageError,
 )
 from secure_afl.packing import Layout
@@ -188,7 +188,7 @@ class HospitalClient:
                                          headers=headers, content=content, retry=False)
                 receipt = resp.json()
                 break
-            except (httpx.TransportError, DuplicateContribution, ReplayedContribution) as e:
+            except (ServerUnreachable, DuplicateContribution, ReplayedContribution) as e:
                 receipt = self._fetch_receipt()
                 if receipt is not None and receipt.get("payload_sha256") == sha:
                     break  # this very payload was accepted before the connection dropped
@@ -204,7 +204,7 @@ class HospitalClient:
     def _fetch_receipt(self) -> dict | None:
         try:
             return self.conn.request("GET", self.conn.path(f"/receipts/{self.name}")).json()
-        except PolicyViolation:
+        except NotFound:
             return None
 
     def submit(self, stats: SufficientStatistics, *, progress: bool = False, **secagg_kw) -> dict:

@@ -66,7 +66,7 @@ from .exceptions import (
     AuditChainBroken,
     InvalidSignature,
     MalformedPayload,
-    SecureAFLError,
+    exit_code,
 )
 from .signing import canonical_json, verify_receipt
 
@@ -441,10 +441,7 @@ def _cmd_verify(args) -> int:
     except AuditChainBroken as exc:
         where = f" (record index {exc.index})" if exc.index is not None else ""
         print(f"BROKEN{where}: {exc} [{exc.reason}]")
-        return 1
-    except (OSError, SecureAFLError, ValueError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return exit_code(exc)
     print(result.summary())
     return 0
 

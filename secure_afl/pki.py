@@ -71,7 +71,7 @@ from typing import Iterable, Mapping
 
 from ._io import write_file
 from ._validation import param_error
-from .exceptions import InvalidSignature, MalformedPayload
+from .exceptions import InvalidInputError, InvalidSignature, MalformedPayload
 
 __all__ = [
     "ROLES",
@@ -654,11 +654,7 @@ def uvicorn_ssl_kwargs(cert_file, key_file, ca_file, *, require_client_cert: boo
 
 
 def _cmd_init(args) -> int:
-    try:
-        ca = init_ca(args.dir, name=args.name, days=args.days)
-    except FileExistsError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
+    ca = init_ca(args.dir, name=args.name, days=args.days)
     print(f"created {ca} and {Path(args.dir) / CA_KEY} (0600)")
     return 0
 
@@ -668,11 +664,9 @@ def _cmd_issue(args) -> int:
     try:
         party = issue(args.dir, args.role, args.name, dns=dns, days=args.days)
     except FileExistsError:
-        print(f"error: {Path(args.dir) / f'{args.role}-{args.name}'} already exists", file=sys.stderr)
-        return 1
+        raise InvalidInputError(f"{Path(args.dir) / f'{args.role}-{args.name}'} already exists") from None
     except FileNotFoundError as exc:
-        print(f"error: {exc} (run `secure-afl pki init --dir {args.dir}` first)", file=sys.stderr)
-        return 1
+        raise InvalidInputError(f"{exc} (run `secure-afl pki init --dir {args.dir}` first)") from None
     print(f"created {party.directory}/{{cert.pem,key.pem,identity.key,identity.pub,enrolment.json}}")
     print(json.dumps(party.enrolment().to_dict(), sort_keys=True))
     return 0

@@ -34,14 +34,18 @@ from secure_afl.audit import AuditLog
 from secure_afl.backends import get_backend
 from secure_afl.envelope import open_envelope
 from secure_afl.exceptions import (
+    DeadlinePassed,
     DuplicateContribution,
+    Forbidden,
     InsufficientContributors,
     MalformedPayload,
-    PolicyViolation,
+    NotFound,
     ReplayedContribution,
     RoundAlreadyClosed,
     SecureAFLError,
     StageError,
+    TooLarge,
+    UnknownParty,
 )
 from secure_afl.packing import Layout
 from secure_afl.params import SessionParams
@@ -54,10 +58,6 @@ from .store import Store
 __all__ = ["AggregationServer", "DeadlinePassed", "open_server"]
 
 log = logging.getLogger("secure_afl.server")
-
-
-class DeadlinePassed(SecureAFLError):
-    reason = "deadline_passed"
 
 
 class AggregationServer:
@@ -186,7 +186,7 @@ class AggregationServer:
             return self._enrolled[name].public_key()
         if role == "keyholder" and name == self.config.keyholder and name in self._keyholders:
             return self._keyholders[name].public_key()
-        raise PolicyViolation(f"{party!r} is not enrolled in this session", reason="unknown_party")
+        raise UnknownParty(f"{party!r} is not enrolled in this session")
 
     def authenticate(self, headers, method: str, path: str, body: bytes, *, roles: tuple[str, ...]) -> str:
         """Verify a signed request; return the party. Refusals are audited."""
@@ -194,7 +194,7 @@ class AggregationServer:
             st = verify_request(headers, method, path, body, self.lookup_pub)
             role = st["party"].partition(":")[0]
             if role not in roles:
-                raise PolicyViolation(f"{role} may not call {method} {path}", reason="forbidden")
+                raise Forbidden(f"{role} may not call {method} {path}")
             if not self.store.claim_nonce(st["nonce"], st["party"]):
                 raise ReplayedContribution("request nonce was already used")
             return st["party"]
@@ -247,10 +247,10 @@ class AggregationServer:
             try:
                 self._check_open()
                 if len(payload) > self.config.max_upload_bytes:
-                    raise PolicyViolation(f"payload of {len(payload)} bytes exceeds the cap of "
-                                          f"{self.config.max_upload_bytes}", reason="too_large")
+                    raise TooLarge(f"payload of {len(payload)} bytes exceeds the cap of "
+                                   f"{self.config.max_upload_bytes}")
                 if hospital not in self._enrolled:
-                    raise PolicyViolation(f"{hospital!r} is not enrolled", reason="unknown_party")
+                    raise UnknownParty(f"{hospital!r} is not enrolled")
                 st = verify_upload(statement, self._enrolled[hospital].public_key(),
                                    session_id=self.config.session_id, params_digest=self.params.digest(),
                                    payload_sha256=bytes.fromhex(sha), hospital=hospital, max_age_s=MAX_SKEW_S)
@@ -314,7 +314,7 @@ class AggregationServer:
         for row in self.store.uploads():
             if row["hospital"] == hospital and row["receipt"]:
                 return row["receipt"]
-        raise PolicyViolation(f"no accepted upload from {hospital}", reason="not_found")
+        raise NotFound(f"no accepted upload from {hospital}")
 
     # -- release ----------------------------------------------------------------------------------
     def close(self, party: str) -> dict:

@@ -16,8 +16,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.concurrency import run_in_threadpool
 
-from secure_afl.exceptions import MalformedPayload, PolicyViolation, SecureAFLError
-from secure_afl.protocol import API, H_TAG, H_UPLOAD, STATUS_BY_REASON
+from secure_afl.exceptions import Forbidden, MalformedPayload, NotFound, SecureAFLError, TooLarge, http_status
+from secure_afl.protocol import API, H_TAG, H_UPLOAD
 
 from .aggregator import AggregationServer
 
@@ -36,14 +36,14 @@ async def _read_body(request: Request, cap: int) -> bytes:
     if declared is not None:
         try:
             if int(declared) > cap:
-                raise PolicyViolation(f"body of {declared} bytes exceeds the cap of {cap}", reason="too_large")
+                raise TooLarge(f"body of {declared} bytes exceeds the cap of {cap}")
         except ValueError:
             raise MalformedPayload("bad Content-Length") from None
     chunks, size = [], 0
     async for chunk in request.stream():
         size += len(chunk)
         if size > cap:
-            raise PolicyViolation(f"body exceeds the cap of {cap} bytes", reason="too_large")
+            raise TooLarge(f"body exceeds the cap of {cap} bytes")
         chunks.append(chunk)
     return b"".join(chunks)
 
@@ -56,7 +56,7 @@ def create_app(server: AggregationServer) -> FastAPI:
 
     @app.exception_handler(SecureAFLError)
     async def _refused(request: Request, exc: SecureAFLError):
-        return _error(STATUS_BY_REASON.get(exc.reason, 400), exc.reason, str(exc))
+        return _error(http_status(exc), exc.reason, str(exc))
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError):
@@ -64,7 +64,7 @@ def create_app(server: AggregationServer) -> FastAPI:
 
     def _session(session_id: str, request: Request) -> None:
         if session_id != sid:
-            err = PolicyViolation(f"unknown session {session_id[:64]!r}", reason="not_found")
+            err = NotFound(f"unknown session {session_id[:64]!r}; this server runs session {sid!r}")
             server.refuse("request", request.headers.get("x-safl-party", "anonymous"), err,
                           {"path": request.url.path[:200]})
             raise err
@@ -85,7 +85,7 @@ def create_app(server: AggregationServer) -> FastAPI:
     async def get_context(session_id: str, request: Request):
         _session(session_id, request)
         if server.public_context is None:
-            raise PolicyViolation("no public context published", reason="not_found")
+            raise NotFound("no public context published")
         return Response(server.public_context, media_type="application/octet-stream")
 
     @app.post(API + "/sessions/{session_id}/context")
@@ -123,7 +123,7 @@ def create_app(server: AggregationServer) -> FastAPI:
         _session(session_id, request)
         party = await _authed(request, ("hospital", "keyholder"))
         if party.startswith("hospital:") and party != f"hospital:{hospital}":
-            raise PolicyViolation("a hospital may read only its own receipt", reason="forbidden")
+            raise Forbidden("a hospital may read only its own receipt")
         return server.receipt(hospital)
 
     @app.post(API + "/sessions/{session_id}/close")

@@ -34,9 +34,9 @@ from fastapi import Request
 from secure_afl.backends.secagg import MaskedInput, SecAggServerRound, Stage, decode_message
 from secure_afl.exceptions import (
     DuplicateContribution,
+    Forbidden,
     InsufficientShares,
     MalformedPayload,
-    PolicyViolation,
     SecureAFLError,
     StageError,
 )
@@ -98,7 +98,7 @@ class SecAggAggregationServer(AggregationServer):
     def _combine_upload(self, hospital: str, payload: bytes) -> None:
         m = MaskedInput.from_bytes(payload)
         if m.client_id != self.client_ids[hospital]:
-            raise PolicyViolation(f"{hospital} sent a masked input for client {m.client_id}", reason="forbidden")
+            raise Forbidden(f"{hospital} sent a masked input for client {m.client_id}")
         self._round.receive(m)
 
     def _check_stage_allows_upload(self, hospital: str) -> None:
@@ -225,7 +225,7 @@ class SecAggAggregationServer(AggregationServer):
                                    session_id=self.config.session_id, params_digest=self.params.digest(),
                                    survivors=self.survivor_names)
                 if statement.get("hospital") != hospital:
-                    raise PolicyViolation(f"{hospital} may only sign for itself", reason="forbidden")
+                    raise Forbidden(f"{hospital} may only sign for itself")
             except SecureAFLError as e:
                 self.refuse("secagg_consistency", hospital, e)
                 raise
@@ -244,8 +244,7 @@ class SecAggAggregationServer(AggregationServer):
                     raise StageError(f"the round is in {self.round_stage}, not {stage}")
                 msg = decode_message(body)
                 if getattr(msg, "client_id", None) != self.client_ids[hospital]:
-                    raise PolicyViolation(f"{hospital} may only speak for client {self.client_ids[hospital]}",
-                                          reason="forbidden")
+                    raise Forbidden(f"{hospital} may only speak for client {self.client_ids[hospital]}")
                 if self.store.messages(stage).get(hospital) is not None:
                     raise DuplicateContribution(f"{hospital} already answered {stage}")
                 self._round.receive(msg)

@@ -500,5 +500,5 @@ def test_cli_audit_verify_names_first_broken_record(tmp_path, capsys):
 
     # Assert
     out = capsys.readouterr().out
-    assert rc == 1
+    assert rc == 7  # a security check failed (the documented exit code)
     assert out.startswith("BROKEN (record index 3)")

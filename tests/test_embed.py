@@ -226,7 +226,7 @@ def test_corrupt_image_is_typed_error_and_leaves_nothing(weights_pth, tmp_path, 
                str(weights_pth), "--device", "cpu", "--workers", "2", "--no-progress",
                "--stats-only", str(outdir / "kept.npz")])
     err = capsys.readouterr().err
-    assert rc == 2 and "corrupt_image" in err and "img0.png" in err and "Traceback" not in err
+    assert rc == 3 and "corrupt_image" in err and "img0.png" in err and "Traceback" not in err
     assert (outdir / "kept.npz").read_bytes() == b"previous complete file"
     assert sorted(p.name for p in outdir.iterdir()) == ["kept.npz"]
 
@@ -250,7 +250,7 @@ def test_unknown_backbone_lists_valid_names(folder, tmp_path, capsys):
     assert isinstance(info.value, InvalidInputError) and "list_models" in str(info.value)
     rc = main(["client", "embed", "--images", str(folder), "--backbone", "not_a_net", "--weights", "random",
                "--device", "cpu", "--out", str(tmp_path / "o.npz"), "--no-progress"])
-    assert rc == 2 and "unknown_backbone" in capsys.readouterr().err
+    assert rc == 3 and "unknown_backbone" in capsys.readouterr().err
     assert _no_output_left(tmp_path, "o.npz")
 
 
