@@ -27,6 +27,7 @@ from secure_afl.exceptions import (
     ParameterMismatch,
     NotFound,
     ReplayedContribution,
+    RoundAlreadyClosed,
     ServerUnreachable,
     StageError,
 )
@@ -120,6 +121,8 @@ class HospitalClient:
     def fetch_params(self, *, wait_s: float = 60.0) -> SessionParams:
         info = self.conn.wait_until(lambda i: i["status"] != "awaiting_context", timeout=wait_s,
                                     what="the key holder's public context")
+        if info["status"] in ("closed", "released"):
+            raise RoundAlreadyClosed(f"session {self.session_id} is {info['status']}: it takes no more uploads")
         if info["status"] != "open":
             raise StageError(f"session {self.session_id} is {info['status']}, not open")
         params = SessionParams.from_dict(info["params"])

@@ -37,6 +37,53 @@ Exit codes of ``secure-afl`` (also in threat_model/OPERATIONS.md):
 
 from __future__ import annotations
 
+__all__ = [
+    "SecureAFLError",
+    "InvalidParameterError",
+    "InvalidInputError",
+    "LayoutMismatch",
+    "ParameterMismatch",
+    "WrongSession",
+    "BoundsExceeded",
+    "MalformedPayload",
+    "InvalidContribution",
+    "InvalidSignature",
+    "DuplicateContribution",
+    "ReplayedContribution",
+    "RoundAlreadyClosed",
+    "StageError",
+    "InsufficientShares",
+    "InsufficientContributors",
+    "OverlappingUnmaskRequest",
+    "SecretKeyNotAllowed",
+    "PolicyViolation",
+    "SanityCheckFailed",
+    "DecryptionRefused",
+    "AuditChainBroken",
+    "InvalidKey",
+    "Unauthenticated",
+    "UnknownParty",
+    "Forbidden",
+    "NotFound",
+    "DeadlinePassed",
+    "TooLarge",
+    "MissingEnrolment",
+    "ServerUnreachable",
+    "ServiceError",
+    "EXIT_OK",
+    "EXIT_INTERNAL",
+    "EXIT_USAGE",
+    "EXIT_INPUT",
+    "EXIT_REFUSED",
+    "EXIT_UNREACHABLE",
+    "EXIT_KEYS",
+    "EXIT_SECURITY",
+    "error_class",
+    "registered_reasons",
+    "http_status",
+    "exit_code",
+]
+
 EXIT_OK = 0
 EXIT_INTERNAL = 1
 EXIT_USAGE = 2
@@ -304,6 +351,14 @@ class TooLarge(SecureAFLError):
 
     reason = "too_large"
     http_status = 413
+    exit_code = EXIT_INPUT
+
+
+class MissingEnrolment(SecureAFLError):
+    """A party the session names has no enrolment in the consortium roster."""
+
+    reason = "missing_enrolment"
+    http_status = 400
     exit_code = EXIT_INPUT
 
 

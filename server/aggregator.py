@@ -39,6 +39,7 @@ from secure_afl.exceptions import (
     Forbidden,
     InsufficientContributors,
     MalformedPayload,
+    MissingEnrolment,
     NotFound,
     ReplayedContribution,
     RoundAlreadyClosed,
@@ -92,7 +93,7 @@ class AggregationServer:
         names = self.config.hospitals or sorted(issued)
         missing = [n for n in names if n not in issued]
         if missing:
-            raise FileNotFoundError(f"hospitals {missing} are listed in the config but have no enrolment "
+            raise MissingEnrolment(f"hospitals {missing} are listed in the config but have no enrolment "
                                     f"in {self.config.pki_dir}; issue them with `secure-afl pki issue`")
         return {n: issued[n] for n in names}
 
