@@ -67,6 +67,8 @@ __all__ = [
     "NotFound",
     "DeadlinePassed",
     "TooLarge",
+    "InsecureFileMode",
+    "WeakPassphrase",
     "MissingEnrolment",
     "ServerUnreachable",
     "ServiceError",
@@ -352,6 +354,22 @@ class TooLarge(SecureAFLError):
     reason = "too_large"
     http_status = 413
     exit_code = EXIT_INPUT
+
+
+class InsecureFileMode(SecureAFLError):
+    """A secret file or ledger is readable by its group or by everyone."""
+
+    reason = "insecure_file_mode"
+    http_status = 400
+    exit_code = EXIT_KEYS
+
+
+class WeakPassphrase(InvalidParameterError):
+    """A passphrase too short to protect a secret key at rest."""
+
+    reason = "weak_passphrase"
+    http_status = 400
+    exit_code = EXIT_KEYS
 
 
 class MissingEnrolment(SecureAFLError):

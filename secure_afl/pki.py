@@ -69,7 +69,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Mapping
 
-from ._io import write_file
+from ._io import refuse_if_shared, write_file
 from ._validation import param_error
 from .exceptions import InvalidInputError, InvalidSignature, MalformedPayload
 
@@ -522,6 +522,8 @@ def load_party(pki_dir, role: str, name: str) -> PartyFiles:
               party.identity_pub_file):
         if not p.is_file():
             raise FileNotFoundError(f"{p} is missing; issue it with `secure-afl pki issue`")
+    for p in (party.key_file, party.identity_key_file):
+        refuse_if_shared(p, "private key")
     return party
 
 

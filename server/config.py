@@ -8,7 +8,7 @@ Example::
     dim = 512
     classes = 100
     gamma = 1.0                 # RI intermediary
-    min_clients = 3             # the aggregate is never released below this
+    min_clients = 3             # the aggregate is never released below this (default 3)
     min_class_count = 5         # key holder refuses a release with a rarer present class (default 5)
     deadline = "2026-12-01T00:00:00Z"   # or deadline_s = 3600 (from first start)
     max_upload_bytes = 64_000_000
@@ -28,8 +28,8 @@ Example::
     [server]
     host = "127.0.0.1"
     port = 8443
-    data_dir = "runs/server"
-    pki_dir = "runs/pki"
+    data_dir = "server-data"       # default: server-data/ next to session.toml
+    pki_dir = "pki"                # default: pki/ next to session.toml
     name = "aggregator"
     keyholder = "keyholder"
     require_client_cert = true
@@ -119,7 +119,7 @@ def load_config(path) -> ServerConfig:
             classes=int(s["classes"]),
             gamma=float(s.get("gamma", 1.0)),
             bounds=Bounds(float(b["max_norm"]), int(b["n_max"]), int(b["k_max"])),
-            min_clients=int(s.get("min_clients", 2)),
+            min_clients=int(s.get("min_clients", 3)),
             min_class_count=int(s.get("min_class_count", 5)),
             hospitals=[str(h) for h in s.get("hospitals", [])],
             deadline=_parse_deadline(s.get("deadline")),

@@ -34,11 +34,13 @@ class Consortium:
         self.min_clients = min_clients
         cfg = {
             "session": {"id": self.session_id, "backend": backend, "dim": dim, "classes": classes, "gamma": 1.0,
-                        "min_clients": min_clients, "hospitals": self.hospitals, **(extra_session or {})},
+                        "hospitals": self.hospitals, **(extra_session or {})},
             "bounds": {"max_norm": max_norm, "n_max": n_max, "k_max": k_max},
             "server": {"host": "127.0.0.1", "port": self.port, "data_dir": str(self.root / "server"),
                        "pki_dir": str(self.pki_dir), "name": "aggregator", "keyholder": "keyholder"},
         }
+        if min_clients is not None:  # None: the session.toml default
+            cfg["session"]["min_clients"] = min_clients
         if secagg:
             cfg["secagg"] = secagg
         self.config = self.root / "session.toml"

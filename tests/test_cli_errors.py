@@ -230,3 +230,22 @@ def test_debug_shows_the_traceback(consortium, tmp_path):
 
     # Assert
     assert out.returncode != 0 and "Traceback" in out.stderr and "ServerUnreachable" in out.stderr
+
+
+def test_default_min_clients_refuses_a_two_hospital_release(consortium, tmp_path):
+    # Prepare: session.toml without min_clients; two hospitals contributed (K = 2 would let each
+    # recover the other's statistics by subtraction)
+    c = consortium(backend="plain", hospitals=("h1", "h2", "h3"), min_clients=None).start()
+    for h in ("h1", "h2"):
+        cl = c.hospital(h)
+        cl.submit(c.stats(*c.data(h)))
+        cl.close()
+
+    # Execute: the key holder asks for a release with its own threshold of 2
+    out = _cli("keyholder", "finalize", "--pki", c.pki_dir, "--keys", c.root / "keys", "--server", c.url,
+               "--session", c.session_id, "--min-clients", 2, "--out", tmp_path / "model.safetensors")
+
+    # Assert: the session's default (3, as OPERATIONS.md requires) holds
+    line = _assert_one_line(out, EXIT_REFUSED, "insufficient_contributors")
+    assert "3" in line
+    assert not (tmp_path / "model.safetensors").exists()
