@@ -47,6 +47,8 @@ folder names: do not name folders after patients.
 from __future__ import annotations
 
 import argparse
+import hashlib
+import json
 import os
 import pickle
 import sys
@@ -59,6 +61,7 @@ from urllib.parse import urlparse
 import numpy as np
 
 from secure_afl.exceptions import InvalidInputError
+from secure_afl.fingerprint import ExtractorFingerprint, parse_normalisation
 from secure_afl.stats import SufficientStatistics
 
 from .statsfile import load_statistics_file, write_embeddings_file, write_statistics_file
@@ -283,7 +286,8 @@ def _parse_weights(name: str, weights):
     return "file", None, path
 
 
-def load_backbone(name: str, weights: str | None = "DEFAULT", *, input_size: int = 224) -> Backbone:
+def load_backbone(name: str, weights: str | None = "DEFAULT", *, input_size: int = 224,
+                  seed: int | None = None) -> Backbone:
     """Build ``name`` with ``weights``, remove its classifier, measure d.
 
     Parameters
@@ -295,6 +299,8 @@ def load_backbone(name: str, weights: str | None = "DEFAULT", *, input_size: int
         ``.pth``/``.pt``/``.safetensors`` state dict (with or without the
         classifier), or ``"random"`` (random init; warns loudly, tests only).
     input_size : side of the dry-forward input used to measure d.
+    seed : for ``"random"``: seeds the initialisation, so every hospital builds
+        the same random backbone (statistics files require it).
 
     Raises
     ------
@@ -328,7 +334,10 @@ def load_backbone(name: str, weights: str | None = "DEFAULT", *, input_size: int
         head = _strip_head(model, num_classes)
         label = f"{weights_enum}"
     else:
-        model = get_model(name, weights=None)
+        with torch.random.fork_rng(devices=[]):
+            if seed is not None:
+                torch.manual_seed(int(seed))
+            model = get_model(name, weights=None)
         head = _strip_head(model, 1000)  # torchvision builders default to num_classes=1000
         label = "random"
         if path is not None:
@@ -733,8 +742,11 @@ class Extraction:
 
 def extract(source: ImageSource, backbone: Backbone, prep: Preprocessing, *, device: str = "auto",
             batch_size: int = 64, workers: int = 0, keep_embeddings: bool = True, n_classes: int | None = None,
-            dtype: str = "float32", progress: bool = True) -> Extraction:
+            dtype: str = "float32", progress: bool = True, l2_radius: float | None = None) -> Extraction:
     """Run the backbone over ``source``; accumulate float64 statistics; optionally keep X.
+
+    ``l2_radius``: every embedding is scaled to this norm first, so the
+    session's bound B can be exactly ``l2_radius`` whatever the backbone.
 
     Rows of X follow the source order (ImageFolder: sorted class, then sorted path).
     Raises :class:`CorruptImage` on the first undecodable file.
@@ -785,6 +797,10 @@ def extract(source: ImageSource, backbone: Backbone, prep: Preprocessing, *, dev
                     emb = emb.float()
                 else:
                     emb = model(x)
+                if l2_radius is not None:
+                    # just under R in float64, so neither rounding nor a float32 X can exceed B = R
+                    emb = emb.double()
+                    emb = emb * (l2_radius * (1 - 1e-6) / emb.norm(dim=1, keepdim=True).clamp_min(1e-300))
                 acc.update(emb, yb)
                 if X is not None:
                     X[pos:pos + emb.shape[0]].copy_(emb, non_blocking=cuda)
@@ -829,12 +845,15 @@ def _tv_version() -> str:
 def embed_to_file(*, images=None, cifar_root=None, npz=None, split: str | None = None, backbone: str,
                   weights: str = "DEFAULT", preset: str = "paper", device: str = "auto", batch_size: int = 64,
                   workers: int = 0, out=None, stats_only=None, classes=None, gamma: float = 0.0,
-                  dtype: str = "float32", progress: bool = True) -> Extraction:
+                  dtype: str = "float32", progress: bool = True, seed: int | None = None,
+                  normalisation: str = "none") -> Extraction:
     """Library form of ``secure-afl client embed``: open the source, extract, write one file atomically.
 
     Exactly one of ``images`` / ``cifar_root`` / ``npz`` and exactly one of
     ``out`` (embeddings file) / ``stats_only`` (statistics file). ``gamma``
     is recorded in the statistics file as metadata; ``gram`` never includes it.
+    The file records the extractor's fingerprint (:mod:`secure_afl.fingerprint`)
+    under the metadata key ``extractor``; random weights need ``seed``.
     """
     if sum(v is not None for v in (images, cifar_root, npz)) != 1:
         raise InvalidInputError("give exactly one of images=, cifar_root=, npz=")
@@ -857,17 +876,39 @@ def embed_to_file(*, images=None, cifar_root=None, npz=None, split: str | None =
     if n_classes is not None and n_classes < len(source.classes):
         raise InvalidInputError(f"--classes {n_classes} is smaller than the {len(source.classes)} classes found")
     _check_backbone_name(backbone)
-    _, wenum, _ = _parse_weights(backbone, weights)
+    kind, wenum, wpath = _parse_weights(backbone, weights)
+    if kind == "random" and seed is None:
+        raise InvalidInputError("--weights random needs --seed N: an unseeded random backbone differs on every "
+                                "run, so no two hospitals' statistics could be summed")
+    l2_radius = parse_normalisation(normalisation)
     prep = resolve_preprocessing(preset, wenum)
-    bb = load_backbone(backbone, weights, input_size=prep.crop)
+    bb = load_backbone(backbone, weights, input_size=prep.crop, seed=seed)
     res = extract(source, bb, prep, device=device, batch_size=batch_size, workers=workers,
-                  keep_embeddings=stats_only is None, n_classes=n_classes, dtype=dtype, progress=progress)
-    res.metadata.update({"n_images": len(source), "dataset": source.description})
+                  keep_embeddings=stats_only is None, n_classes=n_classes, dtype=dtype, progress=progress,
+                  l2_radius=l2_radius)
+    fingerprint = ExtractorFingerprint(
+        backbone=bb.name, weights=_weights_id(kind, wenum, wpath, seed), preset=prep.name, input_size=prep.crop,
+        classes=tuple(res.classes), dim=bb.dim,
+        normalisation="none" if l2_radius is None else f"l2:{l2_radius:g}")
+    res.metadata.update({"n_images": len(source), "dataset": source.description,
+                         "extractor": fingerprint.to_json()})
     if stats_only is not None:
         write_statistics_file(stats_only, res.statistics, res.classes, {**res.metadata, "gamma": float(gamma)})
     else:
         write_embeddings_file(out, res.X, res.y, res.classes, res.metadata)
     return res
+
+
+def _weights_id(kind: str, weights_enum, path, seed) -> str:
+    """What the fingerprint names the weights by: the file's SHA-256, or the random seed."""
+    if kind == "random":
+        return f"random-seed:{int(seed)}"
+    f = Path(path) if kind == "file" else _hub_checkpoint_path(weights_enum)
+    h = hashlib.sha256()
+    with open(f, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            h.update(block)
+    return "sha256:" + h.hexdigest()
 
 
 # --------------------------------------------------------------------------- CLI
@@ -888,6 +929,10 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--weights", default="DEFAULT", metavar="DEFAULT|PATH|random",
                         help="DEFAULT torchvision weights (hub cache / download), a weights-enum member name, "
                              "a local .pth/.safetensors state dict, or random (tests only)")
+    parser.add_argument("--seed", type=int, default=None, metavar="N",
+                        help="seed of the random initialisation (required with --weights random; recorded)")
+    parser.add_argument("--normalisation", default="none", metavar="none|l2:R",
+                        help="l2:R scales every embedding to norm R, so the session's B can be R (recorded)")
     parser.add_argument("--preset", choices=["paper", "imagenet"], default="paper")
     parser.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
     parser.add_argument("--batch-size", type=int, default=128, metavar="N")
@@ -914,12 +959,24 @@ def _cmd_embed(args) -> int:
             images=args.images, cifar_root=args.cifar_root, npz=args.npz, split=args.split,
             backbone=args.backbone, weights=args.weights, preset=args.preset, device=args.device,
             batch_size=args.batch_size, workers=args.workers, out=args.out, stats_only=args.stats_only,
-            classes=args.classes, gamma=args.gamma, dtype=args.dtype, progress=not args.no_progress)
+            classes=args.classes, gamma=args.gamma, dtype=args.dtype, progress=not args.no_progress,
+            seed=args.seed, normalisation=args.normalisation)
     target = args.stats_only or args.out
     rate = len(res.y) / res.seconds if res.seconds > 0 else float("inf")
     print(f"{len(res.y)} images, d={res.dim}, {len(res.classes)} classes, {rate:.1f} img/s on "
           f"{res.metadata['device']} -> {target}", file=sys.stderr)
+    peak = float(res.metadata["max_row_norm"])
+    print(f"largest embedding norm {peak:.6g}: the session's bound B ([bounds] max_norm) must be >= {peak:.6g}"
+          + ("" if args.normalisation != "none" else
+             "; or re-run with --normalisation l2:R to make every norm R (then B = R)"), file=sys.stderr)
+    print("feature extractor (the session's [extractor] must match):", file=sys.stderr)
+    print(_extractor_toml(ExtractorFingerprint.from_dict(json.loads(res.metadata["extractor"]))), file=sys.stderr)
     return 0
+
+
+def _extractor_toml(fp: ExtractorFingerprint) -> str:
+    d = fp.to_dict()
+    return "[extractor]\n" + "\n".join(f"{k} = {json.dumps(v)}" for k, v in d.items())
 
 
 def _loud_warning(message, category, filename, lineno, file=None, line=None):

@@ -67,6 +67,7 @@ __all__ = [
     "NotFound",
     "DeadlinePassed",
     "TooLarge",
+    "ExtractorMismatch",
     "InsecureFileMode",
     "WeakPassphrase",
     "MissingEnrolment",
@@ -353,6 +354,14 @@ class TooLarge(SecureAFLError):
 
     reason = "too_large"
     http_status = 413
+    exit_code = EXIT_INPUT
+
+
+class ExtractorMismatch(ParameterMismatch):
+    """Statistics extracted with another backbone, weights, preprocessing or class order than the session's."""
+
+    reason = "extractor_mismatch"
+    http_status = 422
     exit_code = EXIT_INPUT
 
 

@@ -98,6 +98,9 @@ class AggregationServer:
         return {n: issued[n] for n in names}
 
     def _base_params(self) -> SessionParams:
+        return self._backend_params().with_extractor(self.config.extractor)
+
+    def _backend_params(self) -> SessionParams:
         c = self.config
         layout = Layout(c.dim, c.classes)
         if c.backend == "plain":

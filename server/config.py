@@ -25,6 +25,15 @@ Example::
                                 # 0: complete graph (Bonawitz et al.); k: random k-regular graph
     stage_timeout_s = 60        # a hospital silent this long in a stage is dropped
 
+    [extractor]                 # optional: the feature extractor every hospital must use
+    backbone = "resnet18"       # (`secure-afl client embed` prints this block for its run)
+    weights = "sha256:5c8e..."  # sha256 of the weights file, or "random-seed:N" (tests only)
+    preset = "paper"
+    input_size = 224
+    classes = ["benign", "malignant"]   # in label order; as many as [session] classes
+    dim = 512                   # = [session] dim
+    normalisation = "none"      # or "l2:R" (then max_norm >= R)
+
     [server]
     host = "127.0.0.1"
     port = 8443
@@ -77,6 +86,7 @@ class ServerConfig:
     secagg_threshold: int | None = None
     secagg_neighbours: int = -1
     stage_timeout_s: float = 60.0
+    extractor: dict | None = None  # secure_afl.fingerprint.ExtractorFingerprint.to_dict()
 
     def __post_init__(self):
         if self.backend not in BACKENDS:
@@ -86,6 +96,15 @@ class ServerConfig:
         if self.min_clients > self.bounds.k_max:
             raise param_error("min_clients", "session.toml", f"<= bounds.k_max={self.bounds.k_max}",
                               self.min_clients)
+        if self.extractor is not None:
+            from secure_afl.fingerprint import ExtractorFingerprint
+
+            fp = ExtractorFingerprint.from_dict(self.extractor)
+            if fp.dim != self.dim or len(fp.classes) != self.classes:
+                raise param_error("extractor", "session.toml",
+                                  f"dim = {self.dim} and {self.classes} class names",
+                                  f"dim = {fp.dim}, {len(fp.classes)} class names")
+            self.extractor = fp.to_dict()
         if self.max_upload_bytes < 1024:
             raise param_error("max_upload_bytes", "session.toml", "an int >= 1024", self.max_upload_bytes)
 
@@ -135,6 +154,7 @@ def load_config(path) -> ServerConfig:
             secagg_threshold=int(sa["threshold"]) if "threshold" in sa else None,
             secagg_neighbours=int(sa.get("neighbours", -1)),
             stage_timeout_s=float(sa.get("stage_timeout_s", 60.0)),
+            extractor=dict(raw["extractor"]) if "extractor" in raw else None,
         )
     except KeyError as e:
         raise param_error(str(e.args[0]), "session.toml", "present", None) from None

@@ -16,7 +16,8 @@ from secure_afl.stats import StatisticsAccumulator
 
 class Consortium:
     def __init__(self, root: Path, *, backend: str, hospitals=("h1", "h2", "h3"), dim=6, classes=3,
-                 min_clients=2, max_norm=4.0, n_max=1000, k_max=8, extra_session=None, secagg=None):
+                 min_clients=2, max_norm=4.0, n_max=1000, k_max=8, extra_session=None, secagg=None,
+                 extractor=None):
         self.root = Path(root)
         self.backend = backend
         self.hospitals = list(hospitals)
@@ -43,6 +44,8 @@ class Consortium:
             cfg["session"]["min_clients"] = min_clients
         if secagg:
             cfg["secagg"] = secagg
+        if extractor:
+            cfg["extractor"] = extractor
         self.config = self.root / "session.toml"
         write_config(self.config, cfg)
         self.server = None
