@@ -432,6 +432,10 @@ def load_receipts(directory) -> list[dict]:
 
 
 def _cmd_verify(args) -> int:
+    if args.pki is not None and args.server_pub is None:
+        from .pki import pinned_identity
+
+        args.server_pub = pinned_identity(args.pki, "server")
     try:
         receipts = load_receipts(args.receipts) if args.receipts else []
         if receipts and args.server_pub is None:
@@ -453,6 +457,7 @@ def register(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--receipts", default=None, help="directory of receipt *.json files")
     p.add_argument("--server-pub", default=None,
                    help="server identity public key (PEM, e.g. server-NAME/identity.pub, or raw hex)")
+    p.add_argument("--pki", default=None, help="a party's PKI bundle: pins the server's key from its roster")
     p.add_argument("--unsigned-records", action="store_true",
                    help="the log was written without a signing key: use --server-pub for receipts only")
     p.set_defaults(func=_cmd_verify)
