@@ -64,7 +64,6 @@ import json
 import os
 import re
 import ssl
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Mapping

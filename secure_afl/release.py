@@ -19,7 +19,6 @@ import json
 import sqlite3
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 

@@ -21,6 +21,7 @@ from torchvision import transforms as T  # noqa: E402
 
 from secure_afl.cli import main  # noqa: E402
 from secure_afl.clients import embed as E  # noqa: E402
+from secure_afl.clients import extraction  # noqa: E402
 from secure_afl.clients.statsfile import (  # noqa: E402
     StatisticsFileError,
     load_statistics_file,
@@ -431,8 +432,8 @@ def test_imagenet_preset_loader_matches_weights_transforms_on_non_square_image(t
     mean = torch.tensor(prep.mean).view(1, 3, 1, 1)
     std = torch.tensor(prep.std).view(1, 3, 1, 1)
     # Execute: CPU loader stage (PIL resize/crop to uint8) + normalisation stage
-    x_u8, _ = E._LoaderDataset(src, prep, geometry=True)[0]
-    ours = E._normalise(x_u8[None], prep, mean, std, resize=False)[0]
+    x_u8, _ = extraction._LoaderDataset(src, prep, geometry=True)[0]
+    ours = extraction._normalise(x_u8[None], prep, mean, std, resize=False)[0]
     # Assert
     assert (prep.resize, prep.crop, prep.mean) == (256, 224, (0.485, 0.456, 0.406))
     assert x_u8.dtype == torch.uint8 and x_u8.shape == (3, 224, 224)
