@@ -80,6 +80,7 @@ from .exceptions import (
     InvalidSignature,
     MalformedPayload,
     SecureAFLError,
+    exit_code,
 )
 from .signing import canonical_json, parse_json, verify_receipt
 
@@ -668,25 +669,21 @@ def load_receipts(directory) -> list[dict]:
 
 
 def _pki_pub(pki_dir, role: str, name: str | None):
-    from .pki import load_enrolments
+    """The identity key the PKI pins for ``role``: an operator's PKI directory or a party's bundle."""
+    from .pki import pinned_identity
 
-    table = load_enrolments(pki_dir, role=role)
-    if name is None:
-        if len(table) != 1:
-            raise MalformedPayload(f"the PKI holds {len(table)} {role} identities; name one")
-        name = next(iter(table))
-    if name not in table:
-        raise MalformedPayload(f"no {role} {name!r} in the PKI")
-    return table[name].public_key()
+    return pinned_identity(pki_dir, role, name)
 
 
 def _cmd_verify(args) -> int:
+    # a broken chain prints BROKEN and ends with its exit code; anything else (no such file, a head
+    # that is not JSON, a party missing from the PKI) is one line from secure_afl.cli with its exit code
     try:
         server_pub = _pki_pub(args.pki, "server", args.server)
         head = args.head
         countersign = keyholder_pub = None
         if ":" not in head or Path(head).exists():
-            bundle = json.loads(Path(head).read_text())
+            bundle = parse_json(Path(head).read_bytes(), f"head file {head}")
             head = bundle
             if isinstance(bundle, dict) and "countersign" in bundle:
                 countersign = bundle["countersign"]
@@ -698,10 +695,11 @@ def _cmd_verify(args) -> int:
     except AuditChainBroken as exc:
         where = f" (record index {exc.index})" if exc.index is not None else ""
         print(f"BROKEN{where}: {exc} [{exc.reason}]")
-        return 1
-    except (OSError, SecureAFLError, ValueError, TypeError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return exit_code(exc)
+    except (ValueError, TypeError) as exc:
+        if isinstance(exc, SecureAFLError):
+            raise
+        raise MalformedPayload(str(exc)) from None
     print(result.summary())
     return 0
 
@@ -710,7 +708,8 @@ def register(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="audit_command", metavar="ACTION", required=True)
     p = sub.add_parser("verify", help="verify an audit log up to its expected head, and receipts against it")
     p.add_argument("log", help="audit log (JSON Lines)")
-    p.add_argument("--pki", required=True, help="consortium PKI directory (the server's and key holder's keys)")
+    p.add_argument("--pki", required=True,
+                   help="consortium PKI directory or a party's PKI bundle (pins the server's and key holder's keys)")
     p.add_argument("--server", default=None, help="server name in the PKI (default: the only one)")
     p.add_argument("--head", required=True,
                    help="the expected head: audit-head.json (close record + key holder countersignature), "

@@ -74,6 +74,8 @@ class SessionParams:
     gamma: float
     bounds: Bounds
     backend_params: Mapping[str, Any] = field(default_factory=dict)
+    # the session's feature extractor (secure_afl.fingerprint), part of the digest when declared
+    extractor: Mapping[str, Any] | None = None
 
     def __post_init__(self):
         if not isinstance(self.session_id, str) or not _SESSION_ID.match(self.session_id):
@@ -94,6 +96,7 @@ class SessionParams:
             "gamma": float(self.gamma),
             "bounds": self.bounds.to_dict(),
             "backend_params": dict(self.backend_params),
+            **({"extractor": dict(self.extractor)} if self.extractor is not None else {}),
         }
 
     @classmethod
@@ -106,6 +109,7 @@ class SessionParams:
             gamma=float(d["gamma"]),
             bounds=Bounds(float(d["bounds"]["max_norm"]), int(d["bounds"]["n_max"]), int(d["bounds"]["k_max"])),
             backend_params=dict(d.get("backend_params", {})),
+            extractor=dict(d["extractor"]) if d.get("extractor") is not None else None,
         )
 
     def canonical_json(self) -> bytes:
@@ -117,4 +121,9 @@ class SessionParams:
     def with_backend_params(self, **kw) -> "SessionParams":
         bp = dict(self.backend_params)
         bp.update(kw)
-        return SessionParams(self.session_id, self.backend, self.layout, self.gamma, self.bounds, bp)
+        return SessionParams(self.session_id, self.backend, self.layout, self.gamma, self.bounds, bp, self.extractor)
+
+    def with_extractor(self, extractor: Mapping[str, Any] | None) -> "SessionParams":
+        """The same parameters bound to a declared feature extractor (its dict form)."""
+        return SessionParams(self.session_id, self.backend, self.layout, self.gamma, self.bounds,
+                             dict(self.backend_params), None if extractor is None else dict(extractor))

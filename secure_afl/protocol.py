@@ -1,7 +1,8 @@
 """Wire vocabulary shared by the hospital client, the server and the key holder.
 
-No network code: header names, the signed-request scheme and the refusal
-reasons with their HTTP status. Every request that changes state or reads
+No network code: header names and the signed-request scheme (refusal reasons
+and their HTTP status live with the exception classes in
+:mod:`secure_afl.exceptions`). Every request that changes state or reads
 something non-public carries an Ed25519 signature by the caller's identity
 key (mTLS authenticates the connection; the signature authenticates the
 request itself and survives in the audit log):
@@ -31,7 +32,7 @@ from .signing import canonical_json, parse_json
 
 __all__ = ["H_BODY", "verify_request_digest", "H_PARTY", "H_TIME", "H_NONCE", "H_SIGNATURE", "H_UPLOAD", "H_TAG", "REQUEST_PREFIX",
            "SECAGG_REQUEST_PREFIX", "SECAGG_CONSISTENCY", "MAX_SKEW_S",
-           "sign_request", "verify_request", "STATUS_BY_REASON", "API", "context_publication",
+           "sign_request", "verify_request", "API", "context_publication",
            "parse_context_publication"]
 
 H_PARTY = "x-safl-party"
@@ -50,38 +51,6 @@ SECAGG_CONSISTENCY = "consistency"
 MAX_SKEW_S = 300
 
 API = "/v1"
-
-# Refusal reason -> HTTP status. 4xx only: a refusal is never a server error.
-STATUS_BY_REASON = {
-    "malformed": 400,
-    "invalid_input": 400,
-    "invalid_parameter": 400,
-    "layout_mismatch": 422,
-    "parameter_mismatch": 422,
-    "wrong_session": 422,
-    "bounds_exceeded": 422,
-    "invalid_contribution": 422,
-    "unauthenticated": 401,
-    "bad_signature": 401,
-    "unknown_party": 403,
-    "forbidden": 403,
-    "not_found": 404,
-    "duplicate": 409,
-    "replay": 409,
-    "round_closed": 409,
-    "wrong_stage": 409,
-    "insufficient_contributors": 409,
-    "insufficient_shares": 409,
-    "overlapping_unmask_request": 409,
-    "secret_key_context": 422,
-    "deadline_passed": 410,
-    "timeout": 408,
-    "busy": 429,
-    "disconnected": 400,
-    "too_large": 413,
-    "policy_violation": 409,
-}
-
 
 def _statement(party: str, method: str, path: str, body_sha256: str, nonce: str, t: int) -> dict:
     return {"type": "request", "v": 1, "party": party, "method": method.upper(), "path": path,

@@ -36,14 +36,20 @@ from secure_afl.audit import AuditLog, make_close_record, verify_countersign
 from secure_afl.backends import get_backend
 from secure_afl.envelope import open_envelope
 from secure_afl.exceptions import (
+    DeadlinePassed,
     DuplicateContribution,
+    Forbidden,
     InsufficientContributors,
     MalformedPayload,
-    PolicyViolation,
+    MissingEnrolment,
+    NotFound,
     ReplayedContribution,
     RoundAlreadyClosed,
     SecureAFLError,
     StageError,
+    TooLarge,
+    Unauthenticated,
+    UnknownParty,
 )
 from secure_afl.packing import Layout
 from secure_afl.params import SessionParams
@@ -56,10 +62,6 @@ from .store import Store
 __all__ = ["AggregationServer", "DeadlinePassed", "open_server"]
 
 log = logging.getLogger("secure_afl.server")
-
-
-class DeadlinePassed(SecureAFLError):
-    reason = "deadline_passed"
 
 
 class AggregationServer:
@@ -97,11 +99,14 @@ class AggregationServer:
         names = self.config.hospitals or sorted(issued)
         missing = [n for n in names if n not in issued]
         if missing:
-            raise FileNotFoundError(f"hospitals {missing} are listed in the config but have no enrolment "
+            raise MissingEnrolment(f"hospitals {missing} are listed in the config but have no enrolment "
                                     f"in {self.config.pki_dir}; issue them with `secure-afl pki issue`")
         return {n: issued[n] for n in names}
 
     def _base_params(self) -> SessionParams:
+        return self._backend_params().with_extractor(self.config.extractor)
+
+    def _backend_params(self) -> SessionParams:
         c = self.config
         layout = Layout(c.dim, c.classes)
         if c.backend == "plain":
@@ -193,7 +198,7 @@ class AggregationServer:
             return self._enrolled[name].public_key()
         if role == "keyholder" and name == self.config.keyholder and name in self._keyholders:
             return self._keyholders[name].public_key()
-        raise PolicyViolation(f"{party!r} is not enrolled in this session", reason="unknown_party")
+        raise UnknownParty(f"{party!r} is not enrolled in this session")
 
     def enrolment(self, party: str):
         role, _, name = party.partition(":")
@@ -201,7 +206,7 @@ class AggregationServer:
             return self._enrolled[name]
         if role == "keyholder" and name == self.config.keyholder and name in self._keyholders:
             return self._keyholders[name]
-        raise PolicyViolation(f"{party!r} is not enrolled in this session", reason="unknown_party")
+        raise UnknownParty(f"{party!r} is not enrolled in this session")
 
     def check_peer(self, party: str, peer: dict | None) -> None:
         """The Ed25519 signer must be the party enrolled for the TLS certificate the client presented.
@@ -213,8 +218,8 @@ class AggregationServer:
         if peer is None or not self.config.require_client_cert:
             return
         if peer.get("cert_sha256") != self.enrolment(party).cert_sha256:
-            raise PolicyViolation(f"the request is signed by {party!r} but the TLS client certificate is "
-                                  "not the one enrolled for it", reason="unauthenticated")
+            raise Unauthenticated(f"the request is signed by {party!r} but the TLS client certificate is "
+                                  "not the one enrolled for it")
 
     def authenticate(self, headers, method: str, path: str, body_sha256: str, *, roles: tuple[str, ...],
                      peer: dict | None = None) -> str:
@@ -233,7 +238,7 @@ class AggregationServer:
         try:
             role = party.partition(":")[0]
             if role not in roles:
-                raise PolicyViolation(f"{role} may not call {method} {path}", reason="forbidden")
+                raise Forbidden(f"{role} may not call {method} {path}")
             if not self.store.claim_nonce(st["nonce"], party):
                 raise ReplayedContribution("request nonce was already used")
             return party
@@ -248,7 +253,7 @@ class AggregationServer:
                 raise MalformedPayload("the upload statement is not a JSON object")
             hospital = statement.get("hospital")
             if not isinstance(hospital, str) or hospital not in self._enrolled:
-                raise PolicyViolation(f"{str(hospital)[:64]!r} is not enrolled", reason="unknown_party")
+                raise UnknownParty(f"{str(hospital)[:64]!r} is not enrolled")
             sha = statement.get("payload_sha256")
             if not isinstance(sha, str) or len(sha) != 64:
                 raise MalformedPayload("the upload statement lacks a payload digest")
@@ -368,7 +373,7 @@ class AggregationServer:
         with self._lock:
             try:  # until the statement verifies, ``hospital`` is only a claim
                 if hospital not in self._enrolled:
-                    raise PolicyViolation(f"{str(hospital)[:64]!r} is not enrolled", reason="unknown_party")
+                    raise UnknownParty(f"{str(hospital)[:64]!r} is not enrolled")
                 verify_upload(statement, self._enrolled[hospital].public_key(),
                               session_id=self.config.session_id, payload_sha256=bytes.fromhex(sha),
                               hospital=hospital, max_age_s=MAX_SKEW_S)
@@ -382,8 +387,8 @@ class AggregationServer:
             try:
                 self._check_open()
                 if len(payload) > self.config.max_upload_bytes:
-                    raise PolicyViolation(f"payload of {len(payload)} bytes exceeds the cap of "
-                                          f"{self.config.max_upload_bytes}", reason="too_large")
+                    raise TooLarge(f"payload of {len(payload)} bytes exceeds the cap of "
+                                   f"{self.config.max_upload_bytes}")
                 st = verify_upload(statement, self._enrolled[hospital].public_key(),
                                    session_id=self.config.session_id, params_digest=self.params.digest(),
                                    payload_sha256=bytes.fromhex(sha), hospital=hospital, max_age_s=MAX_SKEW_S)
@@ -451,7 +456,7 @@ class AggregationServer:
         for row in self.store.uploads():
             if row["hospital"] == hospital and row["receipt"]:
                 return row["receipt"]
-        raise PolicyViolation(f"no accepted upload from {hospital}", reason="not_found")
+        raise NotFound(f"no accepted upload from {hospital}")
 
     # -- release ----------------------------------------------------------------------------------
     def close(self, party: str) -> dict:
@@ -529,7 +534,7 @@ class AggregationServer:
                 close = self.audit_head()["close"]
                 verify_countersign(cs, self.lookup_pub(party), close)
                 if cs.get("keyholder") != party.partition(":")[2]:
-                    raise PolicyViolation("a key holder countersigns only in its own name", reason="forbidden")
+                    raise Forbidden("a key holder countersigns only in its own name")
             except SecureAFLError as e:
                 self.refuse("audit_countersign", party, e)
                 raise

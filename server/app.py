@@ -27,8 +27,19 @@ from fastapi.responses import JSONResponse, Response
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import ClientDisconnect
 
-from secure_afl.exceptions import InvalidSignature, MalformedPayload, PolicyViolation, SecureAFLError
-from secure_afl.protocol import API, H_BODY, H_TAG, H_UPLOAD, STATUS_BY_REASON
+from secure_afl.exceptions import (
+    Forbidden,
+    InternalError,
+    InvalidSignature,
+    MalformedPayload,
+    NotFound,
+    RequestTimeout,
+    SecureAFLError,
+    ServerBusy,
+    TooLarge,
+    http_status,
+)
+from secure_afl.protocol import API, H_BODY, H_TAG, H_UPLOAD
 from secure_afl.signing import parse_json
 
 from .aggregator import AggregationServer
@@ -79,7 +90,7 @@ class _LastResort:
             if isinstance(exc, RecursionError):
                 err = MalformedPayload("input nested too deeply")
             else:
-                err = SecureAFLError(f"internal error ({type(exc).__name__})", reason="internal")
+                err = InternalError(f"internal error ({type(exc).__name__})")
                 log.error("internal error on %s %s: %s", scope.get("method"), scope.get("path"),
                           type(exc).__name__)
             try:
@@ -88,7 +99,7 @@ class _LastResort:
             except Exception:  # noqa: BLE001 - the audit failure itself is logged, the answer still goes out
                 log.error("could not audit an internal error")
             if not started:
-                status = 400 if err.reason == "malformed" else 500
+                status = http_status(err)
                 await _error(status, err.reason, str(err))(scope, receive, send)
 
 
@@ -104,7 +115,7 @@ def create_app(server: AggregationServer) -> FastAPI:
 
     @app.exception_handler(SecureAFLError)
     async def _refused(request: Request, exc: SecureAFLError):
-        return _error(STATUS_BY_REASON.get(exc.reason, 400), exc.reason, str(exc))
+        return _error(http_status(exc), exc.reason, str(exc))
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError):
@@ -114,7 +125,7 @@ def create_app(server: AggregationServer) -> FastAPI:
 
     def _session(session_id: str, request: Request) -> None:
         if session_id != sid:
-            err = PolicyViolation(f"unknown session {session_id[:64]!r}", reason="not_found")
+            err = NotFound(f"unknown session {session_id[:64]!r}; this server runs session {sid!r}")
             server.refuse("request", None, err, {"path": request.url.path[:200]}, peer=_peer(request))
             raise err
 
@@ -135,12 +146,11 @@ def create_app(server: AggregationServer) -> FastAPI:
                 if not declared.isdigit():
                     raise MalformedPayload("bad Content-Length")
                 if int(declared) > cap:
-                    raise PolicyViolation(f"body of {declared} bytes exceeds the cap of {cap}", reason="too_large")
+                    raise TooLarge(f"body of {declared} bytes exceeds the cap of {cap}")
             try:
                 await asyncio.wait_for(slots[0].acquire(), timeout=cfg.read_timeout_s)
             except asyncio.TimeoutError:
-                raise PolicyViolation(f"{cfg.max_concurrent_uploads} request bodies are being read; retry later",
-                                      reason="busy") from None
+                raise ServerBusy(f"{cfg.max_concurrent_uploads} request bodies are being read; retry later") from None
         except SecureAFLError as e:
             server.refuse(event, party, e, peer=peer)
             raise
@@ -151,18 +161,18 @@ def create_app(server: AggregationServer) -> FastAPI:
             while True:
                 left = min(cfg.read_timeout_s, deadline - time.monotonic())
                 if left <= 0:
-                    raise PolicyViolation(f"the body did not arrive within {cfg.body_timeout_s:g} s", reason="timeout")
+                    raise RequestTimeout(f"the body did not arrive within {cfg.body_timeout_s:g} s")
                 try:
                     chunk = await asyncio.wait_for(it.__anext__(), timeout=left)
                 except StopAsyncIteration:
                     break
                 except asyncio.TimeoutError:
-                    raise PolicyViolation(f"no body data for {left:.0f} s", reason="timeout") from None
+                    raise RequestTimeout(f"no body data for {left:.0f} s") from None
                 except ClientDisconnect:
                     raise MalformedPayload("the client disconnected mid-body", reason="disconnected") from None
                 size += len(chunk)
                 if size > cap:
-                    raise PolicyViolation(f"body exceeds the cap of {cap} bytes", reason="too_large")
+                    raise TooLarge(f"body exceeds the cap of {cap} bytes")
                 h.update(chunk)
                 chunks.append(chunk)
             if h.hexdigest() != expected_sha256:
@@ -194,7 +204,7 @@ def create_app(server: AggregationServer) -> FastAPI:
     async def get_context(session_id: str, request: Request):
         _session(session_id, request)
         if server.public_context is None:
-            raise PolicyViolation("no public context published", reason="not_found")
+            raise NotFound("no public context published")
         return Response(server.public_context, media_type="application/octet-stream")
 
     @app.post(API + "/sessions/{session_id}/context")
@@ -226,7 +236,7 @@ def create_app(server: AggregationServer) -> FastAPI:
         _session(session_id, request)
         party = await _authed(request, ("hospital", "keyholder"))
         if party.startswith("hospital:") and party != f"hospital:{hospital}":
-            raise PolicyViolation("a hospital may read only its own receipt", reason="forbidden")
+            raise Forbidden("a hospital may read only its own receipt")
         return server.receipt(hospital)
 
     @app.post(API + "/sessions/{session_id}/close")

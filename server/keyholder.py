@@ -29,6 +29,7 @@ from pathlib import Path
 import numpy as np
 
 from secure_afl import pki
+from secure_afl._io import check_passphrase, read_private_file, refuse_if_shared
 from secure_afl.analytic import solve_from_sums
 from secure_afl.backends import get_backend
 from secure_afl.exceptions import DecryptionRefused, InvalidInputError, SecureAFLError
@@ -92,7 +93,7 @@ class KeyHolder:
         self.keys_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         if passphrase is None and os.environ.get(PASSPHRASE_ENV):
             passphrase = os.environ[PASSPHRASE_ENV].encode()
-        self.passphrase = passphrase
+        self.passphrase = None if passphrase is None else check_passphrase(passphrase)
 
     # -- key files ----------------------------------------------------------------------
     def _secret_path(self, session_id: str) -> Path:
@@ -130,12 +131,14 @@ class KeyHolder:
     def _secret(self, session_id: str) -> bytes:
         from secure_afl.backends.ckks import load_secret_context
 
+        refuse_if_shared(self._secret_path(session_id), "sealed secret context")
         return load_secret_context(self._secret_path(session_id), passphrase=self.passphrase,
                                    session_id=session_id)
 
     def _tag_secret(self, session_id: str) -> bytes:
         from secure_afl.backends.ckks import load_secret_context
 
+        refuse_if_shared(self._tag_paths(session_id)[0], "sealed tag key")
         return load_secret_context(self._tag_paths(session_id)[0], passphrase=self.passphrase,
                                    session_id=f"{session_id}/tag")
 
@@ -283,7 +286,7 @@ class KeyHolder:
 def _keyholder(args) -> KeyHolder:
     passphrase = None
     if getattr(args, "passphrase_file", None):
-        passphrase = Path(args.passphrase_file).read_bytes().strip()
+        passphrase = read_private_file(args.passphrase_file, "passphrase file").strip()
     return KeyHolder(args.pki, args.name, args.keys, passphrase=passphrase)
 
 

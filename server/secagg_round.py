@@ -35,9 +35,9 @@ from fastapi import Request
 from secure_afl.secagg import ConsistencyStatement, MaskedInput, SecAggServerRound, Stage, decode_message
 from secure_afl.exceptions import (
     DuplicateContribution,
+    Forbidden,
     InsufficientShares,
     MalformedPayload,
-    PolicyViolation,
     SecureAFLError,
     StageError,
 )
@@ -101,7 +101,7 @@ class SecAggAggregationServer(AggregationServer):
     def _combine_upload(self, hospital: str, payload: bytes) -> None:
         m = MaskedInput.from_bytes(payload)
         if m.client_id != self.client_ids[hospital]:
-            raise PolicyViolation(f"{hospital} sent a masked input for client {m.client_id}", reason="forbidden")
+            raise Forbidden(f"{hospital} sent a masked input for client {m.client_id}")
         self._round.receive(m)
 
     def _check_stage_allows_upload(self, hospital: str) -> None:
@@ -213,8 +213,7 @@ class SecAggAggregationServer(AggregationServer):
                     raise StageError(f"the round is in {self.round_stage}, not in its consistency check")
                 msg = decode_message(body)
                 if not isinstance(msg, ConsistencyStatement) or msg.client_id != self.client_ids[hospital]:
-                    raise PolicyViolation(f"{hospital} may only sign its own consistency statement",
-                                          reason="forbidden")
+                    raise Forbidden(f"{hospital} may only sign its own consistency statement")
                 self._round.receive(msg)
             except SecureAFLError as e:
                 self.refuse("secagg_consistency", hospital, e)
@@ -234,8 +233,7 @@ class SecAggAggregationServer(AggregationServer):
                     raise StageError(f"the round is in {self.round_stage}, not {stage}")
                 msg = decode_message(body)
                 if getattr(msg, "client_id", None) != self.client_ids[hospital]:
-                    raise PolicyViolation(f"{hospital} may only speak for client {self.client_ids[hospital]}",
-                                          reason="forbidden")
+                    raise Forbidden(f"{hospital} may only speak for client {self.client_ids[hospital]}")
                 if self.store.messages(stage).get(hospital) is not None:
                     raise DuplicateContribution(f"{hospital} already answered {stage}")
                 bad_before = len(self._round.bad_shares)

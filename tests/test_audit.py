@@ -711,7 +711,7 @@ def test_cli_audit_verify_refuses_a_log_signed_by_another_server_key(tmp_path, c
     path = tmp_path / "audit.jsonl"
     recs = _write_session(path, key=Ed25519PrivateKey.generate())
     rc = _cli(["verify", str(path), "--pki", str(d), "--head", _head(recs[-1])])
-    assert rc == 1 and "bad_record_signature" in capsys.readouterr().out
+    assert rc == 7 and "bad_record_signature" in capsys.readouterr().out  # a security check failed (exit code 7)
 
 
 def test_cli_audit_verify_names_first_broken_record(tmp_path, consortium_pki, capsys):
@@ -728,7 +728,7 @@ def test_cli_audit_verify_names_first_broken_record(tmp_path, consortium_pki, ca
 
     # Assert
     out = capsys.readouterr().out
-    assert rc == 1
+    assert rc == 7  # a security check failed (the documented exit code)
     assert out.startswith("BROKEN (record index 3)")
 
 

@@ -13,7 +13,7 @@ from secure_afl.analytic import centralised_weights, solve_from_sums
 from secure_afl.audit import load_receipts, verify_log
 from secure_afl.cli import main
 from secure_afl.exceptions import DuplicateContribution, InsufficientContributors
-from secure_afl.clients.transport import ServiceError
+from secure_afl.exceptions import DeadlinePassed
 from secure_afl.server.keyholder import read_model
 
 from service_helpers import Consortium
@@ -168,7 +168,7 @@ def test_uploads_after_deadline_refused(consortium):
                    extra_session={"deadline_s": 3}).start()
     time.sleep(3.5)
     cl = c.hospital("h1")
-    with pytest.raises(ServiceError) as ei:
+    with pytest.raises(DeadlinePassed) as ei:
         cl.submit(c.stats(*c.data("h1")))
     cl.close()
     assert ei.value.reason == "deadline_passed" and ei.value.status_code == 410

@@ -1,6 +1,6 @@
 """``ckks``: CKKS homomorphic encryption (TenSEAL) of the packed statistics.
 
-Roles (DESIGN.md sections 3-4; threat model in ``threat_model/``):
+Roles (threat model in ``threat_model/``):
 
 * key holder: :func:`new_ckks_session` (or :func:`ckks_session_params`,
   :func:`generate_keys`, :func:`bind_public_context`) creates the session
