@@ -80,7 +80,6 @@ from .exceptions import (
     InvalidSignature,
     MalformedPayload,
     SecureAFLError,
-    exit_code,
 )
 from .signing import canonical_json, parse_json, verify_receipt
 
@@ -695,7 +694,9 @@ def _cmd_verify(args) -> int:
     except AuditChainBroken as exc:
         where = f" (record index {exc.index})" if exc.index is not None else ""
         print(f"BROKEN{where}: {exc} [{exc.reason}]")
-        return exit_code(exc)
+        # a detail reason such as "malformed" names another class in the registry; BROKEN is always
+        # a failed security check
+        return AuditChainBroken.exit_code
     except (ValueError, TypeError) as exc:
         if isinstance(exc, SecureAFLError):
             raise

@@ -732,6 +732,24 @@ def test_cli_audit_verify_names_first_broken_record(tmp_path, consortium_pki, ca
     assert out.startswith("BROKEN (record index 3)")
 
 
+def test_cli_audit_verify_exits_7_for_a_line_that_is_not_json(tmp_path, consortium_pki, capsys):
+    # Prepare: the record's detail reason is "malformed", the exit code still that of a broken chain
+    d, skey, _ = consortium_pki
+    path = tmp_path / "audit.jsonl"
+    recs = _write_session(path, key=skey)
+    lines = _lines(path)
+    lines[2] = b"{not json\n"
+    _rewrite(path, lines)
+
+    # Execute
+    rc = _cli(["verify", str(path), "--pki", str(d), "--head", _head(recs[-1])])
+
+    # Assert
+    out = capsys.readouterr().out
+    assert rc == 7
+    assert out.startswith("BROKEN (record index 2)") and "[malformed]" in out
+
+
 @pytest.mark.security
 def test_receipt_pins_the_log_before_it(tmp_path, server_key):
     # Prepare: the server edits a record before the receipts (same seqs, same upload records),

@@ -147,9 +147,13 @@ def test_request_cut_before_the_server_saw_it_is_posted_again(session):
     receipt = _submit_through(session, relay)
     relay.close()
 
-    # Assert: the receipt lookup says "not found", so the upload is sent once more and lands once
+    # Assert: the receipt lookup says "not found", so the upload is sent once more and lands once.
+    # The server authenticates an upload from its headers before it reads the body, so the cut
+    # body may leave one audited refusal (reason "disconnected") under h1's name before it.
     assert relay.cut and relay.body_connections == 2
     assert receipt["hospital"] == "h1"
-    assert [(u["actor"], u["outcome"]) for u in _uploads_in_audit(session)] == [("h1", "accepted")]
+    uploads = [(u["actor"], u["outcome"], u.get("reason")) for u in _uploads_in_audit(session)]
+    assert uploads[-1][:2] == ("h1", "accepted")
+    assert uploads[:-1] in ([], [("h1", "refused", "disconnected")]), uploads
     with session.connect_keyholder() as conn:
         assert conn.info()["contributions"] == 1
