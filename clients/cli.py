@@ -21,6 +21,8 @@ _SUBCOMMANDS = [
      "secure_afl.clients.embed"),
     ("submit", "compute, protect, sign and upload this hospital's statistics",
      "secure_afl.clients.submit"),
+    ("fingerprint", "print the session.toml [extractor] block for a backbone, weights and class list",
+     "secure_afl.clients.fingerprint"),
 ]
 
 

@@ -44,8 +44,9 @@ def run_extract_bench(*, device: str = "auto", batch_size: int = 64, images: int
     import torch
 
     from . import embed as E
+    from . import extraction
 
-    dev = E._resolve_device(device)
+    dev = extraction._resolve_device(device)
     cuda = dev.type == "cuda"
     rng = np.random.default_rng(seed)
     data = rng.integers(0, 256, size=(images, 32, 32, 3), dtype=np.uint8)
@@ -77,7 +78,7 @@ def run_extract_bench(*, device: str = "auto", batch_size: int = 64, images: int
             marks = [time.perf_counter()]
         xd, yd = xb.to(dev, non_blocking=cuda), yb.to(dev, non_blocking=cuda)
         ev[1].record() if cuda else marks.append(time.perf_counter())
-        x = E._normalise(xd, prep, mean, std, resize=True)
+        x = extraction._normalise(xd, prep, mean, std, resize=True)
         if cuda:
             x = x.contiguous(memory_format=torch.channels_last)
         ev[2].record() if cuda else marks.append(time.perf_counter())

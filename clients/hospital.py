@@ -17,7 +17,6 @@ import logging
 import os
 from pathlib import Path
 
-import httpx
 import numpy as np
 
 from secure_afl import pki
@@ -28,8 +27,10 @@ from secure_afl.exceptions import (
     DuplicateContribution,
     InvalidInputError,
     ParameterMismatch,
-    PolicyViolation,
+    NotFound,
     ReplayedContribution,
+    RoundAlreadyClosed,
+    ServerUnreachable,
     StageError,
 )
 from secure_afl.keyholder_params import (
@@ -174,6 +175,8 @@ class HospitalClient:
     def fetch_params(self, *, wait_s: float = 60.0) -> SessionParams:
         info = self.conn.wait_until(lambda i: i["status"] != "awaiting_context", timeout=wait_s,
                                     what="the key holder's public context")
+        if info["status"] in ("closed", "released"):
+            raise RoundAlreadyClosed(f"session {self.session_id} is {info['status']}: it takes no more uploads")
         if info["status"] != "open":
             raise StageError(f"session {self.session_id} is {info['status']}, not open")
         params = SessionParams.from_dict(info["params"])
@@ -227,7 +230,7 @@ class HospitalClient:
                                          headers=headers, content=content, retry=False)
                 receipt = resp.json()
                 break
-            except (httpx.TransportError, DuplicateContribution, ReplayedContribution) as e:
+            except (ServerUnreachable, DuplicateContribution, ReplayedContribution) as e:
                 receipt = self._fetch_receipt()
                 if receipt is not None and receipt.get("payload_sha256") == sha:
                     break  # this very payload was accepted before the connection dropped
@@ -243,7 +246,7 @@ class HospitalClient:
     def _fetch_receipt(self) -> dict | None:
         try:
             return self.conn.request("GET", self.conn.path(f"/receipts/{self.name}")).json()
-        except PolicyViolation:
+        except NotFound:
             return None
 
     def submit(self, stats: SufficientStatistics, *, progress: bool = False, **secagg_kw) -> dict:

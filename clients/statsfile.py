@@ -34,6 +34,7 @@ Files are written atomically (temporary file in the same directory, fsync,
 
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 from pathlib import Path
@@ -155,6 +156,20 @@ def read_metadata(path) -> dict:
     """All 0-d entries of an embeddings / statistics file as Python scalars/str."""
     with _open(path) as z:
         return {k: z[k].item() for k in z.files if k not in _ARRAY_KEYS and z[k].ndim == 0}
+
+
+def recorded_extractor(path) -> dict | None:
+    """The feature-extractor fingerprint ``client embed`` recorded in the file, or None."""
+    raw = read_metadata(path).get("extractor")
+    if not raw:
+        return None
+    try:
+        value = json.loads(raw)
+    except (TypeError, ValueError):
+        raise StatisticsFileError(f"{path}: the recorded extractor is not JSON") from None
+    if not isinstance(value, dict):
+        raise StatisticsFileError(f"{path}: the recorded extractor is not an object")
+    return value
 
 
 def load_embeddings_file(path):

@@ -9,13 +9,22 @@ import logging
 def _cmd_submit(args) -> int:
     from secure_afl import pki
 
+    from secure_afl.fingerprint import ExtractorFingerprint, check_extractor
+
     from .hospital import HospitalClient, statistics_from_file
+    from .statsfile import recorded_extractor
 
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING)
     party = pki.load_party(args.pki, "hospital", args.name)
     client = HospitalClient(args.server, args.session, party, receipts_dir=args.receipts)
+    client.conn.retry_s = args.wait_server
     try:
         params = client.fetch_params()
+        source = args.embeddings or args.stats
+        if params.extractor is not None:
+            # before anything is computed or sent: the session's sum is meaningless across extractors
+            check_extractor(ExtractorFingerprint.from_dict(params.extractor), recorded_extractor(source),
+                            source=str(source))
         stats = statistics_from_file(args.embeddings or args.stats, params.layout.n_classes,
                                      max_norm=params.bounds.max_norm)
         receipt = client.submit(stats, progress=not args.no_progress)
@@ -37,5 +46,7 @@ def register(parser) -> None:
     src.add_argument("--stats", help="statistics .npz from `client embed --stats-only`")
     parser.add_argument("--receipts", default="receipts", help="directory to keep the signed receipt in")
     parser.add_argument("--no-progress", action="store_true", help="no upload progress bar")
+    parser.add_argument("--wait-server", type=float, default=30.0, metavar="SECONDS",
+                        help="keep trying to reach a server that is (re)starting this long (default 30)")
     parser.add_argument("-v", "--verbose", action="store_true")
     parser.set_defaults(func=_cmd_submit)

@@ -4,7 +4,10 @@ mTLS with the consortium CA (httpx + an ``ssl.SSLContext`` from
 :mod:`secure_afl.pki`), plus an Ed25519 request signature on every call that
 is not public (:func:`secure_afl.protocol.sign_request`). A 4xx answer is
 turned back into the library's typed exception with the server's reason, so
-callers handle network refusals and local refusals the same way.
+callers handle network refusals and local refusals the same way. The reason
+-> class table is :func:`secure_afl.exceptions.error_class` (the same registry
+the server answers from); a server that does not answer at all is
+:class:`~secure_afl.exceptions.ServerUnreachable`.
 """
 
 from __future__ import annotations
@@ -15,33 +18,10 @@ from typing import Iterable
 import httpx
 
 from secure_afl import exceptions as E
+from secure_afl.exceptions import ServiceError
 from secure_afl.protocol import API, sign_request
 
 __all__ = ["ServiceClient", "ServiceError", "error_from_response"]
-
-
-class ServiceError(E.SecureAFLError):
-    """A refusal by the server whose reason has no more specific class here."""
-
-
-_BY_REASON = {
-    "malformed": E.MalformedPayload,
-    "layout_mismatch": E.LayoutMismatch,
-    "parameter_mismatch": E.ParameterMismatch,
-    "wrong_session": E.WrongSession,
-    "bounds_exceeded": E.BoundsExceeded,
-    "invalid_contribution": E.InvalidContribution,
-    "bad_signature": E.InvalidSignature,
-    "duplicate": E.DuplicateContribution,
-    "replay": E.ReplayedContribution,
-    "round_closed": E.RoundAlreadyClosed,
-    "wrong_stage": E.StageError,
-    "insufficient_contributors": E.InsufficientContributors,
-    "insufficient_shares": E.InsufficientShares,
-    "overlapping_unmask_request": E.OverlappingUnmaskRequest,
-    "secret_key_context": E.SecretKeyNotAllowed,
-    "policy_violation": E.PolicyViolation,
-}
 
 
 def error_from_response(resp: httpx.Response) -> E.SecureAFLError:
@@ -50,7 +30,7 @@ def error_from_response(resp: httpx.Response) -> E.SecureAFLError:
         reason, detail = str(body.get("error", "error")), str(body.get("detail", ""))
     except ValueError:
         reason, detail = "error", resp.text[:200]
-    cls = _BY_REASON.get(reason, ServiceError)
+    cls = E.error_class(reason)
     err = cls(f"server refused ({resp.status_code} {reason}): {detail}", reason=reason)
     err.status_code = resp.status_code
     return err
@@ -100,9 +80,9 @@ class ServiceClient:
                 resp = self.http.request(method, path, content=content if content is not None else body,
                                          headers=h)
                 break
-            except httpx.TransportError:
+            except httpx.TransportError as e:
                 if content is not None or time.monotonic() > deadline:
-                    raise
+                    raise E.ServerUnreachable(f"no answer from {self.base_url} ({type(e).__name__}: {e})") from e
                 time.sleep(0.25)
         if resp.status_code >= 400:
             raise error_from_response(resp)

@@ -6,6 +6,7 @@ import hashlib
 import json
 from pathlib import Path
 
+from secure_afl._io import read_private_file
 from secure_afl.packing import Layout
 
 from .custody import PASSPHRASE_ENV
@@ -17,7 +18,7 @@ __all__ = ["register"]
 def _keyholder(args) -> KeyHolder:
     passphrase = None
     if getattr(args, "passphrase_file", None):
-        passphrase = Path(args.passphrase_file).read_bytes().strip()
+        passphrase = read_private_file(args.passphrase_file, "passphrase file").strip()
     return KeyHolder(args.pki, args.name, args.keys, passphrase=passphrase)
 
 
@@ -33,8 +34,9 @@ def _cmd_keygen(args) -> int:
     kh = _keyholder(args)
     from secure_afl.dp import dp_session_params
 
+    # the same parameters the server builds (DP, the declared extractor): the key holder signs them
     params = dp_session_params(cfg.dp, cfg.backend, cfg.session_id, Layout(cfg.dim, cfg.classes), cfg.gamma,
-                               cfg.bounds)
+                               cfg.bounds).with_extractor(cfg.extractor)
     public = kh.keygen(params)
     print(f"fresh {cfg.backend.upper()} keys for session {cfg.session_id}: public context "
           f"{kh.public_path(cfg.session_id)} ({len(public)} bytes, sha256 {hashlib.sha256(public).hexdigest()[:16]}...)")

@@ -14,7 +14,7 @@ import os
 from pathlib import Path
 
 from secure_afl import pki
-from secure_afl._io import write_file
+from secure_afl._io import check_passphrase, refuse_if_shared, write_file
 from secure_afl.exceptions import InvalidInputError, ParameterMismatch
 from secure_afl.params import SessionParams
 
@@ -33,7 +33,7 @@ class KeyCustody:
         self.keys_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         if passphrase is None and os.environ.get(PASSPHRASE_ENV):
             passphrase = os.environ[PASSPHRASE_ENV].encode()
-        self.passphrase = passphrase
+        self.passphrase = None if passphrase is None else check_passphrase(passphrase)
 
     def _secret_path(self, session_id: str) -> Path:
         return self.keys_dir / f"{session_id}.secret.enc"
@@ -92,11 +92,13 @@ class KeyCustody:
     def secret_context(self, session_id: str) -> bytes:
         from secure_afl.backends.ckks import load_secret_context
 
+        refuse_if_shared(self._secret_path(session_id), "sealed secret context")
         return load_secret_context(self._secret_path(session_id), passphrase=self.passphrase,
                                    session_id=session_id)
 
     def tag_secret(self, session_id: str) -> bytes:
         from secure_afl.backends.ckks import load_secret_context
 
+        refuse_if_shared(self._tag_paths(session_id)[0], "sealed tag key")
         return load_secret_context(self._tag_paths(session_id)[0], passphrase=self.passphrase,
                                    session_id=f"{session_id}/tag")

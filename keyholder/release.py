@@ -132,6 +132,7 @@ class KeyHolder(KeyCustody):
         if info["status"] != "released":
             self.close_round(conn)
             info = conn.info()
+        self.countersign_audit_head(conn, conn.request("GET", conn.path("/manifest")).json())
         if info["backend"] in HE_BACKENDS:
             return self.release_he(conn.session_id, _HTTPSource(conn), min_clients=min_clients, lam=lam,
                                    min_class_count=min_class_count, expected_hospitals=expected_hospitals)
@@ -144,6 +145,21 @@ class KeyHolder(KeyCustody):
         return self.reveal_and_solve(params, aggregate, manifest, min_clients=min_clients, lam=lam,
                                      min_class_count=min_class_count, expected_hospitals=expected_hospitals,
                                      unmask=unmask)
+
+    def countersign_audit_head(self, conn, manifest: dict) -> dict:
+        """Countersign the server's close record (audit seq + head of this release) and hand it back,
+        before anything is decrypted: the auditor then holds a head the server alone cannot rewrite."""
+        from secure_afl.audit import countersign_head
+        from secure_afl.signing import canonical_json
+
+        servers = pki.load_enrolments(self.pki_dir, role="server")
+        close = conn.request("GET", conn.path("/audit/head")).json()["close"]
+        try:
+            cs = countersign_head(self.party.identity_key(), self.party.name, close,
+                                  next(iter(servers.values())).public_key(), manifest)
+        except (SecureAFLError, StopIteration) as e:
+            raise DecryptionRefused(f"not decrypting: the audit close record does not hold ({e})") from e
+        return conn.request("POST", conn.path("/audit/countersign"), body=canonical_json(cs)).json()
 
     def release_he(self, sid: str, source, *, min_clients: int, lam: float = 0.0, min_class_count: int = 1,
                    expected_hospitals: list[str] | None = None) -> FinalResult:

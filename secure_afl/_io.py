@@ -1,11 +1,20 @@
-"""Durable file writes shared by the PKI, key storage, the audit log and the server store."""
+"""Durable file writes shared by the PKI, key storage, the audit log and the server store,
+and the checks on files that must stay private (0600)."""
 
 from __future__ import annotations
 
 import os
+import stat
 from pathlib import Path
 
-__all__ = ["write_all", "write_file", "fsync_dir"]
+from .exceptions import InsecureFileMode, WeakPassphrase
+
+__all__ = ["write_all", "write_file", "fsync_dir", "refuse_if_shared", "private_file", "read_private_file", "check_passphrase",
+           "MIN_PASSPHRASE_CHARS"]
+
+# scrypt slows guessing but cannot make a short passphrase safe: 12 characters of
+# a passphrase from words or a password manager put brute force out of reach
+MIN_PASSPHRASE_CHARS = 12
 
 
 def write_all(fd: int, data: bytes) -> None:
@@ -43,3 +52,36 @@ def fsync_dir(directory: Path) -> None:
         pass
     finally:
         os.close(dfd)
+
+
+def refuse_if_shared(path: Path, what: str) -> None:
+    mode = os.stat(path).st_mode
+    if mode & (stat.S_IRWXG | stat.S_IRWXO):
+        raise InsecureFileMode(f"{what} {path} has mode {stat.S_IMODE(mode):04o}; it must not be readable by "
+                               f"group or others: chmod 600 {path}")
+
+
+def private_file(path, what: str = "file") -> Path:
+    """``path`` as a file only its owner can read: created empty 0600 if missing, refused if it is shared."""
+    path = Path(path)
+    try:
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600))
+    except FileExistsError:
+        refuse_if_shared(path, what)
+    return path
+
+
+def read_private_file(path, what: str = "secret file") -> bytes:
+    """The bytes of a secret file, refused when its group or others may read it."""
+    path = Path(path)
+    refuse_if_shared(path, what)
+    return path.read_bytes()
+
+
+def check_passphrase(passphrase: bytes | str) -> bytes:
+    """The passphrase as bytes, or :class:`WeakPassphrase` when it is shorter than the minimum."""
+    raw = passphrase.encode() if isinstance(passphrase, str) else bytes(passphrase)
+    if len(raw.decode("utf-8", "replace")) < MIN_PASSPHRASE_CHARS:
+        raise WeakPassphrase(f"the passphrase has fewer than {MIN_PASSPHRASE_CHARS} characters; use a longer one "
+                             "(several words, or one from a password manager)")
+    return raw

@@ -4,7 +4,7 @@ Notation follows the paper (AFL, He et al.): for hospital k,
 C_k = X_k^T X_k, Q_k = X_k^T Y_k, and with the RI intermediary gamma
 (eq. (13)) C_k^r = C_k + gamma I, W_k^r = (C_k^r)^-1 Q_k.
 
-Three computations that must agree (DESIGN.md section 2):
+Three computations that must agree:
 
 1. :func:`centralised_weights`  W = X^+ Y on the pooled data;
 2. :func:`aa_law_aggregate` then :func:`ri_restore_weights`: the paper's

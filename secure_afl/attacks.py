@@ -317,11 +317,12 @@ def attack_ckks_server(*, seed: int = 0, verbose: bool = True, **_) -> dict:
 
 def _secagg_round_upto_masked(params, vectors):
     """Run SETUP .. SHARE_KEYS for K hospitals; return (server, clients)."""
-    from .backends.secagg import SecAggClient, SecAggServerRound, decode_message
+    from .secagg import SecAggClient, SecAggServerRound, decode_message, identities
 
     ids = list(range(1, len(vectors) + 1))
-    server = SecAggServerRound(params, participants=ids)
-    clients = {u: SecAggClient(params, u) for u in ids}
+    priv, pub = identities(len(ids))
+    server = SecAggServerRound(params, participants=ids, identity_keys=pub)
+    clients = {u: SecAggClient(params, u, priv[u], pub) for u in ids}
     for stage in ("setup", "advertise_keys", "share_keys"):
         for u in sorted(server.active):
             resp = getattr(clients[u], stage)(server.request(u))
@@ -334,7 +335,7 @@ def attack_secagg_server(*, seed: int = 0, verbose: bool = True, **_) -> dict:
     """The singleton attack against a secagg masked vector: uniform noise."""
     from scipy import stats as sstats
 
-    from .backends.secagg import SecAggBackend, secagg_session_params
+    from .secagg import SecAggBackend, secagg_session_params
     from .hazmat import fixedpoint
 
     rng = np.random.default_rng(seed)

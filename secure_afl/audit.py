@@ -3,7 +3,20 @@
 Who runs this: the aggregation server writes it (:class:`AuditLog`), one
 record per decision (upload accepted / refused, round closed, aggregate
 released, ...); an auditor checks it with :func:`verify_log` or
-``secure-afl audit verify LOG [--receipts DIR] [--server-pub FILE]``.
+``secure-afl audit verify LOG --pki DIR --head HEAD [--receipts DIR]``.
+
+What pins the log
+-----------------
+A hash chain and the server's per-record signatures stop anyone but the
+server from editing the log; they do not stop the server (it holds its key)
+from cutting the tail or rebuilding the chain. So the verifier always checks
+the log against an *expected head* (record ``seq`` with hash ``head``) that
+someone else holds: each receipt carries its record's seq and hash; the
+manifest carries the head when the aggregate was fixed; at release the
+server signs a close record (seq and hash of the ``release`` record, the
+participants), which the key holder countersigns at finalize
+(:func:`countersign_head`). A release record must name every hospital
+holding a receipt from before it.
 
 Record format
 -------------
@@ -68,7 +81,7 @@ from .exceptions import (
     MalformedPayload,
     SecureAFLError,
 )
-from .signing import canonical_json, verify_receipt
+from .signing import canonical_json, parse_json, verify_receipt
 
 try:  # POSIX: one writer per log file
     import fcntl as _fcntl
@@ -83,6 +96,12 @@ __all__ = [
     "AuditLog",
     "AuditVerification",
     "record_hash",
+    "check_chain",
+    "expected_head",
+    "make_close_record",
+    "verify_close_record",
+    "countersign_head",
+    "verify_countersign",
     "verify_log",
     "load_receipts",
     "register",
@@ -111,11 +130,19 @@ def _check_record(line: bytes, index: int, prev_hash: str, server_pub=None) -> d
         return AuditChainBroken(f"record {index}: {why}", index=index, reason=reason)
 
     try:
-        rec = json.loads(line)
-    except (UnicodeDecodeError, json.JSONDecodeError):
-        raise broken("not valid JSON", "malformed") from None
+        rec = parse_json(line, "audit record")
+    except MalformedPayload:
+        raise broken("not valid JSON (or a duplicated key, or nested too deep)", "malformed") from None
     if not isinstance(rec, dict):
         raise broken("not a JSON object", "malformed")
+    try:
+        canonical = canonical_json(rec)
+    except (TypeError, ValueError):
+        raise broken("not canonical JSON", "not_canonical") from None
+    if canonical != line:
+        # one byte string per record: a line that parses the same but reads differently elsewhere
+        # (spacing, key order, escapes) is not what the writer wrote
+        raise broken("not the canonical encoding of its content", "not_canonical")
     allowed = set(_BODY_FIELDS) | {"hash", "sig"}
     if set(rec) - allowed or any(f not in rec for f in _BODY_FIELDS + ("hash",)):
         raise broken("unexpected or missing fields", "malformed")
@@ -248,6 +275,21 @@ class AuditLog:
         """Hash of the last record (``GENESIS_HASH`` when empty)."""
         return self._head
 
+    def find(self, event: str, actor: str | None, **details) -> dict | None:
+        """The first ``accepted`` record of ``event`` by ``actor`` whose details include ``details``.
+
+        For crash recovery: a record already written must not be written again.
+        """
+        with self._lock:
+            with open(self.path, "rb") as fh:
+                for line in fh:
+                    rec = json.loads(line)
+                    d = rec.get("details") or {}
+                    if rec["event"] == event and actor in (None, rec["actor"]) and rec["outcome"] == "accepted" \
+                            and all(d.get(k) == v for k, v in details.items()):
+                        return rec
+        return None
+
     # -- writing ---------------------------------------------------------------
 
     def append(self, event: str, *, actor: str, outcome: str, session: str | None = None,
@@ -295,6 +337,87 @@ class AuditLog:
 
 
 # --------------------------------------------------------------------------
+# the signed head: session-close record and the key holder's countersignature
+# --------------------------------------------------------------------------
+
+CLOSE_PREFIX = b"secure-afl/audit-close/v1\0"
+COUNTERSIGN_PREFIX = b"secure-afl/audit-countersign/v1\0"
+_CLOSE_FIELDS = ("type", "v", "session_id", "seq", "head", "participants", "time")
+_COUNTERSIGN_FIELDS = ("type", "v", "session_id", "seq", "head", "participants", "keyholder", "close_signature")
+
+
+def _sign_statement(key, prefix: bytes, statement: dict) -> dict:
+    return {**statement, "signature": key.sign(prefix + canonical_json(statement)).hex()}
+
+
+def _verified_statement(obj, fields, kind: str, prefix: bytes, pub) -> dict:
+    from cryptography.exceptions import InvalidSignature as _CryptoInvalidSignature
+
+    if not isinstance(obj, Mapping) or any(f not in obj for f in fields + ("signature",)) \
+            or obj.get("type") != kind or obj.get("v") != 1:
+        raise MalformedPayload(f"not a {kind} statement")
+    statement = {f: obj[f] for f in fields}
+    try:
+        pub.verify(bytes.fromhex(obj["signature"]), prefix + canonical_json(statement))
+    except (ValueError, TypeError, _CryptoInvalidSignature):
+        raise InvalidSignature() from None
+    seq = statement["seq"]
+    if isinstance(seq, bool) or not isinstance(seq, int) or seq < 0 or not isinstance(statement["head"], str):
+        raise MalformedPayload(f"{kind}: seq/head malformed")
+    if not isinstance(statement["participants"], list) or \
+            not all(isinstance(p, str) for p in statement["participants"]):
+        raise MalformedPayload(f"{kind}: participants must be a list of names")
+    return {**statement, "signature": obj["signature"]}
+
+
+def make_close_record(server_key, session_id: str, seq: int, head: str, participants: Iterable[str],
+                      timestamp: float | None = None) -> dict:
+    """The server's signed statement that the session closed at log record ``seq`` with hash ``head``.
+
+    ``participants`` are the hospitals whose uploads the release summed.
+    """
+    statement = {"type": "audit_close", "v": 1, "session_id": session_id, "seq": int(seq), "head": head,
+                 "participants": sorted(participants),
+                 "time": int(_time.time() if timestamp is None else timestamp)}
+    return _sign_statement(server_key, CLOSE_PREFIX, statement)
+
+
+def verify_close_record(record, server_pub) -> dict:
+    """The close record if the server's signature holds; InvalidSignature / MalformedPayload otherwise."""
+    return _verified_statement(record, _CLOSE_FIELDS, "audit_close", CLOSE_PREFIX, _server_pub(server_pub))
+
+
+def countersign_head(keyholder_key, keyholder: str, close_record, server_pub, manifest: Mapping | None = None) -> dict:
+    """The key holder's countersignature over the server's close record (at finalize).
+
+    Refuses (:class:`InvalidSignature`, :class:`MalformedPayload`) a record the
+    server did not sign, and, given the manifest, one whose participants are
+    not the manifest's: the key holder vouches only for a head that describes
+    the release it is about to decrypt.
+    """
+    rec = verify_close_record(close_record, server_pub)
+    if manifest is not None:
+        named = sorted(p.get("hospital") for p in manifest.get("participants", []))
+        if named != rec["participants"] or manifest.get("session_id") != rec["session_id"]:
+            raise MalformedPayload("the audit close record does not describe the manifest's release")
+    statement = {"type": "audit_countersign", "v": 1, "session_id": rec["session_id"], "seq": rec["seq"],
+                 "head": rec["head"], "participants": rec["participants"], "keyholder": keyholder,
+                 "close_signature": rec["signature"]}
+    return _sign_statement(keyholder_key, COUNTERSIGN_PREFIX, statement)
+
+
+def verify_countersign(countersign, keyholder_pub, close_record) -> dict:
+    """The countersignature if the key holder signed exactly this close record."""
+    cs = _verified_statement(countersign, _COUNTERSIGN_FIELDS, "audit_countersign", COUNTERSIGN_PREFIX,
+                             _server_pub(keyholder_pub))
+    if not isinstance(close_record, Mapping) or any(
+            cs[f] != close_record.get(f) for f in ("session_id", "seq", "head", "participants")) \
+            or cs["close_signature"] != close_record.get("signature"):
+        raise InvalidSignature()
+    return cs
+
+
+# --------------------------------------------------------------------------
 # verifier
 # --------------------------------------------------------------------------
 
@@ -307,18 +430,20 @@ class AuditVerification:
     n_accepted: int
     n_refused: int
     n_receipts: int
+    head_seq: int
     head_hash: str
-    signed: bool
+    countersigned_by: str | None = None
 
     def summary(self) -> str:
-        sig = ", server signatures verified" if self.signed else ""
+        cs = f", countersigned by {self.countersigned_by}" if self.countersigned_by else ""
         return (f"OK: {self.n_records} records ({self.n_accepted} accepted, {self.n_refused} refused), "
-                f"{self.n_receipts} receipts matched{sig}; head {self.head_hash}")
+                f"server signatures verified, {self.n_receipts} receipts matched; "
+                f"expected head {self.head_seq}:{self.head_hash} present{cs}")
 
 
 def _server_pub(server_pub):
     if server_pub is None:
-        return None
+        raise TypeError("a public key is required")
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
     if isinstance(server_pub, Ed25519PublicKey):
@@ -330,44 +455,148 @@ def _server_pub(server_pub):
     return load_identity_pub(server_pub)
 
 
-def verify_log(path, *, server_pub=None, receipts: Iterable[Mapping] = (),
-               records_signed: bool = True) -> AuditVerification:
-    """Verify the chain of ``path`` and that every receipt is backed by it.
-
-    Parameters
-    ----------
-    path : path-like
-        The JSON Lines audit log.
-    server_pub : Ed25519PublicKey, PEM path/str or raw bytes, optional
-        If given, every receipt's signature is verified and, unless
-        ``records_signed=False`` (a log written without a signing key), every
-        record must carry a valid server signature.
-    receipts : iterable of dict
-        Receipts from :func:`secure_afl.signing.make_receipt`. Each must
-        point (by ``seq``) to an ``upload``/``accepted`` record of the same
-        session, hospital and payload hash.
-
-    Raises
-    ------
-    AuditChainBroken
-        ``index`` names the first broken record (0-based line = expected
-        seq): malformed line, wrong seq (deleted/reordered record), broken
-        link, hash mismatch (edited field), bad signature, or a torn last
-        line. For a receipt failure ``index`` is the record it points to
-        (``None`` if there is none) and ``reason`` starts with ``receipt_``.
-    """
-    pub = _server_pub(server_pub)
+def _read_chain(path, pub) -> list[dict]:
     data = Path(path).read_bytes()
     lines, torn = _split_lines(data)
     prev = GENESIS_HASH
     records = []
     for i, line in enumerate(lines):
-        rec = _check_record(line, i, prev, pub if records_signed else None)
+        rec = _check_record(line, i, prev, pub)
         records.append(rec)
         prev = rec["hash"]
     if torn:
         raise AuditChainBroken(f"record {len(lines)}: torn last line (no newline; crash mid-write?)",
                                index=len(lines), reason="torn_record")
+    return records
+
+
+@dataclass(frozen=True)
+class ChainShape:
+    """What :func:`check_chain` found: counts and the last record's hash."""
+
+    n_records: int
+    n_accepted: int
+    head_hash: str
+
+
+def check_chain(path) -> ChainShape:
+    """Structure only: every line links, hashes and is canonical.
+
+    Not an audit verdict (no signature, no expected head): a writer with the
+    file can rebuild any chain. :func:`verify_log` is the auditor's check.
+    """
+    records = _read_chain(path, None)
+    return ChainShape(len(records), sum(r["outcome"] == "accepted" for r in records),
+                      records[-1]["hash"] if records else GENESIS_HASH)
+
+
+def expected_head(obj, server_pub) -> tuple[int, str, dict | None]:
+    """``(seq, head, close record or None)`` from what an auditor holds.
+
+    ``obj`` is a ``"SEQ:HEX"`` string, a server-signed receipt (``seq`` and
+    ``audit_head``), a manifest (``audit``), a close record, or the server's
+    ``{"close": ..., "countersign": ...}`` bundle. Signed objects are verified
+    with ``server_pub``.
+    """
+    pub = _server_pub(server_pub)
+    if isinstance(obj, str):
+        seq_s, _, head = obj.partition(":")
+        try:
+            seq = int(seq_s)
+            if seq < 0 or len(bytes.fromhex(head)) != 32:
+                raise ValueError
+        except ValueError:
+            raise MalformedPayload("an explicit head is SEQ:HEX (64 hex digits)") from None
+        return seq, head.lower(), None
+    if not isinstance(obj, Mapping):
+        raise MalformedPayload("no audit head in this object")
+    if "close" in obj:
+        obj = obj["close"]
+    kind = obj.get("type")
+    if kind == "audit_close":
+        rec = verify_close_record(obj, pub)
+        return rec["seq"], rec["head"], rec
+    if kind == "receipt" and "audit_head" in obj:
+        r = verify_receipt(obj, pub)
+        return r["seq"], r["audit_head"], None
+    if kind == "manifest" and isinstance(obj.get("audit"), Mapping):
+        from .signing import MANIFEST_PREFIX
+
+        fields = [k for k in obj if k != "signature"]
+        from cryptography.exceptions import InvalidSignature as _CryptoInvalidSignature
+
+        try:
+            pub.verify(bytes.fromhex(obj["signature"]), MANIFEST_PREFIX + canonical_json({k: obj[k] for k in fields}))
+        except (KeyError, ValueError, TypeError, _CryptoInvalidSignature):
+            raise InvalidSignature() from None
+        return expected_head(f"{obj['audit'].get('seq')}:{obj['audit'].get('head')}", pub)
+    raise MalformedPayload("no audit head in this object (receipt, manifest, close record or SEQ:HEX)")
+
+
+def verify_log(path, *, server_pub, head, receipts: Iterable[Mapping] = (), countersign=None,
+               keyholder_pub=None) -> AuditVerification:
+    """Verify ``path`` as the server's log up to an expected head, and receipts against it.
+
+    Parameters
+    ----------
+    path : path-like
+        The JSON Lines audit log.
+    server_pub : Ed25519PublicKey, PEM path/str or raw bytes
+        The server's identity key, from the consortium PKI. Every record and
+        every receipt must carry its valid signature.
+    head : str or dict
+        What pins the log's extent (:func:`expected_head`): the record at that
+        seq must exist and have that hash, so a cut tail, a re-appended tail
+        or a rewritten prefix fails.
+    receipts : iterable of dict
+        Receipts from :func:`secure_afl.signing.make_receipt`. Each must
+        point (by ``seq``, and by ``audit_head``) to an ``upload``/``accepted``
+        record of the same session, hospital and payload hash, and a release
+        recorded after it must name that hospital among its participants.
+    countersign, keyholder_pub
+        With a close-record head, the key holder's countersignature and key;
+        required for such a head, since the close record alone is the
+        server's own word.
+
+    Raises
+    ------
+    AuditChainBroken
+        ``index`` names the first broken record (0-based line = expected seq);
+        ``reason`` says what broke (``truncated``, ``head_mismatch``,
+        ``not_canonical``, ``receipt_*``, ...).
+    """
+    pub = _server_pub(server_pub)
+    records = _read_chain(path, pub)
+    try:
+        seq, head_hash, close = expected_head(head, pub)
+    except InvalidSignature:
+        raise AuditChainBroken("the expected head's server signature does not verify",
+                               reason="head_bad_signature") from None
+    except MalformedPayload as e:
+        raise AuditChainBroken(f"expected head unusable: {e}", reason="head_malformed") from None
+    if seq >= len(records):
+        raise AuditChainBroken(f"the log ends at record {len(records) - 1} but the expected head is record "
+                               f"{seq}: its tail was cut", index=len(records), reason="truncated")
+    if records[seq]["hash"] != head_hash:
+        raise AuditChainBroken(f"record {seq} is not the expected head {head_hash}: the log was rewritten",
+                               index=seq, reason="head_mismatch")
+    countersigned_by = None
+    if close is not None:
+        rel = records[seq]
+        named = (rel.get("details") or {}).get("participants") if isinstance(rel.get("details"), dict) else None
+        if not (rel["event"] == "release" and rel["outcome"] == "accepted" and rel["session"] == close["session_id"]
+                and named == close["participants"]):
+            raise AuditChainBroken(f"record {seq} is not the release the close record describes",
+                                   index=seq, reason="head_mismatch")
+        if countersign is None or keyholder_pub is None:
+            raise AuditChainBroken("a close-record head needs the key holder's countersignature",
+                                   reason="head_not_countersigned")
+        try:
+            cs = verify_countersign(countersign, keyholder_pub, close)
+        except (InvalidSignature, MalformedPayload):
+            raise AuditChainBroken("the key holder's countersignature does not cover this close record",
+                                   reason="head_bad_countersign") from None
+        countersigned_by = cs["keyholder"]
 
     n_receipts = 0
     for j, receipt in enumerate(receipts):
@@ -375,8 +604,8 @@ def verify_log(path, *, server_pub=None, receipts: Iterable[Mapping] = (),
         n_receipts += 1
     n_acc = sum(r["outcome"] == "accepted" for r in records)
     return AuditVerification(n_records=len(records), n_accepted=n_acc, n_refused=len(records) - n_acc,
-                             n_receipts=n_receipts, head_hash=prev,
-                             signed=pub is not None and records_signed)
+                             n_receipts=n_receipts, head_seq=seq, head_hash=head_hash,
+                             countersigned_by=countersigned_by)
 
 
 def _check_receipt(receipt, j: int, records: list[dict], pub) -> None:
@@ -385,17 +614,14 @@ def _check_receipt(receipt, j: int, records: list[dict], pub) -> None:
         label += f" ({receipt['_source']})"
         receipt = {k: v for k, v in receipt.items() if k != "_source"}
     try:
-        if pub is not None:
-            r = verify_receipt(receipt, pub)
-        else:  # structure only; without the server key the signature cannot be checked
-            r = dict(receipt)
-            for f in ("session_id", "hospital", "payload_sha256", "seq"):
-                r[f]
+        r = verify_receipt(receipt, pub)
+        r["audit_head"]
     except InvalidSignature:
         raise AuditChainBroken(f"{label}: server signature does not verify",
                                reason="receipt_bad_signature") from None
     except (MalformedPayload, KeyError, TypeError, ValueError):
-        raise AuditChainBroken(f"{label}: malformed receipt", reason="receipt_malformed") from None
+        raise AuditChainBroken(f"{label}: malformed receipt (or one without its audit head)",
+                               reason="receipt_malformed") from None
     seq = r["seq"]
     if isinstance(seq, bool) or not isinstance(seq, int) or not 0 <= seq < len(records):
         raise AuditChainBroken(f"{label}: seq {seq!r} has no record in the log",
@@ -408,6 +634,16 @@ def _check_receipt(receipt, j: int, records: list[dict], pub) -> None:
         raise AuditChainBroken(
             f"{label}: record {seq} is not the accepted upload of {r['hospital']!r} "
             f"with payload {r['payload_sha256']}", index=seq, reason="receipt_unmatched")
+    if rec["hash"] != r["audit_head"]:
+        raise AuditChainBroken(f"{label}: record {seq} is not the record the receipt was issued for "
+                               "(the log before it was rewritten)", index=seq, reason="receipt_unmatched")
+    for later in records[seq + 1:]:
+        if later["event"] == "release" and later["outcome"] == "accepted" and later["session"] == r["session_id"]:
+            named = later["details"].get("participants") if isinstance(later["details"], dict) else None
+            if not isinstance(named, list) or r["hospital"] not in named:
+                raise AuditChainBroken(f"{label}: the release at record {later['seq']} leaves out "
+                                       f"{r['hospital']!r}, whose upload was accepted before it",
+                                       index=later["seq"], reason="receipt_not_released")
 
 
 def load_receipts(directory) -> list[dict]:
@@ -431,31 +667,53 @@ def load_receipts(directory) -> list[dict]:
 # --------------------------------------------------------------------------
 
 
+def _pki_pub(pki_dir, role: str, name: str | None):
+    """The identity key the PKI pins for ``role``: an operator's PKI directory or a party's bundle."""
+    from .pki import pinned_identity
+
+    return pinned_identity(pki_dir, role, name)
+
+
 def _cmd_verify(args) -> int:
+    # a broken chain prints BROKEN and ends with its exit code; anything else (no such file, a head
+    # that is not JSON, a party missing from the PKI) is one line from secure_afl.cli with its exit code
     try:
+        server_pub = _pki_pub(args.pki, "server", args.server)
+        head = args.head
+        countersign = keyholder_pub = None
+        if ":" not in head or Path(head).exists():
+            bundle = parse_json(Path(head).read_bytes(), f"head file {head}")
+            head = bundle
+            if isinstance(bundle, dict) and "countersign" in bundle:
+                countersign = bundle["countersign"]
+                if isinstance(countersign, dict):
+                    keyholder_pub = _pki_pub(args.pki, "keyholder", countersign.get("keyholder"))
         receipts = load_receipts(args.receipts) if args.receipts else []
-        if receipts and args.server_pub is None:
-            print("warning: no --server-pub; receipt signatures are not verified", file=sys.stderr)
-        result = verify_log(args.log, server_pub=args.server_pub, receipts=receipts,
-                            records_signed=not args.unsigned_records)
+        result = verify_log(args.log, server_pub=server_pub, head=head, receipts=receipts,
+                            countersign=countersign, keyholder_pub=keyholder_pub)
     except AuditChainBroken as exc:
         where = f" (record index {exc.index})" if exc.index is not None else ""
         print(f"BROKEN{where}: {exc} [{exc.reason}]")
-        return 1
-    except (OSError, SecureAFLError, ValueError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        # a detail reason such as "malformed" names another class in the registry; BROKEN is always
+        # a failed security check
+        return AuditChainBroken.exit_code
+    except (ValueError, TypeError) as exc:
+        if isinstance(exc, SecureAFLError):
+            raise
+        raise MalformedPayload(str(exc)) from None
     print(result.summary())
     return 0
 
 
 def register(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="audit_command", metavar="ACTION", required=True)
-    p = sub.add_parser("verify", help="verify the hash chain of an audit log and receipts against it")
+    p = sub.add_parser("verify", help="verify an audit log up to its expected head, and receipts against it")
     p.add_argument("log", help="audit log (JSON Lines)")
+    p.add_argument("--pki", required=True,
+                   help="consortium PKI directory or a party's PKI bundle (pins the server's and key holder's keys)")
+    p.add_argument("--server", default=None, help="server name in the PKI (default: the only one)")
+    p.add_argument("--head", required=True,
+                   help="the expected head: audit-head.json (close record + key holder countersignature), "
+                        "a receipt or manifest JSON file, or SEQ:HEX")
     p.add_argument("--receipts", default=None, help="directory of receipt *.json files")
-    p.add_argument("--server-pub", default=None,
-                   help="server identity public key (PEM, e.g. server-NAME/identity.pub, or raw hex)")
-    p.add_argument("--unsigned-records", action="store_true",
-                   help="the log was written without a signing key: use --server-pub for receipts only")
     p.set_defaults(func=_cmd_verify)

@@ -177,12 +177,16 @@ def _w_bound(params, layout, revealed, n_clients: int) -> float | None:
 
 
 def _run_secagg(out, layout, bounds, gamma, session_id, rng, samples, max_norm, dropout) -> dict:
-    """The whole SecAgg protocol in-process (:func:`secure_afl.backends.secagg.simulate_round`)."""
-    from .backends.secagg import recommended_neighbours, secagg_session_params, simulate_round
+    """The whole SecAgg protocol in-process (:func:`secure_afl.secagg.simulate_round`)."""
+    from .secagg import default_threshold, recommended_neighbours, secagg_session_params, simulate_round
 
-    # SecAgg+ neighbour graph of degree 2 ceil(1.5 log2 K) once that is smaller than K - 1
-    params = secagg_session_params(session_id, layout, gamma, bounds,
-                                   neighbours=recommended_neighbours(max(out["clients"], 2)))
+    # SecAgg+ neighbour graph of degree 2 ceil(1.5 log2 K) once that is smaller than K - 1; the threshold
+    # is lowered where the consistency quorum (n + t - 1) / 2 + 1 would not fit in the survivors
+    n = bounds.k_max
+    k = recommended_neighbours(max(n, 2))
+    t = default_threshold((n - 1 if k is None else k) + 1)
+    t = max(2, min(t, int((1 - 2 * dropout) * n) - 1))
+    params = secagg_session_params(session_id, layout, gamma, bounds, neighbours=k, threshold=t)
     vectors = [_hospital_vector(layout, np.random.default_rng([out["seed"], k]), samples, max_norm, gamma)
                for k in range(out["clients"])]
     aggregate, exact, timings, bytes_per_client = simulate_round(params, vectors, dropout, rng)

@@ -4,6 +4,11 @@ Each subcommand lives in its own module that exposes ``register(parser)``;
 the module is listed in ``_COMMANDS`` and imported only when the command line
 names it, so ``secure-afl --help`` stays fast and a hospital without torch can
 still run every command but ``client embed``.
+
+An expected failure (any :class:`~secure_afl.exceptions.SecureAFLError`, a
+missing or unreadable file) ends the command with one line on stderr and the
+exit code documented in :mod:`secure_afl.exceptions`; ``--debug`` shows the
+traceback instead. Anything else is a bug and keeps its traceback.
 """
 
 from __future__ import annotations
@@ -11,6 +16,8 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+
+from .exceptions import EXIT_INPUT, EXIT_REFUSED, SecureAFLError, exit_code
 
 # (command name, help, module providing register(subparser))
 _COMMANDS = [
@@ -33,6 +40,7 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
         prog="secure-afl",
         description="Secure aggregation for Analytic Federated Learning (AFL).",
     )
+    parser.add_argument("--debug", action="store_true", help="show the traceback of an expected error")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     wanted = None
     if argv is not None:
@@ -44,11 +52,29 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     return parser
 
 
+def one_line(exc: BaseException) -> str:
+    """``secure-afl: error [reason]: message`` on a single line."""
+    reason = getattr(exc, "reason", None) or type(exc).__name__
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return f"secure-afl: error [{reason}]: {text}"
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = build_parser(argv)
     args = parser.parse_args(argv)
-    rc = args.func(args)
+    try:
+        rc = args.func(args)
+    except (SecureAFLError, OSError, TimeoutError) as exc:
+        if args.debug:
+            raise
+        print(one_line(exc), file=sys.stderr)
+        if isinstance(exc, SecureAFLError):
+            return exit_code(exc)
+        return EXIT_REFUSED if isinstance(exc, TimeoutError) else EXIT_INPUT
+    except KeyboardInterrupt:
+        print("secure-afl: interrupted", file=sys.stderr)
+        return 130
     return int(rc or 0)
 
 

@@ -201,12 +201,18 @@ def run_demo(args) -> dict:
                     "min_clients": min(K, max(2, args.min_clients or K)), "deadline_s": 3600,
                     "hospitals": [h[0] for h in hospitals]},
         "bounds": {"max_norm": max_norm, "n_max": n_max, "k_max": max(K, 2)},
-        "secagg": {"threshold": max(2, (2 * K) // 3 + 1) if K > 2 else 2, "stage_timeout_s": 30.0},
+        "secagg": {"stage_timeout_s": 30.0},
         "server": {"host": "127.0.0.1", "port": port, "data_dir": str(work / "server"),
                    "pki_dir": str(pki_dir), "name": "aggregator", "keyholder": "keyholder"},
     }
-    if K < 3:
-        cfg["secagg"]["threshold"] = K
+    if args.backend == "secagg":
+        # the threshold follows each hospital's share holders (the server's default); the consistency
+        # quorum then caps how many hospitals a release may require
+        from .secagg import default_threshold, max_min_clients, recommended_neighbours
+
+        k = recommended_neighbours(max(K, 2))
+        t = default_threshold((K - 1 if k is None else k) + 1)
+        cfg["session"]["min_clients"] = min(cfg["session"]["min_clients"], max_min_clients(K, t))
     if args.dp is not None:
         # any min_clients hospitals' shares add up to the full noise
         cfg["dp"] = {"epsilon": float(args.dp), "delta": 1e-5, "min_contributors": cfg["session"]["min_clients"]}
@@ -304,8 +310,11 @@ def run_demo(args) -> dict:
     acc_secure, acc_plain = top1_accuracy(W, Xe, ye), top1_accuracy(W_plain, Xe, ye)
     target = session_w_target(res.params)
     privacy = res.report.get("dp")
+    head = json.loads((work / "server" / session_id / "audit-head.json").read_text())
     audit = verify_log(work / "server" / session_id / "audit.jsonl",
                        server_pub=pki.load_party(pki_dir, "server", "aggregator").identity_pub(),
+                       head=head, countersign=head["countersign"],
+                       keyholder_pub=pki.load_party(pki_dir, "keyholder", "keyholder").identity_pub(),
                        receipts=_receipts(receipts_dir))
     noise_bound = allowed = None
     if privacy is not None:

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from .exceptions import MalformedPayload, ParameterMismatch, WrongSession
 from .params import SessionParams
+from .signing import parse_json
 
 __all__ = ["seal", "open_envelope", "Envelope", "peek_header", "MAX_HEADER"]
 
@@ -60,10 +61,7 @@ def peek_header(data: bytes) -> Envelope:
     start = len(_MAGIC) + _LEN.size
     if hlen > MAX_HEADER or start + hlen > len(data):
         raise MalformedPayload("payload header length out of range")
-    try:
-        header = json.loads(data[start:start + hlen])
-    except (UnicodeDecodeError, json.JSONDecodeError):
-        raise MalformedPayload("payload header is not JSON") from None
+    header = parse_json(data[start:start + hlen], "payload header")
     if not isinstance(header, dict):
         raise MalformedPayload("payload header is not an object")
     body = data[start + hlen:]

@@ -78,6 +78,8 @@ class SessionParams:
     backend_params: Mapping[str, Any] = field(default_factory=dict)
     #: distributed differential privacy (:mod:`secure_afl.dp`); None = off, and then absent from the digest
     dp: Mapping[str, Any] | None = None
+    # the session's feature extractor (secure_afl.fingerprint), part of the digest when declared
+    extractor: Mapping[str, Any] | None = None
 
     def __post_init__(self):
         if not isinstance(self.session_id, str) or not _SESSION_ID.match(self.session_id):
@@ -100,6 +102,7 @@ class SessionParams:
             "gamma": float(self.gamma),
             "bounds": self.bounds.to_dict(),
             "backend_params": dict(self.backend_params),
+            **({"extractor": dict(self.extractor)} if self.extractor is not None else {}),
         }
         if self.dp is not None:
             d["dp"] = dict(self.dp)
@@ -116,6 +119,7 @@ class SessionParams:
             bounds=Bounds(float(d["bounds"]["max_norm"]), int(d["bounds"]["n_max"]), int(d["bounds"]["k_max"])),
             backend_params=dict(d.get("backend_params", {})),
             dp=dict(d["dp"]) if d.get("dp") is not None else None,
+            extractor=dict(d["extractor"]) if d.get("extractor") is not None else None,
         )
 
     def canonical_json(self) -> bytes:
@@ -127,8 +131,14 @@ class SessionParams:
     def with_backend_params(self, **kw) -> "SessionParams":
         bp = dict(self.backend_params)
         bp.update(kw)
-        return SessionParams(self.session_id, self.backend, self.layout, self.gamma, self.bounds, bp, self.dp)
+        return SessionParams(self.session_id, self.backend, self.layout, self.gamma, self.bounds, bp, self.dp,
+                             self.extractor)
 
     def with_dp(self, dp: Mapping[str, Any] | None) -> "SessionParams":
         return SessionParams(self.session_id, self.backend, self.layout, self.gamma, self.bounds,
-                             dict(self.backend_params), None if dp is None else dict(dp))
+                             dict(self.backend_params), None if dp is None else dict(dp), self.extractor)
+
+    def with_extractor(self, extractor: Mapping[str, Any] | None) -> "SessionParams":
+        """The same parameters bound to a declared feature extractor (its dict form)."""
+        return SessionParams(self.session_id, self.backend, self.layout, self.gamma, self.bounds,
+                             dict(self.backend_params), self.dp, None if extractor is None else dict(extractor))

@@ -64,14 +64,13 @@ import json
 import os
 import re
 import ssl
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Mapping
 
-from ._io import write_file
+from ._io import refuse_if_shared, write_file
 from ._validation import param_error
-from .exceptions import InvalidSignature, MalformedPayload
+from .exceptions import InvalidInputError, InvalidSignature, MalformedPayload
 
 __all__ = [
     "ROLES",
@@ -82,6 +81,10 @@ __all__ = [
     "issue",
     "load_party",
     "load_enrolments",
+    "write_roster",
+    "load_roster",
+    "make_bundles",
+    "pinned_identity",
     "enrolled_keys",
     "load_certificate",
     "load_identity_key",
@@ -106,6 +109,8 @@ _CLOCK_SKEW = _dt.timedelta(minutes=5)
 
 CA_CERT = "ca.pem"
 CA_KEY = "ca.key"
+ROSTER = "roster.json"
+_ROSTER_PREFIX = b"secure-afl/roster/v1\0"
 
 
 # --------------------------------------------------------------------------
@@ -522,18 +527,128 @@ def load_party(pki_dir, role: str, name: str) -> PartyFiles:
               party.identity_pub_file):
         if not p.is_file():
             raise FileNotFoundError(f"{p} is missing; issue it with `secure-afl pki issue`")
+    for p in (party.key_file, party.identity_key_file):
+        refuse_if_shared(p, "private key")
     return party
 
 
 def load_enrolments(pki_dir, *, role: str = "hospital") -> dict[str, Enrolment]:
-    """Read every ``<role>-*/enrolment.json`` under ``pki_dir``: ``{name: Enrolment}``."""
+    """``{name: Enrolment}`` of every party with ``role``.
+
+    From the CA-signed ``roster.json`` when ``pki_dir`` is a party's bundle
+    (:func:`make_bundles`); otherwise from every ``<role>-*/enrolment.json``
+    (the operator's own PKI directory).
+    """
     _check_role(role, "load_enrolments")
+    if (Path(pki_dir) / ROSTER).exists():
+        return {e.name: e for e in load_roster(pki_dir) if e.role == role}
     out: dict[str, Enrolment] = {}
     for f in sorted(Path(pki_dir).glob(f"{role}-*/enrolment.json")):
         e = Enrolment.from_dict(json.loads(f.read_text()))
         if e.role == role:
             out[e.name] = e
     return out
+
+
+def _roster_message(body: dict) -> bytes:
+    return _ROSTER_PREFIX + json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
+
+
+def write_roster(pki_dir, out_file) -> Path:
+    """Sign the roster of every issued party (role, name, identity key, certificate hash) with the CA key."""
+    from cryptography.hazmat.primitives import hashes
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    d = Path(pki_dir)
+    parties = []
+    for role in ROLES:
+        parties += [e.to_dict() for e in sorted(load_enrolments(d, role=role).values(), key=lambda e: e.name)]
+    body = {"v": 1, "ca_sha256": cert_fingerprint(load_certificate(d / CA_CERT)), "parties": parties}
+    ca_key = _load_private_key(d / CA_KEY)
+    sig = ca_key.sign(_roster_message(body), ec.ECDSA(hashes.SHA256()))
+    out = Path(out_file)
+    out.write_text(json.dumps({"roster": body, "signature": sig.hex()}, indent=2, sort_keys=True) + "\n")
+    return out
+
+
+def load_roster(pki_dir) -> list[Enrolment]:
+    """The parties of ``pki_dir/roster.json``, after checking the CA's signature over it.
+
+    :class:`InvalidSignature` if the roster was altered or signed by another CA.
+    """
+    from cryptography.exceptions import InvalidSignature as _Bad
+    from cryptography.hazmat.primitives import hashes
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    d = Path(pki_dir)
+    try:
+        doc = json.loads((d / ROSTER).read_text())
+        body, sig = doc["roster"], bytes.fromhex(doc["signature"])
+    except (KeyError, TypeError, ValueError):
+        raise MalformedPayload(f"{d / ROSTER} is not a roster") from None
+    ca = load_certificate(d / CA_CERT)
+    try:
+        ca.public_key().verify(sig, _roster_message(body), ec.ECDSA(hashes.SHA256()))
+    except _Bad:
+        raise InvalidSignature(f"{d / ROSTER} is not signed by the consortium CA in {d / CA_CERT}") from None
+    if body.get("ca_sha256") != cert_fingerprint(ca):
+        raise InvalidSignature(f"{d / ROSTER} names another CA")
+    return [Enrolment.from_dict(p) for p in body.get("parties", [])]
+
+
+def pinned_identity(pki_dir, role: str, name: str | None = None):
+    """The Ed25519 identity public key the roster pins for ``role`` (and ``name``).
+
+    With ``name`` None the role must have exactly one party (the server, the
+    key holder). :class:`MissingEnrolment` otherwise.
+    """
+    from .exceptions import MissingEnrolment
+
+    parties = load_enrolments(pki_dir, role=role)
+    if name is None:
+        if len(parties) != 1:
+            raise MissingEnrolment(f"{pki_dir} enrols {len(parties)} {role} identities; name the one to pin")
+        return next(iter(parties.values())).public_key()
+    if name not in parties:
+        raise MissingEnrolment(f"{role} {name!r} is not enrolled in {pki_dir}")
+    return parties[name].public_key()
+
+
+_PARTY_FILES = ("cert.pem", "key.pem", "identity.key", "identity.pub", "enrolment.json")
+
+
+def make_bundles(pki_dir, out_dir) -> dict[str, Path]:
+    """One directory per issued party, holding exactly what that party needs.
+
+    ``OUT/<role>-<name>/`` = ``ca.pem`` + ``roster.json`` (every party's public
+    identity and role, signed by the CA) + ``<role>-<name>/`` (this party's own
+    TLS and identity keys, 0600). The CA key and other parties' private keys
+    are in no bundle. Each bundle is a PKI directory every command accepts.
+    """
+    import shutil
+
+    d, out = Path(pki_dir), Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True, mode=0o700)
+    roster = write_roster(d, out / f".{ROSTER}.tmp")
+    made = {}
+    try:
+        for role in ROLES:
+            for name in sorted(load_enrolments(d, role=role)):
+                party = load_party(d, role, name)
+                bundle = out / f"{role}-{name}"
+                if bundle.exists():
+                    raise FileExistsError(f"{bundle} already exists; bundles are never overwritten")
+                (bundle / party.directory.name).mkdir(parents=True, mode=0o700)
+                bundle.chmod(0o700)
+                shutil.copyfile(d / CA_CERT, bundle / CA_CERT)
+                shutil.copyfile(roster, bundle / ROSTER)
+                for f in _PARTY_FILES:
+                    data = (party.directory / f).read_bytes()
+                    _write_file(bundle / party.directory.name / f, data, private=f in ("key.pem", "identity.key"))
+                made[f"{role}-{name}"] = bundle
+    finally:
+        roster.unlink()
+    return made
 
 
 def enrolled_keys(enrolments: Mapping[str, Enrolment]) -> dict:
@@ -610,6 +725,8 @@ def server_ssl_context(cert_file, key_file, ca_file, *, require_client_cert: boo
     """
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    # TLS 1.2: forward-secret AEAD suites only (TLS 1.3 suites are all of that kind)
+    ctx.set_ciphers("ECDHE+AESGCM:ECDHE+CHACHA20")
     ctx.load_cert_chain(certfile=str(cert_file), keyfile=str(key_file))
     if require_client_cert:
         ctx.load_verify_locations(cafile=str(ca_file))
@@ -654,11 +771,7 @@ def uvicorn_ssl_kwargs(cert_file, key_file, ca_file, *, require_client_cert: boo
 
 
 def _cmd_init(args) -> int:
-    try:
-        ca = init_ca(args.dir, name=args.name, days=args.days)
-    except FileExistsError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
+    ca = init_ca(args.dir, name=args.name, days=args.days)
     print(f"created {ca} and {Path(args.dir) / CA_KEY} (0600)")
     return 0
 
@@ -668,13 +781,19 @@ def _cmd_issue(args) -> int:
     try:
         party = issue(args.dir, args.role, args.name, dns=dns, days=args.days)
     except FileExistsError:
-        print(f"error: {Path(args.dir) / f'{args.role}-{args.name}'} already exists", file=sys.stderr)
-        return 1
+        raise InvalidInputError(f"{Path(args.dir) / f'{args.role}-{args.name}'} already exists") from None
     except FileNotFoundError as exc:
-        print(f"error: {exc} (run `secure-afl pki init --dir {args.dir}` first)", file=sys.stderr)
-        return 1
+        raise InvalidInputError(f"{exc} (run `secure-afl pki init --dir {args.dir}` first)") from None
     print(f"created {party.directory}/{{cert.pem,key.pem,identity.key,identity.pub,enrolment.json}}")
     print(json.dumps(party.enrolment().to_dict(), sort_keys=True))
+    return 0
+
+
+def _cmd_bundle(args) -> int:
+    made = make_bundles(args.dir, args.out)
+    for party, path in made.items():
+        print(f"{party:<24} -> {path}/  (ca.pem, roster.json, {party}/)")
+    print(f"hand each directory to its party only; {Path(args.dir) / CA_KEY} is in none of them")
     return 0
 
 
@@ -694,3 +813,8 @@ def register(parser: argparse.ArgumentParser) -> None:
                    help="comma-separated SAN entries (default for server/keyholder: 127.0.0.1,localhost)")
     p.add_argument("--days", type=int, default=365, help="certificate validity in days")
     p.set_defaults(func=_cmd_issue)
+
+    p = sub.add_parser("bundle", help="one directory per party: CA, signed roster, its own keys only")
+    p.add_argument("--dir", required=True, help="PKI directory holding the CA and every issued party")
+    p.add_argument("--out", required=True, help="directory to create the bundles in")
+    p.set_defaults(func=_cmd_bundle)

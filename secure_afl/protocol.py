@@ -1,7 +1,8 @@
 """Wire vocabulary shared by the hospital client, the server and the key holder.
 
-No network code: header names, the signed-request scheme and the refusal
-reasons with their HTTP status. Every request that changes state or reads
+No network code: header names and the signed-request scheme (refusal reasons
+and their HTTP status live with the exception classes in
+:mod:`secure_afl.exceptions`). Every request that changes state or reads
 something non-public carries an Ed25519 signature by the caller's identity
 key (mTLS authenticates the connection; the signature authenticates the
 request itself and survives in the audit log):
@@ -27,11 +28,11 @@ from typing import Callable, Mapping
 from cryptography.exceptions import InvalidSignature as _CryptoInvalidSignature
 
 from .exceptions import InvalidSignature, MalformedPayload, ReplayedContribution
-from .signing import canonical_json
+from .signing import canonical_json, parse_json
 
-__all__ = ["H_PARTY", "H_TIME", "H_NONCE", "H_SIGNATURE", "H_UPLOAD", "H_TAG", "REQUEST_PREFIX",
+__all__ = ["H_BODY", "verify_request_digest", "H_PARTY", "H_TIME", "H_NONCE", "H_SIGNATURE", "H_UPLOAD", "H_TAG", "REQUEST_PREFIX",
            "SECAGG_REQUEST_PREFIX", "SECAGG_CONSISTENCY", "MAX_SKEW_S",
-           "sign_request", "verify_request", "STATUS_BY_REASON", "API", "context_publication",
+           "sign_request", "verify_request", "API", "context_publication",
            "parse_context_publication"]
 
 H_PARTY = "x-safl-party"
@@ -40,6 +41,9 @@ H_NONCE = "x-safl-nonce"
 H_SIGNATURE = "x-safl-signature"
 H_UPLOAD = "x-safl-upload"
 H_TAG = "x-safl-tag"
+# the signed body digest travels ahead of the body, so the server checks the signature before it
+# reads a byte of the body and then checks the streamed body against the digest
+H_BODY = "x-safl-body-sha256"
 REQUEST_PREFIX = b"secure-afl/request/v1\0"
 SECAGG_REQUEST_PREFIX = b"secure-afl/secagg-request/v1\0"  # server's signature on each secagg stage request
 # Bonawitz et al.'s consistency check: the first half of the secagg unmask stage, run by the service
@@ -47,35 +51,6 @@ SECAGG_CONSISTENCY = "consistency"
 MAX_SKEW_S = 300
 
 API = "/v1"
-
-# Refusal reason -> HTTP status. 4xx only: a refusal is never a server error.
-STATUS_BY_REASON = {
-    "malformed": 400,
-    "invalid_input": 400,
-    "invalid_parameter": 400,
-    "layout_mismatch": 422,
-    "parameter_mismatch": 422,
-    "wrong_session": 422,
-    "bounds_exceeded": 422,
-    "invalid_contribution": 422,
-    "unauthenticated": 401,
-    "bad_signature": 401,
-    "unknown_party": 403,
-    "forbidden": 403,
-    "not_found": 404,
-    "duplicate": 409,
-    "replay": 409,
-    "round_closed": 409,
-    "wrong_stage": 409,
-    "insufficient_contributors": 409,
-    "insufficient_shares": 409,
-    "overlapping_unmask_request": 409,
-    "secret_key_context": 422,
-    "deadline_passed": 410,
-    "too_large": 413,
-    "policy_violation": 409,
-}
-
 
 def _statement(party: str, method: str, path: str, body_sha256: str, nonce: str, t: int) -> dict:
     return {"type": "request", "v": 1, "party": party, "method": method.upper(), "path": path,
@@ -89,7 +64,7 @@ def sign_request(identity_key, party: str, method: str, path: str, body: bytes =
     t = int(_time.time() if timestamp is None else timestamp)
     st = _statement(party, method, path, hashlib.sha256(body).hexdigest(), n, t)
     sig = identity_key.sign(REQUEST_PREFIX + canonical_json(st)).hex()
-    return {H_PARTY: party, H_TIME: str(t), H_NONCE: n, H_SIGNATURE: sig}
+    return {H_PARTY: party, H_TIME: str(t), H_NONCE: n, H_SIGNATURE: sig, H_BODY: st["body_sha256"]}
 
 
 def verify_request(headers: Mapping[str, str], method: str, path: str, body: bytes,
@@ -101,6 +76,17 @@ def verify_request(headers: Mapping[str, str], method: str, path: str, body: byt
     (e.g. PolicyViolation for an unknown party). Nonce uniqueness is the
     caller's job (it must persist seen nonces).
     """
+    return verify_request_digest(headers, method, path, hashlib.sha256(body).hexdigest(), lookup_pub,
+                                 now=now, max_skew_s=max_skew_s)
+
+
+def verify_request_digest(headers: Mapping[str, str], method: str, path: str, body_sha256: str,
+                          lookup_pub: Callable[[str], object], *, now: float | None = None,
+                          max_skew_s: float = MAX_SKEW_S) -> dict:
+    """:func:`verify_request` for a body known only by its SHA-256 (hex) so far."""
+    if not isinstance(body_sha256, str) or len(body_sha256) != 64 or \
+            any(c not in "0123456789abcdef" for c in body_sha256):
+        raise MalformedPayload("body digest must be 32 bytes of lower-case hex")
     try:
         party = headers[H_PARTY]
         t = int(headers[H_TIME])
@@ -111,7 +97,7 @@ def verify_request(headers: Mapping[str, str], method: str, path: str, body: byt
     if len(nonce) != 32 or any(c not in "0123456789abcdef" for c in nonce):
         raise MalformedPayload("request nonce must be 16 bytes of lower-case hex")
     pub = lookup_pub(party)
-    st = _statement(party, method, path, hashlib.sha256(body).hexdigest(), nonce, t)
+    st = _statement(party, method, path, body_sha256, nonce, t)
     try:
         pub.verify(sig, REQUEST_PREFIX + canonical_json(st))
     except _CryptoInvalidSignature:
@@ -132,7 +118,9 @@ def context_publication(public_context: bytes, tag_public_key: str, params_signa
 def parse_context_publication(body: bytes) -> tuple[bytes, str, str]:
     """Inverse of :func:`context_publication`; :class:`MalformedPayload` if it is not one."""
     try:
-        msg = json.loads(body)
+        msg = parse_json(body, "publish body")
+        if not isinstance(msg, dict):
+            raise ValueError
         context = base64.b64decode(msg["public_context"], validate=True)
         tag_key = str(msg["tag_public_key"]).lower()
         signature = str(msg["params_signature"]).lower()

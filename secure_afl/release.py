@@ -19,12 +19,12 @@ import json
 import sqlite3
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 
 from .analytic import ri_restore_gram
 from .envelope import open_envelope
+from ._io import private_file
 from .exceptions import DecryptionRefused, PolicyViolation, SanityCheckFailed
 from .params import SessionParams
 from .signing import verify_manifest
@@ -135,7 +135,8 @@ class ReleaseLedger:
     """The key holder's record of what it released under which key (SQLite)."""
 
     def __init__(self, path):
-        self.path = Path(path)
+        # the ledger names every released cohort: as private as the keys (WAL/SHM files copy its mode)
+        self.path = private_file(path, "release ledger")
         self.db = sqlite3.connect(self.path, isolation_level=None)
         self.db.execute("PRAGMA journal_mode=WAL")
         self.db.execute("CREATE TABLE IF NOT EXISTS releases (key_id TEXT, session_id TEXT, participants TEXT, "

@@ -48,14 +48,14 @@ __all__ = [
     "RECEIPT_PREFIX",
     "MANIFEST_PREFIX",
     "canonical_json",
+    "parse_json",
+    "MAX_JSON_DEPTH",
     "sign_upload",
     "verify_upload",
     "make_receipt",
     "verify_receipt",
     "build_manifest",
     "verify_manifest",
-    "sign_consistency",
-    "verify_consistency",
 ]
 
 UPLOAD_PREFIX = b"secure-afl/upload/v1\0"
@@ -73,6 +73,66 @@ def canonical_json(obj: Any) -> bytes:
     """The byte string that is hashed or signed for ``obj``."""
     return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True,
                       allow_nan=False).encode("ascii")
+
+
+# Every message this protocol defines nests at most a few levels; the bound stops a
+# deeply nested document before the parser recurses on it.
+MAX_JSON_DEPTH = 32
+
+
+def _no_duplicates(pairs):
+    out = {}
+    for k, v in pairs:
+        if k in out:
+            raise MalformedPayload(f"duplicated JSON key {k[:40]!r}")
+        out[k] = v
+    return out
+
+
+_STRING = re.compile(r'"(?:[^"\\]|\\.)*"')
+_NOT_BRACKET = {c: None for c in range(128) if chr(c) not in "[]{}"}
+
+
+def _too_deep(text: str, max_depth: int) -> bool:
+    """Bracket nesting outside strings exceeds ``max_depth`` (C-speed filtering, early exit)."""
+    if text.count("[") + text.count("{") <= max_depth:
+        return False
+    brackets = _STRING.sub("", text).translate(_NOT_BRACKET)
+    depth = 0
+    for ch in brackets:
+        if ch in "[{":
+            depth += 1
+            if depth > max_depth:
+                return True
+        elif ch in "]}":
+            depth -= 1
+    return False
+
+
+def parse_json(data, what: str = "message", *, max_depth: int = MAX_JSON_DEPTH) -> Any:
+    """Parse untrusted JSON: :class:`MalformedPayload` for anything but one plain document.
+
+    Refuses non-UTF-8 input, nesting deeper than ``max_depth``, duplicated
+    object keys (two parsers could disagree on which one counts) and
+    non-finite numbers.
+    """
+    if isinstance(data, (bytes, bytearray, memoryview)):
+        try:
+            data = bytes(data).decode("utf-8")
+        except UnicodeDecodeError:
+            raise MalformedPayload(f"{what} is not UTF-8") from None
+    if not isinstance(data, str):
+        raise MalformedPayload(f"{what} is not text")
+    if _too_deep(data, max_depth):
+        raise MalformedPayload(f"{what} nests deeper than {max_depth} levels")
+
+    def _no_constant(name):
+        raise MalformedPayload(f"{what} contains {name}")
+
+    try:
+        return json.loads(data, object_pairs_hook=_no_duplicates, parse_constant=_no_constant)
+    except (json.JSONDecodeError, RecursionError):
+        raise MalformedPayload(f"{what} is not JSON") from None
 
 
 # --------------------------------------------------------------------------
@@ -268,7 +328,7 @@ def verify_upload(upload: Mapping, identity_pub, *, session_id: str | None = Non
 
 
 def make_receipt(server_key, session_id: str, hospital: str, payload_sha256: bytes, seq: int,
-                 time: float | None = None) -> dict:
+                 time: float | None = None, *, audit_head: str | None = None) -> dict:
     """Server-signed receipt for an accepted upload.
 
     ``seq`` is the audit-log ``seq`` of the ``upload``/``accepted`` record
@@ -276,8 +336,11 @@ def make_receipt(server_key, session_id: str, hospital: str, payload_sha256: byt
     :func:`secure_afl.audit.verify_log` checks that record exists and names the
     same session, hospital and payload hash. ``time`` defaults to now.
 
+    ``audit_head`` is that record's hash: the receipt then pins the whole log
+    prefix up to it, so a log rewritten before ``seq`` no longer matches.
+
     Returns ``{type, v, session_id, hospital, payload_sha256, seq, time,
-    signature}``.
+    [audit_head,] signature}``.
     """
     if isinstance(seq, bool) or not isinstance(seq, int) or seq < 0:
         raise TypeError("seq must be a non-negative int")
@@ -290,6 +353,8 @@ def make_receipt(server_key, session_id: str, hospital: str, payload_sha256: byt
         "seq": seq,
         "time": _time_of(time),
     }
+    if audit_head is not None:
+        statement["audit_head"] = _hex_of("audit_head", audit_head, 32)
     return {**statement, "signature": _sign(server_key, RECEIPT_PREFIX, statement)}
 
 
@@ -301,6 +366,8 @@ def verify_receipt(receipt: Mapping, server_pub) -> dict:
     """
     r = _as_dict("receipt", receipt)
     fields = ("type", "v", "session_id", "hospital", "payload_sha256", "seq", "time")
+    if "audit_head" in r:  # covered by the signature when present
+        fields += ("audit_head",)
     _require(r, fields + ("signature",), "receipt")
     if r["type"] != "receipt" or r["v"] != _VERSION:
         raise MalformedPayload("not a receipt of version 1")
@@ -347,7 +414,7 @@ def _check_participants(entries: list[dict], session_id: str, params_digest: str
 
 def build_manifest(server_key, session_id: str, params_digest: bytes, participants: Iterable[Mapping],
                    aggregate_sha256: bytes, min_clients: int, *, enrolled: Mapping | None = None,
-                   timestamp: float | None = None) -> dict:
+                   timestamp: float | None = None, audit: Mapping | None = None) -> dict:
     """Server-signed list of the contributions summed into one aggregate.
 
     Parameters
@@ -367,6 +434,9 @@ def build_manifest(server_key, session_id: str, params_digest: bytes, participan
         The release threshold; the manifest is refused below it.
     enrolled : mapping name -> public key, optional
         If given, every participant must be enrolled with that key.
+    audit : ``{"seq": int, "head": hex}``, optional
+        The audit log's last record when the manifest is signed; an auditor
+        holding the manifest can then detect a log cut before that point.
 
     Returns
     -------
@@ -410,6 +480,11 @@ def build_manifest(server_key, session_id: str, params_digest: bytes, participan
         "participants": entries,
         "time": _time_of(timestamp),
     }
+    if audit is not None:
+        seq = audit.get("seq")
+        if isinstance(seq, bool) or not isinstance(seq, int) or seq < 0:
+            raise ValueError("audit seq must be a non-negative int")
+        statement["audit"] = {"seq": seq, "head": _hex_of("audit head", audit.get("head"), 32)}
     return {**statement, "signature": _sign(server_key, MANIFEST_PREFIX, statement)}
 
 
@@ -435,6 +510,8 @@ def verify_manifest(manifest: Mapping, server_pub, enrolled: Mapping, min_client
     m = _as_dict("manifest", manifest)
     fields = ("type", "v", "session_id", "params_digest", "aggregate_sha256", "min_clients",
               "participants", "time")
+    if "audit" in m:  # covered by the signature when present
+        fields += ("audit",)
     _require(m, fields + ("signature",), "manifest")
     if m["type"] != "manifest" or m["v"] != _VERSION:
         raise MalformedPayload("not a manifest of version 1")
@@ -455,42 +532,3 @@ def verify_manifest(manifest: Mapping, server_pub, enrolled: Mapping, min_client
         raise InsufficientContributors(
             f"{len(entries)} contributions, fewer than min_clients={min_clients}")
     return {**statement, "signature": m["signature"]}
-
-
-# --------------------------------------------------------------------------
-# secagg consistency round (hospital -> all survivors, relayed by the server)
-# --------------------------------------------------------------------------
-CONSISTENCY_PREFIX = b"secure-afl/secagg-consistency/v1\0"
-
-
-def _consistency_statement(session_id, params_digest, hospital, survivors) -> dict:
-    if not isinstance(survivors, (list, tuple)) or not all(isinstance(s, str) for s in survivors):
-        raise MalformedPayload("survivors must be a list of hospital names")
-    return {"type": "secagg-consistency", "v": _VERSION, "session_id": _name_of("session_id", session_id),
-            "params_digest": _hex_of("params_digest", params_digest, 32), "hospital": _name_of("hospital", hospital),
-            "survivors": sorted(survivors)}
-
-
-def sign_consistency(identity_key, session_id: str, params_digest, hospital: str, survivors) -> dict:
-    """A hospital's signed statement "the survivors of the masked-input stage are exactly ``survivors``".
-
-    Bonawitz et al.'s consistency check: before revealing any share, each
-    survivor signs the survivor set it was told; the unmask request then comes
-    with enough such signatures over the same set, so a server cannot tell two
-    groups of hospitals two different survivor sets.
-    """
-    st = _consistency_statement(session_id, params_digest, hospital, survivors)
-    return {**st, "signature": _sign(identity_key, CONSISTENCY_PREFIX, st)}
-
-
-def verify_consistency(statement: Mapping, identity_pub, *, session_id: str, params_digest, survivors) -> dict:
-    """Check one consistency statement against the expected session, parameters and survivor set."""
-    d = _as_dict("consistency statement", statement)
-    _require(d, ("hospital", "survivors", "signature"), "consistency statement")
-    st = _consistency_statement(session_id, params_digest, d["hospital"], d["survivors"])
-    if {k: d.get(k) for k in st} != st:
-        raise MalformedPayload("consistency statement is for another session, parameters or form")
-    _verify(identity_pub, CONSISTENCY_PREFIX, st, d["signature"])
-    if st["survivors"] != sorted(survivors):
-        raise InvalidSignature()
-    return {**st, "signature": d["signature"]}

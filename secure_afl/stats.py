@@ -83,7 +83,7 @@ class StatisticsAccumulator:
     max_norm : float, optional
         Declared embedding-norm bound B. A row with ||x||_2 > B raises
         :class:`BoundsExceeded` before it is accumulated, because the
-        protection parameters were sized for B (DESIGN.md section 3).
+        protection parameters were sized for B.
     """
 
     dim: int

@@ -24,28 +24,36 @@ before it is acknowledged.
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
+import os
 import threading
 import time
 from pathlib import Path
 
 from secure_afl import pki
-from secure_afl.audit import AuditLog
+from secure_afl.audit import AuditLog, make_close_record, verify_countersign
 from secure_afl.backends import HE_BACKENDS, get_backend, he_module
 from secure_afl.envelope import open_envelope
 from secure_afl.exceptions import (
+    DeadlinePassed,
     DuplicateContribution,
+    Forbidden,
     InsufficientContributors,
     MalformedPayload,
-    PolicyViolation,
+    MissingEnrolment,
+    NotFound,
     ReplayedContribution,
     RoundAlreadyClosed,
     SecureAFLError,
     StageError,
+    TooLarge,
+    Unauthenticated,
+    UnknownParty,
 )
 from secure_afl.packing import Layout
 from secure_afl.params import SessionParams
-from secure_afl.protocol import MAX_SKEW_S, parse_context_publication, verify_request
+from secure_afl.protocol import MAX_SKEW_S, parse_context_publication, verify_request_digest
 from secure_afl.signing import build_manifest, make_receipt, verify_upload
 
 from .config import ServerConfig
@@ -54,10 +62,6 @@ from .store import Store
 __all__ = ["AggregationServer", "DeadlinePassed", "open_server"]
 
 log = logging.getLogger("secure_afl.server")
-
-
-class DeadlinePassed(SecureAFLError):
-    reason = "deadline_passed"
 
 
 class AggregationServer:
@@ -73,6 +77,9 @@ class AggregationServer:
         self.identity_pub_hex = pki.public_key_hex(self._key.public_key())
         self.audit = AuditLog(self.dir / "audit.jsonl", signing_key=self._key)
         self._lock = threading.RLock()
+        # unauthenticated refusals per TLS peer: [window start, suppressed count, {reason: count}]
+        self._unauth: dict[str, list] = {}
+        self._unauth_lock = threading.Lock()
         self._enrolled = self._load_enrolled()
         self._keyholders = pki.load_enrolments(config.pki_dir, role="keyholder")
         if self.store.get_meta("created_at") is None:
@@ -92,11 +99,14 @@ class AggregationServer:
         names = self.config.hospitals or sorted(issued)
         missing = [n for n in names if n not in issued]
         if missing:
-            raise FileNotFoundError(f"hospitals {missing} are listed in the config but have no enrolment "
+            raise MissingEnrolment(f"hospitals {missing} are listed in the config but have no enrolment "
                                     f"in {self.config.pki_dir}; issue them with `secure-afl pki issue`")
         return {n: issued[n] for n in names}
 
     def _base_params(self) -> SessionParams:
+        return self._backend_params().with_extractor(self.config.extractor)
+
+    def _backend_params(self) -> SessionParams:
         from secure_afl.dp import dp_session_params
 
         c = self.config
@@ -104,12 +114,12 @@ class AggregationServer:
         if c.backend != "secagg":
             # DP hook: with c.dp None these are exactly the parameters without DP
             return dp_session_params(c.dp, c.backend, c.session_id, layout, c.gamma, c.bounds)
-        from secure_afl.backends.secagg import recommended_neighbours
+        from secure_afl.secagg import recommended_neighbours
 
         n = len(self._enrolled)
         neighbours = {-1: recommended_neighbours(max(n, 2)), 0: None}.get(c.secagg_neighbours, c.secagg_neighbours)
         return dp_session_params(c.dp, "secagg", c.session_id, layout, c.gamma, c.bounds, n_parties=n,
-                                 threshold=c.secagg_threshold, neighbours=neighbours)
+                                 threshold=c.secagg_threshold, neighbours=neighbours, min_clients=c.min_clients)
 
     def _recover(self) -> None:
         """Rebuild in-memory state from SQLite and payload files after a restart."""
@@ -135,8 +145,10 @@ class AggregationServer:
             for row in self.store.uploads():
                 if self._combiner is not None:
                     self._combiner.add(self.store.get_blob(row["payload_sha256"]))
-                if row["audit_seq"] is None:  # killed between commit and audit: finish the bookkeeping
+                if row["audit_seq"] is None:  # killed between commit and receipt: finish the bookkeeping
                     self._finish_acceptance(row["hospital"], row["payload_sha256"], recovered=True)
+        if self.store.get_meta("manifest") is not None:
+            self._finish_release(self.config.name)
 
     def _new_combiner(self):
         backend = get_backend(self.params)
@@ -186,26 +198,140 @@ class AggregationServer:
             return self._enrolled[name].public_key()
         if role == "keyholder" and name == self.config.keyholder and name in self._keyholders:
             return self._keyholders[name].public_key()
-        raise PolicyViolation(f"{party!r} is not enrolled in this session", reason="unknown_party")
+        raise UnknownParty(f"{party!r} is not enrolled in this session")
 
-    def authenticate(self, headers, method: str, path: str, body: bytes, *, roles: tuple[str, ...]) -> str:
-        """Verify a signed request; return the party. Refusals are audited."""
+    def enrolment(self, party: str):
+        role, _, name = party.partition(":")
+        if role == "hospital" and name in self._enrolled:
+            return self._enrolled[name]
+        if role == "keyholder" and name == self.config.keyholder and name in self._keyholders:
+            return self._keyholders[name]
+        raise UnknownParty(f"{party!r} is not enrolled in this session")
+
+    def check_peer(self, party: str, peer: dict | None) -> None:
+        """The Ed25519 signer must be the party enrolled for the TLS certificate the client presented.
+
+        ``peer`` is the transport's record of the connection (server/transport.py); ``None`` means
+        the app is driven without a network transport (in-process tests), where there is no
+        certificate to bind to.
+        """
+        if peer is None or not self.config.require_client_cert:
+            return
+        if peer.get("cert_sha256") != self.enrolment(party).cert_sha256:
+            raise Unauthenticated(f"the request is signed by {party!r} but the TLS client certificate is "
+                                  "not the one enrolled for it")
+
+    def authenticate(self, headers, method: str, path: str, body_sha256: str, *, roles: tuple[str, ...],
+                     peer: dict | None = None) -> str:
+        """Verify a signed request (body known by its digest); return the party.
+
+        Refusals are audited as unauthenticated: until the signature and the
+        certificate binding hold, the claimed party is only a claim.
+        """
         try:
-            st = verify_request(headers, method, path, body, self.lookup_pub)
-            role = st["party"].partition(":")[0]
-            if role not in roles:
-                raise PolicyViolation(f"{role} may not call {method} {path}", reason="forbidden")
-            if not self.store.claim_nonce(st["nonce"], st["party"]):
-                raise ReplayedContribution("request nonce was already used")
-            return st["party"]
+            st = verify_request_digest(headers, method, path, body_sha256, self.lookup_pub)
+            self.check_peer(st["party"], peer)
         except SecureAFLError as e:
-            self.refuse("request", headers.get("x-safl-party", "anonymous"), e, {"method": method, "path": path})
+            self.refuse("request", None, e, {"method": method, "path": path[:200]}, peer=peer)
+            raise
+        party = st["party"]
+        try:
+            role = party.partition(":")[0]
+            if role not in roles:
+                raise Forbidden(f"{role} may not call {method} {path}")
+            if not self.store.claim_nonce(st["nonce"], party):
+                raise ReplayedContribution("request nonce was already used")
+            return party
+        except SecureAFLError as e:
+            self.refuse("request", party, e, {"method": method, "path": path[:200]}, peer=peer)
             raise
 
-    def refuse(self, event: str, actor: str, err: SecureAFLError, details: dict | None = None) -> None:
-        self.audit.append(event, actor=str(actor)[:128] or "anonymous", outcome="refused",
-                          session=self.config.session_id, reason=err.reason,
-                          details={**(details or {}), "message": str(err)[:300]})
+    def authenticate_upload(self, statement, peer: dict | None = None) -> str:
+        """The hospital whose signed upload statement this is (checked before the body is read)."""
+        try:
+            if not isinstance(statement, dict):
+                raise MalformedPayload("the upload statement is not a JSON object")
+            hospital = statement.get("hospital")
+            if not isinstance(hospital, str) or hospital not in self._enrolled:
+                raise UnknownParty(f"{str(hospital)[:64]!r} is not enrolled")
+            sha = statement.get("payload_sha256")
+            if not isinstance(sha, str) or len(sha) != 64:
+                raise MalformedPayload("the upload statement lacks a payload digest")
+            verify_upload(statement, self._enrolled[hospital].public_key(), session_id=self.config.session_id,
+                          payload_sha256=bytes.fromhex(sha), hospital=hospital, max_age_s=MAX_SKEW_S)
+            self.check_peer(f"hospital:{hospital}", peer)
+            return hospital
+        except SecureAFLError as e:
+            self.refuse("upload", None, e, peer=peer)
+            raise
+        except (TypeError, ValueError, KeyError) as e:
+            err = MalformedPayload(f"upload statement unusable: {type(e).__name__}")
+            self.refuse("upload", None, err, peer=peer)
+            raise err from None
+
+    def _peer_party(self, peer: dict) -> str | None:
+        fp = peer.get("cert_sha256")
+        for role, table in (("hospital", self._enrolled), ("keyholder", self._keyholders)):
+            for name, e in table.items():
+                if fp is not None and e.cert_sha256 == fp:
+                    return f"{role}:{name}"
+        return None
+
+    def refuse(self, event: str, actor: str | None, err: SecureAFLError, details: dict | None = None, *,
+               peer: dict | None = None) -> None:
+        """Audit a refusal. ``actor`` must be an authenticated identity, or None.
+
+        A refusal without an authenticated identity is recorded as
+        ``unauthenticated`` with the TLS peer (address, certificate digest and
+        the enrolled party that certificate belongs to); at most one such
+        record per peer per ``refusal_interval_s`` is written in full, the
+        rest are counted and summarised in one ``refusals_suppressed`` record,
+        so unsigned requests cannot grow the log at line rate.
+        """
+        details = {**(details or {}), "message": str(err)[:300]}
+        if peer is not None:
+            details["tls_peer"] = {**peer, "cert_party": self._peer_party(peer)}
+        if actor is None:
+            if not self._admit_unauthenticated(peer, err.reason):
+                return
+            actor = "unauthenticated"
+        self.audit.append(event, actor=str(actor)[:128], outcome="refused",
+                          session=self.config.session_id, reason=err.reason, details=details)
+
+    # distinct peers tracked at once; beyond it, all further peers share one counter
+    _MAX_TRACKED_PEERS = 1024
+
+    def _admit_unauthenticated(self, peer: dict | None, reason: str) -> bool:
+        peer = peer or {}
+        key = peer.get("cert_sha256") or str(peer.get("addr") or "local").rpartition(":")[0] or "local"
+        now = time.monotonic()
+        with self._unauth_lock:
+            slot = self._unauth.get(key)
+            if slot is None and len(self._unauth) >= self._MAX_TRACKED_PEERS:
+                key, slot = "*", self._unauth.get("*")
+            if slot is not None and now - slot[0] < self.config.refusal_interval_s:
+                slot[1] += 1
+                slot[2][reason] = slot[2].get(reason, 0) + 1
+                return False
+            if slot is not None:
+                self._write_suppressed(key, slot)
+            self._unauth[key] = [now, 0, {}]
+            return True
+
+    def flush_refusals(self) -> None:
+        """Write the pending ``refusals_suppressed`` summaries (at release and shutdown)."""
+        with self._unauth_lock:
+            for key, slot in self._unauth.items():
+                self._write_suppressed(key, slot)
+            self._unauth.clear()
+
+    def _write_suppressed(self, key: str, slot: list) -> None:
+        if slot[1]:
+            self.audit.append("refusals_suppressed", actor="unauthenticated", outcome="refused",
+                              session=self.config.session_id, reason="rate_limited",
+                              details={"peer": key, "count": slot[1], "reasons": dict(sorted(slot[2].items())),
+                                       "interval_s": self.config.refusal_interval_s})
+            slot[1], slot[2] = 0, {}
 
     # -- ckks: the key holder publishes the public context ----------------------------------
     def publish_context(self, party: str, body: bytes) -> dict:
@@ -245,7 +371,8 @@ class AggregationServer:
             return self.info()
 
     # -- uploads ------------------------------------------------------------------------------
-    def submit(self, hospital: str, statement: dict, payload: bytes, tag: dict | None = None) -> dict:
+    def submit(self, hospital: str, statement: dict, payload: bytes, tag: dict | None = None, *,
+               peer: dict | None = None) -> dict:
         """Validate, store durably, add to the running sum, audit, return a signed receipt.
 
         ckks uploads carry the hospital's signed aggregate tag (:mod:`secure_afl.tagging`).
@@ -253,13 +380,24 @@ class AggregationServer:
         sha = hashlib.sha256(payload).hexdigest()
         details = {"payload_sha256": sha, "bytes": len(payload)}
         with self._lock:
+            try:  # until the statement verifies, ``hospital`` is only a claim
+                if hospital not in self._enrolled:
+                    raise UnknownParty(f"{str(hospital)[:64]!r} is not enrolled")
+                verify_upload(statement, self._enrolled[hospital].public_key(),
+                              session_id=self.config.session_id, payload_sha256=bytes.fromhex(sha),
+                              hospital=hospital, max_age_s=MAX_SKEW_S)
+            except SecureAFLError as e:
+                self.refuse("upload", None, e, details, peer=peer)
+                raise
+            except (TypeError, ValueError, KeyError) as e:
+                err = MalformedPayload(f"upload statement unusable: {type(e).__name__}")
+                self.refuse("upload", None, err, details, peer=peer)
+                raise err from None
             try:
                 self._check_open()
                 if len(payload) > self.config.max_upload_bytes:
-                    raise PolicyViolation(f"payload of {len(payload)} bytes exceeds the cap of "
-                                          f"{self.config.max_upload_bytes}", reason="too_large")
-                if hospital not in self._enrolled:
-                    raise PolicyViolation(f"{hospital!r} is not enrolled", reason="unknown_party")
+                    raise TooLarge(f"payload of {len(payload)} bytes exceeds the cap of "
+                                   f"{self.config.max_upload_bytes}")
                 st = verify_upload(statement, self._enrolled[hospital].public_key(),
                                    session_id=self.config.session_id, params_digest=self.params.digest(),
                                    payload_sha256=bytes.fromhex(sha), hospital=hospital, max_age_s=MAX_SKEW_S)
@@ -295,10 +433,14 @@ class AggregationServer:
             return self._finish_acceptance(hospital, sha)
 
     def _finish_acceptance(self, hospital: str, sha: str, *, recovered: bool = False) -> dict:
-        rec = self.audit.append("upload", actor=hospital, outcome="accepted", session=self.config.session_id,
-                                details={"payload_sha256": sha, "recovered": recovered,
-                                         "contributions": self.store.upload_count()})
-        receipt = make_receipt(self._key, self.config.session_id, hospital, bytes.fromhex(sha), rec["seq"])
+        # after a crash between the audit write and the receipt, the record is already there
+        rec = self.audit.find("upload", hospital, payload_sha256=sha) if recovered else None
+        if rec is None:
+            rec = self.audit.append("upload", actor=hospital, outcome="accepted", session=self.config.session_id,
+                                    details={"payload_sha256": sha, "recovered": recovered,
+                                             "contributions": self.store.upload_count()})
+        receipt = make_receipt(self._key, self.config.session_id, hospital, bytes.fromhex(sha), rec["seq"],
+                               audit_head=rec["hash"])
         self.store.set_receipt(hospital, rec["seq"], receipt)
         log.info("[Stage upload] accepted %s (%d so far)", hospital, self.store.upload_count())
         return receipt
@@ -323,14 +465,16 @@ class AggregationServer:
         for row in self.store.uploads():
             if row["hospital"] == hospital and row["receipt"]:
                 return row["receipt"]
-        raise PolicyViolation(f"no accepted upload from {hospital}", reason="not_found")
+        raise NotFound(f"no accepted upload from {hospital}")
 
     # -- release ----------------------------------------------------------------------------------
     def close(self, party: str) -> dict:
         """Fix the aggregate and sign the manifest, if at least min_clients contributed."""
         with self._lock:
             if self.status == "released":
+                self._finish_release(party)
                 return self.store.get_meta("manifest")
+            self.flush_refusals()  # the summaries belong before the head the manifest pins
             try:
                 if self.params is None:
                     raise StageError("nothing to close: the session never opened")
@@ -346,18 +490,70 @@ class AggregationServer:
                                          "identity_pub": self._enrolled[row["hospital"]].identity_pub})
                 manifest = build_manifest(self._key, self.config.session_id, self.params.digest(), participants,
                                           bytes.fromhex(agg_sha), self.config.min_clients,
-                                          enrolled=pki.enrolled_keys(self._enrolled))
+                                          enrolled=pki.enrolled_keys(self._enrolled),
+                                          audit={"seq": self.audit.next_seq - 1, "head": self.audit.head})
             except SecureAFLError as e:
                 self.refuse("close", party, e)
                 raise
             self.store.put_blob(aggregate)
             self.store.set_meta("aggregate_sha256", agg_sha)
             self.store.set_meta("manifest", manifest)
-            self.audit.append("release", actor=party, outcome="accepted", session=self.config.session_id,
-                              details={"aggregate_sha256": agg_sha, "contributors": len(participants),
-                                       "participants": sorted(p["hospital"] for p in participants)})
+            self._finish_release(party)
             log.info("[Stage release] aggregate of %d contributions released", len(participants))
             return manifest
+
+    def _finish_release(self, party: str) -> None:
+        """The release record and the signed close record; once, also across a crash between them."""
+        if self.store.get_meta("audit_close") is not None:
+            return
+        manifest = self.store.get_meta("manifest")
+        agg_sha = manifest["aggregate_sha256"]
+        names = sorted(p["hospital"] for p in manifest["participants"])
+        rec = self.audit.find("release", None, aggregate_sha256=agg_sha)
+        if rec is None:
+            rec = self.audit.append("release", actor=party, outcome="accepted", session=self.config.session_id,
+                                    details={"aggregate_sha256": agg_sha, "contributors": len(names),
+                                             "participants": names})
+        close = make_close_record(self._key, self.config.session_id, rec["seq"], rec["hash"], names)
+        self.store.set_meta("audit_close", close)
+        self._write_head_file()
+
+    def _write_head_file(self) -> None:
+        """``audit-head.json`` next to the log: what ``secure-afl audit verify --head`` takes."""
+        from secure_afl._io import write_file
+
+        tmp = self.dir / f".audit-head.{time.time_ns()}.tmp"
+        write_file(tmp, json.dumps(self.audit_head(), indent=1).encode())
+        os.replace(tmp, self.dir / "audit-head.json")
+
+    def audit_head(self) -> dict:
+        """The signed close record and, once the key holder finalized, its countersignature."""
+        close = self.store.get_meta("audit_close")
+        if close is None:
+            raise StageError("the session has not closed; there is no audit head yet")
+        return {"close": close, "countersign": self.store.get_meta("audit_countersign")}
+
+    def store_countersign(self, party: str, body: bytes) -> dict:
+        """The key holder's countersignature over the close record (sent at finalize)."""
+        from secure_afl.signing import parse_json
+
+        with self._lock:
+            try:
+                cs = parse_json(body, "countersignature")
+                close = self.audit_head()["close"]
+                verify_countersign(cs, self.lookup_pub(party), close)
+                if cs.get("keyholder") != party.partition(":")[2]:
+                    raise Forbidden("a key holder countersigns only in its own name")
+            except SecureAFLError as e:
+                self.refuse("audit_countersign", party, e)
+                raise
+            if self.store.get_meta("audit_countersign") is None:
+                self.store.set_meta("audit_countersign", cs)
+                self.audit.append("audit_countersigned", actor=party, outcome="accepted",
+                                  session=self.config.session_id,
+                                  details={"seq": close["seq"], "head": close["head"]})
+                self._write_head_file()
+            return self.audit_head()
 
     def _final_aggregate(self) -> bytes:
         return self._combiner.aggregate()
@@ -373,7 +569,7 @@ class AggregationServer:
         for row in self.store.uploads():
             if row["hospital"] == hospital:
                 return self.store.get_blob(row["payload_sha256"])
-        raise PolicyViolation(f"no accepted upload from {hospital[:64]!r}", reason="not_found")
+        raise NotFound(f"no accepted upload from {hospital[:64]!r}")
 
     def tags(self) -> dict:
         """The participants' signed tag statements, for the key holder's aggregate check."""
@@ -381,6 +577,7 @@ class AggregationServer:
         return {row["hospital"]: row["tag"] for row in self.store.uploads() if row["tag"] is not None}
 
     def shutdown(self) -> None:
+        self.flush_refusals()
         self.audit.close()
         self.store.close()
 

@@ -4,20 +4,43 @@ Only mapping lives here: every decision is made by
 :class:`~secure_afl.server.aggregator.AggregationServer`, every refusal is a 4xx
 with a machine-readable ``{"error": reason, "detail": ...}`` body and an audit
 record, and nothing is stored for a refused request.
+
+Order of work for a request with a body: the signed headers are checked
+(signature, enrolment, binding to the TLS certificate, nonce) before a byte of
+the body is read; then the body is streamed under a size cap, a per-chunk read
+timeout, a whole-body deadline and a cap on bodies read at once, and checked
+against the digest the signature covers. An unauthenticated caller therefore
+costs the server its headers only (bounded by h11 and the header timeout in
+server/transport.py).
 """
 
 from __future__ import annotations
 
-import json
+import asyncio
+import hashlib
 import logging
+import time
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.concurrency import run_in_threadpool
+from starlette.requests import ClientDisconnect
 
-from secure_afl.exceptions import MalformedPayload, PolicyViolation, SecureAFLError
-from secure_afl.protocol import API, H_TAG, H_UPLOAD, STATUS_BY_REASON
+from secure_afl.exceptions import (
+    Forbidden,
+    InternalError,
+    InvalidSignature,
+    MalformedPayload,
+    NotFound,
+    RequestTimeout,
+    SecureAFLError,
+    ServerBusy,
+    TooLarge,
+    http_status,
+)
+from secure_afl.protocol import API, H_BODY, H_TAG, H_UPLOAD
+from secure_afl.signing import parse_json
 
 from .aggregator import AggregationServer
 
@@ -25,52 +48,148 @@ __all__ = ["create_app"]
 
 log = logging.getLogger("secure_afl.server")
 
+_EMPTY_SHA256 = hashlib.sha256(b"").hexdigest()
+
 
 def _error(status: int, reason: str, detail: str) -> JSONResponse:
     return JSONResponse(status_code=status, content={"error": reason, "detail": detail})
 
 
-async def _read_body(request: Request, cap: int) -> bytes:
-    """Read at most ``cap`` bytes; refuse larger bodies without buffering them."""
-    declared = request.headers.get("content-length")
-    if declared is not None:
+def _peer(request: Request) -> dict | None:
+    """The transport's record of the TLS connection (server/transport.py); None in process."""
+    return request.scope.get("state", {}).get("tls_peer")
+
+
+class _LastResort:
+    """ASGI wrapper: an exception nothing else handled becomes an audited JSON answer, not a traceback.
+
+    Deep recursion is what untrusted input causes (a parser fed a nested
+    document), so it is a 400; anything else is a 500 with a reason and an
+    audit record, and the server log gets one line.
+    """
+
+    def __init__(self, app, server: AggregationServer):
+        self.app, self.server = app, server
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        started = False
+
+        async def _send(message):
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
         try:
-            if int(declared) > cap:
-                raise PolicyViolation(f"body of {declared} bytes exceeds the cap of {cap}", reason="too_large")
-        except ValueError:
-            raise MalformedPayload("bad Content-Length") from None
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > cap:
-            raise PolicyViolation(f"body exceeds the cap of {cap} bytes", reason="too_large")
-        chunks.append(chunk)
-    return b"".join(chunks)
+            await self.app(scope, receive, _send)
+        except ClientDisconnect:
+            return
+        except Exception as exc:  # noqa: BLE001 - the boundary: nothing escapes as a traceback
+            if isinstance(exc, RecursionError):
+                err = MalformedPayload("input nested too deeply")
+            else:
+                err = InternalError(f"internal error ({type(exc).__name__})")
+                log.error("internal error on %s %s: %s", scope.get("method"), scope.get("path"),
+                          type(exc).__name__)
+            try:
+                self.server.refuse("request", None, err, {"path": str(scope.get("path"))[:200]},
+                                   peer=scope.get("state", {}).get("tls_peer"))
+            except Exception:  # noqa: BLE001 - the audit failure itself is logged, the answer still goes out
+                log.error("could not audit an internal error")
+            if not started:
+                status = http_status(err)
+                await _error(status, err.reason, str(err))(scope, receive, send)
 
 
 def create_app(server: AggregationServer) -> FastAPI:
     app = FastAPI(title="secure-afl aggregation server", version="1", docs_url=None, redoc_url=None)
     app.state.server = server
-    sid = server.config.session_id
-    cap = server.config.max_upload_bytes
+    cfg = server.config
+    sid = cfg.session_id
+    cap = cfg.max_upload_bytes
+    # bodies read at once; made on first use so it belongs to the serving event loop. A request
+    # waiting for a slot holds its headers and at most uvicorn's flow-control buffer of body.
+    slots: list[asyncio.Semaphore] = []
 
     @app.exception_handler(SecureAFLError)
     async def _refused(request: Request, exc: SecureAFLError):
-        return _error(STATUS_BY_REASON.get(exc.reason, 400), exc.reason, str(exc))
+        return _error(http_status(exc), exc.reason, str(exc))
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError):
-        return _error(400, "malformed", "request does not match the API")
+        err = MalformedPayload("request does not match the API")
+        server.refuse("request", None, err, {"path": request.url.path[:200]}, peer=_peer(request))
+        return _error(400, "malformed", str(err))
 
     def _session(session_id: str, request: Request) -> None:
         if session_id != sid:
-            err = PolicyViolation(f"unknown session {session_id[:64]!r}", reason="not_found")
-            server.refuse("request", request.headers.get("x-safl-party", "anonymous"), err,
-                          {"path": request.url.path[:200]})
+            err = NotFound(f"unknown session {session_id[:64]!r}; this server runs session {sid!r}")
+            server.refuse("request", None, err, {"path": request.url.path[:200]}, peer=_peer(request))
             raise err
 
-    async def _authed(request: Request, roles: tuple[str, ...], body: bytes = b"") -> str:
-        return server.authenticate(request.headers, request.method, request.url.path, body, roles=roles)
+    async def _authed(request: Request, roles: tuple[str, ...], body: bytes | None = None) -> str:
+        """The signed party of a request without a body (or whose body is already known)."""
+        digest = _EMPTY_SHA256 if body is None else hashlib.sha256(body).hexdigest()
+        return server.authenticate(request.headers, request.method, request.url.path, digest, roles=roles,
+                                   peer=_peer(request))
+
+    async def _stream(request: Request, party: str, event: str, expected_sha256: str) -> bytes:
+        """The body of an authenticated request: capped, timed, counted, checked against its digest."""
+        peer = _peer(request)
+        if not slots:
+            slots.append(asyncio.Semaphore(cfg.max_concurrent_uploads))
+        try:
+            declared = request.headers.get("content-length")
+            if declared is not None:
+                if not declared.isdigit():
+                    raise MalformedPayload("bad Content-Length")
+                if int(declared) > cap:
+                    raise TooLarge(f"body of {declared} bytes exceeds the cap of {cap}")
+            try:
+                await asyncio.wait_for(slots[0].acquire(), timeout=cfg.read_timeout_s)
+            except asyncio.TimeoutError:
+                raise ServerBusy(f"{cfg.max_concurrent_uploads} request bodies are being read; retry later") from None
+        except SecureAFLError as e:
+            server.refuse(event, party, e, peer=peer)
+            raise
+        try:
+            h, chunks, size = hashlib.sha256(), [], 0
+            deadline = time.monotonic() + cfg.body_timeout_s
+            it = request.stream().__aiter__()
+            while True:
+                left = min(cfg.read_timeout_s, deadline - time.monotonic())
+                if left <= 0:
+                    raise RequestTimeout(f"the body did not arrive within {cfg.body_timeout_s:g} s")
+                try:
+                    chunk = await asyncio.wait_for(it.__anext__(), timeout=left)
+                except StopAsyncIteration:
+                    break
+                except asyncio.TimeoutError:
+                    raise RequestTimeout(f"no body data for {left:.0f} s") from None
+                except ClientDisconnect:
+                    raise MalformedPayload("the client disconnected mid-body", reason="disconnected") from None
+                size += len(chunk)
+                if size > cap:
+                    raise TooLarge(f"body exceeds the cap of {cap} bytes")
+                h.update(chunk)
+                chunks.append(chunk)
+            if h.hexdigest() != expected_sha256:
+                raise InvalidSignature()  # the signature covers another body
+            return b"".join(chunks)
+        except SecureAFLError as e:
+            server.refuse(event, party, e, peer=peer)
+            raise
+        finally:
+            slots[0].release()
+
+    async def _signed_body(request: Request, roles: tuple[str, ...]) -> tuple[str, bytes]:
+        """Authenticate from the headers (the signature covers the body digest), then read the body."""
+        digest = request.headers.get(H_BODY, "")
+        party = server.authenticate(request.headers, request.method, request.url.path, digest, roles=roles,
+                                    peer=_peer(request))
+        return party, await _stream(request, party, "request", digest)
 
     @app.get(f"{API}/health")
     async def health():
@@ -85,45 +204,39 @@ def create_app(server: AggregationServer) -> FastAPI:
     async def get_context(session_id: str, request: Request):
         _session(session_id, request)
         if server.public_context is None:
-            raise PolicyViolation("no public context published", reason="not_found")
+            raise NotFound("no public context published")
         return Response(server.public_context, media_type="application/octet-stream")
 
     @app.post(API + "/sessions/{session_id}/context")
     async def publish_context(session_id: str, request: Request):
         _session(session_id, request)
-        body = await _read_body(request, cap)
-        party = await _authed(request, ("keyholder",), body)
-        return server.publish_context(party, body)
+        party, body = await _signed_body(request, ("keyholder",))
+        return await run_in_threadpool(server.publish_context, party, body)
 
     @app.post(API + "/sessions/{session_id}/uploads")
     async def upload(session_id: str, request: Request):
         _session(session_id, request)
-        raw = request.headers.get(H_UPLOAD)
-        hospital = "anonymous"
+        peer = _peer(request)
+        raw, raw_tag = request.headers.get(H_UPLOAD), request.headers.get(H_TAG)
         try:
-            statement = json.loads(raw) if raw else None
-            if not isinstance(statement, dict):
-                raise MalformedPayload(f"missing or malformed {H_UPLOAD} header (the signed upload statement)")
-            hospital = str(statement.get("hospital", "anonymous"))[:64]
-            raw_tag = request.headers.get(H_TAG)
-            tag = json.loads(raw_tag) if raw_tag else None
-            body = await _read_body(request, cap)
-        except json.JSONDecodeError:
-            err = MalformedPayload(f"{H_UPLOAD} or {H_TAG} header is not JSON")
-            server.refuse("upload", hospital, err)
-            raise err from None
+            if not raw:
+                raise MalformedPayload(f"missing {H_UPLOAD} header (the signed upload statement)")
+            statement = parse_json(raw, f"{H_UPLOAD} header")
+            tag = parse_json(raw_tag, f"{H_TAG} header") if raw_tag else None
         except SecureAFLError as e:
-            server.refuse("upload", hospital, e)
+            server.refuse("upload", None, e, peer=peer)
             raise
+        hospital = server.authenticate_upload(statement, peer)
+        body = await _stream(request, hospital, "upload", statement["payload_sha256"])
         # CPU-bound validation (ciphertext parsing) runs off the event loop.
-        return await run_in_threadpool(server.submit, hospital, statement, body, tag)
+        return await run_in_threadpool(lambda: server.submit(hospital, statement, body, tag, peer=peer))
 
     @app.get(API + "/sessions/{session_id}/receipts/{hospital}")
     async def receipt(session_id: str, hospital: str, request: Request):
         _session(session_id, request)
         party = await _authed(request, ("hospital", "keyholder"))
         if party.startswith("hospital:") and party != f"hospital:{hospital}":
-            raise PolicyViolation("a hospital may read only its own receipt", reason="forbidden")
+            raise Forbidden("a hospital may read only its own receipt")
         return server.receipt(hospital)
 
     @app.post(API + "/sessions/{session_id}/close")
@@ -157,7 +270,20 @@ def create_app(server: AggregationServer) -> FastAPI:
         await _authed(request, ("keyholder", "hospital"))
         return server.released()[1]
 
+    @app.get(API + "/sessions/{session_id}/audit/head")
+    async def audit_head(session_id: str, request: Request):
+        _session(session_id, request)
+        await _authed(request, ("keyholder", "hospital"))
+        return server.audit_head()
+
+    @app.post(API + "/sessions/{session_id}/audit/countersign")
+    async def audit_countersign(session_id: str, request: Request):
+        _session(session_id, request)
+        party, body = await _signed_body(request, ("keyholder",))
+        return await run_in_threadpool(server.store_countersign, party, body)
+
     extra = getattr(server, "register_routes", None)
     if extra is not None:
-        extra(app, _session, _authed, _read_body)
+        extra(app, _session, _authed, _signed_body)
+    app.add_middleware(_LastResort, server=server)
     return app

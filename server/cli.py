@@ -3,30 +3,46 @@
 from __future__ import annotations
 
 import logging
+import signal
+import sys
+
+from secure_afl.exceptions import InvalidParameterError, ParameterMismatch
 
 
 def _cmd_run(args) -> int:
-    import uvicorn
-
     from .aggregator import open_server
     from .app import create_app
     from .config import load_config
+    from .transport import serve
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     cfg = load_config(args.config)
     if args.port is not None:
         cfg.port = args.port
-    server = open_server(cfg)
+    try:
+        server = open_server(cfg)
+    except (InvalidParameterError, ParameterMismatch) as e:
+        # a session that cannot run (e.g. secagg threshold vs neighbourhood vs min_clients): one line, no trace
+        print(f"secure-afl server run: {args.config}: {e}", file=sys.stderr)
+        return 2
     app = create_app(server)
-    ssl_kwargs = server.party.uvicorn_ssl_kwargs(require_client_cert=cfg.require_client_cert)
     logging.getLogger("secure_afl.server").info(
         "serving session %s (%s) on https://%s:%d, mTLS %s", cfg.session_id, cfg.backend, cfg.host, cfg.port,
         "on" if cfg.require_client_cert else "OFF")
+    # uvicorn re-raises SIGTERM after its graceful shutdown; as an exception (not the default
+    # handler) it lets the finally block write the pending refusal summaries and close the log
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     try:
-        uvicorn.run(app, host=cfg.host, port=cfg.port, log_level=args.log_level, **ssl_kwargs)
+        serve(app, cfg, server.party, log_level=args.log_level)
+    except SystemExit:
+        pass
     finally:
         server.shutdown()
     return 0
+
+
+def _exit_on_sigterm(signum, frame):
+    raise SystemExit(0)
 
 
 def register(parser) -> None:

@@ -8,7 +8,7 @@ Example::
     dim = 512
     classes = 100
     gamma = 1.0                 # RI intermediary
-    min_clients = 3             # the aggregate is never released below this
+    min_clients = 3             # the aggregate is never released below this (default 3)
     min_class_count = 5         # key holder refuses a release with a rarer present class (default 5)
     deadline = "2026-12-01T00:00:00Z"   # or deadline_s = 3600 (from first start)
     max_upload_bytes = 64_000_000
@@ -30,14 +30,28 @@ Example::
     delta = 1e-5
     min_contributors = 3        # t: the shares of any t hospitals add up to the full noise (default min_clients)
 
+    [extractor]                 # optional: the feature extractor every hospital must use
+    backbone = "resnet18"       # (`secure-afl client embed` prints this block for its run)
+    weights = "sha256:5c8e..."  # sha256 of the weights file, or "random-seed:N" (tests only)
+    preset = "paper"
+    input_size = 224
+    classes = ["benign", "malignant"]   # in label order; as many as [session] classes
+    dim = 512                   # = [session] dim
+    normalisation = "none"      # or "l2:R" (then max_norm >= R)
+
     [server]
     host = "127.0.0.1"
     port = 8443
-    data_dir = "runs/server"
-    pki_dir = "runs/pki"
+    data_dir = "server-data"       # default: server-data/ next to session.toml
+    pki_dir = "pki"                # default: pki/ next to session.toml
     name = "aggregator"
     keyholder = "keyholder"
     require_client_cert = true
+    read_timeout_s = 30         # request headers, and each body chunk, must arrive within this
+    body_timeout_s = 600        # a whole request body must arrive within this
+    max_concurrent_uploads = 4  # bodies read at once; more are refused with 429 "busy"
+    max_connections = 64        # open connections; more are answered 503 by uvicorn
+    refusal_interval_s = 60     # unauthenticated refusals: one audit record per peer per interval
 """
 
 from __future__ import annotations
@@ -83,6 +97,12 @@ class ServerConfig:
     secagg_neighbours: int = -1
     stage_timeout_s: float = 60.0
     dp: "DPSpec | None" = None
+    read_timeout_s: float = 30.0
+    body_timeout_s: float = 600.0
+    max_concurrent_uploads: int = 4
+    max_connections: int = 64
+    refusal_interval_s: float = 60.0
+    extractor: dict | None = None  # secure_afl.fingerprint.ExtractorFingerprint.to_dict()
 
     def __post_init__(self):
         if self.backend not in BACKENDS:
@@ -92,6 +112,21 @@ class ServerConfig:
         if self.min_clients > self.bounds.k_max:
             raise param_error("min_clients", "session.toml", f"<= bounds.k_max={self.bounds.k_max}",
                               self.min_clients)
+        for name in ("read_timeout_s", "body_timeout_s", "refusal_interval_s"):
+            if not 0 < getattr(self, name) < 86400:
+                raise param_error(name, "session.toml", "seconds in (0, 86400)", getattr(self, name))
+        for name in ("max_concurrent_uploads", "max_connections"):
+            if getattr(self, name) < 1:
+                raise param_error(name, "session.toml", "an int >= 1", getattr(self, name))
+        if self.extractor is not None:
+            from secure_afl.fingerprint import ExtractorFingerprint
+
+            fp = ExtractorFingerprint.from_dict(self.extractor)
+            if fp.dim != self.dim or len(fp.classes) != self.classes:
+                raise param_error("extractor", "session.toml",
+                                  f"dim = {self.dim} and {self.classes} class names",
+                                  f"dim = {fp.dim}, {len(fp.classes)} class names")
+            self.extractor = fp.to_dict()
         if self.max_upload_bytes < 1024:
             raise param_error("max_upload_bytes", "session.toml", "an int >= 1024", self.max_upload_bytes)
 
@@ -126,7 +161,7 @@ def load_config(path) -> ServerConfig:
             classes=int(s["classes"]),
             gamma=float(s.get("gamma", 1.0)),
             bounds=Bounds(float(b["max_norm"]), int(b["n_max"]), int(b["k_max"])),
-            min_clients=int(s.get("min_clients", 2)),
+            min_clients=int(s.get("min_clients", 3)),
             min_class_count=int(s.get("min_class_count", 5)),
             hospitals=[str(h) for h in s.get("hospitals", [])],
             deadline=_parse_deadline(s.get("deadline")),
@@ -139,10 +174,16 @@ def load_config(path) -> ServerConfig:
             name=str(srv.get("name", "aggregator")),
             keyholder=str(srv.get("keyholder", "keyholder")),
             require_client_cert=bool(srv.get("require_client_cert", True)),
+            read_timeout_s=float(srv.get("read_timeout_s", 30.0)),
+            body_timeout_s=float(srv.get("body_timeout_s", 600.0)),
+            max_concurrent_uploads=int(srv.get("max_concurrent_uploads", 4)),
+            max_connections=int(srv.get("max_connections", 64)),
+            refusal_interval_s=float(srv.get("refusal_interval_s", 60.0)),
             secagg_threshold=int(sa["threshold"]) if "threshold" in sa else None,
             secagg_neighbours=int(sa.get("neighbours", -1)),
             stage_timeout_s=float(sa.get("stage_timeout_s", 60.0)),
-            dp=_dp_spec(dp, int(s.get("min_clients", 2))) if dp is not None else None,
+            dp=_dp_spec(dp, int(s.get("min_clients", 3))) if dp is not None else None,
+            extractor=dict(raw["extractor"]) if "extractor" in raw else None,
         )
     except KeyError as e:
         raise param_error(str(e.args[0]), "session.toml", "present", None) from None

@@ -4,44 +4,44 @@ Runs on: the aggregation server. Sees: public keys, AEAD-encrypted shares it
 relays, masked vectors, their mod-2^64 sum and, after the unmask round, the
 self-mask seeds of survivors and mask keys of dropped hospitals: exactly what
 removes the masks from the survivors' sum and nothing that reveals one
-hospital's vector (secure_afl.backends.secagg, threat_model/THREAT_MODEL.md).
+hospital's vector (secure_afl.secagg, threat_model/THREAT_MODEL.md).
 
-Stages (Bonawitz et al. 2017; names from :class:`~secure_afl.backends.secagg.Stage`)::
+Stages (Bonawitz et al. 2017; names from :class:`~secure_afl.secagg.Stage`)::
 
     [Stage 0] setup          GET  .../secagg/request   -> POST .../secagg/setup
     [Stage 1] advertise_keys GET  .../secagg/request   -> POST .../secagg/advertise_keys
     [Stage 2] share_keys     GET  .../secagg/request   -> POST .../secagg/share_keys
     [Stage 3] masked_input   GET  .../secagg/request   -> POST .../uploads  (signed upload, receipt)
     [Stage 4] unmask         GET  .../secagg/request   -> POST .../secagg/consistency (survivor set, signed)
-                             GET  .../secagg/request   -> POST .../secagg/unmask (with a quorum of those
-                                                          signatures attached to the request)
+                             GET  .../secagg/request   -> POST .../secagg/unmask (the request carries the
+                                                          survivors' signed statements)
 
 A stage closes when every active hospital answered or ``stage_timeout_s``
 passed; who did not answer is dropped. Every accepted message is stored in
 SQLite before it is acknowledged, so a restarted server replays them and
-reaches the same state; stage closings are recorded too.
+reaches the same state; stage closings are recorded too. Every check a
+hospital makes lives in :class:`~secure_afl.secagg.SecAggClient`; this module
+only relays and reads the round's public state.
 """
 
 from __future__ import annotations
 
 import base64
-import json
 import threading
 import time
 
 from fastapi import Request
 
-from secure_afl.backends.secagg import MaskedInput, SecAggServerRound, Stage, decode_message
+from secure_afl.secagg import ConsistencyStatement, MaskedInput, SecAggServerRound, Stage, decode_message
 from secure_afl.exceptions import (
     DuplicateContribution,
+    Forbidden,
     InsufficientShares,
     MalformedPayload,
-    PolicyViolation,
     SecureAFLError,
     StageError,
 )
-from secure_afl.protocol import API, H_NONCE, H_PARTY, H_SIGNATURE, H_TIME, SECAGG_CONSISTENCY, SECAGG_REQUEST_PREFIX
-from secure_afl.signing import verify_consistency
+from secure_afl.protocol import API, SECAGG_CONSISTENCY, SECAGG_REQUEST_PREFIX
 
 from .aggregator import AggregationServer, log
 
@@ -76,7 +76,9 @@ class SecAggAggregationServer(AggregationServer):
 
     def _rebuild(self) -> None:
         super()._rebuild()
-        self._round = SecAggServerRound(self.params, participants=self.client_ids.values())
+        ids = self.client_ids
+        self._round = SecAggServerRound(self.params, participants=ids.values(),
+                                        identity_keys={ids[n]: e.public_key() for n, e in self._enrolled.items()})
         closed = self.store.get_meta("secagg_closed", [])
         for stage in Stage.all():
             if self._round.stage != stage:
@@ -85,6 +87,9 @@ class SecAggAggregationServer(AggregationServer):
                 for row in self.store.uploads():
                     self._round.receive(MaskedInput.from_bytes(self.store.get_blob(row["payload_sha256"])))
             else:
+                if stage == Stage.UNMASK:
+                    for data in self.store.messages(CONSISTENCY).values():
+                        self._round.receive(decode_message(data))
                 for data in self.store.messages(stage).values():
                     self._round.receive(decode_message(data))
             if stage in closed:
@@ -92,13 +97,11 @@ class SecAggAggregationServer(AggregationServer):
                     self._round.close_stage()
                 except InsufficientShares:
                     break
-        if self.store.get_meta("secagg_stage_opened") is None:
-            self.store.set_meta("secagg_stage_opened", time.time())
 
     def _combine_upload(self, hospital: str, payload: bytes) -> None:
         m = MaskedInput.from_bytes(payload)
         if m.client_id != self.client_ids[hospital]:
-            raise PolicyViolation(f"{hospital} sent a masked input for client {m.client_id}", reason="forbidden")
+            raise Forbidden(f"{hospital} sent a masked input for client {m.client_id}")
         self._round.receive(m)
 
     def _check_stage_allows_upload(self, hospital: str) -> None:
@@ -133,12 +136,15 @@ class SecAggAggregationServer(AggregationServer):
             if r is None or self.round_stage in ("done", "aborted"):
                 return
             now = time.time() if now is None else now
-            opened = float(self.store.get_meta("secagg_stage_opened", now))
-            everyone = r._responded >= set(r.active)
+            opened = self.store.get_meta("secagg_stage_opened")
+            if opened is None:
+                return  # the round opens with its first hospital, not with the server process
+            opened = float(opened)
+            everyone = not r.waiting_for
             if not everyone and now - opened < self.config.stage_timeout_s:
                 return
             stage = r.stage
-            missing = sorted(self._name(c) for c in set(r.active) - r._responded)
+            missing = sorted(self._name(c) for c in r.waiting_for)
             try:
                 r.close_stage()
             except InsufficientShares as e:
@@ -162,48 +168,40 @@ class SecAggAggregationServer(AggregationServer):
             if stage in ("done", "aborted"):
                 return {"stage": stage}
             cid = self.client_ids[hospital]
+            if self.store.get_meta("secagg_stage_opened") is None:
+                # the stage clock starts when the first hospital asks, so an early server never times out
+                self.store.set_meta("secagg_stage_opened", time.time())
+                self.audit.append("secagg_round_opened", actor=hospital, outcome="accepted",
+                                  session=self.config.session_id, details={"stage": stage})
             if cid not in self._round.active:
                 return {"stage": stage, "dropped": True}
-            if cid in self._round._responded:
+            if cid in self._round.responded:
                 return {"stage": stage, "waiting": True}
             if stage == Stage.UNMASK:
-                gate = self._consistency_gate(hospital)
+                gate = self._consistency_gate(cid)
                 if gate is not None:
                     return gate
             raw = self._round.request(cid).to_bytes()
             # signed, so a hospital holds evidence of what it was asked (e.g. two different
             # survivor lists would be provable equivocation); the stage closings are in the audit log
-            out = {"stage": stage, "request": base64.b64encode(raw).decode(),
-                   "signature": self._key.sign(SECAGG_REQUEST_PREFIX + raw).hex()}
-            if stage == Stage.SHARE_KEYS:
-                # each peer's own signature over its advertisement: the hospital checks that the keys it
-                # encrypts shares to are really its peers' (the server cannot substitute its own)
-                out["advertisement_signatures"] = self.store.message_auth(Stage.ADVERTISE_KEYS)
-            if stage == Stage.UNMASK:
-                out["consistency"] = {h: json.loads(b) for h, b in self.store.messages(CONSISTENCY).items()}
-            return out
+            return {"stage": stage, "request": base64.b64encode(raw).decode(),
+                    "signature": self._key.sign(SECAGG_REQUEST_PREFIX + raw).hex()}
 
-    # -- consistency round (between masked input and unmask) ------------------------------------------
+    # -- consistency check (opens the unmask stage) ---------------------------------------------------
     @property
     def survivor_names(self) -> list[str]:
         return sorted(self._name(c) for c in self._round.survivors_)
 
-    def consistency_quorum(self) -> int:
-        """Signatures over one survivor set needed before any share is revealed: a majority of all
-        enrolled hospitals and at least the threshold, so no two different sets can both reach it."""
-        cfg = self._round.cfg
-        return max(cfg.threshold, cfg.n_parties // 2 + 1)
-
-    def _consistency_gate(self, hospital: str) -> dict | None:
+    def _consistency_gate(self, cid: int) -> dict | None:
         """None once this hospital may receive its unmask request."""
-        signed = self.store.messages(CONSISTENCY)
-        if hospital not in signed:
-            return {"stage": CONSISTENCY, "survivors": self.survivor_names,
-                    "quorum": self.consistency_quorum()}
+        r = self._round
+        signed = r.statements
+        if cid not in signed:
+            return {"stage": CONSISTENCY, "survivors": list(r.survivors_), "quorum": r.quorum}
         opened = float(self.store.get_meta("secagg_stage_opened", time.time()))
-        everyone = len(signed) == len(self._round.survivors_)
+        everyone = len(signed) == len(r.survivors_)
         late = time.time() - opened >= self.config.stage_timeout_s / 2
-        if everyone or (late and len(signed) >= self.consistency_quorum()):
+        if r.unmask_open and (everyone or late):
             return None
         return {"stage": Stage.UNMASK, "waiting": True}
 
@@ -213,19 +211,10 @@ class SecAggAggregationServer(AggregationServer):
             try:
                 if self.round_stage != Stage.UNMASK:
                     raise StageError(f"the round is in {self.round_stage}, not in its consistency check")
-                if hospital not in self.survivor_names:
-                    raise StageError(f"{hospital} is not a survivor of the masked-input stage")
-                if hospital in self.store.messages(CONSISTENCY):
-                    raise DuplicateContribution(f"{hospital} already signed the survivor set")
-                try:
-                    statement = json.loads(body)
-                except (UnicodeDecodeError, json.JSONDecodeError):
-                    raise MalformedPayload("consistency statement is not JSON") from None
-                verify_consistency(statement, self._enrolled[hospital].public_key(),
-                                   session_id=self.config.session_id, params_digest=self.params.digest(),
-                                   survivors=self.survivor_names)
-                if statement.get("hospital") != hospital:
-                    raise PolicyViolation(f"{hospital} may only sign for itself", reason="forbidden")
+                msg = decode_message(body)
+                if not isinstance(msg, ConsistencyStatement) or msg.client_id != self.client_ids[hospital]:
+                    raise Forbidden(f"{hospital} may only sign its own consistency statement")
+                self._round.receive(msg)
             except SecureAFLError as e:
                 self.refuse("secagg_consistency", hospital, e)
                 raise
@@ -234,8 +223,8 @@ class SecAggAggregationServer(AggregationServer):
                               session=self.config.session_id, details={"survivors": self.survivor_names})
             return {"accepted": True, "stage": CONSISTENCY}
 
-    def secagg_message(self, hospital: str, stage: str, body: bytes, auth: dict | None = None) -> dict:
-        """One hospital's answer for ``stage``; ``auth`` is its request signature (kept for its peers)."""
+    def secagg_message(self, hospital: str, stage: str, body: bytes) -> dict:
+        """One hospital's answer for ``stage``."""
         with self._lock:
             try:
                 if stage not in _MESSAGE_STAGES:
@@ -244,21 +233,28 @@ class SecAggAggregationServer(AggregationServer):
                     raise StageError(f"the round is in {self.round_stage}, not {stage}")
                 msg = decode_message(body)
                 if getattr(msg, "client_id", None) != self.client_ids[hospital]:
-                    raise PolicyViolation(f"{hospital} may only speak for client {self.client_ids[hospital]}",
-                                          reason="forbidden")
+                    raise Forbidden(f"{hospital} may only speak for client {self.client_ids[hospital]}")
                 if self.store.messages(stage).get(hospital) is not None:
                     raise DuplicateContribution(f"{hospital} already answered {stage}")
+                bad_before = len(self._round.bad_shares)
                 self._round.receive(msg)
             except SecureAFLError as e:
                 self.refuse(f"secagg_{stage}"[:64], hospital, e)
                 raise
-            except (TypeError, ValueError, KeyError) as e:
+            except (TypeError, ValueError, KeyError, AttributeError, RecursionError) as e:
                 err = MalformedPayload(f"unusable {stage} message: {type(e).__name__}")
                 self.refuse(f"secagg_{stage}"[:64], hospital, err)
                 raise err from None
-            self.store.put_message(stage, hospital, body, auth if stage == Stage.ADVERTISE_KEYS else None)
+            self.store.put_message(stage, hospital, body)
             self.audit.append(f"secagg_{stage}", actor=hospital, outcome="accepted", session=self.config.session_id,
                               details={"bytes": len(body)})
+            for bad in self._round.bad_shares[bad_before:]:
+                # the holder's other shares are kept; the round goes on while t correct shares remain
+                self.audit.append("secagg_bad_share", actor=hospital, outcome="refused",
+                                  session=self.config.session_id, reason="bad_share",
+                                  details={"holder": hospital, "owner": self._name(bad.owner), "kind": bad.kind})
+                log.warning("[Stage 4] %s revealed a share of %s that does not match its commitment; discarded",
+                            hospital, self._name(bad.owner))
             return {"accepted": True, "stage": stage}
 
     # -- release --------------------------------------------------------------------------------------
@@ -283,12 +279,10 @@ class SecAggAggregationServer(AggregationServer):
         @app.post(API + "/sessions/{session_id}/secagg/{stage}")
         async def secagg_message(session_id: str, stage: str, request: Request):
             session_guard(session_id, request)
-            body = await read_body(request, self.config.max_upload_bytes)
-            party = await authed(request, ("hospital",), body)
+            party, body = await read_body(request, ("hospital",))
             if stage == CONSISTENCY:
                 return self.secagg_consistency(party.partition(":")[2], body)
-            auth = {h: request.headers[h] for h in (H_PARTY, H_TIME, H_NONCE, H_SIGNATURE)}
-            return self.secagg_message(party.partition(":")[2], stage, body, auth)
+            return self.secagg_message(party.partition(":")[2], stage, body)
 
         @app.get(API + "/sessions/{session_id}/secagg/unmask-material")
         async def unmask_material(session_id: str, request: Request):

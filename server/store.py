@@ -142,7 +142,3 @@ class Store:
         rows = self.db.execute("SELECT party, data FROM messages WHERE stage=? ORDER BY party", (stage,)).fetchall()
         return {r[0]: bytes(r[1]) for r in rows}
 
-    def message_auth(self, stage: str) -> dict[str, dict]:
-        rows = self.db.execute("SELECT party, auth FROM messages WHERE stage=? AND auth IS NOT NULL",
-                               (stage,)).fetchall()
-        return {r[0]: json.loads(r[1]) for r in rows}

@@ -16,7 +16,8 @@ from secure_afl.stats import StatisticsAccumulator
 
 class Consortium:
     def __init__(self, root: Path, *, backend: str, hospitals=("h1", "h2", "h3"), dim=6, classes=3,
-                 min_clients=2, max_norm=4.0, n_max=1000, k_max=8, extra_session=None, secagg=None, dp=None):
+                 min_clients=2, max_norm=4.0, n_max=1000, k_max=8, extra_session=None, secagg=None,
+                 extra_server=None, extractor=None, dp=None):
         self.root = Path(root)
         self.backend = backend
         self.hospitals = list(hospitals)
@@ -34,15 +35,20 @@ class Consortium:
         self.min_clients = min_clients
         cfg = {
             "session": {"id": self.session_id, "backend": backend, "dim": dim, "classes": classes, "gamma": 1.0,
-                        "min_clients": min_clients, "hospitals": self.hospitals, **(extra_session or {})},
+                        "hospitals": self.hospitals, **(extra_session or {})},
             "bounds": {"max_norm": max_norm, "n_max": n_max, "k_max": k_max},
             "server": {"host": "127.0.0.1", "port": self.port, "data_dir": str(self.root / "server"),
-                       "pki_dir": str(self.pki_dir), "name": "aggregator", "keyholder": "keyholder"},
+                       "pki_dir": str(self.pki_dir), "name": "aggregator", "keyholder": "keyholder",
+                       **(extra_server or {})},
         }
+        if min_clients is not None:  # None: the session.toml default
+            cfg["session"]["min_clients"] = min_clients
         if secagg:
             cfg["secagg"] = secagg
         if dp:
             cfg["dp"] = dp
+        if extractor:
+            cfg["extractor"] = extractor
         self.config = self.root / "session.toml"
         write_config(self.config, cfg)
         self.server = None

@@ -3,8 +3,9 @@ import pytest
 from secure_afl.cli import main
 
 LEVELS = ["", "reproduce", "reproduce dummy", "bench", "bench protect", "bench extract", "client", "client embed",
-          "client submit", "pki", "pki init", "pki issue", "audit", "audit verify", "server", "server run",
-          "keyholder", "keyholder keygen", "keyholder publish", "keyholder finalize", "demo", "attack", "compare"]
+          "client submit", "client fingerprint", "pki", "pki init", "pki issue", "pki bundle", "audit",
+          "audit verify", "server", "server run", "keyholder", "keyholder keygen", "keyholder publish",
+          "keyholder finalize", "demo", "attack", "compare"]
 
 
 @pytest.mark.parametrize("words", LEVELS)

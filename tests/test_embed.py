@@ -21,6 +21,7 @@ from torchvision import transforms as T  # noqa: E402
 
 from secure_afl.cli import main  # noqa: E402
 from secure_afl.clients import embed as E  # noqa: E402
+from secure_afl.clients import extraction  # noqa: E402
 from secure_afl.clients.statsfile import (  # noqa: E402
     StatisticsFileError,
     load_statistics_file,
@@ -226,7 +227,7 @@ def test_corrupt_image_is_typed_error_and_leaves_nothing(weights_pth, tmp_path, 
                str(weights_pth), "--device", "cpu", "--workers", "2", "--no-progress",
                "--stats-only", str(outdir / "kept.npz")])
     err = capsys.readouterr().err
-    assert rc == 2 and "corrupt_image" in err and "img0.png" in err and "Traceback" not in err
+    assert rc == 3 and "corrupt_image" in err and "img0.png" in err and "Traceback" not in err
     assert (outdir / "kept.npz").read_bytes() == b"previous complete file"
     assert sorted(p.name for p in outdir.iterdir()) == ["kept.npz"]
 
@@ -250,7 +251,7 @@ def test_unknown_backbone_lists_valid_names(folder, tmp_path, capsys):
     assert isinstance(info.value, InvalidInputError) and "list_models" in str(info.value)
     rc = main(["client", "embed", "--images", str(folder), "--backbone", "not_a_net", "--weights", "random",
                "--device", "cpu", "--out", str(tmp_path / "o.npz"), "--no-progress"])
-    assert rc == 2 and "unknown_backbone" in capsys.readouterr().err
+    assert rc == 3 and "unknown_backbone" in capsys.readouterr().err
     assert _no_output_left(tmp_path, "o.npz")
 
 
@@ -431,8 +432,8 @@ def test_imagenet_preset_loader_matches_weights_transforms_on_non_square_image(t
     mean = torch.tensor(prep.mean).view(1, 3, 1, 1)
     std = torch.tensor(prep.std).view(1, 3, 1, 1)
     # Execute: CPU loader stage (PIL resize/crop to uint8) + normalisation stage
-    x_u8, _ = E._LoaderDataset(src, prep, geometry=True)[0]
-    ours = E._normalise(x_u8[None], prep, mean, std, resize=False)[0]
+    x_u8, _ = extraction._LoaderDataset(src, prep, geometry=True)[0]
+    ours = extraction._normalise(x_u8[None], prep, mean, std, resize=False)[0]
     # Assert
     assert (prep.resize, prep.crop, prep.mean) == (256, 224, (0.485, 0.456, 0.406))
     assert x_u8.dtype == torch.uint8 and x_u8.shape == (3, 224, 224)

@@ -15,7 +15,7 @@ from cryptography import x509
 from cryptography.x509.oid import ExtendedKeyUsageOID
 
 from secure_afl import pki
-from secure_afl.exceptions import InvalidParameterError, InvalidSignature
+from secure_afl.exceptions import InvalidInputError, InvalidParameterError, InvalidSignature
 
 _TIMEOUT = 5.0
 
@@ -222,14 +222,16 @@ def test_cli_init_and_issue_write_the_documented_layout(tmp_path, capsys):
     rcs = []
     for argv in (["init", "--dir", d, "--name", "CLI Consortium"],
                  ["issue", "--dir", d, "--role", "server", "--name", "agg", "--dns", "127.0.0.1,localhost"],
-                 ["issue", "--dir", d, "--role", "hospital", "--name", "hosp-a"],
                  ["issue", "--dir", d, "--role", "hospital", "--name", "hosp-a"]):
         args = parser.parse_args(argv)
         rcs.append(args.func(args))
     out = capsys.readouterr().out
+    with pytest.raises(InvalidInputError, match="already exists"):
+        args = parser.parse_args(["issue", "--dir", d, "--role", "hospital", "--name", "hosp-a"])
+        args.func(args)
 
     # Assert
-    assert rcs == [0, 0, 0, 1]
+    assert rcs == [0, 0, 0]
     for rel in ("ca.pem", "ca.key", "server-agg/cert.pem", "server-agg/key.pem", "hospital-hosp-a/identity.key",
                 "hospital-hosp-a/identity.pub", "hospital-hosp-a/enrolment.json"):
         assert (tmp_path / "p" / rel).is_file(), rel

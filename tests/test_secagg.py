@@ -17,7 +17,8 @@ from hypothesis import strategies as st
 from scipy import stats as sstats
 
 from secure_afl.backends import get_backend
-from secure_afl.backends.secagg import (
+from secure_afl.secagg import (
+    identities,
     AdvertiseKeysRequest,
     EncryptedShare,
     MaskedInput,
@@ -59,8 +60,19 @@ BOUNDS = Bounds(1.0, 100, 20)
 SEED = bytes(range(32))
 
 
+PRIV, PUB = identities(100)
+
+
 def make_params(n=5, *, session="sess-1", **kw):
-    return secagg_session_params(session, LAYOUT, 1.0, BOUNDS, n_parties=n, graph_seed=SEED, **kw)
+    return secagg_session_params(session, LAYOUT, 1.0, BOUNDS, n_parties=n, **kw)
+
+
+def client(params, u):
+    return SecAggClient(params, u, PRIV[u], PUB)
+
+
+def server_round(params, ids):
+    return SecAggServerRound(params, participants=ids, identity_keys=PUB)
 
 
 def random_vectors(k, rng, layout=LAYOUT, scale=50.0):
@@ -75,9 +87,12 @@ def relay(msg):
 def drive(params, vectors, *, drop_before_masked=(), clients=None, upto=None):
     """Run the protocol message by message through bytes; returns (server, clients)."""
     ids = list(range(1, len(vectors) + 1))
-    server = SecAggServerRound(params, participants=ids)
-    clients = clients or {u: SecAggClient(params, u) for u in ids}
+    server = server_round(params, ids)
+    clients = clients or {u: client(params, u) for u in ids}
     for stage in Stage.all():
+        if stage == Stage.UNMASK:  # the consistency check opens the stage
+            for u in sorted(server.active):
+                server.receive(relay(clients[u].sign_survivors(server.survivors_)))
         if stage == upto:
             return server, clients
         for u in sorted(server.active):
@@ -180,10 +195,10 @@ def test_session_params_defaults_and_validation_messages():
     assert bp["threshold"] == 3 and bp["neighbours"] is None and bp["n_parties"] == 4
     assert tuple(bp["frac_bits"]) == fixedpoint.choose_frac_bits(BOUNDS, 1.0)
     json.dumps(p.to_dict())
-    with pytest.raises(InvalidParameterError, match="threshold=5 exceeds n_parties=4; lower `threshold` or enrol"):
+    with pytest.raises(InvalidParameterError, match="threshold=5 exceeds n_parties=4; .* use threshold <= 4"):
         make_params(4, threshold=5)
-    with pytest.raises(InvalidParameterError, match="raise `threshold` to at least 3"):
-        make_params(4, threshold=2)
+    with pytest.raises(InvalidParameterError, match="min_clients=3 with threshold=3 .* use min_clients <= 2"):
+        make_params(4, threshold=3, min_clients=3)
     with pytest.raises(InvalidParameterError, match="must be even"):
         make_params(20, neighbours=5)
     with pytest.raises(InvalidParameterError, match="raise `neighbours`"):
@@ -200,11 +215,13 @@ def test_session_params_defaults_and_validation_messages():
 def test_hand_edited_backend_params_refused():
     # Prepare
     p = make_params(5)
-    weak = p.with_backend_params(threshold=2)
+    weak = p.with_backend_params(threshold=1)
 
     # Execute / Assert
     with pytest.raises(InvalidParameterError):
         SecAggBackend(weak)
+    with pytest.raises(ParameterMismatch):  # the graph is no parameter: a server-chosen seed has no place here
+        SecAggBackend(p.with_backend_params(graph_seed=bytes(32).hex()))
     with pytest.raises(ParameterMismatch):
         SecAggBackend(p.with_backend_params(protocol="other"))
     assert get_backend(p).name == "secagg"
@@ -245,9 +262,9 @@ def test_property_unmasked_sum_equals_plaintext_fixed_point_sum(k, seed, scale):
 
 @pytest.mark.parametrize("k, dropout", [(10, 0.1), (10, 0.3), (20, 0.1), (20, 0.3)])
 def test_dropout_gives_exact_survivor_sum(k, dropout):
-    # Prepare
+    # Prepare: t = 3 tolerates 2 colluders; the quorum (7 of 10, 12 of 20) leaves room for 30 % dropouts
     rng = np.random.default_rng(k)
-    params = make_params(k)
+    params = make_params(k, threshold=3)
     vectors = random_vectors(k, rng)
     drops = set(int(i) for i in rng.choice(np.arange(1, k + 1), int(round(dropout * k)), replace=False))
 
@@ -267,7 +284,7 @@ def test_dropout_gives_exact_survivor_sum(k, dropout):
 def test_neighbour_graph_round_with_100_clients_and_dropout():
     # Prepare
     k = 100
-    params = secagg_session_params("big", Layout(4, 2), 1.0, Bounds(1.0, 100, k), neighbours=12, graph_seed=SEED)
+    params = secagg_session_params("big", Layout(4, 2), 1.0, Bounds(1.0, 100, k), neighbours=12)
     rng = np.random.default_rng(7)
     vectors = random_vectors(k, rng, layout=Layout(4, 2))
 
@@ -334,7 +351,7 @@ def test_client_refuses_unmask_below_threshold():
 def _fixed_clients(params, k):
     return {
         u: SecAggClient._from_parts(
-            params, u,
+            params, u, PRIV[u], PUB,
             enc_private=hashlib.sha256(b"enc%d" % u).digest(),
             mask_private=hashlib.sha256(b"mask%d" % u).digest(),
             self_mask_seed=hashlib.sha256(b"b%d" % u).digest(),
@@ -347,7 +364,7 @@ def _fixed_clients(params, k):
 def test_single_masked_upload_is_indistinguishable_from_uniform():
     # Prepare: fixed secrets (deterministic test); the input is highly structured.
     layout = Layout(150, 10)  # L = 12,837 words
-    params = secagg_session_params("unif", layout, 1.0, BOUNDS, n_parties=3, graph_seed=SEED)
+    params = secagg_session_params("unif", layout, 1.0, BOUNDS, n_parties=3)
     x = np.zeros(layout.length)
     x[: layout.length // 2] = 99.0
     x[layout.length // 2:] = -np.linspace(0, 100, layout.length - layout.length // 2)
@@ -381,18 +398,18 @@ def test_unmask_request_with_overlapping_lists_refused():
 
     # Execute / Assert: 3 is listed as survivor and as dropped.
     with pytest.raises(OverlappingUnmaskRequest):
-        clients[1].unmask(UnmaskRequest("sess-1", 1, (1, 2, 3, 4), (3,)))
+        clients[1].unmask(UnmaskRequest("sess-1", 1, (1, 2, 3, 4), (3,), honest.statements))
     with pytest.raises(StageError):  # the client aborted: it never answers again
         clients[1].unmask(honest)
     with pytest.raises(OverlappingUnmaskRequest):  # asking the client's own key share
-        clients[2].unmask(UnmaskRequest("sess-1", 2, (1, 3, 4), (2,)))
+        clients[2].unmask(UnmaskRequest("sess-1", 2, (1, 3, 4), (2,), honest.statements))
 
 
 @pytest.mark.security
 def test_honest_unmask_never_reveals_both_shares_of_one_client():
     # Prepare
     k = 8
-    params = make_params(k)
+    params = make_params(k, threshold=3)
     vectors = random_vectors(k, np.random.default_rng(4))
     server, clients = drive(params, vectors, drop_before_masked={2, 5})
 
@@ -414,7 +431,7 @@ def test_aead_tampered_share_ciphertext_refused():
     req = server.request(1)
     es = req.shares[0]
     flipped = bytes([es.ciphertext[0] ^ 1]) + es.ciphertext[1:]
-    bad = MaskedInputRequest(req.session_id, 1, (EncryptedShare(es.sender, 1, es.nonce, flipped),) + req.shares[1:])
+    bad = MaskedInputRequest(req.session_id, 1, (EncryptedShare(es.sender, 1, es.nonce, flipped, es.commit_b, es.commit_s),) + req.shares[1:])
 
     # Execute / Assert
     with pytest.raises(InvalidContribution):
@@ -430,7 +447,7 @@ def test_share_redirected_to_another_recipient_refused():
     server, clients = drive(params, vectors, upto=Stage.MASKED_INPUT)
     for_1 = {s.sender: s for s in server.request(1).shares}[2]
     req3 = server.request(3)
-    moved = tuple(EncryptedShare(2, 3, for_1.nonce, for_1.ciphertext) if s.sender == 2 else s for s in req3.shares)
+    moved = tuple(EncryptedShare(2, 3, for_1.nonce, for_1.ciphertext, for_1.commit_b, for_1.commit_s) if s.sender == 2 else s for s in req3.shares)
 
     # Execute / Assert
     with pytest.raises(InvalidContribution):
@@ -473,19 +490,19 @@ def test_tampered_truncated_and_foreign_masked_inputs_refused():
 def test_client_refuses_wrong_session_and_parameters():
     # Prepare
     params = make_params(4)
-    client = SecAggClient(params, 1)
+    hospital = client(params, 1)
     foreign = make_params(4, threshold=4).digest().hex()
 
     # Execute / Assert
     with pytest.raises(WrongSession):
-        client.setup(SetupRequest("sess-9", 1, params.digest().hex()))
+        hospital.setup(SetupRequest("sess-9", 1, params.digest().hex()))
     with pytest.raises(ParameterMismatch):
-        client.setup(SetupRequest("sess-1", 1, foreign))
+        hospital.setup(SetupRequest("sess-1", 1, foreign))
     with pytest.raises(MalformedPayload):
-        client.setup(SetupRequest("sess-1", 2, params.digest().hex()))
-    assert client.stage == Stage.SETUP  # soft refusals leave the state unchanged
-    client.setup(SetupRequest("sess-1", 1, params.digest().hex()))
-    assert client.stage == Stage.ADVERTISE_KEYS
+        hospital.setup(SetupRequest("sess-1", 2, params.digest().hex()))
+    assert hospital.stage == Stage.SETUP  # soft refusals leave the state unchanged
+    hospital.setup(SetupRequest("sess-1", 1, params.digest().hex()))
+    assert hospital.stage == Stage.ADVERTISE_KEYS
 
 
 @pytest.mark.parametrize("data", [b"", b"{", b"[]", b'{"type":"secagg.unmask_request"}',
@@ -518,12 +535,18 @@ def test_every_message_round_trips_through_json_and_bytes():
     # Prepare
     params = make_params(4)
     vectors = random_vectors(4, np.random.default_rng(10))
-    server = SecAggServerRound(params)
-    clients = {u: SecAggClient(params, u) for u in range(1, 5)}
+    server = server_round(params, range(1, params.backend_params["n_parties"] + 1))
+    clients = {u: client(params, u) for u in range(1, 5)}
     seen = set()
 
     # Execute
     for stage in Stage.all():
+        if stage == Stage.UNMASK:
+            for u in sorted(server.active):
+                st = clients[u].sign_survivors(server.survivors_)
+                assert decode_message(st.to_bytes()) == st
+                seen.add(type(st).__name__)
+                server.receive(st)
         for u in sorted(server.active):
             req = server.request(u)
             resp = clients[u].masked_input(req, vectors[u - 1]) if stage == Stage.MASKED_INPUT else clients[u].handle(req)
@@ -535,7 +558,7 @@ def test_every_message_round_trips_through_json_and_bytes():
         server.close_stage()
 
     # Assert
-    assert len(seen) == 10 and server.aggregate_vector_ is not None
+    assert len(seen) == 11 and server.aggregate_vector_ is not None
 
 
 # ---------------------------------------------------------------------------
@@ -545,7 +568,7 @@ def _dummy(stage, sid="sess-1", cid=1):
     return {
         Stage.SETUP: SetupRequest(sid, cid, "00"),
         Stage.ADVERTISE_KEYS: AdvertiseKeysRequest(sid, cid),
-        Stage.SHARE_KEYS: ShareKeysRequest(sid, cid, ()),
+        Stage.SHARE_KEYS: ShareKeysRequest(sid, cid, (), bytes(32)),
         Stage.MASKED_INPUT: MaskedInputRequest(sid, cid, ()),
         Stage.UNMASK: UnmaskRequest(sid, cid, (), ()),
     }[stage]
@@ -579,15 +602,15 @@ def test_server_rejects_wrong_stage_duplicates_and_late_messages():
     # Prepare
     params = make_params(3)
     vectors = random_vectors(3, np.random.default_rng(12))
-    server = SecAggServerRound(params)
-    clients = {u: SecAggClient(params, u) for u in range(1, 4)}
+    server = server_round(params, range(1, params.backend_params["n_parties"] + 1))
+    clients = {u: client(params, u) for u in range(1, 4)}
     ack = clients[1].setup(server.request(1))
 
     # Execute / Assert
     server.receive(ack)
     with pytest.raises(DuplicateContribution):
         server.receive(ack)
-    adv_client = SecAggClient(params, 2)
+    adv_client = client(params, 2)
     adv_client.setup(server.request(2))
     with pytest.raises(StageError):
         server.receive(adv_client.advertise_keys(AdvertiseKeysRequest("sess-1", 2)))

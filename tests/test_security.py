@@ -21,7 +21,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from secure_afl import pki
-from secure_afl.audit import verify_log
+from secure_afl.audit import check_chain, verify_log
 from secure_afl.backends import get_backend
 from secure_afl.backends.base import check_vector
 from secure_afl.backends.ckks import CKKSBackend, generate_keys, new_ckks_session
@@ -123,6 +123,11 @@ class Service:
 
     def audit(self):
         return [json.loads(line) for line in (self.server.dir / "audit.jsonl").read_text().splitlines()]
+
+
+def _true_head(svc) -> str:
+    """What a countersigned close record would pin: the writer's own last record."""
+    return f"{svc.server.audit.next_seq - 1}:{svc.server.audit.head}"
 
 
 def _vector(seed=0, n=10, scale=1.0):
@@ -441,11 +446,18 @@ def test_every_refusal_is_audited_and_the_chain_still_verifies(service):
     service.upload("hosp-a", payload)
     service.upload("hosp-a", payload)
 
-    # Execute
-    v = verify_log(service.server.dir / "audit.jsonl", server_pub=service.party("aggregator", "server").identity_pub())
+    service.server.flush_refusals()
 
-    # Assert: session_created + 3 refusals + 1 acceptance, all signed and chained
-    assert (v.n_accepted, v.n_refused) == (2, 3)
+    # Execute
+    v = verify_log(service.server.dir / "audit.jsonl", server_pub=service.party("aggregator", "server").identity_pub(),
+                   head=_true_head(service))
+
+    # Assert: session_created + 1 acceptance; the 3 refusals are 2 records plus one unauthenticated refusal
+    # counted in a refusals_suppressed summary (same peer, same interval); all signed and chained
+    records = service.audit()
+    suppressed = sum(r["details"]["count"] for r in records if r["event"] == "refusals_suppressed")
+    assert v.n_accepted == 2
+    assert sum(r["outcome"] == "refused" and r["event"] != "refusals_suppressed" for r in records) + suppressed == 3
 
 
 def test_tampered_audit_record_detected(service):
@@ -461,7 +473,7 @@ def test_tampered_audit_record_detected(service):
 
     # Execute / Assert
     with pytest.raises(AuditChainBroken) as info:
-        verify_log(log)
+        check_chain(log)
     assert info.value.index == 1
 
 
@@ -824,7 +836,8 @@ def _fuzz_and_check(svc, examples, minimum):
     # Assert: enough real cases, nothing stored, the chain verifies, and the service still works
     assert stats["cases"] >= minimum
     assert svc.count() == 0 and svc.blobs() == []
-    verify_log(svc.server.dir / "audit.jsonl", server_pub=svc.party("aggregator", "server").identity_pub())
+    verify_log(svc.server.dir / "audit.jsonl", server_pub=svc.party("aggregator", "server").identity_pub(),
+               head=_true_head(svc))
     ok = svc.upload("hosp-a", svc.payload(seed=1))
     assert ok.status_code == 200 and svc.count() == 1
     return stats
@@ -847,3 +860,29 @@ def test_fuzz_upload_endpoint_10k_cases(consortium, tmp_path):
             _fuzz_and_check(svc, 10_500, 10_000)
         finally:
             svc.close()
+
+
+def test_server_stores_only_a_countersignature_over_its_own_close_record(service):
+    # Prepare: a released session; a countersignature over a close record pinning another head
+    from secure_afl.audit import countersign_head, make_close_record
+    from secure_afl.signing import canonical_json
+
+    _released(service)
+    kh = service.party("keyholder", "keyholder")
+    server = service.party("aggregator", "server")
+    close = service.server.audit_head()["close"]
+    other = make_close_record(server.identity_key(), close["session_id"], close["seq"] - 1, "ab" * 32,
+                              close["participants"])
+    forged = countersign_head(kh.identity_key(), "keyholder", other, server.identity_pub())
+    honest = countersign_head(kh.identity_key(), "keyholder", close, server.identity_pub())
+
+    # Execute
+    refused = service.signed("POST", "/audit/countersign", kh, canonical_json(forged))
+    nothing_stored = service.server.audit_head()["countersign"] is None
+    accepted = service.signed("POST", "/audit/countersign", kh, canonical_json(honest))
+
+    # Assert
+    assert refused.status_code == 401 and refused.json()["error"] == "bad_signature" and nothing_stored
+    assert accepted.status_code == 200 and accepted.json()["countersign"] == honest
+    head = json.loads((service.server.dir / "audit-head.json").read_text())
+    assert head == {"close": close, "countersign": honest}

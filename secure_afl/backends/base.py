@@ -1,6 +1,6 @@
 """The one small interface every protection backend implements.
 
-Seen from the three roles (DESIGN.md section 4):
+Seen from the three roles:
 
 * hospital:  ``backend.protect(vector, ...) -> bytes``   (a sealed contribution)
 * server:    ``acc = backend.combiner(); acc.add(payload); acc.aggregate() -> bytes``

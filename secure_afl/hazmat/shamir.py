@@ -5,7 +5,7 @@
     This is a "Hazardous Materials" module. You should **ONLY** use it if
     you're 100% absolutely sure that you know what you're doing because this
     module is full of land mines, dragons, and dinosaurs with laser guns.
-    The recipe API is :mod:`secure_afl.backends.secagg`.
+    The recipe API is :mod:`secure_afl.secagg`.
 
 Runs on: hospitals (create shares of their own secrets, hold peers' shares)
 and the server (combines at least ``threshold`` shares it was sent).

@@ -1,0 +1,401 @@
+"""Hospital-side secagg state machine: every check against a malicious server lives here."""
+
+from __future__ import annotations
+
+import secrets
+from typing import Mapping
+
+import numpy as np
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
+
+from .._validation import check_int
+from ..backends.base import check_vector
+from ..envelope import seal
+from ..exceptions import (
+    InsufficientShares,
+    InvalidContribution,
+    MalformedPayload,
+    OverlappingUnmaskRequest,
+    ParameterMismatch,
+    SecureAFLError,
+    StageError,
+    WrongSession,
+)
+from ..hazmat import fixedpoint
+from ..hazmat.prg import DOMAIN_SELF_MASK, expand
+from ..hazmat.shamir import Share, create_shares
+from ..params import SessionParams
+from .backend import SecAggBackend
+from .masking import _add_pair_mask, _pair_seed, _raw_private, _raw_public, _share_ad, _share_key, share_commitment
+from .messages import (
+    AdvertiseKeysRequest,
+    ConsistencyStatement,
+    EncryptedShare,
+    KeyAdvertisement,
+    MaskedInput,
+    MaskedInputRequest,
+    SetupAck,
+    SetupRequest,
+    ShareKeysRequest,
+    ShareKeysResponse,
+    UnmaskRequest,
+    UnmaskResponse,
+    _Message,
+)
+from .params import _ABORTED, _DONE, Stage, graph_seed, neighbour_graph
+
+__all__ = ["SecAggClient"]
+
+_NONCE_BYTES = 12
+_SOFT_ERRORS = (StageError, WrongSession, ParameterMismatch, MalformedPayload, TypeError)
+
+
+class SecAggClient:
+    """Hospital-side state machine for one secagg session; it holds every guard against a malicious server.
+
+    Each stage method takes the server's request and returns the response to
+    send back; a request for any other stage than the next one raises
+    :class:`StageError` and leaves the state unchanged. A request that fails a
+    cryptographic or protocol check (:class:`InvalidContribution`,
+    :class:`OverlappingUnmaskRequest`, :class:`InsufficientShares`) aborts the
+    client for good. The guards, in order:
+
+    * SHARE_KEYS: every advertisement carries its hospital's signature; the
+      graph seed is the hash of that signed list, never the server's choice;
+      at least the consistency quorum advertised;
+    * MASKED_INPUT: every share decrypts under its AEAD and matches the
+      dealer's commitment;
+    * consistency: sign only a survivor set of enrolled, advertised hospitals,
+      with us in it and at least the quorum large; sign once;
+    * UNMASK: a quorum of valid signatures over the ONE set we signed, a
+      request that agrees with that set, and never both shares of one peer.
+
+    Parameters
+    ----------
+    params : SessionParams
+        secagg session parameters.
+    client_id : int
+        This hospital's id in ``1..n_parties`` (also its Shamir x-coordinate).
+    identity_key : Ed25519PrivateKey
+        This hospital's enrolled identity key (signs its advertisement and its
+        consistency statement).
+    identity_keys : mapping int -> Ed25519PublicKey
+        The enrolled identity keys of all hospitals, by client id.
+    """
+
+    def __init__(self, params: SessionParams, client_id: int, identity_key, identity_keys: Mapping):
+        self.backend = SecAggBackend(params)
+        self.params = params
+        self.cfg = self.backend.cfg
+        self.client_id = check_int("client_id", client_id, "SecAggClient", low=1, high=self.cfg.n_parties)
+        if not hasattr(identity_key, "sign") or self.client_id not in identity_keys:
+            raise TypeError("identity_key must be an Ed25519 private key and identity_keys must name this client")
+        self._identity = identity_key
+        self._peers = dict(identity_keys)
+        self._digest = params.digest().hex()
+        self._stage = Stage.SETUP
+        self._enc_sk: X25519PrivateKey | None = None
+        self._mask_sk: X25519PrivateKey | None = None
+        self._b: bytes | None = None
+        self._own_ad: KeyAdvertisement | None = None
+        self._ads: dict[int, KeyAdvertisement] = {}
+        self._advertised: frozenset[int] = frozenset()
+        self._graph_seed: bytes | None = None
+        self._graph: dict[int, frozenset[int]] | None = None
+        self._share_keys: dict[int, ChaCha20Poly1305] = {}
+        self._held: dict[int, tuple[Share, Share]] = {}
+        self._signed: ConsistencyStatement | None = None
+
+    @classmethod
+    def _from_parts(cls, params, client_id, identity_key, identity_keys, *, enc_private: bytes,
+                    mask_private: bytes, self_mask_seed: bytes):
+        """Deterministic seam for tests and vectors: fixed key pairs and self-mask seed."""
+        c = cls(params, client_id, identity_key, identity_keys)
+        c._enc_sk = X25519PrivateKey.from_private_bytes(enc_private)
+        c._mask_sk = X25519PrivateKey.from_private_bytes(mask_private)
+        if len(self_mask_seed) != 32:
+            raise ValueError("self_mask_seed must be 32 bytes")
+        c._b = bytes(self_mask_seed)
+        return c
+
+    @property
+    def stage(self) -> str:
+        """The next stage this client accepts (``"done"`` / ``"aborted"`` at the end)."""
+        return self._stage
+
+    @property
+    def graph_seed(self) -> bytes | None:
+        """The seed this hospital derived from the signed advertisements (None before SHARE_KEYS)."""
+        return self._graph_seed
+
+    @property
+    def holders(self) -> frozenset[int]:
+        """H(u) = N(u) + {u}: who holds shares of this hospital's secrets (known from SHARE_KEYS on)."""
+        if self._graph is None:
+            raise StageError("the neighbour graph is fixed by the advertisements, at SHARE_KEYS")
+        return self._graph[self.client_id] | {self.client_id}
+
+    @property
+    def quorum(self) -> int:
+        """Signatures over one survivor set needed before this hospital reveals a share."""
+        return self.cfg.quorum(len(self._advertised))
+
+    # -- dispatch --------------------------------------------------------------
+    def handle(self, request: _Message, *, vector=None) -> _Message:
+        """Answer any request (``vector`` is needed for MASKED_INPUT)."""
+        stage = getattr(request, "STAGE", None)
+        self._check_stage(stage)
+        if stage == Stage.SETUP:
+            return self.setup(request)
+        if stage == Stage.ADVERTISE_KEYS:
+            return self.advertise_keys(request)
+        if stage == Stage.SHARE_KEYS:
+            return self.share_keys(request)
+        if stage == Stage.MASKED_INPUT:
+            return self.masked_input(request, vector)
+        return self.unmask(request)
+
+    def _check_stage(self, received) -> None:
+        if received != self._stage:
+            raise StageError(
+                f"Abort secure aggregation: expect {self._stage} stage, but receive {received} stage"
+            )
+
+    def _begin(self, request, cls) -> None:
+        self._check_stage(getattr(request, "STAGE", None))
+        if not isinstance(request, cls):
+            raise TypeError(f"expected a {cls.__name__}")
+        if request.session_id != self.params.session_id:
+            raise WrongSession(f"request is for session {request.session_id!r}, not {self.params.session_id!r}")
+        if request.client_id != self.client_id:
+            raise MalformedPayload(f"request is addressed to client {request.client_id}, not {self.client_id}")
+
+    def _run(self, fn, *args):
+        try:
+            return fn(*args)
+        except _SOFT_ERRORS:
+            raise
+        except SecureAFLError:
+            self._stage = _ABORTED
+            raise
+
+    # -- stage 0 ---------------------------------------------------------------
+    def setup(self, request: SetupRequest) -> SetupAck:
+        """Check the session parameters; draw the key pairs and the self-mask seed."""
+        self._begin(request, SetupRequest)
+        digest = self.params.digest().hex()
+        if request.params_digest != digest:
+            raise ParameterMismatch("the server runs this session under other parameters")
+        if self._enc_sk is None:
+            self._enc_sk = X25519PrivateKey.generate()
+            self._mask_sk = X25519PrivateKey.generate()
+            self._b = secrets.token_bytes(32)
+        self._stage = Stage.ADVERTISE_KEYS
+        return SetupAck(self.params.session_id, self.client_id, digest)
+
+    # -- stage 1 ---------------------------------------------------------------
+    def advertise_keys(self, request: AdvertiseKeysRequest) -> KeyAdvertisement:
+        """Publish ``c_u^PK`` and ``s_u^PK``."""
+        self._begin(request, AdvertiseKeysRequest)
+        self._stage = Stage.SHARE_KEYS
+        return self._advertisement()
+
+    def _advertisement(self) -> KeyAdvertisement:
+        if self._own_ad is None:
+            ad = KeyAdvertisement(self.params.session_id, self.client_id, self._digest, _raw_public(self._enc_sk),
+                                  _raw_public(self._mask_sk))
+            self._own_ad = ad.signed(self._identity)
+        return self._own_ad
+
+    # -- stage 2 ---------------------------------------------------------------
+    def share_keys(self, request: ShareKeysRequest) -> ShareKeysResponse:
+        """Check the signed advertisements, fix the graph from them, share ``b_u`` and ``s_u^SK`` among the holders."""
+        self._begin(request, ShareKeysRequest)
+        return self._run(self._share_keys_body, request)
+
+    def _check_advertisements(self, request: ShareKeysRequest) -> dict[int, KeyAdvertisement]:
+        """Every relayed advertisement is signed by its enrolled hospital, for this session and parameters."""
+        u, sid = self.client_id, self.params.session_id
+        ads: dict[int, KeyAdvertisement] = {}
+        for ad in request.advertisements:
+            if ad.session_id != sid or ad.params_digest != self._digest:
+                raise WrongSession("an advertisement belongs to another session or parameters")
+            if ad.client_id in ads:
+                raise MalformedPayload(f"duplicate advertisement from client {ad.client_id}")
+            pub = self._peers.get(ad.client_id)
+            if pub is None or not ad.verify(pub):
+                raise InvalidContribution(f"advertisement of client {ad.client_id} is not signed by its hospital")
+            ads[ad.client_id] = ad
+        if ads.get(u) != self._advertisement():
+            raise InvalidContribution()  # our own keys were not relayed faithfully
+        keys = [a.enc_public_key for a in ads.values()] + [a.mask_public_key for a in ads.values()]
+        if len(set(keys)) != len(keys):
+            raise InvalidContribution()
+        return ads
+
+    def _check_graph_seed(self, request: ShareKeysRequest, ads: Mapping[int, KeyAdvertisement]) -> bytes:
+        """The graph seed is the hash of the signed advertisements; a server-chosen seed is refused."""
+        seed = graph_seed(ads.values())
+        if request.graph_seed != seed:
+            raise InvalidContribution("the server's graph seed is not the hash of the signed advertisements")
+        return seed
+
+    def _check_advertised_quorum(self, ads: Mapping[int, KeyAdvertisement]) -> None:
+        q = self.cfg.quorum(len(ads))
+        if len(ads) < q:
+            raise InsufficientShares(f"only {len(ads)} hospitals advertised keys; the consistency quorum is {q}")
+
+    def _share_keys_body(self, request: ShareKeysRequest) -> ShareKeysResponse:
+        u, t, sid = self.client_id, self.cfg.threshold, self.params.session_id
+        ads = self._check_advertisements(request)
+        seed = self._check_graph_seed(request, ads)
+        self._check_advertised_quorum(ads)
+        self._advertised, self._graph_seed = frozenset(ads), seed
+        self._graph = neighbour_graph(self.cfg.n_parties, self.cfg.neighbours, seed)
+        ids = sorted(self.holders & self._advertised)
+        if len(ids) < t:
+            raise InsufficientShares(f"only {len(ids)} share holders advertised keys; threshold is {t}")
+        b_shares = create_shares(self._b, t, len(ids), indices=ids)
+        s_shares = create_shares(_raw_private(self._mask_sk), t, len(ids), indices=ids)
+        out = []
+        for v, bs, ss in zip(ids, b_shares, s_shares):
+            if v == u:
+                self._held[u] = (bs, ss)
+                continue
+            aead = _share_key(self._enc_sk, ads[v].enc_public_key, sid, u, v)
+            self._share_keys[v] = aead
+            cb = share_commitment(sid, self._digest, "b", u, v, bs.to_bytes())
+            cs = share_commitment(sid, self._digest, "s", u, v, ss.to_bytes())
+            nonce = secrets.token_bytes(_NONCE_BYTES)
+            ct = aead.encrypt(nonce, bs.to_bytes() + ss.to_bytes(), _share_ad(sid, self._digest, u, v, cb, cs))
+            out.append(EncryptedShare(u, v, nonce, ct, cb, cs))
+        self._ads = {v: ads[v] for v in ids if v != u}
+        own_b, own_s = self._held[u]
+        self._stage = Stage.MASKED_INPUT
+        return ShareKeysResponse(sid, u, tuple(out), share_commitment(sid, self._digest, "b", u, u, own_b.to_bytes()),
+                                 share_commitment(sid, self._digest, "s", u, u, own_s.to_bytes()))
+
+    # -- stage 3 ---------------------------------------------------------------
+    def masked_input(self, request: MaskedInputRequest, vector) -> MaskedInput:
+        """Decrypt the shares held for peers, then upload ``y_u`` (see the package docstring)."""
+        self._begin(request, MaskedInputRequest)
+        v = check_vector(self.params, vector)  # before any state change
+        return self._run(self._masked_input_body, request, v)
+
+    def _open_share(self, es: EncryptedShare) -> tuple[Share, Share]:
+        """Decrypt one share pair and check it against the dealer's commitments."""
+        u, t, sid = self.client_id, self.cfg.threshold, self.params.session_id
+        ad = _share_ad(sid, self._digest, es.sender, u, es.commit_b, es.commit_s)
+        try:
+            pt = self._share_keys[es.sender].decrypt(es.nonce, es.ciphertext, ad)
+        except InvalidTag:
+            raise InvalidContribution() from None
+        try:
+            n = len(pt) // 2
+            if len(pt) % 2:
+                raise MalformedPayload("odd share length")
+            bs, ss = Share.from_bytes(pt[:n]), Share.from_bytes(pt[n:])
+        except MalformedPayload:
+            raise InvalidContribution() from None
+        if any(s.index != u or s.threshold != t or s.length != 32 for s in (bs, ss)):
+            raise InvalidContribution()
+        if (share_commitment(sid, self._digest, "b", es.sender, u, bs.to_bytes()) != es.commit_b
+                or share_commitment(sid, self._digest, "s", es.sender, u, ss.to_bytes()) != es.commit_s):
+            raise InvalidContribution(f"client {es.sender} dealt a share that does not match its commitment")
+        return bs, ss
+
+    def _masked_input_body(self, request: MaskedInputRequest, vector: np.ndarray) -> MaskedInput:
+        u, t, sid = self.client_id, self.cfg.threshold, self.params.session_id
+        received: dict[int, tuple[Share, Share]] = {}
+        for es in request.shares:
+            if es.recipient != u or es.sender not in self._ads or es.sender in received:
+                raise MalformedPayload(f"unexpected or duplicate share from client {es.sender}")
+            received[es.sender] = self._open_share(es)
+        if len(received) + 1 < t:
+            raise InsufficientShares(f"only {len(received) + 1} holders completed share_keys; threshold is {t}")
+        y = fixedpoint.encode(vector, self.cfg.frac_bits)
+        np.add(y, expand(self._b, y.shape[0], domain=DOMAIN_SELF_MASK), out=y)
+        for w in sorted(received):
+            _add_pair_mask(y, _pair_seed(self._mask_sk, self._ads[w].mask_public_key, sid, u, w), u, w)
+        self._held.update(received)
+        self._stage = Stage.UNMASK
+        payload = seal(self.params, "contribution", y.astype("<u8", copy=False).tobytes(), client_id=u,
+                       stage=Stage.MASKED_INPUT)
+        return MaskedInput(sid, u, payload)
+
+    # -- consistency check (opens stage 4) -----------------------------------------
+    def sign_survivors(self, survivors) -> ConsistencyStatement:
+        """Sign the survivor set the server announced, once; refuse a set too small to hide one hospital."""
+        if self._stage != Stage.UNMASK:
+            raise StageError(f"the survivor set is signed in the unmask stage; this client is at {self._stage}")
+        surv = tuple(sorted(set(int(s) for s in survivors)))
+        if self._signed is not None:
+            if self._signed.survivors != surv:
+                raise self._abort(InvalidContribution("the server announced a second survivor set"))
+            return self._signed
+        self._check_survivor_set(surv)
+        self._signed = ConsistencyStatement(self.params.session_id, self.client_id, self._digest,
+                                            self._graph_seed, surv).signed(self._identity)
+        return self._signed
+
+    def _check_survivor_set(self, surv: tuple[int, ...]) -> None:
+        if self.client_id not in surv or not set(surv) <= self._advertised:
+            raise self._abort(InvalidContribution("the survivor set is not a set of advertised hospitals with us in it"))
+        q = self.quorum
+        if len(surv) < q or len(surv) < self.cfg.min_clients:
+            raise self._abort(InsufficientShares(
+                f"the survivor set has {len(surv)} hospitals; the quorum is {q} and min_clients "
+                f"{self.cfg.min_clients}: refusing to sign"))
+
+    # -- stage 4 ---------------------------------------------------------------
+    def unmask(self, request: UnmaskRequest) -> UnmaskResponse:
+        """Reveal b-shares of survivors and key-shares of dropped peers; never both for one peer."""
+        self._begin(request, UnmaskRequest)
+        return self._run(self._unmask_body, request)
+
+    def _check_consistency_quorum(self, statements) -> None:
+        """At least the quorum of advertised hospitals signed the ONE set we signed; any other set is equivocation."""
+        mine = self._signed
+        signers = set()
+        for st in statements:
+            pub = self._peers.get(st.client_id)
+            if st.client_id not in self._advertised or pub is None or not st.verify(pub):
+                raise InvalidContribution(f"consistency statement of client {st.client_id} is not validly signed")
+            if (st.session_id, st.params_digest, st.graph_seed, st.survivors) != (
+                    mine.session_id, mine.params_digest, mine.graph_seed, mine.survivors):
+                raise InvalidContribution(f"client {st.client_id} signed another survivor set: the server equivocates")
+            signers.add(st.client_id)
+        if len(signers) < self.quorum:
+            raise InsufficientShares(f"only {len(signers)} hospitals confirmed the survivor set; "
+                                     f"{self.quorum} needed")
+
+    def _unmask_body(self, request: UnmaskRequest) -> UnmaskResponse:
+        u = self.client_id
+        if self._signed is None:
+            raise StageError("sign the survivor set before unmasking")
+        self._check_consistency_quorum(request.statements)
+        surv, drop = set(request.survivors), set(request.dropped)
+        if len(surv) != len(request.survivors) or len(drop) != len(request.dropped):
+            raise MalformedPayload("duplicate ids in the unmask request")
+        if surv & drop or u in drop:
+            raise OverlappingUnmaskRequest(
+                "the unmask request asks for both shares of the same hospital; refusing to answer"
+            )
+        signed = set(self._signed.survivors)
+        if not surv <= signed or drop & signed:
+            raise InvalidContribution("the unmask request contradicts the signed survivor set")
+        unknown = (surv | drop) - set(self._held)
+        if unknown:
+            raise MalformedPayload(f"no shares held for clients {sorted(unknown)}")
+        self._stage = _DONE
+        return UnmaskResponse(
+            self.params.session_id, u,
+            {o: self._held[o][0].to_bytes() for o in sorted(surv)},
+            {o: self._held[o][1].to_bytes() for o in sorted(drop)},
+        )
+
+    def _abort(self, err: SecureAFLError) -> SecureAFLError:
+        self._stage = _ABORTED
+        return err

@@ -1,0 +1,55 @@
+"""Key agreement, share encryption, pairwise masks and share commitments."""
+
+from __future__ import annotations
+
+import hashlib
+
+import numpy as np
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
+from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption, PrivateFormat, PublicFormat
+
+from ..hazmat.prg import DOMAIN_PAIR_MASK, agree, expand
+
+_COMMIT_PREFIX = b"secure-afl/secagg/v2/share-commitment\0"
+
+def _share_key(enc_sk: X25519PrivateKey, peer_pk: bytes, session_id: str, u: int, v: int) -> ChaCha20Poly1305:
+    return ChaCha20Poly1305(agree(enc_sk, peer_pk, purpose="share-enc", session_id=session_id, u=u, v=v))
+
+
+def _share_ad(session_id: str, digest_hex: str, sender: int, recipient: int, commit_b: bytes, commit_s: bytes) -> bytes:
+    """AEAD associated data: session, parameter digest, direction sender -> recipient and the commitments."""
+    return (f"secure-afl/secagg/v2/share/{session_id}/{digest_hex}/{sender}->{recipient}/".encode()
+            + commit_b + commit_s)
+
+
+def share_commitment(session_id: str, digest_hex: str, kind: str, owner: int, holder: int, share: bytes) -> bytes:
+    """SHA-256 commitment to one Shamir share (``kind`` "b": self-mask seed, "s": mask key).
+
+    No salt: a share of a uniform 256-bit secret is itself unpredictable to
+    anyone holding fewer than t shares, so the hash does not help guess it.
+    """
+    head = f"{session_id}/{digest_hex}/{kind}/{owner}->{holder}".encode()
+    return hashlib.sha256(_COMMIT_PREFIX + len(head).to_bytes(2, "big") + head + share).digest()
+
+
+def _pair_seed(mask_sk: X25519PrivateKey, peer_pk: bytes, session_id: str, u: int, v: int) -> bytes:
+    return agree(mask_sk, peer_pk, purpose="mask", session_id=session_id, u=u, v=v)
+
+
+def _raw_private(key: X25519PrivateKey) -> bytes:
+    return key.private_bytes(Encoding.Raw, PrivateFormat.Raw, NoEncryption())
+
+
+def _raw_public(key: X25519PrivateKey) -> bytes:
+    return key.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
+
+
+def _add_pair_mask(acc: np.ndarray, seed: bytes, u: int, v: int, *, remove: bool = False) -> None:
+    """``acc += sign(u, v) PRG(s_uv)`` (or ``-=`` with ``remove``), sign = +1 iff v > u."""
+    m = expand(seed, acc.shape[0], domain=DOMAIN_PAIR_MASK)
+    if (v > u) != remove:
+        np.add(acc, m, out=acc)
+    else:
+        np.subtract(acc, m, out=acc)
+

@@ -1,0 +1,507 @@
+"""secagg messages: canonical JSON on the wire, parsed strictly."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+from dataclasses import dataclass, field, replace
+from typing import Any, ClassVar, Mapping
+
+from cryptography.exceptions import InvalidSignature
+
+from ..envelope import peek_header
+from ..exceptions import MalformedPayload
+from ..signing import parse_json
+from .params import Stage
+
+__all__ = [
+    "SetupRequest", "SetupAck", "AdvertiseKeysRequest", "KeyAdvertisement", "ShareKeysRequest", "EncryptedShare",
+    "ShareKeysResponse", "MaskedInputRequest", "MaskedInput", "ConsistencyStatement", "UnmaskRequest",
+    "UnmaskResponse", "UnmaskMaterial", "decode_message",
+]
+
+_KEY_BYTES = 32
+_NONCE_BYTES = 12
+_DIGEST_BYTES = 32
+_SIG_BYTES = 64
+_AD_PREFIX = b"secure-afl/secagg/v2/key-advertisement\0"
+_CONSISTENCY_PREFIX = b"secure-afl/secagg/v2/consistency\0"
+
+
+def _canonical(d: Mapping) -> bytes:
+    return json.dumps(d, sort_keys=True, separators=(",", ":")).encode()
+
+
+def _verify(public_key, signature: bytes, data: bytes) -> bool:
+    try:
+        public_key.verify(signature, data)
+    except (InvalidSignature, TypeError, ValueError):
+        return False
+    return True
+
+def _b64(data: bytes) -> str:
+    return base64.b64encode(data).decode("ascii")
+
+
+def _unb64(s) -> bytes:
+    if not isinstance(s, str):
+        raise ValueError("expected base64 text")
+    return base64.b64decode(s.encode("ascii"), validate=True)
+
+
+def _int(d: Mapping, key: str) -> int:
+    v = d[key]
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise ValueError(f"{key} must be an int")
+    return v
+
+
+def _str(d: Mapping, key: str) -> str:
+    v = d[key]
+    if not isinstance(v, str):
+        raise ValueError(f"{key} must be a string")
+    return v
+
+
+def _ids(v) -> tuple[int, ...]:
+    if not isinstance(v, list) or any(isinstance(x, bool) or not isinstance(x, int) for x in v):
+        raise ValueError("expected a list of ints")
+    return tuple(v)
+
+
+_REGISTRY: dict[str, type] = {}
+
+
+class _Message:
+    """Base: JSON-safe ``to_dict``/``from_dict`` and canonical-JSON ``to_bytes``/``from_bytes``."""
+
+    TYPE: ClassVar[str]
+    STAGE: ClassVar[str]
+    session_id: str
+    client_id: int
+
+    def __init_subclass__(cls, **kw):
+        super().__init_subclass__(**kw)
+        _REGISTRY[cls.TYPE] = cls
+
+    def _body(self) -> dict:
+        raise NotImplementedError
+
+    @classmethod
+    def _parse(cls, d: Mapping) -> "_Message":
+        raise NotImplementedError
+
+    def to_dict(self) -> dict:
+        d = {"type": self.TYPE, "stage": self.STAGE, "session_id": self.session_id, "client_id": self.client_id}
+        d.update(self._body())
+        return d
+
+    @classmethod
+    def from_dict(cls, d: Mapping) -> "_Message":
+        if not isinstance(d, Mapping) or d.get("type") != cls.TYPE or d.get("stage") != cls.STAGE:
+            raise MalformedPayload(f"not a {cls.TYPE} message")
+        try:
+            return cls._parse(d)
+        except (KeyError, TypeError, ValueError, binascii.Error, AttributeError):
+            raise MalformedPayload(f"malformed {cls.TYPE} message") from None
+
+    def to_bytes(self) -> bytes:
+        return json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":")).encode()
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> "_Message":
+        return cls.from_dict(_json(data))
+
+
+def _json(data) -> Any:
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise TypeError("message must be bytes")
+    return parse_json(data, "secagg message")
+
+
+def decode_message(data) -> _Message:
+    """Parse any secagg message from bytes or a dict (masked inputs: the sealed envelope bytes)."""
+    if isinstance(data, (bytes, bytearray, memoryview)) and bytes(data[:8]) == b"SAFLPAY1":
+        return MaskedInput.from_bytes(bytes(data))
+    d = data if isinstance(data, Mapping) else _json(data)
+    cls = _REGISTRY.get(d.get("type")) if isinstance(d, Mapping) else None
+    if cls is None:
+        raise MalformedPayload("unknown secagg message type")
+    return cls.from_dict(d)
+
+
+@dataclass(frozen=True)
+class SetupRequest(_Message):
+    """Server -> hospital: join ``session_id`` as ``client_id`` under parameters ``params_digest``."""
+
+    TYPE: ClassVar[str] = "secagg.setup_request"
+    STAGE: ClassVar[str] = Stage.SETUP
+    session_id: str
+    client_id: int
+    params_digest: str
+
+    def _body(self):
+        return {"params_digest": self.params_digest}
+
+    @classmethod
+    def _parse(cls, d):
+        return cls(_str(d, "session_id"), _int(d, "client_id"), _str(d, "params_digest"))
+
+
+@dataclass(frozen=True)
+class SetupAck(_Message):
+    """Hospital -> server: parameters checked, ready."""
+
+    TYPE: ClassVar[str] = "secagg.setup_ack"
+    STAGE: ClassVar[str] = Stage.SETUP
+    session_id: str
+    client_id: int
+    params_digest: str
+
+    def _body(self):
+        return {"params_digest": self.params_digest}
+
+    @classmethod
+    def _parse(cls, d):
+        return cls(_str(d, "session_id"), _int(d, "client_id"), _str(d, "params_digest"))
+
+
+@dataclass(frozen=True)
+class AdvertiseKeysRequest(_Message):
+    """Server -> hospital: send your two public keys."""
+
+    TYPE: ClassVar[str] = "secagg.advertise_keys_request"
+    STAGE: ClassVar[str] = Stage.ADVERTISE_KEYS
+    session_id: str
+    client_id: int
+
+    def _body(self):
+        return {}
+
+    @classmethod
+    def _parse(cls, d):
+        return cls(_str(d, "session_id"), _int(d, "client_id"))
+
+
+@dataclass(frozen=True)
+class KeyAdvertisement(_Message):
+    """Hospital -> server (relayed to everybody): ``c_u^PK`` (share encryption), ``s_u^PK`` (masks).
+
+    Signed with the hospital's enrolled Ed25519 identity key over the session
+    parameters' digest and both keys, so a relayed advertisement cannot be
+    swapped and the list of them can seed the neighbour graph.
+    """
+
+    TYPE: ClassVar[str] = "secagg.key_advertisement"
+    STAGE: ClassVar[str] = Stage.ADVERTISE_KEYS
+    session_id: str
+    client_id: int
+    params_digest: str
+    enc_public_key: bytes
+    mask_public_key: bytes
+    signature: bytes = b""
+
+    def _unsigned(self) -> dict:
+        return {"type": self.TYPE, "session_id": self.session_id, "client_id": self.client_id,
+                "params_digest": self.params_digest, "enc_public_key": _b64(self.enc_public_key),
+                "mask_public_key": _b64(self.mask_public_key)}
+
+    def signed(self, identity_key) -> "KeyAdvertisement":
+        return replace(self, signature=identity_key.sign(_AD_PREFIX + _canonical(self._unsigned())))
+
+    def verify(self, identity_public_key) -> bool:
+        return _verify(identity_public_key, self.signature, _AD_PREFIX + _canonical(self._unsigned()))
+
+    def _body(self):
+        return {"params_digest": self.params_digest, "enc_public_key": _b64(self.enc_public_key),
+                "mask_public_key": _b64(self.mask_public_key), "signature": _b64(self.signature)}
+
+    @classmethod
+    def _parse(cls, d):
+        c, s, sig = _unb64(d["enc_public_key"]), _unb64(d["mask_public_key"]), _unb64(d["signature"])
+        if len(c) != _KEY_BYTES or len(s) != _KEY_BYTES or len(sig) != _SIG_BYTES:
+            raise ValueError("public keys are 32 bytes and the signature 64")
+        return cls(_str(d, "session_id"), _int(d, "client_id"), _str(d, "params_digest"), c, s, sig)
+
+
+@dataclass(frozen=True)
+class ShareKeysRequest(_Message):
+    """Server -> hospital: every signed advertisement it received (U1) and the graph seed it claims.
+
+    The hospital recomputes the seed from the advertisements and refuses a
+    different one (:func:`~secure_afl.secagg.params.graph_seed`).
+    """
+
+    TYPE: ClassVar[str] = "secagg.share_keys_request"
+    STAGE: ClassVar[str] = Stage.SHARE_KEYS
+    session_id: str
+    client_id: int
+    advertisements: tuple[KeyAdvertisement, ...]
+    graph_seed: bytes
+
+    def _body(self):
+        return {"advertisements": [a.to_dict() for a in self.advertisements], "graph_seed": _b64(self.graph_seed)}
+
+    @classmethod
+    def _parse(cls, d):
+        ads = d["advertisements"]
+        if not isinstance(ads, list):
+            raise ValueError("advertisements must be a list")
+        seed = _unb64(d["graph_seed"])
+        if len(seed) != _DIGEST_BYTES:
+            raise ValueError("graph seed is 32 bytes")
+        return cls(_str(d, "session_id"), _int(d, "client_id"), tuple(KeyAdvertisement.from_dict(a) for a in ads),
+                   seed)
+
+
+@dataclass(frozen=True)
+class EncryptedShare:
+    """``ChaCha20Poly1305(k_uv, nonce, share(b_u)_v || share(s_u^SK)_v, ad(session, u -> v))``.
+
+    ``commit_b`` / ``commit_s`` are the dealer's SHA-256 commitments to the two
+    shares (:func:`~secure_afl.secagg.masking.share_commitment`), sent in the
+    clear: the holder checks them against what it decrypts, the server checks
+    every share revealed at unmasking against them and discards a wrong one.
+    """
+
+    sender: int
+    recipient: int
+    nonce: bytes
+    ciphertext: bytes
+    commit_b: bytes
+    commit_s: bytes
+
+    def to_dict(self) -> dict:
+        return {"sender": self.sender, "recipient": self.recipient, "nonce": _b64(self.nonce),
+                "ciphertext": _b64(self.ciphertext), "commit_b": _b64(self.commit_b),
+                "commit_s": _b64(self.commit_s)}
+
+    @classmethod
+    def from_dict(cls, d) -> "EncryptedShare":
+        if not isinstance(d, Mapping):
+            raise ValueError("share must be an object")
+        nonce, cb, cs = _unb64(d["nonce"]), _unb64(d["commit_b"]), _unb64(d["commit_s"])
+        if len(nonce) != _NONCE_BYTES or len(cb) != _DIGEST_BYTES or len(cs) != _DIGEST_BYTES:
+            raise ValueError("nonce must be 12 bytes and commitments 32")
+        return cls(_int(d, "sender"), _int(d, "recipient"), nonce, _unb64(d["ciphertext"]), cb, cs)
+
+
+def _shares_list(v) -> tuple[EncryptedShare, ...]:
+    if not isinstance(v, list):
+        raise ValueError("shares must be a list")
+    return tuple(EncryptedShare.from_dict(s) for s in v)
+
+
+@dataclass(frozen=True)
+class ShareKeysResponse(_Message):
+    """Hospital -> server: one encrypted share pair per other share holder, for relaying.
+
+    ``own_commit_b`` / ``own_commit_s`` commit to the shares the hospital keeps
+    for itself (it reveals one of them at unmasking like any holder).
+    """
+
+    TYPE: ClassVar[str] = "secagg.share_keys_response"
+    STAGE: ClassVar[str] = Stage.SHARE_KEYS
+    session_id: str
+    client_id: int
+    shares: tuple[EncryptedShare, ...]
+    own_commit_b: bytes
+    own_commit_s: bytes
+
+    def _body(self):
+        return {"shares": [s.to_dict() for s in self.shares], "own_commit_b": _b64(self.own_commit_b),
+                "own_commit_s": _b64(self.own_commit_s)}
+
+    @classmethod
+    def _parse(cls, d):
+        cb, cs = _unb64(d["own_commit_b"]), _unb64(d["own_commit_s"])
+        if len(cb) != _DIGEST_BYTES or len(cs) != _DIGEST_BYTES:
+            raise ValueError("commitments are 32 bytes")
+        return cls(_str(d, "session_id"), _int(d, "client_id"), _shares_list(d["shares"]), cb, cs)
+
+
+@dataclass(frozen=True)
+class MaskedInputRequest(_Message):
+    """Server -> hospital: the encrypted shares addressed to it by holders that completed SHARE_KEYS (U2)."""
+
+    TYPE: ClassVar[str] = "secagg.masked_input_request"
+    STAGE: ClassVar[str] = Stage.MASKED_INPUT
+    session_id: str
+    client_id: int
+    shares: tuple[EncryptedShare, ...]
+
+    def _body(self):
+        return {"shares": [s.to_dict() for s in self.shares]}
+
+    @classmethod
+    def _parse(cls, d):
+        return cls(_str(d, "session_id"), _int(d, "client_id"), _shares_list(d["shares"]))
+
+
+@dataclass(frozen=True)
+class MaskedInput(_Message):
+    """Hospital -> server: the sealed masked vector ``y_u``.
+
+    ``to_bytes`` is the sealed envelope itself (binary, 8 L bytes of body);
+    ``to_dict`` carries it base64-encoded.
+    """
+
+    TYPE: ClassVar[str] = "secagg.masked_input"
+    STAGE: ClassVar[str] = Stage.MASKED_INPUT
+    session_id: str
+    client_id: int
+    payload: bytes
+
+    def _body(self):
+        return {"payload": _b64(self.payload)}
+
+    @classmethod
+    def _parse(cls, d):
+        return cls(_str(d, "session_id"), _int(d, "client_id"), _unb64(d["payload"]))
+
+    def to_bytes(self) -> bytes:
+        return self.payload
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> "MaskedInput":
+        env = peek_header(data)
+        cid, sid = env.header.get("client_id"), env.header.get("session_id")
+        if isinstance(cid, bool) or not isinstance(cid, int) or not isinstance(sid, str):
+            raise MalformedPayload("masked input header lacks client_id/session_id")
+        if env.header.get("stage") != Stage.MASKED_INPUT:
+            raise MalformedPayload("not a masked input payload")
+        return cls(sid, cid, bytes(data))
+
+
+@dataclass(frozen=True)
+class ConsistencyStatement(_Message):
+    """Survivor -> server (relayed to every survivor): "I saw exactly this survivor set".
+
+    Bonawitz et al.'s consistency check. Signed with the hospital's identity
+    key over the parameters' digest, the graph seed (hence the advertised set
+    U1) and the sorted survivor ids.
+    """
+
+    TYPE: ClassVar[str] = "secagg.consistency"
+    STAGE: ClassVar[str] = Stage.UNMASK
+    session_id: str
+    client_id: int
+    params_digest: str
+    graph_seed: bytes
+    survivors: tuple[int, ...]
+    signature: bytes = b""
+
+    def _unsigned(self) -> dict:
+        return {"type": self.TYPE, "session_id": self.session_id, "client_id": self.client_id,
+                "params_digest": self.params_digest, "graph_seed": _b64(self.graph_seed),
+                "survivors": list(self.survivors)}
+
+    def signed(self, identity_key) -> "ConsistencyStatement":
+        return replace(self, signature=identity_key.sign(_CONSISTENCY_PREFIX + _canonical(self._unsigned())))
+
+    def verify(self, identity_public_key) -> bool:
+        return _verify(identity_public_key, self.signature, _CONSISTENCY_PREFIX + _canonical(self._unsigned()))
+
+    def _body(self):
+        return {"params_digest": self.params_digest, "graph_seed": _b64(self.graph_seed),
+                "survivors": list(self.survivors), "signature": _b64(self.signature)}
+
+    @classmethod
+    def _parse(cls, d):
+        seed, sig = _unb64(d["graph_seed"]), _unb64(d["signature"])
+        surv = _ids(d["survivors"])
+        if len(seed) != _DIGEST_BYTES or len(sig) != _SIG_BYTES or list(surv) != sorted(set(surv)):
+            raise ValueError("bad seed, signature or survivor list")
+        return cls(_str(d, "session_id"), _int(d, "client_id"), _str(d, "params_digest"), seed, surv, sig)
+
+
+@dataclass(frozen=True)
+class UnmaskRequest(_Message):
+    """Server -> surviving hospital: reveal b-shares of ``survivors`` and key-shares of ``dropped``.
+
+    ``statements`` are the survivors' signed consistency statements: the
+    hospital answers only when a quorum of them signed the set it signed.
+    """
+
+    TYPE: ClassVar[str] = "secagg.unmask_request"
+    STAGE: ClassVar[str] = Stage.UNMASK
+    session_id: str
+    client_id: int
+    survivors: tuple[int, ...]
+    dropped: tuple[int, ...]
+    statements: tuple[ConsistencyStatement, ...] = ()
+
+    def _body(self):
+        return {"survivors": list(self.survivors), "dropped": list(self.dropped),
+                "statements": [s.to_dict() for s in self.statements]}
+
+    @classmethod
+    def _parse(cls, d):
+        st = d["statements"]
+        if not isinstance(st, list):
+            raise ValueError("statements must be a list")
+        return cls(_str(d, "session_id"), _int(d, "client_id"), _ids(d["survivors"]), _ids(d["dropped"]),
+                   tuple(ConsistencyStatement.from_dict(s) for s in st))
+
+
+@dataclass(frozen=True)
+class UnmaskResponse(_Message):
+    """Hospital -> server: ``{owner: share bytes}`` for the self-mask seeds and the mask keys asked for."""
+
+    TYPE: ClassVar[str] = "secagg.unmask_response"
+    STAGE: ClassVar[str] = Stage.UNMASK
+    session_id: str
+    client_id: int
+    self_mask_shares: Mapping[int, bytes]
+    mask_key_shares: Mapping[int, bytes]
+
+    def _body(self):
+        return {
+            "self_mask_shares": {str(k): _b64(v) for k, v in sorted(self.self_mask_shares.items())},
+            "mask_key_shares": {str(k): _b64(v) for k, v in sorted(self.mask_key_shares.items())},
+        }
+
+    @classmethod
+    def _parse(cls, d):
+        def conv(m):
+            if not isinstance(m, Mapping):
+                raise ValueError("expected an object")
+            return {int(k): _unb64(v) for k, v in m.items()}
+
+        return cls(_str(d, "session_id"), _int(d, "client_id"), conv(d["self_mask_shares"]),
+                   conv(d["mask_key_shares"]))
+
+
+
+@dataclass
+class UnmaskMaterial:
+    """What the server reconstructed: enough to remove every mask from the survivors' sum, nothing more.
+
+    ``self_mask_seeds[u]`` for u in survivors, ``dropped_mask_keys[v]`` (raw
+    X25519 private key) for v in dropped, ``mask_public_keys`` of the
+    survivors that masked with a dropped hospital, and the ``graph_seed`` that
+    says who masked with whom.
+    """
+
+    survivors: tuple[int, ...]
+    dropped: tuple[int, ...]
+    self_mask_seeds: dict[int, bytes]
+    dropped_mask_keys: dict[int, bytes]
+    mask_public_keys: dict[int, bytes] = field(default_factory=dict)
+    graph_seed: bytes = b""
+
+    def to_dict(self) -> dict:
+        enc = lambda m: {str(k): _b64(v) for k, v in sorted(m.items())}  # noqa: E731
+        return {"survivors": list(self.survivors), "dropped": list(self.dropped),
+                "self_mask_seeds": enc(self.self_mask_seeds), "dropped_mask_keys": enc(self.dropped_mask_keys),
+                "mask_public_keys": enc(self.mask_public_keys), "graph_seed": _b64(self.graph_seed)}
+
+    @classmethod
+    def from_dict(cls, d) -> "UnmaskMaterial":
+        try:
+            dec = lambda m: {int(k): _unb64(v) for k, v in m.items()}  # noqa: E731
+            return cls(_ids(d["survivors"]), _ids(d["dropped"]), dec(d["self_mask_seeds"]),
+                       dec(d["dropped_mask_keys"]), dec(d.get("mask_public_keys", {})), _unb64(d["graph_seed"]))
+        except (KeyError, TypeError, ValueError, AttributeError, binascii.Error):
+            raise MalformedPayload("malformed unmask material") from None

@@ -1,0 +1,93 @@
+"""How the aggregation server meets the network: uvicorn with the project's TLS context.
+
+Three things uvicorn does not do on its own, and why they matter here:
+
+* **Our TLS context.** uvicorn builds its own ``SSLContext`` from ``ssl_*``
+  options; ``ssl_context_factory`` is its supported hook, so the server runs
+  with :func:`secure_afl.pki.server_ssl_context` (TLS 1.2 floor, AEAD-only
+  TLS 1.2 suites, client certificates from the consortium CA).
+* **The TLS peer in every request.** The HTTP protocol copies the DER
+  certificate's SHA-256 and the peer address into the request state
+  (``request.state.tls_peer``), so the application can bind an Ed25519
+  signature to the certificate that opened the connection, and name the
+  peer in refusals of requests that are not authenticated.
+* **A header read timeout.** A connection that has not delivered complete
+  request headers within ``read_timeout_s`` is closed; h11 bounds the header
+  size, so a slow client costs one socket and a few KiB for a bounded time.
+  Body timeouts are the application's (server/app.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+
+import h11
+import uvicorn
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+__all__ = ["GuardedH11Protocol", "serve", "uvicorn_config"]
+
+# request headers larger than this are answered 400 by h11 before the application sees them
+MAX_HEADER_BYTES = 64 * 1024
+
+
+class GuardedH11Protocol(H11Protocol):
+    """uvicorn's h11 protocol plus the TLS peer in the request state and a header timeout."""
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        peer = {"addr": f"{self.client[0]}:{self.client[1]}" if self.client else None, "cert_sha256": None}
+        ssl_object = transport.get_extra_info("ssl_object")
+        if ssl_object is not None:
+            der = ssl_object.getpeercert(binary_form=True)
+            if der:
+                peer["cert_sha256"] = hashlib.sha256(der).hexdigest()
+        # per connection: the state dict is copied into every request's scope
+        self.app_state = {**self.app_state, "tls_peer": peer}
+        self._header_timer: asyncio.TimerHandle | None = None
+        self._arm_header_timer()
+
+    def _arm_header_timer(self) -> None:
+        timeout = getattr(self.config_ref, "read_timeout_s", None)
+        if timeout is None:
+            return
+        if self._header_timer is not None:
+            self._header_timer.cancel()
+        self._header_timer = self.loop.call_later(timeout, self._cut_if_no_request)
+
+    def _cut_if_no_request(self) -> None:
+        self._header_timer = None
+        waiting_for_headers = self.conn.their_state is h11.IDLE and (
+            self.cycle is None or self.cycle.response_complete)
+        if waiting_for_headers and not self.transport.is_closing():
+            self.transport.close()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if not self.transport.is_closing():
+            self._arm_header_timer()
+
+    def connection_lost(self, exc) -> None:
+        if getattr(self, "_header_timer", None) is not None:
+            self._header_timer.cancel()
+            self._header_timer = None
+        super().connection_lost(exc)
+
+
+def uvicorn_config(app, cfg, party, *, log_level: str = "warning") -> uvicorn.Config:
+    """A ``uvicorn.Config`` serving ``app`` with the project's TLS context and limits from ``cfg``."""
+
+    class _Protocol(GuardedH11Protocol):
+        config_ref = cfg
+
+    def _context(_config, _default):
+        return party.server_ssl_context(require_client_cert=cfg.require_client_cert)
+
+    return uvicorn.Config(app, host=cfg.host, port=cfg.port, log_level=log_level, http=_Protocol,
+                          ssl_context_factory=_context, limit_concurrency=cfg.max_connections,
+                          timeout_keep_alive=5, h11_max_incomplete_event_size=MAX_HEADER_BYTES)
+
+
+def serve(app, cfg, party, *, log_level: str = "warning") -> None:
+    uvicorn.Server(uvicorn_config(app, cfg, party, log_level=log_level)).run()

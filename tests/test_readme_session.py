@@ -1,0 +1,148 @@
+"""README's "A session, end to end", run exactly as written, for both backends.
+
+The commands are read from README.md (so the documentation cannot drift from
+what works). Every party has its own directory; the only things the test
+puts there are the inputs the README says a party holds before the session
+(a hospital's images, the shared weights file). The port is replaced by a
+free one so parallel runs do not collide.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from secure_afl.demo import _free_port
+
+torch = pytest.importorskip("torch")
+torchvision = pytest.importorskip("torchvision")
+from PIL import Image  # noqa: E402
+
+README = Path(__file__).resolve().parent.parent / "README.md"
+HOSPITALS = ("hosp-a", "hosp-b", "hosp-c")
+CLASSES = ("benign", "malignant", "normal")
+_PROMPT = re.compile(r"^([a-z][a-z0-9-]*)\$ (.*)$")
+
+
+def documented_sessions() -> dict[str, list[tuple[str, str]]]:
+    """{"CKKS": [(party, command), ...], "SecAgg": [...]} from README's session section."""
+    text = README.read_text()
+    section = text[text.index("## A session, end to end"):text.index("## What is enforced")]
+    out = {}
+    for m in re.finditer(r"### With (\w+).*?```sh\n(.*?)```", section, re.S):
+        commands: list[list[str]] = []
+        for line in m.group(2).splitlines():
+            p = _PROMPT.match(line)
+            if p:
+                commands.append([p.group(1), p.group(2)])
+            else:  # the body of a here-document
+                commands[-1][1] += "\n" + line
+        out[m.group(1)] = [(party, cmd) for party, cmd in commands]
+    return out
+
+
+def _inputs(root: Path) -> None:
+    """What the README says each party holds before the session."""
+    torch.manual_seed(0)
+    weights = root / "resnet18.pth"
+    torch.save(torchvision.models.resnet18().state_dict(), weights)
+    for party in ("operator", *HOSPITALS):
+        (root / party).mkdir(parents=True)
+        (root / party / "resnet18.pth").write_bytes(weights.read_bytes())
+    rng = np.random.default_rng(1)
+    for h in HOSPITALS:
+        for c in CLASSES:
+            (root / h / "images" / c).mkdir(parents=True)
+            for i in range(2):
+                Image.fromarray(rng.integers(0, 256, (32, 32, 3), dtype=np.uint8)).save(
+                    root / h / "images" / c / f"{i}.png")
+    weights.unlink()
+
+
+def _run_session(root: Path, commands: list[tuple[str, str]]) -> dict:
+    port = str(_free_port())
+    env = {k: v for k, v in os.environ.items() if k != "SECURE_AFL_KEY_PASSPHRASE"}
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    server, background = None, []
+
+    def finish_background():
+        while background:
+            cmd, proc = background.pop(0)
+            rc = proc.wait(timeout=300)
+            assert rc == 0, f"{cmd}\n{proc.stderr_path.read_text()}"
+
+    t0 = time.monotonic()
+    try:
+        for i, (party, cmd) in enumerate(commands):
+            cmd = cmd.replace("8443", port)
+            cwd = root / party
+            cwd.mkdir(exist_ok=True)
+            if cmd.rstrip().endswith("&") and "<<" not in cmd:
+                err = root / f"bg-{i}-{party}.err"
+                proc = subprocess.Popen(cmd.rstrip()[:-1], shell=True, executable="/bin/bash", cwd=cwd, env=env,
+                                        stdout=subprocess.DEVNULL, stderr=open(err, "wb"), start_new_session=True)
+                proc.stderr_path = err
+                if "server run" in cmd:
+                    server = proc
+                else:
+                    background.append((cmd, proc))
+                continue
+            finish_background()
+            out = subprocess.run(cmd, shell=True, executable="/bin/bash", cwd=cwd, env=env, capture_output=True,
+                                 text=True, timeout=300)
+            assert out.returncode == 0, f"{party}$ {cmd}\n{out.stderr}"
+        finish_background()
+        return {"seconds": time.monotonic() - t0}
+    finally:
+        for _, proc in background:
+            os.killpg(proc.pid, signal.SIGTERM)
+        if server is not None:
+            os.killpg(server.pid, signal.SIGTERM)
+            server.wait(timeout=60)
+
+
+def _holds_only_its_own_bundle(root: Path) -> None:
+    expected = {"server": "server-aggregator", "keyholder": "keyholder-keyholder",
+                **{h: f"hospital-{h}" for h in HOSPITALS}}
+    for party, own in expected.items():
+        pki_dir = root / party / "pki"
+        assert sorted(p.name for p in pki_dir.iterdir()) == sorted(["ca.pem", "roster.json", own]), party
+    assert [p for p in root.rglob("ca.key")] == [root / "operator" / "pki" / "ca.key"]
+
+
+def test_readme_documents_both_backends():
+    sessions = documented_sessions()
+    assert sorted(sessions) == ["CKKS", "SecAgg"]
+    for commands in sessions.values():
+        assert {p for p, _ in commands} == {"operator", "server", "keyholder", *HOSPITALS}
+
+
+@pytest.mark.parametrize("backend", ["CKKS", "SecAgg"])
+def test_documented_session_runs_as_written(tmp_path, backend):
+    # Prepare
+    _inputs(tmp_path)
+    commands = documented_sessions()[backend]
+
+    # Execute
+    timing = _run_session(tmp_path, commands)
+
+    # Assert: the key holder's model and report, the hospital's audit check, each party's files
+    report = json.loads((tmp_path / "keyholder" / "report.json").read_text())
+    assert report["participants"] == list(HOSPITALS)
+    assert report["class_counts"] == [6, 6, 6] and report["samples"] == 18
+    from secure_afl.server.keyholder import read_model
+
+    W, _ = read_model(tmp_path / "keyholder" / "model.safetensors")
+    assert W.shape == (512, 3) and np.all(np.isfinite(W))
+    assert len(list((tmp_path / "hosp-a" / "receipts").glob("*.json"))) == 1
+    _holds_only_its_own_bundle(tmp_path)
+    print(f"\n{backend}: documented session took {timing['seconds']:.1f} s")

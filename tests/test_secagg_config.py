@@ -1,0 +1,96 @@
+"""secagg threshold, neighbourhood and min_clients chosen together; a session that cannot run is one line."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from service_helpers import Consortium
+
+from secure_afl.cli import main
+
+
+@pytest.mark.parametrize("secagg, min_clients, expect", [
+    ({"threshold": 5}, 2, "threshold=5 exceeds n_parties=3"),
+    ({"threshold": 3}, 2, "min_clients=2 with threshold=3"),
+])
+def test_server_run_explains_an_impossible_secagg_session_in_one_line(tmp_path, capsys, secagg, min_clients, expect):
+    # Prepare: 3 hospitals (complete graph, 3 share holders each)
+    c = Consortium(tmp_path, backend="secagg", hospitals=("h1", "h2", "h3"), min_clients=min_clients, secagg=secagg)
+
+    # Execute
+    rc = main(["server", "run", "--config", str(c.config)])
+
+    # Assert
+    err = capsys.readouterr().err
+    assert rc == 2 and expect in err and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.slow
+@pytest.mark.e2e
+def test_demo_with_60_hospitals_on_the_secagg_plus_graph(tmp_path, capsys):
+    # Execute: degree 2 ceil(1.5 log2 60) = 18, so 19 share holders per hospital and the default t = 10
+    rc = main(["demo", "--backend", "secagg", "--hospitals", "60", "--report", str(tmp_path / "r.json")])
+
+    # Assert
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert rc == 0 and "PASSED" in capsys.readouterr().out
+    assert report["hospitals"] == 60 and report["verification"]["weights_rel_error_vs_plaintext"] <= 1e-9
+
+
+def test_stage_clock_starts_with_the_first_hospital_not_with_the_server(tmp_path):
+    import time
+
+    from secure_afl.server.aggregator import open_server
+    from secure_afl.server.config import load_config
+
+    # Prepare: a secagg server that sits idle far longer than its stage timeout before anyone comes
+    c = Consortium(tmp_path, backend="secagg", hospitals=("h1", "h2", "h3"), min_clients=2,
+                   secagg={"threshold": 2, "stage_timeout_s": 30.0})
+    srv = open_server(load_config(c.config))
+    try:
+        later = time.time() + 3600
+        # Execute: the clock ticks an hour on; then h1 arrives and waits for the others
+        srv.tick(now=later)
+        first = srv.secagg_request("h1")
+        srv.tick(now=time.time() + 1)
+        # Assert: nothing closed while nobody was there; h1 gets its setup request
+        assert first["stage"] == "setup" and "request" in first
+        assert srv.round_stage == "setup"
+        log = [json.loads(line) for line in c.audit_path().read_text().splitlines()]
+        assert [r["actor"] for r in log if r["event"] == "secagg_round_opened"] == ["h1"]
+        assert not [r for r in log if r["event"] == "secagg_stage_closed"]
+    finally:
+        srv.shutdown()
+
+
+def test_abort_counts_the_hospitals_that_really_answered(tmp_path):
+    import base64
+    import time
+
+    from secure_afl import pki
+    from secure_afl.secagg import SecAggClient, decode_message
+    from secure_afl.server.aggregator import open_server
+    from secure_afl.server.config import load_config
+
+    # Prepare: 3 hospitals, t = 2; only h1 acknowledges setup before the stage times out
+    c = Consortium(tmp_path, backend="secagg", hospitals=("h1", "h2", "h3"), min_clients=2,
+                   secagg={"threshold": 2, "stage_timeout_s": 30.0})
+    srv = open_server(load_config(c.config))
+    try:
+        keys = {i: pki.load_party(c.pki_dir, "hospital", h).identity_pub() for h, i in srv.client_ids.items()}
+        h1 = SecAggClient(srv.params, 1, pki.load_party(c.pki_dir, "hospital", "h1").identity_key(), keys)
+        req = decode_message(base64.b64decode(srv.secagg_request("h1")["request"]))
+        srv.secagg_message("h1", "setup", h1.handle(req).to_bytes())
+        # Execute
+        srv.tick(now=time.time() + 60)
+        # Assert: the abort names the one hospital that answered, as the audit log does
+        log = [json.loads(line) for line in c.audit_path().read_text().splitlines()]
+        answered = [r["actor"] for r in log if r["event"] == "secagg_setup" and r["outcome"] == "accepted"]
+        closed = [r for r in log if r["event"] == "secagg_stage_closed"]
+        assert answered == ["h1"] and srv.round_stage == "aborted"
+        assert closed[-1]["details"]["dropped"] == ["h2", "h3"]
+        assert "only 1 hospitals acknowledged setup" in closed[-1]["details"]["message"]
+    finally:
+        srv.shutdown()
