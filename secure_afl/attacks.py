@@ -447,6 +447,11 @@ class _MaliciousServer:
         sig = server_party.identity_key().sign(MANIFEST_PREFIX + canonical_json(st)).hex()
         self._manifest = {**st, "signature": sig}
         self._min_clients = min_clients
+        # it can also sign a close record for the release it presents (the key holder countersigns that)
+        from .audit import make_close_record
+
+        self._close = make_close_record(server_party.identity_key(), params.session_id, 1, "0" * 64,
+                                        [p["hospital"] for p in st["participants"]])
 
     def path(self, suffix: str = "") -> str:
         return suffix
@@ -465,6 +470,10 @@ class _MaliciousServer:
             return _Answer(self._aggregate)
         if path.startswith("/contributions/"):
             return _Answer(self._payloads[path.rsplit("/", 1)[1]])
+        if path == "/audit/head":
+            return _Answer({"close": self._close})
+        if path == "/audit/countersign":
+            return _Answer({"stored": True})
         raise AssertionError(f"unexpected request {method} {path}")
 
 

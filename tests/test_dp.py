@@ -144,8 +144,7 @@ def test_dp_off_changes_nothing(backend):
     from secure_afl.backends.ckks import ckks_session_params
     from secure_afl.backends.secagg import secagg_session_params
 
-    seed = b"\x01" * 32
-    kw = {"n_parties": 5, "graph_seed": seed} if backend == "secagg" else {}
+    kw = {"n_parties": 5} if backend == "secagg" else {}
     p = dp_session_params(None, backend, "s", LAYOUT, 1.0, BOUNDS, **kw)
     ref = {"plain": lambda: SessionParams("s", "plain", LAYOUT, 1.0, BOUNDS),
            "ckks": lambda: ckks_session_params("s", LAYOUT, 1.0, BOUNDS),

@@ -139,7 +139,7 @@ def test_documented_session_runs_as_written(tmp_path, backend):
     report = json.loads((tmp_path / "keyholder" / "report.json").read_text())
     assert report["participants"] == list(HOSPITALS)
     assert report["class_counts"] == [6, 6, 6] and report["samples"] == 18
-    from secure_afl.server.keyholder import read_model
+    from secure_afl.keyholder import read_model
 
     W, _ = read_model(tmp_path / "keyholder" / "model.safetensors")
     assert W.shape == (512, 3) and np.all(np.isfinite(W))
