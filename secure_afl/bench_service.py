@@ -28,7 +28,7 @@ out: with plain/ckks/bfv they never upload; with secagg they share their keys
 and then go silent before the masked input (the server drops them after
 ``--stage-timeout`` seconds and the survivors unmask their pairwise masks).
 
-The server is configured for K clients at once: ``max_connections`` K + 32 and
+The server is configured for K clients at once: ``max_connections`` 2K + 64 and
 ``max_concurrent_uploads`` K (the defaults 64 and 4 answer 503 / 429 ``busy``
 to a crowd, and hospital clients do not retry on ``busy``).
 """
@@ -151,7 +151,7 @@ def run_service_bench(backend: str, hospitals: int, *, dim: int = 64, classes: i
         "secagg": {"stage_timeout_s": float(stage_timeout_s)},
         "server": {"host": "127.0.0.1", "port": _free_port(), "data_dir": str(work / "server"),
                    "pki_dir": str(pki_dir), "name": "aggregator", "keyholder": "keyholder",
-                   "max_connections": K + 32, "max_concurrent_uploads": K, "read_timeout_s": 120.0},
+                   "max_connections": 2 * K + 64, "max_concurrent_uploads": K, "read_timeout_s": 120.0},
     }
     if backend == "secagg":
         from .secagg import default_threshold, max_min_clients, recommended_neighbours
