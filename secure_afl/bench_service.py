@@ -158,7 +158,12 @@ def run_service_bench(backend: str, hospitals: int, *, dim: int = 64, classes: i
 
         k = recommended_neighbours(K)
         thr = default_threshold((K - 1 if k is None else k) + 1)
-        cfg["session"]["min_clients"] = min_clients = min(min_clients, max_min_clients(K, thr))
+        # the consistency quorum max((K + t - 1) // 2 + 1, min_clients + t - 1) must fit in the survivors
+        min_clients = max(1, min(survivors - thr + 1, max_min_clients(K, thr)))
+        if (K + thr - 1) // 2 + 1 > survivors:
+            raise SystemExit(f"--dropout {dropout:g} leaves {survivors} of {K}: below the consistency quorum "
+                             f"{(K + thr - 1) // 2 + 1} of threshold {thr}; the round would abort")
+        cfg["session"]["min_clients"] = min_clients
     session_id = cfg["session"]["id"]
     write_config(work / "session.toml", cfg)
     url = f"https://127.0.0.1:{cfg['server']['port']}"
@@ -208,7 +213,8 @@ def run_service_bench(backend: str, hospitals: int, *, dim: int = 64, classes: i
 
                     kw["stop_before"] = Stage.MASKED_INPUT
                 client.submit(stats[name], **kw)
-                results[name] = (client.bytes_uploaded, client.conn.bytes_downloaded)
+                if not drop:  # the per-hospital figures are those of hospitals that went to the end
+                    results[name] = (client.bytes_uploaded, client.conn.bytes_downloaded)
             except Exception as e:  # reported below
                 errors[name] = f"{type(e).__name__}: {e}"
             finally:

@@ -93,3 +93,15 @@ def test_200_concurrent_plain_uploads_each_counted_once(tmp_path):
         assert np.isclose(res.stats.n, total.n)
     finally:
         c.stop()
+
+
+@pytest.mark.parametrize("backend", ["plain", "secagg"])
+def test_bench_service_small_session_reports_every_phase(tmp_path, backend):
+    from secure_afl.bench_service import format_report, run_service_bench
+
+    r = run_service_bench(backend, 4, dim=6, classes=3, samples=8, workdir=str(tmp_path))
+    assert list(r["phases"]) == ["pki", "server", "hospitals", "release"]
+    assert r["contributors"] == 4 and r["w_rel_error_vs_plain"] <= 1e-12
+    assert all(p["server_cpu_s"] >= 0 and p["server_peak_rss"] > 0 for n, p in r["phases"].items() if n != "pki")
+    assert r["bytes_up_per_hospital"] > 0 and r["bytes_down_per_hospital"] > 0 and r["server_disk_bytes"] > 0
+    assert "||W - W_plain||" in format_report(r)
