@@ -286,16 +286,19 @@ def format_report(r: dict) -> str:
 
 
 def _cmd(args) -> int:
-    r = run_service_bench(args.backend, args.hospitals, dim=args.dim, classes=args.classes, samples=args.samples,
-                          dropout=args.dropout, seed=args.seed, workdir=args.workdir,
-                          stage_timeout_s=args.stage_timeout)
+    import shutil
+
+    workdir = args.workdir or tempfile.mkdtemp(prefix="secure-afl-bench-service-")
+    try:
+        r = run_service_bench(args.backend, args.hospitals, dim=args.dim, classes=args.classes,
+                              samples=args.samples, dropout=args.dropout, seed=args.seed, workdir=workdir,
+                              stage_timeout_s=args.stage_timeout)
+    finally:
+        if not args.workdir:  # the temp dir goes, whatever happened
+            shutil.rmtree(workdir, ignore_errors=True)
     print(format_report(r))
     if args.json:
         Path(args.json).write_text(json.dumps(r, indent=2, sort_keys=True) + "\n")
-    if not args.workdir:
-        import shutil
-
-        shutil.rmtree(r["workdir"], ignore_errors=True)
     return 0
 
 
