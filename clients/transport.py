@@ -49,6 +49,7 @@ class ServiceClient:
         ctx = verify if verify is not None else party.client_ssl_context(present_cert=present_cert)
         self.http = httpx.Client(base_url=self.base_url, verify=ctx, timeout=timeout)
         self.retry_s = retry_s
+        self.bytes_downloaded = 0  # response bodies received (benchmarks report it)
 
     def close(self) -> None:
         self.http.close()
@@ -79,6 +80,7 @@ class ServiceClient:
             try:
                 resp = self.http.request(method, path, content=content if content is not None else body,
                                          headers=h)
+                self.bytes_downloaded += len(resp.content)
                 break
             except httpx.TransportError as e:
                 if content is not None or time.monotonic() > deadline:

@@ -61,6 +61,8 @@ _SUBCOMMANDS: list = [
     ("extract", "time embedding extraction on this machine", "secure_afl.clients.embed_bench"),
     ("dp", "test accuracy against epsilon (distributed DP), table and PNG", "secure_afl.dp.bench"),
     ("dp-audit", "empirical epsilon lower bound (canary test) next to the accounted one", "secure_afl.dp.audit"),
+    ("service", "one session through the real server, key holder and K HTTPS hospitals, per phase",
+     "secure_afl.bench_service"),
 ]
 
 

@@ -2,7 +2,7 @@ import pytest
 
 from secure_afl.cli import main
 
-LEVELS = ["", "reproduce", "reproduce dummy", "bench", "bench protect", "bench extract", "client", "client embed",
+LEVELS = ["", "reproduce", "reproduce dummy", "bench", "bench protect", "bench extract", "bench service", "client", "client embed",
           "client submit", "client fingerprint", "pki", "pki init", "pki issue", "pki bundle", "audit",
           "audit verify", "server", "server run", "keyholder", "keyholder keygen", "keyholder publish",
           "keyholder finalize", "demo", "attack", "compare"]

@@ -1,0 +1,317 @@
+"""``secure-afl bench service``: one session through the real service, timed per phase.
+
+Everything is the production path on 127.0.0.1: a ``secure-afl server run``
+child process (uvicorn, mTLS), the key holder (:class:`secure_afl.keyholder.KeyHolder`:
+keygen and publish for ckks/bfv, then close, verify, reveal and solve), and K
+:class:`HospitalClient` instances over HTTPS (threads in this process; secagg
+hospitals run their whole SecAgg participant loop). Phases:
+
+* ``pki``        consortium CA, server, key holder and K hospital identities;
+* ``server``     server start until ``/v1/health`` answers;
+* ``keys``       (ckks, bfv) the key holder's keygen and publication;
+* ``hospitals``  K hospitals fetch the parameters, protect, sign, upload (secagg:
+                 every stage of the round, the server's unmasking included);
+* ``release``    the key holder closes the round, verifies the manifest, reveals and solves W.
+
+For every phase it prints the wall time, the server process's CPU seconds
+(utime + stime from ``/proc/PID/stat``) and its peak RSS (``VmHWM``, reset at
+the start of each phase through ``/proc/PID/clear_refs`` where the kernel
+allows it, else the peak so far), and at the end the bytes up and down per
+hospital (request and response bodies), the disk used by the server's data
+directory and ``||W - W_plain|| / ||W_plain||`` against the plaintext solve
+of the same hospitals' statistics.
+
+Hospitals with synthetic embeddings (``--samples`` rows each, ``||x|| <= 1``)
+stand in for real ones: the service's cost does not depend on where the
+statistics come from. ``--dropout F`` makes a fraction F of the hospitals drop
+out: with plain/ckks/bfv they never upload; with secagg they share their keys
+and then go silent before the masked input (the server drops them after
+``--stage-timeout`` seconds and the survivors unmask their pairwise masks).
+
+The server is configured for K clients at once: ``max_connections`` 2K + 64 and
+``max_concurrent_uploads`` K (the defaults 64 and 4 answer 503 / 429 ``busy``
+to a crowd, and hospital clients do not retry on ``busy``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+__all__ = ["register", "run_service_bench", "ServerMeter"]
+
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+_TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+class ServerMeter:
+    """CPU seconds and peak RSS of one process, read from /proc."""
+
+    def __init__(self, pid: int):
+        self.pid = pid
+
+    def cpu_s(self) -> float:
+        fields = Path(f"/proc/{self.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / _TICK  # utime, stime (fields 14, 15)
+
+    def _status(self, key: str) -> int:
+        for line in Path(f"/proc/{self.pid}/status").read_text().splitlines():
+            if line.startswith(key + ":"):
+                return int(line.split()[1]) * 1024
+        return 0
+
+    def rss(self) -> int:
+        return self._status("VmRSS")
+
+    def peak_rss(self) -> int:
+        return self._status("VmHWM")
+
+    def reset_peak(self) -> bool:
+        """Reset VmHWM to the current RSS (Linux >= 4.0, own processes); False where refused."""
+        try:
+            Path(f"/proc/{self.pid}/clear_refs").write_text("5")
+            return True
+        except OSError:
+            return False
+
+
+def _disk_used(path: Path) -> int:
+    total = 0
+    for root, _, files in os.walk(path):
+        for f in files:
+            try:
+                total += os.path.getsize(os.path.join(root, f))
+            except OSError:
+                pass
+    return total
+
+
+def _hospital_stats(dim: int, classes: int, samples: int, seed: int, k: int):
+    from .stats import StatisticsAccumulator
+
+    rng = np.random.default_rng([seed, k])
+    X = rng.standard_normal((samples, dim))
+    X *= (rng.uniform(0.5, 1.0, samples) / np.linalg.norm(X, axis=1))[:, None]
+    y = rng.integers(0, classes, samples)
+    acc = StatisticsAccumulator(dim, classes, max_norm=1.0)
+    acc.update(X, y)
+    return acc.finalize(gamma=0.0)
+
+
+def run_service_bench(backend: str, hospitals: int, *, dim: int = 64, classes: int = 10, samples: int = 32,
+                      dropout: float = 0.0, seed: int = 0, workdir: str | None = None,
+                      stage_timeout_s: float = 60.0, hospital_timeout_s: float = 1800.0) -> dict:
+    from . import pki
+    from .analytic import solve_from_sums
+    from .backends import HE_BACKENDS
+    from .clients.hospital import HospitalClient
+    from .demo import ServerProcess, _free_port
+    from .keyholder import KeyHolder
+    from .packing import Layout
+    from .params import Bounds
+    from .server.config import load_config, write_config
+
+    K = hospitals
+    if K < 2:
+        raise SystemExit("--hospitals must be >= 2")
+    if not 0.0 <= dropout < 0.5:
+        raise SystemExit("--dropout must be in [0, 0.5)")
+    rng = np.random.default_rng(seed)
+    n_drop = int(round(dropout * K))
+    dropped = set(int(i) for i in rng.choice(K, n_drop, replace=False))
+    names = [f"h{i:04d}" for i in range(K)]
+    work = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="secure-afl-bench-service-"))
+    work.mkdir(parents=True, exist_ok=True)
+    pki_dir = work / "pki"
+    phases: dict[str, dict] = {}
+
+    t = time.perf_counter()
+    if not (pki_dir / "ca.pem").exists():
+        pki.init_ca(pki_dir, name="secure-afl bench consortium")
+        pki.issue(pki_dir, "server", "aggregator")
+        pki.issue(pki_dir, "keyholder", "keyholder")
+    for n in names:
+        if not (pki_dir / f"hospital-{n}").exists():
+            pki.issue(pki_dir, "hospital", n)
+    phases["pki"] = {"wall_s": time.perf_counter() - t}
+
+    survivors = K - n_drop
+    min_clients = survivors
+    cfg = {
+        "session": {"id": f"bench-{backend}-{K}", "backend": backend, "dim": dim, "classes": classes,
+                    "gamma": 1.0, "min_clients": min_clients, "min_class_count": 1, "deadline_s": 86400,
+                    "hospitals": names},
+        "bounds": {"max_norm": 1.0, "n_max": samples, "k_max": K},
+        "secagg": {"stage_timeout_s": float(stage_timeout_s)},
+        "server": {"host": "127.0.0.1", "port": _free_port(), "data_dir": str(work / "server"),
+                   "pki_dir": str(pki_dir), "name": "aggregator", "keyholder": "keyholder",
+                   "max_connections": 2 * K + 64, "max_concurrent_uploads": K, "read_timeout_s": 120.0},
+    }
+    if backend == "secagg":
+        from .secagg import default_threshold, max_min_clients, recommended_neighbours
+
+        k = recommended_neighbours(K)
+        thr = default_threshold((K - 1 if k is None else k) + 1)
+        # the consistency quorum max((K + t - 1) // 2 + 1, min_clients + t - 1) must fit in the survivors
+        min_clients = max(1, min(survivors - thr + 1, max_min_clients(K, thr)))
+        if (K + thr - 1) // 2 + 1 > survivors:
+            raise SystemExit(f"--dropout {dropout:g} leaves {survivors} of {K}: below the consistency quorum "
+                             f"{(K + thr - 1) // 2 + 1} of threshold {thr}; the round would abort")
+        cfg["session"]["min_clients"] = min_clients
+    session_id = cfg["session"]["id"]
+    write_config(work / "session.toml", cfg)
+    url = f"https://127.0.0.1:{cfg['server']['port']}"
+    kh = KeyHolder(pki_dir, "keyholder", work / "keyholder", passphrase=os.urandom(16).hex().encode())
+    server = ServerProcess(work / "session.toml", work / "server.log")
+    stats = {n: _hospital_stats(dim, classes, samples, seed, i) for i, n in enumerate(names)}
+    results: dict[str, tuple[int, int]] = {}
+    errors: dict[str, str] = {}
+    meter = None
+
+    def phase(name, fn):
+        peak_reset = meter.reset_peak()
+        cpu0, t0 = meter.cpu_s(), time.perf_counter()
+        out = fn()
+        phases[name] = {"wall_s": time.perf_counter() - t0, "server_cpu_s": meter.cpu_s() - cpu0,
+                        "server_peak_rss": meter.peak_rss(), "peak_is_phase": peak_reset}
+        return out
+
+    try:
+        t = time.perf_counter()
+        server.start()
+        meter = ServerMeter(server.proc.pid)
+        server.wait_ready(url, kh.party.ca_file, (kh.party.cert_file, kh.party.key_file), timeout=120)
+        phases["server"] = {"wall_s": time.perf_counter() - t, "server_cpu_s": meter.cpu_s(),
+                            "server_peak_rss": meter.peak_rss(), "peak_is_phase": True}
+        conn = kh.connect(url, session_id)
+        if backend in HE_BACKENDS:
+            from .dp import dp_session_params
+
+            def keys():
+                params0 = dp_session_params(load_config(work / "session.toml").dp, backend, session_id,
+                                            Layout(dim, classes), 1.0, Bounds(1.0, samples, K))
+                kh.keygen(params0)
+                kh.publish(conn)
+
+            phase("keys", keys)
+
+        def run_hospital(name: str, drop: bool):
+            client = HospitalClient(url, session_id, pki.load_party(pki_dir, "hospital", name),
+                                    receipts_dir=work / "receipts", timeout=600)
+            try:
+                if drop and backend != "secagg":
+                    return  # never uploads
+                kw = {"timeout": hospital_timeout_s}
+                if drop:
+                    from .secagg import Stage
+
+                    kw["stop_before"] = Stage.MASKED_INPUT
+                client.submit(stats[name], **kw)
+                if not drop:  # the per-hospital figures are those of hospitals that went to the end
+                    results[name] = (client.bytes_uploaded, client.conn.bytes_downloaded)
+            except Exception as e:  # reported below
+                errors[name] = f"{type(e).__name__}: {e}"
+            finally:
+                client.close()
+
+        def hospitals_phase():
+            threads = [threading.Thread(target=run_hospital, args=(n, i in dropped), daemon=True)
+                       for i, n in enumerate(names)]
+            for th in threads:
+                th.start()
+            deadline = time.monotonic() + hospital_timeout_s + 60
+            for th in threads:
+                th.join(timeout=max(0.0, deadline - time.monotonic()))
+
+        phase("hospitals", hospitals_phase)
+        if errors:
+            raise RuntimeError(f"{len(errors)} hospital failure(s), e.g. {next(iter(errors.items()))}")
+        res = phase("release", lambda: kh.finalize(conn, min_clients=min_clients))
+        conn.close()
+        phases["release"]["contributors"] = res.report.get("contributors")
+        disk = _disk_used(work / "server")
+    finally:
+        server.stop()
+
+    # W error against the plaintext solve of the same hospitals' statistics
+    included = sorted(res.report["participants"]) if "participants" in res.report else \
+        [n for i, n in enumerate(names) if i not in dropped]
+    from functools import reduce
+    from operator import add
+
+    plain_sum = reduce(add, (_with_gamma(stats[n]) for n in included))
+    W_plain = solve_from_sums(plain_sum)
+    w_err = float(np.linalg.norm(res.W - W_plain) / np.linalg.norm(W_plain))
+    up = np.array([v[0] for v in results.values()], dtype=np.float64)
+    down = np.array([v[1] for v in results.values()], dtype=np.float64)
+    return {
+        "backend": backend, "hospitals": K, "dropped": n_drop, "contributors": len(included),
+        "dim": dim, "classes": classes, "length": Layout(dim, classes).length, "samples": samples,
+        "min_clients": min_clients, "phases": phases,
+        "bytes_up_per_hospital": float(up.mean()) if len(up) else 0.0,
+        "bytes_down_per_hospital": float(down.mean()) if len(down) else 0.0,
+        "server_disk_bytes": disk, "w_rel_error_vs_plain": w_err,
+        "cpus": os.cpu_count(), "workdir": str(work),
+    }
+
+
+def _with_gamma(s):
+    from .stats import SufficientStatistics
+
+    return SufficientStatistics(s.gram + np.eye(s.dim), s.cross, s.n, s.class_counts, 1.0, 1.0, None)
+
+
+def format_report(r: dict) -> str:
+    lines = [f"bench service: {r['backend']}, K = {r['hospitals']} ({r['dropped']} dropped, "
+             f"{r['contributors']} in the release), d = {r['dim']}, C = {r['classes']}, L = {r['length']}, "
+             f"{r['samples']} samples per hospital, {r['cpus']} CPUs",
+             f"{'phase':<10} {'wall s':>9} {'server CPU s':>13} {'server peak RSS MB':>19}"]
+    for name, p in r["phases"].items():
+        cpu = f"{p['server_cpu_s']:.2f}" if "server_cpu_s" in p else "-"
+        rss = f"{p['server_peak_rss'] / 1e6:.1f}" if "server_peak_rss" in p else "-"
+        if "server_peak_rss" in p and not p.get("peak_is_phase", True):
+            rss += " (so far)"
+        lines.append(f"{name:<10} {p['wall_s']:>9.2f} {cpu:>13} {rss:>19}")
+    lines += [f"bytes up / down per hospital: {r['bytes_up_per_hospital']:,.0f} / "
+              f"{r['bytes_down_per_hospital']:,.0f}",
+              f"server data dir on disk: {r['server_disk_bytes'] / 1e6:.2f} MB",
+              f"||W - W_plain|| / ||W_plain||: {r['w_rel_error_vs_plain']:.3e}"]
+    return "\n".join(lines)
+
+
+def _cmd(args) -> int:
+    import shutil
+
+    workdir = args.workdir or tempfile.mkdtemp(prefix="secure-afl-bench-service-")
+    try:
+        r = run_service_bench(args.backend, args.hospitals, dim=args.dim, classes=args.classes,
+                              samples=args.samples, dropout=args.dropout, seed=args.seed, workdir=workdir,
+                              stage_timeout_s=args.stage_timeout)
+    finally:
+        if not args.workdir:  # the temp dir goes, whatever happened
+            shutil.rmtree(workdir, ignore_errors=True)
+    print(format_report(r))
+    if args.json:
+        Path(args.json).write_text(json.dumps(r, indent=2, sort_keys=True) + "\n")
+    return 0
+
+
+def register(parser) -> None:
+    parser.add_argument("--backend", choices=["plain", "ckks", "bfv", "secagg"], default="plain")
+    parser.add_argument("--hospitals", type=int, default=10, help="K hospitals (threads in this process)")
+    parser.add_argument("--dropout", type=float, default=0.0, help="fraction of hospitals that drop out")
+    parser.add_argument("--dim", type=int, default=64, help="embedding dimension d (default 64)")
+    parser.add_argument("--classes", type=int, default=10, help="classes C (default 10)")
+    parser.add_argument("--samples", type=int, default=32, help="samples per hospital")
+    parser.add_argument("--stage-timeout", type=float, default=60.0,
+                        help="secagg: seconds a silent hospital is waited for in a stage")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--workdir", help="keep PKI, server state and logs here (default: a temp dir, removed)")
+    parser.add_argument("--json", metavar="PATH", help="also write the figures as JSON here")
+    parser.set_defaults(func=_cmd)
