@@ -176,6 +176,7 @@ class KeyHolder(KeyCustody):
         key_id = params.backend_params["public_context_sha256"]
         ledger = ReleaseLedger(self.keys_dir / "releases.sqlite3")
         try:
+            ledger.check_unused(key_id)
             t0 = time.perf_counter()
             try:
                 manifest = source.manifest()
