@@ -31,7 +31,7 @@ from secure_afl.analytic import solve_from_sums
 from secure_afl.backends import HE_BACKENDS, get_backend, he_module
 from secure_afl.certify import certify_release, plain_summation_error
 from secure_afl.hazmat.fixedpoint import abs_error_bound
-from secure_afl.exceptions import DecryptionRefused, SecureAFLError
+from secure_afl.exceptions import DecryptionRefused, InvalidInputError, SecureAFLError
 from secure_afl.packing import Layout
 from secure_afl.params import SessionParams
 from secure_afl.release import ReleaseLedger, check_aggregate_against_manifest, check_class_minimum, sanity_check
@@ -149,17 +149,24 @@ class KeyHolder(KeyCustody):
     def countersign_audit_head(self, conn, manifest: dict) -> dict:
         """Countersign the server's close record (audit seq + head of this release) and hand it back,
         before anything is decrypted: the auditor then holds a head the server alone cannot rewrite."""
-        from secure_afl.audit import countersign_head
         from secure_afl.signing import canonical_json
 
-        servers = pki.load_enrolments(self.pki_dir, role="server")
-        close = conn.request("GET", conn.path("/audit/head")).json()["close"]
-        try:
-            cs = countersign_head(self.party.identity_key(), self.party.name, close,
-                                  next(iter(servers.values())).public_key(), manifest)
-        except (SecureAFLError, StopIteration) as e:
-            raise DecryptionRefused(f"not decrypting: the audit close record does not hold ({e})") from e
+        cs = self.countersign_close(conn.request("GET", conn.path("/audit/head")).json()["close"], manifest)
         return conn.request("POST", conn.path("/audit/countersign"), body=canonical_json(cs)).json()
+
+    def countersign_close(self, close: dict, manifest: dict) -> dict:
+        """The countersignature over ``close``, checked against the pinned server key and the manifest;
+        :class:`DecryptionRefused` if it does not hold (nothing is decrypted then)."""
+        from secure_afl.audit import countersign_head
+
+        servers = pki.load_enrolments(self.pki_dir, role="server")
+        try:
+            if len(servers) != 1:
+                raise InvalidInputError("cannot pin the server's identity key")
+            return countersign_head(self.party.identity_key(), self.party.name, close,
+                                    next(iter(servers.values())).public_key(), manifest)
+        except (SecureAFLError, AttributeError, TypeError) as e:
+            raise DecryptionRefused(f"not decrypting: the audit close record does not hold ({e})") from e
 
     def release_he(self, sid: str, source, *, min_clients: int, lam: float = 0.0, min_class_count: int = 1,
                    expected_hospitals: list[str] | None = None) -> FinalResult:

@@ -67,7 +67,6 @@ import datetime as _dt
 import hashlib
 import json
 import os
-import sys
 import threading
 import time as _time
 from dataclasses import dataclass

@@ -158,7 +158,7 @@ def _hospital_data(args, seed):
 
 def run_demo(args) -> dict:
     from . import pki
-    from .backends import HE_BACKENDS, he_module
+    from .backends import HE_BACKENDS
     from .certify import certify_release, session_w_target
     from .analytic import centralised_weights, predict, solve_from_sums, top1_accuracy
     from .audit import verify_log

@@ -112,10 +112,15 @@ def test_flower_round_matches_plaintext_and_native_service(tmp_path, deployment,
     assert json.loads(meta["participants"]) == list(HOSPITALS) and meta["backend"] == backend
     assert report["participants"] == list(HOSPITALS) and report["samples"] == len(y_all)
     assert (report.get("tag_check") is not None) == (backend == "ckks")
+    # the auditor's check: the log up to the close record the key holder countersigned over Flower
     receipts = load_receipts(tmp_path / "receipts")
+    head = json.loads((c.audit_path().parent / "audit-head.json").read_text())
+    assert head["countersign"] is not None and head["countersign"]["keyholder"] == "keyholder"
     v = verify_log(c.audit_path(), server_pub=pki.load_party(c.pki_dir, "server", "aggregator").identity_pub(),
+                   head=head, countersign=head["countersign"],
+                   keyholder_pub=pki.load_party(c.pki_dir, "keyholder", "keyholder").identity_pub(),
                    receipts=receipts)
-    assert v.n_receipts == 3 and v.n_refused == 0
+    assert v.n_receipts == 3 and v.n_refused == 0 and v.countersigned_by
 
 
 @pytest.mark.security
@@ -133,9 +138,9 @@ def test_flower_rogue_keyholder_node_cannot_open_the_session(tmp_path, deploymen
     pki.issue(rogue_pki, "keyholder", "keyholder")
     from secure_afl.keyholder import KeyHolder
 
-    rogue = KeyHolder(rogue_pki, "keyholder", tmp_path / "rogue-keys", passphrase=b"rogue")
+    rogue = KeyHolder(rogue_pki, "keyholder", tmp_path / "rogue-keys", passphrase=b"rogue passphrase")
     rogue.keygen(ckks_session_params(c.session_id, Layout(c.dim, c.classes), 1.0, Bounds(c.max_norm, 1000, 8)))
-    (tmp_path / "pass").write_bytes(b"rogue")
+    (tmp_path / "pass").write_bytes(b"rogue passphrase")
     deployment.start_superlink()
     for h in HOSPITALS:
         deployment.start_supernode(h, {"role": "hospital", "name": h, "pki-dir": c.pki_dir,
@@ -151,7 +156,9 @@ def test_flower_rogue_keyholder_node_cannot_open_the_session(tmp_path, deploymen
     records = [json.loads(line) for line in c.audit_path().read_text().splitlines()]
     refused = [r for r in records if r.get("outcome") == "refused"]
     accepted_uploads = [r for r in records if r.get("event") == "upload" and r.get("outcome") == "accepted"]
-    assert refused and refused[0]["actor"] == "keyholder:keyholder", out.stdout[-3000:] + deployment.logs()
+    # a signature that does not verify proves no identity: the claimed key holder is audited as unauthenticated
+    assert refused and refused[0]["actor"] == "unauthenticated", out.stdout[-3000:] + deployment.logs()
+    assert refused[0]["event"] == "request" and refused[0]["details"]["path"].endswith(f"/{c.session_id}/context")
     assert accepted_uploads == [] and not (tmp_path / "stolen.safetensors").exists()
     assert not any(r.get("event") == "publish_context" and r.get("outcome") == "accepted" for r in records)
     assert refused[0]["reason"] == "bad_signature" and not (tmp_path / "receipts").exists()

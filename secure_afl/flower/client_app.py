@@ -15,9 +15,11 @@ Key holder node config::
     role="keyholder" name="keyholder" pki-dir="/consortium/pki" keys-dir="keys" passphrase-file="pass"
     out="model.safetensors" report="report.json" min-clients=3 min-class-count=5
 
-The key holder signs its context publication (ckks) and, at finalize, runs the
-native checks and solve on the released aggregate; the model and report stay
-on its machine, only the report goes back to the server.
+The key holder signs its context publication (ckks) and, at finalize, first
+countersigns the server's audit close record (refusing to decrypt if it does not
+describe the manifest's release), then runs the native checks and solve on the
+released aggregate; the model and report stay on its machine, only the report
+and the countersignature go back to the server.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from secure_afl import pki
 from secure_afl.backends import HE_BACKENDS
 from secure_afl.clients.hospital import protect_contribution, statistics_from_file
 from secure_afl.keyholder_params import PARAMS_SIGNATURE, pinned_keyholder_key, verify_session_params
-from secure_afl.exceptions import InvalidInputError, ParameterMismatch, StageError
+from secure_afl.exceptions import InvalidInputError, ParameterMismatch, SecureAFLError, StageError
 from secure_afl.params import SessionParams
 from secure_afl.protocol import API, sign_request
 from secure_afl.signing import sign_upload, verify_receipt
@@ -150,9 +152,17 @@ def finalize(msg: Message, context: Context) -> Message:
         tags, at = unpack_json(msg.content, "tags"), 0
         for hospital, n in unpack_json(msg.content, "contributions"):
             contributions[str(hospital)], at = blob[at:at + int(n)], at + int(n)
-    report = keyholder_adapter.finalize(
-        kh, info, blob, unpack_json(msg.content, "manifest"), tags, contributions,
-        min_clients=int(_cfg(context, "min-clients", "keyholder")),
-        min_class_count=int(nc.get("min-class-count", 1)), lam=float(nc.get("lambda", 0.0)),
-        out=Path(str(_cfg(context, "out", "keyholder"))), report_path=Path(str(nc.get("report", "report.json"))))
-    return Message(content=pack({"report": report}), reply_to=msg)
+    manifest = unpack_json(msg.content, "manifest")
+    # before anything is decrypted: countersign the server's close record, or refuse (DecryptionRefused)
+    countersign = keyholder_adapter.countersign(kh, unpack_json(msg.content, "close"), manifest)
+    try:
+        report = keyholder_adapter.finalize(
+            kh, info, blob, manifest, tags, contributions,
+            min_clients=int(_cfg(context, "min-clients", "keyholder")),
+            min_class_count=int(nc.get("min-class-count", 1)), lam=float(nc.get("lambda", 0.0)),
+            out=Path(str(_cfg(context, "out", "keyholder"))),
+            report_path=Path(str(nc.get("report", "report.json"))))
+    except SecureAFLError as e:  # the countersignature still goes back: the auditor keeps the head either way
+        return Message(content=pack({"countersign": countersign, "error": e.reason, "detail": str(e)}),
+                       reply_to=msg)
+    return Message(content=pack({"report": report, "countersign": countersign}), reply_to=msg)

@@ -19,7 +19,7 @@ from secure_afl.params import SessionParams
 from secure_afl.backends import HE_BACKENDS
 from secure_afl.keyholder import KeyHolder, write_model
 
-__all__ = ["open_keyholder", "publication", "finalize"]
+__all__ = ["open_keyholder", "publication", "countersign", "finalize"]
 
 
 def open_keyholder(node_config) -> KeyHolder:
@@ -38,6 +38,11 @@ def publication(kh: KeyHolder, session_id: str) -> bytes:
     if not kh.public_path(session_id).exists():
         raise InvalidInputError(f"no keys for session {session_id}: run `secure-afl keyholder keygen` first")
     return kh.publication_body(session_id)
+
+
+def countersign(kh: KeyHolder, close: dict, manifest: dict) -> dict:
+    """The key holder's countersignature over the server's close record (:meth:`KeyHolder.countersign_close`)."""
+    return kh.countersign_close(close, manifest)
 
 
 class _MessageSource:

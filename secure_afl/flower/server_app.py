@@ -11,12 +11,15 @@ signed receipts and server-signed manifest. Flower messages replace HTTP:
 3. upload: each hospital's signed, protected contribution is validated, stored
    durably, added to the running sum and audited; the signed receipt goes back;
 4. close: at least ``min_clients`` contributions, or nothing is released;
-5. finalize: the aggregate, manifest and tag statements go to the key holder's
-   SuperNode, which verifies, reveals and solves W there (W never comes back).
+5. finalize: the aggregate, manifest, tag statements and the server-signed audit
+   close record go to the key holder's SuperNode, which countersigns the close
+   record (or refuses to decrypt), then verifies, reveals and solves W there (W
+   never comes back); the countersignature is stored as the HTTP route stores it.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import time
@@ -28,6 +31,7 @@ from flwr.serverapp import Grid, ServerApp
 from secure_afl.backends import HE_BACKENDS
 from secure_afl.exceptions import MalformedPayload, SecureAFLError, StageError
 from secure_afl.protocol import API
+from secure_afl.signing import canonical_json
 from secure_afl.server.aggregator import open_server
 from secure_afl.server.config import load_config
 
@@ -75,7 +79,8 @@ def run_session(grid: Grid, session_config: Path, *, node_wait_s: float, reply_t
             _uploads(grid, server, hosp_nodes, reply_timeout_s)
             server.close(config.name)
         aggregate, manifest = server.released()
-        fields = {"info": server.info(), "manifest": manifest}
+        # the signed close record: the key holder countersigns it before it decrypts anything
+        fields = {"info": server.info(), "manifest": manifest, "close": server.audit_head()["close"]}
         blob = aggregate
         if config.backend in HE_BACKENDS:
             # the key holder never decrypts a server-formed sum: it gets the signed uploads and re-sums them
@@ -84,6 +89,12 @@ def run_session(grid: Grid, session_config: Path, *, node_wait_s: float, reply_t
             blob = b"".join(b for _, b in uploads)
         reply = _one(grid, Message(content=pack(fields, blob), dst_node_id=kh_node, message_type=FINALIZE),
                      reply_timeout_s, "the key holder's finalize")
+        # stored (and verified against the key holder's enrolled key) as POST /audit/countersign stores it
+        server.store_countersign(f"keyholder:{config.keyholder}",
+                                 canonical_json(unpack_json(reply.content, "countersign")))
+        if "error" in reply.content["fields"]:
+            raise StageError(f"the key holder's finalize failed: {unpack_str(reply.content, 'error')}: "
+                             f"{unpack_str(reply.content, 'detail')}")
         return unpack_json(reply.content, "report")
     finally:
         server.shutdown()
@@ -128,8 +139,9 @@ def _publish(grid: Grid, server, kh_node: int, timeout_s: float) -> None:
     headers, body = unpack_json(reply.content, "headers"), unpack_blob(reply.content)
     if not isinstance(headers, dict):
         raise MalformedPayload("publication headers must be a JSON object")
-    party = server.authenticate({str(k): str(v) for k, v in headers.items()}, "POST", path, body,
-                                roles=("keyholder",))
+    # the signature covers the body's digest, as the HTTP route checks it before reading the body
+    party = server.authenticate({str(k): str(v) for k, v in headers.items()}, "POST", path,
+                                hashlib.sha256(body).hexdigest(), roles=("keyholder",))
     server.publish_context(party, body)
 
 
