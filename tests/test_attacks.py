@@ -1,4 +1,4 @@
-"""The attack demonstrations of threat_model/attacks/ assert what they claim (issue 6)."""
+"""The attack demonstrations of threat_model/attacks/ assert what they claim."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Hospital-side embedding extraction (issue 5): real torchvision models, real files, CPU.
+"""Hospital-side embedding extraction: real torchvision models, real files, CPU.
 
 Random-init resnet18 (seeded, saved as a .pth state dict and loaded through
 ``--weights PATH``) on a handful of 32x32 images, so the whole module runs in

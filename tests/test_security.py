@@ -1,4 +1,4 @@
-"""Security test suite (issue 6): every threat of threat_model/THREAT_MODEL.md
+"""Security test suite: every threat of threat_model/THREAT_MODEL.md
 that can be checked in process.
 
 The HTTP tests drive the real FastAPI app (``server.app.create_app``) over the
