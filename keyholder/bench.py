@@ -3,9 +3,10 @@ solve) next to the server's streaming sum of the same uploads, and what flooding
 
     python -m secure_afl.keyholder.bench --dim 512 --classes 100 --hospitals 10 100
 
-Runs the key holder's real :meth:`KeyHolder.finalize` against an in-process
-honest server (:class:`_StoredUploads`) that serves what a server stores: the
-signed uploads, the tag statements and its signed manifest. To keep memory
+Runs the key holder's real release path (:meth:`KeyHolder.release_he`, what
+``finalize`` runs after the audit countersignature) on what an honest server
+stores (:class:`_StoredUploads`): the signed uploads, the tag statements and
+its signed manifest. To keep memory
 flat at large K, ``--distinct`` payloads are encrypted and signed by each
 hospital in turn (the key holder checks signatures and hashes per hospital,
 not payload uniqueness), so every hospital still costs one full verification.
@@ -26,42 +27,20 @@ import numpy as np
 __all__ = ["main"]
 
 
-class _Answer:
-    def __init__(self, value):
-        self._v = value
-
-    @property
-    def content(self) -> bytes:
-        return self._v
-
-    def json(self):
-        return self._v
-
-
 class _StoredUploads:
-    """An honest server's answers to the key holder, from memory."""
+    """What an honest server stores, from memory: its signed manifest, the signed uploads, the tags."""
 
-    def __init__(self, params, manifest: dict, payload_of: dict, tags: dict, min_clients: int):
-        self.session_id = params.session_id
-        self._params, self._manifest, self._payload_of, self._tags = params, manifest, payload_of, tags
-        self._min_clients = min_clients
+    def __init__(self, manifest: dict, payload_of: dict, tags: dict):
+        self._manifest, self._payload_of, self._tags = manifest, payload_of, tags
 
-    def path(self, suffix: str = "") -> str:
-        return suffix
+    def manifest(self) -> dict:
+        return self._manifest
 
-    def info(self) -> dict:
-        return {"status": "released", "backend": "ckks", "params": self._params.to_dict(),
-                "params_digest": self._params.digest().hex(), "min_clients": self._min_clients,
-                "min_class_count": 1}
+    def contribution(self, hospital: str) -> bytes:
+        return self._payload_of[hospital]
 
-    def request(self, method: str, path: str, *, body: bytes = b""):
-        if path == "/manifest":
-            return _Answer(self._manifest)
-        if path == "/tags":
-            return _Answer(self._tags)
-        if path.startswith("/contributions/"):
-            return _Answer(self._payload_of[path.rsplit("/", 1)[1]])
-        raise ValueError(f"not served: {method} {path}")
+    def tags(self) -> dict:
+        return self._tags
 
 
 def run(dim: int, classes: int, k: int, *, distinct: int = 4, n_per_hospital: int = 200, seed: int = 0) -> dict:
@@ -122,7 +101,7 @@ def run(dim: int, classes: int, k: int, *, distinct: int = 4, n_per_hospital: in
         manifest = build_manifest(server.identity_key(), sid, params.digest(), participants,
                                   hashlib.sha256(aggregate).digest(), k)
         t = time.perf_counter()
-        res = kh.finalize(_StoredUploads(params, manifest, payload_of, tags, k), min_clients=k)
+        res = kh.release_he(params.session_id, _StoredUploads(manifest, payload_of, tags), min_clients=k)
         finalize_s = time.perf_counter() - t
         total = stats[0]
         for i in range(1, k):
