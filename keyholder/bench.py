@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import os
 import shutil
 import tempfile
 import time
@@ -65,7 +66,7 @@ def run(dim: int, classes: int, k: int, *, distinct: int = 4, n_per_hospital: in
         pki.issue(pki_dir, "keyholder", "keyholder")
         names = [f"h{i:03d}" for i in range(k)]
         parties = {h: pki.issue(pki_dir, "hospital", h) for h in names}
-        kh = KeyHolder(pki_dir, "keyholder", work / "keys", passphrase=b"bench")
+        kh = KeyHolder(pki_dir, "keyholder", work / "keys", passphrase=os.urandom(16).hex().encode())
         sid = f"bench-{dim}-{classes}-{k}"
         public = kh.keygen(ckks_session_params(sid, lay, gamma, Bounds(1.0, n_per_hospital, max(k, 2))))
         params = kh.params(sid)
