@@ -88,3 +88,12 @@ def test_bench_dp_prints_a_table_and_writes_a_png(tmp_path, capsys):
     assert (tmp_path / "dp.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert len(out["rows"]) == 2 and "eps=1" in capsys.readouterr().out
     assert all(0.0 <= r["accuracy_mean"] <= 1.0 for r in out["rows"])
+
+
+def test_keyholder_bench_runs_the_real_release_path(capsys):
+    # the bench drives KeyHolder.release_he on stored signed uploads; a flooded release must come out
+    from secure_afl.keyholder.bench import main as kh_bench
+
+    assert kh_bench(["--dim", "8", "--classes", "3", "--hospitals", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "K=2" in out and "flood sigma" in out
