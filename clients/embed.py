@@ -63,7 +63,7 @@ from .backbones import (Backbone, CorruptImage, DatasetError, DeviceUnavailable,
                         EmptyClassFolder, InvalidWeightsFile, Preprocessing, RandomWeightsWarning,
                         UnknownBackbone, UnsupportedBackbone, WeightsUnavailable, available_backbones,
                         load_backbone, resolve_preprocessing)
-from .extraction import Extraction, TorchStatisticsAccumulator, embed_to_file, extract
+from .extraction import Extraction, embed_to_file, extract
 from .sources import ImageSource, array_source, cifar_source, image_folder, npz_source
 from .statsfile import load_statistics_file
 
@@ -83,7 +83,6 @@ __all__ = [
     "Backbone",
     "ImageSource",
     "Extraction",
-    "TorchStatisticsAccumulator",
     "available_backbones",
     "load_backbone",
     "resolve_preprocessing",

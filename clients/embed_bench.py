@@ -32,6 +32,8 @@ import warnings
 
 import numpy as np
 
+from secure_afl.stats import StatisticsAccumulator
+
 __all__ = ["register", "run_extract_bench"]
 
 _PHASES = ("decode", "transfer", "preprocess", "forward", "gram")
@@ -60,7 +62,7 @@ def run_extract_bench(*, device: str = "auto", batch_size: int = 64, images: int
         model = model.to(memory_format=torch.channels_last)
     mean = torch.tensor(prep.mean, device=dev).view(1, 3, 1, 1)
     std = torch.tensor(prep.std, device=dev).view(1, 3, 1, 1)
-    acc = E.TorchStatisticsAccumulator(bb.dim, n_classes, dev)
+    acc = StatisticsAccumulator(bb.dim, n_classes)
 
     totals = dict.fromkeys(_PHASES, 0.0)
 

@@ -16,53 +16,13 @@ import numpy as np
 
 from secure_afl.exceptions import InvalidInputError
 from secure_afl.fingerprint import ExtractorFingerprint, parse_normalisation
-from secure_afl.stats import SufficientStatistics
+from secure_afl.stats import StatisticsAccumulator, SufficientStatistics
 
 from .backbones import (Backbone, DatasetError, EmbeddingError, DeviceUnavailable, Preprocessing,
                         _check_backbone_name, _hub_checkpoint_path, _parse_weights, load_backbone,
                         resolve_preprocessing)
 from .sources import ImageSource, _n_classes_arg, _parse_class_names, cifar_source, image_folder, npz_source
 from .statsfile import write_embeddings_file, write_statistics_file
-
-
-# --------------------------------------------------------------------------- statistics on device
-
-class TorchStatisticsAccumulator:
-    """C += E^T E, Q += E^T onehot(y), counts += bincount(y), in float64 on ``device``."""
-
-    def __init__(self, dim: int, n_classes: int, device="cpu"):
-        import torch
-
-        self.dim, self.n_classes = int(dim), int(n_classes)
-        self.gram = torch.zeros(dim, dim, dtype=torch.float64, device=device)
-        self.cross_t = torch.zeros(n_classes, dim, dtype=torch.float64, device=device)  # Q^T
-        self.counts = torch.zeros(n_classes, dtype=torch.int64, device=device)
-        self.max_sq_norm = torch.zeros((), dtype=torch.float64, device=device)  # max ||x_i||^2
-
-    @property
-    def max_row_norm(self) -> float:
-        """max_i ||x_i||_2: lets ``client submit`` check the declared bound B on a statistics file."""
-        return float(self.max_sq_norm.sqrt())
-
-    def update(self, emb, y) -> None:
-        import torch
-
-        e = emb.to(torch.float64)
-        self.gram.addmm_(e.T, e)
-        self.cross_t.index_add_(0, y, e)
-        self.counts += torch.bincount(y, minlength=self.n_classes)
-        self.max_sq_norm = torch.maximum(self.max_sq_norm, (e * e).sum(dim=1).max())
-
-    def finalize(self) -> SufficientStatistics:
-        gram = self.gram.cpu().numpy()
-        cross = self.cross_t.T.cpu().numpy().copy()
-        counts = self.counts.cpu().numpy().astype(np.float64)
-        if not (np.all(np.isfinite(gram)) and np.all(np.isfinite(cross))):
-            raise EmbeddingError("the backbone produced NaN/inf embeddings")
-        if counts.sum() == 0:
-            raise EmbeddingError("no samples were accumulated")
-        gram = 0.5 * (gram + gram.T)
-        return SufficientStatistics(gram, cross, float(counts.sum()), counts, 1.0, 0.0)
 
 
 # --------------------------------------------------------------------------- extraction
@@ -194,7 +154,7 @@ def extract(source: ImageSource, backbone: Backbone, prep: Preprocessing, *, dev
         model = model.to(memory_format=torch.channels_last)
     mean = torch.tensor(prep.mean, dtype=torch.float32, device=dev).view(1, 3, 1, 1)
     std = torch.tensor(prep.std, dtype=torch.float32, device=dev).view(1, 3, 1, 1)
-    acc = TorchStatisticsAccumulator(backbone.dim, C, dev)
+    acc = StatisticsAccumulator(backbone.dim, C)  # float64 sums on the device of the first batch
     N = len(source)
     X = None
     if keep_embeddings:
@@ -221,7 +181,10 @@ def extract(source: ImageSource, backbone: Backbone, prep: Preprocessing, *, dev
                     # just under R in float64, so neither rounding nor a float32 X can exceed B = R
                     emb = emb.double()
                     emb = emb * (l2_radius * (1 - 1e-6) / emb.norm(dim=1, keepdim=True).clamp_min(1e-300))
-                acc.update(emb, yb)
+                try:
+                    acc.update(emb, yb)
+                except InvalidInputError as exc:
+                    raise EmbeddingError(f"the backbone's output was refused: {exc}") from None
                 if X is not None:
                     X[pos:pos + emb.shape[0]].copy_(emb, non_blocking=cuda)
                 pos += emb.shape[0]

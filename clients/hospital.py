@@ -23,7 +23,6 @@ from secure_afl import pki
 from secure_afl.backends import HE_BACKENDS, get_backend
 from secure_afl.dp import add_noise_share
 from secure_afl.exceptions import (
-    BoundsExceeded,
     DuplicateContribution,
     InvalidInputError,
     ParameterMismatch,
@@ -43,51 +42,14 @@ from secure_afl.packing import Layout
 from secure_afl.params import SessionParams
 from secure_afl.protocol import H_TAG, H_UPLOAD
 from secure_afl.signing import sign_upload, verify_receipt
-from secure_afl.stats import StatisticsAccumulator, SufficientStatistics
+from secure_afl.stats import SufficientStatistics
 from secure_afl.tagging import new_tag, seal_tag, sign_tag
 
 from .transport import ServiceClient
 
-__all__ = ["HospitalClient", "protect_contribution", "protect_vector", "statistics_from_file"]
+__all__ = ["HospitalClient", "protect_contribution", "protect_vector"]
 
 log = logging.getLogger("secure_afl.client")
-
-
-def statistics_from_file(path, n_classes: int, *, max_norm: float | None = None,
-                         batch_size: int = 8192) -> SufficientStatistics:
-    """X^T X, X^T Y and counts (no gamma yet) from an embeddings or statistics .npz.
-
-    Embeddings .npz: "X" (N x d) and "y" (N labels in [0, C)), streamed in
-    batches. Statistics .npz (from ``client embed --stats-only``): "gram",
-    "cross", "counts", "n".
-    """
-    path = Path(path)
-    try:
-        z = np.load(path, allow_pickle=False)
-    except (OSError, ValueError) as e:
-        raise InvalidInputError(f"{path}: not a readable .npz ({e})") from None
-    with z:
-        if "gram" in z.files:
-            from .statsfile import load_statistics_file, read_metadata
-
-            stats, _ = load_statistics_file(path)
-            if stats.n_classes != n_classes:
-                raise InvalidInputError(f"{path} has {stats.n_classes} classes; the session has {n_classes}")
-            peak = read_metadata(path).get("max_row_norm")
-            if max_norm is not None and (peak is None or float(peak) > max_norm):
-                raise BoundsExceeded(f"{path}: largest embedding norm {peak} is not within the session's "
-                                     f"declared bound B={max_norm}; re-extract with normalised embeddings or "
-                                     "ask the consortium to raise B")
-            return stats
-        if "X" not in z.files or "y" not in z.files:
-            raise InvalidInputError(f"{path} must hold 'X' and 'y' (embeddings) or 'gram'/'cross' (statistics)")
-        X, y = z["X"], z["y"]
-    if X.ndim != 2:
-        raise InvalidInputError(f"{path}: X must be 2-D; got shape {X.shape}")
-    acc = StatisticsAccumulator(X.shape[1], n_classes, max_norm=max_norm)
-    for s in range(0, X.shape[0], batch_size):
-        acc.update(X[s:s + batch_size], y[s:s + batch_size])
-    return acc.finalize(gamma=0.0)
 
 
 def protect_vector(params: SessionParams, stats: SufficientStatistics, *,

@@ -27,7 +27,9 @@ Two file kinds, both plain ``.npz`` archives readable with
       max_row_norm  ()  float64  max_i ||x_i||_2, to check the declared bound B
 
 :func:`load_statistics_file` accepts either kind and returns the statistics
-(``gamma`` = 0) and the class names; that is what ``client submit`` calls.
+(``gamma`` = 0) and the class names, checked against the session's class
+count and norm bound B; it is the only reader of either kind (``client
+submit``, the Flower client app and the library all call it).
 Files are written atomically (temporary file in the same directory, fsync,
 ``os.replace``) so a failed run never leaves a partial file that looks complete.
 """
@@ -41,8 +43,8 @@ from pathlib import Path
 
 import numpy as np
 
-from secure_afl.exceptions import InvalidInputError
-from secure_afl.stats import StatisticsAccumulator, SufficientStatistics
+from secure_afl.exceptions import BoundsExceeded, InvalidInputError
+from secure_afl.stats import StatisticsAccumulator, SufficientStatistics, enforce_norm_bound
 
 __all__ = [
     "EMBEDDINGS_FORMAT",
@@ -172,15 +174,28 @@ def recorded_extractor(path) -> dict | None:
     return value
 
 
-def load_embeddings_file(path):
-    """Return ``(X, y, classes)`` of an embeddings file, validated."""
+def load_embeddings_file(path, *, n_classes: int | None = None):
+    """Return ``(X, y, classes)`` of an embeddings file, validated.
+
+    A bare ``X``/``y`` archive (no ``classes``) is accepted when the caller
+    knows the class count (``n_classes``); its classes are named "0".."C-1".
+    """
     with _open(path) as z:
-        missing = {"X", "y", "classes"} - set(z.files)
+        missing = {"X", "y"} - set(z.files)
         if missing:
             raise StatisticsFileError(f"{path}: not an embeddings file (missing {sorted(missing)})")
-        X, y, classes = z["X"], z["y"], [str(c) for c in z["classes"]]
+        if "classes" in z.files:
+            classes = [str(c) for c in z["classes"]]
+        elif n_classes is not None:
+            classes = [str(i) for i in range(n_classes)]
+        else:
+            raise StatisticsFileError(f"{path}: not an embeddings file (missing ['classes'])")
+        X, y = z["X"], z["y"]
+    _check_class_count(path, len(classes), n_classes)
     if X.ndim != 2 or X.shape[0] == 0 or y.shape != (X.shape[0],) or y.dtype.kind not in "iu":
         raise StatisticsFileError(f"{path}: X must be (N>0, d) and y (N,) integers; got {X.shape}, {y.shape}")
+    if X.dtype.kind not in "fiu":
+        raise StatisticsFileError(f"{path}: X must be numeric; got dtype {X.dtype}")
     if y.min() < 0 or y.max() >= len(classes):
         raise StatisticsFileError(f"{path}: labels outside [0, {len(classes)})")
     if not np.all(np.isfinite(X)):
@@ -188,12 +203,19 @@ def load_embeddings_file(path):
     return X, y.astype(np.int64), classes
 
 
-def load_statistics_file(path, *, batch_size: int = 8192) -> tuple[SufficientStatistics, list[str]]:
-    """Load a statistics file **or** an embeddings file.
+def load_statistics_file(path, *, n_classes: int | None = None, max_norm: float | None = None,
+                         batch_size: int = 8192) -> tuple[SufficientStatistics, list[str]]:
+    """Load a statistics file **or** an embeddings file: the one reader of both.
 
     Returns ``(stats, class_names)`` with ``stats.gamma == 0`` and
     ``stats.gram == X^T X`` (float64). For an embeddings file the statistics
     are accumulated here in float64, batch by batch.
+
+    ``n_classes``: the session's class count; another count is refused.
+    ``max_norm``: the session's bound B, enforced by
+    :func:`secure_afl.stats.enforce_norm_bound` on every row of an embeddings
+    file, or on the largest row norm a statistics file records (a file that
+    records none cannot show it respects B and is refused).
     """
     with _open(path) as z:
         files = set(z.files)
@@ -206,9 +228,10 @@ def load_statistics_file(path, *, batch_size: int = 8192) -> tuple[SufficientSta
                 raise StatisticsFileError(f"{path}: incomplete statistics file (missing {sorted(missing)})")
             gram, cross, counts = z["gram"], z["cross"], z["counts"]
             n, classes = z["n"], [str(c) for c in z["classes"]]
+            peak = z["max_row_norm"] if "max_row_norm" in files else None
     if kind is None:
-        X, y, classes = load_embeddings_file(path)
-        acc = StatisticsAccumulator(X.shape[1], len(classes))
+        X, y, classes = load_embeddings_file(path, n_classes=n_classes)
+        acc = StatisticsAccumulator(X.shape[1], len(classes), max_norm=max_norm)
         for s in range(0, X.shape[0], batch_size):
             acc.update(X[s:s + batch_size], y[s:s + batch_size])
         return acc.finalize(gamma=0.0), classes
@@ -219,12 +242,32 @@ def load_statistics_file(path, *, batch_size: int = 8192) -> tuple[SufficientSta
         raise StatisticsFileError(
             f"{path}: inconsistent shapes gram {gram.shape}, cross {cross.shape}, counts {counts.shape}, "
             f"{C} classes")
-    gram, cross, counts = (a.astype(np.float64) for a in (gram, cross, counts))
+    _check_class_count(path, C, n_classes)
+    try:
+        gram, cross, counts = (a.astype(np.float64) for a in (gram, cross, counts))
+        n = int(n)
+        peak = None if peak is None else float(peak)
+    except (TypeError, ValueError):
+        raise StatisticsFileError(f"{path}: statistics are not numeric") from None
     if not (np.all(np.isfinite(gram)) and np.all(np.isfinite(cross)) and np.all(np.isfinite(counts))):
         raise StatisticsFileError(f"{path}: statistics contain NaN or inf")
     if not np.allclose(gram, gram.T, rtol=0, atol=1e-9 * max(1.0, float(np.abs(gram).max()))):
         raise StatisticsFileError(f"{path}: gram is not symmetric")
-    if np.any(counts < 0) or np.any(counts != np.round(counts)) or counts.sum() != int(n) or int(n) < 1:
-        raise StatisticsFileError(f"{path}: class counts do not add up to n={int(n)}")
+    if np.any(counts < 0) or np.any(counts != np.round(counts)) or counts.sum() != n or n < 1:
+        raise StatisticsFileError(f"{path}: class counts do not add up to n={n}")
+    if peak is not None and not np.trace(gram) <= n * peak * peak * (1 + 1e-9):
+        # trace(X^T X) = sum_i ||x_i||^2 <= n max_i ||x_i||^2: the recorded norm cannot be the real one
+        raise StatisticsFileError(f"{path}: gram's trace is larger than n * max_row_norm^2")
+    if max_norm is not None:
+        if peak is None:
+            raise BoundsExceeded(f"{path} records no largest embedding norm, so it cannot show the session's "
+                                 f"declared bound B={max_norm} holds; re-extract with `client embed`")
+        enforce_norm_bound(peak, max_norm, where=f"{path}: largest embedding")
     stats = SufficientStatistics(0.5 * (gram + gram.T), cross, float(n), counts, 1.0, 0.0)
     return stats, classes
+
+
+def _check_class_count(path, found: int, n_classes: int | None) -> None:
+    if n_classes is not None and found != n_classes:
+        # a session mismatch rather than a damaged file
+        raise InvalidInputError(f"{path} has {found} classes; the session has {n_classes}")

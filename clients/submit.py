@@ -11,8 +11,8 @@ def _cmd_submit(args) -> int:
 
     from secure_afl.fingerprint import ExtractorFingerprint, check_extractor
 
-    from .hospital import HospitalClient, statistics_from_file
-    from .statsfile import recorded_extractor
+    from .hospital import HospitalClient
+    from .statsfile import load_statistics_file, recorded_extractor
 
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING)
     party = pki.load_party(args.pki, "hospital", args.name)
@@ -25,8 +25,8 @@ def _cmd_submit(args) -> int:
             # before anything is computed or sent: the session's sum is meaningless across extractors
             check_extractor(ExtractorFingerprint.from_dict(params.extractor), recorded_extractor(source),
                             source=str(source))
-        stats = statistics_from_file(args.embeddings or args.stats, params.layout.n_classes,
-                                     max_norm=params.bounds.max_norm)
+        stats, _ = load_statistics_file(source, n_classes=params.layout.n_classes,
+                                        max_norm=params.bounds.max_norm)
         receipt = client.submit(stats, progress=not args.no_progress)
     finally:
         client.close()

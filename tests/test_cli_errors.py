@@ -19,6 +19,7 @@ from secure_afl.clients.statsfile import write_statistics_file
 from secure_afl.demo import _free_port
 from secure_afl.exceptions import EXIT_INPUT, EXIT_KEYS, EXIT_REFUSED, EXIT_UNREACHABLE
 from secure_afl.server.config import write_config
+from secure_afl.stats import local_statistics
 from service_helpers import Consortium
 
 
@@ -107,6 +108,33 @@ def test_stats_file_with_other_class_count_is_one_line(consortium, tmp_path):
     # Assert: refused before anything was sent
     line = _assert_one_line(out, EXIT_INPUT, "invalid_input")
     assert "2 classes" in line and "3" in line
+    with c.connect_keyholder() as conn:
+        assert conn.info()["contributions"] == 0
+
+
+@pytest.mark.parametrize("kind", ["stats", "embeddings"])
+def test_file_with_a_row_over_the_bound_is_one_line(consortium, tmp_path, kind):
+    # Prepare: one embedding of norm 1.5 B, as a statistics file recording it or as raw embeddings
+    c = consortium(backend="plain", hospitals=("h1", "h2"), min_clients=2).start()
+    X, y = c.data("h1")
+    X[0] *= 1.5 * c.max_norm / np.linalg.norm(X[0])
+    path = tmp_path / "h1.npz"
+    if kind == "stats":
+        write_statistics_file(path, local_statistics(X, y, c.classes),
+                              [f"class-{i}" for i in range(c.classes)],
+                              metadata={"max_row_norm": float(np.linalg.norm(X, axis=1).max())})
+    else:
+        np.savez(path, X=X, y=y)
+    args = _submit_args(c, "h1", path)
+    if kind == "embeddings":
+        args[args.index("--stats")] = "--embeddings"
+
+    # Execute
+    out = _cli(*args)
+
+    # Assert: refused on the hospital before anything was sent
+    line = _assert_one_line(out, EXIT_INPUT, "bounds_exceeded")
+    assert f"B={c.max_norm}" in line
     with c.connect_keyholder() as conn:
         assert conn.info()["contributions"] == 0
 

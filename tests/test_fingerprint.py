@@ -120,12 +120,12 @@ def test_matching_extractor_is_accepted(session, material):
 
 def test_upload_signed_without_the_extractor_is_refused_by_the_server(session, material):
     # Prepare: a hospital client that drops the declared extractor from the parameters it signs
-    from secure_afl.clients.hospital import statistics_from_file
+    from secure_afl.clients.statsfile import load_statistics_file
 
     client = session.hospital("h3")
     params = client.fetch_params()
     stripped = params.with_extractor(None)
-    stats = statistics_from_file(material["reference"], 3, max_norm=1.0)
+    stats, _ = load_statistics_file(material["reference"], n_classes=3, max_norm=1.0)
     payload, _ = client.protect(stripped, stats)
     before = _contributions(session)
 

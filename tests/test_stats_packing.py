@@ -65,14 +65,6 @@ def test_bad_parameters():
         StatisticsAccumulator(0, 2)
 
 
-def test_norm_bound_refused_before_accumulation():
-    acc = StatisticsAccumulator(2, 2, max_norm=1.0)
-    acc.update(np.array([[0.6, 0.8]]), [0])
-    with pytest.raises(BoundsExceeded):
-        acc.update(np.array([[1.0, 0.1]]), [1])
-    assert acc.n == 1
-
-
 @settings(max_examples=40, deadline=None)
 @given(d=st.integers(1, 9), c=st.integers(1, 6), n=st.integers(1, 30), seed=st.integers(0, 2**32 - 1),
        gamma=st.floats(0, 10))
@@ -104,3 +96,105 @@ def test_layout_mismatch_refused():
         Layout(3, 2).from_bytes(b"XXXXXXXX" + blob[8:])
     with pytest.raises(LayoutMismatch):
         Layout(3, 2, version=2)
+
+
+# ----------------------------------------------------------------------------- numpy and torch batches
+
+def _random_batches(seed: int, d: int, c: int, sizes):
+    rng = np.random.default_rng(seed)
+    return [(rng.standard_normal((m, d)) * rng.uniform(0.1, 3.0), rng.integers(0, c, m)) for m in sizes]
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), d=st.integers(1, 12), c=st.integers(1, 5),
+       sizes=st.lists(st.integers(1, 40), min_size=1, max_size=6), gamma=st.floats(0, 4))
+def test_numpy_and_torch_batches_accumulate_the_same_statistics(seed, d, c, sizes, gamma):
+    torch = pytest.importorskip("torch")
+    # Prepare: batches of different sizes, float32 tensors as a backbone hands them over
+    batches = _random_batches(seed, d, c, sizes)
+    ref, dev = StatisticsAccumulator(d, c), StatisticsAccumulator(d, c)
+    # Execute
+    for X, y in batches:
+        ref.update(X, y)
+        dev.update(torch.from_numpy(X), torch.from_numpy(y))
+    a, b = ref.finalize(gamma=gamma), dev.finalize(gamma=gamma)
+    # Assert: float64 sums on both paths, equal up to summation order; same peak norm
+    X = np.concatenate([x for x, _ in batches])
+    y = np.concatenate([t for _, t in batches])
+    assert b.gram.dtype == b.cross.dtype == np.float64
+    np.testing.assert_allclose(b.gram, a.gram, rtol=1e-12, atol=1e-12 * max(1.0, np.abs(a.gram).max()))
+    np.testing.assert_allclose(b.cross, a.cross, rtol=1e-12, atol=1e-12 * max(1.0, np.abs(a.cross).max()))
+    np.testing.assert_allclose(a.gram, X.T @ X + gamma * np.eye(d), rtol=1e-10, atol=1e-9)
+    assert a.n == b.n == len(y) and np.array_equal(a.class_counts, b.class_counts)
+    assert np.array_equal(a.class_counts, np.bincount(y, minlength=c))
+    assert ref.max_row_norm == pytest.approx(dev.max_row_norm, rel=1e-12)
+    assert ref.max_row_norm == pytest.approx(np.linalg.norm(X, axis=1).max(), rel=1e-12)
+
+
+def test_torch_float32_batches_are_summed_in_float64():
+    torch = pytest.importorskip("torch")
+    # Prepare: values whose float32 Gram would lose the +1 (2^25 + 1 is not a float32)
+    X = torch.tensor([[4096.0], [1.0]], dtype=torch.float32)
+    acc = StatisticsAccumulator(1, 1)
+    # Execute
+    st_ = acc.update(X[:1], torch.tensor([0])).update(X[1:], torch.tensor([0])).finalize()
+    # Assert
+    assert st_.gram[0, 0] == 4096.0 ** 2 + 1.0
+
+
+@pytest.mark.parametrize("as_torch", [False, True])
+def test_norm_bound_refused_before_accumulation_on_both_paths(as_torch):
+    # Prepare
+    wrap = (lambda a: a) if not as_torch else pytest.importorskip("torch").as_tensor
+    acc = StatisticsAccumulator(2, 2, max_norm=1.0)
+    acc.update(wrap(np.array([[0.6, 0.8]])), wrap(np.array([0])))
+    # Execute / Assert: the batch with the long row is refused whole, nothing of it is added
+    with pytest.raises(BoundsExceeded, match="B=1.0"):
+        acc.update(wrap(np.array([[0.1, 0.1], [1.0, 0.1]])), wrap(np.array([1, 1])))
+    assert acc.n == 1 and acc.max_row_norm == pytest.approx(1.0)
+    st_ = acc.finalize()
+    np.testing.assert_allclose(st_.gram, [[0.36, 0.48], [0.48, 0.64]], rtol=1e-12)
+
+
+@pytest.mark.parametrize(
+    "X, y",
+    [
+        (np.array([[np.nan, 1.0]]), [0]),
+        (np.array([[np.inf, 1.0]]), [0]),
+        (np.ones((2, 2)), [0, 3]),
+        (np.ones((2, 2)), [0, -1]),
+        (np.ones((2, 3)), [0, 1]),
+        (np.ones((0, 2)), []),
+        (np.ones((2, 2)), [0]),
+        (np.ones((2, 2)), [0.5, 1]),
+        (np.ones((2,)), [0]),
+    ],
+)
+def test_bad_torch_batches_raise_typed_errors(X, y):
+    torch = pytest.importorskip("torch")
+    acc = StatisticsAccumulator(2, 3)
+    with pytest.raises(InvalidInputError):
+        acc.update(torch.as_tensor(X), torch.as_tensor(np.asarray(y)))
+    assert acc.n == 0
+
+
+def test_products_that_overflow_float64_are_refused():
+    acc = StatisticsAccumulator(1, 1).update(np.array([[1e200]]), [0])
+    with pytest.raises(BoundsExceeded, match="overflow"):
+        acc.finalize()
+
+
+def test_library_imports_and_accumulates_without_torch():
+    # Execute: a fresh interpreter in which torch cannot be imported
+    import subprocess
+    import sys
+
+    code = ("import sys; sys.modules['torch'] = None\n"
+            "import numpy as np\n"
+            "from secure_afl.stats import StatisticsAccumulator\n"
+            "s = StatisticsAccumulator(2, 2, max_norm=2.0).update(np.eye(2), [0, 1]).finalize()\n"
+            "print(s.n)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    # Assert
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "2.0"

@@ -33,7 +33,8 @@ from flwr.clientapp import ClientApp
 
 from secure_afl import pki
 from secure_afl.backends import HE_BACKENDS
-from secure_afl.clients.hospital import protect_contribution, statistics_from_file
+from secure_afl.clients.hospital import protect_contribution
+from secure_afl.clients.statsfile import load_statistics_file
 from secure_afl.keyholder_params import PARAMS_SIGNATURE, pinned_keyholder_key, verify_session_params
 from secure_afl.exceptions import InvalidInputError, ParameterMismatch, SecureAFLError, StageError
 from secure_afl.params import SessionParams
@@ -94,8 +95,8 @@ def upload(msg: Message, context: Context) -> Message:
     _role(context, "hospital")
     party = _party(context, "hospital")
     params = _session_params(unpack_json(msg.content, "info"), party)
-    stats = statistics_from_file(_cfg(context, "data", "hospital"), params.layout.n_classes,
-                                 max_norm=params.bounds.max_norm)
+    stats, _ = load_statistics_file(_cfg(context, "data", "hospital"), n_classes=params.layout.n_classes,
+                                    max_norm=params.bounds.max_norm)
     ctx = unpack_blob(msg.content) if params.backend in HE_BACKENDS else None
     payload, tag = protect_contribution(party, params, stats, public_context=ctx)
     sha = hashlib.sha256(payload)
