@@ -50,16 +50,12 @@ import numpy as np
 import tenseal as ts
 import tenseal.sealapi as sealapi
 
-from ..exceptions import (
-    InvalidContribution,
-    InvalidKey,
-    InvalidParameterError,
-    MalformedPayload,
-    ParameterMismatch,
-    SecretKeyNotAllowed,
-)
-from .ckks import _BODY_HEAD, _CHUNK_LEN, SEAL_MAX_COEFF_BITS, _split_body, context_sha256
-from .ckks import dump_chunks as _dump
+from ..exceptions import InvalidParameterError, ParameterMismatch
+from ._tenseal import add_chunks, check_chunks, context_sha256, first_parms_id, frame, parse_context, split_body
+from ._tenseal import decrypt_chunks as _decrypt_chunks
+from ._tenseal import dump_chunks as _dump_chunks
+from ._tenseal import serialize_public, serialize_secret
+from .ckks import SEAL_MAX_COEFF_BITS
 
 __all__ = [
     "BFVParameters",
@@ -216,31 +212,9 @@ def generate_context(params: BFVParameters) -> "ts.Context":
     return ctx
 
 
-def serialize_public(ctx) -> bytes:
-    return ctx.serialize(save_public_key=True, save_secret_key=False, save_galois_keys=False, save_relin_keys=False)
-
-
-def serialize_secret(ctx) -> bytes:
-    if not ctx.has_secret_key():
-        raise InvalidKey("context holds no secret key")
-    return ctx.serialize(save_public_key=True, save_secret_key=True, save_galois_keys=False, save_relin_keys=False)
-
-
 def load_context(data: bytes, params: BFVParameters, *, secret: bool):
     """Parse and check a serialized BFV context (same refusals as the CKKS one)."""
-    if not isinstance(data, (bytes, bytearray, memoryview)):
-        raise TypeError("context must be bytes")
-    try:
-        ctx = ts.context_from(bytes(data))
-        has_secret, has_public = ctx.has_secret_key(), ctx.has_public_key()
-    except Exception:
-        raise MalformedPayload("bytes do not parse as a TenSEAL context") from None
-    if secret and not has_secret:
-        raise InvalidKey("this operation needs the secret context; a public context cannot decrypt")
-    if not secret and has_secret:
-        raise SecretKeyNotAllowed("the context holds a secret key; only the key holder may have it")
-    if not has_public:
-        raise ParameterMismatch("context holds no public key")
+    ctx = parse_context(data, secret=secret)
     _check_context(ctx, params)
     return ctx
 
@@ -275,51 +249,23 @@ def encrypt_words(ctx, params: BFVParameters, words: np.ndarray) -> bytes:
 
 
 def _raw_body(blobs: list, length: int) -> bytes:
-    parts = [_BODY_HEAD.pack(_BODY_MAGIC, len(blobs), length)]
-    for b in blobs:
-        parts += [_CHUNK_LEN.pack(len(b)), b]
-    return b"".join(parts)
+    return frame(_BODY_MAGIC, blobs, length)
 
 
 def load_chunks(ctx, params: BFVParameters, body: bytes, n_words: int) -> list:
     """Parse and check every chunk (fresh: 2 polynomials, first data level, coefficient form)."""
-    blobs = _split_body(body, params, n_words, _BODY_MAGIC)
-    try:
-        first_id = list(ctx.seal_context().data.first_parms_id())
-    except Exception:
-        raise ParameterMismatch("context has no BFV parameters") from None
-    out = []
-    for i, blob in enumerate(blobs):
-        want = min(params.slots, n_words - i * params.slots)
-        try:
-            vec = ts.bfv_vector_from(ctx, blob)
-            cts = vec.ciphertext()
-            ok = (vec.size() == want and len(cts) == 1 and cts[0].size() == 2 and not cts[0].is_ntt_form()
-                  and list(cts[0].parms_id()) == first_id
-                  and cts[0].poly_modulus_degree() == params.poly_modulus_degree)
-        except Exception:
-            raise InvalidContribution() from None
-        if not ok:
-            raise InvalidContribution()
-        out.append(vec)
-    return out
+    blobs = split_body(body, _BODY_MAGIC, params.n_chunks(n_words), n_words, "bfv")
+    first_id = first_parms_id(ctx, "BFV")
 
+    def fresh(ct) -> bool:
+        return (ct.size() == 2 and not ct.is_ntt_form() and list(ct.parms_id()) == first_id
+                and ct.poly_modulus_degree() == params.poly_modulus_degree)
 
-def add_chunks(acc, chunks: list) -> list:
-    if acc is None:
-        return list(chunks)
-    if len(acc) != len(chunks):
-        raise InvalidContribution()
-    try:
-        for a, c in zip(acc, chunks):
-            a.add_(c)
-    except Exception:
-        raise InvalidContribution() from None
-    return acc
+    return check_chunks(blobs, params.slots, n_words, lambda b: ts.bfv_vector_from(ctx, b), fresh)
 
 
 def dump_chunks(chunks, n_words: int) -> bytes:
-    return _dump(chunks, n_words, _BODY_MAGIC)
+    return _dump_chunks(_BODY_MAGIC, chunks, n_words)
 
 
 def noise_budget(ctx, chunks: Iterable) -> int:
@@ -330,11 +276,4 @@ def noise_budget(ctx, chunks: Iterable) -> int:
 
 def decrypt_chunks(ctx, chunks: Iterable, n_words: int) -> np.ndarray:
     """Centred residues modulo t, concatenated (int64, length ``n_words``)."""
-    try:
-        parts = [np.asarray(c.decrypt(), dtype=np.int64) for c in chunks]
-    except Exception:
-        raise InvalidContribution() from None
-    v = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
-    if v.shape != (n_words,):
-        raise InvalidContribution()
-    return v
+    return _decrypt_chunks(chunks, n_words, np.int64)

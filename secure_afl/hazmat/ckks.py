@@ -109,7 +109,6 @@ property of any pipeline that handles values of magnitude M.
 from __future__ import annotations
 
 import functools
-import hashlib
 import math
 import os
 import struct
@@ -123,14 +122,11 @@ from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.scrypt import Scrypt
 
-from ..exceptions import (
-    InvalidContribution,
-    InvalidKey,
-    InvalidParameterError,
-    MalformedPayload,
-    ParameterMismatch,
-    SecretKeyNotAllowed,
-)
+from ..exceptions import InvalidKey, InvalidParameterError, MalformedPayload, ParameterMismatch
+from ._tenseal import add_chunks, check_chunks, context_sha256, first_parms_id, frame, parse_context, split_body
+from ._tenseal import decrypt_chunks as _decrypt_chunks
+from ._tenseal import dump_chunks as _dump_chunks
+from ._tenseal import serialize_public, serialize_secret
 
 __all__ = [
     "CKKSParameters",
@@ -429,22 +425,6 @@ def generate_context(params: CKKSParameters) -> "ts.Context":
     return ctx
 
 
-def serialize_public(ctx: "ts.Context") -> bytes:
-    """Public key and parameters only: no secret, relinearisation or Galois keys."""
-    return ctx.serialize(save_public_key=True, save_secret_key=False, save_galois_keys=False, save_relin_keys=False)
-
-
-def serialize_secret(ctx: "ts.Context") -> bytes:
-    """Secret and public key (no relinearisation / Galois keys). Handle as key material."""
-    if not ctx.has_secret_key():
-        raise InvalidKey("context holds no secret key")
-    return ctx.serialize(save_public_key=True, save_secret_key=True, save_galois_keys=False, save_relin_keys=False)
-
-
-def context_sha256(public_context: bytes) -> str:
-    return hashlib.sha256(bytes(public_context)).hexdigest()
-
-
 def load_context(data: bytes, params: CKKSParameters, *, secret: bool) -> "ts.Context":
     """Parse a serialized context and check it against ``params``.
 
@@ -453,23 +433,7 @@ def load_context(data: bytes, params: CKKSParameters, *, secret: bool) -> "ts.Co
     (:class:`InvalidKey`). Unparsable bytes raise :class:`MalformedPayload`;
     a context for other parameters :class:`ParameterMismatch`.
     """
-    if not isinstance(data, (bytes, bytearray, memoryview)):
-        raise TypeError("context must be bytes")
-    try:
-        ctx = ts.context_from(bytes(data))
-        has_secret = ctx.has_secret_key()
-        has_public = ctx.has_public_key()
-    except Exception:  # TenSEAL/SEAL/protobuf raise assorted types with C++ text
-        raise MalformedPayload("bytes do not parse as a TenSEAL context") from None
-    if secret and not has_secret:
-        raise InvalidKey("this operation needs the secret context; a public context cannot decrypt")
-    if not secret and has_secret:
-        raise SecretKeyNotAllowed(
-            "the context holds a secret key; only the key holder may have it. Pass the public context "
-            "(serialize_public) instead."
-        )
-    if not has_public:
-        raise ParameterMismatch("context holds no public key")
+    ctx = parse_context(data, secret=secret)
     _check_context(ctx, params)
     return ctx
 
@@ -505,9 +469,6 @@ def _check_context(ctx: "ts.Context", params: CKKSParameters) -> None:
 
 # -- ciphertext chunks -------------------------------------------------------------
 _BODY_MAGIC = b"SAFLCKK1"
-_BODY_HEAD = struct.Struct("<8sII")  # magic, number of chunks, total length L
-_CHUNK_LEN = struct.Struct("<Q")
-_MAX_CHUNK_BYTES = 1 << 28
 
 
 def encrypt_vector(ctx: "ts.Context", params: CKKSParameters, vector: np.ndarray) -> bytes:
@@ -517,40 +478,14 @@ def encrypt_vector(ctx: "ts.Context", params: CKKSParameters, vector: np.ndarray
     The caller has checked the vector against the declared bound.
     """
     v = np.ascontiguousarray(vector, dtype=np.float64)
-    parts = [_BODY_HEAD.pack(_BODY_MAGIC, params.n_chunks(v.shape[0]), v.shape[0])]
+    blobs = []
     for start in range(0, max(v.shape[0], 1), params.slots):
         try:
             blob = ts.ckks_vector(ctx, v[start:start + params.slots]).serialize()
         except Exception:
             raise InvalidParameterError("TenSEAL refused to encrypt the vector under this context") from None
-        parts.append(_CHUNK_LEN.pack(len(blob)))
-        parts.append(blob)
-    return b"".join(parts)
-
-
-def _split_body(body: bytes, params, length: int, magic: bytes = _BODY_MAGIC) -> list:
-    if len(body) < _BODY_HEAD.size:
-        raise MalformedPayload("ckks body truncated before its header ends")
-    want_magic = magic
-    magic, count, total = _BODY_HEAD.unpack_from(body)
-    if magic != want_magic:
-        raise MalformedPayload("not a body of this scheme (bad magic)")
-    if total != length or count != params.n_chunks(length):
-        raise MalformedPayload(f"ckks body holds {count} chunks for L={total}; expected "
-                               f"{params.n_chunks(length)} for L={length}")
-    out, pos = [], _BODY_HEAD.size
-    for _ in range(count):
-        if pos + _CHUNK_LEN.size > len(body):
-            raise MalformedPayload("ckks body truncated inside a chunk length")
-        (n,) = _CHUNK_LEN.unpack_from(body, pos)
-        pos += _CHUNK_LEN.size
-        if n == 0 or n > _MAX_CHUNK_BYTES or pos + n > len(body):
-            raise MalformedPayload("ckks chunk length out of range or truncated")
-        out.append(body[pos:pos + n])
-        pos += n
-    if pos != len(body):
-        raise MalformedPayload("trailing bytes after the last ckks chunk")
-    return out
+        blobs.append(blob)
+    return frame(_BODY_MAGIC, blobs, v.shape[0])
 
 
 def load_chunks(ctx: "ts.Context", params: CKKSParameters, body: bytes, length: int) -> list:
@@ -563,67 +498,23 @@ def load_chunks(ctx: "ts.Context", params: CKKSParameters, body: bytes, length: 
     Framing errors raise :class:`MalformedPayload`; anything wrong with a
     ciphertext raises a detail-free :class:`InvalidContribution`.
     """
-    blobs = _split_body(body, params, length)
-    try:
-        first_id = list(ctx.seal_context().data.first_parms_id())
-    except Exception:
-        raise ParameterMismatch("context has no CKKS parameters") from None
-    out = []
-    for i, blob in enumerate(blobs):
-        want = min(params.slots, length - i * params.slots)
-        try:
-            vec = ts.ckks_vector_from(ctx, blob)
-            cts = vec.ciphertext()
-            ok = (
-                vec.size() == want
-                and len(cts) == 1
-                and cts[0].size() == 2
-                and cts[0].is_ntt_form()
-                and list(cts[0].parms_id()) == first_id
-                and cts[0].scale == params.scale
-                and cts[0].poly_modulus_degree() == params.poly_modulus_degree
-            )
-        except Exception:
-            raise InvalidContribution() from None
-        if not ok:
-            raise InvalidContribution()
-        out.append(vec)
-    return out
+    blobs = split_body(body, _BODY_MAGIC, params.n_chunks(length), length, "ckks")
+    first_id = first_parms_id(ctx, "CKKS")
+
+    def fresh(ct) -> bool:
+        return (ct.size() == 2 and ct.is_ntt_form() and list(ct.parms_id()) == first_id
+                and ct.scale == params.scale and ct.poly_modulus_degree() == params.poly_modulus_degree)
+
+    return check_chunks(blobs, params.slots, length, lambda b: ts.ckks_vector_from(ctx, b), fresh)
 
 
-def add_chunks(acc: list | None, chunks: list) -> list:
-    """acc += chunks, chunk by chunk (homomorphic addition mod Q)."""
-    if acc is None:
-        return list(chunks)
-    if len(acc) != len(chunks):
-        raise InvalidContribution()
-    try:
-        for a, c in zip(acc, chunks):
-            a.add_(c)
-    except Exception:
-        raise InvalidContribution() from None
-    return acc
-
-
-def dump_chunks(chunks: Sequence, length: int, magic: bytes = _BODY_MAGIC) -> bytes:
-    parts = [_BODY_HEAD.pack(magic, len(chunks), length)]
-    for c in chunks:
-        blob = c.serialize()
-        parts.append(_CHUNK_LEN.pack(len(blob)))
-        parts.append(blob)
-    return b"".join(parts)
+def dump_chunks(chunks: Sequence, length: int) -> bytes:
+    return _dump_chunks(_BODY_MAGIC, chunks, length)
 
 
 def decrypt_chunks(ctx: "ts.Context", chunks: Iterable, length: int) -> np.ndarray:
     """Decrypt and concatenate to a float64 vector of ``length``."""
-    try:
-        parts = [np.asarray(c.decrypt(), dtype=np.float64) for c in chunks]
-    except Exception:
-        raise InvalidContribution() from None
-    v = np.concatenate(parts) if parts else np.zeros(0)
-    if v.shape != (length,):
-        raise InvalidContribution()
-    return v
+    return _decrypt_chunks(chunks, length, np.float64)
 
 
 # -- secret context at rest ----------------------------------------------------------
