@@ -189,6 +189,8 @@ class KeyHolder(KeyCustody):
                 manifest = source.manifest()
                 server_pub, enrolled = self._trust(expected_hospitals)
                 m = verify_manifest_for(params, manifest, server_pub, enrolled, min_clients)
+                # before anything is decrypted: a sum short of noise shares is never decrypted at all
+                _check_dp_noise(params, len(m["participants"]))
                 backend = get_backend(params)
                 ctx = backend.keyholder_context(self.secret_context(sid))
                 chunks, participants = resum_signed_contributions(params, backend, ctx, m, source.contribution)
@@ -355,7 +357,13 @@ def _sanity(stats, params, participants, tol):
         return sanity_check(stats, params, len(participants), abs_tol=tol)
     from secure_afl.dp import dp_sanity_check
 
-    if len(participants) < int(params.dp["min_contributors"]):
-        raise DecryptionRefused(f"{len(participants)} contributions carry less than the declared noise "
-                                f"(dp min_contributors={params.dp['min_contributors']})", reason="dp_noise_short")
+    _check_dp_noise(params, len(participants))
     return {"checks": dp_sanity_check(stats, params, len(participants))}
+
+
+def _check_dp_noise(params, contributors: int) -> None:
+    """Refuse a DP release summed from fewer noise shares than the session declared (t = min_contributors):
+    it would carry less than the declared noise, so less privacy than accounted."""
+    if params.dp is not None and contributors < int(params.dp["min_contributors"]):
+        raise DecryptionRefused(f"{contributors} contributions carry less than the declared noise "
+                                f"(dp min_contributors={params.dp['min_contributors']})", reason="dp_noise_short")

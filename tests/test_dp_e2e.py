@@ -33,8 +33,8 @@ def consortium(tmp_path):
 
 def _session(c, backend, spec):
     conn = c.connect_keyholder()
-    if backend == "ckks":
-        params = dp_session_params(spec, "ckks", c.session_id, Layout(c.dim, c.classes), 1.0,
+    if backend in ("ckks", "bfv"):
+        params = dp_session_params(spec, backend, c.session_id, Layout(c.dim, c.classes), 1.0,
                                    Bounds(c.max_norm, 1000, 8))
         c.keyholder.keygen(params)
         c.keyholder.publish(conn)
@@ -54,7 +54,7 @@ def _upload_all(c, names):
     return total
 
 
-@pytest.mark.parametrize("backend", ["plain", "ckks"])
+@pytest.mark.parametrize("backend", ["plain", "ckks", "bfv"])
 def test_dp_release_is_noisy_accounted_and_never_ri_restored(consortium, backend):
     # Prepare
     spec = DPSpec(DP["epsilon"], DP["delta"], DP["min_contributors"])
@@ -81,16 +81,23 @@ def test_dp_release_is_noisy_accounted_and_never_ri_restored(consortium, backend
     assert np.linalg.norm(res.W - W_ri) > 1e-3 * np.linalg.norm(W_ri)
 
 
-def test_dp_release_refused_with_fewer_noise_shares_than_declared(consortium):
+@pytest.mark.parametrize("backend", ["plain", "bfv"])
+def test_dp_release_refused_with_fewer_noise_shares_than_declared(consortium, backend):
     # Prepare: min_clients 2 lets the server release two uploads; the noise needs three shares
-    c = consortium(backend="plain", hospitals=("h1", "h2", "h3"), min_clients=2, dp=DP).start()
-    conn = _session(c, "plain", None)
+    spec = DPSpec(DP["epsilon"], DP["delta"], DP["min_contributors"])
+    c = consortium(backend=backend, hospitals=("h1", "h2", "h3"), min_clients=2, dp=DP).start()
+    conn = _session(c, backend, spec)
     _upload_all(c, ["h1", "h2"])
     # Execute / Assert
     with pytest.raises(DecryptionRefused) as e:
         c.keyholder.finalize(conn, min_clients=2)
-    conn.close()
     assert e.value.reason == "dp_noise_short"
+    # nothing was decrypted: asked again, the key holder gives the same answer (a decryption would have used
+    # up or blocked the bfv key, and the second attempt would be refused for that instead)
+    with pytest.raises(DecryptionRefused) as again:
+        c.keyholder.finalize(conn, min_clients=2)
+    conn.close()
+    assert again.value.reason == "dp_noise_short"
 
 
 def test_demo_with_dp_through_the_real_service(tmp_path, capsys):

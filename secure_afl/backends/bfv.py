@@ -16,6 +16,11 @@ is the exact sum of the hospitals' float64 values rounded once (up to
 K 2^-(f1+f2+1)) -- bit for bit what secagg reveals on the same data -- and
 decryption leaks no noise, so no noise flooding is needed
 (:mod:`secure_afl.hazmat.bfv` explains why and what remains).
+
+Differential privacy: as for secagg, each hospital rounds its noised entries
+to the grid 2^-f1 and adds its Skellam integer share there before encoding
+(:func:`secure_afl.dp.add_noise_share`); the exact lane sums then carry the
+summed Skellam noise exactly, and the key holder accounts it like secagg's.
 """
 
 from __future__ import annotations
@@ -36,9 +41,16 @@ __all__ = ["BFVBackend", "bfv_session_params", "bfv_parameters", "generate_keys"
 
 
 def bfv_session_params(session_id: str, layout: Layout, gamma: float, bounds: Bounds, *,
-                       max_poly_modulus_degree: int = 32768) -> SessionParams:
-    """Session parameters: lane bits from the bounds, BFV chain from ``k_max``; not yet bound to a key."""
-    fb = fixedpoint.choose_frac_bits(bounds, gamma)
+                       max_poly_modulus_degree: int = 32768, frac_bits: tuple | None = None) -> SessionParams:
+    """Session parameters: lane bits from the bounds, BFV chain from ``k_max``; not yet bound to a key.
+
+    ``frac_bits``: explicit ``(f1, f2)``, checked against the no-wrap condition; DP sessions put the
+    high lane on their Skellam noise grid (:func:`secure_afl.dp.dp_session_params`), as secagg does.
+    """
+    if frac_bits is None:
+        fb = fixedpoint.choose_frac_bits(bounds, gamma)
+    else:
+        fb = fixedpoint.check_frac_bits(frac_bits, bounds, gamma)
     chosen = hzb.select_parameters(bounds.k_max, max_poly_modulus_degree=max_poly_modulus_degree)
     return SessionParams(session_id, "bfv", layout, gamma, bounds).with_backend_params(
         frac_bits=[int(f) for f in fb], **chosen.to_dict())

@@ -17,7 +17,7 @@ Two mechanisms, one per kind of backend:
 
 * ``gaussian`` (plain, ckks): real Gaussian noise. Its Renyi DP curve is
   ``eps(alpha) = alpha / (2 z^2)``.
-* ``skellam`` (secagg): integer noise on the fixed-point grid 2^-f, each share a
+* ``skellam`` (secagg, bfv): integer noise on the fixed-point grid 2^-f, each share a
   Skellam variable (difference of two Poissons). Skellam is closed under
   summation, so the survivors' shares add up to one Skellam variable of
   variance ``2 mu`` exactly, whatever the dropouts. Renyi DP (Agarwal, Kairouz
@@ -55,11 +55,13 @@ __all__ = ["ORDERS", "DPSpec", "sensitivity", "gaussian_rdp", "skellam_rdp", "ep
 
 #: Renyi orders of the accountant (dp_accounting's defaults).
 ORDERS = np.asarray(_rdp.rdp_privacy_accountant.DEFAULT_RDP_ORDERS, dtype=np.float64)
-MECHANISMS = {"plain": "gaussian", "ckks": "gaussian", "secagg": "skellam"}
+#: Real noise where the sum is real (plain, ckks); integer noise on the fixed-point grid where the sum
+#: is exact integer arithmetic on the two-lane encoding (secagg in Z_(2^64), bfv modulo its plaintext prime).
+MECHANISMS = {"plain": "gaussian", "ckks": "gaussian", "secagg": "skellam", "bfv": "skellam"}
 #: A share entry beyond TAIL standard deviations is redrawn (probability < 1e-32 per entry), so the
 #: noisy sums have a hard bound the protection parameters can be sized for.
 TAIL = 12.0
-#: Integer noise standard deviation per secagg share, in grid units: the grid 2^-f is chosen so that
+#: Integer noise standard deviation per Skellam share, in grid units: the grid 2^-f is chosen so that
 #: a share's noise is about 2^20 grid steps (rounding far below the noise, Poisson rates < 2^40).
 SKELLAM_SHARE_STEPS = 2.0 ** 20
 
@@ -172,7 +174,7 @@ def noise_multiplier_for(epsilon: float, delta: float, curve=None) -> float:
 
 
 def grid_bits(params) -> int:
-    """Fractional bits f of the secagg noise grid 2^-f: the high lane's (grid values leave the low lane 0)."""
+    """Fractional bits f of the Skellam noise grid 2^-f: the high lane's (grid values leave the low lane 0)."""
     fb = params.backend_params["frac_bits"]
     return int(fb[0]) if isinstance(fb, (list, tuple)) else int(fb)
 

@@ -8,15 +8,21 @@ declared variance sigma^2: K >= t surviving shares sum to variance
 accounts the release at the noise actually summed (:func:`release_rdp`).
 
 * gaussian (plain, ckks): N(0, sigma^2 / t) per entry, float64;
-* skellam (secagg): Poisson(mu/t) - Poisson(mu/t) integers, placed on the
-  fixed-point grid 2^-f *after* rounding the statistics to that grid, so the
-  secagg encoding adds exactly these integers in Z_(2^64) (checked: every
-  value stays below 2^53, where float64 holds grid points exactly).
+* skellam (secagg, bfv): Poisson(mu/t) - Poisson(mu/t) integers, placed on
+  the fixed-point grid 2^-f *after* rounding the noised statistics to that
+  grid, so the two-lane encoding both backends share carries exactly these
+  integers in its high lane (checked: every value stays below 2^53, where
+  float64 holds grid points exactly), and the exact sum -- in Z_(2^64) for
+  secagg, modulo the BFV plaintext prime for bfv -- adds them exactly. The
+  entries that are not noised (the contributor counter, the bfv tag slots)
+  are left off the grid: the key holder checks the tags at the lanes' full
+  precision.
 
 A share entry beyond TAIL standard deviations is redrawn, so a noisy
 contribution is bounded; :func:`dp_session_params` pads the declared n_max by
 that tail (over min(B^2, 1), the least the per-hospital bound grows per unit of
-n_max) so the ckks modulus and the secagg no-wrap condition hold the noisy sums.
+n_max) so the ckks modulus and the no-wrap condition of the secagg / bfv lanes hold the
+noisy sums.
 """
 
 from __future__ import annotations
@@ -84,10 +90,13 @@ def add_noise_share(params: SessionParams, vector: np.ndarray, rng=None) -> np.n
     if params.dp["mechanism"] == "gaussian":
         return vector + share
     f = grid_bits(params)
-    grid = np.rint(np.ldexp(np.asarray(vector, dtype=np.float64), f)) + share
+    sl = noised_entries(params.layout)
+    out = np.array(vector, dtype=np.float64)
+    grid = np.rint(np.ldexp(out[sl], f)) + share[sl]
     if grid.size and float(np.max(np.abs(grid))) >= 2.0 ** 53:
         raise BoundsExceeded("noisy statistics leave the exact float64 range of the fixed-point grid")
-    return np.ldexp(grid, -f)
+    out[sl] = np.ldexp(grid, -f)
+    return out
 
 
 def padded_bounds(bounds: Bounds, share_sd: float) -> Bounds:
@@ -122,7 +131,7 @@ def dp_session_params(spec: DPSpec | None, backend: str, session_id: str, layout
     if spec.min_contributors > bounds.k_max:
         raise InvalidParameterError(f"dp min_contributors={spec.min_contributors} exceeds k_max={bounds.k_max}")
     d2, _ = sensitivity(bounds, layout.dim)
-    if backend != "secagg":
+    if MECHANISMS[backend] == "gaussian":
         cfg = dp_config(spec, backend, bounds, layout)
         return build(padded_bounds(bounds, cfg["sigma"] / math.sqrt(spec.min_contributors)), **backend_kw).with_dp(cfg)
     # grid 2^-f so that a share's noise is about SKELLAM_SHARE_STEPS steps (rounding << noise)
@@ -135,4 +144,5 @@ def dp_session_params(spec: DPSpec | None, backend: str, session_id: str, layout
         raise InvalidParameterError("the declared bounds are too large for exact integer noise on the "
                                     "fixed-point grid; lower max_norm or n_max")
     # values on the grid 2^-f fill the high lane exactly (f1 = f); the low lane keeps its own width
+    # (secagg and bfv share the two-lane encoding, so one grid serves both)
     return build(pb, frac_bits=(f, choose_frac_bits(pb, gamma)[1]), **backend_kw).with_dp(cfg)
