@@ -189,8 +189,9 @@ class StatisticsAccumulator:
         """The checks of :func:`check_embeddings` / :func:`check_labels` on the device, one sync per batch."""
         import torch
 
-        X = torch.as_tensor(X, device=self._device)
-        y = torch.as_tensor(y, device=self._device)
+        # detached: statistics are data, never part of a caller's autograd graph
+        X = torch.as_tensor(X, device=self._device).detach()
+        y = torch.as_tensor(y, device=self._device).detach()
         if X.is_complex():
             raise InvalidInputError(f"X must be real numeric; got dtype {X.dtype}.")
         if X.ndim != 2:

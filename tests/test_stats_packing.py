@@ -198,3 +198,10 @@ def test_library_imports_and_accumulates_without_torch():
     # Assert
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "2.0"
+
+
+def test_tensors_that_require_grad_are_accumulated_as_data():
+    torch = pytest.importorskip("torch")
+    X = torch.ones((3, 2), dtype=torch.float64, requires_grad=True)
+    st_ = StatisticsAccumulator(2, 2).update(X * 2, torch.tensor([0, 1, 1])).finalize()
+    np.testing.assert_array_equal(st_.gram, np.full((2, 2), 12.0))
