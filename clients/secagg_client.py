@@ -9,6 +9,10 @@ as a signed upload (the receipt is kept like for any backend). Its secrets
 (X25519 keys, self-mask seed, shares it holds) live only in this process. A
 server restart is ridden out: requests are retried, and an answer the server
 had already stored (409 duplicate) counts as sent.
+
+Every poll answer names the session's round r. When the server opens round
+r + 1 after an abort, the hospital starts over with a new state machine: fresh
+X25519 keys and a fresh self-mask seed, nothing of round r reused.
 """
 
 from __future__ import annotations
@@ -51,10 +55,20 @@ class SecAggParticipant:
         peers = pki.load_enrolments(hospital.party.pki_dir, role="hospital")
         if set(peers) != set(self.client_ids):
             raise InvalidContribution("the server's hospitals are not the enrolled hospitals")
-        keys = {self.client_ids[n]: e.public_key() for n, e in peers.items()}
-        self.client = SecAggClient(params, self.client_ids[hospital.name], hospital.party.identity_key(), keys)
+        self._keys = {self.client_ids[n]: e.public_key() for n, e in peers.items()}
+        self.client = SecAggClient(params, self.client_ids[hospital.name], hospital.party.identity_key(), self._keys)
         self.receipt: dict | None = None
         self._answered: set[str] = set()
+
+    def _join_round(self, r) -> None:
+        """The server opened round ``r``: a new state machine, so new keys and self-mask seed."""
+        if isinstance(r, bool) or not isinstance(r, int) or r <= self.client.round:
+            raise InvalidContribution(f"the server announced round {r!r} after round {self.client.round}")
+        self.client = SecAggClient(self.params, self.client.client_id, self.hospital.party.identity_key(),
+                                   self._keys, round=r)
+        self.receipt = None
+        self._answered = set()
+        log.warning("%s joins secagg round %d with fresh keys", self.hospital.name, r)
 
     def run(self, *, pause_before: str | None = None, timeout: float = 600.0, poll: float = 0.1,
             progress: bool = False) -> dict | None:
@@ -70,25 +84,31 @@ class SecAggParticipant:
         while time.monotonic() < deadline:
             r = conn.request("GET", conn.path("/secagg/request")).json()
             stage = r["stage"]
+            if r.get("round", 1) != self.client.round:
+                self._join_round(r.get("round"))
             if stage != waiting_in:
                 pause = poll
             if stage == "done":
                 return self.receipt
             if stage == "aborted":
-                raise InsufficientShares("the server aborted the secagg round (too many dropouts); "
-                                         "nothing was revealed")
+                raise InsufficientShares(f"the server aborted secagg round {self.client.round} (too many "
+                                         "dropouts) and opens no further round; nothing was revealed")
             if r.get("dropped"):
                 raise StageError(f"{self.hospital.name} was dropped from the round at stage {stage}")
             phase = Stage.UNMASK if stage == CONSISTENCY else stage  # the check opens the unmask stage
             if pause_before == phase and phase not in self._answered:
                 log.warning("%s pauses before %s", self.hospital.name, stage)
                 return None
-            if stage == CONSISTENCY and CONSISTENCY not in self._answered:
+            # a process that starts while a round is past its setup holds none of that round's keys:
+            # it sits the round out and joins the next one if this one aborts
+            missed = self.client.stage == Stage.SETUP and phase != Stage.SETUP
+            if stage == CONSISTENCY and CONSISTENCY not in self._answered and not missed:
                 self._sign_survivors(r.get("survivors"))
                 continue
-            if "request" not in r or stage in self._answered:
+            if "request" not in r or stage in self._answered or missed:
                 if waiting_in != stage:  # one line per stage, and a poll that backs off to 1 s
-                    log.info("%s waits for the other hospitals (%s)", self.hospital.name, stage)
+                    log.info("%s waits for %s (%s, round %d)", self.hospital.name,
+                             "the next round" if missed else "the other hospitals", stage, self.client.round)
                     waiting_in = stage
                 time.sleep(pause)
                 pause = min(2 * pause, max(poll, 1.0))
