@@ -38,6 +38,7 @@ from secure_afl.stats import SufficientStatistics
 __all__ = ["SecAggParticipant", "run_secagg"]
 
 CONSISTENCY = SECAGG_CONSISTENCY
+UNMASK_RESPONSE = "unmask_response"
 
 log = logging.getLogger("secure_afl.client")
 
@@ -77,6 +78,8 @@ class SecAggParticipant:
         With ``pause_before=STAGE`` return None as soon as the round reaches
         STAGE, without answering it; call :meth:`run` again to go on. A site
         that never resumes is a dropout (failure drills use this).
+        ``pause_before="unmask_response"`` pauses after signing the survivor
+        set, before revealing any share.
         """
         conn = self.hospital.conn
         deadline = time.monotonic() + timeout
@@ -113,6 +116,9 @@ class SecAggParticipant:
                 time.sleep(pause)
                 pause = min(2 * pause, max(poll, 1.0))
                 continue
+            if pause_before == UNMASK_RESPONSE and stage == Stage.UNMASK:
+                log.warning("%s pauses before its unmask response", self.hospital.name)
+                return None
             raw = base64.b64decode(r["request"])
             try:
                 self.hospital.server_pub.verify(bytes.fromhex(r.get("signature", "")), SECAGG_REQUEST_PREFIX + raw)

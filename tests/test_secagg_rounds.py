@@ -192,3 +192,25 @@ def test_session_with_max_rounds_1_stays_aborted(consortium):
     aborts = [r["details"] for r in log if r["event"] == "secagg_stage_closed" and r["outcome"] == "refused"]
     assert [(a["round"], a["retry"]) for a in aborts] == [(1, False)]
 
+
+
+def test_round_aborted_after_unmask_requests_went_out_is_not_retried(consortium):
+    # Prepare: 3 hospitals, t = 2 (quorum 3): all sign the survivor set, so unmask requests go out; h2 and h3
+    # then vanish before revealing their shares, leaving every secret with one share: round 1 aborts
+    names = ("h1", "h2", "h3")
+    c = consortium(backend="secagg", hospitals=names, min_clients=2,
+                   secagg={"threshold": 2, "stage_timeout_s": 2.0, "max_rounds": 3}).start()
+    data = {h: c.data(h, n=20) for h in names}
+    # Execute
+    _, errors = _run(c, data, {"h1": [None], "h2": ["unmask_response"], "h3": ["unmask_response"]}, timeout=40)
+    kh = c.connect_keyholder()
+    info = kh.info()
+    kh.close()
+    # Assert: the server may hold shares of round 1, so no round 2 is opened although rounds remain
+    assert (info["secagg"]["round"], info["secagg"]["stage"]) == (1, "aborted")
+    assert {h: type(e) for h, e in errors.items()} == {"h1": InsufficientShares}
+    log = _audit(c)
+    aborts = [r["details"] for r in log if r["event"] == "secagg_stage_closed" and r["outcome"] == "refused"]
+    assert [(a["round"], a["stage"], a["answered"], a["expected"], a["retry"]) for a in aborts] == [
+        (1, "unmask", 1, 3, False)]
+    assert [r["details"]["round"] for r in log if r["event"] == "secagg_round_opened"] == [1]
