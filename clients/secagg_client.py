@@ -12,13 +12,19 @@ had already stored (409 duplicate) counts as sent.
 
 Every poll answer names the session's round r. When the server opens round
 r + 1 after an abort, the hospital starts over with a new state machine: fresh
-X25519 keys and a fresh self-mask seed, nothing of round r reused.
+X25519 keys and a fresh self-mask seed, nothing of round r reused. A hospital
+that signed a survivor set in round r takes part in no later round of the
+session (it records that durably before the signature leaves): a server that
+completed round r and reported an abort could otherwise difference two sums
+over different survivor sets (THREAT_MODEL.md 6.2).
 """
 
 from __future__ import annotations
 
 import base64
+import json
 import logging
+import os
 import time
 
 from cryptography.exceptions import InvalidSignature
@@ -60,11 +66,41 @@ class SecAggParticipant:
         self.client = SecAggClient(params, self.client_ids[hospital.name], hospital.party.identity_key(), self._keys)
         self.receipt: dict | None = None
         self._answered: set[str] = set()
+        self._signed_round: int | None = self._load_signed_round()
+
+    # -- the round this hospital signed a survivor set in, kept across restarts -----------------------
+    def _signed_path(self):
+        d = self.hospital.receipts_dir
+        return None if d is None else d / f"secagg-signed-{self.params.session_id}-{self.hospital.name}.json"
+
+    def _load_signed_round(self) -> int | None:
+        path = self._signed_path()
+        if path is None or not path.exists():
+            return None
+        return int(json.loads(path.read_text())["round"])
+
+    def _record_signed_round(self, r: int) -> None:
+        self._signed_round = r
+        path = self._signed_path()
+        if path is None:
+            return
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        with open(tmp, "w") as fh:
+            json.dump({"session_id": self.params.session_id, "round": r}, fh)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
 
     def _join_round(self, r) -> None:
         """The server opened round ``r``: a new state machine, so new keys and self-mask seed."""
-        if isinstance(r, bool) or not isinstance(r, int) or r <= self.client.round:
-            raise InvalidContribution(f"the server announced round {r!r} after round {self.client.round}")
+        if isinstance(r, bool) or not isinstance(r, int) or r < 1:
+            raise InvalidContribution(f"the server announced round {r!r}")
+        if self._signed_round is not None and r != self._signed_round:
+            raise InvalidContribution(
+                f"{self.hospital.name} signed the survivor set of round {self._signed_round} of this session and "
+                f"takes part in no other round (round {r} announced): two unmasked sums over different survivor "
+                "sets could be differenced; contribute to a new session instead")
         self.client = SecAggClient(self.params, self.client.client_id, self.hospital.party.identity_key(),
                                    self._keys, round=r)
         self.receipt = None
@@ -87,7 +123,7 @@ class SecAggParticipant:
         while time.monotonic() < deadline:
             r = conn.request("GET", conn.path("/secagg/request")).json()
             stage = r["stage"]
-            if r.get("round", 1) != self.client.round:
+            if r.get("round", 1) != self.client.round or (self._signed_round not in (None, self.client.round)):
                 self._join_round(r.get("round"))
             if stage != waiting_in:
                 pause = poll
@@ -132,6 +168,7 @@ class SecAggParticipant:
         if not isinstance(survivors, list) or any(isinstance(s, bool) or not isinstance(s, int) for s in survivors):
             raise InvalidContribution("the announced survivor set is not a list of client ids")
         statement = self.client.sign_survivors(survivors)
+        self._record_signed_round(self.client.round)  # before the signature can reach the server
         self._post(CONSISTENCY, statement.to_bytes())
         self._answered.add(CONSISTENCY)
 

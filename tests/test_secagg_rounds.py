@@ -214,3 +214,25 @@ def test_round_aborted_after_unmask_requests_went_out_is_not_retried(consortium)
     assert [(a["round"], a["stage"], a["answered"], a["expected"], a["retry"]) for a in aborts] == [
         (1, "unmask", 1, 3, False)]
     assert [r["details"]["round"] for r in log if r["event"] == "secagg_round_opened"] == [1]
+
+
+def test_hospital_that_signed_a_survivor_set_takes_part_in_no_later_round(consortium):
+    # Prepare: 3 hospitals, t = 2 (quorum 3); h3 vanishes before the consistency check, h1 and h2 sign the
+    # survivor set, the quorum is never reached: round 1 aborts before any unmask request, so round 2 opens
+    names = ("h1", "h2", "h3")
+    c = consortium(backend="secagg", hospitals=names, min_clients=2,
+                   secagg={"threshold": 2, "stage_timeout_s": 2.0, "max_rounds": 2}).start()
+    data = {h: c.data(h, n=20) for h in names}
+    # Execute: h3 comes back for round 2
+    _, errors = _run(c, data, {"h1": [None], "h2": [None], "h3": ["unmask", None]}, timeout=40)
+    # Assert: h1 and h2 refuse round 2 (a server that secretly completed round 1 could difference the sums)
+    assert {h: type(e).__name__ for h, e in errors.items()} == {
+        "h1": "InvalidContribution", "h2": "InvalidContribution", "h3": "InsufficientShares"}
+    assert "signed the survivor set of round 1" in str(errors["h1"])
+    log = _audit(c)
+    aborts = [r["details"] for r in log if r["event"] == "secagg_stage_closed" and r["outcome"] == "refused"]
+    assert [(a["round"], a["stage"], a["retry"]) for a in aborts][0] == (1, "unmask", True)
+    opened = [r["seq"] for r in log if r["event"] == "secagg_round_opened" and r["details"]["round"] == 2]
+    later = [r["actor"] for r in log if opened and r["seq"] > opened[0] and r["outcome"] == "accepted"
+             and r["event"] in ("secagg_setup", "secagg_advertise_keys", "upload")]
+    assert opened and set(later) <= {"h3"}
