@@ -146,7 +146,7 @@ class SecAggParticipant:
                 continue
             if "request" not in r or stage in self._answered or missed:
                 if waiting_in != stage:  # one line per stage, and a poll that backs off to 1 s
-                    log.info("%s waits for %s (%s, round %d)", self.hospital.name,
+                    log.info("%s waits for %s (%s) in round %d", self.hospital.name,
                              "the next round" if missed else "the other hospitals", stage, self.client.round)
                     waiting_in = stage
                 time.sleep(pause)

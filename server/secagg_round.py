@@ -37,6 +37,7 @@ only relays and reads the round's public state.
 from __future__ import annotations
 
 import base64
+import functools
 import threading
 import time
 
@@ -72,13 +73,19 @@ class SecAggAggregationServer(AggregationServer):
         self._ticker.start()
 
     # -- identities -------------------------------------------------------------------
-    @property
+    # computed once: every poll and every audit record looks ids and names up, and K polls per second at
+    # K = 1000 must not each sort K names
+    @functools.cached_property
+    def _names(self) -> tuple[str, ...]:
+        return tuple(sorted(self._enrolled))
+
+    @functools.cached_property
     def client_ids(self) -> dict[str, int]:
         """Hospital name -> SecAgg client id (1..n in sorted-name order; also the Shamir x)."""
-        return {name: i + 1 for i, name in enumerate(sorted(self._enrolled))}
+        return {name: i + 1 for i, name in enumerate(self._names)}
 
     def _name(self, cid: int) -> str:
-        return sorted(self._enrolled)[cid - 1]
+        return self._names[cid - 1]
 
     # -- state & recovery -----------------------------------------------------------------
     def _new_combiner(self):
@@ -235,7 +242,7 @@ class SecAggAggregationServer(AggregationServer):
                                   session=self.config.session_id, details={"round": r, "stage": stage})
             if cid not in self._round.active:
                 return {"stage": stage, "round": r, "dropped": True}
-            if cid in self._round.responded:
+            if self._round.has_responded(cid):
                 return {"stage": stage, "round": r, "waiting": True}
             if stage == Stage.UNMASK:
                 gate = self._consistency_gate(cid)
@@ -248,18 +255,13 @@ class SecAggAggregationServer(AggregationServer):
                     "signature": self._key.sign(SECAGG_REQUEST_PREFIX + raw).hex()}
 
     # -- consistency check (opens the unmask stage) ---------------------------------------------------
-    @property
-    def survivor_names(self) -> list[str]:
-        return sorted(self._name(c) for c in self._round.survivors_)
-
     def _consistency_gate(self, cid: int) -> dict | None:
         """None once this hospital may receive its unmask request."""
         r = self._round
-        signed = r.statements
-        if cid not in signed:
+        if not r.has_signed(cid):
             return {"stage": CONSISTENCY, "survivors": list(r.survivors_), "quorum": r.quorum}
         opened = float(self.store.get_meta("secagg_stage_opened", time.time()))
-        everyone = len(signed) == len(r.survivors_)
+        everyone = r.signed_count == len(r.survivors_)
         late = time.time() - opened >= self.config.stage_timeout_s / 2
         if r.unmask_open and (everyone or late):
             return None
@@ -281,7 +283,8 @@ class SecAggAggregationServer(AggregationServer):
             self.store.put_message(self._mkey(CONSISTENCY), hospital, body)
             self.audit.append("secagg_consistency", actor=hospital, outcome="accepted",
                               session=self.config.session_id,
-                              details={"round": self._round.round, "survivors": self.survivor_names})
+                              details={"round": self._round.round, "survivors": len(self._round.survivors_),
+                                       "signed": self._round.signed_count})
             return {"accepted": True, "stage": CONSISTENCY}
 
     def secagg_message(self, hospital: str, stage: str, body: bytes) -> dict:
@@ -295,7 +298,7 @@ class SecAggAggregationServer(AggregationServer):
                 msg = decode_message(body)
                 if getattr(msg, "client_id", None) != self.client_ids[hospital]:
                     raise Forbidden(f"{hospital} may only speak for client {self.client_ids[hospital]}")
-                if self.store.messages(self._mkey(stage)).get(hospital) is not None:
+                if self.store.has_message(self._mkey(stage), hospital):
                     raise DuplicateContribution(f"{hospital} already answered {stage}")
                 bad_before = len(self._round.bad_shares)
                 self._round.receive(msg)

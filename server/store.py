@@ -162,6 +162,9 @@ class Store:
             except sqlite3.IntegrityError:
                 return False
 
+    def has_message(self, stage: str, party: str) -> bool:
+        return self.db.execute("SELECT 1 FROM messages WHERE stage=? AND party=?", (stage, party)).fetchone() is not None
+
     def messages(self, stage: str) -> dict[str, bytes]:
         rows = self.db.execute("SELECT party, data FROM messages WHERE stage=? ORDER BY party", (stage,)).fetchall()
         return {r[0]: bytes(r[1]) for r in rows}

@@ -145,6 +145,18 @@ class SecAggServerRound:
         """Signed consistency statements received in the UNMASK stage, by signer."""
         return dict(self._statements)
 
+    def has_responded(self, client_id: int) -> bool:
+        """Whether ``client_id`` answered the current stage (O(1), for polls)."""
+        return client_id in self._responded
+
+    def has_signed(self, client_id: int) -> bool:
+        """Whether ``client_id`` sent its consistency statement (O(1), for polls)."""
+        return client_id in self._statements
+
+    @property
+    def signed_count(self) -> int:
+        return len(self._statements)
+
     @property
     def quorum(self) -> int:
         """Consistency statements needed before unmask requests go out (known once keys were advertised)."""
