@@ -150,7 +150,9 @@ class SecAggParticipant:
                              "the next round" if missed else "the other hospitals", stage, self.client.round)
                     waiting_in = stage
                 time.sleep(pause)
-                pause = min(2 * pause, max(poll, 1.0))
+                cap = r.get("poll_s", 1.0)  # the server spreads K hospitals' polls; bounded here all the same
+                cap = min(float(cap), 30.0) if isinstance(cap, (int, float)) and not isinstance(cap, bool) else 1.0
+                pause = min(2 * pause, max(poll, cap))
                 continue
             if pause_before == UNMASK_RESPONSE and stage == Stage.UNMASK:
                 log.warning("%s pauses before its unmask response", self.hospital.name)

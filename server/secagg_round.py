@@ -226,8 +226,17 @@ class SecAggAggregationServer(AggregationServer):
                     hospital, old.round, retired)
 
     # -- hospital endpoints -------------------------------------------------------------------------
+    @functools.cached_property
+    def poll_s(self) -> float:
+        """The longest pause between a waiting hospital's polls: every poll costs a signed-request check and a
+        durable nonce, so K hospitals together poll at most ~200 times a second."""
+        return min(10.0, max(1.0, len(self._enrolled) / 200))
+
     def secagg_request(self, hospital: str) -> dict:
         """What ``hospital`` should do now: a small status, or (once per stage) its signed stage request."""
+        return {**self._secagg_request(hospital), "poll_s": self.poll_s}
+
+    def _secagg_request(self, hospital: str) -> dict:
         with self._lock:
             if self.round_stage == "aborted" and self._may_retry():
                 self._open_next_round(hospital)

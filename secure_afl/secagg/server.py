@@ -189,7 +189,9 @@ class SecAggServerRound:
         if not self.unmask_open:
             raise StageError(f"{len(self._statements)} of {self.quorum} survivors signed the survivor set so far")
         surv, drop = self._unmask_lists[u]
-        return UnmaskRequest(sid, u, surv, drop, tuple(self._statements[v] for v in sorted(self._statements)), r)
+        # a quorum of signatures is what the hospital checks; more would only cost bytes
+        signers = sorted(self._statements)[:self.quorum]
+        return UnmaskRequest(sid, u, surv, drop, tuple(self._statements[v] for v in signers), r)
 
     # -- responses --------------------------------------------------------------
     def receive(self, message) -> None:
