@@ -27,11 +27,13 @@ same session id (up to ``max_rounds``), and every hospital joins it with
 fresh keys and a fresh self-mask seed. The aborted round's masked inputs stay
 on record but no longer count; a message of round r sent in round r + 1 is
 refused (``stale_round``), audited and not stored. A round that aborts after
-unmask requests went out is never retried (THREAT_MODEL.md: retried rounds). Every accepted message is stored in
-SQLite before it is acknowledged, so a restarted server replays them and
-reaches the same state; stage closings are recorded too. Every check a
-hospital makes lives in :class:`~secure_afl.secagg.SecAggClient`; this module
-only relays and reads the round's public state.
+unmask requests went out is never retried (THREAT_MODEL.md, 6.2).
+
+Every accepted message is stored in SQLite before it is acknowledged, so a
+restarted server replays them and reaches the same state; stage closings are
+recorded too. Every check a hospital makes lives in
+:class:`~secure_afl.secagg.SecAggClient`; this module only relays and reads
+the round's public state.
 """
 
 from __future__ import annotations
@@ -204,7 +206,7 @@ class SecAggAggregationServer(AggregationServer):
         if self.round_number >= self.config.secagg_max_rounds:
             return False
         # Once unmask requests went out, the server may hold shares of this round's secrets; a retry could
-        # then let it difference two sums over different survivor sets (THREAT_MODEL.md: retried rounds).
+        # then let it difference two sums over different survivor sets (THREAT_MODEL.md, 6.2).
         return not (isinstance(aborted, dict) and aborted.get("after_unmask"))
 
     def _open_next_round(self, hospital: str) -> None:
