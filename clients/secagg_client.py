@@ -70,8 +70,9 @@ class SecAggParticipant:
 
     # -- the round this hospital signed a survivor set in, kept across restarts -----------------------
     def _signed_path(self):
+        # next to the receipts, but not a *.json file: the receipts directory holds receipts only
         d = self.hospital.receipts_dir
-        return None if d is None else d / f"secagg-signed-{self.params.session_id}-{self.hospital.name}.json"
+        return None if d is None else d / f".secagg-signed-{self.params.session_id}-{self.hospital.name}.state"
 
     def _load_signed_round(self) -> int | None:
         path = self._signed_path()
