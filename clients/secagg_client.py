@@ -9,12 +9,22 @@ as a signed upload (the receipt is kept like for any backend). Its secrets
 (X25519 keys, self-mask seed, shares it holds) live only in this process. A
 server restart is ridden out: requests are retried, and an answer the server
 had already stored (409 duplicate) counts as sent.
+
+Every poll answer names the session's round r. When the server opens round
+r + 1 after an abort, the hospital starts over with a new state machine: fresh
+X25519 keys and a fresh self-mask seed, nothing of round r reused. A hospital
+that signed a survivor set in round r takes part in no later round of the
+session (it records that durably before the signature leaves): a server that
+completed round r and reported an abort could otherwise difference two sums
+over different survivor sets (THREAT_MODEL.md 6.2).
 """
 
 from __future__ import annotations
 
 import base64
+import json
 import logging
+import os
 import time
 
 from cryptography.exceptions import InvalidSignature
@@ -34,6 +44,7 @@ from secure_afl.stats import SufficientStatistics
 __all__ = ["SecAggParticipant", "run_secagg"]
 
 CONSISTENCY = SECAGG_CONSISTENCY
+UNMASK_RESPONSE = "unmask_response"
 
 log = logging.getLogger("secure_afl.client")
 
@@ -51,10 +62,51 @@ class SecAggParticipant:
         peers = pki.load_enrolments(hospital.party.pki_dir, role="hospital")
         if set(peers) != set(self.client_ids):
             raise InvalidContribution("the server's hospitals are not the enrolled hospitals")
-        keys = {self.client_ids[n]: e.public_key() for n, e in peers.items()}
-        self.client = SecAggClient(params, self.client_ids[hospital.name], hospital.party.identity_key(), keys)
+        self._keys = {self.client_ids[n]: e.public_key() for n, e in peers.items()}
+        self.client = SecAggClient(params, self.client_ids[hospital.name], hospital.party.identity_key(), self._keys)
         self.receipt: dict | None = None
         self._answered: set[str] = set()
+        self._signed_round: int | None = self._load_signed_round()
+
+    # -- the round this hospital signed a survivor set in, kept across restarts -----------------------
+    def _signed_path(self):
+        # next to the receipts, but not a *.json file: the receipts directory holds receipts only
+        d = self.hospital.receipts_dir
+        return None if d is None else d / f".secagg-signed-{self.params.session_id}-{self.hospital.name}.state"
+
+    def _load_signed_round(self) -> int | None:
+        path = self._signed_path()
+        if path is None or not path.exists():
+            return None
+        return int(json.loads(path.read_text())["round"])
+
+    def _record_signed_round(self, r: int) -> None:
+        self._signed_round = r
+        path = self._signed_path()
+        if path is None:
+            return
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        with open(tmp, "w") as fh:
+            json.dump({"session_id": self.params.session_id, "round": r}, fh)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+
+    def _join_round(self, r) -> None:
+        """The server opened round ``r``: a new state machine, so new keys and self-mask seed."""
+        if isinstance(r, bool) or not isinstance(r, int) or r < 1:
+            raise InvalidContribution(f"the server announced round {r!r}")
+        if self._signed_round is not None and r != self._signed_round:
+            raise InvalidContribution(
+                f"{self.hospital.name} signed the survivor set of round {self._signed_round} of this session and "
+                f"takes part in no other round (round {r} announced): two unmasked sums over different survivor "
+                "sets could be differenced; contribute to a new session instead")
+        self.client = SecAggClient(self.params, self.client.client_id, self.hospital.party.identity_key(),
+                                   self._keys, round=r)
+        self.receipt = None
+        self._answered = set()
+        log.warning("%s joins secagg round %d with fresh keys", self.hospital.name, r)
 
     def run(self, *, pause_before: str | None = None, timeout: float = 600.0, poll: float = 0.1,
             progress: bool = False) -> dict | None:
@@ -63,6 +115,8 @@ class SecAggParticipant:
         With ``pause_before=STAGE`` return None as soon as the round reaches
         STAGE, without answering it; call :meth:`run` again to go on. A site
         that never resumes is a dropout (failure drills use this).
+        ``pause_before="unmask_response"`` pauses after signing the survivor
+        set, before revealing any share.
         """
         conn = self.hospital.conn
         deadline = time.monotonic() + timeout
@@ -70,29 +124,40 @@ class SecAggParticipant:
         while time.monotonic() < deadline:
             r = conn.request("GET", conn.path("/secagg/request")).json()
             stage = r["stage"]
+            if r.get("round", 1) != self.client.round or (self._signed_round not in (None, self.client.round)):
+                self._join_round(r.get("round"))
             if stage != waiting_in:
                 pause = poll
             if stage == "done":
                 return self.receipt
             if stage == "aborted":
-                raise InsufficientShares("the server aborted the secagg round (too many dropouts); "
-                                         "nothing was revealed")
+                raise InsufficientShares(f"the server aborted secagg round {self.client.round} (too many "
+                                         "dropouts) and opens no further round; nothing was revealed")
             if r.get("dropped"):
                 raise StageError(f"{self.hospital.name} was dropped from the round at stage {stage}")
             phase = Stage.UNMASK if stage == CONSISTENCY else stage  # the check opens the unmask stage
             if pause_before == phase and phase not in self._answered:
                 log.warning("%s pauses before %s", self.hospital.name, stage)
                 return None
-            if stage == CONSISTENCY and CONSISTENCY not in self._answered:
+            # a process that starts while a round is past its setup holds none of that round's keys:
+            # it sits the round out and joins the next one if this one aborts
+            missed = self.client.stage == Stage.SETUP and phase != Stage.SETUP
+            if stage == CONSISTENCY and CONSISTENCY not in self._answered and not missed:
                 self._sign_survivors(r.get("survivors"))
                 continue
-            if "request" not in r or stage in self._answered:
+            if "request" not in r or stage in self._answered or missed:
                 if waiting_in != stage:  # one line per stage, and a poll that backs off to 1 s
-                    log.info("%s waits for the other hospitals (%s)", self.hospital.name, stage)
+                    log.info("%s waits for %s (%s) in round %d", self.hospital.name,
+                             "the next round" if missed else "the other hospitals", stage, self.client.round)
                     waiting_in = stage
                 time.sleep(pause)
-                pause = min(2 * pause, max(poll, 1.0))
+                cap = r.get("poll_s", 1.0)  # the server spreads K hospitals' polls; bounded here all the same
+                cap = min(float(cap), 30.0) if isinstance(cap, (int, float)) and not isinstance(cap, bool) else 1.0
+                pause = min(2 * pause, max(poll, cap))
                 continue
+            if pause_before == UNMASK_RESPONSE and stage == Stage.UNMASK:
+                log.warning("%s pauses before its unmask response", self.hospital.name)
+                return None
             raw = base64.b64decode(r["request"])
             try:
                 self.hospital.server_pub.verify(bytes.fromhex(r.get("signature", "")), SECAGG_REQUEST_PREFIX + raw)
@@ -106,6 +171,7 @@ class SecAggParticipant:
         if not isinstance(survivors, list) or any(isinstance(s, bool) or not isinstance(s, int) for s in survivors):
             raise InvalidContribution("the announced survivor set is not a list of client ids")
         statement = self.client.sign_survivors(survivors)
+        self._record_signed_round(self.client.round)  # before the signature can reach the server
         self._post(CONSISTENCY, statement.to_bytes())
         self._answered.add(CONSISTENCY)
 

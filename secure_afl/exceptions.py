@@ -84,6 +84,7 @@ __all__ = [
     "EXIT_UNREACHABLE",
     "EXIT_KEYS",
     "EXIT_SECURITY",
+    "StaleRound",
     "error_class",
     "registered_reasons",
     "http_status",
@@ -214,6 +215,14 @@ class ReplayedContribution(SecureAFLError):
     """A contribution (or nonce) that was already seen."""
 
     reason = "replay"
+    http_status = 409
+    exit_code = EXIT_REFUSED
+
+
+class StaleRound(ReplayedContribution):
+    """A secagg message bound to another round of the same session (an aborted round's leftovers)."""
+
+    reason = "stale_round"
     http_status = 409
     exit_code = EXIT_REFUSED
 

@@ -24,6 +24,7 @@ Example::
     neighbours = -1             # -1 (default): SecAgg+ degree 2 ceil(1.5 log2 K) once smaller than K - 1;
                                 # 0: complete graph (Bonawitz et al.); k: random k-regular graph
     stage_timeout_s = 60        # a hospital silent this long in a stage is dropped
+    max_rounds = 3              # rounds per session: an aborted round is retried (fresh keys) up to this
 
     [dp]                        # optional: distributed differential privacy (secure_afl.dp)
     epsilon = 1.0               # target epsilon of one release (or noise_multiplier = z instead)
@@ -96,6 +97,7 @@ class ServerConfig:
     secagg_threshold: int | None = None
     secagg_neighbours: int = -1
     stage_timeout_s: float = 60.0
+    secagg_max_rounds: int = 3
     dp: "DPSpec | None" = None
     read_timeout_s: float = 30.0
     body_timeout_s: float = 600.0
@@ -115,6 +117,8 @@ class ServerConfig:
         for name in ("read_timeout_s", "body_timeout_s", "refusal_interval_s"):
             if not 0 < getattr(self, name) < 86400:
                 raise param_error(name, "session.toml", "seconds in (0, 86400)", getattr(self, name))
+        if not 1 <= self.secagg_max_rounds <= 100:
+            raise param_error("max_rounds", "session.toml [secagg]", "an int in [1, 100]", self.secagg_max_rounds)
         for name in ("max_concurrent_uploads", "max_connections"):
             if getattr(self, name) < 1:
                 raise param_error(name, "session.toml", "an int >= 1", getattr(self, name))
@@ -182,6 +186,7 @@ def load_config(path) -> ServerConfig:
             secagg_threshold=int(sa["threshold"]) if "threshold" in sa else None,
             secagg_neighbours=int(sa.get("neighbours", -1)),
             stage_timeout_s=float(sa.get("stage_timeout_s", 60.0)),
+            secagg_max_rounds=int(sa.get("max_rounds", 3)),
             dp=_dp_spec(dp, int(s.get("min_clients", 3))) if dp is not None else None,
             extractor=dict(raw["extractor"]) if "extractor" in raw else None,
         )

@@ -17,16 +17,29 @@ Stages (Bonawitz et al. 2017; names from :class:`~secure_afl.secagg.Stage`)::
                                                           survivors' signed statements)
 
 A stage closes when every active hospital answered or ``stage_timeout_s``
-passed; who did not answer is dropped. Every accepted message is stored in
-SQLite before it is acknowledged, so a restarted server replays them and
-reaches the same state; stage closings are recorded too. Every check a
-hospital makes lives in :class:`~secure_afl.secagg.SecAggClient`; this module
-only relays and reads the round's public state.
+passed; who did not answer is dropped.
+
+Rounds. A session's secagg round has a number r = 1, 2, ... bound into every
+message, signature, key derivation and share AEAD, and every poll answer says
+it. A round that aborts before any unmask request went out revealed nothing;
+the first hospital that asks after such an abort opens round r + 1 under the
+same session id (up to ``max_rounds``), and every hospital joins it with
+fresh keys and a fresh self-mask seed. The aborted round's masked inputs stay
+on record but no longer count; a message of round r sent in round r + 1 is
+refused (``stale_round``), audited and not stored. A round that aborts after
+unmask requests went out is never retried (THREAT_MODEL.md, 6.2).
+
+Every accepted message is stored in SQLite before it is acknowledged, so a
+restarted server replays them and reaches the same state; stage closings are
+recorded too. Every check a hospital makes lives in
+:class:`~secure_afl.secagg.SecAggClient`; this module only relays and reads
+the round's public state.
 """
 
 from __future__ import annotations
 
 import base64
+import functools
 import threading
 import time
 
@@ -62,22 +75,37 @@ class SecAggAggregationServer(AggregationServer):
         self._ticker.start()
 
     # -- identities -------------------------------------------------------------------
-    @property
+    # computed once: every poll and every audit record looks ids and names up, and K polls per second at
+    # K = 1000 must not each sort K names
+    @functools.cached_property
+    def _names(self) -> tuple[str, ...]:
+        return tuple(sorted(self._enrolled))
+
+    @functools.cached_property
     def client_ids(self) -> dict[str, int]:
         """Hospital name -> SecAgg client id (1..n in sorted-name order; also the Shamir x)."""
-        return {name: i + 1 for i, name in enumerate(sorted(self._enrolled))}
+        return {name: i + 1 for i, name in enumerate(self._names)}
 
     def _name(self, cid: int) -> str:
-        return sorted(self._enrolled)[cid - 1]
+        return self._names[cid - 1]
 
     # -- state & recovery -----------------------------------------------------------------
     def _new_combiner(self):
         return None  # the round owns the running sum
 
+    @property
+    def round_number(self) -> int:
+        return int(self.store.get_meta("secagg_round", 1))
+
+    def _mkey(self, stage: str) -> str:
+        """Where ``stage``'s messages of the current round are stored (round 1: the stage name itself)."""
+        r = self.round_number
+        return stage if r == 1 else f"{stage}@{r}"
+
     def _rebuild(self) -> None:
         super()._rebuild()
         ids = self.client_ids
-        self._round = SecAggServerRound(self.params, participants=ids.values(),
+        self._round = SecAggServerRound(self.params, participants=ids.values(), round=self.round_number,
                                         identity_keys={ids[n]: e.public_key() for n, e in self._enrolled.items()})
         closed = self.store.get_meta("secagg_closed", [])
         for stage in Stage.all():
@@ -88,9 +116,9 @@ class SecAggAggregationServer(AggregationServer):
                     self._round.receive(MaskedInput.from_bytes(self.store.get_blob(row["payload_sha256"])))
             else:
                 if stage == Stage.UNMASK:
-                    for data in self.store.messages(CONSISTENCY).values():
+                    for data in self.store.messages(self._mkey(CONSISTENCY)).values():
                         self._round.receive(decode_message(data))
-                for data in self.store.messages(stage).values():
+                for data in self.store.messages(self._mkey(stage)).values():
                     self._round.receive(decode_message(data))
             if stage in closed:
                 try:
@@ -117,7 +145,8 @@ class SecAggAggregationServer(AggregationServer):
 
     def info(self) -> dict:
         d = super().info()
-        d["secagg"] = {"stage": self.round_stage, "client_ids": self.client_ids,
+        d["secagg"] = {"stage": self.round_stage, "round": self.round_number,
+                       "max_rounds": self.config.secagg_max_rounds, "client_ids": self.client_ids,
                        "active": sorted(self._name(c) for c in self._round.active) if self._round else []}
         return d
 
@@ -145,61 +174,105 @@ class SecAggAggregationServer(AggregationServer):
                 return
             stage = r.stage
             missing = sorted(self._name(c) for c in r.waiting_for)
+            answered, expected = len(r.responded), len(r.active)
+            unmasking = r.unmask_open  # unmask requests may have gone out: shares may have been revealed
             try:
                 r.close_stage()
             except InsufficientShares as e:
-                self.store.set_meta("secagg_aborted", str(e))
+                self.store.set_meta("secagg_aborted", {"message": str(e), "stage": stage, "round": r.round,
+                                                       "after_unmask": unmasking})
                 self.audit.append("secagg_stage_closed", actor=self.config.name, outcome="refused",
                                   session=self.config.session_id, reason=e.reason,
-                                  details={"stage": stage, "dropped": missing, "message": str(e)[:300]})
-                log.warning("[Stage %s] round aborted: %s", stage, e)
+                                  details={"round": r.round, "stage": stage, "answered": answered,
+                                           "expected": expected, "dropped": missing, "message": str(e)[:300],
+                                           "retry": self._may_retry()})
+                log.warning("[Stage %s] round %d aborted (%d of %d answered): %s", stage, r.round, answered,
+                            expected, e)
                 return
             self.store.set_meta("secagg_closed", self.store.get_meta("secagg_closed", []) + [stage])
             self.store.set_meta("secagg_stage_opened", now)
             self.audit.append("secagg_stage_closed", actor=self.config.name, outcome="accepted",
                               session=self.config.session_id,
-                              details={"stage": stage, "dropped": missing, "next": r.stage,
+                              details={"round": r.round, "stage": stage, "answered": answered,
+                                       "expected": expected, "dropped": missing, "next": r.stage,
                                        "active": len(r.active)})
 
+    # -- rounds -----------------------------------------------------------------------------------
+    def _may_retry(self) -> bool:
+        """An aborted round is retried while rounds remain and no unmask request of it went out."""
+        aborted = self.store.get_meta("secagg_aborted")
+        if not aborted:
+            return False
+        if self.round_number >= self.config.secagg_max_rounds:
+            return False
+        # Once unmask requests went out, the server may hold shares of this round's secrets; a retry could
+        # then let it difference two sums over different survivor sets (THREAT_MODEL.md, 6.2).
+        return not (isinstance(aborted, dict) and aborted.get("after_unmask"))
+
+    def _open_next_round(self, hospital: str) -> None:
+        """Round r aborted: open r + 1 under the same session, parameters and enrolments."""
+        old = self._round
+        r = old.round + 1
+        aborted = self.store.get_meta("secagg_aborted")
+        now = time.time()
+        retired = self.store.retire_uploads(f"{Stage.MASKED_INPUT}@retired{old.round}", {
+            "secagg_round": r, "secagg_closed": [], "secagg_aborted": None, "secagg_stage_opened": now})
+        ids = self.client_ids
+        self._round = SecAggServerRound(self.params, participants=ids.values(), round=r,
+                                        identity_keys={ids[n]: e.public_key() for n, e in self._enrolled.items()})
+        self.audit.append("secagg_round_opened", actor=hospital, outcome="accepted", session=self.config.session_id,
+                          details={"round": r, "stage": self._round.stage, "max_rounds": self.config.secagg_max_rounds,
+                                   "hospitals": len(ids), "previous_abort": aborted,
+                                   "retired_masked_inputs": retired})
+        log.warning("secagg round %d opened by %s after round %d aborted (%d masked inputs set aside)", r,
+                    hospital, old.round, retired)
+
     # -- hospital endpoints -------------------------------------------------------------------------
+    @functools.cached_property
+    def poll_s(self) -> float:
+        """The longest pause between a waiting hospital's polls: every poll costs a signed-request check and a
+        durable nonce, so K hospitals together poll at most ~200 times a second."""
+        return min(10.0, max(1.0, len(self._enrolled) / 200))
+
     def secagg_request(self, hospital: str) -> dict:
+        """What ``hospital`` should do now: a small status, or (once per stage) its signed stage request."""
+        return {**self._secagg_request(hospital), "poll_s": self.poll_s}
+
+    def _secagg_request(self, hospital: str) -> dict:
         with self._lock:
-            stage = self.round_stage
+            if self.round_stage == "aborted" and self._may_retry():
+                self._open_next_round(hospital)
+            stage, r = self.round_stage, self.round_number
             if stage in ("done", "aborted"):
-                return {"stage": stage}
+                return {"stage": stage, "round": r}
             cid = self.client_ids[hospital]
             if self.store.get_meta("secagg_stage_opened") is None:
                 # the stage clock starts when the first hospital asks, so an early server never times out
                 self.store.set_meta("secagg_stage_opened", time.time())
                 self.audit.append("secagg_round_opened", actor=hospital, outcome="accepted",
-                                  session=self.config.session_id, details={"stage": stage})
+                                  session=self.config.session_id, details={"round": r, "stage": stage})
             if cid not in self._round.active:
-                return {"stage": stage, "dropped": True}
-            if cid in self._round.responded:
-                return {"stage": stage, "waiting": True}
+                return {"stage": stage, "round": r, "dropped": True}
+            if self._round.has_responded(cid):
+                return {"stage": stage, "round": r, "waiting": True}
             if stage == Stage.UNMASK:
                 gate = self._consistency_gate(cid)
                 if gate is not None:
-                    return gate
+                    return {**gate, "round": r}
             raw = self._round.request(cid).to_bytes()
             # signed, so a hospital holds evidence of what it was asked (e.g. two different
             # survivor lists would be provable equivocation); the stage closings are in the audit log
-            return {"stage": stage, "request": base64.b64encode(raw).decode(),
+            return {"stage": stage, "round": r, "request": base64.b64encode(raw).decode(),
                     "signature": self._key.sign(SECAGG_REQUEST_PREFIX + raw).hex()}
 
     # -- consistency check (opens the unmask stage) ---------------------------------------------------
-    @property
-    def survivor_names(self) -> list[str]:
-        return sorted(self._name(c) for c in self._round.survivors_)
-
     def _consistency_gate(self, cid: int) -> dict | None:
         """None once this hospital may receive its unmask request."""
         r = self._round
-        signed = r.statements
-        if cid not in signed:
+        if not r.has_signed(cid):
             return {"stage": CONSISTENCY, "survivors": list(r.survivors_), "quorum": r.quorum}
         opened = float(self.store.get_meta("secagg_stage_opened", time.time()))
-        everyone = len(signed) == len(r.survivors_)
+        everyone = r.signed_count == len(r.survivors_)
         late = time.time() - opened >= self.config.stage_timeout_s / 2
         if r.unmask_open and (everyone or late):
             return None
@@ -218,9 +291,11 @@ class SecAggAggregationServer(AggregationServer):
             except SecureAFLError as e:
                 self.refuse("secagg_consistency", hospital, e)
                 raise
-            self.store.put_message(CONSISTENCY, hospital, body)
+            self.store.put_message(self._mkey(CONSISTENCY), hospital, body)
             self.audit.append("secagg_consistency", actor=hospital, outcome="accepted",
-                              session=self.config.session_id, details={"survivors": self.survivor_names})
+                              session=self.config.session_id,
+                              details={"round": self._round.round, "survivors": len(self._round.survivors_),
+                                       "signed": self._round.signed_count})
             return {"accepted": True, "stage": CONSISTENCY}
 
     def secagg_message(self, hospital: str, stage: str, body: bytes) -> dict:
@@ -234,7 +309,7 @@ class SecAggAggregationServer(AggregationServer):
                 msg = decode_message(body)
                 if getattr(msg, "client_id", None) != self.client_ids[hospital]:
                     raise Forbidden(f"{hospital} may only speak for client {self.client_ids[hospital]}")
-                if self.store.messages(stage).get(hospital) is not None:
+                if self.store.has_message(self._mkey(stage), hospital):
                     raise DuplicateContribution(f"{hospital} already answered {stage}")
                 bad_before = len(self._round.bad_shares)
                 self._round.receive(msg)
@@ -245,9 +320,9 @@ class SecAggAggregationServer(AggregationServer):
                 err = MalformedPayload(f"unusable {stage} message: {type(e).__name__}")
                 self.refuse(f"secagg_{stage}"[:64], hospital, err)
                 raise err from None
-            self.store.put_message(stage, hospital, body)
+            self.store.put_message(self._mkey(stage), hospital, body)
             self.audit.append(f"secagg_{stage}", actor=hospital, outcome="accepted", session=self.config.session_id,
-                              details={"bytes": len(body)})
+                              details={"round": self._round.round, "bytes": len(body)})
             for bad in self._round.bad_shares[bad_before:]:
                 # the holder's other shares are kept; the round goes on while t correct shares remain
                 self.audit.append("secagg_bad_share", actor=hospital, outcome="refused",

@@ -123,6 +123,30 @@ class Store:
                  "audit_seq": r[4], "receipt": json.loads(r[5]) if r[5] else None,
                  "tag": json.loads(r[6]) if r[6] else None} for r in rows]
 
+    def retire_uploads(self, label: str, meta: dict) -> int:
+        """Move every upload row into ``messages`` under stage ``label`` and set ``meta``, in one transaction.
+
+        For a protocol round that aborted: its uploads stay on record (rows and
+        payload files) but no longer count, and a crash leaves either the old
+        round or the new one, never a mix.
+        """
+        with self._lock:
+            self.db.execute("BEGIN IMMEDIATE")
+            try:
+                cur = self.db.execute(
+                    "INSERT INTO messages(stage, party, data, received_at) SELECT ?, hospital, "
+                    "CAST(json_object('payload_sha256', payload_sha256, 'audit_seq', audit_seq) AS BLOB), received_at "
+                    "FROM uploads", (label,))
+                moved = cur.rowcount
+                self.db.execute("DELETE FROM uploads")
+                for key, value in meta.items():
+                    self.db.execute("INSERT OR REPLACE INTO meta(key, value) VALUES (?, ?)", (key, json.dumps(value)))
+                self.db.execute("COMMIT")
+            except BaseException:
+                self.db.execute("ROLLBACK")
+                raise
+            return int(moved)
+
     def upload_count(self) -> int:
         return int(self.db.execute("SELECT COUNT(*) FROM uploads").fetchone()[0])
 
@@ -137,6 +161,9 @@ class Store:
                 return True
             except sqlite3.IntegrityError:
                 return False
+
+    def has_message(self, stage: str, party: str) -> bool:
+        return self.db.execute("SELECT 1 FROM messages WHERE stage=? AND party=?", (stage, party)).fetchone() is not None
 
     def messages(self, stage: str) -> dict[str, bytes]:
         rows = self.db.execute("SELECT party, data FROM messages WHERE stage=? ORDER BY party", (stage,)).fetchall()

@@ -247,7 +247,7 @@ def test_secagg_dropouts_at_every_round(consortium):
 def test_secagg_threshold_breaking_dropout_aborts_and_reveals_nothing(consortium):
     # Prepare: 4 hospitals, threshold 3; two vanish before the masked input
     c = consortium(backend="secagg", hospitals=("h1", "h2", "h3", "h4"), min_clients=2,
-                   secagg={"threshold": 3, "stage_timeout_s": 2.0}).start()
+                   secagg={"threshold": 3, "stage_timeout_s": 2.0, "max_rounds": 1}).start()
     data = {h: c.data(h) for h in c.hospitals}
     # Execute
     results, errors = _run_hospitals(c, data, {"h3": "masked_input", "h4": "masked_input"})

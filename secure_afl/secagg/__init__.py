@@ -26,13 +26,22 @@ each hospital; the hospital enforces the order, :class:`Stage`)::
                               UnmaskRequest        -> UnmaskResponse (b-shares of survivors,
                                                                       s-shares of dropped)
 
+Rounds. A session may run several rounds r = 1, 2, ... (a retry after an
+abort). ``r`` is a field of every message, part of the signed bytes of
+advertisements and survivor statements, of the sealed masked-input header,
+and of the HKDF context of share keys and pairwise masks and the share AEAD
+associated data and commitments (:func:`~secure_afl.secagg.masking.round_context`);
+:class:`SecAggClient` and :class:`SecAggServerRound` take ``round=`` (default
+1) and refuse another round's messages (:class:`StaleRound`). One client
+object serves one round, so a retry always has fresh keys and self-mask seed.
+
 Masking. Hospital u with fixed-point vector ``x_u = enc(v_u)`` (see
 :mod:`secure_afl.hazmat.fixedpoint`) uploads::
 
     y_u = x_u + PRG(b_u) + sum_{v in N(u) cap U2, v > u} PRG(s_uv)
                          - sum_{v in N(u) cap U2, v < u} PRG(s_uv)      (mod 2^64)
 
-with ``s_uv = HKDF(X25519(s_u^SK, s_v^PK), session, {u, v})``. The server sums
+with ``s_uv = HKDF(X25519(s_u^SK, s_v^PK), (session, r), {u, v})``. The server sums
 ``S = sum_{u in U3} y_u mod 2^64``; pairwise masks between survivors cancel.
 It then reconstructs ``b_u`` for every survivor and ``s_v^SK`` for every
 dropped ``v in D = U2 \\ U3`` from at least ``threshold`` Shamir shares and

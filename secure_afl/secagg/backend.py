@@ -10,7 +10,7 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 from ..backends.base import Combiner, ProtectionBackend
 from ..envelope import open_envelope, seal
 from ..exceptions import DuplicateContribution, InvalidInputError, MalformedPayload, ParameterMismatch, \
-    RoundAlreadyClosed, StageError
+    RoundAlreadyClosed, StageError, StaleRound
 from ..hazmat import fixedpoint
 from ..hazmat.prg import DOMAIN_SELF_MASK, expand
 from ..params import SessionParams
@@ -23,9 +23,10 @@ __all__ = ["SecAggBackend"]
 class _SecAggCombiner(Combiner):
     """Running sum ``S = sum_u y_u mod 2^64`` (O(L) memory) plus the set of contributors."""
 
-    def __init__(self, backend: "SecAggBackend", allowed: Iterable[int] | None = None):
+    def __init__(self, backend: "SecAggBackend", allowed: Iterable[int] | None = None, round: int = 1):
         super().__init__()
         self._b = backend
+        self.round = round
         self._sum = np.zeros(fixedpoint.n_words(backend.params.layout.length), dtype=np.uint64)
         self._allowed = None if allowed is None else frozenset(allowed)
         self.contributors: set[int] = set()
@@ -33,7 +34,7 @@ class _SecAggCombiner(Combiner):
     def _add(self, payload) -> None:
         if isinstance(payload, MaskedInput):
             payload = payload.payload
-        self._add_words(*self._b._decode_masked(payload))
+        self._add_words(*self._b._decode_masked(payload, round=self.round))
 
     def _add_words(self, cid: int, words: np.ndarray) -> None:
         if self._allowed is not None and cid not in self._allowed:
@@ -52,7 +53,7 @@ class _SecAggCombiner(Combiner):
 
     def _aggregate(self) -> bytes:
         return seal(self._b.params, "aggregate", self._sum.astype("<u8", copy=False).tobytes(),
-                    contributors=sorted(self.contributors))
+                    contributors=sorted(self.contributors), round=self.round)
 
 
 
@@ -88,14 +89,18 @@ class SecAggBackend(ProtectionBackend):
             raise ParameterMismatch("the client runs other session parameters")
         return client.masked_input(request, vector).to_bytes()
 
-    def combiner(self, *, allowed: Iterable[int] | None = None, **kw) -> Combiner:
-        return _SecAggCombiner(self, allowed)
+    def combiner(self, *, allowed: Iterable[int] | None = None, round: int = 1, **kw) -> Combiner:
+        return _SecAggCombiner(self, allowed, round)
 
-    def _decode_masked(self, payload) -> tuple[int, np.ndarray]:
+    def _decode_masked(self, payload, *, round: int | None = None) -> tuple[int, np.ndarray]:
+        """``(client_id, y_u words)``; with ``round``, a masked input sealed in another round is refused."""
         env = open_envelope(self.params, payload, "contribution")
         cid = env.header.get("client_id")
         if env.header.get("stage") != Stage.MASKED_INPUT or isinstance(cid, bool) or not isinstance(cid, int):
             raise MalformedPayload("not a secagg masked input")
+        if round is not None and env.header.get("round") != round:
+            raise StaleRound(f"masked input of client {cid} was sealed for round {env.header.get('round')}, "
+                             f"not {round}")
         if len(env.body) != 8 * fixedpoint.n_words(self.params.layout.length):
             raise MalformedPayload("masked input has the wrong length")
         return cid, np.frombuffer(env.body, dtype="<u8").astype(np.uint64)
@@ -110,6 +115,9 @@ class SecAggBackend(ProtectionBackend):
         if len(env.body) != 8 * fixedpoint.n_words(self.params.layout.length):
             raise MalformedPayload("aggregate has the wrong length")
         surv = tuple(sorted(unmask.survivors))
+        if env.header.get("round", 1) != unmask.round:
+            raise InvalidInputError(f"unmask material is for round {unmask.round}; the aggregate for round "
+                                    f"{env.header.get('round', 1)}")
         if list(surv) != env.header.get("contributors") or set(surv) & set(unmask.dropped):
             raise InvalidInputError("unmask material does not match the aggregate's contributors")
         if set(unmask.self_mask_seeds) != set(surv) or set(unmask.dropped_mask_keys) != set(unmask.dropped):
@@ -123,7 +131,7 @@ class SecAggBackend(ProtectionBackend):
         for v in sorted(unmask.dropped):
             sk = X25519PrivateKey.from_private_bytes(unmask.dropped_mask_keys[v])
             for u in sorted(graph[v] & survivors):
-                seed = _pair_seed(sk, unmask.mask_public_keys[u], sid, v, u)
+                seed = _pair_seed(sk, unmask.mask_public_keys[u], sid, v, u, round=unmask.round)
                 _add_pair_mask(total, seed, u, v, remove=True)
         return total
 

@@ -21,6 +21,7 @@ from ..exceptions import (
     ParameterMismatch,
     SecureAFLError,
     StageError,
+    StaleRound,
     WrongSession,
 )
 from ..hazmat import fixedpoint
@@ -49,7 +50,7 @@ from .params import _ABORTED, _DONE, Stage, graph_seed, neighbour_graph
 __all__ = ["SecAggClient"]
 
 _NONCE_BYTES = 12
-_SOFT_ERRORS = (StageError, WrongSession, ParameterMismatch, MalformedPayload, TypeError)
+_SOFT_ERRORS = (StageError, WrongSession, ParameterMismatch, MalformedPayload, TypeError, StaleRound)
 
 
 class SecAggClient:
@@ -83,15 +84,23 @@ class SecAggClient:
         consistency statement).
     identity_keys : mapping int -> Ed25519PublicKey
         The enrolled identity keys of all hospitals, by client id.
+    round : int, optional
+        The session's round number r (default 1). It is bound into every
+        message, signature, key derivation and share AEAD; a request for
+        another round is refused (:class:`StaleRound`). One object serves one
+        round: a retried round needs a new one, hence fresh keys and a fresh
+        self-mask seed.
     """
 
-    def __init__(self, params: SessionParams, client_id: int, identity_key, identity_keys: Mapping):
+    def __init__(self, params: SessionParams, client_id: int, identity_key, identity_keys: Mapping, *,
+                 round: int = 1):
         self.backend = SecAggBackend(params)
         self.params = params
         self.cfg = self.backend.cfg
         self.client_id = check_int("client_id", client_id, "SecAggClient", low=1, high=self.cfg.n_parties)
         if not hasattr(identity_key, "sign") or self.client_id not in identity_keys:
             raise TypeError("identity_key must be an Ed25519 private key and identity_keys must name this client")
+        self.round = check_int("round", round, "SecAggClient", low=1, high=0xFFFF)
         self._identity = identity_key
         self._peers = dict(identity_keys)
         self._digest = params.digest().hex()
@@ -110,9 +119,9 @@ class SecAggClient:
 
     @classmethod
     def _from_parts(cls, params, client_id, identity_key, identity_keys, *, enc_private: bytes,
-                    mask_private: bytes, self_mask_seed: bytes):
+                    mask_private: bytes, self_mask_seed: bytes, round: int = 1):
         """Deterministic seam for tests and vectors: fixed key pairs and self-mask seed."""
-        c = cls(params, client_id, identity_key, identity_keys)
+        c = cls(params, client_id, identity_key, identity_keys, round=round)
         c._enc_sk = X25519PrivateKey.from_private_bytes(enc_private)
         c._mask_sk = X25519PrivateKey.from_private_bytes(mask_private)
         if len(self_mask_seed) != 32:
@@ -171,6 +180,8 @@ class SecAggClient:
             raise WrongSession(f"request is for session {request.session_id!r}, not {self.params.session_id!r}")
         if request.client_id != self.client_id:
             raise MalformedPayload(f"request is addressed to client {request.client_id}, not {self.client_id}")
+        if request.round != self.round:
+            raise StaleRound(f"request is for round {request.round}; this hospital is in round {self.round}")
 
     def _run(self, fn, *args):
         try:
@@ -193,7 +204,7 @@ class SecAggClient:
             self._mask_sk = X25519PrivateKey.generate()
             self._b = secrets.token_bytes(32)
         self._stage = Stage.ADVERTISE_KEYS
-        return SetupAck(self.params.session_id, self.client_id, digest)
+        return SetupAck(self.params.session_id, self.client_id, digest, round=self.round)
 
     # -- stage 1 ---------------------------------------------------------------
     def advertise_keys(self, request: AdvertiseKeysRequest) -> KeyAdvertisement:
@@ -205,7 +216,7 @@ class SecAggClient:
     def _advertisement(self) -> KeyAdvertisement:
         if self._own_ad is None:
             ad = KeyAdvertisement(self.params.session_id, self.client_id, self._digest, _raw_public(self._enc_sk),
-                                  _raw_public(self._mask_sk))
+                                  _raw_public(self._mask_sk), round=self.round)
             self._own_ad = ad.signed(self._identity)
         return self._own_ad
 
@@ -222,6 +233,9 @@ class SecAggClient:
         for ad in request.advertisements:
             if ad.session_id != sid or ad.params_digest != self._digest:
                 raise WrongSession("an advertisement belongs to another session or parameters")
+            if ad.round != self.round:  # keys of an aborted round may have had their mask key revealed
+                raise InvalidContribution(f"the advertisement of client {ad.client_id} is from round {ad.round}, "
+                                          f"not {self.round}")
             if ad.client_id in ads:
                 raise MalformedPayload(f"duplicate advertisement from client {ad.client_id}")
             pub = self._peers.get(ad.client_id)
@@ -248,7 +262,7 @@ class SecAggClient:
             raise InsufficientShares(f"only {len(ads)} hospitals advertised keys; the consistency quorum is {q}")
 
     def _share_keys_body(self, request: ShareKeysRequest) -> ShareKeysResponse:
-        u, t, sid = self.client_id, self.cfg.threshold, self.params.session_id
+        u, t, sid, r = self.client_id, self.cfg.threshold, self.params.session_id, self.round
         ads = self._check_advertisements(request)
         seed = self._check_graph_seed(request, ads)
         self._check_advertised_quorum(ads)
@@ -264,18 +278,19 @@ class SecAggClient:
             if v == u:
                 self._held[u] = (bs, ss)
                 continue
-            aead = _share_key(self._enc_sk, ads[v].enc_public_key, sid, u, v)
+            aead = _share_key(self._enc_sk, ads[v].enc_public_key, sid, u, v, round=r)
             self._share_keys[v] = aead
-            cb = share_commitment(sid, self._digest, "b", u, v, bs.to_bytes())
-            cs = share_commitment(sid, self._digest, "s", u, v, ss.to_bytes())
+            cb = share_commitment(sid, self._digest, "b", u, v, bs.to_bytes(), round=r)
+            cs = share_commitment(sid, self._digest, "s", u, v, ss.to_bytes(), round=r)
             nonce = secrets.token_bytes(_NONCE_BYTES)
-            ct = aead.encrypt(nonce, bs.to_bytes() + ss.to_bytes(), _share_ad(sid, self._digest, u, v, cb, cs))
+            ct = aead.encrypt(nonce, bs.to_bytes() + ss.to_bytes(), _share_ad(sid, self._digest, u, v, cb, cs, round=r))
             out.append(EncryptedShare(u, v, nonce, ct, cb, cs))
         self._ads = {v: ads[v] for v in ids if v != u}
         own_b, own_s = self._held[u]
         self._stage = Stage.MASKED_INPUT
-        return ShareKeysResponse(sid, u, tuple(out), share_commitment(sid, self._digest, "b", u, u, own_b.to_bytes()),
-                                 share_commitment(sid, self._digest, "s", u, u, own_s.to_bytes()))
+        return ShareKeysResponse(sid, u, tuple(out),
+                                 share_commitment(sid, self._digest, "b", u, u, own_b.to_bytes(), round=r),
+                                 share_commitment(sid, self._digest, "s", u, u, own_s.to_bytes(), round=r), round=r)
 
     # -- stage 3 ---------------------------------------------------------------
     def masked_input(self, request: MaskedInputRequest, vector) -> MaskedInput:
@@ -286,8 +301,8 @@ class SecAggClient:
 
     def _open_share(self, es: EncryptedShare) -> tuple[Share, Share]:
         """Decrypt one share pair and check it against the dealer's commitments."""
-        u, t, sid = self.client_id, self.cfg.threshold, self.params.session_id
-        ad = _share_ad(sid, self._digest, es.sender, u, es.commit_b, es.commit_s)
+        u, t, sid, r = self.client_id, self.cfg.threshold, self.params.session_id, self.round
+        ad = _share_ad(sid, self._digest, es.sender, u, es.commit_b, es.commit_s, round=r)
         try:
             pt = self._share_keys[es.sender].decrypt(es.nonce, es.ciphertext, ad)
         except InvalidTag:
@@ -301,8 +316,8 @@ class SecAggClient:
             raise InvalidContribution() from None
         if any(s.index != u or s.threshold != t or s.length != 32 for s in (bs, ss)):
             raise InvalidContribution()
-        if (share_commitment(sid, self._digest, "b", es.sender, u, bs.to_bytes()) != es.commit_b
-                or share_commitment(sid, self._digest, "s", es.sender, u, ss.to_bytes()) != es.commit_s):
+        if (share_commitment(sid, self._digest, "b", es.sender, u, bs.to_bytes(), round=r) != es.commit_b
+                or share_commitment(sid, self._digest, "s", es.sender, u, ss.to_bytes(), round=r) != es.commit_s):
             raise InvalidContribution(f"client {es.sender} dealt a share that does not match its commitment")
         return bs, ss
 
@@ -318,12 +333,13 @@ class SecAggClient:
         y = fixedpoint.encode(vector, self.cfg.frac_bits)
         np.add(y, expand(self._b, y.shape[0], domain=DOMAIN_SELF_MASK), out=y)
         for w in sorted(received):
-            _add_pair_mask(y, _pair_seed(self._mask_sk, self._ads[w].mask_public_key, sid, u, w), u, w)
+            _add_pair_mask(y, _pair_seed(self._mask_sk, self._ads[w].mask_public_key, sid, u, w, round=self.round),
+                           u, w)
         self._held.update(received)
         self._stage = Stage.UNMASK
         payload = seal(self.params, "contribution", y.astype("<u8", copy=False).tobytes(), client_id=u,
-                       stage=Stage.MASKED_INPUT)
-        return MaskedInput(sid, u, payload)
+                       stage=Stage.MASKED_INPUT, round=self.round)
+        return MaskedInput(sid, u, payload, self.round)
 
     # -- consistency check (opens stage 4) -----------------------------------------
     def sign_survivors(self, survivors) -> ConsistencyStatement:
@@ -337,7 +353,7 @@ class SecAggClient:
             return self._signed
         self._check_survivor_set(surv)
         self._signed = ConsistencyStatement(self.params.session_id, self.client_id, self._digest,
-                                            self._graph_seed, surv).signed(self._identity)
+                                            self._graph_seed, surv, round=self.round).signed(self._identity)
         return self._signed
 
     def _check_survivor_set(self, surv: tuple[int, ...]) -> None:
@@ -363,8 +379,8 @@ class SecAggClient:
             pub = self._peers.get(st.client_id)
             if st.client_id not in self._advertised or pub is None or not st.verify(pub):
                 raise InvalidContribution(f"consistency statement of client {st.client_id} is not validly signed")
-            if (st.session_id, st.params_digest, st.graph_seed, st.survivors) != (
-                    mine.session_id, mine.params_digest, mine.graph_seed, mine.survivors):
+            if (st.session_id, st.params_digest, st.graph_seed, st.survivors, st.round) != (
+                    mine.session_id, mine.params_digest, mine.graph_seed, mine.survivors, mine.round):
                 raise InvalidContribution(f"client {st.client_id} signed another survivor set: the server equivocates")
             signers.add(st.client_id)
         if len(signers) < self.quorum:
@@ -394,6 +410,7 @@ class SecAggClient:
             self.params.session_id, u,
             {o: self._held[o][0].to_bytes() for o in sorted(surv)},
             {o: self._held[o][1].to_bytes() for o in sorted(drop)},
+            self.round,
         )
 
     def _abort(self, err: SecureAFLError) -> SecureAFLError:

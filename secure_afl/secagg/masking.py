@@ -13,28 +13,41 @@ from ..hazmat.prg import DOMAIN_PAIR_MASK, agree, expand
 
 _COMMIT_PREFIX = b"secure-afl/secagg/v2/share-commitment\0"
 
-def _share_key(enc_sk: X25519PrivateKey, peer_pk: bytes, session_id: str, u: int, v: int) -> ChaCha20Poly1305:
-    return ChaCha20Poly1305(agree(enc_sk, peer_pk, purpose="share-enc", session_id=session_id, u=u, v=v))
+def round_context(session_id: str, round: int = 1) -> str:
+    """Session id and round number, as bound into every key derivation, AEAD and commitment of a round.
+
+    Keys and masks of round r can then never open, verify or cancel anything
+    of round r + 1 under the same session id.
+    """
+    return f"{session_id}#round={int(round)}"
 
 
-def _share_ad(session_id: str, digest_hex: str, sender: int, recipient: int, commit_b: bytes, commit_s: bytes) -> bytes:
-    """AEAD associated data: session, parameter digest, direction sender -> recipient and the commitments."""
-    return (f"secure-afl/secagg/v2/share/{session_id}/{digest_hex}/{sender}->{recipient}/".encode()
-            + commit_b + commit_s)
+def _share_key(enc_sk: X25519PrivateKey, peer_pk: bytes, session_id: str, u: int, v: int, *,
+               round: int = 1) -> ChaCha20Poly1305:
+    return ChaCha20Poly1305(agree(enc_sk, peer_pk, purpose="share-enc", session_id=round_context(session_id, round),
+                                  u=u, v=v))
 
 
-def share_commitment(session_id: str, digest_hex: str, kind: str, owner: int, holder: int, share: bytes) -> bytes:
-    """SHA-256 commitment to one Shamir share (``kind`` "b": self-mask seed, "s": mask key).
+def _share_ad(session_id: str, digest_hex: str, sender: int, recipient: int, commit_b: bytes, commit_s: bytes, *,
+              round: int = 1) -> bytes:
+    """AEAD associated data: session and round, parameter digest, direction sender -> recipient, commitments."""
+    return (f"secure-afl/secagg/v2/share/{round_context(session_id, round)}/{digest_hex}/{sender}->{recipient}/"
+            .encode() + commit_b + commit_s)
+
+
+def share_commitment(session_id: str, digest_hex: str, kind: str, owner: int, holder: int, share: bytes, *,
+                     round: int = 1) -> bytes:
+    """SHA-256 commitment to one Shamir share (``kind`` "b": self-mask seed, "s": mask key) of one round.
 
     No salt: a share of a uniform 256-bit secret is itself unpredictable to
     anyone holding fewer than t shares, so the hash does not help guess it.
     """
-    head = f"{session_id}/{digest_hex}/{kind}/{owner}->{holder}".encode()
+    head = f"{round_context(session_id, round)}/{digest_hex}/{kind}/{owner}->{holder}".encode()
     return hashlib.sha256(_COMMIT_PREFIX + len(head).to_bytes(2, "big") + head + share).digest()
 
 
-def _pair_seed(mask_sk: X25519PrivateKey, peer_pk: bytes, session_id: str, u: int, v: int) -> bytes:
-    return agree(mask_sk, peer_pk, purpose="mask", session_id=session_id, u=u, v=v)
+def _pair_seed(mask_sk: X25519PrivateKey, peer_pk: bytes, session_id: str, u: int, v: int, *, round: int = 1) -> bytes:
+    return agree(mask_sk, peer_pk, purpose="mask", session_id=round_context(session_id, round), u=u, v=v)
 
 
 def _raw_private(key: X25519PrivateKey) -> bytes:

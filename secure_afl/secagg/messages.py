@@ -64,6 +64,13 @@ def _str(d: Mapping, key: str) -> str:
     return v
 
 
+def _round(d: Mapping) -> int:
+    r = _int(d, "round")
+    if not 1 <= r <= 0xFFFF:
+        raise ValueError("round out of range")
+    return r
+
+
 def _ids(v) -> tuple[int, ...]:
     if not isinstance(v, list) or any(isinstance(x, bool) or not isinstance(x, int) for x in v):
         raise ValueError("expected a list of ints")
@@ -80,6 +87,7 @@ class _Message:
     STAGE: ClassVar[str]
     session_id: str
     client_id: int
+    round: int
 
     def __init_subclass__(cls, **kw):
         super().__init_subclass__(**kw)
@@ -93,7 +101,8 @@ class _Message:
         raise NotImplementedError
 
     def to_dict(self) -> dict:
-        d = {"type": self.TYPE, "stage": self.STAGE, "session_id": self.session_id, "client_id": self.client_id}
+        d = {"type": self.TYPE, "stage": self.STAGE, "session_id": self.session_id, "client_id": self.client_id,
+             "round": self.round}
         d.update(self._body())
         return d
 
@@ -102,7 +111,7 @@ class _Message:
         if not isinstance(d, Mapping) or d.get("type") != cls.TYPE or d.get("stage") != cls.STAGE:
             raise MalformedPayload(f"not a {cls.TYPE} message")
         try:
-            return cls._parse(d)
+            return replace(cls._parse(d), round=_round(d))
         except (KeyError, TypeError, ValueError, binascii.Error, AttributeError):
             raise MalformedPayload(f"malformed {cls.TYPE} message") from None
 
@@ -140,6 +149,7 @@ class SetupRequest(_Message):
     session_id: str
     client_id: int
     params_digest: str
+    round: int = 1
 
     def _body(self):
         return {"params_digest": self.params_digest}
@@ -158,6 +168,7 @@ class SetupAck(_Message):
     session_id: str
     client_id: int
     params_digest: str
+    round: int = 1
 
     def _body(self):
         return {"params_digest": self.params_digest}
@@ -175,6 +186,7 @@ class AdvertiseKeysRequest(_Message):
     STAGE: ClassVar[str] = Stage.ADVERTISE_KEYS
     session_id: str
     client_id: int
+    round: int = 1
 
     def _body(self):
         return {}
@@ -201,9 +213,10 @@ class KeyAdvertisement(_Message):
     enc_public_key: bytes
     mask_public_key: bytes
     signature: bytes = b""
+    round: int = 1
 
     def _unsigned(self) -> dict:
-        return {"type": self.TYPE, "session_id": self.session_id, "client_id": self.client_id,
+        return {"type": self.TYPE, "session_id": self.session_id, "client_id": self.client_id, "round": self.round,
                 "params_digest": self.params_digest, "enc_public_key": _b64(self.enc_public_key),
                 "mask_public_key": _b64(self.mask_public_key)}
 
@@ -239,20 +252,32 @@ class ShareKeysRequest(_Message):
     client_id: int
     advertisements: tuple[KeyAdvertisement, ...]
     graph_seed: bytes
+    round: int = 1
 
     def _body(self):
-        return {"advertisements": [a.to_dict() for a in self.advertisements], "graph_seed": _b64(self.graph_seed)}
+        # Each advertisement travels as [client_id, c^PK, s^PK, signature]: its session, round and parameter
+        # digest are the request's, stated once, which halves the O(K) part of the request.
+        ads = self.advertisements
+        digests = {a.params_digest for a in ads}
+        if any((a.session_id, a.round) != (self.session_id, self.round) for a in ads) or len(digests) > 1:
+            raise ValueError("relayed advertisements must belong to the request's session and round")
+        return {"params_digest": digests.pop() if digests else "", "graph_seed": _b64(self.graph_seed),
+                "advertisements": [[a.client_id, _b64(a.enc_public_key), _b64(a.mask_public_key), _b64(a.signature)]
+                                   for a in ads]}
 
     @classmethod
     def _parse(cls, d):
         ads = d["advertisements"]
-        if not isinstance(ads, list):
-            raise ValueError("advertisements must be a list")
+        if not isinstance(ads, list) or any(not isinstance(a, list) or len(a) != 4 for a in ads):
+            raise ValueError("advertisements must be a list of [client_id, c_pk, s_pk, signature]")
         seed = _unb64(d["graph_seed"])
         if len(seed) != _DIGEST_BYTES:
             raise ValueError("graph seed is 32 bytes")
-        return cls(_str(d, "session_id"), _int(d, "client_id"), tuple(KeyAdvertisement.from_dict(a) for a in ads),
-                   seed)
+        sid, digest, r = _str(d, "session_id"), _str(d, "params_digest"), _round(d)
+        parsed = tuple(KeyAdvertisement._parse({"session_id": sid, "client_id": a[0], "params_digest": digest,
+                                                "enc_public_key": a[1], "mask_public_key": a[2],
+                                                "signature": a[3]}) for a in ads)
+        return cls(sid, _int(d, "client_id"), tuple(replace(a, round=r) for a in parsed), seed)
 
 
 @dataclass(frozen=True)
@@ -308,6 +333,7 @@ class ShareKeysResponse(_Message):
     shares: tuple[EncryptedShare, ...]
     own_commit_b: bytes
     own_commit_s: bytes
+    round: int = 1
 
     def _body(self):
         return {"shares": [s.to_dict() for s in self.shares], "own_commit_b": _b64(self.own_commit_b),
@@ -330,6 +356,7 @@ class MaskedInputRequest(_Message):
     session_id: str
     client_id: int
     shares: tuple[EncryptedShare, ...]
+    round: int = 1
 
     def _body(self):
         return {"shares": [s.to_dict() for s in self.shares]}
@@ -352,6 +379,7 @@ class MaskedInput(_Message):
     session_id: str
     client_id: int
     payload: bytes
+    round: int = 1
 
     def _body(self):
         return {"payload": _b64(self.payload)}
@@ -371,7 +399,11 @@ class MaskedInput(_Message):
             raise MalformedPayload("masked input header lacks client_id/session_id")
         if env.header.get("stage") != Stage.MASKED_INPUT:
             raise MalformedPayload("not a masked input payload")
-        return cls(sid, cid, bytes(data))
+        try:
+            r = _round(env.header)
+        except (KeyError, ValueError):
+            raise MalformedPayload("masked input header lacks its round") from None
+        return cls(sid, cid, bytes(data), r)
 
 
 @dataclass(frozen=True)
@@ -391,9 +423,10 @@ class ConsistencyStatement(_Message):
     graph_seed: bytes
     survivors: tuple[int, ...]
     signature: bytes = b""
+    round: int = 1
 
     def _unsigned(self) -> dict:
-        return {"type": self.TYPE, "session_id": self.session_id, "client_id": self.client_id,
+        return {"type": self.TYPE, "session_id": self.session_id, "client_id": self.client_id, "round": self.round,
                 "params_digest": self.params_digest, "graph_seed": _b64(self.graph_seed),
                 "survivors": list(self.survivors)}
 
@@ -431,18 +464,39 @@ class UnmaskRequest(_Message):
     survivors: tuple[int, ...]
     dropped: tuple[int, ...]
     statements: tuple[ConsistencyStatement, ...] = ()
+    round: int = 1
 
     def _body(self):
-        return {"survivors": list(self.survivors), "dropped": list(self.dropped),
-                "statements": [s.to_dict() for s in self.statements]}
+        # Every statement a hospital accepts is over the set it signed itself, so the set, digest, seed and
+        # round travel once and each statement as [signer, signature]: O(K) bytes instead of O(K^2).
+        st = self.statements
+        common = {(s.session_id, s.params_digest, s.graph_seed, s.survivors, s.round) for s in st}
+        if len(common) > 1:
+            raise ValueError("an unmask request relays statements over one survivor set")
+        signed = None
+        if st:
+            s0 = st[0]
+            signed = {"session_id": s0.session_id, "params_digest": s0.params_digest,
+                      "graph_seed": _b64(s0.graph_seed), "survivors": list(s0.survivors), "round": s0.round,
+                      "signers": [[s.client_id, _b64(s.signature)] for s in st]}
+        return {"survivors": list(self.survivors), "dropped": list(self.dropped), "statements": signed}
 
     @classmethod
     def _parse(cls, d):
         st = d["statements"]
-        if not isinstance(st, list):
-            raise ValueError("statements must be a list")
+        statements = ()
+        if st is not None:
+            if not isinstance(st, Mapping) or not isinstance(st["signers"], list):
+                raise ValueError("statements must be an object with a signers list")
+            common = {k: st[k] for k in ("session_id", "params_digest", "graph_seed", "survivors", "round")}
+            statements = tuple(
+                ConsistencyStatement.from_dict({"type": ConsistencyStatement.TYPE, "stage": Stage.UNMASK,
+                                                "client_id": sig[0], "signature": sig[1], **common})
+                for sig in st["signers"] if isinstance(sig, list) and len(sig) == 2)
+            if len(statements) != len(st["signers"]):
+                raise ValueError("each signer is [client_id, signature]")
         return cls(_str(d, "session_id"), _int(d, "client_id"), _ids(d["survivors"]), _ids(d["dropped"]),
-                   tuple(ConsistencyStatement.from_dict(s) for s in st))
+                   statements)
 
 
 @dataclass(frozen=True)
@@ -455,6 +509,7 @@ class UnmaskResponse(_Message):
     client_id: int
     self_mask_shares: Mapping[int, bytes]
     mask_key_shares: Mapping[int, bytes]
+    round: int = 1
 
     def _body(self):
         return {
@@ -490,18 +545,21 @@ class UnmaskMaterial:
     dropped_mask_keys: dict[int, bytes]
     mask_public_keys: dict[int, bytes] = field(default_factory=dict)
     graph_seed: bytes = b""
+    round: int = 1
 
     def to_dict(self) -> dict:
         enc = lambda m: {str(k): _b64(v) for k, v in sorted(m.items())}  # noqa: E731
         return {"survivors": list(self.survivors), "dropped": list(self.dropped),
                 "self_mask_seeds": enc(self.self_mask_seeds), "dropped_mask_keys": enc(self.dropped_mask_keys),
-                "mask_public_keys": enc(self.mask_public_keys), "graph_seed": _b64(self.graph_seed)}
+                "mask_public_keys": enc(self.mask_public_keys), "graph_seed": _b64(self.graph_seed),
+                "round": self.round}
 
     @classmethod
     def from_dict(cls, d) -> "UnmaskMaterial":
         try:
             dec = lambda m: {int(k): _unb64(v) for k, v in m.items()}  # noqa: E731
             return cls(_ids(d["survivors"]), _ids(d["dropped"]), dec(d["self_mask_seeds"]),
-                       dec(d["dropped_mask_keys"]), dec(d.get("mask_public_keys", {})), _unb64(d["graph_seed"]))
+                       dec(d["dropped_mask_keys"]), dec(d.get("mask_public_keys", {})), _unb64(d["graph_seed"]),
+                       _round(d))
         except (KeyError, TypeError, ValueError, AttributeError, binascii.Error):
             raise MalformedPayload("malformed unmask material") from None

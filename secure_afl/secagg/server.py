@@ -18,6 +18,7 @@ from ..exceptions import (
     RoundAlreadyClosed,
     SecureAFLError,
     StageError,
+    StaleRound,
     WrongSession,
 )
 from ..hazmat import fixedpoint
@@ -85,14 +86,19 @@ class SecAggServerRound:
     params : SessionParams
     participants : iterable of int, optional
         Enrolled client ids (default ``1..n_parties``).
+    round : int, optional
+        The session's round number r (default 1), bound into every request
+        and checked on every response: a message of another round is refused
+        with :class:`StaleRound` and changes nothing.
     """
 
     def __init__(self, params: SessionParams, *, participants: Iterable[int] | None = None,
-                 identity_keys: Mapping | None = None):
+                 identity_keys: Mapping | None = None, round: int = 1):
         self.backend = SecAggBackend(params)
         self.params = params
         self.cfg = self.backend.cfg
         self._digest = params.digest().hex()
+        self.round = check_int("round", round, "SecAggServerRound", low=1, high=0xFFFF)
         ids = range(1, self.cfg.n_parties + 1) if participants is None else participants
         self.participants = frozenset(check_int("participant", i, "SecAggServerRound", low=1,
                                                 high=self.cfg.n_parties) for i in ids)
@@ -139,6 +145,18 @@ class SecAggServerRound:
         """Signed consistency statements received in the UNMASK stage, by signer."""
         return dict(self._statements)
 
+    def has_responded(self, client_id: int) -> bool:
+        """Whether ``client_id`` answered the current stage (O(1), for polls)."""
+        return client_id in self._responded
+
+    def has_signed(self, client_id: int) -> bool:
+        """Whether ``client_id`` sent its consistency statement (O(1), for polls)."""
+        return client_id in self._statements
+
+    @property
+    def signed_count(self) -> int:
+        return len(self._statements)
+
     @property
     def quorum(self) -> int:
         """Consistency statements needed before unmask requests go out (known once keys were advertised)."""
@@ -158,20 +176,22 @@ class SecAggServerRound:
         self._check_open()
         if client_id not in self.active:
             raise StageError(f"client {client_id} takes no part in stage {self.stage}")
-        sid, u = self.params.session_id, client_id
+        sid, u, r = self.params.session_id, client_id, self.round
         if self.stage == Stage.SETUP:
-            return SetupRequest(sid, u, self._digest)
+            return SetupRequest(sid, u, self._digest, r)
         if self.stage == Stage.ADVERTISE_KEYS:
-            return AdvertiseKeysRequest(sid, u)
+            return AdvertiseKeysRequest(sid, u, r)
         if self.stage == Stage.SHARE_KEYS:
-            return ShareKeysRequest(sid, u, tuple(self._ads[v] for v in sorted(self.advertised)), self.graph_seed)
+            return ShareKeysRequest(sid, u, tuple(self._ads[v] for v in sorted(self.advertised)), self.graph_seed, r)
         if self.stage == Stage.MASKED_INPUT:
             inbox = self._inbox.get(u, {})
-            return MaskedInputRequest(sid, u, tuple(inbox[v] for v in sorted(inbox) if v in self.active))
+            return MaskedInputRequest(sid, u, tuple(inbox[v] for v in sorted(inbox) if v in self.active), r)
         if not self.unmask_open:
             raise StageError(f"{len(self._statements)} of {self.quorum} survivors signed the survivor set so far")
         surv, drop = self._unmask_lists[u]
-        return UnmaskRequest(sid, u, surv, drop, tuple(self._statements[v] for v in sorted(self._statements)))
+        # a quorum of signatures is what the hospital checks; more would only cost bytes
+        signers = sorted(self._statements)[:self.quorum]
+        return UnmaskRequest(sid, u, surv, drop, tuple(self._statements[v] for v in signers), r)
 
     # -- responses --------------------------------------------------------------
     def receive(self, message) -> None:
@@ -183,6 +203,8 @@ class SecAggServerRound:
             raise StageError(f"expect {self.stage} stage, but receive {getattr(message, 'STAGE', None)} stage")
         if message.session_id != self.params.session_id:
             raise WrongSession(f"message is for session {message.session_id!r}")
+        if message.round != self.round:
+            raise StaleRound(f"message is for round {message.round} of this session; round {self.round} is open")
         u = message.client_id
         if u not in self.active:
             raise StageError(f"client {u} takes no part in stage {self.stage}")
@@ -234,7 +256,8 @@ class SecAggServerRound:
         self._commits[(u, u)] = (m.own_commit_b, m.own_commit_s)
 
     def _receive_masked(self, m: MaskedInput) -> None:
-        cid, words = self.backend._decode_masked(m.payload)  # checks envelope, session, parameters, length
+        # checks envelope, session, parameters, round, length
+        cid, words = self.backend._decode_masked(m.payload, round=self.round)
         if cid != m.client_id:
             raise MalformedPayload("masked input header names another client")
         self._combiner.add_decoded(cid, words)
@@ -272,7 +295,8 @@ class SecAggServerRound:
         if commit is None or not isinstance(data, bytes):
             return False
         expected = commit[0] if kind == "b" else commit[1]
-        if share_commitment(self.params.session_id, self._digest, kind, owner, holder, data) != expected:
+        if share_commitment(self.params.session_id, self._digest, kind, owner, holder, data,
+                            round=self.round) != expected:
             return False
         try:
             s = Share.from_bytes(data)
@@ -341,7 +365,7 @@ class SecAggServerRound:
 
     def _close_share_keys(self) -> bool:
         u2 = self._prune(self._responded, "shared keys")
-        self._combiner = _SecAggCombiner(self.backend, allowed=u2)
+        self._combiner = _SecAggCombiner(self.backend, allowed=u2, round=self.round)
         return self._advance(Stage.MASKED_INPUT, u2)
 
     def _close_masked_input(self) -> bool:
@@ -394,7 +418,7 @@ class SecAggServerRound:
         for v in self.dropped_:
             need |= self._graph[v] & set(self.survivors_)
         pks = {u: self._ads[u].mask_public_key for u in sorted(need)}
-        return UnmaskMaterial(self.survivors_, self.dropped_, seeds, keys, pks, self.graph_seed)
+        return UnmaskMaterial(self.survivors_, self.dropped_, seeds, keys, pks, self.graph_seed, self.round)
 
     @property
     def aggregate(self) -> bytes | None:
