@@ -36,7 +36,7 @@ import os
 import queue as queue_mod
 from typing import Iterable, Iterator
 
-from .exceptions import SecureAFLError
+from .exceptions import InvalidContribution, SecureAFLError
 from .params import SessionParams
 
 __all__ = ["PayloadRefused", "sum_payloads", "default_workers"]
@@ -48,10 +48,8 @@ _MIN_PER_WORKER = 8
 _POLL_S = 0.5
 
 
-class PayloadRefused(SecureAFLError):
+class PayloadRefused(InvalidContribution):
     """A payload in the sum is not a valid contribution; ``label`` names it, ``cause`` is the refusal."""
-
-    reason = "contribution_rejected"
 
     def __init__(self, message: str, label: str, cause: str):
         super().__init__(message)
