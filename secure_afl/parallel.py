@@ -31,6 +31,7 @@ process can copy a held lock into the child.
 
 from __future__ import annotations
 
+import itertools
 import multiprocessing as mp
 import os
 import queue as queue_mod
@@ -43,8 +44,9 @@ __all__ = ["PayloadRefused", "sum_payloads", "default_workers"]
 
 #: Payloads queued per worker beyond the one it is adding (bounds the parent's memory).
 _QUEUE_DEPTH = 2
-#: A worker costs an interpreter start and imports (about a second): give each at least this many payloads.
-_MIN_PER_WORKER = 8
+#: A worker costs an interpreter start and imports (a second or more): below this many bytes to
+#: deserialise, one process finishes first.
+_PARALLEL_MIN_BYTES = 64 << 20
 _POLL_S = 0.5
 
 
@@ -57,9 +59,12 @@ class PayloadRefused(InvalidContribution):
         self.cause = cause
 
 
-def default_workers(n: int) -> int:
-    """The machine's cores, no more than one per ``_MIN_PER_WORKER`` payloads (at least 1)."""
-    return max(1, min(os.cpu_count() or 1, n // _MIN_PER_WORKER))
+def default_workers(n: int, payload_bytes: int) -> int:
+    """The machine's cores for ``n`` payloads of about ``payload_bytes``; 1 when the sum is too small to pay
+    for starting workers."""
+    if n * payload_bytes < _PARALLEL_MIN_BYTES:
+        return 1
+    return max(1, min(os.cpu_count() or 1, n))
 
 
 def _combiner(params: SessionParams, public_context: bytes | None):
@@ -103,19 +108,24 @@ def sum_payloads(params: SessionParams, payloads: Iterable[tuple[str, bytes]], *
     """Check and sum ``(label, payload)`` pairs -> ``[(partial body, n), ...]``, one per worker, in worker order.
 
     ``payloads`` is consumed lazily (it may fetch each payload as it goes);
-    ``count`` (its length, when known) caps the number of workers so that each
-    gets a few payloads. ``workers`` defaults to :func:`default_workers`;
+    ``count`` is its length when known. ``workers`` defaults to
+    :func:`default_workers` (sized from ``count`` and the first payload);
     ``workers=1`` folds in this process. ckks/bfv need ``public_context``.
     Merge the partials with :meth:`Combiner.merge`. Raises :class:`PayloadRefused`.
     """
+    payloads = iter(payloads)
     if workers is None:
-        workers = default_workers(count if count is not None else 0)
+        first = next(payloads, None)
+        if first is None:
+            return [_fold(params, public_context, iter(()))]
+        payloads = itertools.chain([first], payloads)
+        workers = default_workers(count if count is not None else 1, len(first[1]))
     if count is not None:
         workers = min(workers, max(1, count))
     if workers < 1:
         raise ValueError("workers must be >= 1")
     if workers == 1:
-        return [_fold(params, public_context, iter(payloads))]
+        return [_fold(params, public_context, payloads)]
 
     ctx = mp.get_context("spawn")
     outbox = ctx.Queue()
