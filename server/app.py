@@ -115,10 +115,7 @@ def create_app(server: AggregationServer) -> FastAPI:
 
     @app.exception_handler(SecureAFLError)
     async def _refused(request: Request, exc: SecureAFLError):
-        resp = _error(http_status(exc), exc.reason, str(exc))
-        if isinstance(exc, ServerBusy):  # a slot frees within about one body's read: come back soon
-            resp.headers["Retry-After"] = "1"
-        return resp
+        return _error(http_status(exc), exc.reason, str(exc))
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError):

@@ -119,12 +119,19 @@ def test_plain_bounds_are_checked_for_every_payload_in_a_worker(plain):
     assert e.value.label == "h7" and e.value.cause == "BoundsExceeded"
 
 
-def test_a_merge_of_a_tampered_partial_is_refused(he):
-    be, payloads, pub = he
-    (body, n), = sum_payloads(be.params, (("h", p) for p in payloads[:3]), public_context=pub, workers=1)
-    comb = be.combiner(public_context=pub)
+def _tampered_partial_refused(be, payloads, pub):
     from secure_afl.exceptions import SecureAFLError
 
+    (body, n), = sum_payloads(be.params, (("h", p) for p in payloads[:3]), public_context=pub, workers=1)
+    comb = be.combiner(public_context=pub) if pub is not None else be.combiner()
     with pytest.raises(SecureAFLError):
         comb.merge(body[:-7], n)
     assert comb.count == 0
+
+
+def test_a_merge_of_a_truncated_plain_partial_is_refused(plain):
+    _tampered_partial_refused(*plain)
+
+
+def test_a_merge_of_a_truncated_he_partial_is_refused(he):
+    _tampered_partial_refused(*he)

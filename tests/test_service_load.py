@@ -100,13 +100,7 @@ def test_200_concurrent_plain_uploads_default_limits_each_counted_once(tmp_path)
 
 @pytest.mark.slow
 def test_1000_concurrent_plain_uploads_default_limits_each_counted_once(tmp_path):
-    _crowd(tmp_path, 1000, join_s=900)
-
-
-def test_a_server_at_its_connection_cap_is_waited_for_not_failed(tmp_path):
-    """Two connections for 24 hospitals: uvicorn answers most of them 503; each retries until accepted."""
-    retries = _crowd(tmp_path, 24, extra_server={"max_connections": 2})
-    assert retries > 0  # the cap was hit: the figure above is what retrying absorbed
+    assert _crowd(tmp_path, 1000, join_s=900) > 0  # the crowd did hit the default limits
 
 
 def test_retry_delay_honours_retry_after_and_spreads_the_crowd():
