@@ -8,10 +8,19 @@ callers handle network refusals and local refusals the same way. The reason
 -> class table is :func:`secure_afl.exceptions.error_class` (the same registry
 the server answers from); a server that does not answer at all is
 :class:`~secure_afl.exceptions.ServerUnreachable`.
+
+Crowds: a server at its limits answers 429 ``busy`` (every body slot taken)
+or 503 (uvicorn's connection cap). Neither request reached a handler, so
+nothing took effect and sending it again, signed afresh, is safe even for an
+upload: the request is retried after ``Retry-After`` when the server sends
+one, else after an exponential backoff (``_BACKOFF_S`` doubling to
+``_BACKOFF_MAX_S``) with full jitter, so a thousand refused hospitals do not
+come back in step; for at most ``busy_s`` seconds in all.
 """
 
 from __future__ import annotations
 
+import random
 import time
 from typing import Iterable
 
@@ -21,7 +30,27 @@ from secure_afl import exceptions as E
 from secure_afl.exceptions import ServiceError
 from secure_afl.protocol import API, sign_request
 
-__all__ = ["ServiceClient", "ServiceError", "error_from_response"]
+__all__ = ["ServiceClient", "ServiceError", "error_from_response", "retry_delay"]
+
+#: Statuses that mean "not now" (nothing was processed), answered by waiting and sending again.
+_RETRY_STATUSES = (429, 503)
+_BACKOFF_S = 0.25
+_BACKOFF_MAX_S = 8.0
+_RNG = random.Random()
+
+
+def retry_delay(attempt: int, retry_after: str | None, *, rng: random.Random | None = None) -> float:
+    """Seconds to wait before retry number ``attempt`` (0-based) of a 429/503.
+
+    The server's ``Retry-After`` (delta seconds), spread by up to a quarter
+    more so a crowd refused together does not return together; without one,
+    full jitter over a doubling backoff capped at ``_BACKOFF_MAX_S``.
+    """
+    rng = rng or _RNG
+    if retry_after is not None and retry_after.strip().isdigit():
+        base = min(float(retry_after), 10 * _BACKOFF_MAX_S)
+        return base * (1.0 + 0.25 * rng.random())
+    return rng.uniform(0.0, min(_BACKOFF_MAX_S, _BACKOFF_S * 2.0 ** attempt))
 
 
 def error_from_response(resp: httpx.Response) -> E.SecureAFLError:
@@ -40,7 +69,7 @@ class ServiceClient:
     """One party's authenticated connection to the aggregation server."""
 
     def __init__(self, base_url: str, party, session_id: str, *, timeout: float = 120.0,
-                 present_cert: bool = True, verify=None, retry_s: float = 60.0):
+                 present_cert: bool = True, verify=None, retry_s: float = 60.0, busy_s: float = 900.0):
         self.base_url = base_url.rstrip("/")
         self.party = party
         self.party_id = f"{party.role}:{party.name}"
@@ -49,7 +78,9 @@ class ServiceClient:
         ctx = verify if verify is not None else party.client_ssl_context(present_cert=present_cert)
         self.http = httpx.Client(base_url=self.base_url, verify=ctx, timeout=timeout)
         self.retry_s = retry_s
+        self.busy_s = busy_s
         self.bytes_downloaded = 0  # response bodies received (benchmarks report it)
+        self.busy_retries = 0  # 429/503 answers absorbed by waiting (benchmarks report it)
 
     def close(self) -> None:
         self.http.close()
@@ -66,13 +97,18 @@ class ServiceClient:
     def request(self, method: str, path: str, *, body: bytes = b"", signed: bool = True,
                 headers: dict | None = None, content: Iterable[bytes] | None = None,
                 retry: bool = True) -> httpx.Response:
-        """One request; connection failures (server restarting) are retried for ``retry_s``.
+        """One request; connection failures (server restarting) are retried for ``retry_s``,
+        429/503 answers (server at its limits) for ``busy_s``, ``content`` streams excepted.
 
         A retried request is signed afresh (new nonce), so the server never sees
-        a replayed signature; whether a retried POST had already taken effect is
-        for the caller to find out (a 409 duplicate says so).
+        a replayed signature. ``retry=False`` is for requests whose effect is
+        unknown after a dropped connection (an upload): the caller finds out
+        (its receipt) before sending again; a 429/503 is retried all the same,
+        since the server did not act on it.
         """
         deadline = time.monotonic() + (self.retry_s if retry else 0.0)
+        busy_deadline = time.monotonic() + self.busy_s
+        attempt = 0
         while True:
             h = dict(headers or {})
             if signed:
@@ -81,11 +117,19 @@ class ServiceClient:
                 resp = self.http.request(method, path, content=content if content is not None else body,
                                          headers=h)
                 self.bytes_downloaded += len(resp.content)
-                break
             except httpx.TransportError as e:
                 if content is not None or time.monotonic() > deadline:
                     raise E.ServerUnreachable(f"no answer from {self.base_url} ({type(e).__name__}: {e})") from e
                 time.sleep(0.25)
+                continue
+            if resp.status_code in _RETRY_STATUSES and content is None:
+                wait = retry_delay(attempt, resp.headers.get("retry-after"))
+                if time.monotonic() + wait <= busy_deadline:
+                    self.busy_retries += 1
+                    attempt += 1
+                    time.sleep(wait)
+                    continue
+            break
         if resp.status_code >= 400:
             raise error_from_response(resp)
         return resp

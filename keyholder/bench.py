@@ -1,7 +1,7 @@
 """Cost of the key holder's finalize (verify every signed upload, re-sum, decrypt once, flood, check,
 solve) next to the server's streaming sum of the same uploads, and what flooding does to W.
 
-    python -m secure_afl.keyholder.bench --dim 512 --classes 100 --hospitals 10 100
+    python -m secure_afl.keyholder.bench --dim 512 --classes 100 --hospitals 10 100 [--workers 1 2]
 
 Runs the key holder's real release path (:meth:`KeyHolder.release_he`, what
 ``finalize`` runs after the audit countersignature) on what an honest server
@@ -44,7 +44,8 @@ class _StoredUploads:
         return self._tags
 
 
-def run(dim: int, classes: int, k: int, *, distinct: int = 4, n_per_hospital: int = 200, seed: int = 0) -> dict:
+def run(dim: int, classes: int, k: int, *, distinct: int = 4, n_per_hospital: int = 200, seed: int = 0,
+        workers: tuple[int, ...] = ()) -> dict:
     from secure_afl import pki
     from secure_afl.analytic import solve_from_sums
     from secure_afl.backends.ckks import CKKSBackend, ckks_session_params
@@ -55,6 +56,7 @@ def run(dim: int, classes: int, k: int, *, distinct: int = 4, n_per_hospital: in
     from secure_afl.tagging import new_tag, seal_tag, sign_tag
 
     from .release import KeyHolder
+    from .verify import resum_signed_contributions
 
     rng = np.random.default_rng(seed)
     gamma, lay = 1.0, Layout(dim, classes)
@@ -101,6 +103,14 @@ def run(dim: int, classes: int, k: int, *, distinct: int = 4, n_per_hospital: in
         server_s = time.perf_counter() - t
         manifest = build_manifest(server.identity_key(), sid, params.digest(), participants,
                                   hashlib.sha256(aggregate).digest(), k)
+        resum_s, sums = {}, set()
+        for w in workers:  # the verify + re-sum alone, with w processes (finalize may decrypt only once)
+            ctx = backend.keyholder_context(kh.secret_context(sid))
+            t = time.perf_counter()
+            chunks, _ = resum_signed_contributions(params, backend, ctx, manifest, payload_of.__getitem__,
+                                                   workers=w)
+            resum_s[w] = time.perf_counter() - t
+            sums.add(hashlib.sha256(backend.scheme.dump_chunks(chunks, lay.length)).hexdigest())
         t = time.perf_counter()
         res = kh.release_he(params.session_id, _StoredUploads(manifest, payload_of, tags), min_clients=k)
         finalize_s = time.perf_counter() - t
@@ -115,7 +125,8 @@ def run(dim: int, classes: int, k: int, *, distinct: int = 4, n_per_hospital: in
                 "keyholder_finalize_s": finalize_s, "flood_sigma": res.report["flood_sigma"],
                 "decryption_error_bound": res.report["decryption_error_bound"],
                 "error_bound_per_entry": res.report["error_bound_per_entry"], "flood_ridge": res.report["flood_ridge"],
-                "W_rel_error_vs_exact": rel}
+                "W_rel_error_vs_exact": rel, "resum_s_by_workers": resum_s,
+                "resums_identical": len(sums) <= 1}
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
@@ -126,9 +137,16 @@ def main(argv=None) -> int:
     ap.add_argument("--classes", type=int, default=100)
     ap.add_argument("--hospitals", type=int, nargs="+", default=[10, 100])
     ap.add_argument("--distinct", type=int, default=4, help="distinct encrypted payloads (memory)")
+    ap.add_argument("--workers", type=int, nargs="*", default=[],
+                    help="also time the verify + re-sum alone with each of these process counts")
     args = ap.parse_args(argv)
     for k in args.hospitals:
-        r = run(args.dim, args.classes, k, distinct=args.distinct)
+        r = run(args.dim, args.classes, k, distinct=args.distinct, workers=tuple(args.workers))
+        for w, sec in r["resum_s_by_workers"].items():
+            print(f"d={r['dim']} C={r['classes']} K={r['hospitals']}: key holder verify + re-sum with {w} "
+                  f"process(es): {sec:.2f} s")
+        if len(r["resum_s_by_workers"]) > 1:
+            print(f"  re-sums bit for bit identical across process counts: {r['resums_identical']}")
         print(f"d={r['dim']} C={r['classes']} K={r['hospitals']}: upload {r['bytes_per_upload'] / 1e6:.1f} MB; "
               f"server sum {r['server_sum_s']:.2f} s; key holder verify+re-sum {r['keyholder_verify_resum_s']:.2f} s "
               f"(whole finalize {r['keyholder_finalize_s']:.2f} s); flood sigma {r['flood_sigma']:.2e} "

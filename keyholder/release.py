@@ -169,9 +169,10 @@ class KeyHolder(KeyCustody):
             raise DecryptionRefused(f"not decrypting: the audit close record does not hold ({e})") from e
 
     def release_he(self, sid: str, source, *, min_clients: int, lam: float = 0.0, min_class_count: int = 1,
-                   expected_hospitals: list[str] | None = None) -> FinalResult:
+                   expected_hospitals: list[str] | None = None, workers: int | None = None) -> FinalResult:
         """ckks, bfv: verify and re-sum the signed uploads here, decrypt that sum once (ckks: flood it), check.
 
+        ``workers`` processes check and re-sum the uploads (default: the machine's cores).
         ``source`` is whatever carried the uploads (the server over HTTPS, a Flower message): its
         ``manifest()``, ``contribution(hospital)`` and ``tags()`` are what the server stored, trusted
         for nothing beyond the signatures they carry.
@@ -193,7 +194,8 @@ class KeyHolder(KeyCustody):
                 _check_dp_noise(params, len(m["participants"]))
                 backend = get_backend(params)
                 ctx = backend.keyholder_context(self.secret_context(sid))
-                chunks, participants = resum_signed_contributions(params, backend, ctx, m, source.contribution)
+                chunks, participants = resum_signed_contributions(params, backend, ctx, m, source.contribution,
+                                                                   workers=workers)
                 tags = source.tags()
             except (ServerForgery, ContributionRejected) as e:
                 ledger.block(key_id, f"refused before decryption: {e}")

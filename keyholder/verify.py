@@ -28,6 +28,7 @@ import hashlib
 from typing import Callable, Mapping
 
 from secure_afl.exceptions import DecryptionRefused, InsufficientContributors, SecureAFLError
+from secure_afl.parallel import PayloadRefused, sum_payloads
 from secure_afl.params import SessionParams
 from secure_afl.signing import verify_manifest
 
@@ -64,27 +65,37 @@ def verify_manifest_for(params: SessionParams, manifest: dict, server_pub, enrol
 
 
 def resum_signed_contributions(params: SessionParams, backend, ctx, manifest: dict,
-                               fetch: Callable[[str], bytes]) -> tuple[list, list[str]]:
+                               fetch: Callable[[str], bytes], *, workers: int | None = None) -> tuple[list, list[str]]:
     """Sum the uploads of a manifest already verified by :func:`verify_manifest_for`
     (distinct enrolled hospitals, at least ``min_clients``) -> (summed chunks, participants).
 
     ``fetch(hospital)`` returns the payload bytes the server stored for that
-    hospital. Raises :class:`ServerForgery` or :class:`ContributionRejected`;
+    hospital; each is hashed against its signed digest here, as it arrives,
+    then checked and added by one of ``workers`` processes
+    (:func:`secure_afl.parallel.sum_payloads`; default: the machine's cores),
+    which get the public half of the key holder's own context, never the
+    secret. Raises :class:`ServerForgery` or :class:`ContributionRejected`;
     on either nothing was decrypted.
     """
-    add_chunks = backend.scheme.add_chunks  # the scheme's homomorphic addition (ckks or bfv)
-    total, seen = None, []
-    for p in manifest["participants"]:
-        hospital = p["hospital"]
-        payload = fetch(hospital)
-        if hashlib.sha256(payload).hexdigest() != p["payload_sha256"]:
-            raise ServerForgery(f"the server served a payload for {hospital} that {hospital} did not sign")
-        try:
-            chunks = backend.load_contribution(ctx, payload)
-        except SecureAFLError as e:
-            raise ContributionRejected(f"{hospital}'s signed upload is not a valid contribution under the key "
-                                       f"holder's own parameters ({type(e).__name__}); the session cannot be "
-                                       f"released with it", hospital) from e
-        total = add_chunks(total, chunks)
-        seen.append(hospital)
-    return total, sorted(seen)
+    participants = manifest["participants"]
+
+    def signed_payloads():
+        for p in participants:
+            hospital = p["hospital"]
+            payload = fetch(hospital)
+            if hashlib.sha256(payload).hexdigest() != p["payload_sha256"]:
+                raise ServerForgery(f"the server served a payload for {hospital} that {hospital} did not sign")
+            yield hospital, payload
+
+    try:
+        partials = sum_payloads(params, signed_payloads(), public_context=backend.scheme.serialize_public(ctx),
+                                workers=workers, count=len(participants))
+    except PayloadRefused as e:
+        raise ContributionRejected(f"{e.label}'s signed upload is not a valid contribution under the key "
+                                   f"holder's own parameters ({e.cause}); the session cannot be released with it",
+                                   e.label) from e
+    total = None
+    for body, n in partials:
+        if n:
+            total = backend.scheme.add_chunks(total, backend.load_partial(ctx, body))
+    return total, sorted(p["hospital"] for p in participants)

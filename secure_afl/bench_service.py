@@ -3,8 +3,11 @@
 Everything is the production path on 127.0.0.1: a ``secure-afl server run``
 child process (uvicorn, mTLS), the key holder (:class:`secure_afl.keyholder.KeyHolder`:
 keygen and publish for ckks/bfv, then close, verify, reveal and solve), and K
-:class:`HospitalClient` instances over HTTPS (threads in this process; secagg
-hospitals run their whole SecAgg participant loop). Phases:
+:class:`HospitalClient` instances over HTTPS (secagg hospitals run their whole
+SecAgg participant loop). The hospitals run in one worker process per core
+(``--processes``), each running its slice as threads, at most
+``_THREADS_PER_PROCESS`` at once, so K = 1000 is not held back by one
+interpreter's GIL nor by K contributions in memory at once. Phases:
 
 * ``pki``        consortium CA, server, key holder and K hospital identities;
 * ``server``     server start until ``/v1/health`` answers;
@@ -28,18 +31,20 @@ out: with plain/ckks/bfv they never upload; with secagg they share their keys
 and then go silent before the masked input (the server drops them after
 ``--stage-timeout`` seconds and the survivors unmask their pairwise masks).
 
-The server is configured for K clients at once: ``max_connections`` 2K + 64 and
-``max_concurrent_uploads`` K (the defaults 64 and 4 answer 503 / 429 ``busy``
-to a crowd, and hospital clients do not retry on ``busy``).
+The server runs with its default limits (64 connections, 4 bodies read at
+once): a crowd gets 503 / 429 ``busy`` answers, which the clients absorb by
+waiting and sending again (clients/transport.py); the report counts them.
 """
 
 from __future__ import annotations
 
 import json
+import multiprocessing as mp
 import os
+import queue as queue_mod
 import tempfile
-import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -48,6 +53,8 @@ __all__ = ["register", "run_service_bench", "ServerMeter"]
 
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 _TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+#: Hospitals one worker process runs at once (each holds its statistics and payload: O(L) apiece).
+_THREADS_PER_PROCESS = 100
 
 
 class ServerMeter:
@@ -106,7 +113,8 @@ def _hospital_stats(dim: int, classes: int, samples: int, seed: int, k: int):
 
 def run_service_bench(backend: str, hospitals: int, *, dim: int = 64, classes: int = 10, samples: int = 32,
                       dropout: float = 0.0, seed: int = 0, workdir: str | None = None,
-                      stage_timeout_s: float = 60.0, hospital_timeout_s: float = 1800.0) -> dict:
+                      stage_timeout_s: float = 60.0, hospital_timeout_s: float = 1800.0,
+                      processes: int | None = None) -> dict:
     from . import pki
     from .analytic import solve_from_sums
     from .backends import HE_BACKENDS
@@ -151,7 +159,7 @@ def run_service_bench(backend: str, hospitals: int, *, dim: int = 64, classes: i
         "secagg": {"stage_timeout_s": float(stage_timeout_s)},
         "server": {"host": "127.0.0.1", "port": _free_port(), "data_dir": str(work / "server"),
                    "pki_dir": str(pki_dir), "name": "aggregator", "keyholder": "keyholder",
-                   "max_connections": 2 * K + 64, "max_concurrent_uploads": K, "read_timeout_s": 120.0},
+                   },
     }
     if backend == "secagg":
         from .secagg import default_threshold, max_min_clients, recommended_neighbours
@@ -169,9 +177,9 @@ def run_service_bench(backend: str, hospitals: int, *, dim: int = 64, classes: i
     url = f"https://127.0.0.1:{cfg['server']['port']}"
     kh = KeyHolder(pki_dir, "keyholder", work / "keyholder", passphrase=os.urandom(16).hex().encode())
     server = ServerProcess(work / "session.toml", work / "server.log")
-    stats = {n: _hospital_stats(dim, classes, samples, seed, i) for i, n in enumerate(names)}
     results: dict[str, tuple[int, int]] = {}
     errors: dict[str, str] = {}
+    busy = {"hospitals": 0, "keyholder": 0}
     meter = None
 
     def phase(name, fn):
@@ -201,40 +209,49 @@ def run_service_bench(backend: str, hospitals: int, *, dim: int = 64, classes: i
 
             phase("keys", keys)
 
-        def run_hospital(name: str, drop: bool):
-            client = HospitalClient(url, session_id, pki.load_party(pki_dir, "hospital", name),
-                                    receipts_dir=work / "receipts", timeout=600)
-            try:
-                if drop and backend != "secagg":
-                    return  # never uploads
-                kw = {"timeout": hospital_timeout_s}
-                if drop:
-                    from .secagg import Stage
-
-                    kw["stop_before"] = Stage.MASKED_INPUT
-                client.submit(stats[name], **kw)
-                if not drop:  # the per-hospital figures are those of hospitals that went to the end
-                    results[name] = (client.bytes_uploaded, client.conn.bytes_downloaded)
-            except Exception as e:  # reported below
-                errors[name] = f"{type(e).__name__}: {e}"
-            finally:
-                client.close()
+        job = {"url": url, "session_id": session_id, "pki_dir": str(pki_dir), "receipts": str(work / "receipts"),
+               "backend": backend, "dim": dim, "classes": classes, "samples": samples, "seed": seed,
+               "timeout": hospital_timeout_s}
+        n_proc = max(1, min(processes or os.cpu_count() or 1, K))
 
         def hospitals_phase():
-            threads = [threading.Thread(target=run_hospital, args=(n, i in dropped), daemon=True)
-                       for i, n in enumerate(names)]
-            for th in threads:
-                th.start()
-            deadline = time.monotonic() + hospital_timeout_s + 60
-            for th in threads:
-                th.join(timeout=max(0.0, deadline - time.monotonic()))
+            ctx = mp.get_context("spawn")
+            out = ctx.Queue()
+            slices = [[(i, names[i], i in dropped) for i in range(j, K, n_proc)] for j in range(n_proc)]
+            procs = [ctx.Process(target=_hospital_slice, args=(job, sl, out), daemon=True) for sl in slices]
+            for p in procs:
+                p.start()
+            deadline = time.monotonic() + hospital_timeout_s + 120
+            done = 0
+            try:
+                while done < n_proc:
+                    try:
+                        part = out.get(timeout=max(0.1, min(5.0, deadline - time.monotonic())))
+                    except queue_mod.Empty:
+                        if time.monotonic() > deadline:
+                            raise RuntimeError("hospitals did not finish within the bound") from None
+                        if any(p.exitcode not in (0, None) for p in procs):
+                            raise RuntimeError("a hospital worker process died") from None
+                        continue
+                    done += 1
+                    results.update({k: tuple(v) for k, v in part["results"].items()})
+                    errors.update(part["errors"])
+                    busy["hospitals"] += part["busy_retries"]
+            finally:
+                for p in procs:
+                    p.join(timeout=10)
+                    if p.is_alive():
+                        p.terminate()
 
         phase("hospitals", hospitals_phase)
         if errors:
             raise RuntimeError(f"{len(errors)} hospital failure(s), e.g. {next(iter(errors.items()))}")
         res = phase("release", lambda: kh.finalize(conn, min_clients=min_clients))
+        busy["keyholder"] = conn.busy_retries
         conn.close()
         phases["release"]["contributors"] = res.report.get("contributors")
+        if "verify_and_resum_seconds" in res.report:
+            phases["release"]["keyholder_resum_s"] = res.report["verify_and_resum_seconds"]
         disk = _disk_used(work / "server")
     finally:
         server.stop()
@@ -242,10 +259,10 @@ def run_service_bench(backend: str, hospitals: int, *, dim: int = 64, classes: i
     # W error against the plaintext solve of the same hospitals' statistics
     included = sorted(res.report["participants"]) if "participants" in res.report else \
         [n for i, n in enumerate(names) if i not in dropped]
-    from functools import reduce
-    from operator import add
-
-    plain_sum = reduce(add, (_with_gamma(stats[n]) for n in included))
+    plain_sum = None  # one hospital's statistics at a time: O(L) memory
+    for n in included:
+        s_n = _with_gamma(_hospital_stats(dim, classes, samples, seed, names.index(n)))
+        plain_sum = s_n if plain_sum is None else plain_sum + s_n
     W_plain = solve_from_sums(plain_sum)
     w_err = float(np.linalg.norm(res.W - W_plain) / np.linalg.norm(W_plain))
     up = np.array([v[0] for v in results.values()], dtype=np.float64)
@@ -256,9 +273,44 @@ def run_service_bench(backend: str, hospitals: int, *, dim: int = 64, classes: i
         "min_clients": min_clients, "phases": phases,
         "bytes_up_per_hospital": float(up.mean()) if len(up) else 0.0,
         "bytes_down_per_hospital": float(down.mean()) if len(down) else 0.0,
-        "server_disk_bytes": disk, "w_rel_error_vs_plain": w_err,
+        "server_disk_bytes": disk, "w_rel_error_vs_plain": w_err, "busy_retries": busy,
+        "hospital_processes": n_proc,
         "cpus": os.cpu_count(), "workdir": str(work),
     }
+
+
+def _hospital_slice(job: dict, hospitals: list, out) -> None:
+    """One worker process: its slice of hospitals as threads, figures back to the parent through ``out``."""
+    from . import pki
+    from .clients.hospital import HospitalClient
+
+    results, errors, retries = {}, {}, [0]
+
+    def one(i: int, name: str, drop: bool) -> None:
+        client = HospitalClient(job["url"], job["session_id"], pki.load_party(job["pki_dir"], "hospital", name),
+                                receipts_dir=job["receipts"], timeout=600)
+        try:
+            if drop and job["backend"] != "secagg":
+                return  # never uploads
+            kw = {"timeout": job["timeout"]}
+            if drop:
+                from .secagg import Stage
+
+                kw["stop_before"] = Stage.MASKED_INPUT
+            client.submit(_hospital_stats(job["dim"], job["classes"], job["samples"], job["seed"], i), **kw)
+            if not drop:  # the per-hospital figures are those of hospitals that went to the end
+                results[name] = (client.bytes_uploaded, client.conn.bytes_downloaded)
+        except Exception as e:  # reported by the parent
+            errors[name] = f"{type(e).__name__}: {e}"
+        finally:
+            retries[0] += client.conn.busy_retries
+            client.close()
+
+    # secagg stages wait for every participant: the whole slice must be in flight together
+    width = len(hospitals) if job["backend"] == "secagg" else min(len(hospitals), _THREADS_PER_PROCESS)
+    with ThreadPoolExecutor(max_workers=max(1, width)) as pool:
+        list(pool.map(lambda h: one(*h), hospitals))
+    out.put({"results": results, "errors": errors, "busy_retries": retries[0]})
 
 
 def _with_gamma(s):
@@ -278,9 +330,14 @@ def format_report(r: dict) -> str:
         if "server_peak_rss" in p and not p.get("peak_is_phase", True):
             rss += " (so far)"
         lines.append(f"{name:<10} {p['wall_s']:>9.2f} {cpu:>13} {rss:>19}")
+    if "keyholder_resum_s" in r["phases"].get("release", {}):
+        lines.append(f"release: key holder's verify + re-sum of the signed uploads "
+                     f"{r['phases']['release']['keyholder_resum_s']:.2f} s (before its one decryption)")
     lines += [f"bytes up / down per hospital: {r['bytes_up_per_hospital']:,.0f} / "
               f"{r['bytes_down_per_hospital']:,.0f}",
               f"server data dir on disk: {r['server_disk_bytes'] / 1e6:.2f} MB",
+              f"429/503 answers absorbed by retrying: hospitals {r['busy_retries']['hospitals']}, "
+              f"key holder {r['busy_retries']['keyholder']} (hospitals in {r['hospital_processes']} processes)",
               f"||W - W_plain|| / ||W_plain||: {r['w_rel_error_vs_plain']:.3e}"]
     return "\n".join(lines)
 
@@ -292,7 +349,7 @@ def _cmd(args) -> int:
     try:
         r = run_service_bench(args.backend, args.hospitals, dim=args.dim, classes=args.classes,
                               samples=args.samples, dropout=args.dropout, seed=args.seed, workdir=workdir,
-                              stage_timeout_s=args.stage_timeout)
+                              stage_timeout_s=args.stage_timeout, processes=args.processes)
     finally:
         if not args.workdir:  # the temp dir goes, whatever happened
             shutil.rmtree(workdir, ignore_errors=True)
@@ -304,7 +361,8 @@ def _cmd(args) -> int:
 
 def register(parser) -> None:
     parser.add_argument("--backend", choices=["plain", "ckks", "bfv", "secagg"], default="plain")
-    parser.add_argument("--hospitals", type=int, default=10, help="K hospitals (threads in this process)")
+    parser.add_argument("--hospitals", type=int, default=10, help="K hospitals")
+    parser.add_argument("--processes", type=int, help="worker processes running the hospitals (default: cores)")
     parser.add_argument("--dropout", type=float, default=0.0, help="fraction of hospitals that drop out")
     parser.add_argument("--dim", type=int, default=64, help="embedding dimension d (default 64)")
     parser.add_argument("--classes", type=int, default=10, help="classes C (default 10)")

@@ -12,7 +12,8 @@ Stages of a session, visible in :attr:`AggregationServer.status`:
 
 * ``open``: one signed upload per enrolled hospital is accepted, validated
   against the session parameters, written durably and added to a running sum
-  (memory O(L): one combiner, never K payloads).
+  (memory O(L): one combiner, never K payloads). After a restart the stored
+  uploads are summed again by one process per core (secure_afl/parallel.py).
 * ``released``: at least ``min_clients`` contributed; the aggregate payload
   and a server-signed manifest (participants, payload hashes, upload
   signatures) are fixed. Nothing more is accepted.
@@ -142,13 +143,24 @@ class AggregationServer:
             self.public_context = self.store.get_blob(ctx)
         if self.params is not None:
             self._combiner = self._new_combiner()
-            for row in self.store.uploads():
-                if self._combiner is not None:
-                    self._combiner.add(self.store.get_blob(row["payload_sha256"]))
+            rows = self.store.uploads()
+            if self._combiner is not None and rows and self.store.get_meta("manifest") is None:
+                self._resum_stored(rows)  # once released, the aggregate is stored: nothing to add
+            for row in rows:
                 if row["audit_seq"] is None:  # killed between commit and receipt: finish the bookkeeping
                     self._finish_acceptance(row["hospital"], row["payload_sha256"], recovered=True)
         if self.store.get_meta("manifest") is not None:
             self._finish_release(self.config.name)
+
+    def _resum_stored(self, rows: list) -> None:
+        """The running sum of the stored uploads, deserialised and added by all cores (after a restart
+        the server may hold K uploads to add again; one process would use one core)."""
+        from secure_afl.parallel import sum_payloads
+
+        stored = ((row["hospital"], self.store.get_blob(row["payload_sha256"])) for row in rows)
+        ctx = self.public_context if self.params.backend in HE_BACKENDS else None
+        for body, n in sum_payloads(self.params, stored, public_context=ctx, count=len(rows)):
+            self._combiner.merge(body, n)
 
     def _new_combiner(self):
         backend = get_backend(self.params)

@@ -4,7 +4,8 @@ Seen from the three roles:
 
 * hospital:  ``backend.protect(vector, ...) -> bytes``   (a sealed contribution)
 * server:    ``acc = backend.combiner(); acc.add(payload); acc.aggregate() -> bytes``
-             (blind, streaming: memory O(L), never K payloads at once)
+             (blind, streaming: memory O(L), never K payloads at once; ``partial``/``merge``
+             let several processes share one sum, :mod:`secure_afl.parallel`)
 * revealer:  ``backend.reveal(aggregate, ...) -> np.ndarray``  (float64, length L)
 
 Backend-specific key material is passed as keyword arguments (the CKKS public
@@ -57,6 +58,19 @@ class Combiner(ABC):
         self._add(payload)
         self.count += 1
 
+    def partial(self) -> bytes:
+        """The running sum, unsealed, for a combiner of the same session to :meth:`merge`
+        (the parallel sum's workers hand their shares back this way); empty when nothing was added."""
+        return self._partial() if self.count else b""
+
+    def merge(self, body: bytes, count: int) -> None:
+        """Add another combiner's :meth:`partial` of ``count`` contributions (checked like an upload)."""
+        if self._closed:
+            raise RoundAlreadyClosed("combiner already produced its aggregate")
+        if count:
+            self._merge(body)
+            self.count += count
+
     def aggregate(self) -> bytes:
         if self.count == 0:
             raise InvalidInputError("no contributions to combine")
@@ -68,6 +82,12 @@ class Combiner(ABC):
 
     @abstractmethod
     def _aggregate(self) -> bytes: ...
+
+    def _partial(self) -> bytes:
+        raise NotImplementedError(f"{type(self).__name__} does not split its sum")
+
+    def _merge(self, body: bytes) -> None:
+        raise NotImplementedError(f"{type(self).__name__} does not split its sum")
 
 
 class ProtectionBackend(ABC):

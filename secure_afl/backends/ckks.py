@@ -208,6 +208,12 @@ class _CKKSCombiner(Combiner):
         chunks = self._b._load(self._ctx, payload, "contribution")
         self._sum = self._b._hz.add_chunks(self._sum, chunks)
 
+    def _partial(self) -> bytes:
+        return self._b._hz.dump_chunks(self._sum, self._b._n_items())
+
+    def _merge(self, body: bytes) -> None:
+        self._sum = self._b._hz.add_chunks(self._sum, self._b.load_partial(self._ctx, body))
+
     def _aggregate(self) -> bytes:
         body = self._b._hz.dump_chunks(self._sum, self._b._n_items())
         self._sum = None
@@ -332,6 +338,11 @@ class CKKSBackend(ProtectionBackend):
         framing, level, scale, size): :class:`ParameterMismatch`, :class:`MalformedPayload` or
         :class:`InvalidContribution` otherwise."""
         return self._load(ctx, payload, "contribution")
+
+    def load_partial(self, ctx, body: bytes) -> list:
+        """A combiner's :meth:`~secure_afl.backends.Combiner.partial` as checked chunks under ``ctx``
+        (a sum keeps the level, scale and size of a fresh ciphertext, so the same checks hold)."""
+        return self._hz.load_chunks(ctx, self.ckks_, body, self._n_items())
 
     def decrypt_sum(self, ctx, chunks: list) -> np.ndarray:
         """Decrypt summed chunks; a value beyond the declared aggregate bound raises :class:`SanityCheckFailed`.

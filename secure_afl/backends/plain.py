@@ -25,6 +25,17 @@ class _PlainCombiner(Combiner):
         # The server can see plain contributions, so it enforces the declared bounds too.
         self._sum += check_vector(self._b.params, self._b._decode(payload, "contribution"))
 
+    def _partial(self) -> bytes:
+        return self._sum.astype("<f8").tobytes()
+
+    def _merge(self, body: bytes) -> None:
+        if len(body) != 8 * self._sum.shape[0]:
+            raise MalformedPayload("plain partial sum has the wrong length")
+        part = np.frombuffer(body, dtype="<f8")
+        if not np.all(np.isfinite(part)):
+            raise MalformedPayload("plain partial sum holds NaN or inf")
+        self._sum += part
+
     def _aggregate(self) -> bytes:
         return seal(self._b.params, "aggregate", self._sum.astype("<f8").tobytes(), contributors=self.count)
 

@@ -1,0 +1,175 @@
+"""Sum N stored payloads with W worker processes: deserialise and add in parallel, memory O(W L).
+
+Deserialising a contribution (and checking it: envelope binding, framing,
+ciphertext level and scale, plaintext bounds) costs far more than adding it,
+and both run under the GIL, so one process uses one core whatever the thread
+count. Here the parent hands payload ``i`` to worker ``i mod W``; each worker
+runs the backend's own streaming :class:`~secure_afl.backends.Combiner` over
+its share and sends back ONE serialised partial sum; the caller adds the W
+partials in worker order (:meth:`Combiner.merge`). At most ``_QUEUE_DEPTH``
+payloads wait per worker, so memory is O(W L), never O(K L).
+
+Results
+-------
+* ckks, bfv: ciphertext addition is exact arithmetic modulo the coefficient
+  modulus, so any split gives the same ciphertext, bit for bit, as the serial
+  fold (tests/test_parallel.py checks it).
+* plain: float64 addition is not associative; W > 1 changes the order of
+  additions, so the sum can differ from the serial fold in the last bits
+  (within the float64 summation bound K * 2^-53 * sum |x|). W = 1 runs the
+  serial fold in this process, bit for bit.
+
+Every payload is checked by the combiner before it is added; the first one
+refused stops the sum and raises :class:`PayloadRefused` naming it, and no
+partial sum is returned. The key holder's secret context never reaches a
+worker: workers get the public context (adding needs no secret).
+
+Workers are started with ``spawn`` (a fresh interpreter): the callers run
+threads (the server's event loop and its pool), and forking a threaded
+process can copy a held lock into the child.
+"""
+
+from __future__ import annotations
+
+import itertools
+import multiprocessing as mp
+import os
+import queue as queue_mod
+from typing import Iterable, Iterator
+
+from .exceptions import InvalidContribution, SecureAFLError
+from .params import SessionParams
+
+__all__ = ["PayloadRefused", "sum_payloads", "default_workers"]
+
+#: Payloads queued per worker beyond the one it is adding (bounds the parent's memory).
+_QUEUE_DEPTH = 2
+#: A worker costs an interpreter start and imports (a second or more): below this many bytes to
+#: deserialise, one process finishes first.
+_PARALLEL_MIN_BYTES = 64 << 20
+_POLL_S = 0.5
+
+
+class PayloadRefused(InvalidContribution):
+    """A payload in the sum is not a valid contribution; ``label`` names it, ``cause`` is the refusal."""
+
+    def __init__(self, message: str, label: str, cause: str):
+        super().__init__(message)
+        self.label = label
+        self.cause = cause
+
+
+def default_workers(n: int, payload_bytes: int) -> int:
+    """The machine's cores for ``n`` payloads of about ``payload_bytes``; 1 when the sum is too small to pay
+    for starting workers."""
+    if n * payload_bytes < _PARALLEL_MIN_BYTES:
+        return 1
+    return max(1, min(os.cpu_count() or 1, n))
+
+
+def _combiner(params: SessionParams, public_context: bytes | None):
+    from .backends import get_backend
+
+    backend = get_backend(params)
+    return backend.combiner(public_context=public_context) if public_context is not None else backend.combiner()
+
+
+def _fold(params: SessionParams, public_context: bytes | None, items: Iterator[tuple[str, bytes]]) -> tuple[bytes, int]:
+    """The serial fold: the running sum of ``items`` as one partial body, and how many it holds."""
+    comb = _combiner(params, public_context)
+    for label, payload in items:
+        try:
+            comb.add(payload)
+        except SecureAFLError as e:
+            raise PayloadRefused(f"{label}: {type(e).__name__}: {e}", label, type(e).__name__) from e
+    return comb.partial(), comb.count
+
+
+def _worker(index: int, params_dict: dict, public_context: bytes | None, inbox, outbox) -> None:
+    def items():
+        while True:
+            item = inbox.get()
+            if item is None:
+                return
+            yield item
+
+    try:
+        body, count = _fold(SessionParams.from_dict(params_dict), public_context, items())
+        outbox.put((index, "ok", body, count))
+    except PayloadRefused as e:
+        outbox.put((index, "refused", e.label, e.cause, str(e)))
+    except BaseException as e:  # noqa: BLE001 - reported to the parent, which raises
+        outbox.put((index, "failed", "", type(e).__name__, str(e)[:500]))
+
+
+def sum_payloads(params: SessionParams, payloads: Iterable[tuple[str, bytes]], *,
+                 public_context: bytes | None = None, workers: int | None = None,
+                 count: int | None = None) -> list[tuple[bytes, int]]:
+    """Check and sum ``(label, payload)`` pairs -> ``[(partial body, n), ...]``, one per worker, in worker order.
+
+    ``payloads`` is consumed lazily (it may fetch each payload as it goes);
+    ``count`` is its length when known. ``workers`` defaults to
+    :func:`default_workers` (sized from ``count`` and the first payload);
+    ``workers=1`` folds in this process. ckks/bfv need ``public_context``.
+    Merge the partials with :meth:`Combiner.merge`. Raises :class:`PayloadRefused`.
+    """
+    payloads = iter(payloads)
+    if workers is None:
+        first = next(payloads, None)
+        if first is None:
+            return [_fold(params, public_context, iter(()))]
+        payloads = itertools.chain([first], payloads)
+        workers = default_workers(count if count is not None else 1, len(first[1]))
+    if count is not None:
+        workers = min(workers, max(1, count))
+    if workers < 1:
+        raise ValueError("workers must be >= 1")
+    if workers == 1:
+        return [_fold(params, public_context, payloads)]
+
+    ctx = mp.get_context("spawn")
+    outbox = ctx.Queue()
+    inboxes = [ctx.Queue(maxsize=_QUEUE_DEPTH) for _ in range(workers)]
+    procs = [ctx.Process(target=_worker, args=(i, params.to_dict(), public_context, q, outbox), daemon=True)
+             for i, q in enumerate(inboxes)]
+    for p in procs:
+        p.start()
+    partials: dict[int, tuple[bytes, int]] = {}
+
+    def receive(timeout: float | None) -> None:
+        try:
+            msg = outbox.get(timeout=timeout) if timeout else outbox.get_nowait()
+        except queue_mod.Empty:
+            for p in procs:
+                if not p.is_alive() and p.exitcode not in (0, None):
+                    raise RuntimeError(f"a summing worker died (exit code {p.exitcode})") from None
+            return
+        index, kind = msg[0], msg[1]
+        if kind == "refused":
+            raise PayloadRefused(msg[4], msg[2], msg[3])
+        if kind == "failed":
+            raise RuntimeError(f"a summing worker failed: {msg[3]}: {msg[4]}")
+        partials[index] = (msg[2], msg[3])
+
+    def put(i: int, item) -> None:
+        while True:
+            try:
+                inboxes[i].put(item, timeout=_POLL_S)
+                return
+            except queue_mod.Full:
+                receive(None)  # a worker that refused a payload stops taking more: find out why
+
+    try:
+        for i, item in enumerate(payloads):
+            put(i % workers, item)
+        for i in range(workers):
+            put(i, None)
+        while len(partials) < workers:
+            receive(_POLL_S)
+    finally:
+        for p in procs:
+            if p.is_alive() and len(partials) < workers:
+                p.terminate()
+        for p in procs:
+            p.join(timeout=10)
+    return [partials[i] for i in range(workers)]

@@ -1,0 +1,137 @@
+"""The parallel sum (secure_afl/parallel.py): real worker processes, real TenSEAL ciphertexts.
+
+ckks and bfv sums are exact modular arithmetic, so any split must give the serial
+ciphertext bit for bit; plain float64 sums may differ in the last bits when W > 1
+(the order of additions changes) and must equal the serial fold when W = 1.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from secure_afl.backends import get_backend
+from secure_afl.backends.bfv import new_bfv_session
+from secure_afl.backends.ckks import new_ckks_session
+from secure_afl.envelope import open_envelope
+from secure_afl.packing import Layout
+from secure_afl.parallel import PayloadRefused, sum_payloads
+from secure_afl.params import Bounds, SessionParams
+
+LAYOUT = Layout(6, 3)
+BOUNDS = Bounds(max_norm=1.0, n_max=50, k_max=20)
+K = 11  # not a multiple of the worker counts: shares of unequal size
+
+
+def _vectors(params, k, seed=0):
+    rng = np.random.default_rng(seed)
+    h = params.bounds.hospital_bound(params.gamma)
+    return [rng.uniform(-h, h, LAYOUT.length) * 10.0 ** rng.uniform(-12, 0, LAYOUT.length) for _ in range(k)]
+
+
+def _serial(backend, payloads, ctx):
+    comb = backend.combiner(public_context=ctx) if ctx is not None else backend.combiner()
+    for p in payloads:
+        comb.add(p)
+    return comb.aggregate()
+
+
+def _parallel(backend, payloads, ctx, workers):
+    parts = sum_payloads(backend.params, ((f"h{i}", p) for i, p in enumerate(payloads)), public_context=ctx,
+                         workers=workers, count=len(payloads))
+    assert len(parts) == min(workers, len(payloads))
+    comb = backend.combiner(public_context=ctx) if ctx is not None else backend.combiner()
+    for body, n in parts:
+        comb.merge(body, n)
+    assert comb.count == len(payloads)
+    return comb.aggregate()
+
+
+@pytest.fixture(scope="module")
+def plain():
+    params = SessionParams("par-plain", "plain", LAYOUT, 1.0, BOUNDS)
+    be = get_backend(params)
+    return be, [be.protect(v) for v in _vectors(params, K)], None
+
+
+@pytest.fixture(scope="module", params=["ckks", "bfv"])
+def he(request):
+    make = new_ckks_session if request.param == "ckks" else new_bfv_session
+    params, keys = make(f"par-{request.param}", LAYOUT, 1.0, BOUNDS)
+    be = get_backend(params)
+    pub = keys.public_context
+    return be, [be.protect(v, public_context=pub) for v in _vectors(params, K, seed=1)], pub
+
+
+def test_plain_one_worker_is_the_serial_fold_bit_for_bit(plain):
+    be, payloads, _ = plain
+    assert _parallel(be, payloads, None, 1) == _serial(be, payloads, None)
+
+
+def test_plain_two_workers_within_the_float64_summation_bound(plain):
+    from fractions import Fraction
+
+    be, payloads, _ = plain
+    rows = [np.frombuffer(open_envelope(be.params, p, "contribution").body, "<f8") for p in payloads]
+    exact = np.array([float(sum(Fraction(float(x)) for x in col)) for col in zip(*rows)])
+    magnitude = np.sum(np.abs(rows), axis=0)
+    par = be.reveal(_parallel(be, payloads, None, 2))
+    assert np.all(np.abs(par - exact) <= K * 2.0 ** -53 * magnitude)
+
+
+@pytest.mark.parametrize("workers", [1, 2, 3])
+def test_he_sum_is_the_serial_ciphertext_bit_for_bit(he, workers):
+    be, payloads, pub = he
+    assert _parallel(be, payloads, pub, workers) == _serial(be, payloads, pub)
+
+
+def test_more_workers_than_payloads_leaves_none_idle(plain):
+    be, payloads, _ = plain
+    parts = sum_payloads(be.params, (("h", p) for p in payloads[:2]), workers=8, count=2)
+    assert [n for _, n in parts] == [1, 1]
+
+
+def _bad_payloads(be, payloads, pub):
+    """Payload 5 is the wrong kind of envelope (an aggregate, not a contribution); the rest are honest."""
+    agg = _serial(be, payloads[:2], pub)
+    return payloads[:5] + [agg] + payloads[5:]
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_refused_payload_stops_the_sum_and_is_named(he, workers):
+    be, payloads, pub = he
+    bad = _bad_payloads(be, payloads, pub)
+    with pytest.raises(PayloadRefused) as e:
+        sum_payloads(be.params, ((f"h{i}", p) for i, p in enumerate(bad)), public_context=pub,
+                     workers=workers, count=len(bad))
+    assert e.value.label == "h5" and e.value.cause == "MalformedPayload"  # wrong envelope kind
+
+
+def test_plain_bounds_are_checked_for_every_payload_in_a_worker(plain):
+    be, payloads, _ = plain
+    from secure_afl.envelope import seal
+
+    over = np.zeros(LAYOUT.length)
+    over[3] = 2 * be.params.bounds.hospital_bound(be.params.gamma)
+    bad = payloads[:7] + [seal(be.params, "contribution", over.astype("<f8").tobytes())] + payloads[7:]
+    with pytest.raises(PayloadRefused) as e:
+        sum_payloads(be.params, ((f"h{i}", p) for i, p in enumerate(bad)), workers=2, count=len(bad))
+    assert e.value.label == "h7" and e.value.cause == "BoundsExceeded"
+
+
+def _tampered_partial_refused(be, payloads, pub):
+    from secure_afl.exceptions import SecureAFLError
+
+    (body, n), = sum_payloads(be.params, (("h", p) for p in payloads[:3]), public_context=pub, workers=1)
+    comb = be.combiner(public_context=pub) if pub is not None else be.combiner()
+    with pytest.raises(SecureAFLError):
+        comb.merge(body[:-7], n)
+    assert comb.count == 0
+
+
+def test_a_merge_of_a_truncated_plain_partial_is_refused(plain):
+    _tampered_partial_refused(*plain)
+
+
+def test_a_merge_of_a_truncated_he_partial_is_refused(he):
+    _tampered_partial_refused(*he)
