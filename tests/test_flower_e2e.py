@@ -4,6 +4,7 @@ and the native service's W on the same data, and the audit story must hold."""
 
 import json
 import shutil
+import threading
 import time
 
 import numpy as np
@@ -42,6 +43,37 @@ def keygen(c):
                                            Bounds(c.max_norm, 1000, 8)))
 
 
+SECAGG = {"threshold": 2, "stage_timeout_s": 60.0}
+
+
+def consortium(root, backend):
+    # secagg, 3 hospitals, t = 2: a consistency quorum of 3 is reachable only with min_clients <= 2
+    if backend == "secagg":
+        return Consortium(root, backend=backend, hospitals=HOSPITALS, min_clients=2, secagg=SECAGG)
+    return Consortium(root, backend=backend, hospitals=HOSPITALS, min_clients=3)
+
+
+def _submit_all(c, data):
+    """Every hospital's native client; secagg hospitals take part in the rounds together."""
+    errors = {}
+
+    def go(h):
+        cl = c.hospital(h)
+        try:
+            cl.submit(c.stats(*data[h]), **({"timeout": 120} if c.backend == "secagg" else {}))
+        except Exception as e:  # asserted on below
+            errors[h] = e
+        finally:
+            cl.close()
+
+    threads = [threading.Thread(target=go, args=(h,), daemon=True) for h in data]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=180)
+    assert not errors, errors
+
+
 def native_w(c, data):
     c.start()
     try:
@@ -49,10 +81,7 @@ def native_w(c, data):
         if c.backend == "ckks":
             keygen(c)
             c.keyholder.publish(conn)
-        for h, (X, y) in data.items():
-            cl = c.hospital(h)
-            cl.submit(c.stats(X, y))
-            cl.close()
+        _submit_all(c, data)
         res = c.keyholder.finalize(conn, min_clients=3)
         conn.close()
         return res.W
@@ -67,10 +96,10 @@ def deployment(tmp_path):
     d.stop()
 
 
-@pytest.mark.parametrize("backend", ["plain", "ckks"])
+@pytest.mark.parametrize("backend", ["plain", "ckks", "secagg"])
 def test_flower_round_matches_plaintext_and_native_service(tmp_path, deployment, backend):
     # Prepare: one consortium for the Flower round, one for the native service, the same hospital data
-    c = Consortium(tmp_path / "fl", backend=backend, hospitals=HOSPITALS, min_clients=3)
+    c = consortium(tmp_path / "fl", backend)
     data = hospital_data(c, seed=15)
     for h, (X, y) in data.items():
         np.savez(tmp_path / f"{h}.npz", X=X, y=y)
@@ -80,7 +109,8 @@ def test_flower_round_matches_plaintext_and_native_service(tmp_path, deployment,
     deployment.start_superlink()
     for h in HOSPITALS:
         deployment.start_supernode(h, {"role": "hospital", "name": h, "pki-dir": c.pki_dir,
-                                       "data": tmp_path / f"{h}.npz", "receipts-dir": tmp_path / "receipts"})
+                                       "data": tmp_path / f"{h}.npz", "receipts-dir": tmp_path / "receipts",
+                                       "secagg-dir": tmp_path / h / "secagg"})
     deployment.start_supernode("keyholder", {
         "role": "keyholder", "name": "keyholder", "pki-dir": c.pki_dir, "keys-dir": c.root / "keys",
         "passphrase-file": tmp_path / "pass", "min-clients": 3, "min-class-count": 1,
@@ -97,7 +127,7 @@ def test_flower_round_matches_plaintext_and_native_service(tmp_path, deployment,
     X_all = np.concatenate([d[0] for d in data.values()])
     y_all = np.concatenate([d[1] for d in data.values()])
     W_plain = centralised_weights(X_all, y_all, c.classes)
-    W_native = native_w(Consortium(tmp_path / "native", backend=backend, hospitals=HOSPITALS, min_clients=3), data)
+    W_native = native_w(consortium(tmp_path / "native", backend), data)
     rel_plain = np.linalg.norm(W - W_plain) / np.linalg.norm(W_plain)
     rel_native = np.linalg.norm(W - W_native) / np.linalg.norm(W_native)
     print(f"flower {backend}: |W-W_plain|/|W_plain| = {rel_plain:.2e}, |W-W_native|/|W_native| = {rel_native:.2e},"
@@ -105,6 +135,16 @@ def test_flower_round_matches_plaintext_and_native_service(tmp_path, deployment,
     report = json.loads((tmp_path / "report.json").read_text())
     if backend == "plain":
         assert rel_plain <= 1e-9 and rel_native <= 2e-9
+    elif backend == "secagg":  # the masks cancel exactly: the same fixed-point sum, the same solve, the same W
+        # the certified bound is against the exact W*; W_plain (float64 from the rows) carries its own error
+        bound = report["w_error_bound"]
+        print(f"flower secagg: certified rel bound {bound['rel_bound']:.2e}; "
+              f"max |W-W_native| = {np.max(np.abs(W - W_native)):.1e}")
+        assert bound["applies"] and rel_plain <= 2 * bound["rel_bound"] and np.array_equal(W, W_native)
+        closed = [json.loads(line) for line in c.audit_path().read_text().splitlines()]
+        closed = [r["details"] for r in closed if r["event"] == "secagg_stage_closed"]
+        assert [d["dropped"] for d in closed] == [[]] * 5 and not any(list((tmp_path / h / "secagg").glob("*"))
+                                                                       for h in HOSPITALS)
     else:  # each release is flooded independently: both within the key holder's reported bound of X^+Y
         bound = w_error_bound(X_all, W_plain, report["error_bound_per_entry"], c.classes, report["lambda_total"])
         assert report["flood_sigma"] > 0 and report["resummed_by_keyholder"]
