@@ -27,10 +27,10 @@ pytestmark = pytest.mark.e2e
 HOSPITALS = ("h1", "h2", "h3")
 
 
-def hospital_data(c, seed):
+def hospital_data(c, seed, names=HOSPITALS):
     rng = np.random.default_rng(seed)
     data = {}
-    for h in HOSPITALS:
+    for h in names:
         n = int(rng.integers(30, 60))
         X = rng.standard_normal((n, c.dim))
         X *= (0.9 * c.max_norm / np.linalg.norm(X, axis=1, keepdims=True)) * rng.uniform(0.1, 1, (n, 1))
@@ -290,3 +290,153 @@ def test_flower_hospitals_keep_no_receipt_the_server_did_not_sign(tmp_path, depl
     records = [json.loads(line) for line in c.audit_path().read_text().splitlines()]
     assert sum(r["event"] == "upload" and r["outcome"] == "accepted" for r in records) == 3
     assert not (tmp_path / "receipts").exists() or load_receipts(tmp_path / "receipts") == []
+
+
+@pytest.mark.security
+def test_flower_secagg_survives_a_crash_after_share_keys_and_refuses_an_impostor(tmp_path, deployment):
+    """Five enrolled hospitals, t = 2. h5's SuperNode is an impostor (a PKI of its own, the consortium's
+    public enrolments copied in): its answers carry no valid h5 signature, so the server refuses them
+    (audited) and h5 is dropped at setup. h4's SuperNode crashes once it has shared its keys: its masked
+    input never arrives. The round must still finish, exactly, on h1-h3, with the native audit story."""
+    # Prepare
+    names = ("h1", "h2", "h3", "h4", "h5")
+    c = Consortium(tmp_path / "fl", backend="secagg", hospitals=names, min_clients=2,
+                   secagg={"threshold": 2, "stage_timeout_s": 20.0})
+    data = hospital_data(c, seed=19, names=names)
+    for h, (X, y) in data.items():
+        np.savez(tmp_path / f"{h}.npz", X=X, y=y)
+    rogue_pki = tmp_path / "rogue-pki"
+    pki.init_ca(rogue_pki)
+    pki.issue(rogue_pki, "hospital", "h5")
+    for role_dir in ["server-aggregator", "keyholder-keyholder"] + [f"hospital-{h}" for h in names[:4]]:
+        (rogue_pki / role_dir).mkdir()
+        shutil.copy(c.pki_dir / role_dir / "enrolment.json", rogue_pki / role_dir)
+    deployment.start_superlink()
+    for h in names:
+        deployment.start_supernode(h, {"role": "hospital", "name": h, "pki-dir": rogue_pki if h == "h5" else c.pki_dir,
+                                       "data": tmp_path / f"{h}.npz", "receipts-dir": tmp_path / "receipts",
+                                       "secagg-dir": tmp_path / h / "secagg"})
+    deployment.start_supernode("keyholder", {
+        "role": "keyholder", "name": "keyholder", "pki-dir": c.pki_dir, "keys-dir": c.root / "keys",
+        "min-clients": 3, "out": tmp_path / "model.safetensors", "report": tmp_path / "report.json"})
+    # Execute: h4 crashes as soon as the server has stored its share_keys answer
+    run = deployment.start_run({"session-config": str(c.config), "node-wait-s": 120.0, "reply-timeout-s": 240.0})
+    deadline = time.monotonic() + 300
+    while run.poll() is None and time.monotonic() < deadline and not any(
+            r["event"] == "secagg_share_keys" and r["actor"] == "h4" and r["outcome"] == "accepted"
+            for r in _audit(c)):
+        time.sleep(0.05)  # bounded: watching the server's audit log for h4's stored answer
+    deployment.kill_node("h4")
+    stdout, _ = run.communicate(timeout=420)
+    # Assert
+    assert (tmp_path / "model.safetensors").exists(), stdout[-3000:] + deployment.logs()
+    W, meta = read_model(tmp_path / "model.safetensors")
+    survivors = ["h1", "h2", "h3"]
+    X = np.concatenate([data[h][0] for h in survivors])
+    y = np.concatenate([data[h][1] for h in survivors])
+    W_plain = centralised_weights(X, y, c.classes)
+    report = json.loads((tmp_path / "report.json").read_text())
+    rel = np.linalg.norm(W - W_plain) / np.linalg.norm(W_plain)
+    print(f"flower secagg, h4 crashed, h5 impostor: |W-W_plain|/|W_plain| = {rel:.2e} "
+          f"(certified {report['w_error_bound']['rel_bound']:.2e})")
+    assert report["participants"] == survivors and json.loads(meta["participants"]) == survivors
+    assert rel <= 2 * report["w_error_bound"]["rel_bound"]
+    records = _audit(c)
+    assert [r["details"]["dropped"] for r in records if r["event"] == "secagg_stage_closed"] == [
+        ["h5"], [], [], ["h4"], []]
+    impostor = [r for r in records if r["outcome"] == "refused" and r["event"] == "request"]
+    assert impostor and {r["actor"] for r in impostor} == {"unauthenticated"}
+    assert {r["reason"] for r in impostor} == {"bad_signature"}
+    assert not any(r["actor"] == "h5" and r["outcome"] == "accepted" for r in records)
+    head = json.loads((c.audit_path().parent / "audit-head.json").read_text())
+    v = verify_log(c.audit_path(), server_pub=pki.load_party(c.pki_dir, "server", "aggregator").identity_pub(),
+                   head=head, countersign=head["countersign"],
+                   keyholder_pub=pki.load_party(c.pki_dir, "keyholder", "keyholder").identity_pub(),
+                   receipts=load_receipts(tmp_path / "receipts"))
+    assert v.n_receipts == 3 and v.countersigned_by
+
+
+def _audit(c):
+    """The audit log's complete lines (the server may be appending one)."""
+    path = c.audit_path()
+    return [json.loads(line) for line in path.read_text().split("\n")[:-1]] if path.exists() else []
+
+
+
+ROGUE_SECAGG_SERVERAPP = '''
+"""An aggregation server that forges its secagg requests ({forgery})."""
+import base64
+
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from flwr.serverapp import ServerApp
+
+from secure_afl.flower import server_app
+from secure_afl.protocol import SECAGG_REQUEST_PREFIX
+from secure_afl.server.secagg_round import SecAggAggregationServer
+
+app = ServerApp()
+_request = SecAggAggregationServer.secagg_request
+_other_key = Ed25519PrivateKey.generate()
+
+
+def _signed_by_another_key(self, hospital):
+    r = _request(self, hospital)
+    if "request" in r:
+        raw = base64.b64decode(r["request"])
+        r = {{**r, "signature": _other_key.sign(SECAGG_REQUEST_PREFIX + raw).hex()}}
+    return r
+
+
+def _numbered_backwards(self):
+    names = sorted(self._enrolled, reverse=True)
+    return {{name: i + 1 for i, name in enumerate(names)}}
+
+
+@app.main()
+def main(grid, context):
+    if "{forgery}" == "signature":
+        SecAggAggregationServer.secagg_request = _signed_by_another_key
+    else:
+        SecAggAggregationServer.client_ids = property(_numbered_backwards)
+        SecAggAggregationServer._name = lambda self, cid: sorted(self._enrolled, reverse=True)[cid - 1]
+    server_app.main(grid, context)
+'''
+
+
+@pytest.mark.security
+@pytest.mark.parametrize("forgery", ["signature", "numbering"])
+def test_flower_secagg_hospitals_answer_no_forged_request(tmp_path, deployment, forgery):
+    """A ServerApp that signs its secagg requests with a key that is not the consortium server's, or that
+    numbers the hospitals in another order than the sorted enrolment (choosing who sits where in the
+    neighbour graph): every hospital's ClientApp must refuse at setup, so the round aborts with nothing
+    shared, masked or revealed."""
+    # Prepare
+    c = Consortium(tmp_path / "fl", backend="secagg", hospitals=HOSPITALS, min_clients=2,
+                   secagg={"threshold": 2, "stage_timeout_s": 10.0})
+    data = hospital_data(c, seed=21)
+    for h, (X, y) in data.items():
+        np.savez(tmp_path / f"{h}.npz", X=X, y=y)
+    project = tmp_path / "rogue-project"
+    project.mkdir()
+    (project / "rogue_serverapp.py").write_text(ROGUE_SECAGG_SERVERAPP.format(forgery=forgery))
+    (project / "pyproject.toml").write_text((PROJECT_DIR / "pyproject.toml").read_text().replace(
+        '"secure_afl.flower.server_app:app"', '"rogue_serverapp:app"'))
+    deployment.start_superlink()
+    for h in HOSPITALS:
+        deployment.start_supernode(h, {"role": "hospital", "name": h, "pki-dir": c.pki_dir,
+                                       "data": tmp_path / f"{h}.npz", "receipts-dir": tmp_path / "receipts",
+                                       "secagg-dir": tmp_path / h / "secagg"})
+    deployment.start_supernode("keyholder", {
+        "role": "keyholder", "name": "keyholder", "pki-dir": c.pki_dir, "keys-dir": c.root / "keys",
+        "min-clients": 2, "out": tmp_path / "model.safetensors", "report": tmp_path / "report.json"})
+    # Execute
+    out = deployment.run({"session-config": str(c.config), "node-wait-s": 120.0, "reply-timeout-s": 240.0},
+                         timeout=420, project=project)
+    # Assert: no hospital answered anything; the round aborted at setup
+    records = _audit(c)
+    assert not any(r["event"].startswith("secagg_") and r["event"] != "secagg_round_opened"
+                   and r["outcome"] == "accepted" for r in records), out.stdout[-3000:] + deployment.logs()
+    closed = [r for r in records if r["event"] == "secagg_stage_closed"]
+    assert len(closed) == 1 and closed[0]["outcome"] == "refused" and closed[0]["details"]["stage"] == "setup"
+    assert "secure-afl round refused: insufficient_shares" in out.stdout, out.stdout[-3000:]
+    assert not (tmp_path / "model.safetensors").exists() and not (tmp_path / "receipts").exists()

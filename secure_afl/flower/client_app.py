@@ -37,14 +37,7 @@ from secure_afl import pki
 from secure_afl.backends import HE_BACKENDS
 from secure_afl.clients.hospital import protect_contribution, protect_vector, statistics_from_file
 from secure_afl.keyholder_params import PARAMS_SIGNATURE, pinned_keyholder_key, verify_session_params
-from secure_afl.exceptions import (
-    InvalidContribution,
-    InvalidInputError,
-    MalformedPayload,
-    ParameterMismatch,
-    SecureAFLError,
-    StageError,
-)
+from secure_afl.exceptions import InvalidContribution, InvalidInputError, ParameterMismatch, SecureAFLError, StageError
 from secure_afl.params import SessionParams
 from secure_afl.protocol import API, SECAGG_CONSISTENCY, SECAGG_REQUEST_PREFIX, sign_request
 from secure_afl.secagg import SecAggClient, Stage, decode_message
@@ -191,9 +184,6 @@ def secagg(msg: Message, context: Context) -> Message:
         ids = {n: i + 1 for i, n in enumerate(sorted(peers))}
         client = restore_client(sealed.load(key), party.identity_key(),
                                 {ids[n]: e.public_key() for n, e in peers.items()})
-    params = client.params
-    if sid != params.session_id:
-        raise ParameterMismatch(f"a request for session {sid!r} reached the state of {params.session_id!r}")
     try:
         fields, body = _secagg_answer(client, party, phase, msg, context)
     finally:  # an aborted client is kept aborted: it answers nothing more in this run
@@ -207,10 +197,7 @@ def _secagg_answer(client: SecAggClient, party, phase: str, msg: Message, contex
     params = client.params
     sid = params.session_id
     if phase == SECAGG_CONSISTENCY:
-        survivors = unpack_json(msg.content, "survivors")
-        if not isinstance(survivors, list) or any(isinstance(s, bool) or not isinstance(s, int) for s in survivors):
-            raise InvalidContribution("the announced survivor set is not a list of client ids")
-        body = client.sign_survivors(survivors).to_bytes()
+        body = client.sign_survivors(unpack_json(msg.content, "survivors")).to_bytes()
     else:
         raw = unpack_blob(msg.content)
         try:
@@ -219,8 +206,6 @@ def _secagg_answer(client: SecAggClient, party, phase: str, msg: Message, contex
         except (InvalidSignature, ValueError):
             raise InvalidContribution("a secagg request does not carry the server's signature") from None
         request = decode_message(raw)
-        if getattr(request, "STAGE", None) != phase:
-            raise MalformedPayload(f"a {getattr(request, 'STAGE', None)} request sent as {phase}")
         if phase == Stage.MASKED_INPUT:
             stats = statistics_from_file(_cfg(context, "data", "hospital"), params.layout.n_classes,
                                          max_norm=params.bounds.max_norm)
