@@ -78,7 +78,7 @@ class FlowerDeployment:
 
     def kill_node(self, name: str) -> None:
         """SIGKILL one SuperNode and every process it started: a site that crashes mid-round."""
-        for pid in self._marked(f"{_NODE}={name}".encode()):
+        for pid in self._marked(f"{_NODE}=supernode-{name}".encode()):
             try:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:

@@ -14,6 +14,7 @@ from secure_afl import pki
 from secure_afl.analytic import centralised_weights
 from secure_afl.audit import load_receipts, verify_log
 from secure_afl.backends.ckks import ckks_session_params
+from secure_afl.cli import main
 from secure_afl.flower import PROJECT_DIR
 from secure_afl.packing import Layout
 from secure_afl.params import Bounds
@@ -301,7 +302,7 @@ def test_flower_secagg_survives_a_crash_after_share_keys_and_refuses_an_impostor
     # Prepare
     names = ("h1", "h2", "h3", "h4", "h5")
     c = Consortium(tmp_path / "fl", backend="secagg", hospitals=names, min_clients=2,
-                   secagg={"threshold": 2, "stage_timeout_s": 20.0})
+                   secagg={"threshold": 2, "stage_timeout_s": 40.0})
     data = hospital_data(c, seed=19, names=names)
     for h, (X, y) in data.items():
         np.savez(tmp_path / f"{h}.npz", X=X, y=y)
@@ -354,6 +355,8 @@ def test_flower_secagg_survives_a_crash_after_share_keys_and_refuses_an_impostor
                    keyholder_pub=pki.load_party(c.pki_dir, "keyholder", "keyholder").identity_pub(),
                    receipts=load_receipts(tmp_path / "receipts"))
     assert v.n_receipts == 3 and v.countersigned_by
+    assert main(["audit", "verify", str(c.audit_path()), "--pki", str(c.pki_dir), "--head",
+                 str(c.audit_path().parent / "audit-head.json"), "--receipts", str(tmp_path / "receipts")]) == 0
 
 
 def _audit(c):
@@ -392,10 +395,21 @@ def _numbered_backwards(self):
     return {{name: i + 1 for i, name in enumerate(names)}}
 
 
+_info = SecAggAggregationServer.info
+
+
+def _with_a_sybil(self):
+    d = _info(self)
+    d["secagg"] = {{**d["secagg"], "client_ids": {{**d["secagg"]["client_ids"], "zz-sybil": len(self._enrolled) + 1}}}}
+    return d
+
+
 @app.main()
 def main(grid, context):
     if "{forgery}" == "signature":
         SecAggAggregationServer.secagg_request = _signed_by_another_key
+    elif "{forgery}" == "sybil":
+        SecAggAggregationServer.info = _with_a_sybil
     else:
         SecAggAggregationServer.client_ids = property(_numbered_backwards)
         SecAggAggregationServer._name = lambda self, cid: sorted(self._enrolled, reverse=True)[cid - 1]
@@ -404,12 +418,12 @@ def main(grid, context):
 
 
 @pytest.mark.security
-@pytest.mark.parametrize("forgery", ["signature", "numbering"])
+@pytest.mark.parametrize("forgery", ["signature", "numbering", "sybil"])
 def test_flower_secagg_hospitals_answer_no_forged_request(tmp_path, deployment, forgery):
-    """A ServerApp that signs its secagg requests with a key that is not the consortium server's, or that
+    """A ServerApp that signs its secagg requests with a key that is not the consortium server's, that
     numbers the hospitals in another order than the sorted enrolment (choosing who sits where in the
-    neighbour graph): every hospital's ClientApp must refuse at setup, so the round aborts with nothing
-    shared, masked or revealed."""
+    neighbour graph), or that announces a participant the consortium never enrolled: every hospital's
+    ClientApp must refuse at setup, so the round aborts with nothing shared, masked or revealed."""
     # Prepare
     c = Consortium(tmp_path / "fl", backend="secagg", hospitals=HOSPITALS, min_clients=2,
                    secagg={"threshold": 2, "stage_timeout_s": 10.0})
