@@ -8,7 +8,9 @@ Hospital node config::
 ``secure-afl client embed --stats-only``. The hospital checks the session
 parameters and the server's pinned identity, protects C_k, Q_k and counts with
 the session's backend (ckks: under the key holder's public context), signs the
-upload with its PKI identity and keeps the server-signed receipt.
+upload with its PKI identity and keeps the server-signed receipt. In a secagg
+session it answers each SecAgg stage with its own SecAggClient, whose secrets
+stay sealed in ``secagg-dir`` (default ``secagg-state``) between messages.
 
 Key holder node config::
 
@@ -153,7 +155,8 @@ def _new_secagg_client(info: dict, party) -> SecAggClient:
     peers = pki.load_enrolments(party.pki_dir, role="hospital")
     if set(peers) != set(ids) or party.name not in ids:
         raise InvalidContribution("the server's hospitals are not the enrolled hospitals")
-    return SecAggClient(params, ids[party.name], party.identity_key(), {ids[n]: e.public_key() for n, e in peers.items()})
+    return SecAggClient(params, ids[party.name], party.identity_key(),
+                        {ids[n]: e.public_key() for n, e in peers.items()})
 
 
 @app.query("secagg")
