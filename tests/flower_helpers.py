@@ -14,6 +14,7 @@ from secure_afl.demo import _free_port
 from secure_afl.flower import PROJECT_DIR
 
 BIN = Path(sys.executable).parent
+_NODE = "SECURE_AFL_TEST_FLOWER_NODE"
 
 
 class FlowerDeployment:
@@ -33,8 +34,9 @@ class FlowerDeployment:
 
     def _spawn(self, name: str, args: list[str]) -> subprocess.Popen:
         log = open(self.root / f"{name}.log", "wb")
-        p = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=self.env, cwd=self.root,
-                             start_new_session=True)
+        # the mark reaches every process this one starts (SuperExec, ClientApps), for kill_node
+        p = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env={**self.env, _NODE: name},
+                             cwd=self.root, start_new_session=True)
         log.close()
         self.procs.append(p)
         return p
@@ -60,10 +62,27 @@ class FlowerDeployment:
 
     def run(self, run_config: dict, timeout: float, project: Path = PROJECT_DIR) -> subprocess.CompletedProcess:
         """``flwr run`` of the project with ``--stream``: returns when the ServerApp has finished."""
+        p = self.start_run(run_config, project)
+        try:
+            out, err = p.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            raise
+        return subprocess.CompletedProcess(p.args, p.returncode, out, err)
+
+    def start_run(self, run_config: dict, project: Path = PROJECT_DIR) -> subprocess.Popen:
         overrides = " ".join(f'{k}="{v}"' if isinstance(v, str) else f"{k}={v}" for k, v in run_config.items())
-        return subprocess.run([str(BIN / "flwr"), "run", str(project), "local-deployment", "--stream",
-                               "--run-config", overrides], env=self.env, cwd=self.root, capture_output=True,
-                              text=True, timeout=timeout)
+        return subprocess.Popen([str(BIN / "flwr"), "run", str(project), "local-deployment", "--stream",
+                                 "--run-config", overrides], env=self.env, cwd=self.root, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+
+    def kill_node(self, name: str) -> None:
+        """SIGKILL one SuperNode and every process it started: a site that crashes mid-round."""
+        for pid in self._marked(f"{_NODE}=supernode-{name}".encode()):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
 
     def logs(self) -> str:
         return "\n".join(f"== {p.name}\n{p.read_text(errors='replace')[-3000:]}" for p in self.root.glob("*.log"))
@@ -71,7 +90,10 @@ class FlowerDeployment:
     def _ours(self) -> list[int]:
         """Every live process started with this deployment's FLWR_HOME (SuperExec and app processes
         detach into sessions of their own, so a process group does not reach them)."""
-        mark = f"FLWR_HOME={self.home}".encode()
+        return self._marked(f"FLWR_HOME={self.home}".encode())
+
+    @staticmethod
+    def _marked(mark: bytes) -> list[int]:
         pids = []
         for d in Path("/proc").iterdir():
             if d.name.isdigit() and int(d.name) != os.getpid():

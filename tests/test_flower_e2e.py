@@ -4,6 +4,7 @@ and the native service's W on the same data, and the audit story must hold."""
 
 import json
 import shutil
+import threading
 import time
 
 import numpy as np
@@ -13,6 +14,7 @@ from secure_afl import pki
 from secure_afl.analytic import centralised_weights
 from secure_afl.audit import load_receipts, verify_log
 from secure_afl.backends.ckks import ckks_session_params
+from secure_afl.cli import main
 from secure_afl.flower import PROJECT_DIR
 from secure_afl.packing import Layout
 from secure_afl.params import Bounds
@@ -26,10 +28,10 @@ pytestmark = pytest.mark.e2e
 HOSPITALS = ("h1", "h2", "h3")
 
 
-def hospital_data(c, seed):
+def hospital_data(c, seed, names=HOSPITALS):
     rng = np.random.default_rng(seed)
     data = {}
-    for h in HOSPITALS:
+    for h in names:
         n = int(rng.integers(30, 60))
         X = rng.standard_normal((n, c.dim))
         X *= (0.9 * c.max_norm / np.linalg.norm(X, axis=1, keepdims=True)) * rng.uniform(0.1, 1, (n, 1))
@@ -42,6 +44,37 @@ def keygen(c):
                                            Bounds(c.max_norm, 1000, 8)))
 
 
+SECAGG = {"threshold": 2, "stage_timeout_s": 60.0}
+
+
+def consortium(root, backend):
+    # secagg, 3 hospitals, t = 2: a consistency quorum of 3 is reachable only with min_clients <= 2
+    if backend == "secagg":
+        return Consortium(root, backend=backend, hospitals=HOSPITALS, min_clients=2, secagg=SECAGG)
+    return Consortium(root, backend=backend, hospitals=HOSPITALS, min_clients=3)
+
+
+def _submit_all(c, data):
+    """Every hospital's native client; secagg hospitals take part in the rounds together."""
+    errors = {}
+
+    def go(h):
+        cl = c.hospital(h)
+        try:
+            cl.submit(c.stats(*data[h]), **({"timeout": 120} if c.backend == "secagg" else {}))
+        except Exception as e:  # asserted on below
+            errors[h] = e
+        finally:
+            cl.close()
+
+    threads = [threading.Thread(target=go, args=(h,), daemon=True) for h in data]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=180)
+    assert not errors, errors
+
+
 def native_w(c, data):
     c.start()
     try:
@@ -49,10 +82,7 @@ def native_w(c, data):
         if c.backend == "ckks":
             keygen(c)
             c.keyholder.publish(conn)
-        for h, (X, y) in data.items():
-            cl = c.hospital(h)
-            cl.submit(c.stats(X, y))
-            cl.close()
+        _submit_all(c, data)
         res = c.keyholder.finalize(conn, min_clients=3)
         conn.close()
         return res.W
@@ -67,10 +97,10 @@ def deployment(tmp_path):
     d.stop()
 
 
-@pytest.mark.parametrize("backend", ["plain", "ckks"])
+@pytest.mark.parametrize("backend", ["plain", "ckks", "secagg"])
 def test_flower_round_matches_plaintext_and_native_service(tmp_path, deployment, backend):
     # Prepare: one consortium for the Flower round, one for the native service, the same hospital data
-    c = Consortium(tmp_path / "fl", backend=backend, hospitals=HOSPITALS, min_clients=3)
+    c = consortium(tmp_path / "fl", backend)
     data = hospital_data(c, seed=15)
     for h, (X, y) in data.items():
         np.savez(tmp_path / f"{h}.npz", X=X, y=y)
@@ -80,7 +110,8 @@ def test_flower_round_matches_plaintext_and_native_service(tmp_path, deployment,
     deployment.start_superlink()
     for h in HOSPITALS:
         deployment.start_supernode(h, {"role": "hospital", "name": h, "pki-dir": c.pki_dir,
-                                       "data": tmp_path / f"{h}.npz", "receipts-dir": tmp_path / "receipts"})
+                                       "data": tmp_path / f"{h}.npz", "receipts-dir": tmp_path / "receipts",
+                                       "secagg-dir": tmp_path / h / "secagg"})
     deployment.start_supernode("keyholder", {
         "role": "keyholder", "name": "keyholder", "pki-dir": c.pki_dir, "keys-dir": c.root / "keys",
         "passphrase-file": tmp_path / "pass", "min-clients": 3, "min-class-count": 1,
@@ -97,7 +128,7 @@ def test_flower_round_matches_plaintext_and_native_service(tmp_path, deployment,
     X_all = np.concatenate([d[0] for d in data.values()])
     y_all = np.concatenate([d[1] for d in data.values()])
     W_plain = centralised_weights(X_all, y_all, c.classes)
-    W_native = native_w(Consortium(tmp_path / "native", backend=backend, hospitals=HOSPITALS, min_clients=3), data)
+    W_native = native_w(consortium(tmp_path / "native", backend), data)
     rel_plain = np.linalg.norm(W - W_plain) / np.linalg.norm(W_plain)
     rel_native = np.linalg.norm(W - W_native) / np.linalg.norm(W_native)
     print(f"flower {backend}: |W-W_plain|/|W_plain| = {rel_plain:.2e}, |W-W_native|/|W_native| = {rel_native:.2e},"
@@ -105,6 +136,16 @@ def test_flower_round_matches_plaintext_and_native_service(tmp_path, deployment,
     report = json.loads((tmp_path / "report.json").read_text())
     if backend == "plain":
         assert rel_plain <= 1e-9 and rel_native <= 2e-9
+    elif backend == "secagg":  # the masks cancel exactly: the same fixed-point sum, the same solve, the same W
+        # the certified bound is against the exact W*; W_plain (float64 from the rows) carries its own error
+        bound = report["w_error_bound"]
+        print(f"flower secagg: certified rel bound {bound['rel_bound']:.2e}; "
+              f"max |W-W_native| = {np.max(np.abs(W - W_native)):.1e}")
+        assert bound["applies"] and rel_plain <= 2 * bound["rel_bound"] and np.array_equal(W, W_native)
+        closed = [json.loads(line) for line in c.audit_path().read_text().splitlines()]
+        closed = [r["details"] for r in closed if r["event"] == "secagg_stage_closed"]
+        assert [d["dropped"] for d in closed] == [[]] * 5 and not any(list((tmp_path / h / "secagg").glob("*"))
+                                                                       for h in HOSPITALS)
     else:  # each release is flooded independently: both within the key holder's reported bound of X^+Y
         bound = w_error_bound(X_all, W_plain, report["error_bound_per_entry"], c.classes, report["lambda_total"])
         assert report["flood_sigma"] > 0 and report["resummed_by_keyholder"]
@@ -250,3 +291,166 @@ def test_flower_hospitals_keep_no_receipt_the_server_did_not_sign(tmp_path, depl
     records = [json.loads(line) for line in c.audit_path().read_text().splitlines()]
     assert sum(r["event"] == "upload" and r["outcome"] == "accepted" for r in records) == 3
     assert not (tmp_path / "receipts").exists() or load_receipts(tmp_path / "receipts") == []
+
+
+@pytest.mark.security
+def test_flower_secagg_survives_a_crash_after_share_keys_and_refuses_an_impostor(tmp_path, deployment):
+    """Five enrolled hospitals, t = 2. h5's SuperNode is an impostor (a PKI of its own, the consortium's
+    public enrolments copied in): its answers carry no valid h5 signature, so the server refuses them
+    (audited) and h5 is dropped at setup. h4's SuperNode crashes once it has shared its keys: its masked
+    input never arrives. The round must still finish, exactly, on h1-h3, with the native audit story."""
+    # Prepare
+    names = ("h1", "h2", "h3", "h4", "h5")
+    c = Consortium(tmp_path / "fl", backend="secagg", hospitals=names, min_clients=2,
+                   secagg={"threshold": 2, "stage_timeout_s": 40.0})
+    data = hospital_data(c, seed=19, names=names)
+    for h, (X, y) in data.items():
+        np.savez(tmp_path / f"{h}.npz", X=X, y=y)
+    rogue_pki = tmp_path / "rogue-pki"
+    pki.init_ca(rogue_pki)
+    pki.issue(rogue_pki, "hospital", "h5")
+    for role_dir in ["server-aggregator", "keyholder-keyholder"] + [f"hospital-{h}" for h in names[:4]]:
+        (rogue_pki / role_dir).mkdir()
+        shutil.copy(c.pki_dir / role_dir / "enrolment.json", rogue_pki / role_dir)
+    deployment.start_superlink()
+    for h in names:
+        deployment.start_supernode(h, {"role": "hospital", "name": h, "pki-dir": rogue_pki if h == "h5" else c.pki_dir,
+                                       "data": tmp_path / f"{h}.npz", "receipts-dir": tmp_path / "receipts",
+                                       "secagg-dir": tmp_path / h / "secagg"})
+    deployment.start_supernode("keyholder", {
+        "role": "keyholder", "name": "keyholder", "pki-dir": c.pki_dir, "keys-dir": c.root / "keys",
+        "min-clients": 3, "out": tmp_path / "model.safetensors", "report": tmp_path / "report.json"})
+    # Execute: h4 crashes as soon as the server has stored its share_keys answer
+    run = deployment.start_run({"session-config": str(c.config), "node-wait-s": 120.0, "reply-timeout-s": 240.0})
+    deadline = time.monotonic() + 300
+    while run.poll() is None and time.monotonic() < deadline and not any(
+            r["event"] == "secagg_share_keys" and r["actor"] == "h4" and r["outcome"] == "accepted"
+            for r in _audit(c)):
+        time.sleep(0.05)  # bounded: watching the server's audit log for h4's stored answer
+    deployment.kill_node("h4")
+    stdout, _ = run.communicate(timeout=420)
+    # Assert
+    assert (tmp_path / "model.safetensors").exists(), stdout[-3000:] + deployment.logs()
+    W, meta = read_model(tmp_path / "model.safetensors")
+    survivors = ["h1", "h2", "h3"]
+    X = np.concatenate([data[h][0] for h in survivors])
+    y = np.concatenate([data[h][1] for h in survivors])
+    W_plain = centralised_weights(X, y, c.classes)
+    report = json.loads((tmp_path / "report.json").read_text())
+    rel = np.linalg.norm(W - W_plain) / np.linalg.norm(W_plain)
+    print(f"flower secagg, h4 crashed, h5 impostor: |W-W_plain|/|W_plain| = {rel:.2e} "
+          f"(certified {report['w_error_bound']['rel_bound']:.2e})")
+    assert report["participants"] == survivors and json.loads(meta["participants"]) == survivors
+    assert rel <= 2 * report["w_error_bound"]["rel_bound"]
+    records = _audit(c)
+    assert [r["details"]["dropped"] for r in records if r["event"] == "secagg_stage_closed"] == [
+        ["h5"], [], [], ["h4"], []]
+    impostor = [r for r in records if r["outcome"] == "refused" and r["event"] == "request"]
+    assert impostor and {r["actor"] for r in impostor} == {"unauthenticated"}
+    assert {r["reason"] for r in impostor} == {"bad_signature"}
+    assert not any(r["actor"] == "h5" and r["outcome"] == "accepted" for r in records)
+    head = json.loads((c.audit_path().parent / "audit-head.json").read_text())
+    v = verify_log(c.audit_path(), server_pub=pki.load_party(c.pki_dir, "server", "aggregator").identity_pub(),
+                   head=head, countersign=head["countersign"],
+                   keyholder_pub=pki.load_party(c.pki_dir, "keyholder", "keyholder").identity_pub(),
+                   receipts=load_receipts(tmp_path / "receipts"))
+    assert v.n_receipts == 3 and v.countersigned_by
+    assert main(["audit", "verify", str(c.audit_path()), "--pki", str(c.pki_dir), "--head",
+                 str(c.audit_path().parent / "audit-head.json"), "--receipts", str(tmp_path / "receipts")]) == 0
+
+
+def _audit(c):
+    """The audit log's complete lines (the server may be appending one)."""
+    path = c.audit_path()
+    return [json.loads(line) for line in path.read_text().split("\n")[:-1]] if path.exists() else []
+
+
+
+ROGUE_SECAGG_SERVERAPP = '''
+"""An aggregation server that forges its secagg requests ({forgery})."""
+import base64
+
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from flwr.serverapp import ServerApp
+
+from secure_afl.flower import server_app
+from secure_afl.protocol import SECAGG_REQUEST_PREFIX
+from secure_afl.server.secagg_round import SecAggAggregationServer
+
+app = ServerApp()
+_request = SecAggAggregationServer.secagg_request
+_other_key = Ed25519PrivateKey.generate()
+
+
+def _signed_by_another_key(self, hospital):
+    r = _request(self, hospital)
+    if "request" in r:
+        raw = base64.b64decode(r["request"])
+        r = {{**r, "signature": _other_key.sign(SECAGG_REQUEST_PREFIX + raw).hex()}}
+    return r
+
+
+def _numbered_backwards(self):
+    names = sorted(self._enrolled, reverse=True)
+    return {{name: i + 1 for i, name in enumerate(names)}}
+
+
+_info = SecAggAggregationServer.info
+
+
+def _with_a_sybil(self):
+    d = _info(self)
+    d["secagg"] = {{**d["secagg"], "client_ids": {{**d["secagg"]["client_ids"], "zz-sybil": len(self._enrolled) + 1}}}}
+    return d
+
+
+@app.main()
+def main(grid, context):
+    if "{forgery}" == "signature":
+        SecAggAggregationServer.secagg_request = _signed_by_another_key
+    elif "{forgery}" == "sybil":
+        SecAggAggregationServer.info = _with_a_sybil
+    else:
+        SecAggAggregationServer.client_ids = property(_numbered_backwards)
+        SecAggAggregationServer._name = lambda self, cid: sorted(self._enrolled, reverse=True)[cid - 1]
+    server_app.main(grid, context)
+'''
+
+
+@pytest.mark.security
+@pytest.mark.parametrize("forgery", ["signature", "numbering", "sybil"])
+def test_flower_secagg_hospitals_answer_no_forged_request(tmp_path, deployment, forgery):
+    """A ServerApp that signs its secagg requests with a key that is not the consortium server's, that
+    numbers the hospitals in another order than the sorted enrolment (choosing who sits where in the
+    neighbour graph), or that announces a participant the consortium never enrolled: every hospital's
+    ClientApp must refuse at setup, so the round aborts with nothing shared, masked or revealed."""
+    # Prepare
+    c = Consortium(tmp_path / "fl", backend="secagg", hospitals=HOSPITALS, min_clients=2,
+                   secagg={"threshold": 2, "stage_timeout_s": 10.0})
+    data = hospital_data(c, seed=21)
+    for h, (X, y) in data.items():
+        np.savez(tmp_path / f"{h}.npz", X=X, y=y)
+    project = tmp_path / "rogue-project"
+    project.mkdir()
+    (project / "rogue_serverapp.py").write_text(ROGUE_SECAGG_SERVERAPP.format(forgery=forgery))
+    (project / "pyproject.toml").write_text((PROJECT_DIR / "pyproject.toml").read_text().replace(
+        '"secure_afl.flower.server_app:app"', '"rogue_serverapp:app"'))
+    deployment.start_superlink()
+    for h in HOSPITALS:
+        deployment.start_supernode(h, {"role": "hospital", "name": h, "pki-dir": c.pki_dir,
+                                       "data": tmp_path / f"{h}.npz", "receipts-dir": tmp_path / "receipts",
+                                       "secagg-dir": tmp_path / h / "secagg"})
+    deployment.start_supernode("keyholder", {
+        "role": "keyholder", "name": "keyholder", "pki-dir": c.pki_dir, "keys-dir": c.root / "keys",
+        "min-clients": 2, "out": tmp_path / "model.safetensors", "report": tmp_path / "report.json"})
+    # Execute
+    out = deployment.run({"session-config": str(c.config), "node-wait-s": 120.0, "reply-timeout-s": 240.0},
+                         timeout=420, project=project)
+    # Assert: no hospital answered anything; the round aborted at setup
+    records = _audit(c)
+    assert not any(r["event"].startswith("secagg_") and r["event"] != "secagg_round_opened"
+                   and r["outcome"] == "accepted" for r in records), out.stdout[-3000:] + deployment.logs()
+    closed = [r for r in records if r["event"] == "secagg_stage_closed"]
+    assert len(closed) == 1 and closed[0]["outcome"] == "refused" and closed[0]["details"]["stage"] == "setup"
+    assert "secure-afl round refused: insufficient_shares" in out.stdout, out.stdout[-3000:]
+    assert not (tmp_path / "model.safetensors").exists() and not (tmp_path / "receipts").exists()

@@ -8,7 +8,9 @@ Hospital node config::
 ``secure-afl client embed --stats-only``. The hospital checks the session
 parameters and the server's pinned identity, protects C_k, Q_k and counts with
 the session's backend (ckks: under the key holder's public context), signs the
-upload with its PKI identity and keeps the server-signed receipt.
+upload with its PKI identity and keeps the server-signed receipt. In a secagg
+session it answers each SecAgg stage with its own SecAggClient, whose secrets
+stay sealed in ``secagg-dir`` (default ``secagg-state``) between messages.
 
 Key holder node config::
 
@@ -28,21 +30,25 @@ import hashlib
 import json
 from pathlib import Path
 
+from cryptography.exceptions import InvalidSignature
+
 from flwr.app import ConfigRecord, Context, Message
 from flwr.clientapp import ClientApp
 
 from secure_afl import pki
 from secure_afl.backends import HE_BACKENDS
-from secure_afl.clients.hospital import protect_contribution
+from secure_afl.clients.hospital import protect_contribution, protect_vector
 from secure_afl.clients.statsfile import load_statistics_file
 from secure_afl.keyholder_params import PARAMS_SIGNATURE, pinned_keyholder_key, verify_session_params
-from secure_afl.exceptions import InvalidInputError, ParameterMismatch, SecureAFLError, StageError
+from secure_afl.exceptions import InvalidContribution, InvalidInputError, ParameterMismatch, SecureAFLError, StageError
 from secure_afl.params import SessionParams
-from secure_afl.protocol import API, sign_request
+from secure_afl.protocol import API, SECAGG_CONSISTENCY, SECAGG_REQUEST_PREFIX, sign_request
+from secure_afl.secagg import SecAggClient, Stage, decode_message
 from secure_afl.signing import sign_upload, verify_receipt
 
 from . import keyholder_adapter
 from .messages import pack, unpack_blob, unpack_json, unpack_str
+from .secagg_state import SealedState, export_client, restore_client
 
 __all__ = ["app"]
 
@@ -128,6 +134,95 @@ def receipt(msg: Message, context: Context) -> Message:
     return Message(content=pack({"payload_sha256": rc["payload_sha256"]}), reply_to=msg)
 
 
+# -- hospital, secagg ------------------------------------------------------------------------------
+_SECAGG = "secure-afl-secagg"
+
+
+def _pinned_server(party):
+    servers = pki.load_enrolments(party.pki_dir, role="server")
+    if len(servers) != 1:
+        raise InvalidInputError("cannot pin the server's identity key")
+    return next(iter(servers.values()))
+
+
+def _new_secagg_client(info: dict, party) -> SecAggClient:
+    """The native participant's checks: session parameters, pinned server, sorted enrolment numbering."""
+    params = _session_params(info, party)
+    if params.backend != "secagg":
+        raise ParameterMismatch(f"the session runs {params.backend}, not secagg")
+    ids = info.get("secagg", {}).get("client_ids")
+    if not isinstance(ids, dict) or ids != {n: i + 1 for i, n in enumerate(sorted(ids))}:
+        raise InvalidContribution("the server's client numbering is not the sorted enrolment order")
+    peers = pki.load_enrolments(party.pki_dir, role="hospital")
+    if set(peers) != set(ids) or party.name not in ids:
+        raise InvalidContribution("the server's hospitals are not the enrolled hospitals")
+    return SecAggClient(params, ids[party.name], party.identity_key(),
+                        {ids[n]: e.public_key() for n, e in peers.items()})
+
+
+@app.query("secagg")
+def secagg(msg: Message, context: Context) -> Message:
+    """One SecAgg stage: the server-signed request goes to this hospital's own SecAggClient.
+
+    Every check against a malicious server is the state machine's (as in the
+    native client); this handler adds the transport's: the request carries the
+    pinned server's signature, and the answer is signed by this hospital (a
+    request signature for stage messages, an upload statement for the masked
+    input) because a Flower node id proves nothing. The client's secrets stay
+    at this hospital between messages (:mod:`secure_afl.flower.secagg_state`).
+    """
+    _role(context, "hospital")
+    party = _party(context, "hospital")
+    phase = unpack_str(msg.content, "stage")
+    sid = unpack_str(msg.content, "session_id")
+    sealed = SealedState(context.node_config.get("secagg-dir", "secagg-state"), sid, party.name, context.run_id)
+    if phase == Stage.SETUP:
+        client = _new_secagg_client(unpack_json(msg.content, "info"), party)
+        key = SealedState.new_key()
+        context.state[_SECAGG] = ConfigRecord({"key": key})
+    else:
+        if _SECAGG not in context.state:
+            raise StageError("no SecAgg setup in this run: refusing a later stage")
+        key = context.state[_SECAGG]["key"]
+        peers = pki.load_enrolments(party.pki_dir, role="hospital")
+        ids = {n: i + 1 for i, n in enumerate(sorted(peers))}
+        client = restore_client(sealed.load(key), party.identity_key(),
+                                {ids[n]: e.public_key() for n, e in peers.items()})
+    try:
+        fields, body = _secagg_answer(client, party, phase, msg, context)
+    finally:  # an aborted client is kept aborted: it answers nothing more in this run
+        sealed.save(key, export_client(client))
+    if client.stage in ("done", "aborted"):
+        sealed.erase()
+    return Message(content=pack({"hospital": party.name, "stage": phase, **fields}, body), reply_to=msg)
+
+
+def _secagg_answer(client: SecAggClient, party, phase: str, msg: Message, context: Context):
+    params = client.params
+    sid = params.session_id
+    if phase == SECAGG_CONSISTENCY:
+        body = client.sign_survivors(unpack_json(msg.content, "survivors")).to_bytes()
+    else:
+        raw = unpack_blob(msg.content)
+        try:
+            _pinned_server(party).public_key().verify(bytes.fromhex(unpack_str(msg.content, "signature")),
+                                                      SECAGG_REQUEST_PREFIX + raw)
+        except (InvalidSignature, ValueError):
+            raise InvalidContribution("a secagg request does not carry the server's signature") from None
+        request = decode_message(raw)
+        if phase == Stage.MASKED_INPUT:
+            stats, _ = load_statistics_file(_cfg(context, "data", "hospital"), n_classes=params.layout.n_classes,
+                                            max_norm=params.bounds.max_norm)
+            payload = client.handle(request, vector=protect_vector(params, stats)).to_bytes()
+            sha = hashlib.sha256(payload)
+            statement = sign_upload(party.identity_key(), sid, params.digest(), sha.digest(), party.name)
+            context.state["secure-afl"] = ConfigRecord({"payload_sha256": sha.hexdigest()})
+            return {"statement": statement}, payload
+        body = client.handle(request).to_bytes()
+    path = f"{API}/sessions/{sid}/secagg/{phase}"
+    return {"headers": sign_request(party.identity_key(), f"hospital:{party.name}", "POST", path, body)}, body
+
+
 # -- key holder ----------------------------------------------------------------------------------
 @app.query("publish")
 def publish(msg: Message, context: Context) -> Message:
@@ -142,6 +237,18 @@ def publish(msg: Message, context: Context) -> Message:
     return Message(content=pack({"headers": headers}, body), reply_to=msg)
 
 
+@app.query("countersign")
+def countersign(msg: Message, context: Context) -> Message:
+    """The countersignature the ServerApp stores before it asks for the release (or the refusal)."""
+    _role(context, "keyholder")
+    kh = keyholder_adapter.open_keyholder(context.node_config)
+    try:
+        cs = keyholder_adapter.countersign(kh, unpack_json(msg.content, "close"), unpack_json(msg.content, "manifest"))
+    except SecureAFLError as e:
+        return Message(content=pack({"error": e.reason, "detail": str(e)}), reply_to=msg)
+    return Message(content=pack({"countersign": cs}), reply_to=msg)
+
+
 @app.query("finalize")
 def finalize(msg: Message, context: Context) -> Message:
     _role(context, "keyholder")
@@ -154,11 +261,12 @@ def finalize(msg: Message, context: Context) -> Message:
         for hospital, n in unpack_json(msg.content, "contributions"):
             contributions[str(hospital)], at = blob[at:at + int(n)], at + int(n)
     manifest = unpack_json(msg.content, "manifest")
+    unmask = unpack_json(msg.content, "unmask") if "unmask" in msg.content["fields"] else None
     # before anything is decrypted: countersign the server's close record, or refuse (DecryptionRefused)
     countersign = keyholder_adapter.countersign(kh, unpack_json(msg.content, "close"), manifest)
     try:
         report = keyholder_adapter.finalize(
-            kh, info, blob, manifest, tags, contributions,
+            kh, info, blob, manifest, tags, contributions, unmask=unmask,
             min_clients=int(_cfg(context, "min-clients", "keyholder")),
             min_class_count=int(nc.get("min-class-count", 1)), lam=float(nc.get("lambda", 0.0)),
             out=Path(str(_cfg(context, "out", "keyholder"))),

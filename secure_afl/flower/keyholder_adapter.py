@@ -4,7 +4,7 @@ Everything the key holder decides (manifest and upload signatures, its own
 ``min_clients``, the re-sum of the signed uploads and the single flooded
 decryption for HE sessions, the release ledger, the aggregate tag, sanity
 checks, RI restoration and the solve) is :meth:`KeyHolder.release_he` (ckks,
-bfv) or :meth:`KeyHolder.reveal_and_solve` (plain); this module only feeds it
+bfv) or :meth:`KeyHolder.reveal_and_solve` (plain, secagg); this module only feeds it
 what the ServerApp sent and writes the model and report the way
 ``secure-afl keyholder finalize`` writes them.
 """
@@ -64,15 +64,18 @@ class _MessageSource:
 
 
 def finalize(kh: KeyHolder, info: dict, aggregate: bytes, manifest: dict, tags: dict, contributions: dict, *,
-             min_clients: int, min_class_count: int, lam: float, out: Path, report_path: Path) -> dict:
+             min_clients: int, min_class_count: int, lam: float, out: Path, report_path: Path,
+             unmask: dict | None = None) -> dict:
     """The native finalize; the stricter of the two policies applies. HE sessions are re-summed from
-    the signed uploads (``contributions``); the server's ``aggregate`` is used for plain only."""
+    the signed uploads (``contributions``); the server's ``aggregate`` is used for plain and secagg
+    (with the server's ``unmask`` material, as ``keyholder finalize`` fetches it)."""
     policy = {"min_clients": max(min_clients, int(info.get("min_clients", 1))),
               "min_class_count": max(min_class_count, int(info.get("min_class_count", 1))), "lam": lam}
     if info["backend"] in HE_BACKENDS:
         res = kh.release_he(info["session_id"], _MessageSource(manifest, contributions, tags), **policy)
     else:
-        res = kh.reveal_and_solve(SessionParams.from_dict(info["params"]), aggregate, manifest, **policy)
+        res = kh.reveal_and_solve(SessionParams.from_dict(info["params"]), aggregate, manifest, unmask=unmask,
+                                  **policy)
     params = res.params
     lam = res.report.get("lambda_total", lam)
     meta = {"session": params.session_id, "backend": params.backend, "gamma": params.gamma, "lambda": lam,

@@ -22,10 +22,12 @@ ROLL_CALL = "query.roll_call"
 PUBLISH = "query.publish"
 UPLOAD = "train.upload"
 RECEIPT = "query.receipt"
+COUNTERSIGN = "query.countersign"
 FINALIZE = "query.finalize"
+SECAGG = "query.secagg"
 
-__all__ = ["PROJECT_DIR", "ROLL_CALL", "PUBLISH", "UPLOAD", "RECEIPT", "FINALIZE", "pack", "unpack_blob",
-           "unpack_json", "unpack_str"]
+__all__ = ["PROJECT_DIR", "ROLL_CALL", "PUBLISH", "UPLOAD", "RECEIPT", "COUNTERSIGN", "FINALIZE", "SECAGG", "pack",
+           "unpack_blob", "unpack_json", "unpack_str"]
 
 
 def pack(fields: dict | None = None, blob: bytes | None = None) -> RecordDict:

@@ -10,15 +10,24 @@ signed receipts and server-signed manifest. Flower messages replace HTTP:
 2. ckks: the key holder's signed context publication opens the session;
 3. upload: each hospital's signed, protected contribution is validated, stored
    durably, added to the running sum and audited; the signed receipt goes back;
+   secagg instead: the native SecAgg round (:class:`SecAggAggregationServer`)
+   is driven over Flower messages, one per hospital and stage (setup, advertise
+   keys, share keys, masked input, consistency check, unmask); a hospital whose
+   answer does not arrive before the stage clock runs out is dropped, exactly as
+   over HTTP; the masked input is a signed upload with its receipt;
 4. close: at least ``min_clients`` contributions, or nothing is released;
-5. finalize: the aggregate, manifest, tag statements and the server-signed audit
-   close record go to the key holder's SuperNode, which countersigns the close
-   record (or refuses to decrypt), then verifies, reveals and solves W there (W
-   never comes back); the countersignature is stored as the HTTP route stores it.
+5. countersign: the server-signed audit close record and the manifest go to the
+   key holder's SuperNode, whose countersignature is stored (as the HTTP route
+   stores it) before anything is decrypted;
+6. finalize: the aggregate (secagg: with the server's unmask material), manifest,
+   tag statements and close record go to the key holder's SuperNode, which
+   countersigns again (or refuses to decrypt), then verifies, reveals and solves
+   W there (W never comes back).
 """
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 import logging
@@ -29,13 +38,26 @@ from flwr.app import Context, Message
 from flwr.serverapp import Grid, ServerApp
 
 from secure_afl.backends import HE_BACKENDS
-from secure_afl.exceptions import MalformedPayload, SecureAFLError, StageError
-from secure_afl.protocol import API
+from secure_afl.exceptions import InsufficientShares, MalformedPayload, SecureAFLError, StageError
+from secure_afl.protocol import API, SECAGG_CONSISTENCY
+from secure_afl.secagg import Stage
 from secure_afl.signing import canonical_json
 from secure_afl.server.aggregator import open_server
 from secure_afl.server.config import load_config
 
-from .messages import FINALIZE, PUBLISH, RECEIPT, ROLL_CALL, UPLOAD, pack, unpack_blob, unpack_json, unpack_str
+from .messages import (
+    COUNTERSIGN,
+    FINALIZE,
+    PUBLISH,
+    RECEIPT,
+    ROLL_CALL,
+    SECAGG,
+    UPLOAD,
+    pack,
+    unpack_blob,
+    unpack_json,
+    unpack_str,
+)
 
 __all__ = ["app", "run_session"]
 
@@ -60,8 +82,6 @@ def main(grid: Grid, context: Context) -> None:
 def run_session(grid: Grid, session_config: Path, *, node_wait_s: float, reply_timeout_s: float) -> dict:
     """One secure AFL round over ``grid``; returns the key holder's report."""
     config = load_config(session_config)
-    if config.backend == "secagg":
-        raise StageError("the Flower app carries plain, ckks and bfv sessions; run secagg with the native service")
     server = open_server(config)
     try:
         hospitals = set(server.info()["hospitals"])
@@ -76,12 +96,26 @@ def run_session(grid: Grid, session_config: Path, *, node_wait_s: float, reply_t
             _publish(grid, server, kh_node, reply_timeout_s)
         hosp_nodes = [nid for nid, (role, _) in parties.items() if role == "hospital"]
         if server.status == "open":
-            _uploads(grid, server, hosp_nodes, reply_timeout_s)
+            if config.backend == "secagg":
+                _secagg_round(grid, server, {name: nid for nid, (role, name) in parties.items()
+                                             if role == "hospital"}, reply_timeout_s)
+            else:
+                _uploads(grid, server, hosp_nodes, reply_timeout_s)
             server.close(config.name)
         aggregate, manifest = server.released()
-        # the signed close record: the key holder countersigns it before it decrypts anything
-        fields = {"info": server.info(), "manifest": manifest, "close": server.audit_head()["close"]}
+        # the signed close record: stored countersigned before the key holder decrypts anything
+        close = server.audit_head()["close"]
+        reply = _one(grid, Message(content=pack({"manifest": manifest, "close": close}), dst_node_id=kh_node,
+                                   message_type=COUNTERSIGN), reply_timeout_s, "the key holder's countersignature")
+        if "error" in reply.content["fields"]:
+            raise StageError(f"the key holder refused to countersign: {unpack_str(reply.content, 'error')}: "
+                             f"{unpack_str(reply.content, 'detail')}")
+        server.store_countersign(f"keyholder:{config.keyholder}",
+                                 canonical_json(unpack_json(reply.content, "countersign")))
+        fields = {"info": server.info(), "manifest": manifest, "close": close}
         blob = aggregate
+        if config.backend == "secagg":  # what removes the masks from the survivors' sum, and nothing more
+            fields["unmask"] = server.unmask_material()
         if config.backend in HE_BACKENDS:
             # the key holder never decrypts a server-formed sum: it gets the signed uploads and re-sums them
             uploads = [(p["hospital"], server.contribution(p["hospital"])) for p in manifest["participants"]]
@@ -89,7 +123,7 @@ def run_session(grid: Grid, session_config: Path, *, node_wait_s: float, reply_t
             blob = b"".join(b for _, b in uploads)
         reply = _one(grid, Message(content=pack(fields, blob), dst_node_id=kh_node, message_type=FINALIZE),
                      reply_timeout_s, "the key holder's finalize")
-        # stored (and verified against the key holder's enrolled key) as POST /audit/countersign stores it
+        # the same countersignature again (Ed25519 is deterministic); storing it is idempotent
         server.store_countersign(f"keyholder:{config.keyholder}",
                                  canonical_json(unpack_json(reply.content, "countersign")))
         if "error" in reply.content["fields"]:
@@ -173,3 +207,95 @@ def _uploads(grid: Grid, server, nodes: list[int], timeout_s: float) -> None:
     for ack in grid.send_and_receive(receipts, timeout=timeout_s):
         if ack.has_error():
             log.warning("node %s did not accept its answer: %s", ack.metadata.src_node_id, ack.error.reason)
+
+
+def _secagg_round(grid: Grid, server, hospitals: dict[str, int], reply_timeout_s: float) -> None:
+    """The native SecAgg round with Flower messages in place of the hospitals' polls.
+
+    Each hospital is asked what the server's ``secagg_request`` would answer
+    its poll, once per stage, and its answer goes through the same methods as
+    the HTTP routes (authenticated by the hospital's signature, refused and
+    audited there). The server's own stage clock closes a stage when everyone
+    answered or ``stage_timeout_s`` passed: an answer Flower did not deliver in
+    time is a dropout, and the round finishes if enough hospitals survive.
+    """
+    sid = server.config.session_id
+    info = server.info()
+    nodes = {name: nid for name, nid in hospitals.items() if name in server.client_ids}
+    asked: set[tuple[str, str]] = set()
+    pending: dict[str, tuple[str, str]] = {}  # Flower message id -> (hospital, phase)
+    stage, progress = None, time.monotonic()
+    limit = reply_timeout_s + server.config.stage_timeout_s
+    while server.round_stage not in ("done", "aborted"):
+        if server.round_stage != stage:
+            stage, progress = server.round_stage, time.monotonic()
+        elif time.monotonic() - progress > limit:
+            raise StageError(f"the secagg round made no progress in {stage} for {limit:.0f} s")
+        out = []
+        for name, nid in nodes.items():
+            r = server.secagg_request(name)
+            if "survivors" in r:
+                phase, fields, blob = SECAGG_CONSISTENCY, {"survivors": r["survivors"]}, None
+            elif "request" in r:
+                phase, fields, blob = r["stage"], {"signature": r["signature"]}, base64.b64decode(r["request"])
+            else:  # dropped, waiting for the others, or the round is over
+                continue
+            if (name, phase) in asked:
+                continue
+            asked.add((name, phase))
+            if phase == Stage.SETUP:
+                fields["info"] = info
+            out.append(((name, phase), Message(content=pack({"stage": phase, "session_id": sid, **fields}, blob),
+                                               dst_node_id=nid, message_type=SECAGG)))
+        if out:
+            for (who, _), mid in zip(out, grid.push_messages([m for _, m in out])):
+                if mid:
+                    pending[mid] = who
+        if pending:
+            for reply in grid.pull_messages(list(pending)):
+                who = pending.pop(reply.metadata.reply_to_message_id, None)
+                if who is not None and who[1] != "receipt":
+                    receipt = _secagg_answer(server, *who, reply)
+                    if receipt is not None:
+                        ack = Message(content=pack(receipt), dst_node_id=nodes[who[0]], message_type=RECEIPT)
+                        for mid in grid.push_messages([ack]):
+                            if mid:
+                                pending[mid] = (who[0], "receipt")
+                elif who is not None and reply.has_error():
+                    log.warning("%s did not keep its receipt: %s", who[0], reply.error.reason)
+        time.sleep(0.2)  # bounded by the stage clock above; Flower has no push to the ServerApp
+    if server.round_stage == "aborted":
+        raise InsufficientShares("the secagg round aborted: too few hospitals survived; nothing was revealed")
+
+
+def _secagg_answer(server, hospital: str, phase: str, reply: Message) -> dict | None:
+    """Feed one hospital's answer to the native round; for a masked input, the answer for its receipt."""
+    if reply.has_error():  # the hospital refused (its guards) or failed: silent for the round
+        log.warning("%s did not answer %s: %s", hospital, phase, reply.error.reason)
+        return None
+    sid = server.config.session_id
+    try:
+        body = unpack_blob(reply.content)
+        if phase == Stage.MASKED_INPUT:
+            statement = unpack_json(reply.content, "statement")
+            claimed = statement.get("hospital") if isinstance(statement, dict) else None
+            return {"receipt": server.submit(str(claimed), statement, body)}
+        headers = unpack_json(reply.content, "headers")
+        if not isinstance(headers, dict):
+            raise MalformedPayload("request headers must be a JSON object")
+        path = f"{API}/sessions/{sid}/secagg/{phase}"
+        party = server.authenticate({str(k): str(v) for k, v in headers.items()}, "POST", path,
+                                    hashlib.sha256(body).hexdigest(), roles=("hospital",))
+        name = party.partition(":")[2]
+        if phase == SECAGG_CONSISTENCY:
+            server.secagg_consistency(name, body)
+        else:
+            server.secagg_message(name, phase, body)
+    except MalformedPayload as e:  # unreadable before any identity is proven
+        server.refuse(f"secagg_{phase}"[:64], None, e, {"transport": "flower"})
+        log.warning("answer routed as %s for %s refused: %s", hospital, phase, e)
+    except SecureAFLError as e:  # refused and audited by the native method
+        log.warning("answer routed as %s for %s refused: %s: %s", hospital, phase, e.reason, e)
+        if phase == Stage.MASKED_INPUT:
+            return {"error": e.reason, "detail": str(e)}
+    return None
