@@ -37,8 +37,12 @@ def _crowd(tmp_path, K, *, extra_server=None, join_s=600):
         def one(h):
             cl = clients[h]
             try:
-                params = cl.fetch_params()
-                payload, tag = cl.protect(params, stats[h])
+                try:
+                    params = cl.fetch_params()
+                    payload, tag = cl.protect(params, stats[h])
+                except BaseException:
+                    start.abort()  # the crowd cannot form: release the others now, not at the timeout
+                    raise
                 start.wait(timeout=join_s)  # all uploads in flight together
                 receipts[h] = cl.upload(params, payload, tag=tag)
                 if int(h[1:]) % 10 == 0:
