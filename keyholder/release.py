@@ -231,7 +231,7 @@ class KeyHolder(KeyCustody):
             # integers stay integers: the checks above bound their noise far below 1/2
             stats = dataclasses.replace(stats, contributors=float(len(participants)),
                                         n=float(np.round(stats.n)), class_counts=np.round(stats.class_counts))
-            check_class_minimum(stats, min_class_count)
+            _class_minimum(stats, params, min_class_count)
             ridge = flood_ridge(sigma, params.layout.dim) if sigma > 0 else 0.0
             W, privacy = self._solve(params, stats, participants, lam + ridge, "resummed:" + key_id)
             w_bound = certify_release(params, stats, W, len(participants), lam=lam + ridge, flood_sigma=sigma)
@@ -325,7 +325,7 @@ class KeyHolder(KeyCustody):
                 tol = 1e-9
             stats = Layout(params.layout.dim, params.layout.n_classes).unpack(vector, gamma=params.gamma)
             sanity = _sanity(stats, params, participants, tol)
-            check_class_minimum(stats, min_class_count)
+            _class_minimum(stats, params, min_class_count)
             W, privacy = self._solve(params, stats, participants, lam, agg_sha)
             w_bound = certify_release(params, stats, W, len(participants), lam=lam)
             ledger.record(key_id, params.session_id, participants, agg_sha)
@@ -361,6 +361,18 @@ def _sanity(stats, params, participants, tol):
 
     _check_dp_noise(params, len(participants))
     return {"checks": dp_sanity_check(stats, params, len(participants))}
+
+
+def _class_minimum(stats, params, min_class_count: int) -> None:
+    """The rare-class refusal, for releases without DP only.
+
+    It exists because a class with one sample releases that sample's embedding
+    exactly in Q[:, c]. Under DP every entry, counts included, carries noise
+    calibrated to one sample's influence, so nothing is released exactly; the
+    noisy counts (standard deviation often larger than the class sizes) would
+    only turn the rule into a random refusal."""
+    if params.dp is None:
+        check_class_minimum(stats, min_class_count)
 
 
 def _check_dp_noise(params, contributors: int) -> None:

@@ -173,3 +173,31 @@ def test_dp_release_of_garbage_is_refused_by_the_noise_aware_checks(consortium):
     # Execute / Assert: the unmasked "sum" is uniform garbage; noise does not excuse it
     with pytest.raises(SanityCheckFailed):
         c.keyholder.reveal_and_solve(params, aggregate, manifest, min_clients=3, unmask=material)
+
+
+def test_rare_class_refusal_applies_without_dp_and_not_under_dp(consortium):
+    # Prepare: one class has 2 samples in all; the same uploads with and without [dp]
+    def run(dp):
+        c = consortium(backend="plain", hospitals=("h1", "h2", "h3"), min_clients=3, dp=dp).start()
+        conn = _session(c, "plain", None)
+        for k, h in enumerate(c.hospitals):
+            X, y = c.data(h, n=40)
+            y = np.where(y == 2, 0, y)
+            if k == 0:
+                y[:2] = 2
+            cl = c.hospital(h)
+            cl.submit(c.stats(X, y))
+            cl.close()
+        try:
+            return c.keyholder.finalize(conn, min_clients=3)
+        finally:
+            conn.close()
+
+    # Execute / Assert: exact counts disclose the rare class and are refused; DP noise covers it
+    from secure_afl.exceptions import PolicyViolation
+
+    with pytest.raises(PolicyViolation, match="min_class_count"):
+        run(None)
+    res = run(DP)
+    assert res.report["dp"]["epsilon"] <= DP["epsilon"]
+    assert res.W.shape == (res.stats.dim, 3)
