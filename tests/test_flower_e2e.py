@@ -451,6 +451,7 @@ def test_flower_secagg_hospitals_answer_no_forged_request(tmp_path, deployment, 
     assert not any(r["event"].startswith("secagg_") and r["event"] != "secagg_round_opened"
                    and r["outcome"] == "accepted" for r in records), out.stdout[-3000:] + deployment.logs()
     closed = [r for r in records if r["event"] == "secagg_stage_closed"]
-    assert len(closed) == 1 and closed[0]["outcome"] == "refused" and closed[0]["details"]["stage"] == "setup"
+    assert len(closed) == 1 and closed[0]["outcome"] == "refused" and closed[0]["details"]["stage"] == "setup", \
+        (records, out.stdout[-3000:] + deployment.logs())
     assert "secure-afl round refused: insufficient_shares" in out.stdout, out.stdout[-3000:]
     assert not (tmp_path / "model.safetensors").exists() and not (tmp_path / "receipts").exists()

@@ -226,14 +226,20 @@ def _secagg_round(grid: Grid, server, hospitals: dict[str, int], reply_timeout_s
     pending: dict[str, tuple[str, str]] = {}  # Flower message id -> (hospital, phase)
     stage, progress = None, time.monotonic()
     limit = reply_timeout_s + server.config.stage_timeout_s
-    while server.round_stage not in ("done", "aborted"):
+    # One Flower run drives one SecAgg round: the native service's retry under a new round number needs
+    # hospitals that poll again, so a poll must not open round r + 1 here once the clock has aborted round r.
+    first = server.round_number
+    while server.round_stage not in ("done", "aborted") and server.round_number == first:
         if server.round_stage != stage:
             stage, progress = server.round_stage, time.monotonic()
         elif time.monotonic() - progress > limit:
             raise StageError(f"the secagg round made no progress in {stage} for {limit:.0f} s")
         out = []
         for name, nid in nodes.items():
-            r = server.secagg_request(name)
+            with server._lock:  # the stage clock runs in another thread: check and ask under one lock
+                if server.round_stage == "aborted":
+                    break
+                r = server.secagg_request(name)
             if "survivors" in r:
                 phase, fields, blob = SECAGG_CONSISTENCY, {"survivors": r["survivors"]}, None
             elif "request" in r:
@@ -264,7 +270,7 @@ def _secagg_round(grid: Grid, server, hospitals: dict[str, int], reply_timeout_s
                 elif who is not None and reply.has_error():
                     log.warning("%s did not keep its receipt: %s", who[0], reply.error.reason)
         time.sleep(0.2)  # bounded by the stage clock above; Flower has no push to the ServerApp
-    if server.round_stage == "aborted":
+    if server.round_stage != "done":
         raise InsufficientShares("the secagg round aborted: too few hospitals survived; nothing was revealed")
 
 
