@@ -27,3 +27,20 @@ def json_parametrize(keys, filename: str):
     cases = load_vectors(filename)
     ids = [str(c.get("name", i)) for i, c in enumerate(cases)]
     return pytest.mark.parametrize(keys, [tuple(c.get(k) for k in keys) for c in cases], ids=ids)
+
+
+@pytest.fixture
+def consortium(tmp_path):
+    """Make consortia (server, key holder, hospitals on 127.0.0.1) for one test; all stopped at its end."""
+    from service_helpers import Consortium
+
+    made = []
+
+    def make(**kw):
+        c = Consortium(tmp_path / f"c{len(made)}", **kw)
+        made.append(c)
+        return c
+
+    yield make
+    for c in made:
+        c.stop()

@@ -23,18 +23,6 @@ from secure_afl.stats import local_statistics
 from service_helpers import Consortium
 
 
-@pytest.fixture
-def consortium(tmp_path):
-    made = []
-
-    def make(**kw):
-        c = Consortium(tmp_path / f"c{len(made)}", **kw)
-        made.append(c)
-        return c
-
-    yield make
-    for c in made:
-        c.stop()
 
 
 def _cli(*args, env=None) -> subprocess.CompletedProcess:

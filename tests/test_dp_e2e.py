@@ -10,25 +10,12 @@ from secure_afl.exceptions import DecryptionRefused
 from secure_afl.packing import Layout
 from secure_afl.params import Bounds
 
-from service_helpers import Consortium
 
 pytestmark = pytest.mark.e2e
 
 DP = {"epsilon": 1.0, "delta": 1e-5, "min_contributors": 3}
 
 
-@pytest.fixture
-def consortium(tmp_path):
-    made = []
-
-    def make(**kw):
-        c = Consortium(tmp_path / f"c{len(made)}", **kw)
-        made.append(c)
-        return c
-
-    yield make
-    for c in made:
-        c.stop()
 
 
 def _session(c, backend, spec):

@@ -30,23 +30,10 @@ from secure_afl.release import ReleaseLedger
 from secure_afl.server.store import Store
 from secure_afl.tagging import new_tag, seal_tag, sign_tag
 
-from service_helpers import Consortium
 
 pytestmark = [pytest.mark.e2e, pytest.mark.security]
 
 
-@pytest.fixture
-def consortium(tmp_path):
-    made = []
-
-    def make(**kw):
-        c = Consortium(tmp_path / f"c{len(made)}", **kw)
-        made.append(c)
-        return c
-
-    yield make
-    for c in made:
-        c.stop()
 
 
 def _open(c, publish: bool = True):

@@ -19,23 +19,10 @@ from secure_afl.analytic import centralised_weights
 from secure_afl.exceptions import InsufficientShares, StaleRound
 from secure_afl.secagg import decode_message
 
-from service_helpers import Consortium
 
 pytestmark = pytest.mark.e2e
 
 
-@pytest.fixture
-def consortium(tmp_path):
-    made = []
-
-    def make(**kw):
-        c = Consortium(tmp_path / f"c{len(made)}", **kw)
-        made.append(c)
-        return c
-
-    yield make
-    for c in made:
-        c.stop()
 
 
 def _plain(c, data, names):

@@ -16,23 +16,11 @@ from secure_afl.exceptions import DuplicateContribution, InsufficientContributor
 from secure_afl.exceptions import DeadlinePassed
 from secure_afl.keyholder import read_model
 
-from service_helpers import Consortium, w_error_bound
+from service_helpers import w_error_bound
 
 pytestmark = pytest.mark.e2e
 
 
-@pytest.fixture
-def consortium(tmp_path, request):
-    made = []
-
-    def make(**kw):
-        c = Consortium(tmp_path / f"c{len(made)}", **kw)
-        made.append(c)
-        return c
-
-    yield make
-    for c in made:
-        c.stop()
 
 
 def _verify_countersigned(c):
