@@ -163,15 +163,18 @@ def test_dp_release_of_garbage_is_refused_by_the_noise_aware_checks(consortium):
 
 
 def test_rare_class_refusal_applies_without_dp_and_not_under_dp(consortium):
-    # Prepare: one class has 2 samples in all; the same uploads with and without [dp]
+    # Prepare: 28 of 30 classes have 2 samples each; the same uploads with and without [dp]. Under DP each
+    # noisy count lands in the refused range (0, 5) with probability ~1/4, so a key holder that applied the
+    # rule to noisy counts would refuse this release with probability ~1 - 3e-4.
     def run(dp):
-        c = consortium(backend="plain", hospitals=("h1", "h2", "h3"), min_clients=3, dp=dp).start()
+        c = consortium(backend="plain", hospitals=("h1", "h2", "h3"), min_clients=3, dp=dp, classes=30,
+                       max_norm=0.5).start()
         conn = _session(c, "plain", None)
         for k, h in enumerate(c.hospitals):
-            X, y = c.data(h, n=40)
-            y = np.where(y == 2, 0, y)
+            X, y = c.data(h, n=80)
+            y = y % 2
             if k == 0:
-                y[:2] = 2
+                y[:56] = np.repeat(np.arange(2, 30), 2)
             cl = c.hospital(h)
             cl.submit(c.stats(X, y))
             cl.close()
@@ -180,11 +183,11 @@ def test_rare_class_refusal_applies_without_dp_and_not_under_dp(consortium):
         finally:
             conn.close()
 
-    # Execute / Assert: exact counts disclose the rare class and are refused; DP noise covers it
+    # Execute / Assert: exact counts disclose the rare classes and are refused; DP noise covers them
     from secure_afl.exceptions import PolicyViolation
 
     with pytest.raises(PolicyViolation, match="min_class_count"):
         run(None)
     res = run(DP)
     assert res.report["dp"]["epsilon"] <= DP["epsilon"]
-    assert res.W.shape == (res.stats.dim, 3)
+    assert res.W.shape == (res.stats.dim, 30)
