@@ -234,6 +234,18 @@ class SecAggAggregationServer(AggregationServer):
         durable nonce, so K hospitals together poll at most ~200 times a second."""
         return min(10.0, max(1.0, len(self._enrolled) / 200))
 
+    def open_round(self, actor: str) -> None:
+        """Start the current round's stage clock, once, with an audit record naming who started it: the first
+        hospital whose signed poll arrives, or the operator's own driver (the Flower ServerApp, which asks on
+        the hospitals' behalf, so no hospital is named for it)."""
+        with self._lock:
+            if self.round_stage in ("done", "aborted") or self.store.get_meta("secagg_stage_opened") is not None:
+                return
+            self.store.set_meta("secagg_stage_opened", time.time())
+            self.audit.append("secagg_round_opened", actor=actor, outcome="accepted",
+                              session=self.config.session_id,
+                              details={"round": self.round_number, "stage": self.round_stage})
+
     def secagg_request(self, hospital: str) -> dict:
         """What ``hospital`` should do now: a small status, or (once per stage) its signed stage request."""
         return {**self._secagg_request(hospital), "poll_s": self.poll_s}
@@ -246,11 +258,8 @@ class SecAggAggregationServer(AggregationServer):
             if stage in ("done", "aborted"):
                 return {"stage": stage, "round": r}
             cid = self.client_ids[hospital]
-            if self.store.get_meta("secagg_stage_opened") is None:
-                # the stage clock starts when the first hospital asks, so an early server never times out
-                self.store.set_meta("secagg_stage_opened", time.time())
-                self.audit.append("secagg_round_opened", actor=hospital, outcome="accepted",
-                                  session=self.config.session_id, details={"round": r, "stage": stage})
+            # the stage clock starts when the first hospital asks, so an early server never times out
+            self.open_round(hospital)
             if cid not in self._round.active:
                 return {"stage": stage, "round": r, "dropped": True}
             if self._round.has_responded(cid):

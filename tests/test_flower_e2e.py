@@ -349,6 +349,8 @@ def test_flower_secagg_survives_a_crash_after_share_keys_and_refuses_an_impostor
     assert impostor and {r["actor"] for r in impostor} == {"unauthenticated"}
     assert {r["reason"] for r in impostor} == {"bad_signature"}
     assert not any(r["actor"] == "h5" and r["outcome"] == "accepted" for r in records)
+    # the ServerApp starts the round itself: no hospital is named for a poll it did not sign
+    assert [r["actor"] for r in records if r["event"] == "secagg_round_opened"] == ["aggregator"]
     head = json.loads((c.audit_path().parent / "audit-head.json").read_text())
     v = verify_log(c.audit_path(), server_pub=pki.load_party(c.pki_dir, "server", "aggregator").identity_pub(),
                    head=head, countersign=head["countersign"],

@@ -229,6 +229,7 @@ def _secagg_round(grid: Grid, server, hospitals: dict[str, int], reply_timeout_s
     # One Flower run drives one SecAgg round: the native service's retry under a new round number needs
     # hospitals that poll again, so a poll must not open round r + 1 here once the clock has aborted round r.
     first = server.round_number
+    server.open_round(server.config.name)
     while server.round_stage not in ("done", "aborted") and server.round_number == first:
         if server.round_stage != stage:
             stage, progress = server.round_stage, time.monotonic()
