@@ -35,12 +35,13 @@ import itertools
 import multiprocessing as mp
 import os
 import queue as queue_mod
+import threading
 from typing import Iterable, Iterator
 
 from .exceptions import InvalidContribution, SecureAFLError
 from .params import SessionParams
 
-__all__ = ["PayloadRefused", "sum_payloads", "default_workers"]
+__all__ = ["PayloadRefused", "sum_payloads", "default_workers", "exit_with_parent"]
 
 #: Payloads queued per worker beyond the one it is adding (bounds the parent's memory).
 _QUEUE_DEPTH = 2
@@ -85,7 +86,26 @@ def _fold(params: SessionParams, public_context: bytes | None, items: Iterator[t
     return comb.partial(), comb.count
 
 
-def _worker(index: int, params_dict: dict, public_context: bytes | None, inbox, outbox) -> None:
+def exit_with_parent(parent_pid: int, poll_s: float = 1.0) -> None:
+    """End this process when ``parent_pid`` is no longer its parent.
+
+    A worker blocked on its inbox never sees end-of-file when the parent is
+    killed (it holds both ends of the queue's pipe itself), and ``daemon=True``
+    only acts on a parent's orderly exit; without this, a killed server or key
+    holder leaves workers running forever.
+    """
+
+    def watch():
+        while os.getppid() == parent_pid:
+            threading.Event().wait(poll_s)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="exit-with-parent", daemon=True).start()
+
+
+def _worker(index: int, params_dict: dict, public_context: bytes | None, inbox, outbox, parent_pid: int) -> None:
+    exit_with_parent(parent_pid)
+
     def items():
         while True:
             item = inbox.get()
@@ -130,7 +150,8 @@ def sum_payloads(params: SessionParams, payloads: Iterable[tuple[str, bytes]], *
     ctx = mp.get_context("spawn")
     outbox = ctx.Queue()
     inboxes = [ctx.Queue(maxsize=_QUEUE_DEPTH) for _ in range(workers)]
-    procs = [ctx.Process(target=_worker, args=(i, params.to_dict(), public_context, q, outbox), daemon=True)
+    procs = [ctx.Process(target=_worker, args=(i, params.to_dict(), public_context, q, outbox, os.getpid()),
+                         daemon=True)
              for i, q in enumerate(inboxes)]
     for p in procs:
         p.start()
@@ -167,9 +188,16 @@ def sum_payloads(params: SessionParams, payloads: Iterable[tuple[str, bytes]], *
         while len(partials) < workers:
             receive(_POLL_S)
     finally:
-        for p in procs:
-            if p.is_alive() and len(partials) < workers:
-                p.terminate()
+        if len(partials) < workers:
+            # A refused or failed sum leaves payloads queued for workers that stopped reading; each
+            # queue's feeder thread would then block at interpreter exit, waiting to flush them.
+            for q in (*inboxes, outbox):
+                q.cancel_join_thread()
+            for p in procs:
+                if p.is_alive():
+                    p.terminate()
         for p in procs:
             p.join(timeout=10)
+        for q in (*inboxes, outbox):
+            q.close()
     return [partials[i] for i in range(workers)]

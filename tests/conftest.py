@@ -7,7 +7,9 @@ vector file is either a list of cases or ``{"provenance": {...}, "vectors": [...
 
 from __future__ import annotations
 
+import faulthandler
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -44,3 +46,13 @@ def consortium(tmp_path):
     yield make
     for c in made:
         c.stop()
+
+
+def pytest_unconfigure(config):
+    """After the last test: if the interpreter has not exited 180 s later, print every thread's stack and exit 1.
+
+    A thread left running (a queue's feeder, a server that was not stopped)
+    otherwise holds the interpreter at exit until CI kills the whole job, with
+    no sign of which one it was.
+    """
+    faulthandler.dump_traceback_later(180, exit=True, file=sys.stderr)

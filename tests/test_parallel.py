@@ -135,3 +135,94 @@ def test_a_merge_of_a_truncated_plain_partial_is_refused(plain):
 
 def test_a_merge_of_a_truncated_he_partial_is_refused(he):
     _tampered_partial_refused(*he)
+
+
+# A child interpreter that sums payloads of ~176 KB each (more than a pipe buffer) with two workers.
+_CHILD = r"""
+import sys, threading, multiprocessing as mp
+import numpy as np
+from secure_afl.backends import get_backend
+from secure_afl.envelope import seal
+from secure_afl.packing import Layout
+from secure_afl.params import Bounds, SessionParams
+from secure_afl.parallel import PayloadRefused, sum_payloads
+
+layout = Layout(200, 10)
+params = SessionParams("par-exit", "plain", layout, 1.0, Bounds(max_norm=1.0, n_max=50, k_max=40))
+be = get_backend(params)
+honest = be.protect(np.zeros(layout.length))
+over = np.zeros(layout.length)
+over[0] = 2 * params.bounds.hospital_bound(params.gamma)
+bad = seal(params, "contribution", over.astype("<f8").tobytes())
+
+def refused_first():
+    yield "h0", bad
+    for i in range(1, 40):
+        yield f"h{i}", honest
+
+def stalls():
+    yield "h0", honest
+    yield "h1", honest
+    print(" ".join(str(p.pid) for p in mp.active_children()), flush=True)
+    threading.Event().wait()
+    yield "never", honest
+
+if sys.argv[1] == "refused":
+    try:
+        sum_payloads(params, refused_first(), workers=2, count=40)
+    except PayloadRefused as e:
+        print("refused", e.label, flush=True)
+else:
+    sum_payloads(params, stalls(), workers=2, count=40)
+"""
+
+
+def _child(mode: str):
+    import subprocess
+    import sys
+
+    return subprocess.Popen([sys.executable, "-c", _CHILD, mode], stdout=subprocess.PIPE, text=True)
+
+
+def test_a_refused_sum_leaves_nothing_that_blocks_interpreter_exit():
+    import subprocess
+
+    child = _child("refused")
+    try:
+        out, _ = child.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        child.kill()
+        child.communicate()
+        pytest.fail("the interpreter did not exit after a refused sum (queued payloads held it)")
+    assert out.split() == ["refused", "h0"] and child.returncode == 0
+
+
+def test_workers_exit_when_the_summing_process_is_killed():
+    import time
+    from pathlib import Path
+
+    child = _child("stall")
+    try:
+        pids = [int(p) for p in child.stdout.readline().split()]
+        assert len(pids) == 2, "the child did not report its two workers"
+    finally:
+        child.kill()
+        child.wait(timeout=30)
+
+    def running(pid):
+        try:
+            status = Path(f"/proc/{pid}/status").read_text()
+        except FileNotFoundError:
+            return False
+        return "\nState:\tZ" not in status
+
+    deadline = time.monotonic() + 30
+    while any(running(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.2)  # polling a process table, not synchronising with a peer
+    alive = [p for p in pids if running(p)]
+    for p in alive:
+        import os
+        import signal
+
+        os.kill(p, signal.SIGKILL)
+    assert not alive, f"summing workers {alive} outlived the killed parent"
