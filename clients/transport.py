@@ -21,6 +21,7 @@ come back in step; for at most ``busy_s`` seconds in all.
 from __future__ import annotations
 
 import random
+import threading
 import time
 from typing import Iterable
 
@@ -81,6 +82,7 @@ class ServiceClient:
         self.busy_s = busy_s
         self.bytes_downloaded = 0  # response bodies received (benchmarks report it)
         self.busy_retries = 0  # 429/503 answers absorbed by waiting (benchmarks report it)
+        self._counters = threading.Lock()  # the key holder downloads from several threads at once
 
     def close(self) -> None:
         self.http.close()
@@ -116,7 +118,8 @@ class ServiceClient:
             try:
                 resp = self.http.request(method, path, content=content if content is not None else body,
                                          headers=h)
-                self.bytes_downloaded += len(resp.content)
+                with self._counters:
+                    self.bytes_downloaded += len(resp.content)
             except httpx.TransportError as e:
                 if content is not None or time.monotonic() > deadline:
                     raise E.ServerUnreachable(f"no answer from {self.base_url} ({type(e).__name__}: {e})") from e
@@ -125,7 +128,8 @@ class ServiceClient:
             if resp.status_code in _RETRY_STATUSES and content is None:
                 wait = retry_delay(attempt, resp.headers.get("retry-after"))
                 if time.monotonic() + wait <= busy_deadline:
-                    self.busy_retries += 1
+                    with self._counters:
+                        self.busy_retries += 1
                     attempt += 1
                     time.sleep(wait)
                     continue

@@ -25,14 +25,18 @@ is attributable without decrypting anything smaller than the whole cohort.
 from __future__ import annotations
 
 import hashlib
-from typing import Callable, Mapping
+import os
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+from typing import Callable, Iterator, Mapping
 
 from secure_afl.exceptions import DecryptionRefused, InsufficientContributors, SecureAFLError
 from secure_afl.parallel import PayloadRefused, sum_payloads
 from secure_afl.params import SessionParams
 from secure_afl.signing import verify_manifest
 
-__all__ = ["ServerForgery", "ContributionRejected", "verify_manifest_for", "resum_signed_contributions"]
+__all__ = ["ServerForgery", "ContributionRejected", "verify_manifest_for", "resum_signed_contributions",
+           "fetch_signed", "default_fetchers"]
 
 
 class ServerForgery(DecryptionRefused):
@@ -64,36 +68,78 @@ def verify_manifest_for(params: SessionParams, manifest: dict, server_pub, enrol
                             f"and enrolments: {e}") from e
 
 
+def default_fetchers() -> int:
+    """Downloads in flight while the summing processes work: at least 2, else one per core."""
+    return max(2, os.cpu_count() or 1)
+
+
+def fetch_signed(participants: list[dict], fetch: Callable[[str], bytes], fetchers: int) -> Iterator[tuple[str, bytes]]:
+    """``(hospital, payload)`` in manifest order, each hashed against its signed ``payload_sha256``.
+
+    ``fetchers`` threads download and hash ahead of the consumer (the socket
+    reads and SHA-256 release the GIL, so they overlap with the summing
+    processes); at most ``2 * fetchers`` payloads are held at once, so memory
+    stays O(fetchers L). The first mismatch raises :class:`ServerForgery`;
+    the downloads still queued are cancelled.
+    """
+
+    def one(p: dict) -> tuple[str, bytes]:
+        hospital = p["hospital"]
+        payload = fetch(hospital)
+        if hashlib.sha256(payload).hexdigest() != p["payload_sha256"]:
+            raise ServerForgery(f"the server served a payload for {hospital} that {hospital} did not sign")
+        return hospital, payload
+
+    if fetchers < 1:
+        raise ValueError("fetchers must be >= 1")
+    if fetchers == 1:
+        yield from map(one, participants)
+        return
+    pool = ThreadPoolExecutor(max_workers=fetchers, thread_name_prefix="kh-fetch")
+    pending: deque = deque()
+    todo = iter(participants)
+    try:
+        for p in todo:
+            pending.append(pool.submit(one, p))
+            if len(pending) >= 2 * fetchers:
+                break
+        while pending:
+            yield pending.popleft().result()
+            nxt = next(todo, None)  # only now: the consumer has let go of the last payload
+            if nxt is not None:
+                pending.append(pool.submit(one, nxt))
+    finally:
+        for f in pending:
+            f.cancel()
+        pool.shutdown(wait=True)
+
+
 def resum_signed_contributions(params: SessionParams, backend, ctx, manifest: dict,
-                               fetch: Callable[[str], bytes], *, workers: int | None = None) -> tuple[list, list[str]]:
+                               fetch: Callable[[str], bytes], *, workers: int | None = None,
+                               fetchers: int | None = None) -> tuple[list, list[str]]:
     """Sum the uploads of a manifest already verified by :func:`verify_manifest_for`
     (distinct enrolled hospitals, at least ``min_clients``) -> (summed chunks, participants).
 
     ``fetch(hospital)`` returns the payload bytes the server stored for that
-    hospital; each is hashed against its signed digest here, as it arrives,
-    then checked and added by one of ``workers`` processes
+    hospital (it is called from ``fetchers`` threads at once, default
+    :func:`default_fetchers`); each is hashed against its signed digest as it
+    arrives (:func:`fetch_signed`), then checked and added by one of ``workers`` processes
     (:func:`secure_afl.parallel.sum_payloads`; default: the machine's cores),
     which get the public half of the key holder's own context, never the
     secret. Raises :class:`ServerForgery` or :class:`ContributionRejected`;
     on either nothing was decrypted.
     """
     participants = manifest["participants"]
-
-    def signed_payloads():
-        for p in participants:
-            hospital = p["hospital"]
-            payload = fetch(hospital)
-            if hashlib.sha256(payload).hexdigest() != p["payload_sha256"]:
-                raise ServerForgery(f"the server served a payload for {hospital} that {hospital} did not sign")
-            yield hospital, payload
-
+    signed = fetch_signed(participants, fetch, default_fetchers() if fetchers is None else fetchers)
     try:
-        partials = sum_payloads(params, signed_payloads(), public_context=backend.scheme.serialize_public(ctx),
+        partials = sum_payloads(params, signed, public_context=backend.scheme.serialize_public(ctx),
                                 workers=workers, count=len(participants))
     except PayloadRefused as e:
         raise ContributionRejected(f"{e.label}'s signed upload is not a valid contribution under the key "
                                    f"holder's own parameters ({e.cause}); the session cannot be released with it",
                                    e.label) from e
+    finally:
+        signed.close()  # stops downloads still in flight when the sum ended early
     total = None
     for body, n in partials:
         if n:

@@ -114,7 +114,9 @@ def _hospital_stats(dim: int, classes: int, samples: int, seed: int, k: int):
 def run_service_bench(backend: str, hospitals: int, *, dim: int = 64, classes: int = 10, samples: int = 32,
                       dropout: float = 0.0, seed: int = 0, workdir: str | None = None,
                       stage_timeout_s: float = 60.0, hospital_timeout_s: float = 1800.0,
-                      processes: int | None = None) -> dict:
+                      processes: int | None = None, compare_fetchers: bool = False) -> dict:
+    """The real service end to end; ``compare_fetchers`` also times the key holder's verify + re-sum over
+    HTTPS again with one download at a time and with the default number in flight (no decryption)."""
     from . import pki
     from .analytic import solve_from_sums
     from .backends import HE_BACKENDS
@@ -252,6 +254,8 @@ def run_service_bench(backend: str, hospitals: int, *, dim: int = 64, classes: i
         phases["release"]["contributors"] = res.report.get("contributors")
         if "verify_and_resum_seconds" in res.report:
             phases["release"]["keyholder_resum_s"] = res.report["verify_and_resum_seconds"]
+        if compare_fetchers and backend in HE_BACKENDS:
+            phases["release"]["resum_s_by_fetchers"] = _resum_by_fetchers(kh, kh.connect(url, session_id))
         disk = _disk_used(work / "server")
     finally:
         server.stop()
@@ -277,6 +281,32 @@ def run_service_bench(backend: str, hospitals: int, *, dim: int = 64, classes: i
         "hospital_processes": n_proc,
         "cpus": os.cpu_count(), "workdir": str(work),
     }
+
+
+def _resum_by_fetchers(kh, conn) -> dict[int, float]:
+    """Seconds for the key holder's verify + re-sum of the stored uploads, fetched over HTTPS with
+    1 and :func:`default_fetchers` downloads in flight; the two sums must be the same ciphertext."""
+    from .backends import get_backend
+    from .keyholder.release import _HTTPSource
+    from .keyholder.verify import default_fetchers, resum_signed_contributions
+
+    params = kh.params(conn.session_id)
+    backend = get_backend(params)
+    ctx = backend.keyholder_context(kh.secret_context(conn.session_id))
+    source = _HTTPSource(conn)
+    manifest = source.manifest()
+    seconds, sums = {}, set()
+    try:
+        for f in sorted({1, default_fetchers()}):
+            t = time.perf_counter()
+            chunks, _ = resum_signed_contributions(params, backend, ctx, manifest, source.contribution, fetchers=f)
+            seconds[f] = time.perf_counter() - t
+            sums.add(b"".join(c.serialize() for c in chunks))
+    finally:
+        conn.close()
+    if len(sums) != 1:
+        raise RuntimeError("the re-sums with different download counts differ")
+    return seconds
 
 
 def _hospital_slice(job: dict, hospitals: list, out) -> None:
@@ -333,6 +363,8 @@ def format_report(r: dict) -> str:
     if "keyholder_resum_s" in r["phases"].get("release", {}):
         lines.append(f"release: key holder's verify + re-sum of the signed uploads "
                      f"{r['phases']['release']['keyholder_resum_s']:.2f} s (before its one decryption)")
+    for f, sec in r["phases"].get("release", {}).get("resum_s_by_fetchers", {}).items():
+        lines.append(f"  verify + re-sum again over HTTPS, {f} download(s) in flight: {sec:.2f} s")
     lines += [f"bytes up / down per hospital: {r['bytes_up_per_hospital']:,.0f} / "
               f"{r['bytes_down_per_hospital']:,.0f}",
               f"server data dir on disk: {r['server_disk_bytes'] / 1e6:.2f} MB",
@@ -349,7 +381,8 @@ def _cmd(args) -> int:
     try:
         r = run_service_bench(args.backend, args.hospitals, dim=args.dim, classes=args.classes,
                               samples=args.samples, dropout=args.dropout, seed=args.seed, workdir=workdir,
-                              stage_timeout_s=args.stage_timeout, processes=args.processes)
+                              stage_timeout_s=args.stage_timeout, processes=args.processes,
+                              compare_fetchers=args.compare_fetchers)
     finally:
         if not args.workdir:  # the temp dir goes, whatever happened
             shutil.rmtree(workdir, ignore_errors=True)
@@ -370,6 +403,8 @@ def register(parser) -> None:
     parser.add_argument("--stage-timeout", type=float, default=60.0,
                         help="secagg: seconds a silent hospital is waited for in a stage")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--compare-fetchers", action="store_true",
+                        help="HE: time the key holder's verify + re-sum again with 1 and N downloads in flight")
     parser.add_argument("--workdir", help="keep PKI, server state and logs here (default: a temp dir, removed)")
     parser.add_argument("--json", metavar="PATH", help="also write the figures as JSON here")
     parser.set_defaults(func=_cmd)
