@@ -131,3 +131,15 @@ def test_bench_service_small_session_reports_every_phase(tmp_path, backend):
     assert all(p["server_cpu_s"] >= 0 and p["server_peak_rss"] > 0 for n, p in r["phases"].items() if n != "pki")
     assert r["bytes_up_per_hospital"] > 0 and r["bytes_down_per_hospital"] > 0 and r["server_disk_bytes"] > 0
     assert "||W - W_plain||" in format_report(r)
+
+
+def test_bench_service_ckks_times_the_keyholder_resum_over_https_both_ways(tmp_path):
+    from secure_afl.bench_service import format_report, run_service_bench
+    from secure_afl.keyholder.verify import default_fetchers
+
+    r = run_service_bench("ckks", 4, dim=6, classes=3, samples=8, workdir=str(tmp_path), compare_fetchers=True)
+    assert list(r["phases"]) == ["pki", "server", "keys", "hospitals", "release"]
+    by = r["phases"]["release"]["resum_s_by_fetchers"]
+    assert sorted(by) == sorted({1, default_fetchers()}) and all(s > 0 for s in by.values())
+    assert r["contributors"] == 4 and r["w_rel_error_vs_plain"] < 0.5  # a flooded release, not exact
+    assert "download(s) in flight" in format_report(r)
