@@ -109,9 +109,7 @@ def fetch_signed(participants: list[dict], fetch: Callable[[str], bytes], fetche
             if nxt is not None:
                 pending.append(pool.submit(one, nxt))
     finally:
-        for f in pending:
-            f.cancel()
-        pool.shutdown(wait=True)
+        pool.shutdown(wait=True, cancel_futures=True)
 
 
 def resum_signed_contributions(params: SessionParams, backend, ctx, manifest: dict,
