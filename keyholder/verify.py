@@ -79,7 +79,7 @@ def fetch_signed(participants: list[dict], fetch: Callable[[str], bytes], fetche
     ``fetchers`` threads download and hash ahead of the consumer (the socket
     reads and SHA-256 release the GIL, so they overlap with the summing
     processes); at most ``2 * fetchers`` payloads are held at once, so memory
-    stays O(fetchers L). The first mismatch raises :class:`ServerForgery`;
+    stays O(fetchers L). The first mismatch in manifest order raises :class:`ServerForgery`;
     the downloads still queued are cancelled.
     """
 
@@ -105,7 +105,7 @@ def fetch_signed(participants: list[dict], fetch: Callable[[str], bytes], fetche
                 break
         while pending:
             yield pending.popleft().result()
-            nxt = next(todo, None)  # only now: the consumer has let go of the last payload
+            nxt = next(todo, None)  # after the consumer took one, so the window stays 2 x fetchers
             if nxt is not None:
                 pending.append(pool.submit(one, nxt))
     finally:
