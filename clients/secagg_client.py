@@ -122,7 +122,11 @@ class SecAggParticipant:
         deadline = time.monotonic() + timeout
         waiting_in, pause = None, poll
         while time.monotonic() < deadline:
-            r = conn.request("GET", conn.path("/secagg/request")).json()
+            # A hospital about to wait a second or more gives its connection back with the answer: the
+            # server serves at most max_connections at once, and K waiting hospitals that kept theirs alive
+            # would hold every slot while the rest were turned away until their stages closed.
+            hold = None if pause < 1.0 else {"connection": "close"}
+            r = conn.request("GET", conn.path("/secagg/request"), headers=hold).json()
             stage = r["stage"]
             if r.get("round", 1) != self.client.round or (self._signed_round not in (None, self.client.round)):
                 self._join_round(r.get("round"))

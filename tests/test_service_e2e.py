@@ -379,3 +379,27 @@ def test_demo_command_passes_verification(backend, tmp_path, capsys):
         assert report["accuracy"]["secure"] == report["accuracy"]["plaintext"]
     W, meta = read_model(tmp_path / "w.safetensors")
     assert W.shape == (report["dim"], report["classes"]) and meta["backend"] == backend
+
+
+def test_secagg_hospitals_waiting_in_a_stage_leave_connection_slots_to_the_others(consortium):
+    """Six hospitals, a server that serves two connections at once: a waiting hospital that kept its
+    connection alive would hold a slot for the whole stage, the other four would be turned away (503)
+    until the stage closed without them, and the round would abort."""
+    # Prepare
+    names = tuple(f"h{i}" for i in range(1, 7))
+    c = consortium(backend="secagg", hospitals=names, min_clients=3, k_max=16,
+                   secagg={"stage_timeout_s": 120.0, "max_rounds": 1},
+                   extra_server={"max_connections": 2}).start()
+    data = {h: c.data(h, n=20) for h in names}
+    # Execute
+    results, errors = _run_hospitals(c, data, {})
+    conn = c.connect_keyholder()
+    res = c.keyholder.finalize(conn, min_clients=6)
+    conn.close()
+    # Assert: every hospital got through every stage; W is the plaintext W of all six
+    assert not errors, errors
+    assert res.report["participants"] == list(names)
+    X = np.concatenate([data[h][0] for h in names])
+    y = np.concatenate([data[h][1] for h in names])
+    W_joint = centralised_weights(X, y, c.classes)
+    assert np.linalg.norm(res.W - W_joint) / np.linalg.norm(W_joint) <= 1e-9
