@@ -125,8 +125,8 @@ class SecAggParticipant:
             # A hospital about to wait a second or more gives its connection back with the answer: the
             # server serves at most max_connections at once, and K waiting hospitals that kept theirs alive
             # would hold every slot while the rest were turned away until their stages closed.
-            hold = None if pause < 1.0 else {"connection": "close"}
-            r = conn.request("GET", conn.path("/secagg/request"), headers=hold).json()
+            release = None if pause < 1.0 else {"connection": "close"}
+            r = conn.request("GET", conn.path("/secagg/request"), headers=release).json()
             stage = r["stage"]
             if r.get("round", 1) != self.client.round or (self._signed_round not in (None, self.client.round)):
                 self._join_round(r.get("round"))

@@ -36,12 +36,13 @@ import multiprocessing as mp
 import os
 import queue as queue_mod
 import threading
+import time
 from typing import Iterable, Iterator
 
 from .exceptions import InvalidContribution, SecureAFLError
 from .params import SessionParams
 
-__all__ = ["PayloadRefused", "sum_payloads", "default_workers", "exit_with_parent"]
+__all__ = ["PayloadRefused", "sum_payloads", "default_workers"]
 
 #: Payloads queued per worker beyond the one it is adding (bounds the parent's memory).
 _QUEUE_DEPTH = 2
@@ -86,7 +87,7 @@ def _fold(params: SessionParams, public_context: bytes | None, items: Iterator[t
     return comb.partial(), comb.count
 
 
-def exit_with_parent(parent_pid: int, poll_s: float = 1.0) -> None:
+def _exit_with_parent(parent_pid: int, poll_s: float = 1.0) -> None:
     """End this process when ``parent_pid`` is no longer its parent.
 
     A worker blocked on its inbox never sees end-of-file when the parent is
@@ -97,14 +98,14 @@ def exit_with_parent(parent_pid: int, poll_s: float = 1.0) -> None:
 
     def watch():
         while os.getppid() == parent_pid:
-            threading.Event().wait(poll_s)
+            time.sleep(poll_s)
         os._exit(1)
 
     threading.Thread(target=watch, name="exit-with-parent", daemon=True).start()
 
 
 def _worker(index: int, params_dict: dict, public_context: bytes | None, inbox, outbox, parent_pid: int) -> None:
-    exit_with_parent(parent_pid)
+    _exit_with_parent(parent_pid)
 
     def items():
         while True:
