@@ -16,12 +16,16 @@ interpreter's GIL nor by K contributions in memory at once. Phases:
                  every stage of the round, the server's unmasking included);
 * ``release``    the key holder closes the round, verifies the manifest, reveals and solves W.
 
-For every phase it prints the wall time, the server process's CPU seconds
-(utime + stime from ``/proc/PID/stat``) and its peak RSS (``VmHWM``, reset at
+For every phase it prints the wall time, the server's CPU seconds (utime +
+stime from ``/proc/PID/stat``, its child processes included: the summing
+workers of ``[server] combine_workers``), its peak RSS (``VmHWM``, reset at
 the start of each phase through ``/proc/PID/clear_refs`` where the kernel
-allows it, else the peak so far), and at the end the bytes up and down per
-hospital (request and response bodies), the disk used by the server's data
-directory and ``||W - W_plain|| / ||W_plain||`` against the plaintext solve
+allows it, else the peak so far) and the summing workers' RSS at the end of
+the phase; secagg adds each stage's duration and answers from the server's
+audit log. At the end: the bytes up and down per hospital (request and
+response bodies), each hospital thread's own CPU time (mean, max), the disk
+used by the server's data directory and ``||W - W_plain|| / ||W_plain||``
+against the plaintext solve
 of the same hospitals' statistics.
 
 Hospitals with synthetic embeddings (``--samples`` rows each, ``||x|| <= 1``)
@@ -57,15 +61,49 @@ _TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 _THREADS_PER_PROCESS = 100
 
 
+def _stat(pid) -> list[str]:
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+
+
 class ServerMeter:
-    """CPU seconds and peak RSS of one process, read from /proc."""
+    """CPU seconds and peak RSS of one process and its child processes (the summing workers), from /proc."""
 
     def __init__(self, pid: int):
         self.pid = pid
 
+    def children(self) -> list[int]:
+        out = []
+        for entry in Path("/proc").iterdir():
+            if entry.name.isdigit():
+                try:
+                    if int(_stat(entry.name)[1]) == self.pid:  # field 4, ppid
+                        out.append(int(entry.name))
+                except (OSError, IndexError, ValueError):
+                    continue
+        return out
+
     def cpu_s(self) -> float:
-        fields = Path(f"/proc/{self.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / _TICK  # utime, stime (fields 14, 15)
+        """utime + stime of the process, of its children that ended (cutime, cstime) and of those running."""
+        f = _stat(self.pid)
+        ticks = sum(int(x) for x in f[11:15])  # fields 14-17
+        for child in self.children():
+            try:
+                ticks += sum(int(x) for x in _stat(child)[11:15])
+            except (OSError, IndexError, ValueError):
+                continue  # ended between the listing and the read: counted in cutime next time
+        return ticks / _TICK
+
+    def children_rss(self) -> int:
+        """Summed RSS of the running child processes (the summing workers hold the partial sums)."""
+        total = 0
+        for child in self.children():
+            try:
+                for line in Path(f"/proc/{child}/status").read_text().splitlines():
+                    if line.startswith("VmRSS:"):
+                        total += int(line.split()[1]) * 1024
+            except OSError:
+                continue
+        return total
 
     def _status(self, key: str) -> int:
         for line in Path(f"/proc/{self.pid}/status").read_text().splitlines():
@@ -149,6 +187,9 @@ def run_service_bench(backend: str, hospitals: int, *, dim: int = 64, classes: i
     for n in names:
         if not (pki_dir / f"hospital-{n}").exists():
             pki.issue(pki_dir, "hospital", n)
+    # every party reads the consortium from a CA-signed roster, as from its bundle (one file and one signature
+    # check, not one enrolment file per hospital: 10 ms instead of 85 ms per hospital at K = 1000)
+    pki.write_roster(pki_dir, pki_dir / pki.ROSTER)
     phases["pki"] = {"wall_s": time.perf_counter() - t}
 
     survivors = K - n_drop
@@ -189,7 +230,8 @@ def run_service_bench(backend: str, hospitals: int, *, dim: int = 64, classes: i
         cpu0, t0 = meter.cpu_s(), time.perf_counter()
         out = fn()
         phases[name] = {"wall_s": time.perf_counter() - t0, "server_cpu_s": meter.cpu_s() - cpu0,
-                        "server_peak_rss": meter.peak_rss(), "peak_is_phase": peak_reset}
+                        "server_peak_rss": meter.peak_rss(), "peak_is_phase": peak_reset,
+                        "server_children_rss": meter.children_rss()}
         return out
 
     try:
@@ -246,6 +288,8 @@ def run_service_bench(backend: str, hospitals: int, *, dim: int = 64, classes: i
                         p.terminate()
 
         phase("hospitals", hospitals_phase)
+        if backend == "secagg":
+            phases["hospitals"]["stages"] = _secagg_stages(work / "server" / session_id / "audit.jsonl")
         if errors:
             raise RuntimeError(f"{len(errors)} hospital failure(s), e.g. {next(iter(errors.items()))}")
         res = phase("release", lambda: kh.finalize(conn, min_clients=min_clients))
@@ -271,16 +315,39 @@ def run_service_bench(backend: str, hospitals: int, *, dim: int = 64, classes: i
     w_err = float(np.linalg.norm(res.W - W_plain) / np.linalg.norm(W_plain))
     up = np.array([v[0] for v in results.values()], dtype=np.float64)
     down = np.array([v[1] for v in results.values()], dtype=np.float64)
+    cpu = np.array([v[2] for v in results.values()], dtype=np.float64)
     return {
         "backend": backend, "hospitals": K, "dropped": n_drop, "contributors": len(included),
         "dim": dim, "classes": classes, "length": Layout(dim, classes).length, "samples": samples,
         "min_clients": min_clients, "phases": phases,
         "bytes_up_per_hospital": float(up.mean()) if len(up) else 0.0,
         "bytes_down_per_hospital": float(down.mean()) if len(down) else 0.0,
+        "hospital_cpu_s": {"mean": float(cpu.mean()), "max": float(cpu.max())} if len(cpu) else None,
         "server_disk_bytes": disk, "w_rel_error_vs_plain": w_err, "busy_retries": busy,
         "hospital_processes": n_proc,
         "cpus": os.cpu_count(), "workdir": str(work),
     }
+
+
+def _secagg_stages(audit_path: Path) -> list[dict]:
+    """Each closed secagg stage from the server's audit log: seconds since the previous closing (or the round's
+    opening), who answered of how many expected, and the outcome."""
+    from datetime import datetime
+
+    out, last = [], None
+    with open(audit_path, "rb") as fh:
+        for line in fh:
+            rec = json.loads(line)
+            if rec["event"] not in ("secagg_round_opened", "secagg_stage_closed"):
+                continue
+            t = datetime.fromisoformat(rec["time"].replace("Z", "+00:00")).timestamp()
+            d = rec.get("details") or {}
+            if rec["event"] == "secagg_stage_closed":
+                out.append({"round": d.get("round"), "stage": d.get("stage"), "seconds": t - last,
+                            "answered": d.get("answered"), "expected": d.get("expected"),
+                            "outcome": rec["outcome"]})
+            last = t
+    return out
 
 
 def _resum_by_fetchers(kh, conn) -> dict[int, float]:
@@ -327,9 +394,12 @@ def _hospital_slice(job: dict, hospitals: list, out) -> None:
                 from .secagg import Stage
 
                 kw["stop_before"] = Stage.MASKED_INPUT
-            client.submit(_hospital_stats(job["dim"], job["classes"], job["samples"], job["seed"], i), **kw)
+            stats = _hospital_stats(job["dim"], job["classes"], job["samples"], job["seed"], i)
+            # this thread's own CPU (its crypto, TLS and parsing), whatever the other hospitals on these cores do
+            cpu0 = time.thread_time()
+            client.submit(stats, **kw)
             if not drop:  # the per-hospital figures are those of hospitals that went to the end
-                results[name] = (client.bytes_uploaded, client.conn.bytes_downloaded)
+                results[name] = (client.bytes_uploaded, client.conn.bytes_downloaded, time.thread_time() - cpu0)
         except Exception as e:  # reported by the parent
             errors[name] = f"{type(e).__name__}: {e}"
         finally:
@@ -353,13 +423,22 @@ def format_report(r: dict) -> str:
     lines = [f"bench service: {r['backend']}, K = {r['hospitals']} ({r['dropped']} dropped, "
              f"{r['contributors']} in the release), d = {r['dim']}, C = {r['classes']}, L = {r['length']}, "
              f"{r['samples']} samples per hospital, {r['cpus']} CPUs",
-             f"{'phase':<10} {'wall s':>9} {'server CPU s':>13} {'server peak RSS MB':>19}"]
+             f"{'phase':<10} {'wall s':>9} {'server CPU s':>13} {'server peak RSS MB':>19} "
+             f"{'summing workers RSS MB':>23}"]
     for name, p in r["phases"].items():
         cpu = f"{p['server_cpu_s']:.2f}" if "server_cpu_s" in p else "-"
         rss = f"{p['server_peak_rss'] / 1e6:.1f}" if "server_peak_rss" in p else "-"
         if "server_peak_rss" in p and not p.get("peak_is_phase", True):
             rss += " (so far)"
-        lines.append(f"{name:<10} {p['wall_s']:>9.2f} {cpu:>13} {rss:>19}")
+        kids = f"{p['server_children_rss'] / 1e6:.1f}" if p.get("server_children_rss") else "-"
+        lines.append(f"{name:<10} {p['wall_s']:>9.2f} {cpu:>13} {rss:>19} {kids:>23}")
+    lines.append("(server CPU includes its child processes: the summing workers and the multiprocessing tracker)")
+    for st in r["phases"].get("hospitals", {}).get("stages", []):
+        lines.append(f"  round {st['round']} {st['stage']:<15} {st['seconds']:>8.1f} s  {st['answered']} of "
+                     f"{st['expected']} answered  {st['outcome']}")
+    if r.get("hospital_cpu_s"):
+        lines.append(f"hospital CPU (its own thread, parameters to receipt): mean {r['hospital_cpu_s']['mean']:.2f} s, "
+                     f"max {r['hospital_cpu_s']['max']:.2f} s")
     if "keyholder_resum_s" in r["phases"].get("release", {}):
         lines.append(f"release: key holder's verify + re-sum of the signed uploads "
                      f"{r['phases']['release']['keyholder_resum_s']:.2f} s (before its one decryption)")

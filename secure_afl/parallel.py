@@ -39,10 +39,10 @@ import threading
 import time
 from typing import Iterable, Iterator
 
-from .exceptions import InvalidContribution, SecureAFLError
+from .exceptions import InvalidContribution, SecureAFLError, ServerBusy
 from .params import SessionParams
 
-__all__ = ["PayloadRefused", "sum_payloads", "default_workers"]
+__all__ = ["PayloadRefused", "sum_payloads", "default_workers", "ParallelCombiner", "WorkerLost"]
 
 #: Payloads queued per worker beyond the one it is adding (bounds the parent's memory).
 _QUEUE_DEPTH = 2
@@ -202,3 +202,170 @@ def sum_payloads(params: SessionParams, payloads: Iterable[tuple[str, bytes]], *
         for q in (*inboxes, outbox):
             q.close()
     return [partials[i] for i in range(workers)]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The server's running sum on all cores
+# ---------------------------------------------------------------------------------------------------------------
+_STOP = b"\0stop"
+_PARTIAL = b""
+
+
+def _pool_worker(params_dict: dict, public_context: bytes | None, conn, parent_pid: int) -> None:
+    """One summing process of a :class:`ParallelCombiner`: check and add what it is sent, answer each."""
+    _exit_with_parent(parent_pid)
+    comb = _combiner(SessionParams.from_dict(params_dict), public_context)
+    while True:
+        try:
+            msg = conn.recv_bytes()
+        except (EOFError, OSError):
+            return
+        if msg == _STOP:
+            return
+        if msg == _PARTIAL:
+            conn.send(("partial", comb.partial(), comb.count))
+            continue
+        try:
+            comb.add(msg)  # all-or-nothing: a refused payload leaves the running sum as it was
+            conn.send(("ok",))
+        except SecureAFLError as e:
+            conn.send(("refused", e.reason, str(e)))
+        except (TypeError, ValueError, KeyError) as e:
+            conn.send(("refused", "malformed_payload", f"unusable contribution: {type(e).__name__}"))
+
+
+class WorkerLost(ServerBusy):
+    """A summing process of a :class:`ParallelCombiner` stopped: its share of the running sum is gone.
+
+    The pool takes nothing more; the owner rebuilds the sum from what it stored. Answered as ``busy``:
+    the upload was not accepted and may be sent again.
+    """
+
+
+class ParallelCombiner:
+    """A running sum spread over ``workers`` processes: up to W contributions checked and added at once.
+
+    The server's upload path deserialises and checks every ciphertext before
+    adding it, under the GIL: one process sums at one core's pace whatever the
+    thread count. Here each worker process holds a running sum of its share
+    of the contributions (one contribution's worth of memory, so O(W L) in all,
+    not O(K L)); :meth:`add` hands a payload to an idle worker and blocks the
+    calling thread, not the others, until that worker has added it or refused
+    it (all-or-nothing, as :meth:`Combiner.add`). :meth:`aggregate` adds the W
+    partial sums to the sum merged so far (:meth:`merge`, e.g. the stored
+    uploads summed again after a restart) and seals the total.
+
+    ckks/bfv: ciphertext addition is exact modular arithmetic, so the total is
+    the serial fold's ciphertext bit for bit whatever worker added what.
+
+    Thread-safe. Workers start on the first :meth:`add` (spawned interpreters:
+    a session that never receives an upload starts none); ``workers=1`` adds
+    in the calling process, one contribution at a time.
+    """
+
+    def __init__(self, params: SessionParams, *, public_context: bytes | None = None, workers: int = 2):
+        if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+            raise ValueError("workers must be an int >= 1")
+        self._params = params
+        self._ctx = public_context
+        self._workers = workers
+        self._base = _combiner(params, public_context)
+        self._lock = threading.Lock()
+        self._idle: queue_mod.Queue | None = None
+        self._conns: list = []
+        self._procs: list = []
+        self._added = 0
+        self._lost: str | None = None
+
+    @property
+    def count(self) -> int:
+        """Contributions in the sum: merged ones and those the workers accepted."""
+        return self._base.count + self._added
+
+    @property
+    def lost(self) -> str | None:
+        """Why the pool stopped taking contributions (a worker died), or None."""
+        return self._lost
+
+    def _start(self) -> None:
+        ctx = mp.get_context("spawn")
+        for _ in range(self._workers):
+            parent, child = ctx.Pipe()
+            p = ctx.Process(target=_pool_worker, args=(self._params.to_dict(), self._ctx, child, os.getpid()),
+                            daemon=True)
+            p.start()
+            child.close()
+            self._conns.append(parent)
+            self._procs.append(p)
+        self._idle = queue_mod.Queue()
+        for i in range(self._workers):
+            self._idle.put(i)
+
+    def _call(self, i: int, msg: bytes):
+        try:
+            self._conns[i].send_bytes(msg)
+            return self._conns[i].recv()
+        except (EOFError, OSError, BrokenPipeError):
+            self._lost = f"summing worker {i} stopped (exit code {self._procs[i].exitcode})"
+            raise WorkerLost(f"{self._lost}; the server sums its stored uploads again, send this one again") \
+                from None
+
+    def add(self, payload: bytes) -> None:
+        """Check ``payload`` and add it in a worker; raises the refusal (the sum unchanged) or :class:`WorkerLost`."""
+        with self._lock:
+            if self._lost:
+                raise WorkerLost(self._lost)
+            if self._workers == 1:  # no process to start for one: the fold runs here, one add at a time
+                self._base.add(payload)
+                return
+            if self._idle is None:
+                self._start()
+        i = self._idle.get()
+        try:
+            answer = self._call(i, bytes(payload))
+        finally:
+            self._idle.put(i)
+        if answer[0] == "refused":
+            from .exceptions import error_class
+
+            raise error_class(answer[1])(answer[2])
+        with self._lock:
+            self._added += 1
+
+    def merge(self, body: bytes, count: int) -> None:
+        """Add another combiner's partial sum of ``count`` contributions (not thread-safe with :meth:`aggregate`)."""
+        self._base.merge(body, count)
+
+    def aggregate(self) -> bytes:
+        """The sealed total: every worker's partial merged into the base sum; the workers then stop.
+
+        Call it once no :meth:`add` is in flight (the server waits for its uploads in flight first).
+        """
+        if self._lost:
+            raise WorkerLost(self._lost)
+        if self._idle is not None:
+            held = [self._idle.get() for _ in range(self._workers)]  # every worker idle: nothing in flight
+            try:
+                for i in sorted(held):
+                    answer = self._call(i, _PARTIAL)
+                    self._base.merge(answer[1], answer[2])
+            finally:
+                self.shutdown()
+        return self._base.aggregate()
+
+    def shutdown(self) -> None:
+        """Stop the workers (their partial sums are dropped)."""
+        for conn in self._conns:
+            try:
+                conn.send_bytes(_STOP)
+            except (OSError, BrokenPipeError):
+                pass
+        for p in self._procs:
+            p.join(timeout=10)
+            if p.is_alive():
+                p.terminate()
+        for conn in self._conns:
+            conn.close()
+        self._conns, self._procs = [], []
+        if self._idle is not None:
+            self._lost = self._lost or "the pool was shut down"

@@ -47,6 +47,7 @@ from secure_afl.exceptions import (
     ReplayedContribution,
     RoundAlreadyClosed,
     SecureAFLError,
+    ServerBusy,
     StageError,
     TooLarge,
     Unauthenticated,
@@ -78,6 +79,11 @@ class AggregationServer:
         self.identity_pub_hex = pki.public_key_hex(self._key.public_key())
         self.audit = AuditLog(self.dir / "audit.jsonl", signing_key=self._key)
         self._lock = threading.RLock()
+        # uploads past their checks whose contribution a summing worker is adding outside the lock; close and
+        # a rebuild of the sum wait for them (``_drained``), and nothing new starts while ``_closing``
+        self._in_flight: set[str] = set()
+        self._drained = threading.Condition(self._lock)
+        self._closing = False
         # unauthenticated refusals per TLS peer: [window start, suppressed count, {reason: count}]
         self._unauth: dict[str, list] = {}
         self._unauth_lock = threading.Lock()
@@ -163,10 +169,25 @@ class AggregationServer:
             self._combiner.merge(body, n)
 
     def _new_combiner(self):
-        backend = get_backend(self.params)
-        if self.params.backend in HE_BACKENDS:
-            return backend.combiner(public_context=self.public_context)
-        return backend.combiner()
+        from secure_afl.parallel import ParallelCombiner
+
+        if self._combiner is not None:
+            self._combiner.shutdown()
+        ctx = self.public_context if self.params.backend in HE_BACKENDS else None
+        return ParallelCombiner(self.params, public_context=ctx, workers=self.combine_workers)
+
+    @property
+    def combine_workers(self) -> int:
+        """Processes that check and add uploads at once: ``[server] combine_workers``, or by default the cores
+        when the session's uploads are ciphertexts worth it (k_max uploads of >= 64 MB in all), else 1."""
+        if self.config.combine_workers:
+            return self.config.combine_workers
+        if self.params is None or self.params.backend not in HE_BACKENDS:
+            return 1  # adding float64 or uint64 vectors costs less than handing them to another process
+        from secure_afl.parallel import default_workers
+
+        # a ciphertext carries at least ~30 bytes per value (docs/BENCHMARKS.md)
+        return default_workers(self.config.bounds.k_max, 30 * self.params.layout.length)
 
     # -- public state ----------------------------------------------------------------
     @property
@@ -427,7 +448,8 @@ class AggregationServer:
                 elif tag is not None:
                     raise MalformedPayload("only ckks and bfv uploads carry an aggregate tag")
                 open_envelope(self.params, payload, "contribution")
-                self._combine_upload(hospital, payload)
+                if hospital in self._in_flight:
+                    raise DuplicateContribution(f"an upload of {hospital} is being added already")
             except SecureAFLError as e:
                 self.refuse("upload", hospital, e, details)
                 raise
@@ -435,14 +457,44 @@ class AggregationServer:
                 err = MalformedPayload(f"upload statement unusable: {type(e).__name__}")
                 self.refuse("upload", hospital, err, details)
                 raise err from None
+            self._in_flight.add(hospital)
+        try:
+            # outside the lock: the summing workers check and add up to W uploads at once
             try:
-                self.store.put_blob(payload)
-                self.store.insert_upload(hospital, sha, st, tag)
-            except Exception:
-                # not stored, so not accepted: drop it from the running sum again
-                self._rebuild()
+                self._combine_upload(hospital, payload)
+            except SecureAFLError as e:
+                with self._lock:
+                    self.refuse("upload", hospital, e, details)
+                    if isinstance(e, ServerBusy):  # the server's failure, not the upload's: it may come again
+                        self.store.release_nonce("upload:" + st["nonce"], "hospital:" + hospital)
+                    if getattr(self._combiner, "lost", None):
+                        self._rebuild_when_drained(hospital)
                 raise
-            return self._finish_acceptance(hospital, sha)
+            except (TypeError, ValueError, KeyError) as e:
+                err = MalformedPayload(f"unusable contribution: {type(e).__name__}")
+                with self._lock:
+                    self.refuse("upload", hospital, err, details)
+                raise err from None
+            with self._lock:
+                try:
+                    self.store.put_blob(payload)
+                    self.store.insert_upload(hospital, sha, st, tag)
+                except Exception:
+                    # not stored, so not accepted: the running sum holds it, so it is summed again from disk
+                    self._rebuild_when_drained(hospital)
+                    raise
+                return self._finish_acceptance(hospital, sha)
+        finally:
+            with self._lock:
+                self._in_flight.discard(hospital)
+                self._drained.notify_all()
+
+    def _rebuild_when_drained(self, hospital: str) -> None:
+        """Sum the stored uploads again once no other upload is being added (they would be added to the
+        running sum being replaced). Called with the lock held, by the upload ``hospital`` in flight."""
+        self._in_flight.discard(hospital)
+        self._drained.wait_for(lambda: not self._in_flight)
+        self._rebuild()
 
     def _finish_acceptance(self, hospital: str, sha: str, *, recovered: bool = False) -> dict:
         # after a crash between the audit write and the receipt, the record is already there
@@ -462,6 +514,8 @@ class AggregationServer:
             raise StageError("the session is not open yet (waiting for the key holder's public context)")
         if self.status == "released":
             raise RoundAlreadyClosed("the session's aggregate was released; it accepts nothing more")
+        if self._closing:
+            raise RoundAlreadyClosed("the session is being closed; it accepts nothing more")
         dl = self.deadline
         if dl is not None and time.time() > dl:
             raise DeadlinePassed("the session's upload deadline has passed")
@@ -470,7 +524,8 @@ class AggregationServer:
         """Hook for protocols with rounds before the upload (secagg overrides)."""
 
     def _combine_upload(self, hospital: str, payload: bytes) -> None:
-        """Validate the body and add it to the running sum; a refused payload changes nothing."""
+        """Validate the body and add it to the running sum; a refused payload changes nothing. Called without
+        the lock (the combiner is thread-safe)."""
         self._combiner.add(payload)
 
     def receipt(self, hospital: str) -> dict:
@@ -490,6 +545,11 @@ class AggregationServer:
             try:
                 if self.params is None:
                     raise StageError("nothing to close: the session never opened")
+                # uploads already past their checks are accepted or refused before the sum is fixed; none start
+                self._closing = True
+                self._drained.wait_for(lambda: not self._in_flight)
+                if getattr(self._combiner, "lost", None):
+                    self._rebuild()
                 n = self.store.upload_count()
                 if n < self.config.min_clients:
                     raise InsufficientContributors(
@@ -505,7 +565,11 @@ class AggregationServer:
                                           enrolled=pki.enrolled_keys(self._enrolled),
                                           audit={"seq": self.audit.next_seq - 1, "head": self.audit.head})
             except SecureAFLError as e:
+                self._closing = False
                 self.refuse("close", party, e)
+                raise
+            except BaseException:
+                self._closing = False
                 raise
             self.store.put_blob(aggregate)
             self.store.set_meta("aggregate_sha256", agg_sha)
@@ -589,6 +653,8 @@ class AggregationServer:
         return {row["hospital"]: row["tag"] for row in self.store.uploads() if row["tag"] is not None}
 
     def shutdown(self) -> None:
+        if self._combiner is not None:
+            self._combiner.shutdown()
         self.flush_refusals()
         self.audit.close()
         self.store.close()

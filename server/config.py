@@ -52,6 +52,8 @@ Example::
     body_timeout_s = 600        # a whole request body must arrive within this
     max_concurrent_uploads = 4  # bodies read at once; more are refused with 429 "busy"
     max_connections = 64        # open connections; more are answered 503 by uvicorn
+    combine_workers = 0         # processes checking and adding ckks/bfv uploads at once; 0 (default): the
+                                # cores when k_max uploads come to 64 MB or more, else 1
     refusal_interval_s = 60     # unauthenticated refusals: one audit record per peer per interval
 """
 
@@ -103,6 +105,7 @@ class ServerConfig:
     body_timeout_s: float = 600.0
     max_concurrent_uploads: int = 4
     max_connections: int = 64
+    combine_workers: int = 0
     refusal_interval_s: float = 60.0
     extractor: dict | None = None  # secure_afl.fingerprint.ExtractorFingerprint.to_dict()
 
@@ -122,6 +125,9 @@ class ServerConfig:
         for name in ("max_concurrent_uploads", "max_connections"):
             if getattr(self, name) < 1:
                 raise param_error(name, "session.toml", "an int >= 1", getattr(self, name))
+        if not 0 <= self.combine_workers <= 256:
+            raise param_error("combine_workers", "session.toml [server]", "an int in [0, 256] (0: automatic)",
+                              self.combine_workers)
         if self.extractor is not None:
             from secure_afl.fingerprint import ExtractorFingerprint
 
@@ -182,6 +188,7 @@ def load_config(path) -> ServerConfig:
             body_timeout_s=float(srv.get("body_timeout_s", 600.0)),
             max_concurrent_uploads=int(srv.get("max_concurrent_uploads", 4)),
             max_connections=int(srv.get("max_connections", 64)),
+            combine_workers=int(srv.get("combine_workers", 0)),
             refusal_interval_s=float(srv.get("refusal_interval_s", 60.0)),
             secagg_threshold=int(sa["threshold"]) if "threshold" in sa else None,
             secagg_neighbours=int(sa.get("neighbours", -1)),

@@ -98,6 +98,12 @@ class Store:
             except sqlite3.IntegrityError:
                 return False
 
+    def release_nonce(self, nonce: str, party: str) -> None:
+        """Forget a nonce claimed by ``party`` for a request the server failed to finish (not the sender's
+        fault), so the same signed request can be sent again; nothing was accepted under it."""
+        with self._lock:
+            self.db.execute("DELETE FROM nonces WHERE nonce = ? AND party = ?", (nonce, party))
+
     # -- uploads -------------------------------------------------------------
     def has_upload(self, hospital: str) -> bool:
         return self.db.execute("SELECT 1 FROM uploads WHERE hospital=?", (hospital,)).fetchone() is not None

@@ -226,3 +226,97 @@ def test_workers_exit_when_the_summing_process_is_killed():
 
         os.kill(p, signal.SIGKILL)
     assert not alive, f"summing workers {alive} outlived the killed parent"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# ParallelCombiner: the server's running sum in worker processes
+# ---------------------------------------------------------------------------------------------------------------
+def _pooled(be, ctx, workers):
+    from secure_afl.parallel import ParallelCombiner
+
+    return ParallelCombiner(be.params, public_context=ctx, workers=workers)
+
+
+@pytest.mark.parametrize("workers", [1, 2, 3])
+def test_pooled_sum_from_concurrent_threads_is_the_serial_ciphertext(he, workers):
+    from concurrent.futures import ThreadPoolExecutor
+
+    # Prepare
+    be, payloads, ctx = he
+    comb = _pooled(be, ctx, workers)
+
+    # Execute: every payload added from its own thread, up to six at once
+    with ThreadPoolExecutor(6) as pool:
+        list(pool.map(comb.add, payloads))
+
+    # Assert
+    assert comb.count == K
+    assert comb.aggregate() == _serial(be, payloads, ctx)
+
+
+def test_pooled_sum_merges_what_was_summed_before_it(he):
+    # Prepare: the first five summed elsewhere (a restart's re-sum of the stored uploads), the rest pooled
+    be, payloads, ctx = he
+    before = sum_payloads(be.params, ((str(i), p) for i, p in enumerate(payloads[:5])), public_context=ctx,
+                          workers=1)
+    comb = _pooled(be, ctx, 2)
+    for body, n in before:
+        comb.merge(body, n)
+
+    # Execute
+    for p in payloads[5:]:
+        comb.add(p)
+
+    # Assert
+    assert comb.count == K and comb.aggregate() == _serial(be, payloads, ctx)
+
+
+@pytest.mark.security
+def test_pooled_sum_refuses_a_tampered_ciphertext_and_keeps_the_rest(he):
+    from secure_afl.exceptions import SecureAFLError
+
+    # Prepare: one payload with a flipped byte inside its ciphertext
+    be, payloads, ctx = he
+    bad = bytearray(payloads[3])
+    bad[len(bad) // 2] ^= 0x40
+    comb = _pooled(be, ctx, 2)
+
+    # Execute
+    for p in payloads[:3]:
+        comb.add(p)
+    with pytest.raises(SecureAFLError) as refused:
+        comb.add(bytes(bad))
+    for p in payloads[3:]:
+        comb.add(p)
+
+    # Assert: the refusal names a reason, and the sum is exactly the K good payloads
+    assert refused.value.reason != "error"
+    assert comb.count == K and comb.aggregate() == _serial(be, payloads, ctx)
+
+
+def test_a_lost_worker_stops_the_pool_with_a_retryable_refusal(he):
+    import os
+    import signal
+
+    from secure_afl.parallel import WorkerLost
+
+    # Prepare: a pool with both workers started
+    be, payloads, ctx = he
+    comb = _pooled(be, ctx, 2)
+    comb.add(payloads[0])
+    comb.add(payloads[1])
+
+    # Execute: one worker is killed
+    os.kill(comb._procs[0].pid, signal.SIGKILL)
+    comb._procs[0].join(timeout=30)
+    with pytest.raises(WorkerLost):
+        for p in payloads[2:]:  # bounded: at most K - 2 adds before the dead worker is picked
+            comb.add(p)
+
+    # Assert: nothing more is taken, and the error is the 'busy' a client sends again after
+    assert comb.lost and WorkerLost.reason == "busy" and WorkerLost.http_status == 429
+    with pytest.raises(WorkerLost):
+        comb.add(payloads[-1])
+    with pytest.raises(WorkerLost):
+        comb.aggregate()
+    comb.shutdown()

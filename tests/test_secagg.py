@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import struct
+from dataclasses import replace
 from itertools import product
 
 import numpy as np
@@ -622,3 +623,81 @@ def test_server_rejects_wrong_stage_duplicates_and_late_messages():
     done, _ = drive(params, vectors)
     with pytest.raises(RoundAlreadyClosed):
         done.request(1)
+
+
+
+# ---------------------------------------------------------------------------
+# Consistency statements: what is signed, and the compact relay
+# ---------------------------------------------------------------------------
+def test_survivor_digest_known_vector():
+    from secure_afl.secagg.messages import survivors_digest
+
+    # SHA-256 of the canonical JSON b"[1,2,3,7]", computed with another tool
+    assert survivors_digest((1, 2, 3, 7)).hex() == "b373ee423f813fcd0246b5238b2b2c61680bb07712d83204ee97256ffc9490d8"
+    assert survivors_digest((1, 2, 3, 7)) == hashlib.sha256(b"[1,2,3,7]").digest()
+
+
+@pytest.mark.security
+@pytest.mark.parametrize("change", ["drop_one", "add_one", "swap_one", "round", "seed"])
+def test_a_signed_statement_binds_its_survivor_set(change):
+    # Prepare: hospital 1's genuine signature over the survivor set of a real round
+    params = make_params(6)
+    server, clients = drive(params, random_vectors(6, np.random.default_rng(21)), drop_before_masked={6},
+                            upto=Stage.UNMASK)
+    st = clients[1].sign_survivors(server.survivors_)
+    assert st.verify(PUB[1]) and st.survivors == (1, 2, 3, 4, 5)
+
+    # Execute: the same signature on any other set, round or graph seed
+    other = {"drop_one": dict(survivors=(1, 2, 3, 4)), "add_one": dict(survivors=(1, 2, 3, 4, 5, 6)),
+             "swap_one": dict(survivors=(1, 2, 3, 4, 6)), "round": dict(round=2),
+             "seed": dict(graph_seed=bytes(32))}[change]
+    forged = replace(st, **other)
+
+    # Assert: it verifies for nobody, after a trip through the wire format too
+    assert not forged.verify(PUB[1])
+    assert not decode_message(forged.to_bytes()).verify(PUB[1])
+
+
+def _relayed_unmask_request(params, server, u):
+    d = json.loads(server.request(u).to_bytes())
+    assert d["statements"]["signers"], "the request relays the quorum's signatures"
+    return d
+
+
+@pytest.mark.parametrize("edit", [
+    lambda st: st.update(survivors=[1, 3, 2, 4, 5]),           # not sorted
+    lambda st: st.update(survivors=[1, 2, 2, 3, 4, 5]),        # repeated id
+    lambda st: st.update(survivors=[1, 2, True, 4, 5]),        # a bool is no id
+    lambda st: st.update(graph_seed="AAAA"),                   # seed of the wrong length
+    lambda st: st.update(round=0),                             # round out of range
+    lambda st: st["signers"].append([7]),                      # a signer without signature
+    lambda st: st["signers"].append([False, st["signers"][0][1]]),
+    lambda st: st["signers"].append([7, "AAAA"]),              # signature of the wrong length
+    lambda st: st.pop("session_id"),
+])
+def test_compact_unmask_request_refuses_malformed_shared_part(edit):
+    # Prepare
+    params = make_params(5)
+    server, _ = drive(params, random_vectors(5, np.random.default_rng(22)), upto=Stage.UNMASK)
+    d = _relayed_unmask_request(params, server, 1)
+
+    # Execute
+    edit(d["statements"])
+
+    # Assert
+    with pytest.raises(MalformedPayload):
+        decode_message(json.dumps(d).encode())
+
+
+@pytest.mark.security
+def test_client_refuses_a_relayed_signature_moved_to_another_signer():
+    # Prepare: the server relays hospital 2's signature under hospital 3's id
+    params = make_params(5)
+    server, clients = drive(params, random_vectors(5, np.random.default_rng(23)), upto=Stage.UNMASK)
+    d = _relayed_unmask_request(params, server, 1)
+    sigs = dict((cid, sig) for cid, sig in d["statements"]["signers"])
+    d["statements"]["signers"] = [[cid, sigs[2] if cid == 3 else sig] for cid, sig in d["statements"]["signers"]]
+
+    # Execute / Assert: refused before any share is revealed
+    with pytest.raises(InvalidContribution, match="client 3"):
+        clients[1].unmask(decode_message(json.dumps(d).encode()))

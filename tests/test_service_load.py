@@ -131,6 +131,12 @@ def test_bench_service_small_session_reports_every_phase(tmp_path, backend):
     assert all(p["server_cpu_s"] >= 0 and p["server_peak_rss"] > 0 for n, p in r["phases"].items() if n != "pki")
     assert r["bytes_up_per_hospital"] > 0 and r["bytes_down_per_hospital"] > 0 and r["server_disk_bytes"] > 0
     assert "||W - W_plain||" in format_report(r)
+    assert 0 < r["hospital_cpu_s"]["mean"] <= r["hospital_cpu_s"]["max"]
+    if backend == "secagg":  # the stage timings come from the server's audit log of this round
+        stages = r["phases"]["hospitals"]["stages"]
+        assert [s["stage"] for s in stages] == ["setup", "advertise_keys", "share_keys", "masked_input", "unmask"]
+        assert all(s["answered"] == s["expected"] == 4 and s["outcome"] == "accepted" and s["seconds"] >= 0
+                   for s in stages)
 
 
 def test_bench_service_ckks_times_the_keyholder_resum_over_https_both_ways(tmp_path):
