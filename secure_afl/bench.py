@@ -63,6 +63,8 @@ _SUBCOMMANDS: list = [
     ("dp-audit", "empirical epsilon lower bound (canary test) next to the accounted one", "secure_afl.dp.audit"),
     ("service", "one session through the real server, key holder and K HTTPS hospitals, per phase",
      "secure_afl.bench_service"),
+    ("combine", "the server's running sum of ckks/bfv uploads with 1 and W summing processes",
+     "secure_afl.bench_combine"),
 ]
 
 

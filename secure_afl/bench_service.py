@@ -152,7 +152,8 @@ def _hospital_stats(dim: int, classes: int, samples: int, seed: int, k: int):
 def run_service_bench(backend: str, hospitals: int, *, dim: int = 64, classes: int = 10, samples: int = 32,
                       dropout: float = 0.0, seed: int = 0, workdir: str | None = None,
                       stage_timeout_s: float = 60.0, hospital_timeout_s: float = 1800.0,
-                      processes: int | None = None, compare_fetchers: bool = False) -> dict:
+                      processes: int | None = None, compare_fetchers: bool = False,
+                      max_connections: int | None = None, combine_workers: int = 0) -> dict:
     """The real service end to end; ``compare_fetchers`` also times the key holder's verify + re-sum over
     HTTPS again with one download at a time and with the default number in flight (no decryption)."""
     from . import pki
@@ -202,7 +203,8 @@ def run_service_bench(backend: str, hospitals: int, *, dim: int = 64, classes: i
         "secagg": {"stage_timeout_s": float(stage_timeout_s)},
         "server": {"host": "127.0.0.1", "port": _free_port(), "data_dir": str(work / "server"),
                    "pki_dir": str(pki_dir), "name": "aggregator", "keyholder": "keyholder",
-                   },
+                   "max_connections": _max_connections(backend, K, max_connections),
+                   "combine_workers": int(combine_workers)},
     }
     if backend == "secagg":
         from .secagg import default_threshold, max_min_clients, recommended_neighbours
@@ -256,7 +258,7 @@ def run_service_bench(backend: str, hospitals: int, *, dim: int = 64, classes: i
         job = {"url": url, "session_id": session_id, "pki_dir": str(pki_dir), "receipts": str(work / "receipts"),
                "backend": backend, "dim": dim, "classes": classes, "samples": samples, "seed": seed,
                "timeout": hospital_timeout_s}
-        n_proc = max(1, min(processes or os.cpu_count() or 1, K))
+        n_proc = max(1, min(processes or _default_processes(backend, K), K))
 
         def hospitals_phase():
             ctx = mp.get_context("spawn")
@@ -324,9 +326,30 @@ def run_service_bench(backend: str, hospitals: int, *, dim: int = 64, classes: i
         "bytes_down_per_hospital": float(down.mean()) if len(down) else 0.0,
         "hospital_cpu_s": {"mean": float(cpu.mean()), "max": float(cpu.max())} if len(cpu) else None,
         "server_disk_bytes": disk, "w_rel_error_vs_plain": w_err, "busy_retries": busy,
-        "hospital_processes": n_proc,
+        "hospital_processes": n_proc, "max_connections": cfg["server"]["max_connections"],
+        "combine_workers": cfg["server"]["combine_workers"],
         "cpus": os.cpu_count(), "workdir": str(work),
     }
+
+
+def _default_processes(backend: str, K: int) -> int:
+    """The cores; for secagg, also at least one process per ``_THREADS_PER_PROCESS`` hospitals. A secagg stage
+    waits for every hospital, so a process runs its whole slice at once: at K = 1000 in 2 processes, 500 threads
+    each parsing a 340 kB share-keys request and checking 1000 signatures gave no answer within 600 s, while 8
+    processes of 125 answered 957 of 1000 in 3 min 11 s."""
+    cores = os.cpu_count() or 1
+    if backend == "secagg":
+        return max(cores, -(-K // _THREADS_PER_PROCESS))
+    return cores
+
+
+def _max_connections(backend: str, K: int, given: int | None) -> int:
+    """The server's connection cap: ``given``, else the default 64, except for secagg, where all K hospitals wait
+    in every stage and the operations guide says to raise the cap towards K: at the default, K = 1000 waiting
+    hospitals turned away with 503 retried until TLS handshakes for those refusals took most of the server's CPU."""
+    if given is not None:
+        return given
+    return K + 16 if backend == "secagg" and K > 48 else 64
 
 
 def _secagg_stages(audit_path: Path) -> list[dict]:
@@ -422,7 +445,8 @@ def _with_gamma(s):
 def format_report(r: dict) -> str:
     lines = [f"bench service: {r['backend']}, K = {r['hospitals']} ({r['dropped']} dropped, "
              f"{r['contributors']} in the release), d = {r['dim']}, C = {r['classes']}, L = {r['length']}, "
-             f"{r['samples']} samples per hospital, {r['cpus']} CPUs",
+             f"{r['samples']} samples per hospital, {r['cpus']} CPUs, server max_connections "
+             f"{r.get('max_connections', 64)}",
              f"{'phase':<10} {'wall s':>9} {'server CPU s':>13} {'server peak RSS MB':>19} "
              f"{'summing workers RSS MB':>23}"]
     for name, p in r["phases"].items():
@@ -461,7 +485,8 @@ def _cmd(args) -> int:
         r = run_service_bench(args.backend, args.hospitals, dim=args.dim, classes=args.classes,
                               samples=args.samples, dropout=args.dropout, seed=args.seed, workdir=workdir,
                               stage_timeout_s=args.stage_timeout, processes=args.processes,
-                              compare_fetchers=args.compare_fetchers)
+                              compare_fetchers=args.compare_fetchers, max_connections=args.max_connections,
+                              combine_workers=args.combine_workers)
     finally:
         if not args.workdir:  # the temp dir goes, whatever happened
             shutil.rmtree(workdir, ignore_errors=True)
@@ -474,13 +499,18 @@ def _cmd(args) -> int:
 def register(parser) -> None:
     parser.add_argument("--backend", choices=["plain", "ckks", "bfv", "secagg"], default="plain")
     parser.add_argument("--hospitals", type=int, default=10, help="K hospitals")
-    parser.add_argument("--processes", type=int, help="worker processes running the hospitals (default: cores)")
+    parser.add_argument("--processes", type=int, help="worker processes running the hospitals (default: cores; "
+                                                      "secagg: also one per 100 hospitals)")
     parser.add_argument("--dropout", type=float, default=0.0, help="fraction of hospitals that drop out")
     parser.add_argument("--dim", type=int, default=64, help="embedding dimension d (default 64)")
     parser.add_argument("--classes", type=int, default=10, help="classes C (default 10)")
     parser.add_argument("--samples", type=int, default=32, help="samples per hospital")
     parser.add_argument("--stage-timeout", type=float, default=60.0,
                         help="secagg: seconds a silent hospital is waited for in a stage")
+    parser.add_argument("--max-connections", type=int,
+                        help="the server's connection cap (default 64; secagg: K + 16 above K = 48)")
+    parser.add_argument("--combine-workers", type=int, default=0,
+                        help="the server's summing processes for ckks/bfv uploads (default 0: automatic)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--compare-fetchers", action="store_true",
                         help="HE: time the key holder's verify + re-sum again with 1 and N downloads in flight")

@@ -39,7 +39,7 @@ import threading
 import time
 from typing import Iterable, Iterator
 
-from .exceptions import InvalidContribution, SecureAFLError, ServerBusy
+from .exceptions import InvalidContribution, MalformedPayload, SecureAFLError, ServerBusy
 from .params import SessionParams
 
 __all__ = ["PayloadRefused", "sum_payloads", "default_workers", "ParallelCombiner", "WorkerLost"]
@@ -231,7 +231,7 @@ def _pool_worker(params_dict: dict, public_context: bytes | None, conn, parent_p
         except SecureAFLError as e:
             conn.send(("refused", e.reason, str(e)))
         except (TypeError, ValueError, KeyError) as e:
-            conn.send(("refused", "malformed_payload", f"unusable contribution: {type(e).__name__}"))
+            conn.send(("refused", MalformedPayload.reason, f"unusable contribution: {type(e).__name__}"))
 
 
 class WorkerLost(ServerBusy):

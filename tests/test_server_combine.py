@@ -16,6 +16,7 @@ import pytest
 
 from secure_afl.backends import get_backend
 from secure_afl.backends.ckks import ckks_session_params
+from secure_afl.envelope import peek_header, seal
 from secure_afl.exceptions import SecureAFLError
 from secure_afl.packing import Layout
 from secure_afl.params import Bounds, SessionParams
@@ -80,7 +81,8 @@ def test_concurrent_uploads_summed_by_two_processes_release_the_serial_sum(conso
     _open(c)
     honest = HOSPITALS[:5]
 
-    # Execute: five hospitals at once, then one whose own software corrupts a ciphertext before signing it
+    # Execute: five hospitals at once, then one whose own software cuts a ciphertext short before sealing and
+    # signing it (only the summing worker that parses the ciphertexts can tell)
     with ThreadPoolExecutor(len(honest)) as pool:
         receipts = list(pool.map(lambda h: _submit(c, h), honest))
     workers_during = _summing_workers(c.server.proc.pid)
@@ -88,10 +90,13 @@ def test_concurrent_uploads_summed_by_two_processes_release_the_serial_sum(conso
     params = bad.fetch_params()
     ctx = bad.conn.request("GET", bad.conn.path("/context"), signed=False).content
     tag = new_tag(params)
-    payload = bytearray(get_backend(params).protect(bad.protect_vector(params, c.stats(*c.data("h6")), tag=tag),
-                                                    public_context=ctx))
-    payload[len(payload) // 2] ^= 0x01
-    payload = bytes(payload)
+    good = get_backend(params).protect(bad.protect_vector(params, c.stats(*c.data("h6")), tag=tag),
+                                       public_context=ctx)
+    env = peek_header(good)
+    body = env.body[:-100]  # the last ciphertext cut short; the envelope is sealed over the bad bytes
+    extra = {k: v for k, v in env.header.items() if k not in ("session_id", "backend", "params_digest", "layout",
+                                                             "kind", "body_sha256", "body_len")}
+    payload = seal(params, "contribution", body, **extra)
     with pytest.raises(SecureAFLError) as refused:
         bad.upload(params, payload, tag=sign_tag(bad.party.identity_key(), params, "h6",
                                                  hashlib.sha256(payload).hexdigest(), seal_tag(params, "h6", tag)))

@@ -57,3 +57,106 @@ def test_storage_failure_leaves_nothing_half_accepted(tmp_path, monkeypatch):
         assert [p["hospital"] for p in manifest["participants"]] == ["h1", "h2"]
     finally:
         srv.shutdown()
+
+
+class _HeldAdd:
+    """Wraps the server's combiner: the first add waits (outside the server lock, where the summing workers run)
+    until the test lets it go, so a close or a second upload can be made to meet it."""
+
+    def __init__(self, combiner):
+        self._real = combiner.add
+        self.entered, self.go = __import__("threading").Event(), __import__("threading").Event()
+        self._first = True
+
+    def __call__(self, payload):
+        if self._first:
+            self._first = False
+            self.entered.set()
+            assert self.go.wait(60)
+        return self._real(payload)
+
+
+def test_close_waits_for_an_upload_being_added_and_takes_no_new_one(tmp_path, monkeypatch):
+    import threading
+
+    from secure_afl.exceptions import RoundAlreadyClosed
+    from secure_afl.server.aggregator import AggregationServer
+    from secure_afl.server.config import load_config
+
+    # Prepare: h1 accepted; h2's contribution is being added when the key holder closes
+    c = Consortium(tmp_path, backend="plain", hospitals=("h1", "h2", "h3"), min_clients=2)
+    srv = AggregationServer(load_config(c.config))
+    try:
+        st1, p1, v1 = _upload(c, srv, "h1", 1)
+        srv.submit("h1", st1, p1)
+        held = _HeldAdd(srv._combiner)
+        monkeypatch.setattr(srv._combiner, "add", held)
+        closing = threading.Event()
+        real_wait = srv._drained.wait_for
+
+        def wait_for(pred, timeout=None):
+            closing.set()
+            return real_wait(pred, timeout)
+
+        monkeypatch.setattr(srv._drained, "wait_for", wait_for)
+        st2, p2, v2 = _upload(c, srv, "h2", 2)
+        results = {}
+        a = threading.Thread(target=lambda: results.setdefault("h2", srv.submit("h2", st2, p2)))
+        a.start()
+        assert held.entered.wait(60)
+        b = threading.Thread(target=lambda: results.setdefault("close", srv.close("keyholder:keyholder")))
+        b.start()
+
+        # Execute: while the close waits for h2, h3 tries to upload; then h2's add finishes
+        assert closing.wait(60)
+        st3, p3, _ = _upload(c, srv, "h3", 3)
+        with pytest.raises(RoundAlreadyClosed, match="being closed"):
+            srv.submit("h3", st3, p3)
+        held.go.set()
+        a.join(60)
+        b.join(60)
+
+        # Assert: h2 accepted and released, h3 not; the aggregate is exactly h1 + h2
+        blob, manifest = srv.released()
+        assert "h2" in results and [p["hospital"] for p in manifest["participants"]] == ["h1", "h2"]
+        assert np.array_equal(get_backend(srv.params).reveal(blob), v1 + v2)
+        assert srv.store.upload_count() == 2
+    finally:
+        srv.shutdown()
+
+
+@pytest.mark.security
+def test_second_upload_of_a_hospital_while_its_first_is_being_added_is_refused(tmp_path, monkeypatch):
+    import threading
+
+    from secure_afl.exceptions import DuplicateContribution
+    from secure_afl.server.aggregator import AggregationServer
+    from secure_afl.server.config import load_config
+
+    # Prepare: h2's first upload is being added
+    c = Consortium(tmp_path, backend="plain", hospitals=("h1", "h2"), min_clients=2)
+    srv = AggregationServer(load_config(c.config))
+    try:
+        st1, p1, v1 = _upload(c, srv, "h1", 1)
+        srv.submit("h1", st1, p1)
+        held = _HeldAdd(srv._combiner)
+        monkeypatch.setattr(srv._combiner, "add", held)
+        st2, p2, v2 = _upload(c, srv, "h2", 2)
+        a = threading.Thread(target=srv.submit, args=("h2", st2, p2))
+        a.start()
+        assert held.entered.wait(60)
+
+        # Execute: the same hospital sends another contribution (a fresh statement) meanwhile
+        st2b, p2b, _ = _upload(c, srv, "h2", 22)
+        with pytest.raises(DuplicateContribution, match="being added"):
+            srv.submit("h2", st2b, p2b)
+        held.go.set()
+        a.join(60)
+
+        # Assert: one contribution of h2, the first, in the release
+        srv.close("keyholder:keyholder")
+        blob, manifest = srv.released()
+        assert [p["hospital"] for p in manifest["participants"]] == ["h1", "h2"]
+        assert np.array_equal(get_backend(srv.params).reveal(blob), v1 + v2)
+    finally:
+        srv.shutdown()
