@@ -701,3 +701,34 @@ def test_client_refuses_a_relayed_signature_moved_to_another_signer():
     # Execute / Assert: refused before any share is revealed
     with pytest.raises(InvalidContribution, match="client 3"):
         clients[1].unmask(decode_message(json.dumps(d).encode()))
+
+
+@pytest.mark.security
+def test_signatures_over_one_survivor_set_do_not_confirm_another():
+    # Prepare: 9 advertised, 8 survivors S; hospital 1 was shown (and signed) a smaller set S1 than the others
+    params = make_params(9, threshold=2)
+    vectors = random_vectors(9, np.random.default_rng(24))
+    server, clients = server_round(params, range(1, 10)), {u: client(params, u) for u in range(1, 10)}
+    for stage in Stage.all()[:-1]:  # every stage before the consistency check; 9 drops before its masked input
+        for u in sorted(server.active):
+            req = relay(server.request(u))
+            if stage == Stage.MASKED_INPUT and u == 9:
+                continue
+            resp = clients[u].masked_input(req, vectors[u - 1]) if stage == Stage.MASKED_INPUT else \
+                clients[u].handle(req)
+            server.receive(relay(resp))
+        server.close_stage()
+    surv = server.survivors_
+    s1 = surv[:clients[1].quorum]
+    assert 1 in s1 and len(s1) < len(surv)
+    mine = clients[1].sign_survivors(s1)
+    others = [clients[u].sign_survivors(surv) for u in surv if u != 1]
+
+    # Execute: the server relays the others' signatures over S as statements over S1, and asks hospital 1 to
+    # reveal as if S1 were the agreed set
+    forged = (mine,) + tuple(replace(st, survivors=s1) for st in others)
+    request = UnmaskRequest("sess-1", 1, s1, tuple(sorted(set(surv) - set(s1))), forged)
+
+    # Assert: refused before any share leaves hospital 1
+    with pytest.raises(InvalidContribution, match="not validly signed"):
+        clients[1].unmask(decode_message(request.to_bytes()))
