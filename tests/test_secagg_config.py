@@ -94,3 +94,70 @@ def test_abort_counts_the_hospitals_that_really_answered(tmp_path):
         assert "only 1 hospitals acknowledged setup" in closed[-1]["details"]["message"]
     finally:
         srv.shutdown()
+
+
+def test_masked_input_stage_does_not_close_under_an_upload_being_added(tmp_path, monkeypatch):
+    import base64
+    import hashlib
+    import threading
+    import time
+
+    from secure_afl import pki
+    from secure_afl.clients.hospital import protect_vector
+    from secure_afl.secagg import SecAggClient, Stage, decode_message
+    from secure_afl.server.aggregator import open_server
+    from secure_afl.server.config import load_config
+    from secure_afl.signing import sign_upload
+
+    # Prepare: three hospitals through setup, advertise and share keys, in-process against the real server role
+    names = ("h1", "h2", "h3")
+    c = Consortium(tmp_path, backend="secagg", hospitals=names, min_clients=2,
+                   secagg={"threshold": 2, "stage_timeout_s": 30.0})
+    srv = open_server(load_config(c.config))
+    try:
+        parties = {h: pki.load_party(c.pki_dir, "hospital", h) for h in names}
+        keys = {srv.client_ids[h]: parties[h].identity_pub() for h in names}
+        cl = {h: SecAggClient(srv.params, srv.client_ids[h], parties[h].identity_key(), keys) for h in names}
+
+        def request(h):
+            return decode_message(base64.b64decode(srv.secagg_request(h)["request"]))
+
+        for stage in (Stage.SETUP, Stage.ADVERTISE_KEYS, Stage.SHARE_KEYS):
+            for h in names:
+                srv.secagg_message(h, stage, cl[h].handle(request(h)).to_bytes())
+            srv.tick()  # everyone answered: the stage closes now
+        assert srv.round_stage == Stage.MASKED_INPUT
+
+        def upload(h):
+            vec = protect_vector(srv.params, c.stats(*c.data(h)))
+            payload = cl[h].handle(request(h), vector=vec).to_bytes()
+            st = sign_upload(parties[h].identity_key(), c.session_id, srv.params.digest(),
+                             hashlib.sha256(payload).digest(), h)
+            return srv.submit(h, st, payload)
+
+        upload("h1")
+        upload("h2")
+        real, entered, go = srv._combine_upload, threading.Event(), threading.Event()
+
+        def held(hospital, payload):
+            entered.set()
+            assert go.wait(60)
+            return real(hospital, payload)
+
+        monkeypatch.setattr(srv, "_combine_upload", held)
+        t = threading.Thread(target=upload, args=("h3",))
+        t.start()
+        assert entered.wait(60)
+
+        # Execute: the stage clock runs past the deadline while h3's masked input is being added
+        srv.tick(now=time.time() + 120)
+        stage_meanwhile = srv.round_stage
+        go.set()
+        t.join(60)
+        srv.tick()
+
+        # Assert: the stage waited for h3, and closed with all three masked inputs
+        assert stage_meanwhile == Stage.MASKED_INPUT
+        assert srv.round_stage == Stage.UNMASK and sorted(srv._round.survivors_) == [1, 2, 3]
+    finally:
+        srv.shutdown()
