@@ -1,6 +1,7 @@
 """The server role in-process (real SQLite, payload files and audit log; no HTTP)."""
 
 import hashlib
+import threading
 
 import numpy as np
 import pytest
@@ -59,13 +60,25 @@ def test_storage_failure_leaves_nothing_half_accepted(tmp_path, monkeypatch):
         srv.shutdown()
 
 
+def _open_with_h1(tmp_path, hospitals):
+    """A plain session in-process with h1's upload accepted; (consortium, server, h1's vector)."""
+    from secure_afl.server.aggregator import AggregationServer
+    from secure_afl.server.config import load_config
+
+    c = Consortium(tmp_path, backend="plain", hospitals=hospitals, min_clients=2)
+    srv = AggregationServer(load_config(c.config))
+    st1, p1, v1 = _upload(c, srv, "h1", 1)
+    srv.submit("h1", st1, p1)
+    return c, srv, v1
+
+
 class _HeldAdd:
     """Wraps the server's combiner: the first add waits (outside the server lock, where the summing workers run)
     until the test lets it go, so a close or a second upload can be made to meet it."""
 
     def __init__(self, combiner):
         self._real = combiner.add
-        self.entered, self.go = __import__("threading").Event(), __import__("threading").Event()
+        self.entered, self.go = threading.Event(), threading.Event()
         self._first = True
 
     def __call__(self, payload):
@@ -77,18 +90,11 @@ class _HeldAdd:
 
 
 def test_close_waits_for_an_upload_being_added_and_takes_no_new_one(tmp_path, monkeypatch):
-    import threading
-
     from secure_afl.exceptions import RoundAlreadyClosed
-    from secure_afl.server.aggregator import AggregationServer
-    from secure_afl.server.config import load_config
 
     # Prepare: h1 accepted; h2's contribution is being added when the key holder closes
-    c = Consortium(tmp_path, backend="plain", hospitals=("h1", "h2", "h3"), min_clients=2)
-    srv = AggregationServer(load_config(c.config))
+    c, srv, v1 = _open_with_h1(tmp_path, ("h1", "h2", "h3"))
     try:
-        st1, p1, v1 = _upload(c, srv, "h1", 1)
-        srv.submit("h1", st1, p1)
         held = _HeldAdd(srv._combiner)
         monkeypatch.setattr(srv._combiner, "add", held)
         closing = threading.Event()
@@ -127,18 +133,11 @@ def test_close_waits_for_an_upload_being_added_and_takes_no_new_one(tmp_path, mo
 
 @pytest.mark.security
 def test_second_upload_of_a_hospital_while_its_first_is_being_added_is_refused(tmp_path, monkeypatch):
-    import threading
-
     from secure_afl.exceptions import DuplicateContribution
-    from secure_afl.server.aggregator import AggregationServer
-    from secure_afl.server.config import load_config
 
     # Prepare: h2's first upload is being added
-    c = Consortium(tmp_path, backend="plain", hospitals=("h1", "h2"), min_clients=2)
-    srv = AggregationServer(load_config(c.config))
+    c, srv, v1 = _open_with_h1(tmp_path, ("h1", "h2"))
     try:
-        st1, p1, v1 = _upload(c, srv, "h1", 1)
-        srv.submit("h1", st1, p1)
         held = _HeldAdd(srv._combiner)
         monkeypatch.setattr(srv._combiner, "add", held)
         st2, p2, v2 = _upload(c, srv, "h2", 2)
