@@ -65,6 +65,14 @@ def _stat(pid) -> list[str]:
     return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
 
 
+def _proc_status(pid, key: str) -> int:
+    """A size field of /proc/PID/status (VmRSS, VmHWM) in bytes; 0 if absent."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(key + ":"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
 class ServerMeter:
     """CPU seconds and peak RSS of one process and its child processes (the summing workers), from /proc."""
 
@@ -98,24 +106,16 @@ class ServerMeter:
         total = 0
         for child in self.children():
             try:
-                for line in Path(f"/proc/{child}/status").read_text().splitlines():
-                    if line.startswith("VmRSS:"):
-                        total += int(line.split()[1]) * 1024
+                total += _proc_status(child, "VmRSS")
             except OSError:
-                continue
+                continue  # ended between the listing and the read
         return total
 
-    def _status(self, key: str) -> int:
-        for line in Path(f"/proc/{self.pid}/status").read_text().splitlines():
-            if line.startswith(key + ":"):
-                return int(line.split()[1]) * 1024
-        return 0
-
     def rss(self) -> int:
-        return self._status("VmRSS")
+        return _proc_status(self.pid, "VmRSS")
 
     def peak_rss(self) -> int:
-        return self._status("VmHWM")
+        return _proc_status(self.pid, "VmHWM")
 
     def reset_peak(self) -> bool:
         """Reset VmHWM to the current RSS (Linux >= 4.0, own processes); False where refused."""

@@ -39,7 +39,7 @@ import threading
 import time
 from typing import Iterable, Iterator
 
-from .exceptions import InvalidContribution, MalformedPayload, SecureAFLError, ServerBusy
+from .exceptions import InvalidContribution, MalformedPayload, SecureAFLError, ServerBusy, error_class
 from .params import SessionParams
 
 __all__ = ["PayloadRefused", "sum_payloads", "default_workers", "ParallelCombiner", "WorkerLost"]
@@ -326,8 +326,6 @@ class ParallelCombiner:
         finally:
             self._idle.put(i)
         if answer[0] == "refused":
-            from .exceptions import error_class
-
             raise error_class(answer[1])(answer[2])
         with self._lock:
             self._added += 1

@@ -546,8 +546,12 @@ class AggregationServer:
                 if self.params is None:
                     raise StageError("nothing to close: the session never opened")
                 # uploads already past their checks are accepted or refused before the sum is fixed; none start
+                # while the lock is released for that wait (after it, the lock itself keeps them out)
                 self._closing = True
-                self._drained.wait_for(lambda: not self._in_flight)
+                try:
+                    self._drained.wait_for(lambda: not self._in_flight)
+                finally:
+                    self._closing = False
                 if getattr(self._combiner, "lost", None):
                     self._rebuild()
                 n = self.store.upload_count()
@@ -565,11 +569,7 @@ class AggregationServer:
                                           enrolled=pki.enrolled_keys(self._enrolled),
                                           audit={"seq": self.audit.next_seq - 1, "head": self.audit.head})
             except SecureAFLError as e:
-                self._closing = False
                 self.refuse("close", party, e)
-                raise
-            except BaseException:
-                self._closing = False
                 raise
             self.store.put_blob(aggregate)
             self.store.set_meta("aggregate_sha256", agg_sha)

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from secure_afl.backends import get_backend
+from secure_afl.bench_service import ServerMeter
 from secure_afl.backends.ckks import ckks_session_params
 from secure_afl.envelope import peek_header, seal
 from secure_afl.exceptions import SecureAFLError
@@ -31,16 +32,12 @@ HOSPITALS = tuple(f"h{i}" for i in range(1, 7))
 def _summing_workers(server_pid: int) -> list[int]:
     """Child processes of the server that run a multiprocessing worker (spawned interpreters)."""
     found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
+    for pid in ServerMeter(server_pid).children():
         try:
-            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            cmd = (entry / "cmdline").read_bytes()
-        except (OSError, IndexError, ValueError):
+            if b"spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                found.append(pid)
+        except OSError:
             continue
-        if ppid == server_pid and b"spawn_main" in cmd:
-            found.append(int(entry.name))
     return found
 
 
