@@ -91,8 +91,9 @@ class _LastResort:
                 err = MalformedPayload("input nested too deeply")
             else:
                 err = InternalError(f"internal error ({type(exc).__name__})")
+                # the traceback goes to the operator's log only; the client gets the type name
                 log.error("internal error on %s %s: %s", scope.get("method"), scope.get("path"),
-                          type(exc).__name__)
+                          type(exc).__name__, exc_info=exc)
             try:
                 self.server.refuse("request", None, err, {"path": str(scope.get("path"))[:200]},
                                    peer=scope.get("state", {}).get("tls_peer"))

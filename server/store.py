@@ -60,9 +60,20 @@ class Store:
             self.db.close()
 
     # -- meta ----------------------------------------------------------------
+    def _rows(self, sql: str, args: tuple = ()) -> list:
+        """Every row of a read, stepped under the lock.
+
+        All request threads share this one connection, and sqlite3 reuses a prepared statement per SQL text
+        while SQLite steps it with the GIL released: two unserialised reads of the same query can reset
+        each other's statement (seen at K = 1000 on 16 cores as a meta row read as missing or as another
+        row's value). Reads are short; holding the lock costs nothing measurable.
+        """
+        with self._lock:
+            return self.db.execute(sql, args).fetchall()
+
     def get_meta(self, key: str, default=None):
-        row = self.db.execute("SELECT value FROM meta WHERE key=?", (key,)).fetchone()
-        return json.loads(row[0]) if row else default
+        rows = self._rows("SELECT value FROM meta WHERE key=?", (key,))
+        return json.loads(rows[0][0]) if rows else default
 
     def set_meta(self, key: str, value) -> None:
         with self._lock:
@@ -106,7 +117,7 @@ class Store:
 
     # -- uploads -------------------------------------------------------------
     def has_upload(self, hospital: str) -> bool:
-        return self.db.execute("SELECT 1 FROM uploads WHERE hospital=?", (hospital,)).fetchone() is not None
+        return bool(self._rows("SELECT 1 FROM uploads WHERE hospital=?", (hospital,)))
 
     def insert_upload(self, hospital: str, payload_sha256: str, statement: dict, tag: dict | None = None) -> int:
         with self._lock:
@@ -122,9 +133,8 @@ class Store:
                             (audit_seq, json.dumps(receipt), hospital))
 
     def uploads(self) -> list[dict]:
-        rows = self.db.execute(
-            "SELECT seq, hospital, payload_sha256, statement, audit_seq, receipt, tag FROM uploads ORDER BY seq"
-        ).fetchall()
+        rows = self._rows(
+            "SELECT seq, hospital, payload_sha256, statement, audit_seq, receipt, tag FROM uploads ORDER BY seq")
         return [{"seq": r[0], "hospital": r[1], "payload_sha256": r[2], "statement": json.loads(r[3]),
                  "audit_seq": r[4], "receipt": json.loads(r[5]) if r[5] else None,
                  "tag": json.loads(r[6]) if r[6] else None} for r in rows]
@@ -154,7 +164,7 @@ class Store:
             return int(moved)
 
     def upload_count(self) -> int:
-        return int(self.db.execute("SELECT COUNT(*) FROM uploads").fetchone()[0])
+        return int(self._rows("SELECT COUNT(*) FROM uploads")[0][0])
 
     # -- protocol messages (secagg stages) ---------------------------------------
     def put_message(self, stage: str, party: str, data: bytes, auth: dict | None = None) -> bool:
@@ -169,9 +179,9 @@ class Store:
                 return False
 
     def has_message(self, stage: str, party: str) -> bool:
-        return self.db.execute("SELECT 1 FROM messages WHERE stage=? AND party=?", (stage, party)).fetchone() is not None
+        return bool(self._rows("SELECT 1 FROM messages WHERE stage=? AND party=?", (stage, party)))
 
     def messages(self, stage: str) -> dict[str, bytes]:
-        rows = self.db.execute("SELECT party, data FROM messages WHERE stage=? ORDER BY party", (stage,)).fetchall()
+        rows = self._rows("SELECT party, data FROM messages WHERE stage=? ORDER BY party", (stage,))
         return {r[0]: bytes(r[1]) for r in rows}
 

@@ -432,7 +432,7 @@ def test_imagenet_preset_loader_matches_weights_transforms_on_non_square_image(t
     mean = torch.tensor(prep.mean).view(1, 3, 1, 1)
     std = torch.tensor(prep.std).view(1, 3, 1, 1)
     # Execute: CPU loader stage (PIL resize/crop to uint8) + normalisation stage
-    x_u8, _ = extraction._LoaderDataset(src, prep, geometry=True)[0]
+    x_u8, _ = extraction._LoaderDataset(src, prep)[0]
     ours = extraction._normalise(x_u8[None], prep, mean, std, resize=False)[0]
     # Assert
     assert (prep.resize, prep.crop, prep.mean) == (256, 224, (0.485, 0.456, 0.406))
@@ -441,3 +441,42 @@ def test_imagenet_preset_loader_matches_weights_transforms_on_non_square_image(t
     torch.testing.assert_close(ours, prep.reference_transform()(img), rtol=0, atol=1e-6)
     paper = E.resolve_preprocessing("paper")
     assert (paper.resize, paper.crop, paper.mean, paper.std) == (224, 224, (0.5,) * 3, (0.5,) * 3)
+
+
+def test_in_memory_images_reach_the_device_as_whole_batches_in_source_order():
+    # Arrange: 10 images of an odd size, batches of 4, so the last batch is short
+    rng = np.random.default_rng(3)
+    imgs = rng.integers(0, 256, (10, 5, 7, 3), dtype=np.uint8)
+    y = rng.integers(0, 4, 10)
+    src = E.array_source(imgs, y, 4)
+    # Execute
+    batches = list(extraction._array_batches(src, 4, pin=False))
+    # Assert: the same uint8 CHW tensors and int64 labels a per-image DataLoader would collate
+    assert [b[0].shape[0] for b in batches] == [4, 4, 2]
+    x, labels = torch.cat([b[0] for b in batches]), torch.cat([b[1] for b in batches])
+    assert x.dtype == torch.uint8 and x.shape == (10, 3, 5, 7) and x.is_contiguous()
+    np.testing.assert_array_equal(x.numpy(), imgs.transpose(0, 3, 1, 2))
+    assert labels.dtype == torch.int64 and labels.tolist() == y.tolist()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (CI has none)")
+def test_cuda_extraction_of_in_memory_images_keeps_source_order_and_exact_statistics():
+    # Arrange: 37 CIFAR-size images in batches of 8 (a short last batch), and the same images reversed
+    rng = np.random.default_rng(11)
+    imgs = rng.integers(0, 256, (37, 32, 32, 3), dtype=np.uint8)
+    y = rng.integers(0, 5, 37)
+    prep = E.resolve_preprocessing("paper")
+    bb = E.load_backbone("resnet18", "random", input_size=prep.crop, seed=0)
+    # Execute
+    fwd = extraction.extract(E.array_source(imgs, y, 5), bb, prep, device="cuda", batch_size=8,
+                             dtype="float64", progress=False)
+    rev = extraction.extract(E.array_source(imgs[::-1].copy(), y[::-1].copy(), 5), bb, prep, device="cuda",
+                             batch_size=8, dtype="float64", progress=False)
+    # Assert: row i is image i whatever batch it rode in (bf16 autocast: batch-dependent kernels, so a tolerance)
+    assert fwd.X.shape == (37, 512)
+    np.testing.assert_allclose(fwd.X, rev.X[::-1], rtol=0, atol=2e-2 * np.abs(fwd.X).max())
+    # and the float64 statistics are the sums over exactly those rows
+    Y = np.eye(5)[y]
+    np.testing.assert_allclose(fwd.statistics.gram, fwd.X.T @ fwd.X, rtol=1e-12, atol=1e-9)
+    np.testing.assert_allclose(fwd.statistics.cross, fwd.X.T @ Y, rtol=1e-12, atol=1e-9)
+    assert fwd.metadata["device"].startswith("cuda") and fwd.metadata["autocast"] == "bfloat16"
