@@ -35,9 +35,11 @@ out: with plain/ckks/bfv they never upload; with secagg they share their keys
 and then go silent before the masked input (the server drops them after
 ``--stage-timeout`` seconds and the survivors unmask their pairwise masks).
 
-The server runs with its default limits (64 connections, 4 bodies read at
-once): a crowd gets 503 / 429 ``busy`` answers, which the clients absorb by
-waiting and sending again (clients/transport.py); the report counts them.
+The server runs with its default limits (k_max + 16 connections, 4 bodies
+read at once): hospitals wait on their connections for a body slot; a 429
+``busy`` (no slot within ``read_timeout_s``) or a 503 (``--max-connections``
+below K) is absorbed by waiting and sending again (clients/transport.py), and
+the report counts them.
 """
 
 from __future__ import annotations
@@ -203,7 +205,7 @@ def run_service_bench(backend: str, hospitals: int, *, dim: int = 64, classes: i
         "secagg": {"stage_timeout_s": float(stage_timeout_s)},
         "server": {"host": "127.0.0.1", "port": _free_port(), "data_dir": str(work / "server"),
                    "pki_dir": str(pki_dir), "name": "aggregator", "keyholder": "keyholder",
-                   "max_connections": _max_connections(backend, K, max_connections),
+                   "max_connections": int(max_connections or 0),
                    "combine_workers": int(combine_workers)},
     }
     if backend == "secagg":
@@ -326,7 +328,7 @@ def run_service_bench(backend: str, hospitals: int, *, dim: int = 64, classes: i
         "bytes_down_per_hospital": float(down.mean()) if len(down) else 0.0,
         "hospital_cpu_s": {"mean": float(cpu.mean()), "max": float(cpu.max())} if len(cpu) else None,
         "server_disk_bytes": disk, "w_rel_error_vs_plain": w_err, "busy_retries": busy,
-        "hospital_processes": n_proc, "max_connections": cfg["server"]["max_connections"],
+        "hospital_processes": n_proc, "max_connections": load_config(work / "session.toml").connection_limit,
         "combine_workers": cfg["server"]["combine_workers"],
         "cpus": os.cpu_count(), "workdir": str(work),
     }
@@ -341,15 +343,6 @@ def _default_processes(backend: str, K: int) -> int:
     if backend == "secagg":
         return max(cores, -(-K // _THREADS_PER_PROCESS))
     return cores
-
-
-def _max_connections(backend: str, K: int, given: int | None) -> int:
-    """The server's connection cap: ``given``, else the default 64, except for secagg, where all K hospitals wait
-    in every stage and the operations guide says to raise the cap towards K: at the default, K = 1000 waiting
-    hospitals turned away with 503 retried until TLS handshakes for those refusals took most of the server's CPU."""
-    if given is not None:
-        return given
-    return K + 16 if backend == "secagg" and K > 48 else 64
 
 
 def _secagg_stages(audit_path: Path) -> list[dict]:
@@ -508,7 +501,7 @@ def register(parser) -> None:
     parser.add_argument("--stage-timeout", type=float, default=60.0,
                         help="secagg: seconds a silent hospital is waited for in a stage")
     parser.add_argument("--max-connections", type=int,
-                        help="the server's connection cap (default 64; secagg: K + 16 above K = 48)")
+                        help="the server's connection cap (default: the server's, k_max + 16 and at least 64)")
     parser.add_argument("--combine-workers", type=int, default=0,
                         help="the server's summing processes for ckks/bfv uploads (default 0: automatic)")
     parser.add_argument("--seed", type=int, default=0)

@@ -13,13 +13,14 @@ def _cmd_run(args) -> int:
     from .aggregator import open_server
     from .app import create_app
     from .config import load_config
-    from .transport import serve
+    from .transport import reserve_open_files, serve
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     cfg = load_config(args.config)
     if args.port is not None:
         cfg.port = args.port
     try:
+        reserve_open_files(cfg.connection_limit)
         server = open_server(cfg)
     except (InvalidParameterError, ParameterMismatch) as e:
         # a session that cannot run (e.g. secagg threshold vs neighbourhood vs min_clients): one line, no trace
@@ -27,8 +28,8 @@ def _cmd_run(args) -> int:
         return 2
     app = create_app(server)
     logging.getLogger("secure_afl.server").info(
-        "serving session %s (%s) on https://%s:%d, mTLS %s", cfg.session_id, cfg.backend, cfg.host, cfg.port,
-        "on" if cfg.require_client_cert else "OFF")
+        "serving session %s (%s) on https://%s:%d, mTLS %s, at most %d connections", cfg.session_id, cfg.backend,
+        cfg.host, cfg.port, "on" if cfg.require_client_cert else "OFF", cfg.connection_limit)
     # uvicorn re-raises SIGTERM after its graceful shutdown; as an exception (not the default
     # handler) it lets the finally block write the pending refusal summaries and close the log
     signal.signal(signal.SIGTERM, _exit_on_sigterm)

@@ -15,6 +15,10 @@ Three things uvicorn does not do on its own, and why they matter here:
   request headers within ``read_timeout_s`` is closed; h11 bounds the header
   size, so a slow client costs one socket and a few KiB for a bounded time.
   Body timeouts are the application's (server/app.py).
+
+And one thing the operating system decides: every open connection is a file
+descriptor, so :func:`reserve_open_files` raises the process's soft limit to
+cover the connection cap before the server starts, or refuses to start.
 """
 
 from __future__ import annotations
@@ -26,7 +30,37 @@ import h11
 import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-__all__ = ["GuardedH11Protocol", "serve", "uvicorn_config"]
+from secure_afl.exceptions import InvalidParameterError
+
+__all__ = ["GuardedH11Protocol", "reserve_open_files", "serve", "uvicorn_config"]
+
+#: Descriptors the server needs besides its connections: payload files, SQLite and its WAL, the audit log,
+#: the summing processes' pipes, the listening socket, the interpreter's own.
+SPARE_FILES = 256
+
+
+def reserve_open_files(connections: int) -> int | None:
+    """Make room for ``connections`` open connections: raise the soft RLIMIT_NOFILE to ``connections +
+    SPARE_FILES`` if it is lower. Returns the soft limit now in force (None where the platform has none).
+
+    Raises :class:`InvalidParameterError` when the hard limit is lower: the server would otherwise start and,
+    once that many hospitals connect, fail to accept or to open an upload's file mid-session.
+    """
+    try:
+        import resource
+    except ImportError:  # not a POSIX system: nothing to check
+        return None
+    need = connections + SPARE_FILES
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY or soft >= need:
+        return soft
+    if hard != resource.RLIM_INFINITY and hard < need:
+        raise InvalidParameterError(
+            f"[server] max_connections allows {connections} connections, which needs about {need} open files, "
+            f"but this process may open at most {hard} (hard limit, ulimit -Hn): raise the limit (systemd "
+            f"LimitNOFILE=, ulimit -n) or set a lower [server] max_connections")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (need, hard))
+    return need
 
 # request headers larger than this are answered 400 by h11 before the application sees them
 MAX_HEADER_BYTES = 64 * 1024
@@ -85,7 +119,7 @@ def uvicorn_config(app, cfg, party, *, log_level: str = "warning") -> uvicorn.Co
         return party.server_ssl_context(require_client_cert=cfg.require_client_cert)
 
     return uvicorn.Config(app, host=cfg.host, port=cfg.port, log_level=log_level, http=_Protocol,
-                          ssl_context_factory=_context, limit_concurrency=cfg.max_connections,
+                          ssl_context_factory=_context, limit_concurrency=cfg.connection_limit,
                           timeout_keep_alive=5, h11_max_incomplete_event_size=MAX_HEADER_BYTES)
 
 
