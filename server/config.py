@@ -149,8 +149,8 @@ class ServerConfig:
 
         Only consortium members complete the mutual-TLS handshake, so a cap at the roster's size lets every
         hospital hold one connection and wait for a body slot. Below it, a crowd is turned away with 503 and
-        comes back on new connections: at K = 1000 and the old cap of 64, those handshakes took 40 of the
-        server's 69 CPU seconds (ckks, d = 64, 2 cores).
+        comes back on new connections: at K = 1000 (ckks, d = 64, 2 cores) the old cap of 64 cost 7,705
+        refusals and 69 s of server CPU, a cap of 1016 none and 29 s.
         """
         return self.max_connections or max(64, self.bounds.k_max + 16)
 

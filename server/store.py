@@ -66,7 +66,7 @@ class Store:
         All request threads share this one connection, and sqlite3 reuses a prepared statement per SQL text
         while SQLite steps it with the GIL released: two unserialised reads of the same query can reset
         each other's statement (seen at K = 1000 on 16 cores as a meta row read as missing or as another
-        row's value). Reads are short; holding the lock costs nothing measurable.
+        row's value). Every write already held the lock; a read holds it for one query.
         """
         with self._lock:
             return self.db.execute(sql, args).fetchall()
