@@ -1,28 +1,44 @@
 # Two commands do all set-up on a fresh machine: `make demo` and `make test`.
+# `make demo` installs the package and what the demo needs, nothing more;
+# `make test` and `make test-all` add the extras (dev, embed, flower, bench).
+# Each level has its own stamp, so `make demo` then `make test` upgrades .venv.
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
-STAMP  := $(VENV)/.installed
+BASE   := $(VENV)/.installed-base
+FULL   := $(VENV)/.installed-full
+PYTEST := $(PY) -m pytest -q --durations=15
 
-.PHONY: demo test test-slow bench reproduce clean
+.PHONY: demo test test-all wheel-check reproduce clean
 
-$(STAMP): pyproject.toml
-	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[dev,embed,flower]'
-	touch $(STAMP)
+$(PY):
+	$(PYTHON) -m venv $(VENV)
 
-demo: $(STAMP)
+$(BASE): pyproject.toml setup.py | $(PY)
+	$(PY) -m pip install -q -e .
+	touch $@
+
+$(FULL): $(BASE)
+	$(PY) -m pip install -q -e '.[dev,embed,flower,bench]'
+	touch $@
+
+demo: $(BASE)
 	$(VENV)/bin/secure-afl demo
 
-test: $(STAMP)
-	$(PY) -m pytest -q
+# the quick loop: everything that runs in one process, plus one end-to-end session per backend
+test: $(FULL)
+	$(PYTEST) -m '(not e2e and not slow) or smoke'
 
-test-slow: $(STAMP)
-	$(PY) -m pytest -q -m slow
+# everything: every end-to-end test, Flower, the slow fuzz, the wheel check (what CI runs)
+test-all: $(FULL)
+	$(PYTEST)
 
-reproduce: $(STAMP)
+# the wheel, installed into a fresh virtual environment: every module imports, every backend's demo passes
+wheel-check: $(FULL)
+	$(PYTEST) -m wheel
+
+reproduce: $(BASE)
 	$(VENV)/bin/secure-afl reproduce dummy
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache
+	rm -rf $(VENV) build dist *.egg-info .pytest_cache

@@ -17,7 +17,10 @@ import argparse
 import importlib
 import sys
 
-from .exceptions import EXIT_INPUT, EXIT_REFUSED, SecureAFLError, exit_code
+from .exceptions import EXIT_INPUT, EXIT_REFUSED, EXIT_USAGE, SecureAFLError, exit_code
+
+# optional dependencies -> the extra of pyproject.toml that installs them (`make demo` installs none)
+_EXTRAS = {"torch": "embed", "torchvision": "embed", "PIL": "embed", "flwr": "flower", "matplotlib": "bench"}
 
 # (command name, help, module providing register(subparser))
 _COMMANDS = [
@@ -72,6 +75,13 @@ def main(argv: list[str] | None = None) -> int:
         if isinstance(exc, SecureAFLError):
             return exit_code(exc)
         return EXIT_REFUSED if isinstance(exc, TimeoutError) else EXIT_INPUT
+    except ModuleNotFoundError as exc:
+        extra = _EXTRAS.get((exc.name or "").partition(".")[0])
+        if extra is None or args.debug:
+            raise
+        print(f"secure-afl: error [missing-extra]: this command needs {exc.name}, which the "
+              f"'{extra}' extra installs: pip install 'secure-afl[{extra}]'", file=sys.stderr)
+        return EXIT_USAGE
     except KeyboardInterrupt:
         print("secure-afl: interrupted", file=sys.stderr)
         return 130

@@ -1,40 +1,62 @@
-"""Shared test helpers.
+"""Fixtures and run-wide hooks; the helpers themselves live in :mod:`support`.
 
-``json_parametrize`` loads known-answer vectors from ``vectors/`` (pyca's
-``@json_parametrize(("secret", "now", ...), "generate.json")`` style). A
-vector file is either a list of cases or ``{"provenance": {...}, "vectors": [...]}``.
+Three rules hold for the whole run:
+
+* every process the run starts dies with it (:mod:`support.reaper`), and one
+  that a test leaves running is named at the end;
+* a test that starts a process (a server, the ``secure-afl`` CLI, a Python
+  child, a Flower binary) is marked ``e2e``, so ``-m "not e2e"`` really runs
+  in one process; an unmarked test that tries fails, naming the reason;
+* a run that has not exited 180 s after its last test prints every thread's
+  stack and exits 1.
 """
 
 from __future__ import annotations
 
 import faulthandler
-import json
+import os
 import sys
 from pathlib import Path
 
 import pytest
 
-VECTORS = Path(__file__).resolve().parent.parent / "vectors"
+from support import reaper
+
+# what a library may run behind a one-process test's back (ctypes.util.find_library, platform probes)
+_SYSTEM_TOOLS = {"ldconfig", "ldconfig.real", "gcc", "cc", "ld", "objdump", "uname", "nvidia-smi", "lscpu"}
+_in_e2e_test = [True]  # outside a test (collection, session start) anything may start
 
 
-def load_vectors(filename: str) -> list[dict]:
-    data = json.loads((VECTORS / filename).read_text())
-    return data["vectors"] if isinstance(data, dict) else data
+def _audit(event, args):
+    if event != "subprocess.Popen" or _in_e2e_test[0]:
+        return
+    cmd = args[0] if args[0] is not None else args[1]  # (executable, args, cwd, env)
+    if not isinstance(cmd, (str, bytes, os.PathLike)):
+        cmd = cmd[0]
+    prog = Path(os.fsdecode(cmd)).name
+    if prog not in _SYSTEM_TOOLS:
+        raise RuntimeError(f"this test starts a process ({prog}) but is not marked e2e: mark it "
+                           "@pytest.mark.e2e (and slow if it is long), or keep it in one process")
 
 
-def json_parametrize(keys, filename: str):
-    """``pytest.mark.parametrize`` over the cases of ``vectors/<filename>`` (missing keys -> None)."""
-    if isinstance(keys, str):
-        keys = tuple(k.strip() for k in keys.split(","))
-    cases = load_vectors(filename)
-    ids = [str(c.get("name", i)) for i, c in enumerate(cases)]
-    return pytest.mark.parametrize(keys, [tuple(c.get(k) for k in keys) for c in cases], ids=ids)
+def pytest_configure(config):
+    config._secure_afl_run = reaper.start()
+    sys.addaudithook(_audit)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    _in_e2e_test[0] = item.get_closest_marker("e2e") is not None
+    try:
+        yield
+    finally:
+        _in_e2e_test[0] = True
 
 
 @pytest.fixture
 def consortium(tmp_path):
     """Make consortia (server, key holder, hospitals on 127.0.0.1) for one test; all stopped at its end."""
-    from service_helpers import Consortium
+    from support import Consortium
 
     made = []
 
@@ -49,10 +71,16 @@ def consortium(tmp_path):
 
 
 def pytest_unconfigure(config):
-    """After the last test: if the interpreter has not exited 180 s later, print every thread's stack and exit 1.
+    """Kill what the tests left running (and name it), then arm the exit watchdog.
 
     A thread left running (a queue's feeder, a server that was not stopped)
     otherwise holds the interpreter at exit until CI kills the whole job, with
     no sign of which one it was.
     """
+    token = getattr(config, "_secure_afl_run", None)
+    if token:
+        leaked = reaper.sweep(token)
+        if leaked:
+            print(f"\nsecure-afl tests: {len(leaked)} process(es) outlived their test and were killed: "
+                  f"{leaked}", file=sys.stderr)
     faulthandler.dump_traceback_later(180, exit=True, file=sys.stderr)

@@ -20,7 +20,7 @@ from secure_afl import pki
 from secure_afl.protocol import API, H_UPLOAD, sign_request
 from secure_afl.signing import sign_upload
 
-from service_helpers import Consortium
+from support import Consortium
 
 pytestmark = [pytest.mark.e2e, pytest.mark.security]
 

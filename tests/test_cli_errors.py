@@ -16,11 +16,10 @@ import numpy as np
 import pytest
 
 from secure_afl.clients.statsfile import write_statistics_file
-from secure_afl.demo import _free_port
 from secure_afl.exceptions import EXIT_INPUT, EXIT_KEYS, EXIT_REFUSED, EXIT_UNREACHABLE
 from secure_afl.server.config import write_config
 from secure_afl.stats import local_statistics
-from service_helpers import Consortium
+from support import Consortium, free_port
 
 
 
@@ -145,7 +144,7 @@ def test_server_not_running_is_one_line(consortium, tmp_path):
 
     # Execute
     out = _cli(*_submit_args(c, "h1", _stats_file(c, "h1", tmp_path / "h1.npz"),
-                             server=f"https://127.0.0.1:{_free_port()}"), "--wait-server", "0")
+                             server=f"https://127.0.0.1:{free_port()}"), "--wait-server", "0")
 
     # Assert
     _assert_one_line(out, EXIT_UNREACHABLE, "unreachable")
@@ -225,7 +224,7 @@ def test_server_start_with_missing_enrolment_is_one_line(consortium, tmp_path):
         "session": {"id": "s-missing", "backend": "plain", "dim": 4, "classes": 2, "min_clients": 2,
                     "hospitals": ["h1", "h2", "h-unknown"]},
         "bounds": {"max_norm": 4.0, "n_max": 100, "k_max": 8},
-        "server": {"port": _free_port(), "data_dir": str(tmp_path / "srv"), "pki_dir": str(c.pki_dir)},
+        "server": {"port": free_port(), "data_dir": str(tmp_path / "srv"), "pki_dir": str(c.pki_dir)},
     })
 
     # Execute
@@ -242,7 +241,7 @@ def test_debug_shows_the_traceback(consortium, tmp_path):
 
     # Execute
     out = _cli("--debug", *_submit_args(c, "h1", _stats_file(c, "h1", tmp_path / "h1.npz"),
-                                         server=f"https://127.0.0.1:{_free_port()}"), "--wait-server", "0")
+                                         server=f"https://127.0.0.1:{free_port()}"), "--wait-server", "0")
 
     # Assert
     assert out.returncode != 0 and "Traceback" in out.stderr and "ServerUnreachable" in out.stderr

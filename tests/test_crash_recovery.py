@@ -21,7 +21,7 @@ from secure_afl.audit import verify_log
 from secure_afl.server.aggregator import AggregationServer
 from secure_afl.server.config import load_config
 
-from service_helpers import Consortium
+from support import Consortium
 
 pytestmark = pytest.mark.security
 

@@ -103,7 +103,7 @@ def test_demo_with_dp_through_the_real_service(tmp_path, capsys):
 
 
 def test_secagg_dp_with_a_dropout_is_accounted_at_the_survivors_noise(consortium):
-    from test_service_e2e import _run_hospitals
+    from support import run_hospitals
 
     # Prepare: 5 hospitals, any 3 shares carry the declared noise; h05 vanishes before its masked input
     names = ("h01", "h02", "h03", "h04", "h05")
@@ -113,7 +113,7 @@ def test_secagg_dp_with_a_dropout_is_accounted_at_the_survivors_noise(consortium
                    secagg={"threshold": 3, "stage_timeout_s": 6.0}).start()
     data = {h: c.data(h, n=60) for h in names}
     # Execute
-    results, errors = _run_hospitals(c, data, {"h05": "masked_input"})
+    results, errors = run_hospitals(c, data, {"h05": "masked_input"})
     conn = c.connect_keyholder()
     res = c.keyholder.finalize(conn, min_clients=3)
     conn.close()
@@ -141,12 +141,12 @@ def test_dp_release_of_garbage_is_refused_by_the_noise_aware_checks(consortium):
     from secure_afl.params import SessionParams
 
     # Prepare: a secagg DP round; then the unmask material is corrupted (one survivor's self-mask seed)
-    from test_service_e2e import _run_hospitals
+    from support import run_hospitals
 
     # min_clients 2: three hospitals with t = 2 (c = 1) reach the quorum max((3 + 1) // 2 + 1, 2 + 1) = 3
     c = consortium(backend="secagg", hospitals=("h1", "h2", "h3"), min_clients=2, dp=DP,
                    secagg={"threshold": 2, "stage_timeout_s": 6.0}).start()
-    _, errors = _run_hospitals(c, {h: c.data(h, n=60) for h in c.hospitals}, {})
+    _, errors = run_hospitals(c, {h: c.data(h, n=60) for h in c.hospitals}, {})
     assert not errors, errors
     conn = c.connect_keyholder()
     c.keyholder.close_round(conn)

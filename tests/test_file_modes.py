@@ -13,7 +13,7 @@ import sys
 import pytest
 
 from secure_afl.exceptions import EXIT_KEYS
-from service_helpers import Consortium
+from support import Consortium
 
 
 def _cli(*args, env=None) -> subprocess.CompletedProcess:

@@ -20,8 +20,8 @@ from secure_afl.packing import Layout
 from secure_afl.params import Bounds
 from secure_afl.keyholder import read_model
 
-from flower_helpers import FlowerDeployment
-from service_helpers import Consortium, w_error_bound
+from support.flower import FlowerDeployment
+from support import Consortium, w_error_bound
 
 pytestmark = pytest.mark.e2e
 

@@ -28,7 +28,7 @@ from secure_afl.server.config import ServerConfig
 from secure_afl.params import Bounds
 from secure_afl.signing import sign_upload
 
-from service_helpers import Consortium
+from support import Consortium
 
 pytestmark = pytest.mark.security
 

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from secure_afl.demo import _free_port
+from support import free_port
 
 torch = pytest.importorskip("torch")
 torchvision = pytest.importorskip("torchvision")
@@ -69,7 +69,7 @@ def _inputs(root: Path) -> None:
 
 
 def _run_session(root: Path, commands: list[tuple[str, str]]) -> dict:
-    port = str(_free_port())
+    port = str(free_port())
     env = {k: v for k, v in os.environ.items() if k != "SECURE_AFL_KEY_PASSPHRASE"}
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
     server, background = None, []

@@ -10,7 +10,7 @@ from itertools import product
 
 import numpy as np
 import pytest
-from conftest import json_parametrize
+from support import json_parametrize
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
 from hypothesis import given, settings

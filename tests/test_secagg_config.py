@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from service_helpers import Consortium
+from support import Consortium
 
 from secure_afl.cli import main
 

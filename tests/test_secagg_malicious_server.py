@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from secagg_adversary import MaliciousServer, hospital_data
+from support.secagg_adversary import MaliciousServer, hospital_data
 
 from secure_afl.exceptions import InsufficientShares, InvalidContribution
 from secure_afl.secagg import neighbour_graph
@@ -132,7 +132,7 @@ def test_one_wrong_share_is_discarded_and_named_and_the_round_completes_exactly(
     import json
     import threading
 
-    from service_helpers import Consortium
+    from support import Consortium
 
     from secure_afl.analytic import centralised_weights
     from secure_afl.clients.secagg_client import SecAggParticipant

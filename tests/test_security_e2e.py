@@ -6,6 +6,7 @@ on a free port, bounded waits, always stopped in the fixture finaliser).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -16,12 +17,14 @@ import pytest
 
 from secure_afl import pki
 from secure_afl.backends.ckks import ckks_session_params, generate_keys
-from secure_afl.demo import ServerProcess, _free_port
+from secure_afl.demo import ServerProcess
 from secure_afl.packing import Layout
 from secure_afl.params import Bounds
 from secure_afl.tagging import generate_tag_key, new_tag, seal_tag, sign_tag
 from secure_afl.protocol import API, H_TAG, H_UPLOAD, context_publication, sign_request
 from secure_afl.server.config import write_config
+
+from support import free_port
 
 pytestmark = [pytest.mark.security, pytest.mark.e2e]
 
@@ -30,8 +33,8 @@ SID = "sec-e2e"
 HOSPITALS = ["hosp-a", "hosp-b"]
 
 
-@pytest.fixture(scope="module")
-def live(tmp_path_factory):
+@contextlib.contextmanager
+def _live_server(tmp_path_factory):
     work = tmp_path_factory.mktemp("e2e")
     pki_dir = work / "pki"
     pki.init_ca(pki_dir, name="e2e security")
@@ -42,7 +45,7 @@ def live(tmp_path_factory):
     foreign = work / "foreign"
     pki.init_ca(foreign, name="another consortium")
     pki.issue(foreign, "hospital", "hosp-a")
-    port = _free_port()
+    port = free_port()
     write_config(work / "session.toml", {
         "session": {"id": SID, "backend": "ckks", "dim": DIM, "classes": CLASSES, "gamma": GAMMA,
                     "min_clients": 2, "deadline_s": 3600, "hospitals": HOSPITALS},
@@ -56,6 +59,40 @@ def live(tmp_path_factory):
         yield {"url": f"https://127.0.0.1:{port}", "pki": pki_dir, "foreign": foreign, "work": work}
     finally:
         proc.stop()
+
+
+@pytest.fixture(scope="module")
+def live(tmp_path_factory):
+    """A server whose session awaits the key holder's context."""
+    with _live_server(tmp_path_factory) as live:
+        yield live
+
+
+@pytest.fixture(scope="module")
+def open_live(tmp_path_factory):
+    """A server of its own whose session is open: the key holder has published a public context."""
+    with _live_server(tmp_path_factory) as live:
+        kh, client = _client(live, "keyholder", "keyholder")
+        keys = generate_keys(ckks_session_params(SID, Layout(DIM, CLASSES), GAMMA, Bounds(2.0, 100, 4)))
+        with client:
+            published = _publish_context(kh, client, keys, keys.public_context)
+        assert published.status_code == 200 and _info(live)["status"] == "open", published.text
+        yield live
+
+
+def _publish_context(kh, client, keys, context):
+    """POST ``context`` as the session's context, signed by the key holder over the public one."""
+    from secure_afl.backends.ckks import bind_public_context
+    from secure_afl.keyholder_params import sign_session_params
+
+    params = ckks_session_params(SID, Layout(DIM, CLASSES), GAMMA, Bounds(2.0, 100, 4))
+    tag_key = generate_tag_key()[1]
+    sig = sign_session_params(kh.identity_key(), bind_public_context(params, keys.public_context)
+                              .with_backend_params(tag_public_key=tag_key))
+    path = f"{API}/sessions/{SID}/context"
+    body = context_publication(context, tag_key, sig)
+    return client.post(path, content=body, headers=sign_request(kh.identity_key(), "keyholder:keyholder", "POST",
+                                                                path, body))
 
 
 def _client(live, role="hospital", name="hosp-a", present_cert=True):
@@ -107,21 +144,10 @@ def test_client_refuses_server_not_signed_by_consortium_ca(live):
 def test_secret_key_context_refused_over_https_then_public_accepted(live):
     # Prepare: the key holder's fresh keys for this session
     kh, client = _client(live, "keyholder", "keyholder")
-    params = ckks_session_params(SID, Layout(DIM, CLASSES), GAMMA, Bounds(2.0, 100, 4))
-    keys = generate_keys(params)
-    path = f"{API}/sessions/{SID}/context"
-
-    tag_key = generate_tag_key()[1]
-    from secure_afl.backends.ckks import bind_public_context
-    from secure_afl.keyholder_params import sign_session_params
-
-    sig = sign_session_params(kh.identity_key(), bind_public_context(params, keys.public_context)
-                              .with_backend_params(tag_public_key=tag_key))
+    keys = generate_keys(ckks_session_params(SID, Layout(DIM, CLASSES), GAMMA, Bounds(2.0, 100, 4)))
 
     def publish(context):
-        body = context_publication(context, tag_key, sig)
-        h = sign_request(kh.identity_key(), "keyholder:keyholder", "POST", path, body)
-        return client.post(path, content=body, headers=h)
+        return _publish_context(kh, client, keys, context)
 
     with client:
         # Execute
@@ -137,15 +163,14 @@ def test_secret_key_context_refused_over_https_then_public_accepted(live):
     assert accepted.status_code == 200 and _info(live)["status"] == "open"
 
 
-def test_replay_and_duplicate_over_https_refused_nothing_stored(live):
-    # Prepare: the session is open (previous test); hosp-a uploads one real ckks contribution
+def test_replay_and_duplicate_over_https_refused_nothing_stored(open_live):
+    # Prepare: an open session; hosp-a uploads one real ckks contribution
     from secure_afl.backends.ckks import CKKSBackend
     from secure_afl.params import SessionParams
     from secure_afl.signing import sign_upload
 
+    live = open_live
     info = _info(live)
-    if info["status"] != "open":
-        pytest.skip("session not open (the context test did not run first)")
     params = SessionParams.from_dict(info["params"])
     party, client = _client(live)
     with client:

@@ -10,7 +10,7 @@ from secure_afl import pki
 from secure_afl.backends import get_backend
 from secure_afl.signing import sign_upload
 
-from service_helpers import Consortium
+from support import Consortium
 
 
 def _upload(c, srv, name, seed):

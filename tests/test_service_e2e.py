@@ -8,28 +8,16 @@ import time
 import numpy as np
 import pytest
 
-from secure_afl import pki
 from secure_afl.analytic import centralised_weights, solve_from_sums
-from secure_afl.audit import load_receipts, verify_log
+from secure_afl.audit import load_receipts
 from secure_afl.cli import main
 from secure_afl.exceptions import DuplicateContribution, InsufficientContributors
 from secure_afl.exceptions import DeadlinePassed
 from secure_afl.keyholder import read_model
 
-from service_helpers import w_error_bound
+from support import run_hospitals as _run_hospitals, verify_countersigned as _verify_countersigned, w_error_bound
 
 pytestmark = pytest.mark.e2e
-
-
-
-
-def _verify_countersigned(c):
-    """The auditor's check: the log up to the key holder's countersigned head, with every receipt."""
-    bundle = json.loads((c.audit_path().parent / "audit-head.json").read_text())
-    return verify_log(c.audit_path(), server_pub=pki.load_party(c.pki_dir, "server", "aggregator").identity_pub(),
-                      head=bundle, countersign=bundle["countersign"],
-                      keyholder_pub=pki.load_party(c.pki_dir, "keyholder", "keyholder").identity_pub(),
-                      receipts=load_receipts(c.root / "receipts"))
 
 
 def plain_reference(c, data):
@@ -180,28 +168,6 @@ def test_uploads_after_deadline_refused(consortium):
     conn = c.connect_keyholder()
     assert conn.info()["contributions"] == 0
     conn.close()
-
-
-def _run_hospitals(c, data, stop_before):
-    import threading
-
-    results, errors = {}, {}
-
-    def go(h):
-        cl = c.hospital(h)
-        try:
-            results[h] = cl.submit(c.stats(*data[h]), stop_before=stop_before.get(h), timeout=120)
-        except Exception as e:  # collected and asserted on by the caller
-            errors[h] = e
-        finally:
-            cl.close()
-
-    threads = [threading.Thread(target=go, args=(h,), daemon=True) for h in c.hospitals]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=180)
-    return results, errors
 
 
 def test_secagg_dropouts_at_every_round(consortium):

@@ -18,8 +18,7 @@ import pytest
 
 from secure_afl.exceptions import SecureAFLError
 
-from service_helpers import Consortium
-from test_service_e2e import _verify_countersigned
+from support import Consortium, verify_countersigned
 
 pytestmark = pytest.mark.e2e
 
@@ -85,7 +84,7 @@ def _crowd(tmp_path, K, *, extra_server=None, join_s=600):
         conn.close()
         assert sorted(p["hospital"] for p in manifest["participants"]) == accepted
         assert res.report["participants"] == accepted
-        v = _verify_countersigned(c)
+        v = verify_countersigned(c)
         assert v.n_receipts == len(accepted)
         records = [json.loads(line) for line in c.audit_path().read_text().splitlines() if line.strip()]
         uploads = [r["actor"] for r in records if r["event"] == "upload" and r["outcome"] == "accepted"]
@@ -128,7 +127,9 @@ def test_bench_service_small_session_reports_every_phase(tmp_path, backend):
     r = run_service_bench(backend, 4, dim=6, classes=3, samples=8, workdir=str(tmp_path))
     assert list(r["phases"]) == ["pki", "server", "hospitals", "release"]
     assert r["contributors"] == 4 and r["w_rel_error_vs_plain"] <= 1e-12
-    assert all(p["server_cpu_s"] >= 0 and p["server_peak_rss"] > 0 for n, p in r["phases"].items() if n != "pki")
+    served = [p for n, p in r["phases"].items() if n != "pki"]
+    assert all(p["server_cpu_s"] >= 0 and p["server_peak_rss"] > 0 for p in served)
+    assert sum(p["server_cpu_s"] for p in served) > 0  # measured from the server process, not a placeholder
     assert r["bytes_up_per_hospital"] > 0 and r["bytes_down_per_hospital"] > 0 and r["server_disk_bytes"] > 0
     assert "||W - W_plain||" in format_report(r)
     assert 0 < r["hospital_cpu_s"]["mean"] <= r["hospital_cpu_s"]["max"]

@@ -7,7 +7,7 @@ from fractions import Fraction
 from itertools import combinations
 
 import pytest
-from conftest import json_parametrize
+from support import json_parametrize
 from hypothesis import given, settings
 from hypothesis import strategies as st
 

@@ -132,7 +132,7 @@ def test_check_aggregate_tag_accepts_the_true_sum_only(params, keys, identities)
 
 def test_server_requires_a_valid_tag_on_ckks_uploads(tmp_path):
     """In-process server: a ckks upload without its signed tag, or with another upload's tag, is refused."""
-    from service_helpers import Consortium
+    from support import Consortium
 
     from secure_afl.backends.ckks import ckks_session_params
     from secure_afl.exceptions import MalformedPayload as MP

@@ -16,7 +16,7 @@ import threading
 
 import pytest
 
-from service_helpers import Consortium
+from support import Consortium
 
 # the plain payload at d = 64 is ~18 kB; every other request stays far below this
 BODY_THRESHOLD = 8000

@@ -10,7 +10,7 @@ import sys
 import time
 from pathlib import Path
 
-from secure_afl.demo import _free_port
+from support import free_port
 from secure_afl.flower import PROJECT_DIR
 
 BIN = Path(sys.executable).parent
@@ -25,7 +25,7 @@ class FlowerDeployment:
         self.root.mkdir(parents=True, exist_ok=True)
         self.home = self.root / "flwr-home"
         self.home.mkdir(exist_ok=True)
-        self.port = _free_port()
+        self.port = free_port()
         (self.home / "config.toml").write_text(
             '[superlink]\ndefault = "local-deployment"\n\n'
             f'[superlink.local-deployment]\naddress = "127.0.0.1:{self.port}"\ninsecure = true\n')
@@ -57,7 +57,7 @@ class FlowerDeployment:
     def start_supernode(self, name: str, node_config: dict) -> None:
         cfg = " ".join(f"{k}={v}" if isinstance(v, (int, float)) else f'{k}="{v}"' for k, v in node_config.items())
         self._spawn(f"supernode-{name}", [str(BIN / "flower-supernode"), "--insecure",
-                                          "--superlink", f"127.0.0.1:{self.port}", "--port", str(_free_port()),
+                                          "--superlink", f"127.0.0.1:{self.port}", "--port", str(free_port()),
                                           "--node-config", cfg])
 
     def run(self, run_config: dict, timeout: float, project: Path = PROJECT_DIR) -> subprocess.CompletedProcess:

@@ -1,0 +1,142 @@
+"""The built wheel, installed into a fresh virtual environment, is the whole product.
+
+The environment has no editable install and never sees the source tree: the
+wheel goes into its own site-packages and the commands run from a temporary
+directory. The dependencies are not downloaded again: a ``.pth`` file points
+at the site-packages of the interpreter running the tests, after the wheel's
+own, and those hold secure_afl's metadata at most, never the package itself
+(an editable install's import hook lives in a ``.pth`` there, which a path
+added this way does not run; the test checks what was imported all the same).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import site
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.wheel]
+
+REPO = Path(__file__).resolve().parents[1]
+# repository directory -> installed package
+ROOTS = {"secure_afl": "secure_afl", "server": "secure_afl.server", "clients": "secure_afl.clients",
+         "keyholder": "secure_afl.keyholder"}
+# What a demo-only installation (`make demo`) lacks; the demo must never import them.
+EXTRAS_ONLY = ("torch", "torchvision", "flwr", "PIL", "matplotlib")
+
+# Installed into the fresh environment: hides EXTRAS_ONLY from every process that has
+# SECURE_AFL_TEST_HIDE set (the demo and the server process it starts).
+_HIDE = '''
+import os, sys
+_hidden = tuple(filter(None, os.environ.get("SECURE_AFL_TEST_HIDE", "").split(",")))
+class _Hide:
+    def find_spec(self, name, path=None, target=None):
+        if name.partition(".")[0] in _hidden:
+            raise ModuleNotFoundError(f"No module named {name!r} (hidden: not installed by make demo)", name=name)
+if _hidden:
+    sys.meta_path.insert(0, _Hide())
+'''
+
+
+def _source_modules() -> set[str]:
+    """Every module of the source tree under its installed name."""
+    out = set()
+    for root, pkg in ROOTS.items():
+        for f in (REPO / root).rglob("*.py"):
+            parts = f.relative_to(REPO / root).with_suffix("").parts
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            out.add(".".join((pkg, *parts)))
+    return out
+
+
+@pytest.fixture(scope="module")
+def wheel_env(tmp_path_factory):
+    """(python, bin dir, cwd, env) of a fresh virtual environment holding only the built wheel."""
+    root = tmp_path_factory.mktemp("wheel")
+    build = subprocess.run([sys.executable, "-m", "pip", "wheel", "-v", "--no-deps", "-w", str(root / "dist"),
+                            str(REPO)], capture_output=True, text=True, timeout=300)
+    assert build.returncode == 0, build.stdout[-3000:] + build.stderr[-3000:]
+    log = build.stdout + build.stderr
+    warnings = [line for line in log.splitlines() if "warning" in line.lower() and "byte-compiling" not in line]
+    assert not warnings, "\n".join(warnings)
+    (wheel,) = (root / "dist").glob("secure_afl-*.whl")
+
+    venv = root / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    py = venv / "bin" / "python"
+    purelib = Path(subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+                                  capture_output=True, text=True, check=True).stdout.strip())
+    deps = [p for p in dict.fromkeys(site.getsitepackages() + [p for p in sys.path if p.endswith("site-packages")])
+            if Path(p).is_dir()]
+    (purelib / "_test_dependencies.pth").write_text("\n".join(deps) + "\n")
+    (purelib / "sitecustomize.py").write_text(_HIDE)
+    install = subprocess.run([sys.executable, "-m", "pip", "--python", str(py), "install", "--no-deps", str(wheel)],
+                             capture_output=True, text=True, timeout=300)
+    assert install.returncode == 0, install.stdout[-3000:] + install.stderr[-3000:]
+    assert "warning" not in (install.stdout + install.stderr).lower(), install.stdout + install.stderr
+
+    cwd = root / "run"
+    cwd.mkdir()
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "SECURE_AFL_TEST_HIDE")}
+    env["PATH"] = f"{venv / 'bin'}{os.pathsep}{env['PATH']}"
+    return py, venv / "bin", cwd, env
+
+
+def test_every_module_imports_from_the_installed_wheel(wheel_env):
+    py, _, cwd, env = wheel_env
+    code = """
+import importlib, json, pkgutil, sys
+import secure_afl
+names = ["secure_afl"] + [m.name for m in pkgutil.walk_packages(secure_afl.__path__, "secure_afl.")]
+files = {n: importlib.import_module(n).__file__ for n in names}
+print(json.dumps({"files": files, "path": sys.path,
+                  "finders": [type(f).__module__ for f in sys.meta_path]}))
+"""
+    out = subprocess.run([str(py), "-c", code], cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-5000:]
+    got = json.loads(out.stdout.splitlines()[-1])
+    venv = py.parent.parent
+    assert set(got["files"]) == _source_modules()  # discovery left nothing out, and added nothing
+    outside = {n: f for n, f in got["files"].items() if not Path(f).is_relative_to(venv)}
+    assert not outside, outside
+    assert not any(Path(p).resolve() == REPO for p in got["path"] if p)
+    assert not any("editable" in f for f in got["finders"])
+
+
+def test_the_wheel_ships_the_flower_project_file(wheel_env):
+    py, _, cwd, env = wheel_env
+    out = subprocess.run([str(py), "-c", "from secure_afl.flower import PROJECT_DIR; "
+                                         "print((PROJECT_DIR / 'pyproject.toml').read_text())"],
+                         cwd=cwd, env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout == (REPO / "secure_afl" / "flower" / "project" / "pyproject.toml").read_text() + "\n"
+
+
+@pytest.mark.parametrize("backend", ["plain", "ckks", "bfv", "secagg"])
+def test_demo_from_the_wheel_without_the_extras(wheel_env, backend, tmp_path):
+    _, bin_dir, cwd, env = wheel_env
+    out = subprocess.run([str(bin_dir / "secure-afl"), "demo", "--backend", backend, "--hospitals", "3",
+                          "--report", str(tmp_path / "r.json")], cwd=cwd,
+                         env={**env, "SECURE_AFL_TEST_HIDE": ",".join(EXTRAS_ONLY)},
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert "PASSED" in out.stdout
+    assert json.loads((tmp_path / "r.json").read_text())["verification"]["passed"]
+
+
+def test_an_extras_command_without_its_extra_names_the_extra(wheel_env, tmp_path):
+    _, bin_dir, cwd, env = wheel_env
+    np.savez(tmp_path / "images.npz", images=np.zeros((2, 8, 8, 3), np.uint8), y=np.array([0, 1]))
+    out = subprocess.run([str(bin_dir / "secure-afl"), "client", "embed", "--backbone", "resnet18", "--weights",
+                          "random", "--npz", str(tmp_path / "images.npz"), "--out", str(tmp_path / "e.npz")], cwd=cwd,
+                         env={**env, "SECURE_AFL_TEST_HIDE": ",".join(EXTRAS_ONLY)},
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 2, out.stdout[-3000:] + out.stderr[-3000:]
+    assert "pip install 'secure-afl[embed]'" in out.stderr
