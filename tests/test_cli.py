@@ -1,3 +1,5 @@
+import sys
+
 import pytest
 
 from secure_afl.cli import main
@@ -20,3 +22,23 @@ def test_unknown_command_is_a_usage_error(capsys):
     with pytest.raises(SystemExit) as e:
         main(["frobnicate"])
     assert e.value.code == 2
+
+
+@pytest.mark.parametrize("missing, extra", [("torch", "embed"), ("torchvision", "embed")])
+def test_a_command_whose_extra_is_missing_names_the_extra(missing, extra, tmp_path, monkeypatch, capsys):
+    # Prepare: an installation without the extra (`make demo` installs none); valid images
+    import numpy as np
+
+    np.savez(tmp_path / "images.npz", images=np.zeros((2, 8, 8, 3), np.uint8), y=np.array([0, 1]))
+    for name in list(sys.modules):
+        if name.partition(".")[0] == missing:
+            monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, missing, None)  # import raises ModuleNotFoundError, as when not installed
+
+    # Execute
+    rc = main(["client", "embed", "--backbone", "resnet18", "--weights", "random", "--npz",
+               str(tmp_path / "images.npz"), "--out", str(tmp_path / "e.npz")])
+
+    # Assert: a usage error naming what to install, not a traceback
+    err = capsys.readouterr().err
+    assert rc == 2 and f"pip install 'secure-afl[{extra}]'" in err and missing in err
