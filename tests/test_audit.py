@@ -315,6 +315,7 @@ while True:
 """
 
 
+@pytest.mark.e2e
 @pytest.mark.security
 def test_sigkill_does_not_lose_acknowledged_events(tmp_path):
     # Prepare

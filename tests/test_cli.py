@@ -36,7 +36,7 @@ def test_a_command_whose_extra_is_missing_names_the_extra(missing, extra, tmp_pa
     monkeypatch.setitem(sys.modules, missing, None)  # import raises ModuleNotFoundError, as when not installed
 
     # Execute
-    rc = main(["client", "embed", "--backbone", "resnet18", "--weights", "random", "--npz",
+    rc = main(["client", "embed", "--backbone", "resnet18", "--weights", "random", "--seed", "0", "--npz",
                str(tmp_path / "images.npz"), "--out", str(tmp_path / "e.npz")])
 
     # Assert: a usage error naming what to install, not a traceback

@@ -21,7 +21,7 @@ from secure_afl.server.config import write_config
 from secure_afl.stats import local_statistics
 from support import Consortium, free_port
 
-
+pytestmark = pytest.mark.e2e
 
 
 def _cli(*args, env=None) -> subprocess.CompletedProcess:

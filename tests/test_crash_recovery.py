@@ -23,7 +23,7 @@ from secure_afl.server.config import load_config
 
 from support import Consortium
 
-pytestmark = pytest.mark.security
+pytestmark = [pytest.mark.security, pytest.mark.e2e]
 
 REPO = Path(__file__).resolve().parents[1]
 

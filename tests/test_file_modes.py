@@ -15,6 +15,8 @@ import pytest
 from secure_afl.exceptions import EXIT_KEYS
 from support import Consortium
 
+pytestmark = pytest.mark.e2e
+
 
 def _cli(*args, env=None) -> subprocess.CompletedProcess:
     full_env = {k: v for k, v in os.environ.items() if k != "SECURE_AFL_KEY_PASSPHRASE"}

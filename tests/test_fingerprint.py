@@ -89,6 +89,7 @@ def test_embed_records_every_fingerprint_field(material):
         "resnet18", digest, "paper", 224, tuple(CLASSES), 512, "l2:1")
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("variant, field", [("other_weights", "weights"), ("other_preprocessing", "preset"),
                                             ("other_class_order", "classes")])
 def test_mismatched_extractor_is_refused_at_submit_and_nothing_is_stored(session, material, variant, field):
@@ -109,6 +110,7 @@ def test_mismatched_extractor_is_refused_at_submit_and_nothing_is_stored(session
     assert _contributions(session) == before
 
 
+@pytest.mark.e2e
 def test_matching_extractor_is_accepted(session, material):
     # Execute
     out = _submit(session, "h1", material["reference"])
@@ -118,6 +120,7 @@ def test_matching_extractor_is_accepted(session, material):
     assert json.loads(out.stdout.strip().splitlines()[-1])["hospital"] == "h1"
 
 
+@pytest.mark.e2e
 def test_upload_signed_without_the_extractor_is_refused_by_the_server(session, material):
     # Prepare: a hospital client that drops the declared extractor from the parameters it signs
     from secure_afl.clients.statsfile import load_statistics_file

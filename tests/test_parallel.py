@@ -184,6 +184,7 @@ def _child(mode: str):
     return subprocess.Popen([sys.executable, "-c", _CHILD, mode], stdout=subprocess.PIPE, text=True)
 
 
+@pytest.mark.e2e
 def test_a_refused_sum_leaves_nothing_that_blocks_interpreter_exit():
     import subprocess
 
@@ -197,6 +198,7 @@ def test_a_refused_sum_leaves_nothing_that_blocks_interpreter_exit():
     assert out.split() == ["refused", "h0"] and child.returncode == 0
 
 
+@pytest.mark.e2e
 def test_workers_exit_when_the_summing_process_is_killed():
     import time
     from pathlib import Path

@@ -13,6 +13,8 @@ import pytest
 from secure_afl import pki
 from secure_afl.exceptions import EXIT_KEYS, InvalidSignature, MissingEnrolment
 
+pytestmark = pytest.mark.e2e
+
 OWN = ["cert.pem", "enrolment.json", "identity.key", "identity.pub", "key.pem"]
 
 

@@ -126,6 +126,7 @@ def test_readme_documents_both_backends():
         assert {p for p, _ in commands} == {"operator", "server", "keyholder", *HOSPITALS}
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("backend", ["CKKS", "SecAgg"])
 def test_documented_session_runs_as_written(tmp_path, backend):
     # Prepare

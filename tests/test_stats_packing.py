@@ -184,6 +184,7 @@ def test_products_that_overflow_float64_are_refused():
         acc.finalize()
 
 
+@pytest.mark.e2e
 def test_library_imports_and_accumulates_without_torch():
     # Execute: a fresh interpreter in which torch cannot be imported
     import subprocess

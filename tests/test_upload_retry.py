@@ -18,6 +18,8 @@ import pytest
 
 from support import Consortium
 
+pytestmark = pytest.mark.e2e
+
 # the plain payload at d = 64 is ~18 kB; every other request stays far below this
 BODY_THRESHOLD = 8000
 

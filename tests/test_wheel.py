@@ -135,7 +135,8 @@ def test_an_extras_command_without_its_extra_names_the_extra(wheel_env, tmp_path
     _, bin_dir, cwd, env = wheel_env
     np.savez(tmp_path / "images.npz", images=np.zeros((2, 8, 8, 3), np.uint8), y=np.array([0, 1]))
     out = subprocess.run([str(bin_dir / "secure-afl"), "client", "embed", "--backbone", "resnet18", "--weights",
-                          "random", "--npz", str(tmp_path / "images.npz"), "--out", str(tmp_path / "e.npz")], cwd=cwd,
+                          "random", "--seed", "0", "--npz", str(tmp_path / "images.npz"),
+                          "--out", str(tmp_path / "e.npz")], cwd=cwd,
                          env={**env, "SECURE_AFL_TEST_HIDE": ",".join(EXTRAS_ONLY)},
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 2, out.stdout[-3000:] + out.stderr[-3000:]
