@@ -70,7 +70,7 @@ def _cmd_finalize(args) -> int:
         Path(args.report).write_text(json.dumps(res.report, indent=2))
     flood = (f"; flooded, sigma {res.report['flood_sigma']:.2e}, per-entry bound "
              f"{res.report['error_bound_per_entry']:.2e}, ridge {res.report['flood_ridge']:.2e}"
-             if "flood_sigma" in res.report else "")
+             if res.report.get("flood_sigma") else "")
     print(f"model W {res.W.shape} from {res.report['contributors']} hospitals, {res.report['samples']} samples "
           f"-> {args.out}{flood}")
     print(format_w_bound(res.report["w_error_bound"]))

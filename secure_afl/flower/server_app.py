@@ -73,9 +73,11 @@ def main(grid: Grid, context: Context) -> None:
         report = run_session(grid, Path(str(rc["session-config"])), node_wait_s=float(rc["node-wait-s"]),
                              reply_timeout_s=float(rc["reply-timeout-s"]))
     except SecureAFLError as e:
-        # one machine-readable line in the run's log stream (`flwr run --stream`, `flwr log`)
-        log.error("secure-afl round refused: %s: %s", e.reason, e)
-        raise
+        # one machine-readable line in the run's log stream (`flwr run --stream`, `flwr log`) and no
+        # traceback: a refusal is an outcome, not a crash. `flwr run` exits 0 either way (Flower's
+        # choice), so the outcome is read from this line (README, "Running on Flower").
+        log.error("secure-afl round refused: %s: %s", e.reason, " ".join(str(e).split()))
+        return
     log.warning("secure-afl round done: %s", json.dumps(report, sort_keys=True))
 
 
