@@ -34,11 +34,22 @@ import logging
 import time
 from pathlib import Path
 
+try:
+    from tomllib import TOMLDecodeError
+except ImportError:  # Python 3.10
+    from tomli import TOMLDecodeError
+
 from flwr.app import Context, Message
 from flwr.serverapp import Grid, ServerApp
 
 from secure_afl.backends import HE_BACKENDS
-from secure_afl.exceptions import InsufficientShares, MalformedPayload, SecureAFLError, StageError
+from secure_afl.exceptions import (
+    InsufficientShares,
+    InvalidParameterError,
+    MalformedPayload,
+    SecureAFLError,
+    StageError,
+)
 from secure_afl.protocol import API, SECAGG_CONSISTENCY
 from secure_afl.secagg import Stage
 from secure_afl.signing import canonical_json
@@ -83,7 +94,10 @@ def main(grid: Grid, context: Context) -> None:
 
 def run_session(grid: Grid, session_config: Path, *, node_wait_s: float, reply_timeout_s: float) -> dict:
     """One secure AFL round over ``grid``; returns the key holder's report."""
-    config = load_config(session_config)
+    try:
+        config = load_config(session_config)
+    except TOMLDecodeError as e:  # a typo in session.toml is a refusal (one line), not a crash
+        raise InvalidParameterError(f"{session_config} is not valid TOML: {e}", reason="invalid_toml") from None
     server = open_server(config)
     try:
         hospitals = set(server.info()["hospitals"])
