@@ -285,7 +285,7 @@ def _other_session_receipt(c) -> dict:
 def test_audit_verify_with_a_missing_receipts_folder_fails(released, tmp_path):
     out = _verify(released, tmp_path / "no-such-folder")
     line = _one_line(out, EXIT_INPUT, "invalid_input")
-    assert "no-such-folder" in line and not out.stdout.startswith("OK")
+    assert "no-such-folder: no such file or directory" in line and not out.stdout.startswith("OK")
 
 
 def test_audit_verify_accepts_one_receipt_file(released):
