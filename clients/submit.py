@@ -15,11 +15,11 @@ def _cmd_submit(args) -> int:
     from .statsfile import check_readable, load_statistics_file, recorded_extractor
 
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="secure-afl: %(message)s")
-    source = check_readable(args.embeddings or args.stats)  # a wrong path is refused before any connection
     party = pki.load_party(args.pki, "hospital", args.name)
     client = HospitalClient(args.server, args.session, party, receipts_dir=args.receipts)
     client.conn.retry_s = args.wait_server
     try:
+        source = check_readable(args.embeddings or args.stats)  # a wrong path is refused before any connection
         params = client.fetch_params()
         if params.extractor is not None:
             # before anything is computed or sent: the session's sum is meaningless across extractors
