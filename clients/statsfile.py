@@ -39,6 +39,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -51,6 +52,7 @@ __all__ = [
     "STATISTICS_FORMAT",
     "StatisticsFileError",
     "atomic_savez",
+    "check_readable",
     "write_embeddings_file",
     "write_statistics_file",
     "load_statistics_file",
@@ -144,20 +146,45 @@ def write_statistics_file(path, stats: SufficientStatistics, classes, metadata: 
     )
 
 
-def _open(path):
+def check_readable(path) -> Path:
+    """``path`` if it is an ``.npz`` archive; else :class:`StatisticsFileError` saying what it is not.
+
+    Cheap (the zip directory only), so a command can refuse a wrong path before it contacts anyone.
+    """
     path = Path(path)
     if not path.is_file():
-        raise StatisticsFileError(f"{path}: no such file", reason="not_found")
+        raise StatisticsFileError(f"{path}: no such file (expected the statistics file written by "
+                                  "`secure-afl client embed --stats-only`)")
+    if not zipfile.is_zipfile(path):
+        # np.load would try it as a pickle and answer with advice about allow_pickle, which is never wanted
+        raise StatisticsFileError(f"{path} is not a statistics or embeddings file (not an .npz archive); "
+                                  "use the file written by `secure-afl client embed`")
+    return path
+
+
+def _open(path):
+    path = check_readable(path)
     try:
         return np.load(path, allow_pickle=False)
-    except Exception as exc:  # zipfile.BadZipFile, ValueError, OSError ...
-        raise StatisticsFileError(f"{path}: not a readable .npz archive ({exc})") from None
+    except Exception:  # zipfile.BadZipFile, OSError ...
+        raise StatisticsFileError(f"{path} is not a statistics or embeddings file (a damaged .npz archive)") \
+            from None
+
+
+def _array(z, key: str, path):
+    """``z[key]``, refusing arrays of Python objects (they would need unpickling)."""
+    try:
+        return z[key]
+    except (ValueError, OSError, zipfile.BadZipFile):
+        raise StatisticsFileError(f"{path} is not a statistics or embeddings file ({key!r} is not a numeric "
+                                  "or text array)") from None
 
 
 def read_metadata(path) -> dict:
     """All 0-d entries of an embeddings / statistics file as Python scalars/str."""
     with _open(path) as z:
-        return {k: z[k].item() for k in z.files if k not in _ARRAY_KEYS and z[k].ndim == 0}
+        meta = {k: _array(z, k, path) for k in z.files if k not in _ARRAY_KEYS}
+        return {k: v.item() for k, v in meta.items() if v.ndim == 0}
 
 
 def recorded_extractor(path) -> dict | None:
@@ -185,12 +212,12 @@ def load_embeddings_file(path, *, n_classes: int | None = None):
         if missing:
             raise StatisticsFileError(f"{path}: not an embeddings file (missing {sorted(missing)})")
         if "classes" in z.files:
-            classes = [str(c) for c in z["classes"]]
+            classes = [str(c) for c in _array(z, "classes", path)]
         elif n_classes is not None:
             classes = [str(i) for i in range(n_classes)]
         else:
             raise StatisticsFileError(f"{path}: not an embeddings file (missing ['classes'])")
-        X, y = z["X"], z["y"]
+        X, y = _array(z, "X", path), _array(z, "y", path)
     _check_class_count(path, len(classes), n_classes)
     if X.ndim != 2 or X.shape[0] == 0 or y.shape != (X.shape[0],) or y.dtype.kind not in "iu":
         raise StatisticsFileError(f"{path}: X must be (N>0, d) and y (N,) integers; got {X.shape}, {y.shape}")
@@ -226,9 +253,9 @@ def load_statistics_file(path, *, n_classes: int | None = None, max_norm: float 
             missing = {"gram", "cross", "counts", "n", "classes"} - files
             if missing:
                 raise StatisticsFileError(f"{path}: incomplete statistics file (missing {sorted(missing)})")
-            gram, cross, counts = z["gram"], z["cross"], z["counts"]
-            n, classes = z["n"], [str(c) for c in z["classes"]]
-            peak = z["max_row_norm"] if "max_row_norm" in files else None
+            gram, cross, counts, n = (_array(z, k, path) for k in ("gram", "cross", "counts", "n"))
+            classes = [str(c) for c in _array(z, "classes", path)]
+            peak = _array(z, "max_row_norm", path) if "max_row_norm" in files else None
     if kind is None:
         X, y, classes = load_embeddings_file(path, n_classes=n_classes)
         acc = StatisticsAccumulator(X.shape[1], len(classes), max_norm=max_norm)

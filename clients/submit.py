@@ -12,15 +12,15 @@ def _cmd_submit(args) -> int:
     from secure_afl.fingerprint import ExtractorFingerprint, check_extractor
 
     from .hospital import HospitalClient
-    from .statsfile import load_statistics_file, recorded_extractor
+    from .statsfile import check_readable, load_statistics_file, recorded_extractor
 
-    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="secure-afl: %(message)s")
     party = pki.load_party(args.pki, "hospital", args.name)
     client = HospitalClient(args.server, args.session, party, receipts_dir=args.receipts)
     client.conn.retry_s = args.wait_server
     try:
+        source = check_readable(args.embeddings or args.stats)  # a wrong path is refused before any connection
         params = client.fetch_params()
-        source = args.embeddings or args.stats
         if params.extractor is not None:
             # before anything is computed or sent: the session's sum is meaningless across extractors
             check_extractor(ExtractorFingerprint.from_dict(params.extractor), recorded_extractor(source),

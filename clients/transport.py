@@ -16,14 +16,25 @@ upload: the request is retried after ``Retry-After`` when the server sends
 one, else after an exponential backoff (``_BACKOFF_S`` doubling to
 ``_BACKOFF_MAX_S``) with full jitter, so a thousand refused hospitals do not
 come back in step; for at most ``busy_s`` seconds in all.
+
+What waiting cannot fix is not waited for: an address that is not
+``https://HOST:PORT`` is refused before any connection, and a server whose
+certificate the consortium CA did not issue (another consortium's server, a
+wrong address) ends the request at once with
+:class:`~secure_afl.exceptions.UntrustedServer`. Only a server that does not
+answer (refused or timed-out connection: not running, restarting) is retried,
+for ``retry_s`` seconds, with one log line saying what is awaited.
 """
 
 from __future__ import annotations
 
+import logging
 import random
+import ssl
 import threading
 import time
 from typing import Iterable
+from urllib.parse import urlsplit
 
 import httpx
 
@@ -31,13 +42,57 @@ from secure_afl import exceptions as E
 from secure_afl.exceptions import ServiceError
 from secure_afl.protocol import API, sign_request
 
-__all__ = ["ServiceClient", "ServiceError", "error_from_response", "retry_delay"]
+__all__ = ["ServiceClient", "ServiceError", "check_server_url", "error_from_response", "retry_delay"]
+
+log = logging.getLogger("secure_afl.transport")
 
 #: Statuses that mean "not now" (nothing was processed), answered by waiting and sending again.
 _RETRY_STATUSES = (429, 503)
 _BACKOFF_S = 0.25
 _BACKOFF_MAX_S = 8.0
 _RNG = random.Random()
+#: A connection attempt to a host that does not answer (no refusal) gives up after this long, so the
+#: whole wait stays within retry_s plus this, whatever the request's own (long) timeout.
+_CONNECT_TIMEOUT_S = 10.0
+
+
+def check_server_url(url: str) -> str:
+    """``url`` without a trailing slash if it is ``https://HOST[:PORT]``; else :class:`InvalidParameterError`.
+
+    The server speaks only HTTPS with mutual TLS: ``http://`` or a bare ``HOST:PORT`` could never reach it,
+    so they are refused here rather than retried as if the server were down.
+    """
+    text = str(url).strip()
+    parts = urlsplit(text)
+    if parts.scheme.lower() != "https" or not parts.hostname:
+        rest = text.split("://", 1)[1] if "://" in text else text
+        raise E.InvalidParameterError(
+            f"server address {text!r} is not https://HOST:PORT (the server speaks only HTTPS); "
+            f"did you mean https://{rest.rstrip('/')}?", reason="bad_server_url")
+    return text.rstrip("/")
+
+
+def _tls_refusal(exc: BaseException) -> ssl.SSLCertVerificationError | None:
+    """The certificate verification failure behind a transport error, if that is what it is."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, ssl.SSLCertVerificationError):
+            return exc
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
+def _untrusted(base_url: str, err: ssl.SSLCertVerificationError) -> E.UntrustedServer:
+    why = getattr(err, "verify_message", None) or str(err)
+    if getattr(err, "verify_code", None) == 62:  # X509_V_ERR_HOSTNAME_MISMATCH
+        advice = ("the certificate is the consortium's but names another host: use the server address the "
+                  "operator published")
+    else:
+        advice = ("it is not the server of the consortium whose ca.pem is in --pki: check the address, and "
+                  "that --pki is the bundle your consortium's operator gave you")
+    return E.UntrustedServer(f"{base_url} presents a certificate your consortium's CA did not issue ({why}); "
+                             f"{advice}")
 
 
 def retry_delay(attempt: int, retry_after: str | None, *, rng: random.Random | None = None) -> float:
@@ -71,13 +126,14 @@ class ServiceClient:
 
     def __init__(self, base_url: str, party, session_id: str, *, timeout: float = 120.0,
                  present_cert: bool = True, verify=None, retry_s: float = 60.0, busy_s: float = 900.0):
-        self.base_url = base_url.rstrip("/")
+        self.base_url = check_server_url(base_url)
         self.party = party
         self.party_id = f"{party.role}:{party.name}"
         self.session_id = session_id
         self._key = party.identity_key()
         ctx = verify if verify is not None else party.client_ssl_context(present_cert=present_cert)
-        self.http = httpx.Client(base_url=self.base_url, verify=ctx, timeout=timeout)
+        self.http = httpx.Client(base_url=self.base_url, verify=ctx,
+                                 timeout=httpx.Timeout(timeout, connect=min(timeout, _CONNECT_TIMEOUT_S)))
         self.retry_s = retry_s
         self.busy_s = busy_s
         self.bytes_downloaded = 0  # response bodies received (benchmarks report it)
@@ -111,6 +167,7 @@ class ServiceClient:
         deadline = time.monotonic() + (self.retry_s if retry else 0.0)
         busy_deadline = time.monotonic() + self.busy_s
         attempt = 0
+        waiting = False
         while True:
             h = dict(headers or {})
             if signed:
@@ -121,8 +178,18 @@ class ServiceClient:
                 with self._counters:
                     self.bytes_downloaded += len(resp.content)
             except httpx.TransportError as e:
+                refusal = _tls_refusal(e)
+                if refusal is not None:  # permanent: the same certificate will be presented on every try
+                    raise _untrusted(self.base_url, refusal) from e
                 if content is not None or time.monotonic() > deadline:
-                    raise E.ServerUnreachable(f"no answer from {self.base_url} ({type(e).__name__}: {e})") from e
+                    waited = f" within {self.retry_s:.0f} s" if retry and self.retry_s > 0 else ""
+                    raise E.ServerUnreachable(
+                        f"no answer from {self.base_url}{waited} ({type(e).__name__}: {e}): is `secure-afl "
+                        "server run` up at that address?") from e
+                if not waiting:
+                    waiting = True
+                    log.warning("no answer from %s yet (%s); trying again for up to %.0f s", self.base_url,
+                                e, max(0.0, deadline - time.monotonic()))
                 time.sleep(0.25)
                 continue
             if resp.status_code in _RETRY_STATUSES and content is None:

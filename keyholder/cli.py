@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 from pathlib import Path
 
 from secure_afl._io import read_private_file
 from secure_afl.packing import Layout
 
+from .connection import KeyHolderConnection
 from .custody import PASSPHRASE_ENV
+from .model import model_metadata
 from .release import KeyHolder, write_model
 
 __all__ = ["register"]
@@ -43,9 +46,16 @@ def _cmd_keygen(args) -> int:
     return 0
 
 
+def _connect(kh: KeyHolder, args) -> KeyHolderConnection:
+    # what the key holder waits for, and for how long, is said on stderr instead of a silent pause
+    logging.basicConfig(level=logging.WARNING, format="secure-afl: %(message)s")
+    return KeyHolderConnection(args.server, kh.party, args.session, retry_s=args.wait_server)
+
+
 def _cmd_publish(args) -> int:
     kh = _keyholder(args)
-    with kh.connect(args.server, args.session) as conn:
+    kh.check_unlock(args.session)  # a mistyped passphrase fails here, before hospitals encrypt to the key
+    with _connect(kh, args) as conn:
         info = kh.publish(conn)
     print(f"session {info['session_id']} is {info['status']}; params digest {info['params_digest']}")
     return 0
@@ -53,16 +63,14 @@ def _cmd_publish(args) -> int:
 
 def _cmd_finalize(args) -> int:
     kh = _keyholder(args)
-    with kh.connect(args.server, args.session) as conn:
+    with _connect(kh, args) as conn:
         res = kh.finalize(conn, min_clients=args.min_clients, lam=args.lam, min_class_count=args.min_class_count)
-    meta = {"session": res.params.session_id, "backend": res.params.backend, "gamma": res.params.gamma,
-            "lambda": res.report.get("lambda_total", args.lam), "classes": res.params.layout.n_classes, "participants": res.report["participants"]}
-    write_model(args.out, res.W, meta)
+    write_model(args.out, res.W, model_metadata(res.params, res.report, args.lam))
     if args.report:
         Path(args.report).write_text(json.dumps(res.report, indent=2))
     flood = (f"; flooded, sigma {res.report['flood_sigma']:.2e}, per-entry bound "
              f"{res.report['error_bound_per_entry']:.2e}, ridge {res.report['flood_ridge']:.2e}"
-             if "flood_sigma" in res.report else "")
+             if res.report.get("flood_sigma") else "")
     print(f"model W {res.W.shape} from {res.report['contributors']} hospitals, {res.report['samples']} samples "
           f"-> {args.out}{flood}")
     print(format_w_bound(res.report["w_error_bound"]))
@@ -93,6 +101,8 @@ def register(parser) -> None:
         if online:
             p.add_argument("--server", required=True, help="https://host:port of the aggregation server")
             p.add_argument("--session", required=True)
+            p.add_argument("--wait-server", type=float, default=30.0, metavar="SECONDS",
+                           help="keep trying to reach a server that does not answer this long (default 30)")
 
     p = sub.add_parser("keygen", help="fresh CKKS keys for a session (secret stays here, encrypted at rest)")
     common(p, False)

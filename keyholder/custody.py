@@ -15,7 +15,7 @@ from pathlib import Path
 
 from secure_afl import pki
 from secure_afl._io import check_passphrase, refuse_if_shared, write_file
-from secure_afl.exceptions import InvalidInputError, ParameterMismatch
+from secure_afl.exceptions import InvalidInputError, InvalidKey, ParameterMismatch
 from secure_afl.params import SessionParams
 
 __all__ = ["KeyCustody", "PASSPHRASE_ENV"]
@@ -95,6 +95,22 @@ class KeyCustody:
         refuse_if_shared(self._secret_path(session_id), "sealed secret context")
         return load_secret_context(self._secret_path(session_id), passphrase=self.passphrase,
                                    session_id=session_id)
+
+    def check_unlock(self, session_id: str) -> None:
+        """Refuse now (:class:`InvalidKey`) if this passphrase cannot open the session's sealed keys.
+
+        Called before the public half is published: a mistyped passphrase would otherwise surface
+        only at finalize, after every hospital has uploaded under a key nobody can open. The tag key
+        is sealed under the same passphrase as the secret context and is the cheaper one to open.
+        """
+        if self.passphrase is None:
+            raise InvalidKey(f"the sealed keys of session {session_id} need the passphrase they were made "
+                             f"with: --passphrase-file FILE or ${PASSPHRASE_ENV}")
+        try:
+            self.tag_secret(session_id)
+        except InvalidKey:
+            raise InvalidKey(f"this passphrase does not open the sealed keys of session {session_id} in "
+                             f"{self.keys_dir}: use the one given to `keyholder keygen`") from None
 
     def tag_secret(self, session_id: str) -> bytes:
         from secure_afl.backends.ckks import load_secret_context

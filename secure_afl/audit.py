@@ -3,7 +3,7 @@
 Who runs this: the aggregation server writes it (:class:`AuditLog`), one
 record per decision (upload accepted / refused, round closed, aggregate
 released, ...); an auditor checks it with :func:`verify_log` or
-``secure-afl audit verify LOG --pki DIR --head HEAD [--receipts DIR]``.
+``secure-afl audit verify LOG --pki DIR --head HEAD [--receipts DIR] [--session ID]``.
 
 What pins the log
 -----------------
@@ -76,6 +76,7 @@ from typing import Any, Callable, Iterable, Mapping
 from ._io import fsync_dir, write_all, write_file
 from .exceptions import (
     AuditChainBroken,
+    InvalidInputError,
     InvalidSignature,
     MalformedPayload,
     SecureAFLError,
@@ -432,11 +433,16 @@ class AuditVerification:
     head_seq: int
     head_hash: str
     countersigned_by: str | None = None
+    sessions: tuple[str, ...] = ()
+    #: receipts handed in that belong to other sessions: set aside, not checked
+    n_other_receipts: int = 0
 
     def summary(self) -> str:
         cs = f", countersigned by {self.countersigned_by}" if self.countersigned_by else ""
-        return (f"OK: {self.n_records} records ({self.n_accepted} accepted, {self.n_refused} refused), "
-                f"server signatures verified, {self.n_receipts} receipts matched; "
+        other = (f" ({self.n_other_receipts} of other sessions set aside)" if self.n_other_receipts else "")
+        which = f"session {', '.join(self.sessions)}: " if self.sessions else ""
+        return (f"OK: {which}{self.n_records} records ({self.n_accepted} accepted, {self.n_refused} refused), "
+                f"server signatures verified, {self.n_receipts} receipts matched{other}; "
                 f"expected head {self.head_seq}:{self.head_hash} present{cs}")
 
 
@@ -533,7 +539,7 @@ def expected_head(obj, server_pub) -> tuple[int, str, dict | None]:
 
 
 def verify_log(path, *, server_pub, head, receipts: Iterable[Mapping] = (), countersign=None,
-               keyholder_pub=None) -> AuditVerification:
+               keyholder_pub=None, session: str | None = None) -> AuditVerification:
     """Verify ``path`` as the server's log up to an expected head, and receipts against it.
 
     Parameters
@@ -552,10 +558,19 @@ def verify_log(path, *, server_pub, head, receipts: Iterable[Mapping] = (), coun
         point (by ``seq``, and by ``audit_head``) to an ``upload``/``accepted``
         record of the same session, hospital and payload hash, and a release
         recorded after it must name that hospital among its participants.
+        A receipt naming a session this log does not record (a hospital's
+        folder of receipts from several sessions) is set aside, not checked,
+        and counted in ``n_other_receipts``.
     countersign, keyholder_pub
         With a close-record head, the key holder's countersignature and key;
         required for such a head, since the close record alone is the
         server's own word.
+    session : str, optional
+        The session the auditor means. The log must record it (else
+        :class:`~secure_afl.exceptions.InvalidInputError`: a log of another
+        session passes its own checks, so only this pins which one was
+        verified), and only its receipts are checked. Default: the sessions
+        the log records, named in the result.
 
     Raises
     ------
@@ -597,14 +612,24 @@ def verify_log(path, *, server_pub, head, receipts: Iterable[Mapping] = (), coun
                                    reason="head_bad_countersign") from None
         countersigned_by = cs["keyholder"]
 
-    n_receipts = 0
+    logged = sorted({r["session"] for r in records if isinstance(r.get("session"), str)})
+    if session is not None and session not in logged:
+        raise InvalidInputError(f"{path} is the audit log of session {', '.join(logged) or '(none)'}, "
+                                f"not of session {session}")
+    wanted = {session} if session is not None else set(logged)
+    n_receipts = n_other = 0
     for j, receipt in enumerate(receipts):
+        named = receipt.get("session_id") if isinstance(receipt, Mapping) else None
+        if isinstance(named, str) and named not in wanted:
+            n_other += 1  # another session's receipt: this log says nothing about it
+            continue
         _check_receipt(receipt, j, records, pub)
         n_receipts += 1
     n_acc = sum(r["outcome"] == "accepted" for r in records)
     return AuditVerification(n_records=len(records), n_accepted=n_acc, n_refused=len(records) - n_acc,
                              n_receipts=n_receipts, head_seq=seq, head_hash=head_hash,
-                             countersigned_by=countersigned_by)
+                             countersigned_by=countersigned_by, sessions=tuple(sorted(wanted)),
+                             n_other_receipts=n_other)
 
 
 def _check_receipt(receipt, j: int, records: list[dict], pub) -> None:
@@ -646,9 +671,18 @@ def _check_receipt(receipt, j: int, records: list[dict], pub) -> None:
 
 
 def load_receipts(directory) -> list[dict]:
-    """Every receipt in ``directory/*.json`` (a file holds one receipt or a list)."""
+    """Every receipt in ``directory/*.json``, or in ``directory`` itself when it is one file (a file holds
+    one receipt or a list). A path that does not exist is :class:`InvalidInputError`: asked-for receipts
+    that silently are not there would make the check vacuous."""
+    where = Path(directory)
+    if where.is_file():
+        files = [where]
+    elif where.is_dir():
+        files = sorted(where.glob("*.json"))
+    else:
+        raise InvalidInputError(f"receipts {where}: no such file or directory")
     out: list[dict] = []
-    for f in sorted(Path(directory).glob("*.json")):
+    for f in files:
         try:
             obj = json.loads(f.read_text())
         except (UnicodeDecodeError, json.JSONDecodeError):
@@ -689,7 +723,7 @@ def _cmd_verify(args) -> int:
                     keyholder_pub = _pki_pub(args.pki, "keyholder", countersign.get("keyholder"))
         receipts = load_receipts(args.receipts) if args.receipts else []
         result = verify_log(args.log, server_pub=server_pub, head=head, receipts=receipts,
-                            countersign=countersign, keyholder_pub=keyholder_pub)
+                            countersign=countersign, keyholder_pub=keyholder_pub, session=args.session)
     except AuditChainBroken as exc:
         where = f" (record index {exc.index})" if exc.index is not None else ""
         print(f"BROKEN{where}: {exc} [{exc.reason}]")
@@ -700,6 +734,13 @@ def _cmd_verify(args) -> int:
         if isinstance(exc, SecureAFLError):
             raise
         raise MalformedPayload(str(exc)) from None
+    if args.receipts and result.n_receipts == 0:
+        # receipts were asked for: a check of none of them is no check (wrong folder, other sessions only)
+        others = sorted({r.get("session_id") for r in receipts if isinstance(r.get("session_id"), str)})
+        found = (f"{len(receipts)} receipts, of session {', '.join(others)}" if others else
+                 f"{len(receipts)} receipts")
+        raise InvalidInputError(f"no receipt of session {', '.join(result.sessions) or '(none)'} in "
+                                f"{args.receipts} ({found}): pass the folder `client submit --receipts` wrote")
     print(result.summary())
     return 0
 
@@ -714,5 +755,10 @@ def register(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--head", required=True,
                    help="the expected head: audit-head.json (close record + key holder countersignature), "
                         "a receipt or manifest JSON file, or SEQ:HEX")
-    p.add_argument("--receipts", default=None, help="directory of receipt *.json files")
+    p.add_argument("--receipts", default=None,
+                   help="directory of receipt *.json files, or one receipt file; receipts of other sessions "
+                        "are set aside, and at least one of this session's must be there")
+    p.add_argument("--session", default=None,
+                   help="the session you mean: the log must be its log (default: the session the log records, "
+                        "named in the OK line)")
     p.set_defaults(func=_cmd_verify)

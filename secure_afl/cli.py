@@ -17,7 +17,7 @@ import argparse
 import importlib
 import sys
 
-from .exceptions import EXIT_INPUT, EXIT_REFUSED, EXIT_USAGE, SecureAFLError, exit_code
+from .exceptions import EXIT_INPUT, EXIT_REFUSED, EXIT_USAGE, InvalidParameterError, SecureAFLError, exit_code
 
 # optional dependencies -> the extra of pyproject.toml that installs them (`make demo` installs none)
 _EXTRAS = {"torch": "embed", "torchvision": "embed", "PIL": "embed", "flwr": "flower", "matplotlib": "bench"}
@@ -62,12 +62,27 @@ def one_line(exc: BaseException) -> str:
     return f"secure-afl: error [{reason}]: {text}"
 
 
+try:
+    from tomllib import TOMLDecodeError as _TOMLDecodeError
+except ImportError:  # Python 3.10
+    from tomli import TOMLDecodeError as _TOMLDecodeError
+
+
+def _toml_error(exc: Exception, args) -> InvalidParameterError:
+    """A session.toml that does not parse, named with the file it came from."""
+    where = next((str(v) for k in ("config", "session_config") if (v := getattr(args, k, None))), "session.toml")
+    return InvalidParameterError(f"{where} is not valid TOML: {exc}", reason="invalid_toml")
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = build_parser(argv)
     args = parser.parse_args(argv)
     try:
-        rc = args.func(args)
+        try:
+            rc = args.func(args)
+        except _TOMLDecodeError as exc:
+            raise _toml_error(exc, args) from exc
     except (SecureAFLError, OSError, TimeoutError) as exc:
         if args.debug:
             raise

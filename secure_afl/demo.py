@@ -166,6 +166,7 @@ def run_demo(args) -> dict:
     from .packing import Layout
     from .server.config import write_config
     from .keyholder import KeyHolder, write_model
+    from .keyholder.model import model_metadata
     from .stats import StatisticsAccumulator
 
     timings: dict[str, float] = {}
@@ -177,7 +178,8 @@ def run_demo(args) -> dict:
     print(f"[Stage 0] data: {desc}")
     timings["data"] = time.perf_counter() - t
 
-    work = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="secure-afl-demo-"))
+    # absolute: session.toml's relative paths are read relative to session.toml's own directory
+    work = Path(args.workdir).resolve() if args.workdir else Path(tempfile.mkdtemp(prefix="secure-afl-demo-"))
     work.mkdir(parents=True, exist_ok=True)
     pki_dir = work / "pki"
     t = time.perf_counter()
@@ -371,9 +373,7 @@ def run_demo(args) -> dict:
     if args.report:
         Path(args.report).write_text(json.dumps(report, indent=2))
     if args.model_out:
-        write_model(args.model_out, W, {"session": session_id, "backend": args.backend, "gamma": 1.0,
-                                        "lambda": res.report.get("lambda_total", 0.0), "classes": n_classes,
-                                        "participants": res.report["participants"]})
+        write_model(args.model_out, W, model_metadata(res.params, res.report, 0.0))
     if not args.workdir and not args.keep:
         shutil.rmtree(work, ignore_errors=True)
     return report

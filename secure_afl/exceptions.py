@@ -75,6 +75,7 @@ __all__ = [
     "WeakPassphrase",
     "MissingEnrolment",
     "ServerUnreachable",
+    "UntrustedServer",
     "ServiceError",
     "EXIT_OK",
     "EXIT_INTERNAL",
@@ -431,6 +432,15 @@ class ServerUnreachable(SecureAFLError):
     reason = "unreachable"
     http_status = 503
     exit_code = EXIT_UNREACHABLE
+
+
+class UntrustedServer(SecureAFLError):
+    """The server's TLS certificate was not issued by this party's consortium CA (another consortium's
+    server, or a wrong address). Never retried: the same certificate comes back on every attempt."""
+
+    reason = "untrusted_server"
+    http_status = 421
+    exit_code = EXIT_KEYS
 
 
 class ServiceError(SecureAFLError):

@@ -526,7 +526,8 @@ def load_party(pki_dir, role: str, name: str) -> PartyFiles:
     for p in (party.ca_file, party.cert_file, party.key_file, party.identity_key_file,
               party.identity_pub_file):
         if not p.is_file():
-            raise FileNotFoundError(f"{p} is missing; issue it with `secure-afl pki issue`")
+            raise FileNotFoundError(f"{p} is missing: --pki must be the bundle the consortium operator made for "
+                                    f"{role} {name!r} (`secure-afl pki bundle`); ask the operator for it")
     for p in (party.key_file, party.identity_key_file):
         refuse_if_shared(p, "private key")
     return party

@@ -13,7 +13,7 @@ def _cmd_run(args) -> int:
     from .aggregator import open_server
     from .app import create_app
     from .config import load_config
-    from .transport import reserve_open_files, serve
+    from .transport import listen, reserve_open_files, serve
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     cfg = load_config(args.config)
@@ -21,11 +21,20 @@ def _cmd_run(args) -> int:
         cfg.port = args.port
     try:
         reserve_open_files(cfg.connection_limit)
+    except InvalidParameterError as e:
+        print(f"secure-afl server run: {args.config}: {e}", file=sys.stderr)
+        return 2
+    sock = listen(cfg.host, cfg.port)  # a taken port refuses the start (exit 3) before anything is opened
+    try:
         server = open_server(cfg)
     except (InvalidParameterError, ParameterMismatch) as e:
+        sock.close()
         # a session that cannot run (e.g. secagg threshold vs neighbourhood vs min_clients): one line, no trace
         print(f"secure-afl server run: {args.config}: {e}", file=sys.stderr)
         return 2
+    except BaseException:
+        sock.close()
+        raise
     app = create_app(server)
     logging.getLogger("secure_afl.server").info(
         "serving session %s (%s) on https://%s:%d, mTLS %s, at most %d connections", cfg.session_id, cfg.backend,
@@ -33,13 +42,14 @@ def _cmd_run(args) -> int:
     # uvicorn re-raises SIGTERM after its graceful shutdown; as an exception (not the default
     # handler) it lets the finally block write the pending refusal summaries and close the log
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    rc = 0
     try:
-        serve(app, cfg, server.party, log_level=args.log_level)
-    except SystemExit:
-        pass
+        serve(app, cfg, server.party, log_level=args.log_level, sock=sock)
+    except SystemExit as e:  # SIGTERM (0), or uvicorn giving up at startup (non-zero, already logged)
+        rc = e.code if isinstance(e.code, int) else 0
     finally:
         server.shutdown()
-    return 0
+    return rc
 
 
 def _exit_on_sigterm(signum, frame):

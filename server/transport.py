@@ -24,7 +24,9 @@ cover the connection cap before the server starts, or refuses to start.
 from __future__ import annotations
 
 import asyncio
+import errno
 import hashlib
+import socket
 
 import h11
 import uvicorn
@@ -32,7 +34,7 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from secure_afl.exceptions import InvalidParameterError
 
-__all__ = ["GuardedH11Protocol", "reserve_open_files", "serve", "uvicorn_config"]
+__all__ = ["GuardedH11Protocol", "listen", "reserve_open_files", "serve", "uvicorn_config"]
 
 #: Descriptors the server needs besides its connections: payload files, SQLite and its WAL, the audit log,
 #: the summing processes' pipes, the listening socket, the interpreter's own.
@@ -123,5 +125,30 @@ def uvicorn_config(app, cfg, party, *, log_level: str = "warning") -> uvicorn.Co
                           timeout_keep_alive=5, h11_max_incomplete_event_size=MAX_HEADER_BYTES)
 
 
-def serve(app, cfg, party, *, log_level: str = "warning") -> None:
-    uvicorn.Server(uvicorn_config(app, cfg, party, log_level=log_level)).run()
+def listen(host: str, port: int) -> socket.socket:
+    """The server's listening socket, bound before the session's store and audit log are opened.
+
+    uvicorn binds only once it runs, and on failure logs the error and exits as if it had served;
+    binding here first makes a taken port a refusal to start (:class:`InvalidParameterError`,
+    reason ``port_in_use``) that names the port, with nothing opened or written.
+    """
+    infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    family, _, _, _, address = infos[0]
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn: a restart need not wait TIME_WAIT
+    try:
+        sock.bind(address)
+    except OSError as e:
+        sock.close()
+        if e.errno == errno.EADDRINUSE:
+            raise InvalidParameterError(
+                f"port {port} on {host} is in use (another server, or a previous one still running): stop it, "
+                "or choose another port ([server] port in session.toml, or --port)", reason="port_in_use") from None
+        raise InvalidParameterError(f"cannot listen on {host}:{port} ({e.strerror}): check [server] host and port",
+                                    reason="cannot_listen") from None
+    return sock
+
+
+def serve(app, cfg, party, *, log_level: str = "warning", sock: socket.socket | None = None) -> None:
+    """Run uvicorn until it stops; on ``sock`` (from :func:`listen`) when given, else binding itself."""
+    uvicorn.Server(uvicorn_config(app, cfg, party, log_level=log_level)).run(sockets=None if sock is None else [sock])

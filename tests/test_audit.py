@@ -381,7 +381,7 @@ def test_signed_audit_log_and_receipts_verify(tmp_path, server_key):
 
     # Assert
     assert result.n_receipts == 4 and (result.n_records, result.n_accepted, result.n_refused) == (6, 5, 1)
-    assert "OK: 6 records (5 accepted, 1 refused), server signatures verified, 4 receipts matched" in result.summary()
+    assert "OK: session s1: 6 records (5 accepted, 1 refused), server signatures verified, 4 receipts matched" in result.summary()
 
 
 @pytest.mark.security
@@ -692,7 +692,7 @@ def test_cli_audit_verify_ok_with_countersigned_head_and_receipts(tmp_path, cons
     # Assert
     out = capsys.readouterr().out
     assert rc == 0, out
-    assert out.startswith("OK: 8 records (6 accepted, 2 refused), server signatures verified, 4 receipts matched")
+    assert out.startswith("OK: session s1: 8 records (6 accepted, 2 refused), server signatures verified, 4 receipts matched")
     assert "countersigned by kh" in out
 
 

@@ -1,4 +1,4 @@
-"""README's "A session, end to end", run exactly as written, for both backends.
+"""README's "A session, end to end", run exactly as written, for every backend it documents.
 
 The commands are read from README.md (so the documentation cannot drift from
 what works). Every party has its own directory; the only things the test
@@ -34,7 +34,7 @@ _PROMPT = re.compile(r"^([a-z][a-z0-9-]*)\$ (.*)$")
 
 
 def documented_sessions() -> dict[str, list[tuple[str, str]]]:
-    """{"CKKS": [(party, command), ...], "SecAgg": [...]} from README's session section."""
+    """{"CKKS": [(party, command), ...], "BFV": [...], "SecAgg": [...]} from README's session section."""
     text = README.read_text()
     section = text[text.index("## A session, end to end"):text.index("## What is enforced")]
     out = {}
@@ -119,15 +119,15 @@ def _holds_only_its_own_bundle(root: Path) -> None:
     assert [p for p in root.rglob("ca.key")] == [root / "operator" / "pki" / "ca.key"]
 
 
-def test_readme_documents_both_backends():
+def test_readme_documents_every_protected_backend():
     sessions = documented_sessions()
-    assert sorted(sessions) == ["CKKS", "SecAgg"]
+    assert sorted(sessions) == ["BFV", "CKKS", "SecAgg"]
     for commands in sessions.values():
         assert {p for p, _ in commands} == {"operator", "server", "keyholder", *HOSPITALS}
 
 
 @pytest.mark.e2e
-@pytest.mark.parametrize("backend", ["CKKS", "SecAgg"])
+@pytest.mark.parametrize("backend", ["CKKS", "BFV", "SecAgg"])
 def test_documented_session_runs_as_written(tmp_path, backend):
     # Prepare
     _inputs(tmp_path)
@@ -142,8 +142,17 @@ def test_documented_session_runs_as_written(tmp_path, backend):
     assert report["class_counts"] == [6, 6, 6] and report["samples"] == 18
     from secure_afl.keyholder import read_model
 
-    W, _ = read_model(tmp_path / "keyholder" / "model.safetensors")
+    W, meta = read_model(tmp_path / "keyholder" / "model.safetensors")
     assert W.shape == (512, 3) and np.all(np.isfinite(W))
+    # the model says which session, class order and extractor it belongs to: the session.toml's own
+    session_id = {"CKKS": "cohort-ckks", "BFV": "cohort-bfv", "SecAgg": "cohort-secagg"}[backend]
+    from secure_afl.server.config import load_config
+
+    declared = load_config(tmp_path / "server" / "session.toml").extractor
+    assert meta["session"] == session_id and json.loads(meta["class_names"]) == list(CLASSES)
+    assert json.loads(meta["extractor"]) == declared
+    if backend == "BFV":  # exact decryption: nothing flooded, no ridge
+        assert report["flood_sigma"] == 0.0 and report["flood_ridge"] == 0.0
     assert len(list((tmp_path / "hosp-a" / "receipts").glob("*.json"))) == 1
     _holds_only_its_own_bundle(tmp_path)
     print(f"\n{backend}: documented session took {timing['seconds']:.1f} s")

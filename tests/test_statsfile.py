@@ -135,7 +135,11 @@ def test_corrupt_statistics_files_are_refused(tmp_path, how):
 def test_missing_file_is_refused(tmp_path):
     with pytest.raises(StatisticsFileError) as err:
         load_statistics_file(tmp_path / "nope.npz")
-    assert err.value.reason == "not_found"
+    # a missing input file is bad input (exit 3), not the server's "no such session" (exit 4)
+    from secure_afl.exceptions import EXIT_INPUT, exit_code
+
+    assert err.value.reason == "bad_statistics_file" and exit_code(err.value) == EXIT_INPUT
+    assert "no such file" in str(err.value)
 
 
 @pytest.mark.parametrize("how", ["nan", "labels", "float_labels", "missing_y"])

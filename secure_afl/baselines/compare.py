@@ -292,60 +292,94 @@ def write_report(rows, ablation, out_dir, *, meta: dict, verify=None) -> Path:
 
 
 def _plots(rows, out: Path, method_names, specs, Ks):
+    """Two PNGs sized to be read as saved (about 1300 px wide, 10-12 pt text at 100 dpi).
+
+    Partitions are categories, not a scale: each method is a point with its
+    seed spread, nudged sideways so methods do not hide one another, and
+    nothing joins two partitions. Legends sit beside or below the data.
+    """
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    style = {"font.size": 11, "axes.titlesize": 12, "axes.labelsize": 11, "legend.fontsize": 10,
+             "xtick.labelsize": 10, "ytick.labelsize": 10}
     by = _group(rows, "method", "K", "partition")
-    fig, axes = plt.subplots(2, len(Ks), figsize=(6 * len(Ks), 8), squeeze=False)
+    colours = {m: f"C{i % 10}" for i, m in enumerate(method_names)}
+    markers = "osD^v<>ph*"
     x = np.arange(len(specs))
-    for j, K in enumerate(Ks):
-        for i, (key, label) in enumerate((("global_acc", "global accuracy"), ("client_acc", "per-client accuracy"))):
-            ax = axes[i, j]
-            for i, m in enumerate(method_names):
-                vals = [[r[key] for r in by.get((m, K, s), [])] or [np.nan] for s in specs]
-                with np.errstate(all="ignore"), warnings.catch_warnings():
-                    warnings.simplefilter("ignore", RuntimeWarning)
-                    mean = [np.nanmean(v) for v in vals]
-                    std = [np.nanstd(v) for v in vals]
-                ax.errorbar(x, mean, yerr=std, marker="o", capsize=3, label=m, color=f"C{i % 10}")
-            ax.set_xticks(x, specs, rotation=20)
-            ax.set_title(f"K = {K}: {label}")
+    spread = 0.8 / max(len(method_names), 1)
+    with plt.rc_context(style):
+        fig, axes = plt.subplots(2, len(Ks), figsize=(5.2 * len(Ks) + 3.2, 8.4), squeeze=False, sharey=True)
+        for j, K in enumerate(Ks):
+            for i, (key, label) in enumerate((("global_acc", "global accuracy"),
+                                              ("client_acc", "per-client accuracy"))):
+                ax = axes[i, j]
+                for k, m in enumerate(method_names):
+                    vals = [[r[key] for r in by.get((m, K, s), [])] or [np.nan] for s in specs]
+                    with np.errstate(all="ignore"), warnings.catch_warnings():
+                        warnings.simplefilter("ignore", RuntimeWarning)
+                        mean = np.array([np.nanmean(v) for v in vals])
+                        std = np.array([np.nanstd(v) for v in vals])
+                    ax.errorbar(x + (k - (len(method_names) - 1) / 2) * spread, mean, yerr=std, ls="none",
+                                marker=markers[k % len(markers)], ms=6, capsize=2, color=colours[m], label=m)
+                for edge in x[:-1] + 0.5:  # one column per partition
+                    ax.axvline(edge, color="0.85", lw=0.8)
+                ax.set_xticks(x, specs)
+                ax.set_xlim(-0.5, len(specs) - 0.5)
+                ax.set_title(f"K = {K}: {label}")
+                ax.set_ylim(0, 1.02)
+                ax.grid(axis="y", alpha=0.3)
+            axes[-1, j].set_xlabel("partition (Dirichlet: the smaller alpha, the more label skew)")
+        for i in range(2):
+            axes[i, 0].set_ylabel("accuracy")
+        handles, labels = axes[0, 0].get_legend_handles_labels()
+        fig.legend(handles, labels, loc="center left", bbox_to_anchor=(0.995, 0.5), frameon=False,
+                   title="method (mean ± std over seeds)")
+        fig.tight_layout()
+        fig.savefig(out / "comparison_accuracy_vs_alpha.png", dpi=100, bbox_inches="tight")
+        plt.close(fig)
+
+        K0 = Ks[0]
+        cols = min(3, len(specs))
+        nrows = -(-(len(specs) + 1) // cols)  # one more cell for the legend
+        fig, axes = plt.subplots(nrows, cols, figsize=(4.4 * cols, 3.6 * nrows), squeeze=False,
+                                 sharex=True, sharey=True)
+        for j, s in enumerate(specs):
+            ax = axes.flat[j]
+            for m in method_names:
+                rs = [r for r in by.get((m, K0, s), []) if r["history"]]
+                if not rs:
+                    continue
+                hist = np.array([[h[2] for h in r["history"]] for r in rs])
+                rounds = [h[0] for h in rs[0]["history"]]
+                if m == "AFL":
+                    ax.axhline(hist.mean(), color=colours[m], ls="--", lw=2, label="AFL (one round)")
+                else:
+                    ax.plot(rounds, hist.mean(axis=0), color=colours[m], lw=1.6, label=m)
+            ax.set_title(f"K = {K0}, {s}")
             ax.set_ylim(0, 1.02)
             ax.grid(alpha=0.3)
-    axes[0, -1].legend(fontsize=7, loc="lower left")
-    fig.tight_layout()
-    fig.savefig(out / "comparison_accuracy_vs_alpha.png", dpi=110)
-    plt.close(fig)
-
-    fig, axes = plt.subplots(1, len(specs), figsize=(4.5 * len(specs), 4), squeeze=False)
-    K0 = Ks[0]
-    for j, s in enumerate(specs):
-        ax = axes[0, j]
-        for i, m in enumerate(method_names):
-            rs = by.get((m, K0, s), [])
-            if not rs:
-                continue
-            rs = [r for r in rs if r["history"]]
-            if not rs:
-                continue
-            hist = np.array([[h[2] for h in r["history"]] for r in rs])
-            rounds = [h[0] for h in rs[0]["history"]]
-            if m == "AFL":
-                ax.axhline(hist.mean(), color=f"C{i % 10}", ls="--", label="AFL (1 round)")
-            else:
-                ax.plot(rounds, hist.mean(axis=0), label=m, color=f"C{i % 10}")
-        ax.set_title(f"K = {K0}, {s}")
-        ax.set_xlabel("round")
-        ax.set_ylabel("per-client accuracy")
-        ax.set_ylim(0, 1.02)
-        ax.grid(alpha=0.3)
-    if axes[0, -1].get_legend_handles_labels()[0]:
-        axes[0, -1].legend(fontsize=6, loc="lower right")
-    fig.tight_layout()
-    fig.savefig(out / "comparison_accuracy_vs_rounds.png", dpi=110)
-    plt.close(fig)
+        for c in range(cols):  # the lowest plotted panel of each column carries the round axis
+            low = axes[(len(specs) - 1 - c) // cols if c < len(specs) else 0, c]
+            low.tick_params(labelbottom=True)
+            low.set_xlabel("round")
+        for ax in axes[:, 0]:
+            ax.set_ylabel("per-client accuracy")
+        handles, labels = {}, {}
+        for ax in axes.flat[:len(specs)]:
+            for h, lab in zip(*ax.get_legend_handles_labels()):
+                handles.setdefault(lab, h)
+        spare = axes.flat[len(specs):]
+        for ax in spare:
+            ax.axis("off")
+        if handles and len(spare):
+            spare[0].legend(list(handles.values()), list(handles), loc="center", frameon=False,
+                            title=f"mean over seeds, K = {K0}")
+        fig.tight_layout()
+        fig.savefig(out / "comparison_accuracy_vs_rounds.png", dpi=100)
+        plt.close(fig)
     return ["## Plots", "", "![accuracy vs alpha](comparison_accuracy_vs_alpha.png)", "",
             f"![accuracy vs rounds, K = {K0}](comparison_accuracy_vs_rounds.png)", ""]
 

@@ -87,30 +87,47 @@ def _print(out: dict) -> None:
 
 
 def _plot(rows: list[dict], path: str) -> None:
+    """Accuracy against epsilon. Without DP (epsilon = inf) is not a point of the curve: it stands apart,
+    right of an axis break, unjoined, as the ceiling the curve approaches."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(6.4, 4.2))
     finite = sorted({r["epsilon"] for r in rows if not math.isinf(r["epsilon"])})
-    inf_x = finite[-1] * 2 if finite else 1.0
-    for ds in dict.fromkeys(r["dataset"] for r in rows):
-        for K in dict.fromkeys(r["clients"] for r in rows):
+    with plt.rc_context({"font.size": 11, "legend.fontsize": 10}):
+        fig, (ax, ax_inf) = plt.subplots(1, 2, figsize=(8.4, 5.0), sharey=True, layout="constrained",
+                                         gridspec_kw={"width_ratios": [5, 1]})
+        series = [(ds, K) for ds in dict.fromkeys(r["dataset"] for r in rows)
+                  for K in dict.fromkeys(r["clients"] for r in rows)]
+        for i, (ds, K) in enumerate(series):
             sel = sorted((r for r in rows if r["dataset"] == ds and r["clients"] == K), key=lambda r: r["epsilon"])
-            xs = [inf_x if math.isinf(r["epsilon"]) else r["epsilon"] for r in sel]
-            ax.errorbar(xs, [r["accuracy_mean"] for r in sel], yerr=[r["accuracy_std"] for r in sel],
-                        marker="o", capsize=3, label=f"{ds}, K={K}")
-    ax.set_xscale("log", base=2)
-    ax.set_xticks(finite + [inf_x], [f"{e:g}" for e in finite] + ["inf"])
-    ax.set_xlabel("epsilon (delta = 1e-5, one release)")
-    ax.set_ylabel("test accuracy")
-    ax.set_title("Distributed DP on the sufficient statistics, Dirichlet(0.1)")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+            dp = [r for r in sel if not math.isinf(r["epsilon"])]
+            colour, marker = f"C{i % 10}", "osD^v"[i % 5]
+            if dp:
+                ax.errorbar([r["epsilon"] for r in dp], [r["accuracy_mean"] for r in dp],
+                            yerr=[r["accuracy_std"] for r in dp], marker=marker, capsize=3, color=colour,
+                            label=f"{ds}, K = {K}")
+            for r in sel:
+                if math.isinf(r["epsilon"]):
+                    # nudged sideways so the series do not hide one another
+                    ax_inf.errorbar([i - (len(series) - 1) / 2], [r["accuracy_mean"]], yerr=[r["accuracy_std"]],
+                                    marker=marker, capsize=3, color=colour, ls="none")
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(finite, [f"{e:g}" for e in finite])
+        ax.set_xlabel("epsilon (delta = 1e-5, one release)")
+        ax.set_ylabel("test accuracy")
+        ax.grid(alpha=0.3)
+        ax_inf.set_xlim(-len(series) / 2 - 0.5, len(series) / 2 + 0.5)
+        ax_inf.set_xticks([0], ["no DP"])
+        ax_inf.grid(axis="y", alpha=0.3)
+        for a, side in ((ax, "right"), (ax_inf, "left")):
+            a.spines[side].set_visible(False)
+        ax_inf.tick_params(left=False)
+        fig.suptitle("Distributed DP on the sufficient statistics, Dirichlet(0.1)")
+        fig.legend(*ax.get_legend_handles_labels(), loc="outside lower center", ncol=2, frameon=False)
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
 
 
 def _cmd(args) -> int:

@@ -18,6 +18,7 @@ from secure_afl.exceptions import InvalidInputError
 from secure_afl.params import SessionParams
 from secure_afl.backends import HE_BACKENDS
 from secure_afl.keyholder import KeyHolder, write_model
+from secure_afl.keyholder.model import model_metadata
 
 __all__ = ["open_keyholder", "publication", "countersign", "finalize"]
 
@@ -37,6 +38,7 @@ def publication(kh: KeyHolder, session_id: str) -> bytes:
     """The body ``keyholder publish`` sends: public context, tag key, signature over the parameters."""
     if not kh.public_path(session_id).exists():
         raise InvalidInputError(f"no keys for session {session_id}: run `secure-afl keyholder keygen` first")
+    kh.check_unlock(session_id)  # a wrong passphrase is refused before hospitals encrypt to the key
     return kh.publication_body(session_id)
 
 
@@ -76,11 +78,7 @@ def finalize(kh: KeyHolder, info: dict, aggregate: bytes, manifest: dict, tags: 
     else:
         res = kh.reveal_and_solve(SessionParams.from_dict(info["params"]), aggregate, manifest, unmask=unmask,
                                   **policy)
-    params = res.params
-    lam = res.report.get("lambda_total", lam)
-    meta = {"session": params.session_id, "backend": params.backend, "gamma": params.gamma, "lambda": lam,
-            "classes": params.layout.n_classes, "participants": res.report["participants"]}
-    write_model(out, res.W, meta)
+    write_model(out, res.W, model_metadata(res.params, res.report, lam))
     report_path.parent.mkdir(parents=True, exist_ok=True)
     report_path.write_text(json.dumps(res.report, indent=2))
     return res.report

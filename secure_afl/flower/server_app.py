@@ -34,11 +34,22 @@ import logging
 import time
 from pathlib import Path
 
+try:
+    from tomllib import TOMLDecodeError
+except ImportError:  # Python 3.10
+    from tomli import TOMLDecodeError
+
 from flwr.app import Context, Message
 from flwr.serverapp import Grid, ServerApp
 
 from secure_afl.backends import HE_BACKENDS
-from secure_afl.exceptions import InsufficientShares, MalformedPayload, SecureAFLError, StageError
+from secure_afl.exceptions import (
+    InsufficientShares,
+    InvalidParameterError,
+    MalformedPayload,
+    SecureAFLError,
+    StageError,
+)
 from secure_afl.protocol import API, SECAGG_CONSISTENCY
 from secure_afl.secagg import Stage
 from secure_afl.signing import canonical_json
@@ -73,15 +84,20 @@ def main(grid: Grid, context: Context) -> None:
         report = run_session(grid, Path(str(rc["session-config"])), node_wait_s=float(rc["node-wait-s"]),
                              reply_timeout_s=float(rc["reply-timeout-s"]))
     except SecureAFLError as e:
-        # one machine-readable line in the run's log stream (`flwr run --stream`, `flwr log`)
-        log.error("secure-afl round refused: %s: %s", e.reason, e)
-        raise
+        # one machine-readable line in the run's log stream (`flwr run --stream`, `flwr log`) and no
+        # traceback: a refusal is an outcome, not a crash. `flwr run` exits 0 either way (Flower's
+        # choice), so the outcome is read from this line (README, "Running on Flower").
+        log.error("secure-afl round refused: %s: %s", e.reason, " ".join(str(e).split()))
+        return
     log.warning("secure-afl round done: %s", json.dumps(report, sort_keys=True))
 
 
 def run_session(grid: Grid, session_config: Path, *, node_wait_s: float, reply_timeout_s: float) -> dict:
     """One secure AFL round over ``grid``; returns the key holder's report."""
-    config = load_config(session_config)
+    try:
+        config = load_config(session_config)
+    except TOMLDecodeError as e:  # a typo in session.toml is a refusal (one line), not a crash
+        raise InvalidParameterError(f"{session_config} is not valid TOML: {e}", reason="invalid_toml") from None
     server = open_server(config)
     try:
         hospitals = set(server.info()["hospitals"])
