@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import site
 import subprocess
 import sys
@@ -63,8 +64,8 @@ def wheel_env(tmp_path_factory):
     build = subprocess.run([sys.executable, "-m", "pip", "wheel", "-v", "--no-deps", "-w", str(root / "dist"),
                             str(REPO)], capture_output=True, text=True, timeout=300)
     assert build.returncode == 0, build.stdout[-3000:] + build.stderr[-3000:]
-    log = build.stdout + build.stderr
-    warnings = [line for line in log.splitlines() if "warning" in line.lower() and "byte-compiling" not in line]
+    # the build backend's own warnings (a deprecated field, a package left out of the list), not pip's
+    warnings = [line for line in (build.stdout + build.stderr).splitlines() if re.search(r"[A-Za-z]+Warning\b", line)]
     assert not warnings, "\n".join(warnings)
     (wheel,) = (root / "dist").glob("secure_afl-*.whl")
 
@@ -80,7 +81,6 @@ def wheel_env(tmp_path_factory):
     install = subprocess.run([sys.executable, "-m", "pip", "--python", str(py), "install", "--no-deps", str(wheel)],
                              capture_output=True, text=True, timeout=300)
     assert install.returncode == 0, install.stdout[-3000:] + install.stderr[-3000:]
-    assert "warning" not in (install.stdout + install.stderr).lower(), install.stdout + install.stderr
 
     cwd = root / "run"
     cwd.mkdir()
