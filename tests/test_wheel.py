@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import site
 import subprocess
 import sys
@@ -61,8 +62,12 @@ def _source_modules() -> set[str]:
 def wheel_env(tmp_path_factory):
     """(python, bin dir, cwd, env) of a fresh virtual environment holding only the built wheel."""
     root = tmp_path_factory.mktemp("wheel")
+    # from a copy without build outputs: setuptools would otherwise ship whatever a stale build/ holds
+    src = root / "src"
+    shutil.copytree(REPO, src, ignore=shutil.ignore_patterns(".git", ".venv", "build", "dist", "*.egg-info",
+                                                               "__pycache__", ".hypothesis", ".pytest_cache"))
     build = subprocess.run([sys.executable, "-m", "pip", "wheel", "-v", "--no-deps", "-w", str(root / "dist"),
-                            str(REPO)], capture_output=True, text=True, timeout=300)
+                            str(src)], capture_output=True, text=True, timeout=300)
     assert build.returncode == 0, build.stdout[-3000:] + build.stderr[-3000:]
     # the build backend's own warnings (a deprecated field, a package left out of the list), not pip's
     warnings = [line for line in (build.stdout + build.stderr).splitlines() if re.search(r"[A-Za-z]+Warning\b", line)]
