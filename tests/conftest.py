@@ -2,8 +2,7 @@
 
 Three rules hold for the whole run:
 
-* every process the run starts dies with it (:mod:`support.reaper`), and one
-  that a test leaves running is named at the end;
+* every process the run starts dies with it (:mod:`support.reaper`);
 * a test that starts a process (a server, the ``secure-afl`` CLI, a Python
   child, a Flower binary) is marked ``e2e``, so ``-m "not e2e"`` really runs
   in one process; an unmarked test that tries fails, naming the reason;
@@ -40,7 +39,7 @@ def _audit(event, args):
 
 
 def pytest_configure(config):
-    config._secure_afl_run = reaper.start()
+    reaper.start()
     sys.addaudithook(_audit)
 
 
@@ -71,16 +70,10 @@ def consortium(tmp_path):
 
 
 def pytest_unconfigure(config):
-    """Kill what the tests left running (and name it), then arm the exit watchdog.
+    """Arm the exit watchdog (the reaper's watcher ends the run's processes once it has exited).
 
     A thread left running (a queue's feeder, a server that was not stopped)
     otherwise holds the interpreter at exit until CI kills the whole job, with
     no sign of which one it was.
     """
-    token = getattr(config, "_secure_afl_run", None)
-    if token:
-        leaked = reaper.sweep(token)
-        if leaked:
-            print(f"\nsecure-afl tests: {len(leaked)} process(es) outlived their test and were killed: "
-                  f"{leaked}", file=sys.stderr)
     faulthandler.dump_traceback_later(180, exit=True, file=sys.stderr)

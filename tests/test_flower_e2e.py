@@ -23,7 +23,7 @@ from secure_afl.keyholder import read_model
 from support.flower import FlowerDeployment
 from support import Consortium, w_error_bound
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.flower]
 
 HOSPITALS = ("h1", "h2", "h3")
 

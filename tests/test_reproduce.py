@@ -1,9 +1,12 @@
 import json
 
+import pytest
+
 from secure_afl.cli import main
 from secure_afl.reproduce import table_a1
 
 
+@pytest.mark.slow  # d = 512, N = 10,000: minutes on two cores
 def test_table_a1_small_k_with_and_without_ri():
     # K = 10 (N_k = 1000 >= d) and K = 50 (N_k = 200 < d = 512)
     res = table_a1((10, 50), runs=1)

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shutil
 import site
 import subprocess
 import sys
@@ -60,11 +62,15 @@ def _source_modules() -> set[str]:
 def wheel_env(tmp_path_factory):
     """(python, bin dir, cwd, env) of a fresh virtual environment holding only the built wheel."""
     root = tmp_path_factory.mktemp("wheel")
+    # from a copy without build outputs: setuptools would otherwise ship whatever a stale build/ holds
+    src = root / "src"
+    shutil.copytree(REPO, src, ignore=shutil.ignore_patterns(".git", ".venv", "build", "dist", "*.egg-info",
+                                                               "__pycache__", ".hypothesis", ".pytest_cache"))
     build = subprocess.run([sys.executable, "-m", "pip", "wheel", "-v", "--no-deps", "-w", str(root / "dist"),
-                            str(REPO)], capture_output=True, text=True, timeout=300)
+                            str(src)], capture_output=True, text=True, timeout=300)
     assert build.returncode == 0, build.stdout[-3000:] + build.stderr[-3000:]
-    log = build.stdout + build.stderr
-    warnings = [line for line in log.splitlines() if "warning" in line.lower() and "byte-compiling" not in line]
+    # the build backend's own warnings (a deprecated field, a package left out of the list), not pip's
+    warnings = [line for line in (build.stdout + build.stderr).splitlines() if re.search(r"[A-Za-z]+Warning\b", line)]
     assert not warnings, "\n".join(warnings)
     (wheel,) = (root / "dist").glob("secure_afl-*.whl")
 
@@ -80,7 +86,6 @@ def wheel_env(tmp_path_factory):
     install = subprocess.run([sys.executable, "-m", "pip", "--python", str(py), "install", "--no-deps", str(wheel)],
                              capture_output=True, text=True, timeout=300)
     assert install.returncode == 0, install.stdout[-3000:] + install.stderr[-3000:]
-    assert "warning" not in (install.stdout + install.stderr).lower(), install.stdout + install.stderr
 
     cwd = root / "run"
     cwd.mkdir()

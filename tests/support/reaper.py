@@ -6,8 +6,9 @@ own (Flower's SuperExec and app processes, a server started with
 ``start_new_session``), which a process group would not reach. A watcher
 process, in a session of its own so that a signal to the run's process group
 (``timeout``, a CI cancel) does not take it along, waits on a pidfd for the run
-to exit (normally, by an exception or by SIGKILL) and then SIGKILLs every live
-process that carries the token, until none is left.
+to exit (normally, by an exception or by SIGKILL) and then ends every live
+process that carries the token: SIGTERM, a short grace, then SIGKILL until
+none is left.
 
 Run as ``python reaper.py PID TOKEN``: the watcher itself.
 """
@@ -40,32 +41,46 @@ def marked(name: str, value: str) -> list[int]:
             if d.name.isdigit() and int(d.name) != os.getpid() and carries(int(d.name), name, value)]
 
 
-def sweep(token: str, rounds: int = 50) -> list[int]:
-    """SIGKILL every process marked with ``token`` until none is left (a dying parent may still fork once).
+def _signal_marked(token: str, sig: int) -> list[int]:
+    """Send ``sig`` to every process marked with ``token``; returns their pids.
 
-    Returns the pids it killed. Each pid's environment is read again through
-    an open pidfd, so a pid reused in between is never signalled.
+    Each pid's environment is read again through an open pidfd, so a pid
+    reused in between is never signalled.
     """
-    killed = []
+    sent = []
+    for pid in marked(MARK, token):
+        try:
+            fd = os.pidfd_open(pid)
+        except OSError:
+            continue
+        try:
+            if carries(pid, MARK, token):
+                signal.pidfd_send_signal(fd, sig)
+                sent.append(pid)
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+    return sent
+
+
+def sweep(token: str, grace_s: float = 5.0, rounds: int = 50) -> list[int]:
+    """End every process marked with ``token``; returns the pids it found.
+
+    SIGTERM first, so that servers shut down as they would in production,
+    and ``grace_s`` for helpers that end on their own once the run is gone
+    (multiprocessing's resource tracker ignores SIGTERM and cleans up on
+    EOF); then SIGKILL until none is left (a dying parent may still fork once).
+    """
+    found = _signal_marked(token, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while found and marked(MARK, token) and time.monotonic() < deadline:
+        time.sleep(0.1)
     for _ in range(rounds):
-        pids = marked(MARK, token)
-        if not pids:
+        if not _signal_marked(token, signal.SIGKILL):
             break
-        for pid in pids:
-            try:
-                fd = os.pidfd_open(pid)
-            except OSError:
-                continue
-            try:
-                if carries(pid, MARK, token):
-                    signal.pidfd_send_signal(fd, signal.SIGKILL)
-                    killed.append(pid)
-            except OSError:
-                pass
-            finally:
-                os.close(fd)
         time.sleep(0.05)  # bounded by ``rounds``: lets the kernel tear the killed ones down
-    return killed
+    return found
 
 
 def start() -> str:
