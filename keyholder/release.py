@@ -29,7 +29,7 @@ import numpy as np
 from secure_afl import pki
 from secure_afl.analytic import solve_from_sums
 from secure_afl.backends import HE_BACKENDS, get_backend, he_module
-from secure_afl.certify import certify_release, plain_summation_error
+from secure_afl.certify import FLOOD_TAIL, certify_release, gaussian_spectral_bound, plain_summation_error
 from secure_afl.hazmat.fixedpoint import abs_error_bound
 from secure_afl.exceptions import DecryptionRefused, InvalidInputError, SecureAFLError
 from secure_afl.packing import Layout
@@ -38,7 +38,7 @@ from secure_afl.release import ReleaseLedger, check_aggregate_against_manifest, 
 
 from .connection import KeyHolderConnection
 from .custody import KeyCustody
-from .flooding import KAPPA, QUERIES, flood, flood_ridge, flood_sigma, flooded_bound
+from .flooding import flood_release, flood_sigma, tail_z
 from .verify import ContributionRejected, ServerForgery, resum_signed_contributions, verify_manifest_for
 
 __all__ = ["KeyHolder", "FinalResult", "write_model", "read_model"]
@@ -210,40 +210,66 @@ class KeyHolder(KeyCustody):
 
     def _decrypt_once(self, ledger, key_id, params, backend, ctx, chunks, participants, m, tags, enrolled, *,
                       lam: float, min_class_count: int) -> FinalResult:
+        """Decrypt once; ckks: flood (``flooding.py``) before any check, so that nothing unflooded,
+        not even a check's outcome, goes further; check; solve; certify.
+
+        Every check's tolerance is the bound proved for the noise actually added
+        (:func:`secure_afl.release.sanity_check`), so an honest cohort passes
+        except with probability 2^-40. Nothing that leaves here (report,
+        exception message) carries a decrypted float: integers are rounded and
+        range-checked, float checks report pass or fail.
+        """
         from secure_afl.tagging import check_aggregate_tag
 
+        K = len(participants)
+        # the tags are summed in float64 here; allow that summation's own rounding
+        tag_sum_err = plain_summation_error(K, params.bounds.aggregate_bound(params.gamma))
+        if params.backend == "ckks":
+            plan = _flood_plan(params, K)
+            if not plan["count_tol"] < 0.5:  # known before decrypting: refuse without spending the key
+                raise DecryptionRefused(
+                    "the flooding this session needs (declared bounds and precision target) would hide the "
+                    "counts; lower n_max or max_abs_error in a new session", reason="imprecise_counts")
         ledger.record_decryption(key_id, params.session_id, participants)
         try:
-            e_bound = he_module(params.backend).expected_abs_error(params, len(participants))
-            # the tags are summed in float64 here; allow that summation's own rounding
-            e_bound += plain_summation_error(len(participants), params.bounds.aggregate_bound(params.gamma))
             if params.backend == "ckks":
-                sigma = flood_sigma(e_bound)
-                vector = flood(backend.decrypt_sum(ctx, chunks), sigma)  # nothing unflooded goes further
-                tol, p_exceed = flooded_bound(e_bound, sigma)
+                fl = flood_release(backend.decrypt_raw(ctx, chunks), plan["first"], plan["counts"],
+                                   e_first=plan["e_declared"], e_rest=plan["e_rest"], extra_tol=tag_sum_err)
+                vector, tol, count_tol = fl.vector, fl.tol, fl.count_tol  # nothing unflooded goes further
+                backend.check_range(vector, tol)
+                sigma = max(fl.sigma, fl.sigma_counts) if plan["gram_in_first"] else fl.sigma
+                e_gram = plan["e_declared"] if plan["gram_in_first"] else fl.e_key
+                spectral = (params.layout.dim * e_gram
+                            + gaussian_spectral_bound(sigma, params.layout.dim, FLOOD_TAIL))
+                flood_info = fl.to_report()
             else:  # exact decryption (bfv): the noise is rounded away, nothing key-dependent to flood
-                sigma, p_exceed = 0.0, 0.0
-                vector, tol = backend.decrypt_sum(ctx, chunks), e_bound
+                e_bound = he_module(params.backend).expected_abs_error(params, K) + tag_sum_err
+                vector, tol, count_tol, sigma, spectral = backend.decrypt_sum(ctx, chunks), e_bound, e_bound, 0.0, None
+                flood_info = {"flood_sigma": 0.0, "error_bound_per_entry": tol}
             stats = Layout(params.layout.dim, params.layout.n_classes).unpack(vector, gamma=params.gamma)
-            sanity = _sanity(stats, params, participants, tol)
+            sanity = _sanity(stats, params, participants, tol, count_tol=count_tol, spectral_tol=spectral)
             tag_check = check_aggregate_tag(params, stats.tag, m, tags or {}, enrolled,
                                             self.tag_secret(params.session_id), tol)
-            # integers stay integers: the checks above bound their noise far below 1/2
-            stats = dataclasses.replace(stats, contributors=float(len(participants)),
-                                        n=float(np.round(stats.n)), class_counts=np.round(stats.class_counts))
+            # integers stay integers: the checks above proved their error below 1/2
+            stats = dataclasses.replace(stats, contributors=float(K), n=float(np.round(stats.n)),
+                                        class_counts=np.round(stats.class_counts))
             _class_minimum(stats, params, min_class_count)
-            ridge = flood_ridge(sigma, params.layout.dim) if sigma > 0 else 0.0
+            ridge = _ridge_if_needed(stats, spectral) if sigma > 0 else 0.0
             W, privacy = self._solve(params, stats, participants, lam + ridge, "resummed:" + key_id)
-            w_bound = certify_release(params, stats, W, len(participants), lam=lam + ridge, flood_sigma=sigma)
+            w_bound = certify_release(params, stats, W, K, lam=lam + ridge, flood_sigma=sigma)
+            bias = None
+            if ridge > 0 and params.dp is None:
+                # post-processing of the flooded release: how far the ridge moved W from the unregularised solve
+                W0 = solve_from_sums(stats, lam=lam)
+                bias = float(np.linalg.norm(W - W0) / max(np.linalg.norm(W), 1e-300))
         except BaseException as e:
             ledger.block(key_id, f"check after decryption failed: {type(e).__name__}: {e}")
             raise
         ledger.record(key_id, params.session_id, participants, "resummed:" + key_id)
         report = self._report(params, participants, stats, lam, sanity, tol)
-        report.update({"dp": privacy, "tag_check": tag_check, "resummed_by_keyholder": True,
-                       "decryption_error_bound": e_bound, "flood_sigma": sigma, "flood_kappa": KAPPA,
-                       "flood_queries": QUERIES, "error_bound_exceed_probability_per_entry": p_exceed,
-                       "flood_ridge": ridge, "lambda_total": lam + ridge, "w_error_bound": w_bound.to_dict()})
+        report.update({"dp": privacy, "tag_check": tag_check, "resummed_by_keyholder": True, **flood_info,
+                       "flood_ridge": ridge, "ridge_rel_change": bias, "lambda_total": lam + ridge,
+                       "w_error_bound": w_bound.to_dict(), "verdict": w_bound.verdict})
         return FinalResult(W, stats, params, m, report)
 
     def _solve(self, params, stats, participants, lam: float, release_id: str):
@@ -332,7 +358,7 @@ class KeyHolder(KeyCustody):
         finally:
             ledger.close()
         report = self._report(params, participants, stats, lam, sanity, tol, agg_sha)
-        report.update({"dp": privacy, "w_error_bound": w_bound.to_dict()})
+        report.update({"dp": privacy, "w_error_bound": w_bound.to_dict(), "verdict": w_bound.verdict})
         return FinalResult(W, stats, params, m, report)
 
 
@@ -352,11 +378,55 @@ class _HTTPSource:
         return self.conn.request("GET", self.conn.path("/tags")).json()
 
 
-def _sanity(stats, params, participants, tol):
+def _flood_plan(params, K: int) -> dict:
+    """What :func:`flood_release` needs, all known before decrypting (``flooding.py``, two stages):
+    the slots of the chunks holding a count or a tag, the declared-magnitude error bound, and the
+    error bound of the other chunks as a function of upper bounds on the released counts."""
+    from secure_afl.backends.ckks import ckks_parameters, expected_abs_error
+    from secure_afl.hazmat import ckks as hz
+
+    lay = params.layout
+    cp = ckks_parameters(params)
+    s = lay.slices
+    counts = np.concatenate([np.arange(L.start, L.stop) for L in (s["contributors"], s["n"], s["counts"])])
+    special = np.concatenate([counts, np.arange(s["tag"].start, s["tag"].stop)])
+    chunk = cp.slots
+    chunks = np.unique(special // chunk)
+    first = np.concatenate([np.arange(c * chunk, min((c + 1) * chunk, lay.length)) for c in chunks])
+    e_declared = expected_abs_error(params, K)
+    noise = hz.noise_bound(cp, K)
+    B, gamma = float(params.bounds.max_norm), float(params.gamma)
+    n_pos = int(np.flatnonzero(counts == s["n"].start)[0])
+
+    def e_rest(upper):
+        # honest Gram and cross entries: |C^r_k,ij| <= n_k B^2 + gamma, |Q_k,ic| <= n_k B
+        n_up = max(float(upper[n_pos]), 0.0)
+        return noise + hz.FLOAT_REL * (n_up * max(B * B, B) + K * gamma)
+
+    z = tail_z(lay.length)
+    sigma0 = flood_sigma(e_declared, slots=2 * first.size)
+    return {"first": first, "counts": counts, "e_declared": e_declared, "e_rest": e_rest,
+            "count_tol": e_declared + z * sigma0, "gram_in_first": bool(np.any(first < s["gram"].stop))}
+
+
+def _ridge_if_needed(stats, spectral: float) -> float:
+    """Ridge 2 rho when the released C's smallest eigenvalue is within 4 rho of zero (rho bounds the
+    flooding's spectral norm), else none: the ridge is post-processing that keeps directions the
+    noise swamps out of W, and is not paid where C is well conditioned at this noise.
+    With lambda_min(C') >= -rho (Weyl), C' + 2 rho I has lambda_min >= rho."""
+    from secure_afl.analytic import ri_restore_gram
+
+    C = ri_restore_gram(stats.gram, round(stats.contributors), stats.gamma)
+    lam_min = float(np.linalg.eigvalsh(0.5 * (C + C.T))[0])
+    return 2.0 * spectral if lam_min <= 4.0 * spectral else 0.0
+
+
+def _sanity(stats, params, participants, tol, *, count_tol=None, spectral_tol=None):
     """The statistics checks; with DP the noise-aware ones, after refusing a release carrying less noise
     than the session declared (fewer contributions than dp min_contributors)."""
     if params.dp is None:
-        return sanity_check(stats, params, len(participants), abs_tol=tol)
+        return sanity_check(stats, params, len(participants), abs_tol=tol, count_tol=count_tol,
+                            spectral_tol=spectral_tol)
     from secure_afl.dp import dp_sanity_check
 
     _check_dp_noise(params, len(participants))

@@ -345,16 +345,25 @@ class CKKSBackend(ProtectionBackend):
         return self._hz.load_chunks(ctx, self.ckks_, body, self._n_items())
 
     def decrypt_sum(self, ctx, chunks: list) -> np.ndarray:
-        """Decrypt summed chunks; a value beyond the declared aggregate bound raises :class:`SanityCheckFailed`.
+        """Decrypt summed chunks and check the range (:meth:`check_range` at this session's
+        decryption bound): for tests and tools. The key holder decrypts with :meth:`decrypt_raw`,
+        floods, and only then checks the range of the flooded values."""
+        v = self.decrypt_raw(ctx, chunks)
+        self.check_range(v, expected_abs_error(self.params))
+        return v
 
-        Every entry is within :func:`expected_abs_error` of the true sum.
-        """
-        v = self._hz.decrypt_chunks(ctx, chunks, self.params.layout.length)
-        limit = self.params.bounds.aggregate_bound(self.params.gamma)
-        limit += expected_abs_error(self.params)
+    def decrypt_raw(self, ctx, chunks: list) -> np.ndarray:
+        """The decryption of summed chunks, unchecked: every entry within :func:`expected_abs_error`
+        of the true sum. It carries the decryption error, so it must be flooded before anything
+        (even a check's outcome) depends on it."""
+        return self._hz.decrypt_chunks(ctx, chunks, self.params.layout.length)
+
+    def check_range(self, v: np.ndarray, tol: float) -> None:
+        """:class:`SanityCheckFailed` when an entry of ``v`` (known to within ``tol`` of the true sum)
+        lies beyond the declared aggregate bound; the message carries no value."""
+        limit = self.params.bounds.aggregate_bound(self.params.gamma) + float(tol)
         if not np.all(np.isfinite(v)) or float(np.max(np.abs(v))) > limit:
             raise SanityCheckFailed(
                 "decrypted aggregate leaves the declared aggregate bound: the homomorphic sum wrapped "
-                "(a contribution exceeded the bounds) or was not formed from this session's contributions"
-            )
-        return v
+                "(a contribution exceeded the bounds) or was not formed from this session's contributions",
+                reason="aggregate_out_of_range")
