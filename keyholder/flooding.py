@@ -70,7 +70,7 @@ from dataclasses import dataclass
 import numpy as np
 
 __all__ = ["KAPPA", "QUERIES", "TAIL_BITS", "flood_sigma", "flood", "tail_z", "margin_bits", "FloodedRelease",
-           "flood_release", "flood_ridge"]
+           "flood_release", "flood_plan", "flood_decryption", "flood_ridge"]
 
 KAPPA = 30
 QUERIES = 1
@@ -169,6 +169,43 @@ def flood_release(raw: np.ndarray, first_index: np.ndarray, count_index: np.ndar
     tol = max(first_tol, e_key + z * sigma + extra_tol)
     margin = margin_bits([(first.size, e_first, sigma0), (rest.size, e_key, sigma)])
     return FloodedRelease(out, sigma0, sigma, first_tol, tol, e_key, margin, 2.0 ** -TAIL_BITS)
+
+
+def flood_plan(params, K: int) -> dict:
+    """What :func:`flood_release` needs, all known before decrypting (``flooding.py``, two stages):
+    the slots of the chunks holding a count or a tag, the declared-magnitude error bound, and the
+    error bound of the other chunks as a function of upper bounds on the released counts."""
+    from secure_afl.backends.ckks import ckks_parameters, expected_abs_error
+    from secure_afl.hazmat import ckks as hz
+
+    lay = params.layout
+    cp = ckks_parameters(params)
+    s = lay.slices
+    counts = np.concatenate([np.arange(L.start, L.stop) for L in (s["contributors"], s["n"], s["counts"])])
+    special = np.concatenate([counts, np.arange(s["tag"].start, s["tag"].stop)])
+    chunk = cp.slots
+    chunks = np.unique(special // chunk)
+    first = np.concatenate([np.arange(c * chunk, min((c + 1) * chunk, lay.length)) for c in chunks])
+    e_declared = expected_abs_error(params, K)
+    noise = hz.noise_bound(cp, K)
+    B, gamma = float(params.bounds.max_norm), float(params.gamma)
+    n_pos = int(np.flatnonzero(counts == s["n"].start)[0])
+
+    def e_rest(upper):
+        # honest Gram and cross entries: |C^r_k,ij| <= n_k B^2 + gamma, |Q_k,ic| <= n_k B
+        n_up = max(float(upper[n_pos]), 0.0)
+        return noise + hz.FLOAT_REL * (n_up * max(B * B, B) + K * gamma)
+
+    z = tail_z(lay.length)
+    sigma0 = flood_sigma(e_declared, slots=2 * first.size)
+    return {"first": first, "counts": counts, "e_declared": e_declared, "e_rest": e_rest,
+            "count_tol": e_declared + z * sigma0, "gram_in_first": bool(np.any(first < s["gram"].stop))}
+
+
+def flood_decryption(plan: dict, raw: np.ndarray, *, extra_tol: float = 0.0) -> FloodedRelease:
+    """:func:`flood_release` of a ckks session's raw decryption by its :func:`flood_plan`."""
+    return flood_release(raw, plan["first"], plan["counts"], e_first=plan["e_declared"], e_rest=plan["e_rest"],
+                         extra_tol=extra_tol)
 
 
 def flood_ridge(sigma: float, dim: int) -> float:

@@ -38,7 +38,7 @@ from secure_afl.release import ReleaseLedger, check_aggregate_against_manifest, 
 
 from .connection import KeyHolderConnection
 from .custody import KeyCustody
-from .flooding import flood_release, flood_sigma, tail_z
+from .flooding import flood_decryption, flood_plan
 from .verify import ContributionRejected, ServerForgery, resum_signed_contributions, verify_manifest_for
 
 __all__ = ["KeyHolder", "FinalResult", "write_model", "read_model"]
@@ -225,7 +225,7 @@ class KeyHolder(KeyCustody):
         # the tags are summed in float64 here; allow that summation's own rounding
         tag_sum_err = plain_summation_error(K, params.bounds.aggregate_bound(params.gamma))
         if params.backend == "ckks":
-            plan = _flood_plan(params, K)
+            plan = flood_plan(params, K)
             if not plan["count_tol"] < 0.5:  # known before decrypting: refuse without spending the key
                 raise DecryptionRefused(
                     "the flooding this session needs (declared bounds and precision target) would hide the "
@@ -233,8 +233,7 @@ class KeyHolder(KeyCustody):
         ledger.record_decryption(key_id, params.session_id, participants)
         try:
             if params.backend == "ckks":
-                fl = flood_release(backend.decrypt_raw(ctx, chunks), plan["first"], plan["counts"],
-                                   e_first=plan["e_declared"], e_rest=plan["e_rest"], extra_tol=tag_sum_err)
+                fl = flood_decryption(plan, backend.decrypt_raw(ctx, chunks), extra_tol=tag_sum_err)
                 vector, tol, count_tol = fl.vector, fl.tol, fl.count_tol  # nothing unflooded goes further
                 backend.check_range(vector, tol)
                 sigma = max(fl.sigma, fl.sigma_counts) if plan["gram_in_first"] else fl.sigma
@@ -378,47 +377,20 @@ class _HTTPSource:
         return self.conn.request("GET", self.conn.path("/tags")).json()
 
 
-def _flood_plan(params, K: int) -> dict:
-    """What :func:`flood_release` needs, all known before decrypting (``flooding.py``, two stages):
-    the slots of the chunks holding a count or a tag, the declared-magnitude error bound, and the
-    error bound of the other chunks as a function of upper bounds on the released counts."""
-    from secure_afl.backends.ckks import ckks_parameters, expected_abs_error
-    from secure_afl.hazmat import ckks as hz
-
-    lay = params.layout
-    cp = ckks_parameters(params)
-    s = lay.slices
-    counts = np.concatenate([np.arange(L.start, L.stop) for L in (s["contributors"], s["n"], s["counts"])])
-    special = np.concatenate([counts, np.arange(s["tag"].start, s["tag"].stop)])
-    chunk = cp.slots
-    chunks = np.unique(special // chunk)
-    first = np.concatenate([np.arange(c * chunk, min((c + 1) * chunk, lay.length)) for c in chunks])
-    e_declared = expected_abs_error(params, K)
-    noise = hz.noise_bound(cp, K)
-    B, gamma = float(params.bounds.max_norm), float(params.gamma)
-    n_pos = int(np.flatnonzero(counts == s["n"].start)[0])
-
-    def e_rest(upper):
-        # honest Gram and cross entries: |C^r_k,ij| <= n_k B^2 + gamma, |Q_k,ic| <= n_k B
-        n_up = max(float(upper[n_pos]), 0.0)
-        return noise + hz.FLOAT_REL * (n_up * max(B * B, B) + K * gamma)
-
-    z = tail_z(lay.length)
-    sigma0 = flood_sigma(e_declared, slots=2 * first.size)
-    return {"first": first, "counts": counts, "e_declared": e_declared, "e_rest": e_rest,
-            "count_tol": e_declared + z * sigma0, "gram_in_first": bool(np.any(first < s["gram"].stop))}
-
-
 def _ridge_if_needed(stats, spectral: float) -> float:
-    """Ridge 2 rho when the released C's smallest eigenvalue is within 4 rho of zero (rho bounds the
-    flooding's spectral norm), else none: the ridge is post-processing that keeps directions the
-    noise swamps out of W, and is not paid where C is well conditioned at this noise.
-    With lambda_min(C') >= -rho (Weyl), C' + 2 rho I has lambda_min >= rho."""
+    """Ridge rho when the released C's smallest eigenvalue is below 2 rho (rho bounds the flooding's
+    spectral norm), else none.
+
+    Post-processing of the flooded release. Weyl gives lambda_min(C') >= lambda_min(C) - rho >= -rho,
+    so C' + rho I is positive semi-definite like the true C, and the solve cannot amplify the noise
+    along directions it made negative. Above 2 rho the unregularised system keeps
+    lambda_min(C) >= lambda_min(C') - rho >= rho > 0, so W is certified against C^+ Q itself and no
+    ridge bias is paid."""
     from secure_afl.analytic import ri_restore_gram
 
     C = ri_restore_gram(stats.gram, round(stats.contributors), stats.gamma)
     lam_min = float(np.linalg.eigvalsh(0.5 * (C + C.T))[0])
-    return 2.0 * spectral if lam_min <= 4.0 * spectral else 0.0
+    return float(spectral) if lam_min < 2.0 * spectral else 0.0
 
 
 def _sanity(stats, params, participants, tol, *, count_tol=None, spectral_tol=None):

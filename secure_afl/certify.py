@@ -45,8 +45,9 @@ The total ``||W - W*||_F <= e_solve + e_data`` is divided by
 When it does not apply: if lambda_min(A) is within the perturbation of zero
 (C singular or so ill-conditioned that dA can close the gap) the solve is the
 minimum-norm one, which is discontinuous where the rank changes, and no bound
-of this kind holds; :func:`w_error_bound` then says so (``applies=False``)
-with a warning instead of a number.
+of this kind holds; :func:`w_error_bound` then says so (``applies=False``,
+verdict "no bound (C singular at this noise)") instead of a number. So does a
+bound of 100 % or more, which says nothing about W.
 
 Comparing two pipelines (secure vs plain): both are within their own bound of
 the same W*, so ``||W_s - W_p||`` is at most the sum of the two absolute
@@ -199,7 +200,8 @@ def w_error_bound(C, Q, W, *, eps_C: float, eps_Q: float, lam: float = 0.0,
         if lam_lo - dA > 0:
             e_data = (dQ + dA * (w_norm + e_solve)) / (lam_lo - dA)
     total = e_solve + e_data
-    applies = math.isfinite(total) and total < w_norm
+    # a bound of 100 % or more says nothing about W: reported as no bound
+    applies = math.isfinite(total) and 2.0 * total < w_norm
     denom = w_norm - total if applies else 0.0
     rel = total / denom if applies else math.inf
     data_rel = e_data / denom if applies else math.inf
