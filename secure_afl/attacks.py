@@ -41,6 +41,12 @@ decryption-error
     IND-CPA-D: an attacker who knows every plaintext estimates the CKKS
     decryption error from a release (the input of key recovery); the verdict
     compares the estimate with the true error. Flooding makes it noise.
+noisy-upload
+    The same attacker, also a hospital: it adds 2^t encryptions of zero to its
+    signed upload, multiplying its key-dependent error by 2^t. Large t is
+    refused by the key holder's checks; moderate t is released and the
+    estimate holds most of the amplified error (a documented limit of ckks
+    against a malicious hospital: use bfv, whose decryption is exact).
 """
 
 from __future__ import annotations
@@ -650,6 +656,100 @@ def attack_decryption_error(*, seed: int = 0, verbose: bool = True, work=None, f
             "flood_sigma": res.report["flood_sigma"] if res else 0.0}
 
 
+def attack_noisy_upload(*, seed: int = 0, verbose: bool = True, work=None, doublings: int = 30, **_) -> dict:
+    """A hospital adds 2^t Enc(0) to its own signed upload: its key-dependent error times 2^t.
+
+    The flooding is sized for the error of fresh encryptions; CKKS ciphertexts
+    carry no proof of freshness, so a hospital (with the server, knowing every
+    plaintext) can multiply the key-dependent error e0 of an encryption of zero
+    by 2^t and add it to its upload. The key holder's real finalize then either
+    refuses (a check sees the error, its message carries no decrypted value) or
+    releases. The verdict: RECOVERED when the published statistics give an
+    estimate of the amplified error with relative residual below 1/2 (what
+    key recovery needs), else REFUSED. ``released_within_bound`` says whether
+    every released statistic stayed within the key holder's reported bound.
+    """
+    from .backends.ckks import CKKSBackend, ckks_parameters
+    from .envelope import seal
+    from .hazmat import ckks as hz
+    from .tagging import new_tag, seal_tag, sign_tag
+
+    rng = np.random.default_rng(seed)
+    with _workdir(work) as d:
+        d = Path(d)
+        pki_dir, server_party, parties, kh, params, public = _ckks_consortium(d)
+        backend = CKKSBackend(params)
+        cp = ckks_parameters(params)
+        lay = _layout()
+        names = sorted(parties)
+        vecs = {h: _packed(*_embeddings(rng, 15)) for h in names}
+        uploads = {h: _tagged_upload(parties[h], params, backend, public, vecs[h]) for h in names[1:]}
+        # the attacker's upload: its honest ciphertext plus 2^t encryptions of zero, then signed as usual
+        attacker = names[0]
+        tag = new_tag(params)
+        v = vecs[attacker].copy()
+        v[lay.slices["tag"]] = tag
+        pub = hz.load_context(public, cp, secret=False)
+        honest = hz.load_chunks(pub, cp, seal_body(backend.protect(v, public_context=public)), lay.length)
+        zero = hz.load_chunks(pub, cp, seal_body(backend.protect(np.zeros(lay.length), public_context=public)),
+                              lay.length)
+        for _ in range(int(doublings)):
+            zero = hz.add_chunks(zero, [c.copy() for c in zero])
+        payload = seal(params, "contribution", hz.dump_chunks(hz.add_chunks(honest, zero), lay.length))
+        statement = sign_tag(parties[attacker].identity_key(), params, attacker, hashlib.sha256(payload).hexdigest(),
+                             seal_tag(params, attacker, tag))
+        uploads[attacker] = (payload, statement)
+        vecs[attacker] = v
+        for h in names[1:]:
+            vecs[h] = vecs[h].copy()
+        payloads = {h: uploads[h][0] for h in names}
+        tags = {h: uploads[h][1] for h in names}
+        server = _MaliciousServer(server_party, params, [_signed_participant(parties[h], params, payloads[h])
+                                                          for h in names], payloads, tags, min_clients=2)
+        # ground truth, measured with the secret key (the attacker never has it)
+        sk = backend.keyholder_context(kh.secret_context(params.session_id))
+        acc = None
+        for h in names:
+            acc = hz.add_chunks(acc, backend.load_contribution(sk, payloads[h]))
+        raw = hz.decrypt_chunks(sk, acc, lay.length)
+        known = lay.pack(lay.unpack(sum(_untagged(lay, vecs[h]) for h in names), gamma=GAMMA))
+        idx = np.arange(lay.length)
+        sl = np.concatenate([idx[lay.slices["gram"]], idx[lay.slices["cross"]]])
+        true_e = (raw - known)[sl]
+        try:
+            res = kh.finalize(server, min_clients=2)
+        except Exception as e:  # the refusal is the outcome; its message is recorded
+            _say(verbose, f"[noisy-upload] REFUSED: 2^{doublings} Enc(0) added; the key holder refused the release: "
+                          f"{type(e).__name__}({getattr(e, 'reason', '')}): {e}")
+            return {"attack": "noisy-upload", "outcome": "refused", "released": False, "message": str(e),
+                    "amplified_error_rms": float(np.sqrt(np.mean(true_e ** 2))), "report": None}
+        released = lay.pack(res.stats)
+        est_e = (released - known)[sl]
+        residual = float(np.linalg.norm(est_e - true_e) / np.linalg.norm(true_e))
+        within = bool(np.max(np.abs(released - known)[np.r_[sl, idx[lay.slices["counts"]], idx[lay.slices["n"]]]])
+                      <= res.report["error_bound_per_entry"])
+        recovered = residual < 0.5
+        _say(verbose, f"[noisy-upload] {'RECOVERED' if recovered else 'REFUSED'}: 2^{doublings} Enc(0) added, "
+                      f"amplified error rms {np.sqrt(np.mean(true_e ** 2)):.2e} vs flood sigma "
+                      f"{res.report['flood_sigma']:.2e}; the attacker's estimate has relative residual "
+                      f"{residual:.3g}; released statistics within the reported bound: {within}")
+    return {"attack": "noisy-upload", "outcome": "recovered" if recovered else "refused", "released": True,
+            "residual": residual, "released_within_bound": within, "report": res.report, "W": res.W,
+            "amplified_error_rms": float(np.sqrt(np.mean(true_e ** 2))), "flood_sigma": res.report["flood_sigma"]}
+
+
+def seal_body(payload: bytes) -> bytes:
+    from .envelope import peek_header
+
+    return peek_header(payload).body
+
+
+def _untagged(lay, v):
+    out = v.copy()
+    out[lay.slices["tag"]] = 0.0
+    return out
+
+
 ATTACKS = {
     "plain-singleton": attack_plain_singleton,
     "plain-singleton-class": attack_plain_singleton_class,
@@ -659,6 +759,7 @@ ATTACKS = {
     "secagg-server": attack_secagg_server,
     "forward-ciphertext": attack_forward_ciphertext,
     "decryption-error": attack_decryption_error,
+    "noisy-upload": attack_noisy_upload,
 }
 
 
@@ -687,9 +788,11 @@ def _cmd_attack(args) -> int:
 
 
 def _demonstration(name: str, dp) -> bool:
-    """Attacks on configurations without protection (plain statistics, K = 2 without DP): their success
-    is what the protected backends exist to prevent, so it does not fail the command."""
-    return name in ("plain-singleton", "plain-singleton-class") or (name == "k2-subtraction" and dp is None)
+    """Attacks on what is not protected (plain statistics, K = 2 without DP, and a ckks hospital that
+    amplifies its own upload's decryption error, threat_model/THREAT_MODEL.md): their success is the
+    documented limit, so it does not fail the command."""
+    return (name in ("plain-singleton", "plain-singleton-class", "noisy-upload")
+            or (name == "k2-subtraction" and dp is None))
 
 
 def register(parser) -> None:
