@@ -128,6 +128,7 @@ class FloodedRelease:
         return {"flood_sigma": self.sigma, "flood_sigma_counts": self.sigma_counts, "flood_kappa": KAPPA,
                 "flood_queries": QUERIES, "flood_margin_bits": self.margin_bits,
                 "error_bound_per_entry": self.tol, "error_bound_counts": self.count_tol,
+                "decryption_error_bound": self.e_key,
                 "error_bound_exceed_probability": self.tail_probability}
 
 

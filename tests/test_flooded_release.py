@@ -31,13 +31,20 @@ from secure_afl.stats import SufficientStatistics, local_statistics
 README_BOUNDS = Bounds(max_norm=1.0, n_max=100000, k_max=8)
 
 
-def relu_embeddings(rng, n, d, *, rank=None, dead=0, tiny=0):
-    """ReLU-like features, l2-normalised: non-negative, low rank, some columns zero or nearly so."""
+def relu_embeddings(rng, n, d, *, rank=None, dead=0, tiny=0, feature_seed=0):
+    """ReLU-like features, l2-normalised: non-negative, low rank, a few dominant features, some columns
+    zero and some tiny multiples of a dominant one (a near-zero diagonal whose off-diagonal entries are
+    far above the noise: where a check on sqrt(C_ii C_jj) breaks). The backbone is shared: which
+    features are dead, tiny or dominant depends on ``feature_seed`` only, the same at every hospital."""
     rank = rank or max(1, d // 8)
-    X = np.maximum(rng.standard_normal((n, rank)) @ rng.standard_normal((rank, d)), 0.0)
-    cols = rng.permutation(d)
+    feat = np.random.default_rng(feature_seed)
+    basis = feat.standard_normal((rank, d))
+    X = np.maximum(rng.standard_normal((n, rank)) @ basis, 0.0)
+    cols = feat.permutation(d)
+    X[:, cols[-1]] *= 20.0  # a dominant feature
     X[:, cols[:dead]] = 0.0
-    X[:, cols[dead:dead + tiny]] *= 1e-6
+    tiny_cols = cols[dead:dead + tiny]
+    X[:, tiny_cols] = X[:, [cols[-1]]] * feat.uniform(2e-4, 3e-3, tiny_cols.size)
     X /= np.maximum(np.linalg.norm(X, axis=1, keepdims=True), 1e-300) * (1 + 1e-12)
     return X
 
@@ -135,8 +142,8 @@ def test_honest_cohort_never_refused_at_the_readme_flooding(cohort):
     rng = np.random.default_rng(seed)
     lay = Layout(d, classes)
     params = ckks_session_params("prop", lay, 1.0, README_BOUNDS)
-    parts = [(relu_embeddings(rng, n, d, rank=rank, dead=dead, tiny=tiny), rng.integers(0, classes, n))
-             for n in rows]
+    parts = [(relu_embeddings(rng, n, d, rank=rank, dead=dead, tiny=tiny, feature_seed=seed),
+              rng.integers(0, classes, n)) for n in rows]
     _, truth = hospital_vectors(rng, lay, 1.0, parts)
     K = len(rows)
     plan = flood_plan(params, K)
