@@ -70,7 +70,7 @@ from dataclasses import dataclass
 import numpy as np
 
 __all__ = ["KAPPA", "QUERIES", "TAIL_BITS", "flood_sigma", "flood", "tail_z", "margin_bits", "FloodedRelease",
-           "flood_release", "flood_plan", "flood_decryption", "flood_ridge"]
+           "flood_release", "flood_plan", "flood_decryption", "flood_norm_bounds", "flood_ridge"]
 
 KAPPA = 30
 QUERIES = 1
@@ -199,8 +199,38 @@ def flood_plan(params, K: int) -> dict:
 
     z = tail_z(lay.length)
     sigma0 = flood_sigma(e_declared, slots=2 * first.size)
+    # the Gram entries of stage 1 (packed row-major upper triangle) lie in a trailing m x m block
+    g_first = first[first < s["gram"].stop]
+    m = 0
+    if g_first.size:
+        d = lay.dim
+        row_start = np.concatenate([[0], np.cumsum(np.arange(d, 0, -1))])
+        m = d - int(np.searchsorted(row_start, int(g_first.min()), side="right") - 1)
+    cross_first = int(np.count_nonzero((first >= s["cross"].start) & (first < s["cross"].stop)))
     return {"first": first, "counts": counts, "e_declared": e_declared, "e_rest": e_rest,
-            "count_tol": e_declared + z * sigma0, "gram_in_first": bool(np.any(first < s["gram"].stop))}
+            "count_tol": e_declared + z * sigma0, "gram_block": m, "cross_first": cross_first}
+
+
+def flood_norm_bounds(plan: dict, fl: "FloodedRelease", dim: int, classes: int, probability: float):
+    """(rho, phi): ||G||_2 <= rho and ||F||_F <= phi for the Gaussian noise flooded onto the Gram (G) and
+    the cross term (F), both except with probability ``probability`` altogether.
+
+    G = A + B: A carries stage 2's sigma (or nothing) on every entry, B stage 1's sigma_0 on the
+    entries of a trailing m x m block (``plan["gram_block"]``); ||G|| <= ||A|| + ||B|| and each gets
+    :func:`secure_afl.certify.gaussian_spectral_bound` (whose comparison argument allows entries with
+    smaller or zero variance) at probability / 4 per tail pair. F: E||F||_F <= sqrt(sum of variances)
+    and ||F||_F is max(sigma)-Lipschitz, so phi = sqrt(sum var) + t max(sigma), exp(-t^2/2) = probability / 2.
+    """
+    from secure_afl.certify import gaussian_spectral_bound
+
+    s, s0, m = fl.sigma, fl.sigma_counts, int(plan["gram_block"])
+    rho = gaussian_spectral_bound(s, dim, probability / 4.0)
+    if m:
+        rho += gaussian_spectral_bound(s0, m, probability / 4.0)
+    nq0 = int(plan["cross_first"])
+    t = math.sqrt(2.0 * math.log(2.0 / probability))
+    phi = math.sqrt((dim * classes - nq0) * s * s + nq0 * s0 * s0) + t * (max(s, s0) if nq0 else s)
+    return rho, phi
 
 
 def flood_decryption(plan: dict, raw: np.ndarray, *, extra_tol: float = 0.0) -> FloodedRelease:

@@ -29,7 +29,7 @@ import numpy as np
 from secure_afl import pki
 from secure_afl.analytic import solve_from_sums
 from secure_afl.backends import HE_BACKENDS, get_backend, he_module
-from secure_afl.certify import FLOOD_TAIL, certify_release, gaussian_spectral_bound, plain_summation_error
+from secure_afl.certify import FLOOD_TAIL, certify_release, plain_summation_error
 from secure_afl.hazmat.fixedpoint import abs_error_bound
 from secure_afl.exceptions import DecryptionRefused, InvalidInputError, SecureAFLError
 from secure_afl.packing import Layout
@@ -38,7 +38,7 @@ from secure_afl.release import ReleaseLedger, check_aggregate_against_manifest, 
 
 from .connection import KeyHolderConnection
 from .custody import KeyCustody
-from .flooding import flood_decryption, flood_plan
+from .flooding import flood_decryption, flood_norm_bounds, flood_plan
 from .verify import ContributionRejected, ServerForgery, resum_signed_contributions, verify_manifest_for
 
 __all__ = ["KeyHolder", "FinalResult", "write_model", "read_model"]
@@ -236,14 +236,15 @@ class KeyHolder(KeyCustody):
                 fl = flood_decryption(plan, backend.decrypt_raw(ctx, chunks), extra_tol=tag_sum_err)
                 vector, tol, count_tol = fl.vector, fl.tol, fl.count_tol  # nothing unflooded goes further
                 backend.check_range(vector, tol)
-                sigma = max(fl.sigma, fl.sigma_counts) if plan["gram_in_first"] else fl.sigma
-                e_gram = plan["e_declared"] if plan["gram_in_first"] else fl.e_key
-                spectral = (params.layout.dim * e_gram
-                            + gaussian_spectral_bound(sigma, params.layout.dim, FLOOD_TAIL))
+                sigma = fl.sigma
+                noise_norms = flood_norm_bounds(plan, fl, params.layout.dim, params.layout.n_classes, FLOOD_TAIL)
+                e_gram = plan["e_declared"] if plan["gram_block"] else fl.e_key
+                spectral = params.layout.dim * e_gram + noise_norms[0]
                 flood_info = fl.to_report()
             else:  # exact decryption (bfv): the noise is rounded away, nothing key-dependent to flood
                 e_bound = he_module(params.backend).expected_abs_error(params, K) + tag_sum_err
                 vector, tol, count_tol, sigma, spectral = backend.decrypt_sum(ctx, chunks), e_bound, e_bound, 0.0, None
+                noise_norms = None
                 flood_info = {"flood_sigma": 0.0, "error_bound_per_entry": tol}
             stats = Layout(params.layout.dim, params.layout.n_classes).unpack(vector, gamma=params.gamma)
             sanity = _sanity(stats, params, participants, tol, count_tol=count_tol, spectral_tol=spectral)
@@ -255,15 +256,23 @@ class KeyHolder(KeyCustody):
             _class_minimum(stats, params, min_class_count)
             ridge = _ridge_if_needed(stats, spectral) if sigma > 0 else 0.0
             W, privacy = self._solve(params, stats, participants, lam + ridge, "resummed:" + key_id)
-            w_bound = certify_release(params, stats, W, K, lam=lam + ridge, flood_sigma=sigma)
+            w_bound = certify_release(params, stats, W, K, lam=lam + ridge, flood_norms=noise_norms)
             bias = None
             if ridge > 0 and params.dp is None:
                 # post-processing of the flooded release: how far the ridge moved W from the unregularised solve
                 W0 = solve_from_sums(stats, lam=lam)
                 bias = float(np.linalg.norm(W - W0) / max(np.linalg.norm(W), 1e-300))
-        except BaseException as e:
+        except SecureAFLError as e:  # its message names the check, never a decrypted value
             ledger.block(key_id, f"check after decryption failed: {type(e).__name__}: {e}")
             raise
+        except BaseException as e:
+            ledger.block(key_id, f"release failed after decryption: {type(e).__name__}")
+            if not isinstance(e, Exception):
+                raise
+            # an unexpected error's text could quote decrypted values: the traceback stays in this log only
+            log.exception("release failed after decryption")
+            raise DecryptionRefused(f"the release failed after decryption ({type(e).__name__}); the key is "
+                                    "blocked, details in the key holder's log", reason="release_failed") from None
         ledger.record(key_id, params.session_id, participants, "resummed:" + key_id)
         report = self._report(params, participants, stats, lam, sanity, tol)
         report.update({"dp": privacy, "tag_check": tag_check, "resummed_by_keyholder": True, **flood_info,

@@ -276,7 +276,8 @@ def entry_error_bounds(params, n_clients: int, stats) -> tuple[float, float]:
     return eps_C + UNIT_ROUNDOFF * mag_C, eps_Q
 
 
-def certify_release(params, stats, W, n_clients: int, *, lam: float = 0.0, flood_sigma: float = 0.0) -> WBound:
+def certify_release(params, stats, W, n_clients: int, *, lam: float = 0.0, flood_sigma: float = 0.0,
+                    flood_norms: tuple[float, float] | None = None) -> WBound:
     """:func:`w_error_bound` for a revealed aggregate of ``params``'s backend.
 
     RI restoration uses the integer ``n_clients`` (never the decrypted
@@ -284,6 +285,8 @@ def certify_release(params, stats, W, n_clients: int, *, lam: float = 0.0, flood
     is the largest standard deviation of Gaussian noise the key holder added
     to the Gram and cross slots; its spectral and Frobenius bounds
     (module docstring) fail with probability at most 2 x :data:`FLOOD_TAIL`.
+    ``flood_norms`` = (rho, phi) gives those two bounds directly instead (the key
+    holder's, for noise of two levels), failing with probability :data:`FLOOD_TAIL`.
     """
     from .analytic import ri_restore_gram
 
@@ -293,7 +296,10 @@ def certify_release(params, stats, W, n_clients: int, *, lam: float = 0.0, flood
     d, c = stats.cross.shape
     spec = frob = None
     prob = 0.0
-    if flood_sigma > 0:
+    if flood_norms is not None:
+        spec, frob = d * eps_C + float(flood_norms[0]), math.sqrt(d * c) * eps_Q + float(flood_norms[1])
+        prob = FLOOD_TAIL
+    elif flood_sigma > 0:
         spec = d * eps_C + gaussian_spectral_bound(flood_sigma, d, FLOOD_TAIL)
         frob = math.sqrt(d * c) * eps_Q + gaussian_frobenius_bound(flood_sigma, d * c, FLOOD_TAIL)
         prob = 2 * FLOOD_TAIL

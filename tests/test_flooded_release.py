@@ -19,10 +19,9 @@ from secure_afl.certify import (
     NO_BOUND,
     WITHIN,
     certify_release,
-    gaussian_spectral_bound,
     w_error_bound,
 )
-from secure_afl.keyholder.flooding import flood_decryption, flood_plan
+from secure_afl.keyholder.flooding import flood_decryption, flood_norm_bounds, flood_plan
 from secure_afl.packing import Layout
 from secure_afl.params import Bounds
 from secure_afl.release import sanity_check
@@ -153,10 +152,14 @@ def test_honest_cohort_never_refused_at_the_readme_flooding(cohort):
     raw = truth + e * rng.choice([-1.0, 1.0], lay.length)
     fl = flood_decryption(plan, raw)
     stats = lay.unpack(fl.vector, gamma=1.0)
-    spectral = d * plan["e_declared"] + gaussian_spectral_bound(max(fl.sigma, fl.sigma_counts), d, FLOOD_TAIL)
-    rep = sanity_check(stats, params, K, abs_tol=fl.tol, count_tol=fl.count_tol, spectral_tol=spectral)
+    rho, phi = flood_norm_bounds(plan, fl, d, classes, FLOOD_TAIL)
+    rep = sanity_check(stats, params, K, abs_tol=fl.tol, count_tol=fl.count_tol,
+                       spectral_tol=d * plan["e_declared"] + rho)
     assert all(rep.checks.values()) and rep.n == sum(rows) and rep.contributors == K
     assert np.max(np.abs(fl.vector - truth)) <= fl.tol
+    # the flooding noise itself is within the norms the checks and the certificate use
+    noise = lay.unpack(fl.vector - raw)
+    assert np.linalg.norm(noise.gram, 2) <= rho and np.linalg.norm(noise.cross) <= phi
 
 
 def test_flooding_sized_over_the_whole_release_at_d512_c100():
