@@ -43,7 +43,7 @@ def relu_embeddings(rng, n, d, *, rank=None, dead=0, tiny=0, feature_seed=0):
     X[:, cols[-1]] *= 20.0  # a dominant feature
     X[:, cols[:dead]] = 0.0
     tiny_cols = cols[dead:dead + tiny]
-    X[:, tiny_cols] = X[:, [cols[-1]]] * feat.uniform(2e-4, 3e-3, tiny_cols.size)
+    X[:, tiny_cols] = X[:, [cols[-1]]] * 10.0 ** feat.uniform(-4, -1.5, tiny_cols.size)
     X /= np.maximum(np.linalg.norm(X, axis=1, keepdims=True), 1e-300) * (1 + 1e-12)
     return X
 
@@ -126,7 +126,7 @@ def cohorts(draw):
     d = draw(st.sampled_from([4, 16, 64, 256, 512]))
     classes = draw(st.integers(1, 5))
     k = draw(st.integers(2, 4))
-    rows = [draw(st.integers(1, 40)) for _ in range(k)]
+    rows = [draw(st.integers(1, 150)) for _ in range(k)]
     rank = draw(st.integers(1, max(1, min(d, 12))))
     dead = draw(st.integers(0, d // 2))
     tiny = draw(st.integers(0, d - dead))
