@@ -96,10 +96,10 @@ class CKKSKeyPair:
 
 # -- session setup (key holder) -----------------------------------------------------
 #: Default per-entry precision target of a ckks session. The key holder floods every decryption with
-#: noise about 1.1e5 times the certified decryption error (keyholder/flooding.py), so the error itself
-#: must be small for the flooded statistics to stay useful: at 1e-10 the flooding sigma is about 1e-5,
-#: for 34-43 bytes per value on the wire (a 1e-6 target gives about 30 bytes per value but floods
-#: with sigma about 0.1, which costs the demo two points of accuracy).
+#: noise about 2^15 sqrt(12 x 2 S) times the key-dependent decryption error, S the slots flooded at that
+#: level (keyholder/flooding.py), so the error itself must be small for the flooded statistics to stay
+#: useful: at 1e-10 and d = 512 the Gram is flooded with sigma about 3e-3, for 34-43 bytes per value
+#: on the wire.
 DEFAULT_MAX_ABS_ERROR = 1e-10
 
 
