@@ -70,7 +70,7 @@ from dataclasses import dataclass
 import numpy as np
 
 __all__ = ["KAPPA", "QUERIES", "TAIL_BITS", "flood_sigma", "flood", "tail_z", "margin_bits", "FloodedRelease",
-           "flood_release", "flood_plan", "flood_decryption", "flood_norm_bounds", "flood_ridge"]
+           "flood_release", "flood_plan", "flood_decryption", "flood_norm_bounds"]
 
 KAPPA = 30
 QUERIES = 1
@@ -193,6 +193,8 @@ def flood_plan(params, K: int) -> dict:
     n_pos = int(np.flatnonzero(counts == s["n"].start)[0])
 
     def e_rest(upper):
+        if params.dp is not None:  # DP noise shares sit on top of the statistics: keep the declared magnitude
+            return e_declared
         # honest Gram and cross entries: |C^r_k,ij| <= n_k B^2 + gamma, |Q_k,ic| <= n_k B
         n_up = max(float(upper[n_pos]), 0.0)
         return noise + hz.FLOAT_REL * (n_up * max(B * B, B) + K * gamma)
@@ -237,9 +239,3 @@ def flood_decryption(plan: dict, raw: np.ndarray, *, extra_tol: float = 0.0) -> 
     """:func:`flood_release` of a ckks session's raw decryption by its :func:`flood_plan`."""
     return flood_release(raw, plan["first"], plan["counts"], e_first=plan["e_declared"], e_rest=plan["e_rest"],
                          extra_tol=extra_tol)
-
-
-def flood_ridge(sigma: float, dim: int) -> float:
-    """The spectral norm the flooding adds to C, up to its tail: E||G||_2 <= 2 sigma sqrt(d)
-    (:func:`secure_afl.certify.gaussian_spectral_bound` gives the high-probability bound)."""
-    return 2.0 * sigma * math.sqrt(dim)
