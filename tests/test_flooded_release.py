@@ -227,7 +227,7 @@ def certificate_cases(draw):
 _RATIOS = []
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=200, deadline=None)
 @given(certificate_cases())
 def test_certificate_never_exceeded_by_adversarial_perturbations(case):
     """Any perturbation within the certificate's spectral / Frobenius bounds (the adversary puts it along
