@@ -188,7 +188,9 @@ class ReleaseLedger:
         row = self.db.execute("SELECT reason FROM blocked WHERE key_id=?", (key_id,)).fetchone()
         if row:
             raise PolicyViolation(f"key {key_id[:16]} is blocked ({row[0][:160]}); start a new session with a "
-                                  "fresh key after investigating the server", reason="key_blocked")
+                                  "fresh key after finding what failed (a forged manifest or sum points at the "
+                                  "server, a failed check after decryption at the server or an upload)",
+                                  reason="key_blocked")
 
     def check_unused(self, key_id: str) -> None:
         """A CKKS key decrypts once: each decryption leaks a little of the key (bounded by the
