@@ -228,8 +228,9 @@ class KeyHolder(KeyCustody):
             plan = flood_plan(params, K)
             if not plan["count_tol"] < 0.5:  # known before decrypting: refuse without spending the key
                 raise DecryptionRefused(
-                    "the flooding this session needs (declared bounds and precision target) would hide the "
-                    "counts; lower n_max or max_abs_error in a new session", reason="imprecise_counts")
+                    f"not decrypting: with {K} contributions the flooding of the chunk holding the counts (sized "
+                    "for the declared magnitude K n_max max_norm^2) would hide them; use a new session with a "
+                    "smaller n_max or max_norm, or bfv or secagg (the key is not spent)", reason="imprecise_counts")
         ledger.record_decryption(key_id, params.session_id, participants)
         try:
             if params.backend == "ckks":

@@ -297,3 +297,32 @@ def test_public_key_multiple_upload_leaves_no_decrypted_float(tmp_path, doubling
 def test_zz_report_worst_certificate_ratio():
     if _RATIOS:
         print(f"\nworst actual / certified W error over {len(_RATIOS)} cases: {max(_RATIOS):.3g}")
+
+
+@pytest.mark.e2e
+def test_counts_the_flooding_would_hide_refused_before_decryption(consortium):
+    """Declared bounds so loose (n_max 1e6, B = 4) that the chunk holding the counts would be flooded beyond
+    1/2: the key holder refuses before decrypting, so the key is neither spent nor blocked."""
+    from secure_afl.exceptions import DecryptionRefused
+    from secure_afl.release import ReleaseLedger
+
+    c = consortium(backend="ckks", hospitals=("h1", "h2"), dim=6, classes=3, min_clients=2, max_norm=4.0,
+                   n_max=10 ** 6, k_max=8)
+    c.start()
+    params = c.keyholder.keygen(ckks_session_params(c.session_id, Layout(6, 3), 1.0, Bounds(4.0, 10 ** 6, 8)))
+    with c.connect_keyholder() as conn:
+        c.keyholder.publish(conn)
+    for h in c.hospitals:
+        cl = c.hospital(h)
+        cl.submit(c.stats(*c.data(h, n=20)))
+        cl.close()
+    with pytest.raises(DecryptionRefused) as e, c.connect_keyholder() as conn:
+        c.keyholder.finalize(conn, min_clients=2)
+    assert e.value.reason == "imprecise_counts" and "n_max" in str(e.value)
+    key_id = c.keyholder.params(c.session_id).backend_params["public_context_sha256"]
+    ledger = ReleaseLedger(c.keyholder.keys_dir / "releases.sqlite3")
+    try:
+        assert ledger.decryption_count(key_id) == 0 and ledger.blocked_reason(key_id) is None
+    finally:
+        ledger.close()
+    assert params
