@@ -68,12 +68,13 @@ def _cmd_finalize(args) -> int:
     write_model(args.out, res.W, model_metadata(res.params, res.report, args.lam))
     if args.report:
         Path(args.report).write_text(json.dumps(res.report, indent=2))
-    flood = (f"; flooded, sigma {res.report['flood_sigma']:.2e}, per-entry bound "
+    flood = (f"; flooded, sigma {res.report['flood_sigma']:.2e} (counts {res.report['flood_sigma_counts']:.2e}), "
+             f"margin {res.report['flood_margin_bits']:.1f} bits over the whole release, per-entry bound "
              f"{res.report['error_bound_per_entry']:.2e}, ridge {res.report['flood_ridge']:.2e}"
              if res.report.get("flood_sigma") else "")
     print(f"model W {res.W.shape} from {res.report['contributors']} hospitals, {res.report['samples']} samples "
           f"-> {args.out}{flood}")
-    print(format_w_bound(res.report["w_error_bound"]))
+    print(format_w_bound(res.report["w_error_bound"], res.params.backend))
     if res.report.get("dp"):
         p = res.report["dp"]
         print(f"differential privacy: epsilon {p['epsilon']:.4g} at delta {p['delta']:g} for this release, "
@@ -81,13 +82,16 @@ def _cmd_finalize(args) -> int:
     return 0
 
 
-def format_w_bound(b: dict) -> str:
-    """One line for the certified W error bound, or its warning."""
+def format_w_bound(b: dict, backend: str = "ckks") -> str:
+    """One line: the verdict (the same words as the demo's) and, with a bound, the bound and what it bounds."""
+    from secure_afl.certify import verdict_text
+
     if not b["applies"]:
-        return f"WARNING: {b['warning']}"
-    line = (f"certified ||W - W_exact|| / ||W_exact|| <= {b['rel_bound']:.3e} "
-            f"(cond(C) = {b['condition_number']:.3g}, per-entry error <= {b['eps_C']:.3g})")
-    return line + (f"\nWARNING: {b['warning']}" if b["warning"] else "")
+        return f"W: {verdict_text(b['verdict'], backend)}"
+    prob = f", except with probability {b['probability']:.1e}" if b.get("probability") else ""
+    note = f"; note: {b['warning']}" if b["warning"] else ""
+    return (f"W: {b['verdict']}: ||W - W*|| / ||W*|| <= {b['rel_bound']:.3e} with W* = {b['solution']} of the "
+            f"exact sums (cond = {b['condition_number']:.3g}{prob}){note}")
 
 
 def register(parser) -> None:

@@ -29,7 +29,7 @@ import numpy as np
 from secure_afl import pki
 from secure_afl.analytic import solve_from_sums
 from secure_afl.backends import HE_BACKENDS, get_backend, he_module
-from secure_afl.certify import certify_release, plain_summation_error
+from secure_afl.certify import FLOOD_TAIL, certify_release, plain_summation_error
 from secure_afl.hazmat.fixedpoint import abs_error_bound
 from secure_afl.exceptions import DecryptionRefused, InvalidInputError, SecureAFLError
 from secure_afl.packing import Layout
@@ -38,7 +38,7 @@ from secure_afl.release import ReleaseLedger, check_aggregate_against_manifest, 
 
 from .connection import KeyHolderConnection
 from .custody import KeyCustody
-from .flooding import KAPPA, QUERIES, flood, flood_ridge, flood_sigma, flooded_bound
+from .flooding import flood_decryption, flood_norm_bounds, flood_plan
 from .verify import ContributionRejected, ServerForgery, resum_signed_contributions, verify_manifest_for
 
 __all__ = ["KeyHolder", "FinalResult", "write_model", "read_model"]
@@ -210,40 +210,75 @@ class KeyHolder(KeyCustody):
 
     def _decrypt_once(self, ledger, key_id, params, backend, ctx, chunks, participants, m, tags, enrolled, *,
                       lam: float, min_class_count: int) -> FinalResult:
+        """Decrypt once; ckks: flood (``flooding.py``) before any check, so that nothing unflooded,
+        not even a check's outcome, goes further; check; solve; certify.
+
+        Every check's tolerance is the bound proved for the noise actually added
+        (:func:`secure_afl.release.sanity_check`), so an honest cohort passes
+        except with probability 2^-40. Nothing that leaves here (report,
+        exception message) carries a decrypted float: integers are rounded and
+        range-checked, float checks report pass or fail.
+        """
         from secure_afl.tagging import check_aggregate_tag
 
+        K = len(participants)
+        # the tags are summed in float64 here; allow that summation's own rounding
+        tag_sum_err = plain_summation_error(K, params.bounds.aggregate_bound(params.gamma))
+        if params.backend == "ckks":
+            plan = flood_plan(params, K)
+            if not plan["count_tol"] < 0.5:  # known before decrypting: refuse without spending the key
+                raise DecryptionRefused(
+                    f"not decrypting: with {K} contributions the flooding of the chunk holding the counts (sized "
+                    "for the declared magnitude K n_max max_norm^2) would hide them; use a new session with a "
+                    "smaller n_max or max_norm, or bfv or secagg (the key is not spent)", reason="imprecise_counts")
         ledger.record_decryption(key_id, params.session_id, participants)
         try:
-            e_bound = he_module(params.backend).expected_abs_error(params, len(participants))
-            # the tags are summed in float64 here; allow that summation's own rounding
-            e_bound += plain_summation_error(len(participants), params.bounds.aggregate_bound(params.gamma))
             if params.backend == "ckks":
-                sigma = flood_sigma(e_bound)
-                vector = flood(backend.decrypt_sum(ctx, chunks), sigma)  # nothing unflooded goes further
-                tol, p_exceed = flooded_bound(e_bound, sigma)
+                fl = flood_decryption(plan, backend.decrypt_raw(ctx, chunks), extra_tol=tag_sum_err)
+                vector, tol, count_tol = fl.vector, fl.tol, fl.count_tol  # nothing unflooded goes further
+                backend.check_range(vector, tol)
+                sigma = fl.sigma
+                noise_norms = flood_norm_bounds(plan, fl, params.layout.dim, params.layout.n_classes, FLOOD_TAIL)
+                e_gram = plan["e_declared"] if plan["gram_block"] else fl.e_key
+                spectral = params.layout.dim * e_gram + noise_norms[0]
+                flood_info = fl.to_report()
             else:  # exact decryption (bfv): the noise is rounded away, nothing key-dependent to flood
-                sigma, p_exceed = 0.0, 0.0
-                vector, tol = backend.decrypt_sum(ctx, chunks), e_bound
+                e_bound = he_module(params.backend).expected_abs_error(params, K) + tag_sum_err
+                vector, tol, count_tol, sigma, spectral = backend.decrypt_sum(ctx, chunks), e_bound, e_bound, 0.0, None
+                noise_norms = None
+                flood_info = {"flood_sigma": 0.0, "error_bound_per_entry": tol}
             stats = Layout(params.layout.dim, params.layout.n_classes).unpack(vector, gamma=params.gamma)
-            sanity = _sanity(stats, params, participants, tol)
+            sanity = _sanity(stats, params, participants, tol, count_tol=count_tol, spectral_tol=spectral)
             tag_check = check_aggregate_tag(params, stats.tag, m, tags or {}, enrolled,
                                             self.tag_secret(params.session_id), tol)
-            # integers stay integers: the checks above bound their noise far below 1/2
-            stats = dataclasses.replace(stats, contributors=float(len(participants)),
-                                        n=float(np.round(stats.n)), class_counts=np.round(stats.class_counts))
+            # integers stay integers: the checks above proved their error below 1/2
+            stats = dataclasses.replace(stats, contributors=float(K), n=float(np.round(stats.n)),
+                                        class_counts=np.round(stats.class_counts))
             _class_minimum(stats, params, min_class_count)
-            ridge = flood_ridge(sigma, params.layout.dim) if sigma > 0 else 0.0
+            ridge = _ridge_if_needed(stats, spectral) if sigma > 0 else 0.0
             W, privacy = self._solve(params, stats, participants, lam + ridge, "resummed:" + key_id)
-            w_bound = certify_release(params, stats, W, len(participants), lam=lam + ridge, flood_sigma=sigma)
-        except BaseException as e:
+            w_bound = certify_release(params, stats, W, K, lam=lam + ridge, flood_norms=noise_norms)
+            bias = None
+            if ridge > 0 and params.dp is None:
+                # post-processing of the flooded release: how far the ridge moved W from the unregularised solve
+                W0 = solve_from_sums(stats, lam=lam)
+                bias = float(np.linalg.norm(W - W0) / max(np.linalg.norm(W), 1e-300))
+        except SecureAFLError as e:  # its message names the check, never a decrypted value
             ledger.block(key_id, f"check after decryption failed: {type(e).__name__}: {e}")
             raise
+        except BaseException as e:
+            ledger.block(key_id, f"release failed after decryption: {type(e).__name__}")
+            if not isinstance(e, Exception):
+                raise
+            # an unexpected error's text could quote decrypted values: the traceback stays in this log only
+            log.exception("release failed after decryption")
+            raise DecryptionRefused(f"the release failed after decryption ({type(e).__name__}); the key is "
+                                    "blocked, details in the key holder's log", reason="release_failed") from None
         ledger.record(key_id, params.session_id, participants, "resummed:" + key_id)
         report = self._report(params, participants, stats, lam, sanity, tol)
-        report.update({"dp": privacy, "tag_check": tag_check, "resummed_by_keyholder": True,
-                       "decryption_error_bound": e_bound, "flood_sigma": sigma, "flood_kappa": KAPPA,
-                       "flood_queries": QUERIES, "error_bound_exceed_probability_per_entry": p_exceed,
-                       "flood_ridge": ridge, "lambda_total": lam + ridge, "w_error_bound": w_bound.to_dict()})
+        report.update({"dp": privacy, "tag_check": tag_check, "resummed_by_keyholder": True, **flood_info,
+                       "flood_ridge": ridge, "ridge_rel_change": bias, "lambda_total": lam + ridge,
+                       "w_error_bound": w_bound.to_dict(), "verdict": w_bound.verdict})
         return FinalResult(W, stats, params, m, report)
 
     def _solve(self, params, stats, participants, lam: float, release_id: str):
@@ -332,7 +367,7 @@ class KeyHolder(KeyCustody):
         finally:
             ledger.close()
         report = self._report(params, participants, stats, lam, sanity, tol, agg_sha)
-        report.update({"dp": privacy, "w_error_bound": w_bound.to_dict()})
+        report.update({"dp": privacy, "w_error_bound": w_bound.to_dict(), "verdict": w_bound.verdict})
         return FinalResult(W, stats, params, m, report)
 
 
@@ -352,11 +387,28 @@ class _HTTPSource:
         return self.conn.request("GET", self.conn.path("/tags")).json()
 
 
-def _sanity(stats, params, participants, tol):
+def _ridge_if_needed(stats, spectral: float) -> float:
+    """Ridge rho when the released C's smallest eigenvalue is below 2 rho (rho bounds the flooding's
+    spectral norm), else none.
+
+    Post-processing of the flooded release. Weyl gives lambda_min(C') >= lambda_min(C) - rho >= -rho,
+    so C' + rho I is positive semi-definite like the true C, and the solve cannot amplify the noise
+    along directions it made negative. Above 2 rho the unregularised system keeps
+    lambda_min(C) >= lambda_min(C') - rho >= rho > 0, so W is certified against C^+ Q itself and no
+    ridge bias is paid."""
+    from secure_afl.analytic import ri_restore_gram
+
+    C = ri_restore_gram(stats.gram, round(stats.contributors), stats.gamma)
+    lam_min = float(np.linalg.eigvalsh(0.5 * (C + C.T))[0])
+    return float(spectral) if lam_min < 2.0 * spectral else 0.0
+
+
+def _sanity(stats, params, participants, tol, *, count_tol=None, spectral_tol=None):
     """The statistics checks; with DP the noise-aware ones, after refusing a release carrying less noise
     than the session declared (fewer contributions than dp min_contributors)."""
     if params.dp is None:
-        return sanity_check(stats, params, len(participants), abs_tol=tol)
+        return sanity_check(stats, params, len(participants), abs_tol=tol, count_tol=count_tol,
+                            spectral_tol=spectral_tol)
     from secure_afl.dp import dp_sanity_check
 
     _check_dp_noise(params, len(participants))

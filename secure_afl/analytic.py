@@ -122,8 +122,13 @@ def ri_restore_gram(gram_r: np.ndarray, contributors: float, gamma: float) -> np
 
 
 def solve_from_sums(stats: SufficientStatistics, *, lam: float = 0.0) -> np.ndarray:
-    """W from aggregated statistics: restore RI then solve (computation 3)."""
-    C = ri_restore_gram(stats.gram, stats.contributors, stats.gamma)
+    """W from aggregated statistics: restore RI then solve (computation 3).
+
+    The contributor count K is an integer; a revealed one (decrypted, flooded)
+    is rounded first, since an error delta in it would move every diagonal
+    entry of C by delta gamma, far beyond the statistics' own error for a large gamma.
+    """
+    C = ri_restore_gram(stats.gram, round(stats.contributors), stats.gamma)
     return solve_head(C, stats.cross, lam=lam)
 
 

@@ -10,10 +10,22 @@ computed solution and W* the exact-arithmetic solution of the exact sums.
 
 Derivation (A = C + lam I symmetric; revealed A = A* + dA, Q = Q* + dQ):
 
-1. Data. ``||dA||_2 <= ||dA||_F <= d eps_C`` (every entry of the d x d matrix
-   is off by at most eps_C; RI restoration C = C^r - K gamma I adds one
-   rounding per diagonal entry, folded into eps_C by :func:`entry_error_bounds`)
-   and ``||dQ||_F <= sqrt(d c) eps_Q``. With W' the exact solution of the
+1. Data. ``||dA||_2 <= rho`` and ``||dQ||_F <= phi``. Entrywise errors give
+   ``rho = d eps_C`` (``||dA||_2 <= ||dA||_F``; RI restoration C = C^r - K gamma I
+   with the exact integer K adds one rounding per diagonal entry, folded into
+   eps_C by :func:`entry_error_bounds`; an unrounded decrypted K would add
+   gamma times its error, which is why every caller rounds it) and
+   ``phi = sqrt(d c) eps_Q``. Gaussian flooding of standard deviation sigma
+   (independent on and above the diagonal, mirrored below) adds G with
+   ``||G||_2 <= sigma (2 sqrt(d) + sqrt(2) t)`` except with probability
+   ``2 exp(-t^2/2)`` (:func:`gaussian_spectral_bound`: Sudakov-Fernique
+   comparison with 2<g, v> gives E lambda_max(G) <= 2 sigma sqrt(d), and
+   lambda_max is sqrt(2) sigma-Lipschitz in the Gaussians, so the
+   Tsirelson-Ibragimov-Sudakov concentration inequality gives the tail; the
+   same for -lambda_min), and F with ``||F||_F <= sigma (sqrt(d c) + t)``
+   except with probability ``exp(-t^2/2)``.
+   The bound below holds for EVERY perturbation within (rho, phi): the
+   probability is only that of the flooding staying within them. With W' the exact solution of the
    revealed system, ``A*(W' - W*) = dQ - dA W'`` so
    ``||W' - W*||_F <= (||dQ||_F + ||dA||_2 ||W'||_F) / lambda_min(A*)`` and
    ``lambda_min(A*) >= lambda_min(A) - ||dA||_2`` (Weyl).
@@ -33,8 +45,9 @@ The total ``||W - W*||_F <= e_solve + e_data`` is divided by
 When it does not apply: if lambda_min(A) is within the perturbation of zero
 (C singular or so ill-conditioned that dA can close the gap) the solve is the
 minimum-norm one, which is discontinuous where the rank changes, and no bound
-of this kind holds; :func:`w_error_bound` then says so (``applies=False``)
-with a warning instead of a number.
+of this kind holds; :func:`w_error_bound` then says so (``applies=False``,
+verdict "no bound (C singular at this noise)") instead of a number. So does a
+bound of 100 % or more, which says nothing about W.
 
 Comparing two pipelines (secure vs plain): both are within their own bound of
 the same W*, so ``||W_s - W_p||`` is at most the sum of the two absolute
@@ -52,7 +65,8 @@ from ._validation import check_real
 from .exceptions import InvalidInputError
 
 __all__ = ["WBound", "w_error_bound", "certify_release", "entry_error_bounds", "plain_summation_error",
-           "summand_magnitudes", "session_w_target", "UNIT_ROUNDOFF"]
+           "summand_magnitudes", "session_w_target", "UNIT_ROUNDOFF", "gaussian_spectral_bound",
+           "gaussian_frobenius_bound", "WITHIN", "NO_BOUND", "EXCEEDS", "verdict_text", "FLOOD_TAIL"]
 
 UNIT_ROUNDOFF = 2.0 ** -53
 
@@ -79,13 +93,53 @@ class WBound:
     target: float | None
     warning: str | None
     abs_bound: float = math.inf
+    solution: str = "C^+ Q"
+    spectral_C: float = math.nan
+    frobenius_Q: float = math.nan
+    probability: float = 0.0
+
+    @property
+    def verdict(self) -> str:
+        """The key holder's verdict: a bound exists, or C is singular at this noise."""
+        return WITHIN if self.applies else NO_BOUND
 
     def to_dict(self) -> dict:
-        return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in asdict(self).items()}
+        out = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in asdict(self).items()}
+        out["verdict"] = self.verdict
+        return out
+
+
+#: The verdicts, the same words in the key holder's report, the CLI and the demo.
+WITHIN = "within certified bound"
+NO_BOUND = "no bound (C singular at this noise)"
+NO_BOUND_HINT = ": use bfv, secagg or split for exact results"
+EXCEEDS = "exceeds bound"
+
+
+def verdict_text(verdict: str, backend: str) -> str:
+    """``verdict`` as printed: an approximate backend's "no bound" names the exact alternatives."""
+    return verdict + (NO_BOUND_HINT if verdict == NO_BOUND and backend == "ckks" else "")
+
+
+def gaussian_spectral_bound(sigma: float, dim: int, probability: float) -> float:
+    """rho with P(||G||_2 > rho) <= ``probability`` for the symmetric d x d matrix G of independent
+    N(0, sigma^2) entries on and above the diagonal (module docstring, step 1):
+    rho = sigma (2 sqrt(d) + sqrt(2) t), 2 exp(-t^2/2) = probability."""
+    t = math.sqrt(2.0 * math.log(2.0 / probability))
+    return float(sigma) * (2.0 * math.sqrt(dim) + math.sqrt(2.0) * t)
+
+
+def gaussian_frobenius_bound(sigma: float, entries: int, probability: float) -> float:
+    """phi with P(||F||_F > phi) <= ``probability`` for ``entries`` independent N(0, sigma^2):
+    E||F||_F <= sigma sqrt(entries) and ||F||_F is 1-Lipschitz, so phi = sigma (sqrt(entries) + t),
+    exp(-t^2/2) = probability."""
+    t = math.sqrt(2.0 * math.log(1.0 / probability))
+    return float(sigma) * (math.sqrt(entries) + t)
 
 
 def w_error_bound(C, Q, W, *, eps_C: float, eps_Q: float, lam: float = 0.0,
-                  target: float | None = None) -> WBound:
+                  target: float | None = None, spectral_C: float | None = None,
+                  frobenius_Q: float | None = None, probability: float = 0.0) -> WBound:
     """Certified relative error bound of W from the revealed, RI-restored C and Q.
 
     Parameters
@@ -104,6 +158,14 @@ def w_error_bound(C, Q, W, *, eps_C: float, eps_Q: float, lam: float = 0.0,
         The session's relative target for what protection adds; a warning is
         set when ``data_rel_bound`` exceeds it (the solve's share is the same
         for a plaintext pipeline).
+    spectral_C, frobenius_Q : float, optional
+        Bounds rho >= ||dA||_2 and phi >= ||dQ||_F when tighter than the
+        entrywise ones (Gaussian flooding: :func:`gaussian_spectral_bound`).
+    probability : float
+        Probability that the perturbation is NOT within (rho, phi) (0: always within).
+
+    The bound is on the distance to W* = (C* + lam I)^-1 Q* of the exact sums
+    (``solution`` names it): with lam > 0 that is the ridge solution, not C^+ Q.
     """
     eps_C = check_real("eps_C", eps_C, "w_error_bound", low=0.0)
     eps_Q = check_real("eps_Q", eps_Q, "w_error_bound", low=0.0)
@@ -129,8 +191,8 @@ def w_error_bound(C, Q, W, *, eps_C: float, eps_Q: float, lam: float = 0.0,
     R = Ql - Al @ Wl
     mag = np.abs(Al) @ np.abs(Wl) + np.abs(Ql)
     r_norm = float(np.sqrt(np.sum(R * R))) + (d + 2) * ux * float(np.sqrt(np.sum(mag * mag))) * (1 + 1e-6)
-    dA = d * eps_C
-    dQ = math.sqrt(d * c) * eps_Q
+    dA = d * eps_C if spectral_C is None else float(spectral_C)
+    dQ = math.sqrt(d * c) * eps_Q if frobenius_Q is None else float(frobenius_Q)
     w_norm = float(np.linalg.norm(W))
     e_solve = e_data = math.inf
     if lam_lo > 0:
@@ -138,21 +200,24 @@ def w_error_bound(C, Q, W, *, eps_C: float, eps_Q: float, lam: float = 0.0,
         if lam_lo - dA > 0:
             e_data = (dQ + dA * (w_norm + e_solve)) / (lam_lo - dA)
     total = e_solve + e_data
-    applies = math.isfinite(total) and total < w_norm
+    # a bound of 100 % or more says nothing about W: reported as no bound
+    applies = math.isfinite(total) and 2.0 * total < w_norm
     denom = w_norm - total if applies else 0.0
     rel = total / denom if applies else math.inf
     data_rel = e_data / denom if applies else math.inf
     solve_rel = e_solve / denom if applies else math.inf
     warning = None
     if not applies:
-        warning = (f"no W error bound: lambda_min(C) = {float(ev[0]):.3g} is within the perturbation "
-                   f"{dA:.3g} (+ rounding) of zero (C is singular or nearly so; the minimum-norm solve is not "
-                   "continuous there). Add samples, lower d, tighten the precision target, or declare a ridge.")
+        warning = (f"no W error bound: lambda_min(C + lam I) = {float(ev[0]):.3g} is within the perturbation "
+                   f"{dA:.3g} (+ rounding) of zero, or the bound exceeds ||W|| (C is singular or nearly so at this "
+                   "noise; the minimum-norm solve is not continuous there)")
     elif target is not None and data_rel > target:
-        warning = (f"cond(C) = {cond:.3g} makes the certified W error due to protection {data_rel:.3g} exceed "
+        warning = (f"cond(C) = {cond:.3g}: the certified W error due to protection {data_rel:.3g} is above "
                    f"the session's target {target:.3g}")
+    solution = "C^+ Q" if lam == 0 else f"(C + {lam:.3g} I)^-1 Q"
     return WBound(rel, data_rel, solve_rel, applies, float(eps_C), float(eps_Q), float(ev[0]), lam_max, cond,
-                  None if target is None else float(target), warning, total if applies else math.inf)
+                  None if target is None else float(target), warning, total if applies else math.inf,
+                  solution=solution, spectral_C=float(dA), frobenius_Q=float(dQ), probability=float(probability))
 
 
 def summand_magnitudes(C_r: np.ndarray, n: float) -> tuple[float, float]:
@@ -176,8 +241,8 @@ def plain_summation_error(n_clients: int, magnitude: float) -> float:
 
 #: Default relative W targets when the session declares none (``backend_params["w_rel_target"]``).
 DEFAULT_W_TARGET = {"ckks": 1e-6, "plain": 1e-9, "secagg": 1e-9, "bfv": 1e-9}
-#: Gaussian tail factor for a flooding sigma (<= 2^-40 per entry), as for the CKKS noise.
-FLOOD_Z = math.sqrt(2.0 * 41.0 * math.log(2.0))
+#: Probability the flooding noise is not within the spectral/Frobenius bounds used (each).
+FLOOD_TAIL = 2.0 ** -40
 
 
 def session_w_target(params) -> float:
@@ -185,12 +250,11 @@ def session_w_target(params) -> float:
     return float(t) if t is not None else DEFAULT_W_TARGET.get(params.backend, 1e-9)
 
 
-def entry_error_bounds(params, n_clients: int, stats, *, flood_sigma: float = 0.0) -> tuple[float, float]:
-    """Per-entry bounds ``(eps_C, eps_Q)`` of the revealed, RI-restored C and Q of a session.
+def entry_error_bounds(params, n_clients: int, stats) -> tuple[float, float]:
+    """Per-entry bounds ``(eps_C, eps_Q)`` of the revealed, RI-restored C and Q of a session, before
+    any flooding (the key holder's Gaussian noise is bounded spectrally in :func:`certify_release`).
 
-    ``stats`` are the revealed sums (used for the magnitude terms only);
-    ``flood_sigma`` is the standard deviation of any noise the key holder
-    added before release.
+    ``stats`` are the revealed sums (used for the magnitude terms only).
     """
     k = int(n_clients)
     mag_C, mag_Q = summand_magnitudes(stats.gram, stats.n)
@@ -208,15 +272,36 @@ def entry_error_bounds(params, n_clients: int, stats, *, flood_sigma: float = 0.
     else:
         eps_C = plain_summation_error(k, mag_C)
         eps_Q = plain_summation_error(k, mag_Q)
-    flood = FLOOD_Z * float(flood_sigma)
     # RI restoration subtracts K gamma from the diagonal: one more rounding of |C^r_ii|.
-    return eps_C + flood + UNIT_ROUNDOFF * mag_C, eps_Q + flood
+    return eps_C + UNIT_ROUNDOFF * mag_C, eps_Q
 
 
-def certify_release(params, stats, W, n_clients: int, *, lam: float = 0.0, flood_sigma: float = 0.0) -> WBound:
-    """:func:`w_error_bound` for a revealed aggregate of ``params``'s backend."""
+def certify_release(params, stats, W, n_clients: int, *, lam: float = 0.0, flood_sigma: float = 0.0,
+                    flood_norms: tuple[float, float] | None = None) -> WBound:
+    """:func:`w_error_bound` for a revealed aggregate of ``params``'s backend.
+
+    RI restoration uses the integer ``n_clients`` (never the decrypted
+    counter: its error times gamma would escape the bound). ``flood_sigma``
+    is the largest standard deviation of Gaussian noise the key holder added
+    to the Gram and cross slots; its spectral and Frobenius bounds
+    (module docstring) fail with probability at most 2 x :data:`FLOOD_TAIL`.
+    ``flood_norms`` = (rho, phi) gives those two bounds directly instead (the key
+    holder's, for noise of two levels), failing with probability :data:`FLOOD_TAIL`.
+    """
     from .analytic import ri_restore_gram
 
-    eps_C, eps_Q = entry_error_bounds(params, n_clients, stats, flood_sigma=flood_sigma)
-    C = ri_restore_gram(stats.gram, stats.contributors, stats.gamma)
-    return w_error_bound(C, stats.cross, W, eps_C=eps_C, eps_Q=eps_Q, lam=lam, target=session_w_target(params))
+    K = int(n_clients)
+    eps_C, eps_Q = entry_error_bounds(params, K, stats)
+    C = ri_restore_gram(stats.gram, K, stats.gamma)
+    d, c = stats.cross.shape
+    spec = frob = None
+    prob = 0.0
+    if flood_norms is not None:
+        spec, frob = d * eps_C + float(flood_norms[0]), math.sqrt(d * c) * eps_Q + float(flood_norms[1])
+        prob = FLOOD_TAIL
+    elif flood_sigma > 0:
+        spec = d * eps_C + gaussian_spectral_bound(flood_sigma, d, FLOOD_TAIL)
+        frob = math.sqrt(d * c) * eps_Q + gaussian_frobenius_bound(flood_sigma, d * c, FLOOD_TAIL)
+        prob = 2 * FLOOD_TAIL
+    return w_error_bound(C, stats.cross, W, eps_C=eps_C, eps_Q=eps_Q, lam=lam, target=session_w_target(params),
+                         spectral_C=spec, frobenius_Q=frob, probability=prob)

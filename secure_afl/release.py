@@ -57,65 +57,97 @@ def check_aggregate_against_manifest(params: SessionParams, aggregate: bytes, ma
 
 @dataclass
 class SanityReport:
-    contributors: float
-    n: float
-    min_eigenvalue: float
-    max_eigenvalue: float
-    max_cauchy_schwarz_excess: float
+    """The outcome of :func:`sanity_check`: the rounded integer counts and pass/fail per check.
+
+    No float derived from the decryption is kept: what leaves the key holder
+    from a check is whether it passed."""
+
+    contributors: int
+    n: int
     checks: dict = field(default_factory=dict)
 
     def to_dict(self) -> dict:
-        return {"contributors": self.contributors, "n": self.n, "min_eigenvalue": self.min_eigenvalue,
-                "max_eigenvalue": self.max_eigenvalue,
-                "max_cauchy_schwarz_excess": self.max_cauchy_schwarz_excess, "checks": self.checks}
+        return {"contributors": int(self.contributors), "n": int(self.n), "checks": dict(self.checks)}
 
 
 def sanity_check(stats: SufficientStatistics, params: SessionParams, expected_contributors: int, *,
-                 abs_tol: float) -> SanityReport:
+                 abs_tol: float, count_tol: float | None = None, spectral_tol: float | None = None) -> SanityReport:
     """Is ``stats`` a plausible sum of ``expected_contributors`` hospitals' statistics?
 
-    With C = C^r - K gamma I restored, checks (each within ``abs_tol``, the
-    backend's error bound per entry):
+    Hypothesis (H): every revealed entry is within ``abs_tol`` (e) of the true
+    sum, the count slots (contributors, n, class counts) within ``count_tol``
+    (e_n, default e), and the revealed Gram's error E has ||E||_2 <=
+    ``spectral_tol`` (rho, default d e, which ||E||_2 <= ||E||_F <= d e
+    always gives). Every check below holds for ANY honest cohort under (H):
+    the key holder's flooding makes (H) hold except with probability 2^-40
+    (``keyholder/flooding.py``), so an honest cohort is refused only with that
+    probability, whatever its data (singular C, zero columns, one sample).
+    Writing C, Q, c, n for the true sums and C', Q', c', n' for the revealed ones:
 
-    * the contributor counter equals K (a forwarded single ciphertext has 1);
-    * counts are non-negative integers summing to n, and n <= K n_max;
-    * C is symmetric and PSD: lambda_min(C) >= -d abs_tol;
-    * |C_ij| <= sqrt(C_ii C_jj) (Cauchy-Schwarz for a Gram matrix);
-    * |Q_ic|^2 <= counts_c C_ii (Cauchy-Schwarz per class);
-    * trace(C) <= n B^2 (every embedding within the declared norm bound).
+    * contributors: |K' - K| <= e_n (the true counter is K; a forwarded single
+      ciphertext has 1). Needs e_n < 1/2, which also makes the next three exact.
+    * counts_integral: |c'_j - round(c'_j)| <= e_n and c'_j >= -e_n: true counts are
+      non-negative integers, and e_n < 1/2 makes round(c'_j) = c_j.
+    * counts_sum: sum_j round(c'_j) = round(n') (true counts sum to n exactly).
+    * n_bound: round(n') <= K n_max.
+    * symmetric: |C'_ij - C'_ji| <= 2 e (C is symmetric).
+    * psd: lambda_min(C') >= -rho - d u ||C'||_F: Weyl gives lambda_min(C') >=
+      lambda_min(C) - ||E||_2 >= -rho, and eigvalsh is backward stable to d u ||C'||_F.
+    * cauchy_schwarz, in a form that never takes the square root of a noisy
+      value: C_ii <= C'_ii + e and C_ii >= 0, so
+      |C'_ij| <= |C_ij| + e <= sqrt(C_ii C_jj) + e <= sqrt((C'_ii + e)^+ (C'_jj + e)^+) + e.
+      Near-zero diagonals cost nothing here: the right side is at least e.
+    * class_cauchy_schwarz: Q_ic sums x_ni over the c_c samples of class c, so
+      Q_ic^2 <= c_c C_ii and |Q'_ic| <= sqrt(c_c (C'_ii + e)^+) + e.
+    * norm_bound: trace(C) <= n B^2, so trace(C') <= n B^2 + d e.
+
+    The restored C' = C'^r - K gamma I with the exact integer K adds one
+    rounding per diagonal entry, u |C'^r_ii|, folded into e; the computed
+    square roots and products get a relative slack of 8 u.
+    Messages name the check, never a decrypted value.
     """
-    K = expected_contributors
-    tol = float(abs_tol)
+    K = int(expected_contributors)
     d = stats.dim
+    u = 2.0 ** -53
+    e = float(abs_tol) + u * float(np.max(np.abs(np.diag(stats.gram)))) if d else float(abs_tol)
+    e_n = float(abs_tol if count_tol is None else count_tol)
+    rho = d * e if spectral_tol is None else float(spectral_tol) + d * u * float(np.max(np.abs(np.diag(stats.gram))))
     checks = {}
 
-    def need(name: str, ok: bool, detail: str):
+    def need(name: str, ok: bool, what: str):
         checks[name] = bool(ok)
         if not ok:
-            raise SanityCheckFailed(f"aggregate fails the {name} check: {detail}")
+            raise SanityCheckFailed(
+                f"the revealed sum fails the {name} check ({what}): it is not the sum of {K} hospitals' "
+                "statistics within the session's declared bounds (a contribution broke the bounds, or the sum "
+                "was not formed from the signed contributions)")
 
-    need("contributors", abs(stats.contributors - K) <= 0.5,
-         f"counter says {stats.contributors:.3f}, manifest says {K}")
-    counts = stats.class_counts
-    need("counts_integral", np.all(np.abs(counts - np.round(counts)) <= max(tol, 1e-6) * 10 + 1e-3)
-         and np.all(counts > -0.5), "class counts are not non-negative integers")
-    need("counts_sum", abs(counts.sum() - stats.n) <= 0.5 + tol * counts.size, f"sum(counts)={counts.sum():.3f} != n={stats.n:.3f}")
-    need("n_bound", stats.n <= K * params.bounds.n_max + 0.5, f"n={stats.n:.0f} > K n_max")
-    C = ri_restore_gram(stats.gram, round(stats.contributors), stats.gamma)
-    need("symmetric", np.allclose(C, C.T, atol=tol * 10, rtol=0), "Gram is not symmetric")
+    if not e_n < 0.5:
+        raise SanityCheckFailed("the count slots are revealed to within 1/2 or worse, so they cannot be checked; "
+                                "the session's precision target or bounds are too loose", reason="imprecise_counts")
+    need("contributors", abs(stats.contributors - K) <= e_n, "the contributor counter is not the manifest's count")
+    counts = np.asarray(stats.class_counts, dtype=np.float64)
+    rc = np.round(counts)
+    need("counts_integral", bool(np.all(np.abs(counts - rc) <= e_n) and np.all(counts >= -e_n)),
+         "class counts are not non-negative integers")
+    n = int(np.round(stats.n))
+    need("counts_sum", abs(stats.n - n) <= e_n and int(rc.sum()) == n, "the class counts do not sum to n")
+    need("n_bound", n <= K * params.bounds.n_max, "n exceeds k n_max")
+    C = ri_restore_gram(stats.gram, K, stats.gamma)
+    need("symmetric", bool(np.all(np.abs(C - C.T) <= 2 * e)), "the Gram is not symmetric")
     evals = np.linalg.eigvalsh(0.5 * (C + C.T))
-    scale = max(float(evals[-1]), 1.0)
-    need("psd", evals[0] >= -(d * tol + 1e-9 * scale), f"lambda_min = {evals[0]:.3e}")
-    diag = np.clip(np.diag(C), 0, None)
-    bound = np.sqrt(np.outer(diag, diag))
-    excess = float(np.max(np.abs(C) - bound))
-    need("cauchy_schwarz", excess <= tol * 10 + 1e-9 * scale, f"max excess {excess:.3e}")
-    q_excess = float(np.max(stats.cross ** 2 - np.outer(diag, np.clip(counts, 0, None))))
-    need("class_cauchy_schwarz", q_excess <= tol * 10 * (1 + np.abs(stats.cross).max()) + 1e-9 * scale,
-         f"max excess {q_excess:.3e}")
+    need("psd", evals[0] >= -(rho + d * u * float(np.linalg.norm(C))), "the Gram is not positive semi-definite")
+    up = np.sqrt(np.clip(np.diag(C) + e, 0.0, None))
+    need("cauchy_schwarz", bool(np.all(np.abs(C) <= np.outer(up, up) * (1 + 8 * u) + e)),
+         "an off-diagonal Gram entry exceeds its Cauchy-Schwarz bound")
+    q_bound = np.outer(up, np.sqrt(np.clip(rc, 0.0, None))) * (1 + 8 * u) + e
+    need("class_cauchy_schwarz", bool(np.all(np.abs(stats.cross) <= q_bound)),
+         "a cross-term entry exceeds its per-class Cauchy-Schwarz bound")
     B2 = params.bounds.max_norm ** 2
-    need("norm_bound", np.trace(C) <= stats.n * B2 * (1 + 1e-9) + d * tol, "trace(C) > n B^2")
-    return SanityReport(float(stats.contributors), float(stats.n), float(evals[0]), float(evals[-1]), excess, checks)
+    diag_mag = float(np.sum(np.abs(np.diag(C))))
+    need("norm_bound", float(np.trace(C)) <= n * B2 * (1 + 8 * u) + d * e + d * u * diag_mag,
+         "the Gram's trace exceeds n B^2: an embedding beyond the declared norm bound")
+    return SanityReport(K, n, checks)
 
 
 def check_class_minimum(stats: SufficientStatistics, min_class_count: int) -> None:
@@ -156,7 +188,9 @@ class ReleaseLedger:
         row = self.db.execute("SELECT reason FROM blocked WHERE key_id=?", (key_id,)).fetchone()
         if row:
             raise PolicyViolation(f"key {key_id[:16]} is blocked ({row[0][:160]}); start a new session with a "
-                                  "fresh key after investigating the server", reason="key_blocked")
+                                  "fresh key after finding what failed (a forged manifest or sum points at the "
+                                  "server, a failed check after decryption at the server or an upload)",
+                                  reason="key_blocked")
 
     def check_unused(self, key_id: str) -> None:
         """A CKKS key decrypts once: each decryption leaks a little of the key (bounded by the

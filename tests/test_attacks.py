@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 
 from secure_afl.attacks import ATTACKS, run_attack
@@ -50,8 +53,10 @@ def test_curious_server_gets_nothing_from_ckks_payload():
 
     # Assert: typed refusals, and no coordinate of x appears in the ciphertext bytes
     assert r["outcome"] == "refused"
-    assert (r["error"], r["reason"]) == ("InvalidKey", "invalid_key")
-    assert r["secret_context_error"] == "SecretKeyNotAllowed"
+    a = r["attempts"]
+    assert (a["reveal with the public context"]["error"], a["reveal with the public context"]["reason"]) == (
+        "InvalidKey", "invalid_key")
+    assert a["combiner given a secret context"]["error"] == "SecretKeyNotAllowed"
     assert r["coordinates_found_in_ciphertext"] == 0
 
 
@@ -118,7 +123,7 @@ def test_attack_cli_lists_and_runs(capsys):
 
     # Assert
     assert all(name in listing for name in ATTACKS)
-    assert "RECOVERED x exactly: max error 0.0" in out
+    assert "RECOVERED: x read with max error 0.0" in out
 
 
 @pytest.mark.parametrize("eps", [1.0, 8.0])
@@ -140,3 +145,36 @@ def test_k2_subtraction_returns_only_noise_under_dp(eps):
 def test_attack_cli_k2_with_dp_prints_noise(capsys):
     assert main(["attack", "k2-subtraction", "--dp", "1"]) == 0
     assert "NOISE" in capsys.readouterr().out
+
+
+def _attack_cli(name: str, patch: str = "") -> subprocess.CompletedProcess:
+    """``secure-afl attack NAME`` in a fresh interpreter, after ``patch`` (a protection switched off)."""
+    code = f"import sys\n{patch}\nfrom secure_afl.cli import main\nsys.exit(main(['attack', '{name}']))\n"
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+
+
+@pytest.mark.parametrize("name", ["ckks-server", "secagg-server"])
+def test_attack_cli_exits_zero_when_the_protection_holds(name):
+    r = _attack_cli(name)
+    assert r.returncode == 0, r.stderr
+    assert "REFUSED" in r.stdout and "RECOVERED" not in r.stdout
+
+
+# each patch switches one protection off, as a regression would
+_BROKEN = {
+    # the server may hold a secret context (the combiner's refusal removed)
+    "ckks-server": ("import secure_afl.backends.ckks as m\n"
+                    "m.CKKSBackend.combiner = lambda self, public_context, **kw: object()"),
+    # the masks expand to zero: hospitals upload their vector unmasked
+    "secagg-server": ("import numpy as np, secure_afl.secagg.client as c, secure_afl.secagg.masking as mk\n"
+                      "zero = lambda seed, length, domain=None: np.zeros(length, dtype=np.uint64)\n"
+                      "c.expand = zero\n"
+                      "mk.expand = zero"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(_BROKEN))
+def test_attack_cli_exits_non_zero_when_the_attack_succeeds(name):
+    r = _attack_cli(name, _BROKEN[name])
+    assert r.returncode == 7, r.stdout + r.stderr  # EXIT_SECURITY
+    assert "RECOVERED" in r.stdout and "ATTACK SUCCEEDED" in r.stderr

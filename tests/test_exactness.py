@@ -167,7 +167,7 @@ def test_ckks_measured_error_within_its_certified_bound(data, plaintext):
     err = float(np.linalg.norm(W - W_plain))
     assert b.applies and plain.applies
     assert 0 < err <= b.abs_bound + plain.abs_bound
-    assert b.warning is not None and "exceed" in b.warning  # cond(C) ~ 1e9 breaks the 1e-6 target
+    assert b.warning is not None and "above the session's target" in b.warning  # cond(C) ~ 1e9 breaks 1e-6
 
 
 def test_ckks_at_a_loose_precision_has_no_bound_at_this_conditioning(data):
