@@ -18,6 +18,8 @@ from secure_afl._io import check_passphrase, refuse_if_shared, write_file
 from secure_afl.exceptions import InvalidInputError, InvalidKey, ParameterMismatch
 from secure_afl.params import SessionParams
 
+from .flooding import check_counts_releasable
+
 __all__ = ["KeyCustody", "PASSPHRASE_ENV"]
 
 PASSPHRASE_ENV = "SECURE_AFL_KEY_PASSPHRASE"
@@ -62,6 +64,7 @@ class KeyCustody:
         if self._secret_path(params.session_id).exists():
             raise InvalidInputError(f"keys for session {params.session_id} already exist; a session's key is "
                                     "never regenerated (start a new session for a new key)")
+        check_counts_releasable(params)  # before any key exists: a session it could never open is refused here
         keys = generate_keys(params)
         public = keys.public_context
         save_secret_context(self._secret_path(params.session_id), keys.secret_context,

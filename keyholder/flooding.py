@@ -70,7 +70,7 @@ from dataclasses import dataclass
 import numpy as np
 
 __all__ = ["KAPPA", "QUERIES", "TAIL_BITS", "flood_sigma", "flood", "tail_z", "margin_bits", "FloodedRelease",
-           "flood_release", "flood_plan", "flood_decryption", "flood_norm_bounds"]
+           "flood_release", "flood_plan", "flood_decryption", "flood_norm_bounds", "check_counts_releasable"]
 
 KAPPA = 30
 QUERIES = 1
@@ -239,3 +239,29 @@ def flood_decryption(plan: dict, raw: np.ndarray, *, extra_tol: float = 0.0) -> 
     """:func:`flood_release` of a ckks session's raw decryption by its :func:`flood_plan`."""
     return flood_release(raw, plan["first"], plan["counts"], e_first=plan["e_declared"], e_rest=plan["e_rest"],
                          extra_tol=extra_tol)
+
+
+def check_counts_releasable(params) -> None:
+    """Refuse, at keygen, a ckks session whose releases could never be opened.
+
+    Stage 1 floods the chunk holding the counts at the declared magnitude, so
+    its error bound ``count_tol`` grows with K (the magnitude K n_max B^2 and
+    the encryption noise both do). The counts must come out within 1/2 to be
+    rounded to the true integers; if that fails at K = k_max, some cohort the
+    session admits could only be refused after the hospitals uploaded. Checking
+    the largest admissible K once, before any key exists, turns that into a
+    configuration error with the fix named, and an admitted cohort is never
+    refused for it.
+    """
+    if params.backend != "ckks":
+        return
+    from secure_afl.exceptions import InvalidParameterError
+
+    b = params.bounds
+    tol = flood_plan(params, int(b.k_max))["count_tol"]
+    if not tol < 0.5:
+        raise InvalidParameterError(
+            f"ckks session refused: with k_max {b.k_max}, n_max {b.n_max} and max_norm {b.max_norm} the "
+            f"flooding of the chunk holding the counts would move them by up to {tol:.3g} (must stay below 1/2 "
+            "to release them): declare a smaller n_max, max_norm or k_max (the bound grows with "
+            "k_max n_max max_norm^2), or use bfv or secagg", reason="imprecise_counts")

@@ -225,12 +225,7 @@ class KeyHolder(KeyCustody):
         # the tags are summed in float64 here; allow that summation's own rounding
         tag_sum_err = plain_summation_error(K, params.bounds.aggregate_bound(params.gamma))
         if params.backend == "ckks":
-            plan = flood_plan(params, K)
-            if not plan["count_tol"] < 0.5:  # known before decrypting: refuse without spending the key
-                raise DecryptionRefused(
-                    f"not decrypting: with {K} contributions the flooding of the chunk holding the counts (sized "
-                    "for the declared magnitude K n_max max_norm^2) would hide them; use a new session with a "
-                    "smaller n_max or max_norm, or bfv or secagg (the key is not spent)", reason="imprecise_counts")
+            plan = flood_plan(params, K)  # K <= k_max, so its counts are within 1/2 (checked at keygen)
         ledger.record_decryption(key_id, params.session_id, participants)
         try:
             if params.backend == "ckks":
