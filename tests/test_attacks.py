@@ -153,6 +153,7 @@ def _attack_cli(name: str, patch: str = "") -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("name", ["ckks-server", "secagg-server"])
 def test_attack_cli_exits_zero_when_the_protection_holds(name):
     r = _attack_cli(name)
@@ -173,6 +174,7 @@ _BROKEN = {
 }
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("name", sorted(_BROKEN))
 def test_attack_cli_exits_non_zero_when_the_attack_succeeds(name):
     r = _attack_cli(name, _BROKEN[name])
