@@ -221,6 +221,9 @@ def run_service_bench(backend: str, hospitals: int, *, dim: int = 64, classes: i
         cfg["session"]["min_clients"] = min_clients
     session_id = cfg["session"]["id"]
     write_config(work / "session.toml", cfg)
+    from .session import sign as sign_session
+
+    sign_session(work / "session.toml", pki_dir)  # the operator's signature every party pins
     url = f"https://127.0.0.1:{cfg['server']['port']}"
     kh = KeyHolder(pki_dir, "keyholder", work / "keyholder", passphrase=os.urandom(16).hex().encode())
     server = ServerProcess(work / "session.toml", work / "server.log")

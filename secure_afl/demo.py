@@ -217,6 +217,9 @@ def run_demo(args) -> dict:
         # any min_clients hospitals' shares add up to the full noise
         cfg["dp"] = {"epsilon": float(args.dp), "delta": 1e-5, "min_contributors": cfg["session"]["min_clients"]}
     write_config(work / "session.toml", cfg)
+    from .session import sign as sign_session
+
+    sign_session(work / "session.toml", pki_dir)  # the operator's signature every party pins
     url = f"https://127.0.0.1:{port}"
     server = ServerProcess(work / "session.toml", work / "server.log")
     kh = KeyHolder(pki_dir, "keyholder", work / "keyholder", passphrase=os.urandom(16).hex().encode())

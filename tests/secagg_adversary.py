@@ -23,7 +23,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
-from secure_afl import pki
+from secure_afl import pki, session
 from secure_afl.clients.hospital import HospitalClient
 from secure_afl.clients.secagg_client import SecAggParticipant
 from secure_afl.exceptions import SecureAFLError
@@ -70,7 +70,10 @@ class _Conn:
         return "/s" + suffix
 
     def info(self) -> dict:
-        return {"secagg": {"client_ids": dict(self.server.ids)}}
+        return self.server.info()
+
+    def wait_until(self, pred, *, timeout=60.0, what=""):
+        return self.server.info()
 
     def request(self, method, path, *, body=b"", signed=True, headers=None, content=None, retry=True):
         return _Response(self.server.handle(self.name, method, path[2:], body))
@@ -83,7 +86,7 @@ class MaliciousServer:
     """Honest bookkeeping plus the deviations a test switches on."""
 
     def __init__(self, tmp_path, n: int, *, threshold: int, min_clients: int = 2, neighbours=None,
-                 colluder: int | None = None):
+                 colluder: int | None = None, signed_threshold: int | None = None):
         self.pki_dir = tmp_path / "pki"
         pki.init_ca(self.pki_dir)
         pki.issue(self.pki_dir, "server", "aggregator")
@@ -92,8 +95,17 @@ class MaliciousServer:
             pki.issue(self.pki_dir, "hospital", h)
         self.ids = {h: i + 1 for i, h in enumerate(self.names)}
         self.key = Ed25519PrivateKey.generate()
+        # what the operator signed (every hospital pins it) and what this server runs (the same unless a
+        # test makes the server lie about it)
+        self.definition = session.normalise(session.parse({
+            "session": {"id": "adv", "backend": "secagg", "dim": LAYOUT.dim, "classes": LAYOUT.n_classes,
+                        "gamma": 1.0, "min_clients": min_clients, "hospitals": self.names},
+            "bounds": {"max_norm": 4.0, "n_max": 100, "k_max": n},
+            "secagg": {"threshold": signed_threshold or threshold, "neighbours": neighbours or 0}}))
+        session.sign_definition(self.definition, self.pki_dir)
         self.params = secagg_session_params("adv", LAYOUT, 1.0, Bounds(4.0, 100, n), n_parties=n,
                                             threshold=threshold, min_clients=min_clients, neighbours=neighbours)
+        self.min_clients = min_clients
         keys = {self.ids[h]: pki.load_party(self.pki_dir, "hospital", h).identity_pub() for h in self.names}
         self.round = SecAggServerRound(self.params, identity_keys=keys)
         self.lock = threading.Lock()
@@ -118,8 +130,17 @@ class MaliciousServer:
         self.refused: dict[str, BaseException] = {}
         self.polls: dict[int, int] = {}
 
+    def info(self) -> dict:
+        """The session info this server relays (its own parameters, whatever the operator signed)."""
+        return {"session_id": "adv", "status": "open", "backend": "secagg", "params": self.params.to_dict(),
+                "params_digest": self.params.digest().hex(), "min_clients": self.min_clients,
+                "min_class_count": 5, "hospitals": list(self.names), "deadline": None,
+                "max_upload_bytes": 64_000_000, "server_identity_pub": pki.public_key_hex(self.key.public_key()),
+                "secagg": {"client_ids": dict(self.ids), "max_rounds": 3, "round": 1}}
+
     # -- the hospitals -------------------------------------------------------------------------
-    def hospitals(self, data: dict) -> dict[str, SecAggParticipant]:
+    def hospitals(self, data: dict, refused: dict) -> dict[str, SecAggParticipant]:
+        """Each honest hospital as its command runs it: pinned definition, fetch_params, the participant."""
         out = {}
         for h in self.names:
             if self.ids[h] == self.colluder:
@@ -129,13 +150,16 @@ class MaliciousServer:
             site.conn.close()
             site.conn = _Conn(self, h)
             X, y = data[h]
-            out[h] = SecAggParticipant(site, self.params, local_statistics(X, y, LAYOUT.n_classes))
+            try:
+                out[h] = SecAggParticipant(site, site.fetch_params(), local_statistics(X, y, LAYOUT.n_classes))
+            except SecureAFLError as e:  # refused before the round: nothing of it reaches the server
+                refused[h] = e
         return out
 
     def run(self, data: dict, *, timeout: float = 30.0) -> dict:
         """Every honest hospital's run loop in its own thread; returns {name: receipt or exception}."""
-        parts = self.participants = self.hospitals(data)
         results: dict = {}
+        parts = self.participants = self.hospitals(data, results)
 
         def go(h, p):
             try:

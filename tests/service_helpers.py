@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
-from secure_afl import pki
+from secure_afl import pki, session
 from secure_afl.clients.hospital import HospitalClient
 from secure_afl.demo import ServerProcess, _free_port
 from secure_afl.server.config import write_config
@@ -51,6 +51,7 @@ class Consortium:
             cfg["extractor"] = extractor
         self.config = self.root / "session.toml"
         write_config(self.config, cfg)
+        session.sign(self.config, self.pki_dir)  # the operator signs what every party pins
         self.server = None
         self.keyholder = KeyHolder(self.pki_dir, "keyholder", self.root / "keys", passphrase=b"test passphrase")
         self.max_norm = max_norm
