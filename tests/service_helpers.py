@@ -17,7 +17,7 @@ from secure_afl.stats import StatisticsAccumulator
 class Consortium:
     def __init__(self, root: Path, *, backend: str, hospitals=("h1", "h2", "h3"), dim=6, classes=3,
                  min_clients=2, max_norm=4.0, n_max=1000, k_max=8, extra_session=None, secagg=None,
-                 extra_server=None, extractor=None, dp=None):
+                 extra_server=None, extractor=None, dp=None, sign=True):
         self.root = Path(root)
         self.backend = backend
         self.hospitals = list(hospitals)
@@ -51,7 +51,8 @@ class Consortium:
             cfg["extractor"] = extractor
         self.config = self.root / "session.toml"
         write_config(self.config, cfg)
-        session.sign(self.config, self.pki_dir)  # the operator signs what every party pins
+        if sign:
+            session.sign(self.config, self.pki_dir)  # the operator signs what every party pins
         self.server = None
         self.keyholder = KeyHolder(self.pki_dir, "keyholder", self.root / "keys", passphrase=b"test passphrase")
         self.max_norm = max_norm
