@@ -126,9 +126,14 @@ class KeyHolder(KeyCustody):
         The release policy is the stricter of this key holder's and the session's
         (``min_clients``, ``min_class_count``): the server cannot relax it.
         """
+        from secure_afl import session
+
         info = conn.info()
-        min_clients = max(min_clients, int(info.get("min_clients", 1)))
-        min_class_count = max(min_class_count, int(info.get("min_class_count", 1)))
+        # the operator's signed definition, not the server's info, says what this session is
+        definition = session.load_signed(self.pki_dir, conn.session_id)
+        session.check_info(definition, info)
+        min_clients = max(min_clients, definition["min_clients"])
+        min_class_count = max(min_class_count, definition["min_class_count"])
         if info["status"] != "released":
             self.close_round(conn)
             info = conn.info()
@@ -136,7 +141,7 @@ class KeyHolder(KeyCustody):
         if info["backend"] in HE_BACKENDS:
             return self.release_he(conn.session_id, _HTTPSource(conn), min_clients=min_clients, lam=lam,
                                    min_class_count=min_class_count, expected_hospitals=expected_hospitals)
-        params = SessionParams.from_dict(info["params"])
+        params = session.check_info(definition, info)
         aggregate = conn.request("GET", conn.path("/aggregate")).content
         manifest = conn.request("GET", conn.path("/manifest")).json()
         unmask = None

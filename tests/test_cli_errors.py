@@ -201,7 +201,7 @@ def test_keygen_twice_is_one_line(consortium, tmp_path):
     passfile = tmp_path / "kh.pass"
     passfile.write_text("a long enough key holder passphrase\n")
     passfile.chmod(0o600)
-    args = ["keyholder", "keygen", "--pki", c.pki_dir, "--keys", c.root / "keys", "--config", c.config,
+    args = ["keyholder", "keygen", "--pki", c.pki_dir, "--keys", c.root / "keys", "--session", c.session_id,
             "--passphrase-file", passfile]
     first = _cli(*args)
     assert first.returncode == 0, first.stderr

@@ -15,7 +15,6 @@ import json
 from pathlib import Path
 
 from secure_afl.exceptions import InvalidInputError
-from secure_afl.params import SessionParams
 from secure_afl.backends import HE_BACKENDS
 from secure_afl.keyholder import KeyHolder, write_model
 
@@ -69,13 +68,16 @@ def finalize(kh: KeyHolder, info: dict, aggregate: bytes, manifest: dict, tags: 
     """The native finalize; the stricter of the two policies applies. HE sessions are re-summed from
     the signed uploads (``contributions``); the server's ``aggregate`` is used for plain and secagg
     (with the server's ``unmask`` material, as ``keyholder finalize`` fetches it)."""
-    policy = {"min_clients": max(min_clients, int(info.get("min_clients", 1))),
-              "min_class_count": max(min_class_count, int(info.get("min_class_count", 1))), "lam": lam}
-    if info["backend"] in HE_BACKENDS:
-        res = kh.release_he(info["session_id"], _MessageSource(manifest, contributions, tags), **policy)
+    from secure_afl import session
+
+    definition = session.load_signed(kh.pki_dir, str(info.get("session_id")))
+    params = session.check_info(definition, info, source="the ServerApp")
+    policy = {"min_clients": max(min_clients, definition["min_clients"]),
+              "min_class_count": max(min_class_count, definition["min_class_count"]), "lam": lam}
+    if definition.backend in HE_BACKENDS:
+        res = kh.release_he(definition.session_id, _MessageSource(manifest, contributions, tags), **policy)
     else:
-        res = kh.reveal_and_solve(SessionParams.from_dict(info["params"]), aggregate, manifest, unmask=unmask,
-                                  **policy)
+        res = kh.reveal_and_solve(params, aggregate, manifest, unmask=unmask, **policy)
     params = res.params
     lam = res.report.get("lambda_total", lam)
     meta = {"session": params.session_id, "backend": params.backend, "gamma": params.gamma, "lambda": lam,
