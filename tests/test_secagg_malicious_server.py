@@ -302,3 +302,29 @@ def test_genuine_signatures_over_another_survivor_set_relayed_as_the_quorum_reve
     assert isinstance(results["h1"], InvalidContribution) and "another survivor set" in str(results["h1"]), results
     assert 1 not in adv.unmask_responses and 1 in adv.statements  # it signed, and was asked to unmask
     assert adv.try_unmask(1) is None
+
+
+def test_another_sessions_signed_info_relayed_by_the_server_is_refused(tmp_path):
+    # Prepare: the operator also signed session "adv2" for the same hospitals at t = 2; the server relays
+    # that session's info and parameters to hospitals that joined "adv"
+    from secure_afl import session
+
+    adv = MaliciousServer(tmp_path, 5, threshold=3)
+    other = session.normalise(session.parse({
+        "session": {"id": "adv2", "backend": "secagg", "dim": 3, "classes": 2, "gamma": 1.0, "min_clients": 2,
+                    "hospitals": adv.names},
+        "bounds": {"max_norm": 4.0, "n_max": 100, "k_max": 5}, "secagg": {"threshold": 2}}))
+    session.sign_definition(other, adv.pki_dir)
+    honest_info = adv.info
+    params2 = other.session_params()
+    adv.info = lambda: {**honest_info(), "session_id": "adv2", "params": params2.to_dict(),
+                        "params_digest": params2.digest().hex()}
+
+    # Execute
+    results = adv.run(hospital_data(adv.names))
+
+    # Assert: refused before the round, both sessions named
+    from secure_afl.exceptions import WrongSession
+
+    assert all(isinstance(r, WrongSession) and "'adv2'" in str(r) and "'adv'" in str(r) for r in results.values())
+    assert not adv.round.advertisements and not adv.share_keys_responses
