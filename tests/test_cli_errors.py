@@ -130,6 +130,12 @@ def test_file_with_a_row_over_the_bound_is_one_line(consortium, tmp_path, kind):
 def test_wrong_session_id_is_one_line(consortium, tmp_path):
     # Prepare
     c = consortium(backend="plain", hospitals=("h1", "h2"), min_clients=2).start()
+    from dataclasses import replace
+
+    from secure_afl import session
+
+    d = session.load_signed(c.pki_dir, c.session_id)  # the operator defined a session this server does not run
+    session.sign_definition(replace(d, body={**d.body, "id": "no-such-session"}), c.pki_dir)
 
     # Execute
     out = _cli(*_submit_args(c, "h1", _stats_file(c, "h1", tmp_path / "h1.npz"), session="no-such-session"))
