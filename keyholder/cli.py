@@ -61,6 +61,8 @@ def _cmd_finalize(args) -> int:
     print(f"model W {res.W.shape} from {res.report['contributors']} hospitals, {res.report['samples']} samples "
           f"-> {args.out}{flood}")
     print(format_w_bound(res.report["w_error_bound"]))
+    print(f"countersigned audit head -> {kh.audit_head_path(res.params.session_id)} (publish it with the model: "
+          "auditors verify the server's log against it)")
     if res.report.get("dp"):
         p = res.report["dp"]
         print(f"differential privacy: epsilon {p['epsilon']:.4g} at delta {p['delta']:g} for this release, "

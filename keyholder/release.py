@@ -156,8 +156,29 @@ class KeyHolder(KeyCustody):
         before anything is decrypted: the auditor then holds a head the server alone cannot rewrite."""
         from secure_afl.signing import canonical_json
 
-        cs = self.countersign_close(conn.request("GET", conn.path("/audit/head")).json()["close"], manifest)
+        close = conn.request("GET", conn.path("/audit/head")).json()["close"]
+        cs = self.countersign_close(close, manifest)
+        self.keep_audit_head(conn.session_id, close, cs)
         return conn.request("POST", conn.path("/audit/countersign"), body=canonical_json(cs)).json()
+
+    def audit_head_path(self, session_id: str) -> Path:
+        return self.keys_dir / f"{session_id}.audit-head.json"
+
+    def keep_audit_head(self, session_id: str, close: dict, countersign: dict) -> Path:
+        """Keep the countersigned head here, before the server gets it: auditors take it from the key holder
+        (with the model and report), so a server that withholds or replaces its own copy is noticed."""
+        from secure_afl._io import write_file
+
+        import re
+
+        if not isinstance(session_id, str) or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}", session_id):
+            raise InvalidInputError(f"not a session id: {session_id!r}")
+        path = self.audit_head_path(session_id)
+        tmp = path.with_suffix(".tmp")
+        write_file(tmp, json.dumps({"close": close, "countersign": countersign}, indent=1, sort_keys=True).encode(),
+                   mode=0o644, exclusive=False)
+        os.replace(tmp, path)
+        return path
 
     def countersign_close(self, close: dict, manifest: dict) -> dict:
         """The countersignature over ``close``, checked against the pinned server key and the manifest;

@@ -41,7 +41,9 @@ def publication(kh: KeyHolder, session_id: str) -> bytes:
 
 def countersign(kh: KeyHolder, close: dict, manifest: dict) -> dict:
     """The key holder's countersignature over the server's close record (:meth:`KeyHolder.countersign_close`)."""
-    return kh.countersign_close(close, manifest)
+    cs = kh.countersign_close(close, manifest)
+    kh.keep_audit_head(str(close.get("session_id")), close, cs)
+    return cs
 
 
 class _MessageSource:
