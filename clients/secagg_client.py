@@ -59,11 +59,7 @@ class SecAggParticipant:
         # n, the numbering, t, the degree and min_clients come from the signed definition; the server's
         # numbering must be the same, or it could seat hospitals in the graph or add a sybil to the quorum
         definition = hospital.definition
-        self.client_ids = definition.client_ids
-        relayed = hospital.conn.info().get("secagg", {}).get("client_ids")
-        if relayed != self.client_ids:
-            raise InvalidContribution("the server's client numbering is not the sorted roster of the signed "
-                                      "session definition")
+        self.client_ids = definition.client_ids  # fetch_params checked that the server relays the same
         peers = pki.load_enrolments(hospital.party.pki_dir, role="hospital")
         missing = sorted(set(self.client_ids) - set(peers))
         if missing:
