@@ -195,3 +195,15 @@ def test_the_toml_writer_escapes_every_string(tmp_path, text):
     # Assert: read back exactly, no section or key injected
     back = tomllib.loads((tmp_path / "s.toml").read_text())
     assert back == {"session": {"id": "a", "backend": text, "hospitals": [text, "b"]}, "weird key": {"k.1": text}}
+
+
+def test_bundles_made_after_signing_carry_the_definition(tmp_path):
+    # Prepare: signed first, bundled after
+    c = Consortium(tmp_path, backend="plain", hospitals=("h1", "h2", "h3"), min_clients=2)
+
+    # Execute
+    made = pki.make_bundles(c.pki_dir, tmp_path / "bundles")
+
+    # Assert: each party's bundle pins the operator's definition
+    for bundle in made.values():
+        assert session.load_signed(bundle, c.session_id).body == session.load_signed(c.pki_dir, c.session_id).body
