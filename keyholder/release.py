@@ -129,19 +129,20 @@ class KeyHolder(KeyCustody):
         from secure_afl import session
 
         info = conn.info()
-        # the operator's signed definition, not the server's info, says what this session is
+        # the operator's signed definition, not the server's info, says what this session is: its backend,
+        # its policy floor and (plain, secagg) its parameters; ckks and bfv use this key holder's keygen record
         definition = session.load_signed(self.pki_dir, conn.session_id)
-        session.check_info(definition, info)
-        min_clients = max(min_clients, definition["min_clients"])
-        min_class_count = max(min_class_count, definition["min_class_count"])
+        min_clients = max(min_clients, definition["min_clients"], int(info.get("min_clients", 1)))
+        min_class_count = max(min_class_count, definition["min_class_count"], int(info.get("min_class_count", 1)))
         if info["status"] != "released":
             self.close_round(conn)
             info = conn.info()
         self.countersign_audit_head(conn, conn.request("GET", conn.path("/manifest")).json())
-        if info["backend"] in HE_BACKENDS:
+        if definition.backend in HE_BACKENDS:
             return self.release_he(conn.session_id, _HTTPSource(conn), min_clients=min_clients, lam=lam,
                                    min_class_count=min_class_count, expected_hospitals=expected_hospitals)
-        params = session.check_info(definition, info)
+        params = definition.session_params()
+        session.check_same(params.to_dict(), info.get("params") or {}, what="params.", source="the server")
         aggregate = conn.request("GET", conn.path("/aggregate")).content
         manifest = conn.request("GET", conn.path("/manifest")).json()
         unmask = None

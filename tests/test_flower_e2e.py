@@ -10,7 +10,7 @@ import time
 import numpy as np
 import pytest
 
-from secure_afl import pki
+from secure_afl import pki, session
 from secure_afl.analytic import centralised_weights
 from secure_afl.audit import load_receipts, verify_log
 from secure_afl.backends.ckks import ckks_session_params
@@ -217,10 +217,11 @@ def test_flower_hospitals_refuse_a_server_that_is_not_the_pinned_one(tmp_path, d
     data = hospital_data(c, seed=17)
     for h, (X, y) in data.items():
         np.savez(tmp_path / f"{h}.npz", X=X, y=y)
-    rogue = Consortium(tmp_path / "rogue", backend="plain", hospitals=(), min_clients=3)
+    rogue = Consortium(tmp_path / "rogue", backend="plain", hospitals=(), min_clients=3, sign=False)
     for h in HOSPITALS:
         (rogue.pki_dir / f"hospital-{h}").mkdir()
         shutil.copy(c.pki_dir / f"hospital-{h}" / "enrolment.json", rogue.pki_dir / f"hospital-{h}")
+    session.sign(rogue.config, rogue.pki_dir)  # its own CA: no hospital pins it
     deployment.start_superlink()
     for h in HOSPITALS:
         deployment.start_supernode(h, {"role": "hospital", "name": h, "pki-dir": c.pki_dir,
@@ -312,6 +313,8 @@ def test_flower_secagg_survives_a_crash_after_share_keys_and_refuses_an_impostor
     for role_dir in ["server-aggregator", "keyholder-keyholder"] + [f"hospital-{h}" for h in names[:4]]:
         (rogue_pki / role_dir).mkdir()
         shutil.copy(c.pki_dir / role_dir / "enrolment.json", rogue_pki / role_dir)
+    # the impostor's own CA signs the same definition, so its node answers (and the server must refuse it)
+    session.sign_definition(session.load_signed(c.pki_dir, c.session_id), rogue_pki)
     deployment.start_superlink()
     for h in names:
         deployment.start_supernode(h, {"role": "hospital", "name": h, "pki-dir": rogue_pki if h == "h5" else c.pki_dir,

@@ -73,12 +73,14 @@ def finalize(kh: KeyHolder, info: dict, aggregate: bytes, manifest: dict, tags: 
     from secure_afl import session
 
     definition = session.load_signed(kh.pki_dir, str(info.get("session_id")))
-    params = session.check_info(definition, info, source="the ServerApp")
-    policy = {"min_clients": max(min_clients, definition["min_clients"]),
-              "min_class_count": max(min_class_count, definition["min_class_count"]), "lam": lam}
+    policy = {"min_clients": max(min_clients, definition["min_clients"], int(info.get("min_clients", 1))),
+              "min_class_count": max(min_class_count, definition["min_class_count"],
+                                     int(info.get("min_class_count", 1))), "lam": lam}
     if definition.backend in HE_BACKENDS:
         res = kh.release_he(definition.session_id, _MessageSource(manifest, contributions, tags), **policy)
     else:
+        params = definition.session_params()
+        session.check_same(params.to_dict(), info.get("params") or {}, what="params.", source="the ServerApp")
         res = kh.reveal_and_solve(params, aggregate, manifest, unmask=unmask, **policy)
     params = res.params
     lam = res.report.get("lambda_total", lam)
