@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from secure_afl import pki
+from secure_afl import session as session_definition
 from secure_afl.backends import HE_BACKENDS, get_backend
 from secure_afl.dp import add_noise_share
 from secure_afl.exceptions import (
@@ -129,6 +130,8 @@ class HospitalClient:
         self.server_pub = (pki.public_key_from_hex(server_identity_pub)
                            if isinstance(server_identity_pub, str) else server_identity_pub)
         self.bytes_uploaded = 0
+        # what this session is comes from the operator's signed definition in our own bundle, never the server
+        self.definition = session_definition.load_signed(party.pki_dir, session_id)
 
     def close(self) -> None:
         self.conn.close()
@@ -141,9 +144,7 @@ class HospitalClient:
             raise RoundAlreadyClosed(f"session {self.session_id} is {info['status']}: it takes no more uploads")
         if info["status"] != "open":
             raise StageError(f"session {self.session_id} is {info['status']}, not open")
-        params = SessionParams.from_dict(info["params"])
-        if params.digest().hex() != info["params_digest"]:
-            raise ParameterMismatch("server's parameter digest does not match its parameters")
+        params = session_definition.check_info(self.definition, info)
         if info["server_identity_pub"] != pki.public_key_hex(self.server_pub):
             raise ParameterMismatch("the server does not present the pinned identity key")
         if params.backend in HE_BACKENDS:

@@ -56,13 +56,15 @@ class SecAggParticipant:
         self.hospital = hospital
         self.params = params
         self.vector = hospital.protect_vector(params, stats)
-        self.client_ids = hospital.conn.info()["secagg"]["client_ids"]
-        if self.client_ids != {n: i + 1 for i, n in enumerate(sorted(self.client_ids))}:
-            raise InvalidContribution("the server's client numbering is not the sorted enrolment order")
+        # n, the numbering, t, the degree and min_clients come from the signed definition; the server's
+        # numbering must be the same, or it could seat hospitals in the graph or add a sybil to the quorum
+        definition = hospital.definition
+        self.client_ids = definition.client_ids  # fetch_params checked that the server relays the same
         peers = pki.load_enrolments(hospital.party.pki_dir, role="hospital")
-        if set(peers) != set(self.client_ids):
-            raise InvalidContribution("the server's hospitals are not the enrolled hospitals")
-        self._keys = {self.client_ids[n]: e.public_key() for n, e in peers.items()}
+        missing = sorted(set(self.client_ids) - set(peers))
+        if missing:
+            raise InvalidContribution(f"the signed session names hospitals {missing} that the roster does not enrol")
+        self._keys = {self.client_ids[n]: peers[n].public_key() for n in self.client_ids}
         self.client = SecAggClient(params, self.client_ids[hospital.name], hospital.party.identity_key(), self._keys)
         self.receipt: dict | None = None
         self._answered: set[str] = set()

@@ -8,7 +8,6 @@ import logging
 from pathlib import Path
 
 from secure_afl._io import read_private_file
-from secure_afl.packing import Layout
 
 from .connection import KeyHolderConnection
 from .custody import PASSPHRASE_ENV
@@ -26,23 +25,19 @@ def _keyholder(args) -> KeyHolder:
 
 
 def _cmd_keygen(args) -> int:
+    from secure_afl import session
     from secure_afl.backends import HE_BACKENDS
-    from secure_afl.server.config import load_config
 
-    cfg = load_config(args.config)
-    if cfg.backend not in HE_BACKENDS:
-        print(f"session {cfg.session_id} uses {cfg.backend}; only {' and '.join(HE_BACKENDS)} sessions need "
-              "key-holder keys")
+    definition = session.load_signed(args.pki, args.session)  # the operator's, from this key holder's bundle
+    if definition.backend not in HE_BACKENDS:
+        print(f"session {definition.session_id} uses {definition.backend}; only {' and '.join(HE_BACKENDS)} "
+              "sessions need key-holder keys")
         return 2
     kh = _keyholder(args)
-    from secure_afl.dp import dp_session_params
-
-    # the same parameters the server builds (DP, the declared extractor): the key holder signs them
-    params = dp_session_params(cfg.dp, cfg.backend, cfg.session_id, Layout(cfg.dim, cfg.classes), cfg.gamma,
-                               cfg.bounds).with_extractor(cfg.extractor)
-    public = kh.keygen(params)
-    print(f"fresh {cfg.backend.upper()} keys for session {cfg.session_id}: public context "
-          f"{kh.public_path(cfg.session_id)} ({len(public)} bytes, sha256 {hashlib.sha256(public).hexdigest()[:16]}...)")
+    public = kh.keygen(definition.session_params())  # the one derivation every party makes
+    print(f"fresh {definition.backend.upper()} keys for session {definition.session_id}: public context "
+          f"{kh.public_path(definition.session_id)} ({len(public)} bytes, sha256 "
+          f"{hashlib.sha256(public).hexdigest()[:16]}...)")
     return 0
 
 
@@ -75,6 +70,8 @@ def _cmd_finalize(args) -> int:
     print(f"model W {res.W.shape} from {res.report['contributors']} hospitals, {res.report['samples']} samples "
           f"-> {args.out}{flood}")
     print(format_w_bound(res.report["w_error_bound"], res.params.backend))
+    print(f"countersigned audit head -> {kh.audit_head_path(res.params.session_id)} (publish it with the model: "
+          "auditors verify the server's log against it)")
     if res.report.get("dp"):
         p = res.report["dp"]
         print(f"differential privacy: epsilon {p['epsilon']:.4g} at delta {p['delta']:g} for this release, "
@@ -110,7 +107,7 @@ def register(parser) -> None:
 
     p = sub.add_parser("keygen", help="fresh CKKS keys for a session (secret stays here, encrypted at rest)")
     common(p, False)
-    p.add_argument("--config", required=True, help="the session.toml the server runs")
+    p.add_argument("--session", required=True, help="session id: its signed definition is in PKI/sessions/")
     p.set_defaults(func=_cmd_keygen)
     p = sub.add_parser("publish", help="publish the public context, tag key and signed parameters to the server")
     common(p, True)

@@ -126,17 +126,23 @@ class KeyHolder(KeyCustody):
         The release policy is the stricter of this key holder's and the session's
         (``min_clients``, ``min_class_count``): the server cannot relax it.
         """
+        from secure_afl import session
+
         info = conn.info()
-        min_clients = max(min_clients, int(info.get("min_clients", 1)))
-        min_class_count = max(min_class_count, int(info.get("min_class_count", 1)))
+        # the operator's signed definition, not the server's info, says what this session is: its backend,
+        # its policy floor and (plain, secagg) its parameters; ckks and bfv use this key holder's keygen record
+        definition = session.load_signed(self.pki_dir, conn.session_id)
+        min_clients = max(min_clients, definition["min_clients"], int(info.get("min_clients", 1)))
+        min_class_count = max(min_class_count, definition["min_class_count"], int(info.get("min_class_count", 1)))
         if info["status"] != "released":
             self.close_round(conn)
             info = conn.info()
         self.countersign_audit_head(conn, conn.request("GET", conn.path("/manifest")).json())
-        if info["backend"] in HE_BACKENDS:
+        if definition.backend in HE_BACKENDS:
             return self.release_he(conn.session_id, _HTTPSource(conn), min_clients=min_clients, lam=lam,
                                    min_class_count=min_class_count, expected_hospitals=expected_hospitals)
-        params = SessionParams.from_dict(info["params"])
+        params = definition.session_params()
+        session.check_same(params.to_dict(), info.get("params") or {}, what="params.", source="the server")
         aggregate = conn.request("GET", conn.path("/aggregate")).content
         manifest = conn.request("GET", conn.path("/manifest")).json()
         unmask = None
@@ -151,8 +157,29 @@ class KeyHolder(KeyCustody):
         before anything is decrypted: the auditor then holds a head the server alone cannot rewrite."""
         from secure_afl.signing import canonical_json
 
-        cs = self.countersign_close(conn.request("GET", conn.path("/audit/head")).json()["close"], manifest)
+        close = conn.request("GET", conn.path("/audit/head")).json()["close"]
+        cs = self.countersign_close(close, manifest)
+        self.keep_audit_head(conn.session_id, close, cs)
         return conn.request("POST", conn.path("/audit/countersign"), body=canonical_json(cs)).json()
+
+    def audit_head_path(self, session_id: str) -> Path:
+        return self.keys_dir / f"{session_id}.audit-head.json"
+
+    def keep_audit_head(self, session_id: str, close: dict, countersign: dict) -> Path:
+        """Keep the countersigned head here, before the server gets it: auditors take it from the key holder
+        (with the model and report), so a server that withholds or replaces its own copy is noticed."""
+        from secure_afl._io import write_file
+
+        import re
+
+        if not isinstance(session_id, str) or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}", session_id):
+            raise InvalidInputError(f"not a session id: {session_id!r}")
+        path = self.audit_head_path(session_id)
+        tmp = path.with_suffix(".tmp")
+        write_file(tmp, json.dumps({"close": close, "countersign": countersign}, indent=1, sort_keys=True).encode(),
+                   mode=0o644, exclusive=False)
+        os.replace(tmp, path)
+        return path
 
     def countersign_close(self, close: dict, manifest: dict) -> dict:
         """The countersignature over ``close``, checked against the pinned server key and the manifest;

@@ -410,6 +410,13 @@ def _ckks_consortium(d: Path, hospitals=("hosp-a", "hosp-b", "hosp-c")):
     server = pki.issue(pki_dir, "server", "aggregator")
     pki.issue(pki_dir, "keyholder", "keyholder")
     parties = {h: pki.issue(pki_dir, "hospital", h) for h in hospitals}
+    from . import session
+
+    b = _bounds()
+    session.sign_definition(session.normalise(session.parse({
+        "session": {"id": "attack-forward", "backend": "ckks", "dim": DIM, "classes": CLASSES, "gamma": GAMMA,
+                    "min_clients": 2, "hospitals": list(hospitals)},
+        "bounds": {"max_norm": b.max_norm, "n_max": b.n_max, "k_max": b.k_max}})), pki_dir)
     kh = KeyHolder(pki_dir, "keyholder", d / "keys", passphrase=os.urandom(16).hex().encode())
     public = kh.keygen(ckks_session_params("attack-forward", _layout(), GAMMA, _bounds()))
     return pki_dir, server, parties, kh, kh.params("attack-forward"), public

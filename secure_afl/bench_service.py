@@ -202,13 +202,13 @@ def run_service_bench(backend: str, hospitals: int, *, dim: int = 64, classes: i
                     "gamma": 1.0, "min_clients": min_clients, "min_class_count": 1, "deadline_s": 86400,
                     "hospitals": names},
         "bounds": {"max_norm": 1.0, "n_max": samples, "k_max": K},
-        "secagg": {"stage_timeout_s": float(stage_timeout_s)},
         "server": {"host": "127.0.0.1", "port": _free_port(), "data_dir": str(work / "server"),
                    "pki_dir": str(pki_dir), "name": "aggregator", "keyholder": "keyholder",
                    "max_connections": int(max_connections or 0),
                    "combine_workers": int(combine_workers)},
     }
-    if backend == "secagg":
+    if backend == "secagg":  # a [secagg] section in another backend's session is refused
+        cfg["secagg"] = {"stage_timeout_s": float(stage_timeout_s)}
         from .secagg import default_threshold, max_min_clients, recommended_neighbours
 
         k = recommended_neighbours(K)
@@ -221,6 +221,9 @@ def run_service_bench(backend: str, hospitals: int, *, dim: int = 64, classes: i
         cfg["session"]["min_clients"] = min_clients
     session_id = cfg["session"]["id"]
     write_config(work / "session.toml", cfg)
+    from .session import sign as sign_session
+
+    sign_session(work / "session.toml", pki_dir)  # the operator's signature every party pins
     url = f"https://127.0.0.1:{cfg['server']['port']}"
     kh = KeyHolder(pki_dir, "keyholder", work / "keyholder", passphrase=os.urandom(16).hex().encode())
     server = ServerProcess(work / "session.toml", work / "server.log")

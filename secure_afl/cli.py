@@ -28,6 +28,7 @@ _COMMANDS = [
     ("bench", "benchmarks that print figures", "secure_afl.bench"),
     ("client", "hospital-side commands", "secure_afl.clients.cli"),
     ("pki", "consortium CA, TLS certificates and Ed25519 identities", "secure_afl.pki"),
+    ("session", "the operator's signed session definition every party pins", "secure_afl.session"),
     ("audit", "verify the hash-chained audit log and receipts", "secure_afl.audit"),
     ("server", "the aggregation server", "secure_afl.server.cli"),
     ("keyholder", "the key holder: keys, release checks, decryption and the solve", "secure_afl.keyholder.cli"),

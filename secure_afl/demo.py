@@ -206,11 +206,11 @@ def run_demo(args) -> dict:
                     "min_clients": min(K, max(2, args.min_clients or K)), "deadline_s": 3600,
                     "hospitals": [h[0] for h in hospitals]},
         "bounds": {"max_norm": max_norm, "n_max": n_max, "k_max": max(K, 2)},
-        "secagg": {"stage_timeout_s": 30.0},
         "server": {"host": "127.0.0.1", "port": port, "data_dir": str(work / "server"),
                    "pki_dir": str(pki_dir), "name": "aggregator", "keyholder": "keyholder"},
     }
-    if args.backend == "secagg":
+    if args.backend == "secagg":  # a [secagg] section in another backend's session is refused
+        cfg["secagg"] = {"stage_timeout_s": 30.0}
         # the threshold follows each hospital's share holders (the server's default); the consistency
         # quorum then caps how many hospitals a release may require
         from .secagg import default_threshold, max_min_clients, recommended_neighbours
@@ -222,6 +222,9 @@ def run_demo(args) -> dict:
         # any min_clients hospitals' shares add up to the full noise
         cfg["dp"] = {"epsilon": float(args.dp), "delta": 1e-5, "min_contributors": cfg["session"]["min_clients"]}
     write_config(work / "session.toml", cfg)
+    from .session import sign as sign_session
+
+    sign_session(work / "session.toml", pki_dir)  # the operator's signature every party pins
     url = f"https://127.0.0.1:{port}"
     server = ServerProcess(work / "session.toml", work / "server.log")
     kh = KeyHolder(pki_dir, "keyholder", work / "keyholder", passphrase=os.urandom(16).hex().encode())

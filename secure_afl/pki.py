@@ -622,7 +622,8 @@ def make_bundles(pki_dir, out_dir) -> dict[str, Path]:
     """One directory per issued party, holding exactly what that party needs.
 
     ``OUT/<role>-<name>/`` = ``ca.pem`` + ``roster.json`` (every party's public
-    identity and role, signed by the CA) + ``<role>-<name>/`` (this party's own
+    identity and role, signed by the CA) + ``sessions/`` (the session definitions
+    signed so far, :mod:`secure_afl.session`) + ``<role>-<name>/`` (this party's own
     TLS and identity keys, 0600). The CA key and other parties' private keys
     are in no bundle. Each bundle is a PKI directory every command accepts.
     """
@@ -643,6 +644,9 @@ def make_bundles(pki_dir, out_dir) -> dict[str, Path]:
                 bundle.chmod(0o700)
                 shutil.copyfile(d / CA_CERT, bundle / CA_CERT)
                 shutil.copyfile(roster, bundle / ROSTER)
+                for signed in sorted((d / "sessions").glob("*.json")):  # session definitions signed so far
+                    (bundle / "sessions").mkdir(exist_ok=True)
+                    shutil.copyfile(signed, bundle / "sessions" / signed.name)
                 for f in _PARTY_FILES:
                     data = (party.directory / f).read_bytes()
                     _write_file(bundle / party.directory.name / f, data, private=f in ("key.pem", "identity.key"))

@@ -53,7 +53,6 @@ from secure_afl.exceptions import (
     Unauthenticated,
     UnknownParty,
 )
-from secure_afl.packing import Layout
 from secure_afl.params import SessionParams
 from secure_afl.protocol import MAX_SKEW_S, parse_context_publication, verify_request_digest
 from secure_afl.signing import build_manifest, make_receipt, verify_upload
@@ -87,6 +86,7 @@ class AggregationServer:
         # unauthenticated refusals per TLS peer: [window start, suppressed count, {reason: count}]
         self._unauth: dict[str, list] = {}
         self._unauth_lock = threading.Lock()
+        self.definition = self._pinned_definition()
         self._enrolled = self._load_enrolled()
         self._keyholders = pki.load_enrolments(config.pki_dir, role="keyholder")
         if self.store.get_meta("created_at") is None:
@@ -101,9 +101,18 @@ class AggregationServer:
         self._recover()
 
     # -- set-up ------------------------------------------------------------------
+    def _pinned_definition(self):
+        """The operator-signed definition of this session; the server's own settings must agree with it."""
+        from secure_afl import session
+
+        signed = session.load_signed(self.config.pki_dir, self.config.session_id)
+        session.check_same(signed.body, self.config.definition.body, what="",
+                           source=f"the server's session.toml ({self.config.session_id})")
+        return signed
+
     def _load_enrolled(self) -> dict:
         issued = pki.load_enrolments(self.config.pki_dir, role="hospital")
-        names = self.config.hospitals or sorted(issued)
+        names = self.definition.hospitals
         missing = [n for n in names if n not in issued]
         if missing:
             raise MissingEnrolment(f"hospitals {missing} are listed in the config but have no enrolment "
@@ -111,22 +120,7 @@ class AggregationServer:
         return {n: issued[n] for n in names}
 
     def _base_params(self) -> SessionParams:
-        return self._backend_params().with_extractor(self.config.extractor)
-
-    def _backend_params(self) -> SessionParams:
-        from secure_afl.dp import dp_session_params
-
-        c = self.config
-        layout = Layout(c.dim, c.classes)
-        if c.backend != "secagg":
-            # DP hook: with c.dp None these are exactly the parameters without DP
-            return dp_session_params(c.dp, c.backend, c.session_id, layout, c.gamma, c.bounds)
-        from secure_afl.secagg import recommended_neighbours
-
-        n = len(self._enrolled)
-        neighbours = {-1: recommended_neighbours(max(n, 2)), 0: None}.get(c.secagg_neighbours, c.secagg_neighbours)
-        return dp_session_params(c.dp, "secagg", c.session_id, layout, c.gamma, c.bounds, n_parties=n,
-                                 threshold=c.secagg_threshold, neighbours=neighbours, min_clients=c.min_clients)
+        return self.definition.session_params()
 
     def _recover(self) -> None:
         """Rebuild in-memory state from SQLite and payload files after a restart."""

@@ -60,15 +60,8 @@ Example::
 
 from __future__ import annotations
 
-import datetime as _dt
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
 
 from secure_afl._validation import param_error
 from secure_afl.params import BACKENDS, Bounds
@@ -144,6 +137,33 @@ class ServerConfig:
             raise param_error("max_upload_bytes", "session.toml", "an int >= 1024", self.max_upload_bytes)
 
     @property
+    def definition(self):
+        """The session definition these settings describe (:mod:`secure_afl.session`), defaults filled in."""
+        from secure_afl import pki, session
+
+        s = {"id": self.session_id, "backend": self.backend, "dim": self.dim, "classes": self.classes,
+             "gamma": float(self.gamma), "min_clients": self.min_clients, "min_class_count": self.min_class_count,
+             "hospitals": list(self.hospitals), "deadline": self.deadline, "deadline_s": self.deadline_s,
+             "max_upload_bytes": self.max_upload_bytes}
+        sections = {"session": {k: v for k, v in s.items() if v is not None}, "bounds": self.bounds.to_dict()}
+        if self.deadline is not None:
+            import datetime as _dt
+
+            sections["session"]["deadline"] = _dt.datetime.fromtimestamp(self.deadline, _dt.timezone.utc)
+        if self.backend == "secagg":
+            sa = {"threshold": self.secagg_threshold, "neighbours": self.secagg_neighbours,
+                  "stage_timeout_s": float(self.stage_timeout_s), "max_rounds": self.secagg_max_rounds}
+            sections["secagg"] = {k: v for k, v in sa.items() if v is not None}
+        if self.dp is not None:
+            sections["dp"] = {k: v for k, v in vars(self.dp).items() if v is not None}
+        if self.extractor is not None:
+            sections["extractor"] = dict(self.extractor)
+        issued = (sorted(pki.load_enrolments(self.pki_dir, role="hospital"))
+                  if (Path(self.pki_dir) / pki.CA_CERT).exists() else None)
+        return session.normalise(session.parse(sections, source="the server's session settings"),
+                                 issued_hospitals=issued, source="the server's session settings")
+
+    @property
     def connection_limit(self) -> int:
         """Open connections uvicorn serves at once: ``max_connections``, or when 0, k_max + 16 (at least 64).
 
@@ -155,92 +175,44 @@ class ServerConfig:
         return self.max_connections or max(64, self.bounds.k_max + 16)
 
 
-def _parse_deadline(value) -> float | None:
-    if value is None:
-        return None
-    if isinstance(value, _dt.datetime):
-        dt = value
-    else:
-        dt = _dt.datetime.fromisoformat(str(value).replace("Z", "+00:00"))
-    if dt.tzinfo is None:
-        dt = dt.replace(tzinfo=_dt.timezone.utc)
-    return dt.timestamp()
-
-
 def load_config(path) -> ServerConfig:
+    """The server's view of ``session.toml``: the strict schema of :mod:`secure_afl.session` (an unknown
+    or misspelled key, a wrong type or an impossible combination is refused, named), plus ``[server]``."""
+    from secure_afl import pki, session
+
     path = Path(path)
-    with open(path, "rb") as fh:
-        raw = tomllib.load(fh)
-    s = raw.get("session", {})
-    b = raw.get("bounds", {})
-    sa = raw.get("secagg", {})
-    srv = raw.get("server", {})
-    dp = raw.get("dp")
+    sections = session.load_toml(path)
+    srv = sections.get("server", {})
     base = path.parent
-    try:
-        return ServerConfig(
-            session_id=str(s["id"]),
-            backend=str(s["backend"]),
-            dim=int(s["dim"]),
-            classes=int(s["classes"]),
-            gamma=float(s.get("gamma", 1.0)),
-            bounds=Bounds(float(b["max_norm"]), int(b["n_max"]), int(b["k_max"])),
-            min_clients=int(s.get("min_clients", 3)),
-            min_class_count=int(s.get("min_class_count", 5)),
-            hospitals=[str(h) for h in s.get("hospitals", [])],
-            deadline=_parse_deadline(s.get("deadline")),
-            deadline_s=float(s["deadline_s"]) if "deadline_s" in s else None,
-            max_upload_bytes=int(s.get("max_upload_bytes", 64_000_000)),
-            data_dir=(base / srv.get("data_dir", "server-data")).resolve(),
-            pki_dir=(base / srv.get("pki_dir", "pki")).resolve(),
-            host=str(srv.get("host", "127.0.0.1")),
-            port=int(srv.get("port", 8443)),
-            name=str(srv.get("name", "aggregator")),
-            keyholder=str(srv.get("keyholder", "keyholder")),
-            require_client_cert=bool(srv.get("require_client_cert", True)),
-            read_timeout_s=float(srv.get("read_timeout_s", 30.0)),
-            body_timeout_s=float(srv.get("body_timeout_s", 600.0)),
-            max_concurrent_uploads=int(srv.get("max_concurrent_uploads", 4)),
-            max_connections=int(srv.get("max_connections", 0)),
-            combine_workers=int(srv.get("combine_workers", 0)),
-            refusal_interval_s=float(srv.get("refusal_interval_s", 60.0)),
-            secagg_threshold=int(sa["threshold"]) if "threshold" in sa else None,
-            secagg_neighbours=int(sa.get("neighbours", -1)),
-            stage_timeout_s=float(sa.get("stage_timeout_s", 60.0)),
-            secagg_max_rounds=int(sa.get("max_rounds", 3)),
-            dp=_dp_spec(dp, int(s.get("min_clients", 3))) if dp is not None else None,
-            extractor=dict(raw["extractor"]) if "extractor" in raw else None,
-        )
-    except KeyError as e:
-        raise param_error(str(e.args[0]), "session.toml", "present", None) from None
+    pki_dir = (base / srv.get("pki_dir", "pki")).resolve()
+    issued = sorted(pki.load_enrolments(pki_dir, role="hospital")) if (pki_dir / pki.CA_CERT).exists() else None
+    d = session.normalise(sections, issued_hospitals=issued, source=str(path)).body
+    sa = d["secagg"] or {}
+    return ServerConfig(
+        session_id=d["id"], backend=d["backend"], dim=d["dim"], classes=d["classes"], gamma=d["gamma"],
+        bounds=Bounds(**d["bounds"]), min_clients=d["min_clients"], min_class_count=d["min_class_count"],
+        hospitals=list(d["hospitals"]), deadline=d["deadline"], deadline_s=d["deadline_s"],
+        max_upload_bytes=d["max_upload_bytes"],
+        data_dir=(base / srv.get("data_dir", "server-data")).resolve(), pki_dir=pki_dir,
+        host=srv.get("host", "127.0.0.1"), port=srv.get("port", 8443), name=srv.get("name", "aggregator"),
+        keyholder=srv.get("keyholder", "keyholder"), require_client_cert=srv.get("require_client_cert", True),
+        read_timeout_s=srv.get("read_timeout_s", 30.0), body_timeout_s=srv.get("body_timeout_s", 600.0),
+        max_concurrent_uploads=srv.get("max_concurrent_uploads", 4), max_connections=srv.get("max_connections", 0),
+        combine_workers=srv.get("combine_workers", 0), refusal_interval_s=srv.get("refusal_interval_s", 60.0),
+        secagg_threshold=sa.get("threshold"), secagg_neighbours=sa.get("neighbours", -1),
+        stage_timeout_s=sa.get("stage_timeout_s", 60.0), secagg_max_rounds=sa.get("max_rounds", 3),
+        dp=_dp_spec(d["dp"]) if d["dp"] is not None else None, extractor=d["extractor"],
+    )
 
 
-def _dp_spec(d: dict, min_clients: int):
+def _dp_spec(d: dict):
     from secure_afl.dp import DPSpec
 
-    unknown = set(d) - {"epsilon", "delta", "noise_multiplier", "min_contributors", "beta"}
-    if unknown:
-        raise param_error(sorted(unknown)[0], "session.toml [dp]", "one of epsilon, delta, noise_multiplier, "
-                          "min_contributors, beta", None)
-    return DPSpec(epsilon=float(d["epsilon"]) if "epsilon" in d else None, delta=float(d.get("delta", 1e-5)),
-                  min_contributors=int(d.get("min_contributors", min_clients)),
-                  noise_multiplier=float(d["noise_multiplier"]) if "noise_multiplier" in d else None,
-                  beta=float(d.get("beta", 0.01)))
+    return DPSpec(**d)
 
 
 def write_config(path, cfg: dict) -> None:
-    """Write a session.toml from nested dicts (used by the demo and tests)."""
-    lines = []
-    for section, values in cfg.items():
-        lines.append(f"[{section}]")
-        for k, v in values.items():
-            if isinstance(v, bool):
-                lines.append(f"{k} = {'true' if v else 'false'}")
-            elif isinstance(v, (int, float)):
-                lines.append(f"{k} = {v!r}")
-            elif isinstance(v, (list, tuple)):
-                lines.append(f"{k} = [" + ", ".join(f'"{x}"' for x in v) + "]")
-            else:
-                lines.append(f'{k} = "{v}"')
-        lines.append("")
-    Path(path).write_text("\n".join(lines))
+    """Write a session.toml from nested dicts (demo and tests), every string escaped."""
+    from secure_afl.session import write_toml
+
+    write_toml(path, cfg)

@@ -129,6 +129,12 @@ def test_file_with_a_row_over_the_bound_is_one_line(consortium, tmp_path, kind):
 def test_wrong_session_id_is_one_line(consortium, tmp_path):
     # Prepare
     c = consortium(backend="plain", hospitals=("h1", "h2"), min_clients=2).start()
+    from dataclasses import replace
+
+    from secure_afl import session
+
+    d = session.load_signed(c.pki_dir, c.session_id)  # the operator defined a session this server does not run
+    session.sign_definition(replace(d, body={**d.body, "id": "no-such-session"}), c.pki_dir)
 
     # Execute
     out = _cli(*_submit_args(c, "h1", _stats_file(c, "h1", tmp_path / "h1.npz"), session="no-such-session"))
@@ -200,7 +206,7 @@ def test_keygen_twice_is_one_line(consortium, tmp_path):
     passfile = tmp_path / "kh.pass"
     passfile.write_text("a long enough key holder passphrase\n")
     passfile.chmod(0o600)
-    args = ["keyholder", "keygen", "--pki", c.pki_dir, "--keys", c.root / "keys", "--config", c.config,
+    args = ["keyholder", "keygen", "--pki", c.pki_dir, "--keys", c.root / "keys", "--session", c.session_id,
             "--passphrase-file", passfile]
     first = _cli(*args)
     assert first.returncode == 0, first.stderr

@@ -23,7 +23,7 @@ import pytest
 
 from secure_afl import pki
 from secure_afl.clients.statsfile import write_statistics_file
-from secure_afl.demo import _free_port
+from support import free_port
 from secure_afl.exceptions import EXIT_INPUT, EXIT_KEYS, EXIT_UNREACHABLE
 from secure_afl.server.config import write_config
 from secure_afl.signing import make_receipt
@@ -159,7 +159,7 @@ def test_server_of_another_consortium_is_one_line_at_once(consortium, tmp_path):
 def test_keyholder_finalize_against_a_dead_server_says_what_it_waits_for(consortium, tmp_path):
     # Prepare: nothing listens on the address
     c = consortium(backend="plain", hospitals=("h1", "h2"), min_clients=2)
-    url = f"https://127.0.0.1:{_free_port()}"
+    url = f"https://127.0.0.1:{free_port()}"
 
     # Execute
     out, seconds = _cli("keyholder", "finalize", "--pki", c.pki_dir, "--keys", c.root / "keys", "--server", url,

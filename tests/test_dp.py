@@ -243,7 +243,8 @@ def test_dp_sanity_check_refuses_garbage_and_a_wrong_counter():
 def test_session_toml_dp_section(tmp_path):
     from secure_afl.server.config import load_config, write_config
 
-    base = {"session": {"id": "s", "backend": "ckks", "dim": 4, "classes": 2, "min_clients": 3},
+    base = {"session": {"id": "s", "backend": "ckks", "dim": 4, "classes": 2, "min_clients": 3,
+                        "hospitals": ["a", "b", "c"]},
             "bounds": {"max_norm": 1.0, "n_max": 10, "k_max": 5}}
     write_config(tmp_path / "a.toml", {**base, "dp": {"epsilon": 2.0}})
     cfg = load_config(tmp_path / "a.toml")

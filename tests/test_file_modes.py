@@ -38,7 +38,7 @@ def ckks(tmp_path):
 
 
 def _keygen(c: Consortium, passfile=None, env=None):
-    args = ["keyholder", "keygen", "--pki", c.pki_dir, "--keys", c.root / "keys", "--config", c.config]
+    args = ["keyholder", "keygen", "--pki", c.pki_dir, "--keys", c.root / "keys", "--session", c.session_id]
     return _cli(*args, *(["--passphrase-file", passfile] if passfile else []), env=env)
 
 

@@ -10,7 +10,7 @@ import time
 import numpy as np
 import pytest
 
-from secure_afl import pki
+from secure_afl import pki, session
 from secure_afl.analytic import centralised_weights
 from secure_afl.audit import load_receipts, verify_log
 from secure_afl.backends.ckks import ckks_session_params
@@ -148,8 +148,10 @@ def test_flower_round_matches_plaintext_and_native_service(tmp_path, deployment,
         assert bound["applies"] and rel_plain <= 2 * bound["rel_bound"] and np.array_equal(W, W_native)
         closed = [json.loads(line) for line in c.audit_path().read_text().splitlines()]
         closed = [r["details"] for r in closed if r["event"] == "secagg_stage_closed"]
-        assert [d["dropped"] for d in closed] == [[]] * 5 and not any(list((tmp_path / h / "secagg").glob("*"))
-                                                                       for h in HOSPITALS)
+        # the sealed secrets are gone; what stays is each hospital's record of having signed (no secret)
+        assert [d["dropped"] for d in closed] == [[]] * 5 and not any(
+            list((tmp_path / h / "secagg").glob("*.sealed")) for h in HOSPITALS)
+        assert all((tmp_path / h / "secagg" / f"signed-{c.session_id}-{h}.json").exists() for h in HOSPITALS)
     else:  # each release is flooded independently: both within the key holder's reported bound of X^+Y
         bound = w_error_bound(X_all, W_plain, report["error_bound_per_entry"], c.classes, report["lambda_total"])
         assert report["flood_sigma"] > 0 and report["resummed_by_keyholder"]
@@ -222,10 +224,11 @@ def test_flower_hospitals_refuse_a_server_that_is_not_the_pinned_one(tmp_path, d
     data = hospital_data(c, seed=17)
     for h, (X, y) in data.items():
         np.savez(tmp_path / f"{h}.npz", X=X, y=y)
-    rogue = Consortium(tmp_path / "rogue", backend="plain", hospitals=(), min_clients=3)
+    rogue = Consortium(tmp_path / "rogue", backend="plain", hospitals=(), min_clients=3, sign=False)
     for h in HOSPITALS:
         (rogue.pki_dir / f"hospital-{h}").mkdir()
         shutil.copy(c.pki_dir / f"hospital-{h}" / "enrolment.json", rogue.pki_dir / f"hospital-{h}")
+    session.sign(rogue.config, rogue.pki_dir)  # its own CA: no hospital pins it
     deployment.start_superlink()
     for h in HOSPITALS:
         deployment.start_supernode(h, {"role": "hospital", "name": h, "pki-dir": c.pki_dir,
@@ -302,12 +305,12 @@ def test_flower_hospitals_keep_no_receipt_the_server_did_not_sign(tmp_path, depl
 
 @pytest.mark.security
 def test_flower_secagg_survives_a_crash_after_share_keys_and_refuses_an_impostor(tmp_path, deployment):
-    """Five enrolled hospitals, t = 2. h5's SuperNode is an impostor (a PKI of its own, the consortium's
+    """Six enrolled hospitals, t = 2 (quorum 4 of the signed 6). h5's SuperNode is an impostor (a PKI of its own, the consortium's
     public enrolments copied in): its answers carry no valid h5 signature, so the server refuses them
     (audited) and h5 is dropped at setup. h4's SuperNode crashes once it has shared its keys: its masked
-    input never arrives. The round must still finish, exactly, on h1-h3, with the native audit story."""
+    input never arrives. The round must still finish, exactly, on h1-h3 and h6, with the native audit story."""
     # Prepare
-    names = ("h1", "h2", "h3", "h4", "h5")
+    names = ("h1", "h2", "h3", "h4", "h5", "h6")
     c = Consortium(tmp_path / "fl", backend="secagg", hospitals=names, min_clients=2,
                    secagg={"threshold": 2, "stage_timeout_s": 40.0})
     data = hospital_data(c, seed=19, names=names)
@@ -316,9 +319,11 @@ def test_flower_secagg_survives_a_crash_after_share_keys_and_refuses_an_impostor
     rogue_pki = tmp_path / "rogue-pki"
     pki.init_ca(rogue_pki)
     pki.issue(rogue_pki, "hospital", "h5")
-    for role_dir in ["server-aggregator", "keyholder-keyholder"] + [f"hospital-{h}" for h in names[:4]]:
+    for role_dir in ["server-aggregator", "keyholder-keyholder"] + [f"hospital-{h}" for h in names if h != "h5"]:
         (rogue_pki / role_dir).mkdir()
         shutil.copy(c.pki_dir / role_dir / "enrolment.json", rogue_pki / role_dir)
+    # the impostor's own CA signs the same definition, so its node answers (and the server must refuse it)
+    session.sign_definition(session.load_signed(c.pki_dir, c.session_id), rogue_pki)
     deployment.start_superlink()
     for h in names:
         deployment.start_supernode(h, {"role": "hospital", "name": h, "pki-dir": rogue_pki if h == "h5" else c.pki_dir,
@@ -339,7 +344,7 @@ def test_flower_secagg_survives_a_crash_after_share_keys_and_refuses_an_impostor
     # Assert
     assert (tmp_path / "model.safetensors").exists(), stdout[-3000:] + deployment.logs()
     W, meta = read_model(tmp_path / "model.safetensors")
-    survivors = ["h1", "h2", "h3"]
+    survivors = ["h1", "h2", "h3", "h6"]
     X = np.concatenate([data[h][0] for h in survivors])
     y = np.concatenate([data[h][1] for h in survivors])
     W_plain = centralised_weights(X, y, c.classes)
@@ -363,7 +368,7 @@ def test_flower_secagg_survives_a_crash_after_share_keys_and_refuses_an_impostor
                    head=head, countersign=head["countersign"],
                    keyholder_pub=pki.load_party(c.pki_dir, "keyholder", "keyholder").identity_pub(),
                    receipts=load_receipts(tmp_path / "receipts"))
-    assert v.n_receipts == 3 and v.countersigned_by
+    assert v.n_receipts == 4 and v.countersigned_by
     assert main(["audit", "verify", str(c.audit_path()), "--pki", str(c.pki_dir), "--head",
                  str(c.audit_path().parent / "audit-head.json"), "--receipts", str(tmp_path / "receipts")]) == 0
 

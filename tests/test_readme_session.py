@@ -115,7 +115,7 @@ def _holds_only_its_own_bundle(root: Path) -> None:
                 **{h: f"hospital-{h}" for h in HOSPITALS}}
     for party, own in expected.items():
         pki_dir = root / party / "pki"
-        assert sorted(p.name for p in pki_dir.iterdir()) == sorted(["ca.pem", "roster.json", own]), party
+        assert sorted(p.name for p in pki_dir.iterdir()) == sorted(["ca.pem", "roster.json", "sessions", own]), party
     assert [p for p in root.rglob("ca.key")] == [root / "operator" / "pki" / "ca.key"]
 
 

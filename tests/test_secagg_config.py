@@ -16,15 +16,19 @@ from secure_afl.cli import main
 ])
 def test_server_run_explains_an_impossible_secagg_session_in_one_line(tmp_path, capsys, secagg, min_clients, expect):
     # Prepare: 3 hospitals (complete graph, 3 share holders each)
-    c = Consortium(tmp_path, backend="secagg", hospitals=("h1", "h2", "h3"), min_clients=min_clients, secagg=secagg)
+    c = Consortium(tmp_path, backend="secagg", hospitals=("h1", "h2", "h3"), min_clients=min_clients, secagg=secagg,
+                   sign=False)
 
-    # Execute
-    rc = main(["server", "run", "--config", str(c.config)])
+    # Execute: the operator cannot sign it, and the server cannot run it
+    for argv in (["session", "sign", str(c.config), "--pki", str(c.pki_dir)],
+                 ["server", "run", "--config", str(c.config)]):
+        rc = main(argv)
 
-    # Assert
-    err = capsys.readouterr().err
-    assert rc == 2 and expect in err and "Traceback" not in err
-    assert len(err.strip().splitlines()) == 1
+        # Assert
+        err = capsys.readouterr().err
+        assert rc == 3 and expect in err and "Traceback" not in err, argv  # 3: bad input
+        assert len(err.strip().splitlines()) == 1
+    assert not (c.pki_dir / "sessions").exists()
 
 
 @pytest.mark.slow

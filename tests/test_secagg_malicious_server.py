@@ -1,4 +1,4 @@
-"""A malicious secagg server against the hospitals' own run loops (tests/secagg_adversary.py).
+"""A malicious secagg server against the hospitals' own run loops (tests/support/secagg_adversary.py).
 
 Each test runs real hospitals (real PKI and identity keys, the real
 SecAggParticipant loop and SecAggClient state machine) against a server that
@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from support.secagg_adversary import MaliciousServer, hospital_data
 
-from secure_afl.exceptions import InsufficientShares, InvalidContribution
+from secure_afl.exceptions import InsufficientShares, InvalidContribution, ParameterMismatch
 from secure_afl.secagg import neighbour_graph
 
 pytestmark = pytest.mark.security
@@ -248,3 +248,83 @@ def test_unmask_request_calling_a_signed_survivor_dropped_is_refused(tmp_path):
     # Assert
     assert isinstance(results["h3"], InvalidContribution) and isinstance(results["h4"], InvalidContribution)
     assert adv.try_unmask(1) is None
+
+
+def test_two_advertisement_lists_with_t_minus_1_colluders_leave_the_victim_masked(tmp_path):
+    # Prepare: n = 8 at the default t = 5 (4 colluders h5..h8). The server shows h1 (victim) and h2 every
+    # advertisement but h4's, and h3, h4 every one but h2's: a quorum counted on the 7 advertisements each
+    # group was shown is 6, which h1, h2 + 4 colluders reach for "everybody advertised" and h3, h4 + 4
+    # colluders reach for "h1 dropped". The signed roster fixes n = 8, so the quorum is 7 for everybody.
+    adv = MaliciousServer(tmp_path, 8, threshold=5, colluders=(5, 6, 7, 8))
+    view_a, view_b = (1, 2, 3, 5, 6, 7, 8), (1, 3, 4, 5, 6, 7, 8)
+    adv.views = {1: view_a, 2: view_a, 3: view_b, 4: view_b}
+    adv.survivor_sets = {1: view_a, 2: view_a, 3: (3, 4, 5, 6, 7, 8), 4: (3, 4, 5, 6, 7, 8)}
+
+    # Execute
+    results = adv.run(hospital_data(adv.names))
+
+    # Assert: nobody answered an unmask request and the shares collected do not open h1
+    assert all(isinstance(r, InsufficientShares) for r in results.values()), results
+    assert not adv.unmask_responses
+    assert adv.try_unmask(1) is None
+    assert set(adv.masked) == set(range(1, 9))  # the attack reached the unmask stage
+
+
+def test_threshold_2_chosen_by_the_server_is_refused_before_any_share_leaves(tmp_path):
+    # Prepare: the operator signed 7 hospitals at the default threshold (4); the server runs t = 2, so
+    # that with no colluder at all two dropped-and-surviving views would open everybody
+    adv = MaliciousServer(tmp_path, 7, threshold=2, signed_threshold=4)
+
+    # Execute
+    results = adv.run(hospital_data(adv.names))
+
+    # Assert: every hospital refused at the session info, naming the field; nothing of the round left it
+    assert all(isinstance(r, ParameterMismatch) and "backend_params.threshold" in str(r)
+               for r in results.values()), results
+    assert not adv.round.advertisements and not adv.share_keys_responses and not adv.masked
+
+
+def test_genuine_signatures_over_another_survivor_set_relayed_as_the_quorum_reveal_nothing(tmp_path):
+    # Prepare: n = 5, t = 3, quorum 4, t - 1 = 2 colluders (h4, h5). h2, h3 are shown "everybody but h1"
+    # and sign it: with the colluders that set has its quorum. h1 (victim) is shown "everybody", signs
+    # it, and is sent the four genuine statements over the OTHER set as its quorum. Answering them it
+    # would reveal its own b-share, which with the colluders' two is t = 3, while h2, h3 and the
+    # colluders give 4 s-shares of "dropped" h1.
+    adv = MaliciousServer(tmp_path, 5, threshold=3, colluders=(4, 5))
+    others = (2, 3, 4, 5)
+    adv.survivor_sets = {1: (1, 2, 3, 4, 5), 2: others, 3: others}
+    adv.quorum_shown = {1: others}
+
+    # Execute
+    results = adv.run(hospital_data(adv.names))
+
+    # Assert: h1 names the equivocation and reveals nothing; the victim stays masked
+    assert isinstance(results["h1"], InvalidContribution) and "another survivor set" in str(results["h1"]), results
+    assert 1 not in adv.unmask_responses and 1 in adv.statements  # it signed, and was asked to unmask
+    assert adv.try_unmask(1) is None
+
+
+def test_another_sessions_signed_info_relayed_by_the_server_is_refused(tmp_path):
+    # Prepare: the operator also signed session "adv2" for the same hospitals at t = 2; the server relays
+    # that session's info and parameters to hospitals that joined "adv"
+    from secure_afl import session
+
+    adv = MaliciousServer(tmp_path, 5, threshold=3)
+    other = session.normalise(session.parse({
+        "session": {"id": "adv2", "backend": "secagg", "dim": 3, "classes": 2, "gamma": 1.0, "min_clients": 2,
+                    "hospitals": adv.names},
+        "bounds": {"max_norm": 4.0, "n_max": 100, "k_max": 5}, "secagg": {"threshold": 2}}))
+    session.sign_definition(other, adv.pki_dir)
+    honest_info = adv.info
+    params2 = other.session_params()
+    adv.info = lambda: {**honest_info(), "session_id": "adv2", "params": params2.to_dict(),
+                        "params_digest": params2.digest().hex()}
+
+    # Execute
+    results = adv.run(hospital_data(adv.names))
+
+    # Assert: refused before the round, both sessions named
+    from secure_afl.exceptions import WrongSession
+
+    assert all(isinstance(r, WrongSession) and "'adv2'" in str(r) and "'adv'" in str(r) for r in results.values())
+    assert not adv.round.advertisements and not adv.share_keys_responses

@@ -22,6 +22,7 @@ from secure_afl.packing import Layout
 from secure_afl.params import Bounds
 from secure_afl.tagging import generate_tag_key, new_tag, seal_tag, sign_tag
 from secure_afl.protocol import API, H_TAG, H_UPLOAD, context_publication, sign_request
+from secure_afl import session
 from secure_afl.server.config import write_config
 
 from support import free_port
@@ -52,6 +53,7 @@ def _live_server(tmp_path_factory):
         "bounds": {"max_norm": 2.0, "n_max": 100, "k_max": 4},
         "server": {"host": "127.0.0.1", "port": port, "data_dir": str(work / "server"), "pki_dir": str(pki_dir)},
     })
+    session.sign(work / "session.toml", pki_dir)
     proc = ServerProcess(work / "session.toml", work / "server.log")
     kh = pki.load_party(pki_dir, "keyholder", "keyholder")
     try:

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from pathlib import Path
 
 from cryptography.exceptions import InvalidSignature
@@ -36,11 +37,19 @@ from flwr.app import ConfigRecord, Context, Message
 from flwr.clientapp import ClientApp
 
 from secure_afl import pki
+from secure_afl import session as session_definition
 from secure_afl.backends import HE_BACKENDS
 from secure_afl.clients.hospital import protect_contribution, protect_vector
 from secure_afl.clients.statsfile import load_statistics_file
 from secure_afl.keyholder_params import PARAMS_SIGNATURE, pinned_keyholder_key, verify_session_params
-from secure_afl.exceptions import InvalidContribution, InvalidInputError, ParameterMismatch, SecureAFLError, StageError
+from secure_afl.exceptions import (
+    InvalidContribution,
+    InvalidInputError,
+    ParameterMismatch,
+    SecureAFLError,
+    StageError,
+    WrongSession,
+)
 from secure_afl.params import SessionParams
 from secure_afl.protocol import API, SECAGG_CONSISTENCY, SECAGG_REQUEST_PREFIX, sign_request
 from secure_afl.secagg import SecAggClient, Stage, decode_message
@@ -80,13 +89,25 @@ def roll_call(msg: Message, context: Context) -> Message:
 
 
 # -- hospital ------------------------------------------------------------------------------------
-def _session_params(info: dict, party) -> SessionParams:
-    """The same checks as the native client's fetch_params: open session, digest, pinned server key."""
+def _definition(info: dict, party, context: Context):
+    """The operator-signed definition of the session the ServerApp names, from this hospital's own bundle.
+
+    A SuperNode may pin one session (``session=...`` in its node config); then no other is served.
+    """
+    sid = info.get("session_id")
+    pinned = context.node_config.get("session")
+    if pinned is not None and sid != str(pinned):
+        raise WrongSession(f"this SuperNode serves session {pinned!r}, not {sid!r}")
+    if not isinstance(sid, str):
+        raise WrongSession("the ServerApp names no session")
+    return session_definition.load_signed(party.pki_dir, sid)
+
+
+def _session_params(info: dict, party, context: Context) -> SessionParams:
+    """The same checks as the native client's fetch_params: open session, the signed definition, pinned server."""
     if info.get("status") != "open":
         raise StageError(f"session {info.get('session_id')} is {info.get('status')}, not open")
-    params = SessionParams.from_dict(info["params"])
-    if params.digest().hex() != info["params_digest"]:
-        raise ParameterMismatch("server's parameter digest does not match its parameters")
+    params = session_definition.check_info(_definition(info, party, context), info, source="the ServerApp")
     servers = pki.load_enrolments(party.pki_dir, role="server")
     if len(servers) != 1 or info["server_identity_pub"] != next(iter(servers.values())).identity_pub:
         raise ParameterMismatch("the server does not present the pinned identity key")
@@ -100,7 +121,7 @@ def _session_params(info: dict, party) -> SessionParams:
 def upload(msg: Message, context: Context) -> Message:
     _role(context, "hospital")
     party = _party(context, "hospital")
-    params = _session_params(unpack_json(msg.content, "info"), party)
+    params = _session_params(unpack_json(msg.content, "info"), party, context)
     stats, _ = load_statistics_file(_cfg(context, "data", "hospital"), n_classes=params.layout.n_classes,
                                     max_norm=params.bounds.max_norm)
     ctx = unpack_blob(msg.content) if params.backend in HE_BACKENDS else None
@@ -145,19 +166,61 @@ def _pinned_server(party):
     return next(iter(servers.values()))
 
 
-def _new_secagg_client(info: dict, party) -> SecAggClient:
-    """The native participant's checks: session parameters, pinned server, sorted enrolment numbering."""
-    params = _session_params(info, party)
+def _peer_keys(definition, party) -> dict:
+    """Identity keys by client id: the signed roster's numbering, the keys the CA-signed roster enrols."""
+    peers = pki.load_enrolments(party.pki_dir, role="hospital")
+    ids = definition.client_ids
+    missing = sorted(set(ids) - set(peers))
+    if missing or party.name not in ids:
+        raise InvalidContribution(f"the signed session does not seat {party.name} among enrolled hospitals")
+    return {ids[n]: peers[n].public_key() for n in ids}
+
+
+def _new_secagg_client(info: dict, party, context: Context, record: "SignedRecord") -> SecAggClient:
+    """The native participant's checks (signed definition, pinned server, the signed roster's numbering), the
+    round number, and its rule: a hospital that signed a survivor set of this session joins no later setup."""
+    params = _session_params(info, party, context)
     if params.backend != "secagg":
         raise ParameterMismatch(f"the session runs {params.backend}, not secagg")
-    ids = info.get("secagg", {}).get("client_ids")
-    if not isinstance(ids, dict) or ids != {n: i + 1 for i, n in enumerate(sorted(ids))}:
-        raise InvalidContribution("the server's client numbering is not the sorted enrolment order")
-    peers = pki.load_enrolments(party.pki_dir, role="hospital")
-    if set(peers) != set(ids) or party.name not in ids:
-        raise InvalidContribution("the server's hospitals are not the enrolled hospitals")
-    return SecAggClient(params, ids[party.name], party.identity_key(),
-                        {ids[n]: e.public_key() for n, e in peers.items()})
+    record.refuse_setup()
+    definition = _definition(info, party, context)
+    r = (info.get("secagg") or {}).get("round", 1)
+    if isinstance(r, bool) or not isinstance(r, int) or r < 1:
+        raise InvalidContribution(f"the ServerApp announced round {r!r}")
+    return SecAggClient(params, definition.client_ids[party.name], party.identity_key(),
+                        _peer_keys(definition, party), round=r)
+
+
+class SignedRecord:
+    """Durable, per (session, hospital): the round whose survivor set this hospital signed.
+
+    Kept in the hospital's ``secagg-dir`` across runs and SuperNode restarts (not sealed: it holds no
+    secret) and written before the signature leaves, as the native client does: a ServerApp that reported
+    the round aborted, or simply ran SETUP again without a hospital, would otherwise get a second unmasked
+    sum over another survivor set, and the difference of the two is the missing hospital's statistics.
+    """
+
+    def __init__(self, directory, session_id: str, hospital: str):
+        self.path = Path(directory) / f"signed-{session_id}-{hospital}.json"
+        self.session_id, self.hospital = session_id, hospital
+
+    def refuse_setup(self) -> None:
+        if self.path.exists():
+            r = json.loads(self.path.read_text()).get("round")
+            raise InvalidContribution(
+                f"{self.hospital} signed the survivor set of round {r} of session {self.session_id} and takes "
+                "part in no later setup of it: two unmasked sums over different survivor sets could be "
+                "differenced; contribute to a new session instead")
+
+    def write(self, r: int) -> None:
+        self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        tmp = self.path.with_suffix(".tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            json.dump({"session_id": self.session_id, "hospital": self.hospital, "round": r}, fh)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, self.path)
 
 
 @app.query("secagg")
@@ -175,21 +238,24 @@ def secagg(msg: Message, context: Context) -> Message:
     party = _party(context, "hospital")
     phase = unpack_str(msg.content, "stage")
     sid = unpack_str(msg.content, "session_id")
-    sealed = SealedState(context.node_config.get("secagg-dir", "secagg-state"), sid, party.name, context.run_id)
+    secagg_dir = context.node_config.get("secagg-dir", "secagg-state")
+    sealed = SealedState(secagg_dir, sid, party.name, context.run_id)
+    record = SignedRecord(secagg_dir, sid, party.name)
     if phase == Stage.SETUP:
-        client = _new_secagg_client(unpack_json(msg.content, "info"), party)
+        info = unpack_json(msg.content, "info")
+        if info.get("session_id") != sid:
+            raise WrongSession(f"the setup names session {sid!r} and carries the info of {info.get('session_id')!r}")
+        client = _new_secagg_client(info, party, context, record)
         key = SealedState.new_key()
         context.state[_SECAGG] = ConfigRecord({"key": key})
     else:
         if _SECAGG not in context.state:
             raise StageError("no SecAgg setup in this run: refusing a later stage")
         key = context.state[_SECAGG]["key"]
-        peers = pki.load_enrolments(party.pki_dir, role="hospital")
-        ids = {n: i + 1 for i, n in enumerate(sorted(peers))}
         client = restore_client(sealed.load(key), party.identity_key(),
-                                {ids[n]: e.public_key() for n, e in peers.items()})
+                                _peer_keys(session_definition.load_signed(party.pki_dir, sid), party))
     try:
-        fields, body = _secagg_answer(client, party, phase, msg, context)
+        fields, body = _secagg_answer(client, party, phase, msg, context, record)
     finally:  # an aborted client is kept aborted: it answers nothing more in this run
         sealed.save(key, export_client(client))
     if client.stage in ("done", "aborted"):
@@ -197,11 +263,12 @@ def secagg(msg: Message, context: Context) -> Message:
     return Message(content=pack({"hospital": party.name, "stage": phase, **fields}, body), reply_to=msg)
 
 
-def _secagg_answer(client: SecAggClient, party, phase: str, msg: Message, context: Context):
+def _secagg_answer(client: SecAggClient, party, phase: str, msg: Message, context: Context, record: SignedRecord):
     params = client.params
     sid = params.session_id
     if phase == SECAGG_CONSISTENCY:
         body = client.sign_survivors(unpack_json(msg.content, "survivors")).to_bytes()
+        record.write(client.round)  # before the signature can reach the ServerApp
     else:
         raw = unpack_blob(msg.content)
         try:

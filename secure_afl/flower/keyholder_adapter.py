@@ -15,7 +15,6 @@ import json
 from pathlib import Path
 
 from secure_afl.exceptions import InvalidInputError
-from secure_afl.params import SessionParams
 from secure_afl.backends import HE_BACKENDS
 from secure_afl.keyholder import KeyHolder, write_model
 from secure_afl.keyholder.model import model_metadata
@@ -44,7 +43,9 @@ def publication(kh: KeyHolder, session_id: str) -> bytes:
 
 def countersign(kh: KeyHolder, close: dict, manifest: dict) -> dict:
     """The key holder's countersignature over the server's close record (:meth:`KeyHolder.countersign_close`)."""
-    return kh.countersign_close(close, manifest)
+    cs = kh.countersign_close(close, manifest)
+    kh.keep_audit_head(str(close.get("session_id")), close, cs)
+    return cs
 
 
 class _MessageSource:
@@ -71,13 +72,18 @@ def finalize(kh: KeyHolder, info: dict, aggregate: bytes, manifest: dict, tags: 
     """The native finalize; the stricter of the two policies applies. HE sessions are re-summed from
     the signed uploads (``contributions``); the server's ``aggregate`` is used for plain and secagg
     (with the server's ``unmask`` material, as ``keyholder finalize`` fetches it)."""
-    policy = {"min_clients": max(min_clients, int(info.get("min_clients", 1))),
-              "min_class_count": max(min_class_count, int(info.get("min_class_count", 1))), "lam": lam}
-    if info["backend"] in HE_BACKENDS:
-        res = kh.release_he(info["session_id"], _MessageSource(manifest, contributions, tags), **policy)
+    from secure_afl import session
+
+    definition = session.load_signed(kh.pki_dir, str(info.get("session_id")))
+    policy = {"min_clients": max(min_clients, definition["min_clients"], int(info.get("min_clients", 1))),
+              "min_class_count": max(min_class_count, definition["min_class_count"],
+                                     int(info.get("min_class_count", 1))), "lam": lam}
+    if definition.backend in HE_BACKENDS:
+        res = kh.release_he(definition.session_id, _MessageSource(manifest, contributions, tags), **policy)
     else:
-        res = kh.reveal_and_solve(SessionParams.from_dict(info["params"]), aggregate, manifest, unmask=unmask,
-                                  **policy)
+        params = definition.session_params()
+        session.check_same(params.to_dict(), info.get("params") or {}, what="params.", source="the ServerApp")
+        res = kh.reveal_and_solve(params, aggregate, manifest, unmask=unmask, **policy)
     write_model(out, res.W, model_metadata(res.params, res.report, lam))
     report_path.parent.mkdir(parents=True, exist_ok=True)
     report_path.write_text(json.dumps(res.report, indent=2))

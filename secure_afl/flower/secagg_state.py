@@ -101,8 +101,8 @@ def restore_client(data: bytes, identity_key, identity_keys) -> SecAggClient:
         setattr(c, k, _decode(k, v))
     if c._graph_seed is not None:
         c._graph = neighbour_graph(c.cfg.n_parties, c.cfg.neighbours, c._graph_seed)
-        c._share_keys = {v: _share_key(c._enc_sk, ad.enc_public_key, params.session_id, c.client_id, v)
-                         for v, ad in c._ads.items()}
+        c._share_keys = {v: _share_key(c._enc_sk, ad.enc_public_key, params.session_id, c.client_id, v,
+                                       round=c.round) for v, ad in c._ads.items()}
     return c
 
 

@@ -149,7 +149,7 @@ class SecAggClient:
     @property
     def quorum(self) -> int:
         """Signatures over one survivor set needed before this hospital reveals a share."""
-        return self.cfg.quorum(len(self._advertised))
+        return self.cfg.quorum
 
     # -- dispatch --------------------------------------------------------------
     def handle(self, request: _Message, *, vector=None) -> _Message:
@@ -257,7 +257,7 @@ class SecAggClient:
         return seed
 
     def _check_advertised_quorum(self, ads: Mapping[int, KeyAdvertisement]) -> None:
-        q = self.cfg.quorum(len(ads))
+        q = self.cfg.quorum
         if len(ads) < q:
             raise InsufficientShares(f"only {len(ads)} hospitals advertised keys; the consistency quorum is {q}")
 

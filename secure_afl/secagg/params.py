@@ -209,8 +209,15 @@ class Config:
         """``c = t - 1``: colluding hospitals the protocol tolerates next to a malicious server."""
         return self.threshold - 1
 
-    def quorum(self, n_advertised: int) -> int:
-        return consistency_quorum(n_advertised, self.threshold, self.min_clients)
+    @property
+    def quorum(self) -> int:
+        """Signatures over one survivor set, counted against the FIXED n of the signed roster.
+
+        Never against the advertisements a hospital was shown: a server that
+        shows two groups two lists would otherwise give each group its own,
+        smaller quorum, and two sets could both reach theirs (THREAT_MODEL 6.1).
+        """
+        return consistency_quorum(self.n_parties, self.threshold, self.min_clients)
 
 
 def config(params: SessionParams) -> Config:

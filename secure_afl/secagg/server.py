@@ -160,7 +160,7 @@ class SecAggServerRound:
     @property
     def quorum(self) -> int:
         """Consistency statements needed before unmask requests go out (known once keys were advertised)."""
-        return self.cfg.quorum(len(self.advertised) if self.advertised else len(self.participants))
+        return self.cfg.quorum
 
     @property
     def unmask_open(self) -> bool:
@@ -354,7 +354,7 @@ class SecAggServerRound:
 
     def _close_advertise_keys(self) -> bool:
         u1 = self._need(self._responded, "advertised keys")
-        q = self.cfg.quorum(len(u1))
+        q = self.cfg.quorum
         if len(u1) < q:
             raise InsufficientShares(f"only {len(u1)} hospitals advertised keys; the consistency quorum is {q}: "
                                      "round aborted")

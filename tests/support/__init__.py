@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from secure_afl import pki
+from secure_afl import pki, session
 from secure_afl.audit import load_receipts, verify_log
 from secure_afl.clients.hospital import HospitalClient
 from secure_afl.demo import ServerProcess
@@ -34,7 +34,7 @@ def free_port() -> int:
 class Consortium:
     def __init__(self, root: Path, *, backend: str, hospitals=("h1", "h2", "h3"), dim=6, classes=3,
                  min_clients=2, max_norm=4.0, n_max=1000, k_max=8, extra_session=None, secagg=None,
-                 extra_server=None, extractor=None, dp=None):
+                 extra_server=None, extractor=None, dp=None, sign=True):
         self.root = Path(root)
         self.backend = backend
         self.hospitals = list(hospitals)
@@ -68,6 +68,8 @@ class Consortium:
             cfg["extractor"] = extractor
         self.config = self.root / "session.toml"
         write_config(self.config, cfg)
+        if sign:
+            session.sign(self.config, self.pki_dir)  # the operator signs what every party pins
         self.server = None
         self.keyholder = KeyHolder(self.pki_dir, "keyholder", self.root / "keys", passphrase=b"test passphrase")
         self.max_norm = max_norm

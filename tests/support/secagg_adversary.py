@@ -23,7 +23,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
-from secure_afl import pki
+from secure_afl import pki, session
 from secure_afl.clients.hospital import HospitalClient
 from secure_afl.clients.secagg_client import SecAggParticipant
 from secure_afl.exceptions import SecureAFLError
@@ -36,6 +36,7 @@ from secure_afl.protocol import SECAGG_CONSISTENCY, SECAGG_REQUEST_PREFIX
 from secure_afl.secagg import (
     ConsistencyStatement,
     MaskedInput,
+    MaskedInputRequest,
     SecAggClient,
     SecAggServerRound,
     ShareKeysRequest,
@@ -70,7 +71,10 @@ class _Conn:
         return "/s" + suffix
 
     def info(self) -> dict:
-        return {"secagg": {"client_ids": dict(self.server.ids)}}
+        return self.server.info()
+
+    def wait_until(self, pred, *, timeout=60.0, what=""):
+        return self.server.info()
 
     def request(self, method, path, *, body=b"", signed=True, headers=None, content=None, retry=True):
         return _Response(self.server.handle(self.name, method, path[2:], body))
@@ -83,7 +87,7 @@ class MaliciousServer:
     """Honest bookkeeping plus the deviations a test switches on."""
 
     def __init__(self, tmp_path, n: int, *, threshold: int, min_clients: int = 2, neighbours=None,
-                 colluder: int | None = None):
+                 colluder: int | None = None, colluders: tuple[int, ...] = (), signed_threshold: int | None = None):
         self.pki_dir = tmp_path / "pki"
         pki.init_ca(self.pki_dir)
         pki.issue(self.pki_dir, "server", "aggregator")
@@ -92,21 +96,34 @@ class MaliciousServer:
             pki.issue(self.pki_dir, "hospital", h)
         self.ids = {h: i + 1 for i, h in enumerate(self.names)}
         self.key = Ed25519PrivateKey.generate()
+        # what the operator signed (every hospital pins it) and what this server runs (the same unless a
+        # test makes the server lie about it)
+        self.definition = session.normalise(session.parse({
+            "session": {"id": "adv", "backend": "secagg", "dim": LAYOUT.dim, "classes": LAYOUT.n_classes,
+                        "gamma": 1.0, "min_clients": min_clients, "hospitals": self.names},
+            "bounds": {"max_norm": 4.0, "n_max": 100, "k_max": n},
+            "secagg": {"threshold": signed_threshold or threshold, "neighbours": neighbours or 0}}))
+        session.sign_definition(self.definition, self.pki_dir)
         self.params = secagg_session_params("adv", LAYOUT, 1.0, Bounds(4.0, 100, n), n_parties=n,
                                             threshold=threshold, min_clients=min_clients, neighbours=neighbours)
+        self.min_clients = min_clients
         keys = {self.ids[h]: pki.load_party(self.pki_dir, "hospital", h).identity_pub() for h in self.names}
         self.round = SecAggServerRound(self.params, identity_keys=keys)
         self.lock = threading.Lock()
-        self.colluder = colluder
-        self.colluder_client = None
-        if colluder is not None:
-            party = pki.load_party(self.pki_dir, "hospital", self.names[colluder - 1])
-            self.colluder_client = SecAggClient(self.params, colluder, party.identity_key(), keys)
+        self.colluders = tuple(colluders) or ((colluder,) if colluder is not None else ())
+        self.colluder = self.colluders[0] if self.colluders else None
+        self.colluder_clients = {}
+        for col in self.colluders:
+            party = pki.load_party(self.pki_dir, "hospital", self.names[col - 1])
+            self.colluder_clients[col] = SecAggClient(self.params, col, party.identity_key(), keys)
+        self.colluder_client = self.colluder_clients.get(self.colluder)
         # deviations
         self.graph_seed: bytes | None = None  # a seed of the server's choice for SHARE_KEYS
         self.survivor_sets: dict[int, tuple[int, ...]] = {}  # per-hospital survivor set to announce
         self.forge_ad: int | None = None  # relay this client's advertisement with the server's own key
         self.ads_shown: tuple[int, ...] | None = None  # relay only these advertisements
+        self.views: dict[int, tuple[int, ...]] = {}  # per-hospital advertisement list (and shares only from it)
+        self.quorum_shown: dict[int, tuple[int, ...]] = {}  # hospital -> the set whose statements it is sent
         self.frame_holder: int | None = None  # the colluder deals this holder a share off its commitment
         self.ask_key_share_of: dict[int, int] = {}  # hospital -> survivor whose mask-key share it is asked
         self.hold_setup_polls = 0  # keep every hospital waiting in SETUP for this many polls
@@ -118,24 +135,36 @@ class MaliciousServer:
         self.refused: dict[str, BaseException] = {}
         self.polls: dict[int, int] = {}
 
+    def info(self) -> dict:
+        """The session info this server relays (its own parameters, whatever the operator signed)."""
+        return {"session_id": "adv", "status": "open", "backend": "secagg", "params": self.params.to_dict(),
+                "params_digest": self.params.digest().hex(), "min_clients": self.min_clients,
+                "min_class_count": 5, "hospitals": list(self.names), "deadline": None,
+                "max_upload_bytes": 64_000_000, "server_identity_pub": pki.public_key_hex(self.key.public_key()),
+                "secagg": {"client_ids": dict(self.ids), "max_rounds": 3, "round": 1}}
+
     # -- the hospitals -------------------------------------------------------------------------
-    def hospitals(self, data: dict) -> dict[str, SecAggParticipant]:
+    def hospitals(self, data: dict, refused: dict) -> dict[str, SecAggParticipant]:
+        """Each honest hospital as its command runs it: pinned definition, fetch_params, the participant."""
         out = {}
         for h in self.names:
-            if self.ids[h] == self.colluder:
+            if self.ids[h] in self.colluders:
                 continue
             party = pki.load_party(self.pki_dir, "hospital", h)
             site = HospitalClient("https://127.0.0.1:9", "adv", party, server_identity_pub=self.key.public_key())
             site.conn.close()
             site.conn = _Conn(self, h)
             X, y = data[h]
-            out[h] = SecAggParticipant(site, self.params, local_statistics(X, y, LAYOUT.n_classes))
+            try:
+                out[h] = SecAggParticipant(site, site.fetch_params(), local_statistics(X, y, LAYOUT.n_classes))
+            except SecureAFLError as e:  # refused before the round: nothing of it reaches the server
+                refused[h] = e
         return out
 
     def run(self, data: dict, *, timeout: float = 30.0) -> dict:
         """Every honest hospital's run loop in its own thread; returns {name: receipt or exception}."""
-        parts = self.participants = self.hospitals(data)
         results: dict = {}
+        parts = self.participants = self.hospitals(data, results)
 
         def go(h, p):
             try:
@@ -199,25 +228,39 @@ class MaliciousServer:
             return {"stage": "done"}  # what the server does with the shares is its business
         if cid not in self.statements:
             return {"stage": SECAGG_CONSISTENCY, "survivors": list(surv)}
-        signed = [s for s in self.statements.values() if s.survivors == tuple(surv)]
-        if self.colluder is not None:
-            signed.append(self._colluder_statement(tuple(surv)))
-        if len(signed) < self._wanted(surv):
+        seed = self._seed_shown(cid)
+        shown = tuple(self.quorum_shown.get(cid, surv))  # genuine statements, perhaps over another set
+        signed = [s for s in self.statements.values() if (s.survivors, s.graph_seed) == (shown, seed)]
+        signed += [self._colluder_statement(col, shown, seed) for col in self.colluders]
+        if len(signed) < self._wanted(shown):
             return {"stage": stage, "waiting": True}
         dropped = set(r.survivors_) - set(surv)
         if cid in self.ask_key_share_of:  # call a signed survivor "dropped" in this hospital's request
             dropped.add(self.ask_key_share_of[cid])
         holders = r.holders(cid)
+        if cid in self.views:  # ask only for hospitals that dealt to this one
+            holders = holders & ({v for v in r._inbox.get(cid, {}) if v in self.views[cid]} | {cid})
         req = UnmaskRequest("adv", cid, tuple(sorted(holders & (set(surv) - dropped))), tuple(sorted(holders & dropped)),
                             tuple(sorted(signed, key=lambda s: s.client_id)))
         return self._signed(stage, req)
 
+    def _seed_shown(self, cid: int) -> bytes:
+        view = self.views.get(cid)
+        if view is None:
+            return self.round.graph_seed
+        return graph_seed([a for v, a in self.round.advertisements.items() if v in view])
+
     def _deviate(self, req):
+        if isinstance(req, MaskedInputRequest) and req.client_id in self.views:
+            view = self.views[req.client_id]  # shares only from the hospitals this one was shown
+            return replace(req, shares=tuple(es for es in req.shares if es.sender in view))
         if not isinstance(req, ShareKeysRequest):
             return req
         ads = req.advertisements
         if self.ads_shown is not None:
             ads = tuple(a for a in ads if a.client_id in self.ads_shown)
+        if req.client_id in self.views:
+            ads = tuple(a for a in ads if a.client_id in self.views[req.client_id])
         if self.forge_ad is not None:
             own = X25519PrivateKey.generate().public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
             ads = tuple(replace(a, enc_public_key=own) if a.client_id == self.forge_ad else a for a in ads)
@@ -239,27 +282,27 @@ class MaliciousServer:
             shares.append(es)
         return replace(resp, shares=tuple(shares))
 
-    def _colluder_statement(self, surv: tuple[int, ...]):
-        """The colluder signs whatever set the server needs."""
-        key = pki.load_party(self.pki_dir, "hospital", self.names[self.colluder - 1]).identity_key()
-        return ConsistencyStatement("adv", self.colluder, self.params.digest().hex(), self.round.graph_seed,
-                                    surv).signed(key)
+    def _colluder_statement(self, col: int, surv: tuple[int, ...], seed: bytes):
+        """A colluder signs whatever set (and graph seed) the server needs."""
+        key = pki.load_party(self.pki_dir, "hospital", self.names[col - 1]).identity_key()
+        return ConsistencyStatement("adv", col, self.params.digest().hex(), seed, surv).signed(key)
 
     def _wanted(self, surv) -> int:
         """Statements the server waits for before asking to unmask: every honest signer of that set."""
-        honest = [c for c in self.ids.values() if c != self.colluder and c in self.round.survivors_]
-        return sum(1 for c in honest if tuple(self.survivor_sets.get(c, self.round.survivors_)) == tuple(surv)) + (
-            1 if self.colluder in self.round.survivors_ else 0)
+        honest = [c for c in self.ids.values() if c not in self.colluders and c in self.round.survivors_]
+        return sum(1 for c in honest if tuple(self.survivor_sets.get(c, self.round.survivors_)) == tuple(surv)) + \
+            sum(1 for c in self.colluders if c in self.round.survivors_)
 
     def _progress(self) -> None:
         """Play the colluder's part, then close the stage once every active hospital answered."""
         r = self.round
-        col = self.colluder
-        if col is not None and col in r.active and col not in r.responded and r.stage != Stage.UNMASK:
+        for col in self.colluders:
+            if col not in r.active or col in r.responded or r.stage == Stage.UNMASK:
+                continue
             req = self._deviate(r.request(col))
             if self.ads_shown is not None and r.stage == Stage.SHARE_KEYS:
                 req = r.request(col)
-            resp = self.colluder_client.handle(req, vector=np.zeros(LAYOUT.length))
+            resp = self.colluder_clients[col].handle(req, vector=np.zeros(LAYOUT.length))
             if r.stage == Stage.SHARE_KEYS and self.frame_holder is not None:
                 resp = self._frame(resp)
             if r.stage == Stage.MASKED_INPUT:
@@ -275,10 +318,10 @@ class MaliciousServer:
         """The victim's fixed-point vector if the shares collected reveal both b_v and s_v^SK, else None."""
         t = self.round.cfg.threshold
         b, s = [], []
-        held = self.colluder_client._held if self.colluder_client is not None else {}
-        if victim in held:
-            b.append(held[victim][0])
-            s.append(held[victim][1])
+        for col in self.colluder_clients.values():
+            if victim in col._held:
+                b.append(col._held[victim][0])
+                s.append(col._held[victim][1])
         for resp in self.unmask_responses.values():
             if victim in resp.self_mask_shares:
                 b.append(Share.from_bytes(resp.self_mask_shares[victim]))
@@ -295,7 +338,10 @@ class MaliciousServer:
         y = self.masked[victim].copy()
         np.subtract(y, expand(seed, y.shape[0], domain=DOMAIN_SELF_MASK), out=y)
         ads = self.round.advertisements
-        for w in sorted(self.round.holders(victim) - {victim}):
+        partners = self.round.holders(victim) - {victim}
+        if victim in self.views:  # it masked with the hospitals it was shown
+            partners &= set(self.views[victim])
+        for w in sorted(partners):
             _add_pair_mask(y, _pair_seed(sk, ads[w].mask_public_key, "adv", victim, w), victim, w, remove=True)
         return y
 

@@ -1,0 +1,604 @@
+"""The session definition: one strict schema, one loader, and the operator's signature every party pins.
+
+What a session *is* (backend, the fixed roster of hospitals, bounds, layout,
+gamma, min_clients, the secagg threshold / graph degree / round limit, the DP
+spec, the feature extractor, deadlines) changes what the protocol protects,
+so no party may learn it from the server. The consortium operator writes it
+in ``session.toml``, and ``secure-afl session sign`` turns it into a signed
+definition::
+
+    {"definition": {...canonical, every default filled in...},
+     "signature": "<hex ECDSA P-256 / SHA-256 by the consortium CA key>"}
+
+over ``b"secure-afl/session/v1\\0" + canonical JSON of the definition``. It
+lands in ``<pki>/sessions/<id>.json`` of the operator's PKI directory and of
+every party's bundle. The CA key is the operator's key: it already signs the
+roster, and a party pins nothing else (``ca.pem`` comes with its bundle). The
+server, the hospitals, the key holder and the Flower apps all call
+:func:`load_signed` and build the session parameters with
+:meth:`SessionDefinition.session_params`, so there is one derivation; a
+value the server relays that disagrees is refused with the field named
+(:func:`check_same`).
+
+The definition is canonical JSON rather than TOML because a signature needs
+one byte string per value; ``session.toml`` stays the file people edit, and
+:func:`write_toml` writes one that escapes every string (TOML basic strings).
+
+Strictness: an unknown or misspelled section or key is refused with its name
+and the closest known one (``min_client`` -> ``min_clients``); a wrong type
+(``dim = "512"``, ``gamma = true``) is refused; impossible combinations
+(``min_clients`` above the roster, a secagg threshold above the share
+holders, a quorum nobody can reach) are refused when the operator signs.
+``[server]`` (host, port, directories, timeouts of the HTTP layer) is
+deployment, not protocol: it is checked here but not signed.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import difflib
+import json
+import math
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+from .exceptions import InvalidParameterError, InvalidSignature, MissingEnrolment, ParameterMismatch, WrongSession
+
+__all__ = ["SessionDefinition", "SCHEMA", "parse", "load_toml", "normalise", "sign", "load_signed",
+           "check_same", "check_info", "write_toml", "signed_path", "sign_definition", "from_body", "register"]
+
+_PREFIX = b"secure-afl/session/v1\0"
+SESSIONS_DIR = "sessions"
+
+# type tags: "int" (no bool), "real" (int or float, no bool), "str", "bool", "strs" (list of str),
+# "time" (TOML datetime or ISO string), "table" (free-form, checked by its own validator)
+SCHEMA: dict[str, dict[str, str]] = {
+    "session": {"id": "str", "backend": "str", "dim": "int", "classes": "int", "gamma": "real",
+                "min_clients": "int", "min_class_count": "int", "deadline": "time", "deadline_s": "real",
+                "max_upload_bytes": "int", "hospitals": "strs"},
+    "bounds": {"max_norm": "real", "n_max": "int", "k_max": "int"},
+    "secagg": {"threshold": "int", "neighbours": "int", "stage_timeout_s": "real", "max_rounds": "int"},
+    "dp": {"epsilon": "real", "delta": "real", "noise_multiplier": "real", "min_contributors": "int",
+           "beta": "real"},
+    "extractor": {"backbone": "str", "weights": "str", "preset": "str", "input_size": "int", "classes": "strs",
+                  "dim": "int", "normalisation": "str"},
+    "server": {"host": "str", "port": "int", "data_dir": "str", "pki_dir": "str", "name": "str",
+               "keyholder": "str", "require_client_cert": "bool", "read_timeout_s": "real",
+               "body_timeout_s": "real", "max_concurrent_uploads": "int", "max_connections": "int",
+               "combine_workers": "int", "refusal_interval_s": "real"},
+}
+_REQUIRED = {"session": ("id", "backend", "dim", "classes"), "bounds": ("max_norm", "n_max", "k_max")}
+#: sections that are deployment only: checked, never signed
+_UNSIGNED = ("server",)
+_TYPE_WORDS = {"int": "an integer", "real": "a number", "str": "a string", "bool": "true or false",
+               "strs": "a list of strings", "time": "a date-time (e.g. 2026-12-01T00:00:00Z)"}
+
+
+def _suggest(word: str, known) -> str:
+    close = difflib.get_close_matches(word, list(known), n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else f" (known: {', '.join(sorted(known))})"
+
+
+def _fail(where: str, msg: str) -> InvalidParameterError:
+    return InvalidParameterError(f"{where}: {msg}")
+
+
+def _typed(where: str, key: str, kind: str, value):
+    ok = {
+        "int": lambda v: isinstance(v, int) and not isinstance(v, bool),
+        "real": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v),
+        "str": lambda v: isinstance(v, str),
+        "bool": lambda v: isinstance(v, bool),
+        "strs": lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v),
+        "time": lambda v: isinstance(v, (str, _dt.datetime)),
+    }[kind]
+    if not ok(value):
+        raise _fail(where, f"{key} must be {_TYPE_WORDS[kind]}, not {value!r}")
+    if kind == "real":
+        return float(value)
+    if kind == "strs":
+        return list(value)
+    if kind == "time":
+        return _timestamp(where, key, value)
+    return value
+
+
+def _timestamp(where: str, key: str, value) -> float:
+    try:
+        dt = value if isinstance(value, _dt.datetime) else _dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        raise _fail(where, f"{key} must be {_TYPE_WORDS['time']}, not {value!r}") from None
+    if dt.tzinfo is None:
+        dt = dt.replace(tzinfo=_dt.timezone.utc)
+    return dt.timestamp()
+
+
+def parse(raw: Mapping[str, Any], *, source: str = "session.toml") -> dict[str, dict[str, Any]]:
+    """The sections of a session file, every key known and of its type (nothing filled in yet)."""
+    if not isinstance(raw, Mapping):
+        raise _fail(source, "is not a table of sections")
+    out: dict[str, dict[str, Any]] = {}
+    for section, body in raw.items():
+        if section not in SCHEMA:
+            raise _fail(source, f"unknown section [{section}]{_suggest(section, SCHEMA)}")
+        if not isinstance(body, Mapping):
+            raise _fail(source, f"[{section}] must be a table")
+        where = f"{source} [{section}]"
+        known = SCHEMA[section]
+        out[section] = {}
+        for key, value in body.items():
+            if key not in known:
+                raise _fail(where, f"unknown key {key!r}{_suggest(key, known)}")
+            out[section][key] = _typed(where, key, known[key], value)
+    for section, keys in _REQUIRED.items():
+        for key in keys:
+            if key not in out.get(section, {}):
+                raise _fail(f"{source} [{section}]", f"{key} is required")
+    return out
+
+
+def load_toml(path) -> dict[str, dict[str, Any]]:
+    """:func:`parse` of a TOML file; a TOML syntax error is one line naming the file."""
+    path = Path(path)
+    try:
+        with open(path, "rb") as fh:
+            raw = tomllib.load(fh)
+    except tomllib.TOMLDecodeError as e:
+        raise _fail(str(path), f"is not valid TOML: {e}") from None
+    return parse(raw, source=str(path))
+
+
+# ---------------------------------------------------------------------------------------------
+# The canonical definition
+# ---------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class SessionDefinition:
+    """The signed part of a session, every default filled in. ``body`` is what the operator signs."""
+
+    body: Mapping[str, Any]
+
+    def __getitem__(self, key):
+        return self.body[key]
+
+    @property
+    def session_id(self) -> str:
+        return self.body["id"]
+
+    @property
+    def backend(self) -> str:
+        return self.body["backend"]
+
+    @property
+    def hospitals(self) -> list[str]:
+        return list(self.body["hospitals"])
+
+    @property
+    def client_ids(self) -> dict[str, int]:
+        """secagg numbering: the signed roster in sorted order, ids 1..n."""
+        return {h: i + 1 for i, h in enumerate(sorted(self.body["hospitals"]))}
+
+    def canonical(self) -> bytes:
+        return json.dumps(self.body, sort_keys=True, separators=(",", ":"), allow_nan=False).encode()
+
+    def bounds(self):
+        from .params import Bounds
+
+        b = self.body["bounds"]
+        return Bounds(b["max_norm"], b["n_max"], b["k_max"])
+
+    def dp_spec(self):
+        if self.body["dp"] is None:
+            return None
+        from .dp import DPSpec
+
+        return DPSpec(**self.body["dp"])
+
+    def session_params(self):
+        """The session's :class:`~secure_afl.params.SessionParams` before any key exists (the one derivation).
+
+        plain and secagg: exactly the parameters every upload signs. ckks and
+        bfv: the key holder's keygen adds its context hash and tag key to
+        ``backend_params`` and signs the result.
+        """
+        from .dp import dp_session_params
+        from .packing import Layout
+
+        b = self.body
+        layout = Layout(b["dim"], b["classes"])
+        if b["backend"] != "secagg":
+            params = dp_session_params(self.dp_spec(), b["backend"], b["id"], layout, b["gamma"], self.bounds())
+        else:
+            sa = b["secagg"]
+            params = dp_session_params(self.dp_spec(), "secagg", b["id"], layout, b["gamma"], self.bounds(),
+                                       n_parties=len(b["hospitals"]), threshold=sa["threshold"],
+                                       neighbours=sa["neighbours"] or None, min_clients=b["min_clients"])
+        return params.with_extractor(b["extractor"])
+
+
+def normalise(sections: Mapping[str, Mapping[str, Any]], *, issued_hospitals=None,
+              source: str = "session.toml") -> SessionDefinition:
+    """The canonical definition of parsed sections; refuses combinations no session can run.
+
+    ``hospitals = []`` (or absent) means every hospital issued in the
+    operator's PKI (``issued_hospitals``); the signed definition always names
+    them, so n is fixed before the session starts.
+    """
+    from .params import BACKENDS
+
+    s = dict(sections.get("session", {}))
+    where = f"{source} [session]"
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}", s["id"]):
+        raise _fail(where, f"id must be letters, digits, '.', '_' or '-' (at most 64), not {s['id']!r}")
+    if s["backend"] not in BACKENDS:
+        raise _fail(where, f"backend must be one of {', '.join(BACKENDS)}, not {s['backend']!r}"
+                    f"{_suggest(s['backend'], BACKENDS)}")
+    hospitals = s.get("hospitals") or sorted(issued_hospitals or [])
+    if not hospitals:
+        raise _fail(where, "hospitals is empty and no hospital is issued: name the session's hospitals")
+    if len(set(hospitals)) != len(hospitals):
+        raise _fail(where, f"hospitals lists a hospital twice: {hospitals}")
+    if issued_hospitals is not None:
+        missing = sorted(set(hospitals) - set(issued_hospitals))
+        if missing:
+            raise MissingEnrolment(f"{where}: hospitals {missing} have no enrolment in the PKI; issue them with "
+                                   "`secure-afl pki issue`")
+    b = dict(sections["bounds"])
+    body: dict[str, Any] = {
+        "v": 1, "id": s["id"], "backend": s["backend"], "dim": s["dim"], "classes": s["classes"],
+        "gamma": s.get("gamma", 1.0), "min_clients": s.get("min_clients", 3),
+        "min_class_count": s.get("min_class_count", 5), "hospitals": sorted(hospitals),
+        "deadline": s.get("deadline"), "deadline_s": s.get("deadline_s"),
+        "max_upload_bytes": s.get("max_upload_bytes", 64_000_000),
+        "bounds": {"max_norm": b["max_norm"], "n_max": b["n_max"], "k_max": b["k_max"]},
+        "secagg": None, "dp": None, "extractor": None,
+    }
+    for key in ("dim", "classes", "min_class_count"):
+        if body[key] < 1:
+            raise _fail(where, f"{key} must be >= 1, not {body[key]}")
+    if not 1 <= body["min_clients"] <= len(hospitals):
+        raise _fail(where, f"min_clients = {body['min_clients']} must be in [1, {len(hospitals)}], the number of "
+                           "hospitals in the session")
+    if len(hospitals) > body["bounds"]["k_max"]:
+        raise _fail(f"{source} [bounds]", f"k_max = {body['bounds']['k_max']} is below the {len(hospitals)} "
+                                          "hospitals of the session")
+    if body["max_upload_bytes"] < 1024:
+        raise _fail(where, f"max_upload_bytes must be >= 1024, not {body['max_upload_bytes']}")
+    if body["deadline_s"] is not None and body["deadline"] is not None:
+        raise _fail(where, "give deadline or deadline_s, not both")
+    sa = sections.get("secagg")
+    if sa is not None and s["backend"] != "secagg":
+        raise _fail(source, f"[secagg] is for backend = \"secagg\", and this session runs {s['backend']}")
+    if s["backend"] == "secagg":
+        sa = dict(sa or {})
+        body["secagg"] = {"threshold": sa.get("threshold"), "neighbours": sa.get("neighbours", -1),
+                          "stage_timeout_s": sa.get("stage_timeout_s", 60.0), "max_rounds": sa.get("max_rounds", 3)}
+        if not 1 <= body["secagg"]["max_rounds"] <= 100:
+            raise _fail(f"{source} [secagg]", f"max_rounds must be in [1, 100], not {body['secagg']['max_rounds']}")
+        if not body["secagg"]["stage_timeout_s"] > 0:
+            raise _fail(f"{source} [secagg]", "stage_timeout_s must be > 0")
+    if "dp" in sections:
+        d = dict(sections["dp"])
+        body["dp"] = {"epsilon": d.get("epsilon"), "delta": d.get("delta", 1e-5),
+                      "noise_multiplier": d.get("noise_multiplier"),
+                      "min_contributors": d.get("min_contributors", body["min_clients"]), "beta": d.get("beta", 0.01)}
+    if "extractor" in sections:
+        from .fingerprint import ExtractorFingerprint
+
+        fp = ExtractorFingerprint.from_dict(sections["extractor"])
+        if fp.dim != body["dim"] or len(fp.classes) != body["classes"]:
+            raise _fail(f"{source} [extractor]", f"declares dim = {fp.dim} and {len(fp.classes)} class names; "
+                                                 f"the session has dim = {body['dim']} and {body['classes']} classes")
+        body["extractor"] = fp.to_dict()
+    if s["backend"] == "secagg":
+        _resolve_secagg(body, source)
+    definition = SessionDefinition(body)
+    try:
+        definition.session_params()  # every remaining impossibility (DP on a backend without it, ...)
+    except InvalidParameterError as e:
+        raise _fail(source, str(e)) from None
+    return definition
+
+
+def _resolve_secagg(body: dict, source: str) -> None:
+    """Fill in the threshold and degree the defaults give for this roster, so the signed values are final."""
+    from .secagg import recommended_neighbours, secagg_session_params
+    from .packing import Layout
+    from .params import Bounds
+
+    sa, n = body["secagg"], len(body["hospitals"])
+    if n < 2:
+        raise _fail(f"{source} [session]", "a secagg session needs at least 2 hospitals")
+    k = {-1: recommended_neighbours(n), 0: None}.get(sa["neighbours"], sa["neighbours"])
+    b = body["bounds"]
+    try:
+        p = secagg_session_params(body["id"], Layout(body["dim"], body["classes"]), body["gamma"],
+                                  Bounds(b["max_norm"], b["n_max"], b["k_max"]), threshold=sa["threshold"],
+                                  neighbours=k, n_parties=n, min_clients=body["min_clients"])
+    except InvalidParameterError as e:
+        raise _fail(f"{source} [secagg]", str(e)) from None
+    sa["threshold"] = p.backend_params["threshold"]
+    sa["neighbours"] = p.backend_params["neighbours"] or 0  # 0: the complete graph
+
+
+# ---------------------------------------------------------------------------------------------
+# Signing and pinning
+# ---------------------------------------------------------------------------------------------
+def _message(body: Mapping) -> bytes:
+    return _PREFIX + json.dumps(body, sort_keys=True, separators=(",", ":"), allow_nan=False).encode()
+
+
+def signed_path(pki_dir, session_id: str) -> Path:
+    return Path(pki_dir) / SESSIONS_DIR / f"{session_id}.json"
+
+
+def sign(toml_path, pki_dir, *, bundles_dir=None) -> tuple[SessionDefinition, list[Path]]:
+    """Operator: check ``session.toml`` strictly, sign its definition with the CA key, and place it.
+
+    Written to ``<pki_dir>/sessions/<id>.json`` and, with ``bundles_dir``, into
+    every bundle there (:func:`sign_definition`).
+    """
+    from . import pki
+
+    sections = load_toml(toml_path)
+    issued = pki.load_enrolments(pki_dir, role="hospital")
+    definition = normalise(sections, issued_hospitals=sorted(issued), source=str(toml_path))
+    return definition, sign_definition(definition, pki_dir, bundles_dir=bundles_dir)
+
+
+def sign_definition(definition: SessionDefinition, pki_dir, *, bundles_dir=None) -> list[Path]:
+    """Sign ``definition`` with the CA key of ``pki_dir``; place it there and in every bundle of ``bundles_dir``.
+
+    A definition already placed under the same id is replaced only by the same
+    one: a session's definition never changes once handed out.
+    """
+    from cryptography.hazmat.primitives import hashes
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    from . import pki
+
+    body = dict(definition.body)
+    body["ca_sha256"] = pki.cert_fingerprint(pki.load_certificate(Path(pki_dir) / pki.CA_CERT))
+    key = pki._load_private_key(Path(pki_dir) / pki.CA_KEY)
+    sig = key.sign(_message(body), ec.ECDSA(hashes.SHA256()))
+    text = json.dumps({"definition": body, "signature": sig.hex()}, indent=2, sort_keys=True) + "\n"
+    targets = [signed_path(pki_dir, definition.session_id)]
+    if bundles_dir is not None:
+        targets += [signed_path(b, definition.session_id) for b in sorted(Path(bundles_dir).iterdir())
+                    if (b / pki.ROSTER).exists()]
+    for t in targets:
+        if t.exists():
+            try:
+                old = json.loads(t.read_text()).get("definition")
+            except ValueError:
+                old = None
+            if old != body:
+                raise ParameterMismatch(f"{t} already defines session {definition.session_id} otherwise; a signed "
+                                        "session never changes: give the new definition another id")
+    for t in targets:
+        t.parent.mkdir(parents=True, exist_ok=True)
+        t.write_text(text)
+    return targets
+
+
+def load_signed(pki_dir, session_id: str) -> SessionDefinition:
+    """The definition of ``session_id`` in ``<pki_dir>/sessions/``, after the CA's signature check.
+
+    Refused (one line, the file named): missing, not signed by the CA in
+    ``<pki_dir>/ca.pem``, signed for another session id, or not a valid
+    definition under the schema.
+    """
+    from cryptography.exceptions import InvalidSignature as _Bad
+    from cryptography.hazmat.primitives import hashes
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    from . import pki
+
+    path = signed_path(pki_dir, session_id)
+    if not path.exists():
+        raise MissingEnrolment(f"no signed definition of session {session_id!r} at {path}: the operator signs it "
+                               "with `secure-afl session sign session.toml --pki PKI --bundles BUNDLES`")
+    try:
+        doc = json.loads(path.read_text())
+        body, sig = doc["definition"], bytes.fromhex(doc["signature"])
+        if not isinstance(body, dict):
+            raise TypeError
+    except (KeyError, TypeError, ValueError):
+        raise InvalidSignature(f"{path} is not a signed session definition") from None
+    ca = pki.load_certificate(Path(pki_dir) / pki.CA_CERT)
+    try:
+        ca.public_key().verify(sig, _message(body), ec.ECDSA(hashes.SHA256()))
+    except _Bad:
+        raise InvalidSignature(f"{path} is not signed by the consortium CA in {Path(pki_dir) / pki.CA_CERT}") from None
+    if body.get("ca_sha256") != pki.cert_fingerprint(ca):
+        raise InvalidSignature(f"{path} names another CA")
+    if body.get("id") != session_id:
+        raise WrongSession(f"{path} is signed for session {body.get('id')!r}, not {session_id!r}")
+    return from_body({k: v for k, v in body.items() if k != "ca_sha256"}, source=str(path))
+
+
+def from_body(body: Mapping[str, Any], *, source: str) -> SessionDefinition:
+    """Re-check a canonical body under the schema (a signed body that does not normalise to itself is refused)."""
+    if body.get("v") != 1:
+        raise ParameterMismatch(f"{source}: unknown session definition version {body.get('v')!r}")
+    sections: dict[str, dict] = {"session": {k: body[k] for k in SCHEMA["session"]
+                                             if k in body and body[k] is not None}}
+    try:
+        sections["bounds"] = dict(body["bounds"])
+        for key in ("secagg", "dp", "extractor"):
+            if body.get(key) is not None:
+                sections[key] = {k: v for k, v in body[key].items() if v is not None}
+        if "deadline" in sections["session"]:
+            sections["session"]["deadline"] = _dt.datetime.fromtimestamp(body["deadline"], _dt.timezone.utc)
+        again = normalise(parse(sections, source=source), source=source)
+    except (KeyError, TypeError, AttributeError):
+        raise ParameterMismatch(f"{source}: not a session definition") from None
+    extra = set(body) - set(again.body)
+    if extra or any(again.body[k] != body[k] for k in again.body):
+        bad = sorted(extra) or [k for k in again.body if again.body[k] != body[k]]
+        raise ParameterMismatch(f"{source}: the definition is not in canonical form (field {bad[0]!r})")
+    return again
+
+
+def check_info(definition: SessionDefinition, info: Mapping[str, Any], *, source: str = "the server"):
+    """The parameters a party may use, after checking what ``source`` relays against the signed definition.
+
+    Every protocol value in the server's session info (the session id, the
+    parameters and their digest, backend, min_clients, min_class_count, the
+    roster, the upload cap, an absolute deadline, and for secagg the client
+    numbering and round limit) must be the signed one; the first that is not
+    is named. For ckks and bfv the parameters may add only the key holder's
+    context hash and tag key (which its own signature covers).
+    """
+    from .params import SessionParams
+
+    if info.get("session_id") != definition.session_id:
+        raise WrongSession(f"{source} serves session {info.get('session_id')!r}; the signed definition is for "
+                           f"{definition.session_id!r}")
+    try:
+        got = SessionParams.from_dict(info["params"])
+    except (KeyError, TypeError, ValueError):
+        raise ParameterMismatch(f"{source} relays no session parameters") from None
+    if got.digest().hex() != info.get("params_digest"):
+        raise ParameterMismatch(f"{source}'s parameter digest does not match its parameters")
+    expected = definition.session_params().to_dict()
+    seen = got.to_dict()
+    if definition.backend in ("ckks", "bfv"):
+        from .backends.ckks import PUBLIC_CONTEXT_KEY
+        from .tagging import TAG_KEY_PARAM
+
+        seen["backend_params"] = {k: v for k, v in seen["backend_params"].items()
+                                  if k not in (PUBLIC_CONTEXT_KEY, TAG_KEY_PARAM)}
+    check_same(expected, seen, what="params.", source=source)
+    b = definition.body
+    relayed = {"backend": info.get("backend"), "min_clients": info.get("min_clients"),
+               "min_class_count": info.get("min_class_count"), "hospitals": info.get("hospitals"),
+               "max_upload_bytes": info.get("max_upload_bytes")}
+    check_same({k: b[k] for k in relayed}, relayed, what="", source=source)
+    if b["deadline"] is not None and info.get("deadline") != b["deadline"]:
+        check_same({"deadline": b["deadline"]}, {"deadline": info.get("deadline")}, what="", source=source)
+    if b["backend"] == "secagg":
+        sa = info.get("secagg") or {}
+        check_same({"client_ids": definition.client_ids, "max_rounds": b["secagg"]["max_rounds"]},
+                   {"client_ids": sa.get("client_ids"), "max_rounds": sa.get("max_rounds")},
+                   what="secagg.", source=source)
+        return definition.session_params()
+    return got
+
+
+def _flatten(value, prefix: str = "") -> dict[str, Any]:
+    if isinstance(value, Mapping):
+        out = {}
+        for k, v in value.items():
+            out.update(_flatten(v, f"{prefix}.{k}" if prefix else str(k)))
+        return out
+    return {prefix: value}
+
+
+def check_same(expected: Mapping[str, Any], got: Mapping[str, Any], *, what: str, source: str) -> None:
+    """Refuse, naming the first field, when ``got`` disagrees with the signed ``expected``."""
+    a, b = _flatten(expected), _flatten(got)
+    for field in sorted(set(a) | set(b)):
+        if a.get(field, "<absent>") != b.get(field, "<absent>"):
+            raise ParameterMismatch(f"{source} disagrees with the signed session definition on {what}{field}: "
+                                    f"signed {a.get(field, '<absent>')!r}, got {b.get(field, '<absent>')!r}")
+
+
+# ---------------------------------------------------------------------------------------------
+# TOML for people
+# ---------------------------------------------------------------------------------------------
+_BARE = re.compile(r"^[A-Za-z0-9_-]+$")
+
+
+def _toml_str(s: str) -> str:
+    """A TOML basic string: quote, backslash and every control character (incl. DEL) escaped."""
+    out = ['"']
+    for ch in s:
+        o = ord(ch)
+        if ch == '"':
+            out.append('\\"')
+        elif ch == "\\":
+            out.append("\\\\")
+        elif o < 0x20 or o == 0x7F:
+            out.append(f"\\u{o:04X}")
+        else:
+            out.append(ch)
+    out.append('"')
+    return "".join(out)
+
+
+def _toml_value(v) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, int):
+        return str(v)
+    if isinstance(v, float):
+        if not math.isfinite(v):
+            raise InvalidParameterError(f"{v!r} has no place in a session file")
+        return repr(v)
+    if isinstance(v, str):
+        return _toml_str(v)
+    if isinstance(v, _dt.datetime):
+        return v.isoformat()
+    if isinstance(v, (list, tuple)):
+        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+    raise InvalidParameterError(f"cannot write {type(v).__name__} {v!r} to TOML")
+
+
+def _toml_key(k: str) -> str:
+    return k if _BARE.match(k) else _toml_str(k)
+
+
+def write_toml(path, sections: Mapping[str, Mapping[str, Any]]) -> None:
+    """Write ``{section: {key: value}}`` as TOML (strings escaped; None values left out)."""
+    lines = []
+    for section, values in sections.items():
+        lines.append(f"[{_toml_key(section)}]")
+        lines += [f"{_toml_key(k)} = {_toml_value(v)}" for k, v in values.items() if v is not None]
+        lines.append("")
+    Path(path).write_text("\n".join(lines), encoding="utf-8")
+
+
+# ---------------------------------------------------------------------------------------------
+# CLI: secure-afl session sign | show
+# ---------------------------------------------------------------------------------------------
+def _cmd_sign(args) -> int:
+    definition, written = sign(args.toml, args.pki, bundles_dir=args.bundles)
+    b = definition.body
+    extra = ""
+    if b["secagg"]:
+        from .secagg import consistency_quorum
+
+        n, t = len(b["hospitals"]), b["secagg"]["threshold"]
+        extra = (f", threshold {t}, neighbours {b['secagg']['neighbours'] or 'all'}, quorum "
+                 f"{consistency_quorum(n, t, b['min_clients'])} of {n}")
+    print(f"signed session {b['id']} ({b['backend']}, {len(b['hospitals'])} hospitals, min_clients "
+          f"{b['min_clients']}{extra})")
+    for p in written:
+        print(f"  -> {p}")
+    return 0
+
+
+def _cmd_show(args) -> int:
+    print(json.dumps(dict(load_signed(args.pki, args.session).body), indent=2, sort_keys=True))
+    return 0
+
+
+def register(parser) -> None:
+    sub = parser.add_subparsers(dest="session_command", metavar="ACTION", required=True)
+    p = sub.add_parser("sign", help="check session.toml strictly and sign its definition with the CA key")
+    p.add_argument("toml", help="the session file (session.toml)")
+    p.add_argument("--pki", required=True, help="the operator's PKI directory (holds ca.key)")
+    p.add_argument("--bundles", default=None, help="also place the signed definition into every bundle here")
+    p.set_defaults(func=_cmd_sign)
+    p = sub.add_parser("show", help="print a signed session definition after checking its signature")
+    p.add_argument("session", help="session id")
+    p.add_argument("--pki", required=True, help="a PKI directory or bundle")
+    p.set_defaults(func=_cmd_show)

@@ -1,0 +1,109 @@
+"""A ServerApp that runs the SecAgg round of a session twice, the second time without the victim.
+
+The real ServerApp round loop (``server_app._secagg_round``) drives the real
+ClientApp handlers (``client_app.secagg`` / ``client_app.receipt``) with real
+Flower ``Message`` objects; the grid below only carries them within this
+process, each hospital with its own node context, as a SuperNode would hand
+them to its ClientApp. The ServerApp is malicious in one respect: after a
+completed round it starts the session again, with a second native server of
+the same signed session, and asks every hospital but the victim. Two unmasked
+sums over survivor sets that differ by the victim would give its statistics.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+from flwr.app import Context, Error, Message, RecordDict
+from flwr.supercore.task_identity import TaskIdentity
+from support import Consortium
+
+from secure_afl.exceptions import InsufficientShares
+from secure_afl.flower import client_app, server_app
+from secure_afl.flower.messages import RECEIPT, SECAGG
+from secure_afl.hazmat import fixedpoint
+from secure_afl.server.aggregator import open_server
+from secure_afl.server.config import load_config
+
+pytestmark = pytest.mark.security
+
+HOSPITALS = ("h1", "h2", "h3", "h4")
+_ids = itertools.count()
+
+
+class InProcessGrid:
+    """Carries the ServerApp's messages to the ClientApp handlers of each node, and their replies back."""
+
+    def __init__(self, contexts: dict[int, Context]):
+        self.contexts, self.replies = contexts, {}
+
+    def push_messages(self, messages):
+        out = []
+        for m in messages:
+            mid = f"m{next(_ids)}"
+            m.metadata.__dict__["_message_id"] = mid  # what the SuperLink assigns
+            handler = {SECAGG: client_app.secagg, RECEIPT: client_app.receipt}[m.metadata.message_type]
+            try:
+                reply = handler(m, self.contexts[m.metadata.dst_node_id])
+            except Exception as e:  # a ClientApp exception reaches the ServerApp as an error reply
+                reply = Message(Error(code=1, reason=f"{type(e).__name__}: {e}"), reply_to=m)
+            self.replies[mid] = reply
+            out.append(mid)
+        return out
+
+    def pull_messages(self, ids):
+        return [self.replies.pop(i) for i in ids if i in self.replies]
+
+
+def _contexts(c: Consortium, run_id: int, data: dict) -> dict[int, Context]:
+    return {i + 1: Context(run_id=run_id, node_id=i + 1, state=RecordDict(), run_config={}, node_config={
+        "role": "hospital", "name": h, "pki-dir": str(c.pki_dir), "data": str(data[h]),
+        "secagg-dir": str(c.root / "secagg" / h), "receipts-dir": str(c.root / "receipts" / h)})
+        for i, h in enumerate(HOSPITALS)}
+
+
+def _server(c: Consortium, data_dir: str):
+    cfg = load_config(c.config)
+    cfg.data_dir = c.root / data_dir
+    return open_server(cfg)
+
+
+def test_serverapp_rerunning_setup_without_the_victim_gets_no_second_sum(tmp_path):
+    # Prepare: 4 hospitals, t = 2, quorum 3; every hospital's embeddings in a file its node config names
+    c = Consortium(tmp_path, backend="secagg", hospitals=HOSPITALS, min_clients=2,
+                   secagg={"threshold": 2, "stage_timeout_s": 3.0})
+    data = {}
+    for h in HOSPITALS:
+        X, y = c.data(h, n=12)
+        data[h] = c.root / f"{h}.npz"
+        np.savez(data[h], X=X, y=y)
+    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 7, 0, 0
+    nodes = {h: i + 1 for i, h in enumerate(HOSPITALS)}
+    first = _server(c, "server-1")
+    try:
+        server_app._secagg_round(InProcessGrid(_contexts(c, 7, data)), first, nodes, reply_timeout_s=30)
+        sum_all = first._round.fixed_point_sum_
+    finally:
+        first.shutdown()
+
+    # Execute: a second run of the same session, h1 left out
+    second = _server(c, "server-2")
+    try:
+        with pytest.raises(InsufficientShares):
+            server_app._secagg_round(InProcessGrid(_contexts(c, 8, data)), second,
+                                     {h: n for h, n in nodes.items() if h != "h1"}, reply_timeout_s=30)
+        sum_rest = getattr(second._round, "fixed_point_sum_", None)
+    finally:
+        second.shutdown()
+
+    # Assert: the first round was complete; the second produced no sum to subtract it from
+    assert sum_all is not None
+    victim = c.stats(*np.load(data["h1"]).values())
+    from secure_afl.clients.hospital import protect_vector
+
+    params = c.hospital("h1").definition.session_params()
+    h1 = fixedpoint.encode(protect_vector(params, victim), params.backend_params["frac_bits"])
+    assert sum_rest is None or not np.array_equal(sum_all - sum_rest, h1)
+    assert sum_rest is None
