@@ -62,6 +62,7 @@ def _party_commands(c: Consortium) -> dict[str, list]:
     }
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("section, key, value, words", [
     ("session", "min_client", 8, ["'min_client'", "did you mean 'min_clients'"]),
     ("secagg", "treshold", 2, ["'treshold'", "did you mean 'threshold'"]),
@@ -87,6 +88,7 @@ def test_a_bad_session_file_is_refused_in_one_line_by_the_operator_and_the_serve
     assert not (c.pki_dir / "sessions").exists()
 
 
+@pytest.mark.e2e
 def test_every_party_refuses_a_session_nobody_signed(tmp_path):
     # Prepare: the operator wrote session.toml but never signed it
     c = Consortium(tmp_path, backend="ckks", hospitals=("h1", "h2", "h3"), sign=False)
@@ -97,6 +99,7 @@ def test_every_party_refuses_a_session_nobody_signed(tmp_path):
         assert "no signed definition of session 't-ckks'" in line and "secure-afl session sign" in line, party
 
 
+@pytest.mark.e2e
 def test_every_party_refuses_a_session_signed_by_another_ca(tmp_path):
     # Prepare: the same definition, signed by a CA of someone else's making, placed where parties look
     c = Consortium(tmp_path, backend="ckks", hospitals=("h1", "h2", "h3"), sign=False)
@@ -113,6 +116,7 @@ def test_every_party_refuses_a_session_signed_by_another_ca(tmp_path):
         assert "not signed by the consortium CA" in line, party
 
 
+@pytest.mark.e2e
 def test_every_party_refuses_another_sessions_definition_and_an_altered_one(tmp_path):
     # Prepare: session t-ckks is signed; its file is copied over as the definition of session "other",
     # and a copy with min_clients lowered (signature kept) as t-ckks itself
@@ -138,6 +142,7 @@ def test_every_party_refuses_another_sessions_definition_and_an_altered_one(tmp_
         assert "not signed by the consortium CA" in line, party
 
 
+@pytest.mark.e2e
 def test_server_settings_that_disagree_with_the_signed_definition_are_refused_naming_the_field(tmp_path):
     # Prepare: signed with min_clients = 2; the server's session.toml is then edited to 1
     c = Consortium(tmp_path, backend="plain", hospitals=("h1", "h2", "h3"), min_clients=2)
@@ -152,6 +157,7 @@ def test_server_settings_that_disagree_with_the_signed_definition_are_refused_na
     assert "disagrees with the signed session definition on min_clients: signed 2, got 1" in lines[0]
 
 
+@pytest.mark.e2e
 def test_a_definition_once_signed_never_changes(tmp_path):
     # Prepare
     c = Consortium(tmp_path, backend="plain", hospitals=("h1", "h2", "h3"), min_clients=2)
@@ -165,6 +171,7 @@ def test_a_definition_once_signed_never_changes(tmp_path):
     assert session.load_signed(c.pki_dir, c.session_id)["min_clients"] == 2
 
 
+@pytest.mark.e2e
 def test_sign_places_the_definition_in_every_bundle_and_fills_in_the_defaults(tmp_path):
     # Prepare: bundles made before the session is signed
     c = Consortium(tmp_path, backend="secagg", hospitals=("h1", "h2", "h3", "h4", "h5"), min_clients=2,
