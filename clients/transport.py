@@ -14,7 +14,7 @@ or 503 (uvicorn's connection cap). Neither request reached a handler, so
 nothing took effect and sending it again, signed afresh, is safe even for an
 upload: the request is retried after ``Retry-After`` when the server sends
 one, else after an exponential backoff (``_BACKOFF_S`` doubling to
-``_BACKOFF_MAX_S``) with full jitter, so a thousand refused hospitals do not
+``BACKOFF_MAX_S``) with full jitter, so a thousand refused hospitals do not
 come back in step; for at most ``busy_s`` seconds in all.
 
 What waiting cannot fix is not waited for: an address that is not
@@ -42,14 +42,14 @@ from secure_afl import exceptions as E
 from secure_afl.exceptions import ServiceError
 from secure_afl.protocol import API, sign_request
 
-__all__ = ["ServiceClient", "ServiceError", "check_server_url", "error_from_response", "retry_delay"]
+__all__ = ["BACKOFF_MAX_S", "ServiceClient", "ServiceError", "check_server_url", "error_from_response", "retry_delay"]
 
 log = logging.getLogger("secure_afl.transport")
 
 #: Statuses that mean "not now" (nothing was processed), answered by waiting and sending again.
 _RETRY_STATUSES = (429, 503)
 _BACKOFF_S = 0.25
-_BACKOFF_MAX_S = 8.0
+BACKOFF_MAX_S = 8.0
 _RNG = random.Random()
 #: A connection attempt to a host that does not answer (no refusal) gives up after this long, so the
 #: whole wait stays within retry_s plus this, whatever the request's own (long) timeout.
@@ -100,13 +100,13 @@ def retry_delay(attempt: int, retry_after: str | None, *, rng: random.Random | N
 
     The server's ``Retry-After`` (delta seconds), spread by up to a quarter
     more so a crowd refused together does not return together; without one,
-    full jitter over a doubling backoff capped at ``_BACKOFF_MAX_S``.
+    full jitter over a doubling backoff capped at ``BACKOFF_MAX_S``.
     """
     rng = rng or _RNG
     if retry_after is not None and retry_after.strip().isdigit():
-        base = min(float(retry_after), 10 * _BACKOFF_MAX_S)
+        base = min(float(retry_after), 10 * BACKOFF_MAX_S)
         return base * (1.0 + 0.25 * rng.random())
-    return rng.uniform(0.0, min(_BACKOFF_MAX_S, _BACKOFF_S * 2.0 ** attempt))
+    return rng.uniform(0.0, min(BACKOFF_MAX_S, _BACKOFF_S * 2.0 ** attempt))
 
 
 def error_from_response(resp: httpx.Response) -> E.SecureAFLError:

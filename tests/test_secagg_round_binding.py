@@ -25,7 +25,7 @@ from secure_afl.secagg import (
     identities,
     secagg_session_params,
 )
-from secure_afl.secagg.masking import _pair_seed, _share_ad, _share_key
+from secure_afl.secagg.masking import pair_seed, share_ad, share_key
 
 LAYOUT = Layout(6, 3)
 BOUNDS = Bounds(1.0, 100, 20)
@@ -136,11 +136,11 @@ def test_unmask_material_of_another_round_refused():
 def test_pair_seeds_and_share_aead_differ_between_rounds():
     a, b = X25519PrivateKey.generate(), X25519PrivateKey.generate()
     pb = b.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
-    assert _pair_seed(a, pb, "s", 1, 2, round=1) != _pair_seed(a, pb, "s", 1, 2, round=2)
-    k1 = _share_key(a, pb, "s", 1, 2, round=1)
+    assert pair_seed(a, pb, "s", 1, 2, round=1) != pair_seed(a, pb, "s", 1, 2, round=2)
+    k1 = share_key(a, pb, "s", 1, 2, round=1)
     nonce, cb, cs = bytes(12), bytes(32), bytes(32)
-    ct = k1.encrypt(nonce, b"share", _share_ad("s", "d", 1, 2, cb, cs, round=1))
+    ct = k1.encrypt(nonce, b"share", share_ad("s", "d", 1, 2, cb, cs, round=1))
     with pytest.raises(InvalidTag):
-        _share_key(a, pb, "s", 1, 2, round=2).decrypt(nonce, ct, _share_ad("s", "d", 1, 2, cb, cs, round=2))
+        share_key(a, pb, "s", 1, 2, round=2).decrypt(nonce, ct, share_ad("s", "d", 1, 2, cb, cs, round=2))
     with pytest.raises(InvalidTag):
-        k1.decrypt(nonce, ct, _share_ad("s", "d", 1, 2, cb, cs, round=2))
+        k1.decrypt(nonce, ct, share_ad("s", "d", 1, 2, cb, cs, round=2))

@@ -109,14 +109,14 @@ def test_1000_concurrent_plain_uploads_default_limits_each_counted_once(tmp_path
 def test_retry_delay_honours_retry_after_and_spreads_the_crowd():
     import random
 
-    from secure_afl.clients.transport import _BACKOFF_MAX_S, retry_delay
+    from secure_afl.clients.transport import BACKOFF_MAX_S, retry_delay
 
     rng = random.Random(7)
     after = [retry_delay(0, "3", rng=rng) for _ in range(200)]
     assert min(after) >= 3.0 and max(after) <= 3.75 and len(set(after)) > 150
     for attempt in range(12):
         d = [retry_delay(attempt, None, rng=rng) for _ in range(200)]
-        assert 0.0 <= min(d) and max(d) <= min(_BACKOFF_MAX_S, 0.25 * 2 ** attempt)
+        assert 0.0 <= min(d) and max(d) <= min(BACKOFF_MAX_S, 0.25 * 2 ** attempt)
     assert retry_delay(3, "soon", rng=rng) <= 2.0  # an unreadable Retry-After falls back to the backoff
 
 

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from secure_afl.exceptions import InsufficientShares, InvalidContribution, InvalidInputError, InvalidParameterError, MalformedPayload
-from secure_afl.hazmat.shamir import PRIME, Share, _create_shares_from_parts, combine_shares, create_shares
+from secure_afl.hazmat.shamir import PRIME, Share, create_shares_from_parts, combine_shares, create_shares
 
 
 def fraction_lagrange_at_zero(points, p=PRIME):
@@ -35,7 +35,7 @@ def test_known_answer_vectors(secret, threshold, n, indices, coefficients, share
     expected = [(s["index"], int(s["value"], 16)) for s in shares]
 
     # Execute
-    got = _create_shares_from_parts(secret, threshold, n, coeffs, indices=indices)
+    got = create_shares_from_parts(secret, threshold, n, coeffs, indices=indices)
 
     # Assert
     assert [(s.index, s.value) for s in got] == expected
@@ -96,7 +96,7 @@ def test_property_matches_fraction_reference(secret, data):
     n = data.draw(st.integers(min_value=2, max_value=7))
     t = data.draw(st.integers(min_value=2, max_value=n))
     coeffs = [data.draw(st.integers(min_value=0, max_value=PRIME - 1)) for _ in range(t - 1)]
-    shares = _create_shares_from_parts(secret, t, n, coeffs)
+    shares = create_shares_from_parts(secret, t, n, coeffs)
 
     # Execute
     ref = fraction_lagrange_at_zero([(s.index, s.value) for s in shares[:t]])
@@ -110,7 +110,7 @@ def test_fewer_than_threshold_shares_are_independent_of_the_secret():
     # Prepare: with t-1 shares fixed, every secret has exactly one consistent polynomial.
     t, n = 3, 5
     coeffs = [12345, 67890]
-    shares = _create_shares_from_parts(b"\x01" * 32, t, n, coeffs)[: t - 1]
+    shares = create_shares_from_parts(b"\x01" * 32, t, n, coeffs)[: t - 1]
     other = b"\x02" * 32
 
     # Execute: solve for coefficients that give the same t-1 shares for another secret
@@ -121,7 +121,7 @@ def test_fewer_than_threshold_shares_are_independent_of_the_secret():
     det = (x1 * x2 * x2 - x2 * x1 * x1) % PRIME
     a1 = (r1 * x2 * x2 - r2 * x1 * x1) * pow(det, -1, PRIME) % PRIME
     a2 = (x1 * r2 - x2 * r1) * pow(det, -1, PRIME) % PRIME
-    alt = _create_shares_from_parts(other, t, n, [a1, a2])[: t - 1]
+    alt = create_shares_from_parts(other, t, n, [a1, a2])[: t - 1]
 
     # Assert
     assert [(s.index, s.value) for s in alt] == [(s.index, s.value) for s in shares]

@@ -38,7 +38,7 @@ from secure_afl.exceptions import StageError
 from secure_afl.hazmat.shamir import Share
 from secure_afl.params import SessionParams
 from secure_afl.secagg import ConsistencyStatement, KeyAdvertisement, SecAggClient, neighbour_graph
-from secure_afl.secagg.masking import _raw_private, _share_key
+from secure_afl.secagg.masking import _raw_private, share_key
 
 __all__ = ["export_client", "restore_client", "SealedState"]
 
@@ -101,7 +101,7 @@ def restore_client(data: bytes, identity_key, identity_keys) -> SecAggClient:
         setattr(c, k, _decode(k, v))
     if c._graph_seed is not None:
         c._graph = neighbour_graph(c.cfg.n_parties, c.cfg.neighbours, c._graph_seed)
-        c._share_keys = {v: _share_key(c._enc_sk, ad.enc_public_key, params.session_id, c.client_id, v,
+        c._share_keys = {v: share_key(c._enc_sk, ad.enc_public_key, params.session_id, c.client_id, v,
                                        round=c.round) for v, ad in c._ads.items()}
     return c
 

@@ -35,7 +35,7 @@ from typing import Iterable, Sequence
 from .._validation import check_int, param_error
 from ..exceptions import InsufficientShares, InvalidContribution, InvalidInputError, MalformedPayload
 
-__all__ = ["PRIME", "MAX_SECRET_BYTES", "MAX_INDEX", "Share", "create_shares", "combine_shares"]
+__all__ = ["PRIME", "MAX_SECRET_BYTES", "MAX_INDEX", "Share", "create_shares", "create_shares_from_parts", "combine_shares"]
 
 PRIME = (1 << 521) - 1
 MAX_SECRET_BYTES = 64
@@ -101,7 +101,7 @@ def _eval(coefficients: Sequence[int], x: int) -> int:
     return acc
 
 
-def _create_shares_from_parts(
+def create_shares_from_parts(
     secret: bytes, threshold: int, n: int, coefficients: Sequence[int], *, indices: Iterable[int] | None = None
 ) -> list[Share]:
     """Deterministic seam for known-answer vectors: ``coefficients = [a_1..a_{t-1}]``."""
@@ -135,7 +135,7 @@ def create_shares(secret: bytes, threshold: int, n: int, *, indices: Iterable[in
     """
     _check_sharing(secret, threshold, n, indices, "create_shares")
     coefficients = [secrets.randbelow(PRIME) for _ in range(threshold - 1)]
-    return _create_shares_from_parts(secret, threshold, n, coefficients, indices=indices)
+    return create_shares_from_parts(secret, threshold, n, coefficients, indices=indices)
 
 
 class _Interpolator:

@@ -14,7 +14,7 @@ from ..exceptions import DuplicateContribution, InvalidInputError, MalformedPayl
 from ..hazmat import fixedpoint
 from ..hazmat.prg import DOMAIN_SELF_MASK, expand
 from ..params import SessionParams
-from .masking import _add_pair_mask, _pair_seed
+from .masking import add_pair_mask, pair_seed
 from .messages import MaskedInput, UnmaskMaterial
 from .params import Stage, config, neighbour_graph
 
@@ -131,8 +131,8 @@ class SecAggBackend(ProtectionBackend):
         for v in sorted(unmask.dropped):
             sk = X25519PrivateKey.from_private_bytes(unmask.dropped_mask_keys[v])
             for u in sorted(graph[v] & survivors):
-                seed = _pair_seed(sk, unmask.mask_public_keys[u], sid, v, u, round=unmask.round)
-                _add_pair_mask(total, seed, u, v, remove=True)
+                seed = pair_seed(sk, unmask.mask_public_keys[u], sid, v, u, round=unmask.round)
+                add_pair_mask(total, seed, u, v, remove=True)
         return total
 
     def reveal(self, aggregate: bytes, *, unmask: UnmaskMaterial, **kw) -> np.ndarray:

@@ -29,7 +29,7 @@ from ..hazmat.prg import DOMAIN_SELF_MASK, expand
 from ..hazmat.shamir import Share, create_shares
 from ..params import SessionParams
 from .backend import SecAggBackend
-from .masking import _add_pair_mask, _pair_seed, _raw_private, _raw_public, _share_ad, _share_key, share_commitment
+from .masking import add_pair_mask, pair_seed, _raw_private, _raw_public, share_ad, share_key, share_commitment
 from .messages import (
     AdvertiseKeysRequest,
     ConsistencyStatement,
@@ -278,12 +278,12 @@ class SecAggClient:
             if v == u:
                 self._held[u] = (bs, ss)
                 continue
-            aead = _share_key(self._enc_sk, ads[v].enc_public_key, sid, u, v, round=r)
+            aead = share_key(self._enc_sk, ads[v].enc_public_key, sid, u, v, round=r)
             self._share_keys[v] = aead
             cb = share_commitment(sid, self._digest, "b", u, v, bs.to_bytes(), round=r)
             cs = share_commitment(sid, self._digest, "s", u, v, ss.to_bytes(), round=r)
             nonce = secrets.token_bytes(_NONCE_BYTES)
-            ct = aead.encrypt(nonce, bs.to_bytes() + ss.to_bytes(), _share_ad(sid, self._digest, u, v, cb, cs, round=r))
+            ct = aead.encrypt(nonce, bs.to_bytes() + ss.to_bytes(), share_ad(sid, self._digest, u, v, cb, cs, round=r))
             out.append(EncryptedShare(u, v, nonce, ct, cb, cs))
         self._ads = {v: ads[v] for v in ids if v != u}
         own_b, own_s = self._held[u]
@@ -302,7 +302,7 @@ class SecAggClient:
     def _open_share(self, es: EncryptedShare) -> tuple[Share, Share]:
         """Decrypt one share pair and check it against the dealer's commitments."""
         u, t, sid, r = self.client_id, self.cfg.threshold, self.params.session_id, self.round
-        ad = _share_ad(sid, self._digest, es.sender, u, es.commit_b, es.commit_s, round=r)
+        ad = share_ad(sid, self._digest, es.sender, u, es.commit_b, es.commit_s, round=r)
         try:
             pt = self._share_keys[es.sender].decrypt(es.nonce, es.ciphertext, ad)
         except InvalidTag:
@@ -333,7 +333,7 @@ class SecAggClient:
         y = fixedpoint.encode(vector, self.cfg.frac_bits)
         np.add(y, expand(self._b, y.shape[0], domain=DOMAIN_SELF_MASK), out=y)
         for w in sorted(received):
-            _add_pair_mask(y, _pair_seed(self._mask_sk, self._ads[w].mask_public_key, sid, u, w, round=self.round),
+            add_pair_mask(y, pair_seed(self._mask_sk, self._ads[w].mask_public_key, sid, u, w, round=self.round),
                            u, w)
         self._held.update(received)
         self._stage = Stage.UNMASK

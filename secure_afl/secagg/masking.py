@@ -22,13 +22,13 @@ def round_context(session_id: str, round: int = 1) -> str:
     return f"{session_id}#round={int(round)}"
 
 
-def _share_key(enc_sk: X25519PrivateKey, peer_pk: bytes, session_id: str, u: int, v: int, *,
+def share_key(enc_sk: X25519PrivateKey, peer_pk: bytes, session_id: str, u: int, v: int, *,
                round: int = 1) -> ChaCha20Poly1305:
     return ChaCha20Poly1305(agree(enc_sk, peer_pk, purpose="share-enc", session_id=round_context(session_id, round),
                                   u=u, v=v))
 
 
-def _share_ad(session_id: str, digest_hex: str, sender: int, recipient: int, commit_b: bytes, commit_s: bytes, *,
+def share_ad(session_id: str, digest_hex: str, sender: int, recipient: int, commit_b: bytes, commit_s: bytes, *,
               round: int = 1) -> bytes:
     """AEAD associated data: session and round, parameter digest, direction sender -> recipient, commitments."""
     return (f"secure-afl/secagg/v2/share/{round_context(session_id, round)}/{digest_hex}/{sender}->{recipient}/"
@@ -46,7 +46,7 @@ def share_commitment(session_id: str, digest_hex: str, kind: str, owner: int, ho
     return hashlib.sha256(_COMMIT_PREFIX + len(head).to_bytes(2, "big") + head + share).digest()
 
 
-def _pair_seed(mask_sk: X25519PrivateKey, peer_pk: bytes, session_id: str, u: int, v: int, *, round: int = 1) -> bytes:
+def pair_seed(mask_sk: X25519PrivateKey, peer_pk: bytes, session_id: str, u: int, v: int, *, round: int = 1) -> bytes:
     return agree(mask_sk, peer_pk, purpose="mask", session_id=round_context(session_id, round), u=u, v=v)
 
 
@@ -58,7 +58,7 @@ def _raw_public(key: X25519PrivateKey) -> bytes:
     return key.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
 
 
-def _add_pair_mask(acc: np.ndarray, seed: bytes, u: int, v: int, *, remove: bool = False) -> None:
+def add_pair_mask(acc: np.ndarray, seed: bytes, u: int, v: int, *, remove: bool = False) -> None:
     """``acc += sign(u, v) PRG(s_uv)`` (or ``-=`` with ``remove``), sign = +1 iff v > u."""
     m = expand(seed, acc.shape[0], domain=DOMAIN_PAIR_MASK)
     if (v > u) != remove:

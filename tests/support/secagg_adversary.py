@@ -46,7 +46,7 @@ from secure_afl.secagg import (
     graph_seed,
     secagg_session_params,
 )
-from secure_afl.secagg.masking import _add_pair_mask, _pair_seed, _share_ad
+from secure_afl.secagg.masking import add_pair_mask, pair_seed, share_ad
 from secure_afl.signing import make_receipt
 from secure_afl.stats import local_statistics
 
@@ -273,7 +273,7 @@ class MaliciousServer:
         shares = []
         for es in resp.shares:
             if es.recipient == v:
-                ad = _share_ad("adv", self.params.digest().hex(), es.sender, v, es.commit_b, es.commit_s)
+                ad = share_ad("adv", self.params.digest().hex(), es.sender, v, es.commit_b, es.commit_s)
                 pt = col._share_keys[v].decrypt(es.nonce, es.ciphertext, ad)
                 n = len(pt) // 2
                 bs = Share.from_bytes(pt[:n])
@@ -342,7 +342,7 @@ class MaliciousServer:
         if victim in self.views:  # it masked with the hospitals it was shown
             partners &= set(self.views[victim])
         for w in sorted(partners):
-            _add_pair_mask(y, _pair_seed(sk, ads[w].mask_public_key, "adv", victim, w), victim, w, remove=True)
+            add_pair_mask(y, pair_seed(sk, ads[w].mask_public_key, "adv", victim, w), victim, w, remove=True)
         return y
 
     def victim_fixed_point(self, victim: int) -> np.ndarray:
