@@ -152,7 +152,7 @@ def load_toml(path) -> dict[str, dict[str, Any]]:
         with open(path, "rb") as fh:
             raw = tomllib.load(fh)
     except tomllib.TOMLDecodeError as e:
-        raise _fail(str(path), f"is not valid TOML: {e}") from None
+        raise InvalidParameterError(f"{path} is not valid TOML: {e}", reason="invalid_toml") from None
     return parse(raw, source=str(path))
 
 
