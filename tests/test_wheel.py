@@ -132,7 +132,8 @@ def test_demo_from_the_wheel_without_the_extras(wheel_env, backend, tmp_path):
                          env={**env, "SECURE_AFL_TEST_HIDE": ",".join(EXTRAS_ONLY)},
                          capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    assert "PASSED" in out.stdout
+    assert "W: within certified bound" in out.stdout or "W: no bound (C singular at this noise)" in out.stdout
+    assert "exceeds bound" not in out.stdout
     assert json.loads((tmp_path / "r.json").read_text())["verification"]["passed"]
 
 
