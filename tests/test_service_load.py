@@ -103,10 +103,10 @@ def test_200_concurrent_plain_uploads_default_limits_each_counted_once(tmp_path)
 
 @pytest.mark.slow
 def test_1000_concurrent_plain_uploads_default_limits_each_counted_once(tmp_path):
- (tests/test_upload_retry.py drives the retry path itself)# whether the crowd meets a 429 depends on how fast this machine reads bodies (a body slot is waited for
- (tests/test_upload_retry.py drives the retry path itself)# up to read_timeout_s before "busy"), so the busy-retry count is a measurement here, not a claim
- (tests/test_upload_retry.py drives the retry path itself)# (tests/test_upload_retry.py drives the retry path itself)
- (tests/test_upload_retry.py drives the retry path itself)_crowd(tmp_path, 1000, join_s=900)
+    # whether the crowd meets a 429 depends on how fast this machine reads bodies (a body slot is waited for
+    # up to read_timeout_s before "busy"), so the busy-retry count is a measurement here, not a claim
+    # (test_upload_retry.py drives the client's send-again path, test_parallel.py the 429 "busy")
+    _crowd(tmp_path, 1000, join_s=900)
 
 
 def test_retry_delay_honours_retry_after_and_spreads_the_crowd():
