@@ -1,0 +1,115 @@
+"""A session's roster is the signed definition's ``hospitals``, which may be a subset of the PKI's hospitals.
+
+The consortium's CA may have issued more hospital identities than a session
+uses: a spare, or one whose key was stolen and that the operator removed
+from ``hospitals`` before signing a new session (threat_model/OPERATIONS.md).
+Every party takes the roster from the signed definition, so the session runs
+over the subset, and the identity outside it is refused by the server when it
+tries to join, with the reason and an audit record. Every party here is a
+real process: the server, each hospital's ``client submit``, and the key
+holder's ``keygen``, ``publish`` and ``finalize``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from secure_afl import pki, session
+from secure_afl.analytic import centralised_weights
+from secure_afl.keyholder import read_model
+
+pytestmark = [pytest.mark.e2e, pytest.mark.security]
+
+ROSTER = ("h1", "h2", "h3")
+SPARE = "h4"
+
+
+def _cmd(*args) -> list[str]:
+    return [sys.executable, "-m", "secure_afl.cli", *map(str, args)]
+
+
+def _env() -> dict:
+    return {**os.environ, "SECURE_AFL_KEY_PASSPHRASE": "test passphrase"}
+
+
+def _submit(c, name, tmp_path) -> list[str]:
+    X, y = c.data(name)
+    np.savez(tmp_path / f"{name}.npz", X=X, y=y)
+    return _cmd("client", "submit", "--server", c.url, "--session", c.session_id, "--pki", c.pki_dir, "--name", name,
+                "--embeddings", tmp_path / f"{name}.npz", "--receipts", tmp_path / "rc", "--no-progress")
+
+
+def _run(args, timeout=240) -> subprocess.CompletedProcess:
+    return subprocess.run(args, capture_output=True, text=True, timeout=timeout, env=_env())
+
+
+def _spare_consortium(consortium, backend, **kw):
+    """h1..h3 in the session, h4 issued by the same CA but left out of the signed roster."""
+    c = consortium(backend=backend, hospitals=ROSTER, min_clients=2, sign=False, **kw)
+    pki.issue(c.pki_dir, "hospital", SPARE)
+    session.sign(c.config, c.pki_dir)
+    return c.start()
+
+
+def _assert_released_over_the_roster(c, tmp_path):
+    out = _run(_cmd("keyholder", "finalize", "--pki", c.pki_dir, "--keys", c.root / "keys", "--server", c.url,
+                    "--session", c.session_id, "--min-clients", "2", "--out", tmp_path / "model.safetensors"))
+    assert out.returncode == 0, out.stderr
+    W, meta = read_model(tmp_path / "model.safetensors")
+    assert json.loads(meta["participants"]) == list(ROSTER)
+    X = np.concatenate([c.data(h)[0] for h in ROSTER])
+    y = np.concatenate([c.data(h)[1] for h in ROSTER])
+    W_joint = centralised_weights(X, y, c.classes)
+    tol = 1e-9 if c.backend == "secagg" else 1e-2  # ckks: the key holder's flooding noise
+    assert np.linalg.norm(W - W_joint) / np.linalg.norm(W_joint) <= tol
+
+
+def _assert_spare_refused(c, tmp_path):
+    out = _run(_submit(c, SPARE, tmp_path), timeout=60)
+    lines = out.stderr.strip().splitlines()
+    assert out.returncode != 0 and len(lines) == 1, out.stderr
+    assert f"{SPARE!r} is not in the signed roster of session {c.session_id!r}" in lines[0], lines[0]
+    log = [json.loads(line) for line in c.audit_path().read_text().splitlines()]
+    refused = [r for r in log if r["outcome"] == "refused" and SPARE in json.dumps(r)]
+    assert refused and all(r.get("reason") == "unknown_party" for r in refused), refused
+
+
+def test_secagg_session_over_a_subset_of_the_pki_completes_and_the_spare_is_refused(consortium, tmp_path):
+    # Prepare: a spare hospital identity in the PKI, a secagg session over the other three
+    c = _spare_consortium(consortium, "secagg", secagg={"stage_timeout_s": 30.0})
+
+    # Execute: the three hospitals of the roster, each its own process, concurrently
+    procs = {h: subprocess.Popen(_submit(c, h, tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                 text=True, env=_env()) for h in ROSTER}
+    outs = {h: p.communicate(timeout=240) for h, p in procs.items()}
+
+    # Assert: every hospital of the roster finished, the aggregate is theirs, the spare cannot join
+    for h, p in procs.items():
+        assert p.returncode == 0, (h, outs[h][1])
+    _assert_released_over_the_roster(c, tmp_path)
+    _assert_spare_refused(c, tmp_path)
+
+
+def test_ckks_session_over_a_subset_of_the_pki_completes_and_the_spare_is_refused(consortium, tmp_path):
+    # Prepare: the same roster on ckks; the key holder's own commands make and publish the keys
+    c = _spare_consortium(consortium, "ckks")
+    keyholder = ("--pki", c.pki_dir, "--keys", c.root / "keys")
+    for step in (("keygen", *keyholder, "--session", c.session_id),
+                 ("publish", *keyholder, "--server", c.url, "--session", c.session_id)):
+        out = _run(_cmd("keyholder", *step))
+        assert out.returncode == 0, out.stderr
+
+    # Execute: the spare tries first, then the roster uploads
+    _assert_spare_refused(c, tmp_path)
+    for h in ROSTER:
+        out = _run(_submit(c, h, tmp_path))
+        assert out.returncode == 0, (h, out.stderr)
+
+    # Assert
+    _assert_released_over_the_roster(c, tmp_path)
