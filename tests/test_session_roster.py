@@ -22,6 +22,7 @@ import pytest
 
 from secure_afl import pki, session
 from secure_afl.analytic import centralised_weights
+from secure_afl.exceptions import EXIT_KEYS, UnknownParty
 from secure_afl.keyholder import read_model
 
 pytestmark = [pytest.mark.e2e, pytest.mark.security]
@@ -71,13 +72,22 @@ def _assert_released_over_the_roster(c, tmp_path):
 
 
 def _assert_spare_refused(c, tmp_path):
+    """The spare's own `client submit` stops before sending anything; its key used directly (as a thief would)
+    is refused by the server, with the reason and an audit record."""
     out = _run(_submit(c, SPARE, tmp_path), timeout=60)
     lines = out.stderr.strip().splitlines()
-    assert out.returncode != 0 and len(lines) == 1, out.stderr
+    assert out.returncode == EXIT_KEYS and len(lines) == 1, out.stderr
     assert f"{SPARE!r} is not in the signed roster of session {c.session_id!r}" in lines[0], lines[0]
+
+    thief = c.hospital(SPARE)
+    path = "/secagg/request" if c.backend == "secagg" else f"/receipts/{SPARE}"
+    with pytest.raises(UnknownParty) as refused:
+        thief.conn.request("GET", thief.conn.path(path))
+    thief.close()
+    assert f"{SPARE!r} is not in the signed roster of session {c.session_id!r}" in str(refused.value)
     log = [json.loads(line) for line in c.audit_path().read_text().splitlines()]
-    refused = [r for r in log if r["outcome"] == "refused" and SPARE in json.dumps(r)]
-    assert refused and all(r.get("reason") == "unknown_party" for r in refused), refused
+    audited = [r for r in log if r["outcome"] == "refused" and "is not in the signed roster" in json.dumps(r)]
+    assert audited and all(r.get("reason") == "unknown_party" for r in audited), audited
 
 
 def test_secagg_session_over_a_subset_of_the_pki_completes_and_the_spare_is_refused(consortium, tmp_path):
