@@ -12,6 +12,7 @@ holder's ``keygen``, ``publish`` and ``finalize``.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -19,11 +20,14 @@ import sys
 
 import numpy as np
 import pytest
+from support import Consortium
 
 from secure_afl import pki, session
 from secure_afl.analytic import centralised_weights
-from secure_afl.exceptions import EXIT_KEYS, UnknownParty
+from secure_afl.exceptions import EXIT_KEYS, DecryptionRefused, UnknownParty
+from secure_afl.clients.hospital import protect_contribution
 from secure_afl.keyholder import read_model
+from secure_afl.signing import build_manifest, sign_upload
 
 pytestmark = [pytest.mark.e2e, pytest.mark.security]
 
@@ -123,3 +127,26 @@ def test_ckks_session_over_a_subset_of_the_pki_completes_and_the_spare_is_refuse
 
     # Assert
     _assert_released_over_the_roster(c, tmp_path)
+
+
+def test_keyholder_counts_no_upload_of_an_identity_outside_the_roster(tmp_path):
+    # Prepare: plain, roster h1..h3 (min_clients 3) and a spare h4 issued by the same CA. The server signs a
+    # manifest over genuine signed uploads of h1, h2 and the spare (a server may sign any manifest).
+    c = Consortium(tmp_path, backend="plain", hospitals=ROSTER, min_clients=3, sign=False)
+    pki.issue(c.pki_dir, "hospital", SPARE)
+    session.sign(c.config, c.pki_dir)
+    params = session.load_signed(c.pki_dir, c.session_id).session_params()
+    participants = []
+    for h in ("h1", "h2", SPARE):
+        party = pki.load_party(c.pki_dir, "hospital", h)
+        payload, _ = protect_contribution(party, params, c.stats(*c.data(h)))
+        st = sign_upload(party.identity_key(), c.session_id, params.digest(), hashlib.sha256(payload).digest(), h)
+        participants.append({**st, "identity_pub": pki.public_key_hex(party.identity_pub())})
+    aggregate = b"whatever the server sums"
+    manifest = build_manifest(pki.load_party(c.pki_dir, "server", "aggregator").identity_key(), c.session_id,
+                              params.digest(), participants, hashlib.sha256(aggregate).digest(), 3)
+
+    # Execute / Assert: the key holder refuses before revealing anything, naming the identity outside the roster
+    with pytest.raises(DecryptionRefused) as refused:
+        c.keyholder.reveal_and_solve(params, aggregate, manifest, min_clients=3)
+    assert SPARE in str(refused.value), str(refused.value)
