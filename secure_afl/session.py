@@ -52,7 +52,8 @@ else:  # pragma: no cover
 
 from .exceptions import InvalidParameterError, InvalidSignature, MissingEnrolment, ParameterMismatch, WrongSession
 
-__all__ = ["SessionDefinition", "SCHEMA", "SECTIONS", "Key", "dropout_line", "reference", "parse", "load_toml", "normalise", "sign", "load_signed",
+__all__ = ["SessionDefinition", "SCHEMA", "SECTIONS", "Key", "dropout_line", "reference",
+           "parse", "load_toml", "normalise", "sign", "load_signed",
            "check_same", "check_info", "write_toml", "signed_path", "sign_definition", "from_body", "register"]
 
 _PREFIX = b"secure-afl/session/v1\0"

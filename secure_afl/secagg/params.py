@@ -15,7 +15,8 @@ from ..packing import Layout
 from ..params import Bounds, SessionParams
 
 __all__ = ["PROTOCOL", "Stage", "recommended_neighbours", "secagg_session_params", "consistency_quorum",
-           "default_threshold", "dropout_tolerance", "max_min_clients", "graph_seed", "neighbour_graph", "config", "Config"]
+           "default_threshold", "dropout_tolerance",
+           "max_min_clients", "graph_seed", "neighbour_graph", "config", "Config"]
 
 PROTOCOL = "secagg/v2"
 _GRAPH_PREFIX = b"secure-afl/secagg/v2/graph-seed\0"
