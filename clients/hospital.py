@@ -32,6 +32,7 @@ from secure_afl.exceptions import (
     RoundAlreadyClosed,
     ServerUnreachable,
     StageError,
+    UnknownParty,
 )
 from secure_afl.keyholder_params import (
     PARAMS_SIGNATURE,
@@ -138,6 +139,11 @@ class HospitalClient:
 
     # -- stages -----------------------------------------------------------------------
     def fetch_params(self, *, wait_s: float = 60.0) -> SessionParams:
+        if self.name not in self.definition.hospitals:
+            # the CA may have issued identities a session leaves out (spares, a withdrawn key): its roster decides
+            raise UnknownParty(f"{self.name!r} is not in the signed roster of session {self.session_id!r} "
+                               f"({len(self.definition.hospitals)} hospitals): the operator left it out of "
+                               "`hospitals`; nothing was sent")
         info = self.conn.wait_until(lambda i: i["status"] != "awaiting_context", timeout=wait_s,
                                     what="the key holder's public context")
         if info["status"] in ("closed", "released"):

@@ -140,7 +140,15 @@ class SecAggParticipant:
                 raise InsufficientShares(f"the server aborted secagg round {self.client.round} (too many "
                                          "dropouts) and opens no further round; nothing was revealed")
             if r.get("dropped"):
-                raise StageError(f"{self.hospital.name} was dropped from the round at stage {stage}")
+                left = r.get("left_at")
+                if left == Stage.SETUP:
+                    raise StageError(f"{self.hospital.name} never joined round {self.client.round} of session "
+                                     f"{self.params.session_id}: the round went on without it once its setup "
+                                     "stage closed (stage_timeout_s), so its statistics are not in it; if the "
+                                     "round aborts it may join the next")
+                raise StageError(f"{self.hospital.name} was dropped from round {self.client.round} at stage "
+                                 f"{left if isinstance(left, str) else stage}: it did not answer within the "
+                                 "stage timeout (or too few of its share holders did)")
             phase = Stage.UNMASK if stage == CONSISTENCY else stage  # the check opens the unmask stage
             if pause_before == phase and phase not in self._answered:
                 log.warning("%s pauses before %s", self.hospital.name, stage)

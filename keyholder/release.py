@@ -110,11 +110,21 @@ class KeyHolder(KeyCustody):
     def close_round(self, conn) -> dict:
         return conn.request("POST", conn.path("/close")).json()
 
-    def _trust(self, expected_hospitals: list[str] | None):
+    def _trust(self, session_id: str, expected_hospitals: list[str] | None):
+        from secure_afl import session
+        from secure_afl.session import signed_path
+
         servers = pki.load_enrolments(self.pki_dir, role="server")
         if len(servers) != 1:
             raise DecryptionRefused("exactly one enrolled server identity is required to check the manifest")
         enrolled = pki.enrolled_keys(pki.load_enrolments(self.pki_dir, role="hospital"))
+        # the session's signed roster, not every hospital the CA issued: an upload signed by a spare or
+        # withdrawn identity counts for nothing, whatever the server's manifest says. (finalize and the Flower
+        # adapter have already required the signed definition; only library callers such as the key holder
+        # benchmark run without one.)
+        if signed_path(self.pki_dir, session_id).exists():
+            roster = set(session.load_signed(self.pki_dir, session_id).hospitals)
+            enrolled = {k: v for k, v in enrolled.items() if k in roster}
         if expected_hospitals is not None:
             enrolled = {k: v for k, v in enrolled.items() if k in set(expected_hospitals)}
         return next(iter(servers.values())).public_key(), enrolled
@@ -215,7 +225,7 @@ class KeyHolder(KeyCustody):
             t0 = time.perf_counter()
             try:
                 manifest = source.manifest()
-                server_pub, enrolled = self._trust(expected_hospitals)
+                server_pub, enrolled = self._trust(sid, expected_hospitals)
                 m = verify_manifest_for(params, manifest, server_pub, enrolled, min_clients)
                 # before anything is decrypted: a sum short of noise shares is never decrypted at all
                 _check_dp_noise(params, len(m["participants"]))
@@ -359,7 +369,7 @@ class KeyHolder(KeyCustody):
         if params.backend in HE_BACKENDS:
             raise DecryptionRefused(f"a {params.backend} release is formed by re-summing the signed uploads (finalize); "
                                     "a server-formed aggregate is never decrypted")
-        server_pub, enrolled = self._trust(expected_hospitals)
+        server_pub, enrolled = self._trust(params.session_id, expected_hospitals)
         try:
             m = check_aggregate_against_manifest(params, aggregate, manifest, server_pub, enrolled, min_clients)
         except SecureAFLError as e:

@@ -52,32 +52,184 @@ else:  # pragma: no cover
 
 from .exceptions import InvalidParameterError, InvalidSignature, MissingEnrolment, ParameterMismatch, WrongSession
 
-__all__ = ["SessionDefinition", "SCHEMA", "parse", "load_toml", "normalise", "sign", "load_signed",
+__all__ = ["SessionDefinition", "SCHEMA", "SECTIONS", "Key", "dropout_line", "reference",
+           "parse", "load_toml", "normalise", "sign", "load_signed",
            "check_same", "check_info", "write_toml", "signed_path", "sign_definition", "from_body", "register"]
 
 _PREFIX = b"secure-afl/session/v1\0"
 SESSIONS_DIR = "sessions"
 
-# type tags: "int" (no bool), "real" (int or float, no bool), "str", "bool", "strs" (list of str),
-# "time" (TOML datetime or ISO string), "table" (free-form, checked by its own validator)
-SCHEMA: dict[str, dict[str, str]] = {
-    "session": {"id": "str", "backend": "str", "dim": "int", "classes": "int", "gamma": "real",
-                "min_clients": "int", "min_class_count": "int", "deadline": "time", "deadline_s": "real",
-                "max_upload_bytes": "int", "hospitals": "strs"},
-    "bounds": {"max_norm": "real", "n_max": "int", "k_max": "int"},
-    "secagg": {"threshold": "int", "neighbours": "int", "stage_timeout_s": "real", "max_rounds": "int"},
-    "dp": {"epsilon": "real", "delta": "real", "noise_multiplier": "real", "min_contributors": "int",
-           "beta": "real"},
-    "extractor": {"backbone": "str", "weights": "str", "preset": "str", "input_size": "int", "classes": "strs",
-                  "dim": "int", "normalisation": "str"},
-    "server": {"host": "str", "port": "int", "data_dir": "str", "pki_dir": "str", "name": "str",
-               "keyholder": "str", "require_client_cert": "bool", "read_timeout_s": "real",
-               "body_timeout_s": "real", "max_concurrent_uploads": "int", "max_connections": "int",
-               "combine_workers": "int", "refusal_interval_s": "real"},
+# ---------------------------------------------------------------------------------------------
+# The schema: every section and key, its type, default, range, readers and meaning (one home;
+# docs/SESSION.md is generated from it by `secure-afl session reference`)
+# ---------------------------------------------------------------------------------------------
+#: a key with no default must be given
+REQUIRED = object()
+_ALL = "server, hospitals, key holder"
+
+
+@dataclass(frozen=True)
+class Key:
+    """One key of ``session.toml``.
+
+    ``kind``: "int" (no bool), "real" (int or float, no bool), "str", "bool",
+    "strs" (list of str), "time" (TOML datetime or ISO string). ``low`` and
+    ``high`` bound a number (inclusive; ``low_open`` makes the lower bound
+    strict, ``high_open`` the upper) and are checked at load; ``default_text`` says what a default
+    computed from other keys is.
+    """
+
+    kind: str
+    meaning: str
+    default: Any = REQUIRED
+    readers: str = _ALL
+    low: float | None = None
+    high: float | None = None
+    low_open: bool = False
+    high_open: bool = False
+    default_text: str | None = None
+    allowed: str | None = None
+
+    def range_text(self) -> str:
+        if self.allowed is _BACKEND_WORDS:
+            from .params import BACKENDS
+
+            return "one of " + ", ".join(BACKENDS)
+        if self.allowed:
+            return self.allowed
+        if self.low is None and self.high is None:
+            return ""
+        lo = "" if self.low is None else f"{'>' if self.low_open else '>='} {_num(self.low)}"
+        hi = "" if self.high is None else f"{'<' if self.high_open else '<='} {_num(self.high)}"
+        return ", ".join(x for x in (lo, hi) if x)
+
+    def default_words(self) -> str:
+        if self.default_text:
+            return self.default_text
+        if self.default is REQUIRED:
+            return "required"
+        return "none" if self.default is None else _toml_value(self.default)
+
+
+def _num(x) -> str:
+    return str(int(x)) if float(x).is_integer() else repr(x)
+
+
+_BACKEND_WORDS = "one of the backends of `secure_afl.params.BACKENDS`"
+
+
+@dataclass(frozen=True)
+class Section:
+    meaning: str
+    keys: Mapping[str, Key]
+    signed: bool = True
+
+
+SECTIONS: dict[str, Section] = {
+    "session": Section("What the session is; every key is signed.", {
+        "id": Key("str", "session id, bound into every signature, upload and receipt",
+                  allowed="1-64 of A-Z a-z 0-9 . _ -, starting with a letter or digit"),
+        "backend": Key("str", "how uploads are protected", allowed=_BACKEND_WORDS),
+        "dim": Key("int", "embedding dimension d of every hospital's features", low=1, high=65536),
+        "classes": Key("int", "number of classes C", low=1, high=1_000_000),
+        "gamma": Key("real", "RI intermediary: each hospital adds gamma I to its C_k; the key holder removes it",
+                     1.0, low=0.0),
+        "min_clients": Key("int", "the aggregate is never released over fewer hospitals (secagg: also sizes the "
+                                  "consistency quorum)", 3, "server, hospitals (secagg), key holder", low=1,
+                           allowed=">= 1, <= the number of hospitals"),
+        "min_class_count": Key("int", "the key holder refuses a release in which a present class has fewer "
+                                      "samples", 5, "key holder", low=1),
+        "deadline": Key("time", "uploads after this instant are refused", None, "server, hospitals",
+                        allowed="a TOML date-time or ISO 8601 string; not with deadline_s"),
+        "deadline_s": Key("real", "uploads later than this many seconds after the server first started are "
+                                  "refused", None, "server, hospitals", low=0.0, low_open=True,
+                          allowed="> 0; not with deadline"),
+        "max_upload_bytes": Key("int", "largest upload body the server reads", 64_000_000, "server, hospitals",
+                                low=1024),
+        "hospitals": Key("strs", "the session's roster (fixed n): only these hospitals may take part; may be "
+                                 "a subset of the hospitals the PKI issued", [],
+                         default_text="[] = every hospital issued in the operator's PKI at signing",
+                         allowed="distinct names, each issued by `secure-afl pki issue`; at most k_max"),
+    }),
+    "bounds": Section("Declared bounds that size the protection parameters; every key is signed.", {
+        "max_norm": Key("real", "B: every embedding satisfies ||x||_2 <= B", low=0.0, low_open=True),
+        "n_max": Key("int", "largest number of samples one hospital contributes", low=1),
+        "k_max": Key("int", "largest number of hospitals summed (no-wrap and noise bounds)", low=1,
+                     allowed=">= the number of hospitals"),
+    }),
+    "secagg": Section("Only with backend = \"secagg\"; every key is signed.", {
+        "threshold": Key("int", "Shamir threshold t: tolerates t - 1 colluding hospitals next to a malicious "
+                                "server; the consistency quorum grows with it", None, "server, hospitals",
+                         low=2, default_text="the largest t <= floor(m/2) + 1 (m share holders per hospital) "
+                                             "that lets one hospital drop out; floor(m/2) + 1 if none does",
+                         allowed=">= 2, <= m = neighbours + 1"),
+        "neighbours": Key("int", "degree k of the SecAgg+ neighbour graph", -1, "server, hospitals", low=-1,
+                          allowed="-1: 2 ceil(1.5 log2 n) once smaller than n - 1; 0: complete graph; "
+                                  "else even, >= 2"),
+        "stage_timeout_s": Key("real", "a hospital silent this long in a stage is dropped from the round", 60.0,
+                               "server", low=0.0, low_open=True),
+        "max_rounds": Key("int", "rounds per session: an aborted round is retried with fresh keys up to this",
+                          3, "server, hospitals", low=1, high=100),
+    }),
+    "dp": Section("Optional distributed differential privacy (docs/DP.md); every key is signed.", {
+        "epsilon": Key("real", "target epsilon of one release", None, "hospitals, key holder", low=0.0,
+                       low_open=True, allowed="> 0; exactly one of epsilon and noise_multiplier"),
+        "delta": Key("real", "target delta of one release", 1e-5, "hospitals, key holder", low=0.0, high=0.1,
+                     low_open=True, high_open=True),
+        "noise_multiplier": Key("real", "Gaussian noise multiplier z, instead of epsilon", None,
+                                "hospitals, key holder", low=0.0, low_open=True),
+        "min_contributors": Key("int", "the shares of any this many hospitals add up to the full noise", None,
+                                "hospitals, key holder", low=1, default_text="min_clients",
+                                allowed=">= 1, <= the number of hospitals"),
+        "beta": Key("real", "failure probability of the DP accounting's bounds", 0.01, "hospitals, key holder",
+                    low=0.0, high=0.5, low_open=True, high_open=True),
+    }),
+    "extractor": Section("Optional: the feature extractor every hospital must use (`secure-afl client embed` "
+                         "prints this block); every key is signed.", {
+        "backbone": Key("str", "backbone name", readers="hospitals, key holder"),
+        "weights": Key("str", "sha256 of the weights file, or \"random-seed:N\" (tests only)",
+                       readers="hospitals, key holder"),
+        "preset": Key("str", "preprocessing preset", readers="hospitals, key holder"),
+        "input_size": Key("int", "input image size in pixels", readers="hospitals, key holder", low=1),
+        "classes": Key("strs", "class names in label order", readers="hospitals, key holder",
+                       allowed="as many as [session] classes"),
+        "dim": Key("int", "embedding dimension", readers="hospitals, key holder", allowed="= [session] dim"),
+        "normalisation": Key("str", "\"none\" or \"l2:R\"", readers="hospitals, key holder",
+                             allowed="\"none\", or \"l2:R\" with max_norm >= R"),
+    }),
+    "server": Section("Deployment of the aggregation server: checked, never signed.", {
+        "host": Key("str", "address to listen on", "127.0.0.1", "server"),
+        "port": Key("int", "TCP port", 8443, "server", low=1, high=65535),
+        "data_dir": Key("str", "where the server keeps its database, uploads and audit log", "server-data",
+                        "server", default_text="server-data/ next to session.toml"),
+        "pki_dir": Key("str", "the server's PKI bundle", "pki", "server", default_text="pki/ next to session.toml"),
+        "name": Key("str", "the server's enrolled name", "aggregator", "server"),
+        "keyholder": Key("str", "the key holder's enrolled name", "keyholder", "server"),
+        "require_client_cert": Key("bool", "mutual TLS: every client presents its consortium certificate", True,
+                                   "server"),
+        "read_timeout_s": Key("real", "request headers, and each body chunk, must arrive within this", 30.0,
+                              "server", low=0.0, high=86400.0, low_open=True),
+        "body_timeout_s": Key("real", "a whole request body must arrive within this", 600.0, "server", low=0.0,
+                              high=86400.0, low_open=True),
+        "max_concurrent_uploads": Key("int", "bodies read at once; more are refused with 429", 4, "server", low=1),
+        "max_connections": Key("int", "open connections; more are answered 503", 0, "server", low=0,
+                               default_text="0 = k_max + 16, at least 64"),
+        "combine_workers": Key("int", "processes checking and adding ckks/bfv uploads at once", 0, "server",
+                               low=0, high=256, default_text="0 = the cores when k_max uploads come to 64 MB "
+                                                             "or more, else 1"),
+        "refusal_interval_s": Key("real", "unauthenticated refusals: one audit record per peer per interval",
+                                  60.0, "server", low=0.0, high=86400.0, low_open=True),
+    }, signed=False),
 }
-_REQUIRED = {"session": ("id", "backend", "dim", "classes"), "bounds": ("max_norm", "n_max", "k_max")}
+
+# type tags by section and key (what parse checks)
+SCHEMA: dict[str, dict[str, str]] = {s: {k: key.kind for k, key in sec.keys.items()} for s, sec in SECTIONS.items()}
+#: keys without a default: always for [session] and [bounds], and for a section once it is given
+_REQUIRED = {s: tuple(k for k, key in sec.keys.items() if key.default is REQUIRED) for s, sec in SECTIONS.items()}
 #: sections that are deployment only: checked, never signed
-_UNSIGNED = ("server",)
+_UNSIGNED = tuple(s for s, sec in SECTIONS.items() if not sec.signed)
+
+
 _TYPE_WORDS = {"int": "an integer", "real": "a number", "str": "a string", "bool": "true or false",
                "strs": "a list of strings", "time": "a date-time (e.g. 2026-12-01T00:00:00Z)"}
 
@@ -121,6 +273,22 @@ def _timestamp(where: str, key: str, value) -> float:
     return dt.timestamp()
 
 
+def _ranged(where: str, key: str, spec: Key, value):
+    """Refuse a number outside the key's declared range, naming the range."""
+    if spec.kind not in ("int", "real"):
+        return value
+    low_bad = spec.low is not None and (value <= spec.low if spec.low_open else value < spec.low)
+    high_bad = spec.high is not None and (value >= spec.high if spec.high_open else value > spec.high)
+    if low_bad or high_bad:
+        raise _fail(where, f"{key} must be {spec.range_text()}, not {value!r}")
+    return value
+
+
+def _default(section: str, key: str):
+    d = SECTIONS[section].keys[key].default
+    return list(d) if isinstance(d, list) else d
+
+
 def parse(raw: Mapping[str, Any], *, source: str = "session.toml") -> dict[str, dict[str, Any]]:
     """The sections of a session file, every key known and of its type (nothing filled in yet)."""
     if not isinstance(raw, Mapping):
@@ -137,8 +305,10 @@ def parse(raw: Mapping[str, Any], *, source: str = "session.toml") -> dict[str, 
         for key, value in body.items():
             if key not in known:
                 raise _fail(where, f"unknown key {key!r}{_suggest(key, known)}")
-            out[section][key] = _typed(where, key, known[key], value)
+            out[section][key] = _ranged(where, key, SECTIONS[section].keys[key], _typed(where, key, known[key], value))
     for section, keys in _REQUIRED.items():
+        if section not in ("session", "bounds") and section not in out:
+            continue
         for key in keys:
             if key not in out.get(section, {}):
                 raise _fail(f"{source} [{section}]", f"{key} is required")
@@ -253,24 +423,18 @@ def normalise(sections: Mapping[str, Mapping[str, Any]], *, issued_hospitals=Non
     b = dict(sections["bounds"])
     body: dict[str, Any] = {
         "v": 1, "id": s["id"], "backend": s["backend"], "dim": s["dim"], "classes": s["classes"],
-        "gamma": s.get("gamma", 1.0), "min_clients": s.get("min_clients", 3),
-        "min_class_count": s.get("min_class_count", 5), "hospitals": sorted(hospitals),
-        "deadline": s.get("deadline"), "deadline_s": s.get("deadline_s"),
-        "max_upload_bytes": s.get("max_upload_bytes", 64_000_000),
+        **{k: s.get(k, _default("session", k)) for k in ("gamma", "min_clients", "min_class_count", "deadline",
+                                                          "deadline_s", "max_upload_bytes")},
+        "hospitals": sorted(hospitals),
         "bounds": {"max_norm": b["max_norm"], "n_max": b["n_max"], "k_max": b["k_max"]},
         "secagg": None, "dp": None, "extractor": None,
     }
-    for key in ("dim", "classes", "min_class_count"):
-        if body[key] < 1:
-            raise _fail(where, f"{key} must be >= 1, not {body[key]}")
     if not 1 <= body["min_clients"] <= len(hospitals):
         raise _fail(where, f"min_clients = {body['min_clients']} must be in [1, {len(hospitals)}], the number of "
                            "hospitals in the session")
     if len(hospitals) > body["bounds"]["k_max"]:
         raise _fail(f"{source} [bounds]", f"k_max = {body['bounds']['k_max']} is below the {len(hospitals)} "
                                           "hospitals of the session")
-    if body["max_upload_bytes"] < 1024:
-        raise _fail(where, f"max_upload_bytes must be >= 1024, not {body['max_upload_bytes']}")
     if body["deadline_s"] is not None and body["deadline"] is not None:
         raise _fail(where, "give deadline or deadline_s, not both")
     sa = sections.get("secagg")
@@ -278,17 +442,15 @@ def normalise(sections: Mapping[str, Mapping[str, Any]], *, issued_hospitals=Non
         raise _fail(source, f"[secagg] is for backend = \"secagg\", and this session runs {s['backend']}")
     if s["backend"] == "secagg":
         sa = dict(sa or {})
-        body["secagg"] = {"threshold": sa.get("threshold"), "neighbours": sa.get("neighbours", -1),
-                          "stage_timeout_s": sa.get("stage_timeout_s", 60.0), "max_rounds": sa.get("max_rounds", 3)}
-        if not 1 <= body["secagg"]["max_rounds"] <= 100:
-            raise _fail(f"{source} [secagg]", f"max_rounds must be in [1, 100], not {body['secagg']['max_rounds']}")
-        if not body["secagg"]["stage_timeout_s"] > 0:
-            raise _fail(f"{source} [secagg]", "stage_timeout_s must be > 0")
+        body["secagg"] = {k: sa.get(k, _default("secagg", k)) for k in SCHEMA["secagg"]}
     if "dp" in sections:
         d = dict(sections["dp"])
-        body["dp"] = {"epsilon": d.get("epsilon"), "delta": d.get("delta", 1e-5),
-                      "noise_multiplier": d.get("noise_multiplier"),
-                      "min_contributors": d.get("min_contributors", body["min_clients"]), "beta": d.get("beta", 0.01)}
+        body["dp"] = {k: d.get(k, _default("dp", k)) for k in SCHEMA["dp"]}
+        if body["dp"]["min_contributors"] is None:
+            body["dp"]["min_contributors"] = body["min_clients"]
+        if body["dp"]["min_contributors"] > len(hospitals):
+            raise _fail(f"{source} [dp]", f"min_contributors = {body['dp']['min_contributors']} is above the "
+                                          f"{len(hospitals)} hospitals of the session: the noise would never add up")
     if "extractor" in sections:
         from .fingerprint import ExtractorFingerprint
 
@@ -326,6 +488,73 @@ def _resolve_secagg(body: dict, source: str) -> None:
         raise _fail(f"{source} [secagg]", str(e)) from None
     sa["threshold"] = p.backend_params["threshold"]
     sa["neighbours"] = p.backend_params["neighbours"] or 0  # 0: the complete graph
+
+
+# ---------------------------------------------------------------------------------------------
+# What a session survives, and the reference of the schema
+# ---------------------------------------------------------------------------------------------
+def dropout_line(definition: SessionDefinition) -> tuple[int, str]:
+    """How many hospitals may drop out or go silent and the session still releases, and why (one line).
+
+    plain, ckks, bfv: the key holder releases any ``min_clients`` uploads, so
+    ``n - min_clients``. secagg: :func:`~secure_afl.secagg.dropout_tolerance`
+    (every stage after setup needs the quorum q of the fixed n, and every
+    hospital t of its m share holders). A session that survives none says
+    what would let it survive one.
+    """
+    b = definition.body
+    n, mc = len(b["hospitals"]), b["min_clients"]
+    if b["backend"] != "secagg":
+        k = n - mc
+        line = (f"{k} of {n} hospitals may drop out or go silent and session {b['id']} still releases: the key "
+                f"holder releases any min_clients = {mc} uploads")
+        fix = f"min_clients = {n - 1}" if n > 1 else "more hospitals"
+    else:
+        from .secagg import consistency_quorum, dropout_tolerance
+
+        sa = b["secagg"]
+        t, m = sa["threshold"], (sa["neighbours"] + 1 if sa["neighbours"] else n)
+        q = consistency_quorum(n, t, mc)
+        k = dropout_tolerance(n, t, mc, m)
+        line = (f"{k} of {n} hospitals may drop out or go silent and a round of session {b['id']} still releases: "
+                f"every stage after setup needs the quorum q = max(floor((n + c) / 2) + 1, min_clients + c) = {q} "
+                f"of the n = {n} (threshold t = {t}: c = {t - 1} colluders tolerated, min_clients = {mc})")
+        if m - t < n - q:
+            line += (f", and {t} of each hospital's {m} share holders answer (any {m - t} dropouts; up to {n - q} "
+                     "spread over different neighbourhoods)")
+        lower_t = [t2 for t2 in range(t - 1, 1, -1) if dropout_tolerance(n, t2, mc, m) >= 1]
+        lower_mc = [c2 for c2 in range(mc - 1, 0, -1) if dropout_tolerance(n, t, c2, m) >= 1]
+        fix = " or ".join(([f"threshold = {lower_t[0]} ({lower_t[0] - 1} colluders)"] if lower_t else [])
+                          + ([f"min_clients = {lower_mc[0]}"] if lower_mc else [])) or \
+            f"at least {max(4, mc + 2)} hospitals (threshold = 2)"
+    if k == 0:
+        line += f"; no hospital may drop out: to tolerate one, sign a session with {fix}"
+    return k, line
+
+
+def reference() -> str:
+    """docs/SESSION.md: every section and key of :data:`SECTIONS` (``secure-afl session reference``)."""
+    from .params import BACKENDS
+
+    out = ["# session.toml reference", "",
+           "<!-- generated from secure_afl/session.py by `secure-afl session reference`; edit the schema, "
+           "not this file -->", "",
+           "The operator writes `session.toml` and signs it with `secure-afl session sign session.toml --pki PKI "
+           "--bundles BUNDLES`; every party then reads the signed definition from its own bundle. Unknown keys, "
+           "wrong types, values outside the range below and impossible combinations are refused at load, one "
+           "line naming the key. Backends: " + ", ".join(f"`{x}`" for x in BACKENDS) + ".", "",
+           "Before it signs, `session sign` prints how many hospitals may drop out or go silent with the session "
+           "still releasing (plain, ckks, bfv: n - min_clients; secagg: min(n - q, m - t)); `server run` and "
+           "`session show` print the same line.", ""]
+    for name, sec in SECTIONS.items():
+        out += [f"## [{name}]", "", sec.meaning, "",
+                "| key | type | default | allowed | read by | meaning |", "|---|---|---|---|---|---|"]
+        for key, spec in sec.keys.items():
+            cells = [f"`{key}`", _TYPE_WORDS[spec.kind], spec.default_words(), spec.range_text() or "any",
+                     spec.readers, spec.meaning]
+            out.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+        out.append("")
+    return "\n".join(out)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -581,13 +810,24 @@ def _cmd_sign(args) -> int:
                  f"{consistency_quorum(n, t, b['min_clients'])} of {n}")
     print(f"signed session {b['id']} ({b['backend']}, {len(b['hospitals'])} hospitals, min_clients "
           f"{b['min_clients']}{extra})")
+    tolerated, line = dropout_line(definition)
+    print(line)
+    if tolerated == 0:
+        print(f"secure-afl session sign: warning: {line}", file=sys.stderr)
     for p in written:
         print(f"  -> {p}")
     return 0
 
 
 def _cmd_show(args) -> int:
-    print(json.dumps(dict(load_signed(args.pki, args.session).body), indent=2, sort_keys=True))
+    definition = load_signed(args.pki, args.session)
+    print(json.dumps(dict(definition.body), indent=2, sort_keys=True))
+    print(dropout_line(definition)[1], file=sys.stderr)  # stdout stays one JSON document
+    return 0
+
+
+def _cmd_reference(args) -> int:
+    sys.stdout.write(reference())
     return 0
 
 
@@ -602,3 +842,5 @@ def register(parser) -> None:
     p.add_argument("session", help="session id")
     p.add_argument("--pki", required=True, help="a PKI directory or bundle")
     p.set_defaults(func=_cmd_show)
+    p = sub.add_parser("reference", help="print the session.toml reference (docs/SESSION.md) from the schema")
+    p.set_defaults(func=_cmd_reference)

@@ -398,7 +398,8 @@ def _check_participants(entries: list[dict], session_id: str, params_digest: str
             enrolled_hex[name] = _pub_hex(pub)
         for e in entries:
             if e["hospital"] not in enrolled_hex:
-                raise PolicyViolation("a participant is not enrolled", reason="unknown_identity")
+                raise PolicyViolation(f"participant {str(e['hospital'])[:64]!r} is not in the session's roster",
+                                      reason="unknown_identity")
             if e["identity_pub"] != enrolled_hex[e["hospital"]]:
                 raise PolicyViolation("a participant's identity key is not the enrolled one",
                                       reason="unknown_identity")

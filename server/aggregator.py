@@ -225,7 +225,7 @@ class AggregationServer:
             return self._enrolled[name].public_key()
         if role == "keyholder" and name == self.config.keyholder and name in self._keyholders:
             return self._keyholders[name].public_key()
-        raise UnknownParty(f"{party!r} is not enrolled in this session")
+        raise self._not_in_session(party)
 
     def enrolment(self, party: str):
         role, _, name = party.partition(":")
@@ -233,7 +233,14 @@ class AggregationServer:
             return self._enrolled[name]
         if role == "keyholder" and name == self.config.keyholder and name in self._keyholders:
             return self._keyholders[name]
-        raise UnknownParty(f"{party!r} is not enrolled in this session")
+        raise self._not_in_session(party)
+
+    def _not_in_session(self, party: str) -> UnknownParty:
+        role, _, name = party.partition(":")
+        if role == "hospital":
+            # a certificate of this consortium may belong to a spare or withdrawn identity: the signed roster decides
+            return UnknownParty(f"{name[:64]!r} is not in the signed roster of session {self.config.session_id!r}")
+        return UnknownParty(f"{party[:80]!r} is not enrolled in this session")
 
     def check_peer(self, party: str, peer: dict | None) -> None:
         """The Ed25519 signer must be the party enrolled for the TLS certificate the client presented.
@@ -280,7 +287,7 @@ class AggregationServer:
                 raise MalformedPayload("the upload statement is not a JSON object")
             hospital = statement.get("hospital")
             if not isinstance(hospital, str) or hospital not in self._enrolled:
-                raise UnknownParty(f"{str(hospital)[:64]!r} is not enrolled")
+                raise self._not_in_session(f"hospital:{str(hospital)[:64]}")
             sha = statement.get("payload_sha256")
             if not isinstance(sha, str) or len(sha) != 64:
                 raise MalformedPayload("the upload statement lacks a payload digest")
@@ -409,7 +416,7 @@ class AggregationServer:
         with self._lock:
             try:  # until the statement verifies, ``hospital`` is only a claim
                 if hospital not in self._enrolled:
-                    raise UnknownParty(f"{str(hospital)[:64]!r} is not enrolled")
+                    raise self._not_in_session(f"hospital:{str(hospital)[:64]}")
                 verify_upload(statement, self._enrolled[hospital].public_key(),
                               session_id=self.config.session_id, payload_sha256=bytes.fromhex(sha),
                               hospital=hospital, max_age_s=MAX_SKEW_S)

@@ -36,9 +36,12 @@ def _cmd_run(args) -> int:
         sock.close()
         raise
     app = create_app(server)
+    from secure_afl.session import dropout_line
+
     logging.getLogger("secure_afl.server").info(
-        "serving session %s (%s) on https://%s:%d, mTLS %s, at most %d connections", cfg.session_id, cfg.backend,
-        cfg.host, cfg.port, "on" if cfg.require_client_cert else "OFF", cfg.connection_limit)
+        "serving session %s (%s) on https://%s:%d, mTLS %s, at most %d connections; %s", cfg.session_id,
+        cfg.backend, cfg.host, cfg.port, "on" if cfg.require_client_cert else "OFF", cfg.connection_limit,
+        dropout_line(server.definition)[1])
     # uvicorn re-raises SIGTERM after its graceful shutdown; as an exception (not the default
     # handler) it lets the finally block write the pending refusal summaries and close the log
     signal.signal(signal.SIGTERM, _exit_on_sigterm)

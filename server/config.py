@@ -1,5 +1,8 @@
 """Session configuration (session.toml) for the aggregation server.
 
+Every key, its type, default, range and reader: docs/SESSION.md, generated
+from :data:`secure_afl.session.SECTIONS` by ``secure-afl session reference``.
+
 Example::
 
     [session]
@@ -20,7 +23,7 @@ Example::
     k_max = 64                  # K <= K_max
 
     [secagg]                    # only for backend = "secagg"
-    threshold = 2               # Shamir t; default: majority of the hospitals
+    threshold = 2               # Shamir t; default: the largest t <= the majority that survives a dropout
     neighbours = -1             # -1 (default): SecAgg+ degree 2 ceil(1.5 log2 K) once smaller than K - 1;
                                 # 0: complete graph (Bonawitz et al.); k: random k-regular graph
     stage_timeout_s = 60        # a hospital silent this long in a stage is dropped

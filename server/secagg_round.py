@@ -268,7 +268,9 @@ class SecAggAggregationServer(AggregationServer):
             # the stage clock starts when the first hospital asks, so an early server never times out
             self.open_round(hospital)
             if cid not in self._round.active:
-                return {"stage": stage, "round": r, "dropped": True}
+                # a hospital that never acknowledged setup was never in the round: it is told so, not "dropped"
+                return {"stage": stage, "round": r, "dropped": True,
+                        "left_at": self._round.left_at.get(cid, Stage.SETUP)}
             if self._round.has_responded(cid):
                 return {"stage": stage, "round": r, "waiting": True}
             if stage == Stage.UNMASK:

@@ -20,6 +20,7 @@ from scipy import stats as sstats
 from secure_afl.backends import get_backend
 from secure_afl.secagg import (
     identities,
+    dropout_tolerance,
     AdvertiseKeysRequest,
     EncryptedShare,
     MaskedInput,
@@ -193,7 +194,11 @@ def test_session_params_defaults_and_validation_messages():
     bp = p.backend_params
 
     # Assert
-    assert bp["threshold"] == 3 and bp["neighbours"] is None and bp["n_parties"] == 4
+    # the default t is the largest majority-or-below threshold whose round survives one dropout: at n = 4 the
+    # majority 3 needs all four (quorum max(4, 2 + 2)), so the default is the one below it
+    assert dropout_tolerance(4, bp["threshold"], bp["min_clients"]) >= 1
+    assert dropout_tolerance(4, bp["threshold"] + 1, bp["min_clients"]) == 0
+    assert bp["neighbours"] is None and bp["n_parties"] == 4
     assert tuple(bp["frac_bits"]) == fixedpoint.choose_frac_bits(BOUNDS, 1.0)
     json.dumps(p.to_dict())
     with pytest.raises(InvalidParameterError, match="threshold=5 exceeds n_parties=4; .* use threshold <= 4"):

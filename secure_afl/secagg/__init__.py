@@ -109,6 +109,7 @@ from .params import (
     Stage,
     consistency_quorum,
     default_threshold,
+    dropout_tolerance,
     graph_seed,
     max_min_clients,
     neighbour_graph,
@@ -123,6 +124,6 @@ __all__ = [
     "SetupRequest", "SetupAck", "AdvertiseKeysRequest", "KeyAdvertisement", "ShareKeysRequest", "EncryptedShare",
     "ShareKeysResponse", "MaskedInputRequest", "MaskedInput", "ConsistencyStatement", "UnmaskRequest",
     "UnmaskResponse", "decode_message", "secagg_session_params", "recommended_neighbours", "default_threshold",
-    "consistency_quorum", "max_min_clients", "graph_seed", "neighbour_graph", "share_commitment", "simulate_round",
+    "dropout_tolerance",    "consistency_quorum", "max_min_clients", "graph_seed", "neighbour_graph", "share_commitment", "simulate_round",
     "identities",
 ]

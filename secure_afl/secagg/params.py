@@ -15,7 +15,8 @@ from ..packing import Layout
 from ..params import Bounds, SessionParams
 
 __all__ = ["PROTOCOL", "Stage", "recommended_neighbours", "secagg_session_params", "consistency_quorum",
-           "default_threshold", "max_min_clients", "graph_seed", "neighbour_graph", "config", "Config"]
+           "default_threshold", "dropout_tolerance",
+           "max_min_clients", "graph_seed", "neighbour_graph", "config", "Config"]
 
 PROTOCOL = "secagg/v2"
 _GRAPH_PREFIX = b"secure-afl/secagg/v2/graph-seed\0"
@@ -63,9 +64,40 @@ def _degree(n_parties: int, neighbours: int | None) -> int:
     return n_parties - 1 if neighbours is None else neighbours
 
 
-def default_threshold(share_holders: int) -> int:
-    """``floor(m / 2) + 1`` for ``m`` share holders per hospital (THREAT_MODEL.md: choosing t)."""
-    return max(2, share_holders // 2 + 1)
+def default_threshold(share_holders: int, n_parties: int | None = None, min_clients: int = 2) -> int:
+    """The default Shamir threshold for ``m`` share holders per hospital (THREAT_MODEL.md 6.1: choosing t).
+
+    Without ``n_parties``: the majority ``floor(m / 2) + 1``. With it: the
+    largest ``t <= floor(m / 2) + 1`` whose round survives one hospital
+    dropping out (:func:`dropout_tolerance` >= 1), since a session that
+    aborts whenever one site is slow releases nothing in practice; the
+    majority when no ``t >= 2`` does (small n: the operator is told).
+    At n = 6 and min_clients = 3 that is t = 3 (2 colluders, quorum 5)
+    instead of the majority 4, whose quorum max(5, 3 + 3) = 6 is everybody.
+    """
+    majority = max(2, share_holders // 2 + 1)
+    if n_parties is None:
+        return majority
+    for t in range(min(majority, share_holders), 1, -1):
+        if dropout_tolerance(n_parties, t, min_clients, share_holders) >= 1:
+            return t
+    return majority
+
+
+def dropout_tolerance(n_parties: int, threshold: int, min_clients: int, share_holders: int | None = None) -> int:
+    """Hospitals that may drop out or go silent, anywhere in a round, and the round still releases.
+
+    Every stage after setup needs the consistency quorum q of the fixed n
+    (advertisements, masked inputs, survivor signatures), and each hospital
+    needs ``t`` of its ``m`` share holders alive: ``min(n - q, m - t)``
+    (``m = n`` on the complete graph, where ``n - t >= n - q`` since
+    ``q >= min_clients + t - 1 >= t``). Dropouts spread over different
+    neighbourhoods may go up to ``n - q``; ``m - t`` is what holds wherever
+    they fall.
+    """
+    m = n_parties if share_holders is None else share_holders
+    q = consistency_quorum(n_parties, threshold, min_clients)
+    return max(0, min(n_parties - q, m - threshold))
 
 
 def consistency_quorum(n_advertised: int, threshold: int, min_clients: int) -> int:
@@ -155,7 +187,7 @@ def secagg_session_params(
             neighbours = k
     m = _degree(n, neighbours) + 1
     if threshold is None:
-        threshold = default_threshold(m)
+        threshold = default_threshold(m, n, 2 if min_clients is None else min_clients)
     threshold = check_int("threshold", threshold, caller, low=2)
     if threshold > m:
         where, more = ((f"n_parties={n}", "enrol more hospitals") if neighbours is None else

@@ -105,6 +105,8 @@ class SecAggServerRound:
         self._identity_keys = None if identity_keys is None else dict(identity_keys)
         self.stage = Stage.SETUP
         self.active: frozenset[int] = self.participants
+        #: the stage at which each hospital left the round (SETUP: it never joined)
+        self.left_at: dict[int, str] = {}
         self._responded: set[int] = set()
         self._ads: dict[int, KeyAdvertisement] = {}
         self.advertised: frozenset[int] = frozenset()
@@ -345,6 +347,8 @@ class SecAggServerRound:
     def _advance(self, nxt: str, active: frozenset[int]) -> bool:
         n = Stage.index(self.stage)
         logger.info("[Stage %d] %s closed: %d of %d hospitals go on.", n, self.stage, len(active), len(self.active))
+        for u in self.active - active:
+            self.left_at.setdefault(u, self.stage)
         self.active = active
         self.stage = nxt
         return False
