@@ -271,3 +271,17 @@ def test_upload_with_another_hospitals_seed_statement_is_refused(consortium):
     h1.close()
     h2.close()
     conn.close()
+
+
+def test_every_upload_draws_a_fresh_seed():
+    # Prepare
+    params, keys = _session()
+    be, key, v = get_backend(params), Ed25519PrivateKey.generate(), _vectors(1)[0]
+    # Execute: the same vector protected twice
+    a, sa = be.protect(v, public_context=keys.public_context, hospital="h1", identity_key=key)
+    b, sb = be.protect(v, public_context=keys.public_context, hospital="h1", identity_key=key)
+    # Assert: different masks (their difference is not zero anywhere it could be by chance)
+    diff = be.masked_words(a) - be.masked_words(b)
+    assert np.count_nonzero(diff) >= diff.shape[0] - 2
+    assert split.open_seed(params, keys.secret_context, "h1", sa["payload_sha256"], bytes.fromhex(sa["box"])) != \
+        split.open_seed(params, keys.secret_context, "h1", sb["payload_sha256"], bytes.fromhex(sb["box"]))
