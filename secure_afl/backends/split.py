@@ -35,6 +35,7 @@ Collector (the server, as in secagg): ``Y + S = sum_k enc(x_k)`` and decodes.
 from __future__ import annotations
 
 import hashlib
+import os
 from dataclasses import dataclass
 from typing import Mapping
 
@@ -324,8 +325,6 @@ class SplitBackend(ProtectionBackend):
 
         ``seed`` is for tests of fixed vectors only; by default ``os.urandom(32)`` per call.
         """
-        import os
-
         v = check_vector(self.params, vector)
         key = self._check_key(public_context)
         seed = os.urandom(SEED_BYTES) if seed is None else bytes(seed)
