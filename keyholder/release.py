@@ -31,7 +31,7 @@ from secure_afl.analytic import solve_from_sums
 from secure_afl.backends import HE_BACKENDS, get_backend, he_module
 from secure_afl.certify import FLOOD_TAIL, certify_release, plain_summation_error
 from secure_afl.hazmat.fixedpoint import abs_error_bound
-from secure_afl.exceptions import DecryptionRefused, InvalidInputError, SecureAFLError
+from secure_afl.exceptions import DecryptionRefused, InvalidInputError, PolicyViolation, SecureAFLError
 from secure_afl.packing import Layout
 from secure_afl.params import SessionParams
 from secure_afl.release import ReleaseLedger, check_aggregate_against_manifest, check_class_minimum, sanity_check
@@ -139,6 +139,12 @@ class KeyHolder(KeyCustody):
             info = conn.info()
         self.countersign_audit_head(conn, conn.request("GET", conn.path("/manifest")).json())
         if definition.backend == "split":
+            # the collector (the server) checks and solves: it applies the signed session's policy, so a
+            # stricter one asked here could not be enforced and is refused rather than silently dropped
+            if min_class_count > definition["min_class_count"] or lam:
+                raise PolicyViolation(f"a split release is solved by the collector under the session's "
+                                      f"min_class_count={definition['min_class_count']} and lambda 0; this key "
+                                      f"holder asked for min_class_count={min_class_count}, lambda={lam}")
             return self.finalize_split(conn, min_clients=min_clients, expected_hospitals=expected_hospitals)
         if definition.backend in HE_BACKENDS:
             return self.release_he(conn.session_id, _HTTPSource(conn), min_clients=min_clients, lam=lam,
