@@ -21,7 +21,8 @@ import numpy as np
 
 from secure_afl import pki
 from secure_afl import session as session_definition
-from secure_afl.backends import HE_BACKENDS, get_backend
+from secure_afl.backends import get_backend
+from secure_afl.params import KEYED_BACKENDS
 from secure_afl.dp import add_noise_share
 from secure_afl.exceptions import (
     DuplicateContribution,
@@ -85,10 +86,13 @@ def protect_contribution(party, params: SessionParams, stats: SufficientStatisti
     aggregate tag (:mod:`secure_afl.tagging`), else None.
     """
     backend = get_backend(params)
-    if params.backend not in HE_BACKENDS:
+    if params.backend not in KEYED_BACKENDS:
         return backend.protect(protect_vector(params, stats)), None
     if public_context is None:
-        raise ParameterMismatch("an HE session needs the key holder's public context")
+        raise ParameterMismatch(f"a {params.backend} session needs the key holder's public context")
+    if params.backend == "split":  # (masked payload, signed seed statement); the key is checked against params
+        return backend.protect(protect_vector(params, stats), public_context=public_context, hospital=party.name,
+                               identity_key=party.identity_key())
     check_published_keys(params, public_context)  # the signed hash, no secret key, a usable tag key
     tag = new_tag(params)
     payload = backend.protect(protect_vector(params, stats, tag=tag), public_context=public_context)
@@ -153,7 +157,7 @@ class HospitalClient:
         params = session_definition.check_info(self.definition, info)
         if info["server_identity_pub"] != pki.public_key_hex(self.server_pub):
             raise ParameterMismatch("the server does not present the pinned identity key")
-        if params.backend in HE_BACKENDS:
+        if params.backend in KEYED_BACKENDS:
             # the server relays the key holder's keys; only the key holder's own signature makes them its keys
             verify_session_params(params, info.get(PARAMS_SIGNATURE),
                                   pinned_keyholder_key(self.party.pki_dir, self.keyholder_name))
@@ -166,7 +170,7 @@ class HospitalClient:
         this upload's sealed aggregate tag (:mod:`secure_afl.tagging`), else None.
         """
         ctx = None
-        if params.backend in HE_BACKENDS:
+        if params.backend in KEYED_BACKENDS:
             ctx = self.conn.request("GET", self.conn.path("/context"), signed=False).content
         return protect_contribution(self.party, params, stats, public_context=ctx)
 

@@ -26,11 +26,11 @@ def _keyholder(args) -> KeyHolder:
 
 def _cmd_keygen(args) -> int:
     from secure_afl import session
-    from secure_afl.backends import HE_BACKENDS
+    from secure_afl.params import KEYED_BACKENDS
 
     definition = session.load_signed(args.pki, args.session)  # the operator's, from this key holder's bundle
-    if definition.backend not in HE_BACKENDS:
-        print(f"session {definition.session_id} uses {definition.backend}; only {' and '.join(HE_BACKENDS)} "
+    if definition.backend not in KEYED_BACKENDS:
+        print(f"session {definition.session_id} uses {definition.backend}; only {', '.join(KEYED_BACKENDS)} "
               "sessions need key-holder keys")
         return 2
     kh = _keyholder(args)

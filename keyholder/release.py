@@ -31,7 +31,7 @@ from secure_afl.analytic import solve_from_sums
 from secure_afl.backends import HE_BACKENDS, get_backend, he_module
 from secure_afl.certify import FLOOD_TAIL, certify_release, plain_summation_error
 from secure_afl.hazmat.fixedpoint import abs_error_bound
-from secure_afl.exceptions import DecryptionRefused, InvalidInputError, SecureAFLError
+from secure_afl.exceptions import DecryptionRefused, InvalidInputError, PolicyViolation, SecureAFLError
 from secure_afl.packing import Layout
 from secure_afl.params import SessionParams
 from secure_afl.release import ReleaseLedger, check_aggregate_against_manifest, check_class_minimum, sanity_check
@@ -148,6 +148,14 @@ class KeyHolder(KeyCustody):
             self.close_round(conn)
             info = conn.info()
         self.countersign_audit_head(conn, conn.request("GET", conn.path("/manifest")).json())
+        if definition.backend == "split":
+            # the collector (the server) checks and solves: it applies the signed session's policy, so a
+            # stricter one asked here could not be enforced and is refused rather than silently dropped
+            if min_class_count > definition["min_class_count"] or lam:
+                raise PolicyViolation(f"a split release is solved by the collector under the session's "
+                                      f"min_class_count={definition['min_class_count']} and lambda 0; this key "
+                                      f"holder asked for min_class_count={min_class_count}, lambda={lam}")
+            return self.finalize_split(conn, min_clients=min_clients, expected_hospitals=expected_hospitals)
         if definition.backend in HE_BACKENDS:
             return self.release_he(conn.session_id, _HTTPSource(conn), min_clients=min_clients, lam=lam,
                                    min_class_count=min_class_count, expected_hospitals=expected_hospitals)
@@ -242,6 +250,65 @@ class KeyHolder(KeyCustody):
                                      enrolled, lam=lam, min_class_count=min_class_count)
             res.report["verify_and_resum_seconds"] = round(verify_s, 3)
             return res
+        finally:
+            ledger.close()
+
+    def finalize_split(self, conn, *, min_clients: int, expected_hospitals: list[str] | None = None) -> FinalResult:
+        """split: post this key holder's share to the collector (the server), then read the released model.
+
+        What is downloaded before the share leaves: the manifest and the seed statements. After it: the
+        released aggregate and W the collector formed -- the release itself, nothing per hospital.
+        """
+        from secure_afl.protocol import H_TAG
+        from secure_afl.signing import canonical_json
+
+        body, statement = self.release_split(conn.session_id, _HTTPSource(conn), min_clients=min_clients,
+                                             expected_hospitals=expected_hospitals)
+        conn.request("POST", conn.path("/split/share"), body=body,
+                     headers={H_TAG: canonical_json(statement).decode()})
+        out = conn.request("GET", conn.path("/split/result")).json()
+        params = self.params(conn.session_id)
+        vector = np.asarray(out["vector"], dtype=np.float64)
+        stats = Layout(params.layout.dim, params.layout.n_classes).unpack(vector, gamma=params.gamma)
+        manifest = conn.request("GET", conn.path("/manifest")).json()
+        return FinalResult(np.asarray(out["W"], dtype=np.float64), stats, params, manifest, out["report"])
+
+    def release_split(self, sid: str, source, *, min_clients: int,
+                      expected_hospitals: list[str] | None = None) -> tuple[bytes, dict]:
+        """split: this key holder's share ``-sum PRG(s_k)`` over the manifest's cohort, signed and bound to it.
+
+        ``source`` gives only ``manifest()`` and ``tags()`` (the hospitals' signed seed statements): no
+        masked vector is ever fetched here, since with every seed in hand any masked vector would be
+        readable. Checks: the manifest under this key holder's parameters, enrolments and threshold;
+        each participant's seed statement signed by that hospital over the payload hash it also signed
+        in the manifest; each box opening under the AD (session, parameters, hospital, payload hash).
+        One share per key (the ledger): a second release under the same seeds is refused, and a forged
+        manifest or box blocks the key. Returns ``(share bytes, signed share statement)``.
+        """
+        from secure_afl.backends import split
+
+        params = self.params(sid)  # the keygen record, never the server's word
+        key_id = params.backend_params[split.PUBLIC_CONTEXT_KEY]
+        ledger = ReleaseLedger(self.keys_dir / "releases.sqlite3")
+        try:
+            ledger.check_unused(key_id)
+            manifest = source.manifest()
+            server_pub, enrolled = self._trust(expected_hospitals)
+            try:
+                m = verify_manifest_for(params, manifest, server_pub, enrolled, min_clients)
+            except ServerForgery as e:
+                ledger.block(key_id, f"refused before the share: {e}")
+                raise
+            _check_dp_noise(params, len(m["participants"]))
+            statements = source.tags()
+            # before any seed is opened: a crash or a refusal below still counts as this key's one share
+            ledger.record_decryption(key_id, sid, [p["hospital"] for p in m["participants"]])
+            try:
+                share = split.keyholder_share(params, self.secret_context(sid), m, statements, enrolled)
+            except split.SeedRefused as e:
+                ledger.block(key_id, f"refused before the share: {e}")
+                raise ContributionRejected(f"no share released: {e}", e.hospital) from e
+            return split.sign_share(self.party.identity_key(), params, m, share)
         finally:
             ledger.close()
 

@@ -249,7 +249,7 @@ def run_service_bench(backend: str, hospitals: int, *, dim: int = 64, classes: i
         phases["server"] = {"wall_s": time.perf_counter() - t, "server_cpu_s": meter.cpu_s(),
                             "server_peak_rss": meter.peak_rss(), "peak_is_phase": True}
         conn = kh.connect(url, session_id)
-        if backend in HE_BACKENDS:
+        if backend in HE_BACKENDS or backend == "split":
             from .dp import dp_session_params
 
             def keys():
@@ -493,7 +493,7 @@ def _cmd(args) -> int:
 
 
 def register(parser) -> None:
-    parser.add_argument("--backend", choices=["plain", "ckks", "bfv", "secagg"], default="plain")
+    parser.add_argument("--backend", choices=["plain", "ckks", "bfv", "secagg", "split"], default="plain")
     parser.add_argument("--hospitals", type=int, default=10, help="K hospitals")
     parser.add_argument("--processes", type=int, help="worker processes running the hospitals (default: cores; "
                                                       "secagg: also one per 100 hospitals)")

@@ -161,7 +161,7 @@ def _hospital_data(args, seed):
 
 def run_demo(args) -> dict:
     from . import pki
-    from .backends import HE_BACKENDS
+    from .params import KEYED_BACKENDS
     from .certify import EXCEEDS, NO_BOUND, WITHIN, certify_release, session_w_target
     from .analytic import centralised_weights, predict, solve_from_sums, top1_accuracy
     from .audit import verify_log
@@ -236,7 +236,7 @@ def run_demo(args) -> dict:
         print(f"[Stage 2] server: {url} (pid {server.proc.pid}, mTLS on), session {session_id}")
 
         conn = kh.connect(url, session_id)
-        if args.backend in HE_BACKENDS:
+        if args.backend in KEYED_BACKENDS:
             from .dp import dp_session_params
             from .server.config import load_config
 
@@ -246,8 +246,8 @@ def run_demo(args) -> dict:
             kh.keygen(params0)
             kh.publish(conn)
             timings["keys"] = time.perf_counter() - t
-            print(f"[Stage 3] keys: fresh {args.backend.upper()} context; public part published, secret stays "
-                  "with the key holder")
+            what = "X25519 seed key" if args.backend == "split" else f"{args.backend.upper()} context"
+            print(f"[Stage 3] keys: fresh {what}; public part published, secret stays with the key holder")
 
         # Stage 4: hospitals (real HTTPS clients, concurrently)
         t = time.perf_counter()
@@ -487,7 +487,7 @@ def _cmd_demo(args) -> int:
 
 
 def register(parser) -> None:
-    parser.add_argument("--backend", choices=["plain", "ckks", "bfv", "secagg"], default="ckks")
+    parser.add_argument("--backend", choices=["plain", "ckks", "bfv", "secagg", "split"], default="ckks")
     parser.add_argument("--hospitals", type=int, default=5, help="K hospitals (embedded data)")
     parser.add_argument("--partition", default="dirichlet:0.5", help="iid | dirichlet:A | shards:S")
     parser.add_argument("--dataset", choices=["digits", "breast-cancer"], default="digits")

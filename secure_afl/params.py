@@ -17,11 +17,13 @@ from typing import Any, Mapping
 from ._validation import check_int, check_real, param_error
 from .packing import Layout
 
-__all__ = ["Bounds", "SessionParams", "BACKENDS", "HE_BACKENDS"]
+__all__ = ["Bounds", "SessionParams", "BACKENDS", "HE_BACKENDS", "KEYED_BACKENDS"]
 
-BACKENDS = ("plain", "ckks", "secagg", "bfv")
+BACKENDS = ("plain", "ckks", "secagg", "bfv", "split")
 #: Backends whose key holder holds a secret key and decrypts the aggregate.
 HE_BACKENDS = ("ckks", "bfv")
+#: Backends that open only once the key holder published a signed per-session key (HE context, split seed key).
+KEYED_BACKENDS = HE_BACKENDS + ("split",)
 _SESSION_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 
 

@@ -699,7 +699,7 @@ def check_info(definition: SessionDefinition, info: Mapping[str, Any], *, source
         raise ParameterMismatch(f"{source}'s parameter digest does not match its parameters")
     expected = definition.session_params().to_dict()
     seen = got.to_dict()
-    if definition.backend in ("ckks", "bfv"):
+    if definition.backend in ("ckks", "bfv", "split"):
         from .backends.ckks import PUBLIC_CONTEXT_KEY
         from .tagging import TAG_KEY_PARAM
 

@@ -53,7 +53,7 @@ from secure_afl.exceptions import (
     Unauthenticated,
     UnknownParty,
 )
-from secure_afl.params import SessionParams
+from secure_afl.params import KEYED_BACKENDS, SessionParams
 from secure_afl.protocol import MAX_SKEW_S, parse_context_publication, verify_request_digest
 from secure_afl.signing import build_manifest, make_receipt, verify_upload
 
@@ -135,7 +135,7 @@ class AggregationServer:
         stored = self.store.get_meta("params")
         if stored is not None:
             self.params = SessionParams.from_dict(stored)
-        elif self.config.backend not in HE_BACKENDS:
+        elif self.config.backend not in KEYED_BACKENDS:
             self.params = self._base_params()
             self.store.set_meta("params", self.params.to_dict())
         ctx = self.store.get_meta("public_context_sha256")
@@ -377,7 +377,7 @@ class AggregationServer:
         """
         with self._lock:
             try:
-                if self.config.backend not in HE_BACKENDS:
+                if self.config.backend not in KEYED_BACKENDS:
                     raise StageError("this session does not use a public context")
                 if self.params is not None:
                     raise RoundAlreadyClosed("the public context is already published")
@@ -446,6 +446,12 @@ class AggregationServer:
                     if not isinstance(tag, dict):
                         raise MalformedPayload(f"a {self.params.backend} upload needs its signed aggregate tag")
                     verify_tag(tag, self._enrolled[hospital].public_key(), self.params, hospital, sha)
+                elif self.params.backend == "split":
+                    from secure_afl.backends.split import verify_seed_statement
+
+                    if not isinstance(tag, dict):
+                        raise MalformedPayload("a split upload needs its signed seed statement")
+                    verify_seed_statement(tag, self._enrolled[hospital].public_key(), self.params, hospital, sha)
                 elif tag is not None:
                     raise MalformedPayload("only ckks and bfv uploads carry an aggregate tag")
                 open_envelope(self.params, payload, "contribution")
@@ -640,6 +646,10 @@ class AggregationServer:
             raise StageError("the aggregate has not been released")
         return self.store.get_blob(self.store.get_meta("aggregate_sha256")), self.store.get_meta("manifest")
 
+    def masked_aggregate(self) -> bytes:
+        """The released aggregate payload, for the key holder (plain, secagg)."""
+        return self.released()[0]
+
     def contribution(self, hospital: str) -> bytes:
         """One accepted upload's payload bytes, for the key holder to verify and re-sum itself."""
         self.released()
@@ -667,4 +677,8 @@ def open_server(config: ServerConfig) -> AggregationServer:
         from .secagg_round import SecAggAggregationServer
 
         return SecAggAggregationServer(config)
+    if config.backend == "split":
+        from .split_round import SplitAggregationServer
+
+        return SplitAggregationServer(config)
     return AggregationServer(config)

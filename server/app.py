@@ -250,8 +250,7 @@ def create_app(server: AggregationServer) -> FastAPI:
     async def aggregate(session_id: str, request: Request):
         _session(session_id, request)
         await _authed(request, ("keyholder",))
-        blob, _ = server.released()
-        return Response(blob, media_type="application/octet-stream")
+        return Response(server.masked_aggregate(), media_type="application/octet-stream")
 
     @app.get(API + "/sessions/{session_id}/contributions/{hospital}")
     async def contribution(session_id: str, hospital: str, request: Request):

@@ -63,8 +63,16 @@ def test_every_backend_in_one_run_prints_one_table(capsys):
     # Assert: one line per backend and K with its certified W bound
     out = capsys.readouterr().out.splitlines()
     table = out[out.index(next(line for line in out if "certified W bound" in line)):]
-    assert rc == 0 and len(table) == 1 + 4 * 2
-    assert {line.split()[0] for line in table[1:]} == {"plain", "ckks", "bfv", "secagg"}
+    assert rc == 0 and len(table) == 1 + 5 * 2
+    assert {line.split()[0] for line in table[1:]} == {"plain", "ckks", "bfv", "secagg", "split"}
+
+
+def test_split_round_is_exact_and_sixteen_bytes_per_value():
+    # Execute
+    res = bench.run_protect("split", 16, 4, 5, samples=8)
+    # Assert: the seed statement is the only overhead over the two 8-byte lanes
+    assert KEYS <= set(res) and res["exact"] is True and res["survivors"] == 5
+    assert 16.0 < res["bytes_per_value"] < 16.0 + 1200 / res["length"] and res["keyholder_share_s"] > 0
 
 
 def test_secagg_round_is_exact_with_dropout():

@@ -221,3 +221,64 @@ def test_w_error_bound_refuses_bad_shapes():
     # Execute / Assert
     with pytest.raises(InvalidInputError):
         w_error_bound(np.eye(3), np.ones((2, 1)), np.ones((2, 1)), eps_C=0.0, eps_Q=0.0)
+
+
+def _split_release(session_id, layout, bounds, vectors):
+    """split through its three roles in-process: hospitals protect, server sums, key holder's share, collect."""
+    import hashlib
+
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    from secure_afl.backends import split
+
+    params = split.split_session_params(session_id, layout, GAMMA, bounds)
+    keys = split.generate_keys(params)
+    params = split.bind_public_context(params, keys.public_context)
+    be = split.SplitBackend(params)
+    acc, participants, statements, enrolled = be.combiner(), [], {}, {}
+    for i, v in enumerate(vectors):
+        h, key = f"h{i}", Ed25519PrivateKey.generate()
+        payload, st = be.protect(v, public_context=keys.public_context, hospital=h, identity_key=key)
+        acc.add(payload)
+        participants.append({"hospital": h, "payload_sha256": hashlib.sha256(payload).hexdigest()})
+        statements[h], enrolled[h] = st, key.public_key()
+    share = split.keyholder_share(params, keys.secret_context, {"participants": participants}, statements, enrolled)
+    return params, split.collect(params, acc.aggregate(), share)
+
+
+def test_split_equals_secagg_and_bfv_bit_for_bit_on_ill_conditioned_data(data, secagg_result, bfv_result,
+                                                                         plaintext):
+    # Prepare
+    vectors, bounds = data
+    _, agg = secagg_result
+    _, revealed = bfv_result
+    W_plain, spread = plaintext
+
+    # Execute
+    _, split_sum = _split_release("exact-split", LAYOUT, bounds, vectors)
+
+    # Assert
+    assert np.array_equal(split_sum, agg) and np.array_equal(split_sum, revealed)
+    assert _rel(_W(split_sum), W_plain) <= spread
+
+
+def test_split_equals_secagg_bit_for_bit_at_d512_c100():
+    # Prepare: three hospitals' statistics at d = 512, C = 100
+    layout = Layout(512, 100)
+    rng = np.random.default_rng(11)
+    vectors = []
+    for n in (300, 700, 1100):
+        X = rng.standard_normal((n, 512))
+        X /= np.max(np.linalg.norm(X, axis=1))
+        vectors.append(layout.pack(local_statistics(X, rng.integers(0, 100, n), 100, gamma=GAMMA)))
+    bounds = Bounds(1.0, 1100, 3)
+    params = secagg_session_params("exact-secagg-100", layout, GAMMA, bounds)
+    secagg_sum, exact, _, _ = simulate_round(params, vectors)
+
+    # Execute
+    _, split_sum = _split_release("exact-split-100", layout, bounds, vectors)
+
+    # Assert: the same released float64 sum, and float64 summation is within its rounding of it
+    assert exact and np.array_equal(split_sum, secagg_sum)
+    plain = functools.reduce(operator.add, vectors)
+    assert np.max(np.abs(split_sum - plain) / np.maximum(np.abs(plain), 1.0)) <= 1e-13

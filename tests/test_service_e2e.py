@@ -324,7 +324,7 @@ def test_hospital_refuses_secagg_request_not_signed_by_pinned_server(consortium)
 
 
 @pytest.mark.smoke  # `make test`'s one real session per backend
-@pytest.mark.parametrize("backend", ["plain", "ckks", "bfv", "secagg"])
+@pytest.mark.parametrize("backend", ["plain", "ckks", "bfv", "secagg", "split"])
 def test_demo_command_passes_verification(backend, tmp_path, capsys):
     # Execute: the real demo (PKI, server process, key holder, hospitals) on the embedded data
     rc = main(["demo", "--backend", backend, "--hospitals", "3", "--partition", "shards:2",

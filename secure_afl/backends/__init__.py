@@ -1,4 +1,4 @@
-"""Protection backends behind one interface: ``plain``, ``ckks``, ``bfv``, ``secagg``.
+"""Protection backends behind one interface: ``plain``, ``ckks``, ``bfv``, ``secagg``, ``split``.
 
 Use :func:`get_backend` with a :class:`~secure_afl.params.SessionParams`.
 """
@@ -28,6 +28,10 @@ def get_backend(params: SessionParams) -> ProtectionBackend:
         from .secagg import SecAggBackend
 
         return SecAggBackend(params)
+    if params.backend == "split":
+        from .split import SplitBackend
+
+        return SplitBackend(params)
     raise ValueError(f"unknown backend {params.backend!r}")
 
 
@@ -40,6 +44,10 @@ def he_module(backend: str):
         return m
     if backend == "bfv":
         from . import bfv as m
+
+        return m
+    if backend == "split":  # not homomorphic, but keyed the same way: a per-session key the key holder signs
+        from . import split as m
 
         return m
     raise ValueError(f"{backend!r} is not a homomorphic backend ({HE_BACKENDS})")

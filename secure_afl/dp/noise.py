@@ -119,7 +119,7 @@ def dp_session_params(spec: DPSpec | None, backend: str, session_id: str, layout
     def build(b: Bounds, **kw) -> SessionParams:
         if backend == "plain":
             return SessionParams(session_id, "plain", layout, gamma, b)
-        if backend in HE_BACKENDS:
+        if backend in HE_BACKENDS or backend == "split":
             return he_module(backend).session_params(session_id, layout, gamma, b, **kw)
         return secagg_session_params(session_id, layout, gamma, b, **kw)
 

@@ -43,6 +43,7 @@ __all__ = [
     "DOMAIN_SELF_MASK",
     "DOMAIN_PAIR_MASK",
     "DOMAIN_GRAPH",
+    "DOMAIN_SPLIT_MASK",
     "MAX_WORDS",
     "expand",
     "agree",
@@ -53,6 +54,7 @@ SEED_BYTES = 32
 DOMAIN_SELF_MASK = b"saflSELFmask"
 DOMAIN_PAIR_MASK = b"saflPAIRmask"
 DOMAIN_GRAPH = b"saflGRAPHprm"
+DOMAIN_SPLIT_MASK = b"saflSPLITmsk"
 MAX_WORDS = (1 << 32) * 8  # 2^32 blocks of 64 bytes = 8 words each
 _PURPOSES = ("mask", "share-enc")
 

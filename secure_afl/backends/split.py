@@ -1,0 +1,350 @@
+"""``split``: two-aggregator additive shares (the Prio3 / DAP shape); the server leads, the key holder helps.
+
+Ring and encoding: the exact two-lane fixed point of secagg and bfv
+(:mod:`secure_afl.hazmat.fixedpoint`), 2L words in Z_(2^64) whose K-sums
+provably do not wrap, so the released sum is the one secagg and bfv release,
+bit for bit.
+
+Hospital k, per upload, with a fresh 32-byte seed s_k::
+
+    y_k    = enc(x_k) + PRG(s_k)                    (mod 2^64, per word; PRG = ChaCha20, its own domain)
+    P_k    = seal(params, "contribution", y_k)      (what the server stores and sums)
+    box_k  = e_pub || ChaCha20-Poly1305_{HKDF(X25519(e, T_pub), info)}(nonce 0, s_k, AD_k)
+    AD_k   = canonical JSON {session_id, params_digest, hospital, payload_sha256 = SHA-256(P_k)}
+    stmt_k = Ed25519_k("split-seed" statement over session, parameters, hospital, SHA-256(P_k), box_k)
+
+``T_pub`` is the key holder's per-session X25519 key, published as the
+session's public context and bound (its SHA-256) into the parameters the key
+holder signs. ``e`` is fresh per box, so nonce 0 never repeats under a key.
+
+Server (leader): ``Y = sum_k y_k`` over the manifest's cohort, as secagg's
+sum; it sees only words that are uniform given anything it holds (one
+ChaCha20 stream per hospital, never reused).
+
+Key holder (helper): from the server-signed manifest and the signed seed
+statements only -- never a masked vector -- it checks every signature and
+AD, applies its release policy and the one-share-per-key ledger, and
+releases ``S = -sum_{k in cohort} PRG(s_k)``, signed over the manifest's
+digest and the cohort.
+
+Collector (the server, as in secagg): ``Y + S = sum_k enc(x_k)`` and decodes.
+``Y`` over any other set than the cohort leaves at least one hospital's
+``PRG(s_k)`` un-cancelled (or an extra one subtracted): uniform words.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass
+from typing import Mapping
+
+import numpy as np
+from cryptography.exceptions import InvalidSignature as _CryptoInvalidSignature
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
+from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption, PrivateFormat, PublicFormat
+
+from ..envelope import open_envelope, seal
+from ..exceptions import InvalidContribution, InvalidSignature, \
+    MalformedPayload, ParameterMismatch, SanityCheckFailed, SecureAFLError
+from ..hazmat import fixedpoint
+from ..hazmat.prg import DOMAIN_SPLIT_MASK, SEED_BYTES, expand
+from ..packing import Layout
+from ..params import Bounds, SessionParams
+from ..signing import canonical_json
+from .base import Combiner, ProtectionBackend, check_vector
+
+__all__ = ["SplitBackend", "SplitKeyPair", "session_params", "split_session_params", "generate_keys",
+           "bind_public_context", "expected_abs_error", "seal_seed", "open_seed", "sign_seed_statement",
+           "verify_seed_statement", "manifest_digest", "keyholder_share", "sign_share", "verify_share",
+           "collect", "SeedRefused", "PUBLIC_CONTEXT_KEY", "BOX_LEN"]
+
+PUBLIC_CONTEXT_KEY = "public_context_sha256"
+BOX_LEN = 32 + SEED_BYTES + 16
+_KDF_INFO = b"secure-afl/split/seed-box/v1"
+_SEED_SIG_PREFIX = b"secure-afl/split/seed/v1\0"
+_SHARE_SIG_PREFIX = b"secure-afl/split/share/v1\0"
+
+
+class SeedRefused(InvalidContribution):
+    """A participant's seed statement or box does not hold; ``hospital`` names it."""
+
+    def __init__(self, message: str, hospital: str):
+        super().__init__(message)
+        self.hospital = hospital
+
+
+@dataclass(frozen=True)
+class SplitKeyPair:
+    """The key holder's per-session X25519 seed key: raw private bytes, raw public bytes (the public context)."""
+
+    secret_context: bytes
+    public_context: bytes
+
+
+def split_session_params(session_id: str, layout: Layout, gamma: float, bounds: Bounds, *,
+                         frac_bits: tuple | None = None, **_) -> SessionParams:
+    """Lane bits from the bounds (as secagg and bfv); not yet bound to the key holder's seed key."""
+    fb = fixedpoint.choose_frac_bits(bounds, gamma) if frac_bits is None else \
+        fixedpoint.check_frac_bits(frac_bits, bounds, gamma)
+    return SessionParams(session_id, "split", layout, gamma, bounds).with_backend_params(
+        frac_bits=[int(f) for f in fb])
+
+
+#: Common name (see :func:`secure_afl.backends.he_module`).
+session_params = split_session_params
+
+
+def generate_keys(params: SessionParams) -> SplitKeyPair:
+    """Key holder: a FRESH X25519 key for this session's seed boxes."""
+    sk = X25519PrivateKey.generate()
+    return SplitKeyPair(sk.private_bytes(Encoding.Raw, PrivateFormat.Raw, NoEncryption()),
+                        sk.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw))
+
+
+def _check_public_key(public_context: bytes) -> bytes:
+    if not isinstance(public_context, (bytes, bytearray)) or len(public_context) != 32:
+        raise MalformedPayload("a split public context is one raw 32-byte X25519 public key")
+    raw = bytes(public_context)
+    try:  # a small-order point would make every box's key public: refuse it here, not at the first upload
+        X25519PrivateKey.generate().exchange(X25519PublicKey.from_public_bytes(raw))
+    except ValueError:
+        raise InvalidContribution() from None
+    return raw
+
+
+def bind_public_context(params: SessionParams, public_context: bytes) -> SessionParams:
+    return params.with_backend_params(
+        **{PUBLIC_CONTEXT_KEY: hashlib.sha256(_check_public_key(public_context)).hexdigest()})
+
+
+def expected_abs_error(params: SessionParams, n_clients: int | None = None, *,
+                       magnitude: float | None = None) -> float:
+    k = params.bounds.k_max if n_clients is None else int(n_clients)
+    m = params.bounds.aggregate_bound(params.gamma) if magnitude is None else float(magnitude)
+    return fixedpoint.abs_error_bound(tuple(params.backend_params["frac_bits"]), k, m)
+
+
+# -- seed boxes ---------------------------------------------------------------------------------
+def _ad(params: SessionParams, hospital: str, payload_sha256: str) -> bytes:
+    return canonical_json({"session_id": params.session_id, "params_digest": params.digest().hex(),
+                           "hospital": hospital, "payload_sha256": payload_sha256})
+
+
+def _aead(shared: bytes, ad: bytes) -> ChaCha20Poly1305:
+    return ChaCha20Poly1305(HKDF(algorithm=hashes.SHA256(), length=32, salt=None,
+                                 info=_KDF_INFO + b"\0" + ad).derive(shared))
+
+
+def seal_seed(params: SessionParams, public_context: bytes, hospital: str, payload_sha256: str,
+              seed: bytes) -> bytes:
+    """Hospital: ``e_pub || AEAD(seed)`` to the key holder's seed key, AD = (session, params, hospital, hash)."""
+    peer = X25519PublicKey.from_public_bytes(_check_public_key(public_context))
+    eph = X25519PrivateKey.generate()
+    ad = _ad(params, hospital, payload_sha256)
+    return (eph.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
+            + _aead(eph.exchange(peer), ad).encrypt(bytes(12), bytes(seed), ad))
+
+
+def open_seed(params: SessionParams, secret_key: bytes, hospital: str, payload_sha256: str, box: bytes) -> bytes:
+    """Key holder: the seed in ``box``, if it was sealed for this session, hospital and payload hash;
+    else :class:`InvalidContribution` naming the hospital."""
+    if len(box) != BOX_LEN:
+        raise MalformedPayload(f"{hospital}'s seed box has the wrong length")
+    sk = X25519PrivateKey.from_private_bytes(secret_key)
+    ad = _ad(params, hospital, payload_sha256)
+    try:
+        return _aead(sk.exchange(X25519PublicKey.from_public_bytes(box[:32])), ad).decrypt(bytes(12), box[32:], ad)
+    except (InvalidTag, ValueError):
+        raise InvalidContribution(f"{hospital}'s seed box does not open for this session, hospital and "
+                                  "payload (replayed from another upload, or tampered)") from None
+
+
+def _seed_statement(params: SessionParams, hospital: str, payload_sha256: str, box: bytes) -> dict:
+    return {"type": "split-seed", "v": 1, "session_id": params.session_id, "params_digest": params.digest().hex(),
+            "hospital": hospital, "payload_sha256": payload_sha256, "box": box.hex()}
+
+
+def sign_seed_statement(identity_key, params: SessionParams, hospital: str, payload_sha256: str,
+                        box: bytes) -> dict:
+    """Hospital: the signed statement sent with the upload (in the upload's tag header)."""
+    st = _seed_statement(params, hospital, payload_sha256, box)
+    return {**st, "signature": identity_key.sign(_SEED_SIG_PREFIX + canonical_json(st)).hex()}
+
+
+def verify_seed_statement(statement: Mapping, identity_pub, params: SessionParams, hospital: str,
+                          payload_sha256: str) -> bytes:
+    """Server at upload, key holder at release: the statement is ``hospital``'s, for this payload; -> box."""
+    try:
+        box = bytes.fromhex(statement["box"])
+        sig = bytes.fromhex(statement["signature"])
+    except (KeyError, TypeError, ValueError):
+        raise MalformedPayload(f"{hospital}'s seed statement lacks a hex box or signature") from None
+    st = _seed_statement(params, hospital, payload_sha256, box)
+    if {k: statement.get(k) for k in st} != st or len(box) != BOX_LEN:
+        raise MalformedPayload(f"{hospital}'s seed statement does not match this session, hospital and payload")
+    try:
+        identity_pub.verify(sig, _SEED_SIG_PREFIX + canonical_json(st))
+    except _CryptoInvalidSignature:
+        raise InvalidSignature(f"{hospital}'s seed statement is not signed by {hospital}") from None
+    return box
+
+
+# -- the key holder's share ------------------------------------------------------------------------
+def manifest_digest(manifest: Mapping) -> str:
+    return hashlib.sha256(canonical_json(dict(manifest))).hexdigest()
+
+
+def keyholder_share(params: SessionParams, secret_key: bytes, manifest: Mapping, statements: Mapping,
+                    enrolled: Mapping) -> np.ndarray:
+    """``-sum PRG(s_k)`` over EXACTLY the (already verified) manifest's participants.
+
+    ``statements``: hospital -> signed seed statement, as the server relayed
+    them; each is checked against the hospital's enrolled key and the
+    hospital-signed payload hash in the manifest before its box is opened.
+    Raises naming the first hospital whose statement or box fails.
+    """
+    n = fixedpoint.n_words(params.layout.length)
+    total = np.zeros(n, dtype=np.uint64)
+    if not isinstance(statements, Mapping):
+        raise MalformedPayload("the relayed seed statements are not a mapping")
+    for p in manifest["participants"]:
+        h = p["hospital"]
+        st = statements.get(h)
+        try:
+            if not isinstance(st, Mapping):
+                raise MalformedPayload(f"no seed statement for {h}, a participant of the manifest")
+            box = verify_seed_statement(st, enrolled[h], params, h, p["payload_sha256"])
+            seed = open_seed(params, secret_key, h, p["payload_sha256"], box)
+        except SecureAFLError as e:
+            raise SeedRefused(f"{h}'s seed: {e}", h) from e
+        np.add(total, expand(seed, n, domain=DOMAIN_SPLIT_MASK), out=total)
+    return np.negative(total)  # mod 2^64
+
+
+def _share_statement(params: SessionParams, manifest: Mapping, share_sha256: str) -> dict:
+    return {"type": "split-share", "v": 1, "session_id": params.session_id, "params_digest": params.digest().hex(),
+            "manifest_sha256": manifest_digest(manifest), "aggregate_sha256": manifest["aggregate_sha256"],
+            "cohort": sorted(p["hospital"] for p in manifest["participants"]), "share_sha256": share_sha256}
+
+
+def sign_share(identity_key, params: SessionParams, manifest: Mapping, share: np.ndarray) -> tuple[bytes, dict]:
+    """Key holder: ``(share bytes, signed statement)`` bound to the manifest, its masked aggregate and cohort."""
+    body = np.asarray(share, dtype=np.uint64).astype("<u8", copy=False).tobytes()
+    st = _share_statement(params, manifest, hashlib.sha256(body).hexdigest())
+    return body, {**st, "signature": identity_key.sign(_SHARE_SIG_PREFIX + canonical_json(st)).hex()}
+
+
+def verify_share(params: SessionParams, manifest: Mapping, body: bytes, statement: Mapping,
+                 keyholder_pub) -> np.ndarray:
+    """Collector: the key holder's share for exactly this manifest -> words."""
+    st = _share_statement(params, manifest, hashlib.sha256(body).hexdigest())
+    if {k: statement.get(k) for k in st} != st:
+        raise InvalidSignature("the key holder's share is for another manifest, cohort or body")
+    try:
+        keyholder_pub.verify(bytes.fromhex(statement["signature"]), _SHARE_SIG_PREFIX + canonical_json(st))
+    except (_CryptoInvalidSignature, KeyError, TypeError, ValueError):
+        raise InvalidSignature("the key holder's share is not signed by the key holder") from None
+    if len(body) != 8 * fixedpoint.n_words(params.layout.length):
+        raise MalformedPayload("the key holder's share has the wrong length")
+    return np.frombuffer(body, dtype="<u8").astype(np.uint64)
+
+
+def collect(params: SessionParams, masked_aggregate: bytes, share: np.ndarray) -> np.ndarray:
+    """``dec(Y + S)``: the float64 sum, refused if it leaves the declared aggregate bound."""
+    env = open_envelope(params, masked_aggregate, "aggregate")
+    n = fixedpoint.n_words(params.layout.length)
+    if len(env.body) != 8 * n or np.asarray(share).shape != (n,):
+        raise MalformedPayload("masked aggregate or share has the wrong length")
+    words = np.frombuffer(env.body, dtype="<u8").astype(np.uint64) + np.asarray(share, dtype=np.uint64)
+    v = fixedpoint.decode(words, tuple(params.backend_params["frac_bits"]))
+    limit = params.bounds.aggregate_bound(params.gamma) * (1 + 2.0 ** -50)
+    if not np.all(np.isfinite(v)) or float(np.max(np.abs(v))) > limit:
+        raise SanityCheckFailed("masked sum + key holder's share leaves the declared aggregate bound: the "
+                                "share was not formed for these masked vectors")
+    return v
+
+
+# -- the backend ----------------------------------------------------------------------------------------
+class _SplitCombiner(Combiner):
+    """``Y = sum y_k mod 2^64`` (O(L) memory); the server cannot read any y_k or Y."""
+
+    def __init__(self, backend: "SplitBackend"):
+        super().__init__()
+        self._b = backend
+        self._sum = np.zeros(fixedpoint.n_words(backend.params.layout.length), dtype=np.uint64)
+
+    def _add(self, payload: bytes) -> None:
+        np.add(self._sum, self._b.masked_words(payload), out=self._sum)
+
+    def _partial(self) -> bytes:
+        return self._sum.astype("<u8", copy=False).tobytes()
+
+    def _merge(self, body: bytes) -> None:
+        if len(body) != 8 * self._sum.shape[0]:
+            raise MalformedPayload("split partial sum has the wrong length")
+        np.add(self._sum, np.frombuffer(body, dtype="<u8").astype(np.uint64), out=self._sum)
+
+    def _aggregate(self) -> bytes:
+        return seal(self._b.params, "aggregate", self._partial(), contributors=self.count)
+
+
+class SplitBackend(ProtectionBackend):
+    """``split`` behind the common interface (module docstring for the protocol).
+
+    * hospital: ``protect(vector, public_context=T_pub, hospital=name, identity_key=k)`` -> ``(payload,
+      signed seed statement)``
+    * server:   ``combiner()``; collector: :func:`collect`
+    * key holder: :func:`keyholder_share`, :func:`sign_share`
+    """
+
+    name = "split"
+
+    def __init__(self, params: SessionParams):
+        super().__init__(params)
+        fixedpoint.check_frac_bits(params.backend_params.get("frac_bits"), params.bounds, params.gamma)
+
+    @property
+    def frac_bits(self) -> tuple:
+        return tuple(self.params.backend_params["frac_bits"])
+
+    def _check_key(self, public_context: bytes) -> bytes:
+        raw = _check_public_key(public_context)
+        bound = self.params.backend_params.get(PUBLIC_CONTEXT_KEY)
+        if bound is None or hashlib.sha256(raw).hexdigest() != bound:
+            raise ParameterMismatch("the seed key is not the one the key holder signed into the parameters")
+        return raw
+
+    def protect(self, vector, *, public_context: bytes, hospital: str, identity_key, seed: bytes | None = None,
+                **kw) -> tuple[bytes, dict]:
+        """Hospital: encode, mask with a FRESH seed, seal the seed to the key holder, sign.
+
+        ``seed`` is for tests of fixed vectors only; by default ``os.urandom(32)`` per call.
+        """
+        v = check_vector(self.params, vector)
+        key = self._check_key(public_context)
+        seed = os.urandom(SEED_BYTES) if seed is None else bytes(seed)
+        words = fixedpoint.encode(v, self.frac_bits)
+        np.add(words, expand(seed, words.shape[0], domain=DOMAIN_SPLIT_MASK), out=words)
+        payload = seal(self.params, "contribution", words.astype("<u8", copy=False).tobytes())
+        sha = hashlib.sha256(payload).hexdigest()
+        box = seal_seed(self.params, key, hospital, sha, seed)
+        return payload, sign_seed_statement(identity_key, self.params, hospital, sha, box)
+
+    def masked_words(self, payload: bytes) -> np.ndarray:
+        env = open_envelope(self.params, payload, "contribution")
+        if len(env.body) != 8 * fixedpoint.n_words(self.params.layout.length):
+            raise MalformedPayload("split masked vector has the wrong length")
+        return np.frombuffer(env.body, dtype="<u8").astype(np.uint64)
+
+    def combiner(self, **kw) -> Combiner:
+        return _SplitCombiner(self)
+
+    def reveal(self, aggregate: bytes, *, share: np.ndarray, **kw) -> np.ndarray:
+        """Collector: the float64 sum from the masked aggregate and the key holder's (verified) share."""
+        return collect(self.params, aggregate, share)
+

@@ -1,0 +1,132 @@
+"""The ``split`` server: leader aggregator and collector.
+
+Leader: it sums the hospitals' masked vectors ``y_k = enc(x_k) + PRG(s_k)``
+(no online rounds: a hospital that never uploads is simply not in the sum or
+the manifest) and keeps each hospital's signed seed statement, which it
+relays to the key holder as that upload's tag. No route serves a masked
+vector or the masked sum to anyone: the key holder holds every seed, so
+either would be readable there.
+
+Collector: once the key holder posted its share ``S = -sum PRG(s_k)``,
+signed over this session's manifest (its digest, masked-sum hash and
+cohort), the server checks that signature against the pinned key holder
+identity and its own stored manifest, forms ``dec(Y + S)``, and runs the
+checks, RI restoration and the solve (the path plain and secagg releases
+take). The result (W and the report) is stored and served to the consortium's
+parties; the share is accepted once.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+
+import numpy as np
+from fastapi import Request
+
+from secure_afl.exceptions import Forbidden, MalformedPayload, RoundAlreadyClosed, SecureAFLError, StageError
+from secure_afl.protocol import API, H_TAG
+
+from .aggregator import AggregationServer, log
+
+__all__ = ["SplitAggregationServer"]
+
+
+class SplitAggregationServer(AggregationServer):
+
+    def contribution(self, hospital: str) -> bytes:
+        raise Forbidden("a split session serves no masked vector: whoever holds the seeds could read it")
+
+    def masked_aggregate(self) -> bytes:
+        raise Forbidden("a split session serves no masked sum: whoever holds the seeds could read a forged one")
+
+    def collect(self, party: str, body: bytes, statement: dict) -> dict:
+        """Check the key holder's share against the stored manifest, unmask the sum, check and solve."""
+        from secure_afl.analytic import solve_from_sums
+        from secure_afl.backends import split
+        from secure_afl.certify import certify_release
+        from secure_afl.packing import Layout
+        from secure_afl.release import check_class_minimum, sanity_check
+
+        with self._lock:
+            try:
+                aggregate, manifest = self.released()
+                if self.store.get_meta("split_result") is not None:
+                    raise RoundAlreadyClosed("the key holder's share was already combined; a share is taken once")
+                if self.params.dp is not None:
+                    raise StageError("split sessions with differential privacy are not supported")
+                share = split.verify_share(self.params, manifest, body, statement, self.lookup_pub(party))
+                vector = split.collect(self.params, aggregate, share)
+                participants = sorted(p["hospital"] for p in manifest["participants"])
+                tol = split.expected_abs_error(self.params, len(participants))
+                stats = Layout(self.params.layout.dim, self.params.layout.n_classes).unpack(vector,
+                                                                                           gamma=self.params.gamma)
+                sanity = sanity_check(stats, self.params, len(participants), abs_tol=tol)
+                check_class_minimum(stats, self.config.min_class_count)
+                W = solve_from_sums(stats)
+                bound = certify_release(self.params, stats, W, len(participants))
+            except SecureAFLError as e:
+                self.refuse("split_collect", party, e)
+                raise
+            report = {
+                "session_id": self.params.session_id, "backend": "split", "participants": participants,
+                "contributors": len(participants), "samples": int(round(stats.n)),
+                "class_counts": [int(round(c)) for c in stats.class_counts], "gamma": self.params.gamma,
+                "lambda": 0.0, "aggregate_sha256": manifest["aggregate_sha256"],
+                "params_digest": self.params.digest().hex(),
+                "sanity": sanity if isinstance(sanity, dict) else sanity.to_dict(),
+                "error_bound_per_entry": tol, "dp": None, "w_error_bound": bound.to_dict(),
+                "verdict": bound.verdict, "share_sha256": statement["share_sha256"], "collector": "server",
+            }
+            buf = io.BytesIO()
+            np.save(buf, vector.astype("<f8"))
+            vec_sha = self.store.put_blob(buf.getvalue())
+            buf = io.BytesIO()
+            np.save(buf, np.ascontiguousarray(W, dtype="<f8"))
+            w_sha = self.store.put_blob(buf.getvalue())
+            self.store.set_meta("split_result", {"report": report, "aggregate_vector_sha256": vec_sha,
+                                                 "W_sha256": w_sha})
+            self.audit.append("split_collect", actor=party, outcome="accepted", session=self.config.session_id,
+                              details={"share_sha256": statement["share_sha256"],
+                                       "manifest_sha256": statement["manifest_sha256"], "contributors":
+                                       len(participants)})
+            log.info("[Stage release] split: key holder's share combined over %d contributions", len(participants))
+            return report
+
+    def result(self) -> bytes:
+        """``{report, vector, W}`` (the released aggregate sum and the model) as JSON bytes."""
+        r = self.store.get_meta("split_result")
+        if r is None:
+            raise StageError("the key holder has not released its share yet")
+        vec = np.load(io.BytesIO(self.store.get_blob(r["aggregate_vector_sha256"])))
+        W = np.load(io.BytesIO(self.store.get_blob(r["W_sha256"])))
+        return json.dumps({"report": r["report"], "vector": vec.tolist(), "W": W.tolist()}).encode()
+
+    def register_routes(self, app, session_guard, authed, read_body) -> None:
+        from fastapi import Response
+
+        @app.post(API + "/sessions/{session_id}/split/share")
+        async def split_share(session_id: str, request: Request):
+            session_guard(session_id, request)
+            party, body = await read_body(request, ("keyholder",))
+            try:
+                raw = request.headers.get(H_TAG)
+                if not raw:
+                    raise MalformedPayload(f"missing {H_TAG} header (the key holder's signed share statement)")
+                statement = json.loads(raw)
+                if not isinstance(statement, dict):
+                    raise MalformedPayload("the share statement is not a JSON object")
+            except (ValueError, SecureAFLError) as e:
+                err = e if isinstance(e, SecureAFLError) else MalformedPayload("the share statement is not JSON")
+                self.refuse("split_collect", party, err)
+                raise err from None
+            from starlette.concurrency import run_in_threadpool
+
+            return await run_in_threadpool(self.collect, party, body, statement)
+
+        @app.get(API + "/sessions/{session_id}/split/result")
+        async def split_result(session_id: str, request: Request):
+            session_guard(session_id, request)
+            await authed(request, ("keyholder", "hospital"))
+            return Response(self.result(), media_type="application/json")
+
