@@ -41,7 +41,7 @@ from .custody import KeyCustody
 from .flooding import flood_decryption, flood_norm_bounds, flood_plan
 from .verify import ContributionRejected, ServerForgery, resum_signed_contributions, verify_manifest_for
 
-__all__ = ["KeyHolder", "FinalResult", "write_model", "read_model"]
+__all__ = ["KeyHolder", "FinalResult", "HTTPSource", "write_model", "read_model"]
 
 log = logging.getLogger("secure_afl.keyholder")
 
@@ -157,7 +157,7 @@ class KeyHolder(KeyCustody):
                                       f"holder asked for min_class_count={min_class_count}, lambda={lam}")
             return self.finalize_split(conn, min_clients=min_clients, expected_hospitals=expected_hospitals)
         if definition.backend in HE_BACKENDS:
-            return self.release_he(conn.session_id, _HTTPSource(conn), min_clients=min_clients, lam=lam,
+            return self.release_he(conn.session_id, HTTPSource(conn), min_clients=min_clients, lam=lam,
                                    min_class_count=min_class_count, expected_hospitals=expected_hospitals)
         params = definition.session_params()
         session.check_same(params.to_dict(), info.get("params") or {}, what="params.", source="the server")
@@ -262,7 +262,7 @@ class KeyHolder(KeyCustody):
         from secure_afl.protocol import H_TAG
         from secure_afl.signing import canonical_json
 
-        body, statement = self.release_split(conn.session_id, _HTTPSource(conn), min_clients=min_clients,
+        body, statement = self.release_split(conn.session_id, HTTPSource(conn), min_clients=min_clients,
                                              expected_hospitals=expected_hospitals)
         conn.request("POST", conn.path("/split/share"), body=body,
                      headers={H_TAG: canonical_json(statement).decode()})
@@ -293,7 +293,7 @@ class KeyHolder(KeyCustody):
         try:
             ledger.check_unused(key_id)
             manifest = source.manifest()
-            server_pub, enrolled = self._trust(expected_hospitals)
+            server_pub, enrolled = self._trust(sid, expected_hospitals)
             try:
                 m = verify_manifest_for(params, manifest, server_pub, enrolled, min_clients)
             except ServerForgery as e:
@@ -470,7 +470,7 @@ class KeyHolder(KeyCustody):
         return FinalResult(W, stats, params, m, report)
 
 
-class _HTTPSource:
+class HTTPSource:
     """The server's stored manifest, uploads and tag statements, fetched over the key holder's mTLS link."""
 
     def __init__(self, conn):

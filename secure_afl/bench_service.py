@@ -373,13 +373,13 @@ def _resum_by_fetchers(kh, conn) -> dict[int, float]:
     """Seconds for the key holder's verify + re-sum of the stored uploads, fetched over HTTPS with
     1 and :func:`default_fetchers` downloads in flight; the two sums must be the same ciphertext."""
     from .backends import get_backend
-    from .keyholder.release import _HTTPSource
+    from .keyholder.release import HTTPSource
     from .keyholder.verify import default_fetchers, resum_signed_contributions
 
     params = kh.params(conn.session_id)
     backend = get_backend(params)
     ctx = backend.keyholder_context(kh.secret_context(conn.session_id))
-    source = _HTTPSource(conn)
+    source = HTTPSource(conn)
     manifest = source.manifest()
     seconds, sums = {}, set()
     try:

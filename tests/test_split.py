@@ -178,7 +178,7 @@ def test_subset_attack_gets_garbage_and_a_victim_only_manifest_is_refused(consor
     # Prepare: h1, h2, h3 upload; the server is the attacker and keeps what it is given
     from secure_afl import pki
     from secure_afl.envelope import seal
-    from secure_afl.keyholder.release import _HTTPSource
+    from secure_afl.keyholder.release import HTTPSource
     from secure_afl.signing import build_manifest
 
     c, conn = _start(consortium, min_clients=2)
@@ -212,7 +212,7 @@ def test_subset_attack_gets_garbage_and_a_victim_only_manifest_is_refused(consor
     except InsufficientContributors:
         pass
     # Execute 2: the genuine share (for the cohort h1, h2, h3), combined with h2's and h3's masked vectors only
-    body, statement = c.keyholder.release_split(c.session_id, _HTTPSource(conn), min_clients=2)
+    body, statement = c.keyholder.release_split(c.session_id, HTTPSource(conn), min_clients=2)
     share = split.verify_share(params, manifest, body, statement, c.keyholder.party.identity_key().public_key())
     sub = be.masked_words(by_h["h2"]) + be.masked_words(by_h["h3"])
     conn.close()
@@ -229,12 +229,12 @@ def test_subset_attack_gets_garbage_and_a_victim_only_manifest_is_refused(consor
 @pytest.mark.e2e
 def test_forged_or_replayed_seed_statement_is_refused_naming_the_hospital(consortium):
     # Prepare
-    from secure_afl.keyholder.release import _HTTPSource
+    from secure_afl.keyholder.release import HTTPSource
 
     c, conn = _start(consortium)
     _upload(c, ["h1", "h2"])
     conn.request("POST", conn.path("/close"))
-    real = _HTTPSource(conn)
+    real = HTTPSource(conn)
     tags = real.tags()
 
     class Relay:  # the server relays the statements, so it chooses them
