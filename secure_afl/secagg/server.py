@@ -11,6 +11,7 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 from .._validation import check_int
 from ..exceptions import (
     DuplicateContribution,
+    InconsistentDealer,
     InsufficientShares,
     InvalidContribution,
     MalformedPayload,
@@ -29,6 +30,8 @@ from .masking import _raw_public, share_commitment
 from .messages import (
     AdvertiseKeysRequest,
     ConsistencyStatement,
+    DealerComplaint,
+    DealRecord,
     EncryptedShare,
     KeyAdvertisement,
     MaskedInput,
@@ -112,6 +115,8 @@ class SecAggServerRound:
         self._graph: dict[int, frozenset[int]] = {}
         self._inbox: dict[int, dict[int, EncryptedShare]] = {}
         self._commits: dict[tuple[int, int], tuple[bytes, bytes]] = {}
+        self._deals: dict[int, DealRecord] = {}
+        self.complaints: dict[int, DealerComplaint] = {}  # dealer -> the first complaint proving it cheated
         self._combiner: _SecAggCombiner | None = None
         self._aggregate: bytes | None = None
         self._unmask_lists: dict[int, tuple[tuple[int, ...], tuple[int, ...]]] = {}
@@ -185,7 +190,9 @@ class SecAggServerRound:
             return ShareKeysRequest(sid, u, tuple(self._ads[v] for v in sorted(self.advertised)), self.graph_seed, r)
         if self.stage == Stage.MASKED_INPUT:
             inbox = self._inbox.get(u, {})
-            return MaskedInputRequest(sid, u, tuple(inbox[v] for v in sorted(inbox) if v in self.active), r)
+            senders = [v for v in sorted(inbox) if v in self.active]
+            return MaskedInputRequest(sid, u, tuple(inbox[v] for v in senders), tuple(self._deals[v] for v in senders),
+                                      r)
         if not self.unmask_open:
             raise StageError(f"{len(self._statements)} of {self.quorum} survivors signed the survivor set so far")
         surv, drop = self._unmask_lists[u]
@@ -210,6 +217,9 @@ class SecAggServerRound:
             raise StageError(f"client {u} takes no part in stage {self.stage}")
         if isinstance(message, ConsistencyStatement):
             self._receive_statement(message)
+            return
+        if isinstance(message, DealerComplaint):
+            self._receive_complaint(message)
             return
         if u in self._responded:
             raise DuplicateContribution(f"client {u} already answered stage {self.stage}")
@@ -250,10 +260,47 @@ class SecAggServerRound:
             if es.sender != u or es.recipient not in allowed or es.recipient in seen:
                 raise MalformedPayload(f"client {u} sent a share for an unexpected recipient")
             seen.add(es.recipient)
+        self._check_deal(m)
+        self._deals[u] = m.deal
         for es in m.shares:
             self._inbox.setdefault(es.recipient, {})[u] = es
             self._commits[(u, es.recipient)] = (es.commit_b, es.commit_s)
         self._commits[(u, u)] = (m.own_commit_b, m.own_commit_s)
+
+    def _check_deal(self, m: ShareKeysResponse) -> None:
+        """The deal record is the dealer's, signed, over the holders it sent shares to, with their commitments.
+
+        (Whether those are the holders the graph gives is each holder's check: a hospital shown another list
+        of advertisements deals along another graph.)"""
+        u, dl = m.client_id, m.deal
+        if dl is None or (dl.session_id, dl.round, dl.params_digest, dl.dealer) != (
+                self.params.session_id, self.round, self._digest, u):
+            raise MalformedPayload(f"client {u} sent no deal record for this round")
+        if set(dl.holders) != {es.recipient for es in m.shares} | {u} or len(dl.check) != self.cfg.threshold:
+            raise MalformedPayload(f"the deal record of client {u} names other holders than its shares")
+        if dl.commitment(u)[:2] != (m.own_commit_b, m.own_commit_s) or any(
+                dl.commitment(es.recipient)[:2] != (es.commit_b, es.commit_s) for es in m.shares):
+            raise MalformedPayload(f"the deal record of client {u} carries other commitments than its shares")
+        if self._identity_keys is not None:
+            pub = self._identity_keys.get(u)
+            if pub is None or not dl.verify(pub):
+                raise InvalidContribution(f"deal record of client {u} is not signed by its hospital")
+
+    def _receive_complaint(self, m: DealerComplaint) -> None:
+        """A holder's proof that the dealer of its shares cheated; the round will abort before any unmask."""
+        if self.stage != Stage.MASKED_INPUT:
+            raise StageError("complaints about a dealing are accepted in the masked_input stage")
+        w = m.deal.dealer
+        if self._deals.get(w) != m.deal:
+            raise InvalidContribution(f"the complaint of client {m.client_id} quotes a deal record of client {w} "
+                                      "that is not the one relayed")
+        pub = None if self._identity_keys is None else self._identity_keys.get(w)
+        if pub is None or not m.proves(pub, self._digest, self.cfg.threshold):
+            raise InvalidContribution(f"the complaint of client {m.client_id} against client {w} proves nothing: "
+                                      "its shares do not match the signed commitments or lie on the check polynomial")
+        self.complaints.setdefault(w, m)
+        self._responded.add(m.client_id)  # it uploads nothing; the stage need not wait for it
+        logger.warning("[Stage 3] client %d proved that client %d dealt inconsistent shares", m.client_id, w)
 
     def _receive_masked(self, m: MaskedInput) -> None:
         # checks envelope, session, parameters, round, length
@@ -369,6 +416,11 @@ class SecAggServerRound:
         return self._advance(Stage.MASKED_INPUT, u2)
 
     def _close_masked_input(self) -> bool:
+        if self.complaints:  # before any unmask request: the round revealed nothing and may be retried without them
+            cheats = sorted(self.complaints)
+            raise InconsistentDealer(f"clients {cheats} dealt shares inconsistent with their signed check polynomial "
+                                     "(proved by their holders): round aborted, nothing revealed",
+                                     dealer=cheats[0], complaint=self.complaints[cheats[0]])
         t = self.cfg.threshold
         u2, u3 = self.active, frozenset(self._combiner.contributors)
         dropped = u2 - u3
