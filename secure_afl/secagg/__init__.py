@@ -91,6 +91,8 @@ from .masking import share_commitment
 from .messages import (
     AdvertiseKeysRequest,
     ConsistencyStatement,
+    DealerComplaint,
+    DealRecord,
     EncryptedShare,
     KeyAdvertisement,
     MaskedInput,
@@ -122,7 +124,7 @@ __all__ = [
     "PROTOCOL", "Stage", "SecAggBackend", "SecAggClient", "SecAggServerRound", "BadShare", "UnmaskMaterial",
     "SetupRequest", "SetupAck", "AdvertiseKeysRequest", "KeyAdvertisement", "ShareKeysRequest", "EncryptedShare",
     "ShareKeysResponse", "MaskedInputRequest", "MaskedInput", "ConsistencyStatement", "UnmaskRequest",
-    "UnmaskResponse", "decode_message", "secagg_session_params", "recommended_neighbours", "default_threshold",
+    "UnmaskResponse", "DealRecord", "DealerComplaint", "decode_message", "secagg_session_params", "recommended_neighbours", "default_threshold",
     "consistency_quorum", "max_min_clients", "graph_seed", "neighbour_graph", "share_commitment", "simulate_round",
     "identities",
 ]
