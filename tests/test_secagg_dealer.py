@@ -13,16 +13,19 @@ from __future__ import annotations
 import base64
 import json
 import threading
+from dataclasses import replace
 
 import numpy as np
 import pytest
+from support.secagg_adversary import MaliciousServer, hospital_data
 
 import secure_afl.secagg.client as secagg_client_module
 from secure_afl import pki
 from secure_afl.analytic import centralised_weights
-from secure_afl.exceptions import InvalidContribution, StageError
+from secure_afl.exceptions import InvalidContribution, MalformedPayload, StageError
 from secure_afl.hazmat.shamir import PRIME, Share, deal, evaluate, random_polynomial
-from secure_afl.secagg import DealerComplaint, DealRecord, MaskedInputRequest, decode_message
+from secure_afl.protocol import SECAGG_COMPLAINT
+from secure_afl.secagg import DealerComplaint, DealRecord, MaskedInputRequest, SecAggClient, decode_message
 from secure_afl.secagg.masking import deal_challenge, share_commitment
 
 CHEATER = "cheater-h1"
@@ -212,3 +215,70 @@ def test_a_complaint_proves_exactly_an_inconsistent_signed_dealing():
     resigned, _ = _dealing(other, off_by=1)
     assert not complaint(resigned, bad_shares).proves(pub, "d" * 64, 3)
     assert not complaint(bad, bad_shares).proves(pub, "e" * 64, 3)
+
+
+# -- through the hospitals' run loop against a malicious server (tests/support/secagg_adversary.py) -------
+
+class _TamperingServer(MaliciousServer):
+    """Relays h1's deal record to h2 with its check polynomial changed; keeps every complaint it gets."""
+
+    def __init__(self, *a, **kw):
+        super().__init__(*a, **kw)
+        self.complaints = []
+
+    def _deviate(self, req):
+        req = super()._deviate(req)
+        if isinstance(req, MaskedInputRequest) and req.client_id == 2:
+            deals = tuple(replace(d, check=((d.check[0] + 1) % PRIME,) + d.check[1:]) if d.dealer == 1 else d
+                          for d in req.deals)
+            req = replace(req, deals=deals)
+        return req
+
+    def handle(self, name, method, path, body):
+        if path.endswith("/" + SECAGG_COMPLAINT):
+            self.complaints.append((name, body))
+            return {"accepted": True}
+        return super().handle(name, method, path, body)
+
+
+@pytest.mark.security
+def test_a_check_polynomial_changed_by_the_server_draws_no_complaint_and_reveals_no_share(tmp_path):
+    # Prepare: n = 4, t = 2, all honest; the server changes h1's signed check polynomial before relaying it
+    # to h2, hoping h2 complains and so reveals both its b- and its s-share of h1
+    adv = _TamperingServer(tmp_path, 4, threshold=2)
+
+    # Execute
+    results = adv.run(hospital_data(adv.names), timeout=5)
+
+    # Assert: h2 refused the record as not signed by h1, and sent nothing
+    assert isinstance(results["h2"], InvalidContribution) and "client 1" in str(results["h2"]), results
+    assert not adv.complaints
+
+
+@pytest.mark.security
+def test_a_deal_record_at_odds_with_its_shares_is_refused_before_it_is_relayed(tmp_path):
+    # Prepare: real hospitals' state machines up to their share-keys responses; h1's response then claims
+    # another commitment for its own share than its signed record
+    from secure_afl.packing import Layout
+    from secure_afl.params import Bounds
+    from secure_afl.secagg import SecAggServerRound, identities, secagg_session_params
+
+    params = secagg_session_params("odd", Layout(3, 2), 1.0, Bounds(4.0, 100, 4), n_parties=4, threshold=2)
+    keys, pubs = identities(4)
+    server = SecAggServerRound(params, identity_keys=pubs)
+    clients = {i: SecAggClient(params, i, keys[i], pubs) for i in keys}
+    for _ in ("setup", "advertise_keys"):
+        for i, cl in clients.items():
+            server.receive(cl.handle(server.request(i)))
+        server.close_stage()
+    responses = {i: cl.handle(server.request(i)) for i, cl in clients.items()}
+    odd = replace(responses[1], own_commit_b=bytes(32))
+
+    # Execute / Assert: refused, and nothing of h1's dealing is kept for relaying
+    with pytest.raises(MalformedPayload):
+        server.receive(odd)
+    assert not server.has_responded(1)
+    for i in (2, 3, 4):
+        server.receive(responses[i])
+    server.close_stage()
+    assert all(es.sender != 1 for i in (2, 3, 4) for es in server.request(i).shares)

@@ -71,9 +71,10 @@ def on_check_polynomial(check, weights: tuple[int, int], holder: int, b: int, s:
     next to ``f_b`` and ``f_s``, commits to every holder's ``(f_b(i), f_s(i), r(i))``, derives ``(c_1, c_2)``
     from the commitments (:func:`deal_challenge`) and publishes ``z = r + c_1 f_b + c_2 f_s``. ``z(0) = r(0) +
     c_1 b + c_2 s`` is uniform whatever the secrets (``r(0)`` is), and t-1 holders learn nothing more. If the
-    b- or s-values of the holders lie on no polynomial of degree t-1, at most one weight pair in p makes every
-    holder's check pass, so some holder's check fails: that holder's three shares, their commitments and the
-    dealer's signature over commitments and ``z`` prove the inconsistency to anyone.
+    b- or s-values of the holders lie on no polynomial of degree t-1, the weight pairs that make every
+    holder's check pass are at most a fraction 1/p of all pairs (two pairs differing in c_1 would put the
+    b-values on a polynomial), so some holder's check fails: that holder's three shares, their commitments
+    and the dealer's signature over commitments and ``z`` prove the inconsistency to anyone.
     """
     c1, c2 = weights
     return evaluate(check, holder) == (r + c1 * b + c2 * s) % PRIME

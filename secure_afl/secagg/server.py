@@ -268,10 +268,12 @@ class SecAggServerRound:
         self._commits[(u, u)] = (m.own_commit_b, m.own_commit_s)
 
     def _check_deal(self, m: ShareKeysResponse) -> None:
-        """The deal record is the dealer's, signed, over the holders it sent shares to, with their commitments.
+        """The deal record is for this round and dealer, over the holders it sent shares to, with their commitments.
 
-        (Whether those are the holders the graph gives is each holder's check: a hospital shown another list
-        of advertisements deals along another graph.)"""
+        A record at odds with the shares would make every holder refuse its masked input, unattributed; it is
+        refused here instead, before it is relayed. Its signature and whether its holders are those the graph
+        gives are each holder's checks (a hospital shown another list of advertisements deals along another
+        graph)."""
         u, dl = m.client_id, m.deal
         if dl is None or (dl.session_id, dl.round, dl.params_digest, dl.dealer) != (
                 self.params.session_id, self.round, self._digest, u):
@@ -281,10 +283,6 @@ class SecAggServerRound:
         if dl.commitment(u)[:2] != (m.own_commit_b, m.own_commit_s) or any(
                 dl.commitment(es.recipient)[:2] != (es.commit_b, es.commit_s) for es in m.shares):
             raise MalformedPayload(f"the deal record of client {u} carries other commitments than its shares")
-        if self._identity_keys is not None:
-            pub = self._identity_keys.get(u)
-            if pub is None or not dl.verify(pub):
-                raise InvalidContribution(f"deal record of client {u} is not signed by its hospital")
 
     def _receive_complaint(self, m: DealerComplaint) -> None:
         """A holder's proof that the dealer of its shares cheated; the round will abort before any unmask."""
