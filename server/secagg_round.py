@@ -199,11 +199,13 @@ class SecAggAggregationServer(AggregationServer):
             except InsufficientShares as e:
                 self.store.set_meta("secagg_aborted", {"message": str(e), "stage": stage, "round": r.round,
                                                        "after_unmask": unmasking})
+                dealer = getattr(e, "dealer", None)  # an inconsistent dealer, named
                 self.audit.append("secagg_stage_closed", actor=self.config.name, outcome="refused",
                                   session=self.config.session_id, reason=e.reason,
                                   details={"round": r.round, "stage": stage, "answered": answered,
                                            "expected": expected, "dropped": missing, "message": str(e)[:300],
-                                           "retry": self._may_retry()})
+                                           "retry": self._may_retry(),
+                                           **({"dealer": self._name(dealer)} if dealer else {})})
                 log.warning("[Stage %s] round %d aborted (%d of %d answered): %s", stage, r.round, answered,
                             expected, e)
                 return

@@ -282,3 +282,29 @@ def test_a_deal_record_at_odds_with_its_shares_is_refused_before_it_is_relayed(t
         server.receive(responses[i])
     server.close_stage()
     assert all(es.sender != 1 for i in (2, 3, 4) for es in server.request(i).shares)
+
+
+@pytest.mark.e2e
+@pytest.mark.security
+def test_a_dealer_whose_off_polynomial_share_went_to_a_silent_colluder_is_named_at_unmask(consortium, monkeypatch):
+    # Prepare: 4 hospitals, t = 2; h1 deals h4 a b-share off its polynomial and h4, colluding, skips its check
+    # and keeps quiet; at unmask 4 > t shares of h1's self-mask seed come back
+    names = ("h1", "h2", "h3", "h4")
+    c = consortium(backend="secagg", hospitals=names, min_clients=2,
+                   secagg={"threshold": 2, "stage_timeout_s": 5.0}).start()
+    data = {h: c.data(h, n=30) for h in names}
+    monkeypatch.setattr(secagg_client_module, "deal", _cheating_deal(victim_index=4))
+    honest_check = secagg_client_module.on_check_polynomial
+    monkeypatch.setattr(secagg_client_module, "on_check_polynomial",
+                        lambda *a: threading.current_thread().name == "hospital-h4" or honest_check(*a))
+
+    # Execute
+    results = _run(c, data, names)
+
+    # Assert: the round aborted at unmask naming h1; unmask requests had gone out, so no retry
+    log = _audit(c)
+    aborts = [r for r in log if r["event"] == "secagg_stage_closed" and r["outcome"] == "refused"]
+    assert [(a["details"]["round"], a["details"]["stage"], a["reason"], a["details"].get("dealer"),
+             a["details"]["retry"]) for a in aborts] == [(1, "unmask", "inconsistent_dealer", "h1", False)]
+    assert not [r for r in log if r["event"] == "secagg_inconsistent_dealer"]  # nobody complained
+    assert all(isinstance(v, Exception) for v in results.values()), results

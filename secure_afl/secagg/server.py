@@ -457,10 +457,10 @@ class SecAggServerRound:
 
     def unmask_material(self) -> UnmaskMaterial:
         """Reconstruct ``b_u`` (survivors) and ``s_v^SK`` (dropped) from the correct shares received."""
-        seeds = {u: combine_shares(self._b_shares[u]) for u in self.survivors_}
+        seeds = {u: self._combine(u, self._b_shares[u], "self-mask") for u in self.survivors_}
         keys = {}
         for v in self.dropped_:
-            raw = combine_shares(self._s_shares[v])
+            raw = self._combine(v, self._s_shares[v], "mask-key")
             if _raw_public(X25519PrivateKey.from_private_bytes(raw)) != self._ads[v].mask_public_key:
                 raise InvalidContribution()
             keys[v] = raw
@@ -469,6 +469,22 @@ class SecAggServerRound:
             need |= self._graph[v] & set(self.survivors_)
         pks = {u: self._ads[u].mask_public_key for u in sorted(need)}
         return UnmaskMaterial(self.survivors_, self.dropped_, seeds, keys, pks, self.graph_seed, self.round)
+
+    def _combine(self, owner: int, shares: list[Share], what: str) -> bytes:
+        """The secret, or the dealer named: every share kept matched a commitment in its signed deal record.
+
+        Shares that lie on no polynomial of degree t-1 (more than t of them), or whose polynomial is no
+        32-byte secret at 0, were then dealt that way by the owner. This happens only when the off-polynomial
+        shares went to holders that did not complain (its colluders): an honest holder's check would have
+        stopped the round at the masked input. Unmask requests have gone out, so the round is not retried.
+        """
+        try:
+            return combine_shares(shares)
+        except InvalidContribution:
+            raise InconsistentDealer(
+                f"the {len(shares)} {what} shares of client {owner} returned, each matching a commitment it signed, "
+                f"give no {self.cfg.threshold - 1}-degree sharing of a 32-byte secret: client {owner} dealt them; "
+                "round aborted", dealer=owner) from None
 
     @property
     def aggregate(self) -> bytes | None:
