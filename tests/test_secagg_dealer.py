@@ -272,11 +272,16 @@ def test_a_deal_record_at_odds_with_its_shares_is_refused_before_it_is_relayed(t
             server.receive(cl.handle(server.request(i)))
         server.close_stage()
     responses = {i: cl.handle(server.request(i)) for i, cl in clients.items()}
-    odd = replace(responses[1], own_commit_b=bytes(32))
+    record = responses[1].deal
+    odd = [replace(responses[1], own_commit_b=bytes(32)),  # commitments other than its record's
+           replace(responses[1], deal=None),
+           replace(responses[1], deal=replace(record, round=2).signed(keys[1])),  # then no complaint would prove
+           replace(responses[1], deal=replace(record, check=record.check[:1]).signed(keys[1]))]
 
     # Execute / Assert: refused, and nothing of h1's dealing is kept for relaying
-    with pytest.raises(MalformedPayload):
-        server.receive(odd)
+    for response in odd:
+        with pytest.raises(MalformedPayload):
+            server.receive(response)
     assert not server.has_responded(1)
     for i in (2, 3, 4):
         server.receive(responses[i])

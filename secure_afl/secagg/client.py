@@ -325,12 +325,10 @@ class SecAggClient:
         pub = self._peers.get(w)
         if record is None or pub is None or not record.verify(pub):
             raise InvalidContribution(f"the deal record of client {w} is missing or not signed by its hospital")
-        if ((record.session_id, record.round, record.params_digest, record.dealer)
-                != (self.params.session_id, self.round, self._digest, w)):
-            raise InvalidContribution(f"the deal record of client {w} belongs to another session, round or dealer")
-        # which other holders it names is the dealer's business: the weights hash all of their commitments
+        # Its session, round and dealer need no check of their own: our commitments bind them and must be in it.
+        # Which other holders it names is the dealer's business: the weights hash all of their commitments.
         committed = record.commitment(u)
-        if len(record.check) != self.cfg.threshold or committed is None or committed[:2] != (es.commit_b, es.commit_s):
+        if committed is None or committed[:2] != (es.commit_b, es.commit_s):
             raise InvalidContribution(f"the share of client {w} carries other commitments than its deal record")
         return committed
 

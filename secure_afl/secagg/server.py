@@ -289,9 +289,6 @@ class SecAggServerRound:
         if self.stage != Stage.MASKED_INPUT:
             raise StageError("complaints about a dealing are accepted in the masked_input stage")
         w = m.deal.dealer
-        if self._deals.get(w) != m.deal:
-            raise InvalidContribution(f"the complaint of client {m.client_id} quotes a deal record of client {w} "
-                                      "that is not the one relayed")
         pub = None if self._identity_keys is None else self._identity_keys.get(w)
         if pub is None or not m.proves(pub, self._digest, self.cfg.threshold):
             raise InvalidContribution(f"the complaint of client {m.client_id} against client {w} proves nothing: "
