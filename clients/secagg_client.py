@@ -17,6 +17,11 @@ that signed a survivor set in round r takes part in no later round of the
 session (it records that durably before the signature leaves): a server that
 completed round r and reported an abort could otherwise difference two sums
 over different survivor sets (THREAT_MODEL.md 6.2).
+
+A hospital whose shares from some dealer miss that dealer's signed check
+polynomial posts the proof (a complaint) instead of its masked input and
+waits: the server aborts the round before any unmask and runs the next one
+without the dealer.
 """
 
 from __future__ import annotations
@@ -32,12 +37,13 @@ from cryptography.exceptions import InvalidSignature
 from secure_afl import pki
 from secure_afl.exceptions import (
     DuplicateContribution,
+    InconsistentDealer,
     InsufficientShares,
     InvalidContribution,
     StageError,
 )
 from secure_afl.params import SessionParams
-from secure_afl.protocol import SECAGG_CONSISTENCY, SECAGG_REQUEST_PREFIX
+from secure_afl.protocol import SECAGG_COMPLAINT, SECAGG_CONSISTENCY, SECAGG_REQUEST_PREFIX
 from secure_afl.secagg import SecAggClient, Stage, decode_message
 from secure_afl.stats import SufficientStatistics
 
@@ -198,7 +204,15 @@ class SecAggParticipant:
         self.hospital.bytes_uploaded += len(body)
 
     def _answer(self, stage: str, request, progress: bool) -> None:
-        response = self.client.handle(request, vector=self.vector if stage == Stage.MASKED_INPUT else None)
+        try:
+            response = self.client.handle(request, vector=self.vector if stage == Stage.MASKED_INPUT else None)
+        except InconsistentDealer as e:
+            # this round is over for us (nothing of ours was revealed); the proof lets the server abort it
+            # before any unmask and leave the dealer out of the next one
+            log.warning("%s: %s; sending the proof", self.hospital.name, e)
+            self._post(SECAGG_COMPLAINT, e.complaint.to_bytes())
+            self._answered.add(stage)
+            return
         if stage == Stage.MASKED_INPUT:
             self.receipt = self.hospital.upload(self.params, response.to_bytes(), progress=progress)
         else:

@@ -53,6 +53,7 @@ __all__ = [
     "RoundAlreadyClosed",
     "StageError",
     "InsufficientShares",
+    "InconsistentDealer",
     "InsufficientContributors",
     "OverlappingUnmaskRequest",
     "SecretKeyNotAllowed",
@@ -250,6 +251,21 @@ class InsufficientShares(SecureAFLError):
     reason = "insufficient_shares"
     http_status = 409
     exit_code = EXIT_REFUSED
+
+
+class InconsistentDealer(InsufficientShares):
+    """A dealer's shares miss its own signed check polynomial: the round aborts before any unmask, naming it.
+
+    ``dealer`` is its client id; ``complaint`` the holder's transferable proof
+    (:class:`~secure_afl.secagg.DealerComplaint`), when known.
+    """
+
+    reason = "inconsistent_dealer"
+
+    def __init__(self, message: str = "", *, dealer: int | None = None, complaint=None):
+        super().__init__(message)
+        self.dealer = dealer
+        self.complaint = complaint
 
 
 class InsufficientContributors(SecureAFLError):

@@ -31,7 +31,7 @@ from .exceptions import InvalidSignature, MalformedPayload, ReplayedContribution
 from .signing import canonical_json, parse_json
 
 __all__ = ["H_BODY", "verify_request_digest", "H_PARTY", "H_TIME", "H_NONCE", "H_SIGNATURE", "H_UPLOAD", "H_TAG", "REQUEST_PREFIX",
-           "SECAGG_REQUEST_PREFIX", "SECAGG_CONSISTENCY", "MAX_SKEW_S",
+           "SECAGG_REQUEST_PREFIX", "SECAGG_CONSISTENCY", "SECAGG_COMPLAINT", "MAX_SKEW_S",
            "sign_request", "verify_request", "API", "context_publication",
            "parse_context_publication"]
 
@@ -48,6 +48,8 @@ REQUEST_PREFIX = b"secure-afl/request/v1\0"
 SECAGG_REQUEST_PREFIX = b"secure-afl/secagg-request/v1\0"  # server's signature on each secagg stage request
 # Bonawitz et al.'s consistency check: the first half of the secagg unmask stage, run by the service
 SECAGG_CONSISTENCY = "consistency"
+# a holder's proof, instead of its masked input, that a dealer dealt it shares off the dealer's signed check
+SECAGG_COMPLAINT = "complaint"
 MAX_SKEW_S = 300
 
 API = "/v1"

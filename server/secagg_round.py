@@ -45,7 +45,14 @@ import time
 
 from fastapi import Request
 
-from secure_afl.secagg import ConsistencyStatement, MaskedInput, SecAggServerRound, Stage, decode_message
+from secure_afl.secagg import (
+    ConsistencyStatement,
+    DealerComplaint,
+    MaskedInput,
+    SecAggServerRound,
+    Stage,
+    decode_message,
+)
 from secure_afl.exceptions import (
     DuplicateContribution,
     Forbidden,
@@ -54,13 +61,14 @@ from secure_afl.exceptions import (
     SecureAFLError,
     StageError,
 )
-from secure_afl.protocol import API, SECAGG_CONSISTENCY, SECAGG_REQUEST_PREFIX
+from secure_afl.protocol import API, SECAGG_COMPLAINT, SECAGG_CONSISTENCY, SECAGG_REQUEST_PREFIX
 
 from .aggregator import AggregationServer, log
 
 __all__ = ["SecAggAggregationServer"]
 
 CONSISTENCY = SECAGG_CONSISTENCY
+COMPLAINT = SECAGG_COMPLAINT
 _MESSAGE_STAGES = (Stage.SETUP, Stage.ADVERTISE_KEYS, Stage.SHARE_KEYS, Stage.UNMASK)
 
 
@@ -102,16 +110,23 @@ class SecAggAggregationServer(AggregationServer):
         r = self.round_number
         return stage if r == 1 else f"{stage}@{r}"
 
+    def _new_round(self, r: int) -> SecAggServerRound:
+        """Round ``r`` over every enrolled hospital but the dealers proved to have cheated in this session."""
+        ids = self.client_ids
+        excluded = set(self.store.get_meta("secagg_excluded", []))
+        return SecAggServerRound(self.params, participants=[ids[n] for n in ids if n not in excluded], round=r,
+                                 identity_keys={ids[n]: e.public_key() for n, e in self._enrolled.items()})
+
     def _rebuild(self) -> None:
         super()._rebuild()
-        ids = self.client_ids
-        self._round = SecAggServerRound(self.params, participants=ids.values(), round=self.round_number,
-                                        identity_keys={ids[n]: e.public_key() for n, e in self._enrolled.items()})
+        self._round = self._new_round(self.round_number)
         closed = self.store.get_meta("secagg_closed", [])
         for stage in Stage.all():
             if self._round.stage != stage:
                 break
             if stage == Stage.MASKED_INPUT:
+                for data in self.store.messages(self._mkey(COMPLAINT)).values():
+                    self._round.receive(decode_message(data))
                 for row in self.store.uploads():
                     self._round.receive(MaskedInput.from_bytes(self.store.get_blob(row["payload_sha256"])))
             else:
@@ -184,11 +199,13 @@ class SecAggAggregationServer(AggregationServer):
             except InsufficientShares as e:
                 self.store.set_meta("secagg_aborted", {"message": str(e), "stage": stage, "round": r.round,
                                                        "after_unmask": unmasking})
+                dealer = getattr(e, "dealer", None)  # an inconsistent dealer, named
                 self.audit.append("secagg_stage_closed", actor=self.config.name, outcome="refused",
                                   session=self.config.session_id, reason=e.reason,
                                   details={"round": r.round, "stage": stage, "answered": answered,
                                            "expected": expected, "dropped": missing, "message": str(e)[:300],
-                                           "retry": self._may_retry()})
+                                           "retry": self._may_retry(),
+                                           **({"dealer": self._name(dealer)} if dealer else {})})
                 log.warning("[Stage %s] round %d aborted (%d of %d answered): %s", stage, r.round, answered,
                             expected, e)
                 return
@@ -220,12 +237,11 @@ class SecAggAggregationServer(AggregationServer):
         now = time.time()
         retired = self.store.retire_uploads(f"{Stage.MASKED_INPUT}@retired{old.round}", {
             "secagg_round": r, "secagg_closed": [], "secagg_aborted": None, "secagg_stage_opened": now})
-        ids = self.client_ids
-        self._round = SecAggServerRound(self.params, participants=ids.values(), round=r,
-                                        identity_keys={ids[n]: e.public_key() for n, e in self._enrolled.items()})
+        self._round = self._new_round(r)
         self.audit.append("secagg_round_opened", actor=hospital, outcome="accepted", session=self.config.session_id,
                           details={"round": r, "stage": self._round.stage, "max_rounds": self.config.secagg_max_rounds,
-                                   "hospitals": len(ids), "previous_abort": aborted,
+                                   "hospitals": len(self._round.participants), "previous_abort": aborted,
+                                   "excluded": sorted(self.store.get_meta("secagg_excluded", [])),
                                    "retired_masked_inputs": retired})
         log.warning("secagg round %d opened by %s after round %d aborted (%d masked inputs set aside)", r,
                     hospital, old.round, retired)
@@ -316,6 +332,40 @@ class SecAggAggregationServer(AggregationServer):
                                        "signed": self._round.signed_count})
             return {"accepted": True, "stage": CONSISTENCY}
 
+    def secagg_complaint(self, hospital: str, body: bytes) -> dict:
+        """A holder's proof that the dealer of its shares cheated: the dealer is named, the round will abort."""
+        with self._lock:
+            try:
+                if self.round_stage != Stage.MASKED_INPUT:
+                    raise StageError(f"the round is in {self.round_stage}; complaints belong to {Stage.MASKED_INPUT}")
+                msg = decode_message(body)
+                if not isinstance(msg, DealerComplaint) or msg.client_id != self.client_ids[hospital]:
+                    raise Forbidden(f"{hospital} may only send its own complaint")
+                if self.store.has_message(self._mkey(COMPLAINT), hospital):
+                    raise DuplicateContribution(f"{hospital} already sent a complaint")
+                self._round.receive(msg)  # refuses, changing nothing, a complaint that proves nothing
+            except SecureAFLError as e:
+                self.refuse("secagg_complaint", hospital, e)
+                raise
+            except (TypeError, ValueError, KeyError, AttributeError, IndexError, RecursionError) as e:
+                err = MalformedPayload(f"unusable complaint: {type(e).__name__}")
+                self.refuse("secagg_complaint", hospital, err)
+                raise err from None
+            dealer = self._name(msg.deal.dealer)
+            self.store.put_message(self._mkey(COMPLAINT), hospital, body)
+            excluded = self.store.get_meta("secagg_excluded", [])
+            if dealer not in excluded:
+                self.store.set_meta("secagg_excluded", sorted(excluded + [dealer]))
+            # the evidence travels whole: with the dealer's enrolled key anyone can re-check it
+            # (DealerComplaint.proves), without trusting this server or the holder
+            self.audit.append("secagg_inconsistent_dealer", actor=hospital, outcome="refused",
+                              session=self.config.session_id, reason="inconsistent_dealer",
+                              details={"round": self._round.round, "dealer": dealer, "holder": hospital,
+                                       "evidence": base64.b64encode(body).decode()})
+            log.warning("[Stage 3] %s proved that %s dealt inconsistent shares; round %d will abort and %s takes "
+                        "part in no later round", hospital, dealer, self._round.round, dealer)
+            return {"accepted": True, "stage": COMPLAINT}
+
     def secagg_message(self, hospital: str, stage: str, body: bytes) -> dict:
         """One hospital's answer for ``stage``."""
         with self._lock:
@@ -375,6 +425,8 @@ class SecAggAggregationServer(AggregationServer):
             party, body = await read_body(request, ("hospital",))
             if stage == CONSISTENCY:
                 return self.secagg_consistency(party.partition(":")[2], body)
+            if stage == COMPLAINT:
+                return self.secagg_complaint(party.partition(":")[2], body)
             return self.secagg_message(party.partition(":")[2], stage, body)
 
         @app.get(API + "/sessions/{session_id}/secagg/unmask-material")

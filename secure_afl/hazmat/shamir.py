@@ -35,7 +35,8 @@ from typing import Iterable, Sequence
 from .._validation import check_int, param_error
 from ..exceptions import InsufficientShares, InvalidContribution, InvalidInputError, MalformedPayload
 
-__all__ = ["PRIME", "MAX_SECRET_BYTES", "MAX_INDEX", "Share", "create_shares", "create_shares_from_parts", "combine_shares"]
+__all__ = ["PRIME", "MAX_SECRET_BYTES", "MAX_INDEX", "Share", "create_shares", "create_shares_from_parts", "combine_shares", "deal",
+           "random_polynomial", "evaluate"]
 
 PRIME = (1 << 521) - 1
 MAX_SECRET_BYTES = 64
@@ -110,6 +111,25 @@ def create_shares_from_parts(
         raise param_error("coefficients", "create_shares", f"{threshold - 1} ints in [0, p)", coefficients)
     poly = [int.from_bytes(secret, "big")] + [int(a) for a in coefficients]
     return [Share(i, _eval(poly, i), threshold, len(secret)) for i in idx]
+
+
+def deal(secret: bytes, threshold: int, n: int, *, indices: Iterable[int] | None = None) -> tuple[list[Share], list[int]]:
+    """:func:`create_shares`, also returning the polynomial ``[s, a_1, .., a_{t-1}]`` (for a verifiable dealing)."""
+    _check_sharing(secret, threshold, n, indices, "create_shares")
+    coefficients = [secrets.randbelow(PRIME) for _ in range(threshold - 1)]
+    shares = create_shares_from_parts(secret, threshold, n, coefficients, indices=indices)
+    return shares, [int.from_bytes(bytes(secret), "big")] + coefficients
+
+
+def random_polynomial(threshold: int) -> list[int]:
+    """``threshold`` coefficients uniform in [0, p): a blinding polynomial whose value at 0 is uniform too."""
+    threshold = check_int("threshold", threshold, "random_polynomial", low=1, high=MAX_INDEX)
+    return [secrets.randbelow(PRIME) for _ in range(threshold)]
+
+
+def evaluate(coefficients: Sequence[int], x: int) -> int:
+    """``P(x) = sum_k c_k x^k mod p``."""
+    return _eval(coefficients, x)
 
 
 def create_shares(secret: bytes, threshold: int, n: int, *, indices: Iterable[int] | None = None) -> list[Share]:

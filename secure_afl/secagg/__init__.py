@@ -20,8 +20,9 @@ each hospital; the hospital enforces the order, :class:`Stage`)::
 
     [Stage 0] SETUP           SetupRequest         -> SetupAck
     [Stage 1] ADVERTISE_KEYS  AdvertiseKeysRequest -> KeyAdvertisement (c_u^PK, s_u^PK)
-    [Stage 2] SHARE_KEYS      ShareKeysRequest     -> ShareKeysResponse (AEAD(shares of b_u, s_u^SK))
-    [Stage 3] MASKED_INPUT    MaskedInputRequest   -> MaskedInput (sealed y_u)
+    [Stage 2] SHARE_KEYS      ShareKeysRequest     -> ShareKeysResponse (AEAD(shares of b_u, s_u^SK, r_u),
+                                                                       signed deal record)
+    [Stage 3] MASKED_INPUT    MaskedInputRequest   -> MaskedInput (sealed y_u), or a DealerComplaint
     [Stage 4] UNMASK          survivor set         -> ConsistencyStatement (signed)
                               UnmaskRequest        -> UnmaskResponse (b-shares of survivors,
                                                                       s-shares of dropped)
@@ -74,6 +75,13 @@ Guards against a malicious server, all in :class:`SecAggClient`:
   what it decrypts, the server checks what is revealed and discards (and
   names the holder of) a wrong share; the round completes while t correct
   shares of every needed secret remain.
+* Dealing. Each dealer signs a deal record: the commitments of every
+  holder's b-, s- and blinding r-share and ``z = r + c_1 f_b + c_2 f_s``
+  with weights hashed from the commitments
+  (:func:`~secure_afl.secagg.masking.on_check_polynomial`). A holder checks
+  the signature, its commitments and ``z(i)``; shares that miss ``z``
+  make it send a :class:`DealerComplaint` instead of its masked input, a
+  proof anyone can check, and the round aborts before any unmask.
 
 ``threshold`` t is chosen relative to the ``m = degree + 1`` share holders
 of each hospital (``2 <= t <= m``, default ``floor(m / 2) + 1``): a larger t
@@ -91,6 +99,8 @@ from .masking import share_commitment
 from .messages import (
     AdvertiseKeysRequest,
     ConsistencyStatement,
+    DealerComplaint,
+    DealRecord,
     EncryptedShare,
     KeyAdvertisement,
     MaskedInput,
@@ -123,7 +133,7 @@ __all__ = [
     "PROTOCOL", "Stage", "SecAggBackend", "SecAggClient", "SecAggServerRound", "BadShare", "UnmaskMaterial",
     "SetupRequest", "SetupAck", "AdvertiseKeysRequest", "KeyAdvertisement", "ShareKeysRequest", "EncryptedShare",
     "ShareKeysResponse", "MaskedInputRequest", "MaskedInput", "ConsistencyStatement", "UnmaskRequest",
-    "UnmaskResponse", "decode_message", "secagg_session_params", "recommended_neighbours", "default_threshold",
-    "dropout_tolerance",    "consistency_quorum", "max_min_clients", "graph_seed", "neighbour_graph", "share_commitment", "simulate_round",
+    "UnmaskResponse", "DealRecord", "DealerComplaint", "decode_message", "secagg_session_params", "recommended_neighbours", "default_threshold",
+    "dropout_tolerance", "consistency_quorum", "max_min_clients", "graph_seed", "neighbour_graph", "share_commitment", "simulate_round",
     "identities",
 ]

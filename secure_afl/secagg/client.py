@@ -14,6 +14,7 @@ from .._validation import check_int
 from ..backends.base import check_vector
 from ..envelope import seal
 from ..exceptions import (
+    InconsistentDealer,
     InsufficientShares,
     InvalidContribution,
     MalformedPayload,
@@ -26,13 +27,25 @@ from ..exceptions import (
 )
 from ..hazmat import fixedpoint
 from ..hazmat.prg import DOMAIN_SELF_MASK, expand
-from ..hazmat.shamir import Share, create_shares
+from ..hazmat.shamir import PRIME, Share, deal, evaluate, random_polynomial
 from ..params import SessionParams
 from .backend import SecAggBackend
-from .masking import add_pair_mask, pair_seed, _raw_private, _raw_public, share_ad, share_key, share_commitment
+from .masking import (
+    add_pair_mask,
+    pair_seed,
+    _raw_private,
+    _raw_public,
+    share_ad,
+    share_key,
+    deal_challenge,
+    on_check_polynomial,
+    share_commitment,
+)
 from .messages import (
     AdvertiseKeysRequest,
     ConsistencyStatement,
+    DealerComplaint,
+    DealRecord,
     EncryptedShare,
     KeyAdvertisement,
     MaskedInput,
@@ -67,7 +80,9 @@ class SecAggClient:
       graph seed is the hash of that signed list, never the server's choice;
       at least the consistency quorum advertised;
     * MASKED_INPUT: every share decrypts under its AEAD and matches the
-      dealer's commitment;
+      dealer's commitment in its signed deal record, and lies on the
+      record's check polynomial (else :class:`InconsistentDealer`, carrying
+      the complaint that proves it);
     * consistency: sign only a survivor set of enrolled, advertised hospitals,
       with us in it and at least the quorum large; sign once;
     * UNMASK: a quorum of valid signatures over the ONE set we signed, a
@@ -271,26 +286,31 @@ class SecAggClient:
         ids = sorted(self.holders & self._advertised)
         if len(ids) < t:
             raise InsufficientShares(f"only {len(ids)} share holders advertised keys; threshold is {t}")
-        b_shares = create_shares(self._b, t, len(ids), indices=ids)
-        s_shares = create_shares(_raw_private(self._mask_sk), t, len(ids), indices=ids)
+        b_shares, f_b = deal(self._b, t, len(ids), indices=ids)
+        s_shares, f_s = deal(_raw_private(self._mask_sk), t, len(ids), indices=ids)
+        f_r = random_polynomial(t)
+        r_shares = [Share(v, evaluate(f_r, v), t, 32) for v in ids]
+        commits = [(v, *(share_commitment(sid, self._digest, kind, u, v, sh.to_bytes(), round=r)
+                         for kind, sh in zip("bsr", shares)))
+                   for v, *shares in zip(ids, b_shares, s_shares, r_shares)]
+        c1, c2 = deal_challenge(sid, self._digest, u, commits, round=r)
+        check = tuple((a + c1 * b + c2 * c) % PRIME for a, b, c in zip(f_r, f_b, f_s))
+        record = DealRecord(sid, r, self._digest, u, tuple(commits), check).signed(self._identity)
         out = []
-        for v, bs, ss in zip(ids, b_shares, s_shares):
+        for (v, cb, cs, _cr), bs, ss, rs in zip(commits, b_shares, s_shares, r_shares):
             if v == u:
                 self._held[u] = (bs, ss)
                 continue
             aead = share_key(self._enc_sk, ads[v].enc_public_key, sid, u, v, round=r)
             self._share_keys[v] = aead
-            cb = share_commitment(sid, self._digest, "b", u, v, bs.to_bytes(), round=r)
-            cs = share_commitment(sid, self._digest, "s", u, v, ss.to_bytes(), round=r)
             nonce = secrets.token_bytes(_NONCE_BYTES)
-            ct = aead.encrypt(nonce, bs.to_bytes() + ss.to_bytes(), share_ad(sid, self._digest, u, v, cb, cs, round=r))
+            ct = aead.encrypt(nonce, bs.to_bytes() + ss.to_bytes() + rs.to_bytes(),
+                              share_ad(sid, self._digest, u, v, cb, cs, round=r))
             out.append(EncryptedShare(u, v, nonce, ct, cb, cs))
         self._ads = {v: ads[v] for v in ids if v != u}
-        own_b, own_s = self._held[u]
+        own = record.commitment(u)
         self._stage = Stage.MASKED_INPUT
-        return ShareKeysResponse(sid, u, tuple(out),
-                                 share_commitment(sid, self._digest, "b", u, u, own_b.to_bytes(), round=r),
-                                 share_commitment(sid, self._digest, "s", u, u, own_s.to_bytes(), round=r), round=r)
+        return ShareKeysResponse(sid, u, tuple(out), own[0], own[1], record, round=r)
 
     # -- stage 3 ---------------------------------------------------------------
     def masked_input(self, request: MaskedInputRequest, vector) -> MaskedInput:
@@ -299,35 +319,60 @@ class SecAggClient:
         v = check_vector(self.params, vector)  # before any state change
         return self._run(self._masked_input_body, request, v)
 
-    def _open_share(self, es: EncryptedShare) -> tuple[Share, Share]:
-        """Decrypt one share pair and check it against the dealer's commitments."""
+    def _check_deal(self, es: EncryptedShare, record: DealRecord | None) -> tuple[bytes, bytes, bytes]:
+        """The dealer's signed record for this round, naming us with the commitments our share carries."""
+        u, w = self.client_id, es.sender
+        pub = self._peers.get(w)
+        if record is None or pub is None or not record.verify(pub):
+            raise InvalidContribution(f"the deal record of client {w} is missing or not signed by its hospital")
+        # Its session, round and dealer need no check of their own: our commitments bind them and must be in it.
+        # Which other holders it names is the dealer's business: the weights hash all of their commitments.
+        committed = record.commitment(u)
+        if committed is None or committed[:2] != (es.commit_b, es.commit_s):
+            raise InvalidContribution(f"the share of client {w} carries other commitments than its deal record")
+        return committed
+
+    def _open_share(self, es: EncryptedShare, record: DealRecord | None) -> tuple[Share, Share]:
+        """Decrypt one share triple, check it against the dealer's signed commitments and check polynomial."""
         u, t, sid, r = self.client_id, self.cfg.threshold, self.params.session_id, self.round
+        committed = self._check_deal(es, record)
         ad = share_ad(sid, self._digest, es.sender, u, es.commit_b, es.commit_s, round=r)
         try:
             pt = self._share_keys[es.sender].decrypt(es.nonce, es.ciphertext, ad)
         except InvalidTag:
             raise InvalidContribution() from None
         try:
-            n = len(pt) // 2
-            if len(pt) % 2:
-                raise MalformedPayload("odd share length")
-            bs, ss = Share.from_bytes(pt[:n]), Share.from_bytes(pt[n:])
+            n = len(pt) // 3
+            if len(pt) % 3:
+                raise MalformedPayload("share triple of odd length")
+            parts = [pt[:n], pt[n:2 * n], pt[2 * n:]]
+            shares = [Share.from_bytes(x) for x in parts]
         except MalformedPayload:
             raise InvalidContribution() from None
-        if any(s.index != u or s.threshold != t or s.length != 32 for s in (bs, ss)):
+        if any(sh.index != u or sh.threshold != t or sh.length != 32 for sh in shares):
             raise InvalidContribution()
-        if (share_commitment(sid, self._digest, "b", es.sender, u, bs.to_bytes(), round=r) != es.commit_b
-                or share_commitment(sid, self._digest, "s", es.sender, u, ss.to_bytes(), round=r) != es.commit_s):
-            raise InvalidContribution(f"client {es.sender} dealt a share that does not match its commitment")
+        for kind, raw, commit in zip("bsr", parts, committed):
+            if share_commitment(sid, self._digest, kind, es.sender, u, raw, round=r) != commit:
+                raise InvalidContribution(f"client {es.sender} dealt a share that does not match its commitment")
+        bs, ss, rs = shares
+        if not on_check_polynomial(record.check, record.weights, u, bs.value, ss.value, rs.value):
+            complaint = DealerComplaint(sid, u, record, *parts, round=r)
+            raise InconsistentDealer(f"client {es.sender} dealt shares that miss its own signed check polynomial",
+                                     dealer=es.sender, complaint=complaint)
         return bs, ss
 
     def _masked_input_body(self, request: MaskedInputRequest, vector: np.ndarray) -> MaskedInput:
         u, t, sid = self.client_id, self.cfg.threshold, self.params.session_id
+        records = {}
+        for record in request.deals:
+            if record.dealer in records:
+                raise MalformedPayload(f"two deal records of client {record.dealer}")
+            records[record.dealer] = record
         received: dict[int, tuple[Share, Share]] = {}
         for es in request.shares:
             if es.recipient != u or es.sender not in self._ads or es.sender in received:
                 raise MalformedPayload(f"unexpected or duplicate share from client {es.sender}")
-            received[es.sender] = self._open_share(es)
+            received[es.sender] = self._open_share(es, records.get(es.sender))
         if len(received) + 1 < t:
             raise InsufficientShares(f"only {len(received) + 1} holders completed share_keys; threshold is {t}")
         y = fixedpoint.encode(vector, self.cfg.frac_bits)

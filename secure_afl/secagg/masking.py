@@ -10,8 +10,10 @@ from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
 from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption, PrivateFormat, PublicFormat
 
 from ..hazmat.prg import DOMAIN_PAIR_MASK, agree, expand
+from ..hazmat.shamir import PRIME, evaluate
 
 _COMMIT_PREFIX = b"secure-afl/secagg/v2/share-commitment\0"
+_CHALLENGE_PREFIX = b"secure-afl/secagg/v2/deal-challenge\0"
 
 def round_context(session_id: str, round: int = 1) -> str:
     """Session id and round number, as bound into every key derivation, AEAD and commitment of a round.
@@ -44,6 +46,38 @@ def share_commitment(session_id: str, digest_hex: str, kind: str, owner: int, ho
     """
     head = f"{round_context(session_id, round)}/{digest_hex}/{kind}/{owner}->{holder}".encode()
     return hashlib.sha256(_COMMIT_PREFIX + len(head).to_bytes(2, "big") + head + share).digest()
+
+
+def deal_challenge(session_id: str, digest_hex: str, dealer: int, commitments, *, round: int = 1) -> tuple[int, int]:
+    """Fiat-Shamir weights ``(c_1, c_2)`` in GF(p) of a dealing: SHAKE-256 of every holder's three commitments.
+
+    ``commitments`` is the dealer's list of ``(holder, commit_b, commit_s, commit_r)``. The weights are fixed
+    only once every share is committed, so the dealer cannot choose shares that pass for the weights it gets.
+    80 bytes per weight reduced mod p: bias below 2^-100.
+    """
+    h = hashlib.shake_256(_CHALLENGE_PREFIX)
+    head = f"{round_context(session_id, round)}/{digest_hex}/{dealer}".encode()
+    h.update(len(head).to_bytes(2, "big") + head)
+    for holder, cb, cs, cr in commitments:
+        h.update(int(holder).to_bytes(2, "big") + cb + cs + cr)
+    out = h.digest(160)
+    return int.from_bytes(out[:80], "big") % PRIME, int.from_bytes(out[80:], "big") % PRIME
+
+
+def on_check_polynomial(check, weights: tuple[int, int], holder: int, b: int, s: int, r: int) -> bool:
+    """``z(i) == r_i + c_1 b_i + c_2 s_i (mod p)`` for holder ``i``: its three shares agree with the published ``z``.
+
+    Verifiable dealing (a hash-based VSS): the dealer draws a uniform blinding polynomial ``r`` of degree t-1
+    next to ``f_b`` and ``f_s``, commits to every holder's ``(f_b(i), f_s(i), r(i))``, derives ``(c_1, c_2)``
+    from the commitments (:func:`deal_challenge`) and publishes ``z = r + c_1 f_b + c_2 f_s``. ``z(0) = r(0) +
+    c_1 b + c_2 s`` is uniform whatever the secrets (``r(0)`` is), and t-1 holders learn nothing more. If the
+    b- or s-values of the holders lie on no polynomial of degree t-1, the weight pairs that make every
+    holder's check pass are at most a fraction 1/p of all pairs (two pairs differing in c_1 would put the
+    b-values on a polynomial), so some holder's check fails: that holder's three shares, their commitments
+    and the dealer's signature over commitments and ``z`` prove the inconsistency to anyone.
+    """
+    c1, c2 = weights
+    return evaluate(check, holder) == (r + c1 * b + c2 * s) % PRIME
 
 
 def pair_seed(mask_sk: X25519PrivateKey, peer_pk: bytes, session_id: str, u: int, v: int, *, round: int = 1) -> bytes:

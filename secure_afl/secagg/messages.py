@@ -14,13 +14,15 @@ from cryptography.exceptions import InvalidSignature
 
 from ..envelope import peek_header
 from ..exceptions import MalformedPayload
+from ..hazmat.shamir import PRIME, Share
 from ..signing import parse_json
+from .masking import deal_challenge, on_check_polynomial, share_commitment
 from .params import Stage
 
 __all__ = [
     "SetupRequest", "SetupAck", "AdvertiseKeysRequest", "KeyAdvertisement", "ShareKeysRequest", "EncryptedShare",
     "ShareKeysResponse", "MaskedInputRequest", "MaskedInput", "ConsistencyStatement", "UnmaskRequest",
-    "UnmaskResponse", "UnmaskMaterial", "decode_message",
+    "UnmaskResponse", "UnmaskMaterial", "DealRecord", "DealerComplaint", "decode_message",
 ]
 
 _KEY_BYTES = 32
@@ -32,6 +34,8 @@ _AD_PREFIX = b"secure-afl/secagg/v2/key-advertisement\0"
 # set, and signing the list itself made each check hash ~4.5 B per survivor (O(n) per signature, O(n^2) per
 # hospital). The name changed with the signed form so a signature over the old form never verifies.
 _CONSISTENCY_PREFIX = b"secure-afl/secagg/v2/consistency-digest\0"
+_DEAL_PREFIX = b"secure-afl/secagg/v2/deal\0"
+_VALUE_BYTES = 66  # one element of GF(2^521 - 1)
 
 
 def _canonical(d: Mapping) -> bytes:
@@ -317,6 +321,90 @@ class EncryptedShare:
         return cls(_int(d, "sender"), _int(d, "recipient"), nonce, _unb64(d["ciphertext"]), cb, cs)
 
 
+@dataclass(frozen=True)
+class DealRecord:
+    """A dealer's signed account of its dealing: every holder's commitments and the check polynomial ``z``.
+
+    ``commitments`` holds ``(holder, commit_b, commit_s, commit_r)`` for each share holder (the dealer
+    included), sorted by holder; ``check`` the t coefficients of ``z = r + c_1 f_b + c_2 f_s``
+    (:func:`~secure_afl.secagg.masking.on_check_polynomial`). The dealer signs it with its identity key, so a
+    holder whose shares match their commitments but miss ``z`` holds a proof against the dealer that anyone
+    can check (:class:`DealerComplaint`), and a server cannot invent one.
+    """
+
+    session_id: str
+    round: int
+    params_digest: str
+    dealer: int
+    commitments: tuple[tuple[int, bytes, bytes, bytes], ...]
+    check: tuple[int, ...]
+    signature: bytes = b""
+
+    def _signed_bytes(self) -> bytes:
+        body = self._dict_unsigned()
+        return _DEAL_PREFIX + _canonical(body)
+
+    def _dict_unsigned(self) -> dict:
+        return {"session_id": self.session_id, "round": self.round, "params_digest": self.params_digest,
+                "dealer": self.dealer,
+                "commitments": [[h, _b64(cb), _b64(cs), _b64(cr)] for h, cb, cs, cr in self.commitments],
+                "check": [_b64(c.to_bytes(_VALUE_BYTES, "big")) for c in self.check]}
+
+    def signed(self, identity_key) -> "DealRecord":
+        return replace(self, signature=identity_key.sign(self._signed_bytes()))
+
+    def verify(self, identity_public_key) -> bool:
+        return _verify(identity_public_key, self.signature, self._signed_bytes())
+
+    @property
+    def holders(self) -> tuple[int, ...]:
+        return tuple(h for h, *_ in self.commitments)
+
+    def commitment(self, holder: int) -> tuple[bytes, bytes, bytes] | None:
+        for h, cb, cs, cr in self.commitments:
+            if h == holder:
+                return cb, cs, cr
+        return None
+
+    @property
+    def weights(self) -> tuple[int, int]:
+        return deal_challenge(self.session_id, self.params_digest, self.dealer, self.commitments, round=self.round)
+
+    def to_dict(self) -> dict:
+        return {**self._dict_unsigned(), "signature": _b64(self.signature)}
+
+    @classmethod
+    def from_dict(cls, d) -> "DealRecord":
+        if not isinstance(d, Mapping):
+            raise ValueError("a deal record is an object")
+        rows = d["commitments"]
+        if not isinstance(rows, list) or any(not isinstance(row, list) or len(row) != 4 for row in rows):
+            raise ValueError("commitments are [holder, commit_b, commit_s, commit_r]")
+        commitments = []
+        for row in rows:
+            h = row[0]
+            if isinstance(h, bool) or not isinstance(h, int):
+                raise ValueError("a holder id is an int")
+            cb, cs, cr = (_unb64(x) for x in row[1:])
+            if any(len(x) != _DIGEST_BYTES for x in (cb, cs, cr)):
+                raise ValueError("commitments are 32 bytes")
+            commitments.append((h, cb, cs, cr))
+        holders = [h for h, *_ in commitments]
+        if holders != sorted(set(holders)):
+            raise ValueError("commitments are sorted by holder, one per holder")
+        check = d["check"]
+        if not isinstance(check, list):
+            raise ValueError("check is a list of field elements")
+        coeffs = []
+        for c in check:
+            raw = _unb64(c)
+            if len(raw) != _VALUE_BYTES or int.from_bytes(raw, "big") >= PRIME:
+                raise ValueError("a check coefficient is an element of GF(p)")
+            coeffs.append(int.from_bytes(raw, "big"))
+        return cls(_str(d, "session_id"), _round(d), _str(d, "params_digest"), _int(d, "dealer"),
+                   tuple(commitments), tuple(coeffs), _signature(d["signature"]))
+
+
 def _shares_list(v) -> tuple[EncryptedShare, ...]:
     if not isinstance(v, list):
         raise ValueError("shares must be a list")
@@ -338,37 +426,47 @@ class ShareKeysResponse(_Message):
     shares: tuple[EncryptedShare, ...]
     own_commit_b: bytes
     own_commit_s: bytes
+    deal: DealRecord | None = None
     round: int = 1
 
     def _body(self):
         return {"shares": [s.to_dict() for s in self.shares], "own_commit_b": _b64(self.own_commit_b),
-                "own_commit_s": _b64(self.own_commit_s)}
+                "own_commit_s": _b64(self.own_commit_s), "deal": None if self.deal is None else self.deal.to_dict()}
 
     @classmethod
     def _parse(cls, d):
         cb, cs = _unb64(d["own_commit_b"]), _unb64(d["own_commit_s"])
         if len(cb) != _DIGEST_BYTES or len(cs) != _DIGEST_BYTES:
             raise ValueError("commitments are 32 bytes")
-        return cls(_str(d, "session_id"), _int(d, "client_id"), _shares_list(d["shares"]), cb, cs)
+        return cls(_str(d, "session_id"), _int(d, "client_id"), _shares_list(d["shares"]), cb, cs,
+                   DealRecord.from_dict(d["deal"]))
 
 
 @dataclass(frozen=True)
 class MaskedInputRequest(_Message):
-    """Server -> hospital: the encrypted shares addressed to it by holders that completed SHARE_KEYS (U2)."""
+    """Server -> hospital: the encrypted shares addressed to it by holders that completed SHARE_KEYS (U2).
+
+    ``deals`` are the signed deal records of their dealers, one per share.
+    """
 
     TYPE: ClassVar[str] = "secagg.masked_input_request"
     STAGE: ClassVar[str] = Stage.MASKED_INPUT
     session_id: str
     client_id: int
     shares: tuple[EncryptedShare, ...]
+    deals: tuple[DealRecord, ...] = ()
     round: int = 1
 
     def _body(self):
-        return {"shares": [s.to_dict() for s in self.shares]}
+        return {"shares": [s.to_dict() for s in self.shares], "deals": [dl.to_dict() for dl in self.deals]}
 
     @classmethod
     def _parse(cls, d):
-        return cls(_str(d, "session_id"), _int(d, "client_id"), _shares_list(d["shares"]))
+        deals = d["deals"]
+        if not isinstance(deals, list):
+            raise ValueError("deals must be a list")
+        return cls(_str(d, "session_id"), _int(d, "client_id"), _shares_list(d["shares"]),
+                   tuple(DealRecord.from_dict(x) for x in deals))
 
 
 @dataclass(frozen=True)
@@ -409,6 +507,58 @@ class MaskedInput(_Message):
         except (KeyError, ValueError):
             raise MalformedPayload("masked input header lacks its round") from None
         return cls(sid, cid, bytes(data), r)
+
+
+@dataclass(frozen=True)
+class DealerComplaint(_Message):
+    """Holder -> server, instead of its masked input: "dealer ``deal.dealer`` dealt me shares that miss ``z``".
+
+    Carries the dealer's signed :class:`DealRecord` and the holder's three shares of that dealing. It proves
+    the dealer cheated when (:meth:`proves`) the record carries the dealer's signature, the three shares match
+    the holder's commitments in it, and they miss the check polynomial. Revealing the shares costs nothing:
+    they are shares of a cheater's secrets. Nothing in it needs the holder's or the server's word.
+    """
+
+    TYPE: ClassVar[str] = "secagg.dealer_complaint"
+    STAGE: ClassVar[str] = Stage.MASKED_INPUT
+    session_id: str
+    client_id: int
+    deal: DealRecord
+    share_b: bytes
+    share_s: bytes
+    share_r: bytes
+    round: int = 1
+
+    def _body(self):
+        return {"deal": self.deal.to_dict(), "share_b": _b64(self.share_b), "share_s": _b64(self.share_s),
+                "share_r": _b64(self.share_r)}
+
+    @classmethod
+    def _parse(cls, d):
+        return cls(_str(d, "session_id"), _int(d, "client_id"), DealRecord.from_dict(d["deal"]),
+                   _unb64(d["share_b"]), _unb64(d["share_s"]), _unb64(d["share_r"]))
+
+    def proves(self, dealer_identity_public_key, params_digest: str, threshold: int) -> bool:
+        """True iff this is a transferable proof that the dealer dealt this holder shares off its own ``z``."""
+        dl, u = self.deal, self.client_id
+        if (dl.session_id, dl.round, dl.params_digest) != (self.session_id, self.round, params_digest):
+            return False
+        if len(dl.check) != threshold or not dl.verify(dealer_identity_public_key):
+            return False
+        committed = dl.commitment(u)
+        if committed is None or u == dl.dealer:
+            return False
+        try:
+            shares = [Share.from_bytes(x) for x in (self.share_b, self.share_s, self.share_r)]
+        except (MalformedPayload, TypeError):
+            return False
+        if any(sh.index != u or sh.threshold != threshold for sh in shares):
+            return False
+        for kind, raw, commit in zip("bsr", (self.share_b, self.share_s, self.share_r), committed):
+            if share_commitment(dl.session_id, dl.params_digest, kind, dl.dealer, u, raw, round=dl.round) != commit:
+                return False
+        b, s, r = (sh.value for sh in shares)
+        return not on_check_polynomial(dl.check, dl.weights, u, b, s, r)
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 from .._validation import check_int
 from ..exceptions import (
     DuplicateContribution,
+    InconsistentDealer,
     InsufficientShares,
     InvalidContribution,
     MalformedPayload,
@@ -29,6 +30,8 @@ from .masking import _raw_public, share_commitment
 from .messages import (
     AdvertiseKeysRequest,
     ConsistencyStatement,
+    DealerComplaint,
+    DealRecord,
     EncryptedShare,
     KeyAdvertisement,
     MaskedInput,
@@ -114,6 +117,8 @@ class SecAggServerRound:
         self._graph: dict[int, frozenset[int]] = {}
         self._inbox: dict[int, dict[int, EncryptedShare]] = {}
         self._commits: dict[tuple[int, int], tuple[bytes, bytes]] = {}
+        self._deals: dict[int, DealRecord] = {}
+        self.complaints: dict[int, DealerComplaint] = {}  # dealer -> the first complaint proving it cheated
         self._combiner: _SecAggCombiner | None = None
         self._aggregate: bytes | None = None
         self._unmask_lists: dict[int, tuple[tuple[int, ...], tuple[int, ...]]] = {}
@@ -187,7 +192,9 @@ class SecAggServerRound:
             return ShareKeysRequest(sid, u, tuple(self._ads[v] for v in sorted(self.advertised)), self.graph_seed, r)
         if self.stage == Stage.MASKED_INPUT:
             inbox = self._inbox.get(u, {})
-            return MaskedInputRequest(sid, u, tuple(inbox[v] for v in sorted(inbox) if v in self.active), r)
+            senders = [v for v in sorted(inbox) if v in self.active]
+            return MaskedInputRequest(sid, u, tuple(inbox[v] for v in senders), tuple(self._deals[v] for v in senders),
+                                      r)
         if not self.unmask_open:
             raise StageError(f"{len(self._statements)} of {self.quorum} survivors signed the survivor set so far")
         surv, drop = self._unmask_lists[u]
@@ -212,6 +219,9 @@ class SecAggServerRound:
             raise StageError(f"client {u} takes no part in stage {self.stage}")
         if isinstance(message, ConsistencyStatement):
             self._receive_statement(message)
+            return
+        if isinstance(message, DealerComplaint):
+            self._receive_complaint(message)
             return
         if u in self._responded:
             raise DuplicateContribution(f"client {u} already answered stage {self.stage}")
@@ -252,10 +262,42 @@ class SecAggServerRound:
             if es.sender != u or es.recipient not in allowed or es.recipient in seen:
                 raise MalformedPayload(f"client {u} sent a share for an unexpected recipient")
             seen.add(es.recipient)
+        self._check_deal(m)
+        self._deals[u] = m.deal
         for es in m.shares:
             self._inbox.setdefault(es.recipient, {})[u] = es
             self._commits[(u, es.recipient)] = (es.commit_b, es.commit_s)
         self._commits[(u, u)] = (m.own_commit_b, m.own_commit_s)
+
+    def _check_deal(self, m: ShareKeysResponse) -> None:
+        """The deal record is for this round and dealer, over the holders it sent shares to, with their commitments.
+
+        A record at odds with the shares would make every holder refuse its masked input, unattributed; it is
+        refused here instead, before it is relayed. Its signature and whether its holders are those the graph
+        gives are each holder's checks (a hospital shown another list of advertisements deals along another
+        graph)."""
+        u, dl = m.client_id, m.deal
+        if dl is None or (dl.session_id, dl.round, dl.params_digest, dl.dealer) != (
+                self.params.session_id, self.round, self._digest, u):
+            raise MalformedPayload(f"client {u} sent no deal record for this round")
+        if set(dl.holders) != {es.recipient for es in m.shares} | {u} or len(dl.check) != self.cfg.threshold:
+            raise MalformedPayload(f"the deal record of client {u} names other holders than its shares")
+        if dl.commitment(u)[:2] != (m.own_commit_b, m.own_commit_s) or any(
+                dl.commitment(es.recipient)[:2] != (es.commit_b, es.commit_s) for es in m.shares):
+            raise MalformedPayload(f"the deal record of client {u} carries other commitments than its shares")
+
+    def _receive_complaint(self, m: DealerComplaint) -> None:
+        """A holder's proof that the dealer of its shares cheated; the round will abort before any unmask."""
+        if self.stage != Stage.MASKED_INPUT:
+            raise StageError("complaints about a dealing are accepted in the masked_input stage")
+        w = m.deal.dealer
+        pub = None if self._identity_keys is None else self._identity_keys.get(w)
+        if pub is None or not m.proves(pub, self._digest, self.cfg.threshold):
+            raise InvalidContribution(f"the complaint of client {m.client_id} against client {w} proves nothing: "
+                                      "its shares do not match the signed commitments or lie on the check polynomial")
+        self.complaints.setdefault(w, m)
+        self._responded.add(m.client_id)  # it uploads nothing; the stage need not wait for it
+        logger.warning("[Stage 3] client %d proved that client %d dealt inconsistent shares", m.client_id, w)
 
     def _receive_masked(self, m: MaskedInput) -> None:
         # checks envelope, session, parameters, round, length
@@ -373,6 +415,11 @@ class SecAggServerRound:
         return self._advance(Stage.MASKED_INPUT, u2)
 
     def _close_masked_input(self) -> bool:
+        if self.complaints:  # before any unmask request: the round revealed nothing and may be retried without them
+            cheats = sorted(self.complaints)
+            raise InconsistentDealer(f"clients {cheats} dealt shares inconsistent with their signed check polynomial "
+                                     "(proved by their holders): round aborted, nothing revealed",
+                                     dealer=cheats[0], complaint=self.complaints[cheats[0]])
         t = self.cfg.threshold
         u2, u3 = self.active, frozenset(self._combiner.contributors)
         dropped = u2 - u3
@@ -411,10 +458,10 @@ class SecAggServerRound:
 
     def unmask_material(self) -> UnmaskMaterial:
         """Reconstruct ``b_u`` (survivors) and ``s_v^SK`` (dropped) from the correct shares received."""
-        seeds = {u: combine_shares(self._b_shares[u]) for u in self.survivors_}
+        seeds = {u: self._combine(u, self._b_shares[u], "self-mask") for u in self.survivors_}
         keys = {}
         for v in self.dropped_:
-            raw = combine_shares(self._s_shares[v])
+            raw = self._combine(v, self._s_shares[v], "mask-key")
             if _raw_public(X25519PrivateKey.from_private_bytes(raw)) != self._ads[v].mask_public_key:
                 raise InvalidContribution()
             keys[v] = raw
@@ -423,6 +470,22 @@ class SecAggServerRound:
             need |= self._graph[v] & set(self.survivors_)
         pks = {u: self._ads[u].mask_public_key for u in sorted(need)}
         return UnmaskMaterial(self.survivors_, self.dropped_, seeds, keys, pks, self.graph_seed, self.round)
+
+    def _combine(self, owner: int, shares: list[Share], what: str) -> bytes:
+        """The secret, or the dealer named: every share kept matched a commitment in its signed deal record.
+
+        Shares that lie on no polynomial of degree t-1 (more than t of them), or whose polynomial is no
+        32-byte secret at 0, were then dealt that way by the owner. This happens only when the off-polynomial
+        shares went to holders that did not complain (its colluders): an honest holder's check would have
+        stopped the round at the masked input. Unmask requests have gone out, so the round is not retried.
+        """
+        try:
+            return combine_shares(shares)
+        except InvalidContribution:
+            raise InconsistentDealer(
+                f"the {len(shares)} {what} shares of client {owner} returned, each matching a commitment it signed, "
+                f"give no {self.cfg.threshold - 1}-degree sharing of a 32-byte secret: client {owner} dealt them; "
+                "round aborted", dealer=owner) from None
 
     @property
     def aggregate(self) -> bytes | None:

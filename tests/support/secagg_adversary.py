@@ -275,7 +275,7 @@ class MaliciousServer:
             if es.recipient == v:
                 ad = share_ad("adv", self.params.digest().hex(), es.sender, v, es.commit_b, es.commit_s)
                 pt = col._share_keys[v].decrypt(es.nonce, es.ciphertext, ad)
-                n = len(pt) // 2
+                n = len(pt) // 3  # b-, s- and r-share, in that order
                 bs = Share.from_bytes(pt[:n])
                 wrong = Share(bs.index, (bs.value + 1) % PRIME, bs.threshold, bs.length).to_bytes()
                 es = replace(es, ciphertext=col._share_keys[v].encrypt(es.nonce, wrong + pt[n:], ad))
