@@ -49,6 +49,9 @@ class FLConfig:
     kappa: float = 0.8               # FedFac cumulative-variance threshold for the factor count
     seed: int = 0
     eval_every: int = 1
+    optimizer: str = "sgd"           # local optimiser: 'sgd' or 'adam' (state reset every round)
+    fa_epochs: int = 0               # FedFac static: local epochs before the split; > 0 splits on the updates
+    split: str = "fa"                # FedFac: 'fa' (factor analysis) or 'random' (ablation, same size)
 
 
 def client_label_mix(clients, n_classes: int) -> np.ndarray:
@@ -85,19 +88,33 @@ def evaluate(head, thetas, test, mix):
     return float(np.mean(glob)), float(per.mean()), per
 
 
-def local_train(head, theta, X, y, cfg: FLConfig, rng, anchor=None):
-    """``local_epochs`` of mini-batch SGD from ``theta``; FedProx pulls towards ``anchor``."""
+def local_train(head, theta, X, y, cfg: FLConfig, rng, anchor=None, epochs: int | None = None):
+    """``local_epochs`` of mini-batch SGD (or Adam) from ``theta``; FedProx pulls towards ``anchor``.
+
+    Adam's moments start from zero every round: a client keeps no optimiser
+    state between rounds, as in FedFac's reference setting."""
     theta = theta.copy()
     n = y.size
     bs = min(cfg.batch_size, n)
-    for _ in range(cfg.local_epochs):
+    adam = cfg.optimizer == "adam"
+    if cfg.optimizer not in ("sgd", "adam"):
+        raise InvalidInputError(f"optimizer must be 'sgd' or 'adam'; got {cfg.optimizer!r}")
+    if adam:
+        m1, m2, t = np.zeros_like(theta), np.zeros_like(theta), 0
+    for _ in range(cfg.local_epochs if epochs is None else epochs):
         order = rng.permutation(n)
         for s in range(0, n, bs):
             idx = order[s:s + bs]
             _, g = head.loss_grad(theta, X[idx], y[idx])
             if cfg.mu > 0.0 and anchor is not None:
                 g = g + cfg.mu * (theta - anchor)
-            theta -= cfg.lr * g
+            if adam:
+                t += 1
+                m1 = 0.9 * m1 + 0.1 * g
+                m2 = 0.999 * m2 + 0.001 * g * g
+                theta -= cfg.lr * (m1 / (1 - 0.9 ** t)) / (np.sqrt(m2 / (1 - 0.999 ** t)) + 1e-8)
+            else:
+                theta -= cfg.lr * g
     return theta
 
 
@@ -140,14 +157,30 @@ def run_fedavg(head, clients, test, cfg: FLConfig, *, session: str = "fedavg"):
     g, p, per = evaluate(head, theta, test, mix)
     return {"theta": theta, "history": history, "global_acc": g, "client_acc": p, "per_client": per,
             "rounds": cfg.rounds, "bytes_per_round": float(np.mean(ss.bytes_up)),
-            "seconds": time.perf_counter() - t0}
+            "err_ratio": float(max(ss.err_ratio)), "seconds": time.perf_counter() - t0}
 
 
-def secure_split(head: MLPHead, blocks, ss: SecureSum, cfg: FLConfig):
-    """(shared, personalised, R) from the clients' (d+1) x h blocks through one secure sum."""
+def secure_split(head: MLPHead, blocks, ss: SecureSum, cfg: FLConfig, rng=None):
+    """(shared, personalised, R) from the clients' (d+1) x h blocks through one secure sum.
+
+    ``cfg.split == 'random'`` (the ablation) personalises a uniformly random set of
+    the same size instead, drawn from ``rng``; R is still computed, for the report."""
     R = fa.correlation_from_sums(ss.sum([fa.gram_contribution(Z) for Z in blocks]), head.hidden)
+    if cfg.split == "random":
+        h = head.hidden
+        n_personal = int(round(cfg.personal_fraction * h))
+        perm = (rng if rng is not None else np.random.default_rng(cfg.seed)).permutation(h)
+        return np.sort(perm[n_personal:]), np.sort(perm[:n_personal]), R
+    if cfg.split != "fa":
+        raise InvalidInputError(f"split must be 'fa' or 'random'; got {cfg.split!r}")
     shared, personal = fa.factor_split(R, personal_fraction=cfg.personal_fraction, kappa=cfg.kappa)
     return shared, personal, R
+
+
+def offdiag_mean_abs(R: np.ndarray) -> float:
+    """Mean |R_ij| over i != j: 0 for a correlation matrix that is the identity."""
+    h = R.shape[0]
+    return float((np.abs(R).sum() - np.abs(np.diag(R)).sum()) / max(h * (h - 1), 1))
 
 
 def run_fedfac(head: MLPHead, clients, test, cfg: FLConfig, *, dynamic: bool = False, session: str = "fedfac"):
@@ -165,9 +198,22 @@ def run_fedfac(head: MLPHead, clients, test, cfg: FLConfig, *, dynamic: bool = F
                    session=session + "-gram")
     theta = head.init(np.random.default_rng(cfg.seed))
     # Initialisation: local models from the common start, split from their hidden-unit blocks.
-    local = [local_train(head, theta, X, y, cfg, _rng(cfg, 0, k)) for k, (X, y) in enumerate(clients)]
-    shared, personal, _ = secure_split(head, [head.unit_block(t) for t in local], gs, cfg)
+    # After a single epoch the weights are still almost their random initialisation, whose columns are
+    # uncorrelated, so R is close to I and the split is arbitrary; with fa_epochs > 0 the clients train
+    # that long and the split is computed on their updates (theta_k - theta_0), which carry only what
+    # was learned.
+    split_rng = np.random.default_rng([cfg.seed, 7])
+    if cfg.fa_epochs > 0:
+        local = [local_train(head, theta, X, y, cfg, _rng(cfg, 0, k), epochs=cfg.fa_epochs)
+                 for k, (X, y) in enumerate(clients)]
+        blocks = [head.unit_block(t - theta) for t in local]
+    else:
+        local = [local_train(head, theta, X, y, cfg, _rng(cfg, 0, k)) for k, (X, y) in enumerate(clients)]
+        blocks = [head.unit_block(t) for t in local]
+    shared, personal, R0 = secure_split(head, blocks, gs, cfg, split_rng)
     splits = [(shared, personal)]
+    r_offdiag = [offdiag_mean_abs(R0)]
+    switching = []
     own = [theta.copy() for _ in clients]  # each client's copy; only its personalised entries are used
     history = []
     for r in range(1, cfg.rounds + 1):
@@ -175,9 +221,12 @@ def run_fedfac(head: MLPHead, clients, test, cfg: FLConfig, *, dynamic: bool = F
         starts = [np.where(pmask, own[k], theta) for k in range(K)]
         new = [local_train(head, starts[k], X, y, cfg, _rng(cfg, r, k)) for k, (X, y) in enumerate(clients)]
         if dynamic:
-            shared, personal, _ = secure_split(head, [head.unit_block(new[k] - starts[k]) for k in range(K)], gs,
-                                               cfg)
+            before = set(personal.tolist())
+            shared, personal, R = secure_split(head, [head.unit_block(new[k] - starts[k]) for k in range(K)], gs,
+                                               cfg, split_rng)
             splits.append((shared, personal))
+            r_offdiag.append(offdiag_mean_abs(R))
+            switching.append(len(before ^ set(personal.tolist())) / head.hidden)  # share of units that changed side
             pmask = head.unit_mask(personal)
         contrib = [_weighted(np.where(pmask, 0.0, new[k] - starts[k]), clients[k][1].size) for k in range(K)]
         total = ss.sum(contrib)
@@ -192,4 +241,5 @@ def run_fedfac(head: MLPHead, clients, test, cfg: FLConfig, *, dynamic: bool = F
     per_round = np.mean(ss.bytes_up) + (np.mean(gs.bytes_up) * len(gs.bytes_up) / cfg.rounds)
     return {"theta": theta, "models": models, "history": history, "global_acc": g, "client_acc": p,
             "per_client": per, "rounds": cfg.rounds, "bytes_per_round": float(per_round), "splits": splits,
+            "switching": switching, "r_offdiag": r_offdiag, "err_ratio": float(max(ss.err_ratio + gs.err_ratio)),
             "seconds": time.perf_counter() - t0}

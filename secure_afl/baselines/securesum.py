@@ -7,8 +7,12 @@ HTTP): every client calls ``protect``, the server streams the payloads into a
 ``combiner`` it cannot read, and only the aggregate is revealed.
 
 * ``plain``: the reference path (the server reads every vector);
-* ``ckks``: one key pair per :class:`SecureSum` (the key holder's), a fresh
-  combiner per round; the key holder decrypts only aggregates;
+* ``ckks``: a fresh key pair per sum, as the service's key holder holds one
+  per session and decrypts under it once; the raw decryption is flooded by the
+  key holder's own release function
+  (:func:`secure_afl.keyholder.flooding.flood_release`, every slot at the
+  declared-magnitude bound) before anything reads it, so a ckks run here sees
+  what a ckks release of the service would give, never the bare decryption;
 * ``secagg``: a fresh SecAgg round per sum (fresh keys, masks and Shamir
   shares, SecAgg+ neighbour graph for many clients), via the backend's
   in-process round (:func:`~secure_afl.backends.secagg.simulate_round`).
@@ -66,6 +70,12 @@ class SecureSum:
     ----------
     bytes_up : list of float
         Per sum, the mean bytes one client uploaded (secagg: all five stages).
+    flood : list of (sigma, tol)
+        ckks: per sum, the flooding's standard deviation and the per-entry bound
+        that holds for every revealed entry (except with probability 2^-40).
+    err_ratio : list of float
+        Per sum, max |revealed - float64 sum| / :meth:`error_bound`: the sum
+        is checked against its proved tolerance on every call (<= 1 expected).
     """
 
     backend: str
@@ -74,6 +84,8 @@ class SecureSum:
     max_clients: int
     session: str = "fl"
     bytes_up: list = field(default_factory=list)
+    flood: list = field(default_factory=list)
+    err_ratio: list = field(default_factory=list)
 
     def __post_init__(self):
         if self.backend not in BACKENDS:
@@ -111,10 +123,44 @@ class SecureSum:
         padded = [self._pad(v) for v in vectors]
         if self.backend == "secagg":
             total, up = self._secagg(padded)
+        elif self.backend == "ckks":
+            total, up = self._ckks_flooded(padded)
         else:
             total, up = self._single_message(padded)
         self.bytes_up.append(float(up))
+        exact = np.sum(padded, axis=0)
+        mag = float(np.sum([np.max(np.abs(v)) for v in padded]))
+        bound = self.error_bound(len(padded), magnitude=max(mag, 1e-300))
+        self.err_ratio.append(float(np.max(np.abs(total - exact))) / bound if bound > 0 else 0.0)
         return total[: self.length].copy()
+
+    def _ckks_flooded(self, padded):
+        """Fresh key, protect, blind combine, one raw decryption flooded as the key holder floods."""
+        from ..backends.ckks import expected_abs_error, new_ckks_session
+        from ..envelope import open_envelope
+        from ..keyholder.flooding import flood_release
+
+        k = len(padded)
+        params, keys = new_ckks_session(f"{self.session}-ckks-{self._rounds}", self.layout, 0.0, self.bounds)
+        be = get_backend(params)
+        comb = be.combiner(public_context=keys.public_context)
+        sizes = []
+        for v in padded:
+            payload = be.protect(v, public_context=keys.public_context)  # client side
+            sizes.append(len(payload))
+            comb.add(payload)  # server side: blind
+        ctx = be.keyholder_context(keys.secret_context)
+        chunks = be.load_partial(ctx, open_envelope(params, comb.aggregate(), "aggregate").body)
+        e = expected_abs_error(params, k)
+        every = np.arange(self.layout.length)
+        # A generic vector has no count slots: every slot is flooded at the declared-magnitude bound
+        # (the key holder's stage 1), which is what its release does where it cannot tighten the bound.
+        fl = flood_release(be.decrypt_raw(ctx, chunks), every, np.zeros(0, dtype=np.int64), e_first=e,
+                           e_rest=lambda upper: e)
+        be.check_range(fl.vector, fl.tol)
+        self.params = params
+        self.flood.append((float(fl.sigma), float(fl.tol)))
+        return fl.vector, np.mean(sizes)
 
     def _single_message(self, padded):
         be = get_backend(self.params)
@@ -150,13 +196,18 @@ class SecureSum:
 
         plain: float64 summation rounding; secagg: fixed-point rounding
         (half a unit in the last place per client, the integer sum is exact);
-        ckks: the backend's declared encryption-noise bound.
+        ckks: the flooded release's bound, the decryption error at the declared
+        magnitude plus z sigma of the flooding (z: every entry at once except
+        with probability 2^-40), the tolerance the key holder's checks use.
         """
         m = n_clients * float(self.bound) if magnitude is None else float(magnitude)
         if self.backend == "ckks":
             from ..backends.ckks import expected_abs_error
+            from ..keyholder.flooding import flood_sigma, tail_z
 
-            return expected_abs_error(self.params, n_clients, magnitude=m)
+            e = expected_abs_error(self.params, n_clients)
+            L = self.layout.length
+            return e + tail_z(L) * flood_sigma(e, slots=2 * L) + n_clients * np.finfo(np.float64).eps * m
         if self.backend == "secagg":
             from ..hazmat.fixedpoint import abs_error_bound, choose_frac_bits
 
