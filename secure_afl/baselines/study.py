@@ -35,6 +35,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..exceptions import BoundsExceeded, InvalidInputError
 from .fl import FLConfig, client_label_mix, evaluate, run_fedavg, run_fedfac
 from .heads import LinearHead, MLPHead
 from .securesum import SecureSum
@@ -134,24 +135,34 @@ def _job(job: dict) -> dict:
                        fa_epochs=job.get("fa_epochs", 0), split=job.get("split", "fa"),
                        eval_every=1 if job["stage"] == "final" else job["rounds"])
         test = (Xte, yte)
-        if job["method"].startswith("FedFac"):
-            res = run_fedfac(head, train, test, cfg, dynamic=job.get("dynamic", False))
-            # the clients' own validation samples, each on its personal model
-            vacc = float(np.mean([np.mean(head.predict(m, Xv) == yv) for m, (Xv, yv) in zip(res["models"], val)]))
-        else:
-            res = run_fedavg(head, train, test, cfg)
-            Xv, yv = _pooled(val)
-            vacc = float(np.mean(head.predict(res["theta"], Xv) == yv))
         out = {k: v for k, v in job.items()}
-        out.update({"val_acc": vacc, "global_acc": res["global_acc"], "client_acc": res["client_acc"],
-                    "history": [list(map(float, h)) for h in res["history"]], "seconds": res["seconds"]})
-        if job["method"].startswith("FedFac"):
-            out.update({"switching": res["switching"], "r_offdiag": res["r_offdiag"],
-                        "personal": [int(v) for v in res["splits"][-1][1]]})
-        elif job["stage"] == "final":
-            mix = client_label_mix(cl, C)
-            out["client_acc_prior"] = float(np.mean(label_prior_accuracy(head, res["theta"], test, mix)))
-        return out
+        try:
+            return _job_run(job, out, head, train, val, test, cfg, cl, C)
+        except (BoundsExceeded, InvalidInputError) as e:
+            # an update beyond the declared bound (or not finite): the run diverged; the secure sum refuses it
+            out.update({"refused": str(e)[:120], "val_acc": -1.0, "global_acc": float("nan"), "client_acc": float("nan"), "history": [],
+                        "seconds": float("nan"), "diverged": True})
+            return out
+
+
+def _job_run(job, out, head, train, val, test, cfg, cl, C):
+    if job["method"].startswith("FedFac"):
+        res = run_fedfac(head, train, test, cfg, dynamic=job.get("dynamic", False))
+        # the clients' own validation samples, each on its personal model
+        vacc = float(np.mean([np.mean(head.predict(m, Xv) == yv) for m, (Xv, yv) in zip(res["models"], val)]))
+    else:
+        res = run_fedavg(head, train, test, cfg)
+        Xv, yv = _pooled(val)
+        vacc = float(np.mean(head.predict(res["theta"], Xv) == yv))
+    out.update({"val_acc": vacc, "global_acc": res["global_acc"], "client_acc": res["client_acc"],
+                "history": [list(map(float, h)) for h in res["history"]], "seconds": res["seconds"]})
+    if job["method"].startswith("FedFac"):
+        out.update({"switching": res["switching"], "r_offdiag": res["r_offdiag"],
+                    "personal": [int(v) for v in res["splits"][-1][1]]})
+    elif job["stage"] == "final":
+        mix = client_label_mix(cl, C)
+        out["client_acc_prior"] = float(np.mean(label_prior_accuracy(head, res["theta"], test, mix)))
+    return out
 
 
 def _grid_jobs(method, spec, base):
