@@ -99,17 +99,112 @@ def test_secure_and_plain_runs_give_the_same_model(data, backend):
     }
     rounds = 2
     for name, run in runs.items():
-        plain = run(FLConfig(rounds=rounds, backend="plain"))
-        secure = run(FLConfig(rounds=rounds, backend=backend))
+        plain = run(FLConfig(rounds=rounds, backend="plain", fa_bound=1.0))
+        secure = run(FLConfig(rounds=rounds, backend=backend, fa_bound=1.0))
+        # every revealed sum of the run lies within its proved per-entry bound (ckks: flooding included)
+        assert 0.0 <= secure["err_ratio"] <= 1.0, name
+        if name.startswith("fedfac"):
+            if backend == "secagg":  # exact sums: the same R, the same split
+                assert [tuple(map(tuple, s)) for s in plain["splits"]] == \
+                    [tuple(map(tuple, s)) for s in secure["splits"]]
+            continue  # ckks: a flooded R may order near-equal communalities differently; the sums are bounded
         # Per round the revealed weighted update is off by at most eb / N per entry.
         n_max = max(y.size for _, y in clients)
         eb = SecureSum(backend, 10, n_max * 100.0, len(clients)).error_bound(len(clients)) / n
         assert _max_diff(plain, secure) <= 10 * rounds * eb, name
-        if name.startswith("fedfac"):
-            assert [tuple(map(tuple, s)) for s in plain["splits"]] == [tuple(map(tuple, s)) for s in secure["splits"]]
     a_plain = run_afl(clients, test, C, backend="plain")
     a_sec = run_afl(clients, test, C, backend=backend)
-    assert _max_diff(a_plain, a_sec) <= 1e-5
+    if backend == "secagg":
+        assert _max_diff(a_plain, a_sec) <= 1e-9
+    else:  # the key holder's flooded release (plus its ridge where C needs one): same predictions, almost
+        Xte, _ = test
+        agree = np.mean(LinearHead(D, C).predict(a_plain["theta"], Xte) == LinearHead(D, C).predict(a_sec["theta"], Xte))
+        assert agree >= 0.9 and a_sec["flood_sigma"] > 0
+
+
+def test_ckks_sum_is_flooded_with_a_fresh_key_per_sum():
+    rng = np.random.default_rng(0)
+    vectors = [rng.uniform(-1, 1, 200) for _ in range(4)]
+    ss = SecureSum("ckks", 200, 1.0, 4, session="flood")
+    exact = np.sum(vectors, axis=0)
+    errs, keys = [], []
+    for _ in range(2):
+        got = ss.sum(vectors)
+        errs.append(float(np.max(np.abs(got - exact))))
+        keys.append(ss.params.backend_params["public_context_sha256"])
+    # the bare decryption is within ~1e-10; the key holder's flooding moves entries far more, within the bound
+    assert min(errs) > 1e3 * ss.params.backend_params["max_abs_error"]
+    assert max(errs) <= ss.error_bound(4)
+    assert keys[0] != keys[1]  # a key decrypts once, as in the service
+    assert len(ss.flood) == 2 and all(s > 0 for s, _ in ss.flood)
+
+
+def test_tuned_fedavg_reaches_afl_within_two_points_on_iid_digits():
+    from secure_afl.baselines.study import split_validation
+    from secure_afl.demo import load_embedded
+    from secure_afl.partition import partition
+
+    Xtr, ytr, Xte, yte, n_classes = load_embedded("digits", 0)
+    cl = [(Xtr[p], ytr[p]) for p in partition(ytr, 10, "iid", seed=0)]
+    afl = run_afl(cl, (Xte, yte), n_classes)["global_acc"]
+    fit, val = split_validation(cl, seed=0)
+    Xv, yv = np.concatenate([X for X, _ in val]), np.concatenate([y for _, y in val])
+    head = LinearHead(Xtr.shape[1], n_classes)
+    scores = {}
+    for lr in (3.0, 30.0):  # chosen on the hospitals' validation samples, never on the test set
+        r = run_fedavg(head, fit, (Xte, yte), FLConfig(rounds=200, lr=lr, eval_every=200))
+        scores[lr] = float(np.mean(head.predict(r["theta"], Xv) == yv))
+    best = max(scores, key=scores.get)
+    res = run_fedavg(head, cl, (Xte, yte), FLConfig(rounds=200, lr=best, eval_every=200))
+    assert res["global_acc"] >= afl - 0.02
+
+
+def test_factor_analysis_split_differs_from_random_split_on_planted_structure():
+    # units 0-5 load on two common factors, units 6-11 are independent: FA personalises 6-11
+    rng = np.random.default_rng(8)
+    h, rows = 12, 100
+    head = MLPHead(rows - 1, 3, h)
+    loadings = rng.normal(size=(2, 6))
+    blocks = []
+    for _ in range(4):
+        F = rng.normal(size=(rows, 2))
+        shared = F @ loadings + 0.1 * rng.normal(size=(rows, 6))
+        blocks.append(np.hstack([shared, rng.normal(size=(rows, 6))]))
+    gs = SecureSum("plain", fa.gram_length(h), rows * 100.0, 4)
+    planted = {6, 7, 8, 9, 10, 11}
+    _, p_fa, R = secure_split(head, blocks, gs, FLConfig(personal_fraction=0.5, kappa=0.6))
+    assert set(p_fa.tolist()) == planted
+    randoms = [set(secure_split(head, blocks, gs, FLConfig(personal_fraction=0.5, split="random"),
+                                np.random.default_rng(s))[1].tolist()) for s in range(5)]
+    assert all(len(r) == 6 for r in randoms) and any(r != planted for r in randoms)
+
+
+def test_label_prior_never_lowers_a_clients_accuracy(data):
+    from secure_afl.baselines.fl import client_label_mix, evaluate
+    from secure_afl.baselines.study import label_prior_accuracy
+
+    clients, test, _ = data
+    res = run_afl(clients, test, C)
+    head = LinearHead(D, C)
+    mix = client_label_mix(clients, C)
+    _, _, per = evaluate(head, res["theta"], test, mix)
+    prior = label_prior_accuracy(head, res["theta"], test, mix)
+    assert np.all(prior >= per - 1e-12)
+    full = np.full((1, C), 1.0 / C)  # a client holding every label: the prior masks nothing
+    np.testing.assert_allclose(label_prior_accuracy(head, res["theta"], test, full),
+                               evaluate(head, res["theta"], test, full)[2], atol=1e-12)
+
+
+def test_dynamic_fedfac_reports_switching_rate_and_random_split_keeps_size(data):
+    clients, test, _ = data
+    head = MLPHead(D, C, 8)
+    dyn = run_fedfac(head, clients, test, FLConfig(rounds=3, seed=1, optimizer="adam", lr=1e-2, fa_epochs=3),
+                     dynamic=True)
+    assert len(dyn["switching"]) == 3 and all(0.0 <= v <= 1.0 for v in dyn["switching"])
+    moved = [len(set(a[1].tolist()) ^ set(b[1].tolist())) / 8 for a, b in zip(dyn["splits"], dyn["splits"][1:])]
+    assert dyn["switching"] == moved
+    rnd = run_fedfac(head, clients, test, FLConfig(rounds=1, seed=1, split="random", personal_fraction=0.25))
+    assert len(rnd["splits"][0][1]) == 2
 
 
 def test_correlation_from_summed_grams_equals_pooled_correlation():
@@ -170,10 +265,15 @@ def test_secure_fedfac_split_equals_plaintext_split(data, backend):
     clients, test, _ = data
     head = MLPHead(D, C, 12)
     rng = np.random.default_rng(1)
-    thetas = [head.init(rng) for _ in clients]
-    blocks = [head.unit_block(t) for t in thetas]
-    cfg = FLConfig(backend=backend)
-    gs = SecureSum(backend, fa.gram_length(12), (D + 1) * cfg.update_bound ** 2, len(clients))
+    # units 0-5 share two factors, 6-11 are independent: well separated communalities, entries below 1
+    loadings = rng.normal(size=(2, 6))
+    blocks = []
+    for _ in clients:
+        shared = rng.normal(size=(D + 1, 2)) @ loadings + 0.1 * rng.normal(size=(D + 1, 6))
+        blocks.append(0.1 * np.hstack([shared, rng.normal(size=(D + 1, 6))]))
+    cfg = FLConfig(backend=backend, kappa=0.6)
+    # the declared bound on the unit blocks (1): ckks floods at the declared magnitude
+    gs = SecureSum(backend, fa.gram_length(12), (D + 1) * 1.0, len(clients))
     s_sec, p_sec, _ = secure_split(head, blocks, gs, cfg)
     # Plaintext FedFac: the server stacks the clients' blocks itself.
     s_pl, p_pl = fa.factor_split(np.corrcoef(np.vstack(blocks), rowvar=False), personal_fraction=cfg.personal_fraction,

@@ -52,6 +52,7 @@ class FLConfig:
     optimizer: str = "sgd"           # local optimiser: 'sgd' or 'adam' (state reset every round)
     fa_epochs: int = 0               # FedFac static: local epochs before the split; > 0 splits on the updates
     split: str = "fa"                # FedFac: 'fa' (factor analysis) or 'random' (ablation, same size)
+    fa_bound: float | None = None    # FedFac: declared bound on |unit-block entries| in the FA sum (None: update_bound)
 
 
 def client_label_mix(clients, n_classes: int) -> np.ndarray:
@@ -194,7 +195,10 @@ def run_fedfac(head: MLPHead, clients, test, cfg: FLConfig, *, dynamic: bool = F
     K = len(clients)
     ss = SecureSum(cfg.backend, head.size + 1, max(1.0, n_max * cfg.update_bound), K, session=session)
     rows = head.dim + 1
-    gs = SecureSum(cfg.backend, fa.gram_length(head.hidden), rows * cfg.update_bound ** 2, K,
+    # ckks floods at the declared magnitude, and the Gram squares it: a loose bound on the unit blocks
+    # buries R in noise, so the FA sum takes its own (tighter) declared bound
+    fa_bound = cfg.update_bound if cfg.fa_bound is None else cfg.fa_bound
+    gs = SecureSum(cfg.backend, fa.gram_length(head.hidden), rows * max(fa_bound ** 2, fa_bound, 1.0), K,
                    session=session + "-gram")
     theta = head.init(np.random.default_rng(cfg.seed))
     # Initialisation: local models from the common start, split from their hidden-unit blocks.

@@ -52,6 +52,10 @@ GRIDS = {
 }
 #: FedFac, coordinate-wise: stage A (Adam step, local epochs) at tau 0.5, kappa 0.8; stage B (tau, kappa) at A's best.
 FEDFAC_GRID = {"lr": (1e-3, 3e-3), "local_epochs": (1, 5), "tau": (0.25, 0.5, 0.75), "kappa": (0.6, 0.9)}
+#: Declared bound on |entries| of the FedFac unit blocks (updates) in the FA sum: ckks floods at the declared
+#: magnitude and the Gram squares it, so the default 100 would bury R in noise. Adam moves an entry by about
+#: its step per local step, so 100-odd steps at 3e-3 stay below 1; a larger entry is refused, never wrapped.
+FA_BOUND = 1.0
 PARTITIONS = ("iid", "dirichlet:0.1", "dirichlet:0.005", "shards:2")
 FEDFAC_PARTITIONS = ("dirichlet:0.1", "dirichlet:0.005", "shards:2")
 
@@ -132,7 +136,7 @@ def _job(job: dict) -> dict:
         cfg = FLConfig(rounds=job["rounds"], lr=job["lr"], local_epochs=job["local_epochs"], mu=job["mu"],
                        seed=job["seed"], backend="plain", optimizer=job.get("optimizer", "sgd"),
                        personal_fraction=job.get("tau", 0.5), kappa=job.get("kappa", 0.8),
-                       fa_epochs=job.get("fa_epochs", 0), split=job.get("split", "fa"),
+                       fa_epochs=job.get("fa_epochs", 0), split=job.get("split", "fa"), fa_bound=FA_BOUND,
                        eval_every=1 if job["stage"] == "final" else job["rounds"])
         test = (Xte, yte)
         out = {k: v for k, v in job.items()}
@@ -165,16 +169,16 @@ def _job_run(job, out, head, train, val, test, cfg, cl, C):
     return out
 
 
-def _grid_jobs(method, spec, base):
-    g = GRIDS[method]
+def _grid_jobs(method, spec, base, grids):
+    g = grids[method]
     return [{**base, "stage": "grid", "method": method, "head": g["head"], "partition": spec, "lr": lr,
              "local_epochs": E, "mu": mu} for lr in g["lr"] for E in g["local_epochs"] for mu in g["mu"]]
 
 
-def _fedfac_jobs_a(spec, base):
+def _fedfac_jobs_a(spec, base, fg):
     return [{**base, "stage": "grid", "method": "FedFac-static", "head": "mlp", "partition": spec, "lr": lr,
              "local_epochs": E, "mu": 0.0, "optimizer": "adam", "tau": 0.5, "kappa": 0.8}
-            for lr in FEDFAC_GRID["lr"] for E in FEDFAC_GRID["local_epochs"]]
+            for lr in fg["lr"] for E in fg["local_epochs"]]
 
 
 def _best(rows):
@@ -198,9 +202,14 @@ def measure_bytes(d: int, C: int, K: int, hidden: int) -> dict:
 
 
 def run_study(*, dataset="digits", data_seed=0, seed=0, K=10, rounds=200, hidden=64, partitions=PARTITIONS,
-              fedfac_partitions=FEDFAC_PARTITIONS, fa_epochs=20, workers=2, verify_rounds=3, log=print) -> dict:
+              fedfac_partitions=FEDFAC_PARTITIONS, fa_epochs=20, workers=2, verify_rounds=3, grids=None,
+              fedfac_grid=None, log=print) -> dict:
+    """The whole study (module docstring); ``grids`` / ``fedfac_grid`` replace :data:`GRIDS` /
+    :data:`FEDFAC_GRID` (smaller runs)."""
     from .compare import run_afl
 
+    grids = GRIDS if grids is None else grids
+    fg = FEDFAC_GRID if fedfac_grid is None else fedfac_grid
     t0 = time.perf_counter()
     Xtr, ytr, Xte, yte, C = _data(dataset, data_seed)
     d = Xtr.shape[1]
@@ -209,24 +218,24 @@ def run_study(*, dataset="digits", data_seed=0, seed=0, K=10, rounds=200, hidden
     run = (lambda jobs: list(pool.map(_job, jobs))) if pool else (lambda jobs: [_job(j) for j in jobs])
     try:
         # 1. gradient baselines: grid on validation, then the chosen point on all data
-        grid = run([j for spec in partitions for m in GRIDS for j in _grid_jobs(m, spec, base)])
+        grid = run([j for spec in partitions for m in grids for j in _grid_jobs(m, spec, base, grids)])
         for r in grid:
             log(f"grid {r['method']:<15} {r['partition']:<16} lr={r['lr']:<6g} E={r['local_epochs']} "
                 f"mu={r['mu']:<5g} val={r['val_acc']:.4f}")
         chosen = {}
         for spec in partitions:
-            for m in GRIDS:
+            for m in grids:
                 chosen[(m, spec)] = _best([r for r in grid if r["method"] == m and r["partition"] == spec])
         finals = run([{**c, "stage": "final"} for c in chosen.values()])
         # 3. FedFac: stage A, stage B, then FA static / random static / FA dynamic on all data
         fa_base = {**base, "fa_epochs": fa_epochs}
-        ffa = run([j for spec in fedfac_partitions for j in _fedfac_jobs_a(spec, fa_base)])
+        ffa = run([j for spec in fedfac_partitions for j in _fedfac_jobs_a(spec, fa_base, fg)])
         fac_grid = list(ffa)
         stage_b = []
         for spec in fedfac_partitions:
             a = _best([r for r in ffa if r["partition"] == spec])
             stage_b += [{**a, "stage": "grid", "tau": t, "kappa": k, "history": None}
-                        for t in FEDFAC_GRID["tau"] for k in FEDFAC_GRID["kappa"] if (t, k) != (0.5, 0.8)]
+                        for t in fg["tau"] for k in fg["kappa"] if (t, k) != (0.5, 0.8)]
         stage_b = [{k: v for k, v in j.items() if k not in ("history", "val_acc", "global_acc", "client_acc",
                                                               "seconds", "switching", "r_offdiag", "personal")}
                    for j in stage_b]
@@ -269,7 +278,8 @@ def run_study(*, dataset="digits", data_seed=0, seed=0, K=10, rounds=200, hidden
     # 5. secure against plain, the chosen point of each method at the first non-IID partition
     verify = verify_methods(chosen, fac_final_jobs, (Xtr, ytr, Xte, yte, C), K=K, seed=seed, rounds=verify_rounds,
                             log=log)
-    return {"grid": grid, "finals": finals, "fac_grid": fac_grid, "fac_finals": fac_finals, "afl": afl,
+    return {"grids": {m: {k: list(v) if isinstance(v, tuple) else v for k, v in g.items()} for m, g in grids.items()},
+            "grid": grid, "finals": finals, "fac_grid": fac_grid, "fac_finals": fac_finals, "afl": afl,
             "bytes": {f"{k[0]}|{k[1]}": v for k, v in nbytes.items()}, "verify": verify,
             "meta": {"dataset": dataset, "data_seed": data_seed, "seed": seed, "K": K, "rounds": rounds,
                      "hidden": hidden, "fa_epochs": fa_epochs, "train": int(Xtr.shape[0]), "test": int(Xte.shape[0]),
@@ -296,7 +306,7 @@ def verify_methods(chosen, fac_jobs, data, *, K, seed, rounds, log=print):
     for j in fac_jobs:
         if j["partition"] == spec and j["method"] in ("FedFac-static", "FedFac-dynamic"):
             cfg = FLConfig(rounds=rounds, lr=j["lr"], local_epochs=j["local_epochs"], seed=seed, optimizer="adam",
-                           personal_fraction=j["tau"], kappa=j["kappa"], fa_epochs=j["fa_epochs"])
+                           personal_fraction=j["tau"], kappa=j["kappa"], fa_epochs=j["fa_epochs"], fa_bound=FA_BOUND)
             runners.append((j["method"], MLPHead(d, C, j["hidden"]), cfg, j.get("dynamic", False)))
     for m, head, cfg, dyn in runners:
         res = {}

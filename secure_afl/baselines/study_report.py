@@ -77,7 +77,7 @@ def render(study: dict, out: Path, *, command: str, ablation=None) -> Path:
               f"{m}: lr {{{', '.join(f'{v:g}' for v in g['lr'])}}} x local epochs "
               f"{{{', '.join(map(str, g['local_epochs']))}}}" + (
                   f" x mu {{{', '.join(f'{v:g}' for v in g['mu'])}}}" if any(g["mu"]) else "")
-              for m, g in _grids().items()) + ". Batch 32. A grid point whose update leaves the declared "
+              for m, g in study.get("grids", _grids()).items()) + ". Batch 32. A grid point whose update leaves the declared "
           "bound (a diverging run) is refused by the secure sum and never chosen.",
           "* Bytes are what one hospital uploads per aggregation, measured from one real round of the "
           "method's vector through the secagg encoder (all five stages) and through ckks (ciphertexts), not "
