@@ -191,27 +191,34 @@ def _plots(study, out, specs, methods):
     colours = {m: f"C{i % 10}" for i, m in enumerate(methods)}
     with plt.rc_context(_FIG_STYLE):
         for kind in ("rounds", "bytes"):
-            fig, axes = plt.subplots(1, len(specs), figsize=(4.3 * len(specs) + 2.8, 4.2), squeeze=False,
-                                     sharey=True)
-            for ax, s in zip(axes[0], specs):
+            # top row: the whole range; bottom row: zoomed on AFL's accuracy, where "within 1 point" is read
+            fig, axes = plt.subplots(2, len(specs), figsize=(4.3 * len(specs) + 2.8, 7.6), squeeze=False,
+                                     sharex="col", gridspec_kw={"height_ratios": [1.0, 1.0]})
+            for j, s in enumerate(specs):
                 a = afl[s]["plain"]["global_acc"]
-                for m in methods:
-                    r = next((x for x in finals if x["method"] == m and x["partition"] == s), None)
-                    if r is None or not r["history"]:
-                        continue
-                    h = np.array(r["history"])
-                    x = h[:, 0] if kind == "rounds" else h[:, 0] * _per_round_bytes(study, r, "secagg")
-                    ax.plot(x, h[:, 1], color=colours[m], lw=1.6, label=f"{m} (tuned)")
-                xa = 1 if kind == "rounds" else afl[s]["secagg"]["bytes"]
-                ax.plot([xa], [a], marker="*", ms=16, color="k", ls="none", label="AFL (one round)", zorder=5)
-                ax.axhline(a - 0.01, color="0.5", ls=":", lw=1.2, label="AFL - 1 point")
-                ax.set_xscale("log")
-                ax.set_title(s)
-                ax.set_ylim(max(0.0, min(0.5, a - 0.5)), 1.0)
-                ax.grid(alpha=0.3, which="both")
-                ax.set_xlabel("round (log scale)" if kind == "rounds" else
-                              "bytes uploaded per hospital, secagg (log scale)")
+                for row in range(2):
+                    ax = axes[row, j]
+                    for m in methods:
+                        r = next((x for x in finals if x["method"] == m and x["partition"] == s), None)
+                        if r is None or not r["history"]:
+                            continue
+                        h = np.array(r["history"])
+                        x = h[:, 0] if kind == "rounds" else h[:, 0] * _per_round_bytes(study, r, "secagg")
+                        ax.plot(x, h[:, 1], color=colours[m], lw=1.6, label=f"{m} (tuned)")
+                    xa = 1 if kind == "rounds" else afl[s]["secagg"]["bytes"]
+                    ax.plot([xa], [a], marker="*", ms=16, color="k", ls="none", label="AFL (one round)", zorder=5)
+                    ax.axhline(a - 0.01, color="0.5", ls=":", lw=1.2, label="AFL - 1 point")
+                    ax.set_xscale("log")
+                    ax.grid(alpha=0.3, which="both")
+                    if row == 0:
+                        ax.set_title(s)
+                        ax.set_ylim(0.0, 1.0)
+                    else:
+                        ax.set_ylim(a - 0.08, min(1.0, a + 0.02))
+                axes[1, j].set_xlabel("round (log scale)" if kind == "rounds" else
+                                      "bytes uploaded per hospital, secagg (log scale)")
             axes[0, 0].set_ylabel("test accuracy, global model")
+            axes[1, 0].set_ylabel("zoom: near AFL")
             h, lab = axes[0, 0].get_legend_handles_labels()
             fig.legend(h, lab, loc="center left", bbox_to_anchor=(1.0, 0.5), frameon=False,
                        title=f"K = {study['meta']['K']}, seed 0")
