@@ -52,7 +52,7 @@ from ..envelope import open_envelope, seal
 from ..exceptions import InvalidContribution, InvalidSignature, \
     MalformedPayload, ParameterMismatch, SanityCheckFailed, SecureAFLError
 from ..hazmat import fixedpoint
-from ..hazmat.prg import DOMAIN_SPLIT_MASK, SEED_BYTES, expand
+from ..hazmat.prg import DOMAIN_SPLIT_MASK, SEED_BYTES, add_expanded
 from ..packing import Layout
 from ..params import Bounds, SessionParams
 from ..signing import canonical_json
@@ -222,7 +222,7 @@ def keyholder_share(params: SessionParams, secret_key: bytes, manifest: Mapping,
             seed = open_seed(params, secret_key, h, p["payload_sha256"], box)
         except SecureAFLError as e:
             raise SeedRefused(f"{h}'s seed: {e}", h) from e
-        np.add(total, expand(seed, n, domain=DOMAIN_SPLIT_MASK), out=total)
+        add_expanded(total, seed, domain=DOMAIN_SPLIT_MASK)
     return np.negative(total)  # mod 2^64
 
 
@@ -329,8 +329,8 @@ class SplitBackend(ProtectionBackend):
         key = self._check_key(public_context)
         seed = os.urandom(SEED_BYTES) if seed is None else bytes(seed)
         words = fixedpoint.encode(v, self.frac_bits)
-        np.add(words, expand(seed, words.shape[0], domain=DOMAIN_SPLIT_MASK), out=words)
-        payload = seal(self.params, "contribution", words.astype("<u8", copy=False).tobytes())
+        add_expanded(words, seed, domain=DOMAIN_SPLIT_MASK)  # in place: no second 2L-word array
+        payload = seal(self.params, "contribution", memoryview(words.astype("<u8", copy=False)).cast("B"))
         sha = hashlib.sha256(payload).hexdigest()
         box = seal_seed(self.params, key, hospital, sha, seed)
         return payload, sign_seed_statement(identity_key, self.params, hospital, sha, box)
