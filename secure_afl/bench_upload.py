@@ -16,9 +16,9 @@ protected before the clock starts, so only the server's share is counted.
 Where the rest goes: after the HTTPS run the server is stopped, and the same
 handler (:meth:`AggregationServer.submit`: statement check, hashes, envelope
 and sum, payload file, SQLite row, audit record, receipt) runs in this process
-under cProfile for ``--uploads`` more hospitals of the same session; what
-HTTPS adds on top (TLS, HTTP parsing, the body's streaming and digest) is the
-difference between the two.
+under cProfile with a CPU clock for ``--uploads`` more hospitals of the same
+session; what HTTPS adds on top (TLS, HTTP parsing, the body's streaming and
+digest in ``server/app.py``) is the difference between the two.
 """
 
 from __future__ import annotations
@@ -194,35 +194,42 @@ def run_upload_cost(backend: str, uploads: int, *, dim: int = 512, classes: int 
             payload, tag = protect_contribution(party, srv.params, _hospital_stats(dim, classes, samples, seed, i),
                                                 public_context=ctx)
             prepared.append((n, party, payload, tag))
-        prof = cProfile.Profile()
+        prof = cProfile.Profile(time.thread_time)  # CPU seconds: fsync and SQLite commits' waits are not CPU
         cpu_submit = []
         for n, party, payload, tag in prepared:
-            st = sign_upload(party.identity_key(), sid, srv.params.digest(), hashlib.sha256(payload).digest(), n)
+            sha = hashlib.sha256(payload).digest()
+            st = sign_upload(party.identity_key(), sid, srv.params.digest(), sha, n)
             t = time.thread_time()
             prof.enable()
-            srv.submit(n, st, payload, tag)
+            srv.submit(n, st, payload, tag, payload_sha256=sha.hex())  # as server/app.py calls it
             prof.disable()
             cpu_submit.append(time.thread_time() - t)
     finally:
         srv.shutdown()
     floor = measure_floor(pki_dir, names[0], int(np.mean(sizes)), work / "server")
-    stats = pstats.Stats(prof)
-    rows = []
-    for (fname, line, func), (cc, nc, tt, ct, _) in stats.stats.items():  # type: ignore[attr-defined]
-        rows.append({"function": f"{Path(fname).name}:{line}({func})" if line else func, "calls": nc,
-                     "tottime_s_per_upload": tt / uploads, "cumtime_s_per_upload": ct / uploads})
-    rows.sort(key=lambda r: -r["tottime_s_per_upload"])
     return {"backend": backend, "uploads": uploads, "dim": dim, "classes": classes,
             "payload_bytes": float(np.mean(sizes)),
             "server_cpu_s_per_hospital": float(np.mean(per_hospital)),
             "server_cpu_s_per_upload_request": float(np.mean(per_request)),
             "submit_cpu_s_per_upload": float(np.mean(cpu_submit)),
-            "floor": floor, "top_tottime": rows[:top], "cpus": os.cpu_count(), "workdir": str(work)}
+            "floor": floor, "handler_top": _rows(pstats.Stats(prof), uploads)[:top],
+            "cpus": os.cpu_count(), "workdir": str(work)}
+
+
+def _rows(stats, uploads: int) -> list[dict]:
+    rows = []
+    for (fname, line, func), (cc, nc, tt, ct, _) in stats.stats.items():  # type: ignore[attr-defined]
+        rows.append({"function": f"{Path(fname).name}:{line}({func})" if line else func, "calls": nc,
+                     "tottime_s_per_upload": tt / uploads, "cumtime_s_per_upload": ct / uploads})
+    rows.sort(key=lambda r: -r["tottime_s_per_upload"])
+    return rows
 
 
 def format_report(r: dict) -> str:
     f, ms = r["floor"], lambda s: f"{1e3 * s:8.2f} ms"  # noqa: E731
     http = r["server_cpu_s_per_hospital"] - r["submit_cpu_s_per_upload"]
+    top = lambda rows: [f"  {ms(row['tottime_s_per_upload'])}  {row['calls'] / r['uploads']:6.1f} calls  "  # noqa: E731
+                        f"{row['function']}" for row in rows]
     lines = [
         f"bench upload-cost: {r['backend']}, d = {r['dim']}, C = {r['classes']}, {r['payload_bytes'] / 1e6:.2f} MB "
         f"per upload, {r['uploads']} uploads over HTTPS + {r['uploads']} in-process, {r['cpus']} CPUs",
@@ -234,12 +241,9 @@ def format_report(r: dict) -> str:
         f"write+fsync {ms(f['write_fsync_cpu_s'])} CPU ({1e3 * f['write_fsync_wall_s']:.2f} ms wall) = "
         f"{ms(f['floor_cpu_s'])}",
         f"server CPU per hospital / floor: {r['server_cpu_s_per_hospital'] / f['floor_cpu_s']:.2f}x",
-        "the handler's own time per upload, by function (cProfile tottime, wall clock: fsync and SQLite's "
-        "commits wait on the disk; C functions by name):",
+        "the handler's CPU per upload, by function (cProfile tottime on a CPU clock; C functions by name):",
+        *top(r["handler_top"]),
     ]
-    for row in r["top_tottime"]:
-        lines.append(f"  {ms(row['tottime_s_per_upload'])}  {row['calls'] / r['uploads']:6.1f} calls  "
-                     f"{row['function']}")
     return "\n".join(lines)
 
 

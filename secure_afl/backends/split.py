@@ -279,7 +279,7 @@ class _SplitCombiner(Combiner):
         self._sum = np.zeros(fixedpoint.n_words(backend.params.layout.length), dtype=np.uint64)
 
     def _add(self, payload: bytes) -> None:
-        np.add(self._sum, self._b.masked_words(payload), out=self._sum)
+        np.add(self._sum, self._b.masked_view(payload), out=self._sum)
 
     def _partial(self) -> bytes:
         return self._sum.astype("<u8", copy=False).tobytes()
@@ -334,6 +334,13 @@ class SplitBackend(ProtectionBackend):
         sha = hashlib.sha256(payload).hexdigest()
         box = seal_seed(self.params, key, hospital, sha, seed)
         return payload, sign_seed_statement(identity_key, self.params, hospital, sha, box)
+
+    def masked_view(self, payload: bytes) -> np.ndarray:
+        """:meth:`masked_words` without the copy: a read-only view of the payload's body (the server's sum)."""
+        env = open_envelope(self.params, payload, "contribution")
+        if len(env.body) != 8 * fixedpoint.n_words(self.params.layout.length):
+            raise MalformedPayload("split masked vector has the wrong length")
+        return np.frombuffer(env.body, dtype="<u8")
 
     def masked_words(self, payload: bytes) -> np.ndarray:
         env = open_envelope(self.params, payload, "contribution")
