@@ -4,7 +4,8 @@ Everything the key holder decides (manifest and upload signatures, its own
 ``min_clients``, the re-sum of the signed uploads and the single flooded
 decryption for HE sessions, the release ledger, the aggregate tag, sanity
 checks, RI restoration and the solve) is :meth:`KeyHolder.release_he` (ckks,
-bfv) or :meth:`KeyHolder.reveal_and_solve` (plain, secagg); this module only feeds it
+bfv), :meth:`KeyHolder.release_split` (split: its share, from the seed statements alone) or
+:meth:`KeyHolder.reveal_and_solve` (plain, secagg); this module only feeds it
 what the ServerApp sent and writes the model and report the way
 ``secure-afl keyholder finalize`` writes them.
 """
