@@ -262,8 +262,10 @@ class KeyHolder(KeyCustody):
         from secure_afl.protocol import H_TAG
         from secure_afl.signing import canonical_json
 
+        t0 = time.perf_counter()
         body, statement = self.release_split(conn.session_id, HTTPSource(conn), min_clients=min_clients,
                                              expected_hospitals=expected_hospitals)
+        share_s = time.perf_counter() - t0  # manifest and seed statements fetched, checked, opened, expanded, summed
         conn.request("POST", conn.path("/split/share"), body=body,
                      headers={H_TAG: canonical_json(statement).decode()})
         out = conn.request("GET", conn.path("/split/result")).json()
@@ -271,7 +273,27 @@ class KeyHolder(KeyCustody):
         vector = np.asarray(out["vector"], dtype=np.float64)
         stats = Layout(params.layout.dim, params.layout.n_classes).unpack(vector, gamma=params.gamma)
         manifest = conn.request("GET", conn.path("/manifest")).json()
-        return FinalResult(np.asarray(out["W"], dtype=np.float64), stats, params, manifest, out["report"])
+        report = {**out["report"], "keyholder_share_seconds": round(share_s, 3)}
+        if params.dp is not None:  # the collector's solve beside this key holder's own accounting of the release
+            report["dp"] = {**(report.get("dp") or {}), **self.split_privacy(params, manifest)}
+        return FinalResult(np.asarray(out["W"], dtype=np.float64), stats, params, manifest, report)
+
+    def split_privacy(self, params: SessionParams, manifest: dict) -> dict:
+        """This key holder's privacy record of a split release it made (epsilon of the release, the ledger's
+        composed epsilon now), read back from its privacy ledger."""
+        from secure_afl.dp.ledger import PrivacyLedger
+        from secure_afl.dp.mechanism import epsilon_from_rdp
+
+        n = len(manifest["participants"])
+        with PrivacyLedger(self.keys_dir / "privacy.sqlite3") as pl:
+            rows = {r["aggregate_sha256"]: r for r in pl.releases()}
+            composed = pl.composed_rdp()
+        rec = rows.get(manifest["aggregate_sha256"])
+        if rec is None:
+            raise PolicyViolation("this split release is not in the key holder's privacy ledger")
+        eps_all = float("inf") if not np.all(np.isfinite(composed)) else \
+            epsilon_from_rdp(composed, float(params.dp["delta"]))
+        return {**dict(params.dp), "epsilon": rec["epsilon"], "epsilon_composed": eps_all, "contributors": n}
 
     def release_split(self, sid: str, source, *, min_clients: int,
                       expected_hospitals: list[str] | None = None) -> tuple[bytes, dict]:
@@ -303,6 +325,8 @@ class KeyHolder(KeyCustody):
             statements = source.tags()
             # before any seed is opened: a crash or a refusal below still counts as this key's one share
             ledger.record_decryption(key_id, sid, [p["hospital"] for p in m["participants"]])
+            # and in the privacy ledger, as the release it enables: the collector cannot unmask without it
+            self.account_split_release(params, m["aggregate_sha256"], len(m["participants"]))
             try:
                 share = split.keyholder_share(params, self.secret_context(sid), m, statements, enrolled)
             except split.SeedRefused as e:
@@ -311,6 +335,24 @@ class KeyHolder(KeyCustody):
             return split.sign_share(self.party.identity_key(), params, m, share)
         finally:
             ledger.close()
+
+    def account_split_release(self, params: SessionParams, release_id: str, contributors: int) -> dict | None:
+        """Record the release a split share enables in the privacy ledger, as :meth:`_solve` records a
+        secagg or bfv release: with DP, its Renyi curve at the noise of ``contributors`` shares; without,
+        a release that voids the composed guarantee. Returns the privacy record (None without DP)."""
+        from secure_afl.dp.ledger import PrivacyLedger
+        from secure_afl.dp.mechanism import epsilon_from_rdp, release_rdp
+
+        with PrivacyLedger(self.keys_dir / "privacy.sqlite3") as pl:
+            if params.dp is None:
+                pl.record(params.session_id, release_id, None, 0.0, float("inf"))
+                return None
+            rdp = release_rdp(params, contributors)
+            delta = float(params.dp["delta"])
+            eps = epsilon_from_rdp(rdp, delta)
+            composed = pl.preview(release_id, rdp, delta)
+            pl.record(params.session_id, release_id, rdp, delta, eps)
+        return {**dict(params.dp), "epsilon": eps, "epsilon_composed": composed, "contributors": contributors}
 
     def _decrypt_once(self, ledger, key_id, params, backend, ctx, chunks, participants, m, tags, enrolled, *,
                       lam: float, min_class_count: int) -> FinalResult:

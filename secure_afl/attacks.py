@@ -47,6 +47,18 @@ noisy-upload
     refused by the key holder's checks; moderate t is released and the
     estimate holds most of the amplified error (a documented limit of ckks
     against a malicious hospital: use bfv, whose decryption is exact).
+split-server
+    The singleton attack against a ``split`` masked vector, by the server that
+    stores it (a real in-process server role): uniform words.
+split-keyholder
+    A curious ``split`` key holder opens the victim's seed, as every release
+    does, and asks each of the server's serving routes for a masked vector to
+    unmask with it; none serves one.
+split-subset
+    A malicious ``split`` server asks for the share of a manifest naming only
+    the victim (refused below min_clients), then combines the key holder's
+    genuine share with the victim's masked vector alone (garbage, refused by
+    the collector's bound check).
 """
 
 from __future__ import annotations
@@ -745,6 +757,192 @@ def attack_noisy_upload(*, seed: int = 0, verbose: bool = True, work=None, doubl
             "amplified_error_rms": float(np.sqrt(np.mean(true_e ** 2))), "flood_sigma": res.report["flood_sigma"]}
 
 
+# ---------------------------------------------------------------------------
+# split: the server and the key holder, each alone
+# ---------------------------------------------------------------------------
+def _split_service(d: Path, hospitals=("hosp-a", "hosp-b", "hosp-c"), min_clients: int = 2, seed: int = 0):
+    """A real split session in process: PKI, signed session, the server role (SQLite, payload files, audit),
+    the key holder's keygen and publication, and every hospital's signed upload. Returns
+    (server, key holder, pki_dir, {hospital: packed vector})."""
+    from . import pki, session
+    from .clients.hospital import protect_contribution
+    from .keyholder import KeyHolder
+    from .server.aggregator import open_server
+    from .server.config import load_config, write_config
+    from .signing import sign_upload
+    from .stats import local_statistics
+
+    pki_dir = d / "pki"
+    pki.init_ca(pki_dir, name="attack consortium")
+    pki.issue(pki_dir, "server", "aggregator")
+    pki.issue(pki_dir, "keyholder", "keyholder")
+    for h in hospitals:
+        pki.issue(pki_dir, "hospital", h)
+    b, sid = _bounds(), "attack-split"
+    write_config(d / "session.toml", {
+        "session": {"id": sid, "backend": "split", "dim": DIM, "classes": CLASSES, "gamma": GAMMA,
+                    "min_clients": min_clients, "min_class_count": 1, "hospitals": list(hospitals)},
+        "bounds": {"max_norm": b.max_norm, "n_max": b.n_max, "k_max": b.k_max},
+        "server": {"host": "127.0.0.1", "port": 8443, "data_dir": str(d / "server"), "pki_dir": str(pki_dir),
+                   "name": "aggregator", "keyholder": "keyholder"}})
+    session.sign(d / "session.toml", pki_dir)
+    srv = open_server(load_config(d / "session.toml"))
+    kh = KeyHolder(pki_dir, "keyholder", d / "keys", passphrase=os.urandom(16).hex().encode())
+    kh.keygen(session.load_signed(pki_dir, sid).session_params())
+    srv.publish_context("keyholder:keyholder", kh.publication_body(sid))
+    rng = np.random.default_rng(seed)
+    vectors = {}
+    for i, h in enumerate(hospitals):
+        party = pki.load_party(pki_dir, "hospital", h)
+        X, y = _embeddings(rng, 1 if i == 0 else 20, labels=[1] if i == 0 else None)
+        stats = local_statistics(X, y, CLASSES)
+        payload, tag = protect_contribution(party, srv.params, stats, public_context=srv.public_context)
+        st = sign_upload(party.identity_key(), sid, srv.params.digest(), hashlib.sha256(payload).digest(), h)
+        srv.submit(h, st, payload, tag)
+        vectors[h] = (_packed(X, y), X[0])
+    srv.close("keyholder:keyholder")
+    return srv, kh, pki_dir, vectors
+
+
+class _InProcessSource:
+    """What the server hands the key holder for a split release (the manifest and the signed seed statements)."""
+
+    def __init__(self, srv, manifest=None):
+        self._srv, self._manifest = srv, manifest
+
+    def manifest(self) -> dict:
+        return self._manifest if self._manifest is not None else self._srv.released()[1]
+
+    def tags(self) -> dict:
+        return self._srv.tags()
+
+
+def attack_split_server(*, seed: int = 0, verbose: bool = True, work=None, **_) -> dict:
+    """The singleton attack against a split masked vector, by the server that stores it: uniform words."""
+    from scipy import stats as sstats
+
+    from .backends import get_backend
+    from .hazmat import fixedpoint
+
+    with _workdir(work) as d:
+        srv, kh, _, vectors = _split_service(d, seed=seed)
+        try:
+            victim = sorted(vectors)[0]
+            payload = srv.store.get_blob(next(r["payload_sha256"] for r in srv.store.uploads()
+                                              if r["hospital"] == victim))
+            fb = tuple(srv.params.backend_params["frac_bits"])
+            words = get_backend(srv.params).masked_words(payload)
+            x_hat = _layout().unpack(fixedpoint.decode(words, fb), gamma=GAMMA).cross[:, 1]
+        finally:
+            srv.shutdown()
+    err = float(np.max(np.abs(x_hat - vectors[victim][1])))
+    # 16 bins of the top 4 bits: a few hundred words fill them enough for the chi-square approximation
+    top = np.bincount((words >> np.uint64(60)).astype(np.int64), minlength=16)
+    p_uniform = float(sstats.chisquare(top).pvalue)
+    uniform = p_uniform > 1e-4
+    outcome = "recovered" if err < 1e-3 else "refused" if uniform and err > 1.0 else "leak"
+    _say(verbose, f"[split-server] {outcome.upper()}: the stored masked vector's words are "
+                  f"{'uniform' if uniform else 'NOT uniform'} (chi-square p = {p_uniform:.3f}); "
+                  f"'x = Q[:, y]' off by {err:.3g}")
+    return {"attack": "split-server", "outcome": outcome, "p_uniform": p_uniform, "max_error": err}
+
+
+def attack_split_keyholder(*, seed: int = 0, verbose: bool = True, work=None, **_) -> dict:
+    """A curious split key holder: it opens the victim's seed (as every release does) and asks the server's
+    every route for a masked vector to unmask with it."""
+    from .backends import get_backend, split
+    from .exceptions import SecureAFLError
+    from .hazmat import fixedpoint
+
+    with _workdir(work) as d:
+        srv, kh, _, vectors = _split_service(d, seed=seed)
+        try:
+            victim = sorted(vectors)[0]
+            params = kh.params(srv.config.session_id)
+            # everything a release gives it: the manifest, the signed seed statements, and its own share
+            body, _ = kh.release_split(params.session_id, _InProcessSource(srv), min_clients=2)
+            manifest = srv.released()[1]
+            p = next(e for e in manifest["participants"] if e["hospital"] == victim)
+            box = bytes.fromhex(srv.tags()[victim]["box"])
+            seed_v = split.open_seed(params, kh.secret_context(params.session_id), victim, p["payload_sha256"], box)
+            got, refusals = None, []
+            for name, ask in (("GET /contributions/{h}", lambda: srv.contribution(victim)),
+                              ("GET /aggregate", srv.masked_aggregate)):
+                try:
+                    got = ask()
+                    break
+                except SecureAFLError as e:
+                    refusals.append(f"{name}: {type(e).__name__}")
+        finally:
+            srv.shutdown()
+    err = float("inf")
+    if got is not None:
+        from .hazmat.prg import DOMAIN_SPLIT_MASK, add_expanded
+
+        words = np.array(get_backend(params).masked_words(got))
+        add_expanded(words, seed_v, domain=DOMAIN_SPLIT_MASK, subtract=True)
+        x_hat = _layout().unpack(fixedpoint.decode(words, tuple(params.backend_params["frac_bits"])),
+                                 gamma=GAMMA).cross[:, 1]
+        err = float(np.max(np.abs(x_hat - vectors[victim][1])))
+    outcome = "recovered" if err < 1e-6 else "refused" if got is None else "leak"
+    _say(verbose, f"[split-keyholder] {outcome.upper()}: it holds the victim's seed and a {len(body)}-byte share; "
+                  + ("no route served a masked vector (" + "; ".join(refusals) + ")" if got is None else
+                     f"a route served a masked vector: the victim's x off by {err:.3g}"))
+    return {"attack": "split-keyholder", "outcome": outcome, "refusals": refusals, "max_error": err}
+
+
+def attack_split_subset(*, seed: int = 0, verbose: bool = True, work=None, **_) -> dict:
+    """A malicious split server after one hospital: a manifest naming only the victim, then the key holder's
+    genuine share combined with the victim's masked vector alone."""
+    from .backends import get_backend, split
+    from .exceptions import SecureAFLError
+    from .signing import MANIFEST_PREFIX, canonical_json
+
+    with _workdir(work) as d:
+        srv, kh, pki_dir, vectors = _split_service(d, seed=seed)
+        try:
+            victim = sorted(vectors)[0]
+            params = kh.params(srv.config.session_id)
+            genuine = srv.released()[1]
+            # (1) the server signs a manifest of the victim alone and asks for the share that unmasks it
+            st = {k: v for k, v in genuine.items() if k != "signature"}
+            st = {**st, "min_clients": 1, "participants": [e for e in st["participants"] if e["hospital"] == victim]}
+            forged = {**st, "signature": srv._key.sign(MANIFEST_PREFIX + canonical_json(st)).hex()}
+            payload = srv.store.get_blob(next(r["payload_sha256"] for r in srv.store.uploads()
+                                              if r["hospital"] == victim))
+            from .envelope import seal
+
+            alone_sum = seal(params, "aggregate", get_backend(params).masked_words(payload).astype("<u8").tobytes(),
+                             contributors=1)  # what the server combines: the victim's masked vector alone
+
+            def combine(manifest, body, statement):
+                try:
+                    share = split.verify_share(params, manifest, body, statement, kh.party.identity_pub())
+                    v = split.collect(params, alone_sum, share)
+                    err = float(np.max(np.abs(v - vectors[victim][0])))
+                    return err, f"combined with the victim's masked vector: off by {err:.3g}"
+                except SecureAFLError as e:
+                    return float("inf"), f"combined with the victim's masked vector: {type(e).__name__}"
+
+            alone = _fresh_keyholder(kh, pki_dir, d, "alone")
+            try:
+                err1, first = combine(forged, *alone.release_split(params.session_id, _InProcessSource(srv, forged),
+                                                                   min_clients=2))
+            except SecureAFLError as e:
+                err1, first = float("inf"), f"no share ({type(e).__name__})"
+            # (2) the genuine share (whole cohort) against the victim's masked vector alone
+            err2, second = combine(genuine, *kh.release_split(params.session_id, _InProcessSource(srv),
+                                                              min_clients=2))
+        finally:
+            srv.shutdown()
+    err = min(err1, err2)
+    victim_share = np.isfinite(err1)
+    outcome = "recovered" if err < 1e-6 else "refused" if not np.isfinite(err) else "leak"
+    _say(verbose, f"[split-subset] {outcome.upper()}: victim-only manifest -> {first}; the cohort's genuine share "
+                  f"-> {second}")
+    return {"attack": "split-subset", "outcome": outcome, "victim_only_share": bool(victim_share), "max_error": err}
+
+
 def seal_body(payload: bytes) -> bytes:
     from .envelope import peek_header
 
@@ -767,6 +965,9 @@ ATTACKS = {
     "forward-ciphertext": attack_forward_ciphertext,
     "decryption-error": attack_decryption_error,
     "noisy-upload": attack_noisy_upload,
+    "split-server": attack_split_server,
+    "split-keyholder": attack_split_keyholder,
+    "split-subset": attack_split_subset,
 }
 
 

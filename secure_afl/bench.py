@@ -65,6 +65,8 @@ _SUBCOMMANDS: list = [
      "secure_afl.bench_service"),
     ("combine", "the server's running sum of ckks/bfv uploads with 1 and W summing processes",
      "secure_afl.bench_combine"),
+    ("upload-cost", "the server's CPU per upload against its floor (TLS + SHA-256 + fsync) and where it goes",
+     "secure_afl.bench_upload"),
 ]
 
 

@@ -305,11 +305,14 @@ def run_service_bench(backend: str, hospitals: int, *, dim: int = 64, classes: i
         phases["release"]["contributors"] = res.report.get("contributors")
         if "verify_and_resum_seconds" in res.report:
             phases["release"]["keyholder_resum_s"] = res.report["verify_and_resum_seconds"]
+        if "keyholder_share_seconds" in res.report:
+            phases["release"]["keyholder_share_s"] = res.report["keyholder_share_seconds"]
         if compare_fetchers and backend in HE_BACKENDS:
             phases["release"]["resum_s_by_fetchers"] = _resum_by_fetchers(kh, kh.connect(url, session_id))
         disk = _disk_used(work / "server")
     finally:
         server.stop()
+    counted = None if backend == "secagg" else _uploads_counted(work / "server" / session_id / "audit.jsonl")
 
     # W error against the plaintext solve of the same hospitals' statistics
     included = sorted(res.report["participants"]) if "participants" in res.report else \
@@ -331,10 +334,24 @@ def run_service_bench(backend: str, hospitals: int, *, dim: int = 64, classes: i
         "bytes_down_per_hospital": float(down.mean()) if len(down) else 0.0,
         "hospital_cpu_s": {"mean": float(cpu.mean()), "max": float(cpu.max())} if len(cpu) else None,
         "server_disk_bytes": disk, "w_rel_error_vs_plain": w_err, "busy_retries": busy,
+        "uploads_counted": None if counted is None else {
+            "accepted_records": sum(counted.values()), "hospitals": len(counted),
+            "each_once": sorted(counted) == sorted(included) and set(counted.values()) <= {1}},
         "hospital_processes": n_proc, "max_connections": load_config(work / "session.toml").connection_limit,
         "combine_workers": cfg["server"]["combine_workers"],
         "cpus": os.cpu_count(), "workdir": str(work),
     }
+
+
+def _uploads_counted(audit_path: Path) -> dict[str, int]:
+    """Accepted upload records per hospital in the server's audit log (each survivor must appear once)."""
+    counts: dict[str, int] = {}
+    with open(audit_path, "rb") as fh:
+        for line in fh:
+            rec = json.loads(line)
+            if rec["event"] == "upload" and rec["outcome"] == "accepted":
+                counts[rec["actor"]] = counts.get(rec["actor"], 0) + 1
+    return counts
 
 
 def _default_processes(backend: str, K: int) -> int:
@@ -459,6 +476,14 @@ def format_report(r: dict) -> str:
     if r.get("hospital_cpu_s"):
         lines.append(f"hospital CPU (its own thread, parameters to receipt): mean {r['hospital_cpu_s']['mean']:.2f} s, "
                      f"max {r['hospital_cpu_s']['max']:.2f} s")
+    if "keyholder_share_s" in r["phases"].get("release", {}):
+        lines.append(f"release: key holder's share (manifest and seed statements fetched and checked, every seed "
+                     f"opened, expanded and summed) {r['phases']['release']['keyholder_share_s']:.2f} s")
+    if r.get("uploads_counted"):
+        u = r["uploads_counted"]
+        lines.append(f"uploads counted: {u['accepted_records']} accepted upload records from {u['hospitals']} "
+                     f"hospitals, {r['contributors']} in the release: "
+                     f"{'each survivor exactly once' if u['each_once'] else 'NOT each survivor exactly once'}")
     if "keyholder_resum_s" in r["phases"].get("release", {}):
         lines.append(f"release: key holder's verify + re-sum of the signed uploads "
                      f"{r['phases']['release']['keyholder_resum_s']:.2f} s (before its one decryption)")
@@ -473,12 +498,14 @@ def format_report(r: dict) -> str:
     return "\n".join(lines)
 
 
-def _cmd(args) -> int:
+def _run_one(args, backend: str) -> dict:
     import shutil
 
     workdir = args.workdir or tempfile.mkdtemp(prefix="secure-afl-bench-service-")
+    if args.workdir and args.versus:  # one directory per backend: each run has its own PKI, server and keys
+        workdir = str(Path(args.workdir) / backend)
     try:
-        r = run_service_bench(args.backend, args.hospitals, dim=args.dim, classes=args.classes,
+        r = run_service_bench(backend, args.hospitals, dim=args.dim, classes=args.classes,
                               samples=args.samples, dropout=args.dropout, seed=args.seed, workdir=workdir,
                               stage_timeout_s=args.stage_timeout, processes=args.processes,
                               compare_fetchers=args.compare_fetchers, max_connections=args.max_connections,
@@ -486,9 +513,37 @@ def _cmd(args) -> int:
     finally:
         if not args.workdir:  # the temp dir goes, whatever happened
             shutil.rmtree(workdir, ignore_errors=True)
-    print(format_report(r))
+    print(format_report(r), flush=True)
+    return r
+
+
+def format_versus(runs: list[dict]) -> str:
+    """Each phase's wall time and server CPU beside the first run's (the same K, d, C on the same machine)."""
+    base = runs[0]
+    lines = [f"side by side (K = {base['hospitals']}, d = {base['dim']}, C = {base['classes']}; ratio to "
+             f"{base['backend']})", f"{'phase':<10} " + " ".join(f"{r['backend'] + ' wall s':>16}" for r in runs)
+             + " " + " ".join(f"{r['backend'] + ' / ' + base['backend']:>16}" for r in runs[1:])]
+    for name in base["phases"]:
+        if not all(name in r["phases"] for r in runs):
+            continue
+        walls = [r["phases"][name]["wall_s"] for r in runs]
+        lines.append(f"{name:<10} " + " ".join(f"{w:>16.2f}" for w in walls) + " "
+                     + " ".join(f"{w / walls[0]:>16.2f}" for w in walls[1:]))
+    cpu = [r["phases"]["hospitals"].get("server_cpu_s") for r in runs]
+    if all(c is not None for c in cpu):
+        lines.append("server CPU per upload (hospitals phase): " + ", ".join(
+            f"{r['backend']} {1e3 * c / max(1, r['contributors']):.2f} ms" for r, c in zip(runs, cpu)))
+    return "\n".join(lines)
+
+
+def _cmd(args) -> int:
+    # the comparison backends first, then --backend: all in this one invocation, on the same machine state
+    runs = [_run_one(args, b) for b in [*args.versus, args.backend]]
+    if len(runs) > 1:
+        print(format_versus(runs))
     if args.json:
-        Path(args.json).write_text(json.dumps(r, indent=2, sort_keys=True) + "\n")
+        out = runs[-1] if len(runs) == 1 else runs
+        Path(args.json).write_text(json.dumps(out, indent=2, sort_keys=True) + "\n")
     return 0
 
 
@@ -507,6 +562,9 @@ def register(parser) -> None:
                         help="the server's connection cap (default: the server's, k_max + 16 and at least 64)")
     parser.add_argument("--combine-workers", type=int, default=0,
                         help="the server's summing processes for ckks/bfv uploads (default 0: automatic)")
+    parser.add_argument("--versus", nargs="+", default=[], metavar="BACKEND",
+                        choices=["plain", "ckks", "bfv", "secagg", "split"],
+                        help="also run these backends first, same K, d and C, and print each phase beside them")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--compare-fetchers", action="store_true",
                         help="HE: time the key holder's verify + re-sum again with 1 and N downloads in flight")

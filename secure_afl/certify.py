@@ -263,7 +263,7 @@ def entry_error_bounds(params, n_clients: int, stats) -> tuple[float, float]:
 
         base = expected_abs_error(params, k)
         eps_C = eps_Q = base
-    elif params.backend in ("secagg", "bfv"):
+    elif params.backend in ("secagg", "bfv", "split"):
         from .hazmat.fixedpoint import abs_error_bound
 
         fb = tuple(params.backend_params["frac_bits"])

@@ -406,12 +406,14 @@ class AggregationServer:
 
     # -- uploads ------------------------------------------------------------------------------
     def submit(self, hospital: str, statement: dict, payload: bytes, tag: dict | None = None, *,
-               peer: dict | None = None) -> dict:
+               peer: dict | None = None, payload_sha256: str | None = None) -> dict:
         """Validate, store durably, add to the running sum, audit, return a signed receipt.
 
         ckks uploads carry the hospital's signed aggregate tag (:mod:`secure_afl.tagging`).
+        ``payload_sha256``: the body's digest where the caller already computed it from these bytes (the HTTP
+        layer, as the body streamed in); else it is computed here.
         """
-        sha = hashlib.sha256(payload).hexdigest()
+        sha = payload_sha256 if payload_sha256 is not None else hashlib.sha256(payload).hexdigest()
         details = {"payload_sha256": sha, "bytes": len(payload)}
         with self._lock:
             try:  # until the statement verifies, ``hospital`` is only a claim

@@ -230,7 +230,9 @@ def create_app(server: AggregationServer) -> FastAPI:
         hospital = server.authenticate_upload(statement, peer)
         body = await _stream(request, hospital, "upload", statement["payload_sha256"])
         # CPU-bound validation (ciphertext parsing) runs off the event loop.
-        return await run_in_threadpool(lambda: server.submit(hospital, statement, body, tag, peer=peer))
+        # _stream checked the body against this digest while it arrived: submit need not hash it again
+        return await run_in_threadpool(lambda: server.submit(hospital, statement, body, tag, peer=peer,
+                                                             payload_sha256=statement["payload_sha256"]))
 
     @app.get(API + "/sessions/{session_id}/receipts/{hospital}")
     async def receipt(session_id: str, hospital: str, request: Request):

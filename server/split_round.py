@@ -32,6 +32,24 @@ from .aggregator import AggregationServer, log
 __all__ = ["SplitAggregationServer"]
 
 
+def _dp_checks_and_solve(params, stats, contributors: int):
+    """A noisy release (each hospital added its Skellam share before masking): the noise-aware checks, no
+    rare-class rule (every count is noised), and the DP solve (PSD repair and the calibrated ridge, never RI
+    restoration), as the key holder does for secagg and bfv. The privacy ledger is the key holder's: it
+    accounted this release before its share left (``KeyHolder.release_split``); the epsilon here is the same
+    public function of the signed parameters and the cohort size."""
+    from secure_afl.dp import dp_sanity_check, dp_solve
+    from secure_afl.dp.mechanism import release_epsilon
+
+    if contributors < int(params.dp["min_contributors"]):  # the key holder refuses first; never solve short noise
+        raise StageError(f"{contributors} contributions carry less than the declared noise "
+                         f"(dp min_contributors={params.dp['min_contributors']})")
+    checks = dp_sanity_check(stats, params, contributors)
+    W, solve_info = dp_solve(stats, params, contributors)
+    return {"checks": checks}, W, {**dict(params.dp), "epsilon": release_epsilon(params, contributors),
+                                   "contributors": contributors, "solve": solve_info}
+
+
 class SplitAggregationServer(AggregationServer):
 
     def contribution(self, hospital: str) -> bytes:
@@ -53,17 +71,18 @@ class SplitAggregationServer(AggregationServer):
                 aggregate, manifest = self.released()
                 if self.store.get_meta("split_result") is not None:
                     raise RoundAlreadyClosed("the key holder's share was already combined; a share is taken once")
-                if self.params.dp is not None:
-                    raise StageError("split sessions with differential privacy are not supported")
                 share = split.verify_share(self.params, manifest, body, statement, self.lookup_pub(party))
                 vector = split.collect(self.params, aggregate, share)
                 participants = sorted(p["hospital"] for p in manifest["participants"])
                 tol = split.expected_abs_error(self.params, len(participants))
                 stats = Layout(self.params.layout.dim, self.params.layout.n_classes).unpack(vector,
                                                                                            gamma=self.params.gamma)
-                sanity = sanity_check(stats, self.params, len(participants), abs_tol=tol)
-                check_class_minimum(stats, self.config.min_class_count)
-                W = solve_from_sums(stats)
+                if self.params.dp is None:
+                    sanity = sanity_check(stats, self.params, len(participants), abs_tol=tol)
+                    check_class_minimum(stats, self.config.min_class_count)
+                    W, dp_info = solve_from_sums(stats), None
+                else:
+                    sanity, W, dp_info = _dp_checks_and_solve(self.params, stats, len(participants))
                 bound = certify_release(self.params, stats, W, len(participants))
             except SecureAFLError as e:
                 self.refuse("split_collect", party, e)
@@ -75,7 +94,7 @@ class SplitAggregationServer(AggregationServer):
                 "lambda": 0.0, "aggregate_sha256": manifest["aggregate_sha256"],
                 "params_digest": self.params.digest().hex(),
                 "sanity": sanity if isinstance(sanity, dict) else sanity.to_dict(),
-                "error_bound_per_entry": tol, "dp": None, "w_error_bound": bound.to_dict(),
+                "error_bound_per_entry": tol, "dp": dp_info, "w_error_bound": bound.to_dict(),
                 "verdict": bound.verdict, "share_sha256": statement["share_sha256"], "collector": "server",
             }
             buf = io.BytesIO()

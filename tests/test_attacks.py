@@ -69,6 +69,16 @@ def test_curious_server_gets_nothing_from_secagg_masked_vector():
     assert r["p_uniform"] > 1e-4 and abs(r["correlation"]) < 5 / r["words"] ** 0.5 and r["max_error"] > 1.0
 
 
+@pytest.mark.parametrize("name", ["split-server", "split-keyholder", "split-subset"])
+def test_split_server_or_keyholder_alone_recovers_nothing(tmp_path, name):
+    # Execute: the real server role and key holder in process; the adversary is one of them
+    r = run_attack(name, verbose=False, work=tmp_path)
+
+    # Assert: what it obtained is no hospital's statistics
+    assert r["outcome"] == "refused", r
+    assert r["max_error"] > 1.0
+
+
 def test_malicious_server_gets_no_victim_statistics_decrypted(tmp_path):
     """T2/T25: a malicious server answering the key holder's real finalize. Every forgery is refused
     BEFORE any decryption (ledger count measured), and a forged server "aggregate" is simply not used."""
@@ -154,7 +164,8 @@ def _attack_cli(name: str, patch: str = "") -> subprocess.CompletedProcess:
 
 
 @pytest.mark.e2e
-@pytest.mark.parametrize("name", ["ckks-server", "secagg-server"])
+@pytest.mark.parametrize("name", ["ckks-server", "secagg-server", "split-server", "split-keyholder",
+                                  "split-subset"])
 def test_attack_cli_exits_zero_when_the_protection_holds(name):
     r = _attack_cli(name)
     assert r.returncode == 0, r.stderr
@@ -171,6 +182,13 @@ _BROKEN = {
                       "zero = lambda seed, length, domain=None: np.zeros(length, dtype=np.uint64)\n"
                       "c.expand = zero\n"
                       "mk.expand = zero"),
+    # split hospitals add no mask to what the server stores
+    "split-server": "import secure_afl.backends.split as m\nm.add_expanded = lambda words, seed, **kw: words",
+    # the split server serves a stored masked vector to the key holder (its refusing route removed)
+    "split-keyholder": "import secure_afl.server.split_round as m\ndel m.SplitAggregationServer.contribution",
+    # the key holder's min_clients floor on the manifest removed: it releases a share for any cohort
+    "split-subset": ("import secure_afl.keyholder.release as r\nf = r.verify_manifest_for\n"
+                     "r.verify_manifest_for = lambda p, m, s, e, mc: f(p, m, s, e, 1)"),
 }
 
 

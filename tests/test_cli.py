@@ -7,7 +7,7 @@ from secure_afl.cli import main
 LEVELS = ["", "reproduce", "reproduce dummy", "bench", "bench protect", "bench extract", "bench service", "client", "client embed",
           "client submit", "client fingerprint", "pki", "pki init", "pki issue", "pki bundle", "audit",
           "audit verify", "server", "server run", "keyholder", "keyholder keygen", "keyholder publish",
-          "keyholder finalize", "demo", "attack", "compare"]
+          "keyholder finalize", "demo", "attack", "compare", "bench upload-cost"]
 
 
 @pytest.mark.parametrize("words", LEVELS)

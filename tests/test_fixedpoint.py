@@ -143,3 +143,22 @@ def test_negative_values_are_twos_complement_in_both_lanes():
     assert w[:4].tolist() == [2**64 - 4, 4, 2**64 - 2, 1]
     assert w[4:].tolist() == [0, 0, 0, 2**4]
     assert decode(w, (2, 12)).tolist() == [-1.0, 1.0, -0.5, 0.25 + 2.0**-10]
+
+
+def test_encode_of_a_long_vector_matches_the_per_entry_definition():
+    # Prepare: longer than numpy's casting buffers, so every block of the in-place conversion is exercised;
+    # half-way cases in both lanes, negatives, zeros and the lane edge.
+    rng = np.random.default_rng(11)
+    fb = (24, 30)
+    v = rng.uniform(-3.0, 3.0, 50_000) * 10.0 ** rng.uniform(-9, 0, 50_000)
+    v[:6] = [0.0, -0.0, 2.5 * 2.0**-24, -3.5 * 2.0**-24, (1 + 2.0**-31) * 2.0**-24, 2.0**33 - 1]
+
+    # Execute
+    words = encode(v, fb)
+
+    # Assert: hi = round-half-even(v 2^f1), lo = round-half-even((v 2^f1 - hi) 2^f2), both mod 2^64.
+    for i in list(range(6)) + list(rng.integers(0, v.size, 2000)):
+        x = Fraction(v[i]) * 2 ** fb[0]
+        hi = round(x)
+        lo = round((x - hi) * 2 ** fb[1])
+        assert int(words[i]) == hi % 2**64 and int(words[v.size + i]) == lo % 2**64

@@ -34,7 +34,8 @@ _PROMPT = re.compile(r"^([a-z][a-z0-9-]*)\$ (.*)$")
 
 
 def documented_sessions() -> dict[str, list[tuple[str, str]]]:
-    """{"CKKS": [(party, command), ...], "BFV": [...], "SecAgg": [...]} from README's session section."""
+    """{"CKKS": [(party, command), ...], "BFV": [...], "SecAgg": [...], "split": [...]} from README's
+    session section."""
     text = README.read_text()
     section = text[text.index("## A session, end to end"):text.index("## What is enforced")]
     out = {}
@@ -121,13 +122,13 @@ def _holds_only_its_own_bundle(root: Path) -> None:
 
 def test_readme_documents_every_protected_backend():
     sessions = documented_sessions()
-    assert sorted(sessions) == ["BFV", "CKKS", "SecAgg"]
+    assert sorted(sessions) == ["BFV", "CKKS", "SecAgg", "split"]
     for commands in sessions.values():
         assert {p for p, _ in commands} == {"operator", "server", "keyholder", *HOSPITALS}
 
 
 @pytest.mark.e2e
-@pytest.mark.parametrize("backend", ["CKKS", "BFV", "SecAgg"])
+@pytest.mark.parametrize("backend", ["CKKS", "BFV", "SecAgg", "split"])
 def test_documented_session_runs_as_written(tmp_path, backend):
     # Prepare
     _inputs(tmp_path)
@@ -145,7 +146,8 @@ def test_documented_session_runs_as_written(tmp_path, backend):
     W, meta = read_model(tmp_path / "keyholder" / "model.safetensors")
     assert W.shape == (512, 3) and np.all(np.isfinite(W))
     # the model says which session, class order and extractor it belongs to: the session.toml's own
-    session_id = {"CKKS": "cohort-ckks", "BFV": "cohort-bfv", "SecAgg": "cohort-secagg"}[backend]
+    session_id = {"CKKS": "cohort-ckks", "BFV": "cohort-bfv", "SecAgg": "cohort-secagg",
+                  "split": "cohort-split"}[backend]
     from secure_afl.server.config import load_config
 
     declared = load_config(tmp_path / "server" / "session.toml").extractor

@@ -53,7 +53,7 @@ from secure_afl.exceptions import (
     WrongSession,
 )
 from secure_afl.hazmat import fixedpoint
-from secure_afl.hazmat.prg import agree, expand
+from secure_afl.hazmat.prg import add_expanded, agree, expand
 from secure_afl.packing import Layout
 from secure_afl.params import Bounds
 
@@ -151,6 +151,25 @@ def test_prg_known_answers_and_independent_cross_checks(seed, domain, n_words, w
     if n_words > 8:
         ct = ChaCha20Poly1305(seed).encrypt(domain, bytes(8 * (n_words - 8)), None)[:-16]
         assert np.frombuffer(ct, "<u8").tolist() == expected[8:]
+
+
+@pytest.mark.parametrize("n_words", [8191, 8192, 8193, 3 * 8192 + 5])
+def test_prg_stream_continues_across_blocks_and_masks_in_place(n_words):
+    # Prepare: lengths around the generator's internal block size
+    seed, domain = bytes(range(32)), b"saflSPLITmsk"
+    base = np.random.default_rng(n_words).integers(0, 2**63, n_words, dtype=np.uint64)
+
+    # Execute
+    words = expand(seed, n_words, domain=domain)
+    masked = add_expanded(base.copy(), seed, domain=domain)
+    unmasked = add_expanded(masked.copy(), seed, domain=domain, subtract=True)
+
+    # Assert: the AEAD's keystream (counter from 1) is the generator's from word 8 on, in one piece
+    ct = ChaCha20Poly1305(seed).encrypt(domain, bytes(8 * (n_words - 8)), None)[:-16]
+    assert np.frombuffer(ct, "<u8").tolist() == words[8:].tolist()
+    assert np.array_equal(masked, base + words) and np.array_equal(unmasked, base)
+    with pytest.raises(TypeError):
+        add_expanded(base.astype(np.int64), seed, domain=domain)
 
 
 def test_prg_domains_separate_and_seed_used_whole():

@@ -52,7 +52,7 @@ from ..envelope import open_envelope, seal
 from ..exceptions import InvalidContribution, InvalidSignature, \
     MalformedPayload, ParameterMismatch, SanityCheckFailed, SecureAFLError
 from ..hazmat import fixedpoint
-from ..hazmat.prg import DOMAIN_SPLIT_MASK, SEED_BYTES, expand
+from ..hazmat.prg import DOMAIN_SPLIT_MASK, SEED_BYTES, add_expanded
 from ..packing import Layout
 from ..params import Bounds, SessionParams
 from ..signing import canonical_json
@@ -222,7 +222,7 @@ def keyholder_share(params: SessionParams, secret_key: bytes, manifest: Mapping,
             seed = open_seed(params, secret_key, h, p["payload_sha256"], box)
         except SecureAFLError as e:
             raise SeedRefused(f"{h}'s seed: {e}", h) from e
-        np.add(total, expand(seed, n, domain=DOMAIN_SPLIT_MASK), out=total)
+        add_expanded(total, seed, domain=DOMAIN_SPLIT_MASK)
     return np.negative(total)  # mod 2^64
 
 
@@ -279,7 +279,7 @@ class _SplitCombiner(Combiner):
         self._sum = np.zeros(fixedpoint.n_words(backend.params.layout.length), dtype=np.uint64)
 
     def _add(self, payload: bytes) -> None:
-        np.add(self._sum, self._b.masked_words(payload), out=self._sum)
+        np.add(self._sum, self._b.masked_view(payload), out=self._sum)
 
     def _partial(self) -> bytes:
         return self._sum.astype("<u8", copy=False).tobytes()
@@ -329,11 +329,18 @@ class SplitBackend(ProtectionBackend):
         key = self._check_key(public_context)
         seed = os.urandom(SEED_BYTES) if seed is None else bytes(seed)
         words = fixedpoint.encode(v, self.frac_bits)
-        np.add(words, expand(seed, words.shape[0], domain=DOMAIN_SPLIT_MASK), out=words)
-        payload = seal(self.params, "contribution", words.astype("<u8", copy=False).tobytes())
+        add_expanded(words, seed, domain=DOMAIN_SPLIT_MASK)  # in place: no second 2L-word array
+        payload = seal(self.params, "contribution", memoryview(words.astype("<u8", copy=False)).cast("B"))
         sha = hashlib.sha256(payload).hexdigest()
         box = seal_seed(self.params, key, hospital, sha, seed)
         return payload, sign_seed_statement(identity_key, self.params, hospital, sha, box)
+
+    def masked_view(self, payload: bytes) -> np.ndarray:
+        """:meth:`masked_words` without the copy: a read-only view of the payload's body (the server's sum)."""
+        env = open_envelope(self.params, payload, "contribution")
+        if len(env.body) != 8 * fixedpoint.n_words(self.params.layout.length):
+            raise MalformedPayload("split masked vector has the wrong length")
+        return np.frombuffer(env.body, dtype="<u8")
 
     def masked_words(self, payload: bytes) -> np.ndarray:
         env = open_envelope(self.params, payload, "contribution")

@@ -17,7 +17,7 @@ Two mechanisms, one per kind of backend:
 
 * ``gaussian`` (plain, ckks): real Gaussian noise. Its Renyi DP curve is
   ``eps(alpha) = alpha / (2 z^2)``.
-* ``skellam`` (secagg, bfv): integer noise on the fixed-point grid 2^-f, each share a
+* ``skellam`` (secagg, bfv, split): integer noise on the fixed-point grid 2^-f, each share a
   Skellam variable (difference of two Poissons). Skellam is closed under
   summation, so the survivors' shares add up to one Skellam variable of
   variance ``2 mu`` exactly, whatever the dropouts. Renyi DP (Agarwal, Kairouz
@@ -57,7 +57,7 @@ __all__ = ["ORDERS", "DPSpec", "sensitivity", "gaussian_rdp", "skellam_rdp", "ep
 ORDERS = np.asarray(_rdp.rdp_privacy_accountant.DEFAULT_RDP_ORDERS, dtype=np.float64)
 #: Real noise where the sum is real (plain, ckks); integer noise on the fixed-point grid where the sum
 #: is exact integer arithmetic on the two-lane encoding (secagg in Z_(2^64), bfv modulo its plaintext prime).
-MECHANISMS = {"plain": "gaussian", "ckks": "gaussian", "secagg": "skellam", "bfv": "skellam"}
+MECHANISMS = {"plain": "gaussian", "ckks": "gaussian", "secagg": "skellam", "bfv": "skellam", "split": "skellam"}
 #: A share entry beyond TAIL standard deviations is redrawn (probability < 1e-32 per entry), so the
 #: noisy sums have a hard bound the protection parameters can be sized for.
 TAIL = 12.0

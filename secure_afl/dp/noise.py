@@ -8,12 +8,12 @@ declared variance sigma^2: K >= t surviving shares sum to variance
 accounts the release at the noise actually summed (:func:`release_rdp`).
 
 * gaussian (plain, ckks): N(0, sigma^2 / t) per entry, float64;
-* skellam (secagg, bfv): Poisson(mu/t) - Poisson(mu/t) integers, placed on
+* skellam (secagg, bfv, split): Poisson(mu/t) - Poisson(mu/t) integers, placed on
   the fixed-point grid 2^-f *after* rounding the noised statistics to that
-  grid, so the two-lane encoding both backends share carries exactly these
+  grid, so the two-lane encoding these backends share carries exactly these
   integers in its high lane (checked: every value stays below 2^53, where
   float64 holds grid points exactly), and the exact sum -- in Z_(2^64) for
-  secagg, modulo the BFV plaintext prime for bfv -- adds them exactly. The
+  secagg and split, modulo the BFV plaintext prime for bfv -- adds them exactly. The
   entries that are not noised (the contributor counter, the bfv tag slots)
   are left off the grid: the key holder checks the tags at the lanes' full
   precision.

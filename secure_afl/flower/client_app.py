@@ -38,7 +38,7 @@ from flwr.clientapp import ClientApp
 
 from secure_afl import pki
 from secure_afl import session as session_definition
-from secure_afl.backends import HE_BACKENDS
+from secure_afl.params import KEYED_BACKENDS
 from secure_afl.clients.hospital import protect_contribution, protect_vector
 from secure_afl.clients.statsfile import load_statistics_file
 from secure_afl.keyholder_params import PARAMS_SIGNATURE, pinned_keyholder_key, verify_session_params
@@ -111,7 +111,7 @@ def _session_params(info: dict, party, context: Context) -> SessionParams:
     servers = pki.load_enrolments(party.pki_dir, role="server")
     if len(servers) != 1 or info["server_identity_pub"] != next(iter(servers.values())).identity_pub:
         raise ParameterMismatch("the server does not present the pinned identity key")
-    if params.backend in HE_BACKENDS:
+    if params.backend in KEYED_BACKENDS:
         # the server relays the key holder's keys; only the key holder's own signature makes them its keys
         verify_session_params(params, info.get(PARAMS_SIGNATURE), pinned_keyholder_key(party.pki_dir))
     return params
@@ -124,7 +124,7 @@ def upload(msg: Message, context: Context) -> Message:
     params = _session_params(unpack_json(msg.content, "info"), party, context)
     stats, _ = load_statistics_file(_cfg(context, "data", "hospital"), n_classes=params.layout.n_classes,
                                     max_norm=params.bounds.max_norm)
-    ctx = unpack_blob(msg.content) if params.backend in HE_BACKENDS else None
+    ctx = unpack_blob(msg.content) if params.backend in KEYED_BACKENDS else None
     payload, tag = protect_contribution(party, params, stats, public_context=ctx)
     sha = hashlib.sha256(payload)
     statement = sign_upload(party.identity_key(), params.session_id, params.digest(), sha.digest(), party.name)
@@ -331,6 +331,8 @@ def finalize(msg: Message, context: Context) -> Message:
     unmask = unpack_json(msg.content, "unmask") if "unmask" in msg.content["fields"] else None
     # before anything is decrypted: countersign the server's close record, or refuse (DecryptionRefused)
     countersign = keyholder_adapter.countersign(kh, unpack_json(msg.content, "close"), manifest)
+    if "split" in msg.content["fields"]:
+        return _split_share(kh, info, manifest, msg, context, countersign)
     try:
         report = keyholder_adapter.finalize(
             kh, info, blob, manifest, tags, contributions, unmask=unmask,
@@ -342,3 +344,30 @@ def finalize(msg: Message, context: Context) -> Message:
         return Message(content=pack({"countersign": countersign, "error": e.reason, "detail": str(e)}),
                        reply_to=msg)
     return Message(content=pack({"report": report, "countersign": countersign}), reply_to=msg)
+
+
+def _split_share(kh, info: dict, manifest: dict, msg: Message, context: Context, countersign: dict) -> Message:
+    """split: this key holder's share over the manifest's cohort (from the seed statements only), or why not."""
+    nc = context.node_config
+    try:
+        body, statement = keyholder_adapter.split_share(
+            kh, info, manifest, unpack_json(msg.content, "tags"),
+            min_clients=int(_cfg(context, "min-clients", "keyholder")), min_class_count=int(nc.get("min-class-count", 1)),
+            lam=float(nc.get("lambda", 0.0)))
+    except SecureAFLError as e:
+        return Message(content=pack({"countersign": countersign, "error": e.reason, "detail": str(e)}), reply_to=msg)
+    return Message(content=pack({"countersign": countersign, "share_statement": statement}, body), reply_to=msg)
+
+
+@app.query("split_result")
+def split_result(msg: Message, context: Context) -> Message:
+    """split: the collector's release (W, the report, the released sums), written as ``keyholder finalize``
+    writes it, with this key holder's own privacy record."""
+    _role(context, "keyholder")
+    nc = context.node_config
+    kh = keyholder_adapter.open_keyholder(nc)
+    report = keyholder_adapter.split_result(
+        kh, unpack_json(msg.content, "info"), unpack_json(msg.content, "manifest"), unpack_blob(msg.content),
+        lam=float(nc.get("lambda", 0.0)), out=Path(str(_cfg(context, "out", "keyholder"))),
+        report_path=Path(str(nc.get("report", "report.json"))))
+    return Message(content=pack({"report": report}), reply_to=msg)

@@ -4,7 +4,8 @@ Everything the key holder decides (manifest and upload signatures, its own
 ``min_clients``, the re-sum of the signed uploads and the single flooded
 decryption for HE sessions, the release ledger, the aggregate tag, sanity
 checks, RI restoration and the solve) is :meth:`KeyHolder.release_he` (ckks,
-bfv) or :meth:`KeyHolder.reveal_and_solve` (plain, secagg); this module only feeds it
+bfv), :meth:`KeyHolder.release_split` (split: its share, from the seed statements alone) or
+:meth:`KeyHolder.reveal_and_solve` (plain, secagg); this module only feeds it
 what the ServerApp sent and writes the model and report the way
 ``secure-afl keyholder finalize`` writes them.
 """
@@ -19,7 +20,7 @@ from secure_afl.backends import HE_BACKENDS
 from secure_afl.keyholder import KeyHolder, write_model
 from secure_afl.keyholder.model import model_metadata
 
-__all__ = ["open_keyholder", "publication", "countersign", "finalize"]
+__all__ = ["open_keyholder", "publication", "countersign", "finalize", "split_share", "split_result"]
 
 
 def open_keyholder(node_config) -> KeyHolder:
@@ -88,3 +89,45 @@ def finalize(kh: KeyHolder, info: dict, aggregate: bytes, manifest: dict, tags: 
     report_path.parent.mkdir(parents=True, exist_ok=True)
     report_path.write_text(json.dumps(res.report, indent=2))
     return res.report
+
+
+def split_share(kh: KeyHolder, info: dict, manifest: dict, tags: dict, *, min_clients: int, min_class_count: int,
+                lam: float) -> tuple[bytes, dict]:
+    """split: :meth:`KeyHolder.release_split` over what the ServerApp sent (the manifest and the hospitals'
+    signed seed statements; never a masked vector). The collector solves under the session's policy, so a
+    stricter one asked here is refused, as ``keyholder finalize`` refuses it."""
+    from secure_afl import session
+    from secure_afl.exceptions import PolicyViolation
+
+    definition = session.load_signed(kh.pki_dir, str(info.get("session_id")))
+    if definition.backend != "split":
+        raise InvalidInputError(f"session {definition.session_id} runs {definition.backend}, not split")
+    if min_class_count > definition["min_class_count"] or lam:
+        raise PolicyViolation(f"a split release is solved by the collector under the session's "
+                              f"min_class_count={definition['min_class_count']} and lambda 0; this key holder "
+                              f"asked for min_class_count={min_class_count}, lambda={lam}")
+    floor = max(min_clients, definition["min_clients"], int(info.get("min_clients", 1)))
+    return kh.release_split(definition.session_id, _MessageSource(manifest, {}, tags), min_clients=floor)
+
+
+def split_result(kh: KeyHolder, info: dict, manifest: dict, result: bytes, *, lam: float, out: Path,
+                 report_path: Path) -> dict:
+    """split: the model and report from the collector's release, as ``keyholder finalize`` writes them."""
+    import numpy as np
+
+    sid = str(info.get("session_id"))
+    params = kh.params(sid)
+    try:
+        released = json.loads(result)
+        W, report = np.asarray(released["W"], dtype=np.float64), dict(released["report"])
+    except (ValueError, KeyError, TypeError):
+        raise InvalidInputError("the ServerApp's split result is not the collector's release") from None
+    if report.get("session_id") != sid or report.get("params_digest") != params.digest().hex() \
+            or report.get("aggregate_sha256") != manifest.get("aggregate_sha256"):
+        raise InvalidInputError("the ServerApp's split result is for another session, parameters or manifest")
+    if params.dp is not None:
+        report["dp"] = {**(report.get("dp") or {}), **kh.split_privacy(params, manifest)}
+    write_model(out, W, model_metadata(params, report, lam))
+    report_path.parent.mkdir(parents=True, exist_ok=True)
+    report_path.write_text(json.dumps(report, indent=2))
+    return report

@@ -25,8 +25,10 @@ RECEIPT = "query.receipt"
 COUNTERSIGN = "query.countersign"
 FINALIZE = "query.finalize"
 SECAGG = "query.secagg"
+SPLIT_RESULT = "query.split_result"
 
-__all__ = ["PROJECT_DIR", "ROLL_CALL", "PUBLISH", "UPLOAD", "RECEIPT", "COUNTERSIGN", "FINALIZE", "SECAGG", "pack",
+__all__ = ["PROJECT_DIR", "ROLL_CALL", "PUBLISH", "UPLOAD", "RECEIPT", "COUNTERSIGN", "FINALIZE", "SECAGG",
+           "SPLIT_RESULT", "pack",
            "unpack_blob", "unpack_json", "unpack_str"]
 
 

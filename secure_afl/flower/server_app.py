@@ -43,6 +43,7 @@ from flwr.app import Context, Message
 from flwr.serverapp import Grid, ServerApp
 
 from secure_afl.backends import HE_BACKENDS
+from secure_afl.params import KEYED_BACKENDS
 from secure_afl.exceptions import (
     InsufficientShares,
     InvalidParameterError,
@@ -63,6 +64,7 @@ from .messages import (
     RECEIPT,
     ROLL_CALL,
     SECAGG,
+    SPLIT_RESULT,
     UPLOAD,
     pack,
     unpack_blob,
@@ -129,6 +131,8 @@ def run_session(grid: Grid, session_config: Path, *, node_wait_s: float, reply_t
         server.store_countersign(f"keyholder:{config.keyholder}",
                                  canonical_json(unpack_json(reply.content, "countersign")))
         fields = {"info": server.info(), "manifest": manifest, "close": close}
+        if config.backend == "split":
+            return _split_release(grid, server, config, kh_node, fields, reply_timeout_s)
         blob = aggregate
         if config.backend == "secagg":  # what removes the masks from the survivors' sum, and nothing more
             fields["unmask"] = server.unmask_material()
@@ -148,6 +152,26 @@ def run_session(grid: Grid, session_config: Path, *, node_wait_s: float, reply_t
         return unpack_json(reply.content, "report")
     finally:
         server.shutdown()
+
+
+def _split_release(grid: Grid, server, config, kh_node: int, fields: dict, timeout_s: float) -> dict:
+    """split: the key holder gets the manifest and the hospitals' signed seed statements -- no masked vector, no
+    masked sum -- and answers with its share; the server (the collector) checks it against its own manifest,
+    unmasks, checks and solves, and the key holder writes the model from that release."""
+    party = f"keyholder:{config.keyholder}"
+    reply = _one(grid, Message(content=pack({**fields, "tags": server.tags(), "split": True}, b""), dst_node_id=kh_node,
+                               message_type=FINALIZE), timeout_s, "the key holder's split share")
+    server.store_countersign(party, canonical_json(unpack_json(reply.content, "countersign")))
+    if "error" in reply.content["fields"]:
+        raise StageError(f"the key holder released no share: {unpack_str(reply.content, 'error')}: "
+                         f"{unpack_str(reply.content, 'detail')}")
+    statement = unpack_json(reply.content, "share_statement")
+    if not isinstance(statement, dict):
+        raise MalformedPayload("the share statement is not a JSON object")
+    server.collect(party, unpack_blob(reply.content), statement)
+    reply = _one(grid, Message(content=pack({"info": fields["info"], "manifest": fields["manifest"]}, server.result()),
+                               dst_node_id=kh_node, message_type=SPLIT_RESULT), timeout_s, "the key holder's model")
+    return unpack_json(reply.content, "report")
 
 
 def _roll_call(grid: Grid, expected: int, wait_s: float, timeout_s: float) -> dict[int, tuple[str, str]]:
@@ -198,7 +222,7 @@ def _publish(grid: Grid, server, kh_node: int, timeout_s: float) -> None:
 def _uploads(grid: Grid, server, nodes: list[int], timeout_s: float) -> None:
     """Each hospital's signed upload through the native server's ``submit``; the receipt goes back."""
     info = server.info()
-    ctx = server.public_context if info["backend"] in HE_BACKENDS else b""
+    ctx = server.public_context if info["backend"] in KEYED_BACKENDS else b""
     msgs = [Message(content=pack({"info": info}, ctx), dst_node_id=nid, message_type=UPLOAD) for nid in nodes]
     answers = []
     for reply in grid.send_and_receive(msgs, timeout=timeout_s):

@@ -206,18 +206,23 @@ def encode(values, frac_bits, *, bound: float | None = None) -> np.ndarray:
     """
     f1, f2 = _pair(frac_bits)
     v = np.asarray(values, dtype=np.float64).reshape(-1)
-    if not np.all(np.isfinite(v)):
+    # min and max need no temporary (a NaN propagates into both, an inf shows in one): at L ~ 2e5 the
+    # hospital's encoding was dominated by fresh full-length arrays, so every step below reuses ``x``
+    peak = max(-float(np.min(v)), float(np.max(v))) if v.size else 0.0
+    if not np.isfinite(peak):
         raise InvalidInputError("cannot encode NaN or inf")
-    if bound is not None and v.size and float(np.max(np.abs(v))) > bound:
+    if bound is not None and peak > bound:
         raise BoundsExceeded(f"|entry| exceeds the declared bound {bound:.6g}")
-    x = np.ldexp(v, f1)
-    if x.size and float(np.max(np.abs(x))) >= 2.0 ** LANE_BOUND_BITS:
+    if float(np.ldexp(peak, f1)) >= 2.0 ** LANE_BOUND_BITS:  # scaling by 2^f1 is monotone: the peak of x
         raise BoundsExceeded("an entry times 2^f1 does not fit a 58-bit lane")
-    hi = np.rint(x)
-    lo = np.rint(np.ldexp(x - hi, f2))  # x - hi is exact
     out = np.empty(2 * v.size, dtype=np.int64)
-    out[:v.size] = hi.astype(np.int64)
-    out[v.size:] = lo.astype(np.int64)
+    hi, lo = out[:v.size], out[v.size:]
+    x = lo.view(np.float64)  # the lo half holds x until lo itself is written over it, element for element
+    np.ldexp(v, f1, out=x)
+    np.rint(x, out=hi, casting="unsafe")  # integral floats below 2^58: the cast is exact
+    np.subtract(x, hi, out=x)  # exact (hi converts back to the float it came from)
+    np.ldexp(x, f2, out=x)
+    np.rint(x, out=lo, casting="unsafe")
     return out.view(np.uint64)
 
 

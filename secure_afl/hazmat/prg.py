@@ -46,6 +46,7 @@ __all__ = [
     "DOMAIN_SPLIT_MASK",
     "MAX_WORDS",
     "expand",
+    "add_expanded",
     "agree",
     "pairwise_info",
 ]
@@ -57,6 +58,7 @@ DOMAIN_GRAPH = b"saflGRAPHprm"
 DOMAIN_SPLIT_MASK = b"saflSPLITmsk"
 MAX_WORDS = (1 << 32) * 8  # 2^32 blocks of 64 bytes = 8 words each
 _PURPOSES = ("mask", "share-enc")
+_CHUNK = 1 << 16  # bytes of keystream per cipher call in expand
 
 
 def _check_seed(seed) -> bytes:
@@ -90,8 +92,42 @@ def expand(seed: bytes, length: int, *, domain: bytes = DOMAIN_PAIR_MASK) -> np.
     if not isinstance(domain, bytes) or len(domain) != 12:
         raise ValueError("domain must be 12 bytes")
     enc = Cipher(algorithms.ChaCha20(seed, b"\x00\x00\x00\x00" + domain), mode=None).encryptor()
-    stream = enc.update(bytes(8 * length))
-    return np.frombuffer(bytearray(stream), dtype="<u8").astype(np.uint64, copy=False)
+    # the keystream is written straight into the result from one small zero block (the stream goes on
+    # across calls): three fresh 8L-byte buffers (zeros, ciphertext, writable copy) cost more than the cipher
+    out = np.empty(length, dtype="<u8")
+    view = memoryview(out).cast("B")
+    zeros = bytes(min(_CHUNK, 8 * length))
+    for i in range(0, 8 * length, _CHUNK):
+        n = min(_CHUNK, 8 * length - i)
+        enc.update_into(zeros[:n] if n < len(zeros) else zeros, view[i:i + n])
+    return out.astype(np.uint64, copy=False)
+
+
+def add_expanded(words: np.ndarray, seed: bytes, *, domain: bytes = DOMAIN_PAIR_MASK,
+                 subtract: bool = False) -> np.ndarray:
+    """``words += PRG(seed, domain)[:len(words)]`` (or ``-=``) mod 2^64, in place; returns ``words``.
+
+    The same stream as :func:`expand`, added a block at a time, so masking or unmasking a vector of
+    L words needs no second L-word array.
+    """
+    seed = _check_seed(seed)
+    if not isinstance(words, np.ndarray) or words.dtype != np.uint64 or words.ndim != 1 \
+            or not words.flags.c_contiguous or not words.flags.writeable:
+        raise TypeError("words must be a writable contiguous 1-D uint64 array")
+    check_int("length", words.shape[0], "add_expanded", low=0, high=MAX_WORDS)
+    if not isinstance(domain, bytes) or len(domain) != 12:
+        raise ValueError("domain must be 12 bytes")
+    enc = Cipher(algorithms.ChaCha20(seed, b"\x00\x00\x00\x00" + domain), mode=None).encryptor()
+    step = _CHUNK // 8
+    zeros = bytes(_CHUNK)
+    block = np.empty(step, dtype="<u8")
+    view = memoryview(block).cast("B")
+    op = np.subtract if subtract else np.add
+    for i in range(0, words.shape[0], step):
+        n = min(step, words.shape[0] - i)
+        enc.update_into(zeros[:8 * n] if n < step else zeros, view[:8 * n])
+        op(words[i:i + n], block[:n], out=words[i:i + n])
+    return words
 
 
 def pairwise_info(purpose: str, session_id: str, u: int, v: int) -> bytes:

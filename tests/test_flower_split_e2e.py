@@ -1,0 +1,128 @@
+"""End-to-end: a ``split`` session through a real Flower deployment on 127.0.0.1 (SuperLink, three hospital
+SuperNodes, the key holder's SuperNode, `flwr run`): the key holder answers with its share from the seed
+statements alone, the ServerApp's server combines it, and W equals the native service's bit for bit."""
+
+import json
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from secure_afl import pki, session
+from secure_afl.analytic import centralised_weights
+from secure_afl.audit import load_receipts, verify_log
+from secure_afl.keyholder import read_model
+
+from support import Consortium
+from support.flower import FlowerDeployment
+
+pytestmark = [pytest.mark.e2e, pytest.mark.flower]
+
+HOSPITALS = ("h1", "h2", "h3")
+
+
+def _data(c, seed):
+    rng = np.random.default_rng(seed)
+    data = {}
+    for h in HOSPITALS:
+        n = int(rng.integers(30, 60))
+        X = rng.standard_normal((n, c.dim))
+        X *= (0.9 * c.max_norm / np.linalg.norm(X, axis=1, keepdims=True)) * rng.uniform(0.1, 1, (n, 1))
+        data[h] = (X, rng.integers(0, c.classes, n))
+    return data
+
+
+def _keygen(c):
+    c.keyholder.keygen(session.load_signed(c.pki_dir, c.session_id).session_params())
+
+
+def _native_w(c, data):
+    c.start()
+    try:
+        conn = c.connect_keyholder()
+        _keygen(c)
+        c.keyholder.publish(conn)
+        threads, errors = [], {}
+
+        def go(h):
+            cl = c.hospital(h)
+            try:
+                cl.submit(c.stats(*data[h]))
+            except Exception as e:  # asserted on below
+                errors[h] = e
+            finally:
+                cl.close()
+
+        for h in data:
+            threads.append(threading.Thread(target=go, args=(h,), daemon=True))
+            threads[-1].start()
+        for t in threads:
+            t.join(timeout=180)
+        assert not errors, errors
+        res = c.keyholder.finalize(conn, min_clients=3)
+        conn.close()
+        return res.W
+    finally:
+        c.stop()
+
+
+@pytest.fixture
+def deployment(tmp_path):
+    d = FlowerDeployment(tmp_path / "flower")
+    yield d
+    d.stop()
+
+
+def test_flower_split_round_matches_the_native_service_bit_for_bit(tmp_path, deployment):
+    # Prepare: the same hospital data for a Flower round and a native round, each with its own consortium
+    c = Consortium(tmp_path / "fl", backend="split", hospitals=HOSPITALS, min_clients=3,
+                   extra_session={"min_class_count": 1})
+    data = _data(c, seed=21)
+    for h, (X, y) in data.items():
+        np.savez(tmp_path / f"{h}.npz", X=X, y=y)
+    _keygen(c)
+    (tmp_path / "pass").write_bytes(b"test passphrase")
+    bundles = pki.make_bundles(c.pki_dir, tmp_path / "bundles")
+    server_config = tmp_path / "server-session.toml"
+    server_config.write_text(c.config.read_text().replace(str(c.pki_dir), str(bundles["server-aggregator"])))
+    deployment.start_superlink()
+    for h in HOSPITALS:
+        deployment.start_supernode(h, {"role": "hospital", "name": h, "pki-dir": bundles[f"hospital-{h}"],
+                                       "data": tmp_path / f"{h}.npz", "receipts-dir": tmp_path / "receipts"})
+    deployment.start_supernode("keyholder", {
+        "role": "keyholder", "name": "keyholder", "pki-dir": bundles["keyholder-keyholder"],
+        "keys-dir": c.root / "keys", "passphrase-file": tmp_path / "pass", "min-clients": 3, "min-class-count": 1,
+        "out": tmp_path / "model.safetensors", "report": tmp_path / "report.json"})
+
+    # Execute
+    t0 = time.perf_counter()
+    out = deployment.run({"session-config": str(server_config), "node-wait-s": 120.0, "reply-timeout-s": 240.0},
+                         timeout=420)
+    wall = time.perf_counter() - t0
+
+    # Assert: the model the key holder wrote is the exact release, the same as the native service's
+    assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-4000:] + deployment.logs()
+    W, meta = read_model(tmp_path / "model.safetensors")
+    report = json.loads((tmp_path / "report.json").read_text())
+    X_all = np.concatenate([d[0] for d in data.values()])
+    y_all = np.concatenate([d[1] for d in data.values()])
+    W_plain = centralised_weights(X_all, y_all, c.classes)
+    W_native = _native_w(Consortium(tmp_path / "native", backend="split", hospitals=HOSPITALS, min_clients=3,
+                                    extra_session={"min_class_count": 1}), data)
+    rel_plain = np.linalg.norm(W - W_plain) / np.linalg.norm(W_plain)
+    print(f"flower split: |W-W_plain|/|W_plain| = {rel_plain:.2e}, flwr run {wall:.1f} s")
+    bound = report["w_error_bound"]
+    assert np.array_equal(W, W_native) and bound["applies"] and rel_plain <= 2 * bound["rel_bound"]
+    assert report["backend"] == "split" and report["collector"] == "server"
+    assert report["participants"] == list(HOSPITALS) and report["samples"] == len(y_all)
+    assert meta["backend"] == "split" and json.loads(meta["participants"]) == list(HOSPITALS)
+    # the server took exactly one share, and the audit log (countersigned over Flower) holds with the receipts
+    records = [json.loads(line) for line in c.audit_path().read_text().splitlines()]
+    assert [r["outcome"] for r in records if r["event"] == "split_collect"] == ["accepted"]
+    head = json.loads((c.audit_path().parent / "audit-head.json").read_text())
+    v = verify_log(c.audit_path(), server_pub=pki.load_party(c.pki_dir, "server", "aggregator").identity_pub(),
+                   head=head, countersign=head["countersign"],
+                   keyholder_pub=pki.load_party(c.pki_dir, "keyholder", "keyholder").identity_pub(),
+                   receipts=load_receipts(tmp_path / "receipts"))
+    assert v.n_receipts == 3 and v.n_refused == 0 and v.countersigned_by
