@@ -52,6 +52,9 @@ def _register_protect(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-norm", type=float, default=1.0, help="embedding norm bound B")
     parser.add_argument("--gamma", type=float, default=1.0, help="RI intermediary gamma")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--protect-repeats", type=int, default=1, metavar="R",
+                        help="protect each hospital's vector R times and keep the fastest (on a shared machine the "
+                             "other jobs' load then drops out of the per-hospital figure)")
     parser.add_argument("--json", metavar="PATH", help="also write the figures as JSON here")
     parser.set_defaults(func=_cmd_protect)
 
@@ -89,7 +92,7 @@ def _hospital_vector(layout, rng, samples: int, max_norm: float, gamma: float) -
 
 
 def run_protect(backend: str, dim: int, classes: int, clients: int, *, dropout: float = 0.0, seed: int = 0,
-                samples: int = 256, max_norm: float = 1.0, gamma: float = 1.0) -> dict:
+                samples: int = 256, max_norm: float = 1.0, gamma: float = 1.0, protect_repeats: int = 1) -> dict:
     """One in-process round; returns the figures (see module docstring)."""
     from .packing import Layout
     from .params import Bounds, SessionParams
@@ -151,6 +154,8 @@ def run_protect(backend: str, dim: int, classes: int, clients: int, *, dropout: 
         v = _hospital_vector(layout, np.random.default_rng([seed, k]), samples, max_norm, gamma)
         if k in dropped:
             continue  # this hospital never uploads
+        if protect_repeats > 1:  # the extra calls are discarded: only the fastest time is kept
+            protect_s.append(_fastest_protect(be, v, backend, k, protect_kw, protect_repeats - 1))
         t = time.perf_counter()
         if backend == "split":
             payload, st = be.protect(v, hospital=f"h{k}", **protect_kw)
@@ -162,6 +167,8 @@ def run_protect(backend: str, dim: int, classes: int, clients: int, *, dropout: 
             payload = be.protect(v, **protect_kw)
             protect_s.append(time.perf_counter() - t)
             sizes.append(len(payload))
+        if protect_repeats > 1:
+            protect_s[-2:] = [min(protect_s[-2:])]
         t = time.perf_counter()
         acc.add(payload)
         combine_s += time.perf_counter() - t
@@ -195,6 +202,16 @@ def run_protect(backend: str, dim: int, classes: int, clients: int, *, dropout: 
     })
     out["w_bound"] = _w_bound(params, layout, revealed, len(sizes))
     return out
+
+
+def _fastest_protect(be, v, backend: str, k: int, protect_kw: dict, n: int) -> float:
+    """The fastest of ``n`` protect calls of one hospital's vector (their payloads are dropped)."""
+    best = float("inf")
+    for _ in range(n):
+        t = time.perf_counter()
+        be.protect(v, hospital=f"h{k}", **protect_kw) if backend == "split" else be.protect(v, **protect_kw)
+        best = min(best, time.perf_counter() - t)
+    return best
 
 
 def _w_bound(params, layout, revealed, n_clients: int) -> float | None:
@@ -286,7 +303,8 @@ def _cmd_protect(args) -> int:
     for k in args.clients:
         for backend in args.backend:
             res = run_protect(backend, args.dim, args.classes, k, dropout=args.dropout, seed=args.seed,
-                              samples=args.samples, max_norm=args.max_norm, gamma=args.gamma)
+                              samples=args.samples, max_norm=args.max_norm, gamma=args.gamma,
+                              protect_repeats=max(1, args.protect_repeats))
             res["machine"] = machine
             results.append(res)
             print(f"[{backend}, K = {k}] done", flush=True)

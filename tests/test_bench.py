@@ -113,3 +113,17 @@ def test_keyholder_bench_runs_the_real_release_path(capsys):
     assert kh_bench(["--dim", "8", "--classes", "3", "--hospitals", "2"]) == 0
     out = capsys.readouterr().out
     assert "K=2" in out and "flood sigma" in out
+
+
+@pytest.mark.parametrize("backend", ["plain", "split"])
+def test_protect_repeats_keep_one_time_per_hospital_and_the_same_round(backend):
+    from secure_afl.bench import run_protect
+
+    # Execute: one round as is, one with every protect timed three times
+    once = run_protect(backend, 8, 3, 3, samples=16)
+    best = run_protect(backend, 8, 3, 3, samples=16, protect_repeats=3)
+
+    # Assert: the same round (sizes, exactness, bound); a measured time
+    for key in ("bytes_per_client", "survivors", "exact", "w_bound", "max_abs_error"):
+        assert once[key] == best[key], key
+    assert best["protect_s_per_client"] > 0
