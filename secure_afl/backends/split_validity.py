@@ -489,3 +489,71 @@ def describe(circuit: Circuit) -> Mapping:
             "chunk": circuit.bits.chunk, "domain": circuit.bits.n, "frac_bits": [circuit.f1, circuit.f2],
             "T_hi_log2": circuit.sizes["m_hi"] - 1, "T_lo_log2": circuit.sizes["m_lo"] - 1,
             "soundness_bits_q64": round(soundness_bits(circuit), 1)}
+
+
+# -- the protocol around the proof: the server's signed verifier message, the key holder's verdicts ------------
+_VERIFIER_SIG_PREFIX = b"secure-afl/split/verifier/v1\0"
+
+
+def check_upload(backend, payload: bytes, statement: Mapping) -> None:
+    """Server, at upload: the signed commitment is of this payload's words (else the rows and the joint
+    randomness would not be bound to the data they test)."""
+    share = backend.upload_share(payload)
+    backend.circuit.check_commitment(share, UploadCommitment.from_dict(statement.get("validity")), leader=True)
+
+
+def _verifier_statement(params: SessionParams, hospital: str, payload_sha256: str, query_seed: bytes,
+                        message: np.ndarray) -> dict:
+    return {"type": "split-verifier", "v": 1, "session_id": params.session_id,
+            "params_digest": params.digest().hex(), "hospital": hospital, "payload_sha256": payload_sha256,
+            "query_seed": bytes(query_seed).hex(), "message": flp.to_bytes(message).hex()}
+
+
+def leader_message(backend, hospital: str, payload: bytes, statement: Mapping, identity_key,
+                   query_seed: bytes | None = None) -> dict:
+    """Server: its verifier message for one upload, at a query seed drawn now (after the upload is fixed),
+    signed over the session, hospital and payload hash so the key holder can hold it to it."""
+    qs = os.urandom(32) if query_seed is None else bytes(query_seed)
+    commitment = UploadCommitment.from_dict(statement.get("validity"))
+    share = backend.upload_share(payload)
+    backend.circuit.check_commitment(share, commitment, leader=True)
+    msg = backend.circuit.query(share, commitment, hospital, qs, leader=True)
+    st = _verifier_statement(backend.params, hospital, hashlib.sha256(payload).hexdigest(), qs, msg)
+    return {**st, "signature": identity_key.sign(_VERIFIER_SIG_PREFIX + canonical_json(st)).hex()}
+
+
+def verify_leader_message(statement, server_pub, circuit: Circuit, hospital: str,
+                          payload_sha256: str) -> tuple[bytes, np.ndarray]:
+    """Key holder: the server's message for exactly this upload -> (query seed, message); else
+    :class:`InvalidSignature` (unsigned, forged, or replayed from another upload or session)."""
+    from cryptography.exceptions import InvalidSignature as _Bad
+
+    from ..exceptions import InvalidSignature
+
+    try:
+        qs = bytes.fromhex(statement["query_seed"])
+        msg = flp.from_bytes(bytes.fromhex(statement["message"]), circuit.verifier_len,
+                             what=f"the server's verifier message for {hospital}")
+        sig = bytes.fromhex(statement["signature"])
+    except (KeyError, TypeError, ValueError):
+        raise InvalidSignature(f"the server's verifier message for {hospital} is missing or malformed") from None
+    st = _verifier_statement(circuit.params, hospital, payload_sha256, qs, msg)
+    if {k: statement.get(k) for k in st} != st:
+        raise InvalidSignature(f"the server's verifier message for {hospital} is for another upload or session")
+    try:
+        server_pub.verify(sig, _VERIFIER_SIG_PREFIX + canonical_json(st))
+    except _Bad:
+        raise InvalidSignature(f"the server's verifier message for {hospital} is not signed by the server") from None
+    return qs, msg
+
+
+def helper_verdict(circuit: Circuit, hospital: str, seed: bytes, statement: Mapping, query_seed: bytes,
+                   leader_msg: np.ndarray) -> str | None:
+    """Key holder: None if ``hospital``'s upload is valid, else the check it failed."""
+    commitment = UploadCommitment.from_dict(statement.get("validity"))
+    try:
+        circuit.check_commitment(None, commitment, leader=False, seed=seed)
+    except MalformedPayload:
+        return "commitment"
+    share = circuit.helper_share(seed)
+    return circuit.decide(leader_msg, circuit.query(share, commitment, hospital, query_seed, leader=False))
