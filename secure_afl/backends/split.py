@@ -291,7 +291,8 @@ def collect(params: SessionParams, masked_aggregate: bytes, share: np.ndarray, s
         words = flp.sub(words, w)
     # every proven lane sum is below 2^62 < p/2 (split_validity.choose_frac_bits): the centred value is exact
     v = fixedpoint.decode(flp.decode_signed(words).view(np.uint64), tuple(params.backend_params["frac_bits"]))
-    limit = params.bounds.aggregate_bound(params.gamma) * (1 + 2.0 ** -50)
+    # what k_max validity-proven uploads can reach (split_validity): past it the share and sum do not match
+    limit = split_validity.proven_aggregate_bound(params) * (1 + 2.0 ** -50)
     if not np.all(np.isfinite(v)) or float(np.max(np.abs(v))) > limit:
         raise SanityCheckFailed("masked sum + key holder's share leaves the declared aggregate bound: the "
                                 "share was not formed for these masked vectors")

@@ -46,17 +46,21 @@ from typing import Mapping
 import numpy as np
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
 
-from ..exceptions import BoundsExceeded, InvalidContribution, InvalidInputError, InvalidParameterError, \
+from ..exceptions import BoundsExceeded, InvalidInputError, InvalidParameterError, \
     MalformedPayload
 from ..hazmat import fixedpoint, flp
 from ..params import SessionParams
 from ..signing import canonical_json
 
-__all__ = ["Circuit", "UploadCommitment", "ValidityRefused", "choose_frac_bits", "REPS", "ROWS", "TAIL",
-           "WRAP_BITS", "DOMAIN_SHARE", "soundness_bits"]
+__all__ = ["Circuit", "UploadCommitment", "choose_frac_bits", "REPS", "ROWS", "TAIL",
+           "ADVISORY_CHECKS", "proven_aggregate_bound", "check_upload", "leader_message", "verify_leader_message",
+           "helper_verdict", "seed_digest", "describe",
+           "WRAP_BITS", "DOMAIN_SHARE", "soundness_bits", "LINEAR_REPS"]
 
 #: repetitions of the bit proof (independent joint randomness and query point)
 REPS = 3
+#: independent random linear combinations of the affine relations (each misses a false one w.p. 1/p)
+LINEAR_REPS = 2
 #: projection rows per lane
 ROWS = 130
 #: projection threshold in units of the honest l2 bound
@@ -69,15 +73,6 @@ _FS_PREFIX = b"secure-afl/split/validity/v1\0"
 _ROW_DOMAIN = b"saflVALIDrow"
 _PROOF_DOMAIN = b"saflVALIDprf"
 _RETRIES = 8
-
-
-class ValidityRefused(InvalidContribution):
-    """An upload's validity proof does not hold; ``hospital`` names it, ``check`` says which part failed."""
-
-    def __init__(self, message: str, hospital: str, check: str):
-        super().__init__(message)
-        self.hospital = hospital
-        self.check = check
 
 
 def _bitlen(x: int) -> int:
@@ -160,7 +155,7 @@ def soundness_bits(circuit: "Circuit", hash_queries_log2: int = 64) -> float:
     bp = circuit.bits
     per_query = 2.0 ** -ROWS + (bp.length / p) ** REPS
     query_point = ((2 * bp.n - 2) / (p - bp.n)) ** REPS
-    linear = 1.0 / p
+    linear = (1.0 / p) ** LINEAR_REPS
     return -math.log2(q * per_query + query_point + linear)
 
 
@@ -232,7 +227,7 @@ class Circuit:
         # relations: lo zero (n, counts, contributors: C + 2), tag zero (8), contributors hi, n, n_gap, counts (C),
         # counts sum, diag (d), slack, projections (2 ROWS)
         self.n_relations = (self.C + 2) + 2 * len(self.i_tag) + 1 + 2 + self.C + 1 + self.d + 1 + 2 * ROWS
-        self.verifier_len = 1 + REPS * self.bits.verifier_len
+        self.verifier_len = LINEAR_REPS + REPS * self.bits.verifier_len
 
     # -- Fiat-Shamir --------------------------------------------------------------------------------------
     def fs_seed(self, hospital: str, main_sha256: str, seed_sha256: str) -> bytes:
@@ -249,11 +244,11 @@ class Circuit:
         if not isinstance(query_seed, (bytes, bytearray)) or len(query_seed) != 32:
             raise MalformedPayload("a query seed is 32 bytes")
         key = hashlib.sha256(bytes(query_seed) + fs + bytes.fromhex(aux_sha256)).digest()
-        stream = flp.expand_field(key, 4 * REPS + self.n_relations, b"saflVALIDqry")
+        stream = flp.expand_field(key, 4 * REPS + LINEAR_REPS * self.n_relations, b"saflVALIDqry")
         pts = [int(v) for v in stream[:4 * REPS] if pow(int(v), self.bits.n, flp.P) != 1][:REPS]
         if len(pts) < REPS:  # pragma: no cover - probability about (N/p)^(3 REPS)
             raise InvalidInputError("query points fell on the interpolation domain; draw another query seed")
-        return pts, stream[4 * REPS:]
+        return pts, stream[4 * REPS:].reshape(LINEAR_REPS, self.n_relations)
 
     # -- projection ----------------------------------------------------------------------------------------
     def project(self, x, fs: bytes) -> np.ndarray:
@@ -333,6 +328,11 @@ class Circuit:
                  self._bits_of(counts, s["m_n"]), self._bits_of(diag, s["m_d"]), self._bits_of([slack], s["m_s"]),
                  self._bits_of(proj[0], s["m_hi"]), self._bits_of(proj[1], s["m_lo"])]
         return np.concatenate(parts)
+
+    def aux_bits(self, x: np.ndarray, fs: bytes) -> np.ndarray:
+        """The auxiliary bits for lanes ``x`` under Fiat-Shamir seed ``fs``, unchecked (values outside a range
+        wrap modulo its width): the starting point of the attack commands and of the verifiers' tests."""
+        return self._aux(np.asarray(x, dtype=np.uint64), fs, check=False)
 
     def prove(self, hospital: str, vector=None, *, lanes=None, seed: bytes | None = None, check: bool = True,
               aux_override=None) -> tuple[np.ndarray, bytes, UploadCommitment]:
@@ -440,10 +440,10 @@ class Circuit:
         """One verifier's message: ``[linear combination of the relations] ++ REPS bit-proof queries``."""
         fs = self.fs_seed(hospital, commitment.main_sha256, commitment.seed_sha256)
         pts, coeffs = self.query_rand(fs, commitment.aux_sha256, query_seed)
-        lin = flp.dot(coeffs, self.relations(share, fs, leader=leader))
+        rel = self.relations(share, fs, leader=leader)
         bits = share[self.main_len:self.main_len + self.n_bits]
         proofs = share[self.main_len + self.n_bits:].reshape(REPS, self.bits.proof_len)
-        msgs = [np.array([lin], dtype=np.uint64)]
+        msgs = [np.array([flp.dot(row, rel) for row in coeffs], dtype=np.uint64)]
         for jr, t, pf in zip(self.joint_rand(fs, commitment.aux_sha256), pts, proofs):
             msgs.append(self.bits.query(bits, pf, jr, t, leader=leader))
         return np.concatenate(msgs)
@@ -456,11 +456,11 @@ class Circuit:
                 int(max(a.max(), b.max())) >= flp.P:
             raise MalformedPayload("a verifier message has the wrong shape")
         v = flp.add(a, b)
-        if int(v[0]) != 0:
+        if any(int(z) for z in v[:LINEAR_REPS]):
             return "linear"
-        k = self.bits.verifier_len
+        k, o = self.bits.verifier_len, LINEAR_REPS
         for r in range(REPS):
-            if not self.bits.decide(v[1 + r * k:1 + (r + 1) * k]):
+            if not self.bits.decide(v[o + r * k:o + (r + 1) * k]):
                 return "bits"
         return None
 
@@ -557,3 +557,15 @@ def helper_verdict(circuit: Circuit, hospital: str, seed: bytes, statement: Mapp
         return "commitment"
     share = circuit.helper_share(seed)
     return circuit.decide(leader_msg, circuit.query(share, commitment, hospital, query_seed, leader=False))
+
+
+#: release checks the proof does not establish (a hospital within its proven bounds can fail them): the
+#: collector reports them instead of refusing the release
+ADVISORY_CHECKS = ("symmetric", "psd", "cauchy_schwarz", "class_cauchy_schwarz", "norm_bound")
+
+
+def proven_aggregate_bound(params: SessionParams) -> float:
+    """|entry| of a sum of k_max proven uploads: each lane entry is within 2T (docs/VALIDITY.md)."""
+    f1, f2 = (int(v) for v in params.backend_params["frac_bits"])
+    s = _sizes(params, f1, f2)
+    return float(params.bounds.k_max) * (2.0 ** (s["m_hi"] - f1) + 2.0 ** (s["m_lo"] - f1 - f2))
