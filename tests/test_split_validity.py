@@ -418,9 +418,11 @@ def test_an_upload_beyond_the_bounds_is_refused_by_name_and_the_others_are_relea
     # Assert: receipted, then refused by name in the signed release and the audit log; W is h1 + h2's
     assert receipt["hospital"] == "h3"
     assert res.report["refused"] == {"h3": "linear"} and res.report["participants"] == ["h1", "h2"]
-    expected = Layout(c.dim, c.classes).pack(honest["h1"]) + Layout(c.dim, c.classes).pack(honest["h2"])
-    got = Layout(c.dim, c.classes).pack(res.stats)
-    assert np.allclose(got, expected, rtol=1e-12, atol=1e-9)
+    gamma = c.keyholder.params(c.session_id).gamma  # the released Gram carries K gamma I (RI intermediary)
+    assert np.allclose(res.stats.gram - 2 * gamma * np.eye(c.dim), honest["h1"].gram + honest["h2"].gram,
+                       rtol=1e-12, atol=1e-9)
+    assert np.allclose(res.stats.cross, honest["h1"].cross + honest["h2"].cross, rtol=1e-12, atol=1e-9)
+    assert res.stats.n == honest["h1"].n + honest["h2"].n
     audit = (c.root / "server" / c.session_id).rglob("*audit*")
     text = "".join(p.read_text(errors="replace") for p in audit if p.is_file())
     assert "split_validity" in text and "hospital:h3" in text
