@@ -440,3 +440,31 @@ def test_a_refusal_below_min_clients_releases_nothing(consortium):
     with pytest.raises(SecureAFLError, match="h2"):
         c.keyholder.finalize(conn, min_clients=2)
     conn.close()
+
+
+# -- the attack commands ----------------------------------------------------------------------------------------
+def test_attack_veto_is_refused_by_name_under_split_and_vetoes_the_other_backends():
+    from secure_afl.attacks import run_attack
+
+    r = run_attack("veto", verbose=False)
+    assert r["table"] == {"split": "refused", "ckks": "vetoed", "bfv": "vetoed", "secagg": "vetoed"}
+    assert r["outcome"] == "refused"
+
+
+def test_attack_steer_moves_w_within_the_bounds_and_every_upload_is_accepted():
+    from secure_afl.attacks import run_attack
+
+    r = run_attack("steer", verbose=False)
+    moved = [row["moved"] for row in r["rows"]]
+    assert all(row["accepted"] for row in r["rows"]) and moved == sorted(moved) and moved[-1] > 0.5
+
+
+@pytest.mark.e2e
+def test_cli_attack_veto_exits_zero_because_split_refuses():
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "secure_afl.cli", "attack", "veto"], capture_output=True,
+                         text=True, timeout=600)
+    assert out.returncode == 0, out.stderr
+    assert "[veto] split  REFUSED" in out.stdout and "[veto] ckks   VETOED" in out.stdout
