@@ -234,7 +234,8 @@ def _set(lanes, c, i, value, lane=0):
 
 @pytest.mark.parametrize("violation", ["count_minus_one", "non_integer_n", "n_above_n_max", "trace_too_large",
                                        "gram_entry_too_large", "cross_entry_too_large", "lo_lane_entry_too_large",
-                                       "two_contributors", "tag_slot_used"])
+                                       "two_contributors", "tag_slot_used", "count_fraction_in_lo_lane",
+                                       "counts_do_not_sum_to_n"])
 def test_each_bound_violated_alone_is_refused(session, violation):
     c = session[1].circuit
     sl = LAYOUT.slices
@@ -268,6 +269,11 @@ def test_each_bound_violated_alone_is_refused(session, violation):
                 _set(lanes, c, sl["contributors"].start, 2 * f1)
             elif violation == "tag_slot_used":
                 _set(lanes, c, sl["tag"].start, 12345)
+            elif violation == "count_fraction_in_lo_lane":  # class 0 = its count + 2^-(f1+f2), n likewise
+                _set(lanes, c, i_c, 1, lane=1)
+                _set(lanes, c, i_n, 1, lane=1)
+            elif violation == "counts_do_not_sum_to_n":  # class 0 one more, n unchanged
+                _set(lanes, c, i_c, int(flp.decode_signed(lanes[i_c:i_c + 1])[0]) + f1)
         lanes = _lanes_with(session, v, edit)
     assert _verdict(session, *_cheat(session, lanes)) == "linear"
 
@@ -290,6 +296,12 @@ def test_a_non_bit_that_satisfies_every_linear_relation_is_refused_by_the_bit_pr
         return b
 
     assert _verdict(session, *c.prove("h1", lanes=lanes, check=False, aux_override=aux)) == "bits"
+
+
+def test_a_statement_whose_seed_commitment_is_not_of_the_sealed_seed_is_refused(session):
+    body, seed, com = _honest(session, _stats_vector())
+    other = split_validity.UploadCommitment(com.main_sha256, com.aux_sha256, split_validity.seed_digest(b"x" * 32))
+    assert _verdict(session, body, seed, other) == "commitment"
 
 
 def test_tampered_proof_is_refused(session):
@@ -468,3 +480,10 @@ def test_cli_attack_veto_exits_zero_because_split_refuses():
                          text=True, timeout=600)
     assert out.returncode == 0, out.stderr
     assert "[veto] split  REFUSED" in out.stdout and "[veto] ckks   VETOED" in out.stdout
+
+
+def test_the_validity_benchmark_runs_and_accepts_its_honest_upload():
+    from secure_afl.bench_validity import run
+
+    r = run(8, 3, n=50)
+    assert r["accepted"] and r["proof_bytes"] > 0 and r["plain_upload_bytes"] == 8 * 2 * Layout(8, 3).length
