@@ -404,11 +404,11 @@ def test_query_seed_must_be_32_bytes(session):
 
 
 # -- e2e: a malicious hospital through the real service --------------------------------------------------------
-def _start(consortium, hospitals=("h1", "h2", "h3"), min_clients=2):
-    c = consortium(backend="split", hospitals=hospitals, min_clients=min_clients).start()
+def _start(consortium, hospitals=("h1", "h2", "h3"), min_clients=2, k_max=8):
+    c = consortium(backend="split", hospitals=hospitals, min_clients=min_clients, k_max=k_max).start()
     conn = c.connect_keyholder()
     c.keyholder.keygen(split.split_session_params(c.session_id, Layout(c.dim, c.classes), 1.0,
-                                                  Bounds(c.max_norm, 1000, 8)))
+                                                  Bounds(c.max_norm, 1000, k_max)))
     c.keyholder.publish(conn)
     return c, conn
 
@@ -507,3 +507,48 @@ def test_the_validity_benchmark_runs_and_accepts_its_honest_upload():
 
     r = run(8, 3, n=50)
     assert r["accepted"] and r["proof_bytes"] > 0 and r["plain_upload_bytes"] == 8 * 2 * Layout(8, 3).length
+
+
+@pytest.mark.e2e
+def test_an_in_bounds_upload_that_breaks_the_gram_shape_is_released_and_reported_not_a_veto(consortium):
+    # Prepare: h3's proof holds (counts, trace, entries within the proven bound) but C_01 = 3/4 T_hi (in lane
+    # units), far beyond sqrt(C_00 C_11) and beyond k_max times the declared per-entry bound
+    c, conn = _start(consortium, k_max=3)
+    for h in ("h1", "h2"):
+        cl = c.hospital(h)
+        cl.submit(c.stats(*c.data(h)))
+        cl.close()
+
+    def shape(lanes, circuit, params):
+        big = 3 * circuit.T[0] // 4
+        assert big > params.bounds.aggregate_bound(params.gamma) * 2.0 ** circuit.f1
+        lanes[1] = big
+
+    _malicious_upload(c, "h3", shape)
+    # Execute
+    res = c.keyholder.finalize(conn, min_clients=2)
+    conn.close()
+    # Assert: released over all three; the checks the proof does not establish are reported as failed
+    checks = res.report["sanity"]["checks"]
+    assert res.report["refused"] == {} and res.report["participants"] == ["h1", "h2", "h3"]
+    assert checks["cauchy_schwarz"] is False and checks["counts_integral"] is True
+    assert np.all(np.isfinite(res.W))
+
+
+@pytest.mark.e2e
+def test_an_upload_whose_signed_commitment_is_not_of_its_words_is_refused_at_upload(consortium):
+    # Prepare: h3 signs a commitment to other lanes than it sends (so its rows would not test its data)
+    c, conn = _start(consortium)
+    cl = c.hospital("h3")
+    params = cl.fetch_params()
+    be = get_backend(params)
+    ctx = cl.conn.request("GET", cl.conn.path("/context"), signed=False).content
+    body, seed, com = be.circuit.prove("h3", Layout(c.dim, c.classes).pack(c.stats(*c.data("h3"))))
+    lying = split_validity.UploadCommitment(hashlib.sha256(b"other lanes").hexdigest(), com.aux_sha256,
+                                            com.seed_sha256)
+    payload, st = be.seal_upload(body, seed, lying, ctx, "h3", cl.party.identity_key())
+    # Execute / Assert: refused by the server at upload, nothing receipted
+    with pytest.raises(MalformedPayload, match="commitment"):
+        cl.upload(params, payload, tag=st)
+    cl.close()
+    conn.close()
