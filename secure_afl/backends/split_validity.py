@@ -128,6 +128,9 @@ def _fits(params: SessionParams, f1: int, f2: int) -> str | None:
         return "k_max * 2T_lo"
     if d * (1 << s["m_d"]) + s["slack_max"] + (1 << s["m_s"]) >= wrap:
         return "the trace relation"
+    # n and the counts: 2^f1 times a value of m_n bits, and C of them summed, stay integers below p/2
+    if (1 << (f1 + s["m_n"])) >= wrap or params.layout.n_classes * (1 << s["m_n"]) >= wrap:
+        return "the count relations"
     return None
 
 
