@@ -88,7 +88,8 @@ class SplitKeyPair:
 
 def split_session_params(session_id: str, layout: Layout, gamma: float, bounds: Bounds, *,
                          frac_bits: tuple | None = None, **_) -> SessionParams:
-    """Lane bits from the bounds (as secagg and bfv); not yet bound to the key holder's seed key."""
+    """Lane bits from the bounds (as secagg and bfv, lowered where a validity-proven upload needs the room:
+    :func:`split_validity.choose_frac_bits`); not yet bound to the key holder's seed key."""
     base = SessionParams(session_id, "split", layout, gamma, bounds)
     # the validity proof bounds an upload's entries only up to a factor (docs/VALIDITY.md): the lanes keep
     # room for k_max such uploads in F_p
