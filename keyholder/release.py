@@ -31,7 +31,8 @@ from secure_afl.analytic import solve_from_sums
 from secure_afl.backends import HE_BACKENDS, get_backend, he_module
 from secure_afl.certify import FLOOD_TAIL, certify_release, plain_summation_error
 from secure_afl.hazmat.fixedpoint import abs_error_bound
-from secure_afl.exceptions import DecryptionRefused, InvalidInputError, PolicyViolation, SecureAFLError
+from secure_afl.exceptions import DecryptionRefused, InsufficientContributors, InvalidInputError, InvalidSignature, \
+    PolicyViolation, SecureAFLError
 from secure_afl.packing import Layout
 from secure_afl.params import SessionParams
 from secure_afl.release import ReleaseLedger, check_aggregate_against_manifest, check_class_minimum, sanity_check
@@ -307,7 +308,7 @@ class KeyHolder(KeyCustody):
         One share per key (the ledger): a second release under the same seeds is refused, and a forged
         manifest or box blocks the key. Returns ``(share bytes, signed share statement)``.
         """
-        from secure_afl.backends import split
+        from secure_afl.backends import split, split_validity
 
         params = self.params(sid)  # the keygen record, never the server's word
         key_id = params.backend_params[split.PUBLIC_CONTEXT_KEY]
@@ -323,16 +324,43 @@ class KeyHolder(KeyCustody):
                 raise
             _check_dp_noise(params, len(m["participants"]))
             statements = source.tags()
+            circuit = split_validity.Circuit(params)
+            try:  # the server's signed verifier messages, before any seed is opened
+                raw = source.split_verifier()
+                if not isinstance(raw, dict):
+                    raise InvalidSignature("the server's verifier messages are not a mapping")
+                leader = {p["hospital"]: split_validity.verify_leader_message(
+                    raw.get(p["hospital"]), server_pub, circuit, p["hospital"], p["payload_sha256"])
+                    for p in m["participants"]}
+            except SecureAFLError as e:
+                ledger.block(key_id, f"refused before the share: {e}")
+                raise ServerForgery(f"the server's verifier messages do not hold: {e}") from e
             # before any seed is opened: a crash or a refusal below still counts as this key's one share
             ledger.record_decryption(key_id, sid, [p["hospital"] for p in m["participants"]])
             # and in the privacy ledger, as the release it enables: the collector cannot unmask without it
             self.account_split_release(params, m["aggregate_sha256"], len(m["participants"]))
+            refused = {}
             try:
-                share = split.keyholder_share(params, self.secret_context(sid), m, statements, enrolled)
+                for p in m["participants"]:
+                    h = p["hospital"]
+                    seed = split.open_statement_seed(params, self.secret_context(sid), statements, enrolled, h,
+                                                     p["payload_sha256"])
+                    check = split_validity.helper_verdict(circuit, h, seed, statements[h], *leader[h])
+                    if check is not None:
+                        refused[h] = check
+                if refused:  # the server's signed messages the refusals rest on, kept with the key holder's record
+                    self.keep_validity_evidence(sid, {h: raw[h] for h in refused}, refused)
+                cohort = [p["hospital"] for p in m["participants"] if p["hospital"] not in refused]
+                if len(cohort) < min_clients:
+                    raise InsufficientContributors(
+                        f"after refusing the invalid uploads of {sorted(refused)} only {len(cohort)} remain, "
+                        f"below min_clients={min_clients}")
+                share = split.keyholder_share(params, self.secret_context(sid), m, statements, enrolled,
+                                              exclude=refused)
             except split.SeedRefused as e:
                 ledger.block(key_id, f"refused before the share: {e}")
                 raise ContributionRejected(f"no share released: {e}", e.hospital) from e
-            return split.sign_share(self.party.identity_key(), params, m, share)
+            return split.sign_share(self.party.identity_key(), params, m, share, refused)
         finally:
             ledger.close()
 
@@ -353,6 +381,15 @@ class KeyHolder(KeyCustody):
             composed = pl.preview(release_id, rdp, delta)
             pl.record(params.session_id, release_id, rdp, delta, eps)
         return {**dict(params.dp), "epsilon": eps, "epsilon_composed": composed, "contributors": contributors}
+    def keep_validity_evidence(self, session_id: str, messages: dict, refused: dict) -> Path:
+        """The server-signed verifier messages behind each refusal: a false accusation is the server's,
+        provably (its signature over a message that, with the hospital's own seed, fails)."""
+        from secure_afl._io import write_file
+
+        path = self.keys_dir / f"{session_id}.validity-refusals.json"
+        write_file(path, json.dumps({"refused": refused, "server_messages": messages}, indent=1,
+                                    sort_keys=True).encode(), mode=0o644, exclusive=False)
+        return path
 
     def _decrypt_once(self, ledger, key_id, params, backend, ctx, chunks, participants, m, tags, enrolled, *,
                       lam: float, min_class_count: int) -> FinalResult:
@@ -526,6 +563,9 @@ class HTTPSource:
 
     def tags(self) -> dict:
         return self.conn.request("GET", self.conn.path("/tags")).json()
+
+    def split_verifier(self) -> dict:
+        return self.conn.request("GET", self.conn.path("/split/verifier")).json()
 
 
 def _ridge_if_needed(stats, spectral: float) -> float:

@@ -59,6 +59,10 @@ split-subset
     the victim (refused below min_clients), then combines the key holder's
     genuine share with the victim's masked vector alone (garbage, refused by
     the collector's bound check).
+veto, steer
+    One malicious hospital against every backend (:mod:`secure_afl.attacks_validity`):
+    an impossible in-bounds upload vetoes ckks, bfv and secagg releases and is
+    refused by name under split; steering within the bounds works everywhere.
 """
 
 from __future__ import annotations
@@ -971,6 +975,15 @@ ATTACKS = {
 }
 
 
+def _validity_attacks():
+    from .attacks_validity import attack_steer, attack_veto
+
+    return {"veto": attack_veto, "steer": attack_steer}
+
+
+ATTACKS.update(_validity_attacks())
+
+
 def run_attack(name: str, **kw) -> dict:
     """Run one attack by name; returns its result dict."""
     if name not in ATTACKS:
@@ -999,7 +1012,7 @@ def _demonstration(name: str, dp) -> bool:
     """Attacks on what is not protected (plain statistics, K = 2 without DP, and a ckks hospital that
     amplifies its own upload's decryption error, threat_model/THREAT_MODEL.md): their success is the
     documented limit, so it does not fail the command."""
-    return (name in ("plain-singleton", "plain-singleton-class", "noisy-upload")
+    return (name in ("plain-singleton", "plain-singleton-class", "noisy-upload", "steer")
             or (name == "k2-subtraction" and dp is None))
 
 

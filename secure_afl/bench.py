@@ -201,6 +201,8 @@ def run_protect(backend: str, dim: int, classes: int, clients: int, *, dropout: 
         "backend_params": {k: v for k, v in params.backend_params.items()},
     })
     out["w_bound"] = _w_bound(params, layout, revealed, len(sizes))
+    if backend == "split":  # what each upload carries beyond its lanes (docs/VALIDITY.md)
+        out["validity_proof_bytes"] = 8 * (be.circuit.n_bits + be.circuit.proof_len)
     return out
 
 

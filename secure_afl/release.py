@@ -71,7 +71,8 @@ class SanityReport:
 
 
 def sanity_check(stats: SufficientStatistics, params: SessionParams, expected_contributors: int, *,
-                 abs_tol: float, count_tol: float | None = None, spectral_tol: float | None = None) -> SanityReport:
+                 abs_tol: float, count_tol: float | None = None, spectral_tol: float | None = None,
+                 advisory: tuple = ()) -> SanityReport:
     """Is ``stats`` a plausible sum of ``expected_contributors`` hospitals' statistics?
 
     Hypothesis (H): every revealed entry is within ``abs_tol`` (e) of the true
@@ -116,7 +117,7 @@ def sanity_check(stats: SufficientStatistics, params: SessionParams, expected_co
 
     def need(name: str, ok: bool, what: str):
         checks[name] = bool(ok)
-        if not ok:
+        if not ok and name not in advisory:  # advisory: recorded in the report, not a refusal
             raise SanityCheckFailed(
                 f"the revealed sum fails the {name} check ({what}): it is not the sum of {K} hospitals' "
                 "statistics within the session's declared bounds (a contribution broke the bounds, or the sum "

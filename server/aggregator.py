@@ -454,6 +454,10 @@ class AggregationServer:
                     if not isinstance(tag, dict):
                         raise MalformedPayload("a split upload needs its signed seed statement")
                     verify_seed_statement(tag, self._enrolled[hospital].public_key(), self.params, hospital, sha)
+                    from secure_afl.backends import get_backend
+                    from secure_afl.backends.split_validity import check_upload
+
+                    check_upload(get_backend(self.params), payload, tag)
                 elif tag is not None:
                     raise MalformedPayload("only ckks and bfv uploads carry an aggregate tag")
                 open_envelope(self.params, payload, "contribution")

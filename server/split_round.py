@@ -58,10 +58,33 @@ class SplitAggregationServer(AggregationServer):
     def masked_aggregate(self) -> bytes:
         raise Forbidden("a split session serves no masked sum: whoever holds the seeds could read a forged one")
 
+    def verifier_messages(self) -> dict:
+        """hospital -> this server's signed verifier message for its upload (split_validity), formed once per
+        upload after the round is released, with a query seed drawn then, and kept: the key holder decides on
+        it, and a refusal it signs can be traced to the message the server signed here."""
+        from secure_afl.backends import get_backend
+        from secure_afl.backends.split_validity import leader_message
+
+        with self._lock:
+            _, manifest = self.released()
+            done = self.store.get_meta("split_verifier") or {}
+            if all(p["hospital"] in done for p in manifest["participants"]):
+                return done
+            backend = get_backend(self.params)
+            rows = {row["hospital"]: row for row in self.store.uploads()}
+            for p in manifest["participants"]:
+                h = p["hospital"]
+                if h not in done:
+                    row = rows[h]
+                    done[h] = leader_message(backend, h, self.store.get_blob(row["payload_sha256"]), row["tag"],
+                                             self._key)
+            self.store.set_meta("split_verifier", done)
+            return done
+
     def collect(self, party: str, body: bytes, statement: dict) -> dict:
         """Check the key holder's share against the stored manifest, unmask the sum, check and solve."""
         from secure_afl.analytic import solve_from_sums
-        from secure_afl.backends import split
+        from secure_afl.backends import get_backend, split, split_validity
         from secure_afl.certify import certify_release
         from secure_afl.packing import Layout
         from secure_afl.release import check_class_minimum, sanity_check
@@ -72,13 +95,21 @@ class SplitAggregationServer(AggregationServer):
                 if self.store.get_meta("split_result") is not None:
                     raise RoundAlreadyClosed("the key holder's share was already combined; a share is taken once")
                 share = split.verify_share(self.params, manifest, body, statement, self.lookup_pub(party))
-                vector = split.collect(self.params, aggregate, share)
-                participants = sorted(p["hospital"] for p in manifest["participants"])
+                refused = dict(statement["refused"])
+                # the refused uploads are in the masked sum but not in the key holder's share: take them out
+                backend = get_backend(self.params)
+                out = [backend.masked_words(self.store.get_blob(row["payload_sha256"]))
+                       for row in self.store.uploads() if row["hospital"] in refused]
+                vector = split.collect(self.params, aggregate, share, subtract=out)
+                participants = list(statement["cohort"])
                 tol = split.expected_abs_error(self.params, len(participants))
                 stats = Layout(self.params.layout.dim, self.params.layout.n_classes).unpack(vector,
                                                                                            gamma=self.params.gamma)
                 if self.params.dp is None:
-                    sanity = sanity_check(stats, self.params, len(participants), abs_tol=tol)
+                    # a hospital can break the Gram's shape (PSD, Cauchy-Schwarz) and the trace by a 2^-30 relative
+                    # slack while its validity proof holds: those checks are reported, not a veto (docs/VALIDITY.md)
+                    sanity = sanity_check(stats, self.params, len(participants), abs_tol=tol,
+                                          advisory=split_validity.ADVISORY_CHECKS)
                     check_class_minimum(stats, self.config.min_class_count)
                     W, dp_info = solve_from_sums(stats), None
                 else:
@@ -96,6 +127,7 @@ class SplitAggregationServer(AggregationServer):
                 "sanity": sanity if isinstance(sanity, dict) else sanity.to_dict(),
                 "error_bound_per_entry": tol, "dp": dp_info, "w_error_bound": bound.to_dict(),
                 "verdict": bound.verdict, "share_sha256": statement["share_sha256"], "collector": "server",
+                "refused": refused,
             }
             buf = io.BytesIO()
             np.save(buf, vector.astype("<f8"))
@@ -105,6 +137,11 @@ class SplitAggregationServer(AggregationServer):
             w_sha = self.store.put_blob(buf.getvalue())
             self.store.set_meta("split_result", {"report": report, "aggregate_vector_sha256": vec_sha,
                                                  "W_sha256": w_sha})
+            for h, check in refused.items():
+                # the key holder's signed share names it; the server's own verifier message is kept beside
+                self.audit.append("split_validity", actor="hospital:" + h, outcome="refused",
+                                  session=self.config.session_id,
+                                  details={"check": check, "by": party, "share_sha256": statement["share_sha256"]})
             self.audit.append("split_collect", actor=party, outcome="accepted", session=self.config.session_id,
                               details={"share_sha256": statement["share_sha256"],
                                        "manifest_sha256": statement["manifest_sha256"], "contributors":
@@ -142,6 +179,14 @@ class SplitAggregationServer(AggregationServer):
             from starlette.concurrency import run_in_threadpool
 
             return await run_in_threadpool(self.collect, party, body, statement)
+
+        @app.get(API + "/sessions/{session_id}/split/verifier")
+        async def split_verifier(session_id: str, request: Request):
+            session_guard(session_id, request)
+            await authed(request, ("keyholder",))
+            from starlette.concurrency import run_in_threadpool
+
+            return await run_in_threadpool(self.verifier_messages)
 
         @app.get(API + "/sessions/{session_id}/split/result")
         async def split_result(session_id: str, request: Request):

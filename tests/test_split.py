@@ -16,13 +16,13 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from secure_afl.backends import get_backend
-from secure_afl.backends import split
+from secure_afl.backends import split, split_validity
 from secure_afl.exceptions import Forbidden, InsufficientContributors, InvalidContribution, PolicyViolation, \
     SanityCheckFailed, SecureAFLError
-from secure_afl.hazmat import fixedpoint
-from secure_afl.hazmat.prg import DOMAIN_SPLIT_MASK, expand
+from secure_afl.hazmat import fixedpoint, flp
 from secure_afl.packing import Layout
 from secure_afl.params import Bounds
+from secure_afl.stats import local_statistics
 
 LAYOUT = Layout(6, 3)
 BOUNDS = Bounds(4.0, 1000, 8)
@@ -35,8 +35,15 @@ def _session(sid="split-unit"):
 
 
 def _vectors(k, seed=7):
+    """Packed statistics of k hospitals (rows of norm <= B): what the validity proof accepts."""
     rng = np.random.default_rng(seed)
-    return [rng.uniform(-50, 50, LAYOUT.length) for _ in range(k)]
+    out = []
+    for _ in range(k):
+        X = rng.normal(size=(40, LAYOUT.dim))
+        X *= BOUNDS.max_norm / np.linalg.norm(X, axis=1, keepdims=True) * rng.uniform(0.1, 1.0, (40, 1))
+        out.append(LAYOUT.pack(local_statistics(X, rng.integers(0, LAYOUT.n_classes, 40), LAYOUT.n_classes,
+                                                gamma=1.0)))
+    return out
 
 
 # -- in-process: arithmetic and boxes ---------------------------------------------------------------
@@ -165,8 +172,9 @@ def test_curious_keyholder_gets_no_masked_vector_from_any_route(consortium):
                                tags["h1"]["payload_sha256"], box)
         words = get_backend(params).masked_words(payload) if path.endswith("h1") else \
             np.frombuffer(payload[-8 * fixedpoint.n_words(params.layout.length):], dtype="<u8").astype(np.uint64)
-        words = words - expand(seed, words.shape[0], domain=DOMAIN_SPLIT_MASK)
-        recovered.append(fixedpoint.decode(words, params.backend_params["frac_bits"]))
+        words = flp.sub(words, flp.expand_field(seed, words.shape[0], split_validity.DOMAIN_SHARE))
+        recovered.append(fixedpoint.decode(flp.decode_signed(words).view(np.uint64),
+                                           params.backend_params["frac_bits"]))
     conn.close()
     # Assert: every route refused; had one answered, the victim's statistics would be in ``recovered``
     assert not any(np.allclose(r[:victim.shape[0]], victim, rtol=1e-9, atol=1e-6) for r in recovered)
@@ -204,24 +212,28 @@ def test_subset_attack_gets_garbage_and_a_victim_only_manifest_is_refused(consor
         def tags(self):
             return conn.request("GET", conn.path("/tags")).json()
 
+        def split_verifier(self):
+            return conn.request("GET", conn.path("/split/verifier")).json()
+
     got = None
     try:
         b1, _ = c.keyholder.release_split(c.session_id, Forged(), min_clients=2)
-        s1 = np.frombuffer(b1, dtype="<u8").astype(np.uint64)
-        got = fixedpoint.decode(be.masked_words(by_h["h1"]) + s1, params.backend_params["frac_bits"])
+        s1 = flp.from_bytes(b1)
+        got = fixedpoint.decode(flp.decode_signed(flp.add(be.masked_words(by_h["h1"]), s1)).view(np.uint64),
+                                params.backend_params["frac_bits"])
     except InsufficientContributors:
         pass
     # Execute 2: the genuine share (for the cohort h1, h2, h3), combined with h2's and h3's masked vectors only
     body, statement = c.keyholder.release_split(c.session_id, HTTPSource(conn), min_clients=2)
     share = split.verify_share(params, manifest, body, statement, c.keyholder.party.identity_key().public_key())
-    sub = be.masked_words(by_h["h2"]) + be.masked_words(by_h["h3"])
+    sub = flp.add(be.masked_words(by_h["h2"]), be.masked_words(by_h["h3"]))
     conn.close()
     # Assert: the victim-only manifest got no share; the subset sum unmasks to garbage, refused by the bound
     assert got is None or not np.allclose(got[:victim.shape[0]], victim, rtol=1e-9, atol=1e-6)
     assert got is None
     with pytest.raises(SanityCheckFailed):
         split.collect(params, seal(params, "aggregate", sub.astype("<u8").tobytes()), share)
-    full = sub + be.masked_words(by_h["h1"])
+    full = flp.add(sub, be.masked_words(by_h["h1"]))
     ok = split.collect(params, seal(params, "aggregate", full.astype("<u8").tobytes()), share)
     assert np.all(np.isfinite(ok))  # the same share over the whole cohort does unmask
 
@@ -246,6 +258,9 @@ def test_forged_or_replayed_seed_statement_is_refused_naming_the_hospital(consor
 
         def tags(self):
             return self.t
+
+        def split_verifier(self):
+            return real.split_verifier()
 
     # Execute / Assert: h2's statement relayed for h1 (another hospital's envelope)
     swapped = {"h1": {**tags["h2"]}, "h2": tags["h2"]}

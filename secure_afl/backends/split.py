@@ -1,21 +1,21 @@
 """``split``: two-aggregator additive shares (the Prio3 / DAP shape); the server leads, the key holder helps.
 
 Ring and encoding: the exact two-lane fixed point of secagg and bfv
-(:mod:`secure_afl.hazmat.fixedpoint`), 2L words in Z_(2^64) whose K-sums
-provably do not wrap, so the released sum is the one secagg and bfv release,
-bit for bit.
+(:mod:`secure_afl.hazmat.fixedpoint`), 2L lanes carried in the prime field
+F_p, p = 2^64 - 2^32 + 1, so that the server and the key holder can check a
+proof of the upload's validity on their shares
+(:mod:`secure_afl.backends.split_validity`, docs/VALIDITY.md). The lanes'
+scale leaves room for k_max *proven* uploads below 2^62 < p/2, so the centred
+sum is the integer sum and the release is the one secagg and bfv give.
 
-Hospital k, per upload, with a fresh 32-byte seed s_k::
+Hospital k, per upload, with a fresh 32-byte seed s_k (``w_k`` = lanes || validity bits || proofs)::
 
-    y_k    = enc(x_k) + PRG(s_k)                    (mod 2^64, per word; PRG = ChaCha20, its own domain)
-    P_k    = seal(params, "contribution", y_k)      (what the server stores and sums)
+    y_k    = w_k + m_k,  m_k = expand_field(s_k)     (mod p; ChaCha20 words below p, their own domain)
+    P_k    = seal(params, "contribution", y_k)      (what the server stores; it sums the lane part)
     box_k  = e_pub || ChaCha20-Poly1305_{HKDF(X25519(e, T_pub), info)}(nonce 0, s_k, AD_k)
     AD_k   = canonical JSON {session_id, params_digest, hospital, payload_sha256 = SHA-256(P_k)}
-    stmt_k = Ed25519_k("split-seed" statement over session, parameters, hospital, SHA-256(P_k), box_k)
-
-``T_pub`` is the key holder's per-session X25519 key, published as the
-session's public context and bound (its SHA-256) into the parameters the key
-holder signs. ``e`` is fresh per box, so nonce 0 never repeats under a key.
+    stmt_k = Ed25519_k("split-seed" statement over session, parameters, hospital, SHA-256(P_k), box_k,
+                       validity commitment)
 
 Server (leader): ``Y = sum_k y_k`` over the manifest's cohort, as secagg's
 sum; it sees only words that are uniform given anything it holds (one
@@ -24,8 +24,8 @@ ChaCha20 stream per hospital, never reused).
 Key holder (helper): from the server-signed manifest and the signed seed
 statements only -- never a masked vector -- it checks every signature and
 AD, applies its release policy and the one-share-per-key ledger, and
-releases ``S = -sum_{k in cohort} PRG(s_k)``, signed over the manifest's
-digest and the cohort.
+releases ``S = -sum_{k in cohort} m_k`` (lane part), signed over the manifest's
+digest, the cohort and the uploads whose validity proof failed (left out).
 
 Collector (the server, as in secagg): ``Y + S = sum_k enc(x_k)`` and decodes.
 ``Y`` over any other set than the cohort leaves at least one hospital's
@@ -35,7 +35,6 @@ Collector (the server, as in secagg): ``Y + S = sum_k enc(x_k)`` and decodes.
 from __future__ import annotations
 
 import hashlib
-import os
 from dataclasses import dataclass
 from typing import Mapping
 
@@ -51,17 +50,18 @@ from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption,
 from ..envelope import open_envelope, seal
 from ..exceptions import InvalidContribution, InvalidSignature, \
     MalformedPayload, ParameterMismatch, SanityCheckFailed, SecureAFLError
-from ..hazmat import fixedpoint
-from ..hazmat.prg import DOMAIN_SPLIT_MASK, SEED_BYTES, add_expanded
+from ..hazmat import fixedpoint, flp
+from ..hazmat.prg import SEED_BYTES
 from ..packing import Layout
 from ..params import Bounds, SessionParams
 from ..signing import canonical_json
+from . import split_validity
 from .base import Combiner, ProtectionBackend, check_vector
 
 __all__ = ["SplitBackend", "SplitKeyPair", "session_params", "split_session_params", "generate_keys",
            "bind_public_context", "expected_abs_error", "seal_seed", "open_seed", "sign_seed_statement",
-           "verify_seed_statement", "manifest_digest", "keyholder_share", "sign_share", "verify_share",
-           "collect", "SeedRefused", "PUBLIC_CONTEXT_KEY", "BOX_LEN"]
+           "verify_seed_statement", "open_statement_seed", "manifest_digest", "keyholder_share", "sign_share",
+           "verify_share", "collect", "SeedRefused", "PUBLIC_CONTEXT_KEY", "BOX_LEN"]
 
 PUBLIC_CONTEXT_KEY = "public_context_sha256"
 BOX_LEN = 32 + SEED_BYTES + 16
@@ -88,11 +88,14 @@ class SplitKeyPair:
 
 def split_session_params(session_id: str, layout: Layout, gamma: float, bounds: Bounds, *,
                          frac_bits: tuple | None = None, **_) -> SessionParams:
-    """Lane bits from the bounds (as secagg and bfv); not yet bound to the key holder's seed key."""
-    fb = fixedpoint.choose_frac_bits(bounds, gamma) if frac_bits is None else \
+    """Lane bits from the bounds (as secagg and bfv, lowered where a validity-proven upload needs the room:
+    :func:`split_validity.choose_frac_bits`); not yet bound to the key holder's seed key."""
+    base = SessionParams(session_id, "split", layout, gamma, bounds)
+    # the validity proof bounds an upload's entries only up to a factor (docs/VALIDITY.md): the lanes keep
+    # room for k_max such uploads in F_p
+    fb = split_validity.choose_frac_bits(base) if frac_bits is None else \
         fixedpoint.check_frac_bits(frac_bits, bounds, gamma)
-    return SessionParams(session_id, "split", layout, gamma, bounds).with_backend_params(
-        frac_bits=[int(f) for f in fb])
+    return base.with_backend_params(frac_bits=[int(f) for f in fb])
 
 
 #: Common name (see :func:`secure_afl.backends.he_module`).
@@ -164,15 +167,17 @@ def open_seed(params: SessionParams, secret_key: bytes, hospital: str, payload_s
                                   "payload (replayed from another upload, or tampered)") from None
 
 
-def _seed_statement(params: SessionParams, hospital: str, payload_sha256: str, box: bytes) -> dict:
-    return {"type": "split-seed", "v": 1, "session_id": params.session_id, "params_digest": params.digest().hex(),
-            "hospital": hospital, "payload_sha256": payload_sha256, "box": box.hex()}
+def _seed_statement(params: SessionParams, hospital: str, payload_sha256: str, box: bytes,
+                    validity: Mapping) -> dict:
+    return {"type": "split-seed", "v": 2, "session_id": params.session_id, "params_digest": params.digest().hex(),
+            "hospital": hospital, "payload_sha256": payload_sha256, "box": box.hex(), "validity": dict(validity)}
 
 
 def sign_seed_statement(identity_key, params: SessionParams, hospital: str, payload_sha256: str,
-                        box: bytes) -> dict:
-    """Hospital: the signed statement sent with the upload (in the upload's tag header)."""
-    st = _seed_statement(params, hospital, payload_sha256, box)
+                        box: bytes, validity: Mapping) -> dict:
+    """Hospital: the signed statement sent with the upload (in the upload's tag header); ``validity`` is the
+    commitment (:class:`split_validity.UploadCommitment` as a dict) its proof's randomness is drawn from."""
+    st = _seed_statement(params, hospital, payload_sha256, box, validity)
     return {**st, "signature": identity_key.sign(_SEED_SIG_PREFIX + canonical_json(st)).hex()}
 
 
@@ -184,7 +189,8 @@ def verify_seed_statement(statement: Mapping, identity_pub, params: SessionParam
         sig = bytes.fromhex(statement["signature"])
     except (KeyError, TypeError, ValueError):
         raise MalformedPayload(f"{hospital}'s seed statement lacks a hex box or signature") from None
-    st = _seed_statement(params, hospital, payload_sha256, box)
+    validity = split_validity.UploadCommitment.from_dict(statement.get("validity")).to_dict()
+    st = _seed_statement(params, hospital, payload_sha256, box, validity)
     if {k: statement.get(k) for k in st} != st or len(box) != BOX_LEN:
         raise MalformedPayload(f"{hospital}'s seed statement does not match this session, hospital and payload")
     try:
@@ -199,9 +205,24 @@ def manifest_digest(manifest: Mapping) -> str:
     return hashlib.sha256(canonical_json(dict(manifest))).hexdigest()
 
 
+def open_statement_seed(params: SessionParams, secret_key: bytes, statements: Mapping, enrolled: Mapping,
+                        hospital: str, payload_sha256: str) -> bytes:
+    """Key holder: ``hospital``'s seed, from its statement checked against its enrolled key and the payload
+    hash it signed in the manifest; :class:`SeedRefused` naming it otherwise."""
+    st = statements.get(hospital)
+    try:
+        if not isinstance(st, Mapping):
+            raise MalformedPayload(f"no seed statement for {hospital}, a participant of the manifest")
+        box = verify_seed_statement(st, enrolled[hospital], params, hospital, payload_sha256)
+        return open_seed(params, secret_key, hospital, payload_sha256, box)
+    except SecureAFLError as e:
+        raise SeedRefused(f"{hospital}'s seed: {e}", hospital) from e
+
+
 def keyholder_share(params: SessionParams, secret_key: bytes, manifest: Mapping, statements: Mapping,
-                    enrolled: Mapping) -> np.ndarray:
-    """``-sum PRG(s_k)`` over EXACTLY the (already verified) manifest's participants.
+                    enrolled: Mapping, *, exclude=()) -> np.ndarray:
+    """``-sum m_k (mod p)`` over EXACTLY the (already verified) manifest's participants but ``exclude`` (the
+    uploads whose validity proof failed, which the collector subtracts from the masked sum).
 
     ``statements``: hospital -> signed seed statement, as the server relayed
     them; each is checked against the hospital's enrolled key and the
@@ -210,39 +231,43 @@ def keyholder_share(params: SessionParams, secret_key: bytes, manifest: Mapping,
     """
     n = fixedpoint.n_words(params.layout.length)
     total = np.zeros(n, dtype=np.uint64)
+    exclude = set(exclude)
     if not isinstance(statements, Mapping):
         raise MalformedPayload("the relayed seed statements are not a mapping")
     for p in manifest["participants"]:
         h = p["hospital"]
-        st = statements.get(h)
-        try:
-            if not isinstance(st, Mapping):
-                raise MalformedPayload(f"no seed statement for {h}, a participant of the manifest")
-            box = verify_seed_statement(st, enrolled[h], params, h, p["payload_sha256"])
-            seed = open_seed(params, secret_key, h, p["payload_sha256"], box)
-        except SecureAFLError as e:
-            raise SeedRefused(f"{h}'s seed: {e}", h) from e
-        add_expanded(total, seed, domain=DOMAIN_SPLIT_MASK)
-    return np.negative(total)  # mod 2^64
+        if h in exclude:
+            continue
+        seed = open_statement_seed(params, secret_key, statements, enrolled, h, p["payload_sha256"])
+        total = flp.add(total, flp.expand_field(seed, n, split_validity.DOMAIN_SHARE))
+    return flp.neg(total)
 
 
-def _share_statement(params: SessionParams, manifest: Mapping, share_sha256: str) -> dict:
-    return {"type": "split-share", "v": 1, "session_id": params.session_id, "params_digest": params.digest().hex(),
+def _share_statement(params: SessionParams, manifest: Mapping, share_sha256: str, refused: Mapping) -> dict:
+    everyone = {p["hospital"] for p in manifest["participants"]}
+    if not isinstance(refused, Mapping) or not set(refused) <= everyone or \
+            not all(isinstance(v, str) for v in refused.values()):
+        raise MalformedPayload("the refused uploads are not a mapping of the manifest's hospitals to a check")
+    return {"type": "split-share", "v": 2, "session_id": params.session_id, "params_digest": params.digest().hex(),
             "manifest_sha256": manifest_digest(manifest), "aggregate_sha256": manifest["aggregate_sha256"],
-            "cohort": sorted(p["hospital"] for p in manifest["participants"]), "share_sha256": share_sha256}
+            "cohort": sorted(everyone - set(refused)), "refused": dict(sorted(refused.items())),
+            "share_sha256": share_sha256}
 
 
-def sign_share(identity_key, params: SessionParams, manifest: Mapping, share: np.ndarray) -> tuple[bytes, dict]:
-    """Key holder: ``(share bytes, signed statement)`` bound to the manifest, its masked aggregate and cohort."""
+def sign_share(identity_key, params: SessionParams, manifest: Mapping, share: np.ndarray,
+               refused: Mapping | None = None) -> tuple[bytes, dict]:
+    """Key holder: ``(share bytes, signed statement)`` bound to the manifest, its masked aggregate, the cohort
+    it covers and the uploads it refused (hospital -> failed check), which the collector leaves out."""
     body = np.asarray(share, dtype=np.uint64).astype("<u8", copy=False).tobytes()
-    st = _share_statement(params, manifest, hashlib.sha256(body).hexdigest())
+    st = _share_statement(params, manifest, hashlib.sha256(body).hexdigest(), refused or {})
     return body, {**st, "signature": identity_key.sign(_SHARE_SIG_PREFIX + canonical_json(st)).hex()}
 
 
 def verify_share(params: SessionParams, manifest: Mapping, body: bytes, statement: Mapping,
                  keyholder_pub) -> np.ndarray:
-    """Collector: the key holder's share for exactly this manifest -> words."""
-    st = _share_statement(params, manifest, hashlib.sha256(body).hexdigest())
+    """Collector: the key holder's share for exactly this manifest -> words (``statement["refused"]`` names
+    the uploads it does not cover)."""
+    st = _share_statement(params, manifest, hashlib.sha256(body).hexdigest(), statement.get("refused"))
     if {k: statement.get(k) for k in st} != st:
         raise InvalidSignature("the key holder's share is for another manifest, cohort or body")
     try:
@@ -251,18 +276,24 @@ def verify_share(params: SessionParams, manifest: Mapping, body: bytes, statemen
         raise InvalidSignature("the key holder's share is not signed by the key holder") from None
     if len(body) != 8 * fixedpoint.n_words(params.layout.length):
         raise MalformedPayload("the key holder's share has the wrong length")
-    return np.frombuffer(body, dtype="<u8").astype(np.uint64)
+    return flp.from_bytes(body, what="the key holder's share")
 
 
-def collect(params: SessionParams, masked_aggregate: bytes, share: np.ndarray) -> np.ndarray:
-    """``dec(Y + S)``: the float64 sum, refused if it leaves the declared aggregate bound."""
+def collect(params: SessionParams, masked_aggregate: bytes, share: np.ndarray, subtract=()) -> np.ndarray:
+    """``dec(Y - sum subtract + S)`` over F_p: the float64 sum, refused if it leaves the declared aggregate bound.
+
+    ``subtract``: the masked words of the uploads the key holder refused (they are in ``Y`` but not in ``S``)."""
     env = open_envelope(params, masked_aggregate, "aggregate")
     n = fixedpoint.n_words(params.layout.length)
     if len(env.body) != 8 * n or np.asarray(share).shape != (n,):
         raise MalformedPayload("masked aggregate or share has the wrong length")
-    words = np.frombuffer(env.body, dtype="<u8").astype(np.uint64) + np.asarray(share, dtype=np.uint64)
-    v = fixedpoint.decode(words, tuple(params.backend_params["frac_bits"]))
-    limit = params.bounds.aggregate_bound(params.gamma) * (1 + 2.0 ** -50)
+    words = flp.add(flp.from_bytes(env.body, n, what="the masked sum"), np.asarray(share, dtype=np.uint64))
+    for w in subtract:
+        words = flp.sub(words, w)
+    # every proven lane sum is below 2^62 < p/2 (split_validity.choose_frac_bits): the centred value is exact
+    v = fixedpoint.decode(flp.decode_signed(words).view(np.uint64), tuple(params.backend_params["frac_bits"]))
+    # what k_max validity-proven uploads can reach (split_validity): past it the share and sum do not match
+    limit = split_validity.proven_aggregate_bound(params) * (1 + 2.0 ** -50)
     if not np.all(np.isfinite(v)) or float(np.max(np.abs(v))) > limit:
         raise SanityCheckFailed("masked sum + key holder's share leaves the declared aggregate bound: the "
                                 "share was not formed for these masked vectors")
@@ -279,7 +310,7 @@ class _SplitCombiner(Combiner):
         self._sum = np.zeros(fixedpoint.n_words(backend.params.layout.length), dtype=np.uint64)
 
     def _add(self, payload: bytes) -> None:
-        np.add(self._sum, self._b.masked_view(payload), out=self._sum)
+        self._sum = flp.add(self._sum, self._b.masked_words(payload))
 
     def _partial(self) -> bytes:
         return self._sum.astype("<u8", copy=False).tobytes()
@@ -287,7 +318,7 @@ class _SplitCombiner(Combiner):
     def _merge(self, body: bytes) -> None:
         if len(body) != 8 * self._sum.shape[0]:
             raise MalformedPayload("split partial sum has the wrong length")
-        np.add(self._sum, np.frombuffer(body, dtype="<u8").astype(np.uint64), out=self._sum)
+        self._sum = flp.add(self._sum, flp.from_bytes(body, what="split partial sum"))
 
     def _aggregate(self) -> bytes:
         return seal(self._b.params, "aggregate", self._partial(), contributors=self.count)
@@ -307,6 +338,7 @@ class SplitBackend(ProtectionBackend):
     def __init__(self, params: SessionParams):
         super().__init__(params)
         fixedpoint.check_frac_bits(params.backend_params.get("frac_bits"), params.bounds, params.gamma)
+        self.circuit = split_validity.Circuit(params)
 
     @property
     def frac_bits(self) -> tuple:
@@ -321,19 +353,28 @@ class SplitBackend(ProtectionBackend):
 
     def protect(self, vector, *, public_context: bytes, hospital: str, identity_key, seed: bytes | None = None,
                 **kw) -> tuple[bytes, dict]:
-        """Hospital: encode, mask with a FRESH seed, seal the seed to the key holder, sign.
+        """Hospital: encode, prove validity, mask the whole body with a FRESH seed, seal the seed, sign.
 
-        ``seed`` is for tests of fixed vectors only; by default ``os.urandom(32)`` per call.
+        ``seed`` is for tests of fixed vectors only; by default ``os.urandom(32)`` per try
+        (:meth:`split_validity.Circuit.prove`).
         """
         v = check_vector(self.params, vector)
         key = self._check_key(public_context)
-        seed = os.urandom(SEED_BYTES) if seed is None else bytes(seed)
-        words = fixedpoint.encode(v, self.frac_bits)
-        add_expanded(words, seed, domain=DOMAIN_SPLIT_MASK)  # in place: no second 2L-word array
-        payload = seal(self.params, "contribution", memoryview(words.astype("<u8", copy=False)).cast("B"))
+        body, seed, commitment = self.circuit.prove(hospital, v, seed=seed)
+        return self.seal_upload(body, seed, commitment, key, hospital, identity_key)
+
+    def seal_upload(self, body, seed: bytes, commitment, public_context: bytes, hospital: str,
+                    identity_key) -> tuple[bytes, dict]:
+        """The sealed payload and signed seed statement for a proven body (the attack commands build bodies
+        whose statement is false and seal them here, as a malicious hospital's software would)."""
+        payload = seal(self.params, "contribution", flp.to_bytes(body))
         sha = hashlib.sha256(payload).hexdigest()
-        box = seal_seed(self.params, key, hospital, sha, seed)
-        return payload, sign_seed_statement(identity_key, self.params, hospital, sha, box)
+        box = seal_seed(self.params, self._check_key(public_context), hospital, sha, seed)
+        return payload, sign_seed_statement(identity_key, self.params, hospital, sha, box, commitment.to_dict())
+
+    def upload_share(self, payload: bytes) -> np.ndarray:
+        """The server's share of an upload: every word (main vector, bits, proofs), each a field element."""
+        return self.circuit.leader_share(open_envelope(self.params, payload, "contribution").body)
 
     def masked_view(self, payload: bytes) -> np.ndarray:
         """:meth:`masked_words` without the copy: a read-only view of the payload's body (the server's sum)."""
@@ -343,10 +384,8 @@ class SplitBackend(ProtectionBackend):
         return np.frombuffer(env.body, dtype="<u8")
 
     def masked_words(self, payload: bytes) -> np.ndarray:
-        env = open_envelope(self.params, payload, "contribution")
-        if len(env.body) != 8 * fixedpoint.n_words(self.params.layout.length):
-            raise MalformedPayload("split masked vector has the wrong length")
-        return np.frombuffer(env.body, dtype="<u8").astype(np.uint64)
+        """The masked main vector (2L field elements), the part that is summed."""
+        return self.upload_share(payload)[:self.circuit.main_len]
 
     def combiner(self, **kw) -> Combiner:
         return _SplitCombiner(self)

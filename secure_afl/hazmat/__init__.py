@@ -9,7 +9,8 @@
 * :mod:`.fixedpoint` - float64 <-> Z_(2^64) fixed point with a no-wrap bound;
 * :mod:`.prg`        - X25519 + HKDF-SHA256 seeds, ChaCha20 mask expansion;
 * :mod:`.shamir`     - Shamir t-of-n sharing over GF(2^521 - 1);
-* :mod:`.ckks`       - CKKS parameter choice, error bound and TenSEAL wrappers.
+* :mod:`.ckks`       - CKKS parameter choice, error bound and TenSEAL wrappers;
+* :mod:`.flp`        - the Goldilocks field, its NTT and a fully linear proof that a shared vector is all bits.
 """
 
-__all__ = ["fixedpoint", "prg", "shamir", "ckks"]
+__all__ = ["fixedpoint", "prg", "shamir", "ckks", "flp"]

@@ -1,0 +1,574 @@
+"""``split`` upload validity: a proof, checked by the server and the key holder on their shares, that one
+hospital's upload lies within the session's declared bounds.
+
+Full statement, encoding and soundness: docs/VALIDITY.md. In short, with
+``x`` the upload's 2L fixed-point lanes (``hi`` then ``lo``, centred integers
+carried in F_p, p = 2^64 - 2^32 + 1) and ``b`` the prover's auxiliary bits,
+the verifiers accept iff every entry of ``b`` is a bit (the fully linear proof
+of :class:`secure_afl.hazmat.flp.BitProof`, repeated ``REPS`` times) and these
+affine relations hold in F_p (checked as one verifier-chosen random linear
+combination, so only its value, zero for an honest upload, is revealed):
+
+* ``lo`` of n, every class count and the contributors slot is 0; both lanes of
+  the tag slots are 0; ``hi`` of contributors is ``2^f1``;
+* ``hi_n = 2^f1 sum 2^i bn_i``, ``n_max - sum 2^i bn_i = sum 2^i bn'_i``:
+  n is an integer in ``[0, n_max]``;
+* ``hi_count_c = 2^f1 sum 2^i bc_(c,i)`` and ``sum_c count_c = n``: every class
+  count is a non-negative integer, so also ``<= n``;
+* ``hi_(C_ii) = sum 2^j bd_(i,j)`` (diagonal in ``[0, 2^mD)``) and
+  ``c_B n + c_0 - sum_i hi_(C_ii) = sum 2^i bs_i`` (trace(C^r) <= n B^2 + d gamma,
+  up to the fixed point's rounding);
+* for ``k = ROWS`` rows ``r_j in {-1, 0, 1}^L`` per lane (0 with probability 1/2),
+  drawn from a hash of the committed upload, ``<r_j, lane> + T = sum 2^i bp_(j,i)``
+  with ``T = 2^(m - 1)``: every row's projection lies in ``[-T, T)``.
+
+A lane entry with centred ``|x_i| > 2T`` keeps each row's projection out of
+``[-T, T]`` with probability at least 1/2 (fix the other coordinates: of the
+values ``s``, ``s + x_i``, ``s - x_i`` no two that differ by ``x_i`` both lie
+there), so ``k`` rows bound every entry by ``2T`` except with probability
+``2^-k`` per hash query. ``T`` is ``TAIL`` times the l2 norm an honest lane
+cannot exceed (Hoeffding: an honest row leaves ``[-T, T)`` with probability
+below ``2 exp(-TAIL^2 / 2)``; the honest prover then draws a fresh seed).
+
+Sharing: the hospital's fresh seed ``s`` gives ``m = expand_field(s)`` over
+the whole body ``w = x || b || proofs``; the server holds ``w + m`` (the upload),
+the key holder ``-m`` (from the seed it opens). Both shares are uniform alone.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import os
+from dataclasses import dataclass
+from typing import Mapping
+
+import numpy as np
+from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
+
+from ..exceptions import BoundsExceeded, InvalidInputError, InvalidParameterError, \
+    MalformedPayload
+from ..hazmat import fixedpoint, flp
+from ..params import SessionParams
+from ..signing import canonical_json
+
+__all__ = ["Circuit", "UploadCommitment", "choose_frac_bits", "REPS", "ROWS", "TAIL",
+           "ADVISORY_CHECKS", "proven_aggregate_bound", "check_upload", "leader_message", "verify_leader_message",
+           "helper_verdict", "seed_digest", "describe",
+           "WRAP_BITS", "DOMAIN_SHARE", "soundness_bits", "LINEAR_REPS"]
+
+#: repetitions of the bit proof (independent joint randomness and query point)
+REPS = 3
+#: independent random linear combinations of the affine relations (each misses a false one w.p. 1/p)
+LINEAR_REPS = 2
+#: projection rows per lane
+ROWS = 130
+#: projection threshold in units of the honest l2 bound
+TAIL = 6
+#: every lane sum of k_max proven uploads, and every integer relation, stays below 2^WRAP_BITS < p/2
+WRAP_BITS = 62
+#: the whole body's mask stream (main vector, bits, proofs): its own ChaCha20 domain
+DOMAIN_SHARE = b"saflSPLITfld"
+_FS_PREFIX = b"secure-afl/split/validity/v1\0"
+_ROW_DOMAIN = b"saflVALIDrow"
+_PROOF_DOMAIN = b"saflVALIDprf"
+_RETRIES = 8
+
+
+def _bitlen(x: int) -> int:
+    return max(1, int(x).bit_length())
+
+
+def _pow2_at_least(x: float) -> int:
+    """Least m with 2^m >= x (x > 0), computed without trusting float rounding at the edge."""
+    m = max(0, math.ceil(math.log2(x)))
+    while 2.0 ** m < x:
+        m += 1
+    while m > 0 and 2.0 ** (m - 1) >= x:
+        m -= 1
+    return m
+
+
+def _honest_l2(params: SessionParams) -> float:
+    """An upper bound on ||packed vector||_2 for any honest hospital (docs/VALIDITY.md):
+    ||C^r||_F <= tr(C) + sqrt(d) gamma <= n B^2 + sqrt(d) gamma (C is PSD), ||Q||_F <= n B, ||(n, counts)|| <= sqrt2 n,
+    plus the contributors slot; a relative 2^-30 covers the float64 rounding of the statistics."""
+    b = params.bounds
+    B, n, d = float(b.max_norm), float(b.n_max), params.layout.dim
+    return (n * B * B + math.sqrt(d) * params.gamma + n * B + math.sqrt(2.0) * n + 1.0) * (1 + 2.0 ** -30)
+
+
+def _sizes(params: SessionParams, f1: int, f2: int) -> dict:
+    lay, b = params.layout, params.bounds
+    L = lay.length
+    m_hi = _pow2_at_least(TAIL * (2.0 ** f1 * _honest_l2(params) + math.sqrt(L) / 2)) + 1
+    m_lo = _pow2_at_least(TAIL * math.sqrt(L) * 2.0 ** (f2 - 1)) + 1
+    B2 = float(b.max_norm) ** 2
+    c_B = math.ceil(2.0 ** f1 * B2 * (1 + 2.0 ** -30))
+    c_0 = math.ceil(2.0 ** f1 * lay.dim * params.gamma * (1 + 2.0 ** -30)) + lay.dim
+    diag_max = math.ceil(2.0 ** f1 * (b.n_max * B2 + params.gamma) * (1 + 2.0 ** -30)) + 1
+    m_d = _bitlen(diag_max)
+    m_n = _bitlen(b.n_max)
+    slack_max = c_B * b.n_max + c_0
+    m_s = _bitlen(slack_max)
+    return {"m_hi": m_hi, "m_lo": m_lo, "m_d": m_d, "m_n": m_n, "m_s": m_s, "c_B": c_B, "c_0": c_0,
+            "slack_max": slack_max}
+
+
+def _fits(params: SessionParams, f1: int, f2: int) -> str | None:
+    """None if (f1, f2) keeps every proven lane sum and every relation below 2^WRAP_BITS, else why not."""
+    if f1 < 0:
+        return "f1 < 0 (counts would not be integers in the hi lane)"
+    s = _sizes(params, f1, f2)
+    k, d = params.bounds.k_max, params.layout.dim
+    wrap = 1 << WRAP_BITS
+    if k * (1 << s["m_hi"]) >= wrap:  # per entry |hi| <= 2T = 2^m_hi
+        return "k_max * 2T_hi"
+    if k * (1 << s["m_lo"]) >= wrap:
+        return "k_max * 2T_lo"
+    if d * (1 << s["m_d"]) + s["slack_max"] + (1 << s["m_s"]) >= wrap:
+        return "the trace relation"
+    # n and the counts: 2^f1 times a value of m_n bits, and C of them summed, stay integers below p/2
+    if (1 << (f1 + s["m_n"])) >= wrap or params.layout.n_classes * (1 << s["m_n"]) >= wrap:
+        return "the count relations"
+    return None
+
+
+def choose_frac_bits(params: SessionParams) -> tuple[int, int]:
+    """The largest ``(f1, f2)``, at most the plain no-wrap choice, under which a proven upload cannot wrap."""
+    f1, f2 = fixedpoint.choose_frac_bits(params.bounds, params.gamma, min_frac_bits=0)
+    while f1 >= 0 and _fits(params, f1, 1) is not None:  # hi-lane and trace conditions depend on f1 only
+        f1 -= 1
+    while f2 > 1 and _fits(params, max(f1, 0), f2) is not None:  # now only the lo-lane condition can fail
+        f2 -= 1
+    why = _fits(params, f1, f2)
+    if why is not None:
+        raise InvalidParameterError(f"no fixed-point scale lets a validity-proven split upload stay below "
+                                    f"2^{WRAP_BITS} ({why}); lower `max_norm`, `n_max` or `k_max`")
+    if f1 + f2 < fixedpoint.MIN_FRAC_BITS:
+        raise InvalidParameterError(f"validity-proven split leaves {f1 + f2} fractional bits, below "
+                                    f"{fixedpoint.MIN_FRAC_BITS}; lower `max_norm`, `n_max` or `k_max`")
+    return f1, f2
+
+
+def soundness_bits(circuit: "Circuit", hash_queries_log2: int = 64) -> float:
+    """-log2 of the bound on accepting an invalid upload, for a prover making 2^q hash queries (docs/VALIDITY.md)."""
+    q = 2.0 ** hash_queries_log2
+    p = float(flp.P)
+    bp = circuit.bits
+    per_query = 2.0 ** -ROWS + (bp.length / p) ** REPS
+    query_point = ((2 * bp.n - 2) / (p - bp.n)) ** REPS
+    linear = (1.0 / p) ** LINEAR_REPS
+    return -math.log2(q * per_query + query_point + linear)
+
+
+@dataclass(frozen=True)
+class UploadCommitment:
+    """What the hospital signs beside its payload hash: the hashes Fiat-Shamir derives the rows and
+    joint randomness from. ``seed_sha256`` binds the mask seed (the key holder checks it on the opened seed)."""
+
+    main_sha256: str
+    aux_sha256: str
+    seed_sha256: str
+
+    def to_dict(self) -> dict:
+        return {"main_sha256": self.main_sha256, "aux_sha256": self.aux_sha256, "seed_sha256": self.seed_sha256}
+
+    @classmethod
+    def from_dict(cls, d) -> "UploadCommitment":
+        try:
+            vals = [d["main_sha256"], d["aux_sha256"], d["seed_sha256"]]
+            if not all(isinstance(v, str) and len(v) == 64 and int(v, 16) >= 0 for v in vals):
+                raise ValueError
+        except (KeyError, TypeError, ValueError):
+            raise MalformedPayload("the validity commitment needs three hex SHA-256 digests") from None
+        return cls(*vals)
+
+
+def seed_digest(seed: bytes) -> str:
+    return hashlib.sha256(_FS_PREFIX + b"seed\0" + bytes(seed)).hexdigest()
+
+
+class Circuit:
+    """The validity statement for one session (module docstring); sizes, prover and verifier."""
+
+    def __init__(self, params: SessionParams):
+        self.params = params
+        lay = params.layout
+        f1, f2 = (int(v) for v in params.backend_params["frac_bits"])
+        why = _fits(params, f1, f2)
+        if why is not None:
+            raise InvalidParameterError(f"frac_bits {[f1, f2]} let a proven upload wrap ({why}); use "
+                                        "split_validity.choose_frac_bits")
+        self.f1, self.f2 = f1, f2
+        s = _sizes(params, f1, f2)
+        self.sizes = s
+        self.L = lay.length
+        self.d, self.C = lay.dim, lay.n_classes
+        sl = lay.slices
+        self.i_n = sl["n"].start
+        self.i_counts = np.arange(sl["counts"].start, sl["counts"].stop)
+        self.i_contrib = sl["contributors"].start
+        self.i_tag = np.arange(sl["tag"].start, sl["tag"].stop)
+        r, c = np.triu_indices(self.d)
+        self.i_diag = np.nonzero(r == c)[0]
+        # bit blocks: (name, count, width)
+        self.blocks = [("n", 1, s["m_n"]), ("n_gap", 1, s["m_n"]), ("counts", self.C, s["m_n"]),
+                       ("diag", self.d, s["m_d"]), ("slack", 1, s["m_s"]),
+                       ("proj_hi", ROWS, s["m_hi"]), ("proj_lo", ROWS, s["m_lo"])]
+        self.offsets = {}
+        off = 0
+        for name, cnt, width in self.blocks:
+            self.offsets[name] = (off, cnt, width)
+            off += cnt * width
+        self.n_bits = off
+        self.bits = flp.BitProof(self.n_bits)
+        self.main_len = 2 * self.L
+        self.proof_len = REPS * self.bits.proof_len
+        self.total = self.main_len + self.n_bits + self.proof_len
+        self.T = (1 << (s["m_hi"] - 1), 1 << (s["m_lo"] - 1))
+        # relations: lo zero (n, counts, contributors: C + 2), tag zero (8), contributors hi, n, n_gap, counts (C),
+        # counts sum, diag (d), slack, projections (2 ROWS)
+        self.n_relations = (self.C + 2) + 2 * len(self.i_tag) + 1 + 2 + self.C + 1 + self.d + 1 + 2 * ROWS
+        self.verifier_len = LINEAR_REPS + REPS * self.bits.verifier_len
+
+    # -- Fiat-Shamir --------------------------------------------------------------------------------------
+    def fs_seed(self, hospital: str, main_sha256: str, seed_sha256: str) -> bytes:
+        return hashlib.sha256(_FS_PREFIX + canonical_json({
+            "session_id": self.params.session_id, "params_digest": self.params.digest().hex(),
+            "hospital": hospital, "main_sha256": main_sha256, "seed_sha256": seed_sha256})).digest()
+
+    def joint_rand(self, fs: bytes, aux_sha256: str) -> list[int]:
+        key = hashlib.sha256(fs + b"joint\0" + bytes.fromhex(aux_sha256)).digest()
+        return [int(v) for v in flp.expand_field(key, REPS, b"saflVALIDjnt")]
+
+    def query_rand(self, fs: bytes, aux_sha256: str, query_seed: bytes) -> tuple[list[int], np.ndarray]:
+        """Query points (off the FLP domain) and the linear-check coefficients, from the verifiers' seed."""
+        if not isinstance(query_seed, (bytes, bytearray)) or len(query_seed) != 32:
+            raise MalformedPayload("a query seed is 32 bytes")
+        key = hashlib.sha256(bytes(query_seed) + fs + bytes.fromhex(aux_sha256)).digest()
+        stream = flp.expand_field(key, 4 * REPS + LINEAR_REPS * self.n_relations, b"saflVALIDqry")
+        pts = [int(v) for v in stream[:4 * REPS] if pow(int(v), self.bits.n, flp.P) != 1][:REPS]
+        if len(pts) < REPS:  # pragma: no cover - probability about (N/p)^(3 REPS)
+            raise InvalidInputError("query points fell on the interpolation domain; draw another query seed")
+        return pts, stream[4 * REPS:].reshape(LINEAR_REPS, self.n_relations)
+
+    # -- projection ----------------------------------------------------------------------------------------
+    def project(self, x, fs: bytes) -> np.ndarray:
+        """``<r_j, hi>`` and ``<r_j, lo>`` mod p for the ROWS rows (one row set serves both lanes: each lane's
+        argument uses only the rows' randomness); shape (2, ROWS). Exact: limbs of w bits with 2^w L < 2^53."""
+        x = np.asarray(x, dtype=np.uint64)
+        L = self.L
+        w = 32 if L < 1 << 20 else 16
+        if L >= 1 << 36:  # pragma: no cover - 2^16 L must stay below 2^53
+            raise InvalidInputError("lane too long for exact float64 projection")
+        mask = np.uint64((1 << w) - 1)
+        cols = []
+        for lane in (x[:L], x[L:]):
+            for i in range(64 // w):
+                cols.append(((lane >> np.uint64(w * i)) & mask).astype(np.float64))
+        limbs = np.stack(cols, axis=1)  # (L, 2 * 64/w)
+        key = hashlib.sha256(fs + b"rows\0").digest()
+        enc = Cipher(algorithms.ChaCha20(key, b"\x00\x00\x00\x00" + _ROW_DOMAIN), mode=None).encryptor()
+        row_bytes = -(-L // 4)
+        sums = np.empty((ROWS, limbs.shape[1]), dtype=np.float64)
+        block = 16
+        for j0 in range(0, ROWS, block):
+            nb = min(block, ROWS - j0)
+            raw = np.frombuffer(enc.update(bytes(nb * row_bytes)), dtype=np.uint8).reshape(nb, row_bytes)
+            R = _TRITS[raw].reshape(nb, 4 * row_bytes)[:, :L]
+            sums[j0:j0 + nb] = R @ limbs  # exact integers, |.| < 2^w L <= 2^53
+        out = np.zeros((2, ROWS), dtype=np.uint64)
+        per = 64 // w
+        for lane in range(2):
+            for i in range(per):
+                col = flp.encode_signed(sums[:, lane * per + i].astype(np.int64))
+                out[lane] = flp.add(out[lane], flp.scale(col, 1 << (w * i)))
+        return out
+
+    # -- prover ------------------------------------------------------------------------------------------
+    def lanes(self, vector) -> np.ndarray:
+        """Fixed-point lanes of a packed float64 vector as field elements (2L)."""
+        return flp.encode_signed(fixedpoint.encode(np.asarray(vector, dtype=np.float64),
+                                                   (self.f1, self.f2)).view(np.int64))
+
+    @staticmethod
+    def _bits_of(values, width: int) -> np.ndarray:
+        """Bits of non-negative ints (Python ints), little-endian, ``width`` each; wraps mod 2^width."""
+        out = np.zeros(len(values) * width, dtype=np.uint64)
+        for i, v in enumerate(values):
+            v = int(v) % (1 << width)
+            for j in range(width):
+                out[i * width + j] = (v >> j) & 1
+        return out
+
+    def _aux(self, x: np.ndarray, fs: bytes, *, check: bool) -> np.ndarray:
+        hi = flp.decode_signed(x[:self.L]).astype(object)
+        s = self.sizes
+        scale = 1 << self.f1
+        n = int(hi[self.i_n]) // scale
+        counts = [int(hi[i]) // scale for i in self.i_counts]
+        diag = [int(hi[i]) for i in self.i_diag]
+        slack = s["c_B"] * n + s["c_0"] - sum(diag)
+        proj = [[int(v) + self.T[which] for v in flp.decode_signed(y)]
+                for which, y in enumerate(self.project(x, fs))]
+        if check:
+            lo = flp.decode_signed(x[self.L:])
+            problems = []
+            if any(int(hi[i]) % scale for i in [self.i_n, *self.i_counts]) or \
+                    any(int(lo[i]) for i in [self.i_n, *self.i_counts]):
+                problems.append("n and class counts must be integers")
+            if not 0 <= n <= self.params.bounds.n_max or min(counts) < 0 or sum(counts) != n:
+                problems.append("counts must lie in [0, n_max] and sum to n")
+            if min(diag) < 0 or max(diag) >= 1 << s["m_d"] or not 0 <= slack < 1 << s["m_s"]:
+                problems.append("trace(C) exceeds n B^2")
+            if problems:
+                raise BoundsExceeded("the statistics do not meet the session's bounds: " + "; ".join(problems))
+            for which, width in ((0, s["m_hi"]), (1, s["m_lo"])):
+                if not all(0 <= v < 1 << width for v in proj[which]):
+                    raise _Unlucky
+        parts = [self._bits_of([n], s["m_n"]), self._bits_of([self.params.bounds.n_max - n], s["m_n"]),
+                 self._bits_of(counts, s["m_n"]), self._bits_of(diag, s["m_d"]), self._bits_of([slack], s["m_s"]),
+                 self._bits_of(proj[0], s["m_hi"]), self._bits_of(proj[1], s["m_lo"])]
+        return np.concatenate(parts)
+
+    def aux_bits(self, x: np.ndarray, fs: bytes) -> np.ndarray:
+        """The auxiliary bits for lanes ``x`` under Fiat-Shamir seed ``fs``, unchecked (values outside a range
+        wrap modulo its width): the starting point of the attack commands and of the verifiers' tests."""
+        return self._aux(np.asarray(x, dtype=np.uint64), fs, check=False)
+
+    def prove(self, hospital: str, vector=None, *, lanes=None, seed: bytes | None = None, check: bool = True,
+              aux_override=None) -> tuple[np.ndarray, bytes, UploadCommitment]:
+        """Hospital: ``(masked body w + m, seed, commitment)`` for a packed vector (or raw field ``lanes``).
+
+        ``check=False`` and ``lanes``/``aux_override`` build an upload whose statement is false (the attack
+        commands and the tests of the verifiers use them); an honest hospital never sets them.
+        A fresh seed is drawn per try (and the projection retried, docs/VALIDITY.md) unless ``seed`` is given.
+        """
+        x = self.lanes(vector) if lanes is None else np.asarray(lanes, dtype=np.uint64)
+        if x.shape != (self.main_len,) or (x.size and int(x.max()) >= flp.P):
+            raise MalformedPayload("the lane vector is not 2L field elements")
+        for _ in range(_RETRIES):
+            s = os.urandom(32) if seed is None else bytes(seed)
+            mask = flp.expand_field(s, self.total, DOMAIN_SHARE)
+            y_main = flp.add(x, mask[:self.main_len])
+            main_sha = hashlib.sha256(flp.to_bytes(y_main)).hexdigest()
+            seed_sha = seed_digest(s)
+            fs = self.fs_seed(hospital, main_sha, seed_sha)
+            try:
+                aux = self._aux(x, fs, check=check) if aux_override is None else aux_override(self, x, fs)
+            except _Unlucky:
+                if seed is not None:
+                    raise BoundsExceeded("this seed's projection rows leave the honest range; draw a fresh seed")
+                continue
+            y_aux = flp.add(aux, mask[self.main_len:self.main_len + self.n_bits])
+            aux_sha = hashlib.sha256(flp.to_bytes(y_aux)).hexdigest()
+            proofs = []
+            for jr in self.joint_rand(fs, aux_sha):
+                prove_seeds = flp.expand_field(os.urandom(32), 2 * self.bits.chunk, _PROOF_DOMAIN)
+                proofs.append(self.bits.prove(aux, jr, prove_seeds))
+            y_proof = flp.add(np.concatenate(proofs), mask[self.main_len + self.n_bits:])
+            body = np.concatenate([y_main, y_aux, y_proof])
+            return body, s, UploadCommitment(main_sha, aux_sha, seed_sha)
+        raise BoundsExceeded(f"{_RETRIES} fresh seeds all drew projection rows outside the honest range: "
+                             "the vector is not within the declared l2 bound")
+
+    # -- verifiers -----------------------------------------------------------------------------------------
+    def leader_share(self, body: bytes | np.ndarray) -> np.ndarray:
+        """Server: the upload's words as its share (length-checked, every word a field element)."""
+        if isinstance(body, (bytes, bytearray, memoryview)):
+            return flp.from_bytes(bytes(body), self.total, what="the split upload")
+        body = np.asarray(body, dtype=np.uint64)
+        if body.shape != (self.total,) or (body.size and int(body.max()) >= flp.P):
+            raise MalformedPayload("the split upload is not the session's number of field elements")
+        return body
+
+    def helper_share(self, seed: bytes) -> np.ndarray:
+        """Key holder: ``-m`` from the opened seed."""
+        return flp.neg(flp.expand_field(seed, self.total, DOMAIN_SHARE))
+
+    def check_commitment(self, share: np.ndarray, commitment: UploadCommitment, *, leader: bool,
+                         seed: bytes | None = None) -> None:
+        """Leader: the hashes are of its words; helper: ``seed_sha256`` is of the opened seed."""
+        if leader:
+            if hashlib.sha256(flp.to_bytes(share[:self.main_len])).hexdigest() != commitment.main_sha256 or \
+                    hashlib.sha256(flp.to_bytes(share[self.main_len:self.main_len + self.n_bits])).hexdigest() \
+                    != commitment.aux_sha256:
+                raise MalformedPayload("the validity commitment does not match the uploaded words")
+        elif seed is None or seed_digest(seed) != commitment.seed_sha256:
+            raise MalformedPayload("the validity commitment does not match the sealed seed")
+
+    def _decompose(self, bits: np.ndarray, name: str) -> np.ndarray:
+        off, cnt, width = self.offsets[name]
+        blk = bits[off:off + cnt * width].reshape(cnt, width)
+        w = flp.to_field([1 << j for j in range(width)])
+        return flp.sum_mod(flp.mul(blk, w), axis=1)
+
+    def relations(self, share: np.ndarray, fs: bytes, *, leader: bool) -> np.ndarray:
+        """This verifier's shares of every affine relation's value (all zero on an honest upload)."""
+        L, x = self.L, share[:self.main_len]
+        hi, lo = x[:L], x[L:]
+        bits = share[self.main_len:self.main_len + self.n_bits]
+        one = 1 if leader else 0
+        s = self.sizes
+        f1s = 1 << self.f1
+        n_val = self._decompose(bits, "n")
+        n_gap = self._decompose(bits, "n_gap")
+        counts = self._decompose(bits, "counts")
+        diag = self._decompose(bits, "diag")
+        slack = self._decompose(bits, "slack")
+        rel = [
+            lo[[self.i_n, self.i_contrib, *self.i_counts]],                          # integers: lo lane 0
+            hi[self.i_tag], lo[self.i_tag],                                          # tag slots 0
+            flp.sub(hi[[self.i_contrib]], np.uint64(f1s * one)),                     # one contributor
+            flp.sub(hi[[self.i_n]], flp.scale(n_val, f1s)),                          # n integer >= 0
+            flp.sub(flp.add(n_val, n_gap), np.uint64(self.params.bounds.n_max * one)),  # n <= n_max
+            flp.sub(hi[self.i_counts], flp.scale(counts, f1s)),                      # counts integers >= 0
+            flp.sub(np.array([flp.sum_mod(counts)], dtype=np.uint64), n_val),        # sum counts = n
+            flp.sub(hi[self.i_diag], diag),                                          # 0 <= C_ii < 2^m_d
+            flp.sub(flp.add(flp.scale(n_val, s["c_B"]), np.uint64(s["c_0"] * one)),  # trace <= c_B n + c_0
+                    flp.add(slack, np.array([flp.sum_mod(diag)], dtype=np.uint64))),
+        ]
+        ys = self.project(x, fs)
+        for which, name in ((0, "proj_hi"), (1, "proj_lo")):
+            y = ys[which]
+            rel.append(flp.sub(flp.add(y, np.uint64(self.T[which] * one)), self._decompose(bits, name)))
+        out = np.concatenate(rel)
+        if out.shape[0] != self.n_relations:  # pragma: no cover - a layout slip would silently drop a check
+            raise AssertionError("relation count")
+        return out
+
+    def query(self, share: np.ndarray, commitment: UploadCommitment, hospital: str, query_seed: bytes, *,
+              leader: bool) -> np.ndarray:
+        """One verifier's message: ``[linear combination of the relations] ++ REPS bit-proof queries``."""
+        fs = self.fs_seed(hospital, commitment.main_sha256, commitment.seed_sha256)
+        pts, coeffs = self.query_rand(fs, commitment.aux_sha256, query_seed)
+        rel = self.relations(share, fs, leader=leader)
+        bits = share[self.main_len:self.main_len + self.n_bits]
+        proofs = share[self.main_len + self.n_bits:].reshape(REPS, self.bits.proof_len)
+        msgs = [np.array([flp.dot(row, rel) for row in coeffs], dtype=np.uint64)]
+        for jr, t, pf in zip(self.joint_rand(fs, commitment.aux_sha256), pts, proofs):
+            msgs.append(self.bits.query(bits, pf, jr, t, leader=leader))
+        return np.concatenate(msgs)
+
+    def decide(self, leader_msg, helper_msg) -> str | None:
+        """None if the upload is valid, else which check failed (``linear`` or ``bits``)."""
+        a = np.asarray(leader_msg, dtype=np.uint64)
+        b = np.asarray(helper_msg, dtype=np.uint64)
+        if a.shape != (self.verifier_len,) or b.shape != (self.verifier_len,) or \
+                int(max(a.max(), b.max())) >= flp.P:
+            raise MalformedPayload("a verifier message has the wrong shape")
+        v = flp.add(a, b)
+        if any(int(z) for z in v[:LINEAR_REPS]):
+            return "linear"
+        k, o = self.bits.verifier_len, LINEAR_REPS
+        for r in range(REPS):
+            if not self.bits.decide(v[o + r * k:o + (r + 1) * k]):
+                return "bits"
+        return None
+
+
+def _trit_table() -> np.ndarray:
+    """Byte -> its four trits, two bits each (low bit: nonzero, high bit: sign): 0 w.p. 1/2, +-1 w.p. 1/4."""
+    t = np.zeros((256, 4), dtype=np.float64)
+    for byte in range(256):
+        for k in range(4):
+            nz, sg = (byte >> (2 * k)) & 1, (byte >> (2 * k + 1)) & 1
+            t[byte, k] = 0.0 if not nz else (-1.0 if sg else 1.0)
+    return t
+
+
+_TRITS = _trit_table()
+
+
+class _Unlucky(Exception):
+    """An honest vector's projection left the range for this seed (probability < 2^-16)."""
+
+
+def describe(circuit: Circuit) -> Mapping:
+    """Sizes for the docs and the benchmark."""
+    return {"L": circuit.L, "main_words": circuit.main_len, "aux_bits": circuit.n_bits,
+            "proof_words": circuit.proof_len, "verifier_words": circuit.verifier_len,
+            "chunk": circuit.bits.chunk, "domain": circuit.bits.n, "frac_bits": [circuit.f1, circuit.f2],
+            "T_hi_log2": circuit.sizes["m_hi"] - 1, "T_lo_log2": circuit.sizes["m_lo"] - 1,
+            "soundness_bits_q64": round(soundness_bits(circuit), 1)}
+
+
+# -- the protocol around the proof: the server's signed verifier message, the key holder's verdicts ------------
+_VERIFIER_SIG_PREFIX = b"secure-afl/split/verifier/v1\0"
+
+
+def check_upload(backend, payload: bytes, statement: Mapping) -> None:
+    """Server, at upload: the signed commitment is of this payload's words (else the rows and the joint
+    randomness would not be bound to the data they test)."""
+    share = backend.upload_share(payload)
+    backend.circuit.check_commitment(share, UploadCommitment.from_dict(statement.get("validity")), leader=True)
+
+
+def _verifier_statement(params: SessionParams, hospital: str, payload_sha256: str, query_seed: bytes,
+                        message: np.ndarray) -> dict:
+    return {"type": "split-verifier", "v": 1, "session_id": params.session_id,
+            "params_digest": params.digest().hex(), "hospital": hospital, "payload_sha256": payload_sha256,
+            "query_seed": bytes(query_seed).hex(), "message": flp.to_bytes(message).hex()}
+
+
+def leader_message(backend, hospital: str, payload: bytes, statement: Mapping, identity_key,
+                   query_seed: bytes | None = None) -> dict:
+    """Server: its verifier message for one upload, at a query seed drawn now (after the upload is fixed),
+    signed over the session, hospital and payload hash so the key holder can hold it to it."""
+    qs = os.urandom(32) if query_seed is None else bytes(query_seed)
+    commitment = UploadCommitment.from_dict(statement.get("validity"))
+    share = backend.upload_share(payload)
+    backend.circuit.check_commitment(share, commitment, leader=True)
+    msg = backend.circuit.query(share, commitment, hospital, qs, leader=True)
+    st = _verifier_statement(backend.params, hospital, hashlib.sha256(payload).hexdigest(), qs, msg)
+    return {**st, "signature": identity_key.sign(_VERIFIER_SIG_PREFIX + canonical_json(st)).hex()}
+
+
+def verify_leader_message(statement, server_pub, circuit: Circuit, hospital: str,
+                          payload_sha256: str) -> tuple[bytes, np.ndarray]:
+    """Key holder: the server's message for exactly this upload -> (query seed, message); else
+    :class:`InvalidSignature` (unsigned, forged, or replayed from another upload or session)."""
+    from cryptography.exceptions import InvalidSignature as _Bad
+
+    from ..exceptions import InvalidSignature
+
+    try:
+        qs = bytes.fromhex(statement["query_seed"])
+        msg = flp.from_bytes(bytes.fromhex(statement["message"]), circuit.verifier_len,
+                             what=f"the server's verifier message for {hospital}")
+        sig = bytes.fromhex(statement["signature"])
+    except (KeyError, TypeError, ValueError):
+        raise InvalidSignature(f"the server's verifier message for {hospital} is missing or malformed") from None
+    st = _verifier_statement(circuit.params, hospital, payload_sha256, qs, msg)
+    if {k: statement.get(k) for k in st} != st:
+        raise InvalidSignature(f"the server's verifier message for {hospital} is for another upload or session")
+    try:
+        server_pub.verify(sig, _VERIFIER_SIG_PREFIX + canonical_json(st))
+    except _Bad:
+        raise InvalidSignature(f"the server's verifier message for {hospital} is not signed by the server") from None
+    return qs, msg
+
+
+def helper_verdict(circuit: Circuit, hospital: str, seed: bytes, statement: Mapping, query_seed: bytes,
+                   leader_msg: np.ndarray) -> str | None:
+    """Key holder: None if ``hospital``'s upload is valid, else the check it failed."""
+    commitment = UploadCommitment.from_dict(statement.get("validity"))
+    try:
+        circuit.check_commitment(None, commitment, leader=False, seed=seed)
+    except MalformedPayload:
+        return "commitment"
+    share = circuit.helper_share(seed)
+    return circuit.decide(leader_msg, circuit.query(share, commitment, hospital, query_seed, leader=False))
+
+
+#: release checks the proof does not establish (a hospital within its proven bounds can fail them): the
+#: collector reports them instead of refusing the release
+ADVISORY_CHECKS = ("symmetric", "psd", "cauchy_schwarz", "class_cauchy_schwarz", "norm_bound")
+
+
+def proven_aggregate_bound(params: SessionParams) -> float:
+    """|entry| of a sum of k_max proven uploads: each lane entry is within 2T (docs/VALIDITY.md)."""
+    f1, f2 = (int(v) for v in params.backend_params["frac_bits"])
+    s = _sizes(params, f1, f2)
+    return float(params.bounds.k_max) * (2.0 ** (s["m_hi"] - f1) + 2.0 ** (s["m_lo"] - f1 - f2))

@@ -1,0 +1,408 @@
+"""The Goldilocks field, its NTT, and a fully linear proof that a secret-shared vector is all bits.
+
+.. warning::
+
+    This is a "Hazardous Materials" module. You should **ONLY** use it if
+    you're 100% absolutely sure that you know what you're doing because this
+    module is full of land mines, dragons, and dinosaurs with laser guns.
+    The recipe API is :mod:`secure_afl.backends.split_validity`.
+
+Field
+-----
+``F_p`` with ``p = 2^64 - 2^32 + 1``. ``p - 1 = 2^32 * (2^32 - 1)``, so
+``F_p^*`` has a subgroup of order ``2^k`` for every ``k <= 32`` (generator 7
+gives them all) and radix-2 NTTs of those sizes exist. Elements travel as
+little-endian uint64 words in ``[0, p)``; a word ``>= p`` is malformed, never
+reduced silently. Vectorised arithmetic works on numpy uint64 arrays: a 64 x 64
+bit product is formed from four 32 x 32 bit partial products and reduced with
+``2^64 = 2^32 - 1`` and ``2^96 = -1 (mod p)``; every routine here is tested
+against Python integers.
+
+A signed integer ``z`` with ``|z| < p/2`` is carried as ``z mod p`` and read
+back through the centred representative, which is exact.
+
+Field elements from a key (:func:`expand_field`): the ChaCha20 keystream read
+as uint64 words, words ``>= p`` dropped (rejection, so exactly uniform; a word
+is dropped with probability ``2^-32 - 2^-64``).
+
+The proof (:class:`BitProof`)
+-----------------------------
+Statement: every entry of ``b in F_p^M`` is 0 or 1. The prover holds ``b``;
+two verifiers each hold an additive share of ``b`` and of the proof, and the
+proof is *fully linear*: each verifier's message is a linear function of its
+shares (plus public constants the leader adds), and the sum of the two
+messages decides, revealing nothing about ``b`` beyond the verdict (a
+zero-knowledge FLP in the sense of Boneh, Boyle, Corrigan-Gibbs, Gilboa and
+Ishai, CRYPTO 2019).
+
+Circuit, for joint randomness ``r`` (known to the prover, fixed by a hash of
+its committed input)::
+
+    out(b) = sum_{i < M} r^(i+1) * b_i * (b_i - 1)
+
+computed by ``G = ceil(M / c)`` calls of the gadget ``g(u, v) = sum_{j<c} u_j v_j``
+(ParallelSum of c multiplications), call ``k`` taking ``u_j = r^(kc+j+1) b_(kc+j)``
+and ``v_j = b_(kc+j) - 1`` (entries past ``M`` are 0, whose term is 0).
+
+Proof: with ``N`` the least power of two ``> G`` and ``a`` a primitive N-th
+root of unity, wire polynomial ``U_j`` (``V_j``) of degree ``< N`` takes a
+random seed at ``a^0``, the value of wire ``j`` of call ``k`` at ``a^(k+1)``,
+and 0 at the remaining points. The proof is the ``2c`` seeds and the ``2N - 1``
+coefficients of ``P = sum_j U_j V_j`` (degree ``<= 2N - 2``).
+
+Query at ``t`` with ``t^N != 1`` (chosen after the proof is fixed):
+each verifier sends, from its shares, ``out = sum_{k<G} P(a^(k+1))``,
+``U_j(t)``, ``V_j(t)`` (Lagrange interpolation through its wire shares) and
+``P(t)``: ``2c + 2`` elements. Accept iff the sums satisfy ``out = 0`` and
+``P(t) = sum_j U_j(t) V_j(t)``.
+
+Soundness: if some ``b_i`` is not a bit, ``out(b)`` is a nonzero polynomial in
+``r`` of degree ``<= M``, zero for at most ``M`` values of ``r``. Otherwise
+``out != 0`` and an accepting ``out`` share forces ``P(a^(k+1)) != g(wires of
+call k)`` for some k, so ``P != sum U_j V_j``, two distinct polynomials of
+degree ``<= 2N - 2`` that agree at ``t`` for at most ``2N - 2`` of the
+``p - N`` allowed ``t``. One proof: error ``<= M/p + (2N - 2)/(p - N)``, the
+first term per choice of ``r`` (a prover that grinds ``q`` hash inputs gets
+``q M / p``). Repetition with independent ``r`` and ``t`` multiplies.
+
+Zero knowledge: ``t`` is off the domain, so every Lagrange basis polynomial is
+nonzero at ``t`` and the uniform seed makes each ``U_j(t)``, ``V_j(t)``
+uniform and independent of ``b``; ``P(t)`` is then fixed by them and ``out = 0``.
+A verifier that asks at a domain point would read a wire value: :meth:`BitProof.query`
+refuses such ``t``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
+
+from ..exceptions import InvalidInputError, MalformedPayload
+
+__all__ = [
+    "P", "GENERATOR", "TWO_ADICITY", "root_of_unity", "inv", "to_field", "encode_signed", "decode_signed",
+    "add", "sub", "neg", "mul", "scale", "dot", "sum_mod", "powers", "ntt", "intt", "poly_eval",
+    "to_bytes", "from_bytes", "expand_field", "BitProof",
+]
+
+P = (1 << 64) - (1 << 32) + 1
+GENERATOR = 7
+TWO_ADICITY = 32
+_EPS = np.uint64((1 << 32) - 1)  # 2^64 mod p
+_M32 = np.uint64(0xFFFFFFFF)
+_S32 = np.uint64(32)
+_PU = np.uint64(P)
+
+
+def root_of_unity(n: int) -> int:
+    """A primitive ``n``-th root of unity, ``n`` a power of two ``<= 2^32``."""
+    if n < 1 or n & (n - 1) or n > 1 << TWO_ADICITY:
+        raise InvalidInputError(f"no radix-2 root of unity of order {n} in the Goldilocks field")
+    return pow(GENERATOR, (P - 1) // n, P)
+
+
+def inv(x: int) -> int:
+    x %= P
+    if x == 0:
+        raise InvalidInputError("zero has no inverse")
+    return pow(x, P - 2, P)
+
+
+# -- vectorised arithmetic on uint64 arrays of canonical elements ----------------------------------------
+def to_field(x) -> np.ndarray:
+    """Python ints (any sign or size) -> canonical uint64 elements."""
+    return np.array([int(v) % P for v in np.asarray(x, dtype=object).reshape(-1)], dtype=np.uint64)
+
+
+def encode_signed(z) -> np.ndarray:
+    """int64 values -> ``z mod p`` (every int64 has ``|z| < p/2``)."""
+    z = np.asarray(z, dtype=np.int64)
+    u = z.view(np.uint64) if z.flags.c_contiguous else np.ascontiguousarray(z).view(np.uint64)
+    # negative z: 2^64 + z as uint64; z mod p = that - 2^64 + p = that - EPS
+    return np.where(z < 0, u - _EPS, u).astype(np.uint64)
+
+
+def decode_signed(x) -> np.ndarray:
+    """Centred representatives in ``[-(p-1)/2, (p-1)/2]`` as int64 (always representable)."""
+    x = np.asarray(x, dtype=np.uint64)
+    neg_part = x > np.uint64(P // 2)
+    mag = np.where(neg_part, _PU - x, x).astype(np.int64)
+    return np.where(neg_part, -mag, mag)
+
+
+def add(a, b) -> np.ndarray:
+    a = np.asarray(a, dtype=np.uint64)
+    b = np.asarray(b, dtype=np.uint64)
+    s = a + b
+    s = s + (s < a).astype(np.uint64) * _EPS  # wrapped: 2^64 = EPS (mod p); cannot wrap again
+    return np.where(s >= _PU, s - _PU, s)
+
+
+def sub(a, b) -> np.ndarray:
+    a = np.asarray(a, dtype=np.uint64)
+    b = np.asarray(b, dtype=np.uint64)
+    d = a - b
+    return d - (a < b).astype(np.uint64) * _EPS  # borrowed: a - b + 2^64 - EPS = a - b + p
+
+
+def neg(a) -> np.ndarray:
+    a = np.asarray(a, dtype=np.uint64)
+    return np.where(a == 0, a, _PU - a)
+
+
+def _reduce128(hi: np.ndarray, lo: np.ndarray) -> np.ndarray:
+    """``hi 2^64 + lo mod p`` with 2^64 = 2^32 - 1 and 2^96 = -1."""
+    hh = hi >> _S32
+    hl = hi & _M32
+    t0 = lo - hh
+    t0 = t0 - (lo < hh).astype(np.uint64) * _EPS
+    t1 = (hl << _S32) - hl
+    r = t0 + t1
+    r = r + (r < t1).astype(np.uint64) * _EPS
+    return np.where(r >= _PU, r - _PU, r)
+
+
+def mul(a, b) -> np.ndarray:
+    """Elementwise product (broadcasting) of canonical elements."""
+    a = np.asarray(a, dtype=np.uint64)
+    b = np.asarray(b, dtype=np.uint64)
+    a0, a1 = a & _M32, a >> _S32
+    b0, b1 = b & _M32, b >> _S32
+    ll = a0 * b0
+    mid1 = a0 * b1
+    mid2 = a1 * b0
+    hh = a1 * b1
+    mid = mid1 + mid2
+    mid_carry = (mid < mid1).astype(np.uint64)
+    lo = ll + (mid << _S32)
+    lo_carry = (lo < ll).astype(np.uint64)
+    hi = hh + (mid >> _S32) + (mid_carry << _S32) + lo_carry
+    return _reduce128(hi, lo)
+
+
+def scale(a, k: int) -> np.ndarray:
+    return mul(a, np.uint64(int(k) % P))
+
+
+def sum_mod(a, axis=None):
+    """Sum of canonical elements mod p (exact: the 32-bit halves are summed separately)."""
+    a = np.asarray(a, dtype=np.uint64)
+    if a.shape and a.shape[axis if axis is not None else 0] >= 1 << 31:
+        raise InvalidInputError("too many terms for one exact sum")
+    lo = (a & _M32).sum(axis=axis, dtype=np.uint64)
+    hi = (a >> _S32).sum(axis=axis, dtype=np.uint64)
+    if axis is None:
+        return (int(hi) * (1 << 32) + int(lo)) % P
+    # hi * 2^32 + lo, reduced: hi < 2^63, so reduce hi first
+    return add(_reduce128(hi >> _S32, (hi & _M32) << _S32), _reduce128(np.zeros_like(lo), lo))
+
+
+def dot(a, b) -> int:
+    return sum_mod(mul(a, b))
+
+
+def powers(x: int, n: int, start: int = 0) -> np.ndarray:
+    """``[x^start, x^(start+1), ..., x^(start+n-1)]`` by doubling (O(log n) vector products)."""
+    out = np.empty(n, dtype=np.uint64)
+    if n == 0:
+        return out
+    out[0] = pow(int(x) % P, start, P)
+    filled, step = 1, int(x) % P
+    while filled < n:
+        m = min(filled, n - filled)
+        out[filled:filled + m] = mul(out[:m], np.uint64(step))
+        filled += m
+        step = step * step % P
+    return out
+
+
+# -- NTT ------------------------------------------------------------------------------------------------
+def _bitrev(n: int) -> np.ndarray:
+    bits = n.bit_length() - 1
+    idx = np.arange(n)
+    rev = np.zeros(n, dtype=np.int64)
+    for b in range(bits):
+        rev |= ((idx >> b) & 1) << (bits - 1 - b)
+    return rev
+
+
+def ntt(a, root: int | None = None) -> np.ndarray:
+    """``A[i] = sum_j a[j] root^(ij)`` along the last axis (length a power of two); ``root`` defaults
+    to :func:`root_of_unity` of that length."""
+    a = np.asarray(a, dtype=np.uint64)
+    n = a.shape[-1]
+    w = root_of_unity(n) if root is None else int(root)
+    a = a[..., _bitrev(n)].copy()
+    length = 2
+    while length <= n:
+        half = length // 2
+        tw = powers(pow(w, n // length, P), half)
+        blocks = a.reshape(a.shape[:-1] + (n // length, length))
+        u = blocks[..., :half]
+        v = mul(blocks[..., half:], tw)
+        blocks = np.concatenate([add(u, v), sub(u, v)], axis=-1)
+        a = blocks.reshape(a.shape)
+        length *= 2
+    return a
+
+
+def intt(a) -> np.ndarray:
+    """Inverse of :func:`ntt` (default root): values at the n-th roots -> coefficients."""
+    a = np.asarray(a, dtype=np.uint64)
+    n = a.shape[-1]
+    return scale(ntt(a, inv(root_of_unity(n))), inv(n))
+
+
+def poly_eval(coeffs, x: int) -> int:
+    """Horner in Python integers (short polynomials)."""
+    acc = 0
+    for c in reversed([int(v) for v in np.asarray(coeffs).reshape(-1)]):
+        acc = (acc * x + c) % P
+    return acc
+
+
+# -- bytes and key expansion ----------------------------------------------------------------------------
+def to_bytes(a) -> bytes:
+    return np.asarray(a, dtype=np.uint64).astype("<u8", copy=False).tobytes()
+
+
+def from_bytes(body: bytes, n: int | None = None, *, what: str = "field vector") -> np.ndarray:
+    """Little-endian words -> elements; :class:`MalformedPayload` on a bad length or a word ``>= p``."""
+    if len(body) % 8 or (n is not None and len(body) != 8 * n):
+        raise MalformedPayload(f"{what} has the wrong length")
+    x = np.frombuffer(body, dtype="<u8").astype(np.uint64)
+    if x.size and int(x.max()) >= P:
+        raise MalformedPayload(f"{what} holds a word that is not a field element")
+    return x
+
+
+def expand_field(key: bytes, n: int, domain: bytes) -> np.ndarray:
+    """``n`` uniform elements from a 32-byte key: ChaCha20 words below p, in stream order."""
+    if not isinstance(key, (bytes, bytearray)) or len(key) != 32:
+        raise InvalidInputError("a field expansion key is 32 bytes")
+    if not isinstance(domain, bytes) or len(domain) != 12:
+        raise InvalidInputError("a field expansion domain is 12 bytes")
+    enc = Cipher(algorithms.ChaCha20(bytes(key), b"\x00\x00\x00\x00" + domain), mode=None).encryptor()
+    out = np.empty(0, dtype=np.uint64)
+    want = n + 8 + n // (1 << 20)  # a rejection is rare (2^-32): one pass almost always suffices
+    while out.size < n:
+        words = np.frombuffer(enc.update(bytes(8 * want)), dtype="<u8").astype(np.uint64)
+        out = np.concatenate([out, words[words < _PU]])
+        want = max(8, n - out.size + 8)
+    return out[:n]
+
+
+# -- the bit proof --------------------------------------------------------------------------------------
+class BitProof:
+    """FLP that a length-``length`` shared vector is all bits (module docstring).
+
+    Shapes: proof ``proof_len = 2c + 2N - 1`` elements; verifier message ``verifier_len = 2c + 2``.
+    ``chunk`` (c) defaults to the one that minimises the proof for this length.
+    """
+
+    def __init__(self, length: int, chunk: int | None = None):
+        if not isinstance(length, int) or length < 1:
+            raise InvalidInputError("a bit proof covers at least one entry")
+        if chunk is None:
+            best = None
+            for log_n in range(1, 21):
+                n = 1 << log_n
+                c = -(-length // (n - 1))
+                size = 2 * c + 2 * n - 1
+                if best is None or size < best[0]:
+                    best = (size, c)
+            chunk = best[1]
+        if not isinstance(chunk, int) or chunk < 1:
+            raise InvalidInputError("the gadget's arity is a positive integer")
+        self.length = length
+        self.chunk = chunk
+        self.calls = -(-length // chunk)
+        n = 2
+        while n <= self.calls:
+            n *= 2
+        self.n = n
+        self.proof_len = 2 * chunk + 2 * n - 1
+        self.verifier_len = 2 * chunk + 2
+        self._alpha = root_of_unity(n)
+        # out = sum_{k<G} P(alpha^(k+1)) = sum_e coef_e * w_e with w_e = sum_{k=1..G} alpha^(k e)
+        self._out_weights = None
+
+    # layout of the gadget inputs: (G, c) matrices of u (= r^(i+1) b_i) and v (= b_i - 1)
+    def _wires(self, bits: np.ndarray, joint_rand: int, leader: bool) -> tuple[np.ndarray, np.ndarray]:
+        padded = np.zeros(self.calls * self.chunk, dtype=np.uint64)
+        padded[:self.length] = bits
+        u = mul(padded, powers(joint_rand, padded.size, start=1))
+        v = sub(padded, np.uint64(1)) if leader else padded
+        return u.reshape(self.calls, self.chunk), v.reshape(self.calls, self.chunk)
+
+    def _check(self, x, n: int, what: str) -> np.ndarray:
+        x = np.asarray(x, dtype=np.uint64).reshape(-1)
+        if x.shape[0] != n:
+            raise MalformedPayload(f"{what} has {x.shape[0]} elements, expected {n}")
+        if x.size and int(x.max()) >= P:
+            raise MalformedPayload(f"{what} holds a word that is not a field element")
+        return x
+
+    def prove(self, bits, joint_rand: int, seeds) -> np.ndarray:
+        """The proof for ``bits`` (the whole vector, not a share); ``seeds``: 2c uniform elements."""
+        bits = self._check(bits, self.length, "the bit vector")
+        seeds = self._check(seeds, 2 * self.chunk, "the proof seeds")
+        c, n = self.chunk, self.n
+        u, v = self._wires(bits, joint_rand, leader=True)
+        wires = np.zeros((2 * c, n), dtype=np.uint64)  # row j: U_j's values on the domain
+        wires[:c, 0] = seeds[:c]
+        wires[c:, 0] = seeds[c:]
+        wires[:c, 1:self.calls + 1] = u.T
+        wires[c:, 1:self.calls + 1] = v.T
+        coeffs = np.zeros((2 * c, 2 * n), dtype=np.uint64)
+        coeffs[:, :n] = intt(wires)
+        vals = ntt(coeffs)  # on the 2N-th roots
+        prod = sum_mod(mul(vals[:c], vals[c:]), axis=0)
+        p_coeffs = intt(prod)
+        if int(p_coeffs[-1]) != 0:  # pragma: no cover - degree <= 2N - 2 by construction
+            raise AssertionError("gadget polynomial degree")
+        return np.concatenate([seeds, p_coeffs[:-1]])
+
+    def _lagrange(self, t: int) -> np.ndarray:
+        """``L_m(t)`` for the N-point domain: ``(t^N - 1) a^m / (N (t - a^m))``."""
+        n, a = self.n, self._alpha
+        pts = [pow(a, m, P) for m in range(n)]
+        z = (pow(t, n, P) - 1) * inv(n) % P
+        return to_field([z * pts[m] % P * inv(t - pts[m]) % P for m in range(n)])
+
+    def out_weights(self) -> np.ndarray:
+        if self._out_weights is None:
+            pts = powers(self._alpha, self.calls, start=1)  # alpha^(k+1), k < G
+            w = np.empty(2 * self.n - 1, dtype=np.uint64)
+            cur = np.ones(self.calls, dtype=np.uint64)
+            for e in range(2 * self.n - 1):
+                w[e] = sum_mod(cur)
+                cur = mul(cur, pts)
+            self._out_weights = w
+        return self._out_weights
+
+    def query(self, bits_share, proof_share, joint_rand: int, t: int, *, leader: bool) -> np.ndarray:
+        """One verifier's message (linear in its shares); the leader adds the constants."""
+        bits_share = self._check(bits_share, self.length, "the bit vector share")
+        proof_share = self._check(proof_share, self.proof_len, "the proof share")
+        t = int(t) % P
+        if pow(t, self.n, P) == 1:
+            raise InvalidInputError("a query point on the interpolation domain would reveal wire values")
+        c = self.chunk
+        u, v = self._wires(bits_share, joint_rand, leader)
+        lag = self._lagrange(t)
+        seeds, p_coeffs = proof_share[:2 * c], proof_share[2 * c:]
+        lam_calls = lag[1:self.calls + 1].reshape(-1, 1)
+        u_t = add(mul(seeds[:c], lag[0]), sum_mod(mul(u, lam_calls), axis=0))
+        v_t = add(mul(seeds[c:], lag[0]), sum_mod(mul(v, lam_calls), axis=0))
+        out = dot(p_coeffs, self.out_weights())
+        return np.concatenate([np.array([out], dtype=np.uint64), u_t, v_t,
+                               np.array([poly_eval(p_coeffs, t)], dtype=np.uint64)])
+
+    def decide(self, verifier) -> bool:
+        """Accept iff ``out = 0`` and ``P(t) = sum_j U_j(t) V_j(t)``; ``verifier`` is the SUM of both messages."""
+        verifier = self._check(verifier, self.verifier_len, "the verifier message")
+        c = self.chunk
+        if int(verifier[0]) != 0:
+            return False
+        return dot(verifier[1:1 + c], verifier[1 + c:1 + 2 * c]) == int(verifier[-1])

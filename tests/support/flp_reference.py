@@ -1,0 +1,56 @@
+"""A slow, independent Python-integer reference for the Goldilocks field and the bit proof.
+
+Written from the definitions (naive DFT, naive polynomial products), sharing no
+code with secure_afl.hazmat.flp, so the vectorised implementation is checked
+against arithmetic that is easy to read.
+"""
+
+from __future__ import annotations
+
+P = 2 ** 64 - 2 ** 32 + 1
+
+
+def root(n: int) -> int:
+    return pow(7, (P - 1) // n, P)
+
+
+def dft(a: list[int], w: int) -> list[int]:
+    n = len(a)
+    return [sum(a[j] * pow(w, i * j, P) for j in range(n)) % P for i in range(n)]
+
+
+def idft(a: list[int]) -> list[int]:
+    n = len(a)
+    ninv = pow(n, P - 2, P)
+    return [v * ninv % P for v in dft(a, pow(root(n), P - 2, P))]
+
+
+def polymul(a: list[int], b: list[int]) -> list[int]:
+    out = [0] * (len(a) + len(b) - 1)
+    for i, x in enumerate(a):
+        for j, y in enumerate(b):
+            out[i + j] = (out[i + j] + x * y) % P
+    return out
+
+
+def polyeval(c: list[int], x: int) -> int:
+    return sum(v * pow(x, e, P) for e, v in enumerate(c)) % P
+
+
+def bit_proof(bits: list[int], r: int, seeds: list[int], chunk: int) -> list[int]:
+    """Seeds ++ coefficients of P = sum_j U_j V_j (degree <= 2N - 2), as the module docstring defines them."""
+    m = len(bits)
+    calls = -(-m // chunk)
+    n = 2
+    while n <= calls:
+        n *= 2
+    padded = bits + [0] * (calls * chunk - m)
+    total = [0] * (2 * n - 1)
+    for j in range(chunk):
+        u = [seeds[j]] + [pow(r, k * chunk + j + 1, P) * padded[k * chunk + j] % P for k in range(calls)]
+        v = [seeds[chunk + j]] + [(padded[k * chunk + j] - 1) % P for k in range(calls)]
+        u += [0] * (n - len(u))
+        v += [0] * (n - len(v))
+        prod = polymul(idft(u), idft(v))
+        total = [(a + b) % P for a, b in zip(total, prod)]
+    return list(seeds) + total
