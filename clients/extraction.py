@@ -1,7 +1,7 @@
 """Extraction for ``client embed``: run the backbone over a source, accumulate
 C_k = X_k^T X_k, Q_k = X_k^T Y_k and counts in float64 on the device,
 optionally keep X, and write one embeddings or statistics file that records
-the extractor's fingerprint (:mod:`secure_afl.fingerprint`).
+the extractor's fingerprint (:mod:`secure_afl.extractor`).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from secure_afl.exceptions import InvalidInputError
-from secure_afl.fingerprint import ExtractorFingerprint, parse_normalisation
+from secure_afl.extractor import ExtractorFingerprint, parse_normalisation
 from secure_afl.stats import StatisticsAccumulator, SufficientStatistics
 
 from .backbones import (Backbone, DatasetError, EmbeddingError, DeviceUnavailable, Preprocessing,
@@ -250,7 +250,7 @@ def embed_to_file(*, images=None, cifar_root=None, npz=None, split: str | None =
     Exactly one of ``images`` / ``cifar_root`` / ``npz`` and exactly one of
     ``out`` (embeddings file) / ``stats_only`` (statistics file). ``gamma``
     is recorded in the statistics file as metadata; ``gram`` never includes it.
-    The file records the extractor's fingerprint (:mod:`secure_afl.fingerprint`)
+    The file records the extractor's fingerprint (:mod:`secure_afl.extractor`)
     under the metadata key ``extractor``; random weights need ``seed``.
     """
     if sum(v is not None for v in (images, cifar_root, npz)) != 1:

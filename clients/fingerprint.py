@@ -14,7 +14,7 @@ import json
 
 def _cmd_fingerprint(args) -> int:
     from secure_afl.exceptions import InvalidInputError
-    from secure_afl.fingerprint import ExtractorFingerprint, parse_normalisation
+    from secure_afl.extractor import ExtractorFingerprint, parse_normalisation
 
     from .backbones import _check_backbone_name, _parse_weights, load_backbone, resolve_preprocessing
     from .extraction import _weights_id

@@ -48,7 +48,7 @@ from secure_afl.signing import sign_upload, verify_receipt
 from secure_afl.stats import SufficientStatistics
 from secure_afl.tagging import new_tag, seal_tag, sign_tag
 
-from .transport import ServiceClient
+from secure_afl.clients.tls_client import ServiceClient
 
 __all__ = ["HospitalClient", "protect_contribution", "protect_vector"]
 

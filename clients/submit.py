@@ -9,7 +9,7 @@ import logging
 def _cmd_submit(args) -> int:
     from secure_afl import pki
 
-    from secure_afl.fingerprint import ExtractorFingerprint, check_extractor
+    from secure_afl.extractor import ExtractorFingerprint, check_extractor
 
     from .hospital import HospitalClient
     from .statsfile import check_readable, load_statistics_file, recorded_extractor

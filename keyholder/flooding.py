@@ -57,7 +57,7 @@ Precision: every flooded entry is within ``e + z sigma`` of the true sum,
 with z chosen so that ALL entries of the release are within it except with
 probability 2^-TAIL_BITS (:func:`tail_z`, a union bound over the entries of the
 Gaussian tail P(|N(0,1)| > z) <= exp(-z^2/2)). The sanity checks
-(:func:`secure_afl.release.sanity_check`) and the certificate
+(:func:`secure_afl.release_checks.sanity_check`) and the certificate
 (:mod:`secure_afl.certify`) use exactly that bound.
 """
 

@@ -34,7 +34,7 @@ from secure_afl.hazmat.fixedpoint import abs_error_bound
 from secure_afl.exceptions import DecryptionRefused, InvalidInputError, PolicyViolation, SecureAFLError
 from secure_afl.packing import Layout
 from secure_afl.params import SessionParams
-from secure_afl.release import ReleaseLedger, check_aggregate_against_manifest, check_class_minimum, sanity_check
+from secure_afl.release_checks import ReleaseLedger, check_aggregate_against_manifest, check_class_minimum, sanity_check
 
 from .connection import KeyHolderConnection
 from .custody import KeyCustody
@@ -202,7 +202,7 @@ class KeyHolder(KeyCustody):
     def countersign_close(self, close: dict, manifest: dict) -> dict:
         """The countersignature over ``close``, checked against the pinned server key and the manifest;
         :class:`DecryptionRefused` if it does not hold (nothing is decrypted then)."""
-        from secure_afl.audit import countersign_head
+        from secure_afl.audit_log import countersign_head
 
         servers = pki.load_enrolments(self.pki_dir, role="server")
         try:
@@ -318,7 +318,7 @@ class KeyHolder(KeyCustody):
         not even a check's outcome, goes further; check; solve; certify.
 
         Every check's tolerance is the bound proved for the noise actually added
-        (:func:`secure_afl.release.sanity_check`), so an honest cohort passes
+        (:func:`secure_afl.release_checks.sanity_check`), so an honest cohort passes
         except with probability 2^-40. Nothing that leaves here (report,
         exception message) carries a decrypted float: integers are rounded and
         range-checked, float checks report pass or fail.

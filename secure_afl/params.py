@@ -80,7 +80,7 @@ class SessionParams:
     backend_params: Mapping[str, Any] = field(default_factory=dict)
     #: distributed differential privacy (:mod:`secure_afl.dp`); None = off, and then absent from the digest
     dp: Mapping[str, Any] | None = None
-    # the session's feature extractor (secure_afl.fingerprint), part of the digest when declared
+    # the session's feature extractor (secure_afl.extractor), part of the digest when declared
     extractor: Mapping[str, Any] | None = None
 
     def __post_init__(self):

@@ -452,7 +452,7 @@ def normalise(sections: Mapping[str, Mapping[str, Any]], *, issued_hospitals=Non
             raise _fail(f"{source} [dp]", f"min_contributors = {body['dp']['min_contributors']} is above the "
                                           f"{len(hospitals)} hospitals of the session: the noise would never add up")
     if "extractor" in sections:
-        from .fingerprint import ExtractorFingerprint
+        from secure_afl.extractor import ExtractorFingerprint
 
         fp = ExtractorFingerprint.from_dict(sections["extractor"])
         if fp.dim != body["dim"] or len(fp.classes) != body["classes"]:

@@ -5,7 +5,7 @@ verifies it (:func:`verify_upload`), returns a signed receipt
 (:func:`make_receipt`) and, when the round closes, signs a manifest of the
 contributions in the aggregate (:func:`build_manifest`); the key holder checks
 the manifest before it decrypts anything (:func:`verify_manifest`); an auditor
-checks receipts against the audit log (:mod:`secure_afl.audit`).
+checks receipts against the audit log (:mod:`secure_afl.audit_log`).
 
 Every signature is over ``PREFIX || canonical_json(statement)`` where the
 statement is the signed dict without its ``signature`` field, canonical JSON
@@ -332,8 +332,8 @@ def make_receipt(server_key, session_id: str, hospital: str, payload_sha256: byt
     """Server-signed receipt for an accepted upload.
 
     ``seq`` is the audit-log ``seq`` of the ``upload``/``accepted`` record
-    (:meth:`secure_afl.audit.AuditLog.append` returns it):
-    :func:`secure_afl.audit.verify_log` checks that record exists and names the
+    (:meth:`secure_afl.audit_log.AuditLog.append` returns it):
+    :func:`secure_afl.audit_log.verify_log` checks that record exists and names the
     same session, hospital and payload hash. ``time`` defaults to now.
 
     ``audit_head`` is that record's hash: the receipt then pins the whole log

@@ -25,7 +25,7 @@ with E the CKKS error bound. To pass with fewer ciphertexts than the manifest
 claims, the server would have to add ``sum_{k not included} r_k`` without
 knowing it (the boxes are sealed to the key holder and are not malleable); it
 succeeds with probability about ``(2E / H)^4`` per attempt, and a failed check
-blocks the key for good (:class:`secure_afl.release.ReleaseLedger`).
+blocks the key for good (:class:`secure_afl.release_checks.ReleaseLedger`).
 
 Runs on: hospital (:func:`new_tag`, :func:`seal_tag`, :func:`sign_tag`),
 server (:func:`verify_tag` at upload), key holder (:func:`check_aggregate_tag`).

@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 
 from secure_afl import pki
-from secure_afl.audit import AuditLog, make_close_record, verify_countersign
+from secure_afl.audit_log import AuditLog, make_close_record, verify_countersign
 from secure_afl.backends import HE_BACKENDS, get_backend, he_module
 from secure_afl.envelope import open_envelope
 from secure_afl.exceptions import (
@@ -245,7 +245,7 @@ class AggregationServer:
     def check_peer(self, party: str, peer: dict | None) -> None:
         """The Ed25519 signer must be the party enrolled for the TLS certificate the client presented.
 
-        ``peer`` is the transport's record of the connection (server/transport.py); ``None`` means
+        ``peer`` is the transport's record of the connection (server/tls_server.py); ``None`` means
         the app is driven without a network transport (in-process tests), where there is no
         certificate to bind to.
         """

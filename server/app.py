@@ -11,7 +11,7 @@ the body is read; then the body is streamed under a size cap, a per-chunk read
 timeout, a whole-body deadline and a cap on bodies read at once, and checked
 against the digest the signature covers. An unauthenticated caller therefore
 costs the server its headers only (bounded by h11 and the header timeout in
-server/transport.py).
+server/tls_server.py).
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ def _error(status: int, reason: str, detail: str) -> JSONResponse:
 
 
 def _peer(request: Request) -> dict | None:
-    """The transport's record of the TLS connection (server/transport.py); None in process."""
+    """The transport's record of the TLS connection (server/tls_server.py); None in process."""
     return request.scope.get("state", {}).get("tls_peer")
 
 

@@ -13,7 +13,7 @@ def _cmd_run(args) -> int:
     from .aggregator import open_server
     from .app import create_app
     from .config import load_config
-    from .transport import listen, reserve_open_files, serve
+    from secure_afl.server.tls_server import listen, reserve_open_files, serve
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     cfg = load_config(args.config)

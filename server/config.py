@@ -104,7 +104,7 @@ class ServerConfig:
     max_connections: int = 0
     combine_workers: int = 0
     refusal_interval_s: float = 60.0
-    extractor: dict | None = None  # secure_afl.fingerprint.ExtractorFingerprint.to_dict()
+    extractor: dict | None = None  # secure_afl.extractor.ExtractorFingerprint.to_dict()
 
     def __post_init__(self):
         if self.backend not in BACKENDS:
@@ -128,7 +128,7 @@ class ServerConfig:
             raise param_error("combine_workers", "session.toml [server]", "an int in [0, 256] (0: automatic)",
                               self.combine_workers)
         if self.extractor is not None:
-            from secure_afl.fingerprint import ExtractorFingerprint
+            from secure_afl.extractor import ExtractorFingerprint
 
             fp = ExtractorFingerprint.from_dict(self.extractor)
             if fp.dim != self.dim or len(fp.classes) != self.classes:

@@ -46,7 +46,7 @@ class SplitAggregationServer(AggregationServer):
         from secure_afl.backends import split
         from secure_afl.certify import certify_release
         from secure_afl.packing import Layout
-        from secure_afl.release import check_class_minimum, sanity_check
+        from secure_afl.release_checks import check_class_minimum, sanity_check
 
         with self._lock:
             try:

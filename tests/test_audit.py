@@ -15,8 +15,8 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from secure_afl import audit
-from secure_afl.audit import AuditLog, check_chain, record_hash, verify_log
+from secure_afl import audit_log as audit
+from secure_afl.audit_log import AuditLog, check_chain, record_hash, verify_log
 from secure_afl.exceptions import AuditChainBroken
 from secure_afl.signing import canonical_json, make_receipt
 
@@ -304,7 +304,7 @@ def test_append_rejects_bad_arguments(tmp_path):
 
 _CHILD = r"""
 import sys
-from secure_afl.audit import AuditLog
+from secure_afl.audit_log import AuditLog
 log = AuditLog(sys.argv[1])
 i = 0
 while True:

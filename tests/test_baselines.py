@@ -5,12 +5,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from secure_afl.baselines import FLConfig, LinearHead, MLPHead, SecureSum, run_fedavg, run_fedfac
-from secure_afl.baselines import fedfac as fa
-from secure_afl.baselines.compare import ri_ablation, run_afl, run_grid, write_report
-from secure_afl.baselines.fl import secure_split
+from secure_afl.tools.baselines import FLConfig, LinearHead, MLPHead, SecureSum, run_fedavg, run_fedfac
+from secure_afl.tools.baselines import fedfac as fa
+from secure_afl.tools.baselines.compare import ri_ablation, run_afl, run_grid, write_report
+from secure_afl.tools.baselines.fl import secure_split
 from secure_afl.cli import main
-from secure_afl.demo import random_features
+from secure_afl.tools.demo import random_features
 from secure_afl.exceptions import BoundsExceeded, InvalidInputError
 from secure_afl.partition import dirichlet
 

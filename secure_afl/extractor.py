@@ -29,7 +29,7 @@ import json
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from .exceptions import ExtractorMismatch, InvalidParameterError
+from secure_afl.exceptions import ExtractorMismatch, InvalidParameterError
 
 __all__ = ["ExtractorFingerprint", "check_extractor", "parse_normalisation"]
 

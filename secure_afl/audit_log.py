@@ -73,15 +73,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
 
-from ._io import fsync_dir, write_all, write_file
-from .exceptions import (
+from secure_afl._io import fsync_dir, write_all, write_file
+from secure_afl.exceptions import (
     AuditChainBroken,
     InvalidInputError,
     InvalidSignature,
     MalformedPayload,
     SecureAFLError,
 )
-from .signing import canonical_json, parse_json, verify_receipt
+from secure_afl.signing import canonical_json, parse_json, verify_receipt
 
 try:  # POSIX: one writer per log file
     import fcntl as _fcntl
@@ -453,7 +453,7 @@ def _server_pub(server_pub):
 
     if isinstance(server_pub, Ed25519PublicKey):
         return server_pub
-    from .pki import load_identity_pub
+    from secure_afl.pki import load_identity_pub
 
     if isinstance(server_pub, (bytes, bytearray)) and len(server_pub) == 32:
         return Ed25519PublicKey.from_public_bytes(bytes(server_pub))
@@ -525,7 +525,7 @@ def expected_head(obj, server_pub) -> tuple[int, str, dict | None]:
         r = verify_receipt(obj, pub)
         return r["seq"], r["audit_head"], None
     if kind == "manifest" and isinstance(obj.get("audit"), Mapping):
-        from .signing import MANIFEST_PREFIX
+        from secure_afl.signing import MANIFEST_PREFIX
 
         fields = [k for k in obj if k != "signature"]
         from cryptography.exceptions import InvalidSignature as _CryptoInvalidSignature
@@ -702,7 +702,7 @@ def load_receipts(directory) -> list[dict]:
 
 def _pki_pub(pki_dir, role: str, name: str | None):
     """The identity key the PKI pins for ``role``: an operator's PKI directory or a party's bundle."""
-    from .pki import pinned_identity
+    from secure_afl.pki import pinned_identity
 
     return pinned_identity(pki_dir, role, name)
 

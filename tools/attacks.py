@@ -70,13 +70,13 @@ DIM, CLASSES, GAMMA = 6, 3, 1.0
 # shared set-up
 # ---------------------------------------------------------------------------
 def _bounds():
-    from .params import Bounds
+    from secure_afl.params import Bounds
 
     return Bounds(max_norm=2.0, n_max=200, k_max=8)
 
 
 def _layout():
-    from .packing import Layout
+    from secure_afl.packing import Layout
 
     return Layout(DIM, CLASSES)
 
@@ -91,7 +91,7 @@ def _embeddings(rng: np.random.Generator, n: int, labels=None):
 
 def _packed(X, y):
     """The hospital's packed vector exactly as HospitalClient.protect builds it."""
-    from .stats import SufficientStatistics, local_statistics
+    from secure_afl.stats import SufficientStatistics, local_statistics
 
     s = local_statistics(X, y, CLASSES)
     with_ri = SufficientStatistics(s.gram + GAMMA * np.eye(DIM), s.cross, s.n, s.class_counts, 1.0, GAMMA)
@@ -99,14 +99,14 @@ def _packed(X, y):
 
 
 def _plain_params(session_id: str):
-    from .params import SessionParams
+    from secure_afl.params import SessionParams
 
     return SessionParams(session_id, "plain", _layout(), GAMMA, _bounds())
 
 
 def _read_plain_payload(payload: bytes):
     """What the curious server does with a plain upload: parse it (no key needed)."""
-    from .envelope import peek_header
+    from secure_afl.envelope import peek_header
 
     v = np.frombuffer(peek_header(payload).body, dtype="<f8").astype(np.float64)
     return _layout().unpack(v, gamma=GAMMA)
@@ -140,7 +140,7 @@ def _say(verbose: bool, line: str) -> None:
 # ---------------------------------------------------------------------------
 def attack_plain_singleton(*, seed: int = 0, verbose: bool = True, **_) -> dict:
     """A hospital with n_k = 1 uploads plain statistics; the server reads x exactly."""
-    from .backends import get_backend
+    from secure_afl.backends import get_backend
 
     rng = np.random.default_rng(seed)
     params = _plain_params("attack-plain")
@@ -162,7 +162,7 @@ def attack_plain_singleton(*, seed: int = 0, verbose: bool = True, **_) -> dict:
 
 def attack_plain_singleton_class(*, seed: int = 0, verbose: bool = True, **_) -> dict:
     """A class with one sample inside a 40-sample hospital: x = Q[:, c] exactly."""
-    from .backends import get_backend
+    from secure_afl.backends import get_backend
 
     rng = np.random.default_rng(seed)
     params = _plain_params("attack-plain")
@@ -190,8 +190,8 @@ def attack_k2_subtraction(*, seed: int = 0, verbose: bool = True, dp: float | No
     gets B's statistics plus B's noise share, and the attack reports the
     measured error against the noise the session declared.
     """
-    from .backends import get_backend
-    from .dp import DPSpec, add_noise_share, dp_session_params
+    from secure_afl.backends import get_backend
+    from secure_afl.dp import DPSpec, add_noise_share, dp_session_params
 
     rng = np.random.default_rng(seed)
     spec = None if dp is None else DPSpec(float(dp), 1e-5, 1)
@@ -236,11 +236,11 @@ def attack_differencing(*, seed: int = 0, verbose: bool = True, work=None, **_) 
     """Two releases, cohorts {A, B, C} and {A, B}: S1 - S2 = C's statistics.
 
     Then the same two aggregates are offered to the key holder's
-    :class:`~secure_afl.release.ReleaseLedger` under one key: the second is refused.
+    :class:`~secure_afl.release_checks.ReleaseLedger` under one key: the second is refused.
     """
-    from .backends import get_backend
-    from .exceptions import PolicyViolation
-    from .release import ReleaseLedger
+    from secure_afl.backends import get_backend
+    from secure_afl.exceptions import PolicyViolation
+    from secure_afl.release_checks import ReleaseLedger
 
     rng = np.random.default_rng(seed)
     params = _plain_params("attack-diff")
@@ -290,8 +290,8 @@ def attack_ckks_server(*, seed: int = 0, verbose: bool = True, **_) -> dict:
     RECOVERED when any of them returned the hospital's statistics (x within
     1e-3), whatever raised or not.
     """
-    from .backends.ckks import CKKSBackend, new_ckks_session
-    from .envelope import peek_header, seal
+    from secure_afl.backends.ckks import CKKSBackend, new_ckks_session
+    from secure_afl.envelope import peek_header, seal
 
     rng = np.random.default_rng(seed)
     params, keys = new_ckks_session("attack-ckks", _layout(), GAMMA, _bounds())
@@ -342,7 +342,7 @@ def attack_ckks_server(*, seed: int = 0, verbose: bool = True, **_) -> dict:
 
 def _secagg_round_upto_masked(params, vectors):
     """Run SETUP .. SHARE_KEYS for K hospitals; return (server, clients)."""
-    from .secagg import SecAggClient, SecAggServerRound, decode_message, identities
+    from secure_afl.secagg import SecAggClient, SecAggServerRound, decode_message, identities
 
     ids = list(range(1, len(vectors) + 1))
     priv, pub = identities(len(ids))
@@ -360,19 +360,19 @@ def attack_secagg_server(*, seed: int = 0, verbose: bool = True, **_) -> dict:
     """The singleton attack against a secagg masked vector: uniform noise."""
     from scipy import stats as sstats
 
-    from .secagg import SecAggBackend, secagg_session_params
-    from .hazmat import fixedpoint
+    from secure_afl.secagg import SecAggBackend, secagg_session_params
+    from secure_afl.hazmat import fixedpoint
 
     rng = np.random.default_rng(seed)
     # a wider layout than the others so the statistics below have power
-    from .packing import Layout
+    from secure_afl.packing import Layout
 
     layout = Layout(60, CLASSES)
     params = secagg_session_params("attack-secagg", layout, GAMMA, _bounds(), n_parties=3)
     backend = SecAggBackend(params)
     X = rng.standard_normal((1, 60))
     X *= 1.5 / np.linalg.norm(X)
-    from .stats import SufficientStatistics, local_statistics
+    from secure_afl.stats import SufficientStatistics, local_statistics
 
     s = local_statistics(X, np.array([1]), CLASSES)
     x_vec = layout.pack(SufficientStatistics(s.gram + GAMMA * np.eye(60), s.cross, s.n, s.class_counts, 1.0, GAMMA))
@@ -401,16 +401,16 @@ def attack_secagg_server(*, seed: int = 0, verbose: bool = True, **_) -> dict:
 # malicious server vs the key holder
 # ---------------------------------------------------------------------------
 def _ckks_consortium(d: Path, hospitals=("hosp-a", "hosp-b", "hosp-c")):
-    from . import pki
-    from .backends.ckks import ckks_session_params
-    from .keyholder import KeyHolder
+    from secure_afl import pki
+    from secure_afl.backends.ckks import ckks_session_params
+    from secure_afl.keyholder import KeyHolder
 
     pki_dir = d / "pki"
     pki.init_ca(pki_dir, name="attack consortium")
     server = pki.issue(pki_dir, "server", "aggregator")
     pki.issue(pki_dir, "keyholder", "keyholder")
     parties = {h: pki.issue(pki_dir, "hospital", h) for h in hospitals}
-    from . import session
+    from secure_afl import session
 
     b = _bounds()
     session.sign_definition(session.normalise(session.parse({
@@ -424,7 +424,7 @@ def _ckks_consortium(d: Path, hospitals=("hosp-a", "hosp-b", "hosp-c")):
 
 def _tagged_upload(party, params, backend, public, vector):
     """What an honest ckks hospital sends: the payload (tag inside) and the signed, sealed tag."""
-    from .tagging import new_tag, seal_tag, sign_tag
+    from secure_afl.tagging import new_tag, seal_tag, sign_tag
 
     lay = _layout()
     tag = new_tag(params)
@@ -437,8 +437,8 @@ def _tagged_upload(party, params, backend, public, vector):
 
 
 def _signed_participant(party, params, payload: bytes) -> dict:
-    from . import pki
-    from .signing import sign_upload
+    from secure_afl import pki
+    from secure_afl.signing import sign_upload
 
     st = sign_upload(party.identity_key(), params.session_id, params.digest(), hashlib.sha256(payload).digest(),
                      party.name)
@@ -468,7 +468,7 @@ class _MaliciousServer:
                  aggregate: bytes = b""):
         import time
 
-        from .signing import MANIFEST_PREFIX, canonical_json
+        from secure_afl.signing import MANIFEST_PREFIX, canonical_json
 
         self.session_id = params.session_id
         self._params, self._payloads, self._tags, self._aggregate = params, payloads, tags, aggregate
@@ -482,7 +482,7 @@ class _MaliciousServer:
         self._manifest = {**st, "signature": sig}
         self._min_clients = min_clients
         # it can also sign a close record for the release it presents (the key holder countersigns that)
-        from .audit import make_close_record
+        from secure_afl.audit_log import make_close_record
 
         self._close = make_close_record(server_party.identity_key(), params.session_id, 1, "0" * 64,
                                         [p["hospital"] for p in st["participants"]])
@@ -513,7 +513,7 @@ class _MaliciousServer:
 
 def _fresh_keyholder(kh, pki_dir, d: Path, label: str):
     """A copy of the key holder's state per try, so a block from one try does not hide another's guard."""
-    from .keyholder import KeyHolder
+    from secure_afl.keyholder import KeyHolder
 
     copy = d / f"keys-{label}"
     shutil.copytree(kh.keys_dir, copy)
@@ -521,7 +521,7 @@ def _fresh_keyholder(kh, pki_dir, d: Path, label: str):
 
 
 def _decryptions(keyholder, params) -> int:
-    from .release import ReleaseLedger
+    from secure_afl.release_checks import ReleaseLedger
 
     ledger = ReleaseLedger(keyholder.keys_dir / "releases.sqlite3")
     try:
@@ -532,10 +532,10 @@ def _decryptions(keyholder, params) -> int:
 
 def attack_forward_ciphertext(*, seed: int = 0, verbose: bool = True, work=None, **_) -> dict:
     """A malicious server tries to have one hospital's statistics decrypted (real finalize path)."""
-    from .backends.ckks import CKKSBackend
-    from .envelope import peek_header, seal
-    from .exceptions import SecureAFLError
-    from .hazmat import ckks as hz
+    from secure_afl.backends.ckks import CKKSBackend
+    from secure_afl.envelope import peek_header, seal
+    from secure_afl.exceptions import SecureAFLError
+    from secure_afl.hazmat import ckks as hz
 
     rng = np.random.default_rng(seed)
     with _workdir(work) as d:
@@ -622,8 +622,8 @@ def attack_decryption_error(*, seed: int = 0, verbose: bool = True, work=None, f
     estimate with the true error, measured with the key holder's secret key.
     ``flood=False`` measures the same release without the key holder's noise.
     """
-    from .backends.ckks import CKKSBackend
-    from .hazmat import ckks as hz
+    from secure_afl.backends.ckks import CKKSBackend
+    from secure_afl.hazmat import ckks as hz
 
     rng = np.random.default_rng(seed)
     with _workdir(work) as d:
@@ -676,10 +676,10 @@ def attack_noisy_upload(*, seed: int = 0, verbose: bool = True, work=None, doubl
     key recovery needs), else REFUSED. ``released_within_bound`` says whether
     every released statistic stayed within the key holder's reported bound.
     """
-    from .backends.ckks import CKKSBackend, ckks_parameters
-    from .envelope import seal
-    from .hazmat import ckks as hz
-    from .tagging import new_tag, seal_tag, sign_tag
+    from secure_afl.backends.ckks import CKKSBackend, ckks_parameters
+    from secure_afl.envelope import seal
+    from secure_afl.hazmat import ckks as hz
+    from secure_afl.tagging import new_tag, seal_tag, sign_tag
 
     rng = np.random.default_rng(seed)
     with _workdir(work) as d:
@@ -746,7 +746,7 @@ def attack_noisy_upload(*, seed: int = 0, verbose: bool = True, work=None, doubl
 
 
 def seal_body(payload: bytes) -> bytes:
-    from .envelope import peek_header
+    from secure_afl.envelope import peek_header
 
     return peek_header(payload).body
 
@@ -782,7 +782,7 @@ def _cmd_attack(args) -> int:
         for name, fn in ATTACKS.items():
             print(f"{name:24s} {fn.__doc__.strip().splitlines()[0]}")
         return 0
-    from .exceptions import EXIT_SECURITY
+    from secure_afl.exceptions import EXIT_SECURITY
 
     names = list(ATTACKS) if args.name == "all" else [args.name]
     rc = 0

@@ -24,13 +24,13 @@ EPSILONS = (0.5, 1.0, 2.0, 4.0, 8.0, math.inf)
 
 
 def _accuracy(dataset: str, K: int, eps: float, seed: int, *, alpha: float, delta: float) -> float:
-    from ..analytic import solve_from_sums, top1_accuracy
-    from ..demo import load_embedded  # the demo's random Fourier feature map
-    from ..packing import Layout
-    from ..params import Bounds
-    from ..partition import partition
-    from ..stats import StatisticsAccumulator, SufficientStatistics
-    from . import DPSpec, add_noise_share, dp_session_params, dp_solve
+    from secure_afl.analytic import solve_from_sums, top1_accuracy
+    from secure_afl.tools.demo import load_embedded  # the demo's random Fourier feature map
+    from secure_afl.packing import Layout
+    from secure_afl.params import Bounds
+    from secure_afl.partition import partition
+    from secure_afl.stats import StatisticsAccumulator, SufficientStatistics
+    from secure_afl.dp import DPSpec, add_noise_share, dp_session_params, dp_solve
 
     Xtr, ytr, Xte, yte, C = load_embedded(dataset, seed)
     parts = [p for p in partition(ytr, K, f"dirichlet:{alpha}", seed=seed) if len(p)]

@@ -27,10 +27,10 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import stats as st
 
-from ..packing import Layout
-from ..params import Bounds, SessionParams
-from ..stats import SufficientStatistics, local_statistics
-from .noise import add_noise_share
+from secure_afl.packing import Layout
+from secure_afl.params import Bounds, SessionParams
+from secure_afl.stats import SufficientStatistics, local_statistics
+from secure_afl.dp.noise import add_noise_share
 
 __all__ = ["AuditResult", "audit_session", "epsilon_lower_bound", "audit_params", "register"]
 
@@ -71,7 +71,7 @@ def epsilon_lower_bound(out_scores, in_scores, delta: float, *, confidence: floa
 
 def audit_params(spec, backend: str = "plain", *, dim: int = 8, classes: int = 3, max_norm: float = 1.0,
                  n_max: int = 200, k_max: int = 8, **kw) -> SessionParams:
-    from .noise import dp_session_params
+    from secure_afl.dp.noise import dp_session_params
 
     return dp_session_params(spec, backend, "dp-audit", Layout(dim, classes), 1.0, Bounds(max_norm, n_max, k_max),
                              **kw)
@@ -80,7 +80,7 @@ def audit_params(spec, backend: str = "plain", *, dim: int = 8, classes: int = 3
 def audit_session(params: SessionParams, *, hospitals: int = 4, survivors: int | None = None, runs: int = 2000,
                   seed: int = 0, confidence: float = 0.95, accounted: float | None = None) -> AuditResult:
     """Run the canary game ``runs`` times per world; returns the empirical epsilon lower bound."""
-    from .mechanism import release_epsilon
+    from secure_afl.dp.mechanism import release_epsilon
 
     lay, B = params.layout, float(params.bounds.max_norm)
     rng = np.random.default_rng(seed)
@@ -117,7 +117,7 @@ def audit_session(params: SessionParams, *, hospitals: int = 4, survivors: int |
 
 
 def _cmd(args) -> int:
-    from .mechanism import DPSpec
+    from secure_afl.dp.mechanism import DPSpec
 
     print("| backend (noise) | epsilon declared | z | epsilon accounted | epsilon empirical lower bound | FPR / FNR |")
     print("|---|---|---|---|---|---|")

@@ -58,13 +58,13 @@ def _register_protect(parser: argparse.ArgumentParser) -> None:
 
 _SUBCOMMANDS: list = [
     ("protect", "time protect / combine / reveal of one round and check the sum", _register_protect),
-    ("extract", "time embedding extraction on this machine", "secure_afl.clients.embed_bench"),
-    ("dp", "test accuracy against epsilon (distributed DP), table and PNG", "secure_afl.dp.bench"),
-    ("dp-audit", "empirical epsilon lower bound (canary test) next to the accounted one", "secure_afl.dp.audit"),
+    ("extract", "time embedding extraction on this machine", "secure_afl.tools.bench_embed"),
+    ("dp", "test accuracy against epsilon (distributed DP), table and PNG", "secure_afl.tools.bench_dp"),
+    ("dp-audit", "empirical epsilon lower bound (canary test) next to the accounted one", "secure_afl.dp.privacy_audit"),
     ("service", "one session through the real server, key holder and K HTTPS hospitals, per phase",
-     "secure_afl.bench_service"),
+     "secure_afl.tools.bench_service"),
     ("combine", "the server's running sum of ckks/bfv uploads with 1 and W summing processes",
-     "secure_afl.bench_combine"),
+     "secure_afl.tools.bench_combine"),
 ]
 
 
@@ -78,7 +78,7 @@ def register(parser: argparse.ArgumentParser) -> None:
 
 # -- bench protect ----------------------------------------------------------------------
 def _hospital_vector(layout, rng, samples: int, max_norm: float, gamma: float) -> np.ndarray:
-    from .stats import local_statistics
+    from secure_afl.stats import local_statistics
 
     X = rng.standard_normal((samples, layout.dim))
     X *= (max_norm * rng.uniform(0.5, 1.0, samples) / np.linalg.norm(X, axis=1))[:, None]
@@ -89,8 +89,8 @@ def _hospital_vector(layout, rng, samples: int, max_norm: float, gamma: float) -
 def run_protect(backend: str, dim: int, classes: int, clients: int, *, dropout: float = 0.0, seed: int = 0,
                 samples: int = 256, max_norm: float = 1.0, gamma: float = 1.0) -> dict:
     """One in-process round; returns the figures (see module docstring)."""
-    from .packing import Layout
-    from .params import Bounds, SessionParams
+    from secure_afl.packing import Layout
+    from secure_afl.params import Bounds, SessionParams
 
     if not 0.0 <= dropout < 1.0:
         raise ValueError(f"dropout must be in [0, 1); got {dropout!r}")
@@ -108,11 +108,11 @@ def run_protect(backend: str, dim: int, classes: int, clients: int, *, dropout: 
     if backend == "secagg":
         return _run_secagg(out, layout, bounds, gamma, session_id, rng, samples, max_norm, dropout)
 
-    from .backends import get_backend
+    from secure_afl.backends import get_backend
 
     t = time.perf_counter()
     if backend in ("ckks", "bfv"):
-        from .backends import he_module
+        from secure_afl.backends import he_module
 
         he = he_module(backend)
         params = he.session_params(session_id, layout, gamma, bounds)
@@ -127,7 +127,7 @@ def run_protect(backend: str, dim: int, classes: int, clients: int, *, dropout: 
     elif backend == "split":
         from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-        from .backends import split
+        from secure_afl.backends import split
 
         params = split.split_session_params(session_id, layout, gamma, bounds)
         keys = split.generate_keys(params)
@@ -197,8 +197,8 @@ def run_protect(backend: str, dim: int, classes: int, clients: int, *, dropout: 
 
 def _w_bound(params, layout, revealed, n_clients: int) -> float | None:
     """Certified ||W - W*|| / ||W*|| of the W solved from the revealed sums (None: no bound applies)."""
-    from .analytic import solve_from_sums
-    from .certify import certify_release
+    from secure_afl.analytic import solve_from_sums
+    from secure_afl.certify import certify_release
 
     stats = layout.unpack(np.asarray(revealed, dtype=np.float64), gamma=params.gamma)
     b = certify_release(params, stats, solve_from_sums(stats), n_clients)
@@ -207,7 +207,7 @@ def _w_bound(params, layout, revealed, n_clients: int) -> float | None:
 
 def _run_secagg(out, layout, bounds, gamma, session_id, rng, samples, max_norm, dropout) -> dict:
     """The whole SecAgg protocol in-process (:func:`secure_afl.secagg.simulate_round`)."""
-    from .secagg import default_threshold, recommended_neighbours, secagg_session_params, simulate_round
+    from secure_afl.secagg import default_threshold, recommended_neighbours, secagg_session_params, simulate_round
 
     # SecAgg+ neighbour graph of degree 2 ceil(1.5 log2 K) once that is smaller than K - 1; the threshold
     # is lowered where the consistency quorum (n + t - 1) / 2 + 1 would not fit in the survivors

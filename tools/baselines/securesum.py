@@ -28,11 +28,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .._validation import check_int, check_real
-from ..backends import get_backend
-from ..exceptions import InvalidInputError
-from ..packing import Layout
-from ..params import BACKENDS, Bounds, SessionParams
+from secure_afl._validation import check_int, check_real
+from secure_afl.backends import get_backend
+from secure_afl.exceptions import InvalidInputError
+from secure_afl.packing import Layout
+from secure_afl.params import BACKENDS, Bounds, SessionParams
 
 __all__ = ["SecureSum", "carrier_layout"]
 
@@ -87,7 +87,7 @@ class SecureSum:
         self._rounds = 0
         self._keys = None
         if self.backend == "ckks":
-            from ..backends.ckks import new_ckks_session
+            from secure_afl.backends.ckks import new_ckks_session
 
             self.params, self._keys = new_ckks_session(f"{self.session}-ckks", self.layout, 0.0, self.bounds)
         else:
@@ -131,7 +131,7 @@ class SecureSum:
         return be.reveal(agg, secret_context=self._keys.secret_context), np.mean(sizes)
 
     def _secagg(self, padded):
-        from ..backends.secagg import recommended_neighbours, secagg_session_params, simulate_round
+        from secure_afl.backends.secagg import recommended_neighbours, secagg_session_params, simulate_round
 
         k = len(padded)
         bounds = Bounds(self.bounds.max_norm, 1, k)
@@ -154,11 +154,11 @@ class SecureSum:
         """
         m = n_clients * float(self.bound) if magnitude is None else float(magnitude)
         if self.backend == "ckks":
-            from ..backends.ckks import expected_abs_error
+            from secure_afl.backends.ckks import expected_abs_error
 
             return expected_abs_error(self.params, n_clients, magnitude=m)
         if self.backend == "secagg":
-            from ..hazmat.fixedpoint import abs_error_bound, choose_frac_bits
+            from secure_afl.hazmat.fixedpoint import abs_error_bound, choose_frac_bits
 
             f = choose_frac_bits(Bounds(self.bounds.max_norm, 1, n_clients), 0.0)
             # the exact sum rounded once, against a float64 reference summed in some order

@@ -27,10 +27,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..exceptions import InvalidInputError
-from . import fedfac as fa
-from .heads import MLPHead
-from .securesum import SecureSum
+from secure_afl.exceptions import InvalidInputError
+from secure_afl.tools.baselines import fedfac as fa
+from secure_afl.tools.baselines.heads import MLPHead
+from secure_afl.tools.baselines.securesum import SecureSum
 
 __all__ = ["FLConfig", "run_fedavg", "run_fedfac", "evaluate", "client_label_mix"]
 

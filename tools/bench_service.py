@@ -38,7 +38,7 @@ and then go silent before the masked input (the server drops them after
 The server runs with its default limits (k_max + 16 connections, 4 bodies
 read at once): hospitals wait on their connections for a body slot; a 429
 ``busy`` (no slot within ``read_timeout_s``) or a 503 (``--max-connections``
-below K) is absorbed by waiting and sending again (clients/transport.py), and
+below K) is absorbed by waiting and sending again (clients/tls_client.py), and
 the report counts them.
 """
 
@@ -140,7 +140,7 @@ def _disk_used(path: Path) -> int:
 
 
 def _hospital_stats(dim: int, classes: int, samples: int, seed: int, k: int):
-    from .stats import StatisticsAccumulator
+    from secure_afl.stats import StatisticsAccumulator
 
     rng = np.random.default_rng([seed, k])
     X = rng.standard_normal((samples, dim))
@@ -158,15 +158,15 @@ def run_service_bench(backend: str, hospitals: int, *, dim: int = 64, classes: i
                       max_connections: int | None = None, combine_workers: int = 0) -> dict:
     """The real service end to end; ``compare_fetchers`` also times the key holder's verify + re-sum over
     HTTPS again with one download at a time and with the default number in flight (no decryption)."""
-    from . import pki
-    from .analytic import solve_from_sums
-    from .backends import HE_BACKENDS
-    from .clients.hospital import HospitalClient
-    from .demo import ServerProcess, _free_port
-    from .keyholder import KeyHolder
-    from .packing import Layout
-    from .params import Bounds
-    from .server.config import load_config, write_config
+    from secure_afl import pki
+    from secure_afl.analytic import solve_from_sums
+    from secure_afl.backends import HE_BACKENDS
+    from secure_afl.clients.hospital import HospitalClient
+    from secure_afl.tools.demo import ServerProcess, _free_port
+    from secure_afl.keyholder import KeyHolder
+    from secure_afl.packing import Layout
+    from secure_afl.params import Bounds
+    from secure_afl.server.config import load_config, write_config
 
     K = hospitals
     if K < 2:
@@ -209,7 +209,7 @@ def run_service_bench(backend: str, hospitals: int, *, dim: int = 64, classes: i
     }
     if backend == "secagg":  # a [secagg] section in another backend's session is refused
         cfg["secagg"] = {"stage_timeout_s": float(stage_timeout_s)}
-        from .secagg import default_threshold, max_min_clients, recommended_neighbours
+        from secure_afl.secagg import default_threshold, max_min_clients, recommended_neighbours
 
         k = recommended_neighbours(K)
         thr = default_threshold((K - 1 if k is None else k) + 1)
@@ -221,7 +221,7 @@ def run_service_bench(backend: str, hospitals: int, *, dim: int = 64, classes: i
         cfg["session"]["min_clients"] = min_clients
     session_id = cfg["session"]["id"]
     write_config(work / "session.toml", cfg)
-    from .session import sign as sign_session
+    from secure_afl.session import sign as sign_session
 
     sign_session(work / "session.toml", pki_dir)  # the operator's signature every party pins
     url = f"https://127.0.0.1:{cfg['server']['port']}"
@@ -250,7 +250,7 @@ def run_service_bench(backend: str, hospitals: int, *, dim: int = 64, classes: i
                             "server_peak_rss": meter.peak_rss(), "peak_is_phase": True}
         conn = kh.connect(url, session_id)
         if backend in HE_BACKENDS or backend == "split":
-            from .dp import dp_session_params
+            from secure_afl.dp import dp_session_params
 
             def keys():
                 params0 = dp_session_params(load_config(work / "session.toml").dp, backend, session_id,
@@ -372,9 +372,9 @@ def _secagg_stages(audit_path: Path) -> list[dict]:
 def _resum_by_fetchers(kh, conn) -> dict[int, float]:
     """Seconds for the key holder's verify + re-sum of the stored uploads, fetched over HTTPS with
     1 and :func:`default_fetchers` downloads in flight; the two sums must be the same ciphertext."""
-    from .backends import get_backend
-    from .keyholder.release import HTTPSource
-    from .keyholder.verify import default_fetchers, resum_signed_contributions
+    from secure_afl.backends import get_backend
+    from secure_afl.keyholder.release import HTTPSource
+    from secure_afl.keyholder.verify import default_fetchers, resum_signed_contributions
 
     params = kh.params(conn.session_id)
     backend = get_backend(params)
@@ -397,8 +397,8 @@ def _resum_by_fetchers(kh, conn) -> dict[int, float]:
 
 def _hospital_slice(job: dict, hospitals: list, out) -> None:
     """One worker process: its slice of hospitals as threads, figures back to the parent through ``out``."""
-    from . import pki
-    from .clients.hospital import HospitalClient
+    from secure_afl import pki
+    from secure_afl.clients.hospital import HospitalClient
 
     results, errors, retries = {}, {}, [0]
 
@@ -410,7 +410,7 @@ def _hospital_slice(job: dict, hospitals: list, out) -> None:
                 return  # never uploads
             kw = {"timeout": job["timeout"]}
             if drop:
-                from .secagg import Stage
+                from secure_afl.secagg import Stage
 
                 kw["stop_before"] = Stage.MASKED_INPUT
             stats = _hospital_stats(job["dim"], job["classes"], job["samples"], job["seed"], i)
@@ -433,7 +433,7 @@ def _hospital_slice(job: dict, hospitals: list, out) -> None:
 
 
 def _with_gamma(s):
-    from .stats import SufficientStatistics
+    from secure_afl.stats import SufficientStatistics
 
     return SufficientStatistics(s.gram + np.eye(s.dim), s.cross, s.n, s.class_counts, 1.0, 1.0, None)
 

@@ -129,7 +129,7 @@ class ServerProcess:
 
 def _hospital_data(args, seed):
     """[(name, X, y)], (X_test, y_test), n_classes, description."""
-    from .partition import partition
+    from secure_afl.partition import partition
 
     if args.data:
         files = sorted(p for p in Path(args.data).glob("*.npz") if p.name != "test.npz")
@@ -160,17 +160,17 @@ def _hospital_data(args, seed):
 
 
 def run_demo(args) -> dict:
-    from . import pki
-    from .params import KEYED_BACKENDS
-    from .certify import EXCEEDS, NO_BOUND, WITHIN, certify_release, session_w_target
-    from .analytic import centralised_weights, predict, solve_from_sums, top1_accuracy
-    from .audit import verify_log
-    from .clients.hospital import HospitalClient
-    from .packing import Layout
-    from .server.config import write_config
-    from .keyholder import KeyHolder, write_model
-    from .keyholder.model import model_metadata
-    from .stats import StatisticsAccumulator
+    from secure_afl import pki
+    from secure_afl.params import KEYED_BACKENDS
+    from secure_afl.certify import EXCEEDS, NO_BOUND, WITHIN, certify_release, session_w_target
+    from secure_afl.analytic import centralised_weights, predict, solve_from_sums, top1_accuracy
+    from secure_afl.audit_log import verify_log
+    from secure_afl.clients.hospital import HospitalClient
+    from secure_afl.packing import Layout
+    from secure_afl.server.config import write_config
+    from secure_afl.keyholder import KeyHolder, write_model
+    from secure_afl.keyholder.model import model_metadata
+    from secure_afl.stats import StatisticsAccumulator
 
     timings: dict[str, float] = {}
     t = time.perf_counter()
@@ -213,7 +213,7 @@ def run_demo(args) -> dict:
         cfg["secagg"] = {"stage_timeout_s": 30.0}
         # the threshold follows each hospital's share holders (the server's default); the consistency
         # quorum then caps how many hospitals a release may require
-        from .secagg import default_threshold, max_min_clients, recommended_neighbours
+        from secure_afl.secagg import default_threshold, max_min_clients, recommended_neighbours
 
         k = recommended_neighbours(max(K, 2))
         t = default_threshold((K - 1 if k is None else k) + 1)
@@ -222,7 +222,7 @@ def run_demo(args) -> dict:
         # any min_clients hospitals' shares add up to the full noise
         cfg["dp"] = {"epsilon": float(args.dp), "delta": 1e-5, "min_contributors": cfg["session"]["min_clients"]}
     write_config(work / "session.toml", cfg)
-    from .session import sign as sign_session
+    from secure_afl.session import sign as sign_session
 
     sign_session(work / "session.toml", pki_dir)  # the operator's signature every party pins
     url = f"https://127.0.0.1:{port}"
@@ -237,8 +237,8 @@ def run_demo(args) -> dict:
 
         conn = kh.connect(url, session_id)
         if args.backend in KEYED_BACKENDS:
-            from .dp import dp_session_params
-            from .server.config import load_config
+            from secure_afl.dp import dp_session_params
+            from secure_afl.server.config import load_config
 
             t = time.perf_counter()
             params0 = dp_session_params(load_config(work / "session.toml").dp, args.backend, session_id,
@@ -337,7 +337,7 @@ def run_demo(args) -> dict:
     if privacy is not None:
         # the noise is the point: pass when the release is accounted within the declared epsilon and the
         # statistics are off by no more than the noise bound the key holder checks
-        from .dp.mechanism import TAIL
+        from secure_afl.dp.mechanism import TAIL
 
         noise_bound = TAIL * privacy["solve"]["noise_std"]
         passed = bool(privacy["epsilon"] <= float(args.dp) and stats_err <= noise_bound)
@@ -401,9 +401,9 @@ def run_demo(args) -> dict:
 
 def plain_entry_bound(stats, K: int) -> float:
     """Per-entry bound of the plaintext reference sums (float64 summation in some order)."""
-    from .certify import entry_error_bounds
-    from .params import Bounds, SessionParams
-    from .packing import Layout
+    from secure_afl.certify import entry_error_bounds
+    from secure_afl.params import Bounds, SessionParams
+    from secure_afl.packing import Layout
 
     p = SessionParams("reference", "plain", Layout(stats.dim, stats.cross.shape[1]), stats.gamma, Bounds(1.0, 1, 1))
     eps_C, eps_Q = entry_error_bounds(p, K, stats)
@@ -411,14 +411,14 @@ def plain_entry_bound(stats, K: int) -> float:
 
 
 def _bounds(cfg):
-    from .params import Bounds
+    from secure_afl.params import Bounds
 
     b = cfg["bounds"]
     return Bounds(b["max_norm"], b["n_max"], b["k_max"])
 
 
 def _receipts(directory: Path) -> list[dict]:
-    from .audit import load_receipts
+    from secure_afl.audit_log import load_receipts
 
     return load_receipts(directory) if directory.exists() else []
 
@@ -465,7 +465,7 @@ def _print_report(r: dict) -> None:
     for a, b in rows:
         print(f"{a:<{width}}  {b}")
     print("-" * (width + 40))
-    from .certify import verdict_text
+    from secure_afl.certify import verdict_text
 
     for b in (v["certified_bound_secure"], v["certified_bound_plaintext"]):
         if b["warning"] and b["applies"]:

@@ -22,13 +22,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .analytic import ri_restore_gram
-from .envelope import open_envelope
-from ._io import private_file
-from .exceptions import DecryptionRefused, PolicyViolation, SanityCheckFailed
-from .params import SessionParams
-from .signing import verify_manifest
-from .stats import SufficientStatistics
+from secure_afl.analytic import ri_restore_gram
+from secure_afl.envelope import open_envelope
+from secure_afl._io import private_file
+from secure_afl.exceptions import DecryptionRefused, PolicyViolation, SanityCheckFailed
+from secure_afl.params import SessionParams
+from secure_afl.signing import verify_manifest
+from secure_afl.stats import SufficientStatistics
 
 __all__ = ["check_aggregate_against_manifest", "sanity_check", "SanityReport", "ReleaseLedger",
            "check_class_minimum"]

@@ -45,8 +45,8 @@ def run_extract_bench(*, device: str = "auto", batch_size: int = 64, images: int
     """Run the phase-split benchmark and return a JSON-able dict of figures."""
     import torch
 
-    from . import embed as E
-    from . import extraction
+    from secure_afl.clients import embed as E
+    from secure_afl.clients import extraction
 
     dev = extraction._resolve_device(device)
     cuda = dev.type == "cuda"

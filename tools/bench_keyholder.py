@@ -1,7 +1,7 @@
 """Cost of the key holder's finalize (verify every signed upload, re-sum, decrypt once, flood, check,
 solve) next to the server's streaming sum of the same uploads, and what flooding does to W.
 
-    python -m secure_afl.keyholder.bench --dim 512 --classes 100 --hospitals 10 100 [--workers 1 2]
+    python -m secure_afl.tools.bench_keyholder --dim 512 --classes 100 --hospitals 10 100 [--workers 1 2]
 
 Runs the key holder's real release path (:meth:`KeyHolder.release_he`, what
 ``finalize`` runs after the audit countersignature) on what an honest server
@@ -55,8 +55,8 @@ def run(dim: int, classes: int, k: int, *, distinct: int = 4, n_per_hospital: in
     from secure_afl.stats import SufficientStatistics, local_statistics
     from secure_afl.tagging import new_tag, seal_tag, sign_tag
 
-    from .release import KeyHolder
-    from .verify import resum_signed_contributions
+    from secure_afl.keyholder.release import KeyHolder
+    from secure_afl.keyholder.verify import resum_signed_contributions
 
     rng = np.random.default_rng(seed)
     gamma, lay = 1.0, Layout(dim, classes)

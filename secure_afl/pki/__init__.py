@@ -13,7 +13,7 @@ Two kinds of keys per party
   build that Python's :mod:`ssl` links against.
 * **Identity key** (Ed25519). Used for application-level signatures that must
   outlive the TLS connection: upload statements, server receipts, manifests
-  and audit records (:mod:`secure_afl.signing`, :mod:`secure_afl.audit`).
+  and audit records (:mod:`secure_afl.signing`, :mod:`secure_afl.audit_log`).
   The certificate binds it: its SAN carries
   ``urn:secure-afl:identity:ed25519:<sha256 of the raw public key>``.
 
@@ -68,9 +68,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Mapping
 
-from ._io import refuse_if_shared, write_file
-from ._validation import param_error
-from .exceptions import InvalidInputError, InvalidSignature, MalformedPayload
+from secure_afl._io import refuse_if_shared, write_file
+from secure_afl._validation import param_error
+from secure_afl.exceptions import InvalidInputError, InvalidSignature, MalformedPayload
 
 __all__ = [
     "ROLES",
@@ -603,7 +603,7 @@ def pinned_identity(pki_dir, role: str, name: str | None = None):
     With ``name`` None the role must have exactly one party (the server, the
     key holder). :class:`MissingEnrolment` otherwise.
     """
-    from .exceptions import MissingEnrolment
+    from secure_afl.exceptions import MissingEnrolment
 
     parties = load_enrolments(pki_dir, role=role)
     if name is None:

@@ -18,15 +18,15 @@ from pathlib import Path
 
 import numpy as np
 
-from ..analytic import aa_law_aggregate, local_weights, ri_restore_weights, solve_head
-from ..exceptions import BoundsExceeded
-from ..packing import Layout
-from ..params import Bounds
-from ..partition import partition
-from ..stats import local_statistics
-from .fl import FLConfig, client_label_mix, evaluate, run_fedavg, run_fedfac
-from .heads import LinearHead, MLPHead
-from .securesum import SecureSum
+from secure_afl.analytic import aa_law_aggregate, local_weights, ri_restore_weights, solve_head
+from secure_afl.exceptions import BoundsExceeded
+from secure_afl.packing import Layout
+from secure_afl.params import Bounds
+from secure_afl.partition import partition
+from secure_afl.stats import local_statistics
+from secure_afl.tools.baselines.fl import FLConfig, client_label_mix, evaluate, run_fedavg, run_fedfac
+from secure_afl.tools.baselines.heads import LinearHead, MLPHead
+from secure_afl.tools.baselines.securesum import SecureSum
 
 __all__ = ["run_afl", "run_grid", "ri_ablation", "write_report", "register"]
 
@@ -444,7 +444,7 @@ def _cmd(args) -> int:
 
 
 def _run(args) -> int:
-    from ..demo import load_embedded
+    from secure_afl.tools.demo import load_embedded
 
     if args.report_from:
         # A .jsonl is a --rows progress file (a run stopped early): rows only.

@@ -25,10 +25,10 @@ import time
 
 import numpy as np
 
-from .analytic import aa_law_aggregate, centralised_weights, local_weights, ri_restore_weights, solve_from_sums
-from .analytic import aggregate_statistics
-from .partition import iid
-from .stats import local_statistics
+from secure_afl.analytic import aa_law_aggregate, centralised_weights, local_weights, ri_restore_weights, solve_from_sums
+from secure_afl.analytic import aggregate_statistics
+from secure_afl.partition import iid
+from secure_afl.stats import local_statistics
 
 __all__ = ["table_a1", "register", "PAPER_TABLE_A1"]
 

@@ -7,7 +7,7 @@ signed receipts and manifest) and the key holder's ClientApp runs the native
 finalize. A SuperNode's Flower identity is never trusted: a party is whoever
 signed the statement it sends, checked against the consortium PKI.
 
-The Flower project file (for ``flwr run``) is ``secure_afl/flower/project/``.
+The Flower project file (for ``flwr run``) is ``flower/project/``.
 """
 
 from .messages import PROJECT_DIR

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..exceptions import InvalidInputError
+from secure_afl.exceptions import InvalidInputError
 
 __all__ = ["gram_contribution", "correlation_from_sums", "principal_factor_loadings", "communalities",
            "factor_split", "gram_length"]
