@@ -10,6 +10,6 @@ signed the statement it sends, checked against the consortium PKI.
 The Flower project file (for ``flwr run``) is ``flower/project/``.
 """
 
-from .messages import PROJECT_DIR
+from .records import PROJECT_DIR
 
 __all__ = ["PROJECT_DIR"]

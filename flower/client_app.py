@@ -56,7 +56,7 @@ from secure_afl.secagg import SecAggClient, Stage, decode_message
 from secure_afl.signing import sign_upload, verify_receipt
 
 from . import keyholder_adapter
-from .messages import pack, unpack_blob, unpack_json, unpack_str
+from .records import pack, unpack_blob, unpack_json, unpack_str
 from .secagg_state import SealedState, export_client, restore_client
 
 __all__ = ["app"]

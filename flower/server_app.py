@@ -56,7 +56,7 @@ from secure_afl.signing import canonical_json
 from secure_afl.server.aggregator import open_server
 from secure_afl.server.config import load_config
 
-from .messages import (
+from .records import (
     COUNTERSIGN,
     FINALIZE,
     PUBLISH,

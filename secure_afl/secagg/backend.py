@@ -16,7 +16,7 @@ from ..hazmat.prg import DOMAIN_SELF_MASK, expand
 from ..params import SessionParams
 from .masking import add_pair_mask, pair_seed
 from .messages import MaskedInput, UnmaskMaterial
-from .params import Stage, config, neighbour_graph
+from .settings import Stage, config, neighbour_graph
 
 __all__ = ["SecAggBackend"]
 

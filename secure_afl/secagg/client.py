@@ -58,7 +58,7 @@ from .messages import (
     UnmaskResponse,
     _Message,
 )
-from .params import _ABORTED, _DONE, Stage, graph_seed, neighbour_graph
+from .settings import _ABORTED, _DONE, Stage, graph_seed, neighbour_graph
 
 __all__ = ["SecAggClient"]
 

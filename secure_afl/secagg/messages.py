@@ -17,7 +17,7 @@ from ..exceptions import MalformedPayload
 from ..hazmat.shamir import PRIME, Share
 from ..signing import parse_json
 from .masking import deal_challenge, on_check_polynomial, share_commitment
-from .params import Stage
+from .settings import Stage
 
 __all__ = [
     "SetupRequest", "SetupAck", "AdvertiseKeysRequest", "KeyAdvertisement", "ShareKeysRequest", "EncryptedShare",
@@ -252,7 +252,7 @@ class ShareKeysRequest(_Message):
     """Server -> hospital: every signed advertisement it received (U1) and the graph seed it claims.
 
     The hospital recomputes the seed from the advertisements and refuses a
-    different one (:func:`~secure_afl.secagg.params.graph_seed`).
+    different one (:func:`~secure_afl.secagg.settings.graph_seed`).
     """
 
     TYPE: ClassVar[str] = "secagg.share_keys_request"

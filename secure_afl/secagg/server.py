@@ -46,7 +46,7 @@ from .messages import (
     _Message,
     decode_message,
 )
-from .params import _ABORTED, _DONE, Stage, graph_seed
+from .settings import _ABORTED, _DONE, Stage, graph_seed
 
 __all__ = ["SecAggServerRound", "BadShare"]
 
