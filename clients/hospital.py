@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
+from secure_afl.encoding import canonical_text
 from secure_afl import pki
 from secure_afl import session as session_definition
 from secure_afl.backends import get_backend
@@ -190,10 +191,10 @@ class HospitalClient:
         for attempt in range(attempts):
             statement = sign_upload(self.party.identity_key(), self.session_id, params.digest(),
                                     bytes.fromhex(sha), self.name)
-            headers = {H_UPLOAD: json.dumps(statement, separators=(",", ":")),
+            headers = {H_UPLOAD: canonical_text(statement),
                        "content-type": "application/octet-stream"}
             if tag is not None:
-                headers[H_TAG] = json.dumps(tag, separators=(",", ":"))
+                headers[H_TAG] = canonical_text(tag)
             content = _progress_chunks(payload, self.name) if progress else None
             if content is not None:
                 headers["content-length"] = str(len(payload))

@@ -34,6 +34,7 @@ from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
 
+from secure_afl import domains
 from secure_afl.exceptions import StageError
 from secure_afl.hazmat.shamir import Share
 from secure_afl.params import SessionParams
@@ -120,7 +121,7 @@ class SealedState:
     def __init__(self, directory, session_id: str, hospital: str, run_id: int):
         self.dir = Path(directory)
         self.path = self.dir / f"secagg-{session_id}-{hospital}.sealed"
-        self._ad = json.dumps(["secure-afl flower secagg state", session_id, hospital, int(run_id)]).encode()
+        self._ad = json.dumps([domains.FLOWER_SECAGG_STATE_AD, session_id, hospital, int(run_id)]).encode()
 
     @staticmethod
     def new_key() -> bytes:

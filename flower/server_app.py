@@ -52,7 +52,7 @@ from secure_afl.exceptions import (
 )
 from secure_afl.protocol import API, SECAGG_CONSISTENCY
 from secure_afl.secagg import Stage
-from secure_afl.signing import canonical_json
+from secure_afl.encoding import canonical_json
 from secure_afl.server.aggregator import open_server
 from secure_afl.server.config import load_config
 

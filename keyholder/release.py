@@ -173,7 +173,7 @@ class KeyHolder(KeyCustody):
     def countersign_audit_head(self, conn, manifest: dict) -> dict:
         """Countersign the server's close record (audit seq + head of this release) and hand it back,
         before anything is decrypted: the auditor then holds a head the server alone cannot rewrite."""
-        from secure_afl.signing import canonical_json
+        from secure_afl.encoding import canonical_json
 
         close = conn.request("GET", conn.path("/audit/head")).json()["close"]
         cs = self.countersign_close(close, manifest)
@@ -260,7 +260,7 @@ class KeyHolder(KeyCustody):
         released aggregate and W the collector formed -- the release itself, nothing per hospital.
         """
         from secure_afl.protocol import H_TAG
-        from secure_afl.signing import canonical_json
+        from secure_afl.encoding import canonical_json
 
         body, statement = self.release_split(conn.session_id, HTTPSource(conn), min_clients=min_clients,
                                              expected_hospitals=expected_hospitals)

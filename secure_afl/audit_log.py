@@ -73,6 +73,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
 
+from . import domains
 from secure_afl._io import fsync_dir, write_all, write_file
 from secure_afl.exceptions import (
     AuditChainBroken,
@@ -81,7 +82,8 @@ from secure_afl.exceptions import (
     MalformedPayload,
     SecureAFLError,
 )
-from secure_afl.signing import canonical_json, parse_json, verify_receipt
+from secure_afl.signing import verify_receipt
+from secure_afl.encoding import canonical_json, parse_json
 
 try:  # POSIX: one writer per log file
     import fcntl as _fcntl
@@ -107,8 +109,8 @@ __all__ = [
     "register",
 ]
 
-CHAIN_PREFIX = b"secure-afl/audit/v1\0"
-RECORD_SIG_PREFIX = b"secure-afl/audit-record/v1\0"
+CHAIN_PREFIX = domains.AUDIT_CHAIN
+RECORD_SIG_PREFIX = domains.AUDIT_RECORD
 GENESIS_HASH = "00" * 32
 OUTCOMES = ("accepted", "refused")
 _BODY_FIELDS = ("seq", "time", "event", "actor", "session", "outcome", "reason", "details", "prev_hash")
@@ -340,8 +342,8 @@ class AuditLog:
 # the signed head: session-close record and the key holder's countersignature
 # --------------------------------------------------------------------------
 
-CLOSE_PREFIX = b"secure-afl/audit-close/v1\0"
-COUNTERSIGN_PREFIX = b"secure-afl/audit-countersign/v1\0"
+CLOSE_PREFIX = domains.AUDIT_CLOSE
+COUNTERSIGN_PREFIX = domains.AUDIT_COUNTERSIGN
 _CLOSE_FIELDS = ("type", "v", "session_id", "seq", "head", "participants", "time")
 _COUNTERSIGN_FIELDS = ("type", "v", "session_id", "seq", "head", "participants", "keyholder", "close_signature")
 

@@ -25,10 +25,10 @@ normalisation   "none", or "l2:<R>" (every embedding scaled to norm R)
 from __future__ import annotations
 
 import hashlib
-import json
 from dataclasses import dataclass
 from typing import Any, Mapping
 
+from .encoding import canonical_text
 from secure_afl.exceptions import ExtractorMismatch, InvalidParameterError
 
 __all__ = ["ExtractorFingerprint", "check_extractor", "parse_normalisation"]
@@ -84,7 +84,7 @@ class ExtractorFingerprint:
                    tuple(d["classes"]), int(d["dim"]), str(d["normalisation"]))
 
     def to_json(self) -> str:
-        return json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
+        return canonical_text(self.to_dict())
 
     def digest(self) -> str:
         return hashlib.sha256(self.to_json().encode()).hexdigest()

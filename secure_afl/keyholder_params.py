@@ -17,16 +17,17 @@ from pathlib import Path
 from cryptography.exceptions import InvalidSignature as _CryptoInvalidSignature
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
 
+from . import domains
 from . import pki
 from .exceptions import InvalidInputError, InvalidSignature, ParameterMismatch
 from .params import SessionParams
-from .signing import canonical_json
+from .encoding import canonical_json
 
 __all__ = ["PARAMS_SIGNATURE", "sign_session_params", "verify_session_params", "check_tag_public_key",
            "check_published_keys", "pinned_keyholder_key"]
 
 PARAMS_SIGNATURE = "keyholder_params_signature"
-_PREFIX = b"secure-afl/keyholder-params/v1\0"
+_PREFIX = domains.KEYHOLDER_PARAMS
 
 
 def _statement(params: SessionParams) -> bytes:

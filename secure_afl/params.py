@@ -9,11 +9,11 @@ and a payload for other parameters is refused (:class:`ParameterMismatch`).
 from __future__ import annotations
 
 import hashlib
-import json
 import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+from .encoding import canonical_json
 from ._validation import check_int, check_real, param_error
 from .packing import Layout
 
@@ -125,7 +125,7 @@ class SessionParams:
         )
 
     def canonical_json(self) -> bytes:
-        return json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":")).encode()
+        return canonical_json(self.to_dict())
 
     def digest(self) -> bytes:
         return hashlib.sha256(self.canonical_json()).digest()

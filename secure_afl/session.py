@@ -50,13 +50,15 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
+from . import domains
+from .encoding import canonical_json
 from .exceptions import InvalidParameterError, InvalidSignature, MissingEnrolment, ParameterMismatch, WrongSession
 
 __all__ = ["SessionDefinition", "SCHEMA", "SECTIONS", "Key", "dropout_line", "reference",
            "parse", "load_toml", "normalise", "sign", "load_signed",
            "check_same", "check_info", "write_toml", "signed_path", "sign_definition", "from_body", "register"]
 
-_PREFIX = b"secure-afl/session/v1\0"
+_PREFIX = domains.SESSION
 SESSIONS_DIR = "sessions"
 
 # ---------------------------------------------------------------------------------------------
@@ -356,7 +358,7 @@ class SessionDefinition:
         return {h: i + 1 for i, h in enumerate(sorted(self.body["hospitals"]))}
 
     def canonical(self) -> bytes:
-        return json.dumps(self.body, sort_keys=True, separators=(",", ":"), allow_nan=False).encode()
+        return canonical_json(self.body)
 
     def bounds(self):
         from .params import Bounds
@@ -561,7 +563,7 @@ def reference() -> str:
 # Signing and pinning
 # ---------------------------------------------------------------------------------------------
 def _message(body: Mapping) -> bytes:
-    return _PREFIX + json.dumps(body, sort_keys=True, separators=(",", ":"), allow_nan=False).encode()
+    return _PREFIX + canonical_json(body)
 
 
 def signed_path(pki_dir, session_id: str) -> Path:

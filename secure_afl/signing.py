@@ -9,8 +9,7 @@ checks receipts against the audit log (:mod:`secure_afl.audit_log`).
 
 Every signature is over ``PREFIX || canonical_json(statement)`` where the
 statement is the signed dict without its ``signature`` field, canonical JSON
-is ``json.dumps(sort_keys=True, separators=(",", ":"), ensure_ascii=True,
-allow_nan=False)``, and the prefix is a per-kind domain separator
+is :func:`secure_afl.encoding.canonical_json`, and the prefix is a per-kind domain separator
 (``b"secure-afl/upload/v1\\0"``, ``.../receipt/v1\\0``, ``.../manifest/v1\\0``),
 so a signature of one kind can never be replayed as another. Byte strings
 (digests, nonces, keys, signatures) travel as lower-case hex; times are
@@ -26,12 +25,13 @@ parameters :class:`ParameterMismatch`; structurally broken statements raise
 
 from __future__ import annotations
 
-import json
 import re
 import secrets
 import time as _time
-from typing import Any, Iterable, Mapping
+from typing import Iterable, Mapping
 
+from . import domains
+from .encoding import canonical_json
 from .exceptions import (
     DuplicateContribution,
     InsufficientContributors,
@@ -47,9 +47,6 @@ __all__ = [
     "UPLOAD_PREFIX",
     "RECEIPT_PREFIX",
     "MANIFEST_PREFIX",
-    "canonical_json",
-    "parse_json",
-    "MAX_JSON_DEPTH",
     "sign_upload",
     "verify_upload",
     "make_receipt",
@@ -58,81 +55,15 @@ __all__ = [
     "verify_manifest",
 ]
 
-UPLOAD_PREFIX = b"secure-afl/upload/v1\0"
-RECEIPT_PREFIX = b"secure-afl/receipt/v1\0"
-MANIFEST_PREFIX = b"secure-afl/manifest/v1\0"
+UPLOAD_PREFIX = domains.UPLOAD
+RECEIPT_PREFIX = domains.RECEIPT
+MANIFEST_PREFIX = domains.MANIFEST
 
 _VERSION = 1
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 _HEX = re.compile(r"^[0-9a-f]*$")
 _UPLOAD_FIELDS = ("type", "v", "session_id", "params_digest", "hospital", "payload_sha256", "nonce", "time")
 _PARTICIPANT_FIELDS = ("hospital", "payload_sha256", "nonce", "time", "signature", "identity_pub")
-
-
-def canonical_json(obj: Any) -> bytes:
-    """The byte string that is hashed or signed for ``obj``."""
-    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True,
-                      allow_nan=False).encode("ascii")
-
-
-# Every message this protocol defines nests at most a few levels; the bound stops a
-# deeply nested document before the parser recurses on it.
-MAX_JSON_DEPTH = 32
-
-
-def _no_duplicates(pairs):
-    out = {}
-    for k, v in pairs:
-        if k in out:
-            raise MalformedPayload(f"duplicated JSON key {k[:40]!r}")
-        out[k] = v
-    return out
-
-
-_STRING = re.compile(r'"(?:[^"\\]|\\.)*"')
-_NOT_BRACKET = {c: None for c in range(128) if chr(c) not in "[]{}"}
-
-
-def _too_deep(text: str, max_depth: int) -> bool:
-    """Bracket nesting outside strings exceeds ``max_depth`` (C-speed filtering, early exit)."""
-    if text.count("[") + text.count("{") <= max_depth:
-        return False
-    brackets = _STRING.sub("", text).translate(_NOT_BRACKET)
-    depth = 0
-    for ch in brackets:
-        if ch in "[{":
-            depth += 1
-            if depth > max_depth:
-                return True
-        elif ch in "]}":
-            depth -= 1
-    return False
-
-
-def parse_json(data, what: str = "message", *, max_depth: int = MAX_JSON_DEPTH) -> Any:
-    """Parse untrusted JSON: :class:`MalformedPayload` for anything but one plain document.
-
-    Refuses non-UTF-8 input, nesting deeper than ``max_depth``, duplicated
-    object keys (two parsers could disagree on which one counts) and
-    non-finite numbers.
-    """
-    if isinstance(data, (bytes, bytearray, memoryview)):
-        try:
-            data = bytes(data).decode("utf-8")
-        except UnicodeDecodeError:
-            raise MalformedPayload(f"{what} is not UTF-8") from None
-    if not isinstance(data, str):
-        raise MalformedPayload(f"{what} is not text")
-    if _too_deep(data, max_depth):
-        raise MalformedPayload(f"{what} nests deeper than {max_depth} levels")
-
-    def _no_constant(name):
-        raise MalformedPayload(f"{what} contains {name}")
-
-    try:
-        return json.loads(data, object_pairs_hook=_no_duplicates, parse_constant=_no_constant)
-    except (json.JSONDecodeError, RecursionError):
-        raise MalformedPayload(f"{what} is not JSON") from None
 
 
 # --------------------------------------------------------------------------

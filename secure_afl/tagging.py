@@ -45,17 +45,18 @@ from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption, PrivateFormat, PublicFormat
 
+from . import domains
 from .exceptions import DecryptionRefused, InvalidContribution, InvalidSignature, MalformedPayload
 from .packing import TAG_SLOTS
 from .params import SessionParams
-from .signing import canonical_json
+from .encoding import canonical_json
 
 __all__ = ["TAG_KEY_PARAM", "new_tag", "generate_tag_key", "seal_tag", "open_tag", "sign_tag", "verify_tag",
            "check_aggregate_tag"]
 
 TAG_KEY_PARAM = "tag_public_key"
-_SIG_PREFIX = b"secure-afl/tag/v1\0"
-_KDF_INFO = b"secure-afl/tag-box/v1"
+_SIG_PREFIX = domains.TAG
+_KDF_INFO = domains.TAG_BOX
 _BOX_LEN = 32 + 8 * TAG_SLOTS + 16
 
 

@@ -618,7 +618,7 @@ class AggregationServer:
 
     def store_countersign(self, party: str, body: bytes) -> dict:
         """The key holder's countersignature over the close record (sent at finalize)."""
-        from secure_afl.signing import parse_json
+        from secure_afl.encoding import parse_json
 
         with self._lock:
             try:

@@ -40,7 +40,7 @@ from secure_afl.exceptions import (
     http_status,
 )
 from secure_afl.protocol import API, H_BODY, H_TAG, H_UPLOAD
-from secure_afl.signing import parse_json
+from secure_afl.encoding import parse_json
 
 from .aggregator import AggregationServer
 

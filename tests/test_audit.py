@@ -18,7 +18,8 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from secure_afl import audit_log as audit
 from secure_afl.audit_log import AuditLog, check_chain, record_hash, verify_log
 from secure_afl.exceptions import AuditChainBroken
-from secure_afl.signing import canonical_json, make_receipt
+from secure_afl.signing import make_receipt
+from secure_afl.encoding import canonical_json
 
 REPO = Path(__file__).resolve().parents[1]
 T0 = 1_700_000_000.0

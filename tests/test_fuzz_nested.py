@@ -312,7 +312,7 @@ def test_an_unexpected_error_is_an_audited_json_answer_not_a_traceback(consortiu
 
 def test_parse_json_refuses_depth_duplicates_and_constants():
     from secure_afl.exceptions import MalformedPayload
-    from secure_afl.signing import MAX_JSON_DEPTH, parse_json
+    from secure_afl.encoding import MAX_JSON_DEPTH, parse_json
 
     assert parse_json("[" * MAX_JSON_DEPTH + "]" * MAX_JSON_DEPTH) is not None
     assert parse_json('["' + "[" * 100 + '"]') == ["[" * 100]  # brackets inside strings do not nest

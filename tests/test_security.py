@@ -870,7 +870,7 @@ def test_fuzz_upload_endpoint_10k_cases(consortium, tmp_path):
 def test_server_stores_only_a_countersignature_over_its_own_close_record(service):
     # Prepare: a released session; a countersignature over a close record pinning another head
     from secure_afl.audit_log import countersign_head, make_close_record
-    from secure_afl.signing import canonical_json
+    from secure_afl.encoding import canonical_json
 
     _released(service)
     kh = service.party("keyholder", "keyholder")

@@ -468,7 +468,9 @@ class _MaliciousServer:
                  aggregate: bytes = b""):
         import time
 
-        from secure_afl.signing import MANIFEST_PREFIX, canonical_json
+        from secure_afl.signing import MANIFEST_PREFIX
+
+        from secure_afl.encoding import canonical_json
 
         self.session_id = params.session_id
         self._params, self._payloads, self._tags, self._aggregate = params, payloads, tags, aggregate

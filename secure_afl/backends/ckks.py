@@ -53,6 +53,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .. import domains
 from .._io import write_file
 from ..envelope import open_envelope, seal
 from ..exceptions import (
@@ -80,7 +81,7 @@ __all__ = [
 ]
 
 PUBLIC_CONTEXT_KEY = "public_context_sha256"
-_AD_PREFIX = b"secure-afl/ckks-secret-context/v1/session="
+_AD_PREFIX = domains.CKKS_SECRET_CONTEXT_AD
 
 
 @dataclass(frozen=True, repr=False)

@@ -122,6 +122,7 @@ from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.scrypt import Scrypt
 
+from .. import domains
 from ..exceptions import InvalidKey, InvalidParameterError, MalformedPayload, ParameterMismatch
 from ._tenseal import add_chunks, check_chunks, context_sha256, first_parms_id, frame, parse_context, split_body
 from ._tenseal import decrypt_chunks as _decrypt_chunks
@@ -468,7 +469,7 @@ def _check_context(ctx: "ts.Context", params: CKKSParameters) -> None:
 
 
 # -- ciphertext chunks -------------------------------------------------------------
-_BODY_MAGIC = b"SAFLCKK1"
+_BODY_MAGIC = domains.CKKS_BODY_MAGIC
 
 
 def encrypt_vector(ctx: "ts.Context", params: CKKSParameters, vector: np.ndarray) -> bytes:
@@ -518,7 +519,7 @@ def decrypt_chunks(ctx: "ts.Context", chunks: Iterable, length: int) -> np.ndarr
 
 
 # -- secret context at rest ----------------------------------------------------------
-_SK_MAGIC = b"SAFLSK01"
+_SK_MAGIC = domains.SECRET_KEY_MAGIC
 _SK_HEAD = struct.Struct("<8sBBBB16s12s")  # magic, kdf, log2 n, r, p, salt, nonce
 _KDF_RAW, _KDF_SCRYPT = 0, 1
 _SCRYPT_LOG2N_RANGE = (14, 22)

@@ -68,6 +68,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Mapping
 
+from .. import domains
+from ..encoding import canonical_json
 from secure_afl._io import refuse_if_shared, write_file
 from secure_afl._validation import param_error
 from secure_afl.exceptions import InvalidInputError, InvalidSignature, MalformedPayload
@@ -110,7 +112,7 @@ _CLOCK_SKEW = _dt.timedelta(minutes=5)
 CA_CERT = "ca.pem"
 CA_KEY = "ca.key"
 ROSTER = "roster.json"
-_ROSTER_PREFIX = b"secure-afl/roster/v1\0"
+_ROSTER_PREFIX = domains.ROSTER
 
 
 # --------------------------------------------------------------------------
@@ -552,7 +554,7 @@ def load_enrolments(pki_dir, *, role: str = "hospital") -> dict[str, Enrolment]:
 
 
 def _roster_message(body: dict) -> bytes:
-    return _ROSTER_PREFIX + json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
+    return _ROSTER_PREFIX + canonical_json(body)
 
 
 def write_roster(pki_dir, out_file) -> Path:

@@ -6,16 +6,16 @@ import base64
 import binascii
 import functools
 import hashlib
-import json
 from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar, Mapping
 
 from cryptography.exceptions import InvalidSignature
 
+from .. import domains
 from ..envelope import peek_header
 from ..exceptions import MalformedPayload
 from ..hazmat.shamir import PRIME, Share
-from ..signing import parse_json
+from ..encoding import canonical_json, parse_json
 from .masking import deal_challenge, on_check_polynomial, share_commitment
 from .settings import Stage
 
@@ -29,17 +29,17 @@ _KEY_BYTES = 32
 _NONCE_BYTES = 12
 _DIGEST_BYTES = 32
 _SIG_BYTES = 64
-_AD_PREFIX = b"secure-afl/secagg/v2/key-advertisement\0"
+_AD_PREFIX = domains.SECAGG_KEY_ADVERTISEMENT
 # The statement signs the SHA-256 of the survivor list, not the list: a hospital checks q statements over one
 # set, and signing the list itself made each check hash ~4.5 B per survivor (O(n) per signature, O(n^2) per
 # hospital). The name changed with the signed form so a signature over the old form never verifies.
-_CONSISTENCY_PREFIX = b"secure-afl/secagg/v2/consistency-digest\0"
-_DEAL_PREFIX = b"secure-afl/secagg/v2/deal\0"
+_CONSISTENCY_PREFIX = domains.SECAGG_CONSISTENCY
+_DEAL_PREFIX = domains.SECAGG_DEAL
 _VALUE_BYTES = 66  # one element of GF(2^521 - 1)
 
 
 def _canonical(d: Mapping) -> bytes:
-    return json.dumps(d, sort_keys=True, separators=(",", ":")).encode()
+    return canonical_json(d)
 
 
 def _verify(public_key, signature: bytes, data: bytes) -> bool:
@@ -125,7 +125,7 @@ class _Message:
             raise MalformedPayload(f"malformed {cls.TYPE} message") from None
 
     def to_bytes(self) -> bytes:
-        return json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":")).encode()
+        return canonical_json(self.to_dict())
 
     @classmethod
     def from_bytes(cls, data: bytes) -> "_Message":
@@ -140,7 +140,7 @@ def _json(data) -> Any:
 
 def decode_message(data) -> _Message:
     """Parse any secagg message from bytes or a dict (masked inputs: the sealed envelope bytes)."""
-    if isinstance(data, (bytes, bytearray, memoryview)) and bytes(data[:8]) == b"SAFLPAY1":
+    if isinstance(data, (bytes, bytearray, memoryview)) and bytes(data[:8]) == domains.PAYLOAD_MAGIC:
         return MaskedInput.from_bytes(bytes(data))
     d = data if isinstance(data, Mapping) else _json(data)
     cls = _REGISTRY.get(d.get("type")) if isinstance(d, Mapping) else None

@@ -7,6 +7,7 @@ import hashlib
 import math
 from dataclasses import dataclass
 
+from .. import domains
 from .._validation import check_int, check_real, param_error
 from ..exceptions import InvalidParameterError, ParameterMismatch
 from ..hazmat import fixedpoint
@@ -19,7 +20,7 @@ __all__ = ["PROTOCOL", "Stage", "recommended_neighbours", "secagg_session_params
            "max_min_clients", "graph_seed", "neighbour_graph", "config", "Config"]
 
 PROTOCOL = "secagg/v2"
-_GRAPH_PREFIX = b"secure-afl/secagg/v2/graph-seed\0"
+_GRAPH_PREFIX = domains.SECAGG_GRAPH_SEED
 
 # ---------------------------------------------------------------------------
 # Shared vocabulary
