@@ -39,7 +39,7 @@ from secure_afl.exceptions import StageError
 from secure_afl.hazmat.shamir import Share
 from secure_afl.params import SessionParams
 from secure_afl.secagg import ConsistencyStatement, KeyAdvertisement, SecAggClient, neighbour_graph
-from secure_afl.secagg.masking import _raw_private, share_key
+from secure_afl.secagg.masking import raw_private, share_key
 
 __all__ = ["export_client", "restore_client", "SealedState"]
 
@@ -51,7 +51,7 @@ _NONCE = 12
 
 def _encode(name: str, value):
     if name in ("_enc_sk", "_mask_sk"):
-        return None if value is None else _raw_private(value).hex()
+        return None if value is None else raw_private(value).hex()
     if name in ("_own_ad", "_signed"):
         return None if value is None else value.to_bytes().decode()
     if name == "_ads":

@@ -1,7 +1,7 @@
 """The aggregation server as a Flower ServerApp: it only sums, signs and audits.
 
 Runs on: the SuperLink's machine (Flower starts it for ``flwr run``). It holds
-the native server's state machine (:func:`secure_afl.server.aggregator.open_server`):
+the native server's state machine (:func:`secure_afl.server.rounds.open_server`):
 the same SQLite store, content-addressed payload files, hash-chained audit log,
 signed receipts and server-signed manifest. Flower messages replace HTTP:
 
@@ -53,7 +53,7 @@ from secure_afl.exceptions import (
 from secure_afl.protocol import API, SECAGG_CONSISTENCY
 from secure_afl.secagg import Stage
 from secure_afl.encoding import canonical_json
-from secure_afl.server.aggregator import open_server
+from secure_afl.server.rounds import open_server
 from secure_afl.server.config import load_config
 
 from .records import (
@@ -253,10 +253,9 @@ def _secagg_round(grid: Grid, server, hospitals: dict[str, int], reply_timeout_s
             raise StageError(f"the secagg round made no progress in {stage} for {limit:.0f} s")
         out = []
         for name, nid in nodes.items():
-            with server._lock:  # the stage clock runs in another thread: check and ask under one lock
-                if server.round_stage == "aborted":
-                    break
-                r = server.secagg_request(name)
+            r = server.secagg_request_in_round(name)  # None: the stage clock (another thread) aborted the round
+            if r is None:
+                break
             if "survivors" in r:
                 phase, fields, blob = SECAGG_CONSISTENCY, {"survivors": r["survivors"]}, None
             elif "request" in r:

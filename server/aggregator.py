@@ -60,7 +60,7 @@ from secure_afl.signing import build_manifest, make_receipt, verify_upload
 from .config import ServerConfig
 from .store import Store
 
-__all__ = ["AggregationServer", "DeadlinePassed", "open_server"]
+__all__ = ["AggregationServer", "DeadlinePassed"]
 
 log = logging.getLogger("secure_afl.server")
 
@@ -669,16 +669,3 @@ class AggregationServer:
         self.flush_refusals()
         self.audit.close()
         self.store.close()
-
-
-def open_server(config: ServerConfig) -> AggregationServer:
-    """The server role for ``config.backend`` (secagg adds its key-exchange rounds)."""
-    if config.backend == "secagg":
-        from .secagg_round import SecAggAggregationServer
-
-        return SecAggAggregationServer(config)
-    if config.backend == "split":
-        from .split_round import SplitAggregationServer
-
-        return SplitAggregationServer(config)
-    return AggregationServer(config)

@@ -10,7 +10,7 @@ from secure_afl.exceptions import InvalidParameterError, ParameterMismatch
 
 
 def _cmd_run(args) -> int:
-    from .aggregator import open_server
+    from .rounds import open_server
     from .app import create_app
     from .config import load_config
     from secure_afl.server.tls_server import listen, reserve_open_files, serve

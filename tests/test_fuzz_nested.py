@@ -22,7 +22,7 @@ import httpx
 
 from secure_afl import pki
 from secure_afl.protocol import API, H_NONCE, H_PARTY, H_SIGNATURE, H_TAG, H_TIME, H_UPLOAD, sign_request
-from secure_afl.server.aggregator import open_server
+from secure_afl.server.rounds import open_server
 from secure_afl.server.app import create_app
 from secure_afl.server.config import ServerConfig
 from secure_afl.params import Bounds

@@ -142,5 +142,8 @@ def test_no_two_modules_share_a_file_name_for_different_jobs():
     for m in st.modules().values():
         if not m.is_package and m.path.stem not in same_job:
             seen.setdefault(m.path.stem, []).append(m.name)
-    dupes = {k: v for k, v in seen.items() if len(v) > 1}
+    # a protection backend is named after the scheme it wraps: backends/ckks.py over hazmat/ckks.py is one job
+    # in two layers (the backend's policy, the primitive)
+    layered = lambda stem, names: sorted(names) == [f"secure_afl.backends.{stem}", f"secure_afl.hazmat.{stem}"]
+    dupes = {k: v for k, v in seen.items() if len(v) > 1 and not layered(k, v)}
     assert not dupes, f"file names used by several modules: {dupes}"

@@ -162,7 +162,7 @@ def run_service_bench(backend: str, hospitals: int, *, dim: int = 64, classes: i
     from secure_afl.analytic import solve_from_sums
     from secure_afl.backends import HE_BACKENDS
     from secure_afl.clients.hospital import HospitalClient
-    from secure_afl.tools.demo import ServerProcess, _free_port
+    from secure_afl.tools.demo import ServerProcess, free_port
     from secure_afl.keyholder import KeyHolder
     from secure_afl.packing import Layout
     from secure_afl.params import Bounds
@@ -202,7 +202,7 @@ def run_service_bench(backend: str, hospitals: int, *, dim: int = 64, classes: i
                     "gamma": 1.0, "min_clients": min_clients, "min_class_count": 1, "deadline_s": 86400,
                     "hospitals": names},
         "bounds": {"max_norm": 1.0, "n_max": samples, "k_max": K},
-        "server": {"host": "127.0.0.1", "port": _free_port(), "data_dir": str(work / "server"),
+        "server": {"host": "127.0.0.1", "port": free_port(), "data_dir": str(work / "server"),
                    "pki_dir": str(pki_dir), "name": "aggregator", "keyholder": "keyholder",
                    "max_connections": int(max_connections or 0),
                    "combine_workers": int(combine_workers)},

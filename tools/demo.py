@@ -73,7 +73,7 @@ def load_embedded(name: str, seed: int):
     return Xtr, ytr.astype(np.int64), Xte, yte.astype(np.int64), int(ds.target.max() + 1)
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -199,7 +199,7 @@ def run_demo(args) -> dict:
     max_norm = float(np.sqrt(2.0)) if not args.data else float(
         np.ceil(max(np.linalg.norm(X, axis=1).max() for _, X, _ in hospitals)))
     n_max = int(max(len(y) for *_, y in hospitals))
-    port = _free_port()
+    port = free_port()
     session_id = f"demo-{args.backend}-{seed}"
     cfg = {
         "session": {"id": session_id, "backend": args.backend, "dim": dim, "classes": n_classes, "gamma": 1.0,

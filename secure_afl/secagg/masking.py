@@ -85,11 +85,11 @@ def pair_seed(mask_sk: X25519PrivateKey, peer_pk: bytes, session_id: str, u: int
     return agree(mask_sk, peer_pk, purpose="mask", session_id=round_context(session_id, round), u=u, v=v)
 
 
-def _raw_private(key: X25519PrivateKey) -> bytes:
+def raw_private(key: X25519PrivateKey) -> bytes:
     return key.private_bytes(Encoding.Raw, PrivateFormat.Raw, NoEncryption())
 
 
-def _raw_public(key: X25519PrivateKey) -> bytes:
+def raw_public(key: X25519PrivateKey) -> bytes:
     return key.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
 
 

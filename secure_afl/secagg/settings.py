@@ -47,8 +47,8 @@ class Stage:
         return cls._order.index(stage)
 
 
-_DONE = "done"
-_ABORTED = "aborted"
+DONE = "done"
+ABORTED = "aborted"
 
 
 # ---------------------------------------------------------------------------
