@@ -39,7 +39,6 @@ from secure_afl.exceptions import (
 from secure_afl.keyholder_params import (
     PARAMS_SIGNATURE,
     check_published_keys,
-    pinned_keyholder_key,
     verify_session_params,
 )
 from secure_afl.packing import Layout
@@ -129,10 +128,7 @@ class HospitalClient:
         self.keyholder_name = keyholder_name
         self.receipts_dir = Path(receipts_dir) if receipts_dir else None
         if server_identity_pub is None:
-            servers = pki.load_enrolments(party.pki_dir, role="server")
-            if len(servers) != 1:
-                raise InvalidInputError("cannot pin the server's identity key: give server_identity_pub")
-            server_identity_pub = next(iter(servers.values())).identity_pub
+            server_identity_pub = pki.pinned_identity(party.pki_dir, "server")
         self.server_pub = (pki.public_key_from_hex(server_identity_pub)
                            if isinstance(server_identity_pub, str) else server_identity_pub)
         self.bytes_uploaded = 0
@@ -161,7 +157,7 @@ class HospitalClient:
         if params.backend in KEYED_BACKENDS:
             # the server relays the key holder's keys; only the key holder's own signature makes them its keys
             verify_session_params(params, info.get(PARAMS_SIGNATURE),
-                                  pinned_keyholder_key(self.party.pki_dir, self.keyholder_name))
+                                  pki.pinned_identity(self.party.pki_dir, "keyholder", self.keyholder_name))
         return params
 
     def protect(self, params: SessionParams, stats: SufficientStatistics) -> tuple[bytes, dict | None]:

@@ -41,7 +41,7 @@ from secure_afl import session as session_definition
 from secure_afl.backends import HE_BACKENDS
 from secure_afl.clients.hospital import protect_contribution, protect_vector
 from secure_afl.clients.statsfile import load_statistics_file
-from secure_afl.keyholder_params import PARAMS_SIGNATURE, pinned_keyholder_key, verify_session_params
+from secure_afl.keyholder_params import PARAMS_SIGNATURE, verify_session_params
 from secure_afl.exceptions import (
     InvalidContribution,
     InvalidInputError,
@@ -108,12 +108,11 @@ def _session_params(info: dict, party, context: Context) -> SessionParams:
     if info.get("status") != "open":
         raise StageError(f"session {info.get('session_id')} is {info.get('status')}, not open")
     params = session_definition.check_info(_definition(info, party, context), info, source="the ServerApp")
-    servers = pki.load_enrolments(party.pki_dir, role="server")
-    if len(servers) != 1 or info["server_identity_pub"] != next(iter(servers.values())).identity_pub:
+    if info["server_identity_pub"] != pki.public_key_hex(pki.pinned_identity(party.pki_dir, "server")):
         raise ParameterMismatch("the server does not present the pinned identity key")
     if params.backend in HE_BACKENDS:
         # the server relays the key holder's keys; only the key holder's own signature makes them its keys
-        verify_session_params(params, info.get(PARAMS_SIGNATURE), pinned_keyholder_key(party.pki_dir))
+        verify_session_params(params, info.get(PARAMS_SIGNATURE), pki.pinned_identity(party.pki_dir, "keyholder"))
     return params
 
 
@@ -141,10 +140,7 @@ def receipt(msg: Message, context: Context) -> Message:
     party = _party(context, "hospital")
     if "error" in msg.content["fields"]:
         raise StageError(f"upload refused: {unpack_str(msg.content, 'error')}: {unpack_str(msg.content, 'detail')}")
-    servers = pki.load_enrolments(party.pki_dir, role="server")
-    if len(servers) != 1:
-        raise InvalidInputError("cannot pin the server's identity key")
-    rc = verify_receipt(unpack_json(msg.content, "receipt"), next(iter(servers.values())).public_key())
+    rc = verify_receipt(unpack_json(msg.content, "receipt"), pki.pinned_identity(party.pki_dir, "server"))
     uploaded = context.state["secure-afl"]["payload_sha256"] if "secure-afl" in context.state else None
     if rc["hospital"] != party.name or rc["payload_sha256"] != uploaded:
         raise ParameterMismatch("receipt does not acknowledge this hospital's payload")
@@ -157,13 +153,6 @@ def receipt(msg: Message, context: Context) -> Message:
 
 # -- hospital, secagg ------------------------------------------------------------------------------
 _SECAGG = "secure-afl-secagg"
-
-
-def _pinned_server(party):
-    servers = pki.load_enrolments(party.pki_dir, role="server")
-    if len(servers) != 1:
-        raise InvalidInputError("cannot pin the server's identity key")
-    return next(iter(servers.values()))
 
 
 def _peer_keys(definition, party) -> dict:
@@ -272,7 +261,7 @@ def _secagg_answer(client: SecAggClient, party, phase: str, msg: Message, contex
     else:
         raw = unpack_blob(msg.content)
         try:
-            _pinned_server(party).public_key().verify(bytes.fromhex(unpack_str(msg.content, "signature")),
+            pki.pinned_identity(party.pki_dir, "server").verify(bytes.fromhex(unpack_str(msg.content, "signature")),
                                                       SECAGG_REQUEST_PREFIX + raw)
         except (InvalidSignature, ValueError):
             raise InvalidContribution("a secagg request does not carry the server's signature") from None

@@ -114,9 +114,10 @@ class KeyHolder(KeyCustody):
         from secure_afl import session
         from secure_afl.session import signed_path
 
-        servers = pki.load_enrolments(self.pki_dir, role="server")
-        if len(servers) != 1:
-            raise DecryptionRefused("exactly one enrolled server identity is required to check the manifest")
+        try:
+            server_pub = pki.pinned_identity(self.pki_dir, "server")
+        except SecureAFLError as e:
+            raise DecryptionRefused(f"not decrypting: no server identity to check the manifest against ({e})") from e
         enrolled = pki.enrolled_keys(pki.load_enrolments(self.pki_dir, role="hospital"))
         # the session's signed roster, not every hospital the CA issued: an upload signed by a spare or
         # withdrawn identity counts for nothing, whatever the server's manifest says. (finalize and the Flower
@@ -127,7 +128,7 @@ class KeyHolder(KeyCustody):
             enrolled = {k: v for k, v in enrolled.items() if k in roster}
         if expected_hospitals is not None:
             enrolled = {k: v for k, v in enrolled.items() if k in set(expected_hospitals)}
-        return next(iter(servers.values())).public_key(), enrolled
+        return server_pub, enrolled
 
     def finalize(self, conn, *, min_clients: int, lam: float = 0.0, min_class_count: int = 1,
                  expected_hospitals: list[str] | None = None) -> FinalResult:
@@ -204,12 +205,9 @@ class KeyHolder(KeyCustody):
         :class:`DecryptionRefused` if it does not hold (nothing is decrypted then)."""
         from secure_afl.audit_log import countersign_head
 
-        servers = pki.load_enrolments(self.pki_dir, role="server")
         try:
-            if len(servers) != 1:
-                raise InvalidInputError("cannot pin the server's identity key")
             return countersign_head(self.party.identity_key(), self.party.name, close,
-                                    next(iter(servers.values())).public_key(), manifest)
+                                    pki.pinned_identity(self.pki_dir, "server"), manifest)
         except (SecureAFLError, AttributeError, TypeError) as e:
             raise DecryptionRefused(f"not decrypting: the audit close record does not hold ({e})") from e
 

@@ -73,7 +73,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
 
-from . import domains
+from . import domains, pki
 from secure_afl._io import fsync_dir, write_all, write_file
 from secure_afl.exceptions import (
     AuditChainBroken,
@@ -702,18 +702,11 @@ def load_receipts(directory) -> list[dict]:
 # --------------------------------------------------------------------------
 
 
-def _pki_pub(pki_dir, role: str, name: str | None):
-    """The identity key the PKI pins for ``role``: an operator's PKI directory or a party's bundle."""
-    from secure_afl.pki import pinned_identity
-
-    return pinned_identity(pki_dir, role, name)
-
-
 def _cmd_verify(args) -> int:
     # a broken chain prints BROKEN and ends with its exit code; anything else (no such file, a head
     # that is not JSON, a party missing from the PKI) is one line from secure_afl.cli with its exit code
     try:
-        server_pub = _pki_pub(args.pki, "server", args.server)
+        server_pub = pki.pinned_identity(args.pki, "server", args.server)
         head = args.head
         countersign = keyholder_pub = None
         if ":" not in head or Path(head).exists():
@@ -722,7 +715,7 @@ def _cmd_verify(args) -> int:
             if isinstance(bundle, dict) and "countersign" in bundle:
                 countersign = bundle["countersign"]
                 if isinstance(countersign, dict):
-                    keyholder_pub = _pki_pub(args.pki, "keyholder", countersign.get("keyholder"))
+                    keyholder_pub = pki.pinned_identity(args.pki, "keyholder", countersign.get("keyholder"))
         receipts = load_receipts(args.receipts) if args.receipts else []
         result = verify_log(args.log, server_pub=server_pub, head=head, receipts=receipts,
                             countersign=countersign, keyholder_pub=keyholder_pub, session=args.session)

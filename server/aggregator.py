@@ -86,7 +86,7 @@ class AggregationServer:
         # unauthenticated refusals per TLS peer: [window start, suppressed count, {reason: count}]
         self._unauth: dict[str, list] = {}
         self._unauth_lock = threading.Lock()
-        self.definition = self._pinned_definition()
+        self.definition = self._signed_definition()
         self._enrolled = self._load_enrolled()
         self._keyholders = pki.load_enrolments(config.pki_dir, role="keyholder")
         if self.store.get_meta("created_at") is None:
@@ -101,7 +101,7 @@ class AggregationServer:
         self._recover()
 
     # -- set-up ------------------------------------------------------------------
-    def _pinned_definition(self):
+    def _signed_definition(self):
         """The operator-signed definition of this session; the server's own settings must agree with it."""
         from secure_afl import session
 

@@ -72,7 +72,7 @@ from .. import domains
 from ..encoding import canonical_json
 from secure_afl._io import refuse_if_shared, write_file
 from secure_afl._validation import param_error
-from secure_afl.exceptions import InvalidInputError, InvalidSignature, MalformedPayload
+from secure_afl.exceptions import InvalidInputError, InvalidSignature, MalformedPayload, MissingEnrolment
 
 __all__ = [
     "ROLES",
@@ -602,11 +602,12 @@ def load_roster(pki_dir) -> list[Enrolment]:
 def pinned_identity(pki_dir, role: str, name: str | None = None):
     """The Ed25519 identity public key the roster pins for ``role`` (and ``name``).
 
-    With ``name`` None the role must have exactly one party (the server, the
-    key holder). :class:`MissingEnrolment` otherwise.
+    The one place any party learns whom to trust: the server a hospital or
+    the key holder talks to, the key holder whose parameters a hospital
+    checks, the parties an auditor's log names. With ``name`` None the role
+    must have exactly one party (the server, the key holder).
+    :class:`MissingEnrolment` otherwise.
     """
-    from secure_afl.exceptions import MissingEnrolment
-
     parties = load_enrolments(pki_dir, role=role)
     if name is None:
         if len(parties) != 1:
