@@ -56,7 +56,7 @@ from .exceptions import InvalidParameterError, InvalidSignature, MissingEnrolmen
 
 __all__ = ["SessionDefinition", "SCHEMA", "SECTIONS", "Key", "dropout_line", "reference",
            "parse", "load_toml", "normalise", "sign", "load_signed",
-           "check_same", "check_info", "write_toml", "signed_path", "sign_definition", "from_body", "register"]
+           "check_same", "check_info", "write_toml", "signed_path", "sign_definition", "from_body"]
 
 _PREFIX = domains.SESSION
 SESSIONS_DIR = "sessions"
@@ -597,7 +597,7 @@ def sign_definition(definition: SessionDefinition, pki_dir, *, bundles_dir=None)
 
     body = dict(definition.body)
     body["ca_sha256"] = pki.cert_fingerprint(pki.load_certificate(Path(pki_dir) / pki.CA_CERT))
-    key = pki._load_private_key(Path(pki_dir) / pki.CA_KEY)
+    key = pki.load_private_key(Path(pki_dir) / pki.CA_KEY)
     sig = key.sign(_message(body), ec.ECDSA(hashes.SHA256()))
     text = json.dumps({"definition": body, "signature": sig.hex()}, indent=2, sort_keys=True) + "\n"
     targets = [signed_path(pki_dir, definition.session_id)]
@@ -795,54 +795,3 @@ def write_toml(path, sections: Mapping[str, Mapping[str, Any]]) -> None:
         lines += [f"{_toml_key(k)} = {_toml_value(v)}" for k, v in values.items() if v is not None]
         lines.append("")
     Path(path).write_text("\n".join(lines), encoding="utf-8")
-
-
-# ---------------------------------------------------------------------------------------------
-# CLI: secure-afl session sign | show
-# ---------------------------------------------------------------------------------------------
-def _cmd_sign(args) -> int:
-    definition, written = sign(args.toml, args.pki, bundles_dir=args.bundles)
-    b = definition.body
-    extra = ""
-    if b["secagg"]:
-        from .secagg import consistency_quorum
-
-        n, t = len(b["hospitals"]), b["secagg"]["threshold"]
-        extra = (f", threshold {t}, neighbours {b['secagg']['neighbours'] or 'all'}, quorum "
-                 f"{consistency_quorum(n, t, b['min_clients'])} of {n}")
-    print(f"signed session {b['id']} ({b['backend']}, {len(b['hospitals'])} hospitals, min_clients "
-          f"{b['min_clients']}{extra})")
-    tolerated, line = dropout_line(definition)
-    print(line)
-    if tolerated == 0:
-        print(f"secure-afl session sign: warning: {line}", file=sys.stderr)
-    for p in written:
-        print(f"  -> {p}")
-    return 0
-
-
-def _cmd_show(args) -> int:
-    definition = load_signed(args.pki, args.session)
-    print(json.dumps(dict(definition.body), indent=2, sort_keys=True))
-    print(dropout_line(definition)[1], file=sys.stderr)  # stdout stays one JSON document
-    return 0
-
-
-def _cmd_reference(args) -> int:
-    sys.stdout.write(reference())
-    return 0
-
-
-def register(parser) -> None:
-    sub = parser.add_subparsers(dest="session_command", metavar="ACTION", required=True)
-    p = sub.add_parser("sign", help="check session.toml strictly and sign its definition with the CA key")
-    p.add_argument("toml", help="the session file (session.toml)")
-    p.add_argument("--pki", required=True, help="the operator's PKI directory (holds ca.key)")
-    p.add_argument("--bundles", default=None, help="also place the signed definition into every bundle here")
-    p.set_defaults(func=_cmd_sign)
-    p = sub.add_parser("show", help="print a signed session definition after checking its signature")
-    p.add_argument("session", help="session id")
-    p.add_argument("--pki", required=True, help="a PKI directory or bundle")
-    p.set_defaults(func=_cmd_show)
-    p = sub.add_parser("reference", help="print the session.toml reference (docs/SESSION.md) from the schema")
-    p.set_defaults(func=_cmd_reference)

@@ -17,6 +17,7 @@ from secure_afl.exceptions import MissingEnrolment
 from support import sourcetree as st
 
 PKI_PACKAGE = "secure_afl.pki"
+PINNING = "secure_afl.pki.roster.pinned_identity"
 
 
 def _enrolment_lookups_by_role(tree: ast.AST):
@@ -38,7 +39,7 @@ def test_one_pinning_function():
     defs = [f"{m.name}.{n.name}" for m in st.modules().values() for n in ast.walk(m.tree())
             if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and "pinned" in n.name.lower()
             and not n.name.startswith("test_")]
-    assert defs == [f"{PKI_PACKAGE}.pinned_identity"], defs
+    assert defs == [PINNING], defs
 
 
 def test_an_unpinnable_role_raises_the_one_error(tmp_path):

@@ -28,7 +28,8 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.wheel]
 REPO = Path(__file__).resolve().parents[1]
 # repository directory -> installed package
 ROOTS = {"secure_afl": "secure_afl", "server": "secure_afl.server", "clients": "secure_afl.clients",
-         "keyholder": "secure_afl.keyholder", "flower": "secure_afl.flower", "tools": "secure_afl.tools"}
+         "keyholder": "secure_afl.keyholder", "consortium": "secure_afl.consortium", "flower": "secure_afl.flower",
+         "tools": "secure_afl.tools"}
 # What a demo-only installation (`make demo`) lacks; the demo must never import them.
 EXTRAS_ONLY = ("torch", "torchvision", "flwr", "PIL", "matplotlib")
 
