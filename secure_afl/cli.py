@@ -30,7 +30,7 @@ _COMMANDS = [
     ("pki", "consortium CA, TLS certificates and Ed25519 identities", "secure_afl.consortium.cli:register_pki"),
     ("session", "the operator's signed session definition every party pins",
      "secure_afl.consortium.cli:register_session"),
-    ("audit", "verify the hash-chained audit log and receipts", "secure_afl.audit_log"),
+    ("audit", "verify the hash-chained audit log and receipts", "secure_afl.audit_verify"),
     ("server", "the aggregation server", "secure_afl.server.cli"),
     ("keyholder", "the key holder: keys, release checks, decryption and the solve", "secure_afl.keyholder.cli"),
     ("demo", "end-to-end demo: PKI, server, key holder and K hospitals on 127.0.0.1", "secure_afl.tools.demo"),

@@ -264,7 +264,7 @@ def make_receipt(server_key, session_id: str, hospital: str, payload_sha256: byt
 
     ``seq`` is the audit-log ``seq`` of the ``upload``/``accepted`` record
     (:meth:`secure_afl.audit_log.AuditLog.append` returns it):
-    :func:`secure_afl.audit_log.verify_log` checks that record exists and names the
+    :func:`secure_afl.audit_verify.verify_log` checks that record exists and names the
     same session, hospital and payload hash. ``time`` defaults to now.
 
     ``audit_head`` is that record's hash: the receipt then pins the whole log

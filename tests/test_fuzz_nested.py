@@ -194,7 +194,7 @@ def _targets(consortium, base):
 
 
 def _check_logs(targets):
-    from secure_afl.audit_log import verify_log
+    from secure_afl.audit_verify import verify_log
 
     for t in targets:
         verify_log(t.log, server_pub=t.party("aggregator", "server").identity_pub(),

@@ -164,7 +164,7 @@ def run_demo(args) -> dict:
     from secure_afl.params import KEYED_BACKENDS
     from secure_afl.certify import EXCEEDS, NO_BOUND, WITHIN, certify_release, session_w_target
     from secure_afl.analytic import centralised_weights, predict, solve_from_sums, top1_accuracy
-    from secure_afl.audit_log import verify_log
+    from secure_afl.audit_verify import verify_log
     from secure_afl.clients.hospital import HospitalClient
     from secure_afl.packing import Layout
     from secure_afl.server.config import write_config
@@ -418,7 +418,7 @@ def _bounds(cfg):
 
 
 def _receipts(directory: Path) -> list[dict]:
-    from secure_afl.audit_log import load_receipts
+    from secure_afl.audit_verify import load_receipts
 
     return load_receipts(directory) if directory.exists() else []
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from secure_afl import pki, session
-from secure_afl.audit_log import load_receipts, verify_log
+from secure_afl.audit_verify import load_receipts, verify_log
 from secure_afl.clients.hospital import HospitalClient
 from secure_afl.tools.demo import ServerProcess
 from secure_afl.server.config import write_config
