@@ -7,7 +7,7 @@ signed) cannot live in memory from one SecAgg stage to the next. It is carried
 in two halves, neither of which leaves the hospital:
 
 * a file (0600, in a 0700 directory of the hospital's own choosing) holding the
-  state sealed with ChaCha20-Poly1305;
+  state sealed in the project's one format for secrets at rest (secure_afl.hazmat.at_rest);
 * the 32-byte key, in the run's ``Context.state``, which the SuperNode keeps in
   its own memory and hands only to its own ClientApp processes.
 
@@ -30,12 +30,11 @@ import os
 import secrets
 from pathlib import Path
 
-from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
-from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
 
 from secure_afl import domains
-from secure_afl.exceptions import StageError
+from secure_afl.exceptions import SecureAFLError, StageError
+from secure_afl.hazmat.at_rest import open_secret, seal_secret
 from secure_afl.hazmat.shamir import Share
 from secure_afl.params import SessionParams
 from secure_afl.secagg import ConsistencyStatement, KeyAdvertisement, SecAggClient, neighbour_graph
@@ -46,7 +45,6 @@ __all__ = ["export_client", "restore_client", "SealedState"]
 # rebuilt from the constructor's arguments or from carried secrets, never written out
 _REBUILT = frozenset({"backend", "params", "cfg", "client_id", "_identity", "_peers", "_digest", "_graph",
                       "_share_keys"})
-_NONCE = 12
 
 
 def _encode(name: str, value):
@@ -129,11 +127,10 @@ class SealedState:
 
     def save(self, key: bytes, data: bytes) -> None:
         self.dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-        nonce = secrets.token_bytes(_NONCE)
         tmp = self.path.with_suffix(".tmp")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "wb") as f:
-            f.write(nonce + ChaCha20Poly1305(key).encrypt(nonce, data, self._ad))
+            f.write(seal_secret(data, associated_data=self._ad, key=key))
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, self.path)
@@ -145,8 +142,8 @@ class SealedState:
             raise StageError(f"no SecAgg state at {self.path}: this hospital did not take part in the setup "
                              "of this run") from None
         try:
-            return ChaCha20Poly1305(key).decrypt(blob[:_NONCE], blob[_NONCE:], self._ad)
-        except (InvalidTag, ValueError):
+            return open_secret(blob, associated_data=self._ad, key=key)
+        except (SecureAFLError, ValueError):
             raise StageError(f"{self.path} is not this run's SecAgg state") from None
 
     def erase(self) -> None:

@@ -62,6 +62,7 @@ from ..exceptions import (
     SanityCheckFailed,
 )
 from ..hazmat import ckks as hz
+from ..hazmat.at_rest import open_secret, seal_secret
 from ..packing import Layout
 from ..params import Bounds, SessionParams
 from .base import Combiner, ProtectionBackend, check_vector
@@ -182,7 +183,7 @@ def save_secret_context(path, secret_context: bytes, *, session_id: str, passphr
     authenticated as associated data, so a file cannot be replayed as another
     session's key.
     """
-    blob = hz.seal_secret(secret_context, associated_data=_ad(session_id), passphrase=passphrase, key=key,
+    blob = seal_secret(secret_context, associated_data=_ad(session_id), passphrase=passphrase, key=key,
                           scrypt_log2_n=scrypt_log2_n)
     write_file(path, blob, exclusive=not overwrite)  # 0600 also when overwriting a wider-mode file
 
@@ -191,7 +192,7 @@ def load_secret_context(path, *, session_id: str, passphrase=None, key: bytes | 
     """Read back :func:`save_secret_context`; a wrong passphrase/key/session raises :class:`InvalidKey`."""
     with open(os.fspath(path), "rb") as f:
         blob = f.read()
-    return hz.open_secret(blob, associated_data=_ad(session_id), passphrase=passphrase, key=key)
+    return open_secret(blob, associated_data=_ad(session_id), passphrase=passphrase, key=key)
 
 
 # -- the backend ----------------------------------------------------------------------
