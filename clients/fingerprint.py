@@ -10,14 +10,14 @@ fields differ.
 from __future__ import annotations
 
 import json
+from secure_afl.clients.backbones import check_backbone_name, parse_weights, load_backbone, resolve_preprocessing
+from secure_afl.clients.extraction import weights_id
+from secure_afl.exceptions import InvalidInputError
+from secure_afl.extractor import ExtractorFingerprint, parse_normalisation
 
 
 def _cmd_fingerprint(args) -> int:
-    from secure_afl.exceptions import InvalidInputError
-    from secure_afl.extractor import ExtractorFingerprint, parse_normalisation
 
-    from .backbones import check_backbone_name, parse_weights, load_backbone, resolve_preprocessing
-    from .extraction import weights_id
 
     check_backbone_name(args.backbone)
     kind, wenum, wpath = parse_weights(args.backbone, args.weights)

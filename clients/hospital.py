@@ -49,6 +49,7 @@ from secure_afl.stats import SufficientStatistics
 from secure_afl.tagging import new_tag, seal_tag, sign_tag
 
 from secure_afl.clients.tls_client import ServiceClient
+from secure_afl.clients.secagg_client import run_secagg
 
 __all__ = ["HospitalClient", "protect_contribution", "protect_vector"]
 
@@ -223,7 +224,6 @@ class HospitalClient:
         """The whole hospital side in one call (all secagg stages included). Returns the receipt."""
         params = self.fetch_params()
         if params.backend == "secagg":
-            from .secagg_client import run_secagg
 
             return run_secagg(self, params, stats, progress=progress, **secagg_kw)
         payload, tag = self.protect(params, stats)

@@ -18,6 +18,7 @@ from secure_afl.exceptions import InvalidInputError
 from secure_afl.backends import HE_BACKENDS
 from secure_afl.keyholder import KeyHolder, write_model
 from secure_afl.keyholder.model import model_metadata
+from secure_afl import session
 
 __all__ = ["open_keyholder", "publication", "countersign", "finalize"]
 
@@ -72,7 +73,6 @@ def finalize(kh: KeyHolder, info: dict, aggregate: bytes, manifest: dict, tags: 
     """The native finalize; the stricter of the two policies applies. HE sessions are re-summed from
     the signed uploads (``contributions``); the server's ``aggregate`` is used for plain and secagg
     (with the server's ``unmask`` material, as ``keyholder finalize`` fetches it)."""
-    from secure_afl import session
 
     definition = session.load_signed(kh.pki_dir, str(info.get("session_id")))
     policy = {"min_clients": max(min_clients, definition["min_clients"], int(info.get("min_clients", 1))),

@@ -40,6 +40,20 @@ from .connection import KeyHolderConnection
 from .custody import KeyCustody
 from .flooding import flood_decryption, flood_norm_bounds, flood_plan
 from .verify import ContributionRejected, ServerForgery, resum_signed_contributions, verify_manifest_for
+from secure_afl import session
+from secure_afl._io import write_file
+from secure_afl.analytic import ri_restore_gram
+from secure_afl.audit_log import countersign_head
+from secure_afl.backends import split
+from secure_afl.dp import dp_sanity_check
+from secure_afl.dp import dp_solve
+from secure_afl.encoding import canonical_json
+from secure_afl.keyholder_params import sign_session_params
+from secure_afl.protocol import H_TAG
+from secure_afl.protocol import context_publication
+from secure_afl.session import signed_path
+from secure_afl.tagging import TAG_KEY_PARAM
+from secure_afl.tagging import check_aggregate_tag
 
 __all__ = ["KeyHolder", "FinalResult", "HTTPSource", "write_model", "read_model"]
 
@@ -99,9 +113,6 @@ class KeyHolder(KeyCustody):
 
     def publication_body(self, session_id: str) -> bytes:
         """The publication any transport carries: public context, tag key, signature over the parameters."""
-        from secure_afl.keyholder_params import sign_session_params
-        from secure_afl.protocol import context_publication
-        from secure_afl.tagging import TAG_KEY_PARAM
 
         params = self.params(session_id)
         return context_publication(self.public_context(session_id), params.backend_params[TAG_KEY_PARAM],
@@ -111,8 +122,6 @@ class KeyHolder(KeyCustody):
         return conn.request("POST", conn.path("/close")).json()
 
     def _trust(self, session_id: str, expected_hospitals: list[str] | None):
-        from secure_afl import session
-        from secure_afl.session import signed_path
 
         try:
             server_pub = pki.pinned_identity(self.pki_dir, "server")
@@ -174,7 +183,6 @@ class KeyHolder(KeyCustody):
     def countersign_audit_head(self, conn, manifest: dict) -> dict:
         """Countersign the server's close record (audit seq + head of this release) and hand it back,
         before anything is decrypted: the auditor then holds a head the server alone cannot rewrite."""
-        from secure_afl.encoding import canonical_json
 
         close = conn.request("GET", conn.path("/audit/head")).json()["close"]
         cs = self.countersign_close(close, manifest)
@@ -187,7 +195,6 @@ class KeyHolder(KeyCustody):
     def keep_audit_head(self, session_id: str, close: dict, countersign: dict) -> Path:
         """Keep the countersigned head here, before the server gets it: auditors take it from the key holder
         (with the model and report), so a server that withholds or replaces its own copy is noticed."""
-        from secure_afl._io import write_file
 
         import re
 
@@ -203,7 +210,6 @@ class KeyHolder(KeyCustody):
     def countersign_close(self, close: dict, manifest: dict) -> dict:
         """The countersignature over ``close``, checked against the pinned server key and the manifest;
         :class:`DecryptionRefused` if it does not hold (nothing is decrypted then)."""
-        from secure_afl.audit_log import countersign_head
 
         try:
             return countersign_head(self.party.identity_key(), self.party.name, close,
@@ -257,7 +263,6 @@ class KeyHolder(KeyCustody):
         What is downloaded before the share leaves: the manifest and the seed statements. After it: the
         released aggregate and W the collector formed -- the release itself, nothing per hospital.
         """
-        from secure_afl.protocol import H_TAG
         from secure_afl.encoding import canonical_json
 
         body, statement = self.release_split(conn.session_id, HTTPSource(conn), min_clients=min_clients,
@@ -283,7 +288,6 @@ class KeyHolder(KeyCustody):
         One share per key (the ledger): a second release under the same seeds is refused, and a forged
         manifest or box blocks the key. Returns ``(share bytes, signed share statement)``.
         """
-        from secure_afl.backends import split
 
         params = self.params(sid)  # the keygen record, never the server's word
         key_id = params.backend_params[split.PUBLIC_CONTEXT_KEY]
@@ -321,7 +325,6 @@ class KeyHolder(KeyCustody):
         exception message) carries a decrypted float: integers are rounded and
         range-checked, float checks report pass or fail.
         """
-        from secure_afl.tagging import check_aggregate_tag
 
         K = len(participants)
         # the tags are summed in float64 here; allow that summation's own rounding
@@ -389,7 +392,6 @@ class KeyHolder(KeyCustody):
             with PrivacyLedger(self.keys_dir / "privacy.sqlite3") as pl:
                 pl.record(params.session_id, release_id, None, 0.0, float("inf"))
             return W, None
-        from secure_afl.dp import dp_solve
         from secure_afl.dp.mechanism import epsilon_from_rdp, release_rdp
 
         W, solve_info = dp_solve(stats, params, len(participants), lam=lam)
@@ -493,7 +495,6 @@ def _ridge_if_needed(stats, spectral: float) -> float:
     along directions it made negative. Above 2 rho the unregularised system keeps
     lambda_min(C) >= lambda_min(C') - rho >= rho > 0, so W is certified against C^+ Q itself and no
     ridge bias is paid."""
-    from secure_afl.analytic import ri_restore_gram
 
     C = ri_restore_gram(stats.gram, round(stats.contributors), stats.gamma)
     lam_min = float(np.linalg.eigvalsh(0.5 * (C + C.T))[0])
@@ -506,7 +507,6 @@ def _sanity(stats, params, participants, tol, *, count_tol=None, spectral_tol=No
     if params.dp is None:
         return sanity_check(stats, params, len(participants), abs_tol=tol, count_tol=count_tol,
                             spectral_tol=spectral_tol)
-    from secure_afl.dp import dp_sanity_check
 
     _check_dp_noise(params, len(participants))
     return {"checks": dp_sanity_check(stats, params, len(participants))}

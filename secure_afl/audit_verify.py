@@ -31,6 +31,7 @@ try:  # POSIX: one writer per log file
 except ImportError:  # pragma: no cover
     _fcntl = None
 from .audit_log import GENESIS_HASH, check_record, public_key, split_lines, verify_close_record, verify_countersign
+from secure_afl.signing import MANIFEST_PREFIX
 
 __all__ = ["AuditVerification", "ChainShape", "check_chain", "expected_head", "verify_log", "load_receipts",
            "register"]
@@ -125,7 +126,6 @@ def expected_head(obj, server_pub) -> tuple[int, str, dict | None]:
         r = verify_receipt(obj, pub)
         return r["seq"], r["audit_head"], None
     if kind == "manifest" and isinstance(obj.get("audit"), Mapping):
-        from secure_afl.signing import MANIFEST_PREFIX
 
         fields = [k for k in obj if k != "signature"]
         from cryptography.exceptions import InvalidSignature as _CryptoInvalidSignature

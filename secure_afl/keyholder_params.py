@@ -20,6 +20,8 @@ from . import pki
 from .exceptions import InvalidSignature, ParameterMismatch
 from .params import SessionParams
 from .encoding import canonical_json
+from secure_afl.backends import get_backend
+from secure_afl.tagging import TAG_KEY_PARAM
 
 __all__ = ["PARAMS_SIGNATURE", "sign_session_params", "verify_session_params", "check_tag_public_key",
            "check_published_keys"]
@@ -68,9 +70,7 @@ def check_tag_public_key(tag_public_key) -> bytes:
 
 def check_published_keys(params: SessionParams, public_context: bytes) -> None:
     """The context and tag key are the ones the signed digest names, and usable (no secret key in the context)."""
-    from .backends import get_backend
     from .backends.ckks import PUBLIC_CONTEXT_KEY
-    from .tagging import TAG_KEY_PARAM
 
     backend = get_backend(params)  # ckks or bfv: the same binding, each scheme's own context checks
     if backend.scheme.context_sha256(public_context) != params.backend_params.get(PUBLIC_CONTEXT_KEY):

@@ -53,6 +53,15 @@ else:  # pragma: no cover
 from . import domains
 from .encoding import canonical_json
 from .exceptions import InvalidParameterError, InvalidSignature, MissingEnrolment, ParameterMismatch, WrongSession
+from secure_afl import pki
+from secure_afl.extractor import ExtractorFingerprint
+from secure_afl.packing import Layout
+from secure_afl.params import BACKENDS
+from secure_afl.params import Bounds
+from secure_afl.params import SessionParams
+from secure_afl.secagg import consistency_quorum, dropout_tolerance
+from secure_afl.secagg import recommended_neighbours, secagg_session_params
+from secure_afl.tagging import TAG_KEY_PARAM
 
 __all__ = ["SessionDefinition", "SCHEMA", "SECTIONS", "Key", "dropout_line", "reference",
            "parse", "load_toml", "normalise", "sign", "load_signed",
@@ -403,7 +412,6 @@ def normalise(sections: Mapping[str, Mapping[str, Any]], *, issued_hospitals=Non
     operator's PKI (``issued_hospitals``); the signed definition always names
     them, so n is fixed before the session starts.
     """
-    from .params import BACKENDS
 
     s = dict(sections.get("session", {}))
     where = f"{source} [session]"
@@ -454,7 +462,6 @@ def normalise(sections: Mapping[str, Mapping[str, Any]], *, issued_hospitals=Non
             raise _fail(f"{source} [dp]", f"min_contributors = {body['dp']['min_contributors']} is above the "
                                           f"{len(hospitals)} hospitals of the session: the noise would never add up")
     if "extractor" in sections:
-        from secure_afl.extractor import ExtractorFingerprint
 
         fp = ExtractorFingerprint.from_dict(sections["extractor"])
         if fp.dim != body["dim"] or len(fp.classes) != body["classes"]:
@@ -473,9 +480,6 @@ def normalise(sections: Mapping[str, Mapping[str, Any]], *, issued_hospitals=Non
 
 def _resolve_secagg(body: dict, source: str) -> None:
     """Fill in the threshold and degree the defaults give for this roster, so the signed values are final."""
-    from .secagg import recommended_neighbours, secagg_session_params
-    from .packing import Layout
-    from .params import Bounds
 
     sa, n = body["secagg"], len(body["hospitals"])
     if n < 2:
@@ -512,7 +516,6 @@ def dropout_line(definition: SessionDefinition) -> tuple[int, str]:
                 f"holder releases any min_clients = {mc} uploads")
         fix = f"min_clients = {n - 1}" if n > 1 else "more hospitals"
     else:
-        from .secagg import consistency_quorum, dropout_tolerance
 
         sa = b["secagg"]
         t, m = sa["threshold"], (sa["neighbours"] + 1 if sa["neighbours"] else n)
@@ -576,7 +579,6 @@ def sign(toml_path, pki_dir, *, bundles_dir=None) -> tuple[SessionDefinition, li
     Written to ``<pki_dir>/sessions/<id>.json`` and, with ``bundles_dir``, into
     every bundle there (:func:`sign_definition`).
     """
-    from . import pki
 
     sections = load_toml(toml_path)
     issued = pki.load_enrolments(pki_dir, role="hospital")
@@ -688,7 +690,6 @@ def check_info(definition: SessionDefinition, info: Mapping[str, Any], *, source
     is named. For ckks and bfv the parameters may add only the key holder's
     context hash and tag key (which its own signature covers).
     """
-    from .params import SessionParams
 
     if info.get("session_id") != definition.session_id:
         raise WrongSession(f"{source} serves session {info.get('session_id')!r}; the signed definition is for "
@@ -703,7 +704,6 @@ def check_info(definition: SessionDefinition, info: Mapping[str, Any], *, source
     seen = got.to_dict()
     if definition.backend in ("ckks", "bfv", "split"):
         from .backends.ckks import PUBLIC_CONTEXT_KEY
-        from .tagging import TAG_KEY_PARAM
 
         seen["backend_params"] = {k: v for k, v in seen["backend_params"].items()
                                   if k not in (PUBLIC_CONTEXT_KEY, TAG_KEY_PARAM)}

@@ -42,6 +42,8 @@ from .exceptions import (
     ReplayedContribution,
     WrongSession,
 )
+from secure_afl.pki import public_key_from_hex
+from secure_afl.pki import public_key_hex
 
 __all__ = [
     "UPLOAD_PREFIX",
@@ -119,7 +121,6 @@ def _public_key(key):
     if isinstance(key, (bytes, bytearray)) and len(key) == 32:
         return Ed25519PublicKey.from_public_bytes(bytes(key))
     if isinstance(key, str):
-        from .pki import public_key_from_hex
 
         return public_key_from_hex(key)
     if hasattr(key, "public_key"):  # pki.Enrolment
@@ -128,7 +129,6 @@ def _public_key(key):
 
 
 def _pub_hex(key) -> str:
-    from .pki import public_key_hex
 
     return public_key_hex(_public_key(key))
 

@@ -60,6 +60,26 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
+from secure_afl import pki
+from secure_afl import session
+from secure_afl.audit_log import make_close_record
+from secure_afl.backends import get_backend
+from secure_afl.encoding import canonical_json
+from secure_afl.envelope import peek_header
+from secure_afl.envelope import seal
+from secure_afl.exceptions import EXIT_SECURITY
+from secure_afl.exceptions import PolicyViolation
+from secure_afl.exceptions import SecureAFLError
+from secure_afl.hazmat import fixedpoint
+from secure_afl.packing import Layout
+from secure_afl.params import Bounds
+from secure_afl.params import SessionParams
+from secure_afl.secagg import SecAggBackend, secagg_session_params
+from secure_afl.secagg import SecAggClient, SecAggServerRound, decode_message, identities
+from secure_afl.signing import MANIFEST_PREFIX
+from secure_afl.signing import sign_upload
+from secure_afl.stats import SufficientStatistics, local_statistics
+from secure_afl.tagging import new_tag, seal_tag, sign_tag
 
 __all__ = ["ATTACKS", "run_attack", "register"]
 
@@ -70,13 +90,11 @@ DIM, CLASSES, GAMMA = 6, 3, 1.0
 # shared set-up
 # ---------------------------------------------------------------------------
 def _bounds():
-    from secure_afl.params import Bounds
 
     return Bounds(max_norm=2.0, n_max=200, k_max=8)
 
 
 def _layout():
-    from secure_afl.packing import Layout
 
     return Layout(DIM, CLASSES)
 
@@ -91,7 +109,6 @@ def _embeddings(rng: np.random.Generator, n: int, labels=None):
 
 def _packed(X, y):
     """The hospital's packed vector exactly as HospitalClient.protect builds it."""
-    from secure_afl.stats import SufficientStatistics, local_statistics
 
     s = local_statistics(X, y, CLASSES)
     with_ri = SufficientStatistics(s.gram + GAMMA * np.eye(DIM), s.cross, s.n, s.class_counts, 1.0, GAMMA)
@@ -99,14 +116,12 @@ def _packed(X, y):
 
 
 def _plain_params(session_id: str):
-    from secure_afl.params import SessionParams
 
     return SessionParams(session_id, "plain", _layout(), GAMMA, _bounds())
 
 
 def _read_plain_payload(payload: bytes):
     """What the curious server does with a plain upload: parse it (no key needed)."""
-    from secure_afl.envelope import peek_header
 
     v = np.frombuffer(peek_header(payload).body, dtype="<f8").astype(np.float64)
     return _layout().unpack(v, gamma=GAMMA)
@@ -140,7 +155,6 @@ def _say(verbose: bool, line: str) -> None:
 # ---------------------------------------------------------------------------
 def attack_plain_singleton(*, seed: int = 0, verbose: bool = True, **_) -> dict:
     """A hospital with n_k = 1 uploads plain statistics; the server reads x exactly."""
-    from secure_afl.backends import get_backend
 
     rng = np.random.default_rng(seed)
     params = _plain_params("attack-plain")
@@ -239,7 +253,6 @@ def attack_differencing(*, seed: int = 0, verbose: bool = True, work=None, **_) 
     :class:`~secure_afl.release_checks.ReleaseLedger` under one key: the second is refused.
     """
     from secure_afl.backends import get_backend
-    from secure_afl.exceptions import PolicyViolation
     from secure_afl.release_checks import ReleaseLedger
 
     rng = np.random.default_rng(seed)
@@ -342,7 +355,6 @@ def attack_ckks_server(*, seed: int = 0, verbose: bool = True, **_) -> dict:
 
 def _secagg_round_upto_masked(params, vectors):
     """Run SETUP .. SHARE_KEYS for K hospitals; return (server, clients)."""
-    from secure_afl.secagg import SecAggClient, SecAggServerRound, decode_message, identities
 
     ids = list(range(1, len(vectors) + 1))
     priv, pub = identities(len(ids))
@@ -360,8 +372,6 @@ def attack_secagg_server(*, seed: int = 0, verbose: bool = True, **_) -> dict:
     """The singleton attack against a secagg masked vector: uniform noise."""
     from scipy import stats as sstats
 
-    from secure_afl.secagg import SecAggBackend, secagg_session_params
-    from secure_afl.hazmat import fixedpoint
 
     rng = np.random.default_rng(seed)
     # a wider layout than the others so the statistics below have power
@@ -401,7 +411,6 @@ def attack_secagg_server(*, seed: int = 0, verbose: bool = True, **_) -> dict:
 # malicious server vs the key holder
 # ---------------------------------------------------------------------------
 def _ckks_consortium(d: Path, hospitals=("hosp-a", "hosp-b", "hosp-c")):
-    from secure_afl import pki
     from secure_afl.backends.ckks import ckks_session_params
     from secure_afl.keyholder import KeyHolder
 
@@ -410,7 +419,6 @@ def _ckks_consortium(d: Path, hospitals=("hosp-a", "hosp-b", "hosp-c")):
     server = pki.issue(pki_dir, "server", "aggregator")
     pki.issue(pki_dir, "keyholder", "keyholder")
     parties = {h: pki.issue(pki_dir, "hospital", h) for h in hospitals}
-    from secure_afl import session
 
     b = _bounds()
     session.sign_definition(session.normalise(session.parse({
@@ -424,7 +432,6 @@ def _ckks_consortium(d: Path, hospitals=("hosp-a", "hosp-b", "hosp-c")):
 
 def _tagged_upload(party, params, backend, public, vector):
     """What an honest ckks hospital sends: the payload (tag inside) and the signed, sealed tag."""
-    from secure_afl.tagging import new_tag, seal_tag, sign_tag
 
     lay = _layout()
     tag = new_tag(params)
@@ -438,7 +445,6 @@ def _tagged_upload(party, params, backend, public, vector):
 
 def _signed_participant(party, params, payload: bytes) -> dict:
     from secure_afl import pki
-    from secure_afl.signing import sign_upload
 
     st = sign_upload(party.identity_key(), params.session_id, params.digest(), hashlib.sha256(payload).digest(),
                      party.name)
@@ -468,9 +474,7 @@ class _MaliciousServer:
                  aggregate: bytes = b""):
         import time
 
-        from secure_afl.signing import MANIFEST_PREFIX
 
-        from secure_afl.encoding import canonical_json
 
         self.session_id = params.session_id
         self._params, self._payloads, self._tags, self._aggregate = params, payloads, tags, aggregate
@@ -484,7 +488,6 @@ class _MaliciousServer:
         self._manifest = {**st, "signature": sig}
         self._min_clients = min_clients
         # it can also sign a close record for the release it presents (the key holder countersigns that)
-        from secure_afl.audit_log import make_close_record
 
         self._close = make_close_record(server_party.identity_key(), params.session_id, 1, "0" * 64,
                                         [p["hospital"] for p in st["participants"]])
@@ -536,7 +539,6 @@ def attack_forward_ciphertext(*, seed: int = 0, verbose: bool = True, work=None,
     """A malicious server tries to have one hospital's statistics decrypted (real finalize path)."""
     from secure_afl.backends.ckks import CKKSBackend
     from secure_afl.envelope import peek_header, seal
-    from secure_afl.exceptions import SecureAFLError
     from secure_afl.hazmat import ckks as hz
 
     rng = np.random.default_rng(seed)
@@ -679,7 +681,6 @@ def attack_noisy_upload(*, seed: int = 0, verbose: bool = True, work=None, doubl
     every released statistic stayed within the key holder's reported bound.
     """
     from secure_afl.backends.ckks import CKKSBackend, ckks_parameters
-    from secure_afl.envelope import seal
     from secure_afl.hazmat import ckks as hz
     from secure_afl.tagging import new_tag, seal_tag, sign_tag
 
@@ -784,7 +785,6 @@ def _cmd_attack(args) -> int:
         for name, fn in ATTACKS.items():
             print(f"{name:24s} {fn.__doc__.strip().splitlines()[0]}")
         return 0
-    from secure_afl.exceptions import EXIT_SECURITY
 
     names = list(ATTACKS) if args.name == "all" else [args.name]
     rc = 0

@@ -33,6 +33,14 @@ import platform
 import time
 
 import numpy as np
+from secure_afl.backends import get_backend
+from secure_afl.backends import he_module
+from secure_afl.backends import split
+from secure_afl.certify import certify_release
+from secure_afl.packing import Layout
+from secure_afl.params import Bounds, SessionParams
+from secure_afl.secagg import default_threshold, recommended_neighbours, secagg_session_params, simulate_round
+from secure_afl.stats import local_statistics
 
 __all__ = ["register", "run_protect"]
 
@@ -78,7 +86,6 @@ def register(parser: argparse.ArgumentParser) -> None:
 
 # -- bench protect ----------------------------------------------------------------------
 def _hospital_vector(layout, rng, samples: int, max_norm: float, gamma: float) -> np.ndarray:
-    from secure_afl.stats import local_statistics
 
     X = rng.standard_normal((samples, layout.dim))
     X *= (max_norm * rng.uniform(0.5, 1.0, samples) / np.linalg.norm(X, axis=1))[:, None]
@@ -89,8 +96,6 @@ def _hospital_vector(layout, rng, samples: int, max_norm: float, gamma: float) -
 def run_protect(backend: str, dim: int, classes: int, clients: int, *, dropout: float = 0.0, seed: int = 0,
                 samples: int = 256, max_norm: float = 1.0, gamma: float = 1.0) -> dict:
     """One in-process round; returns the figures (see module docstring)."""
-    from secure_afl.packing import Layout
-    from secure_afl.params import Bounds, SessionParams
 
     if not 0.0 <= dropout < 1.0:
         raise ValueError(f"dropout must be in [0, 1); got {dropout!r}")
@@ -108,11 +113,9 @@ def run_protect(backend: str, dim: int, classes: int, clients: int, *, dropout: 
     if backend == "secagg":
         return _run_secagg(out, layout, bounds, gamma, session_id, rng, samples, max_norm, dropout)
 
-    from secure_afl.backends import get_backend
 
     t = time.perf_counter()
     if backend in ("ckks", "bfv"):
-        from secure_afl.backends import he_module
 
         he = he_module(backend)
         params = he.session_params(session_id, layout, gamma, bounds)
@@ -127,7 +130,6 @@ def run_protect(backend: str, dim: int, classes: int, clients: int, *, dropout: 
     elif backend == "split":
         from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-        from secure_afl.backends import split
 
         params = split.split_session_params(session_id, layout, gamma, bounds)
         keys = split.generate_keys(params)
@@ -198,7 +200,6 @@ def run_protect(backend: str, dim: int, classes: int, clients: int, *, dropout: 
 def _w_bound(params, layout, revealed, n_clients: int) -> float | None:
     """Certified ||W - W*|| / ||W*|| of the W solved from the revealed sums (None: no bound applies)."""
     from secure_afl.analytic import solve_from_sums
-    from secure_afl.certify import certify_release
 
     stats = layout.unpack(np.asarray(revealed, dtype=np.float64), gamma=params.gamma)
     b = certify_release(params, stats, solve_from_sums(stats), n_clients)
@@ -207,7 +208,6 @@ def _w_bound(params, layout, revealed, n_clients: int) -> float | None:
 
 def _run_secagg(out, layout, bounds, gamma, session_id, rng, samples, max_norm, dropout) -> dict:
     """The whole SecAgg protocol in-process (:func:`secure_afl.secagg.simulate_round`)."""
-    from secure_afl.secagg import default_threshold, recommended_neighbours, secagg_session_params, simulate_round
 
     # SecAgg+ neighbour graph of degree 2 ceil(1.5 log2 K) once that is smaller than K - 1; the threshold
     # is lowered where the consistency quorum (n + t - 1) / 2 + 1 would not fit in the survivors

@@ -16,6 +16,10 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
+from secure_afl.backends import get_backend
+from secure_afl.packing import Layout
+from secure_afl.parallel import ParallelCombiner
+from secure_afl.params import Bounds
 
 __all__ = ["run_combine_bench", "register"]
 
@@ -23,12 +27,8 @@ __all__ = ["run_combine_bench", "register"]
 def run_combine_bench(backend: str = "ckks", *, dim: int = 512, classes: int = 100, uploads: int = 100,
                       k_max: int = 1000, workers=(1, 2), threads: int = 4, distinct: int = 4,
                       seed: int = 0) -> dict:
-    from secure_afl.backends import get_backend
     from secure_afl.backends.bfv import new_bfv_session
     from secure_afl.backends.ckks import new_ckks_session
-    from secure_afl.packing import Layout
-    from secure_afl.params import Bounds
-    from secure_afl.parallel import ParallelCombiner
 
     make = new_ckks_session if backend == "ckks" else new_bfv_session
     params, keys = make(f"bench-combine-{backend}", Layout(dim, classes), 1.0, Bounds(1.0, 32, k_max))

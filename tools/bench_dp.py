@@ -17,6 +17,11 @@ import time
 from pathlib import Path
 
 import numpy as np
+from secure_afl.packing import Layout
+from secure_afl.params import Bounds
+from secure_afl.partition import partition
+from secure_afl.stats import StatisticsAccumulator, SufficientStatistics
+from secure_afl.tools.demo import load_embedded
 
 __all__ = ["run_bench", "register"]
 
@@ -25,11 +30,6 @@ EPSILONS = (0.5, 1.0, 2.0, 4.0, 8.0, math.inf)
 
 def _accuracy(dataset: str, K: int, eps: float, seed: int, *, alpha: float, delta: float) -> float:
     from secure_afl.analytic import solve_from_sums, top1_accuracy
-    from secure_afl.tools.demo import load_embedded  # the demo's random Fourier feature map
-    from secure_afl.packing import Layout
-    from secure_afl.params import Bounds
-    from secure_afl.partition import partition
-    from secure_afl.stats import StatisticsAccumulator, SufficientStatistics
     from secure_afl.dp import DPSpec, add_noise_share, dp_session_params, dp_solve
 
     Xtr, ytr, Xte, yte, C = load_embedded(dataset, seed)

@@ -33,6 +33,8 @@ import warnings
 import numpy as np
 
 from secure_afl.stats import StatisticsAccumulator
+from secure_afl.clients import embed as E
+from secure_afl.clients import extraction
 
 __all__ = ["register", "run_extract_bench"]
 
@@ -45,8 +47,6 @@ def run_extract_bench(*, device: str = "auto", batch_size: int = 64, images: int
     """Run the phase-split benchmark and return a JSON-able dict of figures."""
     import torch
 
-    from secure_afl.clients import embed as E
-    from secure_afl.clients import extraction
 
     dev = extraction._resolve_device(device)
     cuda = dev.type == "cuda"

@@ -24,6 +24,13 @@ import time
 from pathlib import Path
 
 import numpy as np
+from secure_afl import pki
+from secure_afl.keyholder.verify import resum_signed_contributions
+from secure_afl.packing import Layout
+from secure_afl.params import Bounds
+from secure_afl.signing import build_manifest, sign_upload
+from secure_afl.stats import SufficientStatistics, local_statistics
+from secure_afl.tagging import new_tag, seal_tag, sign_tag
 
 __all__ = ["main"]
 
@@ -46,17 +53,10 @@ class _StoredUploads:
 
 def run(dim: int, classes: int, k: int, *, distinct: int = 4, n_per_hospital: int = 200, seed: int = 0,
         workers: tuple[int, ...] = ()) -> dict:
-    from secure_afl import pki
     from secure_afl.analytic import solve_from_sums
     from secure_afl.backends.ckks import CKKSBackend, ckks_session_params
-    from secure_afl.packing import Layout
-    from secure_afl.params import Bounds
-    from secure_afl.signing import build_manifest, sign_upload
-    from secure_afl.stats import SufficientStatistics, local_statistics
-    from secure_afl.tagging import new_tag, seal_tag, sign_tag
 
     from secure_afl.keyholder.release import KeyHolder
-    from secure_afl.keyholder.verify import resum_signed_contributions
 
     rng = np.random.default_rng(seed)
     gamma, lay = 1.0, Layout(dim, classes)

@@ -54,6 +54,19 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
+from secure_afl import pki
+from secure_afl.backends import HE_BACKENDS
+from secure_afl.backends import get_backend
+from secure_afl.keyholder.verify import default_fetchers, resum_signed_contributions
+from secure_afl.packing import Layout
+from secure_afl.params import Bounds
+from secure_afl.secagg import Stage
+from secure_afl.secagg import default_threshold, max_min_clients, recommended_neighbours
+from secure_afl.server.config import load_config, write_config
+from secure_afl.session import sign as sign_session
+from secure_afl.stats import StatisticsAccumulator
+from secure_afl.stats import SufficientStatistics
+from secure_afl.tools.demo import ServerProcess, free_port
 
 __all__ = ["register", "run_service_bench", "ServerMeter"]
 
@@ -140,7 +153,6 @@ def _disk_used(path: Path) -> int:
 
 
 def _hospital_stats(dim: int, classes: int, samples: int, seed: int, k: int):
-    from secure_afl.stats import StatisticsAccumulator
 
     rng = np.random.default_rng([seed, k])
     X = rng.standard_normal((samples, dim))
@@ -158,15 +170,9 @@ def run_service_bench(backend: str, hospitals: int, *, dim: int = 64, classes: i
                       max_connections: int | None = None, combine_workers: int = 0) -> dict:
     """The real service end to end; ``compare_fetchers`` also times the key holder's verify + re-sum over
     HTTPS again with one download at a time and with the default number in flight (no decryption)."""
-    from secure_afl import pki
     from secure_afl.analytic import solve_from_sums
-    from secure_afl.backends import HE_BACKENDS
     from secure_afl.clients.hospital import HospitalClient
-    from secure_afl.tools.demo import ServerProcess, free_port
     from secure_afl.keyholder import KeyHolder
-    from secure_afl.packing import Layout
-    from secure_afl.params import Bounds
-    from secure_afl.server.config import load_config, write_config
 
     K = hospitals
     if K < 2:
@@ -209,7 +215,6 @@ def run_service_bench(backend: str, hospitals: int, *, dim: int = 64, classes: i
     }
     if backend == "secagg":  # a [secagg] section in another backend's session is refused
         cfg["secagg"] = {"stage_timeout_s": float(stage_timeout_s)}
-        from secure_afl.secagg import default_threshold, max_min_clients, recommended_neighbours
 
         k = recommended_neighbours(K)
         thr = default_threshold((K - 1 if k is None else k) + 1)
@@ -221,7 +226,6 @@ def run_service_bench(backend: str, hospitals: int, *, dim: int = 64, classes: i
         cfg["session"]["min_clients"] = min_clients
     session_id = cfg["session"]["id"]
     write_config(work / "session.toml", cfg)
-    from secure_afl.session import sign as sign_session
 
     sign_session(work / "session.toml", pki_dir)  # the operator's signature every party pins
     url = f"https://127.0.0.1:{cfg['server']['port']}"
@@ -372,9 +376,7 @@ def _secagg_stages(audit_path: Path) -> list[dict]:
 def _resum_by_fetchers(kh, conn) -> dict[int, float]:
     """Seconds for the key holder's verify + re-sum of the stored uploads, fetched over HTTPS with
     1 and :func:`default_fetchers` downloads in flight; the two sums must be the same ciphertext."""
-    from secure_afl.backends import get_backend
     from secure_afl.keyholder.release import HTTPSource
-    from secure_afl.keyholder.verify import default_fetchers, resum_signed_contributions
 
     params = kh.params(conn.session_id)
     backend = get_backend(params)
@@ -410,7 +412,6 @@ def _hospital_slice(job: dict, hospitals: list, out) -> None:
                 return  # never uploads
             kw = {"timeout": job["timeout"]}
             if drop:
-                from secure_afl.secagg import Stage
 
                 kw["stop_before"] = Stage.MASKED_INPUT
             stats = _hospital_stats(job["dim"], job["classes"], job["samples"], job["seed"], i)
@@ -433,7 +434,6 @@ def _hospital_slice(job: dict, hospitals: list, out) -> None:
 
 
 def _with_gamma(s):
-    from secure_afl.stats import SufficientStatistics
 
     return SufficientStatistics(s.gram + np.eye(s.dim), s.cross, s.n, s.class_counts, 1.0, 1.0, None)
 

@@ -42,6 +42,22 @@ import time
 from pathlib import Path
 
 import numpy as np
+from secure_afl import pki
+from secure_afl.audit_verify import load_receipts
+from secure_afl.audit_verify import verify_log
+from secure_afl.certify import EXCEEDS, NO_BOUND, WITHIN, certify_release, session_w_target
+from secure_afl.certify import entry_error_bounds
+from secure_afl.certify import verdict_text
+from secure_afl.packing import Layout
+from secure_afl.params import Bounds, SessionParams
+from secure_afl.params import KEYED_BACKENDS
+from secure_afl.partition import partition
+from secure_afl.pki import client_ssl_context
+from secure_afl.secagg import default_threshold, max_min_clients, recommended_neighbours
+from secure_afl.server.config import load_config
+from secure_afl.server.config import write_config
+from secure_afl.session import sign as sign_session
+from secure_afl.stats import StatisticsAccumulator
 
 __all__ = ["run_demo", "register", "load_embedded", "random_features"]
 
@@ -95,7 +111,6 @@ class ServerProcess:
     def wait_ready(self, url: str, ca_file, cert=None, timeout: float = 60.0) -> None:
         import httpx
 
-        from secure_afl.pki import client_ssl_context
 
         ctx = client_ssl_context(ca_file, cert_file=cert[0], key_file=cert[1]) if cert else client_ssl_context(ca_file)
         deadline = time.monotonic() + timeout
@@ -129,7 +144,6 @@ class ServerProcess:
 
 def _hospital_data(args, seed):
     """[(name, X, y)], (X_test, y_test), n_classes, description."""
-    from secure_afl.partition import partition
 
     if args.data:
         files = sorted(p for p in Path(args.data).glob("*.npz") if p.name != "test.npz")
@@ -160,17 +174,10 @@ def _hospital_data(args, seed):
 
 
 def run_demo(args) -> dict:
-    from secure_afl import pki
-    from secure_afl.params import KEYED_BACKENDS
-    from secure_afl.certify import EXCEEDS, NO_BOUND, WITHIN, certify_release, session_w_target
     from secure_afl.analytic import centralised_weights, predict, solve_from_sums, top1_accuracy
-    from secure_afl.audit_verify import verify_log
     from secure_afl.clients.hospital import HospitalClient
-    from secure_afl.packing import Layout
-    from secure_afl.server.config import write_config
     from secure_afl.keyholder import KeyHolder, write_model
     from secure_afl.keyholder.model import model_metadata
-    from secure_afl.stats import StatisticsAccumulator
 
     timings: dict[str, float] = {}
     t = time.perf_counter()
@@ -213,7 +220,6 @@ def run_demo(args) -> dict:
         cfg["secagg"] = {"stage_timeout_s": 30.0}
         # the threshold follows each hospital's share holders (the server's default); the consistency
         # quorum then caps how many hospitals a release may require
-        from secure_afl.secagg import default_threshold, max_min_clients, recommended_neighbours
 
         k = recommended_neighbours(max(K, 2))
         t = default_threshold((K - 1 if k is None else k) + 1)
@@ -222,7 +228,6 @@ def run_demo(args) -> dict:
         # any min_clients hospitals' shares add up to the full noise
         cfg["dp"] = {"epsilon": float(args.dp), "delta": 1e-5, "min_contributors": cfg["session"]["min_clients"]}
     write_config(work / "session.toml", cfg)
-    from secure_afl.session import sign as sign_session
 
     sign_session(work / "session.toml", pki_dir)  # the operator's signature every party pins
     url = f"https://127.0.0.1:{port}"
@@ -238,7 +243,6 @@ def run_demo(args) -> dict:
         conn = kh.connect(url, session_id)
         if args.backend in KEYED_BACKENDS:
             from secure_afl.dp import dp_session_params
-            from secure_afl.server.config import load_config
 
             t = time.perf_counter()
             params0 = dp_session_params(load_config(work / "session.toml").dp, args.backend, session_id,
@@ -401,8 +405,6 @@ def run_demo(args) -> dict:
 
 def plain_entry_bound(stats, K: int) -> float:
     """Per-entry bound of the plaintext reference sums (float64 summation in some order)."""
-    from secure_afl.certify import entry_error_bounds
-    from secure_afl.params import Bounds, SessionParams
     from secure_afl.packing import Layout
 
     p = SessionParams("reference", "plain", Layout(stats.dim, stats.cross.shape[1]), stats.gamma, Bounds(1.0, 1, 1))
@@ -418,7 +420,6 @@ def _bounds(cfg):
 
 
 def _receipts(directory: Path) -> list[dict]:
-    from secure_afl.audit_verify import load_receipts
 
     return load_receipts(directory) if directory.exists() else []
 
@@ -465,7 +466,6 @@ def _print_report(r: dict) -> None:
     for a, b in rows:
         print(f"{a:<{width}}  {b}")
     print("-" * (width + 40))
-    from secure_afl.certify import verdict_text
 
     for b in (v["certified_bound_secure"], v["certified_bound_plaintext"]):
         if b["warning"] and b["applies"]:

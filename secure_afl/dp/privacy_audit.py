@@ -31,6 +31,7 @@ from secure_afl.packing import Layout
 from secure_afl.params import Bounds, SessionParams
 from secure_afl.stats import SufficientStatistics, local_statistics
 from secure_afl.dp.noise import add_noise_share
+from secure_afl.dp.noise import dp_session_params
 
 __all__ = ["AuditResult", "audit_session", "epsilon_lower_bound", "audit_params", "register"]
 
@@ -71,7 +72,6 @@ def epsilon_lower_bound(out_scores, in_scores, delta: float, *, confidence: floa
 
 def audit_params(spec, backend: str = "plain", *, dim: int = 8, classes: int = 3, max_norm: float = 1.0,
                  n_max: int = 200, k_max: int = 8, **kw) -> SessionParams:
-    from secure_afl.dp.noise import dp_session_params
 
     return dp_session_params(spec, backend, "dp-audit", Layout(dim, classes), 1.0, Bounds(max_norm, n_max, k_max),
                              **kw)

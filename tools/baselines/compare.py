@@ -27,6 +27,7 @@ from secure_afl.stats import local_statistics
 from secure_afl.tools.baselines.fl import FLConfig, client_label_mix, evaluate, run_fedavg, run_fedfac
 from secure_afl.tools.baselines.heads import LinearHead, MLPHead
 from secure_afl.tools.baselines.securesum import SecureSum
+from secure_afl.tools.demo import load_embedded
 
 __all__ = ["run_afl", "run_grid", "ri_ablation", "write_report", "register"]
 
@@ -444,7 +445,6 @@ def _cmd(args) -> int:
 
 
 def _run(args) -> int:
-    from secure_afl.tools.demo import load_embedded
 
     if args.report_from:
         # A .jsonl is a --rows progress file (a run stopped early): rows only.

@@ -33,6 +33,8 @@ from secure_afl.backends import get_backend
 from secure_afl.exceptions import InvalidInputError
 from secure_afl.packing import Layout
 from secure_afl.params import BACKENDS, Bounds, SessionParams
+from secure_afl.backends.secagg import recommended_neighbours, secagg_session_params, simulate_round
+from secure_afl.hazmat.fixedpoint import abs_error_bound, choose_frac_bits
 
 __all__ = ["SecureSum", "carrier_layout"]
 
@@ -131,7 +133,6 @@ class SecureSum:
         return be.reveal(agg, secret_context=self._keys.secret_context), np.mean(sizes)
 
     def _secagg(self, padded):
-        from secure_afl.backends.secagg import recommended_neighbours, secagg_session_params, simulate_round
 
         k = len(padded)
         bounds = Bounds(self.bounds.max_norm, 1, k)
@@ -158,7 +159,6 @@ class SecureSum:
 
             return expected_abs_error(self.params, n_clients, magnitude=m)
         if self.backend == "secagg":
-            from secure_afl.hazmat.fixedpoint import abs_error_bound, choose_frac_bits
 
             f = choose_frac_bits(Bounds(self.bounds.max_norm, 1, n_clients), 0.0)
             # the exact sum rounded once, against a float64 reference summed in some order
