@@ -86,7 +86,7 @@ def main(grid: Grid, context: Context) -> None:
     except SecureAFLError as e:
         # one machine-readable line in the run's log stream (`flwr run --stream`, `flwr log`) and no
         # traceback: a refusal is an outcome, not a crash. `flwr run` exits 0 either way (Flower's
-        # choice), so the outcome is read from this line (README, "Running on Flower").
+        # choice), so the outcome is read from this line (docs/FLOWER.md).
         log.error("secure-afl round refused: %s: %s", e.reason, " ".join(str(e).split()))
         return
     log.warning("secure-afl round done: %s", json.dumps(report, sort_keys=True))
