@@ -119,7 +119,7 @@ def _weights_enum_for(name: str):
         return None
 
 
-def _check_backbone_name(name: str) -> None:
+def check_backbone_name(name: str) -> None:
     names = available_backbones()
     if name not in names:
         close = [n for n in names if n.split("_")[0] == name.split("_")[0]][:6]
@@ -131,7 +131,7 @@ def _check_backbone_name(name: str) -> None:
         )
 
 
-def _hub_checkpoint_path(weights_enum) -> Path:
+def hub_checkpoint_path(weights_enum) -> Path:
     import torch
 
     filename = os.path.basename(urlparse(weights_enum.url).path)
@@ -186,7 +186,7 @@ def _read_state_dict(path: Path) -> dict:
     return sd
 
 
-def _parse_weights(name: str, weights):
+def parse_weights(name: str, weights):
     """-> ("random" | "enum" | "file", weights enum member or None, Path or None)."""
     spec = "random" if weights is None else str(weights)
     if spec.lower() == "random":
@@ -226,15 +226,15 @@ def load_backbone(name: str, weights: str | None = "DEFAULT", *, input_size: int
     import torch
     from torchvision.models import get_model
 
-    _check_backbone_name(name)
-    kind, weights_enum, path = _parse_weights(name, weights)
+    check_backbone_name(name)
+    kind, weights_enum, path = parse_weights(name, weights)
     if kind == "random":
         warnings.warn(
             f"RANDOM-INIT {name}: embeddings from a random backbone are meaningless; use only for tests.",
             RandomWeightsWarning, stacklevel=2)
 
     if weights_enum is not None:
-        cached = _hub_checkpoint_path(weights_enum)
+        cached = hub_checkpoint_path(weights_enum)
         try:
             model = get_model(name, weights=weights_enum)
         except Exception as exc:  # URLError/OSError offline, RuntimeError on a corrupt cache file

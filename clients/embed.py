@@ -57,7 +57,7 @@ import os
 import sys
 import warnings
 
-from secure_afl.fingerprint import ExtractorFingerprint
+from secure_afl.extractor import ExtractorFingerprint
 
 from .backbones import (Backbone, CorruptImage, DatasetError, DeviceUnavailable, EmbeddingError,
                         EmptyClassFolder, InvalidWeightsFile, Preprocessing, RandomWeightsWarning,

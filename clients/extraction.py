@@ -1,7 +1,7 @@
 """Extraction for ``client embed``: run the backbone over a source, accumulate
 C_k = X_k^T X_k, Q_k = X_k^T Y_k and counts in float64 on the device,
 optionally keep X, and write one embeddings or statistics file that records
-the extractor's fingerprint (:mod:`secure_afl.fingerprint`).
+the extractor's fingerprint (:mod:`secure_afl.extractor`).
 """
 
 from __future__ import annotations
@@ -15,13 +15,13 @@ from pathlib import Path
 import numpy as np
 
 from secure_afl.exceptions import InvalidInputError
-from secure_afl.fingerprint import ExtractorFingerprint, parse_normalisation
+from secure_afl.extractor import ExtractorFingerprint, parse_normalisation
 from secure_afl.stats import StatisticsAccumulator, SufficientStatistics
 
 from .backbones import (Backbone, DatasetError, EmbeddingError, DeviceUnavailable, Preprocessing,
-                        _check_backbone_name, _hub_checkpoint_path, _parse_weights, load_backbone,
+                        check_backbone_name, hub_checkpoint_path, parse_weights, load_backbone,
                         resolve_preprocessing)
-from .sources import ImageSource, _n_classes_arg, _parse_class_names, cifar_source, image_folder, npz_source
+from .sources import ImageSource, n_classes_arg, parse_class_names, cifar_source, image_folder, npz_source
 from .statsfile import write_embeddings_file, write_statistics_file
 
 
@@ -250,7 +250,7 @@ def embed_to_file(*, images=None, cifar_root=None, npz=None, split: str | None =
     Exactly one of ``images`` / ``cifar_root`` / ``npz`` and exactly one of
     ``out`` (embeddings file) / ``stats_only`` (statistics file). ``gamma``
     is recorded in the statistics file as metadata; ``gram`` never includes it.
-    The file records the extractor's fingerprint (:mod:`secure_afl.fingerprint`)
+    The file records the extractor's fingerprint (:mod:`secure_afl.extractor`)
     under the metadata key ``extractor``; random weights need ``seed``.
     """
     if sum(v is not None for v in (images, cifar_root, npz)) != 1:
@@ -267,14 +267,14 @@ def embed_to_file(*, images=None, cifar_root=None, npz=None, split: str | None =
     elif cifar_root is not None:
         source = cifar_source(cifar_root, split=split or "train")
     else:
-        source = npz_source(npz, classes=_parse_class_names(classes))
-    n_classes = _n_classes_arg(classes)
-    if _parse_class_names(classes) is not None and cifar_root is not None:
+        source = npz_source(npz, classes=parse_class_names(classes))
+    n_classes = n_classes_arg(classes)
+    if parse_class_names(classes) is not None and cifar_root is not None:
         raise InvalidInputError("class names cannot be overridden for CIFAR; pass a number of classes")
     if n_classes is not None and n_classes < len(source.classes):
         raise InvalidInputError(f"--classes {n_classes} is smaller than the {len(source.classes)} classes found")
-    _check_backbone_name(backbone)
-    kind, wenum, wpath = _parse_weights(backbone, weights)
+    check_backbone_name(backbone)
+    kind, wenum, wpath = parse_weights(backbone, weights)
     if kind == "random" and seed is None:
         raise InvalidInputError("--weights random needs --seed N: an unseeded random backbone differs on every "
                                 "run, so no two hospitals' statistics could be summed")
@@ -285,7 +285,7 @@ def embed_to_file(*, images=None, cifar_root=None, npz=None, split: str | None =
                   keep_embeddings=stats_only is None, n_classes=n_classes, dtype=dtype, progress=progress,
                   l2_radius=l2_radius)
     fingerprint = ExtractorFingerprint(
-        backbone=bb.name, weights=_weights_id(kind, wenum, wpath, seed), preset=prep.name, input_size=prep.crop,
+        backbone=bb.name, weights=weights_id(kind, wenum, wpath, seed), preset=prep.name, input_size=prep.crop,
         classes=tuple(res.classes), dim=bb.dim,
         normalisation="none" if l2_radius is None else f"l2:{l2_radius:g}")
     res.metadata.update({"n_images": len(source), "dataset": source.description,
@@ -297,11 +297,11 @@ def embed_to_file(*, images=None, cifar_root=None, npz=None, split: str | None =
     return res
 
 
-def _weights_id(kind: str, weights_enum, path, seed) -> str:
+def weights_id(kind: str, weights_enum, path, seed) -> str:
     """What the fingerprint names the weights by: the file's SHA-256, or the random seed."""
     if kind == "random":
         return f"random-seed:{int(seed)}"
-    f = Path(path) if kind == "file" else _hub_checkpoint_path(weights_enum)
+    f = Path(path) if kind == "file" else hub_checkpoint_path(weights_enum)
     h = hashlib.sha256()
     with open(f, "rb") as fh:
         for block in iter(lambda: fh.read(1 << 20), b""):

@@ -10,24 +10,24 @@ fields differ.
 from __future__ import annotations
 
 import json
+from secure_afl.clients.backbones import check_backbone_name, parse_weights, load_backbone, resolve_preprocessing
+from secure_afl.clients.extraction import weights_id
+from secure_afl.exceptions import InvalidInputError
+from secure_afl.extractor import ExtractorFingerprint, parse_normalisation
 
 
 def _cmd_fingerprint(args) -> int:
-    from secure_afl.exceptions import InvalidInputError
-    from secure_afl.fingerprint import ExtractorFingerprint, parse_normalisation
 
-    from .backbones import _check_backbone_name, _parse_weights, load_backbone, resolve_preprocessing
-    from .extraction import _weights_id
 
-    _check_backbone_name(args.backbone)
-    kind, wenum, wpath = _parse_weights(args.backbone, args.weights)
+    check_backbone_name(args.backbone)
+    kind, wenum, wpath = parse_weights(args.backbone, args.weights)
     if kind == "random" and args.seed is None:
         raise InvalidInputError("--weights random needs --seed N (it becomes part of the fingerprint)")
     radius = parse_normalisation(args.normalisation)
     prep = resolve_preprocessing(args.preset, wenum)
     bb = load_backbone(args.backbone, args.weights, input_size=prep.crop, seed=args.seed)
     classes = [c.strip() for c in args.classes.split(",") if c.strip()]
-    fp = ExtractorFingerprint(bb.name, _weights_id(kind, wenum, wpath, args.seed), prep.name, prep.crop,
+    fp = ExtractorFingerprint(bb.name, weights_id(kind, wenum, wpath, args.seed), prep.name, prep.crop,
                               tuple(classes), bb.dim, "none" if radius is None else f"l2:{radius:g}")
     print("[extractor]")
     for key, value in fp.to_dict().items():

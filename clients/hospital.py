@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
+from secure_afl.encoding import canonical_text
 from secure_afl import pki
 from secure_afl import session as session_definition
 from secure_afl.backends import get_backend
@@ -38,7 +39,6 @@ from secure_afl.exceptions import (
 from secure_afl.keyholder_params import (
     PARAMS_SIGNATURE,
     check_published_keys,
-    pinned_keyholder_key,
     verify_session_params,
 )
 from secure_afl.packing import Layout
@@ -48,7 +48,8 @@ from secure_afl.signing import sign_upload, verify_receipt
 from secure_afl.stats import SufficientStatistics
 from secure_afl.tagging import new_tag, seal_tag, sign_tag
 
-from .transport import ServiceClient
+from secure_afl.clients.tls_client import ServiceClient
+from secure_afl.clients.secagg_client import run_secagg
 
 __all__ = ["HospitalClient", "protect_contribution", "protect_vector"]
 
@@ -128,10 +129,7 @@ class HospitalClient:
         self.keyholder_name = keyholder_name
         self.receipts_dir = Path(receipts_dir) if receipts_dir else None
         if server_identity_pub is None:
-            servers = pki.load_enrolments(party.pki_dir, role="server")
-            if len(servers) != 1:
-                raise InvalidInputError("cannot pin the server's identity key: give server_identity_pub")
-            server_identity_pub = next(iter(servers.values())).identity_pub
+            server_identity_pub = pki.pinned_identity(party.pki_dir, "server")
         self.server_pub = (pki.public_key_from_hex(server_identity_pub)
                            if isinstance(server_identity_pub, str) else server_identity_pub)
         self.bytes_uploaded = 0
@@ -160,7 +158,7 @@ class HospitalClient:
         if params.backend in KEYED_BACKENDS:
             # the server relays the key holder's keys; only the key holder's own signature makes them its keys
             verify_session_params(params, info.get(PARAMS_SIGNATURE),
-                                  pinned_keyholder_key(self.party.pki_dir, self.keyholder_name))
+                                  pki.pinned_identity(self.party.pki_dir, "keyholder", self.keyholder_name))
         return params
 
     def protect(self, params: SessionParams, stats: SufficientStatistics) -> tuple[bytes, dict | None]:
@@ -190,10 +188,10 @@ class HospitalClient:
         for attempt in range(attempts):
             statement = sign_upload(self.party.identity_key(), self.session_id, params.digest(),
                                     bytes.fromhex(sha), self.name)
-            headers = {H_UPLOAD: json.dumps(statement, separators=(",", ":")),
+            headers = {H_UPLOAD: canonical_text(statement),
                        "content-type": "application/octet-stream"}
             if tag is not None:
-                headers[H_TAG] = json.dumps(tag, separators=(",", ":"))
+                headers[H_TAG] = canonical_text(tag)
             content = _progress_chunks(payload, self.name) if progress else None
             if content is not None:
                 headers["content-length"] = str(len(payload))
@@ -226,7 +224,6 @@ class HospitalClient:
         """The whole hospital side in one call (all secagg stages included). Returns the receipt."""
         params = self.fetch_params()
         if params.backend == "secagg":
-            from .secagg_client import run_secagg
 
             return run_secagg(self, params, stats, progress=progress, **secagg_kw)
         payload, tag = self.protect(params, stats)

@@ -56,7 +56,7 @@ class ImageSource:
             raise CorruptImage(f"cannot decode image {path}: {type(exc).__name__}: {exc}") from None
 
 
-def _parse_class_names(classes) -> list | None:
+def parse_class_names(classes) -> list | None:
     if classes is None or isinstance(classes, (int, np.integer)):
         return None
     if isinstance(classes, str):
@@ -66,7 +66,7 @@ def _parse_class_names(classes) -> list | None:
     return [str(c) for c in classes]
 
 
-def _n_classes_arg(classes) -> int | None:
+def n_classes_arg(classes) -> int | None:
     if isinstance(classes, (int, np.integer)):
         return int(classes)
     if isinstance(classes, str) and classes.isdigit():
@@ -87,8 +87,8 @@ def image_folder(root, *, classes=None) -> ImageSource:
     folders = sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
     if not folders:
         raise DatasetError(f"{root} has no class sub-folders (expected {root}/<class>/<image>)")
-    names = _parse_class_names(classes)
-    n = _n_classes_arg(classes)
+    names = parse_class_names(classes)
+    n = n_classes_arg(classes)
     if names is None:
         if n is not None and n != len(folders):
             raise DatasetError(f"--classes {n} but {root} has {len(folders)} class folders; "
@@ -187,8 +187,8 @@ def array_source(images, y, classes=None, *, kind: str = "arrays", description: 
         raise DatasetError(f"images must be (N>0, H, W, 3) uint8; got {images.shape} {images.dtype}")
     if y.shape != (images.shape[0],) or y.dtype.kind not in "iu" or y.min() < 0:
         raise DatasetError(f"y must be (N,) non-negative integers; got {y.shape} {y.dtype}")
-    names = _parse_class_names(classes)
-    n = _n_classes_arg(classes)
+    names = parse_class_names(classes)
+    n = n_classes_arg(classes)
     if names is None:
         names = [str(i) for i in range(n if n is not None else int(y.max()) + 1)]
     if y.max() >= len(names):

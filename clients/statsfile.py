@@ -44,6 +44,7 @@ from pathlib import Path
 
 import numpy as np
 
+from secure_afl import domains
 from secure_afl.exceptions import BoundsExceeded, InvalidInputError
 from secure_afl.stats import StatisticsAccumulator, SufficientStatistics, enforce_norm_bound
 
@@ -60,8 +61,8 @@ __all__ = [
     "read_metadata",
 ]
 
-EMBEDDINGS_FORMAT = "secure-afl/embeddings/v1"
-STATISTICS_FORMAT = "secure-afl/statistics/v1"
+EMBEDDINGS_FORMAT = domains.EMBEDDINGS_FORMAT
+STATISTICS_FORMAT = domains.STATISTICS_FORMAT
 
 _ARRAY_KEYS = {"X", "y", "classes", "gram", "cross", "counts", "n"}
 

@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import json
 import logging
+from secure_afl import pki
+from secure_afl.clients.statsfile import check_readable, load_statistics_file, recorded_extractor
+from secure_afl.extractor import ExtractorFingerprint, check_extractor
 
 
 def _cmd_submit(args) -> int:
-    from secure_afl import pki
 
-    from secure_afl.fingerprint import ExtractorFingerprint, check_extractor
 
     from .hospital import HospitalClient
-    from .statsfile import check_readable, load_statistics_file, recorded_extractor
 
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="secure-afl: %(message)s")
     party = pki.load_party(args.pki, "hospital", args.name)

@@ -13,6 +13,9 @@ from .connection import KeyHolderConnection
 from .custody import PASSPHRASE_ENV
 from .model import model_metadata
 from .release import KeyHolder, write_model
+from secure_afl import session
+from secure_afl.certify import verdict_text
+from secure_afl.params import KEYED_BACKENDS
 
 __all__ = ["register"]
 
@@ -25,8 +28,6 @@ def _keyholder(args) -> KeyHolder:
 
 
 def _cmd_keygen(args) -> int:
-    from secure_afl import session
-    from secure_afl.params import KEYED_BACKENDS
 
     definition = session.load_signed(args.pki, args.session)  # the operator's, from this key holder's bundle
     if definition.backend not in KEYED_BACKENDS:
@@ -81,7 +82,6 @@ def _cmd_finalize(args) -> int:
 
 def format_w_bound(b: dict, backend: str = "ckks") -> str:
     """One line: the verdict (the same words as the demo's) and, with a bound, the bound and what it bounds."""
-    from secure_afl.certify import verdict_text
 
     if not b["applies"]:
         return f"W: {verdict_text(b['verdict'], backend)}"

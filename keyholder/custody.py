@@ -19,6 +19,8 @@ from secure_afl.exceptions import InvalidInputError, InvalidKey, ParameterMismat
 from secure_afl.params import SessionParams
 
 from .flooding import check_counts_releasable
+from secure_afl.backends import he_module
+from secure_afl.tagging import TAG_KEY_PARAM, generate_tag_key
 
 __all__ = ["KeyCustody", "PASSPHRASE_ENV"]
 
@@ -52,9 +54,7 @@ class KeyCustody:
     def keygen(self, params: SessionParams) -> bytes:
         """Fresh HE (ckks or bfv) and tag keys for this session; writes the keygen record; returns the public
         context."""
-        from secure_afl.backends import he_module
         from secure_afl.backends.ckks import save_secret_context
-        from secure_afl.tagging import TAG_KEY_PARAM, generate_tag_key
 
         generate_keys = he_module(params.backend).generate_keys
         bind_public_context = he_module(params.backend).bind_public_context

@@ -57,7 +57,7 @@ Precision: every flooded entry is within ``e + z sigma`` of the true sum,
 with z chosen so that ALL entries of the release are within it except with
 probability 2^-TAIL_BITS (:func:`tail_z`, a union bound over the entries of the
 Gaussian tail P(|N(0,1)| > z) <= exp(-z^2/2)). The sanity checks
-(:func:`secure_afl.release.sanity_check`) and the certificate
+(:func:`secure_afl.release_checks.sanity_check`) and the certificate
 (:mod:`secure_afl.certify`) use exactly that bound.
 """
 
@@ -68,6 +68,8 @@ import secrets
 from dataclasses import dataclass
 
 import numpy as np
+from secure_afl.certify import gaussian_spectral_bound
+from secure_afl.exceptions import InvalidParameterError
 
 __all__ = ["KAPPA", "QUERIES", "TAIL_BITS", "flood_sigma", "flood", "tail_z", "margin_bits", "FloodedRelease",
            "flood_release", "flood_plan", "flood_decryption", "flood_norm_bounds", "check_counts_releasable"]
@@ -223,7 +225,6 @@ def flood_norm_bounds(plan: dict, fl: "FloodedRelease", dim: int, classes: int, 
     smaller or zero variance) at probability / 4 per tail pair. F: E||F||_F <= sqrt(sum of variances)
     and ||F||_F is max(sigma)-Lipschitz, so phi = sqrt(sum var) + t max(sigma), exp(-t^2/2) = probability / 2.
     """
-    from secure_afl.certify import gaussian_spectral_bound
 
     s, s0, m = fl.sigma, fl.sigma_counts, int(plan["gram_block"])
     rho = gaussian_spectral_bound(s, dim, probability / 4.0)
@@ -255,7 +256,6 @@ def check_counts_releasable(params) -> None:
     """
     if params.backend != "ckks":
         return
-    from secure_afl.exceptions import InvalidParameterError
 
     b = params.bounds
     tol = flood_plan(params, int(b.k_max))["count_tol"]

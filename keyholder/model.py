@@ -11,7 +11,7 @@ whoever deploys W can check both before using it
 
 from __future__ import annotations
 
-from secure_afl.fingerprint import ExtractorFingerprint
+from secure_afl.extractor import ExtractorFingerprint
 from secure_afl.params import SessionParams
 
 __all__ = ["model_metadata"]

@@ -35,12 +35,26 @@ from secure_afl.exceptions import DecryptionRefused, InsufficientContributors, I
     PolicyViolation, SecureAFLError
 from secure_afl.packing import Layout
 from secure_afl.params import SessionParams
-from secure_afl.release import ReleaseLedger, check_aggregate_against_manifest, check_class_minimum, sanity_check
+from secure_afl.release_checks import ReleaseLedger, check_aggregate_against_manifest, check_class_minimum, sanity_check
 
 from .connection import KeyHolderConnection
 from .custody import KeyCustody
 from .flooding import flood_decryption, flood_norm_bounds, flood_plan
 from .verify import ContributionRejected, ServerForgery, resum_signed_contributions, verify_manifest_for
+from secure_afl import session
+from secure_afl._io import write_file
+from secure_afl.analytic import ri_restore_gram
+from secure_afl.audit_log import countersign_head
+from secure_afl.backends import split, split_validity
+from secure_afl.dp import dp_sanity_check
+from secure_afl.dp import dp_solve
+from secure_afl.encoding import canonical_json
+from secure_afl.keyholder_params import sign_session_params
+from secure_afl.protocol import H_TAG
+from secure_afl.protocol import context_publication
+from secure_afl.session import signed_path
+from secure_afl.tagging import TAG_KEY_PARAM
+from secure_afl.tagging import check_aggregate_tag
 
 __all__ = ["KeyHolder", "FinalResult", "HTTPSource", "write_model", "read_model"]
 
@@ -100,9 +114,6 @@ class KeyHolder(KeyCustody):
 
     def publication_body(self, session_id: str) -> bytes:
         """The publication any transport carries: public context, tag key, signature over the parameters."""
-        from secure_afl.keyholder_params import sign_session_params
-        from secure_afl.protocol import context_publication
-        from secure_afl.tagging import TAG_KEY_PARAM
 
         params = self.params(session_id)
         return context_publication(self.public_context(session_id), params.backend_params[TAG_KEY_PARAM],
@@ -112,12 +123,11 @@ class KeyHolder(KeyCustody):
         return conn.request("POST", conn.path("/close")).json()
 
     def _trust(self, session_id: str, expected_hospitals: list[str] | None):
-        from secure_afl import session
-        from secure_afl.session import signed_path
 
-        servers = pki.load_enrolments(self.pki_dir, role="server")
-        if len(servers) != 1:
-            raise DecryptionRefused("exactly one enrolled server identity is required to check the manifest")
+        try:
+            server_pub = pki.pinned_identity(self.pki_dir, "server")
+        except SecureAFLError as e:
+            raise DecryptionRefused(f"not decrypting: no server identity to check the manifest against ({e})") from e
         enrolled = pki.enrolled_keys(pki.load_enrolments(self.pki_dir, role="hospital"))
         # the session's signed roster, not every hospital the CA issued: an upload signed by a spare or
         # withdrawn identity counts for nothing, whatever the server's manifest says. (finalize and the Flower
@@ -128,7 +138,7 @@ class KeyHolder(KeyCustody):
             enrolled = {k: v for k, v in enrolled.items() if k in roster}
         if expected_hospitals is not None:
             enrolled = {k: v for k, v in enrolled.items() if k in set(expected_hospitals)}
-        return next(iter(servers.values())).public_key(), enrolled
+        return server_pub, enrolled
 
     def finalize(self, conn, *, min_clients: int, lam: float = 0.0, min_class_count: int = 1,
                  expected_hospitals: list[str] | None = None) -> FinalResult:
@@ -174,7 +184,6 @@ class KeyHolder(KeyCustody):
     def countersign_audit_head(self, conn, manifest: dict) -> dict:
         """Countersign the server's close record (audit seq + head of this release) and hand it back,
         before anything is decrypted: the auditor then holds a head the server alone cannot rewrite."""
-        from secure_afl.signing import canonical_json
 
         close = conn.request("GET", conn.path("/audit/head")).json()["close"]
         cs = self.countersign_close(close, manifest)
@@ -187,7 +196,6 @@ class KeyHolder(KeyCustody):
     def keep_audit_head(self, session_id: str, close: dict, countersign: dict) -> Path:
         """Keep the countersigned head here, before the server gets it: auditors take it from the key holder
         (with the model and report), so a server that withholds or replaces its own copy is noticed."""
-        from secure_afl._io import write_file
 
         import re
 
@@ -203,14 +211,10 @@ class KeyHolder(KeyCustody):
     def countersign_close(self, close: dict, manifest: dict) -> dict:
         """The countersignature over ``close``, checked against the pinned server key and the manifest;
         :class:`DecryptionRefused` if it does not hold (nothing is decrypted then)."""
-        from secure_afl.audit import countersign_head
 
-        servers = pki.load_enrolments(self.pki_dir, role="server")
         try:
-            if len(servers) != 1:
-                raise InvalidInputError("cannot pin the server's identity key")
             return countersign_head(self.party.identity_key(), self.party.name, close,
-                                    next(iter(servers.values())).public_key(), manifest)
+                                    pki.pinned_identity(self.pki_dir, "server"), manifest)
         except (SecureAFLError, AttributeError, TypeError) as e:
             raise DecryptionRefused(f"not decrypting: the audit close record does not hold ({e})") from e
 
@@ -260,8 +264,7 @@ class KeyHolder(KeyCustody):
         What is downloaded before the share leaves: the manifest and the seed statements. After it: the
         released aggregate and W the collector formed -- the release itself, nothing per hospital.
         """
-        from secure_afl.protocol import H_TAG
-        from secure_afl.signing import canonical_json
+        from secure_afl.encoding import canonical_json
 
         t0 = time.perf_counter()
         body, statement = self.release_split(conn.session_id, HTTPSource(conn), min_clients=min_clients,
@@ -308,7 +311,6 @@ class KeyHolder(KeyCustody):
         One share per key (the ledger): a second release under the same seeds is refused, and a forged
         manifest or box blocks the key. Returns ``(share bytes, signed share statement)``.
         """
-        from secure_afl.backends import split, split_validity
 
         params = self.params(sid)  # the keygen record, never the server's word
         key_id = params.backend_params[split.PUBLIC_CONTEXT_KEY]
@@ -397,12 +399,11 @@ class KeyHolder(KeyCustody):
         not even a check's outcome, goes further; check; solve; certify.
 
         Every check's tolerance is the bound proved for the noise actually added
-        (:func:`secure_afl.release.sanity_check`), so an honest cohort passes
+        (:func:`secure_afl.release_checks.sanity_check`), so an honest cohort passes
         except with probability 2^-40. Nothing that leaves here (report,
         exception message) carries a decrypted float: integers are rounded and
         range-checked, float checks report pass or fail.
         """
-        from secure_afl.tagging import check_aggregate_tag
 
         K = len(participants)
         # the tags are summed in float64 here; allow that summation's own rounding
@@ -470,7 +471,6 @@ class KeyHolder(KeyCustody):
             with PrivacyLedger(self.keys_dir / "privacy.sqlite3") as pl:
                 pl.record(params.session_id, release_id, None, 0.0, float("inf"))
             return W, None
-        from secure_afl.dp import dp_solve
         from secure_afl.dp.mechanism import epsilon_from_rdp, release_rdp
 
         W, solve_info = dp_solve(stats, params, len(participants), lam=lam)
@@ -577,7 +577,6 @@ def _ridge_if_needed(stats, spectral: float) -> float:
     along directions it made negative. Above 2 rho the unregularised system keeps
     lambda_min(C) >= lambda_min(C') - rho >= rho > 0, so W is certified against C^+ Q itself and no
     ridge bias is paid."""
-    from secure_afl.analytic import ri_restore_gram
 
     C = ri_restore_gram(stats.gram, round(stats.contributors), stats.gamma)
     lam_min = float(np.linalg.eigvalsh(0.5 * (C + C.T))[0])
@@ -590,7 +589,6 @@ def _sanity(stats, params, participants, tol, *, count_tol=None, spectral_tol=No
     if params.dp is None:
         return sanity_check(stats, params, len(participants), abs_tol=tol, count_tol=count_tol,
                             spectral_tol=spectral_tol)
-    from secure_afl.dp import dp_sanity_check
 
     _check_dp_noise(params, len(participants))
     return {"checks": dp_sanity_check(stats, params, len(participants))}

@@ -63,6 +63,7 @@ import numpy as np
 
 from ._validation import check_real
 from .exceptions import InvalidInputError
+from secure_afl.hazmat.fixedpoint import abs_error_bound
 
 __all__ = ["WBound", "w_error_bound", "certify_release", "entry_error_bounds", "plain_summation_error",
            "summand_magnitudes", "session_w_target", "UNIT_ROUNDOFF", "gaussian_spectral_bound",
@@ -264,7 +265,6 @@ def entry_error_bounds(params, n_clients: int, stats) -> tuple[float, float]:
         base = expected_abs_error(params, k)
         eps_C = eps_Q = base
     elif params.backend in ("secagg", "bfv", "split"):
-        from .hazmat.fixedpoint import abs_error_bound
 
         fb = tuple(params.backend_params["frac_bits"])
         eps_C = abs_error_bound(fb, k, mag_C)

@@ -22,19 +22,20 @@ from .exceptions import EXIT_INPUT, EXIT_REFUSED, EXIT_USAGE, InvalidParameterEr
 # optional dependencies -> the extra of pyproject.toml that installs them (`make demo` installs none)
 _EXTRAS = {"torch": "embed", "torchvision": "embed", "PIL": "embed", "flwr": "flower", "matplotlib": "bench"}
 
-# (command name, help, module providing register(subparser))
+# (command name, help, "module" providing register(subparser), or "module:function" naming another function)
 _COMMANDS = [
-    ("reproduce", "reproduce the papers' verification experiments", "secure_afl.reproduce"),
-    ("bench", "benchmarks that print figures", "secure_afl.bench"),
+    ("reproduce", "reproduce the papers' verification experiments", "secure_afl.tools.reproduce"),
+    ("bench", "benchmarks that print figures", "secure_afl.tools.bench"),
     ("client", "hospital-side commands", "secure_afl.clients.cli"),
-    ("pki", "consortium CA, TLS certificates and Ed25519 identities", "secure_afl.pki"),
-    ("session", "the operator's signed session definition every party pins", "secure_afl.session"),
-    ("audit", "verify the hash-chained audit log and receipts", "secure_afl.audit"),
+    ("pki", "consortium CA, TLS certificates and Ed25519 identities", "secure_afl.consortium.cli:register_pki"),
+    ("session", "the operator's signed session definition every party pins",
+     "secure_afl.consortium.cli:register_session"),
+    ("audit", "verify the hash-chained audit log and receipts", "secure_afl.audit_verify"),
     ("server", "the aggregation server", "secure_afl.server.cli"),
     ("keyholder", "the key holder: keys, release checks, decryption and the solve", "secure_afl.keyholder.cli"),
-    ("demo", "end-to-end demo: PKI, server, key holder and K hospitals on 127.0.0.1", "secure_afl.demo"),
-    ("attack", "run the threat-model attack demonstrations", "secure_afl.attacks"),
-    ("compare", "AFL against FedAvg, FedProx and FedFac with secure sums", "secure_afl.baselines.compare"),
+    ("demo", "end-to-end demo: PKI, server, key holder and K hospitals on 127.0.0.1", "secure_afl.tools.demo"),
+    ("attack", "run the threat-model attack demonstrations", "secure_afl.tools.attacks"),
+    ("compare", "AFL against FedAvg, FedProx and FedFac with secure sums", "secure_afl.tools.baselines.compare"),
 ]
 
 
@@ -52,7 +53,8 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     for name, help_, module in _COMMANDS:
         p = sub.add_parser(name, help=help_, description=help_)
         if wanted is None or wanted == name:
-            importlib.import_module(module).register(p)
+            mod, _, func = module.partition(":")
+            getattr(importlib.import_module(mod), func or "register")(p)
     return parser
 
 

@@ -11,17 +11,17 @@ is looked at, and any truncation or bit flip in the body is detected.
 from __future__ import annotations
 
 import hashlib
-import json
 import struct
 from dataclasses import dataclass
 
+from . import domains
 from .exceptions import MalformedPayload, ParameterMismatch, WrongSession
 from .params import SessionParams
-from .signing import parse_json
+from .encoding import canonical_json, parse_json
 
 __all__ = ["seal", "open_envelope", "Envelope", "peek_header", "MAX_HEADER"]
 
-_MAGIC = b"SAFLPAY1"
+_MAGIC = domains.PAYLOAD_MAGIC
 _LEN = struct.Struct("<I")
 MAX_HEADER = 64 * 1024
 KINDS = ("contribution", "aggregate")
@@ -46,7 +46,7 @@ def seal(params: SessionParams, kind: str, body: bytes, **extra) -> bytes:
         "body_len": len(body),
     }
     header.update(extra)
-    hb = json.dumps(header, sort_keys=True, separators=(",", ":")).encode()
+    hb = canonical_json(header)
     return _MAGIC + _LEN.pack(len(hb)) + hb + body
 
 

@@ -6,27 +6,28 @@ upload. So the key holder signs ``(session id, SessionParams.digest())`` with
 its Ed25519 identity key, and the digest covers the CKKS parameters, the hash
 of the public context, the tag key, the layout, gamma and the bounds. A
 hospital verifies that signature against the key holder's identity from its
-own PKI directory (:func:`pinned_keyholder_key`) and checks the context bytes
+own PKI directory (:func:`secure_afl.pki.pinned_identity`) and checks the context bytes
 and the tag key against the signed digest before it encrypts anything.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from cryptography.exceptions import InvalidSignature as _CryptoInvalidSignature
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
 
+from . import domains
 from . import pki
-from .exceptions import InvalidInputError, InvalidSignature, ParameterMismatch
+from .exceptions import InvalidSignature, ParameterMismatch
 from .params import SessionParams
-from .signing import canonical_json
+from .encoding import canonical_json
+from secure_afl.backends import get_backend
+from secure_afl.tagging import TAG_KEY_PARAM
 
 __all__ = ["PARAMS_SIGNATURE", "sign_session_params", "verify_session_params", "check_tag_public_key",
-           "check_published_keys", "pinned_keyholder_key"]
+           "check_published_keys"]
 
 PARAMS_SIGNATURE = "keyholder_params_signature"
-_PREFIX = b"secure-afl/keyholder-params/v1\0"
+_PREFIX = domains.KEYHOLDER_PARAMS
 
 
 def _statement(params: SessionParams) -> bytes:
@@ -69,9 +70,7 @@ def check_tag_public_key(tag_public_key) -> bytes:
 
 def check_published_keys(params: SessionParams, public_context: bytes) -> None:
     """The context and tag key are the ones the signed digest names, and usable (no secret key in the context)."""
-    from .backends import get_backend
     from .backends.ckks import PUBLIC_CONTEXT_KEY
-    from .tagging import TAG_KEY_PARAM
 
     backend = get_backend(params)  # ckks or bfv: the same binding, each scheme's own context checks
     if backend.scheme.context_sha256(public_context) != params.backend_params.get(PUBLIC_CONTEXT_KEY):
@@ -80,16 +79,3 @@ def check_published_keys(params: SessionParams, public_context: bytes) -> None:
     check_tag_public_key(params.backend_params.get(TAG_KEY_PARAM))
 
 
-def pinned_keyholder_key(pki_dir, name: str | None = None):
-    """The key holder's Ed25519 identity as enrolled in the local PKI directory.
-
-    The single place a hospital or the server learns whom to trust for the
-    session parameters; a signed roster can replace it here.
-    """
-    holders = pki.load_enrolments(Path(pki_dir), role="keyholder")
-    if name is not None:
-        holders = {k: v for k, v in holders.items() if k == name}
-    if len(holders) != 1:
-        raise InvalidInputError(f"cannot pin the key holder: {len(holders)} keyholder enrolments match in "
-                                f"{pki_dir}" + (f" for {name!r}" if name else ""))
-    return next(iter(holders.values())).public_key()

@@ -26,15 +26,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from . import domains
 from ._validation import check_int
 from .exceptions import LayoutMismatch, MalformedPayload
-from .stats import SufficientStatistics
+from .stats import TAG_SLOTS, SufficientStatistics
 
 __all__ = ["Layout", "LAYOUT_VERSION", "TAG_SLOTS"]
 
 LAYOUT_VERSION = 1
-TAG_SLOTS = 4
-_MAGIC = b"AFLSTATS"
+_MAGIC = domains.PACKED_STATS_MAGIC
 _HEADER = struct.Struct("<8sIIIQ4x")  # magic, version, d, C, L, pad -> 32 bytes
 
 

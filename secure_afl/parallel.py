@@ -41,6 +41,7 @@ from typing import Iterable, Iterator
 
 from .exceptions import InvalidContribution, MalformedPayload, SecureAFLError, ServerBusy, error_class
 from .params import SessionParams
+from secure_afl.backends import get_backend
 
 __all__ = ["PayloadRefused", "sum_payloads", "default_workers", "ParallelCombiner", "WorkerLost"]
 
@@ -70,7 +71,6 @@ def default_workers(n: int, payload_bytes: int) -> int:
 
 
 def _combiner(params: SessionParams, public_context: bytes | None):
-    from .backends import get_backend
 
     backend = get_backend(params)
     return backend.combiner(public_context=public_context) if public_context is not None else backend.combiner()

@@ -9,11 +9,11 @@ and a payload for other parameters is refused (:class:`ParameterMismatch`).
 from __future__ import annotations
 
 import hashlib
-import json
 import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+from .encoding import canonical_json
 from ._validation import check_int, check_real, param_error
 from .packing import Layout
 
@@ -80,7 +80,7 @@ class SessionParams:
     backend_params: Mapping[str, Any] = field(default_factory=dict)
     #: distributed differential privacy (:mod:`secure_afl.dp`); None = off, and then absent from the digest
     dp: Mapping[str, Any] | None = None
-    # the session's feature extractor (secure_afl.fingerprint), part of the digest when declared
+    # the session's feature extractor (secure_afl.extractor), part of the digest when declared
     extractor: Mapping[str, Any] | None = None
 
     def __post_init__(self):
@@ -125,7 +125,7 @@ class SessionParams:
         )
 
     def canonical_json(self) -> bytes:
-        return json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":")).encode()
+        return canonical_json(self.to_dict())
 
     def digest(self) -> bytes:
         return hashlib.sha256(self.canonical_json()).digest()

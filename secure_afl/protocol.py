@@ -27,8 +27,9 @@ from typing import Callable, Mapping
 
 from cryptography.exceptions import InvalidSignature as _CryptoInvalidSignature
 
+from . import domains
 from .exceptions import InvalidSignature, MalformedPayload, ReplayedContribution
-from .signing import canonical_json, parse_json
+from .encoding import canonical_json, parse_json
 
 __all__ = ["H_BODY", "verify_request_digest", "H_PARTY", "H_TIME", "H_NONCE", "H_SIGNATURE", "H_UPLOAD", "H_TAG", "REQUEST_PREFIX",
            "SECAGG_REQUEST_PREFIX", "SECAGG_CONSISTENCY", "SECAGG_COMPLAINT", "MAX_SKEW_S",
@@ -44,8 +45,8 @@ H_TAG = "x-safl-tag"
 # the signed body digest travels ahead of the body, so the server checks the signature before it
 # reads a byte of the body and then checks the streamed body against the digest
 H_BODY = "x-safl-body-sha256"
-REQUEST_PREFIX = b"secure-afl/request/v1\0"
-SECAGG_REQUEST_PREFIX = b"secure-afl/secagg-request/v1\0"  # server's signature on each secagg stage request
+REQUEST_PREFIX = domains.REQUEST
+SECAGG_REQUEST_PREFIX = domains.SECAGG_REQUEST  # server's signature on each secagg stage request
 # Bonawitz et al.'s consistency check: the first half of the secagg unmask stage, run by the service
 SECAGG_CONSISTENCY = "consistency"
 # a holder's proof, instead of its masked input, that a dealer dealt it shares off the dealer's signed check

@@ -50,13 +50,24 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
+from . import domains
+from .encoding import canonical_json
 from .exceptions import InvalidParameterError, InvalidSignature, MissingEnrolment, ParameterMismatch, WrongSession
+from secure_afl import pki
+from secure_afl.extractor import ExtractorFingerprint
+from secure_afl.packing import Layout
+from secure_afl.params import BACKENDS
+from secure_afl.params import Bounds
+from secure_afl.params import SessionParams
+from secure_afl.secagg import consistency_quorum, dropout_tolerance
+from secure_afl.secagg import recommended_neighbours, secagg_session_params
+from secure_afl.tagging import TAG_KEY_PARAM
 
 __all__ = ["SessionDefinition", "SCHEMA", "SECTIONS", "Key", "dropout_line", "reference",
            "parse", "load_toml", "normalise", "sign", "load_signed",
-           "check_same", "check_info", "write_toml", "signed_path", "sign_definition", "from_body", "register"]
+           "check_same", "check_info", "write_toml", "signed_path", "sign_definition", "from_body"]
 
-_PREFIX = b"secure-afl/session/v1\0"
+_PREFIX = domains.SESSION
 SESSIONS_DIR = "sessions"
 
 # ---------------------------------------------------------------------------------------------
@@ -356,7 +367,7 @@ class SessionDefinition:
         return {h: i + 1 for i, h in enumerate(sorted(self.body["hospitals"]))}
 
     def canonical(self) -> bytes:
-        return json.dumps(self.body, sort_keys=True, separators=(",", ":"), allow_nan=False).encode()
+        return canonical_json(self.body)
 
     def bounds(self):
         from .params import Bounds
@@ -401,7 +412,6 @@ def normalise(sections: Mapping[str, Mapping[str, Any]], *, issued_hospitals=Non
     operator's PKI (``issued_hospitals``); the signed definition always names
     them, so n is fixed before the session starts.
     """
-    from .params import BACKENDS
 
     s = dict(sections.get("session", {}))
     where = f"{source} [session]"
@@ -452,7 +462,6 @@ def normalise(sections: Mapping[str, Mapping[str, Any]], *, issued_hospitals=Non
             raise _fail(f"{source} [dp]", f"min_contributors = {body['dp']['min_contributors']} is above the "
                                           f"{len(hospitals)} hospitals of the session: the noise would never add up")
     if "extractor" in sections:
-        from .fingerprint import ExtractorFingerprint
 
         fp = ExtractorFingerprint.from_dict(sections["extractor"])
         if fp.dim != body["dim"] or len(fp.classes) != body["classes"]:
@@ -471,9 +480,6 @@ def normalise(sections: Mapping[str, Mapping[str, Any]], *, issued_hospitals=Non
 
 def _resolve_secagg(body: dict, source: str) -> None:
     """Fill in the threshold and degree the defaults give for this roster, so the signed values are final."""
-    from .secagg import recommended_neighbours, secagg_session_params
-    from .packing import Layout
-    from .params import Bounds
 
     sa, n = body["secagg"], len(body["hospitals"])
     if n < 2:
@@ -510,7 +516,6 @@ def dropout_line(definition: SessionDefinition) -> tuple[int, str]:
                 f"holder releases any min_clients = {mc} uploads")
         fix = f"min_clients = {n - 1}" if n > 1 else "more hospitals"
     else:
-        from .secagg import consistency_quorum, dropout_tolerance
 
         sa = b["secagg"]
         t, m = sa["threshold"], (sa["neighbours"] + 1 if sa["neighbours"] else n)
@@ -561,7 +566,7 @@ def reference() -> str:
 # Signing and pinning
 # ---------------------------------------------------------------------------------------------
 def _message(body: Mapping) -> bytes:
-    return _PREFIX + json.dumps(body, sort_keys=True, separators=(",", ":"), allow_nan=False).encode()
+    return _PREFIX + canonical_json(body)
 
 
 def signed_path(pki_dir, session_id: str) -> Path:
@@ -574,7 +579,6 @@ def sign(toml_path, pki_dir, *, bundles_dir=None) -> tuple[SessionDefinition, li
     Written to ``<pki_dir>/sessions/<id>.json`` and, with ``bundles_dir``, into
     every bundle there (:func:`sign_definition`).
     """
-    from . import pki
 
     sections = load_toml(toml_path)
     issued = pki.load_enrolments(pki_dir, role="hospital")
@@ -595,7 +599,7 @@ def sign_definition(definition: SessionDefinition, pki_dir, *, bundles_dir=None)
 
     body = dict(definition.body)
     body["ca_sha256"] = pki.cert_fingerprint(pki.load_certificate(Path(pki_dir) / pki.CA_CERT))
-    key = pki._load_private_key(Path(pki_dir) / pki.CA_KEY)
+    key = pki.load_private_key(Path(pki_dir) / pki.CA_KEY)
     sig = key.sign(_message(body), ec.ECDSA(hashes.SHA256()))
     text = json.dumps({"definition": body, "signature": sig.hex()}, indent=2, sort_keys=True) + "\n"
     targets = [signed_path(pki_dir, definition.session_id)]
@@ -686,7 +690,6 @@ def check_info(definition: SessionDefinition, info: Mapping[str, Any], *, source
     is named. For ckks and bfv the parameters may add only the key holder's
     context hash and tag key (which its own signature covers).
     """
-    from .params import SessionParams
 
     if info.get("session_id") != definition.session_id:
         raise WrongSession(f"{source} serves session {info.get('session_id')!r}; the signed definition is for "
@@ -701,7 +704,6 @@ def check_info(definition: SessionDefinition, info: Mapping[str, Any], *, source
     seen = got.to_dict()
     if definition.backend in ("ckks", "bfv", "split"):
         from .backends.ckks import PUBLIC_CONTEXT_KEY
-        from .tagging import TAG_KEY_PARAM
 
         seen["backend_params"] = {k: v for k, v in seen["backend_params"].items()
                                   if k not in (PUBLIC_CONTEXT_KEY, TAG_KEY_PARAM)}
@@ -793,54 +795,3 @@ def write_toml(path, sections: Mapping[str, Mapping[str, Any]]) -> None:
         lines += [f"{_toml_key(k)} = {_toml_value(v)}" for k, v in values.items() if v is not None]
         lines.append("")
     Path(path).write_text("\n".join(lines), encoding="utf-8")
-
-
-# ---------------------------------------------------------------------------------------------
-# CLI: secure-afl session sign | show
-# ---------------------------------------------------------------------------------------------
-def _cmd_sign(args) -> int:
-    definition, written = sign(args.toml, args.pki, bundles_dir=args.bundles)
-    b = definition.body
-    extra = ""
-    if b["secagg"]:
-        from .secagg import consistency_quorum
-
-        n, t = len(b["hospitals"]), b["secagg"]["threshold"]
-        extra = (f", threshold {t}, neighbours {b['secagg']['neighbours'] or 'all'}, quorum "
-                 f"{consistency_quorum(n, t, b['min_clients'])} of {n}")
-    print(f"signed session {b['id']} ({b['backend']}, {len(b['hospitals'])} hospitals, min_clients "
-          f"{b['min_clients']}{extra})")
-    tolerated, line = dropout_line(definition)
-    print(line)
-    if tolerated == 0:
-        print(f"secure-afl session sign: warning: {line}", file=sys.stderr)
-    for p in written:
-        print(f"  -> {p}")
-    return 0
-
-
-def _cmd_show(args) -> int:
-    definition = load_signed(args.pki, args.session)
-    print(json.dumps(dict(definition.body), indent=2, sort_keys=True))
-    print(dropout_line(definition)[1], file=sys.stderr)  # stdout stays one JSON document
-    return 0
-
-
-def _cmd_reference(args) -> int:
-    sys.stdout.write(reference())
-    return 0
-
-
-def register(parser) -> None:
-    sub = parser.add_subparsers(dest="session_command", metavar="ACTION", required=True)
-    p = sub.add_parser("sign", help="check session.toml strictly and sign its definition with the CA key")
-    p.add_argument("toml", help="the session file (session.toml)")
-    p.add_argument("--pki", required=True, help="the operator's PKI directory (holds ca.key)")
-    p.add_argument("--bundles", default=None, help="also place the signed definition into every bundle here")
-    p.set_defaults(func=_cmd_sign)
-    p = sub.add_parser("show", help="print a signed session definition after checking its signature")
-    p.add_argument("session", help="session id")
-    p.add_argument("--pki", required=True, help="a PKI directory or bundle")
-    p.set_defaults(func=_cmd_show)
-    p = sub.add_parser("reference", help="print the session.toml reference (docs/SESSION.md) from the schema")
-    p.set_defaults(func=_cmd_reference)

@@ -5,12 +5,11 @@ verifies it (:func:`verify_upload`), returns a signed receipt
 (:func:`make_receipt`) and, when the round closes, signs a manifest of the
 contributions in the aggregate (:func:`build_manifest`); the key holder checks
 the manifest before it decrypts anything (:func:`verify_manifest`); an auditor
-checks receipts against the audit log (:mod:`secure_afl.audit`).
+checks receipts against the audit log (:mod:`secure_afl.audit_log`).
 
 Every signature is over ``PREFIX || canonical_json(statement)`` where the
 statement is the signed dict without its ``signature`` field, canonical JSON
-is ``json.dumps(sort_keys=True, separators=(",", ":"), ensure_ascii=True,
-allow_nan=False)``, and the prefix is a per-kind domain separator
+is :func:`secure_afl.encoding.canonical_json`, and the prefix is a per-kind domain separator
 (``b"secure-afl/upload/v1\\0"``, ``.../receipt/v1\\0``, ``.../manifest/v1\\0``),
 so a signature of one kind can never be replayed as another. Byte strings
 (digests, nonces, keys, signatures) travel as lower-case hex; times are
@@ -26,12 +25,13 @@ parameters :class:`ParameterMismatch`; structurally broken statements raise
 
 from __future__ import annotations
 
-import json
 import re
 import secrets
 import time as _time
-from typing import Any, Iterable, Mapping
+from typing import Iterable, Mapping
 
+from . import domains
+from .encoding import canonical_json
 from .exceptions import (
     DuplicateContribution,
     InsufficientContributors,
@@ -42,14 +42,13 @@ from .exceptions import (
     ReplayedContribution,
     WrongSession,
 )
+from secure_afl.pki import public_key_from_hex
+from secure_afl.pki import public_key_hex
 
 __all__ = [
     "UPLOAD_PREFIX",
     "RECEIPT_PREFIX",
     "MANIFEST_PREFIX",
-    "canonical_json",
-    "parse_json",
-    "MAX_JSON_DEPTH",
     "sign_upload",
     "verify_upload",
     "make_receipt",
@@ -58,81 +57,15 @@ __all__ = [
     "verify_manifest",
 ]
 
-UPLOAD_PREFIX = b"secure-afl/upload/v1\0"
-RECEIPT_PREFIX = b"secure-afl/receipt/v1\0"
-MANIFEST_PREFIX = b"secure-afl/manifest/v1\0"
+UPLOAD_PREFIX = domains.UPLOAD
+RECEIPT_PREFIX = domains.RECEIPT
+MANIFEST_PREFIX = domains.MANIFEST
 
 _VERSION = 1
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 _HEX = re.compile(r"^[0-9a-f]*$")
 _UPLOAD_FIELDS = ("type", "v", "session_id", "params_digest", "hospital", "payload_sha256", "nonce", "time")
 _PARTICIPANT_FIELDS = ("hospital", "payload_sha256", "nonce", "time", "signature", "identity_pub")
-
-
-def canonical_json(obj: Any) -> bytes:
-    """The byte string that is hashed or signed for ``obj``."""
-    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True,
-                      allow_nan=False).encode("ascii")
-
-
-# Every message this protocol defines nests at most a few levels; the bound stops a
-# deeply nested document before the parser recurses on it.
-MAX_JSON_DEPTH = 32
-
-
-def _no_duplicates(pairs):
-    out = {}
-    for k, v in pairs:
-        if k in out:
-            raise MalformedPayload(f"duplicated JSON key {k[:40]!r}")
-        out[k] = v
-    return out
-
-
-_STRING = re.compile(r'"(?:[^"\\]|\\.)*"')
-_NOT_BRACKET = {c: None for c in range(128) if chr(c) not in "[]{}"}
-
-
-def _too_deep(text: str, max_depth: int) -> bool:
-    """Bracket nesting outside strings exceeds ``max_depth`` (C-speed filtering, early exit)."""
-    if text.count("[") + text.count("{") <= max_depth:
-        return False
-    brackets = _STRING.sub("", text).translate(_NOT_BRACKET)
-    depth = 0
-    for ch in brackets:
-        if ch in "[{":
-            depth += 1
-            if depth > max_depth:
-                return True
-        elif ch in "]}":
-            depth -= 1
-    return False
-
-
-def parse_json(data, what: str = "message", *, max_depth: int = MAX_JSON_DEPTH) -> Any:
-    """Parse untrusted JSON: :class:`MalformedPayload` for anything but one plain document.
-
-    Refuses non-UTF-8 input, nesting deeper than ``max_depth``, duplicated
-    object keys (two parsers could disagree on which one counts) and
-    non-finite numbers.
-    """
-    if isinstance(data, (bytes, bytearray, memoryview)):
-        try:
-            data = bytes(data).decode("utf-8")
-        except UnicodeDecodeError:
-            raise MalformedPayload(f"{what} is not UTF-8") from None
-    if not isinstance(data, str):
-        raise MalformedPayload(f"{what} is not text")
-    if _too_deep(data, max_depth):
-        raise MalformedPayload(f"{what} nests deeper than {max_depth} levels")
-
-    def _no_constant(name):
-        raise MalformedPayload(f"{what} contains {name}")
-
-    try:
-        return json.loads(data, object_pairs_hook=_no_duplicates, parse_constant=_no_constant)
-    except (json.JSONDecodeError, RecursionError):
-        raise MalformedPayload(f"{what} is not JSON") from None
 
 
 # --------------------------------------------------------------------------
@@ -188,7 +121,6 @@ def _public_key(key):
     if isinstance(key, (bytes, bytearray)) and len(key) == 32:
         return Ed25519PublicKey.from_public_bytes(bytes(key))
     if isinstance(key, str):
-        from .pki import public_key_from_hex
 
         return public_key_from_hex(key)
     if hasattr(key, "public_key"):  # pki.Enrolment
@@ -197,7 +129,6 @@ def _public_key(key):
 
 
 def _pub_hex(key) -> str:
-    from .pki import public_key_hex
 
     return public_key_hex(_public_key(key))
 
@@ -332,8 +263,8 @@ def make_receipt(server_key, session_id: str, hospital: str, payload_sha256: byt
     """Server-signed receipt for an accepted upload.
 
     ``seq`` is the audit-log ``seq`` of the ``upload``/``accepted`` record
-    (:meth:`secure_afl.audit.AuditLog.append` returns it):
-    :func:`secure_afl.audit.verify_log` checks that record exists and names the
+    (:meth:`secure_afl.audit_log.AuditLog.append` returns it):
+    :func:`secure_afl.audit_verify.verify_log` checks that record exists and names the
     same session, hospital and payload hash. ``time`` defaults to now.
 
     ``audit_head`` is that record's hash: the receipt then pins the whole log

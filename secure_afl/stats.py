@@ -23,7 +23,10 @@ import numpy as np
 from ._validation import check_embeddings, check_int, check_labels, check_real
 from .exceptions import BoundsExceeded, InvalidInputError, RoundAlreadyClosed
 
-__all__ = ["SufficientStatistics", "StatisticsAccumulator", "enforce_norm_bound", "local_statistics"]
+__all__ = ["SufficientStatistics", "StatisticsAccumulator", "enforce_norm_bound", "local_statistics", "TAG_SLOTS"]
+
+# values of the aggregate tag each contribution carries (secure_afl.tagging); the packed layout reserves them
+TAG_SLOTS = 4
 
 
 @dataclass
@@ -69,8 +72,6 @@ class SufficientStatistics:
 
 
 def _tag(s: SufficientStatistics) -> np.ndarray:
-    from .packing import TAG_SLOTS
-
     return np.zeros(TAG_SLOTS) if s.tag is None else np.asarray(s.tag, dtype=np.float64)
 
 

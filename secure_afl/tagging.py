@@ -25,7 +25,7 @@ with E the CKKS error bound. To pass with fewer ciphertexts than the manifest
 claims, the server would have to add ``sum_{k not included} r_k`` without
 knowing it (the boxes are sealed to the key holder and are not malleable); it
 succeeds with probability about ``(2E / H)^4`` per attempt, and a failed check
-blocks the key for good (:class:`secure_afl.release.ReleaseLedger`).
+blocks the key for good (:class:`secure_afl.release_checks.ReleaseLedger`).
 
 Runs on: hospital (:func:`new_tag`, :func:`seal_tag`, :func:`sign_tag`),
 server (:func:`verify_tag` at upload), key holder (:func:`check_aggregate_tag`).
@@ -45,17 +45,18 @@ from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption, PrivateFormat, PublicFormat
 
+from . import domains
 from .exceptions import DecryptionRefused, InvalidContribution, InvalidSignature, MalformedPayload
 from .packing import TAG_SLOTS
 from .params import SessionParams
-from .signing import canonical_json
+from .encoding import canonical_json
 
 __all__ = ["TAG_KEY_PARAM", "new_tag", "generate_tag_key", "seal_tag", "open_tag", "sign_tag", "verify_tag",
            "check_aggregate_tag"]
 
 TAG_KEY_PARAM = "tag_public_key"
-_SIG_PREFIX = b"secure-afl/tag/v1\0"
-_KDF_INFO = b"secure-afl/tag-box/v1"
+_SIG_PREFIX = domains.TAG
+_KDF_INFO = domains.TAG_BOX
 _BOX_LEN = 32 + 8 * TAG_SLOTS + 16
 
 

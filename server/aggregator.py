@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 
 from secure_afl import pki
-from secure_afl.audit import AuditLog, make_close_record, verify_countersign
+from secure_afl.audit_log import AuditLog, make_close_record, verify_countersign
 from secure_afl.backends import HE_BACKENDS, get_backend, he_module
 from secure_afl.envelope import open_envelope
 from secure_afl.exceptions import (
@@ -59,8 +59,16 @@ from secure_afl.signing import build_manifest, make_receipt, verify_upload
 
 from .config import ServerConfig
 from .store import Store
+from secure_afl import session
+from secure_afl._io import write_file
+from secure_afl.backends.split import verify_seed_statement
+from secure_afl.encoding import parse_json
+from secure_afl.parallel import ParallelCombiner
+from secure_afl.parallel import default_workers
+from secure_afl.parallel import sum_payloads
+from secure_afl.tagging import verify_tag
 
-__all__ = ["AggregationServer", "DeadlinePassed", "open_server"]
+__all__ = ["AggregationServer", "DeadlinePassed"]
 
 log = logging.getLogger("secure_afl.server")
 
@@ -86,7 +94,7 @@ class AggregationServer:
         # unauthenticated refusals per TLS peer: [window start, suppressed count, {reason: count}]
         self._unauth: dict[str, list] = {}
         self._unauth_lock = threading.Lock()
-        self.definition = self._pinned_definition()
+        self.definition = self._signed_definition()
         self._enrolled = self._load_enrolled()
         self._keyholders = pki.load_enrolments(config.pki_dir, role="keyholder")
         if self.store.get_meta("created_at") is None:
@@ -101,9 +109,8 @@ class AggregationServer:
         self._recover()
 
     # -- set-up ------------------------------------------------------------------
-    def _pinned_definition(self):
+    def _signed_definition(self):
         """The operator-signed definition of this session; the server's own settings must agree with it."""
-        from secure_afl import session
 
         signed = session.load_signed(self.config.pki_dir, self.config.session_id)
         session.check_same(signed.body, self.config.definition.body, what="",
@@ -155,7 +162,6 @@ class AggregationServer:
     def _resum_stored(self, rows: list) -> None:
         """The running sum of the stored uploads, deserialised and added by all cores (after a restart
         the server may hold K uploads to add again; one process would use one core)."""
-        from secure_afl.parallel import sum_payloads
 
         stored = ((row["hospital"], self.store.get_blob(row["payload_sha256"])) for row in rows)
         ctx = self.public_context if self.params.backend in HE_BACKENDS else None
@@ -163,7 +169,6 @@ class AggregationServer:
             self._combiner.merge(body, n)
 
     def _new_combiner(self):
-        from secure_afl.parallel import ParallelCombiner
 
         if self._combiner is not None:
             self._combiner.shutdown()
@@ -178,7 +183,6 @@ class AggregationServer:
             return self.config.combine_workers
         if self.params is None or self.params.backend not in HE_BACKENDS:
             return 1  # adding float64 or uint64 vectors costs less than handing them to another process
-        from secure_afl.parallel import default_workers
 
         # a ciphertext carries at least ~30 bytes per value (docs/BENCHMARKS.md)
         return default_workers(self.config.bounds.k_max, 30 * self.params.layout.length)
@@ -245,7 +249,7 @@ class AggregationServer:
     def check_peer(self, party: str, peer: dict | None) -> None:
         """The Ed25519 signer must be the party enrolled for the TLS certificate the client presented.
 
-        ``peer`` is the transport's record of the connection (server/transport.py); ``None`` means
+        ``peer`` is the transport's record of the connection (server/tls_server.py); ``None`` means
         the app is driven without a network transport (in-process tests), where there is no
         certificate to bind to.
         """
@@ -443,13 +447,11 @@ class AggregationServer:
                     raise DuplicateContribution(f"{hospital} already contributed to this session")
                 self._check_stage_allows_upload(hospital)
                 if self.params.backend in HE_BACKENDS:
-                    from secure_afl.tagging import verify_tag
 
                     if not isinstance(tag, dict):
                         raise MalformedPayload(f"a {self.params.backend} upload needs its signed aggregate tag")
                     verify_tag(tag, self._enrolled[hospital].public_key(), self.params, hospital, sha)
                 elif self.params.backend == "split":
-                    from secure_afl.backends.split import verify_seed_statement
 
                     if not isinstance(tag, dict):
                         raise MalformedPayload("a split upload needs its signed seed statement")
@@ -609,7 +611,6 @@ class AggregationServer:
 
     def _write_head_file(self) -> None:
         """``audit-head.json`` next to the log: what ``secure-afl audit verify --head`` takes."""
-        from secure_afl._io import write_file
 
         tmp = self.dir / f".audit-head.{time.time_ns()}.tmp"
         write_file(tmp, json.dumps(self.audit_head(), indent=1).encode())
@@ -624,7 +625,6 @@ class AggregationServer:
 
     def store_countersign(self, party: str, body: bytes) -> dict:
         """The key holder's countersignature over the close record (sent at finalize)."""
-        from secure_afl.signing import parse_json
 
         with self._lock:
             try:
@@ -675,16 +675,3 @@ class AggregationServer:
         self.flush_refusals()
         self.audit.close()
         self.store.close()
-
-
-def open_server(config: ServerConfig) -> AggregationServer:
-    """The server role for ``config.backend`` (secagg adds its key-exchange rounds)."""
-    if config.backend == "secagg":
-        from .secagg_round import SecAggAggregationServer
-
-        return SecAggAggregationServer(config)
-    if config.backend == "split":
-        from .split_round import SplitAggregationServer
-
-        return SplitAggregationServer(config)
-    return AggregationServer(config)

@@ -1,5 +1,7 @@
 """HTTP boundary of the aggregation server (FastAPI, served by uvicorn over mTLS).
 
+Every HTTP route of the server lives here (secagg's rounds included; the
+split backend's share route is still registered by server/split_round.py).
 Only mapping lives here: every decision is made by
 :class:`~secure_afl.server.aggregator.AggregationServer`, every refusal is a 4xx
 with a machine-readable ``{"error": reason, "detail": ...}`` body and an audit
@@ -11,7 +13,7 @@ the body is read; then the body is streamed under a size cap, a per-chunk read
 timeout, a whole-body deadline and a cap on bodies read at once, and checked
 against the digest the signature covers. An unauthenticated caller therefore
 costs the server its headers only (bounded by h11 and the header timeout in
-server/transport.py).
+server/tls_server.py).
 """
 
 from __future__ import annotations
@@ -39,10 +41,11 @@ from secure_afl.exceptions import (
     TooLarge,
     http_status,
 )
-from secure_afl.protocol import API, H_BODY, H_TAG, H_UPLOAD
-from secure_afl.signing import parse_json
+from secure_afl.protocol import API, H_BODY, H_TAG, H_UPLOAD, SECAGG_COMPLAINT, SECAGG_CONSISTENCY
+from secure_afl.encoding import parse_json
 
 from .aggregator import AggregationServer
+from .secagg_round import SecAggAggregationServer
 
 __all__ = ["create_app"]
 
@@ -56,7 +59,7 @@ def _error(status: int, reason: str, detail: str) -> JSONResponse:
 
 
 def _peer(request: Request) -> dict | None:
-    """The transport's record of the TLS connection (server/transport.py); None in process."""
+    """The transport's record of the TLS connection (server/tls_server.py); None in process."""
     return request.scope.get("state", {}).get("tls_peer")
 
 
@@ -284,8 +287,36 @@ def create_app(server: AggregationServer) -> FastAPI:
         party, body = await _signed_body(request, ("keyholder",))
         return await run_in_threadpool(server.store_countersign, party, body)
 
+    if isinstance(server, SecAggAggregationServer):
+        _secagg_routes(app, server, _session, _authed, _signed_body)
     extra = getattr(server, "register_routes", None)
     if extra is not None:
         extra(app, _session, _authed, _signed_body)
     app.add_middleware(_LastResort, server=server)
     return app
+
+
+def _secagg_routes(app: FastAPI, server: SecAggAggregationServer, session_guard, authed, read_body) -> None:
+    """secagg's key-exchange and unmask rounds (server/secagg_round.py decides, this maps)."""
+
+    @app.get(API + "/sessions/{session_id}/secagg/request")
+    async def secagg_request(session_id: str, request: Request):
+        session_guard(session_id, request)
+        party = await authed(request, ("hospital",))
+        return server.secagg_request(party.partition(":")[2])
+
+    @app.post(API + "/sessions/{session_id}/secagg/{stage}")
+    async def secagg_message(session_id: str, stage: str, request: Request):
+        session_guard(session_id, request)
+        party, body = await read_body(request, ("hospital",))
+        if stage == SECAGG_CONSISTENCY:
+            return server.secagg_consistency(party.partition(":")[2], body)
+        if stage == SECAGG_COMPLAINT:
+            return server.secagg_complaint(party.partition(":")[2], body)
+        return server.secagg_message(party.partition(":")[2], stage, body)
+
+    @app.get(API + "/sessions/{session_id}/secagg/unmask-material")
+    async def unmask_material(session_id: str, request: Request):
+        session_guard(session_id, request)
+        await authed(request, ("keyholder",))
+        return server.unmask_material()

@@ -7,13 +7,14 @@ import signal
 import sys
 
 from secure_afl.exceptions import InvalidParameterError, ParameterMismatch
+from secure_afl.server.config import load_config
+from secure_afl.session import dropout_line
 
 
 def _cmd_run(args) -> int:
-    from .aggregator import open_server
+    from .rounds import open_server
     from .app import create_app
-    from .config import load_config
-    from .transport import listen, reserve_open_files, serve
+    from secure_afl.server.tls_server import listen, reserve_open_files, serve
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     cfg = load_config(args.config)
@@ -36,7 +37,6 @@ def _cmd_run(args) -> int:
         sock.close()
         raise
     app = create_app(server)
-    from secure_afl.session import dropout_line
 
     logging.getLogger("secure_afl.server").info(
         "serving session %s (%s) on https://%s:%d, mTLS %s, at most %d connections; %s", cfg.session_id,

@@ -68,6 +68,9 @@ from pathlib import Path
 
 from secure_afl._validation import param_error
 from secure_afl.params import BACKENDS, Bounds
+from secure_afl import pki, session
+from secure_afl.extractor import ExtractorFingerprint
+from secure_afl.session import write_toml
 
 __all__ = ["ServerConfig", "load_config"]
 
@@ -104,7 +107,7 @@ class ServerConfig:
     max_connections: int = 0
     combine_workers: int = 0
     refusal_interval_s: float = 60.0
-    extractor: dict | None = None  # secure_afl.fingerprint.ExtractorFingerprint.to_dict()
+    extractor: dict | None = None  # secure_afl.extractor.ExtractorFingerprint.to_dict()
 
     def __post_init__(self):
         if self.backend not in BACKENDS:
@@ -128,7 +131,6 @@ class ServerConfig:
             raise param_error("combine_workers", "session.toml [server]", "an int in [0, 256] (0: automatic)",
                               self.combine_workers)
         if self.extractor is not None:
-            from secure_afl.fingerprint import ExtractorFingerprint
 
             fp = ExtractorFingerprint.from_dict(self.extractor)
             if fp.dim != self.dim or len(fp.classes) != self.classes:
@@ -181,7 +183,6 @@ class ServerConfig:
 def load_config(path) -> ServerConfig:
     """The server's view of ``session.toml``: the strict schema of :mod:`secure_afl.session` (an unknown
     or misspelled key, a wrong type or an impossible combination is refused, named), plus ``[server]``."""
-    from secure_afl import pki, session
 
     path = Path(path)
     sections = session.load_toml(path)
@@ -216,6 +217,5 @@ def _dp_spec(d: dict):
 
 def write_config(path, cfg: dict) -> None:
     """Write a session.toml from nested dicts (demo and tests), every string escaped."""
-    from secure_afl.session import write_toml
 
     write_toml(path, cfg)

@@ -1,4 +1,4 @@
-"""The aggregation server for ``secagg`` sessions: the SecAgg rounds over HTTP.
+"""The aggregation server for ``secagg`` sessions: the SecAgg rounds (no HTTP: the routes are in app.py).
 
 Runs on: the aggregation server. Sees: public keys, AEAD-encrypted shares it
 relays, masked vectors, their mod-2^64 sum and, after the unmask round, the
@@ -43,8 +43,6 @@ import functools
 import threading
 import time
 
-from fastapi import Request
-
 from secure_afl.secagg import (
     ConsistencyStatement,
     DealerComplaint,
@@ -61,7 +59,7 @@ from secure_afl.exceptions import (
     SecureAFLError,
     StageError,
 )
-from secure_afl.protocol import API, SECAGG_COMPLAINT, SECAGG_CONSISTENCY, SECAGG_REQUEST_PREFIX
+from secure_afl.protocol import SECAGG_COMPLAINT, SECAGG_CONSISTENCY, SECAGG_REQUEST_PREFIX
 
 from .aggregator import AggregationServer, log
 
@@ -273,6 +271,19 @@ class SecAggAggregationServer(AggregationServer):
         """What ``hospital`` should do now: a small status, or (once per stage) its signed stage request."""
         return {**self._secagg_request(hospital), "poll_s": self.poll_s}
 
+    def secagg_request_in_round(self, hospital: str) -> dict | None:
+        """:meth:`secagg_request`, or None once the round has aborted, checked and asked under one lock.
+
+        For a driver that runs exactly one round (the Flower ServerApp): the
+        stage clock runs in another thread and could abort the round between a
+        separate check and the request, and a request after an abort may open
+        the next round.
+        """
+        with self._lock:
+            if self.round_stage == "aborted":
+                return None
+            return self.secagg_request(hospital)
+
     def _secagg_request(self, hospital: str) -> dict:
         with self._lock:
             if self.round_stage == "aborted" and self._may_retry():
@@ -411,29 +422,6 @@ class SecAggAggregationServer(AggregationServer):
         if self.status != "released":
             raise StageError("the aggregate has not been released")
         return self._round.unmask_material().to_dict()
-
-    def register_routes(self, app, session_guard, authed, read_body) -> None:
-        @app.get(API + "/sessions/{session_id}/secagg/request")
-        async def secagg_request(session_id: str, request: Request):
-            session_guard(session_id, request)
-            party = await authed(request, ("hospital",))
-            return self.secagg_request(party.partition(":")[2])
-
-        @app.post(API + "/sessions/{session_id}/secagg/{stage}")
-        async def secagg_message(session_id: str, stage: str, request: Request):
-            session_guard(session_id, request)
-            party, body = await read_body(request, ("hospital",))
-            if stage == CONSISTENCY:
-                return self.secagg_consistency(party.partition(":")[2], body)
-            if stage == COMPLAINT:
-                return self.secagg_complaint(party.partition(":")[2], body)
-            return self.secagg_message(party.partition(":")[2], stage, body)
-
-        @app.get(API + "/sessions/{session_id}/secagg/unmask-material")
-        async def unmask_material(session_id: str, request: Request):
-            session_guard(session_id, request)
-            await authed(request, ("keyholder",))
-            return self.unmask_material()
 
     def shutdown(self) -> None:
         self._stop.set()

@@ -28,6 +28,9 @@ from secure_afl.exceptions import Forbidden, MalformedPayload, RoundAlreadyClose
 from secure_afl.protocol import API, H_TAG
 
 from .aggregator import AggregationServer, log
+from secure_afl.backends import get_backend, split, split_validity
+from secure_afl.certify import certify_release
+from secure_afl.packing import Layout
 
 __all__ = ["SplitAggregationServer"]
 
@@ -84,10 +87,7 @@ class SplitAggregationServer(AggregationServer):
     def collect(self, party: str, body: bytes, statement: dict) -> dict:
         """Check the key holder's share against the stored manifest, unmask the sum, check and solve."""
         from secure_afl.analytic import solve_from_sums
-        from secure_afl.backends import get_backend, split, split_validity
-        from secure_afl.certify import certify_release
-        from secure_afl.packing import Layout
-        from secure_afl.release import check_class_minimum, sanity_check
+        from secure_afl.release_checks import check_class_minimum, sanity_check
 
         with self._lock:
             try:

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from secure_afl.attacks import ATTACKS, run_attack
+from secure_afl.tools.attacks import ATTACKS, run_attack
 from secure_afl.cli import main
 
 pytestmark = pytest.mark.security
@@ -107,7 +107,7 @@ def test_release_does_not_give_the_decryption_error_needed_for_key_recovery(tmp_
 
 
 def test_keyholder_blocks_key_after_forged_aggregate(tmp_path):
-    from secure_afl.release import ReleaseLedger
+    from secure_afl.release_checks import ReleaseLedger
     from secure_afl.exceptions import PolicyViolation
 
     # Prepare

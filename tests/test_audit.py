@@ -15,10 +15,13 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from secure_afl import audit
-from secure_afl.audit import AuditLog, check_chain, record_hash, verify_log
+from secure_afl import audit_log as audit
+from secure_afl import audit_verify
+from secure_afl.audit_log import AuditLog, record_hash
+from secure_afl.audit_verify import check_chain, verify_log
 from secure_afl.exceptions import AuditChainBroken
-from secure_afl.signing import canonical_json, make_receipt
+from secure_afl.signing import make_receipt
+from secure_afl.encoding import canonical_json
 
 REPO = Path(__file__).resolve().parents[1]
 T0 = 1_700_000_000.0
@@ -304,7 +307,7 @@ def test_append_rejects_bad_arguments(tmp_path):
 
 _CHILD = r"""
 import sys
-from secure_afl.audit import AuditLog
+from secure_afl.audit_log import AuditLog
 log = AuditLog(sys.argv[1])
 i = 0
 while True:
@@ -471,7 +474,7 @@ def test_receipt_pointing_at_refused_record_detected(tmp_path, server_key):
 
 def _cli(argv):
     parser = argparse.ArgumentParser()
-    audit.register(parser)
+    audit_verify.register(parser)
     args = parser.parse_args(argv)
     return args.func(args)
 
@@ -658,7 +661,7 @@ def test_countersign_refuses_a_close_record_naming_other_participants(server_key
 
 def _cli(argv):
     parser = argparse.ArgumentParser()
-    audit.register(parser)
+    audit_verify.register(parser)
     args = parser.parse_args(argv)
     return args.func(args)
 

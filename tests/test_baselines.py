@@ -5,12 +5,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from secure_afl.baselines import FLConfig, LinearHead, MLPHead, SecureSum, run_fedavg, run_fedfac
-from secure_afl.baselines import fedfac as fa
-from secure_afl.baselines.compare import ri_ablation, run_afl, run_grid, write_report
-from secure_afl.baselines.fl import secure_split
+from secure_afl.tools.baselines import FLConfig, LinearHead, MLPHead, SecureSum, run_fedavg, run_fedfac
+from secure_afl.tools.baselines import fedfac as fa
+from secure_afl.tools.baselines.compare import ri_ablation, run_afl, run_grid, write_report
+from secure_afl.tools.baselines.fl import secure_split
 from secure_afl.cli import main
-from secure_afl.demo import random_features
+from secure_afl.tools.demo import random_features
 from secure_afl.exceptions import BoundsExceeded, InvalidInputError
 from secure_afl.partition import dirichlet
 
@@ -140,8 +140,8 @@ def test_ckks_sum_is_flooded_with_a_fresh_key_per_sum():
 
 
 def test_tuned_fedavg_reaches_afl_within_two_points_on_iid_digits():
-    from secure_afl.baselines.study import split_validation
-    from secure_afl.demo import load_embedded
+    from secure_afl.tools.baselines.study import split_validation
+    from secure_afl.tools.demo import load_embedded
     from secure_afl.partition import partition
 
     Xtr, ytr, Xte, yte, n_classes = load_embedded("digits", 0)
@@ -180,8 +180,8 @@ def test_factor_analysis_split_differs_from_random_split_on_planted_structure():
 
 
 def test_label_prior_never_lowers_a_clients_accuracy(data):
-    from secure_afl.baselines.fl import client_label_mix, evaluate
-    from secure_afl.baselines.study import label_prior_accuracy
+    from secure_afl.tools.baselines.fl import client_label_mix, evaluate
+    from secure_afl.tools.baselines.study import label_prior_accuracy
 
     clients, test, _ = data
     res = run_afl(clients, test, C)

@@ -12,7 +12,7 @@ pytest.importorskip("torchvision")
 @pytest.mark.e2e
 @pytest.mark.slow
 def test_headline_runs_end_to_end_through_the_service(capsys):
-    from secure_afl.bench_headline import main
+    from secure_afl.tools.bench_headline import main
 
     assert main(["--images", "300", "--test-images", "60", "--classes", "5", "--hospitals", "4",
                  "--input-size", "32", "--batch-size", "64", "--device", "cpu"]) == 0

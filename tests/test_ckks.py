@@ -41,6 +41,7 @@ from secure_afl.exceptions import (
     WrongSession,
 )
 from secure_afl.hazmat import ckks as hz
+from secure_afl.hazmat.at_rest import open_secret
 from secure_afl.packing import Layout
 from secure_afl.params import Bounds, SessionParams
 
@@ -671,10 +672,10 @@ def test_secret_context_at_rest_key_file(tmp_path, session):
     tampered = bytearray(path.read_bytes())
     tampered[-5] ^= 1
     with pytest.raises(InvalidKey):
-        hz.open_secret(bytes(tampered), associated_data=b"secure-afl/ckks-secret-context/v1/session=ckks-test",
+        open_secret(bytes(tampered), associated_data=b"secure-afl/ckks-secret-context/v1/session=ckks-test",
                        key=key)
     with pytest.raises(MalformedPayload):
-        hz.open_secret(b"short", associated_data=b"", key=key)
+        open_secret(b"short", associated_data=b"", key=key)
 
 
 def test_generate_keys_is_fresh(session):

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from secure_afl import pki
-from secure_afl.audit import verify_log
+from secure_afl.audit_verify import verify_log
 from secure_afl.server.aggregator import AggregationServer
 from secure_afl.server.config import load_config
 

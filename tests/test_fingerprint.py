@@ -24,7 +24,7 @@ from PIL import Image  # noqa: E402
 from secure_afl.clients import embed as E  # noqa: E402
 from secure_afl.clients.statsfile import recorded_extractor  # noqa: E402
 from secure_afl.exceptions import EXIT_INPUT, InvalidInputError, ParameterMismatch  # noqa: E402
-from secure_afl.fingerprint import ExtractorFingerprint  # noqa: E402
+from secure_afl.extractor import ExtractorFingerprint  # noqa: E402
 from support import Consortium  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")

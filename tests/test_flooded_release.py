@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from secure_afl.analytic import solve_from_sums, solve_head
-from secure_afl.attacks import run_attack
+from secure_afl.tools.attacks import run_attack
 from secure_afl.backends.ckks import ckks_session_params
 from secure_afl.certify import (
     FLOOD_TAIL,
@@ -24,7 +24,7 @@ from secure_afl.certify import (
 from secure_afl.keyholder.flooding import flood_decryption, flood_norm_bounds, flood_plan
 from secure_afl.packing import Layout
 from secure_afl.params import Bounds
-from secure_afl.release import sanity_check
+from secure_afl.release_checks import sanity_check
 from secure_afl.stats import SufficientStatistics, local_statistics
 
 README_BOUNDS = Bounds(max_norm=1.0, n_max=10000, k_max=8)

@@ -12,7 +12,7 @@ import pytest
 
 from secure_afl import pki, session
 from secure_afl.analytic import centralised_weights
-from secure_afl.audit import load_receipts, verify_log
+from secure_afl.audit_verify import load_receipts, verify_log
 from secure_afl.backends.ckks import ckks_session_params
 from secure_afl.cli import main
 from secure_afl.flower import PROJECT_DIR

@@ -22,9 +22,9 @@ from support import Consortium
 
 from secure_afl.exceptions import InsufficientShares
 from secure_afl.flower import client_app, server_app
-from secure_afl.flower.messages import RECEIPT, SECAGG
+from secure_afl.flower.records import RECEIPT, SECAGG
 from secure_afl.hazmat import fixedpoint
-from secure_afl.server.aggregator import open_server
+from secure_afl.server.rounds import open_server
 from secure_afl.server.config import load_config
 
 pytestmark = pytest.mark.security

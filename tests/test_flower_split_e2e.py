@@ -11,7 +11,7 @@ import pytest
 
 from secure_afl import pki, session
 from secure_afl.analytic import centralised_weights
-from secure_afl.audit import load_receipts, verify_log
+from secure_afl.audit_verify import load_receipts, verify_log
 from secure_afl.keyholder import read_model
 
 from support import Consortium

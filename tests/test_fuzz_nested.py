@@ -22,7 +22,7 @@ import httpx
 
 from secure_afl import pki
 from secure_afl.protocol import API, H_NONCE, H_PARTY, H_SIGNATURE, H_TAG, H_TIME, H_UPLOAD, sign_request
-from secure_afl.server.aggregator import open_server
+from secure_afl.server.rounds import open_server
 from secure_afl.server.app import create_app
 from secure_afl.server.config import ServerConfig
 from secure_afl.params import Bounds
@@ -194,7 +194,7 @@ def _targets(consortium, base):
 
 
 def _check_logs(targets):
-    from secure_afl.audit import verify_log
+    from secure_afl.audit_verify import verify_log
 
     for t in targets:
         verify_log(t.log, server_pub=t.party("aggregator", "server").identity_pub(),
@@ -312,7 +312,7 @@ def test_an_unexpected_error_is_an_audited_json_answer_not_a_traceback(consortiu
 
 def test_parse_json_refuses_depth_duplicates_and_constants():
     from secure_afl.exceptions import MalformedPayload
-    from secure_afl.signing import MAX_JSON_DEPTH, parse_json
+    from secure_afl.encoding import MAX_JSON_DEPTH, parse_json
 
     assert parse_json("[" * MAX_JSON_DEPTH + "]" * MAX_JSON_DEPTH) is not None
     assert parse_json('["' + "[" * 100 + '"]') == ["[" * 100]  # brackets inside strings do not nest

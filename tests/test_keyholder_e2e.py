@@ -26,7 +26,7 @@ from secure_afl.keyholder_params import sign_session_params
 from secure_afl.packing import Layout
 from secure_afl.params import Bounds, SessionParams
 from secure_afl.protocol import context_publication
-from secure_afl.release import ReleaseLedger
+from secure_afl.release_checks import ReleaseLedger
 from secure_afl.server.store import Store
 from secure_afl.tagging import new_tag, seal_tag, sign_tag
 

@@ -15,6 +15,7 @@ from cryptography import x509
 from cryptography.x509.oid import ExtendedKeyUsageOID
 
 from secure_afl import pki
+from secure_afl.consortium.cli import register_pki
 from secure_afl.exceptions import InvalidInputError, InvalidParameterError, InvalidSignature
 
 _TIMEOUT = 5.0
@@ -215,7 +216,7 @@ def test_uvicorn_ssl_kwargs_require_client_certificates_by_default(consortium):
 def test_cli_init_and_issue_write_the_documented_layout(tmp_path, capsys):
     # Prepare
     parser = argparse.ArgumentParser()
-    pki.register(parser)
+    register_pki(parser)
     d = str(tmp_path / "p")
 
     # Execute

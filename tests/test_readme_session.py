@@ -1,7 +1,7 @@
-"""README's "A session, end to end", run exactly as written, for every backend it documents.
+"""The documented sessions ("A session, end to end"), run exactly as written, for every backend.
 
-The commands are read from README.md (so the documentation cannot drift from
-what works). Every party has its own directory; the only things the test
+The commands are read from README.md (CKKS) and docs/RUNNING.md (BFV, SecAgg),
+so the documentation cannot drift from what works. Every party has its own directory; the only things the test
 puts there are the inputs the README says a party holds before the session
 (a hospital's images, the shared weights file). The port is replaced by a
 free one so parallel runs do not collide.
@@ -27,19 +27,25 @@ torch = pytest.importorskip("torch")
 torchvision = pytest.importorskip("torchvision")
 from PIL import Image  # noqa: E402
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+REPO = Path(__file__).resolve().parent.parent
+# every file holding a "## A session, end to end..." section: README's walkthrough and the other backends'
+WALKTHROUGHS = (REPO / "README.md", REPO / "docs" / "RUNNING.md")
 HOSPITALS = ("hosp-a", "hosp-b", "hosp-c")
 CLASSES = ("benign", "malignant", "normal")
 _PROMPT = re.compile(r"^([a-z][a-z0-9-]*)\$ (.*)$")
 
 
+def _session_sections(text: str) -> list[str]:
+    """Every "## A session, end to end..." section of a Markdown file, up to the next level-2 heading."""
+    return [m.group(0) for m in re.finditer(r"^## A session, end to end.*?(?=^## |\Z)", text, re.S | re.M)]
+
+
 def documented_sessions() -> dict[str, list[tuple[str, str]]]:
-    """{"CKKS": [(party, command), ...], "BFV": [...], "SecAgg": [...], "split": [...]} from README's
-    session section."""
-    text = README.read_text()
-    section = text[text.index("## A session, end to end"):text.index("## What is enforced")]
+    """{"CKKS": [(party, command), ...], "BFV": [...], "SecAgg": [...], "split": [...]} from every walkthrough
+    section."""
     out = {}
-    for m in re.finditer(r"### With (\w+).*?```sh\n(.*?)```", section, re.S):
+    sections = [sec for path in WALKTHROUGHS for sec in _session_sections(path.read_text())]
+    for m in (m for section in sections for m in re.finditer(r"### With (\w+).*?```sh\n(.*?)```", section, re.S)):
         commands: list[list[str]] = []
         for line in m.group(2).splitlines():
             p = _PROMPT.match(line)
@@ -47,6 +53,7 @@ def documented_sessions() -> dict[str, list[tuple[str, str]]]:
                 commands.append([p.group(1), p.group(2)])
             else:  # the body of a here-document
                 commands[-1][1] += "\n" + line
+        assert m.group(1) not in out, f"two walkthroughs for {m.group(1)}"
         out[m.group(1)] = [(party, cmd) for party, cmd in commands]
     return out
 
@@ -121,6 +128,9 @@ def _holds_only_its_own_bundle(root: Path) -> None:
 
 
 def test_readme_documents_every_protected_backend():
+    # README keeps one walkthrough; the others live in docs/RUNNING.md, run by the same test
+    assert [m for m in re.findall(r"^### With (\w+)", "".join(_session_sections(WALKTHROUGHS[0].read_text())), re.M)] \
+        == ["CKKS"]
     sessions = documented_sessions()
     assert sorted(sessions) == ["BFV", "CKKS", "SecAgg", "split"]
     for commands in sessions.values():

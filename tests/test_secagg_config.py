@@ -46,7 +46,7 @@ def test_demo_with_60_hospitals_on_the_secagg_plus_graph(tmp_path, capsys):
 def test_stage_clock_starts_with_the_first_hospital_not_with_the_server(tmp_path):
     import time
 
-    from secure_afl.server.aggregator import open_server
+    from secure_afl.server.rounds import open_server
     from secure_afl.server.config import load_config
 
     # Prepare: a secagg server that sits idle far longer than its stage timeout before anyone comes
@@ -75,7 +75,7 @@ def test_abort_counts_the_hospitals_that_really_answered(tmp_path):
 
     from secure_afl import pki
     from secure_afl.secagg import SecAggClient, decode_message
-    from secure_afl.server.aggregator import open_server
+    from secure_afl.server.rounds import open_server
     from secure_afl.server.config import load_config
 
     # Prepare: 3 hospitals, t = 2; only h1 acknowledges setup before the stage times out
@@ -109,7 +109,7 @@ def test_masked_input_stage_does_not_close_under_an_upload_being_added(tmp_path,
     from secure_afl import pki
     from secure_afl.clients.hospital import protect_vector
     from secure_afl.secagg import SecAggClient, Stage, decode_message
-    from secure_afl.server.aggregator import open_server
+    from secure_afl.server.rounds import open_server
     from secure_afl.server.config import load_config
     from secure_afl.signing import sign_upload
 

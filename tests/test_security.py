@@ -21,7 +21,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from secure_afl import pki
-from secure_afl.audit import check_chain, verify_log
+from secure_afl.audit_verify import check_chain, verify_log
 from secure_afl.backends import get_backend
 from secure_afl.backends.base import check_vector
 from secure_afl.backends.ckks import CKKSBackend, generate_keys, new_ckks_session
@@ -38,7 +38,7 @@ from secure_afl.hazmat import ckks as hz
 from secure_afl.packing import Layout
 from secure_afl.params import Bounds, SessionParams
 from secure_afl.protocol import API, H_UPLOAD, context_publication, sign_request
-from secure_afl.release import ReleaseLedger, check_class_minimum, sanity_check
+from secure_afl.release_checks import ReleaseLedger, check_class_minimum, sanity_check
 from secure_afl.server.aggregator import AggregationServer
 from secure_afl.server.app import create_app
 from secure_afl.server.config import ServerConfig
@@ -869,8 +869,8 @@ def test_fuzz_upload_endpoint_10k_cases(consortium, tmp_path):
 
 def test_server_stores_only_a_countersignature_over_its_own_close_record(service):
     # Prepare: a released session; a countersignature over a close record pinning another head
-    from secure_afl.audit import countersign_head, make_close_record
-    from secure_afl.signing import canonical_json
+    from secure_afl.audit_log import countersign_head, make_close_record
+    from secure_afl.encoding import canonical_json
 
     _released(service)
     kh = service.party("keyholder", "keyholder")

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from secure_afl.backends import get_backend
-from secure_afl.bench_service import ServerMeter
+from secure_afl.tools.bench_service import ServerMeter
 from secure_afl.backends.ckks import ckks_session_params
 from secure_afl.envelope import peek_header, seal
 from secure_afl.exceptions import SecureAFLError

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from secure_afl import pki
-from secure_afl.demo import ServerProcess
-from secure_afl.server.transport import SPARE_FILES
+from secure_afl.tools.demo import ServerProcess
+from secure_afl.server.tls_server import SPARE_FILES
 
 pytestmark = pytest.mark.e2e
 

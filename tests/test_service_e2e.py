@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from secure_afl.analytic import centralised_weights, solve_from_sums
-from secure_afl.audit import load_receipts
+from secure_afl.audit_verify import load_receipts
 from secure_afl.cli import main
 from secure_afl.exceptions import DuplicateContribution, InsufficientContributors
 from secure_afl.exceptions import DeadlinePassed

@@ -476,7 +476,7 @@ def test_a_refusal_below_min_clients_releases_nothing(consortium):
 
 # -- the attack commands ----------------------------------------------------------------------------------------
 def test_attack_veto_is_refused_by_name_under_split_and_vetoes_the_other_backends():
-    from secure_afl.attacks import run_attack
+    from secure_afl.tools.attacks import run_attack
 
     r = run_attack("veto", verbose=False)
     assert r["table"] == {"split": "refused", "ckks": "vetoed", "bfv": "vetoed", "secagg": "vetoed"}
@@ -484,7 +484,7 @@ def test_attack_veto_is_refused_by_name_under_split_and_vetoes_the_other_backend
 
 
 def test_attack_steer_moves_w_within_the_bounds_and_every_upload_is_accepted():
-    from secure_afl.attacks import run_attack
+    from secure_afl.tools.attacks import run_attack
 
     r = run_attack("steer", verbose=False)
     moved = [row["moved"] for row in r["rows"]]
@@ -503,7 +503,7 @@ def test_cli_attack_veto_exits_zero_because_split_refuses():
 
 
 def test_the_validity_benchmark_runs_and_accepts_its_honest_upload():
-    from secure_afl.bench_validity import run
+    from secure_afl.tools.bench_validity import run
 
     r = run(8, 3, n=50)
     assert r["accepted"] and r["proof_bytes"] > 0 and r["plain_upload_bytes"] == 8 * 2 * Layout(8, 3).length

@@ -53,6 +53,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .. import domains
 from .._io import write_file
 from ..envelope import open_envelope, seal
 from ..exceptions import (
@@ -61,6 +62,7 @@ from ..exceptions import (
     SanityCheckFailed,
 )
 from ..hazmat import ckks as hz
+from ..hazmat.at_rest import open_secret, seal_secret
 from ..packing import Layout
 from ..params import Bounds, SessionParams
 from .base import Combiner, ProtectionBackend, check_vector
@@ -80,7 +82,7 @@ __all__ = [
 ]
 
 PUBLIC_CONTEXT_KEY = "public_context_sha256"
-_AD_PREFIX = b"secure-afl/ckks-secret-context/v1/session="
+_AD_PREFIX = domains.CKKS_SECRET_CONTEXT_AD
 
 
 @dataclass(frozen=True, repr=False)
@@ -181,7 +183,7 @@ def save_secret_context(path, secret_context: bytes, *, session_id: str, passphr
     authenticated as associated data, so a file cannot be replayed as another
     session's key.
     """
-    blob = hz.seal_secret(secret_context, associated_data=_ad(session_id), passphrase=passphrase, key=key,
+    blob = seal_secret(secret_context, associated_data=_ad(session_id), passphrase=passphrase, key=key,
                           scrypt_log2_n=scrypt_log2_n)
     write_file(path, blob, exclusive=not overwrite)  # 0600 also when overwriting a wider-mode file
 
@@ -190,7 +192,7 @@ def load_secret_context(path, *, session_id: str, passphrase=None, key: bytes | 
     """Read back :func:`save_secret_context`; a wrong passphrase/key/session raises :class:`InvalidKey`."""
     with open(os.fspath(path), "rb") as f:
         blob = f.read()
-    return hz.open_secret(blob, associated_data=_ad(session_id), passphrase=passphrase, key=key)
+    return open_secret(blob, associated_data=_ad(session_id), passphrase=passphrase, key=key)
 
 
 # -- the backend ----------------------------------------------------------------------

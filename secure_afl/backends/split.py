@@ -47,6 +47,7 @@ from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption, PrivateFormat, PublicFormat
 
+from .. import domains
 from ..envelope import open_envelope, seal
 from ..exceptions import InvalidContribution, InvalidSignature, \
     MalformedPayload, ParameterMismatch, SanityCheckFailed, SecureAFLError
@@ -54,8 +55,8 @@ from ..hazmat import fixedpoint, flp
 from ..hazmat.prg import SEED_BYTES
 from ..packing import Layout
 from ..params import Bounds, SessionParams
-from ..signing import canonical_json
 from . import split_validity
+from ..encoding import canonical_json
 from .base import Combiner, ProtectionBackend, check_vector
 
 __all__ = ["SplitBackend", "SplitKeyPair", "session_params", "split_session_params", "generate_keys",
@@ -65,9 +66,9 @@ __all__ = ["SplitBackend", "SplitKeyPair", "session_params", "split_session_para
 
 PUBLIC_CONTEXT_KEY = "public_context_sha256"
 BOX_LEN = 32 + SEED_BYTES + 16
-_KDF_INFO = b"secure-afl/split/seed-box/v1"
-_SEED_SIG_PREFIX = b"secure-afl/split/seed/v1\0"
-_SHARE_SIG_PREFIX = b"secure-afl/split/share/v1\0"
+_KDF_INFO = domains.SPLIT_SEED_BOX
+_SEED_SIG_PREFIX = domains.SPLIT_SEED
+_SHARE_SIG_PREFIX = domains.SPLIT_SHARE
 
 
 class SeedRefused(InvalidContribution):

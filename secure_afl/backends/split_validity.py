@@ -50,7 +50,7 @@ from ..exceptions import BoundsExceeded, InvalidInputError, InvalidParameterErro
     MalformedPayload
 from ..hazmat import fixedpoint, flp
 from ..params import SessionParams
-from ..signing import canonical_json
+from ..encoding import canonical_json
 
 __all__ = ["Circuit", "UploadCommitment", "choose_frac_bits", "REPS", "ROWS", "TAIL",
            "ADVISORY_CHECKS", "proven_aggregate_bound", "check_upload", "leader_message", "verify_leader_message",

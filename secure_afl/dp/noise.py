@@ -36,6 +36,9 @@ from ..exceptions import BoundsExceeded, InvalidParameterError
 from ..params import Bounds, SessionParams
 from .mechanism import (MECHANISMS, SKELLAM_SHARE_STEPS, TAIL, DPSpec, grid_bits, dp_config, noise_multiplier_for, noised_entries,
                         sensitivity)
+from secure_afl.backends import HE_BACKENDS, he_module
+from secure_afl.backends.secagg import secagg_session_params
+from secure_afl.hazmat.fixedpoint import choose_frac_bits
 
 __all__ = ["share_std", "noise_share", "add_noise_share", "dp_session_params", "padded_bounds"]
 
@@ -112,9 +115,6 @@ def dp_session_params(spec: DPSpec | None, backend: str, session_id: str, layout
     ``spec=None`` builds exactly the parameters without DP. The same call on the
     server and the key holder gives the same parameters (digest).
     """
-    from ..backends import HE_BACKENDS, he_module
-    from ..backends.secagg import secagg_session_params
-    from ..hazmat.fixedpoint import choose_frac_bits
 
     def build(b: Bounds, **kw) -> SessionParams:
         if backend == "plain":

@@ -50,6 +50,7 @@ import numpy as np
 import tenseal as ts
 import tenseal.sealapi as sealapi
 
+from .. import domains
 from ..exceptions import InvalidParameterError, ParameterMismatch
 from ._tenseal import add_chunks, check_chunks, context_sha256, first_parms_id, frame, parse_context, split_body
 from ._tenseal import decrypt_chunks as _decrypt_chunks
@@ -75,7 +76,7 @@ __all__ = [
     "PLAIN_BITS",
 ]
 
-_BODY_MAGIC = b"SAFLBFV1"
+_BODY_MAGIC = domains.BFV_BODY_MAGIC
 #: Bits of the plaintext prime t (SEAL's batching prime; must exceed 59 bits).
 PLAIN_BITS = 60
 #: Noise budget (bits) the parameters keep after K_max additions.

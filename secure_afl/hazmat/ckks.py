@@ -22,7 +22,7 @@ What this module provides
   :func:`dump_chunks`, :func:`decrypt_chunks`: a float64 vector of length L is
   cut into ``ceil(L / (N/2))`` chunks, one CKKS ciphertext (``CKKSVector``)
   each, serialised length-prefixed.
-* :func:`seal_secret` / :func:`open_secret`: AEAD wrapping of a secret context
+* a secret context at rest is sealed with :mod:`secure_afl.hazmat.at_rest`
   at rest (scrypt or a raw 32-byte key, AES-256-GCM).
 
 Every TenSEAL/SEAL exception is caught here and re-raised as a typed
@@ -110,19 +110,15 @@ from __future__ import annotations
 
 import functools
 import math
-import os
-import struct
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
 import numpy as np
 import tenseal as ts
 import tenseal.sealapi as sealapi
-from cryptography.exceptions import InvalidTag
-from cryptography.hazmat.primitives.ciphers.aead import AESGCM
-from cryptography.hazmat.primitives.kdf.scrypt import Scrypt
 
-from ..exceptions import InvalidKey, InvalidParameterError, MalformedPayload, ParameterMismatch
+from .. import domains
+from ..exceptions import InvalidParameterError, ParameterMismatch
 from ._tenseal import add_chunks, check_chunks, context_sha256, first_parms_id, frame, parse_context, split_body
 from ._tenseal import decrypt_chunks as _decrypt_chunks
 from ._tenseal import dump_chunks as _dump_chunks
@@ -147,8 +143,6 @@ __all__ = [
     "add_chunks",
     "dump_chunks",
     "decrypt_chunks",
-    "seal_secret",
-    "open_secret",
 ]
 
 #: SEAL's largest total coefficient-modulus bit count for 128-bit classical
@@ -468,7 +462,7 @@ def _check_context(ctx: "ts.Context", params: CKKSParameters) -> None:
 
 
 # -- ciphertext chunks -------------------------------------------------------------
-_BODY_MAGIC = b"SAFLCKK1"
+_BODY_MAGIC = domains.CKKS_BODY_MAGIC
 
 
 def encrypt_vector(ctx: "ts.Context", params: CKKSParameters, vector: np.ndarray) -> bytes:
@@ -515,64 +509,3 @@ def dump_chunks(chunks: Sequence, length: int) -> bytes:
 def decrypt_chunks(ctx: "ts.Context", chunks: Iterable, length: int) -> np.ndarray:
     """Decrypt and concatenate to a float64 vector of ``length``."""
     return _decrypt_chunks(chunks, length, np.float64)
-
-
-# -- secret context at rest ----------------------------------------------------------
-_SK_MAGIC = b"SAFLSK01"
-_SK_HEAD = struct.Struct("<8sBBBB16s12s")  # magic, kdf, log2 n, r, p, salt, nonce
-_KDF_RAW, _KDF_SCRYPT = 0, 1
-_SCRYPT_LOG2N_RANGE = (14, 22)
-
-
-def _derive(kdf: int, log2n: int, r: int, p: int, salt: bytes, passphrase, key) -> bytes:
-    if kdf == _KDF_RAW:
-        if key is None:
-            raise InvalidKey("this secret context was sealed with a key file; pass key=")
-        if not isinstance(key, (bytes, bytearray)) or len(key) != 32:
-            raise ValueError("key must be 32 bytes")
-        return bytes(key)
-    if passphrase is None:
-        raise InvalidKey("this secret context was sealed with a passphrase; pass passphrase=")
-    pw = passphrase.encode() if isinstance(passphrase, str) else passphrase
-    if not isinstance(pw, (bytes, bytearray)) or len(pw) == 0:
-        raise ValueError("passphrase must be a non-empty str or bytes")
-    return Scrypt(salt=salt, length=32, n=1 << log2n, r=r, p=p).derive(bytes(pw))
-
-
-def seal_secret(secret: bytes, *, associated_data: bytes, passphrase=None, key: bytes | None = None,
-                scrypt_log2_n: int = 17) -> bytes:
-    """AES-256-GCM encrypt ``secret``; the key is ``key`` (32 bytes) or scrypt(passphrase).
-
-    Format: ``SAFLSK01 | kdf | log2 n | r | p | salt[16] | nonce[12] | ct||tag``.
-    The header and ``associated_data`` (the session id) are authenticated.
-    """
-    if (passphrase is None) == (key is None):
-        raise ValueError("pass exactly one of passphrase= or key=")
-    lo, hi = _SCRYPT_LOG2N_RANGE
-    if not lo <= scrypt_log2_n <= hi:
-        raise ValueError(f"scrypt_log2_n must be in [{lo}, {hi}]")
-    kdf = _KDF_RAW if key is not None else _KDF_SCRYPT
-    salt = os.urandom(16) if kdf == _KDF_SCRYPT else bytes(16)
-    head = _SK_HEAD.pack(_SK_MAGIC, kdf, scrypt_log2_n if kdf else 0, 8 if kdf else 0, 1 if kdf else 0,
-                         salt, os.urandom(12))
-    k = _derive(kdf, scrypt_log2_n, 8, 1, salt, passphrase, key)
-    return head + AESGCM(k).encrypt(head[-12:], bytes(secret), head + bytes(associated_data))
-
-
-def open_secret(blob: bytes, *, associated_data: bytes, passphrase=None, key: bytes | None = None) -> bytes:
-    """Inverse of :func:`seal_secret`. Wrong passphrase/key/associated data -> :class:`InvalidKey`."""
-    blob = bytes(blob)
-    if len(blob) < _SK_HEAD.size + 16:
-        raise MalformedPayload("sealed secret context truncated")
-    magic, kdf, log2n, r, p, salt, nonce = _SK_HEAD.unpack_from(blob)
-    if magic != _SK_MAGIC or kdf not in (_KDF_RAW, _KDF_SCRYPT):
-        raise MalformedPayload("not a sealed secret context")
-    lo, hi = _SCRYPT_LOG2N_RANGE
-    if kdf == _KDF_SCRYPT and not (lo <= log2n <= hi and r == 8 and p == 1):
-        raise MalformedPayload("sealed secret context has unsupported scrypt parameters")
-    k = _derive(kdf, log2n, r, p, salt, passphrase, key)
-    head = blob[:_SK_HEAD.size]
-    try:
-        return AESGCM(k).decrypt(nonce, blob[_SK_HEAD.size:], head + bytes(associated_data))
-    except InvalidTag:
-        raise InvalidKey("the secret context could not be unlocked") from None

@@ -78,7 +78,6 @@ import numpy as np
 
 from .._validation import check_int, check_real, param_error
 from ..exceptions import BoundsExceeded, InvalidInputError, InvalidParameterError
-from ..params import Bounds
 
 __all__ = [
     "LANES",
@@ -130,7 +129,7 @@ def _max_f2(k_max: int) -> int:
     return f
 
 
-def choose_frac_bits(bounds: Bounds, gamma: float, *, min_frac_bits: int = MIN_FRAC_BITS) -> tuple[int, int]:
+def choose_frac_bits(bounds, gamma: float, *, min_frac_bits: int = MIN_FRAC_BITS) -> tuple[int, int]:
     """Choose ``(f1, f2)`` for a session (module docstring, no-wrap proof).
 
     Parameters
@@ -147,7 +146,8 @@ def choose_frac_bits(bounds: Bounds, gamma: float, *, min_frac_bits: int = MIN_F
     InvalidParameterError
         If the bounds leave too few fractional bits; the message names the fix.
     """
-    if not isinstance(bounds, Bounds):
+    # duck-typed so the primitive needs nothing above it: secure_afl.params.Bounds has both
+    if not callable(getattr(bounds, "hospital_bound", None)) or not hasattr(bounds, "k_max"):
         raise param_error("bounds", "choose_frac_bits", "a Bounds", bounds)
     check_real("gamma", gamma, "choose_frac_bits", low=0.0)
     check_int("min_frac_bits", min_frac_bits, "choose_frac_bits", low=0)
@@ -165,7 +165,7 @@ def choose_frac_bits(bounds: Bounds, gamma: float, *, min_frac_bits: int = MIN_F
     return int(f1), int(f2)
 
 
-def check_frac_bits(frac_bits, bounds: Bounds, gamma: float) -> tuple[int, int]:
+def check_frac_bits(frac_bits, bounds, gamma: float) -> tuple[int, int]:
     """Validate an explicit ``(f1, f2)`` against the no-wrap condition."""
     try:
         f1, f2 = (int(x) for x in frac_bits)

@@ -35,6 +35,7 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
+from .. import domains
 from .._validation import check_int
 from ..exceptions import InvalidContribution
 
@@ -141,7 +142,7 @@ def pairwise_info(purpose: str, session_id: str, u: int, v: int) -> bytes:
     if u == v:
         raise ValueError("a pairwise seed needs two distinct parties")
     lo, hi = min(u, v), max(u, v)
-    return f"secure-afl/secagg/v1/{purpose}/{session_id}/{lo}/{hi}".encode()
+    return f"{domains.SECAGG_PAIRWISE}{purpose}/{session_id}/{lo}/{hi}".encode()
 
 
 def agree(

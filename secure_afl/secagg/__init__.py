@@ -114,7 +114,7 @@ from .messages import (
     UnmaskResponse,
     decode_message,
 )
-from .params import (
+from .settings import (
     PROTOCOL,
     Stage,
     consistency_quorum,

@@ -16,11 +16,11 @@ from ..hazmat.prg import DOMAIN_SELF_MASK, expand
 from ..params import SessionParams
 from .masking import add_pair_mask, pair_seed
 from .messages import MaskedInput, UnmaskMaterial
-from .params import Stage, config, neighbour_graph
+from .settings import Stage, config, neighbour_graph
 
 __all__ = ["SecAggBackend"]
 
-class _SecAggCombiner(Combiner):
+class SecAggCombiner(Combiner):
     """Running sum ``S = sum_u y_u mod 2^64`` (O(L) memory) plus the set of contributors."""
 
     def __init__(self, backend: "SecAggBackend", allowed: Iterable[int] | None = None, round: int = 1):
@@ -81,16 +81,15 @@ class SecAggBackend(ProtectionBackend):
 
     def protect(self, vector, *, client, request, **kw) -> bytes:
         """Hospital: the sealed masked input ``y_u`` (runs the client's MASKED_INPUT stage)."""
-        from .client import SecAggClient  # the client builds a backend: import at call time
-
-        if not isinstance(client, SecAggClient):
+        # any object with the client's interface (the client module builds backends, so it is not imported here)
+        if not callable(getattr(client, "masked_input", None)) or not hasattr(client, "params"):
             raise TypeError("client must be a SecAggClient")
         if client.params.digest() != self.params.digest():
             raise ParameterMismatch("the client runs other session parameters")
         return client.masked_input(request, vector).to_bytes()
 
     def combiner(self, *, allowed: Iterable[int] | None = None, round: int = 1, **kw) -> Combiner:
-        return _SecAggCombiner(self, allowed, round)
+        return SecAggCombiner(self, allowed, round)
 
     def _decode_masked(self, payload, *, round: int | None = None) -> tuple[int, np.ndarray]:
         """``(client_id, y_u words)``; with ``round``, a masked input sealed in another round is refused."""

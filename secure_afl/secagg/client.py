@@ -33,8 +33,8 @@ from .backend import SecAggBackend
 from .masking import (
     add_pair_mask,
     pair_seed,
-    _raw_private,
-    _raw_public,
+    raw_private,
+    raw_public,
     share_ad,
     share_key,
     deal_challenge,
@@ -56,9 +56,9 @@ from .messages import (
     ShareKeysResponse,
     UnmaskRequest,
     UnmaskResponse,
-    _Message,
+    MessageBase,
 )
-from .params import _ABORTED, _DONE, Stage, graph_seed, neighbour_graph
+from .settings import ABORTED, DONE, Stage, graph_seed, neighbour_graph
 
 __all__ = ["SecAggClient"]
 
@@ -167,7 +167,7 @@ class SecAggClient:
         return self.cfg.quorum
 
     # -- dispatch --------------------------------------------------------------
-    def handle(self, request: _Message, *, vector=None) -> _Message:
+    def handle(self, request: MessageBase, *, vector=None) -> MessageBase:
         """Answer any request (``vector`` is needed for MASKED_INPUT)."""
         stage = getattr(request, "STAGE", None)
         self._check_stage(stage)
@@ -204,7 +204,7 @@ class SecAggClient:
         except _SOFT_ERRORS:
             raise
         except SecureAFLError:
-            self._stage = _ABORTED
+            self._stage = ABORTED
             raise
 
     # -- stage 0 ---------------------------------------------------------------
@@ -230,8 +230,8 @@ class SecAggClient:
 
     def _advertisement(self) -> KeyAdvertisement:
         if self._own_ad is None:
-            ad = KeyAdvertisement(self.params.session_id, self.client_id, self._digest, _raw_public(self._enc_sk),
-                                  _raw_public(self._mask_sk), round=self.round)
+            ad = KeyAdvertisement(self.params.session_id, self.client_id, self._digest, raw_public(self._enc_sk),
+                                  raw_public(self._mask_sk), round=self.round)
             self._own_ad = ad.signed(self._identity)
         return self._own_ad
 
@@ -287,7 +287,7 @@ class SecAggClient:
         if len(ids) < t:
             raise InsufficientShares(f"only {len(ids)} share holders advertised keys; threshold is {t}")
         b_shares, f_b = deal(self._b, t, len(ids), indices=ids)
-        s_shares, f_s = deal(_raw_private(self._mask_sk), t, len(ids), indices=ids)
+        s_shares, f_s = deal(raw_private(self._mask_sk), t, len(ids), indices=ids)
         f_r = random_polynomial(t)
         r_shares = [Share(v, evaluate(f_r, v), t, 32) for v in ids]
         commits = [(v, *(share_commitment(sid, self._digest, kind, u, v, sh.to_bytes(), round=r)
@@ -450,7 +450,7 @@ class SecAggClient:
         unknown = (surv | drop) - set(self._held)
         if unknown:
             raise MalformedPayload(f"no shares held for clients {sorted(unknown)}")
-        self._stage = _DONE
+        self._stage = DONE
         return UnmaskResponse(
             self.params.session_id, u,
             {o: self._held[o][0].to_bytes() for o in sorted(surv)},
@@ -459,5 +459,5 @@ class SecAggClient:
         )
 
     def _abort(self, err: SecureAFLError) -> SecureAFLError:
-        self._stage = _ABORTED
+        self._stage = ABORTED
         return err

@@ -9,11 +9,12 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
 from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption, PrivateFormat, PublicFormat
 
+from .. import domains
 from ..hazmat.prg import DOMAIN_PAIR_MASK, agree, expand
 from ..hazmat.shamir import PRIME, evaluate
 
-_COMMIT_PREFIX = b"secure-afl/secagg/v2/share-commitment\0"
-_CHALLENGE_PREFIX = b"secure-afl/secagg/v2/deal-challenge\0"
+_COMMIT_PREFIX = domains.SECAGG_SHARE_COMMITMENT
+_CHALLENGE_PREFIX = domains.SECAGG_DEAL_CHALLENGE
 
 def round_context(session_id: str, round: int = 1) -> str:
     """Session id and round number, as bound into every key derivation, AEAD and commitment of a round.
@@ -33,7 +34,7 @@ def share_key(enc_sk: X25519PrivateKey, peer_pk: bytes, session_id: str, u: int,
 def share_ad(session_id: str, digest_hex: str, sender: int, recipient: int, commit_b: bytes, commit_s: bytes, *,
               round: int = 1) -> bytes:
     """AEAD associated data: session and round, parameter digest, direction sender -> recipient, commitments."""
-    return (f"secure-afl/secagg/v2/share/{round_context(session_id, round)}/{digest_hex}/{sender}->{recipient}/"
+    return (f"{domains.SECAGG_SHARE_AD}{round_context(session_id, round)}/{digest_hex}/{sender}->{recipient}/"
             .encode() + commit_b + commit_s)
 
 
@@ -84,11 +85,11 @@ def pair_seed(mask_sk: X25519PrivateKey, peer_pk: bytes, session_id: str, u: int
     return agree(mask_sk, peer_pk, purpose="mask", session_id=round_context(session_id, round), u=u, v=v)
 
 
-def _raw_private(key: X25519PrivateKey) -> bytes:
+def raw_private(key: X25519PrivateKey) -> bytes:
     return key.private_bytes(Encoding.Raw, PrivateFormat.Raw, NoEncryption())
 
 
-def _raw_public(key: X25519PrivateKey) -> bytes:
+def raw_public(key: X25519PrivateKey) -> bytes:
     return key.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
 
 

@@ -6,18 +6,18 @@ import base64
 import binascii
 import functools
 import hashlib
-import json
 from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar, Mapping
 
 from cryptography.exceptions import InvalidSignature
 
+from .. import domains
 from ..envelope import peek_header
 from ..exceptions import MalformedPayload
 from ..hazmat.shamir import PRIME, Share
-from ..signing import parse_json
+from ..encoding import canonical_json, parse_json
 from .masking import deal_challenge, on_check_polynomial, share_commitment
-from .params import Stage
+from .settings import Stage
 
 __all__ = [
     "SetupRequest", "SetupAck", "AdvertiseKeysRequest", "KeyAdvertisement", "ShareKeysRequest", "EncryptedShare",
@@ -29,17 +29,17 @@ _KEY_BYTES = 32
 _NONCE_BYTES = 12
 _DIGEST_BYTES = 32
 _SIG_BYTES = 64
-_AD_PREFIX = b"secure-afl/secagg/v2/key-advertisement\0"
+_AD_PREFIX = domains.SECAGG_KEY_ADVERTISEMENT
 # The statement signs the SHA-256 of the survivor list, not the list: a hospital checks q statements over one
 # set, and signing the list itself made each check hash ~4.5 B per survivor (O(n) per signature, O(n^2) per
 # hospital). The name changed with the signed form so a signature over the old form never verifies.
-_CONSISTENCY_PREFIX = b"secure-afl/secagg/v2/consistency-digest\0"
-_DEAL_PREFIX = b"secure-afl/secagg/v2/deal\0"
+_CONSISTENCY_PREFIX = domains.SECAGG_CONSISTENCY
+_DEAL_PREFIX = domains.SECAGG_DEAL
 _VALUE_BYTES = 66  # one element of GF(2^521 - 1)
 
 
 def _canonical(d: Mapping) -> bytes:
-    return json.dumps(d, sort_keys=True, separators=(",", ":")).encode()
+    return canonical_json(d)
 
 
 def _verify(public_key, signature: bytes, data: bytes) -> bool:
@@ -89,7 +89,7 @@ def _ids(v) -> tuple[int, ...]:
 _REGISTRY: dict[str, type] = {}
 
 
-class _Message:
+class MessageBase:
     """Base: JSON-safe ``to_dict``/``from_dict`` and canonical-JSON ``to_bytes``/``from_bytes``."""
 
     TYPE: ClassVar[str]
@@ -106,7 +106,7 @@ class _Message:
         raise NotImplementedError
 
     @classmethod
-    def _parse(cls, d: Mapping) -> "_Message":
+    def _parse(cls, d: Mapping) -> "MessageBase":
         raise NotImplementedError
 
     def to_dict(self) -> dict:
@@ -116,7 +116,7 @@ class _Message:
         return d
 
     @classmethod
-    def from_dict(cls, d: Mapping) -> "_Message":
+    def from_dict(cls, d: Mapping) -> "MessageBase":
         if not isinstance(d, Mapping) or d.get("type") != cls.TYPE or d.get("stage") != cls.STAGE:
             raise MalformedPayload(f"not a {cls.TYPE} message")
         try:
@@ -125,10 +125,10 @@ class _Message:
             raise MalformedPayload(f"malformed {cls.TYPE} message") from None
 
     def to_bytes(self) -> bytes:
-        return json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":")).encode()
+        return canonical_json(self.to_dict())
 
     @classmethod
-    def from_bytes(cls, data: bytes) -> "_Message":
+    def from_bytes(cls, data: bytes) -> "MessageBase":
         return cls.from_dict(_json(data))
 
 
@@ -138,9 +138,9 @@ def _json(data) -> Any:
     return parse_json(data, "secagg message")
 
 
-def decode_message(data) -> _Message:
+def decode_message(data) -> MessageBase:
     """Parse any secagg message from bytes or a dict (masked inputs: the sealed envelope bytes)."""
-    if isinstance(data, (bytes, bytearray, memoryview)) and bytes(data[:8]) == b"SAFLPAY1":
+    if isinstance(data, (bytes, bytearray, memoryview)) and bytes(data[:8]) == domains.PAYLOAD_MAGIC:
         return MaskedInput.from_bytes(bytes(data))
     d = data if isinstance(data, Mapping) else _json(data)
     cls = _REGISTRY.get(d.get("type")) if isinstance(d, Mapping) else None
@@ -150,7 +150,7 @@ def decode_message(data) -> _Message:
 
 
 @dataclass(frozen=True)
-class SetupRequest(_Message):
+class SetupRequest(MessageBase):
     """Server -> hospital: join ``session_id`` as ``client_id`` under parameters ``params_digest``."""
 
     TYPE: ClassVar[str] = "secagg.setup_request"
@@ -169,7 +169,7 @@ class SetupRequest(_Message):
 
 
 @dataclass(frozen=True)
-class SetupAck(_Message):
+class SetupAck(MessageBase):
     """Hospital -> server: parameters checked, ready."""
 
     TYPE: ClassVar[str] = "secagg.setup_ack"
@@ -188,7 +188,7 @@ class SetupAck(_Message):
 
 
 @dataclass(frozen=True)
-class AdvertiseKeysRequest(_Message):
+class AdvertiseKeysRequest(MessageBase):
     """Server -> hospital: send your two public keys."""
 
     TYPE: ClassVar[str] = "secagg.advertise_keys_request"
@@ -206,7 +206,7 @@ class AdvertiseKeysRequest(_Message):
 
 
 @dataclass(frozen=True)
-class KeyAdvertisement(_Message):
+class KeyAdvertisement(MessageBase):
     """Hospital -> server (relayed to everybody): ``c_u^PK`` (share encryption), ``s_u^PK`` (masks).
 
     Signed with the hospital's enrolled Ed25519 identity key over the session
@@ -248,11 +248,11 @@ class KeyAdvertisement(_Message):
 
 
 @dataclass(frozen=True)
-class ShareKeysRequest(_Message):
+class ShareKeysRequest(MessageBase):
     """Server -> hospital: every signed advertisement it received (U1) and the graph seed it claims.
 
     The hospital recomputes the seed from the advertisements and refuses a
-    different one (:func:`~secure_afl.secagg.params.graph_seed`).
+    different one (:func:`~secure_afl.secagg.settings.graph_seed`).
     """
 
     TYPE: ClassVar[str] = "secagg.share_keys_request"
@@ -412,7 +412,7 @@ def _shares_list(v) -> tuple[EncryptedShare, ...]:
 
 
 @dataclass(frozen=True)
-class ShareKeysResponse(_Message):
+class ShareKeysResponse(MessageBase):
     """Hospital -> server: one encrypted share pair per other share holder, for relaying.
 
     ``own_commit_b`` / ``own_commit_s`` commit to the shares the hospital keeps
@@ -443,7 +443,7 @@ class ShareKeysResponse(_Message):
 
 
 @dataclass(frozen=True)
-class MaskedInputRequest(_Message):
+class MaskedInputRequest(MessageBase):
     """Server -> hospital: the encrypted shares addressed to it by holders that completed SHARE_KEYS (U2).
 
     ``deals`` are the signed deal records of their dealers, one per share.
@@ -470,7 +470,7 @@ class MaskedInputRequest(_Message):
 
 
 @dataclass(frozen=True)
-class MaskedInput(_Message):
+class MaskedInput(MessageBase):
     """Hospital -> server: the sealed masked vector ``y_u``.
 
     ``to_bytes`` is the sealed envelope itself (binary, 8 L bytes of body);
@@ -510,7 +510,7 @@ class MaskedInput(_Message):
 
 
 @dataclass(frozen=True)
-class DealerComplaint(_Message):
+class DealerComplaint(MessageBase):
     """Holder -> server, instead of its masked input: "dealer ``deal.dealer`` dealt me shares that miss ``z``".
 
     Carries the dealer's signed :class:`DealRecord` and the holder's three shares of that dealing. It proves
@@ -562,7 +562,7 @@ class DealerComplaint(_Message):
 
 
 @dataclass(frozen=True)
-class ConsistencyStatement(_Message):
+class ConsistencyStatement(MessageBase):
     """Survivor -> server (relayed to every survivor): "I saw exactly this survivor set".
 
     Bonawitz et al.'s consistency check. Signed with the hospital's identity
@@ -631,7 +631,7 @@ def _signature(v) -> bytes:
 
 
 @dataclass(frozen=True)
-class UnmaskRequest(_Message):
+class UnmaskRequest(MessageBase):
     """Server -> surviving hospital: reveal b-shares of ``survivors`` and key-shares of ``dropped``.
 
     ``statements`` are the survivors' signed consistency statements: the
@@ -686,7 +686,7 @@ class UnmaskRequest(_Message):
 
 
 @dataclass(frozen=True)
-class UnmaskResponse(_Message):
+class UnmaskResponse(MessageBase):
     """Hospital -> server: ``{owner: share bytes}`` for the self-mask seeds and the mask keys asked for."""
 
     TYPE: ClassVar[str] = "secagg.unmask_response"

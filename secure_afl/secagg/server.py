@@ -25,8 +25,8 @@ from ..exceptions import (
 from ..hazmat import fixedpoint
 from ..hazmat.shamir import Share, combine_shares
 from ..params import SessionParams
-from .backend import SecAggBackend, _SecAggCombiner
-from .masking import _raw_public, share_commitment
+from .backend import SecAggBackend, SecAggCombiner
+from .masking import raw_public, share_commitment
 from .messages import (
     AdvertiseKeysRequest,
     ConsistencyStatement,
@@ -43,10 +43,10 @@ from .messages import (
     UnmaskMaterial,
     UnmaskRequest,
     UnmaskResponse,
-    _Message,
+    MessageBase,
     decode_message,
 )
-from .params import _ABORTED, _DONE, Stage, graph_seed
+from .settings import ABORTED, DONE, Stage, graph_seed
 
 __all__ = ["SecAggServerRound", "BadShare"]
 
@@ -119,7 +119,7 @@ class SecAggServerRound:
         self._commits: dict[tuple[int, int], tuple[bytes, bytes]] = {}
         self._deals: dict[int, DealRecord] = {}
         self.complaints: dict[int, DealerComplaint] = {}  # dealer -> the first complaint proving it cheated
-        self._combiner: _SecAggCombiner | None = None
+        self._combiner: SecAggCombiner | None = None
         self._aggregate: bytes | None = None
         self._unmask_lists: dict[int, tuple[tuple[int, ...], tuple[int, ...]]] = {}
         self._statements: dict[int, ConsistencyStatement] = {}
@@ -178,7 +178,7 @@ class SecAggServerRound:
         return self._graph[u] | {u}
 
     # -- requests ---------------------------------------------------------------
-    def request(self, client_id: int) -> _Message:
+    def request(self, client_id: int) -> MessageBase:
         """The request for ``client_id`` in the current stage."""
         self._check_open()
         if client_id not in self.active:
@@ -359,7 +359,7 @@ class SecAggServerRound:
                 Stage.UNMASK: self._close_unmask,
             }[self.stage]()
         except SecureAFLError:
-            self.stage = _ABORTED  # forget everything share-related: an aborted round reveals nothing
+            self.stage = ABORTED  # forget everything share-related: an aborted round reveals nothing
             self._b_shares.clear()
             self._s_shares.clear()
             self._aggregate = None
@@ -411,7 +411,7 @@ class SecAggServerRound:
 
     def _close_share_keys(self) -> bool:
         u2 = self._prune(self._responded, "shared keys")
-        self._combiner = _SecAggCombiner(self.backend, allowed=u2, round=self.round)
+        self._combiner = SecAggCombiner(self.backend, allowed=u2, round=self.round)
         return self._advance(Stage.MASKED_INPUT, u2)
 
     def _close_masked_input(self) -> bool:
@@ -453,7 +453,7 @@ class SecAggServerRound:
         self.aggregate_vector_ = fixedpoint.decode(self.fixed_point_sum_, self.cfg.frac_bits)
         logger.info("[Stage 4] unmask closed: aggregate of %d hospitals revealed (%d dropped, %d wrong shares "
                     "discarded).", len(self.survivors_), len(self.dropped_), len(self.bad_shares))
-        self.stage = _DONE
+        self.stage = DONE
         return True
 
     def unmask_material(self) -> UnmaskMaterial:
@@ -462,7 +462,7 @@ class SecAggServerRound:
         keys = {}
         for v in self.dropped_:
             raw = self._combine(v, self._s_shares[v], "mask-key")
-            if _raw_public(X25519PrivateKey.from_private_bytes(raw)) != self._ads[v].mask_public_key:
+            if raw_public(X25519PrivateKey.from_private_bytes(raw)) != self._ads[v].mask_public_key:
                 raise InvalidContribution()
             keys[v] = raw
         need = set()
@@ -493,5 +493,5 @@ class SecAggServerRound:
         return self._aggregate
 
     def _check_open(self) -> None:
-        if self.stage in (_DONE, _ABORTED):
+        if self.stage in (DONE, ABORTED):
             raise RoundAlreadyClosed(f"the secagg round is {self.stage}")

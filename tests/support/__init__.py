@@ -16,9 +16,9 @@ from pathlib import Path
 import numpy as np
 
 from secure_afl import pki, session
-from secure_afl.audit import load_receipts, verify_log
+from secure_afl.audit_verify import load_receipts, verify_log
 from secure_afl.clients.hospital import HospitalClient
-from secure_afl.demo import ServerProcess
+from secure_afl.tools.demo import ServerProcess
 from secure_afl.server.config import write_config
 from secure_afl.keyholder import KeyHolder
 from secure_afl.stats import StatisticsAccumulator

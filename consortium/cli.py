@@ -1,0 +1,119 @@
+"""The consortium operator's commands, in one place: the CA and bundles (``secure-afl pki``) and the
+signed session definition (``secure-afl session``).
+
+Runs on: the operator's machine, the only one that holds ``ca.key``. What
+the commands do lives in the library (:mod:`secure_afl.pki.ca` issues,
+:mod:`secure_afl.session` checks and signs); here is only the command line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from secure_afl.exceptions import InvalidInputError
+from secure_afl.pki import CA_KEY, ROLES, init_ca, issue, make_bundles
+from secure_afl.secagg import consistency_quorum
+from secure_afl.session import dropout_line, load_signed, reference, sign
+
+__all__ = ["register_pki", "register_session"]
+
+
+# -- secure-afl pki init | issue | bundle ------------------------------------------------------------
+def _cmd_pki_init(args) -> int:
+    ca = init_ca(args.dir, name=args.name, days=args.days)
+    print(f"created {ca} and {Path(args.dir) / CA_KEY} (0600)")
+    return 0
+
+
+def _cmd_pki_issue(args) -> int:
+    dns = None if args.dns is None else [s for s in args.dns.split(",") if s.strip()]
+    try:
+        party = issue(args.dir, args.role, args.name, dns=dns, days=args.days)
+    except FileExistsError:
+        raise InvalidInputError(f"{Path(args.dir) / f'{args.role}-{args.name}'} already exists") from None
+    except FileNotFoundError as exc:
+        raise InvalidInputError(f"{exc} (run `secure-afl pki init --dir {args.dir}` first)") from None
+    print(f"created {party.directory}/{{cert.pem,key.pem,identity.key,identity.pub,enrolment.json}}")
+    print(json.dumps(party.enrolment().to_dict(), sort_keys=True))
+    return 0
+
+
+def _cmd_pki_bundle(args) -> int:
+    made = make_bundles(args.dir, args.out)
+    for party, path in made.items():
+        print(f"{party:<24} -> {path}/  (ca.pem, roster.json, {party}/)")
+    print(f"hand each directory to its party only; {Path(args.dir) / CA_KEY} is in none of them")
+    return 0
+
+
+def register_pki(parser: argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(dest="pki_command", metavar="ACTION", required=True)
+    p = sub.add_parser("init", help="create the consortium CA (DIR/ca.pem, DIR/ca.key)")
+    p.add_argument("--dir", required=True, help="PKI directory")
+    p.add_argument("--name", default="secure-afl consortium", help="consortium name (CA subject O)")
+    p.add_argument("--days", type=int, default=3650, help="CA validity in days")
+    p.set_defaults(func=_cmd_pki_init)
+
+    p = sub.add_parser("issue", help="issue a TLS certificate and an Ed25519 identity for a party")
+    p.add_argument("--dir", required=True, help="PKI directory holding the CA")
+    p.add_argument("--role", required=True, choices=ROLES)
+    p.add_argument("--name", required=True, help="party name, e.g. hosp-a")
+    p.add_argument("--dns", default=None,
+                   help="comma-separated SAN entries (default for server/keyholder: 127.0.0.1,localhost)")
+    p.add_argument("--days", type=int, default=365, help="certificate validity in days")
+    p.set_defaults(func=_cmd_pki_issue)
+
+    p = sub.add_parser("bundle", help="one directory per party: CA, signed roster, its own keys only")
+    p.add_argument("--dir", required=True, help="PKI directory holding the CA and every issued party")
+    p.add_argument("--out", required=True, help="directory to create the bundles in")
+    p.set_defaults(func=_cmd_pki_bundle)
+
+
+# -- secure-afl session sign | show | reference -------------------------------------------------
+def _cmd_session_sign(args) -> int:
+    definition, written = sign(args.toml, args.pki, bundles_dir=args.bundles)
+    b = definition.body
+    extra = ""
+    if b["secagg"]:
+        n, t = len(b["hospitals"]), b["secagg"]["threshold"]
+        extra = (f", threshold {t}, neighbours {b['secagg']['neighbours'] or 'all'}, quorum "
+                 f"{consistency_quorum(n, t, b['min_clients'])} of {n}")
+    print(f"signed session {b['id']} ({b['backend']}, {len(b['hospitals'])} hospitals, min_clients "
+          f"{b['min_clients']}{extra})")
+    tolerated, line = dropout_line(definition)
+    print(line)
+    if tolerated == 0:
+        print(f"secure-afl session sign: warning: {line}", file=sys.stderr)
+    for p in written:
+        print(f"  -> {p}")
+    return 0
+
+
+def _cmd_session_show(args) -> int:
+    definition = load_signed(args.pki, args.session)
+    print(json.dumps(dict(definition.body), indent=2, sort_keys=True))
+    print(dropout_line(definition)[1], file=sys.stderr)  # stdout stays one JSON document
+    return 0
+
+
+def _cmd_session_reference(args) -> int:
+    sys.stdout.write(reference())
+    return 0
+
+
+def register_session(parser) -> None:
+    sub = parser.add_subparsers(dest="session_command", metavar="ACTION", required=True)
+    p = sub.add_parser("sign", help="check session.toml strictly and sign its definition with the CA key")
+    p.add_argument("toml", help="the session file (session.toml)")
+    p.add_argument("--pki", required=True, help="the operator's PKI directory (holds ca.key)")
+    p.add_argument("--bundles", default=None, help="also place the signed definition into every bundle here")
+    p.set_defaults(func=_cmd_session_sign)
+    p = sub.add_parser("show", help="print a signed session definition after checking its signature")
+    p.add_argument("session", help="session id")
+    p.add_argument("--pki", required=True, help="a PKI directory or bundle")
+    p.set_defaults(func=_cmd_session_show)
+    p = sub.add_parser("reference", help="print the session.toml reference (docs/SESSION.md) from the schema")
+    p.set_defaults(func=_cmd_session_reference)

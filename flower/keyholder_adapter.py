@@ -1,0 +1,133 @@
+"""The key holder's native code, seen from the Flower app: the one place that names its module.
+
+Everything the key holder decides (manifest and upload signatures, its own
+``min_clients``, the re-sum of the signed uploads and the single flooded
+decryption for HE sessions, the release ledger, the aggregate tag, sanity
+checks, RI restoration and the solve) is :meth:`KeyHolder.release_he` (ckks,
+bfv), :meth:`KeyHolder.release_split` (split: its share, from the seed statements alone) or
+:meth:`KeyHolder.reveal_and_solve` (plain, secagg); this module only feeds it
+what the ServerApp sent and writes the model and report the way
+``secure-afl keyholder finalize`` writes them.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from secure_afl.exceptions import InvalidInputError
+from secure_afl.backends import HE_BACKENDS
+from secure_afl.keyholder import KeyHolder, write_model
+from secure_afl.keyholder.model import model_metadata
+from secure_afl import session
+
+__all__ = ["open_keyholder", "publication", "countersign", "finalize", "split_share", "split_result"]
+
+
+def open_keyholder(node_config) -> KeyHolder:
+    try:
+        pki_dir, keys_dir = node_config["pki-dir"], node_config["keys-dir"]
+    except KeyError as e:
+        raise InvalidInputError(f"the key holder's --node-config lacks {e.args[0]}=...") from None
+    passphrase = None
+    if node_config.get("passphrase-file"):
+        passphrase = Path(str(node_config["passphrase-file"])).read_bytes().strip()
+    return KeyHolder(str(pki_dir), str(node_config.get("name", "keyholder")), str(keys_dir), passphrase=passphrase)
+
+
+def publication(kh: KeyHolder, session_id: str) -> bytes:
+    """The body ``keyholder publish`` sends: public context, tag key, signature over the parameters."""
+    if not kh.public_path(session_id).exists():
+        raise InvalidInputError(f"no keys for session {session_id}: run `secure-afl keyholder keygen` first")
+    kh.check_unlock(session_id)  # a wrong passphrase is refused before hospitals encrypt to the key
+    return kh.publication_body(session_id)
+
+
+def countersign(kh: KeyHolder, close: dict, manifest: dict) -> dict:
+    """The key holder's countersignature over the server's close record (:meth:`KeyHolder.countersign_close`)."""
+    cs = kh.countersign_close(close, manifest)
+    kh.keep_audit_head(str(close.get("session_id")), close, cs)
+    return cs
+
+
+class _MessageSource:
+    """What the ServerApp sent: the manifest, the stored uploads and the tag statements."""
+
+    def __init__(self, manifest: dict, contributions: dict, tags: dict):
+        self._manifest, self._contributions, self._tags = manifest, contributions, tags
+
+    def manifest(self) -> dict:
+        return self._manifest
+
+    def contribution(self, hospital: str) -> bytes:
+        if hospital not in self._contributions:
+            raise InvalidInputError(f"the ServerApp sent no upload for {hospital[:64]!r}")
+        return self._contributions[hospital]
+
+    def tags(self) -> dict:
+        return self._tags
+
+
+def finalize(kh: KeyHolder, info: dict, aggregate: bytes, manifest: dict, tags: dict, contributions: dict, *,
+             min_clients: int, min_class_count: int, lam: float, out: Path, report_path: Path,
+             unmask: dict | None = None) -> dict:
+    """The native finalize; the stricter of the two policies applies. HE sessions are re-summed from
+    the signed uploads (``contributions``); the server's ``aggregate`` is used for plain and secagg
+    (with the server's ``unmask`` material, as ``keyholder finalize`` fetches it)."""
+
+    definition = session.load_signed(kh.pki_dir, str(info.get("session_id")))
+    policy = {"min_clients": max(min_clients, definition["min_clients"], int(info.get("min_clients", 1))),
+              "min_class_count": max(min_class_count, definition["min_class_count"],
+                                     int(info.get("min_class_count", 1))), "lam": lam}
+    if definition.backend in HE_BACKENDS:
+        res = kh.release_he(definition.session_id, _MessageSource(manifest, contributions, tags), **policy)
+    else:
+        params = definition.session_params()
+        session.check_same(params.to_dict(), info.get("params") or {}, what="params.", source="the ServerApp")
+        res = kh.reveal_and_solve(params, aggregate, manifest, unmask=unmask, **policy)
+    write_model(out, res.W, model_metadata(res.params, res.report, lam))
+    report_path.parent.mkdir(parents=True, exist_ok=True)
+    report_path.write_text(json.dumps(res.report, indent=2))
+    return res.report
+
+
+def split_share(kh: KeyHolder, info: dict, manifest: dict, tags: dict, *, min_clients: int, min_class_count: int,
+                lam: float) -> tuple[bytes, dict]:
+    """split: :meth:`KeyHolder.release_split` over what the ServerApp sent (the manifest and the hospitals'
+    signed seed statements; never a masked vector). The collector solves under the session's policy, so a
+    stricter one asked here is refused, as ``keyholder finalize`` refuses it."""
+    from secure_afl import session
+    from secure_afl.exceptions import PolicyViolation
+
+    definition = session.load_signed(kh.pki_dir, str(info.get("session_id")))
+    if definition.backend != "split":
+        raise InvalidInputError(f"session {definition.session_id} runs {definition.backend}, not split")
+    if min_class_count > definition["min_class_count"] or lam:
+        raise PolicyViolation(f"a split release is solved by the collector under the session's "
+                              f"min_class_count={definition['min_class_count']} and lambda 0; this key holder "
+                              f"asked for min_class_count={min_class_count}, lambda={lam}")
+    floor = max(min_clients, definition["min_clients"], int(info.get("min_clients", 1)))
+    return kh.release_split(definition.session_id, _MessageSource(manifest, {}, tags), min_clients=floor)
+
+
+def split_result(kh: KeyHolder, info: dict, manifest: dict, result: bytes, *, lam: float, out: Path,
+                 report_path: Path) -> dict:
+    """split: the model and report from the collector's release, as ``keyholder finalize`` writes them."""
+    import numpy as np
+
+    sid = str(info.get("session_id"))
+    params = kh.params(sid)
+    try:
+        released = json.loads(result)
+        W, report = np.asarray(released["W"], dtype=np.float64), dict(released["report"])
+    except (ValueError, KeyError, TypeError):
+        raise InvalidInputError("the ServerApp's split result is not the collector's release") from None
+    if report.get("session_id") != sid or report.get("params_digest") != params.digest().hex() \
+            or report.get("aggregate_sha256") != manifest.get("aggregate_sha256"):
+        raise InvalidInputError("the ServerApp's split result is for another session, parameters or manifest")
+    if params.dp is not None:
+        report["dp"] = {**(report.get("dp") or {}), **kh.split_privacy(params, manifest)}
+    write_model(out, W, model_metadata(params, report, lam))
+    report_path.parent.mkdir(parents=True, exist_ok=True)
+    report_path.write_text(json.dumps(report, indent=2))
+    return report

@@ -1,0 +1,79 @@
+"""Every domain-separation string of the protocol, in one list.
+
+A signature, hash, key derivation or AEAD associated data of one kind must
+never verify as another, so each one starts with its own string from here.
+Nothing else in the tree spells one out (tests/test_domains.py checks that
+every value is distinct, that none is a prefix of another within a group that
+shares a key, and that no other module holds such a literal). Changing a
+value breaks every stored signature of that kind: bump its version instead.
+
+This module imports nothing: the primitives (secure_afl.hazmat) may use it.
+"""
+
+from __future__ import annotations
+
+__all__ = ["SIGNATURES", "HASHES", "KDF_INFO", "AEAD", "MAGICS", "FORMATS", "ALL"]
+
+# -- Ed25519 signatures: PREFIX || message ------------------------------------------------------
+REQUEST = b"secure-afl/request/v1\0"                      # a party's signed HTTP request
+SECAGG_REQUEST = b"secure-afl/secagg-request/v1\0"        # the server's signed secagg stage request
+UPLOAD = b"secure-afl/upload/v1\0"                        # a hospital's upload statement
+RECEIPT = b"secure-afl/receipt/v1\0"                      # the server's receipt for an upload
+MANIFEST = b"secure-afl/manifest/v1\0"                    # the server's list of summed contributions
+SESSION = b"secure-afl/session/v1\0"                      # the operator's session definition
+ROSTER = b"secure-afl/roster/v1\0"                        # the CA's roster of enrolled identities
+KEYHOLDER_PARAMS = b"secure-afl/keyholder-params/v1\0"    # the key holder over an HE session's parameters
+TAG = b"secure-afl/tag/v1\0"                              # a hospital's sealed aggregate tag
+AUDIT_RECORD = b"secure-afl/audit-record/v1\0"            # the server over one audit record's hash
+AUDIT_CLOSE = b"secure-afl/audit-close/v1\0"              # the server's close record (head of the log)
+AUDIT_COUNTERSIGN = b"secure-afl/audit-countersign/v1\0"  # the key holder over that close record
+SPLIT_SEED = b"secure-afl/split/seed/v1\0"                # split: a hospital's sealed seed box
+SPLIT_SHARE = b"secure-afl/split/share/v1\0"              # split: the share server's answer
+SECAGG_KEY_ADVERTISEMENT = b"secure-afl/secagg/v2/key-advertisement\0"
+SECAGG_CONSISTENCY = b"secure-afl/secagg/v2/consistency-digest\0"
+SECAGG_DEAL = b"secure-afl/secagg/v2/deal\0"
+
+# -- hashes: SHA-256(PREFIX || ...) ------------------------------------------------------------
+AUDIT_CHAIN = b"secure-afl/audit/v1\0"                    # the audit log's hash chain
+SECAGG_GRAPH_SEED = b"secure-afl/secagg/v2/graph-seed\0"  # the neighbour graph's public seed
+SECAGG_SHARE_COMMITMENT = b"secure-afl/secagg/v2/share-commitment\0"
+SECAGG_DEAL_CHALLENGE = b"secure-afl/secagg/v2/deal-challenge\0"
+
+# -- HKDF info ---------------------------------------------------------------------------------
+SECAGG_PAIRWISE = "secure-afl/secagg/v1/"                 # + purpose/session/lo/hi (hazmat.prg)
+TAG_BOX = b"secure-afl/tag-box/v1"                        # the tag's X25519 box
+SPLIT_SEED_BOX = b"secure-afl/split/seed-box/v1"          # split: the seed's X25519 box
+
+# -- AEAD associated data ----------------------------------------------------------------------
+SECAGG_SHARE_AD = "secure-afl/secagg/v2/share/"           # + round/digest/sender->recipient/ + commitments
+CKKS_SECRET_CONTEXT_AD = b"secure-afl/ckks-secret-context/v1/session="
+FLOWER_SECAGG_STATE_AD = "secure-afl flower secagg state"  # label of the sealed secagg state kept between Flower calls
+
+# -- byte formats (magic numbers) and file formats ---------------------------------------------
+PAYLOAD_MAGIC = b"SAFLPAY1"                               # the payload envelope
+CKKS_BODY_MAGIC = b"SAFLCKK1"
+BFV_BODY_MAGIC = b"SAFLBFV1"
+SECRET_KEY_MAGIC = b"SAFLSK01"
+PACKED_STATS_MAGIC = b"AFLSTATS"                          # a packed statistics vector (secure_afl.packing)
+EMBEDDINGS_FORMAT = "secure-afl/embeddings/v1"
+STATISTICS_FORMAT = "secure-afl/statistics/v1"
+
+# name -> value, by use; the signatures share signing keys, so no one of them may prefix another
+SIGNATURES = {
+    "REQUEST": REQUEST, "SECAGG_REQUEST": SECAGG_REQUEST, "UPLOAD": UPLOAD, "RECEIPT": RECEIPT,
+    "MANIFEST": MANIFEST, "SESSION": SESSION, "ROSTER": ROSTER, "KEYHOLDER_PARAMS": KEYHOLDER_PARAMS,
+    "TAG": TAG, "AUDIT_RECORD": AUDIT_RECORD, "AUDIT_CLOSE": AUDIT_CLOSE,
+    "AUDIT_COUNTERSIGN": AUDIT_COUNTERSIGN, "SPLIT_SEED": SPLIT_SEED, "SPLIT_SHARE": SPLIT_SHARE,
+    "SECAGG_KEY_ADVERTISEMENT": SECAGG_KEY_ADVERTISEMENT, "SECAGG_CONSISTENCY": SECAGG_CONSISTENCY,
+    "SECAGG_DEAL": SECAGG_DEAL
+}
+HASHES = {"AUDIT_CHAIN": AUDIT_CHAIN, "SECAGG_GRAPH_SEED": SECAGG_GRAPH_SEED,
+          "SECAGG_SHARE_COMMITMENT": SECAGG_SHARE_COMMITMENT, "SECAGG_DEAL_CHALLENGE": SECAGG_DEAL_CHALLENGE}
+KDF_INFO = {"SECAGG_PAIRWISE": SECAGG_PAIRWISE, "TAG_BOX": TAG_BOX, "SPLIT_SEED_BOX": SPLIT_SEED_BOX}
+AEAD = {"SECAGG_SHARE_AD": SECAGG_SHARE_AD, "CKKS_SECRET_CONTEXT_AD": CKKS_SECRET_CONTEXT_AD,
+        "FLOWER_SECAGG_STATE_AD": FLOWER_SECAGG_STATE_AD}
+MAGICS = {"PAYLOAD_MAGIC": PAYLOAD_MAGIC, "CKKS_BODY_MAGIC": CKKS_BODY_MAGIC, "BFV_BODY_MAGIC": BFV_BODY_MAGIC,
+          "SECRET_KEY_MAGIC": SECRET_KEY_MAGIC, "PACKED_STATS_MAGIC": PACKED_STATS_MAGIC}
+FORMATS = {"EMBEDDINGS_FORMAT": EMBEDDINGS_FORMAT, "STATISTICS_FORMAT": STATISTICS_FORMAT}
+# name -> value, every group together
+ALL = {**SIGNATURES, **HASHES, **KDF_INFO, **AEAD, **MAGICS, **FORMATS}

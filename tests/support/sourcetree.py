@@ -1,0 +1,104 @@
+"""The product's source tree read as text and syntax trees (no import): modules, their imports, their literals.
+
+The repository folders that become packages, and under which installed name,
+come from setup.py itself (its ``ROOTS`` literal), so a test built on this
+module follows the layout without a list of its own.
+"""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@lru_cache(maxsize=1)
+def roots() -> dict[str, str]:
+    """Repository folder -> installed package name, as setup.py declares them."""
+    tree = ast.parse((REPO / "setup.py").read_text())
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "ROOTS" for t in node.targets):
+            return {folder: name for name, folder in ast.literal_eval(node.value).items()}
+    raise AssertionError("setup.py declares no ROOTS")
+
+
+@dataclass(frozen=True)
+class Module:
+    name: str           # installed dotted name
+    path: Path          # file in the repository
+    is_package: bool    # an __init__.py
+
+    @property
+    def package(self) -> str:
+        return self.name if self.is_package else self.name.rpartition(".")[0]
+
+    def tree(self) -> ast.Module:
+        return ast.parse(self.path.read_text(), filename=str(self.path))
+
+
+@lru_cache(maxsize=1)
+def modules() -> dict[str, Module]:
+    """Every module of the product under its installed name."""
+    out = {}
+    for folder, pkg in roots().items():
+        for f in sorted((REPO / folder).rglob("*.py")):
+            if "__pycache__" in f.parts:
+                continue
+            parts = f.relative_to(REPO / folder).with_suffix("").parts
+            is_pkg = parts[-1] == "__init__"
+            if is_pkg:
+                parts = parts[:-1]
+            name = ".".join((pkg, *parts))
+            out[name] = Module(name, f, is_pkg)
+    return out
+
+
+def resolve(module: Module, node: ast.ImportFrom) -> str:
+    """The absolute module an ``from ... import`` names."""
+    if not node.level:
+        return node.module or ""
+    base = module.package.split(".")
+    if node.level > 1:
+        base = base[: -(node.level - 1)]
+    return ".".join(base + ([node.module] if node.module else []))
+
+
+def internal_imports(module: Module):
+    """(line, imported module, top_level) for every import of a product module by ``module``.
+
+    ``from pkg import name`` counts as an import of ``pkg.name`` when that is a
+    module, else of ``pkg``. ``top_level`` is False for an import inside a
+    function or class body (or under ``if TYPE_CHECKING``).
+    """
+    known = modules()
+    tree = module.tree()
+    top = {id(n) for n in tree.body}
+    for stmt in tree.body:  # try/except ImportError at module level is still module level
+        if isinstance(stmt, ast.Try):
+            top |= {id(n) for n in stmt.body} | {id(n) for h in stmt.handlers for n in h.body}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            base = resolve(module, node)
+            for a in node.names:
+                target = f"{base}.{a.name}" if f"{base}.{a.name}" in known else base
+                if target in known:
+                    yield node.lineno, target, id(node) in top
+        elif isinstance(node, ast.Import):
+            for a in node.names:
+                if a.name in known:
+                    yield node.lineno, a.name, id(node) in top
+
+
+def docstring_nodes(tree: ast.AST) -> set[int]:
+    """ids of the Constant nodes that are docstrings (module, class, function)."""
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            body = node.body
+            if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) \
+                    and isinstance(body[0].value.value, str):
+                out.add(id(body[0].value))
+    return out

@@ -1,0 +1,61 @@
+"""README's Layout section names only what exists, and names every top-level folder.
+
+The section is a code block, one folder per line (a line starting with a
+space continues the folder above); every file or folder named on a line
+(``name.py``, ``name.md``, ``name/``, a ``*`` pattern) is looked up under that
+folder.
+"""
+
+from __future__ import annotations
+
+import re
+
+from support.sourcetree import REPO, roots
+
+README = REPO / "README.md"
+_NAME = re.compile(r"[A-Za-z0-9_*.-]+(?:/[A-Za-z0-9_*.-]+)*/?")
+_NOT_A_FOLDER = {"build", "dist"}
+
+
+def layout_lines() -> list[tuple[str, str]]:
+    """(folder, text naming its contents) for each folder of the Layout section."""
+    text = README.read_text()
+    section = text[text.index("\n## Layout"):]
+    block = re.search(r"```\n(.*?)```", section, re.S).group(1)
+    out: list[tuple[str, str]] = []
+    for line in block.splitlines():
+        if line.startswith(" ") and out:
+            out[-1] = (out[-1][0], out[-1][1] + " " + line.strip())
+        elif line.strip():
+            folder, _, rest = line.partition(" ")
+            out.append((folder, rest))
+    return out
+
+
+def _named(text: str) -> list[str]:
+    return [t for t in _NAME.findall(text) if t.endswith((".py", ".md", "/")) and not t.startswith("secure_afl.")]
+
+
+def test_every_named_folder_and_file_exists():
+    missing = []
+    for folder, rest in layout_lines():
+        base = REPO / folder
+        if not base.is_dir():
+            missing.append(folder)
+            continue
+        missing += [f"{folder}{name}" for name in _named(rest) if not list(base.glob(name.rstrip("/")))]
+    assert not missing, f"README's Layout names what does not exist: {missing}"
+
+
+def test_every_top_level_folder_is_named():
+    named = {folder.strip("/").split("/")[0] for folder, _ in layout_lines()}
+    top = {d.name for d in REPO.iterdir() if d.is_dir() and not d.name.startswith((".", "_"))
+           and d.name not in _NOT_A_FOLDER and not d.name.endswith(".egg-info")}
+    assert set(roots()) <= top  # the packages setup.py installs are folders of the repository
+    assert top <= named, f"README's Layout omits {sorted(top - named)}"
+
+
+def test_the_layout_check_sees_a_wrong_name():
+    # a name that does not exist under its folder must be reported, or the first test proves nothing
+    assert _named("stats.py nowhere.py sub/ (a note)") == ["stats.py", "nowhere.py", "sub/"]
+    assert not list((REPO / "secure_afl").glob("nowhere.py"))

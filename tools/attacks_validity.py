@@ -1,0 +1,239 @@
+"""``secure-afl attack veto`` and ``attack steer``: one malicious hospital against each backend.
+
+veto
+    The hospital uploads a well-formed, correctly signed contribution whose
+    statistics are impossible (n and one class count of x.5: no entry is
+    larger than the declared bounds allow, so every backend's upload checks
+    pass). ckks, bfv and secagg see it only after the sum is revealed: the key
+    holder's checks fail and nothing is released (the session is lost, and the
+    sum does not say who did it). split checks each upload's validity proof on
+    the two shares: the upload is refused by name and the others are released.
+    Verdict per backend: VETOED (attack succeeded) or REFUSED.
+steer
+    Within the bounds a hospital may send any statistics: C_k = alpha I,
+    Q_k = alpha W* pulls the released W towards its target W*. Every backend
+    (split's proof included) accepts it; the figure is how far W moves,
+    ``||W - W_honest|| / ||W* - W_honest||``, for alpha up to the largest the
+    bounds allow (trace(C_k) = alpha d <= n_max B^2).
+
+Each run uses the real library end to end in process: real keys, envelopes,
+signatures, the key holder's real finalize (ckks, bfv), the secagg protocol
+simulation with the key holder's release checks, and for split the server's
+signed verifier messages and the key holder's verdict on its own share. The
+e2e tests drive split's refusal through real server processes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+import numpy as np
+
+__all__ = ["attack_veto", "attack_steer", "BACKENDS"]
+
+BACKENDS = ("split", "ckks", "bfv", "secagg")
+DIM, CLASSES, GAMMA = 6, 3, 1.0
+
+
+def _bounds():
+    from secure_afl.params import Bounds
+
+    return Bounds(max_norm=2.0, n_max=200, k_max=8)
+
+
+def _layout():
+    from secure_afl.packing import Layout
+
+    return Layout(DIM, CLASSES)
+
+
+def _honest_vectors(rng, k=3, n=60):
+    from secure_afl.stats import local_statistics
+
+    out = []
+    for _ in range(k):
+        X = rng.standard_normal((n, DIM))
+        X *= (rng.uniform(0.3, 1.5, n) / np.linalg.norm(X, axis=1))[:, None]
+        out.append(_layout().pack(local_statistics(X, rng.integers(0, CLASSES, n), CLASSES, gamma=GAMMA)))
+    return out
+
+
+def _impossible(v):
+    """n and class 0 each + 1/2: every entry inside the bounds, the counts still sum to n, not integers."""
+    lay = _layout()
+    out = v.copy()
+    out[lay.slices["n"].start] += 0.5
+    out[lay.slices["counts"].start] += 0.5
+    return out
+
+
+def _steering(alpha: float, target: np.ndarray):
+    """C_k = alpha I (+ gamma I), Q_k = alpha W*, a valid count vector at n_max."""
+    from secure_afl.stats import SufficientStatistics
+
+    b = _bounds()
+    counts = np.full(CLASSES, b.n_max // CLASSES, dtype=np.float64)
+    counts[0] += b.n_max - counts.sum()
+    s = SufficientStatistics((alpha + GAMMA) * np.eye(DIM), alpha * target, float(b.n_max), counts, 1.0, GAMMA)
+    return _layout().pack(s)
+
+
+# -- split: the server's and the key holder's real protocol functions, in process ------------------------------
+def _split_release(vectors, cheat: dict) -> dict:
+    """Hospitals h0..h(k-1); ``cheat``: hospital index -> vector sent without a valid proof (modified software)."""
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    from secure_afl.analytic import solve_from_sums
+    from secure_afl.backends import get_backend, split, split_validity
+    from secure_afl.release_checks import sanity_check
+
+    params = split.split_session_params("attack-split", _layout(), GAMMA, _bounds())
+    keys = split.generate_keys(params)
+    params = split.bind_public_context(params, keys.public_context)
+    be = get_backend(params)
+    server_key = Ed25519PrivateKey.generate()
+    acc, uploads, enrolled, participants = be.combiner(), {}, {}, []
+    for i, v in enumerate(vectors):
+        h, key = f"h{i}", Ed25519PrivateKey.generate()
+        if i in cheat:
+            body, seed, com = be.circuit.prove(h, lanes=be.circuit.lanes(cheat[i]), check=False)
+            payload, st = be.seal_upload(body, seed, com, keys.public_context, h, key)
+        else:
+            payload, st = be.protect(v, public_context=keys.public_context, hospital=h, identity_key=key)
+        split_validity.check_upload(be, payload, st)  # the server's upload check: it passes (well-formed)
+        acc.add(payload)
+        uploads[h], enrolled[h] = (payload, st), key.public_key()
+        participants.append({"hospital": h, "payload_sha256": hashlib.sha256(payload).hexdigest()})
+    manifest = {"participants": participants}
+    refused = {}
+    for p in participants:
+        h = p["hospital"]
+        payload, st = uploads[h]
+        msg = split_validity.leader_message(be, h, payload, st, server_key)
+        qs, leader = split_validity.verify_leader_message(msg, server_key.public_key(), be.circuit, h,
+                                                          p["payload_sha256"])
+        seed = split.open_statement_seed(params, keys.secret_context, {h: st}, enrolled, h, p["payload_sha256"])
+        check = split_validity.helper_verdict(be.circuit, h, seed, st, qs, leader)
+        if check is not None:
+            refused[h] = check
+    share = split.keyholder_share(params, keys.secret_context, manifest, {h: u[1] for h, u in uploads.items()},
+                                  enrolled, exclude=refused)
+    vec = split.collect(params, acc.aggregate(), share, subtract=[be.masked_words(uploads[h][0]) for h in refused])
+    k = len(vectors) - len(refused)
+    stats = _layout().unpack(vec, gamma=GAMMA)
+    sanity_check(stats, params, k, abs_tol=split.expected_abs_error(params, k),
+                 advisory=split_validity.ADVISORY_CHECKS)
+    return {"refused": refused, "W": solve_from_sums(stats), "contributors": k}
+
+
+# -- ckks and bfv: the key holder's real finalize ----------------------------------------------------------------
+def _he_release(backend: str, vectors, work: Path) -> dict:
+    from secure_afl import pki, session
+    from .attacks import MaliciousServer, signed_participant, tagged_upload
+    from secure_afl.backends import get_backend
+    from secure_afl.backends.bfv import bfv_session_params
+    from secure_afl.backends.ckks import ckks_session_params
+    from secure_afl.keyholder import KeyHolder
+
+    sid = f"attack-veto-{backend}"
+    pki_dir = work / "pki"
+    pki.init_ca(pki_dir, name="attack consortium")
+    server = pki.issue(pki_dir, "server", "aggregator")
+    pki.issue(pki_dir, "keyholder", "keyholder")
+    names = [f"h{i}" for i in range(len(vectors))]
+    parties = {h: pki.issue(pki_dir, "hospital", h) for h in names}
+    b = _bounds()
+    session.sign_definition(session.normalise(session.parse({
+        "session": {"id": sid, "backend": backend, "dim": DIM, "classes": CLASSES, "gamma": GAMMA,
+                    "min_clients": 2, "hospitals": names},
+        "bounds": {"max_norm": b.max_norm, "n_max": b.n_max, "k_max": b.k_max}})), pki_dir)
+    kh = KeyHolder(pki_dir, "keyholder", work / "keys", passphrase=os.urandom(16).hex().encode())
+    make = ckks_session_params if backend == "ckks" else bfv_session_params
+    public = kh.keygen(make(sid, _layout(), GAMMA, b))
+    params = kh.params(sid)
+    be = get_backend(params)
+    ups = {h: tagged_upload(parties[h], params, be, public, v) for h, v in zip(names, vectors)}
+    relay = MaliciousServer(server, params, [signed_participant(parties[h], params, ups[h][0]) for h in names],
+                             {h: u[0] for h, u in ups.items()}, {h: u[1] for h, u in ups.items()}, min_clients=2)
+    res = kh.finalize(relay, min_clients=2)
+    return {"refused": {}, "W": res.W, "contributors": len(names)}
+
+
+def _secagg_release(vectors) -> dict:
+    from secure_afl.analytic import solve_from_sums
+    from secure_afl.backends.secagg import secagg_session_params
+    from secure_afl.hazmat.fixedpoint import abs_error_bound
+    from secure_afl.release_checks import sanity_check
+    from secure_afl.secagg.simulation import simulate_round
+
+    params = secagg_session_params("attack-veto-secagg", _layout(), GAMMA, _bounds(), n_parties=len(vectors),
+                                   threshold=2, min_clients=2)
+    total = simulate_round(params, vectors)[0]
+    stats = _layout().unpack(total, gamma=GAMMA)
+    k = len(vectors)
+    tol = abs_error_bound(tuple(params.backend_params["frac_bits"]), k, params.bounds.aggregate_bound(GAMMA))
+    sanity_check(stats, params, k, abs_tol=tol)  # the key holder's release checks (reveal_and_solve)
+    return {"refused": {}, "W": solve_from_sums(stats), "contributors": k}
+
+
+def _release(backend: str, vectors, cheat: dict, work: Path) -> dict:
+    if backend == "split":
+        return _split_release(vectors, cheat)
+    sent = [cheat.get(i, v) for i, v in enumerate(vectors)]
+    if backend == "secagg":
+        return _secagg_release(sent)
+    return _he_release(backend, sent, work)
+
+
+def _workdir():
+    import tempfile
+
+    return tempfile.TemporaryDirectory(prefix="secure-afl-attack-")
+
+
+def attack_veto(*, seed: int = 0, verbose: bool = True, backends=BACKENDS, **_) -> dict:
+    """One hospital's impossible (in-bounds) upload against each backend: vetoed or refused by name."""
+    from secure_afl.exceptions import SecureAFLError
+
+    rng = np.random.default_rng(seed)
+    vectors = _honest_vectors(rng)
+    cheat = {2: _impossible(vectors[2])}
+    table = {}
+    for backend in backends:
+        with _workdir() as d:
+            try:
+                r = _release(backend, vectors, cheat, Path(d))
+                outcome = "refused" if r["refused"] == {"h2": r["refused"].get("h2")} and r["refused"] else "vetoed"
+                line = (f"REFUSED: h2's upload refused ({r['refused']['h2']} check), released over "
+                        f"{r['contributors']} hospitals") if outcome == "refused" else \
+                    "VETOED: the impossible upload was released unnoticed"
+            except SecureAFLError as e:
+                outcome, line = "vetoed", f"VETOED: no release ({type(e).__name__}: {str(e)[:120]}); nobody named"
+        table[backend] = outcome
+        if verbose:
+            print(f"[veto] {backend:6s} {line}")
+    vetoed_split = table.get("split") == "vetoed"
+    return {"attack": "veto", "outcome": "recovered" if vetoed_split else "refused", "table": table}
+
+
+def attack_steer(*, seed: int = 0, verbose: bool = True, alphas=(0.1, 1.0, 10.0, None), **_) -> dict:
+    """Within the bounds: C_k = alpha I, Q_k = alpha W*; how far W moves towards W* (split, proof checked)."""
+    rng = np.random.default_rng(seed)
+    vectors = _honest_vectors(rng)
+    target = rng.choice([-5.0, 5.0], size=(DIM, CLASSES))
+    b = _bounds()
+    a_max = b.n_max * b.max_norm ** 2 / DIM  # trace(C_k) = alpha d <= n_max B^2
+    W0 = _split_release(vectors[:2], {})["W"]
+    rows = []
+    for a in alphas:
+        alpha = a_max if a is None else float(a)
+        r = _split_release(vectors[:2] + [_steering(alpha, target)], {})
+        moved = float(np.linalg.norm(r["W"] - W0) / np.linalg.norm(target - W0))
+        rows.append({"alpha": alpha, "accepted": not r["refused"], "moved": moved})
+        if verbose:
+            print(f"[steer] alpha {alpha:9.4g}{' (bound)' if a is None else ''}: upload "
+                  f"{'ACCEPTED' if not r['refused'] else 'refused'}, W moved {100 * moved:5.1f}% of the way to W*")
+    return {"attack": "steer", "outcome": "leak" if any(r["accepted"] and r["moved"] > 0.5 for r in rows)
+            else "refused", "rows": rows, "alpha_max": a_max}

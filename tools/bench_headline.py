@@ -1,0 +1,249 @@
+"""The AFL paper's headline timing, CIFAR-100 shaped, end to end through the real service.
+
+    python -m secure_afl.tools.bench_headline                        # 50,000 images, 100 classes, 100 hospitals
+    python -m secure_afl.tools.bench_headline --images 5000 --input-size 32   # a CPU-sized run
+
+What runs, in order, each phase timed on its own:
+
+* ``synthesis``   (not in the total) 32x32x3 uint8 images: a per-class smooth pattern plus
+                  noise, so random-init features still carry the label; 100 classes;
+                  a Dirichlet(alpha) split over the hospitals (``secure_afl.partition``);
+* ``extraction``  resnet18 (torchvision, random init or ``--weights FILE``) without its
+                  classifier over every image, through the hospitals' own extraction code
+                  (:func:`secure_afl.clients.embed.extract`: cuda with channels_last and bf16
+                  autocast when a GPU is there, float32 on CPU), rows scaled to norm 1;
+* ``statistics``  every hospital's C_k, Q_k, counts in float64 from its rows;
+* ``setup``       (not in the total) consortium PKI, server process start, key holder keys;
+* ``protect_upload`` every hospital fetches the signed parameters, protects and uploads
+                  over mTLS, all at once (threads; ``--upload-threads``);
+* ``release``     the key holder closes the round and releases (split: its share of the
+                  masks; the collector solves), W back;
+* ``solve``       the solve alone, re-timed on the released statistics (it is inside
+                  ``release`` too, so it is not added to the total again).
+
+The total is extraction + statistics + protect_upload + release. The last
+line printed is one JSON object with every figure. Needs only the project's
+dependencies and torch/torchvision (the ``embed`` extra); no download.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+import warnings
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+
+__all__ = ["run_headline", "synthetic_images", "main"]
+
+
+def synthetic_images(n: int, classes: int, seed: int = 0):
+    """(images (n, 32, 32, 3) uint8, labels (n,)): a smooth per-class pattern plus pixel noise."""
+    rng = np.random.default_rng(seed)
+    y = rng.integers(0, classes, n).astype(np.int64)
+    # a coarse 8x8x3 pattern per class, upsampled to 32x32: low-frequency structure a conv net keeps
+    protos = rng.uniform(40, 215, (classes, 8, 8, 3)).astype(np.float32)
+    protos = protos.repeat(4, axis=1).repeat(4, axis=2)
+    out = np.empty((n, 32, 32, 3), dtype=np.uint8)
+    step = 4096
+    for s in range(0, n, step):
+        noise = rng.normal(0.0, 30.0, (min(step, n - s), 32, 32, 3)).astype(np.float32)
+        out[s:s + step] = np.clip(protos[y[s:s + step]] + noise, 0, 255).astype(np.uint8)
+    return out, y
+
+
+def _extract(images, labels, classes, *, device, batch_size, input_size, weights, seed):
+    from secure_afl.clients import embed as E
+    from secure_afl.clients.backbones import PAPER_MEAN, PAPER_STD, Preprocessing
+
+    prep = E.resolve_preprocessing("paper") if input_size == 224 else \
+        Preprocessing(f"native{input_size}", input_size, input_size, PAPER_MEAN, PAPER_STD)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", E.RandomWeightsWarning)
+        bb = E.load_backbone("resnet18", weights or "random", input_size=prep.crop, seed=seed)
+    src = E.array_source(images, labels, classes)
+    res = E.extract(src, bb, prep, device=device, batch_size=batch_size, workers=0, keep_embeddings=True,
+                    n_classes=classes, dtype="float32", progress=False, l2_radius=1.0)
+    return res
+
+
+def _statistics(X, y, parts, classes):
+    from secure_afl.stats import StatisticsAccumulator
+
+    out = []
+    for p in parts:
+        acc = StatisticsAccumulator(X.shape[1], classes, max_norm=1.0)
+        acc.update(X[p].astype(np.float64), y[p])
+        out.append(acc.finalize(gamma=0.0))
+    return out
+
+
+def run_headline(*, images: int = 50_000, test_images: int = 10_000, classes: int = 100, hospitals: int = 100,
+                 alpha: float = 0.1, backend: str = "split", device: str = "auto", batch_size: int = 512,
+                 input_size: int = 224, weights: str | None = None, upload_threads: int = 32, seed: int = 0,
+                 workdir: str | None = None, log=print) -> dict:
+    import torch
+
+    from secure_afl import pki
+    from secure_afl.analytic import solve_from_sums
+    from secure_afl.clients.hospital import HospitalClient
+    from .demo import ServerProcess, free_port
+    from secure_afl.dp import dp_session_params
+    from secure_afl.keyholder import KeyHolder
+    from secure_afl.packing import Layout
+    from secure_afl.params import Bounds
+    from secure_afl.partition import partition
+    from secure_afl.server.config import load_config, write_config
+    from secure_afl.session import sign as sign_session
+
+    phases = {}
+
+    def timed(name, fn):
+        t = time.perf_counter()
+        out = fn()
+        phases[name] = time.perf_counter() - t
+        log(f"{name:<15} {phases[name]:9.2f} s")
+        return out
+
+    imgs, labels = timed("synthesis", lambda: synthetic_images(images + test_images, classes, seed))
+    parts = [p for p in partition(labels[:images], hospitals, f"dirichlet:{alpha}", seed=seed) if p.size]
+    names = [f"h{i:03d}" for i in range(len(parts))]
+    K = len(parts)
+    ext = timed("extraction", lambda: _extract(imgs[:images], labels[:images], classes, device=device,
+                                               batch_size=batch_size, input_size=input_size, weights=weights,
+                                               seed=seed))
+    X = ext.X
+    test = _extract(imgs[images:], labels[images:], classes, device=device, batch_size=batch_size,
+                    input_size=input_size, weights=weights, seed=seed) if test_images else None
+    stats = timed("statistics", lambda: _statistics(X, labels[:images], parts, classes))
+    d = X.shape[1]
+    n_max = int(max(p.size for p in parts))
+
+    work = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="secure-afl-headline-"))
+    pki_dir = work / "pki"
+    server = None
+    t_setup = time.perf_counter()
+    pki.init_ca(pki_dir, name="secure-afl headline consortium")
+    pki.issue(pki_dir, "server", "aggregator")
+    pki.issue(pki_dir, "keyholder", "keyholder")
+    for n in names:
+        pki.issue(pki_dir, "hospital", n)
+    pki.write_roster(pki_dir, pki_dir / pki.ROSTER)
+    session_id = f"headline-{backend}-{K}"
+    cfg = {"session": {"id": session_id, "backend": backend, "dim": d, "classes": classes, "gamma": 1.0,
+                       "min_clients": K, "min_class_count": 1, "deadline_s": 86400, "hospitals": names},
+           "bounds": {"max_norm": 1.0, "n_max": n_max, "k_max": K},
+           "server": {"host": "127.0.0.1", "port": free_port(), "data_dir": str(work / "server"),
+                      "pki_dir": str(pki_dir), "name": "aggregator", "keyholder": "keyholder"}}
+    if backend == "secagg":
+        from secure_afl.secagg import default_threshold, max_min_clients, recommended_neighbours
+
+        k = recommended_neighbours(K)
+        thr = default_threshold((K - 1 if k is None else k) + 1)
+        cfg["secagg"] = {"stage_timeout_s": 600.0}
+        cfg["session"]["min_clients"] = max(1, min(K - thr + 1, max_min_clients(K, thr)))
+    write_config(work / "session.toml", cfg)
+    sign_session(work / "session.toml", pki_dir)
+    url = f"https://127.0.0.1:{cfg['server']['port']}"
+    kh = KeyHolder(pki_dir, "keyholder", work / "keyholder", passphrase=os.urandom(16).hex().encode())
+    try:
+        server = ServerProcess(work / "session.toml", work / "server.log").start()
+        server.wait_ready(url, kh.party.ca_file, (kh.party.cert_file, kh.party.key_file), timeout=120)
+        conn = kh.connect(url, session_id)
+        if backend in ("ckks", "bfv", "split"):
+            params0 = dp_session_params(load_config(work / "session.toml").dp, backend, session_id,
+                                        Layout(d, classes), 1.0, Bounds(1.0, n_max, K))
+            kh.keygen(params0)
+            kh.publish(conn)
+        phases["setup"] = time.perf_counter() - t_setup
+        log(f"{'setup':<15} {phases['setup']:9.2f} s  (PKI for {K} hospitals, server start, keys; not in the total)")
+        uploaded = {}
+
+        def one(i):
+            c = HospitalClient(url, session_id, pki.load_party(pki_dir, "hospital", names[i]), timeout=600)
+            try:
+                c.submit(stats[i])
+                uploaded[names[i]] = c.bytes_uploaded
+            finally:
+                c.close()
+
+        def upload_all():
+            width = K if backend == "secagg" else min(K, upload_threads)
+            with ThreadPoolExecutor(max_workers=width) as pool:
+                list(pool.map(one, range(K)))
+
+        timed("protect_upload", upload_all)
+        res = timed("release", lambda: kh.finalize(conn, min_clients=cfg["session"]["min_clients"]))
+        conn.close()
+    finally:
+        if server is not None:
+            server.stop()
+        if not workdir:  # keys, uploads and PKI of a throw-away consortium
+            import shutil
+
+            shutil.rmtree(work, ignore_errors=True)
+    t = time.perf_counter()
+    W_again = solve_from_sums(res.stats)
+    phases["solve"] = time.perf_counter() - t
+    log(f"{'solve':<15} {phases['solve']:9.2f} s  (inside release; re-timed alone)")
+    total = sum(phases[k] for k in ("extraction", "statistics", "protect_upload", "release"))
+    plain = stats[0]
+    for s in stats[1:]:
+        plain = plain + s
+    from secure_afl.stats import SufficientStatistics
+
+    plain = SufficientStatistics(plain.gram + K * np.eye(d), plain.cross, plain.n, plain.class_counts, 1.0,
+                                 float(K), None)
+    W_plain = solve_from_sums(plain)
+    w_err = float(np.linalg.norm(res.W - W_plain) / max(np.linalg.norm(W_plain), 1e-300))
+    acc = None
+    if test is not None:
+        acc = float(np.mean(np.argmax(test.X.astype(np.float64) @ res.W, axis=1) == labels[images:]))
+    cuda = torch.cuda.is_available() and device != "cpu"
+    out = {"benchmark": "headline", "backend": backend, "images": images, "test_images": test_images,
+           "classes": classes, "hospitals": K, "hospitals_requested": hospitals, "alpha": alpha, "dim": d,
+           "input_size": input_size, "weights": weights or "random", "device": ext.metadata.get("device"),
+           "device_name": torch.cuda.get_device_name(0) if cuda else f"cpu ({torch.get_num_threads()} threads)",
+           "phases_s": {k: round(v, 4) for k, v in phases.items()}, "total_s": round(total, 4),
+           "bytes_up_per_hospital": float(np.mean(list(uploaded.values()))) if uploaded else None,
+           "w_rel_error_vs_plain": w_err, "w_solve_repeat_diff": float(np.max(np.abs(W_again - res.W))),
+           "test_accuracy": acc, "n_max": n_max, "cpus": os.cpu_count()}
+    return out
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m secure_afl.tools.bench_headline", description=__doc__.split("\n\n")[0])
+    p.add_argument("--images", type=int, default=50_000)
+    p.add_argument("--test-images", type=int, default=10_000, help="held-out images for the accuracy (not timed "
+                                                                    "in the total)")
+    p.add_argument("--classes", type=int, default=100)
+    p.add_argument("--hospitals", type=int, default=100)
+    p.add_argument("--alpha", type=float, default=0.1, help="Dirichlet concentration of the label split")
+    p.add_argument("--backend", choices=["split", "secagg", "plain", "ckks", "bfv"], default="split")
+    p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
+    p.add_argument("--batch-size", type=int, default=512)
+    p.add_argument("--input-size", type=int, default=224, help="224: the paper's Resize(224); 32: native size")
+    p.add_argument("--weights", help="a local resnet18 state-dict file (default: random init)")
+    p.add_argument("--upload-threads", type=int, default=32)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--workdir")
+    args = p.parse_args(argv)
+    from threadpoolctl import threadpool_limits  # noqa: F401  (a project dependency; keeps BLAS defaults)
+
+    res = run_headline(images=args.images, test_images=args.test_images, classes=args.classes,
+                       hospitals=args.hospitals, alpha=args.alpha, backend=args.backend, device=args.device,
+                       batch_size=args.batch_size, input_size=args.input_size, weights=args.weights,
+                       upload_threads=args.upload_threads, seed=args.seed, workdir=args.workdir,
+                       log=lambda m: print(m, file=sys.stderr, flush=True))
+    print(json.dumps(res))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,113 @@
+"""Cost of split's validity proof per hospital: bytes and seconds beside the same upload without a proof.
+
+    python -m secure_afl.tools.bench_validity --dim 512 --classes 100 [--scaling]
+
+For one hospital with real statistics (n rows of norm <= B), in one run:
+
+* ``plain``: the lanes masked with a ChaCha20 field stream, no proof (what a
+  split upload would be without validity): seconds and bytes;
+* ``prove``: :meth:`split_validity.Circuit.prove` (lanes, bits, Fiat-Shamir
+  projections, REPS bit proofs, masking of the whole body);
+* ``server``: the upload check and the server's signed verifier message;
+* ``keyholder``: opening nothing (the seed is given), expanding its share,
+  its own message and the decision.
+
+``--scaling`` repeats at smaller d to show how the cost grows with L.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import time
+
+import numpy as np
+
+__all__ = ["run", "main"]
+
+
+def _stats(dim: int, classes: int, n: int, seed: int):
+    from secure_afl.packing import Layout
+    from secure_afl.stats import local_statistics
+
+    rng = np.random.default_rng(seed)
+    X = rng.standard_normal((n, dim))
+    X /= np.max(np.linalg.norm(X, axis=1))
+    return Layout(dim, classes).pack(local_statistics(X, rng.integers(0, classes, n), classes, gamma=1.0))
+
+
+def run(dim: int, classes: int, *, n: int = 1000, seed: int = 0) -> dict:
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    from secure_afl.backends import get_backend, split, split_validity
+    from secure_afl.hazmat import flp
+    from secure_afl.packing import Layout
+    from secure_afl.params import Bounds
+
+    layout = Layout(dim, classes)
+    params = split.split_session_params(f"bench-validity-{dim}", layout, 1.0, Bounds(1.0, n, 10))
+    keys = split.generate_keys(params)
+    params = split.bind_public_context(params, keys.public_context)
+    be = get_backend(params)
+    c = be.circuit
+    v = _stats(dim, classes, n, seed)
+    hkey, skey = Ed25519PrivateKey.generate(), Ed25519PrivateKey.generate()
+
+    t = time.perf_counter()  # the same upload without a proof: lanes + mask
+    seed_bytes = os.urandom(32)
+    plain = flp.add(c.lanes(v), flp.expand_field(seed_bytes, c.main_len, split_validity.DOMAIN_SHARE))
+    plain_bytes = len(flp.to_bytes(plain))
+    plain_s = time.perf_counter() - t
+
+    t = time.perf_counter()
+    body, s, com = c.prove("h1", v)
+    prove_s = time.perf_counter() - t
+    payload, st = be.seal_upload(body, s, com, keys.public_context, "h1", hkey)
+
+    t = time.perf_counter()
+    split_validity.check_upload(be, payload, st)
+    msg = split_validity.leader_message(be, "h1", payload, st, skey)
+    server_s = time.perf_counter() - t
+
+    t = time.perf_counter()
+    qs, leader = split_validity.verify_leader_message(msg, skey.public_key(), c, "h1",
+                                                      hashlib.sha256(payload).hexdigest())
+    verdict = split_validity.helper_verdict(c, "h1", s, st, qs, leader)
+    keyholder_s = time.perf_counter() - t
+
+    proof_bytes = 8 * (c.n_bits + c.proof_len)
+    return {"dim": dim, "classes": classes, "L": c.L, "plain_upload_bytes": plain_bytes, "proof_bytes": proof_bytes,
+            "proof_fraction": proof_bytes / plain_bytes, "aux_bits": c.n_bits, "flp_words": c.proof_len,
+            "verifier_message_bytes": 8 * c.verifier_len, "plain_s": plain_s, "prove_s": prove_s,
+            "server_verify_s": server_s, "keyholder_verify_s": keyholder_s,
+            "prove_plus_verify_s": prove_s + server_s + keyholder_s, "accepted": verdict is None,
+            "soundness_bits_q64": split_validity.soundness_bits(c)}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--dim", type=int, default=512)
+    ap.add_argument("--classes", type=int, default=100)
+    ap.add_argument("--n", type=int, default=1000)
+    ap.add_argument("--scaling", action="store_true", help="also run at d = 64, 128, 256")
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args(argv)
+    dims = ([64, 128, 256] if args.scaling else []) + [args.dim]
+    rows = [run(d, args.classes, n=args.n) for d in dims]
+    if args.json:
+        print(json.dumps(rows, indent=1))
+        return 0
+    print(f"{'d':>5} {'L':>7} {'upload MB':>9} {'proof MB':>8} {'proof/up':>8} {'plain s':>7} {'prove s':>7} "
+          f"{'server s':>8} {'kh s':>6} {'p+v s':>6} {'ok':>3} {'sound':>6}")
+    for r in rows:
+        print(f"{r['dim']:5d} {r['L']:7d} {r['plain_upload_bytes'] / 1e6:9.3f} {r['proof_bytes'] / 1e6:8.3f} "
+              f"{100 * r['proof_fraction']:7.1f}% {r['plain_s']:7.3f} {r['prove_s']:7.3f} {r['server_verify_s']:8.3f} "
+              f"{r['keyholder_verify_s']:6.3f} {r['prove_plus_verify_s']:6.3f} {'yes' if r['accepted'] else 'NO':>3} "
+              f"{r['soundness_bits_q64']:6.1f}")
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    raise SystemExit(main())
