@@ -434,7 +434,7 @@ class KeyHolder(KeyCustody):
             stats = dataclasses.replace(stats, contributors=float(K), n=float(np.round(stats.n)),
                                         class_counts=np.round(stats.class_counts))
             _class_minimum(stats, params, min_class_count)
-            ridge = _ridge_if_needed(stats, spectral) if sigma > 0 else 0.0
+            ridge = ridge_if_needed(stats, spectral) if sigma > 0 else 0.0
             W, privacy = self._solve(params, stats, participants, lam + ridge, "resummed:" + key_id)
             w_bound = certify_release(params, stats, W, K, lam=lam + ridge, flood_norms=noise_norms)
             bias = None
@@ -568,7 +568,7 @@ class HTTPSource:
         return self.conn.request("GET", self.conn.path("/split/verifier")).json()
 
 
-def _ridge_if_needed(stats, spectral: float) -> float:
+def ridge_if_needed(stats, spectral: float) -> float:
     """Ridge rho when the released C's smallest eigenvalue is below 2 rho (rho bounds the flooding's
     spectral norm), else none.
 

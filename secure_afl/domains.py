@@ -29,6 +29,7 @@ AUDIT_CLOSE = b"secure-afl/audit-close/v1\0"              # the server's close r
 AUDIT_COUNTERSIGN = b"secure-afl/audit-countersign/v1\0"  # the key holder over that close record
 SPLIT_SEED = b"secure-afl/split/seed/v1\0"                # split: a hospital's sealed seed box
 SPLIT_SHARE = b"secure-afl/split/share/v1\0"              # split: the share server's answer
+SPLIT_VERIFIER = b"secure-afl/split/verifier/v1\0"        # split: the server's verifier message on one upload
 SECAGG_KEY_ADVERTISEMENT = b"secure-afl/secagg/v2/key-advertisement\0"
 SECAGG_CONSISTENCY = b"secure-afl/secagg/v2/consistency-digest\0"
 SECAGG_DEAL = b"secure-afl/secagg/v2/deal\0"
@@ -38,6 +39,7 @@ AUDIT_CHAIN = b"secure-afl/audit/v1\0"                    # the audit log's hash
 SECAGG_GRAPH_SEED = b"secure-afl/secagg/v2/graph-seed\0"  # the neighbour graph's public seed
 SECAGG_SHARE_COMMITMENT = b"secure-afl/secagg/v2/share-commitment\0"
 SECAGG_DEAL_CHALLENGE = b"secure-afl/secagg/v2/deal-challenge\0"
+SPLIT_VALIDITY = b"secure-afl/split/validity/v1\0"        # split: Fiat-Shamir over a committed upload
 
 # -- HKDF info ---------------------------------------------------------------------------------
 SECAGG_PAIRWISE = "secure-afl/secagg/v1/"                 # + purpose/session/lo/hi (hazmat.prg)
@@ -65,10 +67,11 @@ SIGNATURES = {
     "TAG": TAG, "AUDIT_RECORD": AUDIT_RECORD, "AUDIT_CLOSE": AUDIT_CLOSE,
     "AUDIT_COUNTERSIGN": AUDIT_COUNTERSIGN, "SPLIT_SEED": SPLIT_SEED, "SPLIT_SHARE": SPLIT_SHARE,
     "SECAGG_KEY_ADVERTISEMENT": SECAGG_KEY_ADVERTISEMENT, "SECAGG_CONSISTENCY": SECAGG_CONSISTENCY,
-    "SECAGG_DEAL": SECAGG_DEAL
+    "SECAGG_DEAL": SECAGG_DEAL, "SPLIT_VERIFIER": SPLIT_VERIFIER
 }
 HASHES = {"AUDIT_CHAIN": AUDIT_CHAIN, "SECAGG_GRAPH_SEED": SECAGG_GRAPH_SEED,
-          "SECAGG_SHARE_COMMITMENT": SECAGG_SHARE_COMMITMENT, "SECAGG_DEAL_CHALLENGE": SECAGG_DEAL_CHALLENGE}
+          "SECAGG_SHARE_COMMITMENT": SECAGG_SHARE_COMMITMENT, "SECAGG_DEAL_CHALLENGE": SECAGG_DEAL_CHALLENGE,
+          "SPLIT_VALIDITY": SPLIT_VALIDITY}
 KDF_INFO = {"SECAGG_PAIRWISE": SECAGG_PAIRWISE, "TAG_BOX": TAG_BOX, "SPLIT_SEED_BOX": SPLIT_SEED_BOX}
 AEAD = {"SECAGG_SHARE_AD": SECAGG_SHARE_AD, "CKKS_SECRET_CONTEXT_AD": CKKS_SECRET_CONTEXT_AD,
         "FLOWER_SECAGG_STATE_AD": FLOWER_SECAGG_STATE_AD}

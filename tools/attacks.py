@@ -97,6 +97,9 @@ from secure_afl.signing import sign_upload
 from secure_afl.stats import SufficientStatistics, local_statistics
 from secure_afl.tagging import new_tag, seal_tag, sign_tag
 
+from .attack_parties import MaliciousServer, signed_participant, tagged_upload
+from .attacks_validity import attack_steer, attack_veto
+
 __all__ = ["ATTACKS", "run_attack", "register"]
 
 DIM, CLASSES, GAMMA = 6, 3, 1.0
@@ -446,92 +449,6 @@ def _ckks_consortium(d: Path, hospitals=("hosp-a", "hosp-b", "hosp-c")):
     return pki_dir, server, parties, kh, kh.params("attack-forward"), public
 
 
-def tagged_upload(party, params, backend, public, vector):
-    """What an honest ckks hospital sends: the payload (tag inside) and the signed, sealed tag."""
-
-    lay = _layout()
-    tag = new_tag(params)
-    v = vector.copy()
-    v[lay.slices["tag"]] = tag
-    payload = backend.protect(v, public_context=public)
-    statement = sign_tag(party.identity_key(), params, party.name, hashlib.sha256(payload).hexdigest(),
-                         seal_tag(params, party.name, tag))
-    return payload, statement
-
-
-def signed_participant(party, params, payload: bytes) -> dict:
-    from secure_afl import pki
-
-    st = sign_upload(party.identity_key(), params.session_id, params.digest(), hashlib.sha256(payload).digest(),
-                     party.name)
-    return {**st, "identity_pub": pki.public_key_hex(party.identity_pub())}
-
-
-class _Answer:
-    def __init__(self, value):
-        self._v = value
-
-    @property
-    def content(self) -> bytes:
-        return self._v
-
-    def json(self):
-        return self._v
-
-
-class MaliciousServer:
-    """The server as the adversary: it answers the key holder's real finalize with what it chooses.
-
-    It holds what a real server holds (the hospitals' signed uploads and tags,
-    its own signing key, the public context) and nothing else.
-    """
-
-    def __init__(self, server_party, params, manifest_parts, payloads: dict, tags: dict, *, min_clients: int,
-                 aggregate: bytes = b""):
-        import time
-
-
-
-        self.session_id = params.session_id
-        self._params, self._payloads, self._tags, self._aggregate = params, payloads, tags, aggregate
-        # the server signs whatever list it likes (no honest-server check); it cannot sign for a hospital
-        keep = ("hospital", "payload_sha256", "nonce", "time", "signature", "identity_pub")
-        st = {"type": "manifest", "v": 1, "session_id": params.session_id, "params_digest": params.digest().hex(),
-              "aggregate_sha256": hashlib.sha256(aggregate).hexdigest(), "min_clients": min_clients,
-              "participants": sorted(({k: p[k] for k in keep} for p in manifest_parts), key=lambda e: e["hospital"]),
-              "time": int(time.time())}
-        sig = server_party.identity_key().sign(MANIFEST_PREFIX + canonical_json(st)).hex()
-        self._manifest = {**st, "signature": sig}
-        self._min_clients = min_clients
-        # it can also sign a close record for the release it presents (the key holder countersigns that)
-
-        self._close = make_close_record(server_party.identity_key(), params.session_id, 1, "0" * 64,
-                                        [p["hospital"] for p in st["participants"]])
-
-    def path(self, suffix: str = "") -> str:
-        return suffix
-
-    def info(self) -> dict:
-        return {"status": "released", "backend": "ckks", "params": self._params.to_dict(),
-                "params_digest": self._params.digest().hex(), "min_clients": self._min_clients,
-                "min_class_count": 1}
-
-    def request(self, method: str, path: str, *, body: bytes = b""):
-        if path == "/manifest":
-            return _Answer(self._manifest)
-        if path == "/tags":
-            return _Answer(self._tags)
-        if path == "/aggregate":
-            return _Answer(self._aggregate)
-        if path.startswith("/contributions/"):
-            return _Answer(self._payloads[path.rsplit("/", 1)[1]])
-        if path == "/audit/head":
-            return _Answer({"close": self._close})
-        if path == "/audit/countersign":
-            return _Answer({"stored": True})
-        raise AssertionError(f"unexpected request {method} {path}")
-
-
 def _fresh_keyholder(kh, pki_dir, d: Path, label: str):
     """A copy of the key holder's state per try, so a block from one try does not hide another's guard."""
     from secure_afl.keyholder import KeyHolder
@@ -771,13 +688,13 @@ def _split_service(d: Path, hospitals=("hosp-a", "hosp-b", "hosp-c"), min_client
     """A real split session in process: PKI, signed session, the server role (SQLite, payload files, audit),
     the key holder's keygen and publication, and every hospital's signed upload. Returns
     (server, key holder, pki_dir, {hospital: packed vector})."""
-    from . import pki, session
-    from .clients.hospital import protect_contribution
-    from .keyholder import KeyHolder
-    from .server.aggregator import open_server
-    from .server.config import load_config, write_config
-    from .signing import sign_upload
-    from .stats import local_statistics
+    from secure_afl import pki, session
+    from secure_afl.clients.hospital import protect_contribution
+    from secure_afl.keyholder import KeyHolder
+    from secure_afl.server.aggregator import open_server
+    from secure_afl.server.config import load_config, write_config
+    from secure_afl.signing import sign_upload
+    from secure_afl.stats import local_statistics
 
     pki_dir = d / "pki"
     pki.init_ca(pki_dir, name="attack consortium")
@@ -828,8 +745,8 @@ def attack_split_server(*, seed: int = 0, verbose: bool = True, work=None, **_) 
     """The singleton attack against a split masked vector, by the server that stores it: uniform words."""
     from scipy import stats as sstats
 
-    from .backends import get_backend
-    from .hazmat import fixedpoint
+    from secure_afl.backends import get_backend
+    from secure_afl.hazmat import fixedpoint
 
     with _workdir(work) as d:
         srv, kh, _, vectors = _split_service(d, seed=seed)
@@ -857,9 +774,9 @@ def attack_split_server(*, seed: int = 0, verbose: bool = True, work=None, **_) 
 def attack_split_keyholder(*, seed: int = 0, verbose: bool = True, work=None, **_) -> dict:
     """A curious split key holder: it opens the victim's seed (as every release does) and asks the server's
     every route for a masked vector to unmask with it."""
-    from .backends import get_backend, split
-    from .exceptions import SecureAFLError
-    from .hazmat import fixedpoint
+    from secure_afl.backends import get_backend, split
+    from secure_afl.exceptions import SecureAFLError
+    from secure_afl.hazmat import fixedpoint
 
     with _workdir(work) as d:
         srv, kh, _, vectors = _split_service(d, seed=seed)
@@ -884,7 +801,7 @@ def attack_split_keyholder(*, seed: int = 0, verbose: bool = True, work=None, **
             srv.shutdown()
     err = float("inf")
     if got is not None:
-        from .hazmat.prg import DOMAIN_SPLIT_MASK, add_expanded
+        from secure_afl.hazmat.prg import DOMAIN_SPLIT_MASK, add_expanded
 
         words = np.array(get_backend(params).masked_words(got))
         add_expanded(words, seed_v, domain=DOMAIN_SPLIT_MASK, subtract=True)
@@ -901,9 +818,9 @@ def attack_split_keyholder(*, seed: int = 0, verbose: bool = True, work=None, **
 def attack_split_subset(*, seed: int = 0, verbose: bool = True, work=None, **_) -> dict:
     """A malicious split server after one hospital: a manifest naming only the victim, then the key holder's
     genuine share combined with the victim's masked vector alone."""
-    from .backends import get_backend, split
-    from .exceptions import SecureAFLError
-    from .signing import MANIFEST_PREFIX, canonical_json
+    from secure_afl.backends import get_backend, split
+    from secure_afl.exceptions import SecureAFLError
+    from secure_afl.signing import MANIFEST_PREFIX, canonical_json
 
     with _workdir(work) as d:
         srv, kh, pki_dir, vectors = _split_service(d, seed=seed)
@@ -917,7 +834,7 @@ def attack_split_subset(*, seed: int = 0, verbose: bool = True, work=None, **_) 
             forged = {**st, "signature": srv._key.sign(MANIFEST_PREFIX + canonical_json(st)).hex()}
             payload = srv.store.get_blob(next(r["payload_sha256"] for r in srv.store.uploads()
                                               if r["hospital"] == victim))
-            from .envelope import seal
+            from secure_afl.envelope import seal
 
             alone_sum = seal(params, "aggregate", get_backend(params).masked_words(payload).astype("<u8").tobytes(),
                              contributors=1)  # what the server combines: the victim's masked vector alone
@@ -978,13 +895,7 @@ ATTACKS = {
 }
 
 
-def _validity_attacks():
-    from .attacks_validity import attack_steer, attack_veto
-
-    return {"veto": attack_veto, "steer": attack_steer}
-
-
-ATTACKS.update(_validity_attacks())
+ATTACKS.update({"veto": attack_veto, "steer": attack_steer})
 
 
 def run_attack(name: str, **kw) -> dict:

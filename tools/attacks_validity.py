@@ -131,7 +131,7 @@ def _split_release(vectors, cheat: dict) -> dict:
 # -- ckks and bfv: the key holder's real finalize ----------------------------------------------------------------
 def _he_release(backend: str, vectors, work: Path) -> dict:
     from secure_afl import pki, session
-    from .attacks import MaliciousServer, signed_participant, tagged_upload
+    from .attack_parties import MaliciousServer, signed_participant, tagged_upload
     from secure_afl.backends import get_backend
     from secure_afl.backends.bfv import bfv_session_params
     from secure_afl.backends.ckks import ckks_session_params

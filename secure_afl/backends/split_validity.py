@@ -46,6 +46,7 @@ from typing import Mapping
 import numpy as np
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
 
+from .. import domains
 from ..exceptions import BoundsExceeded, InvalidInputError, InvalidParameterError, \
     MalformedPayload
 from ..hazmat import fixedpoint, flp
@@ -69,7 +70,7 @@ TAIL = 6
 WRAP_BITS = 62
 #: the whole body's mask stream (main vector, bits, proofs): its own ChaCha20 domain
 DOMAIN_SHARE = b"saflSPLITfld"
-_FS_PREFIX = b"secure-afl/split/validity/v1\0"
+_FS_PREFIX = domains.SPLIT_VALIDITY
 _ROW_DOMAIN = b"saflVALIDrow"
 _PROOF_DOMAIN = b"saflVALIDprf"
 _RETRIES = 8
@@ -495,7 +496,7 @@ def describe(circuit: Circuit) -> Mapping:
 
 
 # -- the protocol around the proof: the server's signed verifier message, the key holder's verdicts ------------
-_VERIFIER_SIG_PREFIX = b"secure-afl/split/verifier/v1\0"
+_VERIFIER_SIG_PREFIX = domains.SPLIT_VERIFIER
 
 
 def check_upload(backend, payload: bytes, statement: Mapping) -> None:

@@ -138,9 +138,9 @@ class SecureSum:
 
     def _ckks_flooded(self, padded):
         """Fresh key, protect, blind combine, one raw decryption flooded as the key holder floods."""
-        from ..backends.ckks import expected_abs_error, new_ckks_session
-        from ..envelope import open_envelope
-        from ..keyholder.flooding import flood_release
+        from secure_afl.backends.ckks import expected_abs_error, new_ckks_session
+        from secure_afl.envelope import open_envelope
+        from secure_afl.keyholder.flooding import flood_release
 
         k = len(padded)
         params, keys = new_ckks_session(f"{self.session}-ckks-{self._rounds}", self.layout, 0.0, self.bounds)

@@ -176,7 +176,7 @@ def render(study: dict, out: Path, *, command: str, ablation=None) -> Path:
 
 
 def _grids():
-    from .study import GRIDS
+    from .grids import GRIDS
 
     return GRIDS
 
