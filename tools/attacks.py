@@ -691,7 +691,7 @@ def _split_service(d: Path, hospitals=("hosp-a", "hosp-b", "hosp-c"), min_client
     from secure_afl import pki, session
     from secure_afl.clients.hospital import protect_contribution
     from secure_afl.keyholder import KeyHolder
-    from secure_afl.server.aggregator import open_server
+    from secure_afl.server.rounds import open_server
     from secure_afl.server.config import load_config, write_config
     from secure_afl.signing import sign_upload
     from secure_afl.stats import local_statistics
@@ -728,6 +728,13 @@ def _split_service(d: Path, hospitals=("hosp-a", "hosp-b", "hosp-c"), min_client
     return srv, kh, pki_dir, vectors
 
 
+def _field_decode(words, frac_bits):
+    """split's lanes are centred integers carried in F_p: back to two's complement, then the fixed point."""
+    from secure_afl.hazmat import fixedpoint, flp
+
+    return fixedpoint.decode(flp.decode_signed(words).view(np.uint64), frac_bits)
+
+
 class _InProcessSource:
     """What the server hands the key holder for a split release (the manifest and the signed seed statements)."""
 
@@ -739,6 +746,9 @@ class _InProcessSource:
 
     def tags(self) -> dict:
         return self._srv.tags()
+
+    def split_verifier(self) -> dict:
+        return self._srv.verifier_messages()
 
 
 def attack_split_server(*, seed: int = 0, verbose: bool = True, work=None, **_) -> dict:
@@ -756,7 +766,7 @@ def attack_split_server(*, seed: int = 0, verbose: bool = True, work=None, **_) 
                                               if r["hospital"] == victim))
             fb = tuple(srv.params.backend_params["frac_bits"])
             words = get_backend(srv.params).masked_words(payload)
-            x_hat = _layout().unpack(fixedpoint.decode(words, fb), gamma=GAMMA).cross[:, 1]
+            x_hat = _layout().unpack(_field_decode(words, fb), gamma=GAMMA).cross[:, 1]
         finally:
             srv.shutdown()
     err = float(np.max(np.abs(x_hat - vectors[victim][1])))
@@ -801,11 +811,12 @@ def attack_split_keyholder(*, seed: int = 0, verbose: bool = True, work=None, **
             srv.shutdown()
     err = float("inf")
     if got is not None:
-        from secure_afl.hazmat.prg import DOMAIN_SPLIT_MASK, add_expanded
+        from secure_afl.backends import split_validity
+        from secure_afl.hazmat import flp
 
         words = np.array(get_backend(params).masked_words(got))
-        add_expanded(words, seed_v, domain=DOMAIN_SPLIT_MASK, subtract=True)
-        x_hat = _layout().unpack(fixedpoint.decode(words, tuple(params.backend_params["frac_bits"])),
+        words = flp.sub(words, flp.expand_field(seed_v, words.shape[0], split_validity.DOMAIN_SHARE))
+        x_hat = _layout().unpack(_field_decode(words, tuple(params.backend_params["frac_bits"])),
                                  gamma=GAMMA).cross[:, 1]
         err = float(np.max(np.abs(x_hat - vectors[victim][1])))
     outcome = "recovered" if err < 1e-6 else "refused" if got is None else "leak"

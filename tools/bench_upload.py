@@ -135,7 +135,7 @@ def run_upload_cost(backend: str, uploads: int, *, dim: int = 512, classes: int 
     from secure_afl.keyholder import KeyHolder
     from secure_afl.packing import Layout
     from secure_afl.params import KEYED_BACKENDS, Bounds
-    from secure_afl.server.aggregator import open_server
+    from secure_afl.server.rounds import open_server
     from secure_afl.server.config import load_config
     from secure_afl.signing import sign_upload
 
