@@ -476,17 +476,17 @@ def test_a_refusal_below_min_clients_releases_nothing(consortium):
 
 # -- the attack commands ----------------------------------------------------------------------------------------
 def test_attack_veto_is_refused_by_name_under_split_and_vetoes_the_other_backends():
-    from secure_afl.tools.attacks import run_attack
+    from secure_afl.tools.attacks_validity import attack_veto
 
-    r = run_attack("veto", verbose=False)
+    r = attack_veto(verbose=False)
     assert r["table"] == {"split": "refused", "ckks": "vetoed", "bfv": "vetoed", "secagg": "vetoed"}
     assert r["outcome"] == "refused"
 
 
 def test_attack_steer_moves_w_within_the_bounds_and_every_upload_is_accepted():
-    from secure_afl.tools.attacks import run_attack
+    from secure_afl.tools.attacks_validity import attack_steer
 
-    r = run_attack("steer", verbose=False)
+    r = attack_steer(verbose=False)
     moved = [row["moved"] for row in r["rows"]]
     assert all(row["accepted"] for row in r["rows"]) and moved == sorted(moved) and moved[-1] > 0.5
 

@@ -60,9 +60,11 @@ split-subset
     genuine share with the victim's masked vector alone (garbage, refused by
     the collector's bound check).
 veto, steer
-    One malicious hospital against every backend (:mod:`secure_afl.tools.attacks_validity`):
-    an impossible in-bounds upload vetoes ckks, bfv and secagg releases and is
-    refused by name under split; steering within the bounds works everywhere.
+    One malicious hospital against every backend (:mod:`secure_afl.tools.attacks_validity`),
+    each through a real ``secure-afl server run`` process, the key holder's HTTPS release
+    and honest HTTPS hospitals: an impossible in-bounds upload vetoes plain, ckks, bfv
+    and secagg releases (nobody named) and is refused by name under split (released over
+    the honest rest); steering within the bounds works everywhere.
 """
 
 from __future__ import annotations
@@ -98,7 +100,7 @@ from secure_afl.stats import SufficientStatistics, local_statistics
 from secure_afl.tagging import new_tag, seal_tag, sign_tag
 
 from .attack_parties import MaliciousServer, signed_participant, tagged_upload
-from .attacks_validity import attack_steer, attack_veto
+from .attacks_validity import attack_steer_service, attack_veto_service
 
 __all__ = ["ATTACKS", "run_attack", "register"]
 
@@ -906,7 +908,8 @@ ATTACKS = {
 }
 
 
-ATTACKS.update({"veto": attack_veto, "steer": attack_steer})
+# through a real server process per backend (the in-process versions stay in attacks_validity for unit tests)
+ATTACKS.update({"veto": attack_veto_service, "steer": attack_steer_service})
 
 
 def run_attack(name: str, **kw) -> dict:

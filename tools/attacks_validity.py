@@ -31,7 +31,8 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["attack_veto", "attack_steer", "BACKENDS"]
+__all__ = ["attack_veto", "attack_steer", "attack_veto_service", "attack_steer_service", "BACKENDS",
+           "SERVICE_BACKENDS"]
 
 BACKENDS = ("split", "ckks", "bfv", "secagg")
 DIM, CLASSES, GAMMA = 6, 3, 1.0
@@ -235,5 +236,253 @@ def attack_steer(*, seed: int = 0, verbose: bool = True, alphas=(0.1, 1.0, 10.0,
         if verbose:
             print(f"[steer] alpha {alpha:9.4g}{' (bound)' if a is None else ''}: upload "
                   f"{'ACCEPTED' if not r['refused'] else 'refused'}, W moved {100 * moved:5.1f}% of the way to W*")
+    return {"attack": "steer", "outcome": "leak" if any(r["accepted"] and r["moved"] > 0.5 for r in rows)
+            else "refused", "rows": rows, "alpha_max": a_max}
+
+
+# -- through the real service: a `secure-afl server run` process per backend ------------------------------------
+SERVICE_BACKENDS = ("split", "ckks", "bfv", "secagg", "plain")
+
+
+def _raw_statistics(rng, k=3, n=60):
+    """Each honest hospital's own C_k, Q_k, counts (gamma 0: the client adds the session's gamma)."""
+    from secure_afl.stats import local_statistics
+
+    out = []
+    for _ in range(k):
+        X = rng.standard_normal((n, DIM))
+        X *= (rng.uniform(0.3, 1.5, n) / np.linalg.norm(X, axis=1))[:, None]
+        out.append(local_statistics(X, rng.integers(0, CLASSES, n), CLASSES))
+    return out
+
+
+def _raw_steering(alpha: float, target: np.ndarray):
+    """C_k = alpha I, Q_k = alpha W*, n_max rows with a valid count vector: what an honest client sends unchanged."""
+    from secure_afl.stats import SufficientStatistics
+
+    b = _bounds()
+    counts = np.full(CLASSES, b.n_max // CLASSES, dtype=np.float64)
+    counts[0] += b.n_max - counts.sum()
+    return SufficientStatistics(alpha * np.eye(DIM), alpha * target, float(b.n_max), counts, 1.0, 0.0)
+
+
+class _Consortium:
+    """A throw-away consortium: PKI, signed session, a real server process, the key holder's keys published."""
+
+    def __init__(self, backend: str, names, work: Path):
+        self.backend, self.names, self.work = backend, list(names), work
+        self.server = self.conn = None
+
+    def __enter__(self):
+        from secure_afl import pki
+        from secure_afl.dp import dp_session_params
+        from secure_afl.keyholder import KeyHolder
+        from secure_afl.server.config import load_config, write_config
+        from secure_afl.session import sign as sign_session
+        from .demo import ServerProcess, free_port
+
+        w, b, K = self.work, _bounds(), len(self.names)
+        self.pki_dir = pki_dir = w / "pki"
+        pki.init_ca(pki_dir, name="attack consortium")
+        pki.issue(pki_dir, "server", "aggregator")
+        pki.issue(pki_dir, "keyholder", "keyholder")
+        for h in self.names:
+            pki.issue(pki_dir, "hospital", h)
+        pki.write_roster(pki_dir, pki_dir / pki.ROSTER)
+        self.session_id = sid = f"attack-{self.backend}"
+        cfg = {"session": {"id": sid, "backend": self.backend, "dim": DIM, "classes": CLASSES, "gamma": GAMMA,
+                           "min_clients": 2, "min_class_count": 1, "deadline_s": 3600, "hospitals": self.names},
+               "bounds": {"max_norm": b.max_norm, "n_max": b.n_max, "k_max": b.k_max},
+               "server": {"host": "127.0.0.1", "port": free_port(), "data_dir": str(w / "server"),
+                          "pki_dir": str(pki_dir), "name": "aggregator", "keyholder": "keyholder"}}
+        if self.backend == "secagg":
+            from secure_afl.secagg import default_threshold, max_min_clients, recommended_neighbours
+
+            k = recommended_neighbours(K)
+            thr = default_threshold((K - 1 if k is None else k) + 1)
+            cfg["secagg"] = {"stage_timeout_s": 120.0}
+            cfg["session"]["min_clients"] = max(1, min(K - thr + 1, max_min_clients(K, thr)))
+        self.min_clients = cfg["session"]["min_clients"]
+        write_config(w / "session.toml", cfg)
+        sign_session(w / "session.toml", pki_dir)
+        self.url = f"https://127.0.0.1:{cfg['server']['port']}"
+        self.kh = KeyHolder(pki_dir, "keyholder", w / "keyholder", passphrase=os.urandom(16).hex().encode())
+        self.server = ServerProcess(w / "session.toml", w / "server.log").start()
+        self.server.wait_ready(self.url, self.kh.party.ca_file, (self.kh.party.cert_file, self.kh.party.key_file),
+                               timeout=120)
+        self.conn = self.kh.connect(self.url, sid)
+        if self.backend in ("ckks", "bfv", "split"):
+            from secure_afl.packing import Layout
+
+            self.kh.keygen(dp_session_params(load_config(w / "session.toml").dp, self.backend, sid,
+                                             Layout(DIM, CLASSES), GAMMA, b))
+            self.kh.publish(self.conn)
+        return self
+
+    def __exit__(self, *exc):
+        if self.conn is not None:
+            self.conn.close()
+        if self.server is not None:
+            self.server.stop()
+
+    def hospital(self, name: str, cls=None):
+        from secure_afl import pki
+        from secure_afl.clients.hospital import HospitalClient
+
+        return (cls or HospitalClient)(self.url, self.session_id, pki.load_party(self.pki_dir, "hospital", name),
+                                       timeout=120)
+
+    def audit_text(self) -> str:
+        return "".join(p.read_text(errors="replace") for p in (self.work / "server").rglob("*audit*") if p.is_file())
+
+
+def _malicious_client_class():
+    """A hospital whose modified software sends a chosen packed vector through the backend's protect path,
+    every client-side check skipped (the statistics and, for split, the proof's own check)."""
+    import hashlib as _h
+
+    from secure_afl.backends import get_backend
+    from secure_afl.clients.hospital import HospitalClient
+    from secure_afl.keyholder_params import check_published_keys
+    from secure_afl.packing import Layout
+    from secure_afl.tagging import new_tag, seal_tag, sign_tag
+
+    class MaliciousHospital(HospitalClient):
+        vector: np.ndarray
+
+        def protect_vector(self, params, stats, *, tag=None):  # secagg's participant packs through this
+            return self.vector.copy()
+
+        def send(self) -> dict:
+            params = self.fetch_params()
+            if params.backend == "secagg":
+                from secure_afl.clients.secagg_client import run_secagg
+
+                return run_secagg(self, params, None, timeout=120)
+            be = get_backend(params)
+            if params.backend == "plain":
+                return self.upload(params, be.protect(self.vector))
+            ctx = self.conn.request("GET", self.conn.path("/context"), signed=False).content
+            if params.backend == "split":
+                body, seed, com = be.circuit.prove(self.name, lanes=be.circuit.lanes(self.vector), check=False)
+                payload, st = be.seal_upload(body, seed, com, ctx, self.name, self.party.identity_key())
+                return self.upload(params, payload, tag=st)
+            check_published_keys(params, ctx)
+            lay = Layout(params.layout.dim, params.layout.n_classes)
+            tag = new_tag(params)
+            v = self.vector.copy()
+            v[lay.slices["tag"]] = tag
+            payload = be.protect(v, public_context=ctx)
+            st = sign_tag(self.party.identity_key(), params, self.name, _h.sha256(payload).hexdigest(),
+                          seal_tag(params, self.name, tag))
+            return self.upload(params, payload, tag=st)
+
+    return MaliciousHospital
+
+
+def _service_round(backend: str, honest, work: Path, *, bad=None, steer=None) -> dict:
+    """Honest hospitals h0..h(k-1) submit ``honest``; then either h(k) uploads the packed vector
+    ``bad(packed_honest)`` with modified software, or submits ``steer`` (raw statistics) with the honest
+    client; the key holder's ordinary release. Returns refused (hospital -> check), W, contributors, or
+    ``error`` when nothing was released."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from secure_afl.clients.hospital import protect_vector
+    from secure_afl.exceptions import SecureAFLError
+
+    names = [f"h{i}" for i in range(len(honest) + (bad is not None or steer is not None))]
+    with _Consortium(backend, names, work) as c:
+        jobs = []
+        for h, s in zip(names, honest):
+            jobs.append((h, c.hospital(h), s))
+        extra = names[-1] if len(names) > len(honest) else None
+        cheat = None
+        if bad is not None:
+            cheat = c.hospital(extra, _malicious_client_class())
+            params = cheat.fetch_params()
+            cheat.vector = bad(protect_vector(params, _raw_statistics(np.random.default_rng(99), k=1)[0]))
+        elif steer is not None:
+            jobs.append((extra, c.hospital(extra), steer))
+
+        def one(job):
+            name, client, stats = job
+            try:
+                return client.send() if stats is None else client.submit(stats)
+            finally:
+                client.close()
+
+        if cheat is not None:
+            jobs.append((extra, cheat, None))
+        # secagg's stages need every hospital at once; the others upload independently
+        with ThreadPoolExecutor(max_workers=len(jobs)) as pool:
+            receipts = list(pool.map(one, jobs))
+        try:
+            res = c.kh.finalize(c.conn, min_clients=c.min_clients)
+        except SecureAFLError as e:
+            return {"refused": {}, "W": None, "contributors": 0, "error": f"{type(e).__name__}: {e}",
+                    "receipts": receipts, "audit": c.audit_text()}
+        refused = dict(res.report.get("refused") or {})
+        return {"refused": refused, "W": res.W, "contributors": len(res.report.get("participants") or
+                                                                     res.manifest.get("participants") or []),
+                "receipts": receipts, "audit": c.audit_text()}
+
+
+def attack_veto_service(*, seed: int = 0, verbose: bool = True, backends=SERVICE_BACKENDS, **_) -> dict:
+    """One hospital's impossible (in-bounds) upload, through a real server process per backend."""
+    rng = np.random.default_rng(seed)
+    honest = _raw_statistics(rng, k=2)
+    table, details = {}, {}
+    for backend in backends:
+        with _workdir() as d:
+            r = _service_round(backend, honest, Path(d), bad=_impossible)
+        named = r["refused"].get("h2")
+        if r.get("error"):
+            outcome, line = "vetoed", f"VETOED: no release ({r['error'][:140]}); nobody named"
+        elif named and set(r["refused"]) == {"h2"}:
+            audited = "split_validity" in r["audit"] and "hospital:h2" in r["audit"]
+            outcome = "refused"
+            line = (f"REFUSED: h2's upload refused by name ({named} check; "
+                    f"{'server audit record split_validity names hospital:h2' if audited else 'no audit record'}),"
+                    f" released over {r['contributors']} hospitals")
+        else:
+            outcome, line = "vetoed", "VETOED: the impossible upload was released unnoticed"
+        table[backend], details[backend] = outcome, line
+        if verbose:
+            print(f"[veto] {backend:6s} {line}", flush=True)
+    vetoed_split = table.get("split") == "vetoed"
+    return {"attack": "veto", "outcome": "recovered" if vetoed_split else "refused", "table": table,
+            "details": details}
+
+
+def attack_steer_service(*, seed: int = 0, verbose: bool = True, backends=SERVICE_BACKENDS,
+                         alphas=(0.1, 1.0, 10.0, None), **_) -> dict:
+    """Within the bounds: C_k = alpha I, Q_k = alpha W* submitted by an unmodified client, through a real
+    server process per backend; how far the released W moves towards W*."""
+    from secure_afl.analytic import solve_from_sums
+    from secure_afl.stats import SufficientStatistics
+
+    rng = np.random.default_rng(seed)
+    honest = _raw_statistics(rng, k=2)
+    target = rng.choice([-5.0, 5.0], size=(DIM, CLASSES))
+    b = _bounds()
+    a_max = b.n_max * b.max_norm ** 2 / DIM  # trace(C_k) = alpha d <= n_max B^2
+    s = honest[0] + honest[1]
+    # the honest release over the same two hospitals (each adds gamma I), the reference W moves from
+    W0 = solve_from_sums(SufficientStatistics(s.gram + 2 * GAMMA * np.eye(DIM), s.cross, s.n, s.class_counts,
+                                              1.0, 2 * GAMMA))
+    rows = []
+    for backend in backends:
+        for a in alphas:
+            alpha = a_max if a is None else float(a)
+            with _workdir() as d:
+                r = _service_round(backend, honest, Path(d), steer=_raw_steering(alpha, target))
+            accepted = not r.get("error") and not r["refused"]
+            moved = float(np.linalg.norm(r["W"] - W0) / np.linalg.norm(target - W0)) if accepted else 0.0
+            rows.append({"backend": backend, "alpha": alpha, "accepted": accepted, "moved": moved,
+                         "error": r.get("error")})
+            if verbose:
+                print(f"[steer] {backend:6s} alpha {alpha:9.4g}{' (bound)' if a is None else ''}: upload "
+                      f"{'ACCEPTED' if accepted else 'refused ' + str(r.get('error') or r['refused'])}, "
+                      f"W moved {100 * moved:5.1f}% of the way to W*", flush=True)
     return {"attack": "steer", "outcome": "leak" if any(r["accepted"] and r["moved"] > 0.5 for r in rows)
             else "refused", "rows": rows, "alpha_max": a_max}
