@@ -491,15 +491,49 @@ def test_attack_steer_moves_w_within_the_bounds_and_every_upload_is_accepted():
     assert all(row["accepted"] for row in r["rows"]) and moved == sorted(moved) and moved[-1] > 0.5
 
 
-@pytest.mark.e2e
-def test_cli_attack_veto_exits_zero_because_split_refuses():
+def _attack_cli(args, patch: str = ""):
+    """``secure-afl attack ARGS`` in a fresh interpreter (its own server processes), after ``patch``."""
     import subprocess
     import sys
 
-    out = subprocess.run([sys.executable, "-m", "secure_afl.cli", "attack", "veto"], capture_output=True,
-                         text=True, timeout=600)
-    assert out.returncode == 0, out.stderr
-    assert "[veto] split  REFUSED" in out.stdout and "[veto] ckks   VETOED" in out.stdout
+    code = f"import sys\n{patch}\nfrom secure_afl.cli import main\nsys.exit(main({['attack', *args]!r}))\n"
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+
+
+@pytest.mark.e2e
+@pytest.mark.slow
+def test_cli_attack_veto_through_the_service_exits_zero_because_split_refuses_the_hospital_by_name():
+    # Execute: one server process per backend, two honest hospitals, h2 uploading an impossible vector
+    out = _attack_cli(["veto"])
+    # Assert: split names h2 (the key holder's signed refusal and the server's split_validity audit record)
+    # and releases over the others; every other backend loses the release with nobody named
+    assert out.returncode == 0, out.stdout + out.stderr
+    split_line = next(line for line in out.stdout.splitlines() if line.startswith("[veto] split"))
+    assert "REFUSED: h2's upload refused by name" in split_line and "names hospital:h2" in split_line
+    assert "released over 2 hospitals" in split_line
+    for backend in ("ckks", "bfv", "secagg", "plain"):
+        line = next(x for x in out.stdout.splitlines() if x.startswith(f"[veto] {backend}"))
+        assert "VETOED" in line and "nobody named" in line
+    assert "ATTACK SUCCEEDED" not in out.stderr
+
+
+# the split key holder's verdict on its share switched off, as a regression would: it accepts every proof
+_NO_VERDICT = "import secure_afl.backends.split_validity as v\nv.helper_verdict = lambda *a, **k: None"
+
+
+@pytest.mark.e2e
+def test_cli_attack_veto_exits_7_when_the_split_key_holder_no_longer_judges_the_proofs():
+    out = _attack_cli(["veto", "--backend", "split"], _NO_VERDICT)
+    assert out.returncode == 7, out.stdout + out.stderr  # EXIT_SECURITY
+    assert "[veto] split  VETOED" in out.stdout and "nobody named" in out.stdout
+    assert "ATTACK SUCCEEDED" in out.stderr
+
+
+def test_cli_attack_backend_option_is_for_the_hospital_attacks_only(capsys):
+    from secure_afl.cli import main
+
+    assert main(["attack", "split-server", "--backend", "split"]) == 2  # refused before anything runs
+    assert "veto and steer" in capsys.readouterr().err
 
 
 def test_the_validity_benchmark_runs_and_accepts_its_honest_upload():

@@ -85,7 +85,7 @@ from secure_afl.backends import get_backend
 from secure_afl.encoding import canonical_json
 from secure_afl.envelope import peek_header
 from secure_afl.envelope import seal
-from secure_afl.exceptions import EXIT_SECURITY
+from secure_afl.exceptions import EXIT_SECURITY, EXIT_USAGE
 from secure_afl.exceptions import PolicyViolation
 from secure_afl.exceptions import SecureAFLError
 from secure_afl.hazmat import fixedpoint
@@ -100,7 +100,7 @@ from secure_afl.stats import SufficientStatistics, local_statistics
 from secure_afl.tagging import new_tag, seal_tag, sign_tag
 
 from .attack_parties import MaliciousServer, signed_participant, tagged_upload
-from .attacks_validity import attack_steer_service, attack_veto_service
+from .attacks_validity import SERVICE_BACKENDS, attack_steer_service, attack_veto_service
 
 __all__ = ["ATTACKS", "run_attack", "register"]
 
@@ -926,9 +926,13 @@ def _cmd_attack(args) -> int:
         return 0
 
     names = list(ATTACKS) if args.name == "all" else [args.name]
+    if getattr(args, "backend", None) and set(names) - {"veto", "steer"}:
+        print("--backend applies to the veto and steer attacks only", file=sys.stderr)
+        return EXIT_USAGE
     rc = 0
     for n in names:
-        r = run_attack(n, seed=args.seed, dp=args.dp)
+        kw = {"backends": tuple(args.backend)} if getattr(args, "backend", None) else {}
+        r = run_attack(n, seed=args.seed, dp=args.dp, **kw)
         if r["outcome"] in ("recovered", "leak") and not _demonstration(n, args.dp):
             print(f"[{n}] ATTACK SUCCEEDED against a protection this project claims", file=sys.stderr)
             rc = EXIT_SECURITY
@@ -947,4 +951,6 @@ def register(parser) -> None:
     parser.add_argument("name", choices=["list", "all", *ATTACKS], help="attack to run ('all' runs every one)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--dp", type=float, metavar="EPS", help="k2-subtraction: the session declares DP at EPS")
+    parser.add_argument("--backend", action="append", choices=list(SERVICE_BACKENDS),
+                        help="veto, steer: run against this backend only (repeatable; default every one)")
     parser.set_defaults(func=_cmd_attack)

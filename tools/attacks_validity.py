@@ -479,10 +479,15 @@ def attack_steer_service(*, seed: int = 0, verbose: bool = True, backends=SERVIC
             accepted = not r.get("error") and not r["refused"]
             moved = float(np.linalg.norm(r["W"] - W0) / np.linalg.norm(target - W0)) if accepted else 0.0
             rows.append({"backend": backend, "alpha": alpha, "accepted": accepted, "moved": moved,
-                         "error": r.get("error")})
+                         "error": r.get("error"), "refused": r["refused"]})
             if verbose:
-                print(f"[steer] {backend:6s} alpha {alpha:9.4g}{' (bound)' if a is None else ''}: upload "
-                      f"{'ACCEPTED' if accepted else 'refused ' + str(r.get('error') or r['refused'])}, "
-                      f"W moved {100 * moved:5.1f}% of the way to W*", flush=True)
+                if accepted:
+                    what = f"released, W moved {100 * moved:5.1f}% of the way to W*"
+                elif r["refused"]:
+                    what = f"h2 refused by name ({r['refused']})"
+                else:  # receipted, then the key holder's release checks fail on the sum: a veto, not a steer
+                    what = f"NO RELEASE, nobody named ({r['error'][:110]})"
+                print(f"[steer] {backend:6s} alpha {alpha:9.4g}{' (bound)' if a is None else ''}: {what}",
+                      flush=True)
     return {"attack": "steer", "outcome": "leak" if any(r["accepted"] and r["moved"] > 0.5 for r in rows)
             else "refused", "rows": rows, "alpha_max": a_max}
