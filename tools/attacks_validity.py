@@ -470,15 +470,20 @@ def attack_steer_service(*, seed: int = 0, verbose: bool = True, backends=SERVIC
     # the honest release over the same two hospitals (each adds gamma I), the reference W moves from
     W0 = solve_from_sums(SufficientStatistics(s.gram + 2 * GAMMA * np.eye(DIM), s.cross, s.n, s.class_counts,
                                               1.0, 2 * GAMMA))
+    # the same attacker, careful: at the bound, its target shrunk into the per-class Cauchy-Schwarz cone of its
+    # own upload (alpha |W*_jc| <= sqrt(alpha n_c), with a margin) so that the sum passes the key holder's check
+    n_c = float(_raw_steering(a_max, target).class_counts.min())
+    cone = target * min(1.0, 0.9 * np.sqrt(n_c / a_max) / float(np.max(np.abs(target))))
+    plan = [(a, target, "+-5") for a in alphas] + [(None, cone, "cone")]
     rows = []
     for backend in backends:
-        for a in alphas:
+        for a, goal, kind in plan:
             alpha = a_max if a is None else float(a)
             with _workdir() as d:
-                r = _service_round(backend, honest, Path(d), steer=_raw_steering(alpha, target))
+                r = _service_round(backend, honest, Path(d), steer=_raw_steering(alpha, goal))
             accepted = not r.get("error") and not r["refused"]
-            moved = float(np.linalg.norm(r["W"] - W0) / np.linalg.norm(target - W0)) if accepted else 0.0
-            rows.append({"backend": backend, "alpha": alpha, "accepted": accepted, "moved": moved,
+            moved = float(np.linalg.norm(r["W"] - W0) / np.linalg.norm(goal - W0)) if accepted else 0.0
+            rows.append({"backend": backend, "alpha": alpha, "target": kind, "accepted": accepted, "moved": moved,
                          "error": r.get("error"), "refused": r["refused"]})
             if verbose:
                 if accepted:
@@ -487,7 +492,9 @@ def attack_steer_service(*, seed: int = 0, verbose: bool = True, backends=SERVIC
                     what = f"h2 refused by name ({r['refused']})"
                 else:  # receipted, then the key holder's release checks fail on the sum: a veto, not a steer
                     what = f"NO RELEASE, nobody named ({r['error'][:110]})"
-                print(f"[steer] {backend:6s} alpha {alpha:9.4g}{' (bound)' if a is None else ''}: {what}",
-                      flush=True)
+                label = " (bound)" if a is None else ""
+                if kind == "cone":
+                    label = f" (bound, W* entries +-{float(np.max(np.abs(cone))):.3g}: inside Cauchy-Schwarz)"
+                print(f"[steer] {backend:6s} alpha {alpha:9.4g}{label}: {what}", flush=True)
     return {"attack": "steer", "outcome": "leak" if any(r["accepted"] and r["moved"] > 0.5 for r in rows)
             else "refused", "rows": rows, "alpha_max": a_max}
