@@ -529,6 +529,21 @@ def test_cli_attack_veto_exits_7_when_the_split_key_holder_no_longer_judges_the_
     assert "ATTACK SUCCEEDED" in out.stderr
 
 
+@pytest.mark.e2e
+@pytest.mark.slow
+def test_steering_through_the_service_trips_the_cauchy_schwarz_check_unless_the_target_is_inside_it():
+    from secure_afl.tools.attacks_validity import attack_steer_service
+
+    # Execute: ckks through a real server; alpha 1, the bound with the +-5 target, the bound inside the cone
+    r = attack_steer_service(backends=("ckks",), alphas=(1.0, None), verbose=False)
+    small, wide, cone = r["rows"]
+    # Assert: every upload was receipted; the wide target loses the release (nobody named), the careful one
+    # is released and dominates W
+    assert small["accepted"] and 0 < small["moved"] < cone["moved"]
+    assert not wide["accepted"] and not wide["refused"] and "class_cauchy_schwarz" in wide["error"]
+    assert cone["target"] == "cone" and cone["accepted"] and cone["moved"] > 0.5
+
+
 def test_cli_attack_backend_option_is_for_the_hospital_attacks_only(capsys):
     from secure_afl.cli import main
 
