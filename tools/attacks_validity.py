@@ -4,7 +4,7 @@ veto
     The hospital uploads a well-formed, correctly signed contribution whose
     statistics are impossible (n and one class count of x.5: no entry is
     larger than the declared bounds allow, so every backend's upload checks
-    pass). ckks, bfv and secagg see it only after the sum is revealed: the key
+    pass). plain, ckks, bfv and secagg see it only after the sum is revealed: the key
     holder's checks fail and nothing is released (the session is lost, and the
     sum does not say who did it). split checks each upload's validity proof on
     the two shares: the upload is refused by name and the others are released.
@@ -12,15 +12,22 @@ veto
 steer
     Within the bounds a hospital may send any statistics: C_k = alpha I,
     Q_k = alpha W* pulls the released W towards its target W*. Every backend
-    (split's proof included) accepts it; the figure is how far W moves,
+    (split's proof included) accepts the upload; the figure is how far W moves,
     ``||W - W_honest|| / ||W* - W_honest||``, for alpha up to the largest the
-    bounds allow (trace(C_k) = alpha d <= n_max B^2).
+    bounds allow (trace(C_k) = alpha d <= n_max B^2). Outside split a large
+    target trips the key holder's per-class Cauchy-Schwarz check on the sum (no
+    release, nobody named); the last row shrinks the target inside that check.
 
-Each run uses the real library end to end in process: real keys, envelopes,
-signatures, the key holder's real finalize (ckks, bfv), the secagg protocol
-simulation with the key holder's release checks, and for split the server's
-signed verifier messages and the key holder's verdict on its own share. The
-e2e tests drive split's refusal through real server processes.
+The commands (:func:`attack_veto_service`, :func:`attack_steer_service`) run each
+backend as a deployment would: a throw-away PKI and signed session, a real
+``secure-afl server run`` process, the key holder's keys published and its
+release made over HTTPS, honest hospitals submitting real statistics with the
+ordinary client, and the malicious hospital's upload built through the
+backend's own protect path with the client-side checks skipped (split: the
+proof made with ``check=False``). :func:`attack_veto` and :func:`attack_steer`
+are the same attacks on the library's protocol functions in process (real
+keys, envelopes, signatures, verifier messages and verdicts), kept as fast
+unit-level checks.
 """
 
 from __future__ import annotations
