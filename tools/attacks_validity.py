@@ -315,15 +315,19 @@ class _Consortium:
         self.url = f"https://127.0.0.1:{cfg['server']['port']}"
         self.kh = KeyHolder(pki_dir, "keyholder", w / "keyholder", passphrase=os.urandom(16).hex().encode())
         self.server = ServerProcess(w / "session.toml", w / "server.log").start()
-        self.server.wait_ready(self.url, self.kh.party.ca_file, (self.kh.party.cert_file, self.kh.party.key_file),
-                               timeout=120)
-        self.conn = self.kh.connect(self.url, sid)
-        if self.backend in ("ckks", "bfv", "split"):
-            from secure_afl.packing import Layout
+        try:  # a failed start must not leave the server process behind (__exit__ does not run)
+            self.server.wait_ready(self.url, self.kh.party.ca_file,
+                                   (self.kh.party.cert_file, self.kh.party.key_file), timeout=120)
+            self.conn = self.kh.connect(self.url, sid)
+            if self.backend in ("ckks", "bfv", "split"):
+                from secure_afl.packing import Layout
 
-            self.kh.keygen(dp_session_params(load_config(w / "session.toml").dp, self.backend, sid,
-                                             Layout(DIM, CLASSES), GAMMA, b))
-            self.kh.publish(self.conn)
+                self.kh.keygen(dp_session_params(load_config(w / "session.toml").dp, self.backend, sid,
+                                                 Layout(DIM, CLASSES), GAMMA, b))
+                self.kh.publish(self.conn)
+        except BaseException:
+            self.__exit__(None, None, None)
+            raise
         return self
 
     def __exit__(self, *exc):
