@@ -205,23 +205,39 @@ def test_split_dp_frac_bits_are_the_noise_grid_and_the_proofs_choice():
 @pytest.mark.parametrize("sign_n", [1, -1])
 def test_an_honest_noisy_upload_at_the_widened_edges_is_accepted(dp_split, sign_n):
     from secure_afl.dp import add_noise_share
+    from secure_afl.dp.noise import share_bound
 
     params, be = dp_split[:2]
     c = be.circuit
-    # n = n_max, every row at norm B, all in one class (two counts 0): with the share at its extremes
+    # n = n_max, every row at norm B, all in one class (two counts 0): with the share at its extremes (the
+    # noise's own hard bound, as noise_share cuts it)
     for labels in ((0,), (0, 1)):
         v = add_noise_share(params, _edge_vector(params.bounds.n_max, labels),
-                            rng=_Drawing(_extreme_share(params, c.tau, sign_n)))
+                            rng=_Drawing(_extreme_share(params, share_bound(params), sign_n)))
         assert _verdict(dp_split, *c.prove("h1", v)) is None
 
 
 def _noisy_lanes(dp_split, sign_n=1):
     from secure_afl.dp import add_noise_share
+    from secure_afl.dp.noise import share_bound
 
     params, be = dp_split[:2]
     v = add_noise_share(params, _edge_vector(params.bounds.n_max, (0,)),
-                        rng=_Drawing(_extreme_share(params, be.circuit.tau, sign_n)))
+                        rng=_Drawing(_extreme_share(params, share_bound(params), sign_n)))
     return be.circuit.lanes(v).copy()
+
+
+def _keeping(honest_lanes, blocks):
+    """Modified software's auxiliary bits: the decomposition of what it sends, but ``blocks`` taken from the
+    honest lanes' (same Fiat-Shamir seed), so every relation it does not attack holds."""
+    def aux(circuit, x, fs):
+        bits = circuit.aux_bits(x, fs)
+        good = circuit.aux_bits(honest_lanes, fs)
+        for name in blocks:
+            off, cnt, width = circuit.offsets[name]
+            bits[off:off + cnt * width] = good[off:off + cnt * width]
+        return bits
+    return aux
 
 
 @pytest.mark.parametrize("violation", ["count_below", "n_above", "count_above", "sum_below", "sum_above",
@@ -242,9 +258,10 @@ def test_a_noisy_upload_beyond_the_widened_bounds_is_refused(dp_split, violation
         lanes[lane * c.L + i] = int(value) % P
 
     # from the edges an honest share reaches: one grid step (or one unit of the lo lane) past one of them
-    lanes = _noisy_lanes(dp_split, sign_n=1 if violation in ("n_above", "sum_below", "trace_above") else -1)
+    honest = _noisy_lanes(dp_split, sign_n=1 if violation in ("n_above", "sum_below", "count_below") else -1)
+    lanes = honest.copy()
     if violation == "count_below":  # class 1 at -tau - 1 (it holds no sample; the sum stays within its range)
-        assert get(lanes, i_c + 1) == tau
+        assert get(lanes, i_c + 1) == -tau
         put(lanes, i_c + 1, -tau - 1)
     elif violation == "n_above":  # n at n_max 2^f1 + tau + 1, class 0 with it (the sum unchanged)
         assert get(lanes, i_n) == top
@@ -256,8 +273,8 @@ def test_a_noisy_upload_beyond_the_widened_bounds_is_refused(dp_split, violation
         put(lanes, i_n, get(lanes, i_n) + 1)
     elif violation == "sum_below":  # sum counts - n = -(C + 1) tau - 1
         put(lanes, i_c, get(lanes, i_c) - 1)
-    elif violation == "sum_above":  # sum counts - n = (C + 1) tau + 1
-        put(lanes, i_c, get(lanes, i_c) + 1)
+    elif violation == "sum_above":  # sum counts - n = (C + 1) tau + 1 (class 1, at +tau, moves)
+        put(lanes, i_c + 1, get(lanes, i_c + 1) + 1)
     elif violation == "count_off_grid":  # class 0 plus 2^-(f1 + f2): off the noise grid
         put(lanes, i_c, 1, lane=1)
     elif violation == "trace_above":  # the diagonal past the widened trace bound by one grid step (times 2^f1)
@@ -268,18 +285,42 @@ def test_a_noisy_upload_beyond_the_widened_bounds_is_refused(dp_split, violation
         put(lanes, diag[0], get(lanes, diag[0]) + slack // (1 << c.f1) + 1)
     elif violation == "contributor_noised":  # the contributor counter is not noised: it stays exactly 1
         put(lanes, sl["contributors"].start, (1 << c.f1) + 1)
-    assert _verdict(dp_split, *c.prove("h1", lanes=lanes, check=False)) == "linear"
+    # the cheater keeps every relation it does not attack: these blocks' bits are those of the honest lanes
+    keep = {"count_below": ("counts", "count_gap", "sum", "sum_gap"), "sum_below": ("sum", "sum_gap"),
+            "sum_above": ("sum_gap",)}.get(violation, ())
+    assert _verdict(dp_split, *c.prove("h1", lanes=lanes, check=False, aux_override=_keeping(honest, keep))) \
+        == "linear"
     if violation != "contributor_noised":  # the honest prover checks the statistics' ranges before proving
         with pytest.raises(BoundsExceeded):
             c.prove("h1", lanes=lanes)
 
 
-@pytest.mark.e2e
-def test_split_dp_upload_beyond_the_widened_bounds_is_refused_by_name_and_the_rest_released(consortium):
-    from secure_afl.backends import get_backend
-    from secure_afl.dp import add_noise_share
+def _put(lanes, circuit, i, value):
     from secure_afl.hazmat import flp
 
+    lanes[Layout(circuit.d, circuit.C).slices["counts"].start + i] = int(value) % flp.P
+
+
+def _modified_upload(c, data, name, edit):
+    """What a hospital running modified software sends: its noisy statistics, edited, with a proof of them."""
+    from secure_afl.backends import get_backend
+    from secure_afl.dp import add_noise_share
+
+    cl = c.hospital(name)
+    params = cl.fetch_params()
+    be = get_backend(params)
+    lanes = be.circuit.lanes(add_noise_share(params, Layout(c.dim, c.classes).pack(c.stats(*data[name])))).copy()
+    edit(lanes, be.circuit)
+    body, seed, com = be.circuit.prove(name, lanes=lanes, check=False)
+    ctx = cl.conn.request("GET", cl.conn.path("/context"), signed=False).content
+    payload, st = be.seal_upload(body, seed, com, ctx, name, cl.party.identity_key())
+    receipt = cl.upload(params, payload, tag=st)
+    cl.close()
+    return receipt
+
+
+@pytest.mark.e2e
+def test_split_dp_upload_beyond_the_widened_bounds_is_refused_by_name_and_the_rest_released(consortium):
     # Prepare: h1..h3 honest (three noise shares, the declared minimum); h4 runs modified software: its noisy
     # upload puts class 1 one grid step below -tau, the widened statement's edge
     c = consortium(backend="split", hospitals=NAMES, min_clients=3, dp=DP).start()
@@ -289,16 +330,7 @@ def test_split_dp_upload_beyond_the_widened_bounds_is_refused_by_name_and_the_re
         cl = c.hospital(h)
         cl.submit(c.stats(*data[h]))
         cl.close()
-    cl = c.hospital("h4")
-    params = cl.fetch_params()
-    be = get_backend(params)
-    lanes = be.circuit.lanes(add_noise_share(params, Layout(c.dim, c.classes).pack(c.stats(*data["h4"])))).copy()
-    lanes[Layout(c.dim, c.classes).slices["counts"].start + 1] = (-be.circuit.tau - 1) % flp.P
-    body, seed, com = be.circuit.prove("h4", lanes=lanes, check=False)
-    ctx = cl.conn.request("GET", cl.conn.path("/context"), signed=False).content
-    payload, st = be.seal_upload(body, seed, com, ctx, "h4", cl.party.identity_key())
-    receipt = cl.upload(params, payload, tag=st)
-    cl.close()
+    receipt = _modified_upload(c, data, "h4", lambda lanes, circuit: _put(lanes, circuit, 1, -circuit.tau - 1))
 
     # Execute
     res = c.keyholder.finalize(conn, min_clients=3)
@@ -316,3 +348,56 @@ def test_split_dp_upload_beyond_the_widened_bounds_is_refused_by_name_and_the_re
     from secure_afl.dp.mechanism import release_epsilon
 
     assert row["epsilon"] == pytest.approx(release_epsilon(c.keyholder.params(c.session_id), 3))
+
+
+@pytest.mark.e2e
+def test_split_dp_refusal_that_leaves_fewer_noise_shares_than_declared_releases_nothing(consortium):
+    # Prepare: min_clients 2, three noise shares declared; h3's upload fails its proof, so two shares would remain
+    c = consortium(backend="split", hospitals=("h1", "h2", "h3"), min_clients=2, dp=DP).start()
+    data = _data(c)
+    conn = _split_session(c)
+    for h in ("h1", "h2"):
+        cl = c.hospital(h)
+        cl.submit(c.stats(*data[h]))
+        cl.close()
+    _modified_upload(c, data, "h3", lambda lanes, circuit: _put(lanes, circuit, 1, -circuit.tau - 1))
+
+    # Execute / Assert: the key holder refuses its share (the collector would hold a sum short of the noise)
+    with pytest.raises(DecryptionRefused) as e:
+        c.keyholder.finalize(conn, min_clients=2)
+    assert e.value.reason == "dp_noise_short"
+    with PrivacyLedger(c.keyholder.keys_dir / "privacy.sqlite3") as pl:
+        assert pl.releases() == []
+    with pytest.raises(SecureAFLError):
+        conn.request("GET", conn.path("/split/result"))
+    conn.close()
+
+
+@pytest.mark.e2e
+def test_split_dp_proven_upload_past_the_declared_bound_is_released_not_vetoed(consortium):
+    # Prepare: h4's Gram entry at 3/4 of the proven bound T (far past the declared per-hospital bound, inside
+    # what its proof allows): a valid upload, so it must not veto the noisy release through the noisy bound
+    c = consortium(backend="split", hospitals=NAMES, min_clients=3, dp=DP).start()
+    data = _data(c)
+    conn = _split_session(c)
+    for h in NAMES[:3]:
+        cl = c.hospital(h)
+        cl.submit(c.stats(*data[h]))
+        cl.close()
+
+    def big(lanes, circuit):
+        from secure_afl.hazmat import flp
+
+        lanes[1] = (3 * circuit.T[0] // 4) % flp.P
+
+    _modified_upload(c, data, "h4", big)
+
+    # Execute
+    res = c.keyholder.finalize(conn, min_clients=3)
+    conn.close()
+
+    # Assert: released over all four, the noisy bound reported as failed rather than refusing
+    params = c.keyholder.params(c.session_id)
+    assert res.report["refused"] == {} and res.report["participants"] == list(NAMES)
+    assert res.stats.gram[0, 1] > 4 * params.bounds.hospital_bound(params.gamma)
+    assert res.report["sanity"]["checks"]["noisy_bound"] is False
