@@ -30,6 +30,12 @@ there), so ``k`` rows bound every entry by ``2T`` except with probability
 cannot exceed (Hoeffding: an honest row leaves ``[-T, T)`` with probability
 below ``2 exp(-TAIL^2 / 2)``; the honest prover then draws a fresh seed).
 
+With DP (``params.dp``) each hospital's Skellam share is in the upload, so n and the counts are grid values,
+not integers: the statement is widened by the share's hard bound ``tau`` (grid units, :func:`noise_bound`):
+n and every count in ``[-tau, n_max 2^f1 + tau]``, ``|sum counts - n| <= (C + 1) tau``, the diagonal and the
+trace slack shifted by the noise, ``T_hi`` grown by ``sqrt(m) tau`` (docs/VALIDITY.md, "With differential
+privacy"). Without DP the statement above is unchanged.
+
 Sharing: the hospital's fresh seed ``s`` gives ``m = expand_field(s)`` over
 the whole body ``w = x || b || proofs``; the server holds ``w + m`` (the upload),
 the key holder ``-m`` (from the seed it opens). Both shares are uniform alone.
@@ -55,7 +61,7 @@ from ..signing import canonical_json
 __all__ = ["Circuit", "UploadCommitment", "choose_frac_bits", "REPS", "ROWS", "TAIL",
            "ADVISORY_CHECKS", "proven_aggregate_bound", "check_upload", "leader_message", "verify_leader_message",
            "helper_verdict", "seed_digest", "describe",
-           "WRAP_BITS", "DOMAIN_SHARE", "soundness_bits", "LINEAR_REPS"]
+           "WRAP_BITS", "DOMAIN_SHARE", "soundness_bits", "LINEAR_REPS", "noise_bound"]
 
 #: repetitions of the bit proof (independent joint randomness and query point)
 REPS = 3
