@@ -820,13 +820,17 @@ class _InProcessSource:
     def tags(self) -> dict:
         return self._srv.tags()
 
+    def split_verifier(self) -> dict:
+        """The server's signed verifier messages, as ``GET /split/verifier`` serves them."""
+        return self._srv.verifier_messages()
+
 
 def attack_split_server(*, seed: int = 0, verbose: bool = True, work=None, **_) -> dict:
     """The singleton attack against a split masked vector, by the server that stores it: uniform words."""
     from scipy import stats as sstats
 
     from .backends import get_backend
-    from .hazmat import fixedpoint
+    from .hazmat import fixedpoint, flp
 
     with _workdir(work) as d:
         srv, kh, _, vectors = _split_service(d, seed=seed)
@@ -835,8 +839,9 @@ def attack_split_server(*, seed: int = 0, verbose: bool = True, work=None, **_) 
             payload = srv.store.get_blob(next(r["payload_sha256"] for r in srv.store.uploads()
                                               if r["hospital"] == victim))
             fb = tuple(srv.params.backend_params["frac_bits"])
-            words = get_backend(srv.params).masked_words(payload)
-            x_hat = _layout().unpack(fixedpoint.decode(words, fb), gamma=GAMMA).cross[:, 1]
+            words = get_backend(srv.params).masked_words(payload)  # field elements, read as centred lanes
+            x_hat = _layout().unpack(fixedpoint.decode(flp.decode_signed(words).view(np.uint64), fb),
+                                     gamma=GAMMA).cross[:, 1]
         finally:
             srv.shutdown()
     err = float(np.max(np.abs(x_hat - vectors[victim][1])))
@@ -881,12 +886,13 @@ def attack_split_keyholder(*, seed: int = 0, verbose: bool = True, work=None, **
             srv.shutdown()
     err = float("inf")
     if got is not None:
-        from .hazmat.prg import DOMAIN_SPLIT_MASK, add_expanded
+        from .hazmat import flp
 
-        words = np.array(get_backend(params).masked_words(got))
-        add_expanded(words, seed_v, domain=DOMAIN_SPLIT_MASK, subtract=True)
-        x_hat = _layout().unpack(fixedpoint.decode(words, tuple(params.backend_params["frac_bits"])),
-                                 gamma=GAMMA).cross[:, 1]
+        be = get_backend(params)
+        # the masked words plus the key holder's share (-m from the victim's seed): the victim's lanes
+        words = flp.add(be.masked_words(got), be.circuit.helper_share(seed_v)[:be.circuit.main_len])
+        x_hat = _layout().unpack(fixedpoint.decode(flp.decode_signed(words).view(np.uint64),
+                                                   tuple(params.backend_params["frac_bits"])), gamma=GAMMA).cross[:, 1]
         err = float(np.max(np.abs(x_hat - vectors[victim][1])))
     outcome = "recovered" if err < 1e-6 else "refused" if got is None else "leak"
     _say(verbose, f"[split-keyholder] {outcome.upper()}: it holds the victim's seed and a {len(body)}-byte share; "
