@@ -339,8 +339,9 @@ def _split_share(kh, info: dict, manifest: dict, msg: Message, context: Context,
     """split: this key holder's share over the manifest's cohort (from the seed statements only), or why not."""
     nc = context.node_config
     try:
+        verifier = unpack_json(msg.content, "verifier") if "verifier" in msg.content["fields"] else None
         body, statement = keyholder_adapter.split_share(
-            kh, info, manifest, unpack_json(msg.content, "tags"),
+            kh, info, manifest, unpack_json(msg.content, "tags"), verifier,
             min_clients=int(_cfg(context, "min-clients", "keyholder")), min_class_count=int(nc.get("min-class-count", 1)),
             lam=float(nc.get("lambda", 0.0)))
     except SecureAFLError as e:

@@ -53,8 +53,9 @@ def countersign(kh: KeyHolder, close: dict, manifest: dict) -> dict:
 class _MessageSource:
     """What the ServerApp sent: the manifest, the stored uploads and the tag statements."""
 
-    def __init__(self, manifest: dict, contributions: dict, tags: dict):
+    def __init__(self, manifest: dict, contributions: dict, tags: dict, verifier=None):
         self._manifest, self._contributions, self._tags = manifest, contributions, tags
+        self._verifier = verifier
 
     def manifest(self) -> dict:
         return self._manifest
@@ -66,6 +67,11 @@ class _MessageSource:
 
     def tags(self) -> dict:
         return self._tags
+
+    def split_verifier(self):
+        """The server's signed verifier messages as sent (checked by :meth:`KeyHolder.release_split`, which
+        refuses a missing or unsigned one as it does over HTTP)."""
+        return self._verifier
 
 
 def finalize(kh: KeyHolder, info: dict, aggregate: bytes, manifest: dict, tags: dict, contributions: dict, *,
@@ -91,10 +97,11 @@ def finalize(kh: KeyHolder, info: dict, aggregate: bytes, manifest: dict, tags: 
     return res.report
 
 
-def split_share(kh: KeyHolder, info: dict, manifest: dict, tags: dict, *, min_clients: int, min_class_count: int,
-                lam: float) -> tuple[bytes, dict]:
-    """split: :meth:`KeyHolder.release_split` over what the ServerApp sent (the manifest and the hospitals'
-    signed seed statements; never a masked vector). The collector solves under the session's policy, so a
+def split_share(kh: KeyHolder, info: dict, manifest: dict, tags: dict, verifier, *, min_clients: int,
+                min_class_count: int, lam: float) -> tuple[bytes, dict]:
+    """split: :meth:`KeyHolder.release_split` over what the ServerApp sent (the manifest, the hospitals'
+    signed seed statements and the server's signed verifier messages; never a masked vector): the same
+    validity decision and refusals by name as over HTTP. The collector solves under the session's policy, so a
     stricter one asked here is refused, as ``keyholder finalize`` refuses it."""
     from secure_afl import session
     from secure_afl.exceptions import PolicyViolation
@@ -107,7 +114,7 @@ def split_share(kh: KeyHolder, info: dict, manifest: dict, tags: dict, *, min_cl
                               f"min_class_count={definition['min_class_count']} and lambda 0; this key holder "
                               f"asked for min_class_count={min_class_count}, lambda={lam}")
     floor = max(min_clients, definition["min_clients"], int(info.get("min_clients", 1)))
-    return kh.release_split(definition.session_id, _MessageSource(manifest, {}, tags), min_clients=floor)
+    return kh.release_split(definition.session_id, _MessageSource(manifest, {}, tags, verifier), min_clients=floor)
 
 
 def split_result(kh: KeyHolder, info: dict, manifest: dict, result: bytes, *, lam: float, out: Path,

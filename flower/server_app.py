@@ -155,11 +155,15 @@ def run_session(grid: Grid, session_config: Path, *, node_wait_s: float, reply_t
 
 
 def _split_release(grid: Grid, server, config, kh_node: int, fields: dict, timeout_s: float) -> dict:
-    """split: the key holder gets the manifest and the hospitals' signed seed statements -- no masked vector, no
-    masked sum -- and answers with its share; the server (the collector) checks it against its own manifest,
+    """split: the key holder gets the manifest, the hospitals' signed seed statements and the server's signed
+    verifier messages -- no masked vector, no masked sum -- and answers with its share (over the uploads whose
+    validity proof holds); the server (the collector) checks it against its own manifest,
     unmasks, checks and solves, and the key holder writes the model from that release."""
     party = f"keyholder:{config.keyholder}"
-    reply = _one(grid, Message(content=pack({**fields, "tags": server.tags(), "split": True}, b""), dst_node_id=kh_node,
+    # the server's signed verifier message per upload (formed now, after the round closed), as
+    # GET /split/verifier serves it: the key holder decides each proof on them before its share
+    fields = {**fields, "tags": server.tags(), "verifier": server.verifier_messages(), "split": True}
+    reply = _one(grid, Message(content=pack(fields, b""), dst_node_id=kh_node,
                                message_type=FINALIZE), timeout_s, "the key holder's split share")
     server.store_countersign(party, canonical_json(unpack_json(reply.content, "countersign")))
     if "error" in reply.content["fields"]:

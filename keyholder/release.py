@@ -289,6 +289,9 @@ class KeyHolder(KeyCustody):
         from secure_afl.dp.mechanism import epsilon_from_rdp
 
         n = len(manifest["participants"])
+        refusals = self.keys_dir / f"{params.session_id}.validity-refusals.json"
+        if refusals.exists():  # this key holder's own record: the refused uploads' noise is not in the release
+            n -= len(json.loads(refusals.read_text())["refused"])
         with PrivacyLedger(self.keys_dir / "privacy.sqlite3") as pl:
             rows = {r["aggregate_sha256"]: r for r in pl.releases()}
             composed = pl.composed_rdp()
@@ -339,8 +342,6 @@ class KeyHolder(KeyCustody):
                 raise ServerForgery(f"the server's verifier messages do not hold: {e}") from e
             # before any seed is opened: a crash or a refusal below still counts as this key's one share
             ledger.record_decryption(key_id, sid, [p["hospital"] for p in m["participants"]])
-            # and in the privacy ledger, as the release it enables: the collector cannot unmask without it
-            self.account_split_release(params, m["aggregate_sha256"], len(m["participants"]))
             refused = {}
             try:
                 for p in m["participants"]:
@@ -357,6 +358,11 @@ class KeyHolder(KeyCustody):
                     raise InsufficientContributors(
                         f"after refusing the invalid uploads of {sorted(refused)} only {len(cohort)} remain, "
                         f"below min_clients={min_clients}")
+                # a refused upload's noise share leaves the release with it: the noise is the cohort's
+                _check_dp_noise(params, len(cohort))
+                # in the privacy ledger, as the release it enables (the collector cannot unmask without the
+                # share, which leaves only after this), at the noise the cohort's shares sum to
+                self.account_split_release(params, m["aggregate_sha256"], len(cohort))
                 share = split.keyholder_share(params, self.secret_context(sid), m, statements, enrolled,
                                               exclude=refused)
             except split.SeedRefused as e:

@@ -185,14 +185,17 @@ _BROKEN = {
     # split hospitals add no mask to what the server stores
     "split-server": ("import numpy as np, secure_afl.hazmat.flp as f, secure_afl.backends.split_validity as v\n"
                      "g = f.expand_field\n"
-                     "f.expand_field = lambda key, n, domain: np.zeros(n, dtype=np.uint64) "
-                     "if domain == v.DOMAIN_SHARE else g(key, n, domain)"),
+                     "f.expand_field = lambda seed, n, domain: (np.zeros(n, dtype=np.uint64) if domain == "
+                     "v.DOMAIN_SHARE else g(seed, n, domain))"),
     # the split server serves a stored masked vector to the key holder (its refusing route removed)
     "split-keyholder": "import secure_afl.server.split_round as m\ndel m.SplitAggregationServer.contribution",
-    # the key holder's min_clients floor on the manifest removed: it releases a share for any cohort
-    "split-subset": ("import secure_afl.keyholder.release as r\nf = r.KeyHolder.release_split\n"
-                     "r.KeyHolder.release_split = lambda self, sid, source, min_clients, **kw: "
-                     "f(self, sid, source, min_clients=1, **kw)"),
+    # the key holder's min_clients floor removed (on the manifest and on the cohort its validity verdicts
+    # leave): it releases a share for any cohort
+    "split-subset": ("import secure_afl.keyholder.release as r\nf = r.verify_manifest_for\n"
+                     "r.verify_manifest_for = lambda p, m, s, e, mc: f(p, m, s, e, 1)\n"
+                     "rs = r.KeyHolder.release_split\n"
+                     "r.KeyHolder.release_split = lambda self, sid, src, *, min_clients, **kw: "
+                     "rs(self, sid, src, min_clients=1, **kw)"),
 }
 
 

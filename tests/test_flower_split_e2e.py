@@ -126,3 +126,47 @@ def test_flower_split_round_matches_the_native_service_bit_for_bit(tmp_path, dep
                    keyholder_pub=pki.load_party(c.pki_dir, "keyholder", "keyholder").identity_pub(),
                    receipts=load_receipts(tmp_path / "receipts"))
     assert v.n_receipts == 3 and v.n_refused == 0 and v.countersigned_by
+
+
+def test_flower_split_refuses_an_invalid_upload_by_name_and_releases_the_rest(tmp_path, deployment):
+    from pathlib import Path
+
+    # Prepare: h3 runs modified software (tests/support/flower_cheat): its upload claims class 1 = -1 with a
+    # proof of that false statement; h1, h2 are honest. min_clients 2 leaves room for one refusal.
+    c = Consortium(tmp_path / "fl", backend="split", hospitals=HOSPITALS, min_clients=2,
+                   extra_session={"min_class_count": 1})
+    data = _data(c, seed=22)
+    for h, (X, y) in data.items():
+        np.savez(tmp_path / f"{h}.npz", X=X, y=y)
+    _keygen(c)
+    (tmp_path / "pass").write_bytes(b"test passphrase")
+    bundles = pki.make_bundles(c.pki_dir, tmp_path / "bundles")
+    server_config = tmp_path / "server-session.toml"
+    server_config.write_text(c.config.read_text().replace(str(c.pki_dir), str(bundles["server-aggregator"])))
+    deployment.start_superlink()
+    for h in HOSPITALS:
+        deployment.start_supernode(h, {"role": "hospital", "name": h, "pki-dir": bundles[f"hospital-{h}"],
+                                       "data": tmp_path / f"{h}.npz", "receipts-dir": tmp_path / "receipts"})
+    deployment.start_supernode("keyholder", {
+        "role": "keyholder", "name": "keyholder", "pki-dir": bundles["keyholder-keyholder"],
+        "keys-dir": c.root / "keys", "passphrase-file": tmp_path / "pass", "min-clients": 2, "min-class-count": 1,
+        "out": tmp_path / "model.safetensors", "report": tmp_path / "report.json"})
+
+    # Execute
+    out = deployment.run({"session-config": str(server_config), "node-wait-s": 120.0, "reply-timeout-s": 240.0},
+                         timeout=420, project=Path(__file__).resolve().parent / "support" / "flower_cheat")
+
+    # Assert: h3 refused by name in the key holder's release, W is h1 + h2's, the refusal in the audit log
+    assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-4000:] + deployment.logs()
+    assert (tmp_path / "model.safetensors").exists(), deployment.logs()
+    W, _ = read_model(tmp_path / "model.safetensors")
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["refused"] == {"h3": "linear"} and report["participants"] == ["h1", "h2"]
+    X12 = np.concatenate([data[h][0] for h in ("h1", "h2")])
+    y12 = np.concatenate([data[h][1] for h in ("h1", "h2")])
+    W12 = centralised_weights(X12, y12, c.classes)
+    assert np.linalg.norm(W - W12) <= 2 * report["w_error_bound"]["rel_bound"] * np.linalg.norm(W12)
+    records = [json.loads(line) for line in c.audit_path().read_text().splitlines()]
+    assert [r["actor"] for r in records if r["event"] == "split_validity"] == ["hospital:h3"]
+    evidence = json.loads((c.root / "keys" / f"{c.session_id}.validity-refusals.json").read_text())
+    assert set(evidence["server_messages"]) == {"h3"}

@@ -750,6 +750,7 @@ class _InProcessSource:
         return self._srv.tags()
 
     def split_verifier(self) -> dict:
+        """The server's signed verifier messages, as ``GET /split/verifier`` serves them."""
         return self._srv.verifier_messages()
 
 

@@ -30,6 +30,12 @@ there), so ``k`` rows bound every entry by ``2T`` except with probability
 cannot exceed (Hoeffding: an honest row leaves ``[-T, T)`` with probability
 below ``2 exp(-TAIL^2 / 2)``; the honest prover then draws a fresh seed).
 
+With DP (``params.dp``) each hospital's Skellam share is in the upload, so n and the counts are grid values,
+not integers: the statement is widened by the share's hard bound ``tau`` (grid units, :func:`noise_bound`):
+n and every count in ``[-tau, n_max 2^f1 + tau]``, ``|sum counts - n| <= (C + 1) tau``, the diagonal and the
+trace slack shifted by the noise, ``T_hi`` grown by ``sqrt(m) tau`` (docs/VALIDITY.md, "With differential
+privacy"). Without DP the statement above is unchanged.
+
 Sharing: the hospital's fresh seed ``s`` gives ``m = expand_field(s)`` over
 the whole body ``w = x || b || proofs``; the server holds ``w + m`` (the upload),
 the key holder ``-m`` (from the seed it opens). Both shares are uniform alone.
@@ -56,7 +62,7 @@ from ..encoding import canonical_json
 __all__ = ["Circuit", "UploadCommitment", "choose_frac_bits", "REPS", "ROWS", "TAIL",
            "ADVISORY_CHECKS", "proven_aggregate_bound", "check_upload", "leader_message", "verify_leader_message",
            "helper_verdict", "seed_digest", "describe",
-           "WRAP_BITS", "DOMAIN_SHARE", "soundness_bits", "LINEAR_REPS"]
+           "WRAP_BITS", "DOMAIN_SHARE", "soundness_bits", "LINEAR_REPS", "noise_bound"]
 
 #: repetitions of the bit proof (independent joint randomness and query point)
 REPS = 3
@@ -99,21 +105,49 @@ def _honest_l2(params: SessionParams) -> float:
     return (n * B * B + math.sqrt(d) * params.gamma + n * B + math.sqrt(2.0) * n + 1.0) * (1 + 2.0 ** -30)
 
 
+def noise_bound(params: SessionParams, f1: int | None = None) -> int:
+    """tau: the hard bound on |entry| of one hospital's DP noise share in units of 2^-f1 (0 without DP)."""
+    if params.dp is None:
+        return 0
+    from ..dp.noise import share_bound
+
+    return share_bound(params, f1)
+
+
+def _noised_count(params: SessionParams) -> int:
+    from ..dp.mechanism import noised_entries
+
+    sl = noised_entries(params.layout)
+    return sl.stop - sl.start
+
+
 def _sizes(params: SessionParams, f1: int, f2: int) -> dict:
     lay, b = params.layout, params.bounds
     L = lay.length
-    m_hi = _pow2_at_least(TAIL * (2.0 ** f1 * _honest_l2(params) + math.sqrt(L) / 2)) + 1
+    tau = noise_bound(params, f1)
+    # a noise share adds at most sqrt(m) tau to the high lane's l2 norm (m noised entries; none in the low lane)
+    noise_l2 = math.sqrt(_noised_count(params)) * tau if tau else 0.0
+    m_hi = _pow2_at_least(TAIL * (2.0 ** f1 * _honest_l2(params) + math.sqrt(L) / 2 + noise_l2)) + 1
     m_lo = _pow2_at_least(TAIL * math.sqrt(L) * 2.0 ** (f2 - 1)) + 1
     B2 = float(b.max_norm) ** 2
     c_B = math.ceil(2.0 ** f1 * B2 * (1 + 2.0 ** -30))
     c_0 = math.ceil(2.0 ** f1 * lay.dim * params.gamma * (1 + 2.0 ** -30)) + lay.dim
     diag_max = math.ceil(2.0 ** f1 * (b.n_max * B2 + params.gamma) * (1 + 2.0 ** -30)) + 1
-    m_d = _bitlen(diag_max)
-    m_n = _bitlen(b.n_max)
-    slack_max = c_B * b.n_max + c_0
-    m_s = _bitlen(slack_max)
-    return {"m_hi": m_hi, "m_lo": m_lo, "m_d": m_d, "m_n": m_n, "m_s": m_s, "c_B": c_B, "c_0": c_0,
-            "slack_max": slack_max}
+    if params.dp is None:
+        m_d = _bitlen(diag_max)
+        m_n = _bitlen(b.n_max)
+        slack_max = c_B * b.n_max + c_0
+        return {"m_hi": m_hi, "m_lo": m_lo, "m_d": m_d, "m_n": m_n, "m_s": _bitlen(slack_max), "c_B": c_B,
+                "c_0": c_0, "slack_max": slack_max, "tau": 0}
+    # DP (docs/VALIDITY.md, "With differential privacy"): n, counts and the diagonal are grid values shifted
+    # by tau; the trace relation is taken times 2^f1 so that n (now a grid value) needs no division
+    n_top = b.n_max * (1 << f1) + 2 * tau
+    d, C = lay.dim, lay.n_classes
+    trace_c = (1 << f1) * (c_0 + 2 * d * tau)
+    slack_max = c_B * n_top + trace_c
+    return {"m_hi": m_hi, "m_lo": m_lo, "m_d": _bitlen(diag_max + 2 * tau), "m_n": _bitlen(n_top),
+            "m_s": _bitlen(slack_max), "m_e": _bitlen(2 * (C + 1) * tau), "c_B": c_B, "c_0": c_0,
+            "slack_max": slack_max, "tau": tau, "n_top": n_top, "trace_c": trace_c, "e_top": 2 * (C + 1) * tau}
 
 
 def _fits(params: SessionParams, f1: int, f2: int) -> str | None:
@@ -127,6 +161,14 @@ def _fits(params: SessionParams, f1: int, f2: int) -> str | None:
         return "k_max * 2T_hi"
     if k * (1 << s["m_lo"]) >= wrap:
         return "k_max * 2T_lo"
+    if params.dp is not None:
+        # every term of each DP relation is a non-negative integer below these: their sums stay below 2^62
+        C = params.layout.n_classes
+        if (s["c_B"] << s["m_n"]) + s["trace_c"] + (d << (f1 + s["m_d"])) + (1 << s["m_s"]) >= wrap:
+            return "the trace relation"
+        if (C + 2) * (1 << s["m_n"]) + 2 * s["tau"] + 2 * (1 << s["m_e"]) + s["e_top"] >= wrap:
+            return "the count relations"
+        return None
     if d * (1 << s["m_d"]) + s["slack_max"] + (1 << s["m_s"]) >= wrap:
         return "the trace relation"
     # n and the counts: 2^f1 times a value of m_n bits, and C of them summed, stay integers below p/2
@@ -136,10 +178,16 @@ def _fits(params: SessionParams, f1: int, f2: int) -> str | None:
 
 
 def choose_frac_bits(params: SessionParams) -> tuple[int, int]:
-    """The largest ``(f1, f2)``, at most the plain no-wrap choice, under which a proven upload cannot wrap."""
+    """The largest ``(f1, f2)``, at most the plain no-wrap choice, under which a proven upload cannot wrap.
+
+    With DP, f1 is the noise grid's (already in ``params``, :func:`secure_afl.dp.dp_session_params`) and
+    only f2 is lowered: the noise shares are integers on the grid 2^-f1."""
     f1, f2 = fixedpoint.choose_frac_bits(params.bounds, params.gamma, min_frac_bits=0)
-    while f1 >= 0 and _fits(params, f1, 1) is not None:  # hi-lane and trace conditions depend on f1 only
-        f1 -= 1
+    if params.dp is not None:
+        f1 = int(params.backend_params["frac_bits"][0])
+    else:
+        while f1 >= 0 and _fits(params, f1, 1) is not None:  # hi-lane and trace conditions depend on f1 only
+            f1 -= 1
     while f2 > 1 and _fits(params, max(f1, 0), f2) is not None:  # now only the lo-lane condition can fail
         f2 -= 1
     why = _fits(params, f1, f2)
@@ -213,10 +261,19 @@ class Circuit:
         self.i_tag = np.arange(sl["tag"].start, sl["tag"].stop)
         r, c = np.triu_indices(self.d)
         self.i_diag = np.nonzero(r == c)[0]
+        #: DP: the noise share's hard bound tau (grid units) the statement is widened by; 0 without DP
+        self.dp = params.dp is not None
+        self.tau = s["tau"]
         # bit blocks: (name, count, width)
-        self.blocks = [("n", 1, s["m_n"]), ("n_gap", 1, s["m_n"]), ("counts", self.C, s["m_n"]),
-                       ("diag", self.d, s["m_d"]), ("slack", 1, s["m_s"]),
-                       ("proj_hi", ROWS, s["m_hi"]), ("proj_lo", ROWS, s["m_lo"])]
+        if self.dp:
+            self.blocks = [("n", 1, s["m_n"]), ("n_gap", 1, s["m_n"]), ("counts", self.C, s["m_n"]),
+                           ("count_gap", self.C, s["m_n"]), ("sum", 1, s["m_e"]), ("sum_gap", 1, s["m_e"]),
+                           ("diag", self.d, s["m_d"]), ("slack", 1, s["m_s"]),
+                           ("proj_hi", ROWS, s["m_hi"]), ("proj_lo", ROWS, s["m_lo"])]
+        else:
+            self.blocks = [("n", 1, s["m_n"]), ("n_gap", 1, s["m_n"]), ("counts", self.C, s["m_n"]),
+                           ("diag", self.d, s["m_d"]), ("slack", 1, s["m_s"]),
+                           ("proj_hi", ROWS, s["m_hi"]), ("proj_lo", ROWS, s["m_lo"])]
         self.offsets = {}
         off = 0
         for name, cnt, width in self.blocks:
@@ -231,6 +288,8 @@ class Circuit:
         # relations: lo zero (n, counts, contributors: C + 2), tag zero (8), contributors hi, n, n_gap, counts (C),
         # counts sum, diag (d), slack, projections (2 ROWS)
         self.n_relations = (self.C + 2) + 2 * len(self.i_tag) + 1 + 2 + self.C + 1 + self.d + 1 + 2 * ROWS
+        if self.dp:  # count upper ends (C), and the count sum's two-sided range: one relation more
+            self.n_relations += self.C + 1
         self.verifier_len = LINEAR_REPS + REPS * self.bits.verifier_len
 
     # -- Fiat-Shamir --------------------------------------------------------------------------------------
@@ -304,6 +363,8 @@ class Circuit:
         return out
 
     def _aux(self, x: np.ndarray, fs: bytes, *, check: bool) -> np.ndarray:
+        if self.dp:
+            return self._aux_dp(x, fs, check=check)
         hi = flp.decode_signed(x[:self.L]).astype(object)
         s = self.sizes
         scale = 1 << self.f1
@@ -330,6 +391,46 @@ class Circuit:
                     raise _Unlucky
         parts = [self._bits_of([n], s["m_n"]), self._bits_of([self.params.bounds.n_max - n], s["m_n"]),
                  self._bits_of(counts, s["m_n"]), self._bits_of(diag, s["m_d"]), self._bits_of([slack], s["m_s"]),
+                 self._bits_of(proj[0], s["m_hi"]), self._bits_of(proj[1], s["m_lo"])]
+        return np.concatenate(parts)
+
+    def _projection_values(self, x: np.ndarray, fs: bytes, check: bool) -> list:
+        proj = [[int(v) + self.T[which] for v in flp.decode_signed(y)]
+                for which, y in enumerate(self.project(x, fs))]
+        if check:
+            for which, width in ((0, self.sizes["m_hi"]), (1, self.sizes["m_lo"])):
+                if not all(0 <= v < 1 << width for v in proj[which]):
+                    raise _Unlucky
+        return proj
+
+    def _aux_dp(self, x: np.ndarray, fs: bytes, *, check: bool) -> np.ndarray:
+        """The DP statement's bits (docs/VALIDITY.md): grid values shifted by tau, no integrality."""
+        hi = flp.decode_signed(x[:self.L]).astype(object)
+        s, tau = self.sizes, self.tau
+        n_top, e_top = s["n_top"], s["e_top"]
+        n_val = int(hi[self.i_n]) + tau
+        cval = [int(hi[i]) + tau for i in self.i_counts]
+        e_val = sum(cval) - n_val + 2 * tau
+        dval = [int(hi[i]) + tau for i in self.i_diag]
+        slack = s["c_B"] * n_val + s["trace_c"] - (1 << self.f1) * sum(dval)
+        if check:
+            lo = flp.decode_signed(x[self.L:])
+            problems = []
+            if any(int(lo[i]) for i in [self.i_n, *self.i_counts]):
+                problems.append("n and class counts must lie on the noise grid")
+            if not all(0 <= v <= n_top for v in [n_val, *cval]):
+                problems.append("n and class counts must lie in [-tau, n_max 2^f1 + tau] on the grid")
+            if not 0 <= e_val <= e_top:
+                problems.append("the class counts must sum to n within (C + 1) tau")
+            if min(dval) < 0 or max(dval) >= 1 << s["m_d"] or not 0 <= slack < 1 << s["m_s"]:
+                problems.append("trace(C) exceeds n B^2 beyond the noise's latitude")
+            if problems:
+                raise BoundsExceeded("the noisy statistics do not meet the session's bounds: " + "; ".join(problems))
+        proj = self._projection_values(x, fs, check)
+        parts = [self._bits_of([n_val], s["m_n"]), self._bits_of([n_top - n_val], s["m_n"]),
+                 self._bits_of(cval, s["m_n"]), self._bits_of([n_top - v for v in cval], s["m_n"]),
+                 self._bits_of([e_val], s["m_e"]), self._bits_of([e_top - e_val], s["m_e"]),
+                 self._bits_of(dval, s["m_d"]), self._bits_of([slack], s["m_s"]),
                  self._bits_of(proj[0], s["m_hi"]), self._bits_of(proj[1], s["m_lo"])]
         return np.concatenate(parts)
 
@@ -418,6 +519,8 @@ class Circuit:
         counts = self._decompose(bits, "counts")
         diag = self._decompose(bits, "diag")
         slack = self._decompose(bits, "slack")
+        if self.dp:
+            return self._relations_dp(share, fs, leader=leader)
         rel = [
             lo[[self.i_n, self.i_contrib, *self.i_counts]],                          # integers: lo lane 0
             hi[self.i_tag], lo[self.i_tag],                                          # tag slots 0
@@ -434,6 +537,46 @@ class Circuit:
         for which, name in ((0, "proj_hi"), (1, "proj_lo")):
             y = ys[which]
             rel.append(flp.sub(flp.add(y, np.uint64(self.T[which] * one)), self._decompose(bits, name)))
+        out = np.concatenate(rel)
+        if out.shape[0] != self.n_relations:  # pragma: no cover - a layout slip would silently drop a check
+            raise AssertionError("relation count")
+        return out
+
+    def _relations_dp(self, share: np.ndarray, fs: bytes, *, leader: bool) -> np.ndarray:
+        """The DP statement's relations (docs/VALIDITY.md, "With differential privacy")."""
+        L, x = self.L, share[:self.main_len]
+        hi, lo = x[:L], x[L:]
+        bits = share[self.main_len:self.main_len + self.n_bits]
+        one = 1 if leader else 0
+        s, tau = self.sizes, self.tau
+        f1s = 1 << self.f1
+        dec = {name: self._decompose(bits, name) for name in
+               ("n", "n_gap", "counts", "count_gap", "sum", "sum_gap", "diag", "slack")}
+        n_val, cval, dval = dec["n"], dec["counts"], dec["diag"]
+
+        def const(v: int) -> np.uint64:
+            return np.uint64(v * one)
+
+        def total(v) -> np.ndarray:
+            return np.array([flp.sum_mod(v)], dtype=np.uint64)
+
+        rel = [
+            lo[[self.i_n, self.i_contrib, *self.i_counts]],                          # on the grid: lo lane 0
+            hi[self.i_tag], lo[self.i_tag],                                          # tag slots 0
+            flp.sub(hi[[self.i_contrib]], np.uint64(f1s * one)),                     # one contributor (no noise)
+            flp.sub(flp.add(hi[[self.i_n]], const(tau)), n_val),                     # hi_n >= -tau
+            flp.sub(flp.add(n_val, dec["n_gap"]), const(s["n_top"])),                # hi_n <= n_max 2^f1 + tau
+            flp.sub(flp.add(hi[self.i_counts], const(tau)), cval),                   # counts >= -tau
+            flp.sub(flp.add(cval, dec["count_gap"]), const(s["n_top"])),             # counts <= n_max 2^f1 + tau
+            flp.sub(flp.add(flp.sub(total(cval), n_val), const(2 * tau)), dec["sum"]),  # sum - n >= -(C+1) tau
+            flp.sub(flp.add(dec["sum"], dec["sum_gap"]), const(s["e_top"])),        # sum - n <= (C+1) tau
+            flp.sub(flp.add(hi[self.i_diag], const(tau)), dval),                     # -tau <= C_ii < 2^m_d - tau
+            flp.sub(flp.add(flp.scale(n_val, s["c_B"]), const(s["trace_c"])),       # 2^f1 trace <= c_B hi_n + ...
+                    flp.add(dec["slack"], flp.scale(total(dval), f1s))),
+        ]
+        ys = self.project(x, fs)
+        for which, name in ((0, "proj_hi"), (1, "proj_lo")):
+            rel.append(flp.sub(flp.add(ys[which], np.uint64(self.T[which] * one)), self._decompose(bits, name)))
         out = np.concatenate(rel)
         if out.shape[0] != self.n_relations:  # pragma: no cover - a layout slip would silently drop a check
             raise AssertionError("relation count")

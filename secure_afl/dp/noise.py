@@ -40,13 +40,24 @@ from secure_afl.backends import HE_BACKENDS, he_module
 from secure_afl.backends.secagg import secagg_session_params
 from secure_afl.hazmat.fixedpoint import choose_frac_bits
 
-__all__ = ["share_std", "noise_share", "add_noise_share", "dp_session_params", "padded_bounds"]
+__all__ = ["share_std", "share_bound", "noise_share", "add_noise_share", "dp_session_params", "padded_bounds"]
 
 
 def share_std(params: SessionParams) -> float:
     """Standard deviation of one hospital's noise share, in statistic units."""
     dp = params.dp
     return float(dp["sigma"]) / math.sqrt(int(dp["min_contributors"]))
+
+
+def share_bound(params: SessionParams, frac_bits: int | None = None) -> int:
+    """Skellam: the hard bound tau on |entry| of one hospital's noise share, in units of the grid 2^-f
+    (``f`` the session's grid bits unless ``frac_bits`` is given): entries beyond TAIL standard deviations
+    are redrawn, and the entries are integers. The split validity proof widens its statement by it."""
+    dp = params.dp
+    if dp is None or dp["mechanism"] != "skellam":
+        raise InvalidParameterError("the session has no skellam noise configured")
+    f = grid_bits(params) if frac_bits is None else int(frac_bits)
+    return int(math.floor(TAIL * share_std(params) * 2.0 ** f))
 
 
 def _rng(rng):
@@ -72,12 +83,14 @@ def noise_share(params: SessionParams, rng=None) -> np.ndarray:
     else:
         sd = share_std(params) * 2.0 ** grid_bits(params)
         lam = sd * sd / 2.0
+        tau = share_bound(params)
 
         def draw(k):
             return (rng.poisson(lam, size=k) - rng.poisson(lam, size=k)).astype(np.float64)
+    limit = TAIL * sd if dp["mechanism"] == "gaussian" else tau  # integers: the same cut, stated exactly
     z = draw(m)
     while True:
-        far = np.abs(z) > TAIL * sd
+        far = np.abs(z) > limit
         if not far.any():
             break
         z[far] = draw(int(far.sum()))
@@ -145,4 +158,10 @@ def dp_session_params(spec: DPSpec | None, backend: str, session_id: str, layout
                                     "fixed-point grid; lower max_norm or n_max")
     # values on the grid 2^-f fill the high lane exactly (f1 = f); the low lane keeps its own width
     # (secagg and bfv share the two-lane encoding, so one grid serves both)
-    return build(pb, frac_bits=(f, choose_frac_bits(pb, gamma)[1]), **backend_kw).with_dp(cfg)
+    params = build(pb, frac_bits=(f, choose_frac_bits(pb, gamma)[1]), **backend_kw).with_dp(cfg)
+    if backend == "split":
+        # a validity-proven upload (noise share included) must not wrap either: the low lane narrows to what
+        # the proof's statement, widened by the noise bound, leaves; the grid (f1) stays the noise's
+        from ..backends.split_validity import choose_frac_bits as proven_frac_bits
+        params = build(pb, frac_bits=proven_frac_bits(params), **backend_kw).with_dp(cfg)
+    return params
