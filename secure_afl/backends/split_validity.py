@@ -109,7 +109,7 @@ def noise_bound(params: SessionParams, f1: int | None = None) -> int:
     """tau: the hard bound on |entry| of one hospital's DP noise share in units of 2^-f1 (0 without DP)."""
     if params.dp is None:
         return 0
-    from ..dp.noise import share_bound
+    from ..dp.mechanism import share_bound
 
     return share_bound(params, f1)
 

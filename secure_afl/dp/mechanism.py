@@ -49,7 +49,7 @@ from .._validation import check_int, check_real, param_error
 from ..exceptions import InvalidParameterError
 from ..params import Bounds, SessionParams
 
-__all__ = ["ORDERS", "DPSpec", "sensitivity", "gaussian_rdp", "skellam_rdp", "epsilon_from_rdp",
+__all__ = ["ORDERS", "share_std", "share_bound", "DPSpec", "sensitivity", "gaussian_rdp", "skellam_rdp", "epsilon_from_rdp",
            "noise_multiplier_for", "release_rdp", "release_epsilon", "MECHANISMS", "dp_config",
            "noised_entries"]
 
@@ -211,3 +211,20 @@ def dp_config(spec: DPSpec, backend: str, bounds: Bounds, layout, *, frac_bits: 
         "min_contributors": int(spec.min_contributors),
         "beta": float(spec.beta),
     }
+
+
+def share_std(params: SessionParams) -> float:
+    """Standard deviation of one hospital's noise share, in statistic units."""
+    dp = params.dp
+    return float(dp["sigma"]) / math.sqrt(int(dp["min_contributors"]))
+
+
+def share_bound(params: SessionParams, frac_bits: int | None = None) -> int:
+    """Skellam: the hard bound tau on |entry| of one hospital's noise share, in units of the grid 2^-f
+    (``f`` the session's grid bits unless ``frac_bits`` is given): entries beyond TAIL standard deviations
+    are redrawn, and the entries are integers. The split validity proof widens its statement by it."""
+    dp = params.dp
+    if dp is None or dp["mechanism"] != "skellam":
+        raise InvalidParameterError("the session has no skellam noise configured")
+    f = grid_bits(params) if frac_bits is None else int(frac_bits)
+    return int(math.floor(TAIL * share_std(params) * 2.0 ** f))

@@ -34,6 +34,7 @@ import numpy as np
 
 from ..exceptions import BoundsExceeded, InvalidParameterError
 from ..params import Bounds, SessionParams
+from .mechanism import share_bound, share_std  # noqa: F401  (their home is mechanism)
 from .mechanism import (MECHANISMS, SKELLAM_SHARE_STEPS, TAIL, DPSpec, grid_bits, dp_config, noise_multiplier_for, noised_entries,
                         sensitivity)
 from secure_afl.backends import HE_BACKENDS, he_module
@@ -41,23 +42,6 @@ from secure_afl.backends.secagg import secagg_session_params
 from secure_afl.hazmat.fixedpoint import choose_frac_bits
 
 __all__ = ["share_std", "share_bound", "noise_share", "add_noise_share", "dp_session_params", "padded_bounds"]
-
-
-def share_std(params: SessionParams) -> float:
-    """Standard deviation of one hospital's noise share, in statistic units."""
-    dp = params.dp
-    return float(dp["sigma"]) / math.sqrt(int(dp["min_contributors"]))
-
-
-def share_bound(params: SessionParams, frac_bits: int | None = None) -> int:
-    """Skellam: the hard bound tau on |entry| of one hospital's noise share, in units of the grid 2^-f
-    (``f`` the session's grid bits unless ``frac_bits`` is given): entries beyond TAIL standard deviations
-    are redrawn, and the entries are integers. The split validity proof widens its statement by it."""
-    dp = params.dp
-    if dp is None or dp["mechanism"] != "skellam":
-        raise InvalidParameterError("the session has no skellam noise configured")
-    f = grid_bits(params) if frac_bits is None else int(frac_bits)
-    return int(math.floor(TAIL * share_std(params) * 2.0 ** f))
 
 
 def _rng(rng):
