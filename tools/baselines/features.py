@@ -1,0 +1,115 @@
+"""The comparison on a hospital's real-image embeddings instead of the fixed random features.
+
+``load_features`` reads an embeddings file as ``secure-afl client embed --out``
+writes it (:func:`secure_afl.clients.statsfile.load_embeddings_file`: X, y,
+classes, metadata) and splits it into training and test sets.
+
+``embed_digits`` builds such a file without any download: sklearn's 8x8
+digits are rendered as RGB PNG images into an ImageFolder tree, and the
+clients' own extraction (:func:`secure_afl.clients.extraction.extract` with a
+torchvision resnet18 from :func:`secure_afl.clients.backbones.load_backbone`)
+embeds them on the CPU. The weights are a seeded random initialisation, so
+every run and every hospital builds the same backbone; the embeddings are
+meaningful only as a test of the path (what a hospital's pipeline would hand
+to AFL and to the gradient baselines), not as a pretrained model's features.
+The images are embedded at ``size`` pixels (the paper preset's
+normalisation, with resize and crop at ``size`` instead of 224) so that the
+1,797 images take seconds on two cores.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import warnings
+from pathlib import Path
+
+import numpy as np
+
+from secure_afl.exceptions import InvalidInputError
+
+__all__ = ["load_features", "render_digits", "embed_digits"]
+
+
+def load_features(path, seed: int, *, test_size: float = 0.25):
+    """``(Xtr, ytr, Xte, yte, C)`` from an embeddings file, stratified split by ``seed``.
+
+    X is scaled by one constant, its largest row norm, so every ||x|| <= 1 as
+    the baselines' step sizes assume (``compare``'s defaults were tuned on
+    features of norm about 1). A common scale changes no prediction of the
+    closed-form head (W scales inversely; RI restoration removes gamma
+    exactly) and no file written with ``--normalisation l2:1`` at all.
+    """
+    from sklearn.model_selection import train_test_split
+
+    from secure_afl.clients.statsfile import load_embeddings_file
+
+    X, y, classes = load_embeddings_file(path)
+    X = np.asarray(X, dtype=np.float64)
+    peak = float(np.max(np.linalg.norm(X, axis=1)))
+    if not peak > 0:
+        raise InvalidInputError(f"{path}: every embedding is zero; nothing to learn from")
+    X = X / peak
+    C = len(classes)
+    present = np.bincount(y, minlength=C)
+    strat = y if present[present > 0].min() >= 2 else None
+    Xtr, Xte, ytr, yte = train_test_split(X, y, test_size=test_size, random_state=seed, stratify=strat)
+    return Xtr, ytr.astype(np.int64), Xte, yte.astype(np.int64), C
+
+
+def render_digits(root, *, size: int = 64, per_class: int | None = None) -> Path:
+    """sklearn's digits as an ImageFolder tree ``root/<digit>/<index>.png`` (RGB, ``size`` px).
+
+    The 8x8 images hold 0..16; they are scaled to 0..255 and enlarged with
+    bilinear interpolation, the way a scanned image would reach the hospital's
+    loader. ``per_class`` keeps only the first images of each class (tests).
+    """
+    from PIL import Image
+    from sklearn.datasets import load_digits
+
+    if not isinstance(size, int) or size < 8:
+        raise InvalidInputError(f"The 'size' parameter must be an int >= 8. Got {size!r} instead.")
+    ds = load_digits()
+    root = Path(root)
+    seen = np.zeros(10, dtype=np.int64)
+    for i, (img, label) in enumerate(zip(ds.images, ds.target)):
+        if per_class is not None and seen[label] >= per_class:
+            continue
+        seen[label] += 1
+        folder = root / str(int(label))
+        folder.mkdir(parents=True, exist_ok=True)
+        pix = np.clip(np.round(img * (255.0 / 16.0)), 0, 255).astype(np.uint8)
+        Image.fromarray(pix, mode="L").convert("RGB").resize((size, size), Image.BILINEAR).save(
+            folder / f"{i:04d}.png")
+    return root
+
+
+def embed_digits(out, *, size: int = 64, seed: int = 0, per_class: int | None = None, batch_size: int = 64,
+                 workers: int = 0):
+    """Render the digits, embed them with a seeded random resnet18 on the CPU, write the embeddings file.
+
+    Returns the :class:`~secure_afl.clients.extraction.Extraction`. The file
+    carries the extractor's fingerprint like ``client embed``'s; embeddings
+    are scaled to norm 1 (``--normalisation l2:1``).
+    """
+    from secure_afl.clients.backbones import (PAPER_MEAN, PAPER_STD, Preprocessing, RandomWeightsWarning,
+                                              load_backbone)
+    from secure_afl.clients.extraction import extract, weights_id
+    from secure_afl.clients.sources import image_folder
+    from secure_afl.clients.statsfile import write_embeddings_file
+    from secure_afl.extractor import ExtractorFingerprint
+
+    prep = Preprocessing("paper", size, size, PAPER_MEAN, PAPER_STD)
+    with tempfile.TemporaryDirectory(prefix="digits-images-") as tmp:
+        source = image_folder(render_digits(Path(tmp) / "digits", size=size, per_class=per_class))
+        with warnings.catch_warnings():
+            # the random weights are the point here (no download); the module docstring says what that means
+            warnings.simplefilter("ignore", RandomWeightsWarning)
+            bb = load_backbone("resnet18", "random", input_size=size, seed=seed)
+        res = extract(source, bb, prep, device="cpu", batch_size=batch_size, workers=workers, progress=False,
+                      l2_radius=1.0)
+    fp = ExtractorFingerprint(backbone=bb.name, weights=weights_id("random", None, None, seed), preset=prep.name,
+                              input_size=prep.crop, classes=tuple(res.classes), dim=bb.dim, normalisation="l2:1")
+    res.metadata.update({"n_images": int(len(res.y)), "dataset": f"sklearn digits rendered at {size} px",
+                         "extractor": fp.to_json()})
+    write_embeddings_file(out, res.X, res.y, res.classes, res.metadata)
+    return res
