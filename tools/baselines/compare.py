@@ -403,7 +403,10 @@ def _list(s, conv=str):
 def _command_line(args) -> str:
     flags = []
     for k, v in sorted(vars(args).items()):
-        if k in ("func", "command", "out", "json", "rows", "report_from") or v is None:
+        if k in ("func", "command", "out", "json", "rows", "report_from") or v is None or v is False:
+            continue
+        if v is True:  # a store_true flag: written bare, so the line runs as printed
+            flags.append(f"--{k.replace('_', '-')}")
             continue
         flags.append(f"--{k.replace('_', '-')} {v if v != '' else chr(39) * 2}")
     return "secure-afl compare " + " ".join(flags)
@@ -474,7 +477,8 @@ def _run(args) -> int:
         print(f"wrote {md}")
         return 0
     t0 = time.perf_counter()
-    if args.embed_digits or args.features:
+    features = bool(args.embed_digits or args.features)
+    if features:
         from .features import embed_digits, load_features
 
         path = args.features
@@ -520,12 +524,43 @@ def _run(args) -> int:
              f"{args.rounds} rounds, {args.local_epochs} local epoch(s), batch {args.batch_size}, "
              f"lr {args.lr_linear} (linear) / {args.lr_mlp} (MLP), "
              f"hidden units {args.hidden}; {elapsed:.0f} s in all.")
+    blob = {"rows": rows, "verify": verify, "ablation": ablation, "intro": intro, "command": _command_line(args)}
+    if features:
+        return _write_features(args, blob, data, rows, ablation, verify, intro)
     md = write_report(rows, ablation, args.out, verify=verify,
                       meta={"intro": intro, "command": _command_line(args)})
     if args.json:
-        Path(args.json).write_text(json.dumps({"rows": rows, "verify": verify, "ablation": ablation, "intro": intro,
-                                               "command": _command_line(args)}, default=float))
+        Path(args.json).write_text(json.dumps(blob, default=float))
     print(f"wrote {md}")
+    return 0
+
+
+def _write_features(args, blob, data, rows, ablation, verify, intro) -> int:
+    """A features run: its full report under OUT/features/, its JSON as OUT/comparison_features.json, and,
+    where OUT holds the study (``--all``), COMPARISON.md re-rendered with the features section in it."""
+    from secure_afl.analytic import centralised_weights, top1_accuracy
+
+    from . import study as st
+    from .study_report import FEATURES_JSON
+
+    Xtr, ytr, Xte, yte, C = data
+    blob["command"] += f" --out {args.out}"  # where this run's files went is part of what reproduces them
+    blob["closed_form_acc"] = top1_accuracy(centralised_weights(Xtr, ytr, C), Xte, yte)
+    blob["config"] = {k: getattr(args, k) for k in ("rounds", "local_epochs", "batch_size", "lr_linear", "lr_mlp",
+                                                      "backend", "hidden", "seeds", "data_seed", "embed_seed")}
+    out = Path(args.out)
+    md = write_report(rows, ablation, out / "features", verify=verify,
+                      meta={"intro": intro, "command": blob["command"]})
+    print(f"wrote {md}")
+    text = json.dumps(blob, default=float)
+    (out / FEATURES_JSON).write_text(text)
+    if args.json:
+        Path(args.json).write_text(text)
+    study = out / "comparison_study.json"
+    if study.is_file():
+        saved = json.loads(study.read_text())
+        md = st.write_study_report(saved["study"], out, command=saved["command"], ablation=saved["ablation"])
+        print(f"wrote {md} (with the features section)")
     return 0
 
 
@@ -563,7 +598,9 @@ def register(parser) -> None:
     parser.add_argument("--embed-size", type=int, default=64, help="--embed-digits: image side in pixels")
     parser.add_argument("--embed-seed", type=int, default=0, help="--embed-digits: seed of the random backbone")
     parser.add_argument("--embed-per-class", type=int, default=None, help="--embed-digits: first N images per class")
-    parser.add_argument("--out", default="docs", help="directory for COMPARISON.md and the PNGs")
+    parser.add_argument("--out", default="docs", help="directory for COMPARISON.md and the PNGs (--features, "
+                                                       "--embed-digits: OUT/features/, OUT/comparison_features.json, "
+                                                       "and OUT/COMPARISON.md re-rendered if OUT holds the study)")
     parser.add_argument("--json", metavar="PATH", help="also write every run as JSON")
     parser.add_argument("--rows", metavar="PATH", help="append each finished run as one JSON line (progress)")
     parser.add_argument("--report-from", nargs="+", metavar="JSON",
