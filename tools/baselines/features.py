@@ -117,11 +117,11 @@ def embed_digits(out, *, size: int = 64, seed: int = 0, per_class: int | None = 
 
 def features_section(blob: dict) -> list:
     """Markdown lines of the comparison on client-embedded features, for COMPARISON.md."""
-    from .compare import _alpha_key, _group, _ms
-
     rows, cfg = blob["rows"], blob.get("config", {})
-    specs = sorted({r["partition"] for r in rows}, key=_alpha_key)
-    by = _group(rows, "method", "K", "partition")
+    specs = sorted({r["partition"] for r in rows}, key=_partition_order)
+    by = {}
+    for r in rows:
+        by.setdefault((r["method"], r["K"], r["partition"]), []).append(r)
     names = list(dict.fromkeys(r["method"] for r in rows))
     L = ["## The same comparison on client-embedded images", "", blob["intro"], "", "```", blob["command"], "```", ""]
     L += [f"A reduced grid, not the tuned study above: the default steps (lr {cfg.get('lr_linear')} linear, "
@@ -165,3 +165,22 @@ def features_section(blob: dict) -> list:
                      f"{f(a['sum_without_ri'])} | {f(a['sum_with_ri'])} |")
         L.append("")
     return L
+
+
+def _partition_order(spec: str):
+    """iid first, then Dirichlet from mild to strong skew, then shards."""
+    if spec == "iid":
+        return (0, 0.0)
+    kind, _, arg = spec.partition(":")
+    return (1, -float(arg)) if kind == "dirichlet" else (2, float(arg))
+
+
+def _ms(vals) -> str:
+    """mean ± std over seeds; refused runs (NaN) counted apart."""
+    v = np.asarray(vals, dtype=float)
+    bad = int(np.isnan(v).sum())
+    v = v[~np.isnan(v)]
+    if not v.size:
+        return "refused"
+    txt = f"{v.mean():.3f} ± {v.std():.3f}" if v.size > 1 else f"{v.mean():.3f}"
+    return txt + (f" ({bad} refused)" if bad else "")
