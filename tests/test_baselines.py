@@ -330,7 +330,7 @@ def test_compare_on_client_embedded_images_runs_and_afl_is_the_pooled_closed_for
     # Assert: the report names the features; AFL's accuracy is that of X^+ Y on the pooled training
     # features, and its secure run gives the plain run's head
     assert rc == 0
-    md = (out / "features" / "COMPARISON.md").read_text()
+    md = (out / "COMPARISON.md").read_text()
     assert "| AFL |" in md and "| FedAvg-linear |" in md and "emb.npz" in md and "d = 512" in md
     blob = json.loads(js.read_text())
     assert json.loads((out / "comparison_features.json").read_text()) == blob

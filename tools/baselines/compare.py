@@ -536,8 +536,8 @@ def _run(args) -> int:
 
 
 def _write_features(args, blob, data, rows, ablation, verify, intro) -> int:
-    """A features run: its full report under OUT/features/, its JSON as OUT/comparison_features.json, and,
-    where OUT holds the study (``--all``), COMPARISON.md re-rendered with the features section in it."""
+    """A features run: its JSON as OUT/comparison_features.json; where OUT holds the study (``--all``),
+    the study's COMPARISON.md re-rendered with the features section in it, else a report of its own."""
     from secure_afl.analytic import centralised_weights, top1_accuracy
 
     from . import study as st
@@ -549,9 +549,6 @@ def _write_features(args, blob, data, rows, ablation, verify, intro) -> int:
     blob["config"] = {k: getattr(args, k) for k in ("rounds", "local_epochs", "batch_size", "lr_linear", "lr_mlp",
                                                       "backend", "hidden", "seeds", "data_seed", "embed_seed")}
     out = Path(args.out)
-    md = write_report(rows, ablation, out / "features", verify=verify,
-                      meta={"intro": intro, "command": blob["command"]})
-    print(f"wrote {md}")
     text = json.dumps(blob, default=float)
     (out / FEATURES_JSON).write_text(text)
     if args.json:
@@ -560,7 +557,10 @@ def _write_features(args, blob, data, rows, ablation, verify, intro) -> int:
     if study.is_file():
         saved = json.loads(study.read_text())
         md = st.write_study_report(saved["study"], out, command=saved["command"], ablation=saved["ablation"])
-        print(f"wrote {md} (with the features section)")
+        print(f"wrote {md} (the study with the features section)")
+    else:
+        md = write_report(rows, ablation, out, verify=verify, meta={"intro": intro, "command": blob["command"]})
+        print(f"wrote {md}")
     return 0
 
 
@@ -599,8 +599,8 @@ def register(parser) -> None:
     parser.add_argument("--embed-seed", type=int, default=0, help="--embed-digits: seed of the random backbone")
     parser.add_argument("--embed-per-class", type=int, default=None, help="--embed-digits: first N images per class")
     parser.add_argument("--out", default="docs", help="directory for COMPARISON.md and the PNGs (--features, "
-                                                       "--embed-digits: OUT/features/, OUT/comparison_features.json, "
-                                                       "and OUT/COMPARISON.md re-rendered if OUT holds the study)")
+                                                       "--embed-digits: also OUT/comparison_features.json; where OUT "
+                                                       "holds the study, its COMPARISON.md gains the features section)")
     parser.add_argument("--json", metavar="PATH", help="also write every run as JSON")
     parser.add_argument("--rows", metavar="PATH", help="append each finished run as one JSON line (progress)")
     parser.add_argument("--report-from", nargs="+", metavar="JSON",
