@@ -343,3 +343,17 @@ def test_compare_on_client_embedded_images_runs_and_afl_is_the_pooled_closed_for
     assert np.allclose(Xte @ W_afl, Xte @ W, rtol=1e-6, atol=1e-6 * np.abs(Xte @ W).max())
     (v,) = blob["verify"]
     assert v["method"] == "AFL" and v["agreement"] == 1.0 and v["max_abs_diff"] <= 1e-6 * np.abs(W).max()
+
+
+def test_features_file_of_zero_embeddings_is_refused_with_a_reason(tmp_path):
+    from secure_afl.clients.statsfile import write_embeddings_file
+    from secure_afl.tools.baselines.features import load_features
+
+    # Prepare: an embeddings file in the client's format whose rows are all zero
+    path = write_embeddings_file(tmp_path / "zero.npz", np.zeros((20, 4)), np.arange(20) % 2, ["a", "b"])
+
+    # Execute / Assert
+    with pytest.raises(InvalidInputError, match="zero"):
+        load_features(path, 0)
+    with pytest.raises(SystemExit, match="--all"):
+        main(["compare", "--all", "--features", str(path), "--out", str(tmp_path)])
