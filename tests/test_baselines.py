@@ -305,3 +305,55 @@ def test_compare_cli_writes_tables_and_plots(tmp_path, capsys):
     assert "RI ablation" in md and "bytes / hospital / round" in md
     for png in ("comparison_accuracy_vs_alpha.png", "comparison_accuracy_vs_rounds.png"):
         assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.slow  # about 30 s on two shared cores: torch start-up and the resnet18 forward
+def test_compare_on_client_embedded_images_runs_and_afl_is_the_pooled_closed_form(tmp_path):
+    import json
+
+    from secure_afl.analytic import centralised_weights, top1_accuracy
+    from secure_afl.clients.statsfile import recorded_extractor
+    from secure_afl.tools.baselines.features import embed_digits, load_features
+
+    # Prepare: a few rendered digits through the clients' extraction (random resnet18, CPU)
+    npz = tmp_path / "emb.npz"
+    res = embed_digits(npz, size=32, seed=0, per_class=6)
+    assert res.X.shape == (60, 512) and recorded_extractor(npz)["backbone"] == "resnet18"
+
+    # Execute: the comparison on that file, AFL also through secagg against plain
+    out, js = tmp_path / "docs", tmp_path / "rows.json"
+    rc = main(["compare", "--features", str(npz), "--clients", "3", "--partitions", "iid", "--seeds", "1",
+               "--rounds", "2", "--hidden", "8", "--mu", "0.1", "--methods", "AFL,FedAvg-linear",
+               "--verify", "secagg", "--verify-methods", "AFL", "--verify-clients", "3", "--verify-rounds", "1",
+               "--ri-clients", "", "--out", str(out), "--json", str(js)])
+
+    # Assert: the report names the features; AFL's accuracy is that of X^+ Y on the pooled training
+    # features, and its secure run gives the plain run's head
+    assert rc == 0
+    md = (out / "COMPARISON.md").read_text()
+    assert "| AFL |" in md and "| FedAvg-linear |" in md and "emb.npz" in md and "d = 512" in md
+    blob = json.loads(js.read_text())
+    assert json.loads((out / "comparison_features.json").read_text()) == blob
+    Xtr, ytr, Xte, yte, n_classes = load_features(npz, 0)
+    W = centralised_weights(Xtr, ytr, n_classes)
+    afl = next(r for r in blob["rows"] if r["method"] == "AFL")
+    assert afl["global_acc"] == top1_accuracy(W, Xte, yte)
+    afl_head = run_afl([(Xtr[i::3], ytr[i::3]) for i in range(3)], (Xte, yte), n_classes, backend="secagg")
+    W_afl = afl_head["theta"][: W.size].reshape(W.shape)
+    assert np.allclose(Xte @ W_afl, Xte @ W, rtol=1e-6, atol=1e-6 * np.abs(Xte @ W).max())
+    (v,) = blob["verify"]
+    assert v["method"] == "AFL" and v["agreement"] == 1.0 and v["max_abs_diff"] <= 1e-6 * np.abs(W).max()
+
+
+def test_features_file_of_zero_embeddings_is_refused_with_a_reason(tmp_path):
+    from secure_afl.clients.statsfile import write_embeddings_file
+    from secure_afl.tools.baselines.features import load_features
+
+    # Prepare: an embeddings file in the client's format whose rows are all zero
+    path = write_embeddings_file(tmp_path / "zero.npz", np.zeros((20, 4)), np.arange(20) % 2, ["a", "b"])
+
+    # Execute / Assert
+    with pytest.raises(InvalidInputError, match="zero"):
+        load_features(path, 0)
+    with pytest.raises(SystemExit, match="--all"):
+        main(["compare", "--all", "--features", str(path), "--out", str(tmp_path)])

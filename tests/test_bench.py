@@ -128,3 +128,21 @@ def test_protect_repeats_keep_one_time_per_hospital_and_the_same_round(backend):
     for key in ("bytes_per_client", "survivors", "exact", "w_bound", "max_abs_error"):
         assert once[key] == best[key], key
     assert best["protect_s_per_client"] > 0
+
+
+def test_ckks_error_is_the_key_holders_flooded_release():
+    from secure_afl.keyholder.flooding import tail_z
+
+    # Execute
+    res = bench.run_protect("ckks", 8, 3, 4, samples=16, seed=1)
+
+    # Assert: the reported error is that of the flooded vector: above the bare decryption's error and
+    # above anything a bare decryption could show (its own bound), yet within the flooding's proved bound
+    assert res["flooded"] is True and res["exact"] is True
+    assert res["max_abs_error_unflooded"] <= res["error_bound_unflooded"]
+    assert res["max_abs_error_unflooded"] <= res["max_abs_error"] <= res["error_bound"]
+    assert res["max_abs_error"] > res["error_bound_unflooded"]
+    # the bound is the flooding's: at least z sigma of the stage that floods every Gram entry
+    assert res["error_bound"] >= tail_z(res["length"]) * res["flood_sigma"] > 0
+    assert res["flood_margin_bits"] >= 30
+    assert res["w_bound"] is None or res["w_bound"] > 0

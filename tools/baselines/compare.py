@@ -367,13 +367,15 @@ def _plots(rows, out: Path, method_names, specs, Ks):
 
 
 def verify_secure(data, backends, *, K: int = 10, spec: str = "dirichlet:0.1", seed: int = 0,
-                  cfg: FLConfig = FLConfig(), hidden: int = 64, mus=(0.01,), lrs=(3.0, 1.0), log=print):
+                  cfg: FLConfig = FLConfig(), hidden: int = 64, mus=(0.01,), lrs=(3.0, 1.0), only=None, log=print):
     """Each method under each secure backend against the same run under ``plain``."""
     Xtr, ytr, Xte, yte, C = data
     cl = _clients(Xtr, ytr, K, spec, seed)
     base = FLConfig(**{**cfg.__dict__, "seed": int(seed), "backend": "plain"})
     out = []
     for name, fn in methods(Xtr.shape[1], C, hidden, mus, lr_linear=lrs[0], lr_mlp=lrs[1]):
+        if only and not any(name.startswith(o) for o in only):
+            continue
         plain = fn(cl, (Xte, yte), base)
         for b in backends:
             sec = fn(cl, (Xte, yte), FLConfig(**{**base.__dict__, "backend": b}))
@@ -401,7 +403,10 @@ def _list(s, conv=str):
 def _command_line(args) -> str:
     flags = []
     for k, v in sorted(vars(args).items()):
-        if k in ("func", "command", "out", "json", "rows", "report_from"):
+        if k in ("func", "command", "out", "json", "rows", "report_from") or v is None or v is False:
+            continue
+        if v is True:  # a store_true flag: written bare, so the line runs as printed
+            flags.append(f"--{k.replace('_', '-')}")
             continue
         flags.append(f"--{k.replace('_', '-')} {v if v != '' else chr(39) * 2}")
     return "secure-afl compare " + " ".join(flags)
@@ -455,6 +460,8 @@ def _data_for_ablation(seed):
 def _run(args) -> int:
 
     if getattr(args, "all", False):
+        if args.features or args.embed_digits:
+            raise SystemExit("compare: --all is the digits study; run --features / --embed-digits without --all")
         return _run_all(args)
 
     if args.report_from:
@@ -469,11 +476,29 @@ def _run(args) -> int:
         md = write_report(rows, ablation, args.out, verify=verify, meta={"intro": intro, "command": command})
         print(f"wrote {md}")
         return 0
-    data = load_embedded(args.dataset, args.data_seed)
+    t0 = time.perf_counter()
+    features = bool(args.embed_digits or args.features)
+    if features:
+        from .features import embed_digits, load_features
+
+        path = args.features
+        if args.embed_digits:
+            res = embed_digits(args.embed_digits, size=args.embed_size, seed=args.embed_seed,
+                               per_class=args.embed_per_class)
+            print(f"embedded {len(res.y)} digit images at {args.embed_size} px, d = {res.dim}, "
+                  f"{res.seconds:.0f} s -> {args.embed_digits}")
+            path = args.embed_digits
+        data = load_features(path, args.data_seed)
+        source = (f"embeddings file `{Path(path).name}` (`secure-afl client embed` format"
+                  + (f"; sklearn digits rendered at {args.embed_size} px, random-init resnet18 seed "
+                     f"{args.embed_seed}, l2-normalised" if args.embed_digits else "")
+                  + f"; scaled to max norm 1, d = {data[0].shape[1]}")
+    else:
+        data = load_embedded(args.dataset, args.data_seed)
+        source = f"Data set `{args.dataset}` (fixed random Fourier features, d = {data[0].shape[1]}"
     cfg = FLConfig(rounds=args.rounds, local_epochs=args.local_epochs, batch_size=args.batch_size,
                    backend=args.backend, personal_fraction=args.personal_fraction)
     lrs = (args.lr_linear, args.lr_mlp)
-    t0 = time.perf_counter()
     sink = None
     Path(args.out).mkdir(parents=True, exist_ok=True)
     if args.rows:
@@ -488,22 +513,54 @@ def _run(args) -> int:
     verify = None
     if args.verify:
         verify = verify_secure(data, _list(args.verify), K=args.verify_clients, cfg=FLConfig(
-            **{**cfg.__dict__, "rounds": args.verify_rounds}), hidden=args.hidden, mus=_list(args.mu, float)[:1], lrs=lrs)
+            **{**cfg.__dict__, "rounds": args.verify_rounds}), hidden=args.hidden, mus=_list(args.mu, float)[:1], lrs=lrs,
+            only=_list(args.verify_methods) or None)
     ablation = ri_ablation(data, clients=_list(args.ri_clients, int), gammas=_list(args.gammas, float)) \
         if args.ri_clients else None
     elapsed = time.perf_counter() - t0
-    intro = (f"Data set `{args.dataset}` (fixed random Fourier features, d = {data[0].shape[1]}, "
+    intro = (f"{source}, "
              f"{data[4]} classes, {data[0].shape[0]} training / {data[2].shape[0]} test samples); "
              f"every aggregation through the `{args.backend}` backend; {args.seeds} seed(s); "
              f"{args.rounds} rounds, {args.local_epochs} local epoch(s), batch {args.batch_size}, "
              f"lr {args.lr_linear} (linear) / {args.lr_mlp} (MLP), "
              f"hidden units {args.hidden}; {elapsed:.0f} s in all.")
+    blob = {"rows": rows, "verify": verify, "ablation": ablation, "intro": intro, "command": _command_line(args)}
+    if features:
+        return _write_features(args, blob, data, rows, ablation, verify, intro)
     md = write_report(rows, ablation, args.out, verify=verify,
                       meta={"intro": intro, "command": _command_line(args)})
     if args.json:
-        Path(args.json).write_text(json.dumps({"rows": rows, "verify": verify, "ablation": ablation, "intro": intro,
-                                               "command": _command_line(args)}, default=float))
+        Path(args.json).write_text(json.dumps(blob, default=float))
     print(f"wrote {md}")
+    return 0
+
+
+def _write_features(args, blob, data, rows, ablation, verify, intro) -> int:
+    """A features run: its JSON as OUT/comparison_features.json; where OUT holds the study (``--all``),
+    the study's COMPARISON.md re-rendered with the features section in it, else a report of its own."""
+    from secure_afl.analytic import centralised_weights, top1_accuracy
+
+    from . import study as st
+    from .study_report import FEATURES_JSON
+
+    Xtr, ytr, Xte, yte, C = data
+    blob["command"] += f" --out {args.out}"  # where this run's files went is part of what reproduces them
+    blob["closed_form_acc"] = top1_accuracy(centralised_weights(Xtr, ytr, C), Xte, yte)
+    blob["config"] = {k: getattr(args, k) for k in ("rounds", "local_epochs", "batch_size", "lr_linear", "lr_mlp",
+                                                      "backend", "hidden", "seeds", "data_seed", "embed_seed")}
+    out = Path(args.out)
+    text = json.dumps(blob, default=float)
+    (out / FEATURES_JSON).write_text(text)
+    if args.json:
+        Path(args.json).write_text(text)
+    study = out / "comparison_study.json"
+    if study.is_file():
+        saved = json.loads(study.read_text())
+        md = st.write_study_report(saved["study"], out, command=saved["command"], ablation=saved["ablation"])
+        print(f"wrote {md} (the study with the features section)")
+    else:
+        md = write_report(rows, ablation, out, verify=verify, meta={"intro": intro, "command": blob["command"]})
+        print(f"wrote {md}")
     return 0
 
 
@@ -525,12 +582,25 @@ def register(parser) -> None:
     parser.add_argument("--methods", default="", help="comma-separated name prefixes to run (default: all)")
     parser.add_argument("--verify", default="secagg,ckks",
                         help="backends whose runs are compared with plain runs (empty: skip)")
+    parser.add_argument("--verify-methods", default="", help="comma-separated name prefixes to verify (default: all)")
     parser.add_argument("--verify-clients", type=int, default=10)
     parser.add_argument("--verify-rounds", type=int, default=5)
     parser.add_argument("--ri-clients", default="10,100,500", help="K values of the RI ablation (empty: skip)")
     parser.add_argument("--gammas", default="0,0.1,1,10,100")
     parser.add_argument("--data-seed", type=int, default=0)
-    parser.add_argument("--out", default="docs", help="directory for COMPARISON.md and the PNGs")
+    feats = parser.add_mutually_exclusive_group()
+    feats.add_argument("--features", metavar="NPZ",
+                       help="run on an embeddings file written by `secure-afl client embed --out` instead of "
+                            "--dataset (stratified split by --data-seed; X scaled to max norm 1)")
+    feats.add_argument("--embed-digits", metavar="NPZ",
+                       help="render sklearn digits as an ImageFolder, embed them with the clients' extraction "
+                            "(random-init resnet18, CPU, no download), write NPZ, run on it")
+    parser.add_argument("--embed-size", type=int, default=64, help="--embed-digits: image side in pixels")
+    parser.add_argument("--embed-seed", type=int, default=0, help="--embed-digits: seed of the random backbone")
+    parser.add_argument("--embed-per-class", type=int, default=None, help="--embed-digits: first N images per class")
+    parser.add_argument("--out", default="docs", help="directory for COMPARISON.md and the PNGs (--features, "
+                                                       "--embed-digits: also OUT/comparison_features.json; where OUT "
+                                                       "holds the study, its COMPARISON.md gains the features section)")
     parser.add_argument("--json", metavar="PATH", help="also write every run as JSON")
     parser.add_argument("--rows", metavar="PATH", help="append each finished run as one JSON line (progress)")
     parser.add_argument("--report-from", nargs="+", metavar="JSON",

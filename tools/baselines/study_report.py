@@ -6,11 +6,15 @@ figures and the numbers quoted in the findings.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
 
-__all__ = ["render"]
+__all__ = ["render", "FEATURES_JSON"]
+
+#: The ``compare --features/--embed-digits`` result beside the study's JSON; its section joins the report.
+FEATURES_JSON = "comparison_features.json"
 
 _FIG_STYLE = {"font.size": 11, "axes.titlesize": 12, "axes.labelsize": 11, "legend.fontsize": 10,
               "xtick.labelsize": 10, "ytick.labelsize": 10}
@@ -168,6 +172,11 @@ def render(study: dict, out: Path, *, command: str, ablation=None) -> Path:
                      f"{_f(a['aa_with_ri'], '{:.4f}')} | {_f(a['sum_without_ri'], '{:.4f}')} | "
                      f"{_f(a['sum_with_ri'], '{:.4f}')} |")
         L.append("")
+    feats = out / FEATURES_JSON
+    if feats.is_file():  # the same comparison on client-embedded images (``compare --embed-digits``)
+        from .features import features_section
+
+        L += features_section(json.loads(feats.read_text()))
     L += _grid_appendix(study, specs)
     L += _findings(study, specs, methods, headline, cols)
     md = out / "COMPARISON.md"
