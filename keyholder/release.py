@@ -21,6 +21,7 @@ import json
 import logging
 import os
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -342,15 +343,18 @@ class KeyHolder(KeyCustody):
                 raise ServerForgery(f"the server's verifier messages do not hold: {e}") from e
             # before any seed is opened: a crash or a refusal below still counts as this key's one share
             ledger.record_decryption(key_id, sid, [p["hospital"] for p in m["participants"]])
-            refused = {}
+            # the sealed seed key is opened once: each opening runs the passphrase KDF (scrypt)
+            secret = self.secret_context(sid)
+
+            def verdict(p):
+                h = p["hospital"]
+                seed = split.open_statement_seed(params, secret, statements, enrolled, h, p["payload_sha256"])
+                return h, split_validity.helper_verdict(circuit, h, seed, statements[h], *leader[h])
+
             try:
-                for p in m["participants"]:
-                    h = p["hospital"]
-                    seed = split.open_statement_seed(params, self.secret_context(sid), statements, enrolled, h,
-                                                     p["payload_sha256"])
-                    check = split_validity.helper_verdict(circuit, h, seed, statements[h], *leader[h])
-                    if check is not None:
-                        refused[h] = check
+                # one verdict per upload, independent of the others; numpy releases the GIL in the long passes
+                with ThreadPoolExecutor(max_workers=min(len(m["participants"]), os.cpu_count() or 1)) as pool:
+                    refused = {h: check for h, check in pool.map(verdict, m["participants"]) if check is not None}
                 if refused:  # the server's signed messages the refusals rest on, kept with the key holder's record
                     self.keep_validity_evidence(sid, {h: raw[h] for h in refused}, refused)
                 cohort = [p["hospital"] for p in m["participants"] if p["hospital"] not in refused]
@@ -363,8 +367,7 @@ class KeyHolder(KeyCustody):
                 # in the privacy ledger, as the release it enables (the collector cannot unmask without the
                 # share, which leaves only after this), at the noise the cohort's shares sum to
                 self.account_split_release(params, m["aggregate_sha256"], len(cohort))
-                share = split.keyholder_share(params, self.secret_context(sid), m, statements, enrolled,
-                                              exclude=refused)
+                share = split.keyholder_share(params, secret, m, statements, enrolled, exclude=refused)
             except split.SeedRefused as e:
                 ledger.block(key_id, f"refused before the share: {e}")
                 raise ContributionRejected(f"no share released: {e}", e.hospital) from e

@@ -19,6 +19,8 @@ parties; the share is accepted once.
 from __future__ import annotations
 
 import io
+import os
+from concurrent.futures import ThreadPoolExecutor
 import json
 
 import numpy as np
@@ -77,12 +79,16 @@ class SplitAggregationServer(AggregationServer):
                 return done
             backend = get_backend(self.params)
             rows = {row["hospital"]: row for row in self.store.uploads()}
-            for p in manifest["participants"]:
-                h = p["hospital"]
-                if h not in done:
-                    row = rows[h]
-                    done[h] = leader_message(backend, h, self.store.get_blob(row["payload_sha256"]), row["tag"],
-                                             self._key)
+            todo = [p["hospital"] for p in manifest["participants"] if p["hospital"] not in done]
+
+            def message(h):
+                row = rows[h]
+                return h, leader_message(backend, h, self.store.get_blob(row["payload_sha256"]), row["tag"],
+                                         self._key)
+
+            # independent per upload; numpy releases the GIL in the long passes (projection, field products)
+            with ThreadPoolExecutor(max_workers=max(1, min(len(todo), os.cpu_count() or 1))) as pool:
+                done.update(pool.map(message, todo))
             self.store.set_meta("split_verifier", done)
             return done
 
