@@ -1,6 +1,6 @@
 """Security tests against a real ``secure-afl server run`` process (mTLS on 127.0.0.1).
 
-One server process per module (started with :class:`secure_afl.tools.demo.ServerProcess`
+One server process per module (started with :func:`secure_afl.tools.consortium.start_server`
 on a free port, bounded waits, always stopped in the fixture finaliser).
 """
 
@@ -17,13 +17,11 @@ import pytest
 
 from secure_afl import pki
 from secure_afl.backends.ckks import ckks_session_params, generate_keys
-from secure_afl.tools.demo import ServerProcess
+from secure_afl.tools.consortium import make_pki, start_server, write_session
 from secure_afl.packing import Layout
 from secure_afl.params import Bounds
 from secure_afl.tagging import generate_tag_key, new_tag, seal_tag, sign_tag
 from secure_afl.protocol import API, H_TAG, H_UPLOAD, context_publication, sign_request
-from secure_afl import session
-from secure_afl.server.config import write_config
 
 from support import free_port
 
@@ -38,26 +36,20 @@ HOSPITALS = ["hosp-a", "hosp-b"]
 def _live_server(tmp_path_factory):
     work = tmp_path_factory.mktemp("e2e")
     pki_dir = work / "pki"
-    pki.init_ca(pki_dir, name="e2e security")
-    pki.issue(pki_dir, "server", "aggregator")
-    pki.issue(pki_dir, "keyholder", "keyholder")
-    for h in HOSPITALS:
-        pki.issue(pki_dir, "hospital", h)
+    make_pki(pki_dir, HOSPITALS, name="e2e security")
     foreign = work / "foreign"
     pki.init_ca(foreign, name="another consortium")
     pki.issue(foreign, "hospital", "hosp-a")
     port = free_port()
-    write_config(work / "session.toml", {
+    write_session(work / "session.toml", pki_dir, {
         "session": {"id": SID, "backend": "ckks", "dim": DIM, "classes": CLASSES, "gamma": GAMMA,
                     "min_clients": 2, "deadline_s": 3600, "hospitals": HOSPITALS},
         "bounds": {"max_norm": 2.0, "n_max": 100, "k_max": 4},
         "server": {"host": "127.0.0.1", "port": port, "data_dir": str(work / "server"), "pki_dir": str(pki_dir)},
     })
-    session.sign(work / "session.toml", pki_dir)
-    proc = ServerProcess(work / "session.toml", work / "server.log")
-    kh = pki.load_party(pki_dir, "keyholder", "keyholder")
+    proc = start_server(work / "session.toml", work / "server.log", f"https://127.0.0.1:{port}",
+                        pki.load_party(pki_dir, "keyholder", "keyholder"), timeout=60)
     try:
-        proc.start().wait_ready(f"https://127.0.0.1:{port}", kh.ca_file, (kh.cert_file, kh.key_file), timeout=60)
         yield {"url": f"https://127.0.0.1:{port}", "pki": pki_dir, "foreign": foreign, "work": work}
     finally:
         proc.stop()

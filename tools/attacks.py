@@ -101,6 +101,7 @@ from secure_afl.tagging import new_tag, seal_tag, sign_tag
 
 from .attack_parties import MaliciousServer, signed_participant, tagged_upload
 from .attacks_validity import SERVICE_BACKENDS, attack_steer_service, attack_veto_service
+from .consortium import make_pki, server_section, sign_session, write_session
 
 __all__ = ["ATTACKS", "run_attack", "register"]
 
@@ -436,16 +437,12 @@ def _ckks_consortium(d: Path, hospitals=("hosp-a", "hosp-b", "hosp-c")):
     from secure_afl.keyholder import KeyHolder
 
     pki_dir = d / "pki"
-    pki.init_ca(pki_dir, name="attack consortium")
-    server = pki.issue(pki_dir, "server", "aggregator")
-    pki.issue(pki_dir, "keyholder", "keyholder")
-    parties = {h: pki.issue(pki_dir, "hospital", h) for h in hospitals}
-
+    server, parties = make_pki(pki_dir, hospitals, name="attack consortium")
     b = _bounds()
-    session.sign_definition(session.normalise(session.parse({
+    sign_session(pki_dir, {
         "session": {"id": "attack-forward", "backend": "ckks", "dim": DIM, "classes": CLASSES, "gamma": GAMMA,
                     "min_clients": 2, "hospitals": list(hospitals)},
-        "bounds": {"max_norm": b.max_norm, "n_max": b.n_max, "k_max": b.k_max}})), pki_dir)
+        "bounds": {"max_norm": b.max_norm, "n_max": b.n_max, "k_max": b.k_max}})
     kh = KeyHolder(pki_dir, "keyholder", d / "keys", passphrase=os.urandom(16).hex().encode())
     public = kh.keygen(ckks_session_params("attack-forward", _layout(), GAMMA, _bounds()))
     return pki_dir, server, parties, kh, kh.params("attack-forward"), public
@@ -694,25 +691,20 @@ def _split_service(d: Path, hospitals=("hosp-a", "hosp-b", "hosp-c"), min_client
     from secure_afl.clients.hospital import protect_contribution
     from secure_afl.keyholder import KeyHolder
     from secure_afl.server.rounds import open_server
-    from secure_afl.server.config import load_config, write_config
+    from secure_afl.server.config import load_config
     from secure_afl.signing import sign_upload
     from secure_afl.stats import local_statistics
 
     pki_dir = d / "pki"
-    pki.init_ca(pki_dir, name="attack consortium")
-    pki.issue(pki_dir, "server", "aggregator")
-    pki.issue(pki_dir, "keyholder", "keyholder")
-    for h in hospitals:
-        pki.issue(pki_dir, "hospital", h)
+    make_pki(pki_dir, hospitals, name="attack consortium")
     b, sid = _bounds(), "attack-split"
-    write_config(d / "session.toml", {
+    # the server role runs in process: the port is never bound
+    config = write_session(d / "session.toml", pki_dir, {
         "session": {"id": sid, "backend": "split", "dim": DIM, "classes": CLASSES, "gamma": GAMMA,
                     "min_clients": min_clients, "min_class_count": 1, "hospitals": list(hospitals)},
         "bounds": {"max_norm": b.max_norm, "n_max": b.n_max, "k_max": b.k_max},
-        "server": {"host": "127.0.0.1", "port": 8443, "data_dir": str(d / "server"), "pki_dir": str(pki_dir),
-                   "name": "aggregator", "keyholder": "keyholder"}})
-    session.sign(d / "session.toml", pki_dir)
-    srv = open_server(load_config(d / "session.toml"))
+        "server": server_section(d, pki_dir, port=8443)})
+    srv = open_server(load_config(config))
     kh = KeyHolder(pki_dir, "keyholder", d / "keys", passphrase=os.urandom(16).hex().encode())
     kh.keygen(session.load_signed(pki_dir, sid).session_params())
     srv.publish_context("keyholder:keyholder", kh.publication_body(sid))

@@ -38,6 +38,8 @@ from pathlib import Path
 
 import numpy as np
 
+from .consortium import make_pki, secagg_quorum, server_section, sign_session, start_server, write_session
+
 __all__ = ["attack_veto", "attack_steer", "attack_veto_service", "attack_steer_service", "BACKENDS",
            "SERVICE_BACKENDS"]
 
@@ -138,7 +140,6 @@ def _split_release(vectors, cheat: dict) -> dict:
 
 # -- ckks and bfv: the key holder's real finalize ----------------------------------------------------------------
 def _he_release(backend: str, vectors, work: Path) -> dict:
-    from secure_afl import pki, session
     from .attack_parties import MaliciousServer, signed_participant, tagged_upload
     from secure_afl.backends import get_backend
     from secure_afl.backends.bfv import bfv_session_params
@@ -147,16 +148,13 @@ def _he_release(backend: str, vectors, work: Path) -> dict:
 
     sid = f"attack-veto-{backend}"
     pki_dir = work / "pki"
-    pki.init_ca(pki_dir, name="attack consortium")
-    server = pki.issue(pki_dir, "server", "aggregator")
-    pki.issue(pki_dir, "keyholder", "keyholder")
     names = [f"h{i}" for i in range(len(vectors))]
-    parties = {h: pki.issue(pki_dir, "hospital", h) for h in names}
+    server, parties = make_pki(pki_dir, names, name="attack consortium")
     b = _bounds()
-    session.sign_definition(session.normalise(session.parse({
+    sign_session(pki_dir, {
         "session": {"id": sid, "backend": backend, "dim": DIM, "classes": CLASSES, "gamma": GAMMA,
                     "min_clients": 2, "hospitals": names},
-        "bounds": {"max_norm": b.max_norm, "n_max": b.n_max, "k_max": b.k_max}})), pki_dir)
+        "bounds": {"max_norm": b.max_norm, "n_max": b.n_max, "k_max": b.k_max}})
     kh = KeyHolder(pki_dir, "keyholder", work / "keys", passphrase=os.urandom(16).hex().encode())
     make = ckks_session_params if backend == "ckks" else bfv_session_params
     public = kh.keygen(make(sid, _layout(), GAMMA, b))
@@ -281,43 +279,27 @@ class _Consortium:
         self.server = self.conn = None
 
     def __enter__(self):
-        from secure_afl import pki
         from secure_afl.dp import dp_session_params
         from secure_afl.keyholder import KeyHolder
-        from secure_afl.server.config import load_config, write_config
-        from secure_afl.session import sign as sign_session
-        from .demo import ServerProcess, free_port
+        from secure_afl.server.config import load_config
 
         w, b, K = self.work, _bounds(), len(self.names)
         self.pki_dir = pki_dir = w / "pki"
-        pki.init_ca(pki_dir, name="attack consortium")
-        pki.issue(pki_dir, "server", "aggregator")
-        pki.issue(pki_dir, "keyholder", "keyholder")
-        for h in self.names:
-            pki.issue(pki_dir, "hospital", h)
-        pki.write_roster(pki_dir, pki_dir / pki.ROSTER)
+        make_pki(pki_dir, self.names, name="attack consortium", roster=True)
         self.session_id = sid = f"attack-{self.backend}"
         cfg = {"session": {"id": sid, "backend": self.backend, "dim": DIM, "classes": CLASSES, "gamma": GAMMA,
                            "min_clients": 2, "min_class_count": 1, "deadline_s": 3600, "hospitals": self.names},
                "bounds": {"max_norm": b.max_norm, "n_max": b.n_max, "k_max": b.k_max},
-               "server": {"host": "127.0.0.1", "port": free_port(), "data_dir": str(w / "server"),
-                          "pki_dir": str(pki_dir), "name": "aggregator", "keyholder": "keyholder"}}
+               "server": server_section(w, pki_dir)}
         if self.backend == "secagg":
-            from secure_afl.secagg import default_threshold, max_min_clients, recommended_neighbours
-
-            k = recommended_neighbours(K)
-            thr = default_threshold((K - 1 if k is None else k) + 1)
             cfg["secagg"] = {"stage_timeout_s": 120.0}
-            cfg["session"]["min_clients"] = max(1, min(K - thr + 1, max_min_clients(K, thr)))
+            cfg["session"]["min_clients"] = secagg_quorum(K)
         self.min_clients = cfg["session"]["min_clients"]
-        write_config(w / "session.toml", cfg)
-        sign_session(w / "session.toml", pki_dir)
+        write_session(w / "session.toml", pki_dir, cfg)
         self.url = f"https://127.0.0.1:{cfg['server']['port']}"
         self.kh = KeyHolder(pki_dir, "keyholder", w / "keyholder", passphrase=os.urandom(16).hex().encode())
-        self.server = ServerProcess(w / "session.toml", w / "server.log").start()
+        self.server = start_server(w / "session.toml", w / "server.log", self.url, self.kh.party)
         try:  # a failed start must not leave the server process behind (__exit__ does not run)
-            self.server.wait_ready(self.url, self.kh.party.ca_file,
-                                   (self.kh.party.cert_file, self.kh.party.key_file), timeout=120)
             self.conn = self.kh.connect(self.url, sid)
             if self.backend in ("ckks", "bfv", "split"):
                 from secure_afl.packing import Layout

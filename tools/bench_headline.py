@@ -93,14 +93,13 @@ def run_headline(*, images: int = 50_000, test_images: int = 10_000, classes: in
     from secure_afl import pki
     from secure_afl.analytic import solve_from_sums
     from secure_afl.clients.hospital import HospitalClient
-    from .demo import ServerProcess, free_port
+    from .consortium import make_pki, secagg_quorum, server_section, start_server, write_session
     from secure_afl.dp import dp_session_params
     from secure_afl.keyholder import KeyHolder
     from secure_afl.packing import Layout
     from secure_afl.params import Bounds
     from secure_afl.partition import partition
-    from secure_afl.server.config import load_config, write_config
-    from secure_afl.session import sign as sign_session
+    from secure_afl.server.config import load_config
 
     phases = {}
 
@@ -129,32 +128,20 @@ def run_headline(*, images: int = 50_000, test_images: int = 10_000, classes: in
     pki_dir = work / "pki"
     server = None
     t_setup = time.perf_counter()
-    pki.init_ca(pki_dir, name="secure-afl headline consortium")
-    pki.issue(pki_dir, "server", "aggregator")
-    pki.issue(pki_dir, "keyholder", "keyholder")
-    for n in names:
-        pki.issue(pki_dir, "hospital", n)
-    pki.write_roster(pki_dir, pki_dir / pki.ROSTER)
+    make_pki(pki_dir, names, name="secure-afl headline consortium", roster=True)
     session_id = f"headline-{backend}-{K}"
     cfg = {"session": {"id": session_id, "backend": backend, "dim": d, "classes": classes, "gamma": 1.0,
                        "min_clients": K, "min_class_count": 1, "deadline_s": 86400, "hospitals": names},
            "bounds": {"max_norm": 1.0, "n_max": n_max, "k_max": K},
-           "server": {"host": "127.0.0.1", "port": free_port(), "data_dir": str(work / "server"),
-                      "pki_dir": str(pki_dir), "name": "aggregator", "keyholder": "keyholder"}}
+           "server": server_section(work, pki_dir)}
     if backend == "secagg":
-        from secure_afl.secagg import default_threshold, max_min_clients, recommended_neighbours
-
-        k = recommended_neighbours(K)
-        thr = default_threshold((K - 1 if k is None else k) + 1)
         cfg["secagg"] = {"stage_timeout_s": 600.0}
-        cfg["session"]["min_clients"] = max(1, min(K - thr + 1, max_min_clients(K, thr)))
-    write_config(work / "session.toml", cfg)
-    sign_session(work / "session.toml", pki_dir)
+        cfg["session"]["min_clients"] = secagg_quorum(K)
+    write_session(work / "session.toml", pki_dir, cfg)
     url = f"https://127.0.0.1:{cfg['server']['port']}"
     kh = KeyHolder(pki_dir, "keyholder", work / "keyholder", passphrase=os.urandom(16).hex().encode())
     try:
-        server = ServerProcess(work / "session.toml", work / "server.log").start()
-        server.wait_ready(url, kh.party.ca_file, (kh.party.cert_file, kh.party.key_file), timeout=120)
+        server = start_server(work / "session.toml", work / "server.log", url, kh.party)
         conn = kh.connect(url, session_id)
         if backend in ("ckks", "bfv", "split"):
             params0 = dp_session_params(load_config(work / "session.toml").dp, backend, session_id,

@@ -100,28 +100,18 @@ def measure_floor(pki_dir: Path, hospital: str, payload_bytes: int, data_dir: Pa
 
 def _prepare(backend: str, names: list[str], dim: int, classes: int, samples: int, seed: int, work: Path):
     """PKI, the signed session (min_clients above every upload here: it never closes) and its config."""
-    from secure_afl import pki
-    from .demo import free_port
-    from secure_afl.server.config import write_config
-    from secure_afl.session import sign as sign_session
+    from .consortium import make_pki, server_section, write_session
 
     pki_dir = work / "pki"
-    pki.init_ca(pki_dir, name="secure-afl bench consortium")
-    pki.issue(pki_dir, "server", "aggregator")
-    pki.issue(pki_dir, "keyholder", "keyholder")
-    for n in names:
-        pki.issue(pki_dir, "hospital", n)
-    pki.write_roster(pki_dir, pki_dir / pki.ROSTER)
+    make_pki(pki_dir, names, name="secure-afl bench consortium", roster=True)
     cfg = {
         "session": {"id": f"upload-cost-{backend}", "backend": backend, "dim": dim, "classes": classes,
                     "gamma": 1.0, "min_clients": len(names), "min_class_count": 1, "deadline_s": 86400,
                     "hospitals": names},
         "bounds": {"max_norm": 1.0, "n_max": samples, "k_max": len(names)},
-        "server": {"host": "127.0.0.1", "port": free_port(), "data_dir": str(work / "server"),
-                   "pki_dir": str(pki_dir), "name": "aggregator", "keyholder": "keyholder"},
+        "server": server_section(work, pki_dir),
     }
-    write_config(work / "session.toml", cfg)
-    sign_session(work / "session.toml", pki_dir)
+    write_session(work / "session.toml", pki_dir, cfg)
     return pki_dir, cfg
 
 
@@ -130,7 +120,7 @@ def run_upload_cost(backend: str, uploads: int, *, dim: int = 512, classes: int 
     from secure_afl import pki
     from .bench_service import ServerMeter, hospital_stats
     from secure_afl.clients.hospital import HospitalClient, protect_contribution
-    from .demo import ServerProcess
+    from .consortium import start_server
     from secure_afl.dp import dp_session_params
     from secure_afl.keyholder import KeyHolder
     from secure_afl.packing import Layout
@@ -150,12 +140,10 @@ def run_upload_cost(backend: str, uploads: int, *, dim: int = 512, classes: int 
     pki_dir, cfg = _prepare(backend, names, dim, classes, samples, seed, work)
     sid, url = cfg["session"]["id"], f"https://127.0.0.1:{cfg['server']['port']}"
     kh = KeyHolder(pki_dir, "keyholder", work / "keyholder", passphrase=os.urandom(16).hex().encode())
-    server = ServerProcess(work / "session.toml", work / "server.log")
+    server = start_server(work / "session.toml", work / "server.log", url, kh.party)
     per_hospital, per_request, sizes = [], [], []
     try:
-        server.start()
         meter = ServerMeter(server.proc.pid)
-        server.wait_ready(url, kh.party.ca_file, (kh.party.cert_file, kh.party.key_file), timeout=120)
         conn = kh.connect(url, sid)
         if backend in KEYED_BACKENDS:
             kh.keygen(dp_session_params(load_config(work / "session.toml").dp, backend, sid, Layout(dim, classes),
