@@ -448,6 +448,26 @@ def _ckks_consortium(d: Path, hospitals=("hosp-a", "hosp-b", "hosp-c")):
     return pki_dir, server, parties, kh, kh.params("attack-forward"), public
 
 
+def _ckks_round(d: Path, rng, honest: slice = slice(None)):
+    """The ckks consortium, a random packed vector per hospital (in name order) and the signed, tagged upload
+    of each hospital in ``names[honest]`` (an attacking hospital builds its own). Returns (pki_dir, server
+    party, {hospital: party}, key holder, params, public context, backend, names, vectors, uploads)."""
+    from secure_afl.backends.ckks import CKKSBackend
+
+    pki_dir, server_party, parties, kh, params, public = _ckks_consortium(d)
+    backend = CKKSBackend(params)
+    names = sorted(parties)
+    vecs = {h: _packed(*_embeddings(rng, 15)) for h in names}
+    uploads = {h: tagged_upload(parties[h], params, backend, public, vecs[h]) for h in names[honest]}
+    return pki_dir, server_party, parties, kh, params, public, backend, names, vecs, uploads
+
+
+def _relay(server_party, params, parties, payloads: dict, tags: dict) -> MaliciousServer:
+    """A server that serves the key holder every hospital's upload as it was made (min_clients = 2)."""
+    return MaliciousServer(server_party, params, [signed_participant(parties[h], params, payloads[h])
+                                                  for h in payloads], payloads, tags, min_clients=2)
+
+
 def _fresh_keyholder(kh, pki_dir, d: Path, label: str):
     """A copy of the key holder's state per try, so a block from one try does not hide another's guard."""
     from secure_afl.keyholder import KeyHolder
@@ -469,18 +489,13 @@ def _decryptions(keyholder, params) -> int:
 
 def attack_forward_ciphertext(*, seed: int = 0, verbose: bool = True, work=None, **_) -> dict:
     """A malicious server tries to have one hospital's statistics decrypted (real finalize path)."""
-    from secure_afl.backends.ckks import CKKSBackend
     from secure_afl.envelope import peek_header, seal
     from secure_afl.hazmat import ckks as hz
 
     rng = np.random.default_rng(seed)
     with _workdir(work) as d:
         d = Path(d)
-        pki_dir, server_party, parties, kh, params, public = _ckks_consortium(d)
-        backend = CKKSBackend(params)
-        names = sorted(parties)
-        vecs = {h: _packed(*_embeddings(rng, 15)) for h in names}
-        uploads = {h: tagged_upload(parties[h], params, backend, public, vecs[h]) for h in names}
+        pki_dir, server_party, parties, kh, params, public, backend, names, vecs, uploads = _ckks_round(d, rng)
         payloads = {h: uploads[h][0] for h in names}
         tags = {h: uploads[h][1] for h in names}
         signed = {h: signed_participant(parties[h], params, payloads[h]) for h in names}
@@ -558,21 +573,15 @@ def attack_decryption_error(*, seed: int = 0, verbose: bool = True, work=None, f
     estimate with the true error, measured with the key holder's secret key.
     ``flood=False`` measures the same release without the key holder's noise.
     """
-    from secure_afl.backends.ckks import CKKSBackend
     from secure_afl.hazmat import ckks as hz
 
     rng = np.random.default_rng(seed)
     with _workdir(work) as d:
         d = Path(d)
-        pki_dir, server_party, parties, kh, params, public = _ckks_consortium(d)
-        backend = CKKSBackend(params)
-        names = sorted(parties)
-        vecs = {h: _packed(*_embeddings(rng, 15)) for h in names}
-        uploads = {h: tagged_upload(parties[h], params, backend, public, vecs[h]) for h in names}
+        pki_dir, server_party, parties, kh, params, public, backend, names, vecs, uploads = _ckks_round(d, rng)
         payloads = {h: uploads[h][0] for h in names}
         tags = {h: uploads[h][1] for h in names}
-        server = MaliciousServer(server_party, params, [signed_participant(parties[h], params, payloads[h])
-                                                          for h in names], payloads, tags, min_clients=2)
+        server = _relay(server_party, params, parties, payloads, tags)
         lay = _layout()
         known = sum(v.copy() for v in vecs.values())
         res = kh.finalize(server, min_clients=2) if flood else None
@@ -612,20 +621,17 @@ def attack_noisy_upload(*, seed: int = 0, verbose: bool = True, work=None, doubl
     key recovery needs), else REFUSED. ``released_within_bound`` says whether
     every released statistic stayed within the key holder's reported bound.
     """
-    from secure_afl.backends.ckks import CKKSBackend, ckks_parameters
+    from secure_afl.backends.ckks import ckks_parameters
     from secure_afl.hazmat import ckks as hz
     from secure_afl.tagging import new_tag, seal_tag, sign_tag
 
     rng = np.random.default_rng(seed)
     with _workdir(work) as d:
         d = Path(d)
-        pki_dir, server_party, parties, kh, params, public = _ckks_consortium(d)
-        backend = CKKSBackend(params)
+        pki_dir, server_party, parties, kh, params, public, backend, names, vecs, uploads = \
+            _ckks_round(d, rng, honest=slice(1, None))
         cp = ckks_parameters(params)
         lay = _layout()
-        names = sorted(parties)
-        vecs = {h: _packed(*_embeddings(rng, 15)) for h in names}
-        uploads = {h: tagged_upload(parties[h], params, backend, public, vecs[h]) for h in names[1:]}
         # the attacker's upload: its honest ciphertext plus 2^t encryptions of zero, then signed as usual
         attacker = names[0]
         tag = new_tag(params)
@@ -646,8 +652,7 @@ def attack_noisy_upload(*, seed: int = 0, verbose: bool = True, work=None, doubl
             vecs[h] = vecs[h].copy()
         payloads = {h: uploads[h][0] for h in names}
         tags = {h: uploads[h][1] for h in names}
-        server = MaliciousServer(server_party, params, [signed_participant(parties[h], params, payloads[h])
-                                                          for h in names], payloads, tags, min_clients=2)
+        server = _relay(server_party, params, parties, payloads, tags)
         # ground truth, measured with the secret key (the attacker never has it)
         sk = backend.keyholder_context(kh.secret_context(params.session_id))
         acc = None
