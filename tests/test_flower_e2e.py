@@ -4,7 +4,6 @@ and the native service's W on the same data, and the audit story must hold."""
 
 import json
 import shutil
-import threading
 import time
 
 import numpy as np
@@ -20,23 +19,12 @@ from secure_afl.packing import Layout
 from secure_afl.params import Bounds
 from secure_afl.keyholder import read_model
 
-from support.flower import FlowerDeployment
+from support.flower import FlowerDeployment, hospital_data, submit_all
 from support import Consortium, w_error_bound
 
 pytestmark = [pytest.mark.e2e, pytest.mark.flower]
 
 HOSPITALS = ("h1", "h2", "h3")
-
-
-def hospital_data(c, seed, names=HOSPITALS):
-    rng = np.random.default_rng(seed)
-    data = {}
-    for h in names:
-        n = int(rng.integers(30, 60))
-        X = rng.standard_normal((n, c.dim))
-        X *= (0.9 * c.max_norm / np.linalg.norm(X, axis=1, keepdims=True)) * rng.uniform(0.1, 1, (n, 1))
-        data[h] = (X, rng.integers(0, c.classes, n))
-    return data
 
 
 def keygen(c):
@@ -54,27 +42,6 @@ def consortium(root, backend):
     return Consortium(root, backend=backend, hospitals=HOSPITALS, min_clients=3)
 
 
-def _submit_all(c, data):
-    """Every hospital's native client; secagg hospitals take part in the rounds together."""
-    errors = {}
-
-    def go(h):
-        cl = c.hospital(h)
-        try:
-            cl.submit(c.stats(*data[h]), **({"timeout": 120} if c.backend == "secagg" else {}))
-        except Exception as e:  # asserted on below
-            errors[h] = e
-        finally:
-            cl.close()
-
-    threads = [threading.Thread(target=go, args=(h,), daemon=True) for h in data]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=180)
-    assert not errors, errors
-
-
 def native_w(c, data):
     c.start()
     try:
@@ -82,7 +49,7 @@ def native_w(c, data):
         if c.backend == "ckks":
             keygen(c)
             c.keyholder.publish(conn)
-        _submit_all(c, data)
+        submit_all(c, data)
         res = c.keyholder.finalize(conn, min_clients=3)
         conn.close()
         return res.W
@@ -102,24 +69,10 @@ def test_flower_round_matches_plaintext_and_native_service(tmp_path, deployment,
     # Prepare: one consortium for the Flower round, one for the native service, the same hospital data
     c = consortium(tmp_path / "fl", backend)
     data = hospital_data(c, seed=15)
-    for h, (X, y) in data.items():
-        np.savez(tmp_path / f"{h}.npz", X=X, y=y)
     if backend == "ckks":
         keygen(c)
-    (tmp_path / "pass").write_bytes(b"test passphrase")
-    # as README's Flower deployment: every party runs with its own bundle, never the operator's pki/
-    bundles = pki.make_bundles(c.pki_dir, tmp_path / "bundles")
-    server_config = tmp_path / "server-session.toml"
-    server_config.write_text(c.config.read_text().replace(str(c.pki_dir), str(bundles["server-aggregator"])))
-    deployment.start_superlink()
-    for h in HOSPITALS:
-        deployment.start_supernode(h, {"role": "hospital", "name": h, "pki-dir": bundles[f"hospital-{h}"],
-                                       "data": tmp_path / f"{h}.npz", "receipts-dir": tmp_path / "receipts",
-                                       "secagg-dir": tmp_path / h / "secagg"})
-    deployment.start_supernode("keyholder", {
-        "role": "keyholder", "name": "keyholder", "pki-dir": bundles["keyholder-keyholder"],
-        "keys-dir": c.root / "keys", "passphrase-file": tmp_path / "pass", "min-clients": 3, "min-class-count": 1,
-        "out": tmp_path / "model.safetensors", "report": tmp_path / "report.json"})
+    server_config = deployment.start_parties(c, data, tmp_path, min_clients=3,
+                                             hospital_config=lambda h: {"secagg-dir": tmp_path / h / "secagg"})
     # Execute
     t0 = time.perf_counter()
     out = deployment.run({"session-config": str(server_config), "node-wait-s": 120.0, "reply-timeout-s": 240.0},

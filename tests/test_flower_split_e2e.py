@@ -3,7 +3,6 @@ SuperNodes, the key holder's SuperNode, `flwr run`): the key holder answers with
 statements alone, the ServerApp's server combines it, and W equals the native service's bit for bit."""
 
 import json
-import threading
 import time
 
 import numpy as np
@@ -15,22 +14,11 @@ from secure_afl.audit_verify import load_receipts, verify_log
 from secure_afl.keyholder import read_model
 
 from support import Consortium
-from support.flower import FlowerDeployment
+from support.flower import FlowerDeployment, hospital_data, submit_all
 
 pytestmark = [pytest.mark.e2e, pytest.mark.flower]
 
 HOSPITALS = ("h1", "h2", "h3")
-
-
-def _data(c, seed):
-    rng = np.random.default_rng(seed)
-    data = {}
-    for h in HOSPITALS:
-        n = int(rng.integers(30, 60))
-        X = rng.standard_normal((n, c.dim))
-        X *= (0.9 * c.max_norm / np.linalg.norm(X, axis=1, keepdims=True)) * rng.uniform(0.1, 1, (n, 1))
-        data[h] = (X, rng.integers(0, c.classes, n))
-    return data
 
 
 def _keygen(c):
@@ -43,23 +31,7 @@ def _native_w(c, data):
         conn = c.connect_keyholder()
         _keygen(c)
         c.keyholder.publish(conn)
-        threads, errors = [], {}
-
-        def go(h):
-            cl = c.hospital(h)
-            try:
-                cl.submit(c.stats(*data[h]))
-            except Exception as e:  # asserted on below
-                errors[h] = e
-            finally:
-                cl.close()
-
-        for h in data:
-            threads.append(threading.Thread(target=go, args=(h,), daemon=True))
-            threads[-1].start()
-        for t in threads:
-            t.join(timeout=180)
-        assert not errors, errors
+        submit_all(c, data)
         res = c.keyholder.finalize(conn, min_clients=3)
         conn.close()
         return res.W
@@ -78,22 +50,9 @@ def test_flower_split_round_matches_the_native_service_bit_for_bit(tmp_path, dep
     # Prepare: the same hospital data for a Flower round and a native round, each with its own consortium
     c = Consortium(tmp_path / "fl", backend="split", hospitals=HOSPITALS, min_clients=3,
                    extra_session={"min_class_count": 1})
-    data = _data(c, seed=21)
-    for h, (X, y) in data.items():
-        np.savez(tmp_path / f"{h}.npz", X=X, y=y)
+    data = hospital_data(c, seed=21, names=HOSPITALS)
     _keygen(c)
-    (tmp_path / "pass").write_bytes(b"test passphrase")
-    bundles = pki.make_bundles(c.pki_dir, tmp_path / "bundles")
-    server_config = tmp_path / "server-session.toml"
-    server_config.write_text(c.config.read_text().replace(str(c.pki_dir), str(bundles["server-aggregator"])))
-    deployment.start_superlink()
-    for h in HOSPITALS:
-        deployment.start_supernode(h, {"role": "hospital", "name": h, "pki-dir": bundles[f"hospital-{h}"],
-                                       "data": tmp_path / f"{h}.npz", "receipts-dir": tmp_path / "receipts"})
-    deployment.start_supernode("keyholder", {
-        "role": "keyholder", "name": "keyholder", "pki-dir": bundles["keyholder-keyholder"],
-        "keys-dir": c.root / "keys", "passphrase-file": tmp_path / "pass", "min-clients": 3, "min-class-count": 1,
-        "out": tmp_path / "model.safetensors", "report": tmp_path / "report.json"})
+    server_config = deployment.start_parties(c, data, tmp_path, min_clients=3)
 
     # Execute
     t0 = time.perf_counter()
@@ -135,22 +94,9 @@ def test_flower_split_refuses_an_invalid_upload_by_name_and_releases_the_rest(tm
     # proof of that false statement; h1, h2 are honest. min_clients 2 leaves room for one refusal.
     c = Consortium(tmp_path / "fl", backend="split", hospitals=HOSPITALS, min_clients=2,
                    extra_session={"min_class_count": 1})
-    data = _data(c, seed=22)
-    for h, (X, y) in data.items():
-        np.savez(tmp_path / f"{h}.npz", X=X, y=y)
+    data = hospital_data(c, seed=22, names=HOSPITALS)
     _keygen(c)
-    (tmp_path / "pass").write_bytes(b"test passphrase")
-    bundles = pki.make_bundles(c.pki_dir, tmp_path / "bundles")
-    server_config = tmp_path / "server-session.toml"
-    server_config.write_text(c.config.read_text().replace(str(c.pki_dir), str(bundles["server-aggregator"])))
-    deployment.start_superlink()
-    for h in HOSPITALS:
-        deployment.start_supernode(h, {"role": "hospital", "name": h, "pki-dir": bundles[f"hospital-{h}"],
-                                       "data": tmp_path / f"{h}.npz", "receipts-dir": tmp_path / "receipts"})
-    deployment.start_supernode("keyholder", {
-        "role": "keyholder", "name": "keyholder", "pki-dir": bundles["keyholder-keyholder"],
-        "keys-dir": c.root / "keys", "passphrase-file": tmp_path / "pass", "min-clients": 2, "min-class-count": 1,
-        "out": tmp_path / "model.safetensors", "report": tmp_path / "report.json"})
+    server_config = deployment.start_parties(c, data, tmp_path, min_clients=2)
 
     # Execute
     out = deployment.run({"session-config": str(server_config), "node-wait-s": 120.0, "reply-timeout-s": 240.0},

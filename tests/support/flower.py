@@ -7,14 +7,51 @@ import socket
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
+import numpy as np
+
 from support import free_port
+from secure_afl import pki
 from secure_afl.flower import PROJECT_DIR
 
 BIN = Path(sys.executable).parent
 _NODE = "SECURE_AFL_TEST_FLOWER_NODE"
+
+
+def hospital_data(c, seed, names=("h1", "h2", "h3")) -> dict:
+    """Each hospital's rows (a random count, inside the consortium's norm bound) and labels."""
+    rng = np.random.default_rng(seed)
+    data = {}
+    for h in names:
+        n = int(rng.integers(30, 60))
+        X = rng.standard_normal((n, c.dim))
+        X *= (0.9 * c.max_norm / np.linalg.norm(X, axis=1, keepdims=True)) * rng.uniform(0.1, 1, (n, 1))
+        data[h] = (X, rng.integers(0, c.classes, n))
+    return data
+
+
+def submit_all(c, data) -> None:
+    """Every hospital's native client at once (secagg hospitals take part in the rounds together)."""
+    errors = {}
+
+    def go(h):
+        cl = c.hospital(h)
+        try:
+            cl.submit(c.stats(*data[h]), **({"timeout": 120} if c.backend == "secagg" else {}))
+        except Exception as e:  # asserted on below
+            errors[h] = e
+        finally:
+            cl.close()
+
+    threads = [threading.Thread(target=go, args=(h,), daemon=True) for h in data]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=180)
+    assert not errors, errors
 
 
 class FlowerDeployment:
@@ -59,6 +96,28 @@ class FlowerDeployment:
         self._spawn(f"supernode-{name}", [str(BIN / "flower-supernode"), "--insecure",
                                           "--superlink", f"127.0.0.1:{self.port}", "--port", str(free_port()),
                                           "--node-config", cfg])
+
+    def start_parties(self, c, data: dict, work: Path, *, min_clients: int, hospital_config=None) -> Path:
+        """The consortium ``c`` as README's Flower deployment runs it: each party with its own bundle, never the
+        operator's pki/; the SuperLink, a SuperNode per hospital in ``data`` (its rows in an .npz, plus
+        ``hospital_config(name)`` when given) and the key holder's. Returns the ServerApp's session config."""
+        work = Path(work)
+        for h, (X, y) in data.items():
+            np.savez(work / f"{h}.npz", X=X, y=y)
+        (work / "pass").write_bytes(b"test passphrase")  # the passphrase of the consortium's key holder
+        bundles = pki.make_bundles(c.pki_dir, work / "bundles")
+        server_config = work / "server-session.toml"
+        server_config.write_text(c.config.read_text().replace(str(c.pki_dir), str(bundles["server-aggregator"])))
+        self.start_superlink()
+        for h in data:
+            self.start_supernode(h, {"role": "hospital", "name": h, "pki-dir": bundles[f"hospital-{h}"],
+                                     "data": work / f"{h}.npz", "receipts-dir": work / "receipts",
+                                     **(hospital_config(h) if hospital_config else {})})
+        self.start_supernode("keyholder", {
+            "role": "keyholder", "name": "keyholder", "pki-dir": bundles["keyholder-keyholder"],
+            "keys-dir": c.root / "keys", "passphrase-file": work / "pass", "min-clients": min_clients,
+            "min-class-count": 1, "out": work / "model.safetensors", "report": work / "report.json"})
+        return server_config
 
     def run(self, run_config: dict, timeout: float, project: Path = PROJECT_DIR) -> subprocess.CompletedProcess:
         """``flwr run`` of the project with ``--stream``: returns when the ServerApp has finished."""
