@@ -462,6 +462,11 @@ def _ckks_round(d: Path, rng, honest: slice = slice(None)):
     return pki_dir, server_party, parties, kh, params, public, backend, names, vecs, uploads
 
 
+def _payloads_and_tags(uploads: dict, names) -> tuple[dict, dict]:
+    """``{hospital: (payload, tag statement)}`` as the two maps a server serves, in ``names`` order."""
+    return {h: uploads[h][0] for h in names}, {h: uploads[h][1] for h in names}
+
+
 def _relay(server_party, params, parties, payloads: dict, tags: dict) -> MaliciousServer:
     """A server that serves the key holder every hospital's upload as it was made (min_clients = 2)."""
     return MaliciousServer(server_party, params, [signed_participant(parties[h], params, payloads[h])
@@ -496,8 +501,7 @@ def attack_forward_ciphertext(*, seed: int = 0, verbose: bool = True, work=None,
     with _workdir(work) as d:
         d = Path(d)
         pki_dir, server_party, parties, kh, params, public, backend, names, vecs, uploads = _ckks_round(d, rng)
-        payloads = {h: uploads[h][0] for h in names}
-        tags = {h: uploads[h][1] for h in names}
+        payloads, tags = _payloads_and_tags(uploads, names)
         signed = {h: signed_participant(parties[h], params, payloads[h]) for h in names}
         K, lay = len(names), _layout()
         victim = names[0]
@@ -579,8 +583,7 @@ def attack_decryption_error(*, seed: int = 0, verbose: bool = True, work=None, f
     with _workdir(work) as d:
         d = Path(d)
         pki_dir, server_party, parties, kh, params, public, backend, names, vecs, uploads = _ckks_round(d, rng)
-        payloads = {h: uploads[h][0] for h in names}
-        tags = {h: uploads[h][1] for h in names}
+        payloads, tags = _payloads_and_tags(uploads, names)
         server = _relay(server_party, params, parties, payloads, tags)
         lay = _layout()
         known = sum(v.copy() for v in vecs.values())
@@ -650,8 +653,7 @@ def attack_noisy_upload(*, seed: int = 0, verbose: bool = True, work=None, doubl
         vecs[attacker] = v
         for h in names[1:]:
             vecs[h] = vecs[h].copy()
-        payloads = {h: uploads[h][0] for h in names}
-        tags = {h: uploads[h][1] for h in names}
+        payloads, tags = _payloads_and_tags(uploads, names)
         server = _relay(server_party, params, parties, payloads, tags)
         # ground truth, measured with the secret key (the attacker never has it)
         sk = backend.keyholder_context(kh.secret_context(params.session_id))
