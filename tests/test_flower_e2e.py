@@ -19,7 +19,7 @@ from secure_afl.packing import Layout
 from secure_afl.params import Bounds
 from secure_afl.keyholder import read_model
 
-from support.flower import FlowerDeployment, hospital_data, submit_all
+from support.flower import FlowerDeployment, hospital_data, native_w
 from support import Consortium, w_error_bound
 
 pytestmark = [pytest.mark.e2e, pytest.mark.flower]
@@ -40,21 +40,6 @@ def consortium(root, backend):
     if backend == "secagg":
         return Consortium(root, backend=backend, hospitals=HOSPITALS, min_clients=2, secagg=SECAGG)
     return Consortium(root, backend=backend, hospitals=HOSPITALS, min_clients=3)
-
-
-def native_w(c, data):
-    c.start()
-    try:
-        conn = c.connect_keyholder()
-        if c.backend == "ckks":
-            keygen(c)
-            c.keyholder.publish(conn)
-        submit_all(c, data)
-        res = c.keyholder.finalize(conn, min_clients=3)
-        conn.close()
-        return res.W
-    finally:
-        c.stop()
 
 
 @pytest.fixture
@@ -85,7 +70,7 @@ def test_flower_round_matches_plaintext_and_native_service(tmp_path, deployment,
     X_all = np.concatenate([d[0] for d in data.values()])
     y_all = np.concatenate([d[1] for d in data.values()])
     W_plain = centralised_weights(X_all, y_all, c.classes)
-    W_native = native_w(consortium(tmp_path / "native", backend), data)
+    W_native = native_w(consortium(tmp_path / "native", backend), data, keygen=keygen if backend == "ckks" else None)
     rel_plain = np.linalg.norm(W - W_plain) / np.linalg.norm(W_plain)
     rel_native = np.linalg.norm(W - W_native) / np.linalg.norm(W_native)
     print(f"flower {backend}: |W-W_plain|/|W_plain| = {rel_plain:.2e}, |W-W_native|/|W_native| = {rel_native:.2e},"

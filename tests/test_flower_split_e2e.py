@@ -14,7 +14,7 @@ from secure_afl.audit_verify import load_receipts, verify_log
 from secure_afl.keyholder import read_model
 
 from support import Consortium
-from support.flower import FlowerDeployment, hospital_data, submit_all
+from support.flower import FlowerDeployment, hospital_data, native_w
 
 pytestmark = [pytest.mark.e2e, pytest.mark.flower]
 
@@ -23,20 +23,6 @@ HOSPITALS = ("h1", "h2", "h3")
 
 def _keygen(c):
     c.keyholder.keygen(session.load_signed(c.pki_dir, c.session_id).session_params())
-
-
-def _native_w(c, data):
-    c.start()
-    try:
-        conn = c.connect_keyholder()
-        _keygen(c)
-        c.keyholder.publish(conn)
-        submit_all(c, data)
-        res = c.keyholder.finalize(conn, min_clients=3)
-        conn.close()
-        return res.W
-    finally:
-        c.stop()
 
 
 @pytest.fixture
@@ -67,8 +53,8 @@ def test_flower_split_round_matches_the_native_service_bit_for_bit(tmp_path, dep
     X_all = np.concatenate([d[0] for d in data.values()])
     y_all = np.concatenate([d[1] for d in data.values()])
     W_plain = centralised_weights(X_all, y_all, c.classes)
-    W_native = _native_w(Consortium(tmp_path / "native", backend="split", hospitals=HOSPITALS, min_clients=3,
-                                    extra_session={"min_class_count": 1}), data)
+    W_native = native_w(Consortium(tmp_path / "native", backend="split", hospitals=HOSPITALS, min_clients=3,
+                                    extra_session={"min_class_count": 1}), data, keygen=_keygen)
     rel_plain = np.linalg.norm(W - W_plain) / np.linalg.norm(W_plain)
     print(f"flower split: |W-W_plain|/|W_plain| = {rel_plain:.2e}, flwr run {wall:.1f} s")
     bound = report["w_error_bound"]

@@ -54,6 +54,23 @@ def submit_all(c, data) -> None:
     assert not errors, errors
 
 
+def native_w(c, data, keygen=None):
+    """W from the native service on ``data``: the server process, the key holder's keys published when
+    ``keygen(c)`` makes them, every hospital's upload, the release (all three hospitals)."""
+    c.start()
+    try:
+        conn = c.connect_keyholder()
+        if keygen is not None:
+            keygen(c)
+            c.keyholder.publish(conn)
+        submit_all(c, data)
+        res = c.keyholder.finalize(conn, min_clients=3)
+        conn.close()
+        return res.W
+    finally:
+        c.stop()
+
+
 class FlowerDeployment:
     """Real Flower processes (insecure transport, loopback only); every one is stopped by :meth:`stop`."""
 
