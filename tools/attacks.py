@@ -101,7 +101,7 @@ from secure_afl.tagging import new_tag, seal_tag, sign_tag
 
 from .attack_parties import MaliciousServer, signed_participant, tagged_upload
 from .attacks_validity import SERVICE_BACKENDS, attack_steer_service, attack_veto_service
-from .consortium import make_pki, server_section, sign_session, write_session
+from .scratch_consortium import make_pki, server_section, sign_session, write_session
 
 __all__ = ["ATTACKS", "run_attack", "register"]
 
