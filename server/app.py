@@ -1,7 +1,7 @@
 """HTTP boundary of the aggregation server (FastAPI, served by uvicorn over mTLS).
 
-Every HTTP route of the server lives here (secagg's rounds included; the
-split backend's share route is still registered by server/split_round.py).
+Every HTTP route of the server lives here, secagg's rounds and split's share,
+verifier and result routes included.
 Only mapping lives here: every decision is made by
 :class:`~secure_afl.server.aggregator.AggregationServer`, every refusal is a 4xx
 with a machine-readable ``{"error": reason, "detail": ...}`` body and an audit
@@ -46,6 +46,7 @@ from secure_afl.encoding import parse_json
 
 from .aggregator import AggregationServer
 from .secagg_round import SecAggAggregationServer
+from .split_round import SplitAggregationServer
 
 __all__ = ["create_app"]
 
@@ -289,9 +290,8 @@ def create_app(server: AggregationServer) -> FastAPI:
 
     if isinstance(server, SecAggAggregationServer):
         _secagg_routes(app, server, _session, _authed, _signed_body)
-    extra = getattr(server, "register_routes", None)
-    if extra is not None:
-        extra(app, _session, _authed, _signed_body)
+    if isinstance(server, SplitAggregationServer):
+        _split_routes(app, server, _session, _authed, _signed_body)
     app.add_middleware(_LastResort, server=server)
     return app
 
@@ -320,3 +320,26 @@ def _secagg_routes(app: FastAPI, server: SecAggAggregationServer, session_guard,
         session_guard(session_id, request)
         await authed(request, ("keyholder",))
         return server.unmask_material()
+
+
+def _split_routes(app: FastAPI, server: SplitAggregationServer, session_guard, authed, read_body) -> None:
+    """split's collector: the key holder's share in, the server's verifier messages and the release out
+    (server/split_round.py decides, this maps)."""
+
+    @app.post(API + "/sessions/{session_id}/split/share")
+    async def split_share(session_id: str, request: Request):
+        session_guard(session_id, request)
+        party, body = await read_body(request, ("keyholder",))
+        return await run_in_threadpool(server.collect_request, party, body, request.headers.get(H_TAG))
+
+    @app.get(API + "/sessions/{session_id}/split/verifier")
+    async def split_verifier(session_id: str, request: Request):
+        session_guard(session_id, request)
+        await authed(request, ("keyholder",))
+        return await run_in_threadpool(server.verifier_messages)
+
+    @app.get(API + "/sessions/{session_id}/split/result")
+    async def split_result(session_id: str, request: Request):
+        session_guard(session_id, request)
+        await authed(request, ("keyholder", "hospital"))
+        return Response(server.result(), media_type="application/json")

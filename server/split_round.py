@@ -24,7 +24,6 @@ from concurrent.futures import ThreadPoolExecutor
 import json
 
 import numpy as np
-from fastapi import Request
 
 from secure_afl.exceptions import Forbidden, MalformedPayload, RoundAlreadyClosed, SecureAFLError, StageError
 from secure_afl.protocol import API, H_TAG
@@ -166,39 +165,17 @@ class SplitAggregationServer(AggregationServer):
         W = np.load(io.BytesIO(self.store.get_blob(r["W_sha256"])))
         return json.dumps({"report": r["report"], "vector": vec.tolist(), "W": W.tolist()}).encode()
 
-    def register_routes(self, app, session_guard, authed, read_body) -> None:
-        from fastapi import Response
-
-        @app.post(API + "/sessions/{session_id}/split/share")
-        async def split_share(session_id: str, request: Request):
-            session_guard(session_id, request)
-            party, body = await read_body(request, ("keyholder",))
-            try:
-                raw = request.headers.get(H_TAG)
-                if not raw:
-                    raise MalformedPayload(f"missing {H_TAG} header (the key holder's signed share statement)")
-                statement = json.loads(raw)
-                if not isinstance(statement, dict):
-                    raise MalformedPayload("the share statement is not a JSON object")
-            except (ValueError, SecureAFLError) as e:
-                err = e if isinstance(e, SecureAFLError) else MalformedPayload("the share statement is not JSON")
-                self.refuse("split_collect", party, err)
-                raise err from None
-            from starlette.concurrency import run_in_threadpool
-
-            return await run_in_threadpool(self.collect, party, body, statement)
-
-        @app.get(API + "/sessions/{session_id}/split/verifier")
-        async def split_verifier(session_id: str, request: Request):
-            session_guard(session_id, request)
-            await authed(request, ("keyholder",))
-            from starlette.concurrency import run_in_threadpool
-
-            return await run_in_threadpool(self.verifier_messages)
-
-        @app.get(API + "/sessions/{session_id}/split/result")
-        async def split_result(session_id: str, request: Request):
-            session_guard(session_id, request)
-            await authed(request, ("keyholder", "hospital"))
-            return Response(self.result(), media_type="application/json")
-
+    def collect_request(self, party: str, body: bytes, raw_statement: str | None) -> dict:
+        """``POST .../split/share``: the key holder's share with its signed statement in the ``H_TAG``
+        header (parsed here, so a malformed header is refused and audited like any other refusal)."""
+        try:
+            if not raw_statement:
+                raise MalformedPayload(f"missing {H_TAG} header (the key holder's signed share statement)")
+            statement = json.loads(raw_statement)
+            if not isinstance(statement, dict):
+                raise MalformedPayload("the share statement is not a JSON object")
+        except (ValueError, SecureAFLError) as e:
+            err = e if isinstance(e, SecureAFLError) else MalformedPayload("the share statement is not JSON")
+            self.refuse("split_collect", party, err)
+            raise err from None
+        return self.collect(party, body, statement)
