@@ -9,7 +9,7 @@ BASE   := $(VENV)/.installed-base
 FULL   := $(VENV)/.installed-full
 PYTEST := $(PY) -m pytest -q --durations=15
 
-.PHONY: demo test test-all wheel-check reproduce clean
+.PHONY: demo test test-rest test-all wheel-check reproduce clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -29,7 +29,11 @@ demo: $(BASE)
 test: $(FULL)
 	$(PYTEST) -m '(not e2e and not slow) or smoke'
 
-# everything: every end-to-end test, Flower, the slow fuzz, the wheel check (what CI runs)
+# what `make test` leaves out: the other end-to-end tests, Flower, the slow fuzz, the wheel check
+test-rest: $(FULL)
+	$(PYTEST) -m 'not ((not e2e and not slow) or smoke)'
+
+# everything in one run (`.ci/run` runs `make test` then `make test-rest`: the same tests, each once)
 test-all: $(FULL)
 	$(PYTEST)
 
