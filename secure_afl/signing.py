@@ -464,3 +464,33 @@ def verify_manifest(manifest: Mapping, server_pub, enrolled: Mapping, min_client
         raise InsufficientContributors(
             f"{len(entries)} contributions, fewer than min_clients={min_clients}")
     return {**statement, "signature": m["signature"]}
+
+
+# -- a hospital's signed statement over a sealed box sent with one upload (ckks tag, split seed) -------
+def box_statement(kind: str, version: int, params, hospital: str, payload_sha256: str, box: bytes,
+                  **extra) -> dict:
+    """The fields a hospital signs over a box it seals for the key holder: bound to the session, its
+    parameters, the hospital and the payload's SHA-256, so the box cannot be moved to another upload."""
+    return {"type": kind, "v": version, "session_id": params.session_id, "params_digest": params.digest().hex(),
+            "hospital": hospital, "payload_sha256": payload_sha256, "box": box.hex(), **extra}
+
+
+def sign_box_statement(identity_key, prefix: bytes, statement: Mapping) -> dict:
+    """The statement with the hospital's signature over ``prefix || canonical JSON``."""
+    return {**statement, "signature": _sign(identity_key, prefix, statement)}
+
+
+def verify_box_statement(statement: Mapping, identity_pub, prefix: bytes, expected, box_len: int,
+                         what: str) -> bytes:
+    """The box of a statement that is exactly ``expected(box)`` (every field, the box of ``box_len`` bytes)
+    under the hospital's signature: :class:`MalformedPayload` naming ``what``, or a detail-free
+    :class:`InvalidSignature`."""
+    try:
+        box = bytes.fromhex(statement["box"])
+    except (KeyError, TypeError, ValueError):
+        raise MalformedPayload(f"{what} lacks a hex box") from None
+    st = expected(box)
+    if {k: statement.get(k) for k in st} != st or len(box) != box_len:
+        raise MalformedPayload(f"{what} does not match this session, hospital and payload")
+    _verify(identity_pub, prefix, st, statement.get("signature"))
+    return box

@@ -37,7 +37,6 @@ import secrets
 from typing import Mapping
 
 import numpy as np
-from cryptography.exceptions import InvalidSignature as _CryptoInvalidSignature
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
@@ -50,6 +49,7 @@ from .exceptions import DecryptionRefused, InvalidContribution, InvalidSignature
 from .packing import TAG_SLOTS
 from .params import SessionParams
 from .encoding import canonical_json
+from .signing import box_statement, sign_box_statement, verify_box_statement
 
 __all__ = ["TAG_KEY_PARAM", "new_tag", "generate_tag_key", "seal_tag", "open_tag", "sign_tag", "verify_tag",
            "check_aggregate_tag"]
@@ -116,32 +116,20 @@ def open_tag(params: SessionParams, hospital: str, box: bytes, tag_private_key: 
 
 
 def _statement(params: SessionParams, hospital: str, payload_sha256: str, box: bytes) -> dict:
-    return {"type": "tag", "v": 1, "session_id": params.session_id, "params_digest": params.digest().hex(),
-            "hospital": hospital, "payload_sha256": payload_sha256, "box": box.hex()}
+    return box_statement("tag", 1, params, hospital, payload_sha256, box)
 
 
 def sign_tag(identity_key, params: SessionParams, hospital: str, payload_sha256: str, box: bytes) -> dict:
     """Hospital: the signed tag statement sent with the upload."""
-    st = _statement(params, hospital, payload_sha256, box)
-    return {**st, "signature": identity_key.sign(_SIG_PREFIX + canonical_json(st)).hex()}
+    return sign_box_statement(identity_key, _SIG_PREFIX, _statement(params, hospital, payload_sha256, box))
 
 
 def verify_tag(statement: Mapping, identity_pub, params: SessionParams, hospital: str,
                payload_sha256: str) -> bytes:
     """Check a tag statement for this session, hospital and payload; return the box."""
-    try:
-        box = bytes.fromhex(statement["box"])
-        sig = bytes.fromhex(statement["signature"])
-    except (KeyError, TypeError, ValueError):
-        raise MalformedPayload("tag statement lacks a hex box or signature") from None
-    st = _statement(params, hospital, payload_sha256, box)
-    if {k: statement.get(k) for k in st} != st or len(box) != _BOX_LEN:
-        raise MalformedPayload("tag statement does not match this session, hospital and payload")
-    try:
-        identity_pub.verify(sig, _SIG_PREFIX + canonical_json(st))
-    except _CryptoInvalidSignature:
-        raise InvalidSignature() from None
-    return box
+    return verify_box_statement(statement, identity_pub, _SIG_PREFIX,
+                                lambda box: _statement(params, hospital, payload_sha256, box), _BOX_LEN,
+                                f"{hospital}'s tag statement")
 
 
 def check_aggregate_tag(params: SessionParams, revealed_tag: np.ndarray, manifest: Mapping,

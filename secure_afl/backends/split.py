@@ -57,6 +57,7 @@ from ..packing import Layout
 from ..params import Bounds, SessionParams
 from . import split_validity
 from ..encoding import canonical_json
+from ..signing import box_statement, sign_box_statement, verify_box_statement
 from .base import Combiner, ProtectionBackend, check_vector
 
 __all__ = ["SplitBackend", "SplitKeyPair", "session_params", "split_session_params", "generate_keys",
@@ -170,35 +171,24 @@ def open_seed(params: SessionParams, secret_key: bytes, hospital: str, payload_s
 
 def _seed_statement(params: SessionParams, hospital: str, payload_sha256: str, box: bytes,
                     validity: Mapping) -> dict:
-    return {"type": "split-seed", "v": 2, "session_id": params.session_id, "params_digest": params.digest().hex(),
-            "hospital": hospital, "payload_sha256": payload_sha256, "box": box.hex(), "validity": dict(validity)}
+    return box_statement("split-seed", 2, params, hospital, payload_sha256, box, validity=dict(validity))
 
 
 def sign_seed_statement(identity_key, params: SessionParams, hospital: str, payload_sha256: str,
                         box: bytes, validity: Mapping) -> dict:
     """Hospital: the signed statement sent with the upload (in the upload's tag header); ``validity`` is the
     commitment (:class:`split_validity.UploadCommitment` as a dict) its proof's randomness is drawn from."""
-    st = _seed_statement(params, hospital, payload_sha256, box, validity)
-    return {**st, "signature": identity_key.sign(_SEED_SIG_PREFIX + canonical_json(st)).hex()}
+    return sign_box_statement(identity_key, _SEED_SIG_PREFIX,
+                              _seed_statement(params, hospital, payload_sha256, box, validity))
 
 
 def verify_seed_statement(statement: Mapping, identity_pub, params: SessionParams, hospital: str,
                           payload_sha256: str) -> bytes:
     """Server at upload, key holder at release: the statement is ``hospital``'s, for this payload; -> box."""
-    try:
-        box = bytes.fromhex(statement["box"])
-        sig = bytes.fromhex(statement["signature"])
-    except (KeyError, TypeError, ValueError):
-        raise MalformedPayload(f"{hospital}'s seed statement lacks a hex box or signature") from None
     validity = split_validity.UploadCommitment.from_dict(statement.get("validity")).to_dict()
-    st = _seed_statement(params, hospital, payload_sha256, box, validity)
-    if {k: statement.get(k) for k in st} != st or len(box) != BOX_LEN:
-        raise MalformedPayload(f"{hospital}'s seed statement does not match this session, hospital and payload")
-    try:
-        identity_pub.verify(sig, _SEED_SIG_PREFIX + canonical_json(st))
-    except _CryptoInvalidSignature:
-        raise InvalidSignature(f"{hospital}'s seed statement is not signed by {hospital}") from None
-    return box
+    return verify_box_statement(statement, identity_pub, _SEED_SIG_PREFIX,
+                                lambda box: _seed_statement(params, hospital, payload_sha256, box, validity),
+                                BOX_LEN, f"{hospital}'s seed statement")
 
 
 # -- the key holder's share ------------------------------------------------------------------------
