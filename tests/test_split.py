@@ -19,9 +19,11 @@ from secure_afl.backends import get_backend
 from secure_afl.backends import split, split_validity
 from secure_afl.exceptions import Forbidden, InsufficientContributors, InvalidContribution, PolicyViolation, \
     SanityCheckFailed, SecureAFLError
+from secure_afl import domains
 from secure_afl.hazmat import fixedpoint, flp
 from secure_afl.packing import Layout
 from secure_afl.params import Bounds
+from secure_afl.signing import sign_box_statement
 from secure_afl.stats import local_statistics
 
 LAYOUT = Layout(6, 3)
@@ -285,6 +287,23 @@ def test_upload_with_another_hospitals_seed_statement_is_refused(consortium):
     h1.upload(params, p1, tag=st1)
     h1.close()
     h2.close()
+    conn.close()
+
+
+@pytest.mark.e2e
+def test_seed_statement_with_a_forged_signature_is_refused_at_upload(consortium):
+    # Prepare: h1's honest statement, its fields untouched, signed by a key that is not h1's
+    c, conn = _start(consortium)
+    h1 = c.hospital("h1")
+    params = h1.fetch_params()
+    p1, st1 = h1.protect(params, c.stats(*c.data("h1")))
+    unsigned = {k: v for k, v in st1.items() if k != "signature"}
+    forged = sign_box_statement(Ed25519PrivateKey.generate(), domains.SPLIT_SEED, unsigned)
+    # Execute / Assert: refused at the upload; the genuine statement is still accepted afterwards
+    with pytest.raises(SecureAFLError):
+        h1.upload(params, p1, tag=forged)
+    h1.upload(params, p1, tag=st1)
+    h1.close()
     conn.close()
 
 
