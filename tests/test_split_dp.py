@@ -388,7 +388,7 @@ def test_split_dp_proven_upload_past_the_declared_bound_is_released_not_vetoed(c
     def big(lanes, circuit):
         from secure_afl.hazmat import flp
 
-        lanes[1] = (3 * circuit.T[0] // 4) % flp.P
+        lanes[1] = (3 * circuit.T // 4) % flp.P
 
     _modified_upload(c, data, "h4", big)
 

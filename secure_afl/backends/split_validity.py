@@ -18,17 +18,24 @@ combination, so only its value, zero for an honest upload, is revealed):
 * ``hi_(C_ii) = sum 2^j bd_(i,j)`` (diagonal in ``[0, 2^mD)``) and
   ``c_B n + c_0 - sum_i hi_(C_ii) = sum 2^i bs_i`` (trace(C^r) <= n B^2 + d gamma,
   up to the fixed point's rounding);
-* for ``k = ROWS`` rows ``r_j in {-1, 0, 1}^L`` per lane (0 with probability 1/2),
-  drawn from a hash of the committed upload, ``<r_j, lane> + T = sum 2^i bp_(j,i)``
-  with ``T = 2^(m - 1)``: every row's projection lies in ``[-T, T)``.
+* for ``k = ROWS`` rows ``r_j in {-1, 0, 1}^L`` (0 with probability 1/2),
+  drawn from a hash of the committed upload, ``<r_j, hi> + T = sum 2^i bp_(j,i)``
+  with ``T = 2^(m - 1)``: every row's projection of the high lane lies in ``[-T, T)``.
 
-A lane entry with centred ``|x_i| > 2T`` keeps each row's projection out of
+A high-lane entry with centred ``|x_i| > 2T`` keeps each row's projection out of
 ``[-T, T]`` with probability at least 1/2 (fix the other coordinates: of the
 values ``s``, ``s + x_i``, ``s - x_i`` no two that differ by ``x_i`` both lie
 there), so ``k`` rows bound every entry by ``2T`` except with probability
 ``2^-k`` per hash query. ``T`` is ``TAIL`` times the l2 norm an honest lane
 cannot exceed (Hoeffding: an honest row leaves ``[-T, T)`` with probability
 below ``2 exp(-TAIL^2 / 2)``; the honest prover then draws a fresh seed).
+
+The low lane is not range-proven, and need not be: the collector reads the
+low-lane sum through its centred representative, below ``p/2 < 2^63`` whatever
+the uploads hold, so it moves each released entry by less than
+``2^(63 - f1 - f2)`` in all (:func:`proven_aggregate_bound`) and cannot reach
+the high lane. Only n, the counts, the contributors slot and the tag, whose low
+lanes must be 0, are pinned there.
 
 With DP (``params.dp``) each hospital's Skellam share is in the upload, so n and the counts are grid values,
 not integers: the statement is widened by the share's hard bound ``tau`` (grid units, :func:`noise_bound`):
@@ -128,7 +135,6 @@ def _sizes(params: SessionParams, f1: int, f2: int) -> dict:
     # a noise share adds at most sqrt(m) tau to the high lane's l2 norm (m noised entries; none in the low lane)
     noise_l2 = math.sqrt(_noised_count(params)) * tau if tau else 0.0
     m_hi = _pow2_at_least(TAIL * (2.0 ** f1 * _honest_l2(params) + math.sqrt(L) / 2 + noise_l2)) + 1
-    m_lo = _pow2_at_least(TAIL * math.sqrt(L) * 2.0 ** (f2 - 1)) + 1
     B2 = float(b.max_norm) ** 2
     c_B = math.ceil(2.0 ** f1 * B2 * (1 + 2.0 ** -30))
     c_0 = math.ceil(2.0 ** f1 * lay.dim * params.gamma * (1 + 2.0 ** -30)) + lay.dim
@@ -137,7 +143,7 @@ def _sizes(params: SessionParams, f1: int, f2: int) -> dict:
         m_d = _bitlen(diag_max)
         m_n = _bitlen(b.n_max)
         slack_max = c_B * b.n_max + c_0
-        return {"m_hi": m_hi, "m_lo": m_lo, "m_d": m_d, "m_n": m_n, "m_s": _bitlen(slack_max), "c_B": c_B,
+        return {"m_hi": m_hi, "m_d": m_d, "m_n": m_n, "m_s": _bitlen(slack_max), "c_B": c_B,
                 "c_0": c_0, "slack_max": slack_max, "tau": 0}
     # DP (docs/VALIDITY.md, "With differential privacy"): n, counts and the diagonal are grid values shifted
     # by tau; the trace relation is taken times 2^f1 so that n (now a grid value) needs no division
@@ -145,7 +151,7 @@ def _sizes(params: SessionParams, f1: int, f2: int) -> dict:
     d, C = lay.dim, lay.n_classes
     trace_c = (1 << f1) * (c_0 + 2 * d * tau)
     slack_max = c_B * n_top + trace_c
-    return {"m_hi": m_hi, "m_lo": m_lo, "m_d": _bitlen(diag_max + 2 * tau), "m_n": _bitlen(n_top),
+    return {"m_hi": m_hi, "m_d": _bitlen(diag_max + 2 * tau), "m_n": _bitlen(n_top),
             "m_s": _bitlen(slack_max), "m_e": _bitlen(2 * (C + 1) * tau), "c_B": c_B, "c_0": c_0,
             "slack_max": slack_max, "tau": tau, "n_top": n_top, "trace_c": trace_c, "e_top": 2 * (C + 1) * tau}
 
@@ -159,8 +165,8 @@ def _fits(params: SessionParams, f1: int, f2: int) -> str | None:
     wrap = 1 << WRAP_BITS
     if k * (1 << s["m_hi"]) >= wrap:  # per entry |hi| <= 2T = 2^m_hi
         return "k_max * 2T_hi"
-    if k * (1 << s["m_lo"]) >= wrap:
-        return "k_max * 2T_lo"
+    if k * (1 << max(f2 - 1, 0)) >= wrap:  # honest low lanes, |lo| <= 2^(f2 - 1); a dishonest one cannot wrap hi
+        return "k_max honest low lanes"
     if params.dp is not None:
         # every term of each DP relation is a non-negative integer below these: their sums stay below 2^62
         C = params.layout.n_classes
@@ -269,11 +275,11 @@ class Circuit:
             self.blocks = [("n", 1, s["m_n"]), ("n_gap", 1, s["m_n"]), ("counts", self.C, s["m_n"]),
                            ("count_gap", self.C, s["m_n"]), ("sum", 1, s["m_e"]), ("sum_gap", 1, s["m_e"]),
                            ("diag", self.d, s["m_d"]), ("slack", 1, s["m_s"]),
-                           ("proj_hi", ROWS, s["m_hi"]), ("proj_lo", ROWS, s["m_lo"])]
+                           ("proj", ROWS, s["m_hi"])]
         else:
             self.blocks = [("n", 1, s["m_n"]), ("n_gap", 1, s["m_n"]), ("counts", self.C, s["m_n"]),
                            ("diag", self.d, s["m_d"]), ("slack", 1, s["m_s"]),
-                           ("proj_hi", ROWS, s["m_hi"]), ("proj_lo", ROWS, s["m_lo"])]
+                           ("proj", ROWS, s["m_hi"])]
         self.offsets = {}
         off = 0
         for name, cnt, width in self.blocks:
@@ -284,10 +290,11 @@ class Circuit:
         self.main_len = 2 * self.L
         self.proof_len = REPS * self.bits.proof_len
         self.total = self.main_len + self.n_bits + self.proof_len
-        self.T = (1 << (s["m_hi"] - 1), 1 << (s["m_lo"] - 1))
+        #: the projection threshold: every proven high-lane entry is within 2T
+        self.T = 1 << (s["m_hi"] - 1)
         # relations: lo zero (n, counts, contributors: C + 2), tag zero (8), contributors hi, n, n_gap, counts (C),
-        # counts sum, diag (d), slack, projections (2 ROWS)
-        self.n_relations = (self.C + 2) + 2 * len(self.i_tag) + 1 + 2 + self.C + 1 + self.d + 1 + 2 * ROWS
+        # counts sum, diag (d), slack, projections (ROWS)
+        self.n_relations = (self.C + 2) + 2 * len(self.i_tag) + 1 + 2 + self.C + 1 + self.d + 1 + ROWS
         if self.dp:  # count upper ends (C), and the count sum's two-sided range: one relation more
             self.n_relations += self.C + 1
         self.verifier_len = LINEAR_REPS + REPS * self.bits.verifier_len
@@ -315,35 +322,30 @@ class Circuit:
 
     # -- projection ----------------------------------------------------------------------------------------
     def project(self, x, fs: bytes) -> np.ndarray:
-        """``<r_j, hi>`` and ``<r_j, lo>`` mod p for the ROWS rows (one row set serves both lanes: each lane's
-        argument uses only the rows' randomness); shape (2, ROWS). Exact: limbs of w bits with 2^w L < 2^53."""
-        x = np.asarray(x, dtype=np.uint64)
+        """``<r_j, hi>`` mod p for the ROWS rows, shape (ROWS,).
+
+        Exact in float32: the high lane is cut into 4-bit limbs and summed over at most ``_PROJ_CHUNK``
+        entries at a time, so every partial sum is an integer of magnitude below ``15 * 2^20 < 2^24``
+        whatever order the BLAS adds in; chunk sums are then added as int64 and the limbs recombined mod p."""
+        hi = np.asarray(x, dtype=np.uint64)[:self.L]
         L = self.L
-        w = 32 if L < 1 << 20 else 16
-        if L >= 1 << 36:  # pragma: no cover - 2^16 L must stay below 2^53
-            raise InvalidInputError("lane too long for exact float64 projection")
-        mask = np.uint64((1 << w) - 1)
-        cols = []
-        for lane in (x[:L], x[L:]):
-            for i in range(64 // w):
-                cols.append(((lane >> np.uint64(w * i)) & mask).astype(np.float64))
-        limbs = np.stack(cols, axis=1)  # (L, 2 * 64/w)
+        row_bytes = -(-L // 4)
+        limbs = np.zeros((4 * row_bytes, 16), dtype=np.float32)  # zero rows pad L up to whole bytes of trits
+        for i in range(16):
+            limbs[:L, i] = (hi >> np.uint64(4 * i)) & np.uint64(15)
         key = hashlib.sha256(fs + b"rows\0").digest()
         enc = Cipher(algorithms.ChaCha20(key, b"\x00\x00\x00\x00" + _ROW_DOMAIN), mode=None).encryptor()
-        row_bytes = -(-L // 4)
-        sums = np.empty((ROWS, limbs.shape[1]), dtype=np.float64)
+        sums = np.zeros((ROWS, 16), dtype=np.int64)
         block = 16
         for j0 in range(0, ROWS, block):
             nb = min(block, ROWS - j0)
             raw = np.frombuffer(enc.update(bytes(nb * row_bytes)), dtype=np.uint8).reshape(nb, row_bytes)
-            R = _TRITS[raw].reshape(nb, 4 * row_bytes)[:, :L]
-            sums[j0:j0 + nb] = R @ limbs  # exact integers, |.| < 2^w L <= 2^53
-        out = np.zeros((2, ROWS), dtype=np.uint64)
-        per = 64 // w
-        for lane in range(2):
-            for i in range(per):
-                col = flp.encode_signed(sums[:, lane * per + i].astype(np.int64))
-                out[lane] = flp.add(out[lane], flp.scale(col, 1 << (w * i)))
+            R = np.take(_TRITS, raw).view(np.float32).reshape(nb, 4 * row_bytes)
+            for c0 in range(0, 4 * row_bytes, _PROJ_CHUNK):
+                sums[j0:j0 + nb] += (R[:, c0:c0 + _PROJ_CHUNK] @ limbs[c0:c0 + _PROJ_CHUNK]).astype(np.int64)
+        out = np.zeros(ROWS, dtype=np.uint64)
+        for i in range(16):
+            out = flp.add(out, flp.scale(flp.encode_signed(sums[:, i]), 1 << (4 * i)))
         return out
 
     # -- prover ------------------------------------------------------------------------------------------
@@ -354,13 +356,9 @@ class Circuit:
 
     @staticmethod
     def _bits_of(values, width: int) -> np.ndarray:
-        """Bits of non-negative ints (Python ints), little-endian, ``width`` each; wraps mod 2^width."""
-        out = np.zeros(len(values) * width, dtype=np.uint64)
-        for i, v in enumerate(values):
-            v = int(v) % (1 << width)
-            for j in range(width):
-                out[i * width + j] = (v >> j) & 1
-        return out
+        """Bits of non-negative ints (Python ints), little-endian, ``width`` (< 64) each; wraps mod 2^width."""
+        v = np.array([int(x) % (1 << width) for x in values], dtype=np.uint64)
+        return ((v[:, None] >> np.arange(width, dtype=np.uint64)) & np.uint64(1)).ravel()
 
     def _aux(self, x: np.ndarray, fs: bytes, *, check: bool) -> np.ndarray:
         if self.dp:
@@ -372,8 +370,6 @@ class Circuit:
         counts = [int(hi[i]) // scale for i in self.i_counts]
         diag = [int(hi[i]) for i in self.i_diag]
         slack = s["c_B"] * n + s["c_0"] - sum(diag)
-        proj = [[int(v) + self.T[which] for v in flp.decode_signed(y)]
-                for which, y in enumerate(self.project(x, fs))]
         if check:
             lo = flp.decode_signed(x[self.L:])
             problems = []
@@ -386,21 +382,17 @@ class Circuit:
                 problems.append("trace(C) exceeds n B^2")
             if problems:
                 raise BoundsExceeded("the statistics do not meet the session's bounds: " + "; ".join(problems))
-            for which, width in ((0, s["m_hi"]), (1, s["m_lo"])):
-                if not all(0 <= v < 1 << width for v in proj[which]):
-                    raise _Unlucky
+        proj = self._projection_values(x, fs, check)
         parts = [self._bits_of([n], s["m_n"]), self._bits_of([self.params.bounds.n_max - n], s["m_n"]),
                  self._bits_of(counts, s["m_n"]), self._bits_of(diag, s["m_d"]), self._bits_of([slack], s["m_s"]),
-                 self._bits_of(proj[0], s["m_hi"]), self._bits_of(proj[1], s["m_lo"])]
+                 self._bits_of(proj, s["m_hi"])]
         return np.concatenate(parts)
 
     def _projection_values(self, x: np.ndarray, fs: bytes, check: bool) -> list:
-        proj = [[int(v) + self.T[which] for v in flp.decode_signed(y)]
-                for which, y in enumerate(self.project(x, fs))]
-        if check:
-            for which, width in ((0, self.sizes["m_hi"]), (1, self.sizes["m_lo"])):
-                if not all(0 <= v < 1 << width for v in proj[which]):
-                    raise _Unlucky
+        """``<r_j, hi> + T`` as integers; with ``check``, :class:`_Unlucky` if one leaves ``[0, 2T)``."""
+        proj = [int(v) + self.T for v in flp.decode_signed(self.project(x, fs))]
+        if check and not all(0 <= v < 2 * self.T for v in proj):
+            raise _Unlucky
         return proj
 
     def _aux_dp(self, x: np.ndarray, fs: bytes, *, check: bool) -> np.ndarray:
@@ -431,7 +423,7 @@ class Circuit:
                  self._bits_of(cval, s["m_n"]), self._bits_of([n_top - v for v in cval], s["m_n"]),
                  self._bits_of([e_val], s["m_e"]), self._bits_of([e_top - e_val], s["m_e"]),
                  self._bits_of(dval, s["m_d"]), self._bits_of([slack], s["m_s"]),
-                 self._bits_of(proj[0], s["m_hi"]), self._bits_of(proj[1], s["m_lo"])]
+                 self._bits_of(proj, s["m_hi"])]
         return np.concatenate(parts)
 
     def aux_bits(self, x: np.ndarray, fs: bytes) -> np.ndarray:
@@ -533,10 +525,7 @@ class Circuit:
             flp.sub(flp.add(flp.scale(n_val, s["c_B"]), np.uint64(s["c_0"] * one)),  # trace <= c_B n + c_0
                     flp.add(slack, np.array([flp.sum_mod(diag)], dtype=np.uint64))),
         ]
-        ys = self.project(x, fs)
-        for which, name in ((0, "proj_hi"), (1, "proj_lo")):
-            y = ys[which]
-            rel.append(flp.sub(flp.add(y, np.uint64(self.T[which] * one)), self._decompose(bits, name)))
+        rel.append(flp.sub(flp.add(self.project(x, fs), np.uint64(self.T * one)), self._decompose(bits, "proj")))
         out = np.concatenate(rel)
         if out.shape[0] != self.n_relations:  # pragma: no cover - a layout slip would silently drop a check
             raise AssertionError("relation count")
@@ -574,9 +563,7 @@ class Circuit:
             flp.sub(flp.add(flp.scale(n_val, s["c_B"]), const(s["trace_c"])),       # 2^f1 trace <= c_B hi_n + ...
                     flp.add(dec["slack"], flp.scale(total(dval), f1s))),
         ]
-        ys = self.project(x, fs)
-        for which, name in ((0, "proj_hi"), (1, "proj_lo")):
-            rel.append(flp.sub(flp.add(ys[which], np.uint64(self.T[which] * one)), self._decompose(bits, name)))
+        rel.append(flp.sub(flp.add(self.project(x, fs), np.uint64(self.T * one)), self._decompose(bits, "proj")))
         out = np.concatenate(rel)
         if out.shape[0] != self.n_relations:  # pragma: no cover - a layout slip would silently drop a check
             raise AssertionError("relation count")
@@ -613,16 +600,21 @@ class Circuit:
 
 
 def _trit_table() -> np.ndarray:
-    """Byte -> its four trits, two bits each (low bit: nonzero, high bit: sign): 0 w.p. 1/2, +-1 w.p. 1/4."""
-    t = np.zeros((256, 4), dtype=np.float64)
+    """Byte -> its four trits, two bits each (low bit: nonzero, high bit: sign): 0 w.p. 1/2, +-1 w.p. 1/4.
+
+    Stored as one 16-byte item per byte value (four float32 viewed as a complex128) so that a row block is a
+    single 1-D ``take``, several times faster than indexing a (256, 4) table."""
+    t = np.zeros((256, 4), dtype=np.float32)
     for byte in range(256):
         for k in range(4):
             nz, sg = (byte >> (2 * k)) & 1, (byte >> (2 * k + 1)) & 1
             t[byte, k] = 0.0 if not nz else (-1.0 if sg else 1.0)
-    return t
+    return t.view(np.complex128).ravel()
 
 
 _TRITS = _trit_table()
+#: entries summed per float32 product: 15 * 2^20 < 2^24 keeps every partial sum exact
+_PROJ_CHUNK = 1 << 20
 
 
 class _Unlucky(Exception):
@@ -634,7 +626,7 @@ def describe(circuit: Circuit) -> Mapping:
     return {"L": circuit.L, "main_words": circuit.main_len, "aux_bits": circuit.n_bits,
             "proof_words": circuit.proof_len, "verifier_words": circuit.verifier_len,
             "chunk": circuit.bits.chunk, "domain": circuit.bits.n, "frac_bits": [circuit.f1, circuit.f2],
-            "T_hi_log2": circuit.sizes["m_hi"] - 1, "T_lo_log2": circuit.sizes["m_lo"] - 1,
+            "T_hi_log2": circuit.sizes["m_hi"] - 1,
             "soundness_bits_q64": round(soundness_bits(circuit), 1)}
 
 
@@ -712,7 +704,8 @@ ADVISORY_CHECKS = ("symmetric", "psd", "cauchy_schwarz", "class_cauchy_schwarz",
 
 
 def proven_aggregate_bound(params: SessionParams) -> float:
-    """|entry| of a sum of k_max proven uploads: each lane entry is within 2T (docs/VALIDITY.md)."""
+    """|entry| of a sum of k_max proven uploads (docs/VALIDITY.md): each high-lane entry is within 2T, and the
+    low-lane sum, whatever the uploads hold there, is read as a centred value below 2^63."""
     f1, f2 = (int(v) for v in params.backend_params["frac_bits"])
     s = _sizes(params, f1, f2)
-    return float(params.bounds.k_max) * (2.0 ** (s["m_hi"] - f1) + 2.0 ** (s["m_lo"] - f1 - f2))
+    return float(params.bounds.k_max) * 2.0 ** (s["m_hi"] - f1) + 2.0 ** (63 - f1 - f2)

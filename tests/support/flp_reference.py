@@ -54,3 +54,25 @@ def bit_proof(bits: list[int], r: int, seeds: list[int], chunk: int) -> list[int
         prod = polymul(idft(u), idft(v))
         total = [(a + b) % P for a, b in zip(total, prod)]
     return list(seeds) + total
+
+
+def projection(hi: list[int], fs: bytes, rows: int) -> list[int]:
+    """``<r_j, hi> mod p`` for the validity circuit's rows, decoded trit by trit from the ChaCha20 stream:
+    byte b of row j holds entries 4b..4b+3, two bits each (low: nonzero, high: sign)."""
+    import hashlib
+
+    from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
+
+    key = hashlib.sha256(fs + b"rows\0").digest()
+    enc = Cipher(algorithms.ChaCha20(key, b"\x00" * 4 + b"saflVALIDrow"), mode=None).encryptor()
+    row_bytes = -(-len(hi) // 4)
+    out = []
+    for _ in range(rows):
+        stream = enc.update(bytes(row_bytes))
+        acc = 0
+        for i, x in enumerate(hi):
+            pair = (stream[i // 4] >> (2 * (i % 4))) & 3
+            if pair & 1:
+                acc += -x if pair & 2 else x
+        out.append(acc % P)
+    return out
