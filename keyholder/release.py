@@ -21,7 +21,6 @@ import json
 import logging
 import os
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -346,15 +345,12 @@ class KeyHolder(KeyCustody):
             # the sealed seed key is opened once: each opening runs the passphrase KDF (scrypt)
             secret = self.secret_context(sid)
 
-            def verdict(p):
-                h = p["hospital"]
-                seed = split.open_statement_seed(params, secret, statements, enrolled, h, p["payload_sha256"])
-                return h, split_validity.helper_verdict(circuit, h, seed, statements[h], *leader[h])
-
             try:
-                # one verdict per upload, independent of the others; numpy releases the GIL in the long passes
-                with ThreadPoolExecutor(max_workers=min(len(m["participants"]), os.cpu_count() or 1)) as pool:
-                    refused = {h: check for h, check in pool.map(verdict, m["participants"]) if check is not None}
+                # one verdict per upload, independent of the others; the accepted uploads' lane masks are
+                # summed as they are judged, so no seed is opened or expanded twice
+                share, refused = split.keyholder_share(
+                    params, secret, m, statements, enrolled, workers=os.cpu_count() or 1,
+                    judge=split_validity.helper_judge(circuit, statements, leader))
                 if refused:  # the server's signed messages the refusals rest on, kept with the key holder's record
                     self.keep_validity_evidence(sid, {h: raw[h] for h in refused}, refused)
                 cohort = [p["hospital"] for p in m["participants"] if p["hospital"] not in refused]
@@ -367,7 +363,6 @@ class KeyHolder(KeyCustody):
                 # in the privacy ledger, as the release it enables (the collector cannot unmask without the
                 # share, which leaves only after this), at the noise the cohort's shares sum to
                 self.account_split_release(params, m["aggregate_sha256"], len(cohort))
-                share = split.keyholder_share(params, secret, m, statements, enrolled, exclude=refused)
             except split.SeedRefused as e:
                 ledger.block(key_id, f"refused before the share: {e}")
                 raise ContributionRejected(f"no share released: {e}", e.hospital) from e

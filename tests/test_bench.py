@@ -62,9 +62,13 @@ def test_every_backend_in_one_run_prints_one_table(capsys):
 
     # Assert: one line per backend and K with its certified W bound
     out = capsys.readouterr().out.splitlines()
-    table = out[out.index(next(line for line in out if "certified W bound" in line)):]
-    assert rc == 0 and len(table) == 1 + 5 * 2
-    assert {line.split()[0] for line in table[1:]} == {"plain", "ckks", "bfv", "secagg", "split"}
+    head = out.index(next(line for line in out if "certified W bound" in line))
+    table = out[head:head + 1 + 5 * 2]
+    assert rc == 0 and {line.split()[0] for line in table[1:]} == {"plain", "ckks", "bfv", "secagg", "split"}
+    # then split's release, per K: both verifiers' time, the key holder's share alone, the proof's bytes
+    notes = out[head + 1 + 5 * 2:]
+    assert [line.split(":")[0] for line in notes] == ["split, K = 2", "split, K = 3"]
+    assert all("key holder release" in line and "validity proof" in line for line in notes)
 
 
 def test_split_round_is_exact_and_sixteen_bytes_per_value():

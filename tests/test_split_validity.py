@@ -245,7 +245,7 @@ def test_a_free_low_lane_is_accepted_and_moves_the_release_by_less_than_its_boun
         acc.add(payload)
         manifest["participants"].append({"hospital": hospital, "payload_sha256": hashlib.sha256(payload).hexdigest()})
         statements[hospital], enrolled[hospital] = st, ident.public_key()
-    share = split.keyholder_share(params, keys.secret_context, manifest, statements, enrolled)
+    share, _ = split.keyholder_share(params, keys.secret_context, manifest, statements, enrolled)
     released = be.reveal(acc.aggregate(), share=share)
     moved = np.abs(released - np.sum(vectors, axis=0))
     exact = slice(LAYOUT.slices["n"].start, LAYOUT.length)

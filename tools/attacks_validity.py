@@ -117,19 +117,15 @@ def _split_release(vectors, cheat: dict) -> dict:
         uploads[h], enrolled[h] = (payload, st), key.public_key()
         participants.append({"hospital": h, "payload_sha256": hashlib.sha256(payload).hexdigest()})
     manifest = {"participants": participants}
-    refused = {}
+    messages = {}
     for p in participants:
         h = p["hospital"]
-        payload, st = uploads[h]
-        msg = split_validity.leader_message(be, h, payload, st, server_key)
-        qs, leader = split_validity.verify_leader_message(msg, server_key.public_key(), be.circuit, h,
-                                                          p["payload_sha256"])
-        seed = split.open_statement_seed(params, keys.secret_context, {h: st}, enrolled, h, p["payload_sha256"])
-        check = split_validity.helper_verdict(be.circuit, h, seed, st, qs, leader)
-        if check is not None:
-            refused[h] = check
-    share = split.keyholder_share(params, keys.secret_context, manifest, {h: u[1] for h, u in uploads.items()},
-                                  enrolled, exclude=refused)
+        msg = split_validity.leader_message(be, h, *uploads[h], server_key)
+        messages[h] = split_validity.verify_leader_message(msg, server_key.public_key(), be.circuit, h,
+                                                           p["payload_sha256"])
+    statements = {h: u[1] for h, u in uploads.items()}
+    share, refused = split.keyholder_share(params, keys.secret_context, manifest, statements, enrolled,
+                                           judge=split_validity.helper_judge(be.circuit, statements, messages))
     vec = split.collect(params, acc.aggregate(), share, subtract=[be.masked_words(uploads[h][0]) for h in refused])
     k = len(vectors) - len(refused)
     stats = _layout().unpack(vec, gamma=GAMMA)

@@ -35,6 +35,8 @@ Collector (the server, as in secagg): ``Y + S = sum_k enc(x_k)`` and decodes.
 from __future__ import annotations
 
 import hashlib
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Mapping
 
@@ -211,27 +213,50 @@ def open_statement_seed(params: SessionParams, secret_key: bytes, statements: Ma
 
 
 def keyholder_share(params: SessionParams, secret_key: bytes, manifest: Mapping, statements: Mapping,
-                    enrolled: Mapping, *, exclude=()) -> np.ndarray:
-    """``-sum m_k (mod p)`` over EXACTLY the (already verified) manifest's participants but ``exclude`` (the
-    uploads whose validity proof failed, which the collector subtracts from the masked sum).
+                    enrolled: Mapping, *, judge=None, workers: int = 1) -> tuple[np.ndarray, dict]:
+    """``(-sum m_k (mod p), refused)`` over EXACTLY the (already verified) manifest's participants that
+    ``judge`` accepts (all of them without a judge).
 
     ``statements``: hospital -> signed seed statement, as the server relayed
     them; each is checked against the hospital's enrolled key and the
     hospital-signed payload hash in the manifest before its box is opened.
     Raises naming the first hospital whose statement or box fails.
+
+    ``judge(hospital, seed) -> (reason or None, lane share)``: the key holder's validity verdict, which
+    expands the seed's whole mask anyway and hands back its lane part ``-m_k`` so that it is not expanded
+    twice; a refused upload (reason not None) is left out of the sum and listed in ``refused``, for the
+    collector to subtract from the masked sum. ``workers`` threads judge and expand at once (numpy and
+    ChaCha20 release the GIL in the long passes); the sum does not depend on their order.
     """
     n = fixedpoint.n_words(params.layout.length)
-    total = np.zeros(n, dtype=np.uint64)
-    exclude = set(exclude)
     if not isinstance(statements, Mapping):
         raise MalformedPayload("the relayed seed statements are not a mapping")
-    for p in manifest["participants"]:
+    total = np.zeros(n, dtype=np.uint64)
+    refused: dict[str, str] = {}
+    lock = threading.Lock()
+
+    def one(p) -> None:
+        nonlocal total
         h = p["hospital"]
-        if h in exclude:
-            continue
         seed = open_statement_seed(params, secret_key, statements, enrolled, h, p["payload_sha256"])
-        total = flp.add(total, flp.expand_field(seed, n, split_validity.DOMAIN_SHARE))
-    return flp.neg(total)
+        if judge is None:
+            reason, lanes = None, flp.neg(flp.expand_field(seed, n, split_validity.DOMAIN_SHARE))
+        else:
+            reason, lanes = judge(h, seed)
+        with lock:  # each upload's mask is added as soon as it is judged: O(L) memory per worker
+            if reason is None:
+                total = flp.add(total, lanes)
+            else:
+                refused[h] = reason
+
+    participants = list(manifest["participants"])
+    if workers <= 1 or len(participants) <= 1:
+        for p in participants:
+            one(p)
+    else:
+        with ThreadPoolExecutor(max_workers=min(workers, len(participants))) as pool:
+            list(pool.map(one, participants))  # re-raises the first refusal of a statement or box
+    return total, refused
 
 
 def _share_statement(params: SessionParams, manifest: Mapping, share_sha256: str, refused: Mapping) -> dict:

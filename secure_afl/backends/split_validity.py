@@ -68,7 +68,7 @@ from ..encoding import canonical_json
 
 __all__ = ["Circuit", "UploadCommitment", "choose_frac_bits", "REPS", "ROWS", "TAIL",
            "ADVISORY_CHECKS", "proven_aggregate_bound", "check_upload", "leader_message", "verify_leader_message",
-           "helper_verdict", "seed_digest", "describe",
+           "helper_verdict", "helper_judge", "seed_digest", "describe",
            "WRAP_BITS", "DOMAIN_SHARE", "soundness_bits", "LINEAR_REPS", "noise_bound"]
 
 #: repetitions of the bit proof (independent joint randomness and query point)
@@ -324,28 +324,27 @@ class Circuit:
     def project(self, x, fs: bytes) -> np.ndarray:
         """``<r_j, hi>`` mod p for the ROWS rows, shape (ROWS,).
 
-        Exact in float32: the high lane is cut into 4-bit limbs and summed over at most ``_PROJ_CHUNK``
-        entries at a time, so every partial sum is an integer of magnitude below ``15 * 2^20 < 2^24``
-        whatever order the BLAS adds in; chunk sums are then added as int64 and the limbs recombined mod p."""
+        Exact in float32: the high lane is cut into its 8 bytes and summed over at most ``_PROJ_CHUNK``
+        entries at a time, so every partial sum is an integer of magnitude at most ``255 * 2^16 < 2^24``
+        whatever order the BLAS adds in; chunk sums are then added as int64 and the bytes recombined mod p."""
         hi = np.asarray(x, dtype=np.uint64)[:self.L]
         L = self.L
         row_bytes = -(-L // 4)
-        limbs = np.zeros((4 * row_bytes, 16), dtype=np.float32)  # zero rows pad L up to whole bytes of trits
-        for i in range(16):
-            limbs[:L, i] = (hi >> np.uint64(4 * i)) & np.uint64(15)
+        limbs = np.ascontiguousarray(hi, dtype="<u8").view(np.uint8).reshape(L, 8).T.astype(np.float32)
         key = hashlib.sha256(fs + b"rows\0").digest()
         enc = Cipher(algorithms.ChaCha20(key, b"\x00\x00\x00\x00" + _ROW_DOMAIN), mode=None).encryptor()
-        sums = np.zeros((ROWS, 16), dtype=np.int64)
+        sums = np.zeros((ROWS, 8), dtype=np.int64)
         block = 16
         for j0 in range(0, ROWS, block):
             nb = min(block, ROWS - j0)
             raw = np.frombuffer(enc.update(bytes(nb * row_bytes)), dtype=np.uint8).reshape(nb, row_bytes)
             R = np.take(_TRITS, raw).view(np.float32).reshape(nb, 4 * row_bytes)
-            for c0 in range(0, 4 * row_bytes, _PROJ_CHUNK):
-                sums[j0:j0 + nb] += (R[:, c0:c0 + _PROJ_CHUNK] @ limbs[c0:c0 + _PROJ_CHUNK]).astype(np.int64)
+            for c0 in range(0, L, _PROJ_CHUNK):
+                c1 = min(L, c0 + _PROJ_CHUNK)
+                sums[j0:j0 + nb] += (R[:, c0:c1] @ limbs[:, c0:c1].T).astype(np.int64)
         out = np.zeros(ROWS, dtype=np.uint64)
-        for i in range(16):
-            out = flp.add(out, flp.scale(flp.encode_signed(sums[:, i]), 1 << (4 * i)))
+        for i in range(8):
+            out = flp.add(out, flp.scale(flp.encode_signed(sums[:, i]), 1 << (8 * i)))
         return out
 
     # -- prover ------------------------------------------------------------------------------------------
@@ -613,8 +612,8 @@ def _trit_table() -> np.ndarray:
 
 
 _TRITS = _trit_table()
-#: entries summed per float32 product: 15 * 2^20 < 2^24 keeps every partial sum exact
-_PROJ_CHUNK = 1 << 20
+#: entries summed per float32 product: 255 * 2^16 < 2^24 keeps every partial sum exact
+_PROJ_CHUNK = 1 << 16
 
 
 class _Unlucky(Exception):
@@ -687,15 +686,28 @@ def verify_leader_message(statement, server_pub, circuit: Circuit, hospital: str
 
 
 def helper_verdict(circuit: Circuit, hospital: str, seed: bytes, statement: Mapping, query_seed: bytes,
-                   leader_msg: np.ndarray) -> str | None:
-    """Key holder: None if ``hospital``'s upload is valid, else the check it failed."""
+                   leader_msg: np.ndarray, *, share: np.ndarray | None = None) -> str | None:
+    """Key holder: None if ``hospital``'s upload is valid, else the check it failed. ``share``: this seed's
+    :meth:`Circuit.helper_share` when the caller has already expanded it (the release sums its lane part)."""
     commitment = UploadCommitment.from_dict(statement.get("validity"))
     try:
         circuit.check_commitment(None, commitment, leader=False, seed=seed)
     except MalformedPayload:
         return "commitment"
-    share = circuit.helper_share(seed)
+    share = circuit.helper_share(seed) if share is None else share
     return circuit.decide(leader_msg, circuit.query(share, commitment, hospital, query_seed, leader=False))
+
+
+def helper_judge(circuit: Circuit, statements: Mapping, leader: Mapping):
+    """Key holder: the ``judge`` its release hands :func:`secure_afl.backends.split.keyholder_share`.
+
+    ``leader``: hospital -> (query seed, message) from :func:`verify_leader_message`. The judge expands the
+    seed's whole mask once, decides on it and hands back its lane part for the share."""
+    def judge(hospital: str, seed: bytes):
+        mask = circuit.helper_share(seed)
+        return (helper_verdict(circuit, hospital, seed, statements[hospital], *leader[hospital], share=mask),
+                mask[:circuit.main_len])
+    return judge
 
 
 #: release checks the proof does not establish (a hospital within its proven bounds can fail them): the

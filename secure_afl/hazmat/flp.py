@@ -101,6 +101,20 @@ def root_of_unity(n: int) -> int:
     return pow(GENERATOR, (P - 1) // n, P)
 
 
+def _batch_inv(xs: list[int]) -> list[int]:
+    """Inverses of nonzero elements with one exponentiation (prefix products, then unwound)."""
+    prefix, acc = [], 1
+    for x in xs:
+        prefix.append(acc)
+        acc = acc * x % P
+    acc = inv(acc)
+    out = [0] * len(xs)
+    for i in range(len(xs) - 1, -1, -1):
+        out[i] = acc * prefix[i] % P
+        acc = acc * xs[i] % P
+    return out
+
+
 def inv(x: int) -> int:
     x %= P
     if x == 0:
@@ -354,10 +368,14 @@ class BitProof:
         wires[c:, 0] = seeds[c:]
         wires[:c, 1:self.calls + 1] = u.T
         wires[c:, 1:self.calls + 1] = v.T
-        coeffs = np.zeros((2 * c, 2 * n), dtype=np.uint64)
-        coeffs[:, :n] = intt(wires)
-        vals = ntt(coeffs)  # on the 2N-th roots
-        prod = sum_mod(mul(vals[:c], vals[c:]), axis=0)
+        # P = sum_j U_j V_j has degree <= 2N - 2: its values on the 2N-th roots b^i (b^2 = a) determine it.
+        # The even ones are the wires themselves (b^(2m) = a^m); the odd ones, b a^m, are one N-point NTT of
+        # U_j(b x)'s coefficients, half the work of a 2N-point transform of every wire polynomial.
+        w2 = root_of_unity(2 * n)
+        odd = ntt(mul(intt(wires), powers(w2, n)))
+        prod = np.empty(2 * n, dtype=np.uint64)
+        prod[0::2] = sum_mod(mul(wires[:c], wires[c:]), axis=0)
+        prod[1::2] = sum_mod(mul(odd[:c], odd[c:]), axis=0)
         p_coeffs = intt(prod)
         if int(p_coeffs[-1]) != 0:  # pragma: no cover - degree <= 2N - 2 by construction
             raise AssertionError("gadget polynomial degree")
@@ -368,7 +386,8 @@ class BitProof:
         n, a = self.n, self._alpha
         pts = [pow(a, m, P) for m in range(n)]
         z = (pow(t, n, P) - 1) * inv(n) % P
-        return to_field([z * pts[m] % P * inv(t - pts[m]) % P for m in range(n)])
+        dens = _batch_inv([(t - x) % P for x in pts])
+        return to_field([z * pts[m] % P * dens[m] % P for m in range(n)])
 
     def out_weights(self) -> np.ndarray:
         if self._out_weights is None:
