@@ -131,6 +131,18 @@ def test_bit_proof_matches_the_reference_and_the_vector():
         assert _ints(flp.BitProof(m, chunk=c).prove(_arr(bits), jr, _arr(seeds))) == ref.bit_proof(bits, jr, seeds, c)
 
 
+def test_repeated_proofs_equal_the_reference_one_by_one():
+    # prove_reps shares the V wires' coset values across repetitions: each proof must still be the one
+    # the reference builds for its own joint randomness and seeds
+    rng = random.Random(23)
+    for m, c in ((1, 1), (40, 7), (300, 17)):
+        bits = [rng.randrange(2) for _ in range(m)]
+        jrs = [rng.randrange(P) for _ in range(3)]
+        seeds = [[rng.randrange(P) for _ in range(2 * c)] for _ in jrs]
+        got = flp.BitProof(m, chunk=c).prove_reps(_arr(bits), jrs, [_arr(s) for s in seeds])
+        assert [_ints(g) for g in got] == [ref.bit_proof(bits, jr, s, c) for jr, s in zip(jrs, seeds)]
+
+
 @pytest.mark.parametrize("m", [1, 7, 500, 20000])
 def test_bit_proof_accepts_bits_and_refuses_any_single_non_bit(m):
     rng = random.Random(m)

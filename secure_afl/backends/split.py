@@ -392,13 +392,6 @@ class SplitBackend(ProtectionBackend):
         """The server's share of an upload: every word (main vector, bits, proofs), each a field element."""
         return self.circuit.leader_share(open_envelope(self.params, payload, "contribution").body)
 
-    def masked_view(self, payload: bytes) -> np.ndarray:
-        """:meth:`masked_words` without the copy: a read-only view of the payload's body (the server's sum)."""
-        env = open_envelope(self.params, payload, "contribution")
-        if len(env.body) != 8 * fixedpoint.n_words(self.params.layout.length):
-            raise MalformedPayload("split masked vector has the wrong length")
-        return np.frombuffer(env.body, dtype="<u8")
-
     def masked_words(self, payload: bytes) -> np.ndarray:
         """The masked main vector (2L field elements), the part that is summed."""
         return self.upload_share(payload)[:self.circuit.main_len]

@@ -456,10 +456,9 @@ class Circuit:
                 continue
             y_aux = flp.add(aux, mask[self.main_len:self.main_len + self.n_bits])
             aux_sha = hashlib.sha256(flp.to_bytes(y_aux)).hexdigest()
-            proofs = []
-            for jr in self.joint_rand(fs, aux_sha):
-                prove_seeds = flp.expand_field(os.urandom(32), 2 * self.bits.chunk, _PROOF_DOMAIN)
-                proofs.append(self.bits.prove(aux, jr, prove_seeds))
+            jrs = self.joint_rand(fs, aux_sha)
+            proofs = self.bits.prove_reps(aux, jrs, [flp.expand_field(os.urandom(32), 2 * self.bits.chunk,
+                                                                      _PROOF_DOMAIN) for _ in jrs])
             y_proof = flp.add(np.concatenate(proofs), mask[self.main_len + self.n_bits:])
             body = np.concatenate([y_main, y_aux, y_proof])
             return body, s, UploadCommitment(main_sha, aux_sha, seed_sha)

@@ -359,27 +359,53 @@ class BitProof:
 
     def prove(self, bits, joint_rand: int, seeds) -> np.ndarray:
         """The proof for ``bits`` (the whole vector, not a share); ``seeds``: 2c uniform elements."""
+        return self.prove_reps(bits, [joint_rand], [seeds])[0]
+
+    def prove_reps(self, bits, joint_rands, seeds_list) -> list[np.ndarray]:
+        """One proof of the same ``bits`` per joint randomness (independent repetitions), each equal to
+        :meth:`prove` with its seeds.
+
+        P = sum_j U_j V_j has degree <= 2N - 2: its values on the 2N-th roots b^i (b^2 = a) determine it.
+        The even ones are the wires themselves (b^(2m) = a^m); the odd ones, at b a^m, are one N-point NTT
+        of each wire polynomial's coefficients scaled by b^e / N (evaluation on the coset), half the work
+        of a 2N-point transform. The V wires (b - 1) do not depend on the joint randomness and their seed
+        enters linearly, so their coset values are computed once for every repetition."""
         bits = self._check(bits, self.length, "the bit vector")
-        seeds = self._check(seeds, 2 * self.chunk, "the proof seeds")
-        c, n = self.chunk, self.n
-        u, v = self._wires(bits, joint_rand, leader=True)
-        wires = np.zeros((2 * c, n), dtype=np.uint64)  # row j: U_j's values on the domain
-        wires[:c, 0] = seeds[:c]
-        wires[c:, 0] = seeds[c:]
-        wires[:c, 1:self.calls + 1] = u.T
-        wires[c:, 1:self.calls + 1] = v.T
-        # P = sum_j U_j V_j has degree <= 2N - 2: its values on the 2N-th roots b^i (b^2 = a) determine it.
-        # The even ones are the wires themselves (b^(2m) = a^m); the odd ones, b a^m, are one N-point NTT of
-        # U_j(b x)'s coefficients, half the work of a 2N-point transform of every wire polynomial.
-        w2 = root_of_unity(2 * n)
-        odd = ntt(mul(intt(wires), powers(w2, n)))
-        prod = np.empty(2 * n, dtype=np.uint64)
-        prod[0::2] = sum_mod(mul(wires[:c], wires[c:]), axis=0)
-        prod[1::2] = sum_mod(mul(odd[:c], odd[c:]), axis=0)
-        p_coeffs = intt(prod)
-        if int(p_coeffs[-1]) != 0:  # pragma: no cover - degree <= 2N - 2 by construction
-            raise AssertionError("gadget polynomial degree")
-        return np.concatenate([seeds, p_coeffs[:-1]])
+        seeds_list = [self._check(s, 2 * self.chunk, "the proof seeds") for s in seeds_list]
+        if len(seeds_list) != len(joint_rands):
+            raise InvalidInputError("one seed vector per joint randomness")
+        c, n, G = self.chunk, self.n, self.calls
+        coset = scale(powers(root_of_unity(2 * n), n), inv(n))
+        inv_alpha = inv(self._alpha)
+
+        def odd(values: np.ndarray) -> np.ndarray:
+            return ntt(mul(ntt(values, inv_alpha), coset))
+
+        padded = np.zeros(G * c, dtype=np.uint64)
+        padded[:self.length] = bits
+        v = sub(padded, np.uint64(1)).reshape(G, c)
+        v_even = np.zeros((c, n), dtype=np.uint64)  # the seed column (index 0) is added per repetition
+        v_even[:, 1:G + 1] = v.T
+        v_odd0 = odd(v_even)
+        delta = np.zeros((1, n), dtype=np.uint64)
+        delta[0, 0] = 1
+        delta_odd = odd(delta)[0]
+        proofs = []
+        for joint_rand, seeds in zip(joint_rands, seeds_list):
+            u, _ = self._wires(bits, joint_rand, leader=True)
+            u_even = np.zeros((c, n), dtype=np.uint64)
+            u_even[:, 0] = seeds[:c]
+            u_even[:, 1:G + 1] = u.T
+            v_even[:, 0] = seeds[c:]
+            v_odd = add(v_odd0, mul(seeds[c:].reshape(-1, 1), delta_odd))
+            prod = np.empty(2 * n, dtype=np.uint64)
+            prod[0::2] = sum_mod(mul(u_even, v_even), axis=0)
+            prod[1::2] = sum_mod(mul(odd(u_even), v_odd), axis=0)
+            p_coeffs = intt(prod)
+            if int(p_coeffs[-1]) != 0:  # pragma: no cover - degree <= 2N - 2 by construction
+                raise AssertionError("gadget polynomial degree")
+            proofs.append(np.concatenate([seeds, p_coeffs[:-1]]))
+        return proofs
 
     def _lagrange(self, t: int) -> np.ndarray:
         """``L_m(t)`` for the N-point domain: ``(t^N - 1) a^m / (N (t - a^m))``."""
