@@ -15,9 +15,9 @@ combination, so only its value, zero for an honest upload, is revealed):
   n is an integer in ``[0, n_max]``;
 * ``hi_count_c = 2^f1 sum 2^i bc_(c,i)`` and ``sum_c count_c = n``: every class
   count is a non-negative integer, so also ``<= n``;
-* ``hi_(C_ii) = sum 2^j bd_(i,j)`` (diagonal in ``[0, 2^mD)``) and
-  ``c_B n + c_0 - sum_i hi_(C_ii) = sum 2^i bs_i`` (trace(C^r) <= n B^2 + d gamma,
-  up to the fixed point's rounding);
+* ``c_B n + c_0 - sum_i hi_(C_ii) = sum 2^i bs_i``: trace(C^r) <= n B^2 + d gamma,
+  up to the fixed point's rounding (the sum cannot wrap: each diagonal entry is
+  within the projection bound below, and ``d 2T`` stays below ``2^62``);
 * for ``k = ROWS`` rows ``r_j in {-1, 0, 1}^L`` (0 with probability 1/2),
   drawn from a hash of the committed upload, ``<r_j, hi> + T = sum 2^i bp_(j,i)``
   with ``T = 2^(m - 1)``: every row's projection of the high lane lies in ``[-T, T)``.
@@ -39,9 +39,13 @@ lanes must be 0, are pinned there.
 
 With DP (``params.dp``) each hospital's Skellam share is in the upload, so n and the counts are grid values,
 not integers: the statement is widened by the share's hard bound ``tau`` (grid units, :func:`noise_bound`):
-n and every count in ``[-tau, n_max 2^f1 + tau]``, ``|sum counts - n| <= (C + 1) tau``, the diagonal and the
-trace slack shifted by the noise, ``T_hi`` grown by ``sqrt(m) tau`` (docs/VALIDITY.md, "With differential
-privacy"). Without DP the statement above is unchanged.
+n and every count in ``[-tau, n_max 2^f1 + tau]``, ``|sum counts - n| <= (C + 1) tau``, the trace slack
+shifted by the noise, ``T`` grown by ``sqrt(m) tau`` (docs/VALIDITY.md, "With differential privacy").
+Without DP the statement above is unchanged.
+
+No diagonal entry is proven non-negative on its own: within the projection bound an off-diagonal entry
+already makes ``C_k`` indefinite, so a per-entry sign would bound nothing the rest leaves open, at three
+quarters of the proof's bits (docs/VALIDITY.md, "What the statement leaves out").
 
 Sharing: the hospital's fresh seed ``s`` gives ``m = expand_field(s)`` over
 the whole body ``w = x || b || proofs``; the server holds ``w + m`` (the upload),
@@ -138,22 +142,27 @@ def _sizes(params: SessionParams, f1: int, f2: int) -> dict:
     B2 = float(b.max_norm) ** 2
     c_B = math.ceil(2.0 ** f1 * B2 * (1 + 2.0 ** -30))
     c_0 = math.ceil(2.0 ** f1 * lay.dim * params.gamma * (1 + 2.0 ** -30)) + lay.dim
-    diag_max = math.ceil(2.0 ** f1 * (b.n_max * B2 + params.gamma) * (1 + 2.0 ** -30)) + 1
     if params.dp is None:
-        m_d = _bitlen(diag_max)
         m_n = _bitlen(b.n_max)
         slack_max = c_B * b.n_max + c_0
-        return {"m_hi": m_hi, "m_d": m_d, "m_n": m_n, "m_s": _bitlen(slack_max), "c_B": c_B,
+        return {"m_hi": m_hi, "m_n": m_n, "m_s": _bitlen(slack_max), "c_B": c_B,
                 "c_0": c_0, "slack_max": slack_max, "tau": 0}
-    # DP (docs/VALIDITY.md, "With differential privacy"): n, counts and the diagonal are grid values shifted
-    # by tau; the trace relation is taken times 2^f1 so that n (now a grid value) needs no division
+    # DP (docs/VALIDITY.md, "With differential privacy"): n and the counts are grid values shifted by tau; the
+    # trace relation is taken times 2^g so that n (now a grid value) needs no division: g = f1 unless the
+    # diagonal's sum, within the projection bound, times 2^g would come near 2^62 (c_B rounds up: the bound is
+    # looser by 2^-g B^2-units per grid step of n)
     n_top = b.n_max * (1 << f1) + 2 * tau
     d, C = lay.dim, lay.n_classes
-    trace_c = (1 << f1) * (c_0 + 2 * d * tau)
+    g = f1
+    while g > 0 and (d * ((1 << m_hi) + tau)) << g >= 1 << (WRAP_BITS - 2):
+        g -= 1
+    c_B = math.ceil(2.0 ** g * B2 * (1 + 2.0 ** -30))
+    trace_c = (1 << g) * (c_0 + 2 * d * tau)
     slack_max = c_B * n_top + trace_c
-    return {"m_hi": m_hi, "m_d": _bitlen(diag_max + 2 * tau), "m_n": _bitlen(n_top),
+    return {"m_hi": m_hi, "m_n": _bitlen(n_top),
             "m_s": _bitlen(slack_max), "m_e": _bitlen(2 * (C + 1) * tau), "c_B": c_B, "c_0": c_0,
-            "slack_max": slack_max, "tau": tau, "n_top": n_top, "trace_c": trace_c, "e_top": 2 * (C + 1) * tau}
+            "slack_max": slack_max, "tau": tau, "n_top": n_top, "trace_c": trace_c, "e_top": 2 * (C + 1) * tau,
+            "g": g}
 
 
 def _fits(params: SessionParams, f1: int, f2: int) -> str | None:
@@ -168,14 +177,17 @@ def _fits(params: SessionParams, f1: int, f2: int) -> str | None:
     if k * (1 << max(f2 - 1, 0)) >= wrap:  # honest low lanes, |lo| <= 2^(f2 - 1); a dishonest one cannot wrap hi
         return "k_max honest low lanes"
     if params.dp is not None:
-        # every term of each DP relation is a non-negative integer below these: their sums stay below 2^62
+        # every term of each DP relation is an integer of magnitude below these (a diagonal entry's through
+        # the projection bound 2T): their sums stay below 2^62
         C = params.layout.n_classes
-        if (s["c_B"] << s["m_n"]) + s["trace_c"] + (d << (f1 + s["m_d"])) + (1 << s["m_s"]) >= wrap:
+        if (s["c_B"] << s["m_n"]) + s["trace_c"] + ((d * ((1 << s["m_hi"]) + s["tau"])) << s["g"]) + \
+                (1 << s["m_s"]) >= wrap:
             return "the trace relation"
         if (C + 2) * (1 << s["m_n"]) + 2 * s["tau"] + 2 * (1 << s["m_e"]) + s["e_top"] >= wrap:
             return "the count relations"
         return None
-    if d * (1 << s["m_d"]) + s["slack_max"] + (1 << s["m_s"]) >= wrap:
+    # the diagonal entries enter the trace relation as they are, each within the projection bound 2T
+    if d * (1 << s["m_hi"]) + s["slack_max"] + (1 << s["m_s"]) >= wrap:
         return "the trace relation"
     # n and the counts: 2^f1 times a value of m_n bits, and C of them summed, stay integers below p/2
     if (1 << (f1 + s["m_n"])) >= wrap or params.layout.n_classes * (1 << s["m_n"]) >= wrap:
@@ -274,12 +286,10 @@ class Circuit:
         if self.dp:
             self.blocks = [("n", 1, s["m_n"]), ("n_gap", 1, s["m_n"]), ("counts", self.C, s["m_n"]),
                            ("count_gap", self.C, s["m_n"]), ("sum", 1, s["m_e"]), ("sum_gap", 1, s["m_e"]),
-                           ("diag", self.d, s["m_d"]), ("slack", 1, s["m_s"]),
-                           ("proj", ROWS, s["m_hi"])]
+                           ("slack", 1, s["m_s"]), ("proj", ROWS, s["m_hi"])]
         else:
             self.blocks = [("n", 1, s["m_n"]), ("n_gap", 1, s["m_n"]), ("counts", self.C, s["m_n"]),
-                           ("diag", self.d, s["m_d"]), ("slack", 1, s["m_s"]),
-                           ("proj", ROWS, s["m_hi"])]
+                           ("slack", 1, s["m_s"]), ("proj", ROWS, s["m_hi"])]
         self.offsets = {}
         off = 0
         for name, cnt, width in self.blocks:
@@ -293,8 +303,8 @@ class Circuit:
         #: the projection threshold: every proven high-lane entry is within 2T
         self.T = 1 << (s["m_hi"] - 1)
         # relations: lo zero (n, counts, contributors: C + 2), tag zero (8), contributors hi, n, n_gap, counts (C),
-        # counts sum, diag (d), slack, projections (ROWS)
-        self.n_relations = (self.C + 2) + 2 * len(self.i_tag) + 1 + 2 + self.C + 1 + self.d + 1 + ROWS
+        # counts sum, trace, projections (ROWS)
+        self.n_relations = (self.C + 2) + 2 * len(self.i_tag) + 1 + 2 + self.C + 1 + 1 + ROWS
         if self.dp:  # count upper ends (C), and the count sum's two-sided range: one relation more
             self.n_relations += self.C + 1
         self.verifier_len = LINEAR_REPS + REPS * self.bits.verifier_len
@@ -377,13 +387,13 @@ class Circuit:
                 problems.append("n and class counts must be integers")
             if not 0 <= n <= self.params.bounds.n_max or min(counts) < 0 or sum(counts) != n:
                 problems.append("counts must lie in [0, n_max] and sum to n")
-            if min(diag) < 0 or max(diag) >= 1 << s["m_d"] or not 0 <= slack < 1 << s["m_s"]:
+            if min(diag) < 0 or not 0 <= slack < 1 << s["m_s"]:  # the first is the data's, not proven
                 problems.append("trace(C) exceeds n B^2")
             if problems:
                 raise BoundsExceeded("the statistics do not meet the session's bounds: " + "; ".join(problems))
         proj = self._projection_values(x, fs, check)
         parts = [self._bits_of([n], s["m_n"]), self._bits_of([self.params.bounds.n_max - n], s["m_n"]),
-                 self._bits_of(counts, s["m_n"]), self._bits_of(diag, s["m_d"]), self._bits_of([slack], s["m_s"]),
+                 self._bits_of(counts, s["m_n"]), self._bits_of([slack], s["m_s"]),
                  self._bits_of(proj, s["m_hi"])]
         return np.concatenate(parts)
 
@@ -403,7 +413,7 @@ class Circuit:
         cval = [int(hi[i]) + tau for i in self.i_counts]
         e_val = sum(cval) - n_val + 2 * tau
         dval = [int(hi[i]) + tau for i in self.i_diag]
-        slack = s["c_B"] * n_val + s["trace_c"] - (1 << self.f1) * sum(dval)
+        slack = s["c_B"] * n_val + s["trace_c"] - (1 << s["g"]) * sum(dval)
         if check:
             lo = flp.decode_signed(x[self.L:])
             problems = []
@@ -413,7 +423,7 @@ class Circuit:
                 problems.append("n and class counts must lie in [-tau, n_max 2^f1 + tau] on the grid")
             if not 0 <= e_val <= e_top:
                 problems.append("the class counts must sum to n within (C + 1) tau")
-            if min(dval) < 0 or max(dval) >= 1 << s["m_d"] or not 0 <= slack < 1 << s["m_s"]:
+            if min(dval) < 0 or not 0 <= slack < 1 << s["m_s"]:  # the first is the data's, not proven
                 problems.append("trace(C) exceeds n B^2 beyond the noise's latitude")
             if problems:
                 raise BoundsExceeded("the noisy statistics do not meet the session's bounds: " + "; ".join(problems))
@@ -421,7 +431,7 @@ class Circuit:
         parts = [self._bits_of([n_val], s["m_n"]), self._bits_of([n_top - n_val], s["m_n"]),
                  self._bits_of(cval, s["m_n"]), self._bits_of([n_top - v for v in cval], s["m_n"]),
                  self._bits_of([e_val], s["m_e"]), self._bits_of([e_top - e_val], s["m_e"]),
-                 self._bits_of(dval, s["m_d"]), self._bits_of([slack], s["m_s"]),
+                 self._bits_of([slack], s["m_s"]),
                  self._bits_of(proj, s["m_hi"])]
         return np.concatenate(parts)
 
@@ -498,6 +508,8 @@ class Circuit:
 
     def relations(self, share: np.ndarray, fs: bytes, *, leader: bool) -> np.ndarray:
         """This verifier's shares of every affine relation's value (all zero on an honest upload)."""
+        if self.dp:
+            return self._relations_dp(share, fs, leader=leader)
         L, x = self.L, share[:self.main_len]
         hi, lo = x[:L], x[L:]
         bits = share[self.main_len:self.main_len + self.n_bits]
@@ -507,10 +519,7 @@ class Circuit:
         n_val = self._decompose(bits, "n")
         n_gap = self._decompose(bits, "n_gap")
         counts = self._decompose(bits, "counts")
-        diag = self._decompose(bits, "diag")
         slack = self._decompose(bits, "slack")
-        if self.dp:
-            return self._relations_dp(share, fs, leader=leader)
         rel = [
             lo[[self.i_n, self.i_contrib, *self.i_counts]],                          # integers: lo lane 0
             hi[self.i_tag], lo[self.i_tag],                                          # tag slots 0
@@ -519,9 +528,8 @@ class Circuit:
             flp.sub(flp.add(n_val, n_gap), np.uint64(self.params.bounds.n_max * one)),  # n <= n_max
             flp.sub(hi[self.i_counts], flp.scale(counts, f1s)),                      # counts integers >= 0
             flp.sub(np.array([flp.sum_mod(counts)], dtype=np.uint64), n_val),        # sum counts = n
-            flp.sub(hi[self.i_diag], diag),                                          # 0 <= C_ii < 2^m_d
             flp.sub(flp.add(flp.scale(n_val, s["c_B"]), np.uint64(s["c_0"] * one)),  # trace <= c_B n + c_0
-                    flp.add(slack, np.array([flp.sum_mod(diag)], dtype=np.uint64))),
+                    flp.add(slack, np.array([flp.sum_mod(hi[self.i_diag])], dtype=np.uint64))),
         ]
         rel.append(flp.sub(flp.add(self.project(x, fs), np.uint64(self.T * one)), self._decompose(bits, "proj")))
         out = np.concatenate(rel)
@@ -538,8 +546,8 @@ class Circuit:
         s, tau = self.sizes, self.tau
         f1s = 1 << self.f1
         dec = {name: self._decompose(bits, name) for name in
-               ("n", "n_gap", "counts", "count_gap", "sum", "sum_gap", "diag", "slack")}
-        n_val, cval, dval = dec["n"], dec["counts"], dec["diag"]
+               ("n", "n_gap", "counts", "count_gap", "sum", "sum_gap", "slack")}
+        n_val, cval = dec["n"], dec["counts"]
 
         def const(v: int) -> np.uint64:
             return np.uint64(v * one)
@@ -557,9 +565,9 @@ class Circuit:
             flp.sub(flp.add(cval, dec["count_gap"]), const(s["n_top"])),             # counts <= n_max 2^f1 + tau
             flp.sub(flp.add(flp.sub(total(cval), n_val), const(2 * tau)), dec["sum"]),  # sum - n >= -(C+1) tau
             flp.sub(flp.add(dec["sum"], dec["sum_gap"]), const(s["e_top"])),        # sum - n <= (C+1) tau
-            flp.sub(flp.add(hi[self.i_diag], const(tau)), dval),                     # -tau <= C_ii < 2^m_d - tau
-            flp.sub(flp.add(flp.scale(n_val, s["c_B"]), const(s["trace_c"])),       # 2^f1 trace <= c_B hi_n + ...
-                    flp.add(dec["slack"], flp.scale(total(dval), f1s))),
+            flp.sub(flp.add(flp.scale(n_val, s["c_B"]), const(s["trace_c"])),       # 2^g trace <= c_B hi_n + ...
+                    flp.add(dec["slack"],
+                            flp.scale(flp.add(total(hi[self.i_diag]), const(self.d * tau)), 1 << s["g"]))),
         ]
         rel.append(flp.sub(flp.add(self.project(x, fs), np.uint64(self.T * one)), self._decompose(bits, "proj")))
         out = np.concatenate(rel)
