@@ -267,8 +267,9 @@ class KeyHolder(KeyCustody):
         from secure_afl.encoding import canonical_json
 
         t0 = time.perf_counter()
+        timings: dict = {}
         body, statement = self.release_split(conn.session_id, HTTPSource(conn), min_clients=min_clients,
-                                             expected_hospitals=expected_hospitals)
+                                             expected_hospitals=expected_hospitals, timings=timings)
         share_s = time.perf_counter() - t0  # manifest and seed statements fetched, checked, opened, expanded, summed
         conn.request("POST", conn.path("/split/share"), body=body,
                      headers={H_TAG: canonical_json(statement).decode()})
@@ -277,7 +278,8 @@ class KeyHolder(KeyCustody):
         vector = np.asarray(out["vector"], dtype=np.float64)
         stats = Layout(params.layout.dim, params.layout.n_classes).unpack(vector, gamma=params.gamma)
         manifest = conn.request("GET", conn.path("/manifest")).json()
-        report = {**out["report"], "keyholder_share_seconds": round(share_s, 3)}
+        report = {**out["report"], "keyholder_share_seconds": round(share_s, 3),
+                  **{k: round(v, 3) for k, v in timings.items()}}
         if params.dp is not None:  # the collector's solve beside this key holder's own accounting of the release
             report["dp"] = {**(report.get("dp") or {}), **self.split_privacy(params, manifest)}
         return FinalResult(np.asarray(out["W"], dtype=np.float64), stats, params, manifest, report)
@@ -303,7 +305,7 @@ class KeyHolder(KeyCustody):
         return {**dict(params.dp), "epsilon": rec["epsilon"], "epsilon_composed": eps_all, "contributors": n}
 
     def release_split(self, sid: str, source, *, min_clients: int,
-                      expected_hospitals: list[str] | None = None) -> tuple[bytes, dict]:
+                      expected_hospitals: list[str] | None = None, timings: dict | None = None) -> tuple[bytes, dict]:
         """split: this key holder's share ``-sum PRG(s_k)`` over the manifest's cohort, signed and bound to it.
 
         ``source`` gives only ``manifest()`` and ``tags()`` (the hospitals' signed seed statements): no
@@ -312,7 +314,8 @@ class KeyHolder(KeyCustody):
         each participant's seed statement signed by that hospital over the payload hash it also signed
         in the manifest; each box opening under the AD (session, parameters, hospital, payload hash).
         One share per key (the ledger): a second release under the same seeds is refused, and a forged
-        manifest or box blocks the key. Returns ``(share bytes, signed share statement)``.
+        manifest or box blocks the key. Returns ``(share bytes, signed share statement)``; ``timings``, if
+        given, receives the seconds spent waiting for the server's verifier messages and judging and summing.
         """
 
         params = self.params(sid)  # the keygen record, never the server's word
@@ -330,6 +333,7 @@ class KeyHolder(KeyCustody):
             _check_dp_noise(params, len(m["participants"]))
             statements = source.tags()
             circuit = split_validity.Circuit(params)
+            t = time.perf_counter()
             try:  # the server's signed verifier messages, before any seed is opened
                 raw = source.split_verifier()
                 if not isinstance(raw, dict):
@@ -340,6 +344,7 @@ class KeyHolder(KeyCustody):
             except SecureAFLError as e:
                 ledger.block(key_id, f"refused before the share: {e}")
                 raise ServerForgery(f"the server's verifier messages do not hold: {e}") from e
+            verifier_s = time.perf_counter() - t
             # before any seed is opened: a crash or a refusal below still counts as this key's one share
             ledger.record_decryption(key_id, sid, [p["hospital"] for p in m["participants"]])
             # the sealed seed key is opened once: each opening runs the passphrase KDF (scrypt)
@@ -348,9 +353,13 @@ class KeyHolder(KeyCustody):
             try:
                 # one verdict per upload, independent of the others; the accepted uploads' lane masks are
                 # summed as they are judged, so no seed is opened or expanded twice
+                t = time.perf_counter()
                 share, refused = split.keyholder_share(
                     params, secret, m, statements, enrolled, workers=os.cpu_count() or 1,
                     judge=split_validity.helper_judge(circuit, statements, leader))
+                if timings is not None:
+                    timings.update({"server_verifier_seconds": verifier_s,
+                                    "judge_and_share_seconds": time.perf_counter() - t})
                 if refused:  # the server's signed messages the refusals rest on, kept with the key holder's record
                     self.keep_validity_evidence(sid, {h: raw[h] for h in refused}, refused)
                 cohort = [p["hospital"] for p in m["participants"] if p["hospital"] not in refused]

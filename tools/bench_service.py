@@ -311,6 +311,8 @@ def run_service_bench(backend: str, hospitals: int, *, dim: int = 64, classes: i
             phases["release"]["keyholder_resum_s"] = res.report["verify_and_resum_seconds"]
         if "keyholder_share_seconds" in res.report:
             phases["release"]["keyholder_share_s"] = res.report["keyholder_share_seconds"]
+            for k in ("server_verifier_seconds", "judge_and_share_seconds"):
+                phases["release"][k.replace("_seconds", "_s")] = res.report[k]
         if compare_fetchers and backend in HE_BACKENDS:
             phases["release"]["resum_s_by_fetchers"] = _resum_by_fetchers(kh, kh.connect(url, session_id))
         disk = _disk_used(work / "server")
@@ -477,8 +479,11 @@ def format_report(r: dict) -> str:
         lines.append(f"hospital CPU (its own thread, parameters to receipt): mean {r['hospital_cpu_s']['mean']:.2f} s, "
                      f"max {r['hospital_cpu_s']['max']:.2f} s")
     if "keyholder_share_s" in r["phases"].get("release", {}):
+        rel = r["phases"]["release"]
         lines.append(f"release: key holder's share (manifest and seed statements fetched and checked, every seed "
-                     f"opened, expanded and summed) {r['phases']['release']['keyholder_share_s']:.2f} s")
+                     f"opened, expanded and summed) {rel['keyholder_share_s']:.2f} s, of which waiting for the "
+                     f"server's verifier messages {rel['server_verifier_s']:.2f} s and judging every upload on its "
+                     f"own share while summing the masks {rel['judge_and_share_s']:.2f} s")
     if r.get("uploads_counted"):
         u = r["uploads_counted"]
         lines.append(f"uploads counted: {u['accepted_records']} accepted upload records from {u['hospitals']} "

@@ -369,10 +369,15 @@ class Circuit:
         v = np.array([int(x) % (1 << width) for x in values], dtype=np.uint64)
         return ((v[:, None] >> np.arange(width, dtype=np.uint64)) & np.uint64(1)).ravel()
 
+    def _hi_ints(self, x: np.ndarray) -> dict:
+        """The centred high lane of n, the counts and the diagonal, as Python integers (what the bits encode)."""
+        idx = np.concatenate([[self.i_n], self.i_counts, self.i_diag])
+        return dict(zip(idx.tolist(), flp.decode_signed(x[idx]).tolist()))
+
     def _aux(self, x: np.ndarray, fs: bytes, *, check: bool) -> np.ndarray:
         if self.dp:
             return self._aux_dp(x, fs, check=check)
-        hi = flp.decode_signed(x[:self.L]).astype(object)
+        hi = self._hi_ints(x)
         s = self.sizes
         scale = 1 << self.f1
         n = int(hi[self.i_n]) // scale
@@ -406,7 +411,7 @@ class Circuit:
 
     def _aux_dp(self, x: np.ndarray, fs: bytes, *, check: bool) -> np.ndarray:
         """The DP statement's bits (docs/VALIDITY.md): grid values shifted by tau, no integrality."""
-        hi = flp.decode_signed(x[:self.L]).astype(object)
+        hi = self._hi_ints(x)
         s, tau = self.sizes, self.tau
         n_top, e_top = s["n_top"], s["e_top"]
         n_val = int(hi[self.i_n]) + tau

@@ -74,6 +74,8 @@ refuses such ``t``.
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
 
@@ -92,6 +94,7 @@ _EPS = np.uint64((1 << 32) - 1)  # 2^64 mod p
 _M32 = np.uint64(0xFFFFFFFF)
 _S32 = np.uint64(32)
 _PU = np.uint64(P)
+_CARRY = np.uint64(1 << 32)  # a carry out of the middle partial products, in the high word
 
 
 def root_of_unity(n: int) -> int:
@@ -167,30 +170,35 @@ def neg(a) -> np.ndarray:
 def _reduce128(hi: np.ndarray, lo: np.ndarray) -> np.ndarray:
     """``hi 2^64 + lo mod p`` with 2^64 = 2^32 - 1 and 2^96 = -1."""
     hh = hi >> _S32
-    hl = hi & _M32
-    t0 = lo - hh
-    t0 = t0 - (lo < hh).astype(np.uint64) * _EPS
-    t1 = (hl << _S32) - hl
-    r = t0 + t1
-    r = r + (r < t1).astype(np.uint64) * _EPS
-    return np.where(r >= _PU, r - _PU, r)
+    t1 = hi & _M32
+    t1 = (t1 << _S32) - t1
+    r = lo - hh
+    r -= (lo < hh) * _EPS
+    r += t1
+    r += (r < t1) * _EPS
+    r -= (r >= _PU) * _PU
+    return r
 
 
 def mul(a, b) -> np.ndarray:
     """Elementwise product (broadcasting) of canonical elements."""
     a = np.asarray(a, dtype=np.uint64)
     b = np.asarray(b, dtype=np.uint64)
+    if a.ndim == 0 and b.ndim == 0:  # numpy scalars warn on the wrap-arounds the array path relies on
+        return np.uint64(int(a) * int(b) % P)
     a0, a1 = a & _M32, a >> _S32
     b0, b1 = b & _M32, b >> _S32
-    ll = a0 * b0
-    mid1 = a0 * b1
+    # every product below has the broadcast shape, so the in-place steps (fewer temporaries) are safe
+    lo = a0 * b0
+    hi = a1 * b1
+    mid = a0 * b1
     mid2 = a1 * b0
-    hh = a1 * b1
-    mid = mid1 + mid2
-    mid_carry = (mid < mid1).astype(np.uint64)
-    lo = ll + (mid << _S32)
-    lo_carry = (lo < ll).astype(np.uint64)
-    hi = hh + (mid >> _S32) + (mid_carry << _S32) + lo_carry
+    mid += mid2
+    hi += (mid < mid2) * _CARRY  # the middle sum wrapped: 2^64 of it is 2^96 of the product
+    hi += mid >> _S32
+    mid <<= _S32
+    lo += mid
+    hi += lo < mid  # the low word wrapped
     return _reduce128(hi, lo)
 
 
@@ -207,6 +215,8 @@ def sum_mod(a, axis=None):
     hi = (a >> _S32).sum(axis=axis, dtype=np.uint64)
     if axis is None:
         return (int(hi) * (1 << 32) + int(lo)) % P
+    if np.ndim(lo) == 0:  # a 1-D sum: numpy scalars would warn on the wrap-arounds below
+        return np.uint64((int(hi) * (1 << 32) + int(lo)) % P)
     # hi * 2^32 + lo, reduced: hi < 2^63, so reduce hi first
     return add(_reduce128(hi >> _S32, (hi & _M32) << _S32), _reduce128(np.zeros_like(lo), lo))
 
@@ -231,13 +241,23 @@ def powers(x: int, n: int, start: int = 0) -> np.ndarray:
 
 
 # -- NTT ------------------------------------------------------------------------------------------------
+@functools.lru_cache(maxsize=32)
 def _bitrev(n: int) -> np.ndarray:
     bits = n.bit_length() - 1
     idx = np.arange(n)
     rev = np.zeros(n, dtype=np.int64)
     for b in range(bits):
         rev |= ((idx >> b) & 1) << (bits - 1 - b)
+    rev.setflags(write=False)
     return rev
+
+
+@functools.lru_cache(maxsize=256)
+def _twiddles(w: int, n: int, length: int) -> np.ndarray:
+    """The first ``length / 2`` powers of ``w^(n / length)``, one butterfly stage's (read-only, shared)."""
+    tw = powers(pow(w, n // length, P), length // 2)
+    tw.setflags(write=False)
+    return tw
 
 
 def ntt(a, root: int | None = None) -> np.ndarray:
@@ -250,7 +270,7 @@ def ntt(a, root: int | None = None) -> np.ndarray:
     length = 2
     while length <= n:
         half = length // 2
-        tw = powers(pow(w, n // length, P), half)
+        tw = _twiddles(w, n, length)
         blocks = a.reshape(a.shape[:-1] + (n // length, length))
         u = blocks[..., :half]
         v = mul(blocks[..., half:], tw)
