@@ -469,6 +469,11 @@ def test_choose_frac_bits_keeps_k_max_proven_uploads_below_the_wrap_bound(sessio
     assert params.bounds.k_max * (1 << c.sizes["m_hi"]) < 1 << split_validity.WRAP_BITS
     assert params.bounds.k_max * (1 << (c.f2 - 1)) < 1 << split_validity.WRAP_BITS  # honest low lanes
     assert split_validity.proven_aggregate_bound(params) < 2.0 ** 63 / 2.0 ** c.f1
+    # the trace relation sums the diagonal entries unbounded but for 2T each: at d = 512 that is what sets f1
+    for circuit in (c, split_validity.Circuit(split.split_session_params("wide", Layout(512, 100), GAMMA,
+                                                                         Bounds(1.0, 1000, 10)))):
+        worst = circuit.d * 2 * circuit.T + circuit.sizes["slack_max"] + (1 << circuit.sizes["m_s"])
+        assert worst < 1 << split_validity.WRAP_BITS
 
 
 def test_query_seed_must_be_32_bytes(session):
