@@ -354,9 +354,8 @@ class KeyHolder(KeyCustody):
                 # one verdict per upload, independent of the others; the accepted uploads' lane masks are
                 # summed as they are judged, so no seed is opened or expanded twice
                 t = time.perf_counter()
-                share, refused = split.keyholder_share(
-                    params, secret, m, statements, enrolled, workers=os.cpu_count() or 1,
-                    judge=split_validity.helper_judge(circuit, statements, leader))
+                share, refused = split.keyholder_share(params, secret, m, statements, enrolled, leader=leader,
+                                                       workers=os.cpu_count() or 1)
                 if timings is not None:
                     timings.update({"server_verifier_seconds": verifier_s,
                                     "judge_and_share_seconds": time.perf_counter() - t})

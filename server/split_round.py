@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import io
 import os
-from concurrent.futures import ThreadPoolExecutor
 import json
 
 import numpy as np
@@ -68,26 +67,18 @@ class SplitAggregationServer(AggregationServer):
         """hospital -> this server's signed verifier message for its upload (split_validity), formed once per
         upload after the round is released, with a query seed drawn then, and kept: the key holder decides on
         it, and a refusal it signs can be traced to the message the server signed here."""
-        from secure_afl.backends import get_backend
-        from secure_afl.backends.split_validity import leader_message
+        from secure_afl.backends.split_validity import leader_messages
 
         with self._lock:
             _, manifest = self.released()
             done = self.store.get_meta("split_verifier") or {}
             if all(p["hospital"] in done for p in manifest["participants"]):
                 return done
-            backend = get_backend(self.params)
             rows = {row["hospital"]: row for row in self.store.uploads()}
-            todo = [p["hospital"] for p in manifest["participants"] if p["hospital"] not in done]
-
-            def message(h):
-                row = rows[h]
-                return h, leader_message(backend, h, self.store.get_blob(row["payload_sha256"]), row["tag"],
-                                         self._key)
-
-            # independent per upload; numpy releases the GIL in the long passes (projection, field products)
-            with ThreadPoolExecutor(max_workers=max(1, min(len(todo), os.cpu_count() or 1))) as pool:
-                done.update(pool.map(message, todo))
+            todo = [(p["hospital"], self.store.blob_path(p["payload_sha256"]), p["payload_sha256"],
+                     rows[p["hospital"]]["tag"]) for p in manifest["participants"] if p["hospital"] not in done]
+            # independent per upload: on every core, in worker processes once there are enough of them
+            done.update(leader_messages(self.params, todo, self._key, workers=os.cpu_count() or 1))
             self.store.set_meta("split_verifier", done)
             return done
 

@@ -92,6 +92,12 @@ class Store:
         fsync_dir(self.payload_dir)
         return digest
 
+    def blob_path(self, digest: str) -> Path:
+        """Where the payload with this SHA-256 is kept (a reader checks the digest, as :meth:`get_blob` does)."""
+        if len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest):
+            raise ValueError("a payload digest is 64 lowercase hex characters")
+        return self.payload_dir / digest
+
     def get_blob(self, digest: str) -> bytes:
         data = (self.payload_dir / digest).read_bytes()
         if hashlib.sha256(data).hexdigest() != digest:

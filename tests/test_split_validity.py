@@ -243,6 +243,43 @@ def test_a_negative_diagonal_entry_within_the_trace_and_entry_bounds_is_not_refu
     assert _verdict(session, *c.prove("h1", lanes=lanes, check=False)) is None
 
 
+def test_both_verifiers_in_worker_processes_decide_and_sum_as_one_process_does(monkeypatch, tmp_path):
+    # The release's verdicts run in spawned worker processes once there are enough uploads: the server's
+    # messages (read from the payload files) and the key holder's verdicts and share must be those of one
+    # process, a cheater refused by name either way.
+    monkeypatch.setattr(split_validity, "PROCESS_MIN_UPLOADS", 1)
+    params = split.split_session_params("procs", LAYOUT, GAMMA, BOUNDS)
+    keys = split.generate_keys(params)
+    params = split.bind_public_context(params, keys.public_context)
+    be = get_backend(params)
+    server_key = Ed25519PrivateKey.generate()
+    uploads, manifest, statements, enrolled = [], {"participants": []}, {}, {}
+    for k in range(5):
+        h, ident = f"h{k}", Ed25519PrivateKey.generate()
+        lanes = be.circuit.lanes(_stats_vector(n=20, seed=k)).copy()
+        if k == 3:  # two contributors in one upload
+            _set(lanes, be.circuit, LAYOUT.slices["contributors"].start, 2 << be.circuit.f1)
+        payload, st = be.seal_upload(*be.circuit.prove(h, lanes=lanes, check=False), keys.public_context, h, ident)
+        sha = hashlib.sha256(payload).hexdigest()
+        (tmp_path / sha).write_bytes(payload)
+        uploads.append((h, tmp_path / sha, sha, st))
+        manifest["participants"].append({"hospital": h, "payload_sha256": sha})
+        statements[h], enrolled[h] = st, ident.public_key()
+    results = []
+    for workers in (1, 2):
+        msgs = split_validity.leader_messages(params, uploads, server_key, workers=workers)
+        leader = {h: split_validity.verify_leader_message(msgs[h], server_key.public_key(), be.circuit, h, sha)
+                  for h, _, sha, _ in uploads}
+        results.append(split.keyholder_share(params, keys.secret_context, manifest, statements, enrolled,
+                                             leader=leader, workers=workers))
+    (one, refused_one), (two, refused_two) = results
+    assert refused_one == refused_two == {"h3": "linear"} and np.array_equal(one, two)
+    # a payload file that is not the manifest's upload is refused by the worker that reads it
+    (tmp_path / uploads[0][2]).write_bytes(b"not the upload")
+    with pytest.raises(MalformedPayload, match="h0"):
+        split_validity.leader_messages(params, uploads, server_key, workers=2)
+
+
 def test_a_free_low_lane_is_accepted_and_moves_the_release_by_less_than_its_bound():
     # The low lane is not range-proven: whatever a hospital puts there, the collector reads the low-lane sum
     # through its centred representative, so the release moves by less than 2^(63 - f1 - f2) per entry and

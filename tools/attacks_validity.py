@@ -125,7 +125,7 @@ def _split_release(vectors, cheat: dict) -> dict:
                                                            p["payload_sha256"])
     statements = {h: u[1] for h, u in uploads.items()}
     share, refused = split.keyholder_share(params, keys.secret_context, manifest, statements, enrolled,
-                                           judge=split_validity.helper_judge(be.circuit, statements, messages))
+                                           leader=messages)
     vec = split.collect(params, acc.aggregate(), share, subtract=[be.masked_words(uploads[h][0]) for h in refused])
     k = len(vectors) - len(refused)
     stats = _layout().unpack(vec, gamma=GAMMA)

@@ -35,8 +35,6 @@ Collector (the server, as in secagg): ``Y + S = sum_k enc(x_k)`` and decodes.
 from __future__ import annotations
 
 import hashlib
-import threading
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Mapping
 
@@ -57,6 +55,7 @@ from ..hazmat import fixedpoint, flp
 from ..hazmat.prg import SEED_BYTES
 from ..packing import Layout
 from ..params import Bounds, SessionParams
+from ..workers import map_chunks
 from . import split_validity
 from ..encoding import canonical_json
 from ..signing import box_statement, sign_box_statement, verify_box_statement
@@ -64,8 +63,8 @@ from .base import Combiner, ProtectionBackend, check_vector
 
 __all__ = ["SplitBackend", "SplitKeyPair", "session_params", "split_session_params", "generate_keys",
            "bind_public_context", "expected_abs_error", "seal_seed", "open_seed", "sign_seed_statement",
-           "verify_seed_statement", "open_statement_seed", "manifest_digest", "keyholder_share", "sign_share",
-           "verify_share", "collect", "SeedRefused", "PUBLIC_CONTEXT_KEY", "BOX_LEN"]
+           "verify_seed_statement", "open_statement_seed", "manifest_digest", "keyholder_share",
+           "sign_share", "verify_share", "collect", "SeedRefused", "PUBLIC_CONTEXT_KEY", "BOX_LEN"]
 
 PUBLIC_CONTEXT_KEY = "public_context_sha256"
 BOX_LEN = 32 + SEED_BYTES + 16
@@ -213,49 +212,69 @@ def open_statement_seed(params: SessionParams, secret_key: bytes, statements: Ma
 
 
 def keyholder_share(params: SessionParams, secret_key: bytes, manifest: Mapping, statements: Mapping,
-                    enrolled: Mapping, *, judge=None, workers: int = 1) -> tuple[np.ndarray, dict]:
-    """``(-sum m_k (mod p), refused)`` over EXACTLY the (already verified) manifest's participants that
-    ``judge`` accepts (all of them without a judge).
+                    enrolled: Mapping, *, leader: Mapping | None = None, workers: int = 1) -> tuple[np.ndarray, dict]:
+    """``(-sum m_k (mod p), refused)`` over EXACTLY the (already verified) manifest's participants whose
+    upload the key holder accepts: all of them without ``leader``; with it (hospital -> the server's
+    checked ``(query seed, verifier message)``, :func:`split_validity.verify_leader_message`), those whose
+    validity proof holds on the key holder's own share (:func:`split_validity.helper_verdict`). A refused
+    upload is left out of the sum and listed in ``refused`` with the check it failed, for the collector to
+    subtract from the masked sum.
 
     ``statements``: hospital -> signed seed statement, as the server relayed
     them; each is checked against the hospital's enrolled key and the
-    hospital-signed payload hash in the manifest before its box is opened.
-    Raises naming the first hospital whose statement or box fails.
+    hospital-signed payload hash in the manifest before its box is opened,
+    here, for every participant: the first statement or box that fails raises
+    naming its hospital, before any verdict.
 
-    ``judge(hospital, seed) -> (reason or None, lane share)``: the key holder's validity verdict, which
-    expands the seed's whole mask anyway and hands back its lane part ``-m_k`` so that it is not expanded
-    twice; a refused upload (reason not None) is left out of the sum and listed in ``refused``, for the
-    collector to subtract from the masked sum. ``workers`` threads judge and expand at once (numpy and
-    ChaCha20 release the GIL in the long passes); the sum does not depend on their order.
+    The verdicts and mask expansions (each seed's mask expanded once, for its
+    verdict and its share) run in ``workers`` spawned processes when there
+    are enough uploads to pay for starting them
+    (:data:`split_validity.PROCESS_MIN_UPLOADS` per worker): their table
+    lookups and small field operations hold the GIL, so threads would not
+    scale. The opened seeds go to this key holder's own worker processes over
+    pipes, nowhere else; the sum does not depend on how the uploads are split.
     """
-    n = fixedpoint.n_words(params.layout.length)
     if not isinstance(statements, Mapping):
         raise MalformedPayload("the relayed seed statements are not a mapping")
-    total = np.zeros(n, dtype=np.uint64)
-    refused: dict[str, str] = {}
-    lock = threading.Lock()
-
-    def one(p) -> None:
-        nonlocal total
+    items = []
+    for p in manifest["participants"]:
         h = p["hospital"]
         seed = open_statement_seed(params, secret_key, statements, enrolled, h, p["payload_sha256"])
-        if judge is None:
-            reason, lanes = None, flp.neg(flp.expand_field(seed, n, split_validity.DOMAIN_SHARE))
+        if leader is None:
+            items.append((h, seed, None, None, None))
         else:
-            reason, lanes = judge(h, seed)
-        with lock:  # each upload's mask is added as soon as it is judged: O(L) memory per worker
-            if reason is None:
-                total = flp.add(total, lanes)
-            else:
-                refused[h] = reason
+            query_seed, message = leader[h]
+            items.append((h, seed, statements[h].get("validity"), bytes(query_seed), flp.to_bytes(message)))
+    w = workers if len(items) >= split_validity.PROCESS_MIN_UPLOADS * max(1, workers) else 1
 
-    participants = list(manifest["participants"])
-    if workers <= 1 or len(participants) <= 1:
-        for p in participants:
-            one(p)
-    else:
-        with ThreadPoolExecutor(max_workers=min(workers, len(participants))) as pool:
-            list(pool.map(one, participants))  # re-raises the first refusal of a statement or box
+    total = np.zeros(fixedpoint.n_words(params.layout.length), dtype=np.uint64)
+    refused: dict[str, str] = {}
+    for partial, refused_here in map_chunks(_share_chunk, params.to_dict(), items, w):
+        total = flp.add(total, partial)
+        refused.update(refused_here)
+    return total, refused
+
+
+def _share_chunk(params_dict: dict, items: list) -> tuple[np.ndarray, dict]:
+    """One worker's part of :func:`keyholder_share`: ``-sum m_k`` over its accepted uploads, and its refusals."""
+    params = SessionParams.from_dict(params_dict)
+    n = fixedpoint.n_words(params.layout.length)
+    total = np.zeros(n, dtype=np.uint64)
+    refused: dict[str, str] = {}
+    circuit = None
+    for h, seed, validity, query_seed, message in items:
+        if query_seed is None:
+            total = flp.add(total, flp.neg(flp.expand_field(seed, n, split_validity.DOMAIN_SHARE)))
+            continue
+        circuit = circuit or split_validity.Circuit(params)
+        mask = circuit.helper_share(seed)  # -m over the whole body: the verdict's share, the lanes first
+        msg = flp.from_bytes(message, circuit.verifier_len, what=f"the server's verifier message for {h}")
+        reason = split_validity.helper_verdict(circuit, h, seed, {"validity": validity}, query_seed, msg,
+                                               share=mask)
+        if reason is None:
+            total = flp.add(total, mask[:n])
+        else:
+            refused[h] = reason
     return total, refused
 
 
@@ -390,7 +409,7 @@ class SplitBackend(ProtectionBackend):
 
     def upload_share(self, payload: bytes) -> np.ndarray:
         """The server's share of an upload: every word (main vector, bits, proofs), each a field element."""
-        return self.circuit.leader_share(open_envelope(self.params, payload, "contribution").body)
+        return self.circuit.upload_share(payload)
 
     def masked_words(self, payload: bytes) -> np.ndarray:
         """The masked main vector (2L field elements), the part that is summed."""

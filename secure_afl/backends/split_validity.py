@@ -67,12 +67,14 @@ from .. import domains
 from ..exceptions import BoundsExceeded, InvalidInputError, InvalidParameterError, \
     MalformedPayload
 from ..hazmat import fixedpoint, flp
+from ..workers import map_chunks
 from ..params import SessionParams
 from ..encoding import canonical_json
+from ..envelope import open_envelope
 
 __all__ = ["Circuit", "UploadCommitment", "choose_frac_bits", "REPS", "ROWS", "TAIL",
            "ADVISORY_CHECKS", "proven_aggregate_bound", "check_upload", "leader_message", "verify_leader_message",
-           "helper_verdict", "helper_judge", "seed_digest", "describe",
+           "helper_verdict", "leader_messages", "PROCESS_MIN_UPLOADS", "seed_digest", "describe",
            "WRAP_BITS", "DOMAIN_SHARE", "soundness_bits", "LINEAR_REPS", "noise_bound"]
 
 #: repetitions of the bit proof (independent joint randomness and query point)
@@ -490,6 +492,10 @@ class Circuit:
             raise MalformedPayload("the split upload is not the session's number of field elements")
         return body
 
+    def upload_share(self, payload: bytes) -> np.ndarray:
+        """Server: a sealed upload's words as its share (the envelope opened and checked for this session)."""
+        return self.leader_share(open_envelope(self.params, payload, "contribution").body)
+
     def helper_share(self, seed: bytes) -> np.ndarray:
         """Key holder: ``-m`` from the opened seed."""
         return flp.neg(flp.expand_field(seed, self.total, DOMAIN_SHARE))
@@ -659,17 +665,61 @@ def _verifier_statement(params: SessionParams, hospital: str, payload_sha256: st
             "query_seed": bytes(query_seed).hex(), "message": flp.to_bytes(message).hex()}
 
 
+def _leader_query(circuit: Circuit, hospital: str, payload: bytes, validity, query_seed: bytes) -> np.ndarray:
+    """The server's verifier message (unsigned) for one upload: the commitment checked against its words."""
+    commitment = UploadCommitment.from_dict(validity)
+    share = circuit.upload_share(payload)
+    circuit.check_commitment(share, commitment, leader=True)
+    return circuit.query(share, commitment, hospital, query_seed, leader=True)
+
+
+def _sign_leader(params: SessionParams, hospital: str, payload_sha256: str, query_seed: bytes, message,
+                 identity_key) -> dict:
+    st = _verifier_statement(params, hospital, payload_sha256, query_seed, message)
+    return {**st, "signature": identity_key.sign(_VERIFIER_SIG_PREFIX + canonical_json(st)).hex()}
+
+
 def leader_message(backend, hospital: str, payload: bytes, statement: Mapping, identity_key,
                    query_seed: bytes | None = None) -> dict:
     """Server: its verifier message for one upload, at a query seed drawn now (after the upload is fixed),
     signed over the session, hospital and payload hash so the key holder can hold it to it."""
     qs = os.urandom(32) if query_seed is None else bytes(query_seed)
-    commitment = UploadCommitment.from_dict(statement.get("validity"))
-    share = backend.upload_share(payload)
-    backend.circuit.check_commitment(share, commitment, leader=True)
-    msg = backend.circuit.query(share, commitment, hospital, qs, leader=True)
-    st = _verifier_statement(backend.params, hospital, hashlib.sha256(payload).hexdigest(), qs, msg)
-    return {**st, "signature": identity_key.sign(_VERIFIER_SIG_PREFIX + canonical_json(st)).hex()}
+    msg = _leader_query(backend.circuit, hospital, payload, statement.get("validity"), qs)
+    return _sign_leader(backend.params, hospital, hashlib.sha256(payload).hexdigest(), qs, msg, identity_key)
+
+
+#: uploads per worker process below which a verifier judges them in its own process (a spawned worker
+#: costs about a second of interpreter start and imports)
+PROCESS_MIN_UPLOADS = 32
+
+
+def leader_messages(params: SessionParams, uploads, identity_key, *, workers: int = 1) -> dict:
+    """Server: hospital -> its signed verifier message, for every ``(hospital, payload file, payload_sha256,
+    statement)`` in ``uploads``, each at a query seed drawn now.
+
+    The messages are formed in ``workers`` spawned processes when there are enough uploads
+    (:data:`PROCESS_MIN_UPLOADS` per worker; the projection's table lookups and the small field operations
+    hold the GIL, so threads would not scale); each worker reads the payload file and checks it is the
+    upload the manifest names. Only this process holds ``identity_key`` and signs."""
+
+    items = [(h, str(path), sha, statement.get("validity"), os.urandom(32)) for h, path, sha, statement in uploads]
+    w = workers if len(items) >= PROCESS_MIN_UPLOADS * max(1, workers) else 1
+    messages = {h: msg for chunk in map_chunks(_leader_chunk, params.to_dict(), items, w) for h, msg in chunk}
+    return {h: _sign_leader(params, h, sha, qs, flp.from_bytes(messages[h]), identity_key)
+            for h, _, sha, _, qs in items}
+
+
+def _leader_chunk(params_dict: dict, items: list) -> list:
+    """One worker's part of :func:`leader_messages`: (hospital, unsigned message bytes) per upload."""
+    circuit = Circuit(SessionParams.from_dict(params_dict))
+    out = []
+    for h, path, sha, validity, qs in items:
+        with open(path, "rb") as f:
+            payload = f.read()
+        if hashlib.sha256(payload).hexdigest() != sha:
+            raise MalformedPayload(f"the stored upload of {h} is not the one the manifest names")
+        out.append((h, flp.to_bytes(_leader_query(circuit, h, payload, validity, qs))))
+    return out
 
 
 def verify_leader_message(statement, server_pub, circuit: Circuit, hospital: str,
@@ -708,18 +758,6 @@ def helper_verdict(circuit: Circuit, hospital: str, seed: bytes, statement: Mapp
         return "commitment"
     share = circuit.helper_share(seed) if share is None else share
     return circuit.decide(leader_msg, circuit.query(share, commitment, hospital, query_seed, leader=False))
-
-
-def helper_judge(circuit: Circuit, statements: Mapping, leader: Mapping):
-    """Key holder: the ``judge`` its release hands :func:`secure_afl.backends.split.keyholder_share`.
-
-    ``leader``: hospital -> (query seed, message) from :func:`verify_leader_message`. The judge expands the
-    seed's whole mask once, decides on it and hands back its lane part for the share."""
-    def judge(hospital: str, seed: bytes):
-        mask = circuit.helper_share(seed)
-        return (helper_verdict(circuit, hospital, seed, statements[hospital], *leader[hospital], share=mask),
-                mask[:circuit.main_len])
-    return judge
 
 
 #: release checks the proof does not establish (a hospital within its proven bounds can fail them): the
