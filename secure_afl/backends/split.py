@@ -245,7 +245,9 @@ def keyholder_share(params: SessionParams, secret_key: bytes, manifest: Mapping,
         else:
             query_seed, message = leader[h]
             items.append((h, seed, statements[h].get("validity"), bytes(query_seed), flp.to_bytes(message)))
-    w = workers if len(items) >= split_validity.PROCESS_MIN_UPLOADS * max(1, workers) else 1
+    # expanding a mask alone is a few milliseconds of ChaCha20: worth a worker process only with a verdict
+    judging = leader is not None and len(items) >= split_validity.PROCESS_MIN_UPLOADS * max(1, workers)
+    w = workers if judging else 1
 
     total = np.zeros(fixedpoint.n_words(params.layout.length), dtype=np.uint64)
     refused: dict[str, str] = {}
