@@ -25,6 +25,16 @@ def _keygen(c):
     c.keyholder.keygen(session.load_signed(c.pki_dir, c.session_id).session_params())
 
 
+def _started(tmp_path, deployment, *, seed: int, min_clients: int):
+    """A split consortium with its key holder's keys, and the Flower parties started on its hospitals' data:
+    (consortium, data, the ServerApp's session config)."""
+    c = Consortium(tmp_path / "fl", backend="split", hospitals=HOSPITALS, min_clients=min_clients,
+                   extra_session={"min_class_count": 1})
+    data = hospital_data(c, seed=seed, names=HOSPITALS)
+    _keygen(c)
+    return c, data, deployment.start_parties(c, data, tmp_path, min_clients=min_clients)
+
+
 @pytest.fixture
 def deployment(tmp_path):
     d = FlowerDeployment(tmp_path / "flower")
@@ -34,11 +44,7 @@ def deployment(tmp_path):
 
 def test_flower_split_round_matches_the_native_service_bit_for_bit(tmp_path, deployment):
     # Prepare: the same hospital data for a Flower round and a native round, each with its own consortium
-    c = Consortium(tmp_path / "fl", backend="split", hospitals=HOSPITALS, min_clients=3,
-                   extra_session={"min_class_count": 1})
-    data = hospital_data(c, seed=21, names=HOSPITALS)
-    _keygen(c)
-    server_config = deployment.start_parties(c, data, tmp_path, min_clients=3)
+    c, data, server_config = _started(tmp_path, deployment, seed=21, min_clients=3)
 
     # Execute
     t0 = time.perf_counter()
@@ -78,11 +84,7 @@ def test_flower_split_refuses_an_invalid_upload_by_name_and_releases_the_rest(tm
 
     # Prepare: h3 runs modified software (tests/support/flower_cheat): its upload claims class 1 = -1 with a
     # proof of that false statement; h1, h2 are honest. min_clients 2 leaves room for one refusal.
-    c = Consortium(tmp_path / "fl", backend="split", hospitals=HOSPITALS, min_clients=2,
-                   extra_session={"min_class_count": 1})
-    data = hospital_data(c, seed=22, names=HOSPITALS)
-    _keygen(c)
-    server_config = deployment.start_parties(c, data, tmp_path, min_clients=2)
+    c, data, server_config = _started(tmp_path, deployment, seed=22, min_clients=2)
 
     # Execute
     out = deployment.run({"session-config": str(server_config), "node-wait-s": 120.0, "reply-timeout-s": 240.0},

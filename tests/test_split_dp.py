@@ -12,6 +12,8 @@ from secure_afl.exceptions import BoundsExceeded, DecryptionRefused, SecureAFLEr
 from secure_afl.packing import Layout
 from secure_afl.params import Bounds
 
+from support.split_cheat import keeping_honest_bits
+
 DP = {"epsilon": 1.0, "delta": 1e-5, "min_contributors": 3}
 SPEC = DPSpec(DP["epsilon"], DP["delta"], DP["min_contributors"])
 NAMES = ("h1", "h2", "h3", "h4")
@@ -27,6 +29,19 @@ def _split_session(c):
 
 def _data(c):
     return {h: c.data(h, n=60) for h in c.hospitals}
+
+
+def _started_with_honest(consortium, honest, *, hospitals=NAMES, min_clients=3):
+    """A DP split consortium with its key published and ``honest`` hospitals' statistics submitted by the
+    ordinary client: (consortium, data, key holder connection)."""
+    c = consortium(backend="split", hospitals=hospitals, min_clients=min_clients, dp=DP).start()
+    data = _data(c)
+    conn = _split_session(c)
+    for h in honest:
+        cl = c.hospital(h)
+        cl.submit(c.stats(*data[h]))
+        cl.close()
+    return c, data, conn
 
 
 def _total(c, data, names):
@@ -54,13 +69,7 @@ def test_split_dp_release_is_noisy_and_accounted_as_secagg_accounts_it(consortiu
     from support import run_hospitals
 
     # Prepare: the same four hospitals' data, once through split and once through secagg, both with [dp]
-    c = consortium(backend="split", hospitals=NAMES, min_clients=3, dp=DP).start()
-    data = _data(c)
-    conn = _split_session(c)
-    for h in NAMES:
-        cl = c.hospital(h)
-        cl.submit(c.stats(*data[h]))
-        cl.close()
+    c, data, conn = _started_with_honest(consortium, NAMES)
     s = consortium(backend="secagg", hospitals=NAMES, min_clients=3, dp=DP,
                    secagg={"threshold": 2, "stage_timeout_s": 6.0}).start()
     _, errors = run_hospitals(s, data, {})
@@ -101,13 +110,7 @@ def test_split_dp_release_is_noisy_and_accounted_as_secagg_accounts_it(consortiu
 @pytest.mark.e2e
 def test_split_dp_share_refused_with_fewer_noise_shares_than_declared(consortium):
     # Prepare: min_clients 2 lets the server close on two uploads; the noise needs three shares
-    c = consortium(backend="split", hospitals=("h1", "h2", "h3"), min_clients=2, dp=DP).start()
-    conn = _split_session(c)
-    data = _data(c)
-    for h in ("h1", "h2"):
-        cl = c.hospital(h)
-        cl.submit(c.stats(*data[h]))
-        cl.close()
+    c, data, conn = _started_with_honest(consortium, ("h1", "h2"), hospitals=("h1", "h2", "h3"), min_clients=2)
 
     # Execute / Assert: no share leaves, nothing is accounted, the collector has nothing to release
     with pytest.raises(DecryptionRefused) as e:
@@ -227,19 +230,6 @@ def _noisy_lanes(dp_split, sign_n=1):
     return be.circuit.lanes(v).copy()
 
 
-def _keeping(honest_lanes, blocks):
-    """Modified software's auxiliary bits: the decomposition of what it sends, but ``blocks`` taken from the
-    honest lanes' (same Fiat-Shamir seed), so every relation it does not attack holds."""
-    def aux(circuit, x, fs):
-        bits = circuit.aux_bits(x, fs)
-        good = circuit.aux_bits(honest_lanes, fs)
-        for name in blocks:
-            off, cnt, width = circuit.offsets[name]
-            bits[off:off + cnt * width] = good[off:off + cnt * width]
-        return bits
-    return aux
-
-
 @pytest.mark.parametrize("violation", ["count_below", "n_above", "count_above", "sum_below", "sum_above",
                                        "count_off_grid", "trace_above", "contributor_noised"])
 def test_a_noisy_upload_beyond_the_widened_bounds_is_refused(dp_split, violation):
@@ -288,8 +278,8 @@ def test_a_noisy_upload_beyond_the_widened_bounds_is_refused(dp_split, violation
     # the cheater keeps every relation it does not attack: these blocks' bits are those of the honest lanes
     keep = {"count_below": ("counts", "count_gap", "sum", "sum_gap"), "sum_below": ("sum", "sum_gap"),
             "sum_above": ("sum_gap",)}.get(violation, ())
-    assert _verdict(dp_split, *c.prove("h1", lanes=lanes, check=False, aux_override=_keeping(honest, keep))) \
-        == "linear"
+    cheat = keeping_honest_bits(honest, keep)
+    assert _verdict(dp_split, *c.prove("h1", lanes=lanes, check=False, aux_override=cheat)) == "linear"
     if violation != "contributor_noised":  # the honest prover checks the statistics' ranges before proving
         with pytest.raises(BoundsExceeded):
             c.prove("h1", lanes=lanes)
@@ -323,13 +313,7 @@ def _modified_upload(c, data, name, edit):
 def test_split_dp_upload_beyond_the_widened_bounds_is_refused_by_name_and_the_rest_released(consortium):
     # Prepare: h1..h3 honest (three noise shares, the declared minimum); h4 runs modified software: its noisy
     # upload puts class 1 one grid step below -tau, the widened statement's edge
-    c = consortium(backend="split", hospitals=NAMES, min_clients=3, dp=DP).start()
-    data = _data(c)
-    conn = _split_session(c)
-    for h in NAMES[:3]:
-        cl = c.hospital(h)
-        cl.submit(c.stats(*data[h]))
-        cl.close()
+    c, data, conn = _started_with_honest(consortium, NAMES[:3])
     receipt = _modified_upload(c, data, "h4", lambda lanes, circuit: _put(lanes, circuit, 1, -circuit.tau - 1))
 
     # Execute
@@ -353,13 +337,7 @@ def test_split_dp_upload_beyond_the_widened_bounds_is_refused_by_name_and_the_re
 @pytest.mark.e2e
 def test_split_dp_refusal_that_leaves_fewer_noise_shares_than_declared_releases_nothing(consortium):
     # Prepare: min_clients 2, three noise shares declared; h3's upload fails its proof, so two shares would remain
-    c = consortium(backend="split", hospitals=("h1", "h2", "h3"), min_clients=2, dp=DP).start()
-    data = _data(c)
-    conn = _split_session(c)
-    for h in ("h1", "h2"):
-        cl = c.hospital(h)
-        cl.submit(c.stats(*data[h]))
-        cl.close()
+    c, data, conn = _started_with_honest(consortium, ("h1", "h2"), hospitals=("h1", "h2", "h3"), min_clients=2)
     _modified_upload(c, data, "h3", lambda lanes, circuit: _put(lanes, circuit, 1, -circuit.tau - 1))
 
     # Execute / Assert: the key holder refuses its share (the collector would hold a sum short of the noise)
@@ -377,13 +355,7 @@ def test_split_dp_refusal_that_leaves_fewer_noise_shares_than_declared_releases_
 def test_split_dp_proven_upload_past_the_declared_bound_is_released_not_vetoed(consortium):
     # Prepare: h4's Gram entry at 3/4 of the proven bound T (far past the declared per-hospital bound, inside
     # what its proof allows): a valid upload, so it must not veto the noisy release through the noisy bound
-    c = consortium(backend="split", hospitals=NAMES, min_clients=3, dp=DP).start()
-    data = _data(c)
-    conn = _split_session(c)
-    for h in NAMES[:3]:
-        cl = c.hospital(h)
-        cl.submit(c.stats(*data[h]))
-        cl.close()
+    c, data, conn = _started_with_honest(consortium, NAMES[:3])
 
     def big(lanes, circuit):
         from secure_afl.hazmat import flp

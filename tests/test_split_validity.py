@@ -28,6 +28,7 @@ from secure_afl.params import Bounds
 from secure_afl.stats import local_statistics
 
 from support import flp_reference as ref
+from support.split_cheat import keeping_honest_bits
 
 VECTORS = json.loads((Path(__file__).resolve().parent.parent / "vectors" / "flp.json").read_text())
 P = flp.P
@@ -274,8 +275,9 @@ def test_both_verifiers_in_worker_processes_decide_and_sum_as_one_process_does(m
                                              leader=leader, workers=workers))
     (one, refused_one), (two, refused_two) = results
     assert refused_one == refused_two == {"h3": "linear"} and np.array_equal(one, two)
-    # a payload file that is not the manifest's upload is refused by the worker that reads it
-    (tmp_path / uploads[0][2]).write_bytes(b"not the upload")
+    # a payload file that is not the manifest's upload (another hospital's, well formed) is refused by the
+    # worker that reads it, before a message is formed over the wrong words
+    (tmp_path / uploads[0][2]).write_bytes((tmp_path / uploads[1][2]).read_bytes())
     with pytest.raises(MalformedPayload, match="h0"):
         split_validity.leader_messages(params, uploads, server_key, workers=2)
 
@@ -348,19 +350,6 @@ def _set(lanes, c, i, value, lane=0):
     lanes[lane * c.L + i] = int(value) % P
 
 
-def _smart(honest_lanes, blocks):
-    """A cheater that makes every relation it does not attack hold: ``blocks`` of its bits are those of the
-    honest lanes (same Fiat-Shamir seed), the rest the decomposition of what it sends."""
-    def aux(circuit, x, fs):
-        bits = circuit.aux_bits(x, fs)
-        good = circuit.aux_bits(honest_lanes, fs)
-        for name in blocks:
-            off, cnt, width = circuit.offsets[name]
-            bits[off:off + cnt * width] = good[off:off + cnt * width]
-        return bits
-    return aux
-
-
 @pytest.mark.parametrize("violation", ["count_minus_one", "non_integer_n", "n_above_n_max", "trace_too_large",
                                        "gram_entry_too_large", "cross_entry_too_large",
                                        "two_contributors", "tag_slot_used", "count_fraction_in_lo_lane",
@@ -406,7 +395,8 @@ def test_each_bound_violated_alone_is_refused(session, violation):
         lanes = _lanes_with(session, v, edit)
         if violation == "count_minus_one":
             smart = ("counts",)  # count bits of the honest counts: they sum to n
-    body = c.prove("h1", lanes=lanes, check=False, aux_override=_smart(honest, smart) if smart else None)
+    cheat = keeping_honest_bits(honest, smart) if smart else None
+    body = c.prove("h1", lanes=lanes, check=False, aux_override=cheat)
     assert _verdict(session, *body) == "linear"
 
 
