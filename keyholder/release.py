@@ -19,6 +19,7 @@ import dataclasses
 import hashlib
 import json
 import logging
+import math
 import os
 import time
 from dataclasses import dataclass
@@ -421,17 +422,20 @@ class KeyHolder(KeyCustody):
         # the tags are summed in float64 here; allow that summation's own rounding
         tag_sum_err = plain_summation_error(K, params.bounds.aggregate_bound(params.gamma))
         if params.backend == "ckks":
-            plan = flood_plan(params, K)  # K <= k_max, so its counts are within 1/2 (checked at keygen)
+            plan = flood_plan(backend, K)  # K <= k_max, so its counts are within 1/2 (checked at keygen)
         ledger.record_decryption(key_id, params.session_id, participants)
         try:
             if params.backend == "ckks":
-                fl = flood_decryption(plan, backend.decrypt_raw(ctx, chunks), extra_tol=tag_sum_err)
-                vector, tol, count_tol = fl.vector, fl.tol, fl.count_tol  # nothing unflooded goes further
+                # flooded in the coefficient domain before the one decryption: nothing unflooded exists
+                fl = flood_decryption(plan, backend, ctx, chunks, extra_tol=tag_sum_err)
+                vector, tol, count_tol = fl.vector, fl.tol, fl.count_tol
                 backend.check_range(vector, tol)
                 sigma = fl.sigma
                 noise_norms = flood_norm_bounds(plan, fl, params.layout.dim, params.layout.n_classes, FLOOD_TAIL)
-                e_gram = plan["e_declared"] if plan["gram_block"] else fl.e_key
-                spectral = params.layout.dim * e_gram + noise_norms[0]
+                d, c = params.layout.dim, params.layout.n_classes
+                spectral = d * fl.e_fixed + noise_norms[0]
+                # the certificate's norms: the Gaussian part plus the fixed part of every entry
+                noise_norms = (spectral, noise_norms[1] + math.sqrt(d * c) * fl.e_fixed)
                 flood_info = fl.to_report()
             else:  # exact decryption (bfv): the noise is rounded away, nothing key-dependent to flood
                 e_bound = he_module(params.backend).expected_abs_error(params, K) + tag_sum_err

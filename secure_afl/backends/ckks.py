@@ -75,6 +75,7 @@ __all__ = [
     "bind_public_context",
     "new_ckks_session",
     "ckks_parameters",
+    "count_breaks",
     "expected_abs_error",
     "save_secret_context",
     "load_secret_context",
@@ -97,12 +98,18 @@ class CKKSKeyPair:
 
 
 # -- session setup (key holder) -----------------------------------------------------
-#: Default per-entry precision target of a ckks session. The key holder floods every decryption with
-#: noise about 2^15 sqrt(12 x 2 S) times the key-dependent decryption error, S the slots flooded at that
-#: level (keyholder/flooding.py), so the error itself must be small for the flooded statistics to stay
-#: useful: at 1e-10 and d = 512 the Gram is flooded with sigma about 3e-3, for 34-43 bytes per value
-#: on the wire.
-DEFAULT_MAX_ABS_ERROR = 1e-10
+#: Default per-entry error target of a ckks session's FLOODED release at K = k_max (the key holder adds
+#: a Gaussian to every decrypted coefficient, keyholder/flooding.py; the bound includes that noise's
+#: 2^-40 tail). Chosen by measurement of bytes against W error: at 2e-2 a d = 512, C = 100 session with
+#: k_max 100 fits 39 bytes per value (scale 2^60, slot sigma 1.6e-3) and d <= 256 sessions 34-35, and the
+#: selection then spends any bits the primes leave over on a larger scale.
+DEFAULT_MAX_ABS_ERROR = 2e-2
+
+
+def count_breaks(layout: Layout) -> tuple:
+    """Where the counts block (n, class counts, contributors, tag) starts: its own ciphertext chunk, so
+    its values never share a decode with Gram or cross entries."""
+    return (layout.slices["n"].start,)
 
 
 def ckks_session_params(session_id: str, layout: Layout, gamma: float, bounds: Bounds, *,
@@ -112,13 +119,14 @@ def ckks_session_params(session_id: str, layout: Layout, gamma: float, bounds: B
     precision target ``max_abs_error``; not yet bound to a key.
 
     The smallest modulus chain that holds ``bounds.aggregate_bound(gamma)``
-    for ``bounds.k_max`` clients with noise <= ``max_abs_error`` at 128-bit
-    security (:func:`secure_afl.hazmat.ckks.select_parameters`). Raises
+    for ``bounds.k_max`` clients with the FLOODED release's per-entry bound <= ``max_abs_error``
+    at 128-bit security (:func:`secure_afl.hazmat.ckks.select_parameters`). Raises
     :class:`InvalidParameterError` with the reason and the fix when none does.
     """
     unbound = SessionParams(session_id, "ckks", layout, gamma, bounds)
     chosen = hz.select_parameters(bounds.aggregate_bound(gamma), bounds.k_max, max_abs_error=max_abs_error,
-                                  max_poly_modulus_degree=max_poly_modulus_degree)
+                                  max_poly_modulus_degree=max_poly_modulus_degree, length=layout.length,
+                                  breaks=count_breaks(layout))
     return unbound.with_backend_params(**chosen.to_dict(), max_abs_error=float(max_abs_error))
 
 
@@ -156,14 +164,14 @@ def new_ckks_session(session_id: str, layout: Layout, gamma: float, bounds: Boun
 
 
 def expected_abs_error(params: SessionParams, n_clients: int | None = None, *,
-                       magnitude: float | None = None) -> float:
+                       magnitude: float | None = None, cp: hz.CKKSParameters | None = None) -> float:
     """Per-entry error bound (E) of a revealed K-sum (hazmat docstring).
 
     ``n_clients`` defaults to ``bounds.k_max``; ``magnitude`` (sum over clients
     of max |entry|) defaults to the declared worst case ``n_clients *
     hospital_bound(gamma)``.
     """
-    p = ckks_parameters(params)
+    p = ckks_parameters(params) if cp is None else cp
     k = params.bounds.k_max if n_clients is None else int(n_clients)
     m = k * params.bounds.hospital_bound(params.gamma) if magnitude is None else float(magnitude)
     return hz.expected_abs_error(p, k, m)
@@ -243,7 +251,7 @@ class CKKSBackend(ProtectionBackend):
     def __init__(self, params: SessionParams):
         super().__init__(params)
         self._contexts: dict = {}
-        self.ckks_ = self._scheme_parameters(params)
+        self.ckks_ = self._scheme_parameters(params)  # derived once; the key holder's path reads it from here
         self._check_holds_bounds()
 
     def _scheme_parameters(self, params: SessionParams):
@@ -253,22 +261,46 @@ class CKKSBackend(ProtectionBackend):
         """Encrypted values per contribution."""
         return self.params.layout.length
 
+    @property
+    def breaks(self) -> tuple:
+        return count_breaks(self.params.layout)
+
+    @property
+    def spans(self) -> list:
+        """The values each ciphertext chunk of an upload holds."""
+        return self.ckks_.spans(self.params.layout.length, self.breaks)
+
+    def _chunk_kw(self) -> dict:
+        return {"breaks": self.breaks} if self._hz is hz else {}
+
+    def flooding(self, n_clients: int) -> dict:
+        """How the key holder floods a K-sum (``keyholder/flooding.py``): the coefficients flooded (every
+        coefficient of every chunk), their sigma, the decoded slots' sigma and the coefficient bound."""
+        cp, coeffs = self.ckks_, self.ckks_.poly_modulus_degree * len(self.spans)
+        sigma = hz.flood_coefficient_sigma(cp, n_clients, coeffs)
+        return {"coefficients": coeffs, "sigma": sigma, "slot_sigma": hz.slot_sigma(cp, sigma),
+                "coefficient_bound": hz.flood_coefficient_bound(cp, sigma, coeffs)}
+
     def _check_holds_bounds(self) -> None:
         params = self.params
         need, k = params.bounds.aggregate_bound(params.gamma), params.bounds.k_max
-        if need > self.ckks_.max_aggregate(k):
+        g = self.flooding(k)["coefficient_bound"]
+        if need > self.ckks_.max_aggregate(k, g):
             raise InvalidParameterError(
-                f"CKKS parameters {self.ckks_.to_dict()} hold aggregates up to {self.ckks_.max_aggregate(k):.4g}, "
-                f"but the declared bounds need {need:.4g}; create the session with ckks_session_params, "
-                "or lower n_max, max_norm or k_max."
+                f"CKKS parameters {self.ckks_.to_dict()} hold aggregates up to {self.ckks_.max_aggregate(k, g):.4g} "
+                f"beside the key holder's flooding, but the declared bounds need {need:.4g}; create the session "
+                "with ckks_session_params, or lower n_max, max_norm or k_max."
             )
         target = params.backend_params.get("max_abs_error")
-        if target is not None and hz.noise_bound(self.ckks_, k) > float(target):
-            raise InvalidParameterError(
-                f"CKKS parameters {self.ckks_.to_dict()} have noise up to {hz.noise_bound(self.ckks_, k):.3g} "
-                f"per entry at k_max={k}, above the session's precision target {target}; create the session "
-                "with ckks_session_params"
-            )
+        if target is not None:
+            tol = hz.flooded_tolerance(self.ckks_, k, self.flooding(k)["coefficients"], params.layout.length,
+                                       need)[2]
+            if tol > float(target):
+                raise InvalidParameterError(
+                    f"CKKS parameters {self.ckks_.to_dict()} leave a flooded error up to {tol:.3g} per entry at "
+                    f"k_max={k}, above the session's precision target {target}; create the session with "
+                    "ckks_session_params"
+                )
 
     # -- key binding ---------------------------------------------------------------
     def _bound_digest(self) -> str:
@@ -303,7 +335,7 @@ class CKKSBackend(ProtectionBackend):
 
     def _load(self, ctx, payload: bytes, kind: str) -> list:
         env = open_envelope(self.params, payload, kind)
-        return self._hz.load_chunks(ctx, self.ckks_, env.body, self._n_items())
+        return self._hz.load_chunks(ctx, self.ckks_, env.body, self._n_items(), **self._chunk_kw())
 
     # -- the three roles ---------------------------------------------------------------
     def protect(self, vector, *, public_context: bytes, **kw) -> bytes:
@@ -314,7 +346,7 @@ class CKKSBackend(ProtectionBackend):
         """
         v = check_vector(self.params, vector)
         ctx = self._public_context(public_context)
-        return seal(self.params, "contribution", self._hz.encrypt_vector(ctx, self.ckks_, v))
+        return seal(self.params, "contribution", self._hz.encrypt_vector(ctx, self.ckks_, v, self.breaks))
 
     def combiner(self, *, public_context: bytes, **kw) -> Combiner:
         """Server: a streaming combiner. Refuses a context with a secret key (:class:`SecretKeyNotAllowed`)."""
@@ -329,7 +361,8 @@ class CKKSBackend(ProtectionBackend):
         """
         env = open_envelope(self.params, aggregate, "aggregate")
         ctx = self.keyholder_context(secret_context)
-        return self.decrypt_sum(ctx, self._hz.load_chunks(ctx, self.ckks_, env.body, self.params.layout.length))
+        return self.decrypt_sum(ctx, self._hz.load_chunks(ctx, self.ckks_, env.body, self.params.layout.length,
+                                                          **self._chunk_kw()))
 
     def keyholder_context(self, secret_context: bytes):
         """The key holder's context, checked to be the key this session's parameters bind."""
@@ -344,15 +377,21 @@ class CKKSBackend(ProtectionBackend):
     def load_partial(self, ctx, body: bytes) -> list:
         """A combiner's :meth:`~secure_afl.backends.Combiner.partial` as checked chunks under ``ctx``
         (a sum keeps the level, scale and size of a fresh ciphertext, so the same checks hold)."""
-        return self._hz.load_chunks(ctx, self.ckks_, body, self._n_items())
+        return self._hz.load_chunks(ctx, self.ckks_, body, self._n_items(), **self._chunk_kw())
 
     def decrypt_sum(self, ctx, chunks: list) -> np.ndarray:
         """Decrypt summed chunks and check the range (:meth:`check_range` at this session's
         decryption bound): for tests and tools. The key holder decrypts with :meth:`decrypt_raw`,
         floods, and only then checks the range of the flooded values."""
         v = self.decrypt_raw(ctx, chunks)
-        self.check_range(v, expected_abs_error(self.params))
+        self.check_range(v, expected_abs_error(self.params, cp=self.ckks_))
         return v
+
+    def decrypt_flooded(self, ctx, chunks: list, sigma: float) -> np.ndarray:
+        """The ONE decryption the key holder makes: every coefficient of every summed chunk gets a fresh
+        rounded Gaussian of standard deviation ``sigma`` before it is decrypted, then it is decoded
+        (:func:`secure_afl.hazmat.ckks.flood_decrypt`). Nothing unflooded exists afterwards."""
+        return hz.flood_decrypt(ctx, self.ckks_, chunks, sigma, self.params.layout.length)
 
     def decrypt_raw(self, ctx, chunks: list) -> np.ndarray:
         """The decryption of summed chunks, unchecked: every entry within :func:`expected_abs_error`

@@ -114,16 +114,17 @@ def first_parms_id(ctx, scheme: str) -> list:
         raise ParameterMismatch(f"context has no {scheme} parameters") from None
 
 
-def check_chunks(blobs: list, slots: int, length: int, parse: Callable, fresh: Callable) -> list:
+def check_chunks(blobs: list, slots: int, length: int, parse: Callable, fresh: Callable,
+                 sizes: Sequence[int] | None = None) -> list:
     """Parse every chunk blob and keep it only if ``fresh(vector, ciphertext)`` holds; all-or-nothing.
 
-    Each chunk must hold ``min(slots, what is left of length)`` values in one
+    Each chunk must hold ``sizes[i]`` values (default ``min(slots, what is left of length)``) in one
     ciphertext. Anything wrong raises a detail-free :class:`InvalidContribution`:
     the sender learns nothing about which check failed.
     """
     out = []
     for i, blob in enumerate(blobs):
-        want = min(slots, length - i * slots)
+        want = min(slots, length - i * slots) if sizes is None else sizes[i]
         try:
             vec = parse(blob)
             cts = vec.ciphertext()

@@ -110,6 +110,9 @@ from __future__ import annotations
 
 import functools
 import math
+import os
+import struct
+import tempfile
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
@@ -118,7 +121,7 @@ import tenseal as ts
 import tenseal.sealapi as sealapi
 
 from .. import domains
-from ..exceptions import InvalidParameterError, ParameterMismatch
+from ..exceptions import InvalidContribution, InvalidKey, InvalidParameterError, ParameterMismatch
 from ._tenseal import add_chunks, check_chunks, context_sha256, first_parms_id, frame, parse_context, split_body
 from ._tenseal import decrypt_chunks as _decrypt_chunks
 from ._tenseal import dump_chunks as _dump_chunks
@@ -143,6 +146,16 @@ __all__ = [
     "add_chunks",
     "dump_chunks",
     "decrypt_chunks",
+    "KAPPA",
+    "FLOOD_QUERIES",
+    "TAIL_BITS",
+    "key_error_bound",
+    "flood_coefficient_sigma",
+    "slot_sigma",
+    "fixed_slot_error",
+    "tail_z",
+    "flood_decrypt",
+    "gaussian_integers",
 ]
 
 #: SEAL's largest total coefficient-modulus bit count for 128-bit classical
@@ -152,8 +165,17 @@ SEAL_MAX_COEFF_BITS = {4096: 109, 8192: 218, 16384: 438, 32768: 881}
 #: Bits held in reserve below the provable Q/2 lower bound (factor 4).
 MARGIN_BITS = 1
 
-#: Relative float64 error of encode + decode (measured ~2^-50.5; see module docstring).
+#: Relative float64 error of encode + decode: MEASURED (std 1.5e-16, max 7.6e-16 ~ 2^-50.2 over 12k
+#: slots), not proved; 2^-46 keeps a factor 16 over the largest value seen. It bounds only the accuracy of
+#: the decode, which is post-processing of the flooded integers and needs no flooding of its own.
 FLOAT_REL = 2.0 ** -46
+
+#: Statistical security of the flooded decryption: the KL divergence between the releases under any two
+#: admissible keys is at most 2^-KAPPA / 6 = 2^-32.6 for the whole release (FLOOD_QUERIES decryptions).
+KAPPA = 30
+FLOOD_QUERIES = 1
+#: Every flooded entry (and every flooding coefficient) is within its stated bound except w.p. 2^-TAIL_BITS.
+TAIL_BITS = 40
 
 # Gaussian tail (<= 2^-40 per slot) and key tail (<= 2^-30 per key) constants.
 _Z_SLOT = math.sqrt(2.0 * 41.0 * math.log(2.0))
@@ -243,12 +265,25 @@ class CKKSParameters:
         """log2 of the usable coefficient bound Q / 2^(1 + MARGIN_BITS) (condition (H))."""
         return math.log2(self.data_modulus) - 1 - MARGIN_BITS
 
-    def n_chunks(self, length: int) -> int:
-        return max(1, -(-int(length) // self.slots))
+    def n_chunks(self, length: int, breaks: Sequence[int] = ()) -> int:
+        return len(self.spans(length, breaks))
 
-    def max_aggregate(self, n_clients: int) -> float:
-        """Largest sum_k ||z_k||_inf that condition (H) admits for ``n_clients`` ciphertexts."""
-        room = self.data_modulus / 2.0 ** (1 + MARGIN_BITS) - float(n_clients) * (self.poly_modulus_degree + 2)
+    def spans(self, length: int, breaks: Sequence[int] = ()) -> list:
+        """``[(start, stop), ...]``: the values of each ciphertext chunk. A new chunk starts at every
+        multiple of N/2 counted from the previous break and at every break (0 < break < length), so a
+        block that starts at a break (the counts) never shares a ciphertext with what precedes it."""
+        length = int(length)
+        cuts = sorted({0, length, *(int(b) for b in breaks if 0 < int(b) < length)})
+        out = []
+        for a, b in zip(cuts[:-1], cuts[1:]):
+            out += [(x, min(x + self.slots, b)) for x in range(a, b, self.slots)]
+        return out or [(0, 0)]
+
+    def max_aggregate(self, n_clients: int, flood: float = 0.0) -> float:
+        """Largest sum_k ||z_k||_inf that condition (H) admits for ``n_clients`` ciphertexts, leaving
+        ``flood`` (a bound on the flooding polynomial's coefficients, :func:`flood_decrypt`) on top."""
+        room = (self.data_modulus / 2.0 ** (1 + MARGIN_BITS) - float(n_clients) * (self.poly_modulus_degree + 2)
+                - float(flood))
         return max(room, 0.0) / self.scale
 
     def approx_bytes_per_value(self) -> float:
@@ -310,8 +345,159 @@ def expected_abs_error(params: CKKSParameters, n_clients: int, magnitude: float)
     return noise_bound(params, n_clients) + FLOAT_REL * float(magnitude)
 
 
+# -- flooding the integer decryption ---------------------------------------------------------
+def key_error_bound(params: CKKSParameters, n_clients: int) -> float:
+    """PROVED bound on every coefficient of the key-dependent decryption error E of a K-sum of
+    honest encryptions: ``||E||_inf <= K (N/2 + 1)`` (module docstring, step 2)."""
+    return _key_error(params.poly_modulus_degree, n_clients)
+
+
+def _key_error(n: int, n_clients: int) -> float:
+    return max(int(n_clients), 1) * (n / 2.0 + 1.0)
+
+
+def flood_coefficient_sigma(params: CKKSParameters, n_clients: int, coefficients: int, *,
+                            kappa: int = KAPPA, queries: int = FLOOD_QUERIES) -> float:
+    """(F): the standard deviation of the Gaussian added to each of ``coefficients`` decrypted
+    coefficients so that the whole release is within KL 2^-kappa / 6 under any two keys."""
+    return _flood_sigma(_key_error(params.poly_modulus_degree, n_clients), coefficients, kappa, queries)
+
+
+def _flood_sigma(e: float, coefficients: int, kappa: int = KAPPA, queries: int = FLOOD_QUERIES) -> float:
+    return math.sqrt(12.0 * queries * max(int(coefficients), 1)) * 2.0 ** (kappa / 2.0) * e
+
+
+def slot_sigma(params: CKKSParameters, sigma: float) -> float:
+    """Standard deviation of the real part of a decoded slot when every coefficient gets N(0, sigma^2):
+    ``sigma sqrt(N/2) / 2^s`` (the real parts of the N/2 slots are independent)."""
+    return float(sigma) * math.sqrt(params.poly_modulus_degree / 2.0) / params.scale
+
+
+def fixed_slot_error(params: CKKSParameters, n_clients: int) -> float:
+    """PROVED bound on the non-Gaussian part of a flooded slot's error: the key error E, the K encoding
+    roundings u_k and the flooding polynomial's own rounding, each coefficient-wise bounded, through
+    ``|Re tau(p)_i| <= ||p||_1 <= N ||p||_inf``: ``N (K (N/2 + 1) + K/2 + 1/2) / 2^s``."""
+    return _fixed(params.poly_modulus_degree, n_clients, params.scale)
+
+
+def _fixed(n: int, n_clients: int, scale: float) -> float:
+    k = max(int(n_clients), 1)
+    return n * (_key_error(n, k) + k / 2.0 + 0.5) / scale
+
+
+def tail_z(entries: int, *, bits: int = TAIL_BITS) -> float:
+    """z with P(any of ``entries`` N(0, 1) draws exceeds z in absolute value) <= 2^-bits: union bound
+    over P(|N(0,1)| > z) <= exp(-z^2 / 2), so z = sqrt(2 (ln entries + bits ln 2))."""
+    return math.sqrt(2.0 * (math.log(max(int(entries), 1)) + bits * math.log(2.0)))
+
+
+def flood_coefficient_bound(params: CKKSParameters, sigma: float, coefficients: int) -> float:
+    """Bound on every coefficient of the flooding polynomials (w.p. 1 - 2^-TAIL_BITS): it must fit in
+    condition (H) beside the message (:meth:`CKKSParameters.max_aggregate`)."""
+    return tail_z(coefficients) * float(sigma) + 1.0
+
+
+def gaussian_integers(count: int, sigma: float) -> np.ndarray:
+    """``count`` rounded Gaussians round(N(0, sigma^2)) as int64, from the OS CSPRNG (os.urandom).
+
+    Box-Muller on 53-bit uniforms in float64: the one approximation of the sampler (a float64
+    Gaussian is not exactly one); everything after it is exact integer arithmetic. Rounding is
+    post-processing, so an integer shift of round(Y) is within the KL of the same shift of Y."""
+    count = int(count)
+    if not (math.isfinite(sigma) and 0 < sigma < 2.0 ** 55):
+        raise InvalidParameterError(f"flooding sigma must be in (0, 2^55); got {sigma!r}")
+    half = (count + 1) // 2
+    raw = np.frombuffer(os.urandom(16 * half), dtype=np.uint64).reshape(half, 2) >> np.uint64(11)
+    u1 = (raw[:, 0].astype(np.float64) + 1.0) * 2.0 ** -53  # (0, 1]
+    u2 = raw[:, 1].astype(np.float64) * 2.0 ** -53
+    r = np.sqrt(-2.0 * np.log(u1))
+    z = np.concatenate([r * np.cos(2.0 * np.pi * u2), r * np.sin(2.0 * np.pi * u2)])[:count]
+    return np.rint(sigma * z).astype(np.int64)
+
+
+_SEAL_MAGIC = 0xA15E
+_SEAL_HEADER = struct.Struct("<HBBBBHQ")  # magic, header size, version major, minor, compression, reserved, size
+
+
+def flood_decrypt(ctx: "ts.Context", params: CKKSParameters, chunks: Sequence, sigma: float,
+                  length: int) -> np.ndarray:
+    """Decrypt each summed chunk ONCE after adding a fresh rounded Gaussian polynomial G (standard
+    deviation ``sigma`` per coefficient) to it, and decode: a float64 vector of ``length``.
+
+    What is added is exact: the ciphertext is taken out of NTT form (SEAL's evaluator), G is added
+    to c0 coefficient by coefficient modulo each data prime in uint64, and SEAL's NTT brings it back,
+    so c0 + G + c1 s = m + E + G (mod Q). Nothing unflooded is decrypted; decoding (float64 FFT) is
+    post-processing of the flooded integers. SEAL exposes no writable coefficient buffer to Python,
+    so the flooded ciphertext is rebuilt from its uncompressed serialisation and loaded back.
+    """
+    try:
+        sc = ctx.seal_context().data
+        dec = sealapi.Decryptor(sc, ctx.secret_key().data)
+    except Exception:
+        raise InvalidKey("this operation needs the secret context; a public context cannot decrypt") from None
+    ev, enc = sealapi.Evaluator(sc), sealapi.CKKSEncoder(sc)
+    primes = [m.value() for m in sc.first_context_data().parms().coeff_modulus()]
+    n, levels = params.poly_modulus_degree, len(primes)
+    words = 2 * levels * n
+    parts = []
+    with tempfile.TemporaryDirectory(prefix="safl-flood-") as tmp:
+        path = os.path.join(tmp, "ct")
+        version = None
+        for vec in chunks:
+            try:
+                ct = vec.ciphertext()[0]
+                if version is None:
+                    ct.save(path)
+                    with open(path, "rb") as f:
+                        version = f.read(_SEAL_HEADER.size)[3:5]
+                if ct.size() != 2 or ct.coeff_modulus_size() != levels or ct.poly_modulus_degree() != n:
+                    raise InvalidContribution()
+                ev.transform_from_ntt_inplace(ct)
+                data = np.fromiter((ct[i] for i in range(words)), dtype=np.uint64, count=words)
+                ev.transform_to_ntt_inplace(ct)  # leave the caller's chunk as it was
+                g = gaussian_integers(n, sigma)
+                for j, q in enumerate(primes):
+                    seg = data[j * n:(j + 1) * n]
+                    seg[:] = (seg + np.mod(g, np.int64(q)).astype(np.uint64)) % np.uint64(q)
+                arr = struct.pack("<Q", words) + data.tobytes()
+                dyn = _SEAL_HEADER.pack(_SEAL_MAGIC, _SEAL_HEADER.size, version[0], version[1], 0, 0,
+                                        _SEAL_HEADER.size + len(arr)) + arr
+                members = (struct.pack("<4Q", *ct.parms_id()) + b"\x00"
+                           + struct.pack("<QQQdQ", 2, n, levels, float(ct.scale), 1) + dyn)
+                with open(path, "wb") as f:
+                    f.write(_SEAL_HEADER.pack(_SEAL_MAGIC, _SEAL_HEADER.size, version[0], version[1], 0, 0,
+                                              _SEAL_HEADER.size + len(members)) + members)
+                flooded = sealapi.Ciphertext()
+                flooded.load(sc, path)
+                ev.transform_to_ntt_inplace(flooded)
+                plain = sealapi.Plaintext()
+                dec.decrypt(flooded, plain)
+                parts.append(np.asarray(enc.decode_double(plain), dtype=np.float64)[:vec.size()])
+            except InvalidContribution:
+                raise
+            except Exception:
+                raise InvalidContribution() from None
+    v = np.concatenate(parts) if parts else np.zeros(0)
+    if v.shape != (int(length),):
+        raise InvalidContribution()
+    return v
+
+
+def flooded_tolerance(params: CKKSParameters, n_clients: int, coefficients: int, entries: int,
+                      magnitude: float) -> tuple:
+    """``(sigma, slot sigma, tol)``: the flooding of ``coefficients`` decrypted coefficients for K =
+    ``n_clients`` and the bound every one of ``entries`` decoded values then satisfies (w.p. 1 -
+    2^-TAIL_BITS), for values of magnitude ``magnitude``: the proved fixed part, z slot sigma, and the
+    measured float64 decode error FLOAT_REL (magnitude + z slot sigma)."""
+    sigma = flood_coefficient_sigma(params, n_clients, coefficients)
+    ss = slot_sigma(params, sigma)
+    zs = tail_z(entries) * ss
+    return sigma, ss, fixed_slot_error(params, n_clients) + zs + FLOAT_REL * (float(magnitude) + zs)
+
+
 def select_parameters(aggregate_bound: float, k_max: int, *, max_abs_error: float = 1e-6,
-                      max_poly_modulus_degree: int = 16384) -> CKKSParameters:
+                      max_poly_modulus_degree: int = 16384, length: int | None = None,
+                      breaks: Sequence[int] = ()) -> CKKSParameters:
     """The smallest modulus chain that holds ``aggregate_bound`` for ``k_max`` clients at ``max_abs_error``.
 
     Sums need no multiplication, so the chain is data primes + SEAL's special
@@ -319,16 +505,22 @@ def select_parameters(aggregate_bound: float, k_max: int, *, max_abs_error: floa
     a one-prime chain is refused, "keyswitching is not supported"). For each
     ring degree N and number of data primes l:
 
-    1. the scale 2^s is the smallest with ``noise_bound(k_max) <= max_abs_error``;
+    1. the scale 2^s is the smallest whose error meets ``max_abs_error`` at K = k_max: without
+       ``length``, the bare decryption's ``noise_bound``; with ``length`` (the values of one
+       release, cut into chunks at ``breaks``), the bound of the FLOODED release
+       (:func:`flooded_tolerance`, all chunks' coefficients flooded at once);
     2. the data primes get the fewest bits b with condition (H):
-       ``2^s A + K (N + 2) <= Q / 2^(1 + MARGIN_BITS)`` with Q the product of
-       the l primes SEAL picks (b <= 60);
+       ``2^s A + K (N + 2) + G <= Q / 2^(1 + MARGIN_BITS)`` with Q the product of
+       the l primes SEAL picks (b <= 60) and G the flooding polynomial's coefficient bound;
     3. the special prime has ``min(60, budget - l b)`` bits, at least 39, where
        the budget is the HomomorphicEncryption.org 128-bit limit for N
-       (:data:`SEAL_MAX_COEFF_BITS`).
+       (:data:`SEAL_MAX_COEFF_BITS`);
+    4. the scale is then raised as far as those primes allow: the bytes are the same, the
+       flooded error halves with every bit.
 
     Among the sets that qualify, the one with the fewest data bits (bytes on
-    the wire ~ l b / 2 per value) wins, then the smaller N.
+    the wire ~ l b / 2 per value) wins, then the smaller N (whose flooding is smaller: the slot
+    noise grows like N at a fixed number of values).
 
     Raises
     ------
@@ -350,11 +542,19 @@ def select_parameters(aggregate_bound: float, k_max: int, *, max_abs_error: floa
         if n > max_poly_modulus_degree:
             continue
         budget = SEAL_MAX_COEFF_BITS[n]
-        s = _smallest_scale(n, k_max, max_abs_error)
+        if length is None:
+            g_bound, s = 0.0, _smallest_scale(n, k_max, max_abs_error)
+        else:
+            probe = _Geometry(n)
+            coeffs = n * probe.n_chunks(length, breaks)
+            sigma = _flood_sigma(_key_error(n, k_max), coeffs)
+            g_bound = tail_z(coeffs) * sigma + 1.0
+            s = _smallest_flooded_scale(n, k_max, sigma, int(length), aggregate_bound, max_abs_error)
         if s is None:
-            reasons.append(f"N={n}: noise alone exceeds max_abs_error even at scale 2^60")
+            reasons.append(f"N={n}: the {'flooded ' if length else ''}error exceeds max_abs_error even at "
+                           "scale 2^60")
             continue
-        need = s + math.log2(aggregate_bound + k_max * (n + 2) / 2.0 ** s)
+        need = s + math.log2(aggregate_bound + (k_max * (n + 2) + g_bound) / 2.0 ** s)
         found = False
         for n_data in range(1, (budget - 39) // 20 + 1):
             # primes are a bit below 2^b: start at the lower-bound estimate, step up at most twice
@@ -368,11 +568,20 @@ def select_parameters(aggregate_bound: float, k_max: int, *, max_abs_error: floa
                     cand = CKKSParameters(n, (b,) * n_data + (special,), s)
                 except InvalidParameterError:
                     continue
-                if aggregate_bound <= cand.max_aggregate(k_max):
+                if aggregate_bound <= cand.max_aggregate(k_max, g_bound):
                     p = cand
                     break
             if p is not None:
                 found = True
+                if length is not None:  # the same bytes buy a larger scale: take all of it
+                    for s_up in range(p.scale_bits + 1, 61):
+                        try:
+                            up = CKKSParameters(n, p.coeff_mod_bit_sizes, s_up)
+                        except InvalidParameterError:
+                            break
+                        if aggregate_bound > up.max_aggregate(k_max, g_bound):
+                            break
+                        p = up
                 if best is None or (p.data_bits, n) < (best.data_bits, best.poly_modulus_degree):
                     best = p
                 break
@@ -383,11 +592,31 @@ def select_parameters(aggregate_bound: float, k_max: int, *, max_abs_error: floa
         raise InvalidParameterError(
             f"No CKKS parameter set at 128-bit security (HomomorphicEncryption.org table, poly_modulus_degree "
             f"<= {max_poly_modulus_degree}) holds the declared aggregate bound {aggregate_bound:.4g} = k_max * "
-            f"max(n_max*max_norm^2 + gamma, n_max*max_norm, n_max) for k_max={k_max} with noise <= "
+            f"max(n_max*max_norm^2 + gamma, n_max*max_norm, n_max) for k_max={k_max} with error <= "
             f"max_abs_error={max_abs_error:g} ({'; '.join(reasons)}). Lower n_max, max_norm or k_max, or allow "
             "a larger max_abs_error."
         )
     return best
+
+
+class _Geometry:
+    """Chunk geometry of ring degree N without a parameter set (for :func:`select_parameters`)."""
+
+    def __init__(self, n: int):
+        self.slots = n // 2
+
+    spans = CKKSParameters.spans
+    n_chunks = CKKSParameters.n_chunks
+
+
+def _smallest_flooded_scale(n: int, k_max: int, sigma: float, length: int, magnitude: float,
+                            max_abs_error: float) -> int | None:
+    zs = tail_z(length) * sigma * math.sqrt(n / 2.0)
+    for s in range(20, 61):
+        scale = 2.0 ** s
+        if _fixed(n, k_max, scale) + zs / scale + FLOAT_REL * (magnitude + zs / scale) <= max_abs_error:
+            return s
+    return None
 
 
 @functools.lru_cache(maxsize=64)
@@ -465,41 +694,46 @@ def _check_context(ctx: "ts.Context", params: CKKSParameters) -> None:
 _BODY_MAGIC = domains.CKKS_BODY_MAGIC
 
 
-def encrypt_vector(ctx: "ts.Context", params: CKKSParameters, vector: np.ndarray) -> bytes:
-    """Encrypt a float64 vector chunk by chunk under ``ctx``'s public key.
+def encrypt_vector(ctx: "ts.Context", params: CKKSParameters, vector: np.ndarray,
+                   breaks: Sequence[int] = ()) -> bytes:
+    """Encrypt a float64 vector chunk by chunk (:meth:`CKKSParameters.spans`) under ``ctx``'s public key.
 
     Body format: ``b"SAFLCKK1" | u32 n_chunks | u32 L | (u64 len | chunk)*``.
     The caller has checked the vector against the declared bound.
     """
     v = np.ascontiguousarray(vector, dtype=np.float64)
     blobs = []
-    for start in range(0, max(v.shape[0], 1), params.slots):
+    for start, stop in params.spans(v.shape[0], breaks):
         try:
-            blob = ts.ckks_vector(ctx, v[start:start + params.slots]).serialize()
+            blob = ts.ckks_vector(ctx, v[start:stop]).serialize()
         except Exception:
             raise InvalidParameterError("TenSEAL refused to encrypt the vector under this context") from None
         blobs.append(blob)
     return frame(_BODY_MAGIC, blobs, v.shape[0])
 
 
-def load_chunks(ctx: "ts.Context", params: CKKSParameters, body: bytes, length: int) -> list:
+def load_chunks(ctx: "ts.Context", params: CKKSParameters, body: bytes, length: int,
+                breaks: Sequence[int] = ()) -> list:
     """Parse and check every chunk; all-or-nothing.
 
     Each chunk must deserialize under ``ctx`` and be a fresh-level ciphertext
     of this session: 2 polynomials, NTT form, the first data level (a
     ciphertext switched to a lower level would have a smaller Q and less
-    headroom), scale exactly 2^s and the expected number of values.
+    headroom), scale exactly 2^s and the number of values its span
+    (:meth:`CKKSParameters.spans`) holds.
     Framing errors raise :class:`MalformedPayload`; anything wrong with a
     ciphertext raises a detail-free :class:`InvalidContribution`.
     """
-    blobs = split_body(body, _BODY_MAGIC, params.n_chunks(length), length, "ckks")
+    spans = params.spans(length, breaks)
+    blobs = split_body(body, _BODY_MAGIC, len(spans), length, "ckks")
     first_id = first_parms_id(ctx, "CKKS")
 
     def fresh(ct) -> bool:
         return (ct.size() == 2 and ct.is_ntt_form() and list(ct.parms_id()) == first_id
                 and ct.scale == params.scale and ct.poly_modulus_degree() == params.poly_modulus_degree)
 
-    return check_chunks(blobs, params.slots, length, lambda b: ts.ckks_vector_from(ctx, b), fresh)
+    return check_chunks(blobs, params.slots, length, lambda b: ts.ckks_vector_from(ctx, b), fresh,
+                        sizes=[b - a for a, b in spans])
 
 
 def dump_chunks(chunks: Sequence, length: int) -> bytes:
