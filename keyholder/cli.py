@@ -64,8 +64,8 @@ def _cmd_finalize(args) -> int:
     write_model(args.out, res.W, model_metadata(res.params, res.report, args.lam))
     if args.report:
         Path(args.report).write_text(json.dumps(res.report, indent=2))
-    flood = (f"; flooded, sigma {res.report['flood_sigma']:.2e} (counts {res.report['flood_sigma_counts']:.2e}), "
-             f"margin {res.report['flood_margin_bits']:.1f} bits over the whole release, per-entry bound "
+    flood = (f"; decryption flooded (sigma {res.report['flood_sigma']:.2e} per entry, "
+             f"{res.report['flood_security']} over the whole release), per-entry bound "
              f"{res.report['error_bound_per_entry']:.2e}, ridge {res.report['flood_ridge']:.2e}"
              if res.report.get("flood_sigma") else "")
     print(f"model W {res.W.shape} from {res.report['contributors']} hospitals, {res.report['samples']} samples "

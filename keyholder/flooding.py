@@ -88,7 +88,7 @@ from secure_afl.exceptions import InvalidParameterError
 from secure_afl.hazmat import ckks as hz
 
 __all__ = ["KAPPA", "QUERIES", "TAIL_BITS", "SECURITY", "flood_sigma", "tail_z", "kl_log2", "FloodedRelease",
-           "flood_plan", "flood_decryption", "flood_norm_bounds", "check_counts_releasable"]
+           "flood_plan", "flood_decryption", "flood_norm_bounds", "release_norms", "check_counts_releasable"]
 
 KAPPA = hz.KAPPA
 QUERIES = hz.FLOOD_QUERIES
@@ -165,7 +165,7 @@ def flood_plan(backend, K: int) -> dict:
     return {"K": K, "counts": counts, "n_index": s["n"].start, "sigma": f["sigma"],
             "slot_sigma": f["slot_sigma"], "coefficients": f["coefficients"], "z": z, "fixed": fixed,
             "magnitude": magnitude, "count_tol": count_fixed + zs, "count_fixed": count_fixed,
-            "e_key": hz.key_error_bound(cp, K)}
+            "e_key": hz.key_error_bound(cp, K, f["coefficients"])}
 
 
 def flood_decryption(plan: dict, backend, ctx, chunks: list, *, extra_tol: float = 0.0) -> FloodedRelease:
@@ -195,6 +195,15 @@ def flood_norm_bounds(plan: dict, fl: FloodedRelease, dim: int, classes: int, pr
     t = math.sqrt(2.0 * math.log(2.0 / probability))
     phi = math.sqrt(dim * classes) * s + t * s
     return rho, phi
+
+
+def release_norms(plan: dict, fl: FloodedRelease, dim: int, classes: int, probability: float):
+    """``(spectral, (rho', phi'))``: the bound on ||noise on C||_2 the checks and the ridge use, and the
+    (spectral, Frobenius) norms for :func:`secure_afl.certify.certify_release`, each the Gaussian part
+    (:func:`flood_norm_bounds`) plus the fixed part ``fl.e_fixed`` of every entry."""
+    rho, phi = flood_norm_bounds(plan, fl, dim, classes, probability)
+    spectral = dim * fl.e_fixed + rho
+    return spectral, (spectral, phi + math.sqrt(dim * classes) * fl.e_fixed)
 
 
 def check_counts_releasable(params) -> None:

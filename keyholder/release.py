@@ -19,7 +19,6 @@ import dataclasses
 import hashlib
 import json
 import logging
-import math
 import os
 import time
 from dataclasses import dataclass
@@ -40,7 +39,7 @@ from secure_afl.release_checks import ReleaseLedger, check_aggregate_against_man
 
 from .connection import KeyHolderConnection
 from .custody import KeyCustody
-from .flooding import flood_decryption, flood_norm_bounds, flood_plan
+from .flooding import flood_decryption, flood_plan, release_norms
 from .verify import ContributionRejected, ServerForgery, resum_signed_contributions, verify_manifest_for
 from secure_afl import session
 from secure_afl._io import write_file
@@ -431,11 +430,8 @@ class KeyHolder(KeyCustody):
                 vector, tol, count_tol = fl.vector, fl.tol, fl.count_tol
                 backend.check_range(vector, tol)
                 sigma = fl.sigma
-                noise_norms = flood_norm_bounds(plan, fl, params.layout.dim, params.layout.n_classes, FLOOD_TAIL)
-                d, c = params.layout.dim, params.layout.n_classes
-                spectral = d * fl.e_fixed + noise_norms[0]
-                # the certificate's norms: the Gaussian part plus the fixed part of every entry
-                noise_norms = (spectral, noise_norms[1] + math.sqrt(d * c) * fl.e_fixed)
+                spectral, noise_norms = release_norms(plan, fl, params.layout.dim, params.layout.n_classes,
+                                                      FLOOD_TAIL)
                 flood_info = fl.to_report()
             else:  # exact decryption (bfv): the noise is rounded away, nothing key-dependent to flood
                 e_bound = he_module(params.backend).expected_abs_error(params, K) + tag_sum_err

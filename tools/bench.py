@@ -251,30 +251,29 @@ def _ckks_flooded(out, be, params, keys, aggregate, ref, magnitude, layout, prot
     from secure_afl.backends.ckks import expected_abs_error
     from secure_afl.certify import FLOOD_TAIL
     from secure_afl.envelope import open_envelope
-    from secure_afl.keyholder.flooding import flood_decryption, flood_norm_bounds, flood_plan
+    from secure_afl.keyholder.flooding import flood_decryption, flood_plan, release_norms
     from secure_afl.keyholder.release import ridge_if_needed
 
     K = len(sizes)
     t = time.perf_counter()
     ctx = be.keyholder_context(keys.secret_context)
-    raw = be.decrypt_raw(ctx, be.load_partial(ctx, open_envelope(params, aggregate, "aggregate").body))
+    chunks = be.load_partial(ctx, open_envelope(params, aggregate, "aggregate").body)
+    # the bare decryption never leaves the key holder; measured here (a tool) only to show what it would be
+    bare = float(np.max(np.abs(be.decrypt_raw(ctx, chunks) - ref)))
     decrypt_s = time.perf_counter() - t
     t = time.perf_counter()
-    plan = flood_plan(params, K)
-    fl = flood_decryption(plan, raw)
+    plan = flood_plan(be, K)
+    fl = flood_decryption(plan, be, ctx, chunks)
     be.check_range(fl.vector, fl.tol)
     flood_s = time.perf_counter() - t
-    bare = float(np.max(np.abs(raw - ref)))
-    del raw  # nothing below may depend on the unflooded values
     err = float(np.max(np.abs(fl.vector - ref)))
-    rho, phi = flood_norm_bounds(plan, fl, layout.dim, layout.n_classes, FLOOD_TAIL)
-    e_gram = plan["e_declared"] if plan["gram_block"] else fl.e_key
+    spectral, norms = release_norms(plan, fl, layout.dim, layout.n_classes, FLOOD_TAIL)
     stats = layout.unpack(fl.vector, gamma=params.gamma)
     stats = dataclasses.replace(stats, contributors=float(K), n=float(np.round(stats.n)),
                                 class_counts=np.round(stats.class_counts))
-    ridge = ridge_if_needed(stats, layout.dim * e_gram + rho)
+    ridge = ridge_if_needed(stats, spectral)
     W = solve_from_sums(stats, lam=ridge)
-    wb = certify_release(params, stats, W, K, lam=ridge, flood_norms=(rho, phi))
+    wb = certify_release(params, stats, W, K, lam=ridge, flood_norms=norms)
     out.update({
         "protect_s_per_client": float(np.mean(protect_s)),
         "combine_s": combine_s,
@@ -287,8 +286,8 @@ def _ckks_flooded(out, be, params, keys, aggregate, ref, magnitude, layout, prot
         "exact": bool(err <= fl.tol),
         "flooded": True,
         "flood_sigma": float(fl.sigma),
-        "flood_sigma_counts": float(fl.sigma_counts),
-        "flood_margin_bits": float(fl.margin_bits),
+        "flood_sigma_coefficients": float(fl.sigma_coefficients),
+        "flood_security": fl.to_report()["flood_security"],
         "flood_ridge": float(ridge),
         "max_abs_error_unflooded": bare,
         "error_bound_unflooded": float(expected_abs_error(params, K, magnitude=magnitude)),

@@ -123,7 +123,7 @@ def run(dim: int, classes: int, k: int, *, distinct: int = 4, n_per_hospital: in
                 "encrypt_s_per_hospital": encrypt_s, "server_sum_s": server_s,
                 "keyholder_verify_resum_s": res.report["verify_and_resum_seconds"],
                 "keyholder_finalize_s": finalize_s, "flood_sigma": res.report["flood_sigma"],
-                "flood_margin_bits": res.report["flood_margin_bits"],
+                "flood_security": res.report["flood_security"],
                 "decryption_error_bound": res.report["decryption_error_bound"],
                 "error_bound_per_entry": res.report["error_bound_per_entry"], "flood_ridge": res.report["flood_ridge"],
                 "W_rel_error_vs_exact": rel, "resum_s_by_workers": resum_s,
@@ -150,8 +150,8 @@ def main(argv=None) -> int:
             print(f"  re-sums bit for bit identical across process counts: {r['resums_identical']}")
         print(f"d={r['dim']} C={r['classes']} K={r['hospitals']}: upload {r['bytes_per_upload'] / 1e6:.1f} MB; "
               f"server sum {r['server_sum_s']:.2f} s; key holder verify+re-sum {r['keyholder_verify_resum_s']:.2f} s "
-              f"(whole finalize {r['keyholder_finalize_s']:.2f} s); flood sigma {r['flood_sigma']:.2e}, margin "
-              f"{r['flood_margin_bits']:.1f} bits over the release "
+              f"(whole finalize {r['keyholder_finalize_s']:.2f} s); flood sigma {r['flood_sigma']:.2e}, "
+              f"{r['flood_security']} over the release "
               f"(decryption bound {r['decryption_error_bound']:.2e}, released bound {r['error_bound_per_entry']:.2e}, "
               f"ridge {r['flood_ridge']:.2e}); ||W - W_exact|| / ||W_exact|| = {r['W_rel_error_vs_exact']:.2e}")
     return 0

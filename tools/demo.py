@@ -381,8 +381,8 @@ def run_demo(args) -> dict:
             "passed": passed,
         },
         "accuracy": {"secure": acc_secure, "plaintext": acc_plain},
-        "flooding": {k: res.report.get(k) for k in ("flood_sigma", "flood_sigma_counts", "flood_margin_bits",
-                                                    "flood_ridge", "error_bound_per_entry")},
+        "flooding": {k: res.report.get(k) for k in ("flood_sigma", "flood_security", "flood_ridge",
+                                                    "error_bound_per_entry")},
         "dp": privacy,
         "bytes_uploaded": int(sum(results.values())),
         "bytes_per_hospital": float(np.mean(list(results.values()))),
@@ -435,8 +435,8 @@ def _print_report(r: dict) -> None:
         ("||W_secure - W_plain|| / ||W_plain||", f"{v['weights_rel_error_vs_plaintext']:.3e}" + (
             f" (ridge {r['flooding']['flood_ridge']:.2e}: its bias alone {v['ridge_bias_rel']:.2e})"
             if v["ridge_bias_rel"] else "")),
-        ("flooding", f"sigma {r['flooding']['flood_sigma']:.2e} (counts {r['flooding']['flood_sigma_counts']:.2e}), "
-                     f"margin {r['flooding']['flood_margin_bits']:.1f} bits" if r["flooding"].get("flood_sigma")
+        ("flooding", f"sigma {r['flooding']['flood_sigma']:.2e} per entry, {r['flooding']['flood_security']}"
+         if r["flooding"].get("flood_sigma")
          else "none (exact decryption)"),
         ("W error vs the same system / certified", f"{v['weights_rel_error_vs_same_system']:.3e} / "
          + (f"{v['allowed_rel_error']:.3e} (secure + plaintext bounds)" if v["allowed_rel_error"] is not None

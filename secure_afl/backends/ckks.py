@@ -294,7 +294,7 @@ class CKKSBackend(ProtectionBackend):
         target = params.backend_params.get("max_abs_error")
         if target is not None:
             tol = hz.flooded_tolerance(self.ckks_, k, self.flooding(k)["coefficients"], params.layout.length,
-                                       need)[2]
+                                       0.0)[2]
             if tol > float(target):
                 raise InvalidParameterError(
                     f"CKKS parameters {self.ckks_.to_dict()} leave a flooded error up to {tol:.3g} per entry at "
@@ -381,8 +381,8 @@ class CKKSBackend(ProtectionBackend):
 
     def decrypt_sum(self, ctx, chunks: list) -> np.ndarray:
         """Decrypt summed chunks and check the range (:meth:`check_range` at this session's
-        decryption bound): for tests and tools. The key holder decrypts with :meth:`decrypt_raw`,
-        floods, and only then checks the range of the flooded values."""
+        decryption bound): for tests and tools. The key holder decrypts once with
+        :meth:`decrypt_flooded` and only then checks the range of the flooded values."""
         v = self.decrypt_raw(ctx, chunks)
         self.check_range(v, expected_abs_error(self.params, cp=self.ckks_))
         return v

@@ -61,7 +61,7 @@ def afl_ckks_release(clients, n_classes: int, layout: Layout, bounds: Bounds, ga
     from secure_afl.backends import get_backend
     from secure_afl.backends.ckks import new_ckks_session
     from secure_afl.envelope import open_envelope
-    from secure_afl.keyholder.flooding import flood_decryption, flood_norm_bounds, flood_plan
+    from secure_afl.keyholder.flooding import flood_decryption, flood_plan, release_norms
     from secure_afl.certify import FLOOD_TAIL
     from secure_afl.keyholder.release import ridge_if_needed
     from secure_afl.release_checks import sanity_check
@@ -78,12 +78,10 @@ def afl_ckks_release(clients, n_classes: int, layout: Layout, bounds: Bounds, ga
         comb.add(payload)
     ctx = be.keyholder_context(keys.secret_context)
     chunks = be.load_partial(ctx, open_envelope(params, comb.aggregate(), "aggregate").body)
-    plan = flood_plan(params, K)
-    fl = flood_decryption(plan, be.decrypt_raw(ctx, chunks))
+    plan = flood_plan(be, K)
+    fl = flood_decryption(plan, be, ctx, chunks)
     be.check_range(fl.vector, fl.tol)
-    rho, _ = flood_norm_bounds(plan, fl, layout.dim, layout.n_classes, FLOOD_TAIL)
-    e_gram = plan["e_declared"] if plan["gram_block"] else fl.e_key
-    spectral = layout.dim * e_gram + rho
+    spectral, _ = release_norms(plan, fl, layout.dim, layout.n_classes, FLOOD_TAIL)
     stats = layout.unpack(fl.vector, gamma=gamma)
     sanity_check(stats, params, K, abs_tol=fl.tol, count_tol=fl.count_tol, spectral_tol=spectral)
     stats = dataclasses.replace(stats, contributors=float(K), n=float(np.round(stats.n)),
@@ -91,4 +89,4 @@ def afl_ckks_release(clients, n_classes: int, layout: Layout, bounds: Bounds, ga
     ridge = ridge_if_needed(stats, spectral)
     W = solve_from_sums(stats, lam=ridge)
     return W, float(np.mean(sizes)), {"flood_sigma": float(fl.sigma), "flood_tol": float(fl.tol),
-                                      "flood_margin_bits": float(fl.margin_bits), "ridge": float(ridge)}
+                                      "flood_kl_log2": float(fl.kl_log2), "ridge": float(ridge)}

@@ -138,9 +138,9 @@ class SecureSum:
 
     def _ckks_flooded(self, padded):
         """Fresh key, protect, blind combine, one raw decryption flooded as the key holder floods."""
-        from secure_afl.backends.ckks import expected_abs_error, new_ckks_session
+        from secure_afl.backends.ckks import new_ckks_session
         from secure_afl.envelope import open_envelope
-        from secure_afl.keyholder.flooding import flood_release
+        from secure_afl.keyholder.flooding import flood_decryption, flood_plan
 
         k = len(padded)
         params, keys = new_ckks_session(f"{self.session}-ckks-{self._rounds}", self.layout, 0.0, self.bounds)
@@ -153,12 +153,8 @@ class SecureSum:
             comb.add(payload)  # server side: blind
         ctx = be.keyholder_context(keys.secret_context)
         chunks = be.load_partial(ctx, open_envelope(params, comb.aggregate(), "aggregate").body)
-        e = expected_abs_error(params, k)
-        every = np.arange(self.layout.length)
-        # A generic vector has no count slots: every slot is flooded at the declared-magnitude bound
-        # (the key holder's stage 1), which is what its release does where it cannot tighten the bound.
-        fl = flood_release(be.decrypt_raw(ctx, chunks), every, np.zeros(0, dtype=np.int64), e_first=e,
-                           e_rest=lambda upper: e)
+        # flooded in the coefficient domain as the key holder floods: the noise does not depend on the values
+        fl = flood_decryption(flood_plan(be, k), be, ctx, chunks)
         be.check_range(fl.vector, fl.tol)
         self.params = params
         self.flood.append((float(fl.sigma), float(fl.tol)))

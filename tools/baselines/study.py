@@ -255,7 +255,7 @@ def run_study(*, dataset="digits", data_seed=0, seed=0, K=10, rounds=200, hidden
                       "client_acc_prior": float(np.mean(label_prior_accuracy(LinearHead(d, C), res["theta"],
                                                                              (Xte, yte), mix))),
                       "bytes": res["bytes_per_round"], "flood_sigma": res.get("flood_sigma"),
-                      "ridge": res.get("ridge"), "margin_bits": res.get("flood_margin_bits")}
+                      "ridge": res.get("ridge"), "margin_bits": res.get("flood_kl_log2")}
         afl[spec] = row
         log(f"AFL {spec:<16} {row['plain']['global_acc']:.4f} prior {row['plain']['client_acc_prior']:.4f} "
             f"ckks {row['ckks']['global_acc']:.4f}")

@@ -157,7 +157,7 @@ def render(study: dict, out: Path, *, command: str, ablation=None) -> Path:
     L.append("")
     ck = [(s, afl[s]["ckks"]) for s in specs]
     L += ["AFL under ckks through the key holder's release (flooded):", "",
-          "| partition | accuracy (plain) | accuracy (ckks, flooded) | flood sigma (stage 2) | margin (bits) | "
+          "| partition | accuracy (plain) | accuracy (ckks, flooded) | flood sigma (per entry) | log2 KL (30-bit security) | "
           "ridge added |", "|---|---|---|---|---|---|"]
     for s, c in ck:
         L.append(f"| {s} | {afl[s]['plain']['global_acc']:.4f} | {c['global_acc']:.4f} | "
