@@ -45,8 +45,10 @@ noisy-upload
     The same attacker, also a hospital: it adds 2^t encryptions of zero to its
     signed upload, multiplying its key-dependent error by 2^t. Large t is
     refused by the key holder's checks; moderate t is released and the
-    estimate holds most of the amplified error (a documented limit of ckks
-    against a malicious hospital: use bfv, whose decryption is exact).
+    estimate holds most of the amplified error. ckks ASSUMES HOSPITALS ENCRYPT
+    HONESTLY (its flooding is sized for fresh encryptions and a ciphertext
+    carries no proof of freshness); where a hospital may not, use split (whose
+    uploads carry validity proofs) or bfv (whose decryption is exact).
 split-server
     The singleton attack against a ``split`` masked vector, by the server that
     stores it (a real in-process server role): uniform words.
@@ -624,7 +626,6 @@ def attack_noisy_upload(*, seed: int = 0, verbose: bool = True, work=None, doubl
     key recovery needs), else REFUSED. ``released_within_bound`` says whether
     every released statistic stayed within the key holder's reported bound.
     """
-    from secure_afl.backends.ckks import ckks_parameters
     from secure_afl.hazmat import ckks as hz
     from secure_afl.tagging import new_tag, seal_tag, sign_tag
 
@@ -633,7 +634,7 @@ def attack_noisy_upload(*, seed: int = 0, verbose: bool = True, work=None, doubl
         d = Path(d)
         pki_dir, server_party, parties, kh, params, public, backend, names, vecs, uploads = \
             _ckks_round(d, rng, honest=slice(1, None))
-        cp = ckks_parameters(params)
+        cp = backend.ckks_  # the session's CKKS parameters, derived once by the backend
         lay = _layout()
         # the attacker's upload: its honest ciphertext plus 2^t encryptions of zero, then signed as usual
         attacker = names[0]
@@ -641,9 +642,10 @@ def attack_noisy_upload(*, seed: int = 0, verbose: bool = True, work=None, doubl
         v = vecs[attacker].copy()
         v[lay.slices["tag"]] = tag
         pub = hz.load_context(public, cp, secret=False)
-        honest = hz.load_chunks(pub, cp, seal_body(backend.protect(v, public_context=public)), lay.length)
+        honest = hz.load_chunks(pub, cp, seal_body(backend.protect(v, public_context=public)), lay.length,
+                                backend.breaks)
         zero = hz.load_chunks(pub, cp, seal_body(backend.protect(np.zeros(lay.length), public_context=public)),
-                              lay.length)
+                              lay.length, backend.breaks)
         for _ in range(int(doublings)):
             zero = hz.add_chunks(zero, [c.copy() for c in zero])
         payload = seal(params, "contribution", hz.dump_chunks(hz.add_chunks(honest, zero), lay.length))
@@ -669,7 +671,8 @@ def attack_noisy_upload(*, seed: int = 0, verbose: bool = True, work=None, doubl
             res = kh.finalize(server, min_clients=2)
         except Exception as e:  # the refusal is the outcome; its message is recorded
             _say(verbose, f"[noisy-upload] REFUSED: 2^{doublings} Enc(0) added; the key holder refused the release: "
-                          f"{type(e).__name__}({getattr(e, 'reason', '')}): {e}")
+                          f"{type(e).__name__}({getattr(e, 'reason', '')}): {e}. ckks assumes hospitals encrypt "
+                          "honestly: where they may not, use split or bfv")
             return {"attack": "noisy-upload", "outcome": "refused", "released": False, "message": str(e),
                     "amplified_error_rms": float(np.sqrt(np.mean(true_e ** 2))), "report": None}
         released = lay.pack(res.stats)
@@ -681,7 +684,8 @@ def attack_noisy_upload(*, seed: int = 0, verbose: bool = True, work=None, doubl
         _say(verbose, f"[noisy-upload] {'RECOVERED' if recovered else 'REFUSED'}: 2^{doublings} Enc(0) added, "
                       f"amplified error rms {np.sqrt(np.mean(true_e ** 2)):.2e} vs flood sigma "
                       f"{res.report['flood_sigma']:.2e}; the attacker's estimate has relative residual "
-                      f"{residual:.3g}; released statistics within the reported bound: {within}")
+                      f"{residual:.3g}; released statistics within the reported bound: {within}. ckks assumes "
+                      "hospitals encrypt honestly: where they may not, use split or bfv")
     return {"attack": "noisy-upload", "outcome": "recovered" if recovered else "refused", "released": True,
             "residual": residual, "released_within_bound": within, "report": res.report, "W": res.W,
             "amplified_error_rms": float(np.sqrt(np.mean(true_e ** 2))), "flood_sigma": res.report["flood_sigma"]}
