@@ -103,7 +103,7 @@ class CKKSKeyPair:
 #: 2^-40 tail). Chosen by measurement of bytes against W error: at 2e-2 a d = 512, C = 100 session with
 #: k_max 100 fits 39 bytes per value (scale 2^60, slot sigma 1.6e-3) and d <= 256 sessions 34-35, and the
 #: selection then spends any bits the primes leave over on a larger scale.
-DEFAULT_MAX_ABS_ERROR = 2e-2
+DEFAULT_MAX_ABS_ERROR = 1e-3
 
 
 def count_breaks(layout: Layout) -> tuple:

@@ -124,7 +124,6 @@ from .. import domains
 from ..exceptions import InvalidContribution, InvalidKey, InvalidParameterError, ParameterMismatch
 from ._tenseal import add_chunks, check_chunks, context_sha256, first_parms_id, frame, parse_context, split_body
 from ._tenseal import decrypt_chunks as _decrypt_chunks
-from ._tenseal import dump_chunks as _dump_chunks
 from ._tenseal import serialize_public, serialize_secret
 
 __all__ = [
@@ -440,6 +439,29 @@ _SEAL_MAGIC = 0xA15E
 _SEAL_HEADER = struct.Struct("<HBBBBHQ")  # magic, header size, version major, minor, compression, reserved, size
 
 
+@functools.lru_cache(maxsize=1)
+def _seal_version() -> bytes:
+    """SEAL's serialisation version bytes (major, minor), read from a ciphertext SEAL itself saved."""
+    with tempfile.TemporaryDirectory(prefix="safl-seal-") as tmp:
+        path = os.path.join(tmp, "ct")
+        sealapi.Ciphertext().save(path)
+        with open(path, "rb") as f:
+            return f.read(_SEAL_HEADER.size)[3:5]
+
+
+def _seal_ciphertext(parms_id, ntt: bool, n: int, levels: int, scale: float, data: np.ndarray) -> bytes:
+    """An uncompressed SEAL ``Ciphertext::save`` of a size-2 ciphertext holding ``data`` (uint64,
+    [poly][prime][coefficient]): header, parms_id, NTT flag, size, N, primes, scale, correction factor 1,
+    then the coefficient array (itself a headed SEAL DynArray)."""
+    major, minor = _seal_version()
+    arr = struct.pack("<Q", data.size) + np.ascontiguousarray(data, dtype=np.uint64).tobytes()
+    dyn = _SEAL_HEADER.pack(_SEAL_MAGIC, _SEAL_HEADER.size, major, minor, 0, 0, _SEAL_HEADER.size + len(arr)) + arr
+    members = (struct.pack("<4Q", *parms_id) + (b"\x01" if ntt else b"\x00")
+               + struct.pack("<QQQdQ", 2, n, levels, float(scale), 1) + dyn)
+    return _SEAL_HEADER.pack(_SEAL_MAGIC, _SEAL_HEADER.size, major, minor, 0, 0,
+                             _SEAL_HEADER.size + len(members)) + members
+
+
 def flood_decrypt(ctx: "ts.Context", params: CKKSParameters, chunks: Sequence, sigma: float,
                   length: int) -> np.ndarray:
     """Decrypt each summed chunk ONCE after adding a fresh rounded Gaussian polynomial G (standard
@@ -463,14 +485,9 @@ def flood_decrypt(ctx: "ts.Context", params: CKKSParameters, chunks: Sequence, s
     parts = []
     with tempfile.TemporaryDirectory(prefix="safl-flood-") as tmp:
         path = os.path.join(tmp, "ct")
-        version = None
         for vec in chunks:
             try:
                 ct = vec.ciphertext()[0]
-                if version is None:
-                    ct.save(path)
-                    with open(path, "rb") as f:
-                        version = f.read(_SEAL_HEADER.size)[3:5]
                 if ct.size() != 2 or ct.coeff_modulus_size() != levels or ct.poly_modulus_degree() != n:
                     raise InvalidContribution()
                 ev.transform_from_ntt_inplace(ct)
@@ -480,14 +497,8 @@ def flood_decrypt(ctx: "ts.Context", params: CKKSParameters, chunks: Sequence, s
                 for j, q in enumerate(primes):
                     seg = data[j * n:(j + 1) * n]
                     seg[:] = (seg + np.mod(g, np.int64(q)).astype(np.uint64)) % np.uint64(q)
-                arr = struct.pack("<Q", words) + data.tobytes()
-                dyn = _SEAL_HEADER.pack(_SEAL_MAGIC, _SEAL_HEADER.size, version[0], version[1], 0, 0,
-                                        _SEAL_HEADER.size + len(arr)) + arr
-                members = (struct.pack("<4Q", *ct.parms_id()) + b"\x00"
-                           + struct.pack("<QQQdQ", 2, n, levels, float(ct.scale), 1) + dyn)
                 with open(path, "wb") as f:
-                    f.write(_SEAL_HEADER.pack(_SEAL_MAGIC, _SEAL_HEADER.size, version[0], version[1], 0, 0,
-                                              _SEAL_HEADER.size + len(members)) + members)
+                    f.write(_seal_ciphertext(ct.parms_id(), False, n, levels, ct.scale, data))
                 flooded = sealapi.Ciphertext()
                 flooded.load(sc, path)
                 ev.transform_to_ntt_inplace(flooded)
@@ -717,6 +728,73 @@ def _check_context(ctx: "ts.Context", params: CKKSParameters) -> None:
 _BODY_MAGIC = domains.CKKS_BODY_MAGIC
 
 
+# -- the wire form of one chunk ----------------------------------------------------------------------
+_COUNT = struct.Struct("<I")
+
+
+def _primes_of(ctx: "ts.Context") -> list:
+    return [m.value() for m in ctx.seal_context().data.first_context_data().parms().coeff_modulus()]
+
+
+def _varint(x: int) -> bytes:
+    out = bytearray()
+    while True:
+        b, x = x & 0x7F, x >> 7
+        out.append(b | (0x80 if x else 0))
+        if not x:
+            return bytes(out)
+
+
+def pack_chunk(vec) -> bytes:
+    """One fresh-level ciphertext chunk as ``u32 values | c0, c1 residues``, each prime's N residues
+    bit-packed at that prime's bit length. Parameter id, scale, size and N are the session's and are
+    not sent (:func:`unpack_chunk` sets them), so a chunk cannot claim another level or scale; and the
+    residues take their real width on the wire (SEAL's own zstd-compressed form stores a 33-40-bit
+    residue in about 41-47 bits)."""
+    ct = vec.ciphertext()[0]
+    primes = _primes_of(vec.context())
+    n, levels = ct.poly_modulus_degree(), len(primes)
+    if ct.size() != 2 or ct.coeff_modulus_size() != levels:
+        raise InvalidParameterError("not a fresh two-polynomial ciphertext of this context")
+    words = 2 * levels * n
+    data = np.fromiter((ct[i] for i in range(words)), dtype=np.uint64, count=words).reshape(2 * levels, n)
+    out = [_COUNT.pack(vec.size())]
+    for row in range(2 * levels):
+        bits = primes[row % levels].bit_length()
+        planes = (data[row][:, None] >> np.arange(bits, dtype=np.uint64)) & np.uint64(1)
+        out.append(np.packbits(planes.astype(np.uint8).ravel(), bitorder="little").tobytes())
+    return b"".join(out)
+
+
+def unpack_chunk(ctx: "ts.Context", params: CKKSParameters, blob: bytes):
+    """:func:`pack_chunk`'s bytes back to a ``CKKSVector`` under ``ctx`` at the session's first level and
+    scale; anything malformed (length, a residue not below its prime) raises :class:`InvalidContribution`."""
+    primes = _primes_of(ctx)[:params.n_data_primes]
+    n, levels = params.poly_modulus_degree, len(primes)
+    sizes = [-(-n * q.bit_length() // 8) for q in primes] * 2
+    if len(blob) != _COUNT.size + sum(sizes):
+        raise InvalidContribution()
+    (count,) = _COUNT.unpack_from(blob)
+    if not 1 <= count <= params.slots:
+        raise InvalidContribution()
+    rows, pos = [], _COUNT.size
+    for row, size in enumerate(sizes):
+        q = primes[row % levels]
+        bits = q.bit_length()
+        planes = np.unpackbits(np.frombuffer(blob, dtype=np.uint8, count=size, offset=pos),
+                               bitorder="little")[:n * bits].reshape(n, bits).astype(np.uint64)
+        vals = (planes << np.arange(bits, dtype=np.uint64)).sum(axis=1, dtype=np.uint64)
+        if np.any(vals >= np.uint64(q)):
+            raise InvalidContribution()
+        rows.append(vals)
+        pos += size
+    seal_bytes = _seal_ciphertext(ctx.seal_context().data.first_parms_id(), True, n, levels, params.scale,
+                                  np.concatenate(rows))
+    proto = (b"\x0a" + _varint(len(_varint(count))) + _varint(count) + b"\x12" + _varint(len(seal_bytes))
+             + seal_bytes + b"\x19" + struct.pack("<d", params.scale))
+    return ts.ckks_vector_from(ctx, proto)
+
+
 def encrypt_vector(ctx: "ts.Context", params: CKKSParameters, vector: np.ndarray,
                    breaks: Sequence[int] = ()) -> bytes:
     """Encrypt a float64 vector chunk by chunk (:meth:`CKKSParameters.spans`) under ``ctx``'s public key.
@@ -728,7 +806,7 @@ def encrypt_vector(ctx: "ts.Context", params: CKKSParameters, vector: np.ndarray
     blobs = []
     for start, stop in params.spans(v.shape[0], breaks):
         try:
-            blob = ts.ckks_vector(ctx, v[start:stop]).serialize()
+            blob = pack_chunk(ts.ckks_vector(ctx, v[start:stop]))
         except Exception:
             raise InvalidParameterError("TenSEAL refused to encrypt the vector under this context") from None
         blobs.append(blob)
@@ -755,12 +833,12 @@ def load_chunks(ctx: "ts.Context", params: CKKSParameters, body: bytes, length: 
         return (ct.size() == 2 and ct.is_ntt_form() and list(ct.parms_id()) == first_id
                 and ct.scale == params.scale and ct.poly_modulus_degree() == params.poly_modulus_degree)
 
-    return check_chunks(blobs, params.slots, length, lambda b: ts.ckks_vector_from(ctx, b), fresh,
+    return check_chunks(blobs, params.slots, length, lambda b: unpack_chunk(ctx, params, b), fresh,
                         sizes=[b - a for a, b in spans])
 
 
 def dump_chunks(chunks: Sequence, length: int) -> bytes:
-    return _dump_chunks(_BODY_MAGIC, chunks, length)
+    return frame(_BODY_MAGIC, [pack_chunk(c) for c in chunks], length)
 
 
 def decrypt_chunks(ctx: "ts.Context", chunks: Iterable, length: int) -> np.ndarray:
