@@ -72,6 +72,7 @@ veto, steer
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 import shutil
 import sys
@@ -681,13 +682,17 @@ def attack_noisy_upload(*, seed: int = 0, verbose: bool = True, work=None, doubl
         within = bool(np.max(np.abs(released - known)[np.r_[sl, idx[lay.slices["counts"]], idx[lay.slices["n"]]]])
                       <= res.report["error_bound_per_entry"])
         recovered = residual < 0.5
+        rms = float(np.sqrt(np.mean(true_e ** 2)))
+        # what one released slot tells about the amplified error: a Gaussian channel at that signal-to-noise
+        bits = 0.5 * math.log2(1.0 + (rms / res.report["flood_sigma"]) ** 2)
         _say(verbose, f"[noisy-upload] {'RECOVERED' if recovered else 'REFUSED'}: 2^{doublings} Enc(0) added, "
-                      f"amplified error rms {np.sqrt(np.mean(true_e ** 2)):.2e} vs flood sigma "
-                      f"{res.report['flood_sigma']:.2e}; the attacker's estimate has relative residual "
+                      f"amplified error rms {rms:.2e} vs flood sigma {res.report['flood_sigma']:.2e} "
+                      f"({bits:.2f} bits per slot); the attacker's estimate has relative residual "
                       f"{residual:.3g}; released statistics within the reported bound: {within}. ckks assumes "
                       "hospitals encrypt honestly: where they may not, use split or bfv")
     return {"attack": "noisy-upload", "outcome": "recovered" if recovered else "refused", "released": True,
             "residual": residual, "released_within_bound": within, "report": res.report, "W": res.W,
+            "bits_per_slot": bits,
             "amplified_error_rms": float(np.sqrt(np.mean(true_e ** 2))), "flood_sigma": res.report["flood_sigma"]}
 
 
