@@ -8,6 +8,8 @@ import json
 import numpy as np
 import pytest
 
+from secure_afl.packing import Layout
+
 from secure_afl.tools import bench
 
 KEYS = {"backend", "protect_s_per_client", "combine_s", "reveal_s", "bytes_per_client", "max_abs_error",
@@ -48,7 +50,9 @@ def test_ckks_bytes_per_value_matches_the_parameters():
     # Assert: ~D/2 bytes per slot for D data bits, plus framing (measured, not assumed)
     bits = res["backend_params"]["coeff_mod_bit_sizes"]
     n_slots = res["backend_params"]["poly_modulus_degree"] // 2
-    per_slot = res["bytes_per_client"] / (-(-res["length"] // n_slots) * n_slots)
+    # chunks: the Gram and cross entries, then the counts block in a ciphertext of its own
+    n_start = Layout(90, 3).slices["n"].start
+    per_slot = res["bytes_per_client"] / ((-(-n_start // n_slots) + 1) * n_slots)
     assert sum(bits[:-1]) / 2 <= per_slot <= sum(bits[:-1]) / 2 + 6
 
 
@@ -146,7 +150,8 @@ def test_ckks_error_is_the_key_holders_flooded_release():
     assert res["max_abs_error_unflooded"] <= res["error_bound_unflooded"]
     assert res["max_abs_error_unflooded"] <= res["max_abs_error"] <= res["error_bound"]
     assert res["max_abs_error"] > res["error_bound_unflooded"]
-    # the bound is the flooding's: at least z sigma of the stage that floods every Gram entry
+    # the bound is the flooding's: at least z sigma of the noise on every released entry
     assert res["error_bound"] >= tail_z(res["length"]) * res["flood_sigma"] > 0
-    assert res["flood_margin_bits"] >= 30
+    assert res["flood_security"] == "30-bit statistical security (KL 2^-32.6)"
     assert res["w_bound"] is None or res["w_bound"] > 0
+    assert res["w_rel_error"] >= 0

@@ -200,7 +200,7 @@ def test_ckks_overflow_beyond_declared_bound_refused_at_reveal():
     bad = v.copy()
     bad[0] = 10 * BOUNDS.aggregate_bound(GAMMA)
     ctx = hz.load_context(keys.public_context, backend.ckks_, secret=False)
-    payload = seal(params, "contribution", hz.encrypt_vector(ctx, backend.ckks_, bad))
+    payload = seal(params, "contribution", hz.encrypt_vector(ctx, backend.ckks_, bad, backend.breaks))
     comb = backend.combiner(public_context=keys.public_context)
     comb.add(backend.protect(v, public_context=keys.public_context))
     comb.add(payload)  # the server cannot tell: ciphertexts carry no range proof
