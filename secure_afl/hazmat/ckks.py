@@ -491,7 +491,7 @@ def flood_decrypt(ctx: "ts.Context", params: CKKSParameters, chunks: Sequence, s
                 if ct.size() != 2 or ct.coeff_modulus_size() != levels or ct.poly_modulus_degree() != n:
                     raise InvalidContribution()
                 ev.transform_from_ntt_inplace(ct)
-                data = np.fromiter((ct[i] for i in range(words)), dtype=np.uint64, count=words)
+                data = np.fromiter(map(ct.__getitem__, range(words)), dtype=np.uint64, count=words)
                 ev.transform_to_ntt_inplace(ct)  # leave the caller's chunk as it was
                 g = gaussian_integers(n, sigma)
                 for j, q in enumerate(primes):
@@ -757,7 +757,7 @@ def pack_chunk(vec) -> bytes:
     if ct.size() != 2 or ct.coeff_modulus_size() != levels:
         raise InvalidParameterError("not a fresh two-polynomial ciphertext of this context")
     words = 2 * levels * n
-    data = np.fromiter((ct[i] for i in range(words)), dtype=np.uint64, count=words).reshape(2 * levels, n)
+    data = np.fromiter(map(ct.__getitem__, range(words)), dtype=np.uint64, count=words).reshape(2 * levels, n)
     out = [_COUNT.pack(vec.size())]
     for row in range(2 * levels):
         bits = primes[row % levels].bit_length()
