@@ -448,7 +448,8 @@ class KeyHolder(KeyCustody):
             _class_minimum(stats, params, min_class_count)
             ridge = ridge_if_needed(stats, spectral) if sigma > 0 else 0.0
             W, privacy = self._solve(params, stats, participants, lam + ridge, "resummed:" + key_id)
-            w_bound = certify_release(params, stats, W, K, lam=lam + ridge, flood_norms=noise_norms)
+            w_bound = certify_release(params, stats, W, K, lam=lam + ridge, flood_norms=noise_norms,
+                                      ckks=backend.ckks_ if params.backend == "ckks" else None)
             bias = None
             if ridge > 0 and params.dp is None:
                 # post-processing of the flooded release: how far the ridge moved W from the unregularised solve

@@ -251,18 +251,19 @@ def session_w_target(params) -> float:
     return float(t) if t is not None else DEFAULT_W_TARGET.get(params.backend, 1e-9)
 
 
-def entry_error_bounds(params, n_clients: int, stats) -> tuple[float, float]:
+def entry_error_bounds(params, n_clients: int, stats, *, ckks=None) -> tuple[float, float]:
     """Per-entry bounds ``(eps_C, eps_Q)`` of the revealed, RI-restored C and Q of a session, before
     any flooding (the key holder's Gaussian noise is bounded spectrally in :func:`certify_release`).
 
-    ``stats`` are the revealed sums (used for the magnitude terms only).
+    ``stats`` are the revealed sums (used for the magnitude terms only); ``ckks``: the session's CKKS
+    parameters where the caller already holds them (derived once per session).
     """
     k = int(n_clients)
     mag_C, mag_Q = summand_magnitudes(stats.gram, stats.n)
     if params.backend == "ckks":
         from .backends.ckks import expected_abs_error
 
-        base = expected_abs_error(params, k)
+        base = expected_abs_error(params, k, cp=ckks)
         eps_C = eps_Q = base
     elif params.backend in ("secagg", "bfv", "split"):
 
@@ -277,7 +278,7 @@ def entry_error_bounds(params, n_clients: int, stats) -> tuple[float, float]:
 
 
 def certify_release(params, stats, W, n_clients: int, *, lam: float = 0.0, flood_sigma: float = 0.0,
-                    flood_norms: tuple[float, float] | None = None) -> WBound:
+                    flood_norms: tuple[float, float] | None = None, ckks=None) -> WBound:
     """:func:`w_error_bound` for a revealed aggregate of ``params``'s backend.
 
     RI restoration uses the integer ``n_clients`` (never the decrypted
@@ -291,7 +292,7 @@ def certify_release(params, stats, W, n_clients: int, *, lam: float = 0.0, flood
     from .analytic import ri_restore_gram
 
     K = int(n_clients)
-    eps_C, eps_Q = entry_error_bounds(params, K, stats)
+    eps_C, eps_Q = entry_error_bounds(params, K, stats, ckks=ckks)
     C = ri_restore_gram(stats.gram, K, stats.gamma)
     d, c = stats.cross.shape
     spec = frob = None
