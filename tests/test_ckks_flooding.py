@@ -190,3 +190,43 @@ def _plan_unchecked(params, K):
 
 def test_security_is_stated_as_statistical_security_with_its_kl():
     assert SECURITY == "30-bit statistical security (KL 2^-32.6)"
+
+
+def test_a_chunk_residue_not_below_its_prime_is_refused():
+    """The wire form sends residues at their primes' width: a value >= q (which SEAL would reduce or
+    reject) is an invalid contribution, refused before it touches the running sum."""
+    from secure_afl.envelope import open_envelope, seal
+    from secure_afl.exceptions import InvalidContribution
+
+    lay = Layout(6, 3)
+    params, keys = new_ckks_session("wire", lay, GAMMA, Bounds(1.0, 10, 4))
+    be = CKKSBackend(params)
+    body = bytearray(open_envelope(params, be.protect(np.zeros(lay.length), public_context=keys.public_context),
+                                   "contribution").body)
+    first = 16 + 8 + 4  # body header (magic, count, length), the chunk's length, its value count
+    bits = hz._primes_of(be.keyholder_context(keys.secret_context))[0].bit_length()
+    for i in range(bits):  # the first residue of c0 becomes 2^bits - 1 > q
+        body[first + i // 8] |= 1 << (i % 8)
+    comb = be.combiner(public_context=keys.public_context)
+    with pytest.raises(InvalidContribution):
+        comb.add(seal(params, "contribution", bytes(body)))
+    assert comb.count == 0
+
+
+def test_headroom_leaves_room_for_the_flooding_polynomial():
+    """Condition (H) must hold with the flooding's coefficients on top: bounds that fit the modulus without
+    them but not with them are refused at session set-up (a wrap would decrypt to garbage)."""
+    from secure_afl.exceptions import InvalidParameterError
+    from secure_afl.params import SessionParams
+
+    lay = Layout(6, 3)
+    params = ckks_session_params("h", lay, 0.0, Bounds(1.0, 10, 4))
+    be = CKKSBackend(params)
+    g = be.flooding(4)["coefficient_bound"]
+    lo, hi = be.ckks_.max_aggregate(4, g), be.ckks_.max_aggregate(4, 0.0)
+    assert lo < hi
+    a = (lo + hi) / 2.0  # fits without the flooding, not with it
+    squeezed = SessionParams("h", "ckks", lay, 0.0, Bounds(math.sqrt(a / 4.0), 1, 4), dict(params.backend_params))
+    assert squeezed.bounds.aggregate_bound(0.0) == pytest.approx(a, rel=1e-12)
+    with pytest.raises(InvalidParameterError, match="flooding"):
+        CKKSBackend(squeezed)
