@@ -193,18 +193,20 @@ class SecureSum:
 
         plain: float64 summation rounding; secagg: fixed-point rounding
         (half a unit in the last place per client, the integer sum is exact);
-        ckks: the flooded release's bound, the decryption error at the declared
-        magnitude plus z sigma of the flooding (z: every entry at once except
-        with probability 2^-40), the tolerance the key holder's checks use.
+        ckks: the flooded release's bound (the integer decryption flooded as the
+        key holder floods it): the proved fixed part, z sigma of the flooding
+        (z: every entry at once except with probability 2^-40) and the decode's
+        float64 error at the declared magnitude.
         """
         m = n_clients * float(self.bound) if magnitude is None else float(magnitude)
         if self.backend == "ckks":
-            from secure_afl.backends.ckks import expected_abs_error
-            from secure_afl.keyholder.flooding import flood_sigma, tail_z
+            from secure_afl.backends.ckks import CKKSBackend
+            from secure_afl.hazmat.ckks import FLOAT_REL
+            from secure_afl.keyholder.flooding import flood_plan
 
-            e = expected_abs_error(self.params, n_clients)
-            L = self.layout.length
-            return e + tail_z(L) * flood_sigma(e, slots=2 * L) + n_clients * np.finfo(np.float64).eps * m
+            plan = flood_plan(CKKSBackend(self.params), n_clients)
+            zs = plan["z"] * plan["slot_sigma"]
+            return plan["fixed"] + zs + FLOAT_REL * (m + zs) + n_clients * np.finfo(np.float64).eps * m
         if self.backend == "secagg":
 
             f = choose_frac_bits(Bounds(self.bounds.max_norm, 1, n_clients), 0.0)
