@@ -28,11 +28,18 @@ with overwhelming probability::
 
     |reveal - sum| <= 7.55 sqrt(K (N/24) (2 + (2N/3)(ln(N/2) + 30 ln 2))) / 2^s + 2^-46 M
 
-e.g. 1.6e-7 + 1.4e-14 M at N = 8192, s = 40 for K = 10. The session's
-precision target ``max_abs_error`` bounds the first term at K = k_max.
+e.g. 1.6e-7 + 1.4e-14 M at N = 8192, s = 40 for K = 10. That is the bare
+decryption, which never leaves the key holder: what it releases is flooded in
+the coefficient domain before decoding (``keyholder/flooding.py``), and the
+session's precision target ``max_abs_error`` bounds the value-independent part
+of THAT release's per-entry error at K = k_max.
 
 Notes
 -----
+* ckks assumes hospitals encrypt honestly: the flooding covers the error of
+  fresh encryptions, and a hospital that adds multiples of an encryption of
+  zero to its upload amplifies it (threat model R4); use split or bfv where
+  hospitals may craft ciphertexts.
 * CKKS ciphertexts are malleable and carry no proof of range: a hospital that
   encrypts values outside the declared bound (or under another key with the
   same parameters) corrupts the sum and the server cannot tell. The honest

@@ -20,8 +20,14 @@ What this module provides
   public key only (no secret, relinearisation or Galois keys: sums need none).
 * :func:`encrypt_vector`, :func:`load_chunks`, :func:`add_chunks`,
   :func:`dump_chunks`, :func:`decrypt_chunks`: a float64 vector of length L is
-  cut into ``ceil(L / (N/2))`` chunks, one CKKS ciphertext (``CKKSVector``)
-  each, serialised length-prefixed.
+  cut into chunks of at most N/2 values (a new chunk at every break the caller
+  names: the backend puts the counts in a chunk of their own), one CKKS
+  ciphertext (``CKKSVector``) each, serialised length-prefixed in the compact
+  wire form of :func:`pack_chunk` (residues at their primes' bit width).
+* :func:`flood_decrypt` and its sizing (:func:`key_error_bound`,
+  :func:`flood_coefficient_sigma`, :func:`flooded_tolerance`): the key
+  holder's ONE decryption, flooded in the coefficient domain before decoding
+  (the proof is in ``keyholder/flooding.py``).
 * a secret context at rest is sealed with :mod:`secure_afl.hazmat.at_rest`
   at rest (scrypt or a raw 32-byte key, AES-256-GCM).
 
@@ -101,9 +107,22 @@ over clients of their largest |entry| (<= A). In total::
 
     expected_abs_error = noise_bound(K) + 2^-46 * M                       (E)
 
-The first term depends only on (N, s, K); :func:`select_parameters` keeps it
-below ``max_abs_error`` (default 1e-6) at K = K_max. The second is a float64
-property of any pipeline that handles values of magnitude M.
+The first term depends only on (N, s, K). The second is a float64 property
+of any pipeline that handles values of magnitude M; FLOAT_REL is MEASURED, not
+proved. (E) is the bare decryption's error, which never leaves the key holder.
+
+The flooded release
+-------------------
+What the key holder releases is the decode of M + E + G, G a fresh rounded
+Gaussian of standard deviation sigma on every coefficient of every chunk
+(:func:`flood_decrypt`). Slot i then carries Re tau(G)_i / Delta, Gaussian
+with standard deviation ``sigma sqrt(N/2) / Delta`` (:func:`slot_sigma`),
+plus at most ``N (K (N/2 + 1) + K/2 + 1/2) / Delta`` from E, the encodings'
+rounding and G's (:func:`fixed_slot_error`, proved), plus the decode's
+FLOAT_REL times the magnitude. sigma is sized by (F) in
+``keyholder/flooding.py`` from :func:`key_error_bound`; with it
+:func:`select_parameters` meets ``max_abs_error`` for the flooded release
+and keeps G's coefficients inside (H).
 """
 
 from __future__ import annotations
