@@ -133,17 +133,20 @@ def cohorts(draw):
     dead = draw(st.integers(0, d // 2))
     tiny = draw(st.integers(0, d - dead))
     seed = draw(st.integers(0, 2 ** 31))
-    return d, classes, rows, rank, dead, tiny, seed
+    bounds = Bounds(max_norm=draw(st.sampled_from([1.0, 21.0])), n_max=draw(st.sampled_from([150, 10 ** 4, 10 ** 6])),
+                    k_max=draw(st.sampled_from([4, 8, 32])))
+    return d, classes, rows, rank, dead, tiny, seed, bounds
 
 
 _SESSIONS: dict = {}
 
 
-def _session(d, classes):
-    """One key per layout for the property test (key generation is the slow part)."""
-    if (d, classes) not in _SESSIONS:
-        _SESSIONS[(d, classes)] = new_ckks_session(f"prop-{d}-{classes}", Layout(d, classes), 1.0, README_BOUNDS)
-    return _SESSIONS[(d, classes)]
+def _session(d, classes, bounds):
+    """One key per layout and bounds for the property test (key generation is the slow part)."""
+    key = (d, classes, bounds)
+    if key not in _SESSIONS:
+        _SESSIONS[key] = new_ckks_session(f"prop-{d}-{classes}", Layout(d, classes), 1.0, bounds)
+    return _SESSIONS[key]
 
 
 def flooded_release(params, keys, vecs):
@@ -157,16 +160,16 @@ def flooded_release(params, keys, vecs):
     return flood_decryption(plan, be, ctx, acc), plan, be
 
 
-@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(cohorts())
 def test_honest_cohort_never_refused_at_the_readme_flooding(cohort):
-    """Real encryptions under the README bounds, flooded as the key holder floods: every check passes with
-    the tolerances the release uses, and the flooding noise is within the norms the checks and the
-    certificate use."""
-    d, classes, rows, rank, dead, tiny, seed = cohort
+    """Random small sessions (layout, n_max, k_max, max_norm) and cohorts, real encryptions flooded as the
+    key holder floods: every check passes with the tolerances the release uses, and the flooding noise is
+    within the norms the checks and the certificate use."""
+    d, classes, rows, rank, dead, tiny, seed, bounds = cohort
     rng = np.random.default_rng(seed)
     lay = Layout(d, classes)
-    params, keys = _session(d, classes)
+    params, keys = _session(d, classes, bounds)
     parts = [(relu_embeddings(rng, n, d, rank=rank, dead=dead, tiny=tiny, feature_seed=seed),
               rng.integers(0, classes, n)) for n in rows]
     vecs, truth = hospital_vectors(rng, lay, 1.0, parts)
