@@ -21,7 +21,8 @@ For each summed chunk (c0, c1) the key holder computes, exactly mod Q,
 with M = sum_k m_k the K encoded messages (a function of the data alone:
 round(2^s tau^-1(z_k))), E = sum_k e_k the encryption errors, and G a fresh
 polynomial whose N coefficients are independent round(N(0, sigma^2)) draws
-(:func:`secure_afl.hazmat.ckks.flood_decrypt`). E is what depends on the key:
+(:func:`secure_afl.hazmat.ckks.flood_decrypt`; sigma by (F) below,
+:func:`secure_afl.hazmat.ckks.flood_coefficient_sigma`). E is what depends on the key:
 for an honest encryption (SEAL: public-key encryption at level QP, then
 division by P with rounding) e_k = r0 + r1 s + (v e + e0 + e1 s) / P with
 |r0|, |r1| <= 1/2 coefficient-wise, s and v ternary and e, e0, e1 clipped at
@@ -87,7 +88,7 @@ from secure_afl.certify import gaussian_spectral_bound
 from secure_afl.exceptions import InvalidParameterError
 from secure_afl.hazmat import ckks as hz
 
-__all__ = ["KAPPA", "QUERIES", "TAIL_BITS", "SECURITY", "flood_sigma", "tail_z", "kl_log2", "FloodedRelease",
+__all__ = ["KAPPA", "QUERIES", "TAIL_BITS", "SECURITY", "tail_z", "kl_log2", "FloodedRelease",
            "flood_plan", "flood_decryption", "flood_norm_bounds", "release_norms", "check_counts_releasable"]
 
 KAPPA = hz.KAPPA
@@ -96,14 +97,6 @@ QUERIES = hz.FLOOD_QUERIES
 TAIL_BITS = hz.TAIL_BITS
 #: How the flooding's guarantee is stated everywhere (reports, docs).
 SECURITY = f"{KAPPA}-bit statistical security (KL 2^-{KAPPA + math.log2(6):.1f})"
-
-
-def flood_sigma(e_bound: float, *, slots: int, queries: int = QUERIES, kappa: int = KAPPA) -> float:
-    """(F): the standard deviation that keeps ``slots`` integer coefficients whose key-dependent error
-    is <= ``e_bound`` within a KL divergence of 2^-kappa / 6 altogether."""
-    if not (math.isfinite(e_bound) and e_bound > 0) or queries < 1 or kappa < 1 or slots < 1:
-        raise ValueError("e_bound must be finite and > 0; queries, kappa and slots >= 1")
-    return math.sqrt(12.0 * queries * slots) * 2.0 ** (kappa / 2.0) * e_bound
 
 
 tail_z = hz.tail_z

@@ -195,6 +195,8 @@ def test_flooding_sized_over_the_whole_release_at_d512_c100():
     plan = flood_plan(be, 3)
     assert kl_log2(plan["coefficients"], plan["e_key"], plan["sigma"]) <= -(30 + math.log2(6)) + 1e-9
     assert plan["coefficients"] == be.ckks_.poly_modulus_degree * len(be.spans)
+    # the heuristic key-error bound the noise is sized for, below the proved worst case K (N/2 + 1)
+    assert 0 < plan["e_key"] < hz.worst_key_error(be.ckks_, 3)
     assert flood_plan(be, README_BOUNDS.k_max)["count_tol"] < 0.5
 
 
