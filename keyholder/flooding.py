@@ -129,7 +129,7 @@ class FloodedRelease:
         return {"flood_sigma": self.sigma, "flood_sigma_coefficients": self.sigma_coefficients,
                 "flood_security": SECURITY, "flood_kappa": KAPPA, "flood_kl_log2": self.kl_log2,
                 "flood_queries": QUERIES, "error_bound_per_entry": self.tol, "error_bound_counts": self.count_tol,
-                "decryption_error_bound": self.e_key,
+                "decryption_error_bound": self.e_fixed, "flood_key_error_coefficients": self.e_key,
                 "error_bound_exceed_probability": self.tail_probability}
 
 
