@@ -12,8 +12,16 @@ Hospital k, per upload, with a fresh 32-byte seed s_k (``w_k`` = lanes || validi
 
     y_k    = w_k + m_k,  m_k = expand_field(s_k)     (mod p; ChaCha20 words below p, their own domain)
     P_k    = seal(params, "contribution", y_k)      (what the server stores; it sums the lane part)
-    box_k  = e_pub || ChaCha20-Poly1305_{HKDF(X25519(e, T_pub), info)}(nonce 0, s_k, AD_k)
+    box_k  = HPKE.SealBase(T_pub, info = SPLIT_SEED_HPKE || 0 || AD_k, aad = "", s_k)   (RFC 9180, one shot)
+             KEM ML-KEM-768 + X25519 (hybrid), KDF HKDF-SHA256, AEAD ChaCha20-Poly1305:
+             enc (1120 bytes: 1088 ML-KEM ciphertext, 32 X25519) || ct (32) || tag (16) = 1168 bytes
     AD_k   = canonical JSON {session_id, params_digest, hospital, payload_sha256 = SHA-256(P_k)}
+
+The hybrid KEM keeps a recorded box closed unless BOTH ML-KEM-768 and X25519
+fall: a later quantum attack on X25519 alone opens nothing. The associated
+data rides in HPKE's ``info`` (the one context input ``cryptography`` exposes
+for single-shot HPKE); it enters the key schedule, so a box opens under
+exactly the AD it was sealed for, as an AEAD's associated data would.
     stmt_k = Ed25519_k("split-seed" statement over session, parameters, hospital, SHA-256(P_k), box_k,
                        validity commitment)
 
@@ -41,11 +49,9 @@ from typing import Mapping
 import numpy as np
 from cryptography.exceptions import InvalidSignature as _CryptoInvalidSignature
 from cryptography.exceptions import InvalidTag
-from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives import hpke
+from cryptography.hazmat.primitives.asymmetric.mlkem import MLKEM768PrivateKey, MLKEM768PublicKey
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
-from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
-from cryptography.hazmat.primitives.kdf.hkdf import HKDF
-from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption, PrivateFormat, PublicFormat
 
 from .. import domains
 from ..envelope import open_envelope, seal
@@ -64,11 +70,25 @@ from .base import Combiner, ProtectionBackend, check_vector
 __all__ = ["SplitBackend", "SplitKeyPair", "session_params", "split_session_params", "generate_keys",
            "bind_public_context", "expected_abs_error", "seal_seed", "open_seed", "sign_seed_statement",
            "verify_seed_statement", "open_statement_seed", "manifest_digest", "keyholder_share",
-           "sign_share", "verify_share", "collect", "SeedRefused", "PUBLIC_CONTEXT_KEY", "BOX_LEN"]
+           "sign_share", "verify_share", "collect", "SeedRefused", "PUBLIC_CONTEXT_KEY", "BOX_LEN", "ENC_LEN",
+           "PUBLIC_KEY_LEN", "SECRET_KEY_LEN", "SEED_BOX_FORMAT", "seal_box", "open_box"]
 
 PUBLIC_CONTEXT_KEY = "public_context_sha256"
-BOX_LEN = 32 + SEED_BYTES + 16
-_KDF_INFO = domains.SPLIT_SEED_BOX
+#: RFC 9180 HPKE, hybrid KEM ML-KEM-768 + X25519, HKDF-SHA256, ChaCha20-Poly1305
+_SUITE = hpke.Suite(hpke.KEM.MLKEM768_X25519, hpke.KDF.HKDF_SHA256, hpke.AEAD.CHACHA20_POLY1305)
+SEED_BOX_FORMAT = "HPKE (RFC 9180) MLKEM768-X25519 / HKDF-SHA256 / ChaCha20-Poly1305"
+_MLKEM_PUB, _MLKEM_SEED, _X25519 = 1184, 64, 32
+#: the KEM's encapsulated key: 1088 bytes of ML-KEM-768 ciphertext and a 32-byte X25519 share
+ENC_LEN = hpke.KEM.MLKEM768_X25519.enc_length()
+BOX_LEN = ENC_LEN + SEED_BYTES + 16
+#: the key holder's public seed key: ML-KEM-768 encapsulation key || X25519 public key
+PUBLIC_KEY_LEN = _MLKEM_PUB + _X25519
+#: its secret: the 64-byte ML-KEM-768 seed (d || z) || the X25519 private key
+SECRET_KEY_LEN = _MLKEM_SEED + _X25519
+#: the retired box (X25519 + HKDF-SHA256 + ChaCha20-Poly1305 by hand): refused by name, never opened
+_RETIRED_BOX_LEN = 32 + SEED_BYTES + 16
+_RETIRED_FORMAT = "X25519 + HKDF-SHA256 + ChaCha20-Poly1305 (the retired hand-built seed box, 80 bytes)"
+_HPKE_INFO = domains.SPLIT_SEED_HPKE
 _SEED_SIG_PREFIX = domains.SPLIT_SEED
 _SHARE_SIG_PREFIX = domains.SPLIT_SHARE
 
@@ -83,7 +103,8 @@ class SeedRefused(InvalidContribution):
 
 @dataclass(frozen=True)
 class SplitKeyPair:
-    """The key holder's per-session X25519 seed key: raw private bytes, raw public bytes (the public context)."""
+    """The key holder's per-session hybrid seed key (ML-KEM-768 + X25519): :data:`SECRET_KEY_LEN` secret bytes,
+    :data:`PUBLIC_KEY_LEN` public bytes (the public context)."""
 
     secret_context: bytes
     public_context: bytes
@@ -106,21 +127,40 @@ session_params = split_session_params
 
 
 def generate_keys(params: SessionParams) -> SplitKeyPair:
-    """Key holder: a FRESH X25519 key for this session's seed boxes."""
-    sk = X25519PrivateKey.generate()
-    return SplitKeyPair(sk.private_bytes(Encoding.Raw, PrivateFormat.Raw, NoEncryption()),
-                        sk.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw))
+    """Key holder: a FRESH hybrid ML-KEM-768 + X25519 key for this session's seed boxes."""
+    mk, xk = MLKEM768PrivateKey.generate(), X25519PrivateKey.generate()
+    return SplitKeyPair(mk.private_bytes_raw() + xk.private_bytes_raw(),
+                        mk.public_key().public_bytes_raw() + xk.public_key().public_bytes_raw())
 
 
 def _check_public_key(public_context: bytes) -> bytes:
-    if not isinstance(public_context, (bytes, bytearray)) or len(public_context) != 32:
-        raise MalformedPayload("a split public context is one raw 32-byte X25519 public key")
+    if not isinstance(public_context, (bytes, bytearray)):
+        raise MalformedPayload("a split public context is a byte string")
     raw = bytes(public_context)
-    try:  # a small-order point would make every box's key public: refuse it here, not at the first upload
-        X25519PrivateKey.generate().exchange(X25519PublicKey.from_public_bytes(raw))
+    if len(raw) == 32:
+        raise MalformedPayload(f"a 32-byte X25519 seed key is the retired {_RETIRED_FORMAT} format; this "
+                               f"session's seed key is {PUBLIC_KEY_LEN} bytes for {SEED_BOX_FORMAT}")
+    if len(raw) != PUBLIC_KEY_LEN:
+        raise MalformedPayload(f"a split public context is one {PUBLIC_KEY_LEN}-byte ML-KEM-768 + X25519 key")
+    try:  # a small-order X25519 point would drop the classical half: refuse it here, not at the first upload
+        MLKEM768PublicKey.from_public_bytes(raw[:_MLKEM_PUB])
+        X25519PrivateKey.generate().exchange(X25519PublicKey.from_public_bytes(raw[_MLKEM_PUB:]))
     except ValueError:
         raise InvalidContribution() from None
     return raw
+
+
+def _public_key(raw: bytes) -> hpke.MLKEM768X25519PublicKey:
+    return hpke.MLKEM768X25519PublicKey(MLKEM768PublicKey.from_public_bytes(raw[:_MLKEM_PUB]),
+                                        X25519PublicKey.from_public_bytes(raw[_MLKEM_PUB:]))
+
+
+def _private_key(raw: bytes) -> hpke.MLKEM768X25519PrivateKey:
+    raw = bytes(raw)
+    if len(raw) != SECRET_KEY_LEN:
+        raise MalformedPayload(f"a split secret context is {SECRET_KEY_LEN} bytes (ML-KEM-768 seed || X25519 key)")
+    return hpke.MLKEM768X25519PrivateKey(MLKEM768PrivateKey.from_seed_bytes(raw[:_MLKEM_SEED]),
+                                         X25519PrivateKey.from_private_bytes(raw[_MLKEM_SEED:]))
 
 
 def bind_public_context(params: SessionParams, public_context: bytes) -> SessionParams:
@@ -141,38 +181,56 @@ def _ad(params: SessionParams, hospital: str, payload_sha256: str) -> bytes:
                            "hospital": hospital, "payload_sha256": payload_sha256})
 
 
-def _aead(shared: bytes, ad: bytes) -> ChaCha20Poly1305:
-    return ChaCha20Poly1305(HKDF(algorithm=hashes.SHA256(), length=32, salt=None,
-                                 info=_KDF_INFO + b"\0" + ad).derive(shared))
+def _info(ad: bytes) -> bytes:
+    return _HPKE_INFO + b"\0" + ad
+
+
+def _refuse_retired(box_len: int, what: str) -> None:
+    if box_len == _RETIRED_BOX_LEN:
+        raise MalformedPayload(f"{what} is sealed in the retired {_RETIRED_FORMAT} format; this session takes "
+                               f"{SEED_BOX_FORMAT} boxes of {BOX_LEN} bytes")
+
+
+def seal_box(public_context: bytes, ad: bytes, seed: bytes) -> bytes:
+    """HPKE single-shot SealBase of ``seed`` to the hybrid seed key, ``info = SPLIT_SEED_HPKE || 0 || ad``."""
+    return _SUITE.encrypt(bytes(seed), _public_key(_check_public_key(public_context)), info=_info(ad))
+
+
+def open_box(secret_key: bytes, ad: bytes, box: bytes, what: str = "a seed box") -> bytes:
+    """Inverse of :func:`seal_box`: the seed, or :class:`MalformedPayload` (a retired or mis-sized box) or
+    :class:`InvalidContribution` (another key or another ``ad``)."""
+    box = bytes(box)
+    _refuse_retired(len(box), what)
+    if len(box) != BOX_LEN:
+        raise MalformedPayload(f"{what} has the wrong length")
+    try:
+        seed = _SUITE.decrypt(box, _private_key(secret_key), info=_info(ad))
+    except (InvalidTag, ValueError):
+        seed = None
+    if seed is None or len(seed) != SEED_BYTES:
+        raise InvalidContribution(f"{what} does not open under this key and associated data")
+    return seed
 
 
 def seal_seed(params: SessionParams, public_context: bytes, hospital: str, payload_sha256: str,
               seed: bytes) -> bytes:
-    """Hospital: ``e_pub || AEAD(seed)`` to the key holder's seed key, AD = (session, params, hospital, hash)."""
-    peer = X25519PublicKey.from_public_bytes(_check_public_key(public_context))
-    eph = X25519PrivateKey.generate()
-    ad = _ad(params, hospital, payload_sha256)
-    return (eph.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
-            + _aead(eph.exchange(peer), ad).encrypt(bytes(12), bytes(seed), ad))
+    """Hospital: the HPKE box of ``seed`` to the key holder's seed key, AD = (session, params, hospital, hash)."""
+    return seal_box(public_context, _ad(params, hospital, payload_sha256), seed)
 
 
 def open_seed(params: SessionParams, secret_key: bytes, hospital: str, payload_sha256: str, box: bytes) -> bytes:
     """Key holder: the seed in ``box``, if it was sealed for this session, hospital and payload hash;
     else :class:`InvalidContribution` naming the hospital."""
-    if len(box) != BOX_LEN:
-        raise MalformedPayload(f"{hospital}'s seed box has the wrong length")
-    sk = X25519PrivateKey.from_private_bytes(secret_key)
-    ad = _ad(params, hospital, payload_sha256)
     try:
-        return _aead(sk.exchange(X25519PublicKey.from_public_bytes(box[:32])), ad).decrypt(bytes(12), box[32:], ad)
-    except (InvalidTag, ValueError):
+        return open_box(secret_key, _ad(params, hospital, payload_sha256), box, f"{hospital}'s seed box")
+    except InvalidContribution:
         raise InvalidContribution(f"{hospital}'s seed box does not open for this session, hospital and "
                                   "payload (replayed from another upload, or tampered)") from None
 
 
 def _seed_statement(params: SessionParams, hospital: str, payload_sha256: str, box: bytes,
                     validity: Mapping) -> dict:
-    return box_statement("split-seed", 2, params, hospital, payload_sha256, box, validity=dict(validity))
+    return box_statement("split-seed", 3, params, hospital, payload_sha256, box, validity=dict(validity))
 
 
 def sign_seed_statement(identity_key, params: SessionParams, hospital: str, payload_sha256: str,
@@ -187,6 +245,9 @@ def verify_seed_statement(statement: Mapping, identity_pub, params: SessionParam
                           payload_sha256: str) -> bytes:
     """Server at upload, key holder at release: the statement is ``hospital``'s, for this payload; -> box."""
     validity = split_validity.UploadCommitment.from_dict(statement.get("validity")).to_dict()
+    box_hex = statement.get("box") if isinstance(statement, Mapping) else None
+    if isinstance(box_hex, str):
+        _refuse_retired(len(box_hex) // 2, f"{hospital}'s seed statement's box")
     return verify_box_statement(statement, identity_pub, _SEED_SIG_PREFIX,
                                 lambda box: _seed_statement(params, hospital, payload_sha256, box, validity),
                                 BOX_LEN, f"{hospital}'s seed statement")
