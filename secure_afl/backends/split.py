@@ -272,64 +272,86 @@ def open_statement_seed(params: SessionParams, secret_key: bytes, statements: Ma
         raise SeedRefused(f"{hospital}'s seed: {e}", hospital) from e
 
 
-def keyholder_share(params: SessionParams, secret_key: bytes, manifest: Mapping, statements: Mapping,
-                    enrolled: Mapping, *, leader: Mapping | None = None, workers: int = 1) -> tuple[np.ndarray, dict]:
-    """``(-sum m_k (mod p), refused)`` over EXACTLY the (already verified) manifest's participants whose
-    upload the key holder accepts: all of them without ``leader``; with it (hospital -> the server's
-    checked ``(query seed, verifier message)``, :func:`split_validity.verify_leader_message`), those whose
-    validity proof holds on the key holder's own share (:func:`split_validity.helper_verdict`). A refused
-    upload is left out of the sum and listed in ``refused`` with the check it failed, for the collector to
-    subtract from the masked sum.
+def keyholder_verdicts(params: SessionParams, items, *, workers: int = 1) -> tuple[dict, np.ndarray]:
+    """Key holder: ``(hospital -> None or the check its upload failed, -sum m_k (mod p) over the accepted)``
+    for ``items`` of ``(hospital, opened seed, validity commitment, query seed, the server's checked
+    verifier message)`` (:func:`split_validity.verify_leader_message`). Each verdict is independent of the
+    others and needs that upload's whole mask, whose lane part is summed as it is judged: no seed is expanded
+    twice, and the sum over the accepted uploads is what the release's share starts from.
 
-    ``statements``: hospital -> signed seed statement, as the server relayed
-    them; each is checked against the hospital's enrolled key and the
-    hospital-signed payload hash in the manifest before its box is opened,
-    here, for every participant: the first statement or box that fails raises
-    naming its hospital, before any verdict.
-
-    The verdicts and mask expansions (each seed's mask expanded once, for its
-    verdict and its share) run in ``workers`` spawned processes when there
-    are enough uploads to pay for starting them
-    (:data:`split_validity.PROCESS_MIN_UPLOADS` per worker): their table
-    lookups and small field operations hold the GIL, so threads would not
-    scale. The opened seeds go to this key holder's own worker processes over
-    pipes, nowhere else; the sum does not depend on how the uploads are split.
-    """
-    if not isinstance(statements, Mapping):
-        raise MalformedPayload("the relayed seed statements are not a mapping")
-    items = []
-    for p in manifest["participants"]:
-        h = p["hospital"]
-        seed = open_statement_seed(params, secret_key, statements, enrolled, h, p["payload_sha256"])
-        if leader is None:
-            items.append((h, seed, None, None, None))
-        else:
-            query_seed, message = leader[h]
-            items.append((h, seed, statements[h].get("validity"), bytes(query_seed), flp.to_bytes(message)))
-    # expanding a mask alone is a few milliseconds of ChaCha20: worth a worker process only with a verdict
-    judging = leader is not None and len(items) >= split_validity.PROCESS_MIN_UPLOADS * max(1, workers)
-    w = workers if judging else 1
-
+    The verdicts run in ``workers`` spawned processes when there are enough uploads to pay for starting them
+    (:data:`split_validity.PROCESS_MIN_UPLOADS` per worker): their table lookups and small field operations
+    hold the GIL, so threads would not scale. The opened seeds go to this key holder's own worker processes
+    over pipes, nowhere else; the result does not depend on how the uploads are split."""
+    items = [(h, bytes(seed), validity, bytes(qs), flp.to_bytes(msg)) for h, seed, validity, qs, msg in items]
+    w = workers if len(items) >= split_validity.PROCESS_MIN_UPLOADS * max(1, workers) else 1
     total = np.zeros(fixedpoint.n_words(params.layout.length), dtype=np.uint64)
     refused: dict[str, str] = {}
     for partial, refused_here in map_chunks(_share_chunk, params.to_dict(), items, w):
         total = flp.add(total, partial)
         refused.update(refused_here)
-    return total, refused
+    return {h: refused.get(h) for h, *_ in items}, total
+
+
+def keyholder_share(params: SessionParams, secret_key: bytes, manifest: Mapping, statements: Mapping,
+                    enrolled: Mapping, *, refused: Mapping | None = None,
+                    judged: tuple[Mapping, np.ndarray] | None = None, workers: int = 1) -> np.ndarray:
+    """``-sum m_k (mod p)`` over EXACTLY the (already verified) manifest's participants not in ``refused``
+    (hospital -> the check its upload failed: left out of the sum, for the collector to subtract from the
+    masked sum).
+
+    ``statements``: hospital -> signed seed statement, as the server relayed
+    them; each is checked against the hospital's enrolled key and the
+    hospital-signed payload hash in the manifest before its box is opened,
+    here, for every participant: the first statement or box that fails raises
+    naming its hospital.
+
+    ``judged``: ``(hospital -> SHA-256 of the seed, sum)`` with ``sum`` the
+    ``-sum m_k`` :func:`keyholder_verdicts` formed over those uploads as they
+    were judged. The share starts from it and expands only the masks where
+    the cohort and that set differ (a judged upload under another seed counts
+    as not judged), so its total is the same as summing every mask here.
+    """
+    if not isinstance(statements, Mapping):
+        raise MalformedPayload("the relayed seed statements are not a mapping")
+    refused = dict(refused or {})
+    covered, total = ({}, None) if judged is None else (dict(judged[0]), judged[1])
+    n = fixedpoint.n_words(params.layout.length)
+    total = np.zeros(n, dtype=np.uint64) if total is None else np.asarray(total, dtype=np.uint64).copy()
+    cohort = {}
+    for p in manifest["participants"]:
+        h = p["hospital"]
+        seed = open_statement_seed(params, secret_key, statements, enrolled, h, p["payload_sha256"])
+        if h not in refused:
+            cohort[h] = seed
+    add = [seed for h, seed in cohort.items() if covered.get(h) != split_validity.seed_digest(seed)]
+    if any(h not in cohort or split_validity.seed_digest(cohort[h]) != d for h, d in covered.items()):
+        # a judged upload the cohort does not take (left out of the manifest, or under another seed): its
+        # mask is in the running sum, and its seed is not in this manifest to take it out again; sum afresh
+        total, add = np.zeros(n, dtype=np.uint64), list(cohort.values())
+    for partial in map_chunks(_mask_chunk, params.to_dict(), add,
+                              workers if len(add) >= split_validity.PROCESS_MIN_UPLOADS * max(1, workers) else 1):
+        total = flp.add(total, partial)
+    return total
+
+
+def _mask_chunk(params_dict: dict, seeds: list) -> np.ndarray:
+    """``-sum`` of the lane masks of ``seeds`` (one worker's part of :func:`keyholder_share`)."""
+    n = fixedpoint.n_words(SessionParams.from_dict(params_dict).layout.length)
+    total = np.zeros(n, dtype=np.uint64)
+    for seed in seeds:
+        total = flp.add(total, flp.neg(flp.expand_field(seed, n, split_validity.DOMAIN_SHARE)))
+    return total
 
 
 def _share_chunk(params_dict: dict, items: list) -> tuple[np.ndarray, dict]:
-    """One worker's part of :func:`keyholder_share`: ``-sum m_k`` over its accepted uploads, and its refusals."""
+    """One worker's part of :func:`keyholder_verdicts`: ``-sum m_k`` over its accepted uploads, and its refusals."""
     params = SessionParams.from_dict(params_dict)
     n = fixedpoint.n_words(params.layout.length)
     total = np.zeros(n, dtype=np.uint64)
     refused: dict[str, str] = {}
-    circuit = None
+    circuit = split_validity.Circuit(params) if items else None
     for h, seed, validity, query_seed, message in items:
-        if query_seed is None:
-            total = flp.add(total, flp.neg(flp.expand_field(seed, n, split_validity.DOMAIN_SHARE)))
-            continue
-        circuit = circuit or split_validity.Circuit(params)
         mask = circuit.helper_share(seed)  # -m over the whole body: the verdict's share, the lanes first
         msg = flp.from_bytes(message, circuit.verifier_len, what=f"the server's verifier message for {h}")
         reason = split_validity.helper_verdict(circuit, h, seed, {"validity": validity}, query_seed, msg,
