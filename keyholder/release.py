@@ -375,9 +375,7 @@ class KeyHolder(KeyCustody):
         another statement), formed now by the same code (keyholder/split_stream.py). A seed statement or box
         that fails blocks the key and refuses the release naming its hospital, as a forged server message
         does."""
-        from .split_stream import SplitJudge
-
-        judge = SplitJudge(self, sid, expected_hospitals=expected_hospitals)
+        judge = self._split_judge(sid, expected_hospitals)
         if not isinstance(statements, dict):
             statements = {}
         try:
@@ -393,18 +391,30 @@ class KeyHolder(KeyCustody):
     def judge_split(self, conn, *, expected_hospitals: list[str] | None = None) -> dict:
         """While a split session is open: judge every upload accepted so far and not judged yet (one pass;
         call it as often as uploads arrive). Returns hospital -> verdict (None: valid, else the failed check)."""
-        from .split_stream import SplitJudge
-
-        params = self.params(conn.session_id)
-        key_id = params.backend_params[split.PUBLIC_CONTEXT_KEY]
+        judge = self._split_judge(conn.session_id, expected_hospitals)
         ledger = ReleaseLedger(self.keys_dir / "releases.sqlite3")
         try:
-            ledger.check_unused(key_id)
-            records = SplitJudge(self, conn.session_id, expected_hospitals=expected_hospitals).poll(
-                HTTPSource(conn), ledger)
+            ledger.check_unused(judge.key_id)
+            records = judge.poll(HTTPSource(conn), ledger)
         finally:
             ledger.close()
         return {h: r["verdict"] for h, r in records.items()}
+
+    def split_queries(self, sid: str, statements: dict) -> dict:
+        """hospital -> ``{payload_sha256, query_seed}`` for each upload whose signed seed statement holds (the
+        query a transport without a round trip per upload, such as Flower, carries to the server)."""
+        return self._split_judge(sid, None).queries(statements)
+
+    def _split_judge(self, sid: str, expected_hospitals):
+        """One judge per session and trust set, kept between passes: its seed key is unsealed (a passphrase
+        KDF run) once, not at every poll."""
+        from .split_stream import SplitJudge
+
+        judges = self.__dict__.setdefault("_split_judges", {})
+        k = (sid, None if expected_hospitals is None else tuple(sorted(expected_hospitals)))
+        if k not in judges:
+            judges[k] = SplitJudge(self, sid, expected_hospitals=expected_hospitals)
+        return judges[k]
 
     def account_split_release(self, params: SessionParams, release_id: str, contributors: int) -> dict | None:
         """Record the release a split share enables in the privacy ledger, as :meth:`_solve` records a

@@ -154,6 +154,24 @@ class SplitJudge:
         self._save(records, covered, total)
         return records
 
+    def queries(self, statements) -> dict:
+        """hospital -> ``{payload_sha256, query_seed}`` for each seed statement that holds (others are left to
+        the release, which refuses them by name)."""
+        if not isinstance(statements, dict):
+            raise MalformedPayload("the seed statements are not a mapping")
+        qkey = split_validity.query_key(self.secret())
+        out = {}
+        for h, st in sorted(statements.items()):
+            if not isinstance(st, dict) or h not in self.enrolled or not isinstance(st.get("payload_sha256"), str):
+                continue
+            try:
+                split.verify_seed_statement(st, self.enrolled[h], self.params, h, st["payload_sha256"])
+                qs = split_validity.query_seed(qkey, self.params, h, st["payload_sha256"], st.get("validity"))
+            except SecureAFLError:
+                continue
+            out[h] = {"payload_sha256": st["payload_sha256"], "query_seed": qs.hex()}
+        return out
+
     def poll(self, source, ledger) -> dict:
         """One streaming pass while the session is open: judge every accepted upload not judged yet."""
         statements = source.split_statements()
