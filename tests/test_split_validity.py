@@ -215,10 +215,17 @@ def _verdict(session, body, seed, commitment, hospital="h1", *, tamper=None):
     return split_validity.helper_verdict(be.circuit, hospital, seed, st, qs, leader)
 
 
-@pytest.mark.parametrize("chunk", [None, 64])
+@pytest.mark.parametrize("chunk", [None, 64, "compiled"])
 def test_projection_matches_the_reference_on_edge_values(session, monkeypatch, chunk):
-    # chunk 64: the float32 sums are cut into many chunks, as for lanes longer than 2^20 entries
-    if chunk is not None:
+    # chunk 64: the float32 sums are cut into many chunks, as for lanes longer than 2^20 entries; "compiled":
+    # the numba kernel (secure_afl.hazmat.ternary), the others the numpy path
+    from secure_afl.hazmat import ternary
+
+    if chunk == "compiled" and not ternary.AVAILABLE:
+        pytest.skip("numba is not installed")
+    monkeypatch.setattr(split_validity, "_COMPILED", chunk == "compiled")
+    monkeypatch.setattr(ternary, "WARM_CALLS", -1 if chunk == "compiled" else 1 << 60)
+    if isinstance(chunk, int):
         monkeypatch.setattr(split_validity, "_PROJ_CHUNK", chunk)
     rng = random.Random(17)
     for dim in (6, 40):

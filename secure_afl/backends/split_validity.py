@@ -66,7 +66,7 @@ from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
 from .. import domains
 from ..exceptions import BoundsExceeded, InvalidInputError, InvalidParameterError, \
     MalformedPayload
-from ..hazmat import fixedpoint, flp
+from ..hazmat import fixedpoint, flp, ternary
 from ..workers import map_chunks
 from ..params import SessionParams
 from ..encoding import canonical_json
@@ -345,6 +345,9 @@ class Circuit:
         limbs = np.ascontiguousarray(hi, dtype="<u8").view(np.uint8).reshape(L, 8).T.astype(np.float32)
         key = hashlib.sha256(fs + b"rows\0").digest()
         enc = Cipher(algorithms.ChaCha20(key, b"\x00\x00\x00\x00" + _ROW_DOMAIN), mode=None).encryptor()
+        if _COMPILED and ternary.worth_it():  # the same rows, summed by a compiled loop that releases the GIL
+            raw = np.frombuffer(enc.update(bytes(ROWS * row_bytes)), dtype=np.uint8).reshape(ROWS, row_bytes)
+            return ternary.project(raw, hi)
         sums = np.zeros((ROWS, 8), dtype=np.int64)
         block = 16
         for j0 in range(0, ROWS, block):
@@ -632,6 +635,9 @@ def _trit_table() -> np.ndarray:
 _TRITS = _trit_table()
 #: entries summed per float32 product: 255 * 2^16 < 2^24 keeps every partial sum exact
 _PROJ_CHUNK = 1 << 16
+#: project with the compiled kernel when numba is installed and this process projects often enough to pay for
+#: loading it (:mod:`secure_afl.hazmat.ternary`); else float32 BLAS
+_COMPILED = True
 
 
 class _Unlucky(Exception):
