@@ -157,3 +157,27 @@ def test_a_verifier_message_for_another_upload_or_formed_before_the_query_is_ref
     with pytest.raises(PolicyViolation, match="blocked"):
         c.keyholder.finalize(conn, min_clients=2)
     conn.close()
+
+
+@pytest.mark.e2e
+def test_the_server_answers_one_query_per_upload_and_none_for_an_upload_it_does_not_hold(consortium):
+    # Prepare: one accepted upload, judged once (its query answered)
+    from secure_afl.exceptions import SecureAFLError
+
+    c, conn = _start(consortium)
+    _honest(c, "h1", 1)
+    c.keyholder.judge_split(conn)
+    source = HTTPSource(conn)
+    sha = source.split_statements()["h1"]["payload_sha256"]
+    kept = source.split_queries({})  # nothing asked, nothing formed
+    # Execute / Assert: another query seed for the same upload, and a query for an upload that is not there
+    with pytest.raises(SecureAFLError, match="another query seed"):
+        source.split_queries({"h1": {"payload_sha256": sha, "query_seed": "00" * 32}})
+    with pytest.raises(SecureAFLError, match="no accepted upload of h2"):
+        source.split_queries({"h2": {"payload_sha256": sha, "query_seed": "00" * 32}})
+    # the message formed at the key holder's seed is unchanged, and the release goes on from it
+    assert kept == {} and len(conn.request("GET", conn.path("/split/verifier")).json()) == 1
+    _honest(c, "h2", 2)
+    res = c.keyholder.finalize(conn, min_clients=2)
+    assert res.report["refused"] == {} and res.report["participants"] == ["h1", "h2"]
+    conn.close()
