@@ -181,3 +181,52 @@ def test_the_server_answers_one_query_per_upload_and_none_for_an_upload_it_does_
     res = c.keyholder.finalize(conn, min_clients=2)
     assert res.report["refused"] == {} and res.report["participants"] == ["h1", "h2"]
     conn.close()
+
+
+def test_the_share_from_a_judged_sum_is_the_cohorts_whatever_the_sum_covers():
+    # Prepare: three honest uploads, sealed and signed as hospitals do
+    import hashlib
+
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    from secure_afl.hazmat import flp
+    from secure_afl.stats import local_statistics
+
+    lay = Layout(6, 3)
+    params = split.split_session_params("judged-sum", lay, 1.0, Bounds(4.0, 1000, 8))
+    keys = split.generate_keys(params)
+    params = split.bind_public_context(params, keys.public_context)
+    be = get_backend(params)
+    rng = np.random.default_rng(5)
+    manifest, statements, enrolled, seeds = {"participants": []}, {}, {}, {}
+    for h in ("h1", "h2", "h3"):
+        X = rng.normal(size=(20, lay.dim))
+        X *= 2.0 / np.linalg.norm(X, axis=1, keepdims=True)
+        ident = Ed25519PrivateKey.generate()
+        payload, st = be.protect(lay.pack(local_statistics(X, rng.integers(0, 3, 20), 3, gamma=1.0)),
+                                 public_context=keys.public_context, hospital=h, identity_key=ident)
+        sha = hashlib.sha256(payload).hexdigest()
+        manifest["participants"].append({"hospital": h, "payload_sha256": sha})
+        statements[h], enrolled[h] = st, ident.public_key()
+        seeds[h] = split.open_seed(params, keys.secret_context, h, sha, bytes.fromhex(st["box"]))
+    n = 2 * lay.length
+
+    def judged(hs):
+        total = np.zeros(n, dtype=np.uint64)
+        for h in hs:
+            total = flp.add(total, flp.neg(flp.expand_field(seeds[h], n, split_validity.DOMAIN_SHARE)))
+        return {h: split_validity.seed_digest(seeds[h]) for h in hs}, total
+
+    def share(**kw):
+        return split.keyholder_share(params, keys.secret_context, manifest, statements, enrolled, **kw)
+
+    # Execute / Assert: from nothing, from a sum over part of the cohort, over all of it, over more than the
+    # cohort (h3 refused after it was summed), and under a stale seed: always the cohort's masks
+    fresh, without_h3 = share(), share(refused={"h3": "linear"})
+    assert np.array_equal(share(judged=judged(["h1"])), fresh)
+    assert np.array_equal(share(judged=judged(["h1", "h2", "h3"])), fresh)
+    assert np.array_equal(share(refused={"h3": "linear"}, judged=judged(["h1", "h2", "h3"])), without_h3)
+    stale = judged(["h1", "h2"])
+    stale[0]["h2"] = split_validity.seed_digest(b"\0" * 32)
+    assert np.array_equal(share(judged=stale), fresh)
+    assert not np.array_equal(without_h3, fresh)
