@@ -314,8 +314,10 @@ class KeyHolder(KeyCustody):
         each participant's seed statement signed by that hospital over the payload hash it also signed
         in the manifest; each box opening under the AD (session, parameters, hospital, payload hash).
         One share per key (the ledger): a second release under the same seeds is refused, and a forged
-        manifest or box blocks the key. Returns ``(share bytes, signed share statement)``; ``timings``, if
-        given, receives the seconds spent waiting for the server's verifier messages and judging and summing.
+        manifest or box blocks the key. The verdicts are those formed as the uploads arrived
+        (:meth:`judge_split`), and, for any upload not judged yet, formed here by the same code
+        (:meth:`split_verdicts`). Returns ``(share bytes, signed share statement)``; ``timings``, if given,
+        receives the seconds spent judging what was left and forming the share.
         """
 
         params = self.params(sid)  # the keygen record, never the server's word

@@ -29,9 +29,12 @@ Server (leader): ``Y = sum_k y_k`` over the manifest's cohort, as secagg's
 sum; it sees only words that are uniform given anything it holds (one
 ChaCha20 stream per hospital, never reused).
 
-Key holder (helper): from the server-signed manifest and the signed seed
-statements only -- never a masked vector -- it checks every signature and
-AD, applies its release policy and the one-share-per-key ledger, and
+Key holder (helper): it judges each upload's validity proof as it arrives
+(:func:`keyholder_verdicts`, at a query seed of its own,
+:func:`split_validity.query_seed`); at the release, from the server-signed
+manifest and the signed seed statements only -- never a masked vector -- it
+checks every signature and AD, applies its release policy and the
+one-share-per-key ledger, and
 releases ``S = -sum_{k in cohort} m_k`` (lane part), signed over the manifest's
 digest, the cohort and the uploads whose validity proof failed (left out).
 
