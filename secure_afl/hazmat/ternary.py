@@ -75,7 +75,12 @@ def _kernel():
     if _compiled is None:
         import numba
 
-        _compiled = numba.njit(nogil=True, cache=True)(_sums)
+        probe = (np.zeros((1, 1), dtype=np.uint8), np.zeros(1, dtype=np.uint64))
+        try:  # cached beside the module, or in numba's user cache where the install is read-only
+            _compiled = numba.njit(nogil=True, cache=True)(_sums)
+            _compiled(*probe)
+        except RuntimeError:  # no writable cache anywhere: compile in memory, once per process
+            _compiled = numba.njit(nogil=True)(_sums)
     return _compiled
 
 
