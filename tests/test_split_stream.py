@@ -230,3 +230,31 @@ def test_the_share_from_a_judged_sum_is_the_cohorts_whatever_the_sum_covers():
     stale[0]["h2"] = split_validity.seed_digest(b"\0" * 32)
     assert np.array_equal(share(judged=stale), fresh)
     assert not np.array_equal(without_h3, fresh)
+
+
+@pytest.mark.e2e
+def test_keyholder_judge_command_prints_each_verdict_once_the_upload_is_in(consortium, tmp_path):
+    # Prepare: an honest upload and a cheat, the session still open
+    import os
+    import subprocess
+    import sys
+
+    c, conn = _start(consortium)
+    _honest(c, "h1", 1)
+    _cheat(c, "h3", 3)
+    phrase = tmp_path / "passphrase"
+    phrase.write_bytes(b"test passphrase")
+    phrase.chmod(0o600)
+    env = {k: v for k, v in os.environ.items() if k != "SECURE_AFL_KEY_PASSPHRASE"}
+    # Execute: one pass of the command an operator runs beside the server
+    out = subprocess.run([sys.executable, "-m", "secure_afl.cli", "keyholder", "judge", "--pki", str(c.pki_dir),
+                          "--keys", str(c.root / "keys"), "--passphrase-file", str(phrase), "--server", c.url,
+                          "--session", c.session_id, "--once"], capture_output=True, text=True, timeout=300, env=env)
+    # Assert: both verdicts, formed while the session is open; the release takes them as they are
+    assert out.returncode == 0, out.stderr
+    assert "h1: valid" in out.stdout and "h3: refused (linear)" in out.stdout
+    assert conn.info()["status"] != "released"
+    _honest(c, "h2", 2)
+    res = c.keyholder.finalize(conn, min_clients=2)
+    assert res.report["refused"] == {"h3": "linear"} and res.report["participants"] == ["h1", "h2"]
+    conn.close()
