@@ -57,12 +57,8 @@ class SplitJudge:
 
     # -- state in the key directory ---------------------------------------------------------------------
     @property
-    def records_path(self) -> Path:
+    def state_path(self) -> Path:
         return self.kh.keys_dir / f"{self.sid}.split-verdicts.json"
-
-    @property
-    def sum_path(self) -> Path:
-        return self.kh.keys_dir / f"{self.sid}.split-judged.sealed"
 
     def secret(self) -> bytes:
         """The sealed seed key, opened once per judge (each opening runs the passphrase KDF)."""
@@ -80,25 +76,31 @@ class SplitJudge:
     def _sum_ad(self, covered: dict) -> bytes:
         return domains.SPLIT_JUDGED_AD + canonical_json({"session_id": self.sid, "covered": covered})
 
+    def _state(self) -> dict:
+        return json.loads(self.state_path.read_text()) if self.state_path.exists() else {}
+
     def records(self) -> dict:
         """hospital -> {payload_sha256, statement_sha256, verdict (None or the failed check), server_message}."""
-        return json.loads(self.records_path.read_text())["records"] if self.records_path.exists() else {}
+        return self._state().get("records", {})
 
-    def judged(self) -> tuple[dict, np.ndarray]:
+    def judged(self, state: dict | None = None) -> tuple[dict, np.ndarray]:
         """``(hospital -> seed digest, -sum m_k)`` over the uploads judged valid so far (sealed at rest: one
         hospital's mask alone would unmask its upload)."""
         n = 2 * self.params.layout.length
-        if not self.records_path.exists() or not self.sum_path.exists():
+        state = self._state() if state is None else state
+        if "sum" not in state:
             return {}, np.zeros(n, dtype=np.uint64)
-        covered = json.loads(self.records_path.read_text())["covered"]
-        body = open_secret(self.sum_path.read_bytes(), associated_data=self._sum_ad(covered), key=self._sum_key())
+        covered = state["covered"]
+        body = open_secret(bytes.fromhex(state["sum"]), associated_data=self._sum_ad(covered), key=self._sum_key())
         return covered, flp.from_bytes(body, n, what="the judged sum")
 
     def _save(self, records: dict, covered: dict, total: np.ndarray) -> None:
-        write_file(self.sum_path, seal_secret(flp.to_bytes(total), associated_data=self._sum_ad(covered),
-                                              key=self._sum_key()), exclusive=False)
-        write_file(self.records_path, json.dumps({"records": records, "covered": covered}, sort_keys=True).encode(),
-                   exclusive=False)
+        """One file, replaced whole: a reader (a release beside a judging loop) sees one state or the next."""
+        sealed = seal_secret(flp.to_bytes(total), associated_data=self._sum_ad(covered), key=self._sum_key())
+        tmp = self.state_path.with_name(self.state_path.name + f".{os.getpid()}.tmp")
+        write_file(tmp, json.dumps({"records": records, "covered": covered, "sum": sealed.hex()},
+                                   sort_keys=True).encode(), exclusive=False)
+        os.replace(tmp, self.state_path)
 
     # -- judging ------------------------------------------------------------------------------------------
     def judge(self, source, uploads, ledger, *, strict: bool) -> dict:
@@ -109,8 +111,9 @@ class SplitJudge:
         session is open) it is skipped and left to the release. A server message
         that does not hold blocks the key and raises :class:`ServerForgery`.
         Returns the records (:meth:`records`)."""
-        records = self.records()
-        covered, total = self.judged()
+        state = self._state()  # one read: the records and the sum written below are these plus the new
+        records = state.get("records", {})
+        covered, total = self.judged(state)
         qkey = split_validity.query_key(self.secret())
         todo = []
         for h, sha, st in uploads:
