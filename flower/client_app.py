@@ -349,6 +349,20 @@ def _split_share(kh, info: dict, manifest: dict, msg: Message, context: Context,
     return Message(content=pack({"countersign": countersign, "share_statement": statement}, body), reply_to=msg)
 
 
+@app.query("split_queries")
+def split_queries(msg: Message, context: Context) -> Message:
+    """split: this key holder's query seed for each upload whose signed seed statement holds (from its own
+    query key and the upload's commitment): the server forms its verifier messages at them."""
+    _role(context, "keyholder")
+    kh = keyholder_adapter.open_keyholder(context.node_config)
+    try:
+        queries = keyholder_adapter.split_queries(kh, unpack_json(msg.content, "info"),
+                                                  unpack_json(msg.content, "tags"))
+    except SecureAFLError as e:
+        return Message(content=pack({"error": e.reason, "detail": str(e)}), reply_to=msg)
+    return Message(content=pack({"queries": queries}), reply_to=msg)
+
+
 @app.query("split_result")
 def split_result(msg: Message, context: Context) -> Message:
     """split: the collector's release (W, the report, the released sums), written as ``keyholder finalize``

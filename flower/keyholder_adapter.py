@@ -68,10 +68,15 @@ class _MessageSource:
     def tags(self) -> dict:
         return self._tags
 
-    def split_verifier(self):
-        """The server's signed verifier messages as sent (checked by :meth:`KeyHolder.release_split`, which
-        refuses a missing or unsigned one as it does over HTTP)."""
+    def split_queries(self, queries: dict):
+        """The server's signed verifier messages as sent, formed at the query seeds this key holder answered
+        before (checked by :meth:`KeyHolder.release_split` against the seeds it derives, as over HTTP)."""
         return self._verifier
+
+
+def split_queries(kh: KeyHolder, info: dict, tags: dict) -> dict:
+    """split: hospital -> {payload_sha256, query_seed} for each upload whose signed seed statement holds."""
+    return kh.split_queries(str(info.get("session_id")), tags)
 
 
 def finalize(kh: KeyHolder, info: dict, aggregate: bytes, manifest: dict, tags: dict, contributions: dict, *,

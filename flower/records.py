@@ -26,9 +26,10 @@ COUNTERSIGN = "query.countersign"
 FINALIZE = "query.finalize"
 SECAGG = "query.secagg"
 SPLIT_RESULT = "query.split_result"
+SPLIT_QUERIES = "query.split_queries"
 
 __all__ = ["PROJECT_DIR", "ROLL_CALL", "PUBLISH", "UPLOAD", "RECEIPT", "COUNTERSIGN", "FINALIZE", "SECAGG",
-           "SPLIT_RESULT", "pack",
+           "SPLIT_RESULT", "SPLIT_QUERIES", "pack",
            "unpack_blob", "unpack_json", "unpack_str"]
 
 

@@ -65,6 +65,7 @@ from .records import (
     ROLL_CALL,
     SECAGG,
     SPLIT_RESULT,
+    SPLIT_QUERIES,
     UPLOAD,
     pack,
     unpack_blob,
@@ -160,9 +161,18 @@ def _split_release(grid: Grid, server, config, kh_node: int, fields: dict, timeo
     validity proof holds); the server (the collector) checks it against its own manifest,
     unmasks, checks and solves, and the key holder writes the model from that release."""
     party = f"keyholder:{config.keyholder}"
-    # the server's signed verifier message per upload (formed now, after the round closed), as
-    # GET /split/verifier serves it: the key holder decides each proof on them before its share
-    fields = {**fields, "tags": server.tags(), "verifier": server.verifier_messages(), "split": True}
+    # the key holder's query seed per upload (from its own key and the signed commitment), then the server's
+    # signed verifier message at each, as POST /split/queries forms them: the key holder decides each proof on
+    # them before its share
+    tags = server.tags()
+    reply = _one(grid, Message(content=pack({"info": fields["info"], "tags": tags}, b""), dst_node_id=kh_node,
+                               message_type=SPLIT_QUERIES), timeout_s, "the key holder's query seeds")
+    if "error" in reply.content["fields"]:
+        raise StageError(f"the key holder sent no query seeds: {unpack_str(reply.content, 'error')}: "
+                         f"{unpack_str(reply.content, 'detail')}")
+    queries = unpack_json(reply.content, "queries")
+    verifier = server.form_verifier_messages(party, canonical_json(queries)) if queries else {}
+    fields = {**fields, "tags": tags, "verifier": verifier, "split": True}
     reply = _one(grid, Message(content=pack(fields, b""), dst_node_id=kh_node,
                                message_type=FINALIZE), timeout_s, "the key holder's split share")
     server.store_countersign(party, canonical_json(unpack_json(reply.content, "countersign")))

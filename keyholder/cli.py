@@ -1,4 +1,4 @@
-"""``secure-afl keyholder keygen | publish | finalize``."""
+"""``secure-afl keyholder keygen | publish | judge | finalize``."""
 
 from __future__ import annotations
 
@@ -57,6 +57,27 @@ def _cmd_publish(args) -> int:
     return 0
 
 
+def _cmd_judge(args) -> int:
+    """split: judge each upload as it arrives, until the round is released (or once with --once)."""
+    import time
+
+    kh = _keyholder(args)
+    kh.check_unlock(args.session)
+    seen: dict = {}
+    with _connect(kh, args) as conn:
+        while True:
+            released = conn.info()["status"] == "released"  # read first: a last pass after it takes the rest
+            verdicts = kh.judge_split(conn)
+            for h in sorted(set(verdicts) - set(seen)):
+                print(f"{h}: {'valid' if verdicts[h] is None else 'refused (' + verdicts[h] + ')'}", flush=True)
+            seen = verdicts
+            if args.once or released:
+                break
+            time.sleep(args.interval)
+    print(f"{len(seen)} uploads judged, {sum(v is not None for v in seen.values())} refused")
+    return 0
+
+
 def _cmd_finalize(args) -> int:
     kh = _keyholder(args)
     with _connect(kh, args) as conn:
@@ -112,6 +133,12 @@ def register(parser) -> None:
     p = sub.add_parser("publish", help="publish the public context, tag key and signed parameters to the server")
     common(p, True)
     p.set_defaults(func=_cmd_publish)
+    p = sub.add_parser("judge", help="split: judge each upload's validity proof as it arrives (the release then "
+                                      "only sums); runs until the round is released")
+    common(p, True)
+    p.add_argument("--interval", type=float, default=2.0, metavar="SECONDS", help="poll interval (default 2)")
+    p.add_argument("--once", action="store_true", help="one pass over the uploads accepted so far")
+    p.set_defaults(func=_cmd_judge)
     p = sub.add_parser("finalize", help="close, verify and re-sum the signed uploads (ckks), decrypt once, flood, "
                                         "check, solve, write the model")
     common(p, True)

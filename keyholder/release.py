@@ -314,8 +314,10 @@ class KeyHolder(KeyCustody):
         each participant's seed statement signed by that hospital over the payload hash it also signed
         in the manifest; each box opening under the AD (session, parameters, hospital, payload hash).
         One share per key (the ledger): a second release under the same seeds is refused, and a forged
-        manifest or box blocks the key. Returns ``(share bytes, signed share statement)``; ``timings``, if
-        given, receives the seconds spent waiting for the server's verifier messages and judging and summing.
+        manifest or box blocks the key. The verdicts are those formed as the uploads arrived
+        (:meth:`judge_split`), and, for any upload not judged yet, formed here by the same code
+        (:meth:`split_verdicts`). Returns ``(share bytes, signed share statement)``; ``timings``, if given,
+        receives the seconds spent judging what was left and forming the share.
         """
 
         params = self.params(sid)  # the keygen record, never the server's word
@@ -332,30 +334,20 @@ class KeyHolder(KeyCustody):
                 raise
             _check_dp_noise(params, len(m["participants"]))
             statements = source.tags()
-            circuit = split_validity.Circuit(params)
             t = time.perf_counter()
-            try:  # the server's signed verifier messages, before any seed is opened
-                raw = source.split_verifier()
-                if not isinstance(raw, dict):
-                    raise InvalidSignature("the server's verifier messages are not a mapping")
-                leader = {p["hospital"]: split_validity.verify_leader_message(
-                    raw.get(p["hospital"]), server_pub, circuit, p["hospital"], p["payload_sha256"])
-                    for p in m["participants"]}
-            except SecureAFLError as e:
-                ledger.block(key_id, f"refused before the share: {e}")
-                raise ServerForgery(f"the server's verifier messages do not hold: {e}") from e
+            raw, refused, judge = self.split_verdicts(sid, source, m, statements, ledger,
+                                                      expected_hospitals=expected_hospitals)
             verifier_s = time.perf_counter() - t
-            # before any seed is opened: a crash or a refusal below still counts as this key's one share
+            # before the share is formed: a crash or a refusal below still counts as this key's one share
             ledger.record_decryption(key_id, sid, [p["hospital"] for p in m["participants"]])
-            # the sealed seed key is opened once: each opening runs the passphrase KDF (scrypt)
-            secret = self.secret_context(sid)
+            secret = judge.secret()
 
             try:
-                # one verdict per upload, independent of the others; the accepted uploads' lane masks are
-                # summed as they are judged, so no seed is opened or expanded twice
+                # the verdicts are in (most formed as the uploads arrived): the share is the cohort's masks,
+                # started from the sum of those judged valid
                 t = time.perf_counter()
-                share, refused = split.keyholder_share(params, secret, m, statements, enrolled, leader=leader,
-                                                       workers=os.cpu_count() or 1)
+                share = split.keyholder_share(params, secret, m, statements, enrolled, refused=refused,
+                                              judged=judge.judged(), workers=os.cpu_count() or 1)
                 if timings is not None:
                     timings.update({"server_verifier_seconds": verifier_s,
                                     "judge_and_share_seconds": time.perf_counter() - t})
@@ -377,6 +369,54 @@ class KeyHolder(KeyCustody):
             return split.sign_share(self.party.identity_key(), params, m, share, refused)
         finally:
             ledger.close()
+
+    def split_verdicts(self, sid: str, source, manifest: dict, statements: dict, ledger, *,
+                       expected_hospitals: list[str] | None = None):
+        """``(server messages, refused, judge)`` for the manifest's participants: the verdicts formed as the
+        uploads arrived (:meth:`judge_split`), and those of any upload not judged yet (or judged under
+        another statement), formed now by the same code (keyholder/split_stream.py). A seed statement or box
+        that fails blocks the key and refuses the release naming its hospital, as a forged server message
+        does."""
+        judge = self._split_judge(sid, expected_hospitals)
+        if not isinstance(statements, dict):
+            statements = {}
+        try:
+            records = judge.judge(source, [(p["hospital"], p["payload_sha256"], statements.get(p["hospital"]))
+                                           for p in manifest["participants"]], ledger, strict=True)
+        except split.SeedRefused as e:
+            ledger.block(judge.key_id, f"refused before the share: {e}")
+            raise ContributionRejected(f"no share released: {e}", e.hospital) from e
+        hs = [p["hospital"] for p in manifest["participants"]]
+        refused = {h: records[h]["verdict"] for h in hs if records[h]["verdict"] is not None}
+        return {h: records[h]["server_message"] for h in hs}, refused, judge
+
+    def judge_split(self, conn, *, expected_hospitals: list[str] | None = None) -> dict:
+        """While a split session is open: judge every upload accepted so far and not judged yet (one pass;
+        call it as often as uploads arrive). Returns hospital -> verdict (None: valid, else the failed check)."""
+        judge = self._split_judge(conn.session_id, expected_hospitals)
+        ledger = ReleaseLedger(self.keys_dir / "releases.sqlite3")
+        try:
+            ledger.check_unused(judge.key_id)
+            records = judge.poll(HTTPSource(conn), ledger)
+        finally:
+            ledger.close()
+        return {h: r["verdict"] for h, r in records.items()}
+
+    def split_queries(self, sid: str, statements: dict) -> dict:
+        """hospital -> ``{payload_sha256, query_seed}`` for each upload whose signed seed statement holds (the
+        query a transport without a round trip per upload, such as Flower, carries to the server)."""
+        return self._split_judge(sid, None).queries(statements)
+
+    def _split_judge(self, sid: str, expected_hospitals):
+        """One judge per session and trust set, kept between passes: its seed key is unsealed (a passphrase
+        KDF run) once, not at every poll."""
+        from .split_stream import SplitJudge
+
+        judges = self.__dict__.setdefault("_split_judges", {})
+        k = (sid, None if expected_hospitals is None else tuple(sorted(expected_hospitals)))
+        if k not in judges:
+            judges[k] = SplitJudge(self, sid, expected_hospitals=expected_hospitals)
+        return judges[k]
 
     def account_split_release(self, params: SessionParams, release_id: str, contributors: int) -> dict | None:
         """Record the release a split share enables in the privacy ledger, as :meth:`_solve` records a
@@ -579,6 +619,12 @@ class HTTPSource:
 
     def split_verifier(self) -> dict:
         return self.conn.request("GET", self.conn.path("/split/verifier")).json()
+
+    def split_statements(self) -> dict:
+        return self.conn.request("GET", self.conn.path("/split/statements")).json()
+
+    def split_queries(self, queries: dict) -> dict:
+        return self.conn.request("POST", self.conn.path("/split/queries"), body=canonical_json(queries)).json()
 
 
 def ridge_if_needed(stats, spectral: float) -> float:

@@ -40,15 +40,19 @@ SECAGG_GRAPH_SEED = b"secure-afl/secagg/v2/graph-seed\0"  # the neighbour graph'
 SECAGG_SHARE_COMMITMENT = b"secure-afl/secagg/v2/share-commitment\0"
 SECAGG_DEAL_CHALLENGE = b"secure-afl/secagg/v2/deal-challenge\0"
 SPLIT_VALIDITY = b"secure-afl/split/validity/v1\0"        # split: Fiat-Shamir over a committed upload
+SPLIT_QUERY = b"secure-afl/split/query/v1\0"              # split: HMAC(key holder's query key, committed upload)
 
 # -- HKDF info ---------------------------------------------------------------------------------
 SECAGG_PAIRWISE = "secure-afl/secagg/v1/"                 # + purpose/session/lo/hi (hazmat.prg)
 TAG_BOX = b"secure-afl/tag-box/v1"                        # the tag's X25519 box
-SPLIT_SEED_BOX = b"secure-afl/split/seed-box/v1"          # split: the seed's X25519 box
+SPLIT_SEED_HPKE = b"secure-afl/split/seed-hpke/v2"        # split: the seed's HPKE box (info || 0 || AD)
+SPLIT_QUERY_KEY = b"secure-afl/split/query-key/v1"        # split: the key holder's query key from its seed key
+SPLIT_JUDGED_KEY = b"secure-afl/split/judged-sum-key/v1"  # split: the key sealing the judged uploads' mask sum
 
 # -- AEAD associated data ----------------------------------------------------------------------
 SECAGG_SHARE_AD = "secure-afl/secagg/v2/share/"           # + round/digest/sender->recipient/ + commitments
 CKKS_SECRET_CONTEXT_AD = b"secure-afl/ckks-secret-context/v1/session="
+SPLIT_JUDGED_AD = b"secure-afl/split/judged-sum/v1\0"     # split: + the sealed sum's session and hospitals
 FLOWER_SECAGG_STATE_AD = "secure-afl flower secagg state"  # label of the sealed secagg state kept between Flower calls
 
 # -- byte formats (magic numbers) and file formats ---------------------------------------------
@@ -71,10 +75,11 @@ SIGNATURES = {
 }
 HASHES = {"AUDIT_CHAIN": AUDIT_CHAIN, "SECAGG_GRAPH_SEED": SECAGG_GRAPH_SEED,
           "SECAGG_SHARE_COMMITMENT": SECAGG_SHARE_COMMITMENT, "SECAGG_DEAL_CHALLENGE": SECAGG_DEAL_CHALLENGE,
-          "SPLIT_VALIDITY": SPLIT_VALIDITY}
-KDF_INFO = {"SECAGG_PAIRWISE": SECAGG_PAIRWISE, "TAG_BOX": TAG_BOX, "SPLIT_SEED_BOX": SPLIT_SEED_BOX}
+          "SPLIT_VALIDITY": SPLIT_VALIDITY, "SPLIT_QUERY": SPLIT_QUERY}
+KDF_INFO = {"SECAGG_PAIRWISE": SECAGG_PAIRWISE, "TAG_BOX": TAG_BOX, "SPLIT_SEED_HPKE": SPLIT_SEED_HPKE,
+            "SPLIT_QUERY_KEY": SPLIT_QUERY_KEY, "SPLIT_JUDGED_KEY": SPLIT_JUDGED_KEY}
 AEAD = {"SECAGG_SHARE_AD": SECAGG_SHARE_AD, "CKKS_SECRET_CONTEXT_AD": CKKS_SECRET_CONTEXT_AD,
-        "FLOWER_SECAGG_STATE_AD": FLOWER_SECAGG_STATE_AD}
+        "FLOWER_SECAGG_STATE_AD": FLOWER_SECAGG_STATE_AD, "SPLIT_JUDGED_AD": SPLIT_JUDGED_AD}
 MAGICS = {"PAYLOAD_MAGIC": PAYLOAD_MAGIC, "CKKS_BODY_MAGIC": CKKS_BODY_MAGIC, "BFV_BODY_MAGIC": BFV_BODY_MAGIC,
           "SECRET_KEY_MAGIC": SECRET_KEY_MAGIC, "PACKED_STATS_MAGIC": PACKED_STATS_MAGIC}
 FORMATS = {"EMBEDDINGS_FORMAT": EMBEDDINGS_FORMAT, "STATISTICS_FORMAT": STATISTICS_FORMAT}

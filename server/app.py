@@ -338,6 +338,18 @@ def _split_routes(app: FastAPI, server: SplitAggregationServer, session_guard, a
         await authed(request, ("keyholder",))
         return await run_in_threadpool(server.verifier_messages)
 
+    @app.get(API + "/sessions/{session_id}/split/statements")
+    async def split_statements(session_id: str, request: Request):
+        session_guard(session_id, request)
+        await authed(request, ("keyholder",))
+        return await run_in_threadpool(server.split_statements)
+
+    @app.post(API + "/sessions/{session_id}/split/queries")
+    async def split_queries(session_id: str, request: Request):
+        session_guard(session_id, request)
+        party, body = await read_body(request, ("keyholder",))
+        return await run_in_threadpool(server.form_verifier_messages, party, body)
+
     @app.get(API + "/sessions/{session_id}/split/result")
     async def split_result(session_id: str, request: Request):
         session_guard(session_id, request)

@@ -63,24 +63,63 @@ class SplitAggregationServer(AggregationServer):
     def masked_aggregate(self) -> bytes:
         raise Forbidden("a split session serves no masked sum: whoever holds the seeds could read a forged one")
 
+    def split_statements(self) -> dict:
+        """hospital -> its signed seed statement, for every upload accepted so far (open or released): the key
+        holder derives each upload's query seed from it as soon as the upload is in."""
+        return {row["hospital"]: row["tag"] for row in self.store.uploads() if row["tag"] is not None}
+
     def verifier_messages(self) -> dict:
-        """hospital -> this server's signed verifier message for its upload (split_validity), formed once per
-        upload after the round is released, with a query seed drawn then, and kept: the key holder decides on
-        it, and a refusal it signs can be traced to the message the server signed here."""
+        """hospital -> this server's signed verifier message for its upload, as formed so far (at the key
+        holder's query seeds, :meth:`form_verifier_messages`): the key holder decides on them, and a refusal
+        it signs can be traced to the message the server signed."""
+        return self.store.get_meta("split_verifier") or {}
+
+    def form_verifier_messages(self, party: str, body: bytes) -> dict:
+        """``POST .../split/queries``: ``{hospital: {payload_sha256, query_seed}}`` from the key holder -> the
+        server's signed verifier message for each named accepted upload at that query seed, formed now and
+        kept. One message per upload: the same query again returns the kept one, another query seed for an
+        upload that has one is refused (the server never answers two queries on one upload)."""
         from secure_afl.backends.split_validity import leader_messages
 
+        try:
+            try:
+                queries = json.loads(body)
+            except ValueError:
+                raise MalformedPayload("the verifier queries are not JSON") from None
+            if not isinstance(queries, dict) or not all(
+                    isinstance(q, dict) and isinstance(q.get("payload_sha256"), str)
+                    and isinstance(q.get("query_seed"), str) and len(q["query_seed"]) == 64 for q in queries.values()):
+                raise MalformedPayload("the verifier queries are not {hospital: {payload_sha256, query_seed (32 "
+                                       "bytes hex)}}")
+            with self._lock:
+                rows = {row["hospital"]: row for row in self.store.uploads()}
+                done = self.store.get_meta("split_verifier") or {}
+                todo = []
+                for h, q in queries.items():
+                    row = rows.get(h)
+                    if row is None or row["payload_sha256"] != q["payload_sha256"] or row["tag"] is None:
+                        raise MalformedPayload(f"a verifier query names no accepted upload of {h}")
+                    kept = done.get(h)
+                    if kept is not None:
+                        if (kept["payload_sha256"], kept["query_seed"]) != (q["payload_sha256"], q["query_seed"]):
+                            raise MalformedPayload(f"the upload of {h} already has its verifier message, at "
+                                                   "another query seed")
+                        continue
+                    todo.append((h, self.store.blob_path(row["payload_sha256"]), row["payload_sha256"], row["tag"],
+                                 bytes.fromhex(q["query_seed"])))
+        except (SecureAFLError, ValueError) as e:
+            err = e if isinstance(e, SecureAFLError) else MalformedPayload("a query seed is not hex")
+            self.refuse("split_queries", party, err)
+            raise err from None
+        # independent per upload (outside the lock: uploads keep arriving): in worker processes once there
+        # are enough of them
+        formed = leader_messages(self.params, todo, self._key, workers=os.cpu_count() or 1) if todo else {}
         with self._lock:
-            _, manifest = self.released()
             done = self.store.get_meta("split_verifier") or {}
-            if all(p["hospital"] in done for p in manifest["participants"]):
-                return done
-            rows = {row["hospital"]: row for row in self.store.uploads()}
-            todo = [(p["hospital"], self.store.blob_path(p["payload_sha256"]), p["payload_sha256"],
-                     rows[p["hospital"]]["tag"]) for p in manifest["participants"] if p["hospital"] not in done]
-            # independent per upload: on every core, in worker processes once there are enough of them
-            done.update(leader_messages(self.params, todo, self._key, workers=os.cpu_count() or 1))
+            for h, msg in formed.items():
+                done.setdefault(h, msg)
             self.store.set_meta("split_verifier", done)
-            return done
+        return {h: done[h] for h in queries}
 
     def collect(self, party: str, body: bytes, statement: dict) -> dict:
         """Check the key holder's share against the stored manifest, unmask the sum, check and solve."""

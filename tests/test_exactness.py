@@ -244,7 +244,7 @@ def _split_release(session_id, layout, bounds, vectors):
         acc.add(payload)
         participants.append({"hospital": h, "payload_sha256": hashlib.sha256(payload).hexdigest()})
         statements[h], enrolled[h] = st, key.public_key()
-    share, _ = split.keyholder_share(params, keys.secret_context, {"participants": participants}, statements, enrolled)
+    share = split.keyholder_share(params, keys.secret_context, {"participants": participants}, statements, enrolled)
     return params, split.collect(params, acc.aggregate(), share)
 
 

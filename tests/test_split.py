@@ -214,8 +214,8 @@ def test_subset_attack_gets_garbage_and_a_victim_only_manifest_is_refused(consor
         def tags(self):
             return conn.request("GET", conn.path("/tags")).json()
 
-        def split_verifier(self):
-            return conn.request("GET", conn.path("/split/verifier")).json()
+        def split_queries(self, queries):
+            return HTTPSource(conn).split_queries(queries)
 
     got = None
     try:
@@ -261,8 +261,8 @@ def test_forged_or_replayed_seed_statement_is_refused_naming_the_hospital(consor
         def tags(self):
             return self.t
 
-        def split_verifier(self):
-            return real.split_verifier()
+        def split_queries(self, queries):
+            return real.split_queries(queries)
 
     # Execute / Assert: h2's statement relayed for h1 (another hospital's envelope)
     swapped = {"h1": {**tags["h2"]}, "h2": tags["h2"]}

@@ -1,6 +1,8 @@
 """Distributed DP with ``split``: each hospital's Skellam share goes in before its mask, the key holder accounts
 the release its share enables exactly as it accounts a secagg release, the collector solves the noisy sum."""
 
+import os
+
 import numpy as np
 import pytest
 
@@ -188,9 +190,11 @@ def _verdict(dp_split, body, seed, com, hospital="h1"):
     params, be, server_key, public = dp_split
     payload, st = be.seal_upload(body, seed, com, public, hospital, Ed25519PrivateKey.generate())
     split_validity.check_upload(be, payload, st)
-    msg = split_validity.leader_message(be, hospital, payload, st, server_key)
-    qs, leader = split_validity.verify_leader_message(msg, server_key.public_key(), be.circuit, hospital,
-                                                      hashlib.sha256(payload).hexdigest())
+    sha = hashlib.sha256(payload).hexdigest()
+    expected = split_validity.query_seed(os.urandom(32), params, hospital, sha, st["validity"])
+    msg = split_validity.leader_message(be, hospital, payload, st, server_key, expected)
+    qs, leader = split_validity.verify_leader_message(msg, server_key.public_key(), be.circuit, hospital, sha,
+                                                      expected)
     return split_validity.helper_verdict(be.circuit, hospital, seed, st, qs, leader)
 
 

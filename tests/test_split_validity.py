@@ -205,18 +205,27 @@ def _verdict(session, body, seed, commitment, hospital="h1", *, tamper=None):
     params, be, server_key, public = session
     payload, st = be.seal_upload(body, seed, commitment, public, hospital, Ed25519PrivateKey.generate())
     split_validity.check_upload(be, payload, st)
-    msg = split_validity.leader_message(be, hospital, payload, st, server_key)
+    sha = hashlib.sha256(payload).hexdigest()
+    expected = split_validity.query_seed(os.urandom(32), params, hospital, sha, st["validity"])
+    msg = split_validity.leader_message(be, hospital, payload, st, server_key, expected)
     if tamper is not None:
         msg = tamper(msg)
-    qs, leader = split_validity.verify_leader_message(msg, server_key.public_key(), be.circuit, hospital,
-                                                      hashlib.sha256(payload).hexdigest())
+    qs, leader = split_validity.verify_leader_message(msg, server_key.public_key(), be.circuit, hospital, sha,
+                                                      expected)
     return split_validity.helper_verdict(be.circuit, hospital, seed, st, qs, leader)
 
 
-@pytest.mark.parametrize("chunk", [None, 64])
+@pytest.mark.parametrize("chunk", [None, 64, "compiled"])
 def test_projection_matches_the_reference_on_edge_values(session, monkeypatch, chunk):
-    # chunk 64: the float32 sums are cut into many chunks, as for lanes longer than 2^20 entries
-    if chunk is not None:
+    # chunk 64: the float32 sums are cut into many chunks, as for lanes longer than 2^20 entries; "compiled":
+    # the numba kernel (secure_afl.hazmat.ternary), the others the numpy path
+    from secure_afl.hazmat import ternary
+
+    if chunk == "compiled" and not ternary.AVAILABLE:
+        pytest.skip("numba is not installed")
+    monkeypatch.setattr(split_validity, "_COMPILED", chunk == "compiled")
+    monkeypatch.setattr(ternary, "WARM_CALLS", -1 if chunk == "compiled" else 1 << 60)
+    if isinstance(chunk, int):
         monkeypatch.setattr(split_validity, "_PROJ_CHUNK", chunk)
     rng = random.Random(17)
     for dim in (6, 40):
@@ -263,16 +272,23 @@ def test_both_verifiers_in_worker_processes_decide_and_sum_as_one_process_does(m
         payload, st = be.seal_upload(*be.circuit.prove(h, lanes=lanes, check=False), keys.public_context, h, ident)
         sha = hashlib.sha256(payload).hexdigest()
         (tmp_path / sha).write_bytes(payload)
-        uploads.append((h, tmp_path / sha, sha, st))
+        qs = split_validity.query_seed(split_validity.query_key(keys.secret_context), params, h, sha, st["validity"])
+        uploads.append((h, tmp_path / sha, sha, st, qs))
         manifest["participants"].append({"hospital": h, "payload_sha256": sha})
         statements[h], enrolled[h] = st, ident.public_key()
     results = []
     for workers in (1, 2):
         msgs = split_validity.leader_messages(params, uploads, server_key, workers=workers)
-        leader = {h: split_validity.verify_leader_message(msgs[h], server_key.public_key(), be.circuit, h, sha)
-                  for h, _, sha, _ in uploads}
-        results.append(split.keyholder_share(params, keys.secret_context, manifest, statements, enrolled,
-                                             leader=leader, workers=workers))
+        items = [(h, split.open_statement_seed(params, keys.secret_context, statements, enrolled, h, sha),
+                  st["validity"], qs,
+                  split_validity.verify_leader_message(msgs[h], server_key.public_key(), be.circuit, h, sha, qs)[1])
+                 for h, _, sha, st, qs in uploads]
+        verdicts, judged_sum = split.keyholder_verdicts(params, items, workers=workers)
+        refused = {h: v for h, v in verdicts.items() if v}
+        share = split.keyholder_share(params, keys.secret_context, manifest, statements, enrolled, refused=refused,
+                                      workers=workers)
+        assert np.array_equal(share, judged_sum)  # the running sum of the judged uploads is the cohort's share
+        results.append((share, refused))
     (one, refused_one), (two, refused_two) = results
     assert refused_one == refused_two == {"h3": "linear"} and np.array_equal(one, two)
     # a payload file that is not the manifest's upload (another hospital's, well formed) is refused by the
@@ -304,14 +320,15 @@ def test_a_free_low_lane_is_accepted_and_moves_the_release_by_less_than_its_boun
         body, seed, commitment = c.prove(hospital, lanes=lanes)
         payload, st = be.seal_upload(body, seed, commitment, keys.public_context, hospital, ident)
         split_validity.check_upload(be, payload, st)
-        msg = split_validity.leader_message(be, hospital, payload, st, server_key)
-        qs, leader = split_validity.verify_leader_message(msg, server_key.public_key(), c, hospital,
-                                                          hashlib.sha256(payload).hexdigest())
+        sha = hashlib.sha256(payload).hexdigest()
+        expected = split_validity.query_seed(os.urandom(32), params, hospital, sha, st["validity"])
+        msg = split_validity.leader_message(be, hospital, payload, st, server_key, expected)
+        qs, leader = split_validity.verify_leader_message(msg, server_key.public_key(), c, hospital, sha, expected)
         assert split_validity.helper_verdict(c, hospital, seed, st, qs, leader) is None
         acc.add(payload)
         manifest["participants"].append({"hospital": hospital, "payload_sha256": hashlib.sha256(payload).hexdigest()})
         statements[hospital], enrolled[hospital] = st, ident.public_key()
-    share, _ = split.keyholder_share(params, keys.secret_context, manifest, statements, enrolled)
+    share = split.keyholder_share(params, keys.secret_context, manifest, statements, enrolled)
     released = be.reveal(acc.aggregate(), share=share)
     moved = np.abs(released - np.sum(vectors, axis=0))
     exact = slice(LAYOUT.slices["n"].start, LAYOUT.length)
@@ -473,11 +490,23 @@ def test_a_forged_or_replayed_server_verifier_message_is_refused(session):
     for tamper in (flip, unsigned, resigned_by_another):
         with pytest.raises(InvalidSignature):
             _verdict(session, body, seed, com, tamper=tamper)
-    # replayed: the server's genuine signed message for another upload
+    # replayed: the server's genuine signed message for another upload (at that upload's query seed)
     replay = split_validity.leader_message(be, "h1", _payload_of(session, other_body, other_seed, other_com),
-                                           {"validity": other_com.to_dict()}, session[2])
+                                           {"validity": other_com.to_dict()}, session[2], os.urandom(32))
     with pytest.raises(InvalidSignature):
         _verdict(session, body, seed, com, tamper=lambda _: replay)
+    # formed before the key holder's query existed: this very upload, signed, at a query seed of the server's
+    # own choosing (what the server did when it drew the seed itself)
+    own = {}
+
+    def at_own_seed(_):
+        own["msg"] = split_validity.leader_message(be, "h1", own["payload"], own["st"], session[2], os.urandom(32))
+        return own["msg"]
+
+    params, _, server_key, public = session
+    own["payload"], own["st"] = be.seal_upload(body, seed, com, public, "h1", Ed25519PrivateKey.generate())
+    with pytest.raises(InvalidSignature, match="query seed"):
+        _verdict(session, body, seed, com, tamper=at_own_seed)
 
 
 def _payload_of(session, body, seed, com):

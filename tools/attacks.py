@@ -757,9 +757,12 @@ class _InProcessSource:
     def tags(self) -> dict:
         return self._srv.tags()
 
-    def split_verifier(self) -> dict:
-        """The server's signed verifier messages, as ``GET /split/verifier`` serves them."""
-        return self._srv.verifier_messages()
+    def split_queries(self, queries: dict) -> dict:
+        """The server's signed verifier messages at the key holder's query seeds, as ``POST /split/queries``
+        forms them."""
+        from secure_afl.encoding import canonical_json
+
+        return self._srv.form_verifier_messages("keyholder:keyholder", canonical_json(queries))
 
 
 def attack_split_server(*, seed: int = 0, verbose: bool = True, work=None, **_) -> dict:

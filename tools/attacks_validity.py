@@ -117,15 +117,19 @@ def _split_release(vectors, cheat: dict) -> dict:
         uploads[h], enrolled[h] = (payload, st), key.public_key()
         participants.append({"hospital": h, "payload_sha256": hashlib.sha256(payload).hexdigest()})
     manifest = {"participants": participants}
-    messages = {}
-    for p in participants:
-        h = p["hospital"]
-        msg = split_validity.leader_message(be, h, *uploads[h], server_key)
-        messages[h] = split_validity.verify_leader_message(msg, server_key.public_key(), be.circuit, h,
-                                                           p["payload_sha256"])
     statements = {h: u[1] for h, u in uploads.items()}
-    share, refused = split.keyholder_share(params, keys.secret_context, manifest, statements, enrolled,
-                                           leader=messages)
+    qkey = split_validity.query_key(keys.secret_context)
+    items = []
+    for p in participants:
+        h, sha = p["hospital"], p["payload_sha256"]
+        qs = split_validity.query_seed(qkey, params, h, sha, statements[h]["validity"])
+        msg = split_validity.leader_message(be, h, *uploads[h], server_key, qs)
+        _, leader = split_validity.verify_leader_message(msg, server_key.public_key(), be.circuit, h, sha, qs)
+        seed = split.open_statement_seed(params, keys.secret_context, statements, enrolled, h, sha)
+        items.append((h, seed, statements[h]["validity"], qs, leader))
+    verdicts, _ = split.keyholder_verdicts(params, items)
+    refused = {h: v for h, v in verdicts.items() if v}
+    share = split.keyholder_share(params, keys.secret_context, manifest, statements, enrolled, refused=refused)
     vec = split.collect(params, acc.aggregate(), share, subtract=[be.masked_words(uploads[h][0]) for h in refused])
     k = len(vectors) - len(refused)
     stats = _layout().unpack(vec, gamma=GAMMA)

@@ -201,7 +201,10 @@ def run_protect(backend: str, dim: int, classes: int, clients: int, *, dropout: 
     t = time.perf_counter()
     if backend == "split":
         enrolled = {p["hospital"]: hospital_key.public_key() for p in seeds["participants"]}
-        t = time.perf_counter()  # the server's verifier messages as its release forms them, on every core
+        qkey = split_validity.query_key(keys.secret_context)  # the key holder's query seed for each upload
+        stored = [(h, path, sha, st, split_validity.query_seed(qkey, params, h, sha, st["validity"]))
+                  for h, path, sha, st in stored]
+        t = time.perf_counter()  # the server's verifier messages, on every core
         messages = split_validity.leader_messages(params, stored, server_key, workers=os.cpu_count() or 1)
         out["server_verify_s"] = time.perf_counter() - t
         payload_dir.cleanup()
@@ -212,7 +215,7 @@ def run_protect(backend: str, dim: int, classes: int, clients: int, *, dropout: 
             raise RuntimeError(f"the key holder refused honest uploads: {refused}")
         t = time.perf_counter()  # the key holder's share alone (open, expand, sum every seed): its floor
         reveal_kw = {"share": split.keyholder_share(params, keys.secret_context, seeds, seeds["statements"],
-                                                    enrolled, workers=os.cpu_count() or 1)[0]}
+                                                    enrolled, workers=os.cpu_count() or 1)}
         out["keyholder_share_s"] = time.perf_counter() - t
     revealed = be.reveal(aggregate, **reveal_kw)
     reveal_s = time.perf_counter() - t
@@ -318,12 +321,17 @@ def _split_keyholder_release(be, params, keys, seeds, enrolled, messages, server
     server's signed verifier messages, open each seed, judge the upload on its own share and sum the
     accepted masks, on every core. Returns (seconds, refused)."""
     t = time.perf_counter()
-    leader = {p["hospital"]: split_validity.verify_leader_message(messages[p["hospital"]], server_pub, be.circuit,
-                                                                  p["hospital"], p["payload_sha256"])
-              for p in seeds["participants"]}
-    _, refused = split.keyholder_share(params, keys.secret_context, seeds, seeds["statements"], enrolled,
-                                       leader=leader, workers=os.cpu_count() or 1)
-    return time.perf_counter() - t, refused
+    qkey = split_validity.query_key(keys.secret_context)
+    items = []
+    for p in seeds["participants"]:
+        h, sha = p["hospital"], p["payload_sha256"]
+        st = seeds["statements"][h]
+        qs = split_validity.query_seed(qkey, params, h, sha, st["validity"])
+        _, msg = split_validity.verify_leader_message(messages[h], server_pub, be.circuit, h, sha, qs)
+        seed = split.open_statement_seed(params, keys.secret_context, seeds["statements"], enrolled, h, sha)
+        items.append((h, seed, st["validity"], qs, msg))
+    verdicts, _ = split.keyholder_verdicts(params, items, workers=os.cpu_count() or 1)
+    return time.perf_counter() - t, {h: v for h, v in verdicts.items() if v}
 
 
 def _fastest_protect(be, v, backend: str, k: int, protect_kw: dict, n: int) -> float:

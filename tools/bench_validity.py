@@ -66,14 +66,16 @@ def run(dim: int, classes: int, *, n: int = 1000, seed: int = 0) -> dict:
     prove_s = time.perf_counter() - t
     payload, st = be.seal_upload(body, s, com, keys.public_context, "h1", hkey)
 
+    sha = hashlib.sha256(payload).hexdigest()
+    expected = split_validity.query_seed(split_validity.query_key(keys.secret_context), params, "h1", sha,
+                                         st["validity"])
     t = time.perf_counter()
     split_validity.check_upload(be, payload, st)
-    msg = split_validity.leader_message(be, "h1", payload, st, skey)
+    msg = split_validity.leader_message(be, "h1", payload, st, skey, expected)
     server_s = time.perf_counter() - t
 
     t = time.perf_counter()
-    qs, leader = split_validity.verify_leader_message(msg, skey.public_key(), c, "h1",
-                                                      hashlib.sha256(payload).hexdigest())
+    qs, leader = split_validity.verify_leader_message(msg, skey.public_key(), c, "h1", sha, expected)
     verdict = split_validity.helper_verdict(c, "h1", s, st, qs, leader)
     keyholder_s = time.perf_counter() - t
 

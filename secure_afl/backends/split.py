@@ -12,8 +12,16 @@ Hospital k, per upload, with a fresh 32-byte seed s_k (``w_k`` = lanes || validi
 
     y_k    = w_k + m_k,  m_k = expand_field(s_k)     (mod p; ChaCha20 words below p, their own domain)
     P_k    = seal(params, "contribution", y_k)      (what the server stores; it sums the lane part)
-    box_k  = e_pub || ChaCha20-Poly1305_{HKDF(X25519(e, T_pub), info)}(nonce 0, s_k, AD_k)
+    box_k  = HPKE.SealBase(T_pub, info = SPLIT_SEED_HPKE || 0 || AD_k, aad = "", s_k)   (RFC 9180, one shot)
+             KEM ML-KEM-768 + X25519 (hybrid), KDF HKDF-SHA256, AEAD ChaCha20-Poly1305:
+             enc (1120 bytes: 1088 ML-KEM ciphertext, 32 X25519) || ct (32) || tag (16) = 1168 bytes
     AD_k   = canonical JSON {session_id, params_digest, hospital, payload_sha256 = SHA-256(P_k)}
+
+The hybrid KEM keeps a recorded box closed unless BOTH ML-KEM-768 and X25519
+fall: a later quantum attack on X25519 alone opens nothing. The associated
+data rides in HPKE's ``info`` (the one context input ``cryptography`` exposes
+for single-shot HPKE); it enters the key schedule, so a box opens under
+exactly the AD it was sealed for, as an AEAD's associated data would.
     stmt_k = Ed25519_k("split-seed" statement over session, parameters, hospital, SHA-256(P_k), box_k,
                        validity commitment)
 
@@ -21,9 +29,12 @@ Server (leader): ``Y = sum_k y_k`` over the manifest's cohort, as secagg's
 sum; it sees only words that are uniform given anything it holds (one
 ChaCha20 stream per hospital, never reused).
 
-Key holder (helper): from the server-signed manifest and the signed seed
-statements only -- never a masked vector -- it checks every signature and
-AD, applies its release policy and the one-share-per-key ledger, and
+Key holder (helper): it judges each upload's validity proof as it arrives
+(:func:`keyholder_verdicts`, at a query seed of its own,
+:func:`split_validity.query_seed`); at the release, from the server-signed
+manifest and the signed seed statements only -- never a masked vector -- it
+checks every signature and AD, applies its release policy and the
+one-share-per-key ledger, and
 releases ``S = -sum_{k in cohort} m_k`` (lane part), signed over the manifest's
 digest, the cohort and the uploads whose validity proof failed (left out).
 
@@ -41,11 +52,9 @@ from typing import Mapping
 import numpy as np
 from cryptography.exceptions import InvalidSignature as _CryptoInvalidSignature
 from cryptography.exceptions import InvalidTag
-from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives import hpke
+from cryptography.hazmat.primitives.asymmetric.mlkem import MLKEM768PrivateKey, MLKEM768PublicKey
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
-from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
-from cryptography.hazmat.primitives.kdf.hkdf import HKDF
-from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption, PrivateFormat, PublicFormat
 
 from .. import domains
 from ..envelope import open_envelope, seal
@@ -64,11 +73,25 @@ from .base import Combiner, ProtectionBackend, check_vector
 __all__ = ["SplitBackend", "SplitKeyPair", "session_params", "split_session_params", "generate_keys",
            "bind_public_context", "expected_abs_error", "seal_seed", "open_seed", "sign_seed_statement",
            "verify_seed_statement", "open_statement_seed", "manifest_digest", "keyholder_share",
-           "sign_share", "verify_share", "collect", "SeedRefused", "PUBLIC_CONTEXT_KEY", "BOX_LEN"]
+           "sign_share", "verify_share", "collect", "SeedRefused", "PUBLIC_CONTEXT_KEY", "BOX_LEN", "ENC_LEN",
+           "PUBLIC_KEY_LEN", "SECRET_KEY_LEN", "SEED_BOX_FORMAT", "seal_box", "open_box"]
 
 PUBLIC_CONTEXT_KEY = "public_context_sha256"
-BOX_LEN = 32 + SEED_BYTES + 16
-_KDF_INFO = domains.SPLIT_SEED_BOX
+#: RFC 9180 HPKE, hybrid KEM ML-KEM-768 + X25519, HKDF-SHA256, ChaCha20-Poly1305
+_SUITE = hpke.Suite(hpke.KEM.MLKEM768_X25519, hpke.KDF.HKDF_SHA256, hpke.AEAD.CHACHA20_POLY1305)
+SEED_BOX_FORMAT = "HPKE (RFC 9180) MLKEM768-X25519 / HKDF-SHA256 / ChaCha20-Poly1305"
+_MLKEM_PUB, _MLKEM_SEED, _X25519 = 1184, 64, 32
+#: the KEM's encapsulated key: 1088 bytes of ML-KEM-768 ciphertext and a 32-byte X25519 share
+ENC_LEN = hpke.KEM.MLKEM768_X25519.enc_length()
+BOX_LEN = ENC_LEN + SEED_BYTES + 16
+#: the key holder's public seed key: ML-KEM-768 encapsulation key || X25519 public key
+PUBLIC_KEY_LEN = _MLKEM_PUB + _X25519
+#: its secret: the 64-byte ML-KEM-768 seed (d || z) || the X25519 private key
+SECRET_KEY_LEN = _MLKEM_SEED + _X25519
+#: the retired box (X25519 + HKDF-SHA256 + ChaCha20-Poly1305 by hand): refused by name, never opened
+_RETIRED_BOX_LEN = 32 + SEED_BYTES + 16
+_RETIRED_FORMAT = "X25519 + HKDF-SHA256 + ChaCha20-Poly1305 (the retired hand-built seed box, 80 bytes)"
+_HPKE_INFO = domains.SPLIT_SEED_HPKE
 _SEED_SIG_PREFIX = domains.SPLIT_SEED
 _SHARE_SIG_PREFIX = domains.SPLIT_SHARE
 
@@ -83,7 +106,8 @@ class SeedRefused(InvalidContribution):
 
 @dataclass(frozen=True)
 class SplitKeyPair:
-    """The key holder's per-session X25519 seed key: raw private bytes, raw public bytes (the public context)."""
+    """The key holder's per-session hybrid seed key (ML-KEM-768 + X25519): :data:`SECRET_KEY_LEN` secret bytes,
+    :data:`PUBLIC_KEY_LEN` public bytes (the public context)."""
 
     secret_context: bytes
     public_context: bytes
@@ -106,21 +130,40 @@ session_params = split_session_params
 
 
 def generate_keys(params: SessionParams) -> SplitKeyPair:
-    """Key holder: a FRESH X25519 key for this session's seed boxes."""
-    sk = X25519PrivateKey.generate()
-    return SplitKeyPair(sk.private_bytes(Encoding.Raw, PrivateFormat.Raw, NoEncryption()),
-                        sk.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw))
+    """Key holder: a FRESH hybrid ML-KEM-768 + X25519 key for this session's seed boxes."""
+    mk, xk = MLKEM768PrivateKey.generate(), X25519PrivateKey.generate()
+    return SplitKeyPair(mk.private_bytes_raw() + xk.private_bytes_raw(),
+                        mk.public_key().public_bytes_raw() + xk.public_key().public_bytes_raw())
 
 
 def _check_public_key(public_context: bytes) -> bytes:
-    if not isinstance(public_context, (bytes, bytearray)) or len(public_context) != 32:
-        raise MalformedPayload("a split public context is one raw 32-byte X25519 public key")
+    if not isinstance(public_context, (bytes, bytearray)):
+        raise MalformedPayload("a split public context is a byte string")
     raw = bytes(public_context)
-    try:  # a small-order point would make every box's key public: refuse it here, not at the first upload
-        X25519PrivateKey.generate().exchange(X25519PublicKey.from_public_bytes(raw))
+    if len(raw) == 32:
+        raise MalformedPayload(f"a 32-byte X25519 seed key is the retired {_RETIRED_FORMAT} format; this "
+                               f"session's seed key is {PUBLIC_KEY_LEN} bytes for {SEED_BOX_FORMAT}")
+    if len(raw) != PUBLIC_KEY_LEN:
+        raise MalformedPayload(f"a split public context is one {PUBLIC_KEY_LEN}-byte ML-KEM-768 + X25519 key")
+    try:  # a small-order X25519 point would drop the classical half: refuse it here, not at the first upload
+        MLKEM768PublicKey.from_public_bytes(raw[:_MLKEM_PUB])
+        X25519PrivateKey.generate().exchange(X25519PublicKey.from_public_bytes(raw[_MLKEM_PUB:]))
     except ValueError:
         raise InvalidContribution() from None
     return raw
+
+
+def _public_key(raw: bytes) -> hpke.MLKEM768X25519PublicKey:
+    return hpke.MLKEM768X25519PublicKey(MLKEM768PublicKey.from_public_bytes(raw[:_MLKEM_PUB]),
+                                        X25519PublicKey.from_public_bytes(raw[_MLKEM_PUB:]))
+
+
+def _private_key(raw: bytes) -> hpke.MLKEM768X25519PrivateKey:
+    raw = bytes(raw)
+    if len(raw) != SECRET_KEY_LEN:
+        raise MalformedPayload(f"a split secret context is {SECRET_KEY_LEN} bytes (ML-KEM-768 seed || X25519 key)")
+    return hpke.MLKEM768X25519PrivateKey(MLKEM768PrivateKey.from_seed_bytes(raw[:_MLKEM_SEED]),
+                                         X25519PrivateKey.from_private_bytes(raw[_MLKEM_SEED:]))
 
 
 def bind_public_context(params: SessionParams, public_context: bytes) -> SessionParams:
@@ -141,38 +184,56 @@ def _ad(params: SessionParams, hospital: str, payload_sha256: str) -> bytes:
                            "hospital": hospital, "payload_sha256": payload_sha256})
 
 
-def _aead(shared: bytes, ad: bytes) -> ChaCha20Poly1305:
-    return ChaCha20Poly1305(HKDF(algorithm=hashes.SHA256(), length=32, salt=None,
-                                 info=_KDF_INFO + b"\0" + ad).derive(shared))
+def _info(ad: bytes) -> bytes:
+    return _HPKE_INFO + b"\0" + ad
+
+
+def _refuse_retired(box_len: int, what: str) -> None:
+    if box_len == _RETIRED_BOX_LEN:
+        raise MalformedPayload(f"{what} is sealed in the retired {_RETIRED_FORMAT} format; this session takes "
+                               f"{SEED_BOX_FORMAT} boxes of {BOX_LEN} bytes")
+
+
+def seal_box(public_context: bytes, ad: bytes, seed: bytes) -> bytes:
+    """HPKE single-shot SealBase of ``seed`` to the hybrid seed key, ``info = SPLIT_SEED_HPKE || 0 || ad``."""
+    return _SUITE.encrypt(bytes(seed), _public_key(_check_public_key(public_context)), info=_info(ad))
+
+
+def open_box(secret_key: bytes, ad: bytes, box: bytes, what: str = "a seed box") -> bytes:
+    """Inverse of :func:`seal_box`: the seed, or :class:`MalformedPayload` (a retired or mis-sized box) or
+    :class:`InvalidContribution` (another key or another ``ad``)."""
+    box = bytes(box)
+    _refuse_retired(len(box), what)
+    if len(box) != BOX_LEN:
+        raise MalformedPayload(f"{what} has the wrong length")
+    try:
+        seed = _SUITE.decrypt(box, _private_key(secret_key), info=_info(ad))
+    except (InvalidTag, ValueError):
+        seed = None
+    if seed is None or len(seed) != SEED_BYTES:
+        raise InvalidContribution(f"{what} does not open under this key and associated data")
+    return seed
 
 
 def seal_seed(params: SessionParams, public_context: bytes, hospital: str, payload_sha256: str,
               seed: bytes) -> bytes:
-    """Hospital: ``e_pub || AEAD(seed)`` to the key holder's seed key, AD = (session, params, hospital, hash)."""
-    peer = X25519PublicKey.from_public_bytes(_check_public_key(public_context))
-    eph = X25519PrivateKey.generate()
-    ad = _ad(params, hospital, payload_sha256)
-    return (eph.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
-            + _aead(eph.exchange(peer), ad).encrypt(bytes(12), bytes(seed), ad))
+    """Hospital: the HPKE box of ``seed`` to the key holder's seed key, AD = (session, params, hospital, hash)."""
+    return seal_box(public_context, _ad(params, hospital, payload_sha256), seed)
 
 
 def open_seed(params: SessionParams, secret_key: bytes, hospital: str, payload_sha256: str, box: bytes) -> bytes:
     """Key holder: the seed in ``box``, if it was sealed for this session, hospital and payload hash;
     else :class:`InvalidContribution` naming the hospital."""
-    if len(box) != BOX_LEN:
-        raise MalformedPayload(f"{hospital}'s seed box has the wrong length")
-    sk = X25519PrivateKey.from_private_bytes(secret_key)
-    ad = _ad(params, hospital, payload_sha256)
     try:
-        return _aead(sk.exchange(X25519PublicKey.from_public_bytes(box[:32])), ad).decrypt(bytes(12), box[32:], ad)
-    except (InvalidTag, ValueError):
+        return open_box(secret_key, _ad(params, hospital, payload_sha256), box, f"{hospital}'s seed box")
+    except InvalidContribution:
         raise InvalidContribution(f"{hospital}'s seed box does not open for this session, hospital and "
                                   "payload (replayed from another upload, or tampered)") from None
 
 
 def _seed_statement(params: SessionParams, hospital: str, payload_sha256: str, box: bytes,
                     validity: Mapping) -> dict:
-    return box_statement("split-seed", 2, params, hospital, payload_sha256, box, validity=dict(validity))
+    return box_statement("split-seed", 3, params, hospital, payload_sha256, box, validity=dict(validity))
 
 
 def sign_seed_statement(identity_key, params: SessionParams, hospital: str, payload_sha256: str,
@@ -187,6 +248,9 @@ def verify_seed_statement(statement: Mapping, identity_pub, params: SessionParam
                           payload_sha256: str) -> bytes:
     """Server at upload, key holder at release: the statement is ``hospital``'s, for this payload; -> box."""
     validity = split_validity.UploadCommitment.from_dict(statement.get("validity")).to_dict()
+    box_hex = statement.get("box") if isinstance(statement, Mapping) else None
+    if isinstance(box_hex, str):
+        _refuse_retired(len(box_hex) // 2, f"{hospital}'s seed statement's box")
     return verify_box_statement(statement, identity_pub, _SEED_SIG_PREFIX,
                                 lambda box: _seed_statement(params, hospital, payload_sha256, box, validity),
                                 BOX_LEN, f"{hospital}'s seed statement")
@@ -211,64 +275,86 @@ def open_statement_seed(params: SessionParams, secret_key: bytes, statements: Ma
         raise SeedRefused(f"{hospital}'s seed: {e}", hospital) from e
 
 
-def keyholder_share(params: SessionParams, secret_key: bytes, manifest: Mapping, statements: Mapping,
-                    enrolled: Mapping, *, leader: Mapping | None = None, workers: int = 1) -> tuple[np.ndarray, dict]:
-    """``(-sum m_k (mod p), refused)`` over EXACTLY the (already verified) manifest's participants whose
-    upload the key holder accepts: all of them without ``leader``; with it (hospital -> the server's
-    checked ``(query seed, verifier message)``, :func:`split_validity.verify_leader_message`), those whose
-    validity proof holds on the key holder's own share (:func:`split_validity.helper_verdict`). A refused
-    upload is left out of the sum and listed in ``refused`` with the check it failed, for the collector to
-    subtract from the masked sum.
+def keyholder_verdicts(params: SessionParams, items, *, workers: int = 1) -> tuple[dict, np.ndarray]:
+    """Key holder: ``(hospital -> None or the check its upload failed, -sum m_k (mod p) over the accepted)``
+    for ``items`` of ``(hospital, opened seed, validity commitment, query seed, the server's checked
+    verifier message)`` (:func:`split_validity.verify_leader_message`). Each verdict is independent of the
+    others and needs that upload's whole mask, whose lane part is summed as it is judged: no seed is expanded
+    twice, and the sum over the accepted uploads is what the release's share starts from.
 
-    ``statements``: hospital -> signed seed statement, as the server relayed
-    them; each is checked against the hospital's enrolled key and the
-    hospital-signed payload hash in the manifest before its box is opened,
-    here, for every participant: the first statement or box that fails raises
-    naming its hospital, before any verdict.
-
-    The verdicts and mask expansions (each seed's mask expanded once, for its
-    verdict and its share) run in ``workers`` spawned processes when there
-    are enough uploads to pay for starting them
-    (:data:`split_validity.PROCESS_MIN_UPLOADS` per worker): their table
-    lookups and small field operations hold the GIL, so threads would not
-    scale. The opened seeds go to this key holder's own worker processes over
-    pipes, nowhere else; the sum does not depend on how the uploads are split.
-    """
-    if not isinstance(statements, Mapping):
-        raise MalformedPayload("the relayed seed statements are not a mapping")
-    items = []
-    for p in manifest["participants"]:
-        h = p["hospital"]
-        seed = open_statement_seed(params, secret_key, statements, enrolled, h, p["payload_sha256"])
-        if leader is None:
-            items.append((h, seed, None, None, None))
-        else:
-            query_seed, message = leader[h]
-            items.append((h, seed, statements[h].get("validity"), bytes(query_seed), flp.to_bytes(message)))
-    # expanding a mask alone is a few milliseconds of ChaCha20: worth a worker process only with a verdict
-    judging = leader is not None and len(items) >= split_validity.PROCESS_MIN_UPLOADS * max(1, workers)
-    w = workers if judging else 1
-
+    The verdicts run in ``workers`` spawned processes when there are enough uploads to pay for starting them
+    (:data:`split_validity.PROCESS_MIN_UPLOADS` per worker): their table lookups and small field operations
+    hold the GIL, so threads would not scale. The opened seeds go to this key holder's own worker processes
+    over pipes, nowhere else; the result does not depend on how the uploads are split."""
+    items = [(h, bytes(seed), validity, bytes(qs), flp.to_bytes(msg)) for h, seed, validity, qs, msg in items]
+    w = workers if len(items) >= split_validity.PROCESS_MIN_UPLOADS * max(1, workers) else 1
     total = np.zeros(fixedpoint.n_words(params.layout.length), dtype=np.uint64)
     refused: dict[str, str] = {}
     for partial, refused_here in map_chunks(_share_chunk, params.to_dict(), items, w):
         total = flp.add(total, partial)
         refused.update(refused_here)
-    return total, refused
+    return {h: refused.get(h) for h, *_ in items}, total
+
+
+def keyholder_share(params: SessionParams, secret_key: bytes, manifest: Mapping, statements: Mapping,
+                    enrolled: Mapping, *, refused: Mapping | None = None,
+                    judged: tuple[Mapping, np.ndarray] | None = None, workers: int = 1) -> np.ndarray:
+    """``-sum m_k (mod p)`` over EXACTLY the (already verified) manifest's participants not in ``refused``
+    (hospital -> the check its upload failed: left out of the sum, for the collector to subtract from the
+    masked sum).
+
+    ``statements``: hospital -> signed seed statement, as the server relayed
+    them; each is checked against the hospital's enrolled key and the
+    hospital-signed payload hash in the manifest before its box is opened,
+    here, for every participant: the first statement or box that fails raises
+    naming its hospital.
+
+    ``judged``: ``(hospital -> SHA-256 of the seed, sum)`` with ``sum`` the
+    ``-sum m_k`` :func:`keyholder_verdicts` formed over those uploads as they
+    were judged. The share starts from it and expands only the masks where
+    the cohort and that set differ (a judged upload under another seed counts
+    as not judged), so its total is the same as summing every mask here.
+    """
+    if not isinstance(statements, Mapping):
+        raise MalformedPayload("the relayed seed statements are not a mapping")
+    refused = dict(refused or {})
+    covered, total = ({}, None) if judged is None else (dict(judged[0]), judged[1])
+    n = fixedpoint.n_words(params.layout.length)
+    total = np.zeros(n, dtype=np.uint64) if total is None else np.asarray(total, dtype=np.uint64).copy()
+    cohort = {}
+    for p in manifest["participants"]:
+        h = p["hospital"]
+        seed = open_statement_seed(params, secret_key, statements, enrolled, h, p["payload_sha256"])
+        if h not in refused:
+            cohort[h] = seed
+    add = [seed for h, seed in cohort.items() if covered.get(h) != split_validity.seed_digest(seed)]
+    if any(h not in cohort or split_validity.seed_digest(cohort[h]) != d for h, d in covered.items()):
+        # a judged upload the cohort does not take (left out of the manifest, or under another seed): its
+        # mask is in the running sum, and its seed is not in this manifest to take it out again; sum afresh
+        total, add = np.zeros(n, dtype=np.uint64), list(cohort.values())
+    for partial in map_chunks(_mask_chunk, params.to_dict(), add,
+                              workers if len(add) >= split_validity.PROCESS_MIN_UPLOADS * max(1, workers) else 1):
+        total = flp.add(total, partial)
+    return total
+
+
+def _mask_chunk(params_dict: dict, seeds: list) -> np.ndarray:
+    """``-sum`` of the lane masks of ``seeds`` (one worker's part of :func:`keyholder_share`)."""
+    n = fixedpoint.n_words(SessionParams.from_dict(params_dict).layout.length)
+    total = np.zeros(n, dtype=np.uint64)
+    for seed in seeds:
+        total = flp.add(total, flp.neg(flp.expand_field(seed, n, split_validity.DOMAIN_SHARE)))
+    return total
 
 
 def _share_chunk(params_dict: dict, items: list) -> tuple[np.ndarray, dict]:
-    """One worker's part of :func:`keyholder_share`: ``-sum m_k`` over its accepted uploads, and its refusals."""
+    """One worker's part of :func:`keyholder_verdicts`: ``-sum m_k`` over its accepted uploads, and its refusals."""
     params = SessionParams.from_dict(params_dict)
     n = fixedpoint.n_words(params.layout.length)
     total = np.zeros(n, dtype=np.uint64)
     refused: dict[str, str] = {}
-    circuit = None
+    circuit = split_validity.Circuit(params) if items else None
     for h, seed, validity, query_seed, message in items:
-        if query_seed is None:
-            total = flp.add(total, flp.neg(flp.expand_field(seed, n, split_validity.DOMAIN_SHARE)))
-            continue
-        circuit = circuit or split_validity.Circuit(params)
         mask = circuit.helper_share(seed)  # -m over the whole body: the verdict's share, the lanes first
         msg = flp.from_bytes(message, circuit.verifier_len, what=f"the server's verifier message for {h}")
         reason = split_validity.helper_verdict(circuit, h, seed, {"validity": validity}, query_seed, msg,

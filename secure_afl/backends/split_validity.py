@@ -66,7 +66,7 @@ from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
 from .. import domains
 from ..exceptions import BoundsExceeded, InvalidInputError, InvalidParameterError, \
     MalformedPayload
-from ..hazmat import fixedpoint, flp
+from ..hazmat import fixedpoint, flp, ternary
 from ..workers import map_chunks
 from ..params import SessionParams
 from ..encoding import canonical_json
@@ -75,7 +75,7 @@ from ..envelope import open_envelope
 __all__ = ["Circuit", "UploadCommitment", "choose_frac_bits", "REPS", "ROWS", "TAIL",
            "ADVISORY_CHECKS", "proven_aggregate_bound", "check_upload", "leader_message", "verify_leader_message",
            "helper_verdict", "leader_messages", "PROCESS_MIN_UPLOADS", "seed_digest", "describe",
-           "WRAP_BITS", "DOMAIN_SHARE", "soundness_bits", "LINEAR_REPS", "noise_bound"]
+           "WRAP_BITS", "DOMAIN_SHARE", "soundness_bits", "LINEAR_REPS", "noise_bound", "query_key", "query_seed"]
 
 #: repetitions of the bit proof (independent joint randomness and query point)
 REPS = 3
@@ -345,6 +345,9 @@ class Circuit:
         limbs = np.ascontiguousarray(hi, dtype="<u8").view(np.uint8).reshape(L, 8).T.astype(np.float32)
         key = hashlib.sha256(fs + b"rows\0").digest()
         enc = Cipher(algorithms.ChaCha20(key, b"\x00\x00\x00\x00" + _ROW_DOMAIN), mode=None).encryptor()
+        if _COMPILED and ternary.worth_it():  # the same rows, summed by a compiled loop that releases the GIL
+            raw = np.frombuffer(enc.update(bytes(ROWS * row_bytes)), dtype=np.uint8).reshape(ROWS, row_bytes)
+            return ternary.project(raw, hi)
         sums = np.zeros((ROWS, 8), dtype=np.int64)
         block = 16
         for j0 in range(0, ROWS, block):
@@ -632,6 +635,9 @@ def _trit_table() -> np.ndarray:
 _TRITS = _trit_table()
 #: entries summed per float32 product: 255 * 2^16 < 2^24 keeps every partial sum exact
 _PROJ_CHUNK = 1 << 16
+#: project with the compiled kernel when numba is installed and this process projects often enough to pay for
+#: loading it (:mod:`secure_afl.hazmat.ternary`); else float32 BLAS
+_COMPILED = True
 
 
 class _Unlucky(Exception):
@@ -679,11 +685,35 @@ def _sign_leader(params: SessionParams, hospital: str, payload_sha256: str, quer
     return {**st, "signature": identity_key.sign(_VERIFIER_SIG_PREFIX + canonical_json(st)).hex()}
 
 
+def query_key(secret_context: bytes) -> bytes:
+    """Key holder: its per-session query key, derived from its secret seed key (which never leaves it)."""
+    from cryptography.hazmat.primitives import hashes
+    from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+
+    return HKDF(algorithm=hashes.SHA256(), length=32, salt=None,
+                info=domains.SPLIT_QUERY_KEY).derive(bytes(secret_context))
+
+
+def query_seed(key: bytes, params: SessionParams, hospital: str, payload_sha256: str, validity) -> bytes:
+    """Key holder: one upload's query seed, ``HMAC-SHA256(query key, SPLIT_QUERY || upload)`` over the
+    hospital-signed commitment: fixed only once the upload is, and unknown to anyone without the key holder's
+    key until the key holder hands it to the server (docs/VALIDITY.md, "Verifying as uploads arrive")."""
+    import hmac
+
+    upload = canonical_json({"session_id": params.session_id, "params_digest": params.digest().hex(),
+                             "hospital": hospital, "payload_sha256": payload_sha256,
+                             "validity": UploadCommitment.from_dict(validity).to_dict()})
+    return hmac.new(bytes(key), _QUERY_PREFIX + upload, hashlib.sha256).digest()
+
+
+_QUERY_PREFIX = domains.SPLIT_QUERY
+
+
 def leader_message(backend, hospital: str, payload: bytes, statement: Mapping, identity_key,
-                   query_seed: bytes | None = None) -> dict:
-    """Server: its verifier message for one upload, at a query seed drawn now (after the upload is fixed),
-    signed over the session, hospital and payload hash so the key holder can hold it to it."""
-    qs = os.urandom(32) if query_seed is None else bytes(query_seed)
+                   query_seed: bytes) -> dict:
+    """Server: its verifier message for one upload at the key holder's query seed for it, signed over the
+    session, hospital and payload hash so the key holder can hold it to it."""
+    qs = bytes(query_seed)
     msg = _leader_query(backend.circuit, hospital, payload, statement.get("validity"), qs)
     return _sign_leader(backend.params, hospital, hashlib.sha256(payload).hexdigest(), qs, msg, identity_key)
 
@@ -695,14 +725,14 @@ PROCESS_MIN_UPLOADS = 32
 
 def leader_messages(params: SessionParams, uploads, identity_key, *, workers: int = 1) -> dict:
     """Server: hospital -> its signed verifier message, for every ``(hospital, payload file, payload_sha256,
-    statement)`` in ``uploads``, each at a query seed drawn now.
+    statement, query seed)`` in ``uploads`` (the query seed the key holder sent for that upload).
 
     The messages are formed in ``workers`` spawned processes when there are enough uploads
     (:data:`PROCESS_MIN_UPLOADS` per worker; the projection's table lookups and the small field operations
     hold the GIL, so threads would not scale); each worker reads the payload file and checks it is the
-    upload the manifest names. Only this process holds ``identity_key`` and signs."""
+    upload the key holder named. Only this process holds ``identity_key`` and signs."""
 
-    items = [(h, str(path), sha, statement.get("validity"), os.urandom(32)) for h, path, sha, statement in uploads]
+    items = [(h, str(path), sha, statement.get("validity"), bytes(qs)) for h, path, sha, statement, qs in uploads]
     w = workers if len(items) >= PROCESS_MIN_UPLOADS * max(1, workers) else 1
     messages = {h: msg for chunk in map_chunks(_leader_chunk, params.to_dict(), items, w) for h, msg in chunk}
     return {h: _sign_leader(params, h, sha, qs, flp.from_bytes(messages[h]), identity_key)
@@ -723,9 +753,10 @@ def _leader_chunk(params_dict: dict, items: list) -> list:
 
 
 def verify_leader_message(statement, server_pub, circuit: Circuit, hospital: str,
-                          payload_sha256: str) -> tuple[bytes, np.ndarray]:
-    """Key holder: the server's message for exactly this upload -> (query seed, message); else
-    :class:`InvalidSignature` (unsigned, forged, or replayed from another upload or session)."""
+                          payload_sha256: str, expected_query_seed: bytes) -> tuple[bytes, np.ndarray]:
+    """Key holder: the server's message for exactly this upload, at the query seed this key holder derived for
+    it -> (query seed, message); else :class:`InvalidSignature` (unsigned, forged, replayed from another upload
+    or session, or formed at a query seed of the server's own: before the key holder's query existed)."""
     from cryptography.exceptions import InvalidSignature as _Bad
 
     from ..exceptions import InvalidSignature
@@ -737,6 +768,9 @@ def verify_leader_message(statement, server_pub, circuit: Circuit, hospital: str
         sig = bytes.fromhex(statement["signature"])
     except (KeyError, TypeError, ValueError):
         raise InvalidSignature(f"the server's verifier message for {hospital} is missing or malformed") from None
+    if not hmac_compare(qs, expected_query_seed):
+        raise InvalidSignature(f"the server's verifier message for {hospital} was not formed at this key "
+                               "holder's query seed for that upload (formed before it, or for another upload)")
     st = _verifier_statement(circuit.params, hospital, payload_sha256, qs, msg)
     if {k: statement.get(k) for k in st} != st:
         raise InvalidSignature(f"the server's verifier message for {hospital} is for another upload or session")
@@ -745,6 +779,12 @@ def verify_leader_message(statement, server_pub, circuit: Circuit, hospital: str
     except _Bad:
         raise InvalidSignature(f"the server's verifier message for {hospital} is not signed by the server") from None
     return qs, msg
+
+
+def hmac_compare(a: bytes, b: bytes) -> bool:
+    import hmac
+
+    return hmac.compare_digest(bytes(a), bytes(b))
 
 
 def helper_verdict(circuit: Circuit, hospital: str, seed: bytes, statement: Mapping, query_seed: bytes,

@@ -10,7 +10,8 @@
 * :mod:`.prg`        - X25519 + HKDF-SHA256 seeds, ChaCha20 mask expansion;
 * :mod:`.shamir`     - Shamir t-of-n sharing over GF(2^521 - 1);
 * :mod:`.ckks`       - CKKS parameter choice, error bound and TenSEAL wrappers;
-* :mod:`.flp`        - the Goldilocks field, its NTT and a fully linear proof that a shared vector is all bits.
+* :mod:`.flp`        - the Goldilocks field, its NTT and a fully linear proof that a shared vector is all bits;
+* :mod:`.ternary`    - ternary projections mod p in a compiled, GIL-free kernel (numba, when installed).
 """
 
-__all__ = ["fixedpoint", "prg", "shamir", "ckks", "flp"]
+__all__ = ["fixedpoint", "prg", "shamir", "ckks", "flp", "ternary"]

@@ -1,0 +1,96 @@
+"""Ternary projections ``<r_j, x> mod p`` (the validity proof's hottest loop), compiled when numba is installed.
+
+Each row ``r_j in {-1, 0, 1}^L`` comes as packed bytes, four entries per
+byte (bit 2k: nonzero, bit 2k+1: negative), as
+:meth:`secure_afl.backends.split_validity.Circuit.project` draws them. The
+kernel adds the selected entries' 32-bit halves into two int64 accumulators
+(each below ``L 2^32 < 2^62`` for ``L < 2^30``: exact) and reduces
+``hi 2^32 + lo`` mod p once per row. Compiled with ``nogil``, so threads run
+it side by side; measured against the numpy float32 path in
+docs/BENCHMARKS.md ("Proof arithmetic"). Without numba, :data:`AVAILABLE` is
+False and the caller keeps its numpy path; both give the same values
+(tests/test_split_validity.py checks them against the pure-Python reference).
+
+Importing numba and loading the compiled kernel from its cache costs a
+second or more per process, many times one projection at d = 512: a process
+switches to the kernel only after :data:`WARM_CALLS` projections
+(:func:`worth_it`), so a hospital's one-shot prove stays on numpy and a
+verifier judging many uploads pays the start once.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from . import flp
+
+import importlib.util
+
+__all__ = ["AVAILABLE", "WARM_CALLS", "worth_it", "project"]
+
+#: numba is installed (an optional accelerator: the numpy path is the reference and the fallback)
+AVAILABLE = importlib.util.find_spec("numba") is not None
+#: projections a process makes on numpy before it loads the compiled kernel
+WARM_CALLS = 3
+_calls = 0
+
+
+def _sums(raw, x):
+    rows = raw.shape[0]
+    n = x.shape[0]
+    lo = np.zeros(rows, dtype=np.int64)
+    hi = np.zeros(rows, dtype=np.int64)
+    m32 = np.uint64(0xFFFFFFFF)
+    s32 = np.uint64(32)
+    for j in range(rows):
+        a = np.int64(0)
+        b = np.int64(0)
+        for i in range(n):
+            t = (raw[j, i >> 2] >> ((i & 3) * 2)) & 3
+            if t & 1:
+                v = x[i]
+                if t & 2:
+                    a -= np.int64(v & m32)
+                    b -= np.int64(v >> s32)
+                else:
+                    a += np.int64(v & m32)
+                    b += np.int64(v >> s32)
+        lo[j] = a
+        hi[j] = b
+    return lo, hi
+
+
+_compiled = None
+
+
+def worth_it() -> bool:
+    """Count one projection; True once this process has made more than :data:`WARM_CALLS` (numba installed)."""
+    global _calls
+    _calls += 1
+    return AVAILABLE and _calls > WARM_CALLS
+
+
+def _kernel():
+    global _compiled
+    if _compiled is None:
+        import numba
+
+        probe = (np.zeros((1, 1), dtype=np.uint8), np.zeros(1, dtype=np.uint64))
+        try:  # cached beside the module, or in numba's user cache where the install is read-only
+            _compiled = numba.njit(nogil=True, cache=True)(_sums)
+            _compiled(*probe)
+        except RuntimeError:  # no writable cache anywhere: compile in memory, once per process
+            _compiled = numba.njit(nogil=True)(_sums)
+    return _compiled
+
+
+def project(raw: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """``<r_j, x> mod p`` for each row of ``raw`` (uint8, (rows, ceil(L / 4))) over ``x`` (L field elements)."""
+    if not AVAILABLE:  # pragma: no cover
+        raise RuntimeError("numba is not installed: use the numpy projection")
+    x = np.ascontiguousarray(x, dtype=np.uint64)
+    raw = np.ascontiguousarray(raw, dtype=np.uint8)
+    if x.shape[0] >= 1 << 30 or raw.ndim != 2 or raw.shape[1] * 4 < x.shape[0]:
+        raise ValueError("rows and vector do not match (or the vector is too long for exact int64 sums)")
+    lo, hi = _kernel()(raw, x)
+    return flp.add(flp.scale(flp.encode_signed(hi), 1 << 32), flp.encode_signed(lo))

@@ -1,0 +1,260 @@
+"""split verdicts formed as the uploads arrive: the same verdicts and the same release as judging at the deadline.
+
+The key holder judges each accepted upload while the session is open
+(``KeyHolder.judge_split``): it derives the upload's query seed from its own
+key and the hospital-signed commitment, the server forms its signed verifier
+message at that seed, the key holder decides. These tests drive the real
+server over HTTPS, a cheating hospital included, and a server whose messages
+were formed at a seed of its own or for another upload.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from secure_afl import pki
+from secure_afl.backends import get_backend, split, split_validity
+from secure_afl.exceptions import DecryptionRefused, PolicyViolation
+from secure_afl.keyholder.release import HTTPSource
+from secure_afl.keyholder.split_stream import SplitJudge
+from secure_afl.packing import Layout
+from secure_afl.params import Bounds
+from secure_afl.release_checks import ReleaseLedger
+
+
+def _start(consortium, hospitals=("h1", "h2", "h3")):
+    c = consortium(backend="split", hospitals=hospitals, min_clients=2).start()
+    conn = c.connect_keyholder()
+    c.keyholder.keygen(split.split_session_params(c.session_id, Layout(c.dim, c.classes), 1.0,
+                                                  Bounds(c.max_norm, 1000, 8)))
+    c.keyholder.publish(conn)
+    return c, conn
+
+
+def _honest(c, name, seed):
+    cl = c.hospital(name)
+    cl.submit(c.stats(*c.data(name, seed=seed)))
+    cl.close()
+
+
+def _cheat(c, name, seed):
+    """A hospital's modified software: a well-formed, signed upload with one Gram entry of 2^61 / 2^f1."""
+    cl = c.hospital(name)
+    params = cl.fetch_params()
+    be = get_backend(params)
+    ctx = cl.conn.request("GET", cl.conn.path("/context"), signed=False).content
+    lanes = be.circuit.lanes(Layout(c.dim, c.classes).pack(c.stats(*c.data(name, seed=seed)))).copy()
+    lanes[1] = 1 << 61
+    body, s, com = be.circuit.prove(name, lanes=lanes, check=False)
+    payload, statement = be.seal_upload(body, s, com, ctx, name, cl.party.identity_key())
+    cl.upload(params, payload, tag=statement)
+    cl.close()
+
+
+def _paths(conn):
+    """Record every (method, path) the key holder's client sends."""
+    sent = []
+    orig = conn.request
+
+    def request(method, path, *a, **kw):
+        sent.append((method, path))
+        return orig(method, path, *a, **kw)
+
+    conn.request = request
+    return sent
+
+
+@pytest.mark.e2e
+def test_streaming_and_release_time_verdicts_and_sums_are_the_same(consortium):
+    results = {}
+    for mode in ("streaming", "at release"):
+        # Prepare: h1, h2 honest, h3 cheats; the same statistics in both sessions
+        c, conn = _start(consortium)
+        streamed = []
+        for name, upload in (("h1", _honest), ("h2", _honest), ("h3", _cheat)):
+            upload(c, name, seed={"h1": 1, "h2": 2, "h3": 3}[name])
+            if mode == "streaming":  # judged while the session is open, upload by upload
+                assert conn.info()["status"] != "released"
+                streamed.append(c.keyholder.judge_split(conn))
+        sent = _paths(conn)
+        # Execute
+        res = c.keyholder.finalize(conn, min_clients=2)
+        conn.close()
+        queries = [p for m, p in sent if m == "POST" and p.endswith("/split/queries")]
+        results[mode] = (res, streamed, queries)
+    (s, streamed, s_queries), (r, _, r_queries) = results["streaming"], results["at release"]
+    # Assert: verdicts formed before the deadline, each upload judged once, and the release asked nothing more
+    assert streamed[-1] == {"h1": None, "h2": None, "h3": "linear"}
+    assert streamed[0] == {"h1": None}
+    assert s_queries == [] and len(r_queries) == 1
+    # the same refusals, cohort and released sums, bit for bit
+    assert s.report["refused"] == r.report["refused"] == {"h3": "linear"}
+    assert s.report["participants"] == r.report["participants"] == ["h1", "h2"]
+    lay = Layout(s.params.layout.dim, s.params.layout.n_classes)
+    assert np.array_equal(lay.pack(s.stats), lay.pack(r.stats))
+    assert np.array_equal(s.W, r.W)
+
+
+class _Swapping(HTTPSource):
+    """The server's answers to the key holder's queries, h1's and h2's messages exchanged."""
+
+    def split_queries(self, queries):
+        got = super().split_queries(queries)
+        if {"h1", "h2"} <= set(got):
+            got["h1"], got["h2"] = got["h2"], got["h1"]
+        return got
+
+
+class _OwnSeed(HTTPSource):
+    """A server that formed its messages at query seeds of its own (as it did before the key holder's)."""
+
+    def __init__(self, conn, be, server_key, blobs):
+        super().__init__(conn)
+        self.be, self.key, self.blobs = be, server_key, blobs
+
+    def split_queries(self, queries):
+        import os
+
+        statements = self.split_statements()
+        return {h: split_validity.leader_message(self.be, h, self.blobs[h], statements[h], self.key, os.urandom(32))
+                for h in queries}
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("attack", ["another upload's message", "a message at the server's own seed"])
+def test_a_verifier_message_for_another_upload_or_formed_before_the_query_is_refused(consortium, attack):
+    # Prepare: two honest uploads; the server answers the key holder's queries with messages it should not
+    c, conn = _start(consortium)
+    _honest(c, "h1", 1)
+    _honest(c, "h2", 2)
+    params = c.keyholder.params(c.session_id)
+    if attack == "another upload's message":
+        source = _Swapping(conn)
+    else:
+        import glob  # the stored uploads, read from the server's own disk
+        import hashlib
+
+        blobs = {}
+        for f in glob.glob(str(c.root / "server" / "**" / "*"), recursive=True):
+            try:
+                data = open(f, "rb").read()
+            except (IsADirectoryError, PermissionError):
+                continue
+            blobs[hashlib.sha256(data).hexdigest()] = data
+        st = HTTPSource(conn).split_statements()
+        by_h = {h: blobs[s["payload_sha256"]] for h, s in st.items()}
+        server_key = pki.load_party(c.pki_dir, "server", "aggregator").identity_key()
+        source = _OwnSeed(conn, get_backend(params), server_key, by_h)
+    ledger = ReleaseLedger(c.keyholder.keys_dir / "releases.sqlite3")
+    # Execute: the key holder's streaming pass over that source
+    try:
+        with pytest.raises(DecryptionRefused, match="verifier message"):
+            SplitJudge(c.keyholder, c.session_id).poll(source, ledger)
+    finally:
+        ledger.close()
+    # Assert: the key is blocked, so no release follows on anything this server presents
+    with pytest.raises(PolicyViolation, match="blocked"):
+        c.keyholder.finalize(conn, min_clients=2)
+    conn.close()
+
+
+@pytest.mark.e2e
+def test_the_server_answers_one_query_per_upload_and_none_for_an_upload_it_does_not_hold(consortium):
+    # Prepare: one accepted upload, judged once (its query answered)
+    from secure_afl.exceptions import SecureAFLError
+
+    c, conn = _start(consortium)
+    _honest(c, "h1", 1)
+    c.keyholder.judge_split(conn)
+    source = HTTPSource(conn)
+    sha = source.split_statements()["h1"]["payload_sha256"]
+    kept = source.split_queries({})  # nothing asked, nothing formed
+    # Execute / Assert: another query seed for the same upload, and a query for an upload that is not there
+    with pytest.raises(SecureAFLError, match="another query seed"):
+        source.split_queries({"h1": {"payload_sha256": sha, "query_seed": "00" * 32}})
+    with pytest.raises(SecureAFLError, match="no accepted upload of h2"):
+        source.split_queries({"h2": {"payload_sha256": sha, "query_seed": "00" * 32}})
+    # the message formed at the key holder's seed is unchanged, and the release goes on from it
+    assert kept == {} and len(conn.request("GET", conn.path("/split/verifier")).json()) == 1
+    _honest(c, "h2", 2)
+    res = c.keyholder.finalize(conn, min_clients=2)
+    assert res.report["refused"] == {} and res.report["participants"] == ["h1", "h2"]
+    conn.close()
+
+
+def test_the_share_from_a_judged_sum_is_the_cohorts_whatever_the_sum_covers():
+    # Prepare: three honest uploads, sealed and signed as hospitals do
+    import hashlib
+
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    from secure_afl.hazmat import flp
+    from secure_afl.stats import local_statistics
+
+    lay = Layout(6, 3)
+    params = split.split_session_params("judged-sum", lay, 1.0, Bounds(4.0, 1000, 8))
+    keys = split.generate_keys(params)
+    params = split.bind_public_context(params, keys.public_context)
+    be = get_backend(params)
+    rng = np.random.default_rng(5)
+    manifest, statements, enrolled, seeds = {"participants": []}, {}, {}, {}
+    for h in ("h1", "h2", "h3"):
+        X = rng.normal(size=(20, lay.dim))
+        X *= 2.0 / np.linalg.norm(X, axis=1, keepdims=True)
+        ident = Ed25519PrivateKey.generate()
+        payload, st = be.protect(lay.pack(local_statistics(X, rng.integers(0, 3, 20), 3, gamma=1.0)),
+                                 public_context=keys.public_context, hospital=h, identity_key=ident)
+        sha = hashlib.sha256(payload).hexdigest()
+        manifest["participants"].append({"hospital": h, "payload_sha256": sha})
+        statements[h], enrolled[h] = st, ident.public_key()
+        seeds[h] = split.open_seed(params, keys.secret_context, h, sha, bytes.fromhex(st["box"]))
+    n = 2 * lay.length
+
+    def judged(hs):
+        total = np.zeros(n, dtype=np.uint64)
+        for h in hs:
+            total = flp.add(total, flp.neg(flp.expand_field(seeds[h], n, split_validity.DOMAIN_SHARE)))
+        return {h: split_validity.seed_digest(seeds[h]) for h in hs}, total
+
+    def share(**kw):
+        return split.keyholder_share(params, keys.secret_context, manifest, statements, enrolled, **kw)
+
+    # Execute / Assert: from nothing, from a sum over part of the cohort, over all of it, over more than the
+    # cohort (h3 refused after it was summed), and under a stale seed: always the cohort's masks
+    fresh, without_h3 = share(), share(refused={"h3": "linear"})
+    assert np.array_equal(share(judged=judged(["h1"])), fresh)
+    assert np.array_equal(share(judged=judged(["h1", "h2", "h3"])), fresh)
+    assert np.array_equal(share(refused={"h3": "linear"}, judged=judged(["h1", "h2", "h3"])), without_h3)
+    stale = judged(["h1", "h2"])
+    stale[0]["h2"] = split_validity.seed_digest(b"\0" * 32)
+    assert np.array_equal(share(judged=stale), fresh)
+    assert not np.array_equal(without_h3, fresh)
+
+
+@pytest.mark.e2e
+def test_keyholder_judge_command_prints_each_verdict_once_the_upload_is_in(consortium, tmp_path):
+    # Prepare: an honest upload and a cheat, the session still open
+    import os
+    import subprocess
+    import sys
+
+    c, conn = _start(consortium)
+    _honest(c, "h1", 1)
+    _cheat(c, "h3", 3)
+    phrase = tmp_path / "passphrase"
+    phrase.write_bytes(b"test passphrase")
+    phrase.chmod(0o600)
+    env = {k: v for k, v in os.environ.items() if k != "SECURE_AFL_KEY_PASSPHRASE"}
+    # Execute: one pass of the command an operator runs beside the server
+    out = subprocess.run([sys.executable, "-m", "secure_afl.cli", "keyholder", "judge", "--pki", str(c.pki_dir),
+                          "--keys", str(c.root / "keys"), "--passphrase-file", str(phrase), "--server", c.url,
+                          "--session", c.session_id, "--once"], capture_output=True, text=True, timeout=300, env=env)
+    # Assert: both verdicts, formed while the session is open; the release takes them as they are
+    assert out.returncode == 0, out.stderr
+    assert "h1: valid" in out.stdout and "h3: refused (linear)" in out.stdout
+    assert conn.info()["status"] != "released"
+    _honest(c, "h2", 2)
+    res = c.keyholder.finalize(conn, min_clients=2)
+    assert res.report["refused"] == {"h3": "linear"} and res.report["participants"] == ["h1", "h2"]
+    conn.close()
