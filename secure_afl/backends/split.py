@@ -212,7 +212,8 @@ def open_statement_seed(params: SessionParams, secret_key: bytes, statements: Ma
 
 
 def keyholder_share(params: SessionParams, secret_key: bytes, manifest: Mapping, statements: Mapping,
-                    enrolled: Mapping, *, leader: Mapping | None = None, workers: int = 1) -> tuple[np.ndarray, dict]:
+                    enrolled: Mapping, *, leader: Mapping | None = None, workers: int = 1,
+                    evidence: dict | None = None) -> tuple[np.ndarray, dict]:
     """``(-sum m_k (mod p), refused)`` over EXACTLY the (already verified) manifest's participants whose
     upload the key holder accepts: all of them without ``leader``; with it (hospital -> the server's
     checked ``(query seed, verifier message)``, :func:`split_validity.verify_leader_message`), those whose
@@ -233,6 +234,9 @@ def keyholder_share(params: SessionParams, secret_key: bytes, manifest: Mapping,
     lookups and small field operations hold the GIL, so threads would not
     scale. The opened seeds go to this key holder's own worker processes over
     pipes, nowhere else; the sum does not depend on how the uploads are split.
+
+    ``evidence``, if given, receives for each refused upload this key holder's own verifier message and the
+    refusal's attribution (:func:`refusal_evidence`), to be published beside the server's.
     """
     if not isinstance(statements, Mapping):
         raise MalformedPayload("the relayed seed statements are not a mapping")
@@ -251,18 +255,33 @@ def keyholder_share(params: SessionParams, secret_key: bytes, manifest: Mapping,
 
     total = np.zeros(fixedpoint.n_words(params.layout.length), dtype=np.uint64)
     refused: dict[str, str] = {}
-    for partial, refused_here in map_chunks(_share_chunk, params.to_dict(), items, w):
+    for partial, refused_here, messages in map_chunks(_share_chunk, params.to_dict(), items, w):
         total = flp.add(total, partial)
         refused.update(refused_here)
+        if evidence is not None:
+            evidence.update({h: refusal_evidence(refused_here[h], messages.get(h)) for h in refused_here})
     return total, refused
 
 
-def _share_chunk(params_dict: dict, items: list) -> tuple[np.ndarray, dict]:
-    """One worker's part of :func:`keyholder_share`: ``-sum m_k`` over its accepted uploads, and its refusals."""
+def refusal_evidence(check: str, keyholder_message: bytes | None) -> dict:
+    """What the key holder publishes for one refusal: the check, its own verifier message (with the server's
+    signed one, anyone recomputes the verdict: :func:`split_validity.joint_verdict`), and who the evidence
+    points at. Only a commitment that fails on the hospital's own sealed seed involves no server-formed
+    message; every other failure is of the joint check, the hospital's or the server's."""
+    from secure_afl.cohort import HOSPITAL_PROVEN, JOINT_CHECK
+
+    return {"check": check, "keyholder_message": None if keyholder_message is None else keyholder_message.hex(),
+            "attribution": HOSPITAL_PROVEN if check == "commitment" else JOINT_CHECK}
+
+
+def _share_chunk(params_dict: dict, items: list) -> tuple[np.ndarray, dict, dict]:
+    """One worker's part of :func:`keyholder_share`: ``-sum m_k`` over its accepted uploads, its refusals, and
+    its own verifier message for each refused one."""
     params = SessionParams.from_dict(params_dict)
     n = fixedpoint.n_words(params.layout.length)
     total = np.zeros(n, dtype=np.uint64)
     refused: dict[str, str] = {}
+    messages: dict[str, bytes] = {}
     circuit = None
     for h, seed, validity, query_seed, message in items:
         if query_seed is None:
@@ -271,32 +290,39 @@ def _share_chunk(params_dict: dict, items: list) -> tuple[np.ndarray, dict]:
         circuit = circuit or split_validity.Circuit(params)
         mask = circuit.helper_share(seed)  # -m over the whole body: the verdict's share, the lanes first
         msg = flp.from_bytes(message, circuit.verifier_len, what=f"the server's verifier message for {h}")
-        reason = split_validity.helper_verdict(circuit, h, seed, {"validity": validity}, query_seed, msg,
-                                               share=mask)
+        reason, own = split_validity.helper_verdict(circuit, h, seed, {"validity": validity}, query_seed, msg,
+                                                    share=mask, with_message=True)
         if reason is None:
             total = flp.add(total, mask[:n])
         else:
             refused[h] = reason
-    return total, refused
+            if own is not None:
+                messages[h] = flp.to_bytes(own)
+    return total, refused, messages
 
 
-def _share_statement(params: SessionParams, manifest: Mapping, share_sha256: str, refused: Mapping) -> dict:
+def _share_statement(params: SessionParams, manifest: Mapping, share_sha256: str, refused: Mapping,
+                     evidence: Mapping | None = None) -> dict:
     everyone = {p["hospital"] for p in manifest["participants"]}
     if not isinstance(refused, Mapping) or not set(refused) <= everyone or \
             not all(isinstance(v, str) for v in refused.values()):
         raise MalformedPayload("the refused uploads are not a mapping of the manifest's hospitals to a check")
-    return {"type": "split-share", "v": 2, "session_id": params.session_id, "params_digest": params.digest().hex(),
+    evidence = {} if evidence is None else evidence
+    if not isinstance(evidence, Mapping) or set(evidence) - set(refused):
+        raise MalformedPayload("the refusal evidence is not a mapping of refused hospitals")
+    return {"type": "split-share", "v": 3, "session_id": params.session_id, "params_digest": params.digest().hex(),
             "manifest_sha256": manifest_digest(manifest), "aggregate_sha256": manifest["aggregate_sha256"],
             "cohort": sorted(everyone - set(refused)), "refused": dict(sorted(refused.items())),
-            "share_sha256": share_sha256}
+            "evidence": {h: dict(evidence[h]) for h in sorted(evidence)}, "share_sha256": share_sha256}
 
 
 def sign_share(identity_key, params: SessionParams, manifest: Mapping, share: np.ndarray,
-               refused: Mapping | None = None) -> tuple[bytes, dict]:
+               refused: Mapping | None = None, evidence: Mapping | None = None) -> tuple[bytes, dict]:
     """Key holder: ``(share bytes, signed statement)`` bound to the manifest, its masked aggregate, the cohort
-    it covers and the uploads it refused (hospital -> failed check), which the collector leaves out."""
+    it covers, the uploads it refused (hospital -> failed check), which the collector leaves out, and for each
+    refusal this key holder's own verifier message (:func:`refusal_evidence`)."""
     body = np.asarray(share, dtype=np.uint64).astype("<u8", copy=False).tobytes()
-    st = _share_statement(params, manifest, hashlib.sha256(body).hexdigest(), refused or {})
+    st = _share_statement(params, manifest, hashlib.sha256(body).hexdigest(), refused or {}, evidence)
     return body, {**st, "signature": identity_key.sign(_SHARE_SIG_PREFIX + canonical_json(st)).hex()}
 
 
@@ -304,7 +330,8 @@ def verify_share(params: SessionParams, manifest: Mapping, body: bytes, statemen
                  keyholder_pub) -> np.ndarray:
     """Collector: the key holder's share for exactly this manifest -> words (``statement["refused"]`` names
     the uploads it does not cover)."""
-    st = _share_statement(params, manifest, hashlib.sha256(body).hexdigest(), statement.get("refused"))
+    st = _share_statement(params, manifest, hashlib.sha256(body).hexdigest(), statement.get("refused"),
+                          statement.get("evidence"))
     if {k: statement.get(k) for k in st} != st:
         raise InvalidSignature("the key holder's share is for another manifest, cohort or body")
     try:
