@@ -116,10 +116,14 @@ class HospitalClient:
     keyholder_name : str, optional
         Which enrolled key holder signs ckks parameters (needed only when the
         PKI directory enrols more than one).
+    secagg_record_dir : path, optional
+        secagg: the record of signed survivor sets (:mod:`secure_afl.secagg.record`); default the receipts
+        directory, made absolute.
     """
 
     def __init__(self, server_url: str, session_id: str, party, *, server_identity_pub=None,
-                 receipts_dir=None, timeout: float = 120.0, keyholder_name: str | None = None):
+                 receipts_dir=None, timeout: float = 120.0, keyholder_name: str | None = None,
+                 secagg_record_dir=None):
         if party.role != "hospital":
             raise InvalidInputError(f"party must be a hospital, got {party.role}")
         self.party = party
@@ -128,6 +132,10 @@ class HospitalClient:
         self.session_id = session_id
         self.keyholder_name = keyholder_name
         self.receipts_dir = Path(receipts_dir) if receipts_dir else None
+        # secagg: where this hospital records the sessions whose survivor set it signed (absolute, so that a
+        # restarted process, or the Flower ClientApp given the same directory, finds it)
+        record = secagg_record_dir or receipts_dir
+        self.secagg_record_dir = Path(record).resolve() if record else None
         if server_identity_pub is None:
             server_identity_pub = pki.pinned_identity(party.pki_dir, "server")
         self.server_pub = (pki.public_key_from_hex(server_identity_pub)

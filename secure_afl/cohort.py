@@ -78,14 +78,15 @@ class ReleasePolicy:
 
 
 def release_policy(definition, *, min_clients: int = 0, min_class_count: int = 0) -> ReleasePolicy:
-    """The release policy of a signed session ``definition``; ``min_clients`` and ``min_class_count`` are a
-    party's own stricter floors (they can only raise the signed ones)."""
+    """The release policy of a signed session ``definition``; ``min_clients`` (contributors, as
+    ``keyholder finalize --min-clients`` counts them) and ``min_class_count`` are a party's own stricter
+    floors: they can only raise the signed ones."""
     b = definition.body
     n, c = len(b["hospitals"]), int(b["colluders"])
     mc = max(int(b["min_clients"]), int(min_clients))
     return ReleasePolicy(
         session_id=b["id"], backend=b["backend"], roster=tuple(b["hospitals"]), min_clients=mc, colluders=c,
-        quorum=quorum(n, c, mc), max_refusals=int(b["max_refusals"]),
+        quorum=max(quorum(n, c, int(b["min_clients"])), int(min_clients)), max_refusals=int(b["max_refusals"]),
         min_class_count=max(int(b["min_class_count"]), int(min_class_count)), deadline=b.get("deadline"))
 
 
@@ -106,7 +107,8 @@ def cohort_after_refusals(policy: ReleasePolicy, participants, refused: Mapping[
             "server could have chosen")
     if len(cohort) < policy.quorum:
         raise InsufficientContributors(
-            f"{len(cohort)} roster hospitals remain after {len(refused)} refusals, below the release quorum "
+            f"{len(cohort)} roster hospitals remain after {len(refused)} refusals"
+            f"{' (' + ', '.join(sorted(refused)) + ')' if refused else ''}, below the release quorum "
             f"q = max(floor((n + c) / 2) + 1, min_clients + c) = {policy.quorum} (n = {len(policy.roster)}, "
             f"c = {policy.colluders}, min_clients = {policy.min_clients})")
     return cohort

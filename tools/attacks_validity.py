@@ -290,6 +290,8 @@ class _Consortium:
         if self.backend == "secagg":
             cfg["secagg"] = {"stage_timeout_s": 120.0}
             cfg["session"]["min_clients"] = secagg_quorum(K)
+        else:  # room for the one refusal the veto attack provokes (the cohort left still meets the quorum)
+            cfg["session"]["max_refusals"] = 1
         self.min_clients = cfg["session"]["min_clients"]
         write_session(w / "session.toml", pki_dir, cfg)
         self.url = f"https://127.0.0.1:{cfg['server']['port']}"
