@@ -627,7 +627,8 @@ def test_cli_attack_veto_through_the_service_exits_zero_because_split_refuses_th
 
 
 # the split key holder's verdict on its share switched off, as a regression would: it accepts every proof
-_NO_VERDICT = "import secure_afl.backends.split_validity as v\nv.helper_verdict = lambda *a, **k: None"
+_NO_VERDICT = ("import secure_afl.backends.split_validity as v\n"
+               "v.helper_verdict = lambda *a, **k: (None, None) if k.get('with_message') else None")
 
 
 @pytest.mark.e2e

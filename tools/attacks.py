@@ -59,6 +59,20 @@ split-subset
     the victim (refused below min_clients), then combines the key holder's
     genuine share with the victim's masked vector alone (garbage, refused by
     the collector's bound check).
+split-cohort
+    A malicious ``split`` server with min_clients - 1 colluding hospitals (6
+    hospitals, min_clients 3, so 2 colluders and the signed c = 2) after one
+    honest hospital: (1) it forges the verifier messages of the 3 other honest
+    uploads so that the key holder refuses them; (2) it signs a manifest of the
+    victim and the colluders only; (3) the most the signed quorum q = 5 allows,
+    a manifest of the victim, the colluders and 2 honest hospitals (RELEASED,
+    with the residual the colluders are left with); (4) one forged refusal,
+    within the limit: released over 5, and attributed to the server from the
+    two published verifier messages and the victim's own upload.
+secagg-rerun
+    A ``secagg`` server that completed a round runs it again, same round number
+    and fresh keys, after every hospital restarted, without the victim: two
+    unmasked sums would differ by the victim's statistics.
 veto, steer
     One malicious hospital against every backend (:mod:`secure_afl.tools.attacks_validity`),
     each through a real ``secure-afl server run`` process, the key holder's HTTPS release
@@ -70,6 +84,7 @@ veto, steer
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shutil
 import sys
@@ -99,7 +114,8 @@ from secure_afl.signing import sign_upload
 from secure_afl.stats import SufficientStatistics, local_statistics
 from secure_afl.tagging import new_tag, seal_tag, sign_tag
 
-from .attack_parties import MaliciousServer, signed_participant, tagged_upload
+from .attack_parties import ForgingSplitSource, MaliciousServer, forge_verifier, signed_participant, \
+    subset_manifest, tagged_upload
 from .attacks_validity import SERVICE_BACKENDS, attack_steer_service, attack_veto_service
 from .scratch_consortium import make_pki, server_section, sign_session, write_session
 
@@ -880,6 +896,98 @@ def attack_split_subset(*, seed: int = 0, verbose: bool = True, work=None, **_) 
     return {"attack": "split-subset", "outcome": outcome, "victim_only_share": bool(victim_share), "max_error": err}
 
 
+def _subset_sum(srv, params, keep) -> bytes:
+    """The masked sum of the uploads of ``keep`` as the server forms it (the collector's input)."""
+    from secure_afl.hazmat import flp
+
+    be = get_backend(params)
+    total = None
+    for r in srv.store.uploads():
+        if r["hospital"] in keep:
+            w = be.masked_words(srv.store.get_blob(r["payload_sha256"]))
+            total = w if total is None else flp.add(total, w)
+    return seal(params, "aggregate", total.astype("<u8").tobytes(), contributors=len(keep))
+
+
+def attack_split_cohort(*, seed: int = 0, verbose: bool = True, work=None, **_) -> dict:
+    """A malicious split server with min_clients - 1 colluders shrinks the cohort to one honest hospital."""
+    from secure_afl.backends import split, split_validity
+    from secure_afl.cohort import release_policy
+
+    hospitals = tuple(f"hosp-{x}" for x in "abcdef")
+    with _workdir(work) as d:
+        srv, kh, pki_dir, vectors = _split_service(Path(d), hospitals=hospitals, min_clients=3, seed=seed)
+        try:
+            params = kh.params(srv.config.session_id)
+            policy = release_policy(session.load_signed(pki_dir, params.session_id))
+            victim, colluders = hospitals[0], hospitals[-(policy.min_clients - 1):]
+            others = [h for h in hospitals if h != victim and h not in colluders]
+            key = srv._key  # the server's identity key: whatever it signs, the key holder takes as the server's
+            genuine = srv.released()[1]
+            known = sum(vectors[h][0] for h in colluders)
+
+            def combine(manifest, source, label):
+                """The key holder's release of ``manifest``'s share, then the collector's sum as the server forms
+                it, less the colluders' own vectors: the victim's estimate and its error."""
+                fresh = _fresh_keyholder(kh, pki_dir, Path(d), label)
+                try:
+                    body, st = fresh.release_split(params.session_id, source, min_clients=1)
+                except SecureAFLError as e:
+                    return {"outcome": "refused", "why": f"{type(e).__name__}: {e}"}
+                keep = st["cohort"]
+                share = split.verify_share(params, manifest, body, st, kh.party.identity_pub())
+                v = split.collect(params, _subset_sum(srv, params, keep), share)
+                err = float(np.max(np.abs(v - known - vectors[victim][0])))
+                return {"outcome": "recovered" if err < 1e-6 else "released", "residual": err, "cohort": keep,
+                        "statement": st, "why": f"released over {len(keep)}: {', '.join(keep)}"}
+
+            forged = combine(genuine, ForgingSplitSource(srv, key, forge=others), "forged")
+            small = subset_manifest(genuine, [victim, *colluders], key)
+            smallest = combine(small, ForgingSplitSource(srv, key, manifest=small), "small")
+            allowed_set = [victim, *colluders, *others[:policy.quorum - 1 - len(colluders)]]
+            allowed_m = subset_manifest(genuine, allowed_set, key)
+            allowed = combine(allowed_m, ForgingSplitSource(srv, key, manifest=allowed_m), "quorum")
+            # one forged refusal: within the limit, so released over the rest; the evidence names the server
+            one = combine(genuine, ForgingSplitSource(srv, key, forge=others[:1]), "one")
+            attributed = None
+            if one["outcome"] != "refused" and others[0] in one["statement"]["refused"]:
+                h = others[0]
+                row = next(r for r in srv.store.uploads() if r["hospital"] == h)
+                server_msg = forge_verifier(params, srv.verifier_messages()[h], key)
+                # what the server published is in the key holder's evidence file: the forged message it signed
+                ev = one["statement"]["evidence"][h]
+                kept = json.loads((Path(d) / "keys-one" / f"{params.session_id}.validity-refusals.json")
+                                  .read_text())["server_messages"][h]
+                verdict = split_validity.joint_verdict(params, h, row["payload_sha256"], kept,
+                                                       ev["keyholder_message"], srv.party.identity_pub())
+                d_out = split_validity.dispute(params, h, srv.store.get_blob(row["payload_sha256"]),
+                                               srv.tags()[h], kept, ev["keyholder_message"], srv.party.identity_pub())
+                attributed = {"verdict_from_messages": verdict, "at_fault": d_out["at_fault"],
+                              "recorded_as": ev["attribution"], "forged_message_kept": kept == server_msg or
+                              kept["message"] == server_msg["message"]}
+        finally:
+            srv.shutdown()
+    closed = [forged, smallest]
+    outcome = "recovered" if any(r["outcome"] == "recovered" for r in closed) else "refused"
+    _say(verbose, f"[split-cohort] forged refusals of {len(others)} honest uploads: {forged['outcome'].upper()} "
+                  f"({forged['why']})")
+    _say(verbose, f"[split-cohort] manifest of the victim and {len(colluders)} colluders: "
+                  f"{smallest['outcome'].upper()} ({smallest['why']})")
+    _say(verbose, f"[split-cohort] manifest of q = {policy.quorum} (victim, colluders, "
+                  f"{policy.quorum - 1 - len(colluders)} honest): {allowed['outcome'].upper()}"
+                  + (f" with residual {allowed['residual']:.3g} (the other honest hospitals' statistics stay in "
+                     "the colluders' view of the victim)" if "residual" in allowed else f" ({allowed['why']})"))
+    if attributed is not None:
+        _say(verbose, f"[split-cohort] one forged refusal: {one['outcome'].upper()} ({one['why']}); recorded as "
+                      f"'{attributed['recorded_as']}', the two published messages give '{attributed['verdict_from_messages']}', "
+                      f"and the hospital's own upload shows the {attributed['at_fault']} at fault")
+    return {"attack": "split-cohort", "outcome": outcome, "forged": forged["outcome"],
+            "small_manifest": smallest["outcome"], "quorum_release": allowed["outcome"],
+            "quorum_residual": allowed.get("residual"), "quorum": policy.quorum, "one_forged": one["outcome"],
+            "attributed": attributed,
+            "max_error": min(r.get("residual", float("inf")) for r in (forged, smallest))}
+
+
 def seal_body(payload: bytes) -> bytes:
     from secure_afl.envelope import peek_header
 
@@ -905,6 +1013,7 @@ ATTACKS = {
     "split-server": attack_split_server,
     "split-keyholder": attack_split_keyholder,
     "split-subset": attack_split_subset,
+    "split-cohort": attack_split_cohort,
 }
 
 

@@ -321,7 +321,7 @@ class _Consortium:
         from secure_afl.clients.hospital import HospitalClient
 
         return (cls or HospitalClient)(self.url, self.session_id, pki.load_party(self.pki_dir, "hospital", name),
-                                       timeout=120)
+                                       timeout=120, receipts_dir=self.work / "receipts" / name)
 
     def audit_text(self) -> str:
         return "".join(p.read_text(errors="replace") for p in (self.work / "server").rglob("*audit*") if p.is_file())
