@@ -988,6 +988,83 @@ def attack_split_cohort(*, seed: int = 0, verbose: bool = True, work=None, **_) 
             "max_error": min(r.get("residual", float("inf")) for r in (forged, smallest))}
 
 
+def attack_secagg_rerun(*, seed: int = 0, verbose: bool = True, work=None, **_) -> dict:
+    """A secagg server re-runs a completed round (same number, fresh keys) after the hospitals restarted."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from secure_afl.clients.hospital import HospitalClient, protect_vector
+    from secure_afl.clients.secagg_client import run_secagg
+    from secure_afl.keyholder import KeyHolder
+    from secure_afl.secagg import SecAggBackend
+
+    from .scratch_consortium import start_server
+
+    names = ["h1", "h2", "h3", "h4"]
+    victim = names[0]
+    rng = np.random.default_rng(seed)
+    with _workdir(work) as d:
+        d = Path(d)
+        pki_dir = d / "pki"
+        make_pki(pki_dir, names, name="attack consortium")
+        b, sid = _bounds(), "attack-rerun"
+        sections = {"session": {"id": sid, "backend": "secagg", "dim": DIM, "classes": CLASSES, "gamma": GAMMA,
+                                "min_clients": 2, "min_class_count": 1, "hospitals": names},
+                    "bounds": {"max_norm": b.max_norm, "n_max": b.n_max, "k_max": b.k_max},
+                    "secagg": {"threshold": 2, "stage_timeout_s": 5.0}}
+        stats = {h: local_statistics(*_embeddings(rng, 12), CLASSES) for h in names}
+        kh = KeyHolder(pki_dir, "keyholder", d / "keys", passphrase=os.urandom(16).hex().encode())
+
+        def run_server(label, taking_part):
+            """One server process of the signed session (its own data directory: a fresh round 1), each
+            hospital of ``taking_part`` a fresh process (a restart) with its one record directory."""
+            srv_section = server_section(d / label, pki_dir)
+            cfg = write_session(d / f"{label}.toml", pki_dir, {**sections, "server": srv_section})
+            url = f"https://127.0.0.1:{srv_section['port']}"
+            server = start_server(cfg, d / f"{label}.log", url, kh.party)
+            try:
+                def one(h):
+                    cl = HospitalClient(url, sid, pki.load_party(pki_dir, "hospital", h), timeout=60,
+                                        receipts_dir=d / "receipts" / label / h, secagg_record_dir=d / "records" / h)
+                    try:
+                        p = cl.fetch_params()
+                        return run_secagg(cl, p, stats[h], timeout=60)
+                    except SecureAFLError as e:
+                        return e
+                    finally:
+                        cl.close()
+
+                with ThreadPoolExecutor(max_workers=len(taking_part)) as pool:
+                    answers = dict(zip(taking_part, pool.map(one, taking_part)))
+                conn = kh.connect(url, sid)
+                try:  # what the server itself holds: the masked sum and the reconstructed unmask material
+                    if conn.info()["status"] != "released":
+                        conn.request("POST", conn.path("/close"))
+                    agg = conn.request("GET", conn.path("/aggregate")).content
+                    unmask = conn.request("GET", conn.path("/secagg/unmask-material")).json()
+                    p = session.load_signed(pki_dir, sid).session_params()
+                    return answers, SecAggBackend(p).reveal(agg, unmask=unmask)
+                except SecureAFLError:
+                    return answers, None
+                finally:
+                    conn.close()
+            finally:
+                server.stop()
+
+        first, sum_all = run_server("first", names)
+        second, sum_rest = run_server("second", names[1:])
+        p = session.load_signed(pki_dir, sid).session_params()
+        truth = protect_vector(p, stats[victim])
+    refusals = {h: f"{type(a).__name__}" for h, a in second.items() if isinstance(a, BaseException)}
+    err = float("inf") if sum_all is None or sum_rest is None else float(np.max(np.abs(sum_all - sum_rest - truth)))
+    outcome = "recovered" if err < 1e-6 else "refused" if sum_rest is None else "leak"
+    _say(verbose, f"[secagg-rerun] {outcome.upper()}: first round released over {len(names)}"
+                  f"{'' if sum_all is not None else ' (NOT released)'}; the re-run of round 1 without {victim}: "
+                  + (f"refused by {len(refusals)} of {len(names) - 1} hospitals ({', '.join(sorted(refusals))})"
+                     if sum_rest is None else f"released, the difference off the victim by {err:.3g}"))
+    return {"attack": "secagg-rerun", "outcome": outcome, "first_released": sum_all is not None,
+            "refused_by": sorted(refusals), "max_error": err}
+
+
 def seal_body(payload: bytes) -> bytes:
     from secure_afl.envelope import peek_header
 
@@ -1014,6 +1091,7 @@ ATTACKS = {
     "split-keyholder": attack_split_keyholder,
     "split-subset": attack_split_subset,
     "split-cohort": attack_split_cohort,
+    "secagg-rerun": attack_secagg_rerun,
 }
 
 
