@@ -1117,13 +1117,38 @@ def _cmd_attack(args) -> int:
         print("--backend applies to the veto and steer attacks only", file=sys.stderr)
         return EXIT_USAGE
     rc = 0
+    residuals = []
     for n in names:
         kw = {"backends": tuple(args.backend)} if getattr(args, "backend", None) else {}
         r = run_attack(n, seed=args.seed, dp=args.dp, **kw)
         if r["outcome"] in ("recovered", "leak") and not _demonstration(n, args.dp):
             print(f"[{n}] ATTACK SUCCEEDED against a protection this project claims", file=sys.stderr)
             rc = EXIT_SECURITY
+        line = _residual(n, r, args.dp)
+        if line:
+            residuals.append(line)
+    if len(names) > 1 and residuals:
+        # what the threat model documents as open: reported with its figure, never a failure of the command
+        print("documented residuals (threat_model/THREAT_MODEL.md; not failures):")
+        for line in residuals:
+            print(f"  {line}")
     return rc
+
+
+def _residual(name: str, r: dict, dp) -> str | None:
+    """One line for an attack whose (partial) success the threat model documents, with its figure."""
+    if name == "noisy-upload" and r.get("released"):
+        return (f"noisy-upload: {r['outcome'].upper()}, the attacker's estimate of the ckks decryption error has "
+                f"relative residual {r['residual']:.3g} (use bfv against a malicious hospital)")
+    if name == "steer":
+        moved = max((row["moved"] for row in r["rows"] if row["accepted"]), default=0.0)
+        return f"steer: one hospital within the declared bounds moves W up to {100 * moved:.1f}% of the way to its target"
+    if name == "split-cohort" and r.get("quorum_residual") is not None:
+        return (f"split-cohort: the most a server and its colluders can release is a cohort of q = {r['quorum']}; "
+                f"their view of the victim is then off by {r['quorum_residual']:.3g} (the other honest hospitals)")
+    if _demonstration(name, dp) and r["outcome"] in ("recovered", "leak"):
+        return f"{name}: {r['outcome'].upper()} (unprotected by design)"
+    return None
 
 
 def _demonstration(name: str, dp) -> bool:
