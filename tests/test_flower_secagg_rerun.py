@@ -107,3 +107,39 @@ def test_serverapp_rerunning_setup_without_the_victim_gets_no_second_sum(tmp_pat
     h1 = fixedpoint.encode(protect_vector(params, victim), params.backend_params["frac_bits"])
     assert sum_rest is None or not np.array_equal(sum_all - sum_rest, h1)
     assert sum_rest is None
+
+
+def test_a_hospital_that_signed_over_flower_takes_no_part_natively_in_the_same_session(tmp_path):
+    # Prepare: one record directory per hospital, absolute, given to its Flower node and to `client submit`
+    from secure_afl import pki
+    from secure_afl.clients.hospital import HospitalClient
+    from secure_afl.clients.secagg_client import SecAggParticipant
+    from secure_afl.exceptions import InvalidContribution
+
+    c = Consortium(tmp_path, backend="secagg", hospitals=HOSPITALS, min_clients=2,
+                   secagg={"threshold": 2, "stage_timeout_s": 3.0})
+    data = {}
+    for h in HOSPITALS:
+        X, y = c.data(h, n=12)
+        data[h] = c.root / f"{h}.npz"
+        np.savez(data[h], X=X, y=y)
+    records = (c.root / "records").resolve()
+    contexts = _contexts(c, 9, data)
+    for ctx in contexts.values():
+        ctx.node_config["secagg-record"] = str(records)
+    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 9, 0, 0
+    server = _server(c, "server-1")
+    try:
+        server_app._secagg_round(InProcessGrid(contexts), server, {h: i + 1 for i, h in enumerate(HOSPITALS)},
+                                 reply_timeout_s=30)
+        assert server._round.fixed_point_sum_ is not None
+    finally:
+        server.shutdown()
+
+    # Execute: h2 restarted as the native client of the same signed session, the same record directory
+    site = HospitalClient("https://127.0.0.1:9", c.session_id, pki.load_party(c.pki_dir, "hospital", "h2"),
+                          secagg_record_dir=records)
+    site.conn.close()
+    # Assert: it takes no part, naming the record
+    with pytest.raises(InvalidContribution, match="signed a survivor set"):
+        SecAggParticipant(site, site.definition.session_params(), c.stats(*np.load(data["h2"]).values()))
