@@ -250,3 +250,80 @@ def test_signed_definition_lists_c_and_the_refusal_limit(tmp_path, capsys):
     assert out.returncode == 0, out.stderr
     body = json.loads((pki_dir / "sessions" / "s-cohort.json").read_text())["definition"]
     assert (body["colluders"], body["max_refusals"]) == (1, 0)
+
+
+def test_the_key_holder_floor_holds_when_the_server_relays_min_clients_1(tmp_path):
+    # Prepare: a ckks session of 6 hospitals (min_clients 3, so c = 2 and q = 5); the server relays
+    # min_clients = 1 in its info and signs a manifest of 3 uploads (the victim and 2 colluders)
+    from secure_afl.backends.ckks import CKKSBackend, ckks_session_params
+    from secure_afl.exceptions import SecureAFLError
+    from secure_afl.keyholder import KeyHolder
+    from secure_afl.packing import Layout
+    from secure_afl.params import Bounds
+    from secure_afl.release_checks import ReleaseLedger
+    from secure_afl.tools.attack_parties import MaliciousServer, signed_participant, tagged_upload
+    from secure_afl.tools.scratch_consortium import make_pki, sign_session
+
+    names = [f"h{i}" for i in range(6)]
+    server, parties = make_pki(tmp_path / "pki", names, name="floor")
+    bounds, layout = Bounds(2.0, 100, 8), Layout(4, 2)
+    sign_session(tmp_path / "pki", {"session": {"id": "floor", "backend": "ckks", "dim": 4, "classes": 2,
+                                                "min_clients": 3, "hospitals": names},
+                                    "bounds": {"max_norm": 2.0, "n_max": 100, "k_max": 8}})
+    kh = KeyHolder(tmp_path / "pki", "keyholder", tmp_path / "keys", passphrase=b"floor test passphrase")
+    public = kh.keygen(ckks_session_params("floor", layout, 1.0, bounds))
+    params = kh.params("floor")
+    be = CKKSBackend(params)
+    rng = np.random.default_rng(0)
+    ups = {h: tagged_upload(parties[h], params, be, public, rng.uniform(0, 0.1, layout.length)) for h in names[:3]}
+    relay = MaliciousServer(server, params, [signed_participant(parties[h], params, ups[h][0]) for h in ups],
+                            {h: u[0] for h, u in ups.items()}, {h: u[1] for h, u in ups.items()}, min_clients=1)
+    assert relay.info()["min_clients"] == 1
+
+    # Execute: the key holder's real finalize, asked with min_clients 1 as well
+    with pytest.raises(SecureAFLError, match="fewer than"):
+        kh.finalize(relay, min_clients=1)
+
+    # Assert: nothing was decrypted
+    ledger = ReleaseLedger(kh.keys_dir / "releases.sqlite3")
+    try:
+        assert ledger.decryption_count(params.backend_params["public_context_sha256"]) == 0
+    finally:
+        ledger.close()
+
+
+def test_refusals_past_the_signed_limit_abort_even_when_the_quorum_remains(tmp_path):
+    # Prepare: a split session of 8 (min_clients 3: c = 2, q = 6) that signs max_refusals = 0, every upload
+    # in; the server forges the verifier message of one honest upload, leaving 7 >= q
+    from secure_afl.exceptions import InsufficientContributors
+    from secure_afl.tools.attack_parties import ForgingSplitSource
+    from secure_afl.tools.attacks import _split_service
+
+    names = tuple(f"h{i}" for i in range(8))
+    srv, kh, pki_dir, _ = _split_service(tmp_path, hospitals=names, min_clients=3,
+                                         extra_session={"max_refusals": 0})
+    try:
+        policy = release_policy(session.load_signed(pki_dir, srv.config.session_id))
+        assert len(names) - 1 >= policy.quorum and policy.max_refusals == 0
+        # Execute / Assert: the key holder releases no share
+        with pytest.raises(InsufficientContributors, match="max_refusals"):
+            kh.release_split(srv.config.session_id, ForgingSplitSource(srv, srv._key, forge=names[1:2]),
+                             min_clients=1)
+    finally:
+        srv.shutdown()
+
+
+@pytest.mark.e2e
+def test_a_server_closes_no_round_below_the_quorum(consortium):
+    # Prepare: a real plain server process of 6 hospitals (min_clients 3, q = 5); 4 upload
+    from secure_afl.exceptions import InsufficientContributors
+
+    c = consortium(backend="plain", hospitals=tuple(f"h{i}" for i in range(1, 7)), min_clients=3).start()
+    for h in ("h1", "h2", "h3", "h4"):
+        cl = c.hospital(h)
+        cl.submit(c.stats(*c.data(h)))
+        cl.close()
+    # Execute / Assert: the key holder's close is refused by the server itself, naming the quorum
+    with c.connect_keyholder() as conn:
+        with pytest.raises(InsufficientContributors, match="quorum"):
+            c.keyholder.finalize(conn, min_clients=3)

@@ -706,7 +706,8 @@ def attack_noisy_upload(*, seed: int = 0, verbose: bool = True, work=None, doubl
 # ---------------------------------------------------------------------------
 # split: the server and the key holder, each alone
 # ---------------------------------------------------------------------------
-def _split_service(d: Path, hospitals=("hosp-a", "hosp-b", "hosp-c"), min_clients: int = 2, seed: int = 0):
+def _split_service(d: Path, hospitals=("hosp-a", "hosp-b", "hosp-c"), min_clients: int = 2, seed: int = 0,
+                   extra_session: dict | None = None):
     """A real split session in process: PKI, signed session, the server role (SQLite, payload files, audit),
     the key holder's keygen and publication, and every hospital's signed upload. Returns
     (server, key holder, pki_dir, {hospital: packed vector})."""
@@ -724,7 +725,8 @@ def _split_service(d: Path, hospitals=("hosp-a", "hosp-b", "hosp-c"), min_client
     # the server role runs in process: the port is never bound
     config = write_session(d / "session.toml", pki_dir, {
         "session": {"id": sid, "backend": "split", "dim": DIM, "classes": CLASSES, "gamma": GAMMA,
-                    "min_clients": min_clients, "min_class_count": 1, "hospitals": list(hospitals)},
+                    "min_clients": min_clients, "min_class_count": 1, "hospitals": list(hospitals),
+                    **(extra_session or {})},
         "bounds": {"max_norm": b.max_norm, "n_max": b.n_max, "k_max": b.k_max},
         "server": server_section(d, pki_dir, port=8443)})
     srv = open_server(load_config(config))
