@@ -146,7 +146,8 @@ def test_forged_refusals_past_the_limit_abort_the_release(split_cohort):
 
 
 def test_a_manifest_of_the_victim_and_its_colluders_gets_no_share(split_cohort):
-    assert split_cohort["small_manifest"] == "refused"
+    # Assert: refused before a single seed was opened (the key's use is recorded before the first opening)
+    assert split_cohort["small_manifest"] == "refused" and split_cohort["small_manifest_seeds_opened"] == 0
 
 
 def test_a_release_needs_q_roster_hospitals_and_leaves_the_victim_hidden(split_cohort):

@@ -931,11 +931,18 @@ def attack_split_cohort(*, seed: int = 0, verbose: bool = True, work=None, **_) 
             def combine(manifest, source, label):
                 """The key holder's release of ``manifest``'s share, then the collector's sum as the server forms
                 it, less the colluders' own vectors: the victim's estimate and its error."""
+                from secure_afl.release_checks import ReleaseLedger
+
                 fresh = _fresh_keyholder(kh, pki_dir, Path(d), label)
                 try:
                     body, st = fresh.release_split(params.session_id, source, min_clients=1)
                 except SecureAFLError as e:
-                    return {"outcome": "refused", "why": f"{type(e).__name__}: {e}"}
+                    ledger = ReleaseLedger(fresh.keys_dir / "releases.sqlite3")
+                    try:  # recorded before any seed is opened: 0 means the refusal came first
+                        opened = ledger.decryption_count(params.backend_params[split.PUBLIC_CONTEXT_KEY])
+                    finally:
+                        ledger.close()
+                    return {"outcome": "refused", "why": f"{type(e).__name__}: {e}", "seeds_opened": opened}
                 keep = st["cohort"]
                 share = split.verify_share(params, manifest, body, st, kh.party.identity_pub())
                 v = split.collect(params, _subset_sum(srv, params, keep), share)
@@ -984,7 +991,8 @@ def attack_split_cohort(*, seed: int = 0, verbose: bool = True, work=None, **_) 
                       f"'{attributed['recorded_as']}', the two published messages give '{attributed['verdict_from_messages']}', "
                       f"and the hospital's own upload shows the {attributed['at_fault']} at fault")
     return {"attack": "split-cohort", "outcome": outcome, "forged": forged["outcome"],
-            "small_manifest": smallest["outcome"], "quorum_release": allowed["outcome"],
+            "small_manifest": smallest["outcome"], "small_manifest_seeds_opened": smallest.get("seeds_opened"),
+            "quorum_release": allowed["outcome"],
             "quorum_residual": allowed.get("residual"), "quorum": policy.quorum, "one_forged": one["outcome"],
             "attributed": attributed,
             "max_error": min(r.get("residual", float("inf")) for r in (forged, smallest))}
