@@ -959,7 +959,10 @@ def attack_split_cohort(*, seed: int = 0, verbose: bool = True, work=None, **_) 
             # one forged refusal: within the limit, so released over the rest; the evidence names the server
             one = combine(genuine, ForgingSplitSource(srv, key, forge=others[:1]), "one")
             attributed = None
-            if one["outcome"] != "refused" and others[0] in one["statement"]["refused"]:
+            if one["outcome"] != "refused" and others[0] not in (one["statement"].get("evidence") or {}):
+                attributed = {"verdict_from_messages": None, "at_fault": None, "recorded_as": "no evidence published",
+                              "forged_message_kept": False}
+            elif one["outcome"] != "refused" and others[0] in one["statement"]["refused"]:
                 h = others[0]
                 row = next(r for r in srv.store.uploads() if r["hospital"] == h)
                 server_msg = forge_verifier(params, srv.verifier_messages()[h], key)
