@@ -220,6 +220,8 @@ class HospitalClient:
             raise ParameterMismatch("receipt does not acknowledge this payload")
         self.bytes_uploaded += len(payload)
         self._keep_receipt(receipt)
+        if params.backend == "split":
+            self._keep_upload(payload, tag)
         return receipt
 
     def _fetch_receipt(self) -> dict | None:
@@ -236,6 +238,21 @@ class HospitalClient:
             return run_secagg(self, params, stats, progress=progress, **secagg_kw)
         payload, tag = self.protect(params, stats)
         return self.upload(params, payload, tag=tag, progress=progress)
+
+    def dispute_paths(self) -> tuple[Path, Path]:
+        """split: where this hospital keeps its upload and signed seed statement, beside its receipt, to
+        dispute a refusal (:func:`secure_afl.backends.split_validity.dispute`). Not ``*.json``: the receipts
+        directory's JSON files are receipts."""
+        base = self.receipts_dir / f"upload-{self.session_id}-{self.name}"
+        return base.with_suffix(".payload"), base.with_suffix(".statement")
+
+    def _keep_upload(self, payload: bytes, statement: dict | None) -> None:
+        if self.receipts_dir is None:
+            return
+        for path, data in zip(self.dispute_paths(), (payload, json.dumps(statement, sort_keys=True).encode())):
+            tmp = path.with_name(path.name + ".tmp")
+            tmp.write_bytes(data)
+            os.replace(tmp, path)
 
     def _keep_receipt(self, receipt: dict) -> None:
         if self.receipts_dir is None:

@@ -328,3 +328,64 @@ def test_a_server_closes_no_round_below_the_quorum(consortium):
     with c.connect_keyholder() as conn:
         with pytest.raises(InsufficientContributors, match="quorum"):
             c.keyholder.finalize(conn, min_clients=3)
+
+
+@pytest.mark.e2e
+def test_a_refused_hospital_proves_the_server_forged_its_refusal_with_its_own_upload(consortium):
+    # Prepare: a real split server process of 6 hospitals (min_clients 3, c = 2, q = 5); every hospital
+    # submits over HTTPS and keeps its receipt, upload and seed statement
+    from secure_afl import pki
+    from secure_afl.backends import split_validity
+    from secure_afl.keyholder.release import HTTPSource
+    from secure_afl.tools.attack_parties import forge_verifier
+
+    names = tuple(f"h{i}" for i in range(1, 7))
+    c = consortium(backend="split", hospitals=names, min_clients=3).start()
+    conn = c.connect_keyholder()
+    c.keyholder.keygen(session.load_signed(c.pki_dir, c.session_id).session_params())
+    c.keyholder.publish(conn)
+    kept = {}
+    for h in names:
+        cl = c.hospital(h)
+        cl.submit(c.stats(*c.data(h)))
+        kept[h] = cl.dispute_paths()
+        cl.close()
+    conn.request("POST", conn.path("/close"))
+    server_key = pki.load_party(c.pki_dir, "server", "aggregator").identity_key()
+
+    class Forging(HTTPSource):
+        """The server's answers over HTTPS, h2's verifier message falsified and re-signed with its key."""
+
+        def split_verifier(self):
+            out = dict(super().split_verifier())
+            out["h2"] = forge_verifier(c.keyholder.params(c.session_id), out["h2"], server_key)
+            return out
+
+    # Execute: the key holder's release against that server; then h2 disputes from what it kept
+    body, statement = c.keyholder.release_split(c.session_id, Forging(conn), min_clients=3)
+    evidence = json.loads((c.keyholder.keys_dir / f"{c.session_id}.validity-refusals.json").read_text())
+    payload_path, statement_path = kept["h2"]
+    out = split_validity.dispute(c.keyholder.params(c.session_id), "h2", payload_path.read_bytes(),
+                                 json.loads(statement_path.read_text()), evidence["server_messages"]["h2"],
+                                 statement["evidence"]["h2"]["keyholder_message"],
+                                 pki.pinned_identity(c.pki_dir, "server"))
+    conn.close()
+
+    # Assert: refused as a joint-check failure (not pinned on h2), the two published messages give a failing
+    # verdict, and h2's own upload shows the server's signed message false
+    assert statement["refused"].keys() == {"h2"} and len(statement["cohort"]) == 5
+    assert statement["evidence"]["h2"]["attribution"].startswith("failed the joint check")
+    assert split_validity.joint_verdict(c.keyholder.params(c.session_id), "h2",
+                                        evidence["server_messages"]["h2"]["payload_sha256"],
+                                        evidence["server_messages"]["h2"],
+                                        statement["evidence"]["h2"]["keyholder_message"],
+                                        pki.pinned_identity(c.pki_dir, "server")) is not None
+    assert out["at_fault"] == "server" and not out["server_message_true"]
+    # an honest hospital's dispute against the genuine message finds the message true
+    with c.connect_keyholder() as again:
+        genuine = HTTPSource(again).split_verifier()["h3"]
+    p3, s3 = kept["h3"]
+    honest = split_validity.dispute(c.keyholder.params(c.session_id), "h3", p3.read_bytes(),
+                                    json.loads(s3.read_text()), genuine, None,
+                                    pki.pinned_identity(c.pki_dir, "server"))
+    assert honest["server_message_true"]
