@@ -43,7 +43,8 @@ class SurvivorRecord:
             raise InvalidParameterError(
                 f"the secagg record directory must be an absolute path, not {str(directory)!r}: a relative one "
                 "would be another directory for a process started elsewhere, which would then sign again")
-        self.path = d / f"secagg-signed-{session_id}-{hospital}.json"
+        # not *.json: a hospital may keep it in its receipts directory, whose JSON files are receipts
+        self.path = d / f"secagg-signed-{session_id}-{hospital}.record"
         self.session_id, self.hospital = session_id, hospital
 
     def signed_round(self) -> int | None:
