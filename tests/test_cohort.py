@@ -171,9 +171,9 @@ def test_the_collector_refuses_a_share_over_fewer_than_q(tmp_path):
     # statement names 2 refusals (within the limit) so that 4 remain
     from secure_afl.backends import split
     from secure_afl.exceptions import InsufficientContributors
-    from secure_afl.tools.attacks import _split_service
+    from secure_afl.tools.attacks import split_service
 
-    srv, kh, pki_dir, _ = _split_service(tmp_path, hospitals=tuple(f"h{i}" for i in range(6)), min_clients=3)
+    srv, kh, pki_dir, _ = split_service(tmp_path, hospitals=tuple(f"h{i}" for i in range(6)), min_clients=3)
     try:
         params = kh.params(srv.config.session_id)
         manifest = srv.released()[1]
@@ -298,10 +298,10 @@ def test_refusals_past_the_signed_limit_abort_even_when_the_quorum_remains(tmp_p
     # in; the server forges the verifier message of one honest upload, leaving 7 >= q
     from secure_afl.exceptions import InsufficientContributors
     from secure_afl.tools.attack_parties import ForgingSplitSource
-    from secure_afl.tools.attacks import _split_service
+    from secure_afl.tools.attacks import split_service
 
     names = tuple(f"h{i}" for i in range(8))
-    srv, kh, pki_dir, _ = _split_service(tmp_path, hospitals=names, min_clients=3,
+    srv, kh, pki_dir, _ = split_service(tmp_path, hospitals=names, min_clients=3,
                                          extra_session={"max_refusals": 0})
     try:
         policy = release_policy(session.load_signed(pki_dir, srv.config.session_id))

@@ -1090,6 +1090,10 @@ def _untagged(lay, v):
     return out
 
 
+#: a real split session in process (PKI, signed session, server role, key holder, every upload), for tests that
+#: play the server against the key holder
+split_service = _split_service
+
 ATTACKS = {
     "plain-singleton": attack_plain_singleton,
     "plain-singleton-class": attack_plain_singleton_class,
