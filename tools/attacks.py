@@ -1154,7 +1154,11 @@ def _cmd_attack(args) -> int:
 
 def _residual(name: str, r: dict, dp) -> str | None:
     """One line for an attack whose (partial) success the threat model documents, with its figure."""
-    if name == "noisy-upload" and r.get("released"):
+    if name == "noisy-upload":
+        if not r.get("released"):
+            return ("noisy-upload: REFUSED at this amplification (the key holder's checks); a moderate one is "
+                    "released with most of the amplified ckks decryption error (use bfv against a malicious "
+                    "hospital)")
         return (f"noisy-upload: {r['outcome'].upper()}, the attacker's estimate of the ckks decryption error has "
                 f"relative residual {r['residual']:.3g} (use bfv against a malicious hospital)")
     if name == "steer":
