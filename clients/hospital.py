@@ -116,10 +116,14 @@ class HospitalClient:
     keyholder_name : str, optional
         Which enrolled key holder signs ckks parameters (needed only when the
         PKI directory enrols more than one).
+    secagg_record_dir : path, optional
+        secagg: the record of signed survivor sets (:mod:`secure_afl.secagg.record`); default the receipts
+        directory, made absolute.
     """
 
     def __init__(self, server_url: str, session_id: str, party, *, server_identity_pub=None,
-                 receipts_dir=None, timeout: float = 120.0, keyholder_name: str | None = None):
+                 receipts_dir=None, timeout: float = 120.0, keyholder_name: str | None = None,
+                 secagg_record_dir=None):
         if party.role != "hospital":
             raise InvalidInputError(f"party must be a hospital, got {party.role}")
         self.party = party
@@ -128,6 +132,10 @@ class HospitalClient:
         self.session_id = session_id
         self.keyholder_name = keyholder_name
         self.receipts_dir = Path(receipts_dir) if receipts_dir else None
+        # secagg: where this hospital records the sessions whose survivor set it signed (absolute, so that a
+        # restarted process, or the Flower ClientApp given the same directory, finds it)
+        record = secagg_record_dir or receipts_dir
+        self.secagg_record_dir = Path(record).resolve() if record else None
         if server_identity_pub is None:
             server_identity_pub = pki.pinned_identity(party.pki_dir, "server")
         self.server_pub = (pki.public_key_from_hex(server_identity_pub)
@@ -212,6 +220,8 @@ class HospitalClient:
             raise ParameterMismatch("receipt does not acknowledge this payload")
         self.bytes_uploaded += len(payload)
         self._keep_receipt(receipt)
+        if params.backend == "split":
+            self._keep_upload(payload, tag)
         return receipt
 
     def _fetch_receipt(self) -> dict | None:
@@ -228,6 +238,21 @@ class HospitalClient:
             return run_secagg(self, params, stats, progress=progress, **secagg_kw)
         payload, tag = self.protect(params, stats)
         return self.upload(params, payload, tag=tag, progress=progress)
+
+    def dispute_paths(self) -> tuple[Path, Path]:
+        """split: where this hospital keeps its upload and signed seed statement, beside its receipt, to
+        dispute a refusal (:func:`secure_afl.backends.split_validity.dispute`). Not ``*.json``: the receipts
+        directory's JSON files are receipts."""
+        base = self.receipts_dir / f"upload-{self.session_id}-{self.name}"
+        return base.with_suffix(".payload"), base.with_suffix(".statement")
+
+    def _keep_upload(self, payload: bytes, statement: dict | None) -> None:
+        if self.receipts_dir is None:
+            return
+        for path, data in zip(self.dispute_paths(), (payload, json.dumps(statement, sort_keys=True).encode())):
+            tmp = path.with_name(path.name + ".tmp")
+            tmp.write_bytes(data)
+            os.replace(tmp, path)
 
     def _keep_receipt(self, receipt: dict) -> None:
         if self.receipts_dir is None:

@@ -13,10 +13,12 @@ had already stored (409 duplicate) counts as sent.
 Every poll answer names the session's round r. When the server opens round
 r + 1 after an abort, the hospital starts over with a new state machine: fresh
 X25519 keys and a fresh self-mask seed, nothing of round r reused. A hospital
-that signed a survivor set in round r takes part in no later round of the
-session (it records that durably before the signature leaves): a server that
-completed round r and reported an abort could otherwise difference two sums
-over different survivor sets (THREAT_MODEL.md 6.2).
+that signed a survivor set takes no further part in the session, in any round
+and in any later process (it records that durably, before the signature
+leaves, in the store :mod:`secure_afl.secagg.record` shares with the Flower
+ClientApp): a server that completed a round, then re-ran it (with the same
+round number or the next) after an abort or a restart, could otherwise
+difference two sums over different survivor sets (THREAT_MODEL.md 6.2).
 
 A hospital whose shares from some dealer miss that dealer's signed check
 polynomial posts the proof (a complaint) instead of its masked input and
@@ -27,9 +29,7 @@ without the dealer.
 from __future__ import annotations
 
 import base64
-import json
 import logging
-import os
 import time
 
 from cryptography.exceptions import InvalidSignature
@@ -40,11 +40,13 @@ from secure_afl.exceptions import (
     InconsistentDealer,
     InsufficientShares,
     InvalidContribution,
+    InvalidParameterError,
     StageError,
 )
 from secure_afl.params import SessionParams
 from secure_afl.protocol import SECAGG_COMPLAINT, SECAGG_CONSISTENCY, SECAGG_REQUEST_PREFIX
 from secure_afl.secagg import SecAggClient, Stage, decode_message
+from secure_afl.secagg.record import SurvivorRecord
 from secure_afl.stats import SufficientStatistics
 
 __all__ = ["SecAggParticipant", "run_secagg"]
@@ -74,32 +76,14 @@ class SecAggParticipant:
         self.client = SecAggClient(params, self.client_ids[hospital.name], hospital.party.identity_key(), self._keys)
         self.receipt: dict | None = None
         self._answered: set[str] = set()
-        self._signed_round: int | None = self._load_signed_round()
-
-    # -- the round this hospital signed a survivor set in, kept across restarts -----------------------
-    def _signed_path(self):
-        # next to the receipts, but not a *.json file: the receipts directory holds receipts only
-        d = self.hospital.receipts_dir
-        return None if d is None else d / f".secagg-signed-{self.params.session_id}-{self.hospital.name}.state"
-
-    def _load_signed_round(self) -> int | None:
-        path = self._signed_path()
-        if path is None or not path.exists():
-            return None
-        return int(json.loads(path.read_text())["round"])
-
-    def _record_signed_round(self, r: int) -> None:
-        self._signed_round = r
-        path = self._signed_path()
-        if path is None:
-            return
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        with open(tmp, "w") as fh:
-            json.dump({"session_id": self.params.session_id, "round": r}, fh)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
+        if hospital.secagg_record_dir is None:
+            raise InvalidParameterError("a secagg hospital needs a record directory (--secagg-record or "
+                                        "--receipts): without it a restart would let the server re-run a round")
+        self._record = SurvivorRecord(hospital.secagg_record_dir, params.session_id, hospital.name)
+        # a process that starts after this hospital signed a survivor set of the session (a restart, a second
+        # `client submit`) holds none of that round's keys: it takes no part, whatever round is announced
+        self._record.refuse_if_signed(self.client.round)
+        self._signed_round: int | None = None
 
     def _join_round(self, r) -> None:
         """The server opened round ``r``: a new state machine, so new keys and self-mask seed."""
@@ -190,8 +174,11 @@ class SecAggParticipant:
         """Consistency check, step 1: the state machine signs the announced survivor set (once) or refuses."""
         if not isinstance(survivors, list) or any(isinstance(s, bool) or not isinstance(s, int) for s in survivors):
             raise InvalidContribution("the announced survivor set is not a list of client ids")
+        if self._signed_round is None:
+            self._record.refuse_if_signed(self.client.round)  # another process of this hospital signed one
         statement = self.client.sign_survivors(survivors)
-        self._record_signed_round(self.client.round)  # before the signature can reach the server
+        self._signed_round = self.client.round
+        self._record.write(self.client.round)  # before the signature can reach the server
         self._post(CONSISTENCY, statement.to_bytes())
         self._answered.add(CONSISTENCY)
 

@@ -16,7 +16,8 @@ def _cmd_submit(args) -> int:
 
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="secure-afl: %(message)s")
     party = pki.load_party(args.pki, "hospital", args.name)
-    client = HospitalClient(args.server, args.session, party, receipts_dir=args.receipts)
+    client = HospitalClient(args.server, args.session, party, receipts_dir=args.receipts,
+                            secagg_record_dir=args.secagg_record)
     client.conn.retry_s = args.wait_server
     try:
         source = check_readable(args.embeddings or args.stats)  # a wrong path is refused before any connection
@@ -45,6 +46,9 @@ def register(parser) -> None:
     src.add_argument("--embeddings", help=".npz with X (N x d) and y (N labels in [0, C))")
     src.add_argument("--stats", help="statistics .npz from `client embed --stats-only`")
     parser.add_argument("--receipts", default="receipts", help="directory to keep the signed receipt in")
+    parser.add_argument("--secagg-record", default=None,
+                        help="secagg: directory of this hospital's record of signed survivor sets, shared with its "
+                             "Flower ClientApp's secagg-record (default: the receipts directory, made absolute)")
     parser.add_argument("--no-progress", action="store_true", help="no upload progress bar")
     parser.add_argument("--wait-server", type=float, default=30.0, metavar="SECONDS",
                         help="keep trying to reach a server that is (re)starting this long (default 30)")

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from pathlib import Path
 
 from cryptography.exceptions import InvalidSignature
@@ -58,6 +57,7 @@ from secure_afl.signing import sign_upload, verify_receipt
 from . import keyholder_adapter
 from .records import pack, unpack_blob, unpack_json, unpack_str
 from .secagg_state import SealedState, export_client, restore_client
+from secure_afl.secagg.record import SurvivorRecord
 
 __all__ = ["app"]
 
@@ -165,51 +165,19 @@ def _peer_keys(definition, party) -> dict:
     return {ids[n]: peers[n].public_key() for n in ids}
 
 
-def _new_secagg_client(info: dict, party, context: Context, record: "SignedRecord") -> SecAggClient:
+def _new_secagg_client(info: dict, party, context: Context, record: SurvivorRecord) -> SecAggClient:
     """The native participant's checks (signed definition, pinned server, the signed roster's numbering), the
     round number, and its rule: a hospital that signed a survivor set of this session joins no later setup."""
     params = _session_params(info, party, context)
     if params.backend != "secagg":
         raise ParameterMismatch(f"the session runs {params.backend}, not secagg")
-    record.refuse_setup()
-    definition = _definition(info, party, context)
     r = (info.get("secagg") or {}).get("round", 1)
+    record.refuse_if_signed(r)  # any round, this one included: a re-run after a restart is refused too
+    definition = _definition(info, party, context)
     if isinstance(r, bool) or not isinstance(r, int) or r < 1:
         raise InvalidContribution(f"the ServerApp announced round {r!r}")
     return SecAggClient(params, definition.client_ids[party.name], party.identity_key(),
                         _peer_keys(definition, party), round=r)
-
-
-class SignedRecord:
-    """Durable, per (session, hospital): the round whose survivor set this hospital signed.
-
-    Kept in the hospital's ``secagg-dir`` across runs and SuperNode restarts (not sealed: it holds no
-    secret) and written before the signature leaves, as the native client does: a ServerApp that reported
-    the round aborted, or simply ran SETUP again without a hospital, would otherwise get a second unmasked
-    sum over another survivor set, and the difference of the two is the missing hospital's statistics.
-    """
-
-    def __init__(self, directory, session_id: str, hospital: str):
-        self.path = Path(directory) / f"signed-{session_id}-{hospital}.json"
-        self.session_id, self.hospital = session_id, hospital
-
-    def refuse_setup(self) -> None:
-        if self.path.exists():
-            r = json.loads(self.path.read_text()).get("round")
-            raise InvalidContribution(
-                f"{self.hospital} signed the survivor set of round {r} of session {self.session_id} and takes "
-                "part in no later setup of it: two unmasked sums over different survivor sets could be "
-                "differenced; contribute to a new session instead")
-
-    def write(self, r: int) -> None:
-        self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        tmp = self.path.with_suffix(".tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as fh:
-            json.dump({"session_id": self.session_id, "hospital": self.hospital, "round": r}, fh)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, self.path)
 
 
 @app.query("secagg")
@@ -229,7 +197,9 @@ def secagg(msg: Message, context: Context) -> Message:
     sid = unpack_str(msg.content, "session_id")
     secagg_dir = context.node_config.get("secagg-dir", "secagg-state")
     sealed = SealedState(secagg_dir, sid, party.name, context.run_id)
-    record = SignedRecord(secagg_dir, sid, party.name)
+    # the record of signed survivor sets: the same absolute directory as `client submit --secagg-record`
+    record = SurvivorRecord(Path(str(context.node_config.get("secagg-record", secagg_dir))).resolve(), sid,
+                            party.name)
     if phase == Stage.SETUP:
         info = unpack_json(msg.content, "info")
         if info.get("session_id") != sid:
@@ -252,10 +222,12 @@ def secagg(msg: Message, context: Context) -> Message:
     return Message(content=pack({"hospital": party.name, "stage": phase, **fields}, body), reply_to=msg)
 
 
-def _secagg_answer(client: SecAggClient, party, phase: str, msg: Message, context: Context, record: SignedRecord):
+def _secagg_answer(client: SecAggClient, party, phase: str, msg: Message, context: Context,
+                   record: SurvivorRecord):
     params = client.params
     sid = params.session_id
     if phase == SECAGG_CONSISTENCY:
+        record.refuse_if_signed(client.round)  # one survivor set per session, whichever process signed it
         body = client.sign_survivors(unpack_json(msg.content, "survivors")).to_bytes()
         record.write(client.round)  # before the signature can reach the ServerApp
     else:

@@ -20,6 +20,7 @@ from secure_afl.backends import HE_BACKENDS
 from secure_afl.keyholder import KeyHolder, write_model
 from secure_afl.keyholder.model import model_metadata
 from secure_afl import session
+from secure_afl.cohort import release_policy
 
 __all__ = ["open_keyholder", "publication", "countersign", "finalize", "split_share", "split_result"]
 
@@ -87,9 +88,8 @@ def finalize(kh: KeyHolder, info: dict, aggregate: bytes, manifest: dict, tags: 
     (with the server's ``unmask`` material, as ``keyholder finalize`` fetches it)."""
 
     definition = session.load_signed(kh.pki_dir, str(info.get("session_id")))
-    policy = {"min_clients": max(min_clients, definition["min_clients"], int(info.get("min_clients", 1))),
-              "min_class_count": max(min_class_count, definition["min_class_count"],
-                                     int(info.get("min_class_count", 1))), "lam": lam}
+    rp = release_policy(definition, min_clients=min_clients, min_class_count=min_class_count)
+    policy = {"min_clients": rp.min_clients, "min_class_count": rp.min_class_count, "lam": lam}
     if definition.backend in HE_BACKENDS:
         res = kh.release_he(definition.session_id, _MessageSource(manifest, contributions, tags), **policy)
     else:
@@ -118,8 +118,9 @@ def split_share(kh: KeyHolder, info: dict, manifest: dict, tags: dict, verifier,
         raise PolicyViolation(f"a split release is solved by the collector under the session's "
                               f"min_class_count={definition['min_class_count']} and lambda 0; this key holder "
                               f"asked for min_class_count={min_class_count}, lambda={lam}")
-    floor = max(min_clients, definition["min_clients"], int(info.get("min_clients", 1)))
-    return kh.release_split(definition.session_id, _MessageSource(manifest, {}, tags, verifier), min_clients=floor)
+    rp = release_policy(definition, min_clients=min_clients)
+    return kh.release_split(definition.session_id, _MessageSource(manifest, {}, tags, verifier),
+                            min_clients=rp.min_clients)
 
 
 def split_result(kh: KeyHolder, info: dict, manifest: dict, result: bytes, *, lam: float, out: Path,

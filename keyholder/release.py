@@ -28,6 +28,7 @@ import numpy as np
 
 from secure_afl import pki
 from secure_afl.analytic import solve_from_sums
+from secure_afl.cohort import ReleasePolicy, cohort_after_refusals, release_policy
 from secure_afl.backends import HE_BACKENDS, get_backend, he_module
 from secure_afl.certify import FLOOD_TAIL, certify_release, plain_summation_error
 from secure_afl.hazmat.fixedpoint import abs_error_bound
@@ -140,6 +141,18 @@ class KeyHolder(KeyCustody):
             enrolled = {k: v for k, v in enrolled.items() if k in set(expected_hospitals)}
         return server_pub, enrolled
 
+    def _policy(self, session_id: str, min_clients: int) -> ReleasePolicy | None:
+        """The signed session's release policy with this caller's ``min_clients`` floor, or None when no
+        signed definition is here (library callers such as the key holder benchmark)."""
+        if not signed_path(self.pki_dir, session_id).exists():
+            return None
+        return release_policy(session.load_signed(self.pki_dir, session_id), min_clients=min_clients)
+
+    def _floor(self, session_id: str, min_clients: int) -> int:
+        """Uploads of the roster a release needs: the signed quorum q (never less than ``min_clients``)."""
+        policy = self._policy(session_id, min_clients)
+        return min_clients if policy is None else max(min_clients, policy.quorum)
+
     def finalize(self, conn, *, min_clients: int, lam: float = 0.0, min_class_count: int = 1,
                  expected_hospitals: list[str] | None = None) -> FinalResult:
         """Close (if needed), fetch, verify, reveal, check, restore and solve.
@@ -151,10 +164,10 @@ class KeyHolder(KeyCustody):
 
         info = conn.info()
         # the operator's signed definition, not the server's info, says what this session is: its backend,
-        # its policy floor and (plain, secagg) its parameters; ckks and bfv use this key holder's keygen record
+        # its release policy and (plain, secagg) its parameters; ckks and bfv use this key holder's keygen record
         definition = session.load_signed(self.pki_dir, conn.session_id)
-        min_clients = max(min_clients, definition["min_clients"], int(info.get("min_clients", 1)))
-        min_class_count = max(min_class_count, definition["min_class_count"], int(info.get("min_class_count", 1)))
+        policy = release_policy(definition, min_clients=min_clients, min_class_count=min_class_count)
+        min_clients, min_class_count = policy.min_clients, policy.min_class_count
         if info["status"] != "released":
             self.close_round(conn)
             info = conn.info()
@@ -239,7 +252,8 @@ class KeyHolder(KeyCustody):
             try:
                 manifest = source.manifest()
                 server_pub, enrolled = self._trust(sid, expected_hospitals)
-                m = verify_manifest_for(params, manifest, server_pub, enrolled, min_clients)
+                # the signed quorum of the roster, before anything is decrypted
+                m = verify_manifest_for(params, manifest, server_pub, enrolled, self._floor(sid, min_clients))
                 # before anything is decrypted: a sum short of noise shares is never decrypted at all
                 _check_dp_noise(params, len(m["participants"]))
                 backend = get_backend(params)
@@ -327,16 +341,18 @@ class KeyHolder(KeyCustody):
             ledger.check_unused(key_id)
             manifest = source.manifest()
             server_pub, enrolled = self._trust(sid, expected_hospitals)
-            try:
-                m = verify_manifest_for(params, manifest, server_pub, enrolled, min_clients)
+            policy = self._policy(sid, min_clients)
+            floor = min_clients if policy is None else max(min_clients, policy.quorum)
+            try:  # the signed quorum of the roster, before a single seed is opened
+                m = verify_manifest_for(params, manifest, server_pub, enrolled, floor)
             except ServerForgery as e:
                 ledger.block(key_id, f"refused before the share: {e}")
                 raise
             _check_dp_noise(params, len(m["participants"]))
             statements = source.tags()
             t = time.perf_counter()
-            raw, refused, judge = self.split_verdicts(sid, source, m, statements, ledger,
-                                                      expected_hospitals=expected_hospitals)
+            raw, refused, evidence, judge = self.split_verdicts(sid, source, m, statements, ledger,
+                                                                expected_hospitals=expected_hospitals)
             verifier_s = time.perf_counter() - t
             # before the share is formed: a crash or a refusal below still counts as this key's one share
             ledger.record_decryption(key_id, sid, [p["hospital"] for p in m["participants"]])
@@ -351,13 +367,9 @@ class KeyHolder(KeyCustody):
                 if timings is not None:
                     timings.update({"server_verifier_seconds": verifier_s,
                                     "judge_and_share_seconds": time.perf_counter() - t})
-                if refused:  # the server's signed messages the refusals rest on, kept with the key holder's record
-                    self.keep_validity_evidence(sid, {h: raw[h] for h in refused}, refused)
-                cohort = [p["hospital"] for p in m["participants"] if p["hospital"] not in refused]
-                if len(cohort) < min_clients:
-                    raise InsufficientContributors(
-                        f"after refusing the invalid uploads of {sorted(refused)} only {len(cohort)} remain, "
-                        f"below min_clients={min_clients}")
+                if refused:  # both verifier messages the refusals rest on, kept with the key holder's record
+                    self.keep_validity_evidence(sid, {h: raw[h] for h in refused}, refused, evidence)
+                cohort = self._cohort(policy, floor, m, refused)
                 # a refused upload's noise share leaves the release with it: the noise is the cohort's
                 _check_dp_noise(params, len(cohort))
                 # in the privacy ledger, as the release it enables (the collector cannot unmask without the
@@ -366,13 +378,13 @@ class KeyHolder(KeyCustody):
             except split.SeedRefused as e:
                 ledger.block(key_id, f"refused before the share: {e}")
                 raise ContributionRejected(f"no share released: {e}", e.hospital) from e
-            return split.sign_share(self.party.identity_key(), params, m, share, refused)
+            return split.sign_share(self.party.identity_key(), params, m, share, refused, evidence)
         finally:
             ledger.close()
 
     def split_verdicts(self, sid: str, source, manifest: dict, statements: dict, ledger, *,
                        expected_hospitals: list[str] | None = None):
-        """``(server messages, refused, judge)`` for the manifest's participants: the verdicts formed as the
+        """``(server messages, refused, evidence, judge)`` for the manifest's participants: the verdicts formed as the
         uploads arrived (:meth:`judge_split`), and those of any upload not judged yet (or judged under
         another statement), formed now by the same code (keyholder/split_stream.py). A seed statement or box
         that fails blocks the key and refuses the release naming its hospital, as a forged server message
@@ -388,7 +400,10 @@ class KeyHolder(KeyCustody):
             raise ContributionRejected(f"no share released: {e}", e.hospital) from e
         hs = [p["hospital"] for p in manifest["participants"]]
         refused = {h: records[h]["verdict"] for h in hs if records[h]["verdict"] is not None}
-        return {h: records[h]["server_message"] for h in hs}, refused, judge
+        own = {h: records[h].get("keyholder_message") for h in refused}
+        evidence = {h: split.refusal_evidence(refused[h], None if own[h] is None else bytes.fromhex(own[h]))
+                    for h in refused}
+        return {h: records[h]["server_message"] for h in hs}, refused, evidence, judge
 
     def judge_split(self, conn, *, expected_hospitals: list[str] | None = None) -> dict:
         """While a split session is open: judge every upload accepted so far and not judged yet (one pass;
@@ -418,6 +433,19 @@ class KeyHolder(KeyCustody):
             judges[k] = SplitJudge(self, sid, expected_hospitals=expected_hospitals)
         return judges[k]
 
+    @staticmethod
+    def _cohort(policy: ReleasePolicy | None, floor: int, manifest: dict, refused: dict) -> list[str]:
+        """The cohort the share may cover, from the verdicts alone: the signed policy's refusal limit and quorum
+        (:func:`secure_afl.cohort.cohort_after_refusals`) abort the release rather than shrink the cohort."""
+        participants = [p["hospital"] for p in manifest["participants"]]
+        if policy is not None:
+            return cohort_after_refusals(policy, participants, refused)
+        cohort = [h for h in participants if h not in refused]
+        if len(cohort) < floor:
+            raise InsufficientContributors(f"after refusing the invalid uploads of {sorted(refused)} only "
+                                           f"{len(cohort)} remain, below min_clients={floor}")
+        return cohort
+
     def account_split_release(self, params: SessionParams, release_id: str, contributors: int) -> dict | None:
         """Record the release a split share enables in the privacy ledger, as :meth:`_solve` records a
         secagg or bfv release: with DP, its Renyi curve at the noise of ``contributors`` shares; without,
@@ -435,14 +463,17 @@ class KeyHolder(KeyCustody):
             composed = pl.preview(release_id, rdp, delta)
             pl.record(params.session_id, release_id, rdp, delta, eps)
         return {**dict(params.dp), "epsilon": eps, "epsilon_composed": composed, "contributors": contributors}
-    def keep_validity_evidence(self, session_id: str, messages: dict, refused: dict) -> Path:
-        """The server-signed verifier messages behind each refusal: a false accusation is the server's,
-        provably (its signature over a message that, with the hospital's own seed, fails)."""
+    def keep_validity_evidence(self, session_id: str, messages: dict, refused: dict, evidence: dict) -> Path:
+        """Both verifier messages behind each refusal: the server-signed one and this key holder's own (also
+        in its signed share statement). Anyone holding the two recomputes the verdict
+        (:func:`secure_afl.backends.split_validity.joint_verdict`); the refused hospital, from its own payload
+        and seed, recomputes each message and so finds which party's message is false
+        (:func:`secure_afl.backends.split_validity.dispute`)."""
         from secure_afl._io import write_file
 
         path = self.keys_dir / f"{session_id}.validity-refusals.json"
-        write_file(path, json.dumps({"refused": refused, "server_messages": messages}, indent=1,
-                                    sort_keys=True).encode(), mode=0o644, exclusive=False)
+        write_file(path, json.dumps({"refused": refused, "server_messages": messages, "keyholder": evidence},
+                                    indent=1, sort_keys=True).encode(), mode=0o644, exclusive=False)
         return path
 
     def _decrypt_once(self, ledger, key_id, params, backend, ctx, chunks, participants, m, tags, enrolled, *,
@@ -570,7 +601,8 @@ class KeyHolder(KeyCustody):
                                     "a server-formed aggregate is never decrypted")
         server_pub, enrolled = self._trust(params.session_id, expected_hospitals)
         try:
-            m = check_aggregate_against_manifest(params, aggregate, manifest, server_pub, enrolled, min_clients)
+            m = check_aggregate_against_manifest(params, aggregate, manifest, server_pub, enrolled,
+                                                 self._floor(params.session_id, min_clients))
         except SecureAFLError as e:
             raise DecryptionRefused(f"not decrypting: {e}") from e
         participants = sorted(p["hospital"] for p in m["participants"])

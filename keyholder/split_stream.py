@@ -80,7 +80,8 @@ class SplitJudge:
         return json.loads(self.state_path.read_text()) if self.state_path.exists() else {}
 
     def records(self) -> dict:
-        """hospital -> {payload_sha256, statement_sha256, verdict (None or the failed check), server_message}."""
+        """hospital -> {payload_sha256, statement_sha256, verdict (None or the failed check), server_message,
+        keyholder_message (this key holder's own verifier message, kept for a refusal)}."""
         return self._state().get("records", {})
 
     def judged(self, state: dict | None = None) -> tuple[dict, np.ndarray]:
@@ -143,7 +144,9 @@ class SplitJudge:
         except SecureAFLError as e:
             ledger.block(self.key_id, f"refused before the share: {e}")
             raise ServerForgery(f"the server's verifier messages do not hold: {e}") from e
-        verdicts, partial = split.keyholder_verdicts(self.params, checked, workers=os.cpu_count() or 1)
+        own: dict = {}
+        verdicts, partial = split.keyholder_verdicts(self.params, checked, workers=os.cpu_count() or 1,
+                                                     messages=own)
         if any(h in covered for h, *_ in todo):
             # a hospital judged valid before under another statement: its mask is in the sum and cannot be
             # told apart; start the sum again (the release expands every mask the sum does not cover)
@@ -152,8 +155,11 @@ class SplitJudge:
         for h, sha, st, seed, qs in todo:
             if verdicts[h] is None:
                 covered[h] = split_validity.seed_digest(seed)
+            # a refusal keeps this key holder's own verifier message: published beside the server's, the two
+            # recompute the verdict (split_validity.joint_verdict)
             records[h] = {"payload_sha256": sha, "statement_sha256": _digest(st), "verdict": verdicts[h],
-                          "server_message": answers[h]}
+                          "server_message": answers[h],
+                          "keyholder_message": own[h].hex() if h in own else None}
         self._save(records, covered, total)
         return records
 

@@ -157,6 +157,15 @@ SECTIONS: dict[str, Section] = {
                           allowed="> 0; not with deadline"),
         "max_upload_bytes": Key("int", "largest upload body the server reads", 64_000_000, "server, hospitals",
                                 low=1024),
+        "colluders": Key("int", "c: hospitals that may collude with the server; every release needs q = "
+                                "max(floor((n + c) / 2) + 1, min_clients + c) hospitals of the roster after every "
+                                "refusal", None, _ALL, low=0,
+                         default_text="secagg: threshold - 1; else the largest c <= min_clients - 1 that lets one "
+                                      "hospital drop out (0 if none does)",
+                         allowed="secagg: = threshold - 1; else q <= n, and n - q >= 1 when c >= 1"),
+        "max_refusals": Key("int", "split: uploads the key holder may refuse as invalid before the release is "
+                                   "aborted instead of formed without them", None, "server, key holder", low=0,
+                            default_text="colluders"),
         "hospitals": Key("strs", "the session's roster (fixed n): only these hospitals may take part; may be "
                                  "a subset of the hospitals the PKI issued", [],
                          default_text="[] = every hospital issued in the operator's PKI at signing",
@@ -434,7 +443,8 @@ def normalise(sections: Mapping[str, Mapping[str, Any]], *, issued_hospitals=Non
     body: dict[str, Any] = {
         "v": 1, "id": s["id"], "backend": s["backend"], "dim": s["dim"], "classes": s["classes"],
         **{k: s.get(k, _default("session", k)) for k in ("gamma", "min_clients", "min_class_count", "deadline",
-                                                          "deadline_s", "max_upload_bytes")},
+                                                          "deadline_s", "max_upload_bytes", "colluders",
+                                                          "max_refusals")},
         "hospitals": sorted(hospitals),
         "bounds": {"max_norm": b["max_norm"], "n_max": b["n_max"], "k_max": b["k_max"]},
         "secagg": None, "dp": None, "extractor": None,
@@ -470,6 +480,7 @@ def normalise(sections: Mapping[str, Mapping[str, Any]], *, issued_hospitals=Non
         body["extractor"] = fp.to_dict()
     if s["backend"] == "secagg":
         _resolve_secagg(body, source)
+    _resolve_colluders(body, where)
     definition = SessionDefinition(body)
     try:
         definition.session_params()  # every remaining impossibility (DP on a backend without it, ...)
@@ -496,25 +507,52 @@ def _resolve_secagg(body: dict, source: str) -> None:
     sa["neighbours"] = p.backend_params["neighbours"] or 0  # 0: the complete graph
 
 
+def _resolve_colluders(body: dict, where: str) -> None:
+    """Fill in the colluder bound c and the refusal limit, and refuse a c no release could meet (q > n) or,
+    for c >= 1, one that leaves no hospital free to drop out (lower c, or min_clients)."""
+    from .cohort import default_colluders, quorum
+
+    n, mc = len(body["hospitals"]), body["min_clients"]
+    if body["backend"] == "secagg":
+        c = body["secagg"]["threshold"] - 1  # Shamir: t - 1 colluders learn nothing from the shares
+        if body["colluders"] is not None and body["colluders"] != c:
+            raise _fail(where, f"colluders = {body['colluders']}: a secagg session tolerates threshold - 1 = {c} "
+                               "colluders; set the threshold instead")
+    else:
+        c = default_colluders(n, mc) if body["colluders"] is None else body["colluders"]
+    q = quorum(n, c, mc)
+    # secagg's threshold checks already ran (its line says when none may drop out)
+    if body["backend"] != "secagg" and (q > n or (c >= 1 and n - q < 1)):
+        raise _fail(where, f"colluders = {c} leaves no dropout tolerance: a release needs q = max(floor((n + c) / 2)"
+                           f" + 1, min_clients + c) = {q} of the n = {n} hospitals; lower colluders or min_clients")
+    body["colluders"] = c
+    body["max_refusals"] = c if body["max_refusals"] is None else body["max_refusals"]
+
+
 # ---------------------------------------------------------------------------------------------
 # What a session survives, and the reference of the schema
 # ---------------------------------------------------------------------------------------------
 def dropout_line(definition: SessionDefinition) -> tuple[int, str]:
     """How many hospitals may drop out or go silent and the session still releases, and why (one line).
 
-    plain, ckks, bfv: the key holder releases any ``min_clients`` uploads, so
-    ``n - min_clients``. secagg: :func:`~secure_afl.secagg.dropout_tolerance`
+    plain, ckks, bfv, split: a release needs the quorum q of the roster
+    (:mod:`secure_afl.cohort`), so ``n - q``. secagg: :func:`~secure_afl.secagg.dropout_tolerance`
     (every stage after setup needs the quorum q of the fixed n, and every
     hospital t of its m share holders). A session that survives none says
     what would let it survive one.
     """
+    from .cohort import quorum
+
     b = definition.body
     n, mc = len(b["hospitals"]), b["min_clients"]
     if b["backend"] != "secagg":
-        k = n - mc
-        line = (f"{k} of {n} hospitals may drop out or go silent and session {b['id']} still releases: the key "
-                f"holder releases any min_clients = {mc} uploads")
-        fix = f"min_clients = {n - 1}" if n > 1 else "more hospitals"
+        c = b["colluders"]
+        q = quorum(n, c, mc)
+        k = n - q
+        line = (f"{k} of {n} hospitals may drop out, go silent or be refused and session {b['id']} still releases: "
+                f"a release needs q = max(floor((n + c) / 2) + 1, min_clients + c) = {q} roster hospitals "
+                f"(c = {c} colluders tolerated, min_clients = {mc})")
+        fix = f"min_clients = {mc - 1}" if mc > 1 else "more hospitals"
     else:
 
         sa = b["secagg"]
@@ -549,7 +587,8 @@ def reference() -> str:
            "wrong types, values outside the range below and impossible combinations are refused at load, one "
            "line naming the key. Backends: " + ", ".join(f"`{x}`" for x in BACKENDS) + ".", "",
            "Before it signs, `session sign` prints how many hospitals may drop out or go silent with the session "
-           "still releasing (plain, ckks, bfv: n - min_clients; secagg: min(n - q, m - t)); `server run` and "
+           "still releasing (plain, ckks, bfv, split: n - q with q = max(floor((n + c) / 2) + 1, min_clients + c), c "
+           "the signed colluder bound; secagg: min(n - q, m - t)); `server run` and "
            "`session show` print the same line.", ""]
     for name, sec in SECTIONS.items():
         out += [f"## [{name}]", "", sec.meaning, "",
@@ -674,10 +713,13 @@ def from_body(body: Mapping[str, Any], *, source: str) -> SessionDefinition:
     except (KeyError, TypeError, AttributeError):
         raise ParameterMismatch(f"{source}: not a session definition") from None
     extra = set(body) - set(again.body)
-    if extra or any(again.body[k] != body[k] for k in again.body):
-        bad = sorted(extra) or [k for k in again.body if again.body[k] != body[k]]
+    if extra or any(again.body[k] != body.get(k, _ABSENT) for k in again.body):
+        bad = sorted(extra) or [k for k in again.body if again.body[k] != body.get(k, _ABSENT)]
         raise ParameterMismatch(f"{source}: the definition is not in canonical form (field {bad[0]!r})")
     return again
+
+
+_ABSENT = object()
 
 
 def check_info(definition: SessionDefinition, info: Mapping[str, Any], *, source: str = "the server"):
@@ -686,7 +728,7 @@ def check_info(definition: SessionDefinition, info: Mapping[str, Any], *, source
     Every protocol value in the server's session info (the session id, the
     parameters and their digest, backend, min_clients, min_class_count, the
     roster, the upload cap, an absolute deadline, and for secagg the client
-    numbering and round limit) must be the signed one; the first that is not
+    numbering and round limit, and the colluder bound c) must be the signed one; the first that is not
     is named. For ckks and bfv the parameters may add only the key holder's
     context hash and tag key (which its own signature covers).
     """
@@ -711,7 +753,7 @@ def check_info(definition: SessionDefinition, info: Mapping[str, Any], *, source
     b = definition.body
     relayed = {"backend": info.get("backend"), "min_clients": info.get("min_clients"),
                "min_class_count": info.get("min_class_count"), "hospitals": info.get("hospitals"),
-               "max_upload_bytes": info.get("max_upload_bytes")}
+               "max_upload_bytes": info.get("max_upload_bytes"), "colluders": info.get("colluders")}
     check_same({k: b[k] for k in relayed}, relayed, what="", source=source)
     if b["deadline"] is not None and info.get("deadline") != b["deadline"]:
         check_same({"deadline": b["deadline"]}, {"deadline": info.get("deadline")}, what="", source=source)

@@ -14,7 +14,7 @@ Stages of a session, visible in :attr:`AggregationServer.status`:
   against the session parameters, written durably and added to a running sum
   (memory O(L): one combiner, never K payloads). After a restart the stored
   uploads are summed again by one process per core (secure_afl/parallel.py).
-* ``released``: at least ``min_clients`` contributed; the aggregate payload
+* ``released``: at least the release quorum q (``secure_afl.cohort``) contributed; the aggregate payload
   and a server-signed manifest (participants, payload hashes, upload
   signatures) are fixed. Nothing more is accepted.
 
@@ -60,6 +60,7 @@ from secure_afl.signing import build_manifest, make_receipt, verify_upload
 from .config import ServerConfig
 from .store import Store
 from secure_afl import session
+from secure_afl.cohort import release_policy
 from secure_afl._io import write_file
 from secure_afl.backends.split import verify_seed_statement
 from secure_afl.encoding import parse_json
@@ -95,6 +96,7 @@ class AggregationServer:
         self._unauth: dict[str, list] = {}
         self._unauth_lock = threading.Lock()
         self.definition = self._signed_definition()
+        self.release_policy = release_policy(self.definition)
         self._enrolled = self._load_enrolled()
         self._keyholders = pki.load_enrolments(config.pki_dir, role="keyholder")
         if self.store.get_meta("created_at") is None:
@@ -214,6 +216,7 @@ class AggregationServer:
             "params_digest": self.params.digest().hex() if self.params else None,
             "min_clients": self.config.min_clients,
             "min_class_count": self.config.min_class_count,
+            "colluders": self.release_policy.colluders,
             "contributions": self.store.upload_count(),
             "hospitals": sorted(self._enrolled),
             "deadline": self.deadline,
@@ -551,7 +554,7 @@ class AggregationServer:
 
     # -- release ----------------------------------------------------------------------------------
     def close(self, party: str) -> dict:
-        """Fix the aggregate and sign the manifest, if at least min_clients contributed."""
+        """Fix the aggregate and sign the manifest, if at least the release quorum contributed."""
         with self._lock:
             if self.status == "released":
                 self._finish_release(party)
@@ -570,9 +573,12 @@ class AggregationServer:
                 if getattr(self._combiner, "lost", None):
                     self._rebuild()
                 n = self.store.upload_count()
-                if n < self.config.min_clients:
+                q = self.release_policy.quorum
+                if n < q:
                     raise InsufficientContributors(
-                        f"{n} contributions, fewer than min_clients={self.config.min_clients}; nothing is released")
+                        f"{n} contributions, fewer than the release quorum q = {q} of the signed session "
+                        f"(min_clients = {self.config.min_clients}, colluders = {self.release_policy.colluders}); "
+                        "nothing is released")
                 aggregate = self._final_aggregate()
                 agg_sha = hashlib.sha256(aggregate).hexdigest()
                 participants = []
@@ -580,7 +586,7 @@ class AggregationServer:
                     participants.append({**row["statement"],
                                          "identity_pub": self._enrolled[row["hospital"]].identity_pub})
                 manifest = build_manifest(self._key, self.config.session_id, self.params.digest(), participants,
-                                          bytes.fromhex(agg_sha), self.config.min_clients,
+                                          bytes.fromhex(agg_sha), q,
                                           enrolled=pki.enrolled_keys(self._enrolled),
                                           audit={"seq": self.audit.next_seq - 1, "head": self.audit.head})
             except SecureAFLError as e:

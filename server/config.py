@@ -91,6 +91,8 @@ class ServerConfig:
     deadline: float | None = None  # absolute unix time
     deadline_s: float | None = None  # relative to the session's creation
     max_upload_bytes: int = 64_000_000
+    colluders: int | None = None  # None: the session's default (secure_afl.cohort)
+    max_refusals: int | None = None
     host: str = "127.0.0.1"
     port: int = 8443
     name: str = "aggregator"
@@ -149,7 +151,8 @@ class ServerConfig:
         s = {"id": self.session_id, "backend": self.backend, "dim": self.dim, "classes": self.classes,
              "gamma": float(self.gamma), "min_clients": self.min_clients, "min_class_count": self.min_class_count,
              "hospitals": list(self.hospitals), "deadline": self.deadline, "deadline_s": self.deadline_s,
-             "max_upload_bytes": self.max_upload_bytes}
+             "max_upload_bytes": self.max_upload_bytes, "colluders": self.colluders,
+             "max_refusals": self.max_refusals}
         sections = {"session": {k: v for k, v in s.items() if v is not None}, "bounds": self.bounds.to_dict()}
         if self.deadline is not None:
             import datetime as _dt
@@ -196,7 +199,7 @@ def load_config(path) -> ServerConfig:
         session_id=d["id"], backend=d["backend"], dim=d["dim"], classes=d["classes"], gamma=d["gamma"],
         bounds=Bounds(**d["bounds"]), min_clients=d["min_clients"], min_class_count=d["min_class_count"],
         hospitals=list(d["hospitals"]), deadline=d["deadline"], deadline_s=d["deadline_s"],
-        max_upload_bytes=d["max_upload_bytes"],
+        max_upload_bytes=d["max_upload_bytes"], colluders=d["colluders"], max_refusals=d["max_refusals"],
         data_dir=(base / srv.get("data_dir", "server-data")).resolve(), pki_dir=pki_dir,
         host=srv.get("host", "127.0.0.1"), port=srv.get("port", 8443), name=srv.get("name", "aggregator"),
         keyholder=srv.get("keyholder", "keyholder"), require_client_cert=srv.get("require_client_cert", True),

@@ -30,6 +30,7 @@ from secure_afl.protocol import API, H_TAG
 from .aggregator import AggregationServer, log
 from secure_afl.backends import get_backend, split, split_validity
 from secure_afl.certify import certify_release
+from secure_afl.cohort import JOINT_CHECK, cohort_after_refusals
 from secure_afl.packing import Layout
 
 __all__ = ["SplitAggregationServer"]
@@ -133,6 +134,10 @@ class SplitAggregationServer(AggregationServer):
                     raise RoundAlreadyClosed("the key holder's share was already combined; a share is taken once")
                 share = split.verify_share(self.params, manifest, body, statement, self.lookup_pub(party))
                 refused = dict(statement["refused"])
+                # the signed session's floor, whatever the share says: refusals past max_refusals or a cohort
+                # below the quorum abort the release here too
+                cohort_after_refusals(self.release_policy, [p["hospital"] for p in manifest["participants"]],
+                                      refused)
                 # the refused uploads are in the masked sum but not in the key holder's share: take them out
                 backend = get_backend(self.params)
                 out = [backend.masked_words(self.store.get_blob(row["payload_sha256"]))
@@ -176,9 +181,14 @@ class SplitAggregationServer(AggregationServer):
                                                  "W_sha256": w_sha})
             for h, check in refused.items():
                 # the key holder's signed share names it; the server's own verifier message is kept beside
+                # and so is the key holder's own message: with the two, anyone recomputes the verdict; only the
+                # hospital, from its own upload, can tell which of its upload and the server's message is false
+                ev = (statement.get("evidence") or {}).get(h) or {}
                 self.audit.append("split_validity", actor="hospital:" + h, outcome="refused",
                                   session=self.config.session_id,
-                                  details={"check": check, "by": party, "share_sha256": statement["share_sha256"]})
+                                  details={"check": check, "by": party, "share_sha256": statement["share_sha256"],
+                                           "attribution": ev.get("attribution", JOINT_CHECK),
+                                           "keyholder_message": ev.get("keyholder_message")})
             self.audit.append("split_collect", actor=party, outcome="accepted", session=self.config.session_id,
                               details={"share_sha256": statement["share_sha256"],
                                        "manifest_sha256": statement["manifest_sha256"], "contributors":

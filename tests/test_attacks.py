@@ -189,13 +189,14 @@ _BROKEN = {
                      "v.DOMAIN_SHARE else g(seed, n, domain))"),
     # the split server serves a stored masked vector to the key holder (its refusing route removed)
     "split-keyholder": "import secure_afl.server.split_round as m\ndel m.SplitAggregationServer.contribution",
-    # the key holder's min_clients floor removed (on the manifest and on the cohort its validity verdicts
-    # leave): it releases a share for any cohort
+    # the key holder's floor removed (the signed quorum on the manifest and on the cohort its validity
+    # verdicts leave): it releases a share for any cohort
     "split-subset": ("import secure_afl.keyholder.release as r\nf = r.verify_manifest_for\n"
                      "r.verify_manifest_for = lambda p, m, s, e, mc: f(p, m, s, e, 1)\n"
                      "rs = r.KeyHolder.release_split\n"
                      "r.KeyHolder.release_split = lambda self, sid, src, *, min_clients, **kw: "
-                     "rs(self, sid, src, min_clients=1, **kw)"),
+                     "rs(self, sid, src, min_clients=1, **kw)\n"
+                     "r.cohort_after_refusals = lambda p, parts, refused: [h for h in parts if h not in refused]"),
 }
 
 

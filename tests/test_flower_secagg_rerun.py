@@ -22,7 +22,7 @@ from support import Consortium
 
 from secure_afl.exceptions import InsufficientShares
 from secure_afl.flower import client_app, server_app
-from secure_afl.flower.records import RECEIPT, SECAGG
+from secure_afl.flower.records import RECEIPT, SECAGG, unpack_str
 from secure_afl.hazmat import fixedpoint
 from secure_afl.server.rounds import open_server
 from secure_afl.server.config import load_config
@@ -38,6 +38,7 @@ class InProcessGrid:
 
     def __init__(self, contexts: dict[int, Context]):
         self.contexts, self.replies = contexts, {}
+        self.answered: list[str] = []  # the stage of every message a hospital answered without an error
 
     def push_messages(self, messages):
         out = []
@@ -49,6 +50,9 @@ class InProcessGrid:
                 reply = handler(m, self.contexts[m.metadata.dst_node_id])
             except Exception as e:  # a ClientApp exception reaches the ServerApp as an error reply
                 reply = Message(Error(code=1, reason=f"{type(e).__name__}: {e}"), reply_to=m)
+            else:
+                if m.metadata.message_type == SECAGG:
+                    self.answered.append(unpack_str(m.content, "stage"))
             self.replies[mid] = reply
             out.append(mid)
         return out
@@ -90,10 +94,11 @@ def test_serverapp_rerunning_setup_without_the_victim_gets_no_second_sum(tmp_pat
 
     # Execute: a second run of the same session, h1 left out
     second = _server(c, "server-2")
+    grid = InProcessGrid(_contexts(c, 8, data))
     try:
         with pytest.raises(InsufficientShares):
-            server_app._secagg_round(InProcessGrid(_contexts(c, 8, data)), second,
-                                     {h: n for h, n in nodes.items() if h != "h1"}, reply_timeout_s=30)
+            server_app._secagg_round(grid, second, {h: n for h, n in nodes.items() if h != "h1"},
+                                     reply_timeout_s=30)
         sum_rest = getattr(second._round, "fixed_point_sum_", None)
     finally:
         second.shutdown()
@@ -107,3 +112,41 @@ def test_serverapp_rerunning_setup_without_the_victim_gets_no_second_sum(tmp_pat
     h1 = fixedpoint.encode(protect_vector(params, victim), params.backend_params["frac_bits"])
     assert sum_rest is None or not np.array_equal(sum_all - sum_rest, h1)
     assert sum_rest is None
+    # and every hospital refused at the setup already: it answered no stage of the second run
+    assert grid.answered == [], grid.answered
+
+
+def test_a_hospital_that_signed_over_flower_takes_no_part_natively_in_the_same_session(tmp_path):
+    # Prepare: one record directory per hospital, absolute, given to its Flower node and to `client submit`
+    from secure_afl import pki
+    from secure_afl.clients.hospital import HospitalClient
+    from secure_afl.clients.secagg_client import SecAggParticipant
+    from secure_afl.exceptions import InvalidContribution
+
+    c = Consortium(tmp_path, backend="secagg", hospitals=HOSPITALS, min_clients=2,
+                   secagg={"threshold": 2, "stage_timeout_s": 3.0})
+    data = {}
+    for h in HOSPITALS:
+        X, y = c.data(h, n=12)
+        data[h] = c.root / f"{h}.npz"
+        np.savez(data[h], X=X, y=y)
+    records = (c.root / "records").resolve()
+    contexts = _contexts(c, 9, data)
+    for ctx in contexts.values():
+        ctx.node_config["secagg-record"] = str(records)
+    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 9, 0, 0
+    server = _server(c, "server-1")
+    try:
+        server_app._secagg_round(InProcessGrid(contexts), server, {h: i + 1 for i, h in enumerate(HOSPITALS)},
+                                 reply_timeout_s=30)
+        assert server._round.fixed_point_sum_ is not None
+    finally:
+        server.shutdown()
+
+    # Execute: h2 restarted as the native client of the same signed session, the same record directory
+    site = HospitalClient("https://127.0.0.1:9", c.session_id, pki.load_party(c.pki_dir, "hospital", "h2"),
+                          secagg_record_dir=records)
+    site.conn.close()
+    # Assert: it takes no part, naming the record
+    with pytest.raises(InvalidContribution, match="signed a survivor set"):
+        SecAggParticipant(site, site.definition.session_params(), c.stats(*np.load(data["h2"]).values()))

@@ -25,11 +25,11 @@ def _keygen(c):
     c.keyholder.keygen(session.load_signed(c.pki_dir, c.session_id).session_params())
 
 
-def _started(tmp_path, deployment, *, seed: int, min_clients: int):
+def _started(tmp_path, deployment, *, seed: int, min_clients: int, max_refusals: int = 1):
     """A split consortium with its key holder's keys, and the Flower parties started on its hospitals' data:
     (consortium, data, the ServerApp's session config)."""
     c = Consortium(tmp_path / "fl", backend="split", hospitals=HOSPITALS, min_clients=min_clients,
-                   extra_session={"min_class_count": 1})
+                   extra_session={"min_class_count": 1, "max_refusals": max_refusals})
     data = hospital_data(c, seed=seed, names=HOSPITALS)
     _keygen(c)
     return c, data, deployment.start_parties(c, data, tmp_path, min_clients=min_clients)

@@ -36,7 +36,9 @@ def _data(c):
 def _started_with_honest(consortium, honest, *, hospitals=NAMES, min_clients=3):
     """A DP split consortium with its key published and ``honest`` hospitals' statistics submitted by the
     ordinary client: (consortium, data, key holder connection)."""
-    c = consortium(backend="split", hospitals=hospitals, min_clients=min_clients, dp=DP).start()
+    # one refusal within the signed limit: the tests below refuse one upload and judge what is left
+    c = consortium(backend="split", hospitals=hospitals, min_clients=min_clients, dp=DP,
+                   extra_session={"max_refusals": 1}).start()
     data = _data(c)
     conn = _split_session(c)
     for h in honest:

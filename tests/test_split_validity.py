@@ -540,8 +540,10 @@ def test_query_seed_must_be_32_bytes(session):
 
 
 # -- e2e: a malicious hospital through the real service --------------------------------------------------------
-def _start(consortium, hospitals=("h1", "h2", "h3"), min_clients=2, k_max=8):
-    c = consortium(backend="split", hospitals=hospitals, min_clients=min_clients, k_max=k_max).start()
+def _start(consortium, hospitals=("h1", "h2", "h3"), min_clients=2, k_max=8, max_refusals=1):
+    # one refusal allowed: the cohort left (2 of 3) still meets the quorum of c = 0
+    c = consortium(backend="split", hospitals=hospitals, min_clients=min_clients, k_max=k_max,
+                   extra_session={"max_refusals": max_refusals}).start()
     conn = c.connect_keyholder()
     c.keyholder.keygen(split.split_session_params(c.session_id, Layout(c.dim, c.classes), 1.0,
                                                   Bounds(c.max_norm, 1000, k_max)))
@@ -654,7 +656,8 @@ def test_cli_attack_veto_through_the_service_exits_zero_because_split_refuses_th
 
 
 # the split key holder's verdict on its share switched off, as a regression would: it accepts every proof
-_NO_VERDICT = "import secure_afl.backends.split_validity as v\nv.helper_verdict = lambda *a, **k: None"
+_NO_VERDICT = ("import secure_afl.backends.split_validity as v\n"
+               "v.helper_verdict = lambda *a, **k: (None, None) if k.get('with_message') else None")
 
 
 @pytest.mark.e2e

@@ -33,7 +33,8 @@ from secure_afl.signing import sign_upload
 from secure_afl.stats import SufficientStatistics, local_statistics
 from secure_afl.tagging import new_tag, seal_tag, sign_tag
 
-__all__ = ["tagged_upload", "signed_participant", "MaliciousServer"]
+__all__ = ["tagged_upload", "signed_participant", "MaliciousServer", "ForgingSplitSource", "forge_verifier",
+           "subset_manifest"]
 
 
 def tagged_upload(party, params, backend, public, vector):
@@ -120,3 +121,49 @@ class MaliciousServer:
         if path == "/audit/countersign":
             return _Answer({"stored": True})
         raise AssertionError(f"unexpected request {method} {path}")
+
+
+def forge_verifier(params, statement: dict, server_key) -> dict:
+    """The server's verifier message for one upload with one word changed, re-signed with the server's key:
+    the key holder's joint check then fails on an honest upload."""
+    from secure_afl.backends import split_validity
+    from secure_afl.hazmat import flp
+
+    msg = flp.from_bytes(bytes.fromhex(statement["message"]))
+    bump = np.zeros_like(msg)
+    bump[0] = 1
+    return split_validity._sign_leader(params, statement["hospital"], statement["payload_sha256"],
+                                       bytes.fromhex(statement["query_seed"]), flp.add(msg, bump), server_key)
+
+
+def subset_manifest(manifest: dict, keep, server_key) -> dict:
+    """The server's manifest re-signed over the uploads of ``keep`` only (the attack of choosing the cohort)."""
+    from secure_afl.signing import MANIFEST_PREFIX, canonical_json
+
+    st = {k: v for k, v in manifest.items() if k != "signature"}
+    st = {**st, "min_clients": 1, "participants": [e for e in st["participants"] if e["hospital"] in set(keep)]}
+    return {**st, "signature": server_key.sign(MANIFEST_PREFIX + canonical_json(st)).hex()}
+
+
+class ForgingSplitSource:
+    """What a malicious split server hands the key holder: its stored manifest (or one of its choosing), the
+    hospitals' seed statements, and its verifier messages with those of ``forge`` falsified and re-signed."""
+
+    def __init__(self, srv, server_key, *, manifest=None, forge=()):
+        self._srv, self._key, self._manifest, self._forge = srv, server_key, manifest, set(forge)
+
+    def manifest(self) -> dict:
+        return self._manifest if self._manifest is not None else self._srv.released()[1]
+
+    def tags(self) -> dict:
+        return self._srv.tags()
+
+    def split_queries(self, queries: dict) -> dict:
+        """The server's answers to the key holder's query seeds (``POST /split/queries``), those of ``forge``
+        falsified and re-signed."""
+        from secure_afl.encoding import canonical_json
+
+        out = dict(self._srv.form_verifier_messages("keyholder:keyholder", canonical_json(queries)))
+        for h in self._forge & set(out):
+            out[h] = forge_verifier(self._srv.params, out[h], self._key)
+        return out

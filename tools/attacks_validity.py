@@ -294,6 +294,8 @@ class _Consortium:
         if self.backend == "secagg":
             cfg["secagg"] = {"stage_timeout_s": 120.0}
             cfg["session"]["min_clients"] = secagg_quorum(K)
+        else:  # room for the one refusal the veto attack provokes (the cohort left still meets the quorum)
+            cfg["session"]["max_refusals"] = 1
         self.min_clients = cfg["session"]["min_clients"]
         write_session(w / "session.toml", pki_dir, cfg)
         self.url = f"https://127.0.0.1:{cfg['server']['port']}"
@@ -323,7 +325,7 @@ class _Consortium:
         from secure_afl.clients.hospital import HospitalClient
 
         return (cls or HospitalClient)(self.url, self.session_id, pki.load_party(self.pki_dir, "hospital", name),
-                                       timeout=120)
+                                       timeout=120, receipts_dir=self.work / "receipts" / name)
 
     def audit_text(self) -> str:
         return "".join(p.read_text(errors="replace") for p in (self.work / "server").rglob("*audit*") if p.is_file())

@@ -275,7 +275,8 @@ def open_statement_seed(params: SessionParams, secret_key: bytes, statements: Ma
         raise SeedRefused(f"{hospital}'s seed: {e}", hospital) from e
 
 
-def keyholder_verdicts(params: SessionParams, items, *, workers: int = 1) -> tuple[dict, np.ndarray]:
+def keyholder_verdicts(params: SessionParams, items, *, workers: int = 1,
+                       messages: dict | None = None) -> tuple[dict, np.ndarray]:
     """Key holder: ``(hospital -> None or the check its upload failed, -sum m_k (mod p) over the accepted)``
     for ``items`` of ``(hospital, opened seed, validity commitment, query seed, the server's checked
     verifier message)`` (:func:`split_validity.verify_leader_message`). Each verdict is independent of the
@@ -285,15 +286,31 @@ def keyholder_verdicts(params: SessionParams, items, *, workers: int = 1) -> tup
     The verdicts run in ``workers`` spawned processes when there are enough uploads to pay for starting them
     (:data:`split_validity.PROCESS_MIN_UPLOADS` per worker): their table lookups and small field operations
     hold the GIL, so threads would not scale. The opened seeds go to this key holder's own worker processes
-    over pipes, nowhere else; the result does not depend on how the uploads are split."""
+    over pipes, nowhere else; the result does not depend on how the uploads are split.
+
+    ``messages``, if given, receives for each refused upload this key holder's own verifier message (bytes),
+    which it publishes beside the server's (:func:`refusal_evidence`)."""
     items = [(h, bytes(seed), validity, bytes(qs), flp.to_bytes(msg)) for h, seed, validity, qs, msg in items]
     w = workers if len(items) >= split_validity.PROCESS_MIN_UPLOADS * max(1, workers) else 1
     total = np.zeros(fixedpoint.n_words(params.layout.length), dtype=np.uint64)
     refused: dict[str, str] = {}
-    for partial, refused_here in map_chunks(_share_chunk, params.to_dict(), items, w):
+    for partial, refused_here, own in map_chunks(_share_chunk, params.to_dict(), items, w):
         total = flp.add(total, partial)
         refused.update(refused_here)
+        if messages is not None:
+            messages.update(own)
     return {h: refused.get(h) for h, *_ in items}, total
+
+
+def refusal_evidence(check: str, keyholder_message: bytes | None) -> dict:
+    """What the key holder publishes for one refusal: the check, its own verifier message (with the server's
+    signed one, anyone recomputes the verdict: :func:`split_validity.joint_verdict`), and who the evidence
+    points at. Only a commitment that fails on the hospital's own sealed seed involves no server-formed
+    message; every other failure is of the joint check, the hospital's or the server's."""
+    from secure_afl.cohort import HOSPITAL_PROVEN, JOINT_CHECK
+
+    return {"check": check, "keyholder_message": None if keyholder_message is None else keyholder_message.hex(),
+            "attribution": HOSPITAL_PROVEN if check == "commitment" else JOINT_CHECK}
 
 
 def keyholder_share(params: SessionParams, secret_key: bytes, manifest: Mapping, statements: Mapping,
@@ -347,42 +364,51 @@ def _mask_chunk(params_dict: dict, seeds: list) -> np.ndarray:
     return total
 
 
-def _share_chunk(params_dict: dict, items: list) -> tuple[np.ndarray, dict]:
-    """One worker's part of :func:`keyholder_verdicts`: ``-sum m_k`` over its accepted uploads, and its refusals."""
+def _share_chunk(params_dict: dict, items: list) -> tuple[np.ndarray, dict, dict]:
+    """One worker's part of :func:`keyholder_verdicts`: ``-sum m_k`` over its accepted uploads, its refusals,
+    and its own verifier message for each refused one."""
     params = SessionParams.from_dict(params_dict)
     n = fixedpoint.n_words(params.layout.length)
     total = np.zeros(n, dtype=np.uint64)
     refused: dict[str, str] = {}
+    messages: dict[str, bytes] = {}
     circuit = split_validity.Circuit(params) if items else None
     for h, seed, validity, query_seed, message in items:
         mask = circuit.helper_share(seed)  # -m over the whole body: the verdict's share, the lanes first
         msg = flp.from_bytes(message, circuit.verifier_len, what=f"the server's verifier message for {h}")
-        reason = split_validity.helper_verdict(circuit, h, seed, {"validity": validity}, query_seed, msg,
-                                               share=mask)
+        reason, own = split_validity.helper_verdict(circuit, h, seed, {"validity": validity}, query_seed, msg,
+                                                    share=mask, with_message=True)
         if reason is None:
             total = flp.add(total, mask[:n])
         else:
             refused[h] = reason
-    return total, refused
+            if own is not None:
+                messages[h] = flp.to_bytes(own)
+    return total, refused, messages
 
 
-def _share_statement(params: SessionParams, manifest: Mapping, share_sha256: str, refused: Mapping) -> dict:
+def _share_statement(params: SessionParams, manifest: Mapping, share_sha256: str, refused: Mapping,
+                     evidence: Mapping | None = None) -> dict:
     everyone = {p["hospital"] for p in manifest["participants"]}
     if not isinstance(refused, Mapping) or not set(refused) <= everyone or \
             not all(isinstance(v, str) for v in refused.values()):
         raise MalformedPayload("the refused uploads are not a mapping of the manifest's hospitals to a check")
-    return {"type": "split-share", "v": 2, "session_id": params.session_id, "params_digest": params.digest().hex(),
+    evidence = {} if evidence is None else evidence
+    if not isinstance(evidence, Mapping) or set(evidence) - set(refused):
+        raise MalformedPayload("the refusal evidence is not a mapping of refused hospitals")
+    return {"type": "split-share", "v": 3, "session_id": params.session_id, "params_digest": params.digest().hex(),
             "manifest_sha256": manifest_digest(manifest), "aggregate_sha256": manifest["aggregate_sha256"],
             "cohort": sorted(everyone - set(refused)), "refused": dict(sorted(refused.items())),
-            "share_sha256": share_sha256}
+            "evidence": {h: dict(evidence[h]) for h in sorted(evidence)}, "share_sha256": share_sha256}
 
 
 def sign_share(identity_key, params: SessionParams, manifest: Mapping, share: np.ndarray,
-               refused: Mapping | None = None) -> tuple[bytes, dict]:
+               refused: Mapping | None = None, evidence: Mapping | None = None) -> tuple[bytes, dict]:
     """Key holder: ``(share bytes, signed statement)`` bound to the manifest, its masked aggregate, the cohort
-    it covers and the uploads it refused (hospital -> failed check), which the collector leaves out."""
+    it covers, the uploads it refused (hospital -> failed check), which the collector leaves out, and for each
+    refusal this key holder's own verifier message (:func:`refusal_evidence`)."""
     body = np.asarray(share, dtype=np.uint64).astype("<u8", copy=False).tobytes()
-    st = _share_statement(params, manifest, hashlib.sha256(body).hexdigest(), refused or {})
+    st = _share_statement(params, manifest, hashlib.sha256(body).hexdigest(), refused or {}, evidence)
     return body, {**st, "signature": identity_key.sign(_SHARE_SIG_PREFIX + canonical_json(st)).hex()}
 
 
@@ -390,7 +416,8 @@ def verify_share(params: SessionParams, manifest: Mapping, body: bytes, statemen
                  keyholder_pub) -> np.ndarray:
     """Collector: the key holder's share for exactly this manifest -> words (``statement["refused"]`` names
     the uploads it does not cover)."""
-    st = _share_statement(params, manifest, hashlib.sha256(body).hexdigest(), statement.get("refused"))
+    st = _share_statement(params, manifest, hashlib.sha256(body).hexdigest(), statement.get("refused"),
+                          statement.get("evidence"))
     if {k: statement.get(k) for k in st} != st:
         raise InvalidSignature("the key holder's share is for another manifest, cohort or body")
     try:

@@ -788,16 +788,72 @@ def hmac_compare(a: bytes, b: bytes) -> bool:
 
 
 def helper_verdict(circuit: Circuit, hospital: str, seed: bytes, statement: Mapping, query_seed: bytes,
-                   leader_msg: np.ndarray, *, share: np.ndarray | None = None) -> str | None:
+                   leader_msg: np.ndarray, *, share: np.ndarray | None = None, with_message: bool = False):
     """Key holder: None if ``hospital``'s upload is valid, else the check it failed. ``share``: this seed's
-    :meth:`Circuit.helper_share` when the caller has already expanded it (the release sums its lane part)."""
+    :meth:`Circuit.helper_share` when the caller has already expanded it (the release sums its lane part).
+    ``with_message``: ``(verdict, this key holder's own verifier message or None)``, the message it publishes
+    beside the server's when it refuses."""
     commitment = UploadCommitment.from_dict(statement.get("validity"))
     try:
         circuit.check_commitment(None, commitment, leader=False, seed=seed)
     except MalformedPayload:
-        return "commitment"
+        return ("commitment", None) if with_message else "commitment"
     share = circuit.helper_share(seed) if share is None else share
-    return circuit.decide(leader_msg, circuit.query(share, commitment, hospital, query_seed, leader=False))
+    own = circuit.query(share, commitment, hospital, query_seed, leader=False)
+    verdict = circuit.decide(leader_msg, own)
+    return (verdict, own) if with_message else verdict
+
+
+def joint_verdict(params: SessionParams, hospital: str, payload_sha256: str, server_message: Mapping,
+                  keyholder_message_hex: str, server_pub) -> str | None:
+    """Anyone: the verdict the two published verifier messages give (None: valid, else the failed check),
+    after checking the server's signature over its message for exactly this upload."""
+    circuit = Circuit(params)
+    _, leader = verify_leader_message(server_message, server_pub, circuit, hospital, payload_sha256,
+                                      _signed_query_seed(server_message, hospital))
+    helper = flp.from_bytes(bytes.fromhex(keyholder_message_hex), circuit.verifier_len,
+                            what=f"the key holder's verifier message for {hospital}")
+    return circuit.decide(leader, helper)
+
+
+def _signed_query_seed(server_message, hospital: str) -> bytes:
+    """The query seed the server signed its message at. Only the key holder can derive an upload's query seed
+    (:func:`query_seed`); anyone else recomputes a verdict at the seed the server signed, which is the one the
+    key holder formed its own message at whenever the two agree (a message formed at another seed fails
+    :meth:`Circuit.decide`, except with the proof's soundness error)."""
+    from ..exceptions import InvalidSignature
+
+    try:
+        return bytes.fromhex(server_message["query_seed"])
+    except (KeyError, TypeError, ValueError):
+        raise InvalidSignature(f"the server's verifier message for {hospital} is missing or malformed") from None
+
+
+def dispute(params: SessionParams, hospital: str, payload: bytes, statement: Mapping, server_message: Mapping,
+            keyholder_message_hex: str | None, server_pub) -> dict:
+    """The refused hospital: who is at fault, from its own upload (``payload`` and signed seed
+    ``statement``, whose hash its receipt acknowledges) and the two published messages.
+
+    The server's verifier message is a deterministic function of the upload and the query seed it signed, so
+    the hospital recomputes it: a signed message that differs is the server's forgery, provable to anyone
+    given the payload. If the server's message is true, the failed verdict rests on the upload itself (or on
+    the key holder's message, which the key holder signed in its share statement). Returns ``{"at_fault":
+    "server" | "hospital", "server_message_true": bool, "verdict": ...}``."""
+    circuit = Circuit(params)
+    sha = hashlib.sha256(payload).hexdigest()
+    qs, leader = verify_leader_message(server_message, server_pub, circuit, hospital, sha,
+                                       _signed_query_seed(server_message, hospital))
+    try:
+        own_leader = _leader_query(circuit, hospital, payload, statement.get("validity"), qs)
+    except MalformedPayload:
+        return {"at_fault": "hospital", "server_message_true": False, "verdict": "commitment"}
+    true = bool(np.array_equal(np.asarray(own_leader), np.asarray(leader)))
+    verdict = None
+    if keyholder_message_hex is not None:
+        helper = flp.from_bytes(bytes.fromhex(keyholder_message_hex), circuit.verifier_len,
+                                what=f"the key holder's verifier message for {hospital}")
+        verdict = circuit.decide(own_leader, helper)
+    return {"at_fault": "hospital" if true else "server", "server_message_true": true, "verdict": verdict}
 
 
 #: release checks the proof does not establish (a hospital within its proven bounds can fail them): the

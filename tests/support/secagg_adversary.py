@@ -140,7 +140,8 @@ class MaliciousServer:
         return {"session_id": "adv", "status": "open", "backend": "secagg", "params": self.params.to_dict(),
                 "params_digest": self.params.digest().hex(), "min_clients": self.min_clients,
                 "min_class_count": 5, "hospitals": list(self.names), "deadline": None,
-                "max_upload_bytes": 64_000_000, "server_identity_pub": pki.public_key_hex(self.key.public_key()),
+                "max_upload_bytes": 64_000_000, "colluders": self.definition.body["colluders"],
+                "server_identity_pub": pki.public_key_hex(self.key.public_key()),
                 "secagg": {"client_ids": dict(self.ids), "max_rounds": 3, "round": 1}}
 
     # -- the hospitals -------------------------------------------------------------------------
@@ -151,7 +152,8 @@ class MaliciousServer:
             if self.ids[h] in self.colluders:
                 continue
             party = pki.load_party(self.pki_dir, "hospital", h)
-            site = HospitalClient("https://127.0.0.1:9", "adv", party, server_identity_pub=self.key.public_key())
+            site = HospitalClient("https://127.0.0.1:9", "adv", party, server_identity_pub=self.key.public_key(),
+                                  secagg_record_dir=self.pki_dir.parent / "records")
             site.conn.close()
             site.conn = _Conn(self, h)
             X, y = data[h]

@@ -1,0 +1,114 @@
+"""The release policy: how many hospitals of the signed roster a release needs, from the signed session only.
+
+A server that may collude with up to ``c`` hospitals (the session's signed
+colluder bound) chooses which uploads reach a release: it can leave honest
+hospitals out (a small manifest), and in split it can make honest uploads
+fail the joint validity check (a forged verifier message). Either way the
+colluders' own statistics are known to the coalition, so a release over
+``k`` hospitals of which ``c`` collude reveals the sum of ``k - c`` honest
+ones; with ``k - c = 1`` that is one hospital's exact statistics.
+
+The rule, for every backend (the secagg consistency quorum, applied to the
+release itself): a release needs at least
+
+    q = max(floor((n + c) / 2) + 1, min_clients + c)
+
+hospitals of the signed roster (``n`` its size) after every refusal. Then at
+least ``min_clients`` honest hospitals are behind any release, and two
+releases over different cohorts of one session cannot both be formed without
+``2 (q - c) > n - c`` distinct honest uploads, more than exist. Split
+refusals are further capped by the session's signed ``max_refusals``: past
+it, the release aborts instead of shrinking the cohort.
+
+Nothing relayed by the server enters :func:`release_policy`: its only inputs
+are the signed definition and the stricter floors a party may ask for
+itself.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping
+
+from .exceptions import InsufficientContributors
+
+__all__ = ["ReleasePolicy", "quorum", "default_colluders", "release_policy", "cohort_after_refusals",
+           "JOINT_CHECK", "HOSPITAL_PROVEN"]
+
+#: the attribution of a refusal whose evidence does not pin the hospital: the server formed one of the two
+#: verifier messages, so a failed joint check is the hospital's or the server's
+JOINT_CHECK = "failed the joint check (hospital or server)"
+#: the attribution of a refusal the hospital's own signed statement proves (its commitment fails on its seed)
+HOSPITAL_PROVEN = "the hospital's signed statement fails on its own seed"
+
+
+def quorum(n: int, colluders: int, min_clients: int) -> int:
+    """``max(floor((n + c) / 2) + 1, min_clients + c)``: hospitals of the roster every release needs."""
+    return max((n + colluders) // 2 + 1, min_clients + colluders)
+
+
+def default_colluders(n: int, min_clients: int) -> int:
+    """The default colluder bound of a non-secagg session: the largest ``c <= min_clients - 1`` (the most a
+    release of ``min_clients`` can stand) that still lets one hospital drop out; 0 when none does (then the
+    session needs every hospital, as ``session sign`` says)."""
+    for c in range(min_clients - 1, 0, -1):
+        if n - quorum(n, c, min_clients) >= 1:
+            return c
+    return 0
+
+
+@dataclass(frozen=True)
+class ReleasePolicy:
+    """What a release of one session must satisfy; see the module docstring."""
+
+    session_id: str
+    backend: str
+    roster: tuple[str, ...]
+    min_clients: int
+    colluders: int
+    quorum: int
+    max_refusals: int
+    min_class_count: int
+    deadline: float | None
+
+    @property
+    def dropout_tolerance(self) -> int:
+        """Roster hospitals that may be missing (silent, dropped or refused) and the session still releases."""
+        return len(self.roster) - self.quorum
+
+
+def release_policy(definition, *, min_clients: int = 0, min_class_count: int = 0) -> ReleasePolicy:
+    """The release policy of a signed session ``definition``; ``min_clients`` (contributors, as
+    ``keyholder finalize --min-clients`` counts them) and ``min_class_count`` are a party's own stricter
+    floors: they can only raise the signed ones."""
+    b = definition.body
+    n, c = len(b["hospitals"]), int(b["colluders"])
+    mc = max(int(b["min_clients"]), int(min_clients))
+    return ReleasePolicy(
+        session_id=b["id"], backend=b["backend"], roster=tuple(b["hospitals"]), min_clients=mc, colluders=c,
+        quorum=max(quorum(n, c, int(b["min_clients"])), int(min_clients)), max_refusals=int(b["max_refusals"]),
+        min_class_count=max(int(b["min_class_count"]), int(min_class_count)), deadline=b.get("deadline"))
+
+
+def cohort_after_refusals(policy: ReleasePolicy, participants, refused: Mapping[str, str]) -> list[str]:
+    """The cohort a release may go ahead with: ``participants`` (already checked against the signed roster)
+    less ``refused``; :class:`InsufficientContributors` when the refusals pass the signed limit or leave
+    fewer than the quorum (the release aborts: the cohort never shrinks below it)."""
+    everyone = list(participants)
+    out = set(refused) - set(everyone)
+    if out:
+        raise InsufficientContributors(f"refusals name {sorted(out)}, not in the release's cohort")
+    roster = set(policy.roster)
+    cohort = [h for h in everyone if h not in refused and h in roster]
+    if len(refused) > policy.max_refusals:
+        raise InsufficientContributors(
+            f"{len(refused)} uploads refused ({', '.join(sorted(refused))}), more than the session's signed "
+            f"max_refusals = {policy.max_refusals}: the release is aborted rather than formed over a cohort the "
+            "server could have chosen")
+    if len(cohort) < policy.quorum:
+        raise InsufficientContributors(
+            f"{len(cohort)} roster hospitals remain after {len(refused)} refusals"
+            f"{' (' + ', '.join(sorted(refused)) + ')' if refused else ''}, below the release quorum "
+            f"q = max(floor((n + c) / 2) + 1, min_clients + c) = {policy.quorum} (n = {len(policy.roster)}, "
+            f"c = {policy.colluders}, min_clients = {policy.min_clients})")
+    return cohort
