@@ -24,7 +24,8 @@ from secure_afl.release_checks import ReleaseLedger
 
 
 def _start(consortium, hospitals=("h1", "h2", "h3")):
-    c = consortium(backend="split", hospitals=hospitals, min_clients=2).start()
+    c = consortium(backend="split", hospitals=hospitals, min_clients=2,
+                   extra_session={"max_refusals": 1}).start()  # one cheater is refused, not the release
     conn = c.connect_keyholder()
     c.keyholder.keygen(split.split_session_params(c.session_id, Layout(c.dim, c.classes), 1.0,
                                                   Bounds(c.max_norm, 1000, 8)))
