@@ -34,7 +34,7 @@ from secure_afl.hazmat.fixedpoint import abs_error_bound
 from secure_afl.exceptions import DecryptionRefused, InsufficientContributors, InvalidInputError, InvalidSignature, \
     PolicyViolation, SecureAFLError
 from secure_afl.packing import Layout
-from secure_afl.params import SessionParams
+from secure_afl.params import KEYED_BACKENDS, SessionParams
 from secure_afl.release_checks import ReleaseLedger, check_aggregate_against_manifest, check_class_minimum, sanity_check
 
 from .connection import KeyHolderConnection
@@ -149,10 +149,13 @@ class KeyHolder(KeyCustody):
         """
         from secure_afl import session
 
-        info = conn.info()
         # the operator's signed definition, not the server's info, says what this session is: its backend,
         # its policy floor and (plain, secagg) its parameters; ckks and bfv use this key holder's keygen record
         definition = session.load_signed(self.pki_dir, conn.session_id)
+        # the sealed key is opened before anything changes state (the round closed, the key recorded as used):
+        # a mistyped passphrase then leaves the session as it was, and the command can simply be rerun
+        secret = self.secret_context(conn.session_id) if definition.backend in KEYED_BACKENDS else None
+        info = conn.info()
         min_clients = max(min_clients, definition["min_clients"], int(info.get("min_clients", 1)))
         min_class_count = max(min_class_count, definition["min_class_count"], int(info.get("min_class_count", 1)))
         if info["status"] != "released":
@@ -166,10 +169,12 @@ class KeyHolder(KeyCustody):
                 raise PolicyViolation(f"a split release is solved by the collector under the session's "
                                       f"min_class_count={definition['min_class_count']} and lambda 0; this key "
                                       f"holder asked for min_class_count={min_class_count}, lambda={lam}")
-            return self.finalize_split(conn, min_clients=min_clients, expected_hospitals=expected_hospitals)
+            return self.finalize_split(conn, min_clients=min_clients, expected_hospitals=expected_hospitals,
+                                       secret=secret)
         if definition.backend in HE_BACKENDS:
             return self.release_he(conn.session_id, HTTPSource(conn), min_clients=min_clients, lam=lam,
-                                   min_class_count=min_class_count, expected_hospitals=expected_hospitals)
+                                   min_class_count=min_class_count, expected_hospitals=expected_hospitals,
+                                   secret=secret)
         params = definition.session_params()
         session.check_same(params.to_dict(), info.get("params") or {}, what="params.", source="the server")
         aggregate = conn.request("GET", conn.path("/aggregate")).content
@@ -219,7 +224,8 @@ class KeyHolder(KeyCustody):
             raise DecryptionRefused(f"not decrypting: the audit close record does not hold ({e})") from e
 
     def release_he(self, sid: str, source, *, min_clients: int, lam: float = 0.0, min_class_count: int = 1,
-                   expected_hospitals: list[str] | None = None, workers: int | None = None) -> FinalResult:
+                   expected_hospitals: list[str] | None = None, workers: int | None = None,
+                   secret: bytes | None = None) -> FinalResult:
         """ckks, bfv: verify and re-sum the signed uploads here, decrypt that sum once (ckks: flood it), check.
 
         ``workers`` processes check and re-sum the uploads (default: the machine's cores).
@@ -228,9 +234,11 @@ class KeyHolder(KeyCustody):
         for nothing beyond the signatures they carry.
 
         A forgery found before decryption, and ANY failure after it, blocks the
-        key in the ledger: no later attempt decrypts under it.
+        key in the ledger: no later attempt decrypts under it. ``secret``: the opened secret context, when
+        the caller opened it before changing anything (opened here first otherwise).
         """
         params = self.params(sid)  # the keygen record, never the server's word
+        secret = self.secret_context(sid) if secret is None else secret
         key_id = params.backend_params["public_context_sha256"]
         ledger = ReleaseLedger(self.keys_dir / "releases.sqlite3")
         try:
@@ -243,7 +251,7 @@ class KeyHolder(KeyCustody):
                 # before anything is decrypted: a sum short of noise shares is never decrypted at all
                 _check_dp_noise(params, len(m["participants"]))
                 backend = get_backend(params)
-                ctx = backend.keyholder_context(self.secret_context(sid))
+                ctx = backend.keyholder_context(secret)
                 chunks, participants = resum_signed_contributions(params, backend, ctx, m, source.contribution,
                                                                    workers=workers)
                 tags = source.tags()
@@ -258,7 +266,8 @@ class KeyHolder(KeyCustody):
         finally:
             ledger.close()
 
-    def finalize_split(self, conn, *, min_clients: int, expected_hospitals: list[str] | None = None) -> FinalResult:
+    def finalize_split(self, conn, *, min_clients: int, expected_hospitals: list[str] | None = None,
+                       secret: bytes | None = None) -> FinalResult:
         """split: post this key holder's share to the collector (the server), then read the released model.
 
         What is downloaded before the share leaves: the manifest and the seed statements. After it: the
@@ -269,7 +278,7 @@ class KeyHolder(KeyCustody):
         t0 = time.perf_counter()
         timings: dict = {}
         body, statement = self.release_split(conn.session_id, HTTPSource(conn), min_clients=min_clients,
-                                             expected_hospitals=expected_hospitals, timings=timings)
+                                             expected_hospitals=expected_hospitals, timings=timings, secret=secret)
         share_s = time.perf_counter() - t0  # manifest and seed statements fetched, checked, opened, expanded, summed
         conn.request("POST", conn.path("/split/share"), body=body,
                      headers={H_TAG: canonical_json(statement).decode()})
@@ -305,7 +314,8 @@ class KeyHolder(KeyCustody):
         return {**dict(params.dp), "epsilon": rec["epsilon"], "epsilon_composed": eps_all, "contributors": n}
 
     def release_split(self, sid: str, source, *, min_clients: int,
-                      expected_hospitals: list[str] | None = None, timings: dict | None = None) -> tuple[bytes, dict]:
+                      expected_hospitals: list[str] | None = None, timings: dict | None = None,
+                      secret: bytes | None = None) -> tuple[bytes, dict]:
         """split: this key holder's share ``-sum PRG(s_k)`` over the manifest's cohort, signed and bound to it.
 
         ``source`` gives only ``manifest()`` and ``tags()`` (the hospitals' signed seed statements): no
@@ -319,6 +329,9 @@ class KeyHolder(KeyCustody):
         """
 
         params = self.params(sid)  # the keygen record, never the server's word
+        # the sealed seed key is opened once (each opening runs the passphrase KDF, scrypt) and before the
+        # ledger records this key's one share: a wrong passphrase changes nothing
+        secret = self.secret_context(sid) if secret is None else secret
         key_id = params.backend_params[split.PUBLIC_CONTEXT_KEY]
         ledger = ReleaseLedger(self.keys_dir / "releases.sqlite3")
         try:
@@ -347,8 +360,6 @@ class KeyHolder(KeyCustody):
             verifier_s = time.perf_counter() - t
             # before any seed is opened: a crash or a refusal below still counts as this key's one share
             ledger.record_decryption(key_id, sid, [p["hospital"] for p in m["participants"]])
-            # the sealed seed key is opened once: each opening runs the passphrase KDF (scrypt)
-            secret = self.secret_context(sid)
 
             try:
                 # one verdict per upload, independent of the others; the accepted uploads' lane masks are

@@ -58,10 +58,29 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     return parser
 
 
+# an operating-system error's reason and message in the user's terms, never a Python class name
+_OS_REASONS = [(FileNotFoundError, "file_not_found", "no such file"),
+               (IsADirectoryError, "is_a_directory", "a directory where a file is expected"),
+               (NotADirectoryError, "not_a_directory", "not a directory"),
+               (PermissionError, "permission_denied", "permission denied"),
+               (FileExistsError, "file_exists", "already exists"),
+               (TimeoutError, "timed_out", "timed out")]
+
+
+def _os_reason(exc: OSError) -> tuple[str, str]:
+    reason, what = next(((r, w) for cls, r, w in _OS_REASONS if isinstance(exc, cls)), ("os_error", None))
+    if exc.filename is not None:
+        return reason, f"{what or exc.strerror or 'cannot use'}: {exc.filename}"
+    return reason, " ".join(str(exc).split()) or what or "operating-system error"
+
+
 def one_line(exc: BaseException) -> str:
     """``secure-afl: error [reason]: message`` on a single line."""
-    reason = getattr(exc, "reason", None) or type(exc).__name__
-    text = " ".join(str(exc).split()) or type(exc).__name__
+    if isinstance(exc, OSError) and not isinstance(exc, SecureAFLError):
+        reason, text = _os_reason(exc)
+    else:
+        reason = getattr(exc, "reason", None) or "error"
+        text = " ".join(str(exc).split()) or "failed"
     return f"secure-afl: error [{reason}]: {text}"
 
 
