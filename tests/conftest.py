@@ -21,8 +21,10 @@ import pytest
 
 from support import reaper
 
-# what a library may run behind a one-process test's back (ctypes.util.find_library, platform probes)
-_SYSTEM_TOOLS = {"ldconfig", "ldconfig.real", "gcc", "cc", "ld", "objdump", "uname", "nvidia-smi", "lscpu"}
+# what a library may run behind a one-process test's back (ctypes.util.find_library, platform probes, and
+# fc-list: matplotlib lists the installed fonts once, the first time it runs without a font cache)
+_SYSTEM_TOOLS = {"ldconfig", "ldconfig.real", "gcc", "cc", "ld", "objdump", "uname", "nvidia-smi", "lscpu",
+                 "fc-list"}
 _in_e2e_test = [True]  # outside a test (collection, session start) anything may start
 
 
@@ -39,6 +41,8 @@ def _audit(event, args):
 
 
 def pytest_configure(config):
+    # plots are written to files: no display is looked for, whatever the machine has
+    os.environ.setdefault("MPLBACKEND", "Agg")
     reaper.start()
     sys.addaudithook(_audit)
 
