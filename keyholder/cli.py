@@ -70,7 +70,8 @@ def _cmd_finalize(args) -> int:
              if res.report.get("flood_sigma") else "")
     print(f"model W {res.W.shape} from {res.report['contributors']} hospitals, {res.report['samples']} samples "
           f"-> {args.out}{flood}")
-    print(format_w_bound(res.report["w_error_bound"], res.params.backend))
+    print(format_w_bound(res.report["w_error_bound"], res.params.backend,
+                         noisy=bool(res.report.get("flood_sigma") or res.report.get("dp"))))
     print(f"countersigned audit head -> {kh.audit_head_path(res.params.session_id)} (publish it with the model: "
           "auditors verify the server's log against it)")
     if res.report.get("dp"):
@@ -80,11 +81,11 @@ def _cmd_finalize(args) -> int:
     return 0
 
 
-def format_w_bound(b: dict, backend: str = "ckks") -> str:
+def format_w_bound(b: dict, backend: str = "ckks", noisy: bool | None = None) -> str:
     """One line: the verdict (the same words as the demo's) and, with a bound, the bound and what it bounds."""
 
     if not b["applies"]:
-        return f"W: {verdict_text(b['verdict'], backend)}"
+        return f"W: {verdict_text(b['verdict'], backend, noisy)}"
     prob = f", except with probability {b['probability']:.1e}" if b.get("probability") else ""
     note = f"; note: {b['warning']}" if b["warning"] else ""
     return (f"W: {b['verdict']}: ||W - W*|| / ||W*|| <= {b['rel_bound']:.3e} with W* = {b['solution']} of the "

@@ -516,7 +516,9 @@ class KeyHolder(KeyCustody):
             "samples": int(round(stats.n)),
             "class_counts": [int(round(c)) for c in stats.class_counts],
             "gamma": params.gamma,
-            "lambda": lam,
+            # the ridge the key holder asked for, and the one W was solved with (ckks adds its flooding ridge)
+            "lambda_requested": lam,
+            "lambda_total": lam,
             "aggregate_sha256": agg_sha,
             "params_digest": params.digest().hex(),
             "sanity": sanity if isinstance(sanity, dict) else sanity.to_dict(),

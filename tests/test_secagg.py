@@ -346,7 +346,7 @@ def test_threshold_breaking_dropout_aborts_cleanly_and_reveals_nothing():
 def test_too_few_unmask_responses_abort():
     # Prepare
     k = 6
-    params = make_params(k)  # t = 4
+    params = make_params(k, threshold=4)
     vectors = random_vectors(k, np.random.default_rng(1))
     server, clients = drive(params, vectors, upto=Stage.UNMASK)
     for u in (1, 2, 3):
