@@ -82,11 +82,20 @@ def write_model(path, W: np.ndarray, metadata: dict) -> None:
     os.replace(tmp, path)
 
 
-def read_model(path) -> tuple[np.ndarray, dict]:
-    from safetensors import safe_open
+def read_model(path) -> tuple[np.ndarray, "ModelMetadata"]:
+    """W (d, C) float64 and what the file says about it (:class:`~secure_afl.keyholder.model.ModelMetadata`)."""
+    from safetensors import SafetensorError, safe_open
 
-    with safe_open(str(path), framework="numpy") as f:
-        return f.get_tensor("W"), dict(f.metadata() or {})
+    from .model import ModelMetadata
+
+    if not Path(path).is_file():
+        raise InvalidInputError(f"no model file {path}", reason="file_not_found")
+    try:
+        with safe_open(str(path), framework="numpy") as f:
+            W, raw = f.get_tensor("W"), dict(f.metadata() or {})
+    except (SafetensorError, OSError, KeyError) as e:
+        raise InvalidInputError(f"{path} is not a model file ({e})", reason="invalid_model") from None
+    return W, ModelMetadata.from_file(raw, str(path))
 
 
 class KeyHolder(KeyCustody):
@@ -158,17 +167,20 @@ class KeyHolder(KeyCustody):
         info = conn.info()
         min_clients = max(min_clients, definition["min_clients"], int(info.get("min_clients", 1)))
         min_class_count = max(min_class_count, definition["min_class_count"], int(info.get("min_class_count", 1)))
+        if definition.backend == "split" and (min_class_count > definition["min_class_count"] or lam):
+            # the collector (the server) checks and solves: it applies the signed session's policy, so a
+            # stricter one asked here could not be enforced; refused before the round is closed
+            raise PolicyViolation(
+                f"a split release is solved by the collector under the session's min_class_count="
+                f"{definition['min_class_count']} and lambda 0, but this key holder asked for min_class_count="
+                f"{min_class_count}, lambda={lam:g}: run finalize with --min-class-count "
+                f"{definition['min_class_count']} or less and without --lambda (nothing was changed), or have the "
+                f"operator sign a new session with min_class_count = {min_class_count}")
         if info["status"] != "released":
             self.close_round(conn)
             info = conn.info()
         self.countersign_audit_head(conn, conn.request("GET", conn.path("/manifest")).json())
         if definition.backend == "split":
-            # the collector (the server) checks and solves: it applies the signed session's policy, so a
-            # stricter one asked here could not be enforced and is refused rather than silently dropped
-            if min_class_count > definition["min_class_count"] or lam:
-                raise PolicyViolation(f"a split release is solved by the collector under the session's "
-                                      f"min_class_count={definition['min_class_count']} and lambda 0; this key "
-                                      f"holder asked for min_class_count={min_class_count}, lambda={lam}")
             return self.finalize_split(conn, min_clients=min_clients, expected_hospitals=expected_hospitals,
                                        secret=secret)
         if definition.backend in HE_BACKENDS:

@@ -17,7 +17,7 @@ import argparse
 import importlib
 import sys
 
-from .exceptions import EXIT_INPUT, EXIT_REFUSED, EXIT_USAGE, InvalidParameterError, SecureAFLError, exit_code
+from .exceptions import EXIT_INPUT, EXIT_REFUSED, InvalidParameterError, MissingExtra, SecureAFLError, exit_code
 
 # optional dependencies -> the extra of pyproject.toml that installs them (`make demo` installs none)
 _EXTRAS = {"torch": "embed", "torchvision": "embed", "PIL": "embed", "flwr": "flower", "matplotlib": "bench"}
@@ -33,6 +33,7 @@ _COMMANDS = [
     ("audit", "verify the hash-chained audit log and receipts", "secure_afl.audit_verify"),
     ("server", "the aggregation server", "secure_afl.server.cli"),
     ("keyholder", "the key holder: keys, release checks, decryption and the solve", "secure_afl.keyholder.cli"),
+    ("predict", "apply a model file to an image folder or an embeddings file", "secure_afl.clients.predict"),
     ("demo", "end-to-end demo: PKI, server, key holder and K hospitals on 127.0.0.1", "secure_afl.tools.demo"),
     ("attack", "run the threat-model attack demonstrations", "secure_afl.tools.attacks"),
     ("compare", "AFL against FedAvg, FedProx and FedFac with secure sums", "secure_afl.tools.baselines.compare"),
@@ -96,9 +97,23 @@ def _toml_error(exc: Exception, args) -> InvalidParameterError:
     return InvalidParameterError(f"{where} is not valid TOML: {exc}", reason="invalid_toml")
 
 
+def _missing_extra(exc: ModuleNotFoundError) -> MissingExtra | None:
+    extra = _EXTRAS.get((exc.name or "").partition(".")[0])
+    if extra is None:
+        return None
+    return MissingExtra(f"this command needs {exc.name}, which the '{extra}' extra installs: "
+                        f"pip install 'secure-afl[{extra}]'")
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    parser = build_parser(argv)
+    try:  # a command module that imports an extra at its top fails here, and says which extra
+        parser = build_parser(argv)
+    except ModuleNotFoundError as exc:
+        if (err := _missing_extra(exc)) is None or "--debug" in argv:
+            raise
+        print(one_line(err), file=sys.stderr)
+        return exit_code(err)
     args = parser.parse_args(argv)
     try:
         try:
@@ -113,12 +128,10 @@ def main(argv: list[str] | None = None) -> int:
             return exit_code(exc)
         return EXIT_REFUSED if isinstance(exc, TimeoutError) else EXIT_INPUT
     except ModuleNotFoundError as exc:
-        extra = _EXTRAS.get((exc.name or "").partition(".")[0])
-        if extra is None or args.debug:
+        if (err := _missing_extra(exc)) is None or args.debug:
             raise
-        print(f"secure-afl: error [missing-extra]: this command needs {exc.name}, which the "
-              f"'{extra}' extra installs: pip install 'secure-afl[{extra}]'", file=sys.stderr)
-        return EXIT_USAGE
+        print(one_line(err), file=sys.stderr)
+        return exit_code(err)
     except KeyboardInterrupt:
         print("secure-afl: interrupted", file=sys.stderr)
         return 130

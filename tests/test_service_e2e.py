@@ -97,7 +97,7 @@ def test_client_submit_cli_and_keyholder_cli(consortium, tmp_path):
     y_all = np.concatenate([d[1] for d in data.values()])
     assert W.dtype == np.float64 and W.shape == (c.dim, c.classes)
     assert np.allclose(W, centralised_weights(X_all, y_all, c.classes), rtol=1e-9, atol=1e-10)
-    assert meta["backend"] == "plain" and json.loads(meta["participants"]) == ["h1", "h2"]
+    assert meta.backend == "plain" and meta.participants == ("h1", "h2")
     assert len(load_receipts(tmp_path / "rc")) == 2
     assert main(["audit", "verify", str(c.audit_path()), "--pki", str(c.pki_dir),
                  "--head", str(c.audit_path().parent / "audit-head.json"), "--receipts", str(tmp_path / "rc")]) == 0
@@ -348,7 +348,7 @@ def test_demo_command_passes_verification(backend, tmp_path, capsys):
         assert v["certified_bound_secure"]["applies"]
         assert report["accuracy"]["secure"] == report["accuracy"]["plaintext"]
     W, meta = read_model(tmp_path / "w.safetensors")
-    assert W.shape == (report["dim"], report["classes"]) and meta["backend"] == backend
+    assert W.shape == (report["dim"], report["classes"]) and meta.backend == backend
 
 
 def test_secagg_hospitals_waiting_in_a_stage_leave_connection_slots_to_the_others(consortium):
