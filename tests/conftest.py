@@ -7,7 +7,9 @@ Three rules hold for the whole run:
   child, a Flower binary) is marked ``e2e``, so ``-m "not e2e"`` really runs
   in one process; an unmarked test that tries fails, naming the reason;
 * a run that has not exited 180 s after its last test prints every thread's
-  stack and exits 1.
+  stack and exits 1;
+* a security test that skips fails, unless the run passes
+  ``--allow-security-skips`` (:mod:`support.skips`).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from support import reaper
+from support.skips import pytest_addoption, pytest_make_collect_report, pytest_runtest_makereport  # noqa: F401
 
 # what a library may run behind a one-process test's back (ctypes.util.find_library, platform probes, and
 # fc-list: matplotlib lists the installed fonts once, the first time it runs without a font cache)
