@@ -73,7 +73,8 @@ def _cmd_finalize(args) -> int:
     print(format_w_bound(res.report["w_error_bound"], res.params.backend,
                          noisy=bool(res.report.get("flood_sigma") or res.report.get("dp"))))
     print(f"countersigned audit head -> {kh.audit_head_path(res.params.session_id)} (publish it with the model: "
-          "auditors verify the server's log against it)")
+          "auditors verify the server's log against this copy, which the server alone cannot replace, rather "
+          "than the server's own audit-head.json)")
     if res.report.get("dp"):
         p = res.report["dp"]
         print(f"differential privacy: epsilon {p['epsilon']:.4g} at delta {p['delta']:g} for this release, "
