@@ -57,7 +57,26 @@ def _cmd_publish(args) -> int:
     return 0
 
 
+def _check_writable(path, what: str) -> None:
+    """Refuse an output path that cannot be written before anything is released: a release happens once,
+    and a model that cannot be saved after it would be lost."""
+    from secure_afl.exceptions import InvalidInputError
+
+    p = Path(path)
+    if p.is_dir():
+        raise InvalidInputError(f"{what} {p} is a directory; name a file (nothing was changed)",
+                                reason="is_a_directory")
+    p.parent.mkdir(parents=True, exist_ok=True)
+    probe = p.with_name(p.name + ".tmp")
+    probe.write_bytes(b"")
+    probe.unlink()
+
+
 def _cmd_finalize(args) -> int:
+    # everything this command can get wrong locally is refused before the round is closed or a key is used
+    _check_writable(args.out, "--out")
+    if args.report:
+        _check_writable(args.report, "--report")
     kh = _keyholder(args)
     with _connect(kh, args) as conn:
         res = kh.finalize(conn, min_clients=args.min_clients, lam=args.lam, min_class_count=args.min_class_count)

@@ -153,6 +153,28 @@ def test_an_exact_release_of_a_singular_c_does_not_blame_noise_and_reports_one_l
     assert "lambda" not in report and report["lambda_requested"] == report["lambda_total"] == 0.0
 
 
+@pytest.mark.e2e
+def test_finalize_to_an_unwritable_model_path_is_refused_before_the_release(consortium, tmp_path):
+    # Prepare: a plain session with both uploads; --out names a directory
+    c = consortium(backend="plain", hospitals=("h1", "h2"), min_clients=2).start()
+    for h in c.hospitals:
+        cl = c.hospital(h)
+        cl.submit(c.stats(*c.data(h)))
+        cl.close()
+    (tmp_path / "models").mkdir()
+
+    # Execute
+    out = _cli("keyholder", "finalize", "--pki", c.pki_dir, "--keys", c.root / "keys", "--server", c.url,
+               "--session", c.session_id, "--min-clients", 2, "--out", tmp_path / "models")
+
+    # Assert: refused in one line, and the round is still open for the corrected command
+    assert out.returncode == EXIT_INPUT
+    assert _error_line(out.stderr) == (f"secure-afl: error [is_a_directory]: --out {tmp_path / 'models'} is a "
+                                       "directory; name a file (nothing was changed)")
+    with c.connect_keyholder() as conn:
+        assert conn.info()["status"] == "open"
+
+
 def test_server_run_on_a_session_toml_that_is_not_the_signed_one_is_the_one_line_error(tmp_path, capsys):
     # Prepare: the operator signed min_clients 2; the server's copy says 3
     c = Consortium(tmp_path, backend="plain", hospitals=("h1", "h2", "h3"), min_clients=2)
