@@ -202,3 +202,25 @@ def test_a_missing_file_is_named_in_words(tmp_path, capsys):
     # Assert: a reason in words, not the Python exception's name
     assert rc == EXIT_INPUT
     assert capsys.readouterr().err.strip() == f"secure-afl: error [file_not_found]: no such file: {tmp_path / 'session.toml'}"
+
+
+def test_a_timeout_is_reported_in_words():
+    from secure_afl.cli import one_line
+
+    assert one_line(TimeoutError("gave up waiting for the server after 5 s")) == \
+        "secure-afl: error [timed_out]: gave up waiting for the server after 5 s"
+
+
+@pytest.mark.flower
+def test_a_flower_refusal_carries_the_secure_afl_reason_not_a_class_repr():
+    """A ClientApp that refuses (here the key holder's wrong passphrase) reaches the ServerApp as Flower's
+    "<class '...'>:<'...'>" error text; the round's refusal line names the reason instead."""
+    from flwr.app import Error
+
+    from secure_afl.flower.server_app import node_error
+
+    err = Error(code=2, reason="<class 'secure_afl.exceptions.InvalidKey'>:<'this passphrase does not open the "
+                               "sealed keys of session S'>")
+    assert node_error(err) == ("invalid_key", "this passphrase does not open the sealed keys of session S")
+    assert node_error(Error(code=2, reason="<class 'ZeroDivisionError'>:<'division by zero'>")) == \
+        ("node_error", "division by zero")
