@@ -170,12 +170,13 @@ class KeyHolder(KeyCustody):
         if definition.backend == "split" and (min_class_count > definition["min_class_count"] or lam):
             # the collector (the server) checks and solves: it applies the signed session's policy, so a
             # stricter one asked here could not be enforced; refused before the round is closed
+            floor = definition["min_class_count"]
             raise PolicyViolation(
-                f"a split release is solved by the collector under the session's min_class_count="
-                f"{definition['min_class_count']} and lambda 0, but this key holder asked for min_class_count="
-                f"{min_class_count}, lambda={lam:g}: run finalize with --min-class-count "
-                f"{definition['min_class_count']} or less and without --lambda (nothing was changed), or have the "
-                f"operator sign a new session with min_class_count = {min_class_count}")
+                f"a split release is solved by the collector under the session's min_class_count={floor} and "
+                f"lambda 0, but this key holder asked for min_class_count={min_class_count}, lambda={lam:g}: "
+                f"run finalize with --min-class-count {floor} or less and without --lambda (nothing was changed)"
+                + (f", or have the operator sign a new session with min_class_count = {min_class_count}"
+                   if min_class_count > floor else ""))
         if info["status"] != "released":
             self.close_round(conn)
             info = conn.info()
