@@ -28,9 +28,9 @@ def write_weights(backbone: str, out, *, seed: int = 0, pretrained: str = "auto"
     (the seeded random initialisation), ``"yes"`` (the cached pretrained weights, or an error).
     """
     import torch
-    from torchvision.models import get_model
+    from torchvision.models import get_model, get_model_weights
 
-    from .backbones import _weights_enum_for, check_backbone_name, hub_checkpoint_path
+    from .backbones import check_backbone_name, hub_checkpoint_path
 
     check_backbone_name(backbone)
     out = Path(out)
@@ -38,7 +38,10 @@ def write_weights(backbone: str, out, *, seed: int = 0, pretrained: str = "auto"
         raise InvalidInputError(f"{out} already exists: a shared weights file is written once (remove it first "
                                 "to make another, and give every party the new one)", reason="file_exists")
     cached = None
-    enum_cls = _weights_enum_for(backbone)
+    try:
+        enum_cls = get_model_weights(backbone)
+    except (ValueError, KeyError):  # a model torchvision has no pretrained weights for
+        enum_cls = None
     if pretrained != "no" and enum_cls is not None:
         candidate = hub_checkpoint_path(enum_cls.DEFAULT)
         cached = candidate if candidate.is_file() else None
