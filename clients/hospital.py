@@ -150,7 +150,7 @@ class HospitalClient:
             raise UnknownParty(f"{self.name!r} is not in the signed roster of session {self.session_id!r} "
                                f"({len(self.definition.hospitals)} hospitals): the operator left it out of "
                                "`hospitals`; nothing was sent")
-        wait_s = self.conn.retry_s if wait_s is None else wait_s
+        wait_s = getattr(self.conn, "retry_s", 60.0) if wait_s is None else wait_s
         info = self.conn.info()
         if info["status"] == "awaiting_context":
             log.warning("session %s is waiting for the key holder's public context (`secure-afl keyholder "
