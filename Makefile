@@ -23,7 +23,7 @@ $(FULL): $(BASE)
 	touch $@
 
 demo: $(BASE)
-	$(VENV)/bin/secure-afl demo
+	$(VENV)/bin/secure-afl demo --all
 
 # the quick loop: everything that runs in one process, plus one end-to-end session per backend
 test: $(FULL)

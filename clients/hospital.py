@@ -26,6 +26,7 @@ from secure_afl.backends import get_backend
 from secure_afl.params import KEYED_BACKENDS
 from secure_afl.dp import add_noise_share
 from secure_afl.exceptions import (
+    AwaitingPublication,
     DuplicateContribution,
     InvalidInputError,
     ParameterMismatch,
@@ -148,14 +149,28 @@ class HospitalClient:
         self.conn.close()
 
     # -- stages -----------------------------------------------------------------------
-    def fetch_params(self, *, wait_s: float = 60.0) -> SessionParams:
+    def fetch_params(self, *, wait_s: float | None = None) -> SessionParams:
+        """The session's parameters, checked against the signed definition; a session whose key holder has not
+        published yet is waited for ``wait_s`` seconds (default: the connection's ``retry_s``, which
+        ``--wait-server`` sets), saying so first, then refused with :class:`AwaitingPublication`."""
         if self.name not in self.definition.hospitals:
             # the CA may have issued identities a session leaves out (spares, a withdrawn key): its roster decides
             raise UnknownParty(f"{self.name!r} is not in the signed roster of session {self.session_id!r} "
                                f"({len(self.definition.hospitals)} hospitals): the operator left it out of "
                                "`hospitals`; nothing was sent")
-        info = self.conn.wait_until(lambda i: i["status"] != "awaiting_context", timeout=wait_s,
-                                    what="the key holder's public context")
+        wait_s = getattr(self.conn, "retry_s", 60.0) if wait_s is None else wait_s
+        info = self.conn.info()
+        if info["status"] == "awaiting_context":
+            log.warning("session %s is waiting for the key holder's public context (`secure-afl keyholder "
+                        "publish`); trying again for up to %.0f s", self.session_id, wait_s)
+            try:
+                info = self.conn.wait_until(lambda i: i["status"] != "awaiting_context", timeout=wait_s,
+                                            what="the key holder's public context")
+            except TimeoutError:
+                raise AwaitingPublication(
+                    f"session {self.session_id} still has no public context from the key holder after "
+                    f"{wait_s:.0f} s: nothing was sent; run this command again once the key holder has run "
+                    "`secure-afl keyholder publish` (or give it longer with --wait-server SECONDS)") from None
         if info["status"] in ("closed", "released"):
             raise RoundAlreadyClosed(f"session {self.session_id} is {info['status']}: it takes no more uploads")
         if info["status"] != "open":

@@ -84,9 +84,10 @@ def _cmd_session_sign(args) -> int:
     print(f"signed session {b['id']} ({b['backend']}, {len(b['hospitals'])} hospitals, min_clients "
           f"{b['min_clients']}{extra})")
     tolerated, line = dropout_line(definition)
-    print(line)
-    if tolerated == 0:
+    if tolerated == 0:  # once, where warnings go (a terminal shows stdout and stderr together)
         print(f"secure-afl session sign: warning: {line}", file=sys.stderr)
+    else:
+        print(line)
     for p in written:
         print(f"  -> {p}")
     return 0

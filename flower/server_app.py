@@ -31,6 +31,7 @@ import base64
 import hashlib
 import json
 import logging
+import re
 import time
 from pathlib import Path
 
@@ -73,7 +74,7 @@ from .records import (
     unpack_str,
 )
 
-__all__ = ["app", "run_session"]
+__all__ = ["app", "run_session", "node_error"]
 
 log = logging.getLogger("secure_afl.flower.server")
 
@@ -199,7 +200,8 @@ def _roll_call(grid: Grid, expected: int, wait_s: float, timeout_s: float) -> di
     parties = {}
     for reply in grid.send_and_receive(msgs, timeout=timeout_s):
         if reply.has_error():
-            log.warning("node %s did not answer the roll call: %s", reply.metadata.src_node_id, reply.error.reason)
+            log.warning("node %s did not answer the roll call: %s: %s", reply.metadata.src_node_id,
+                        *node_error(reply.error))
             continue
         try:
             parties[reply.metadata.src_node_id] = (unpack_str(reply.content, "role"),
@@ -210,12 +212,31 @@ def _roll_call(grid: Grid, expected: int, wait_s: float, timeout_s: float) -> di
     return parties
 
 
+# how a SuperNode reports an exception its ClientApp raised: "<class 'module.Name'>:<'message'>"
+_CLIENTAPP_EXCEPTION = re.compile(r"^<class '([\w.]+)'>:<'(.*)'>$", re.S)
+
+
+def node_error(error) -> tuple[str, str]:
+    """``(reason, message)`` of a node's error reply: the secure-afl reason of the exception its ClientApp
+    raised, never Flower's class repr of it (``node_error`` for anything that is not a secure-afl refusal)."""
+    import secure_afl.exceptions as exceptions
+
+    text = str(getattr(error, "reason", "") or "")
+    m = _CLIENTAPP_EXCEPTION.match(text)
+    if m is None:
+        return "node_error", " ".join(text.split()) or "the node reported an error without a reason"
+    cls = getattr(exceptions, m.group(1).rpartition(".")[2], None)
+    known = isinstance(cls, type) and issubclass(cls, exceptions.SecureAFLError)
+    return (cls.reason if known else "node_error"), " ".join(m.group(2).split())
+
+
 def _one(grid: Grid, msg: Message, timeout_s: float, what: str) -> Message:
     replies = list(grid.send_and_receive([msg], timeout=timeout_s))
     if not replies:
         raise StageError(f"no reply to {what} within {timeout_s:.0f} s")
     if replies[0].has_error():
-        raise StageError(f"{what} failed: {replies[0].error.reason}")
+        reason, text = node_error(replies[0].error)
+        raise StageError(f"{what} failed: {text}", reason=reason)
     return replies[0]
 
 
@@ -241,7 +262,7 @@ def _uploads(grid: Grid, server, nodes: list[int], timeout_s: float) -> None:
     answers = []
     for reply in grid.send_and_receive(msgs, timeout=timeout_s):
         if reply.has_error():
-            log.warning("node %s sent no upload: %s", reply.metadata.src_node_id, reply.error.reason)
+            log.warning("node %s sent no upload: %s: %s", reply.metadata.src_node_id, *node_error(reply.error))
             continue
         hospital = "anonymous"
         try:
@@ -260,7 +281,7 @@ def _uploads(grid: Grid, server, nodes: list[int], timeout_s: float) -> None:
                 for reply, body in answers]
     for ack in grid.send_and_receive(receipts, timeout=timeout_s):
         if ack.has_error():
-            log.warning("node %s did not accept its answer: %s", ack.metadata.src_node_id, ack.error.reason)
+            log.warning("node %s did not accept its answer: %s: %s", ack.metadata.src_node_id, *node_error(ack.error))
 
 
 def _secagg_round(grid: Grid, server, hospitals: dict[str, int], reply_timeout_s: float) -> None:

@@ -78,7 +78,26 @@ def _cmd_judge(args) -> int:
     return 0
 
 
+def _check_writable(path, what: str) -> None:
+    """Refuse an output path that cannot be written before anything is released: a release happens once,
+    and a model that cannot be saved after it would be lost."""
+    from secure_afl.exceptions import InvalidInputError
+
+    p = Path(path)
+    if p.is_dir():
+        raise InvalidInputError(f"{what} {p} is a directory; name a file (nothing was changed)",
+                                reason="is_a_directory")
+    p.parent.mkdir(parents=True, exist_ok=True)
+    probe = p.with_name(p.name + ".tmp")
+    probe.write_bytes(b"")
+    probe.unlink()
+
+
 def _cmd_finalize(args) -> int:
+    # everything this command can get wrong locally is refused before the round is closed or a key is used
+    _check_writable(args.out, "--out")
+    if args.report:
+        _check_writable(args.report, "--report")
     kh = _keyholder(args)
     with _connect(kh, args) as conn:
         res = kh.finalize(conn, min_clients=args.min_clients, lam=args.lam, min_class_count=args.min_class_count)
@@ -91,9 +110,11 @@ def _cmd_finalize(args) -> int:
              if res.report.get("flood_sigma") else "")
     print(f"model W {res.W.shape} from {res.report['contributors']} hospitals, {res.report['samples']} samples "
           f"-> {args.out}{flood}")
-    print(format_w_bound(res.report["w_error_bound"], res.params.backend))
+    print(format_w_bound(res.report["w_error_bound"], res.params.backend,
+                         noisy=bool(res.report.get("flood_sigma") or res.report.get("dp"))))
     print(f"countersigned audit head -> {kh.audit_head_path(res.params.session_id)} (publish it with the model: "
-          "auditors verify the server's log against it)")
+          "auditors verify the server's log against this copy, which the server alone cannot replace, rather "
+          "than the server's own audit-head.json)")
     if res.report.get("dp"):
         p = res.report["dp"]
         print(f"differential privacy: epsilon {p['epsilon']:.4g} at delta {p['delta']:g} for this release, "
@@ -101,11 +122,11 @@ def _cmd_finalize(args) -> int:
     return 0
 
 
-def format_w_bound(b: dict, backend: str = "ckks") -> str:
+def format_w_bound(b: dict, backend: str = "ckks", noisy: bool | None = None) -> str:
     """One line: the verdict (the same words as the demo's) and, with a bound, the bound and what it bounds."""
 
     if not b["applies"]:
-        return f"W: {verdict_text(b['verdict'], backend)}"
+        return f"W: {verdict_text(b['verdict'], backend, noisy)}"
     prob = f", except with probability {b['probability']:.1e}" if b.get("probability") else ""
     note = f"; note: {b['warning']}" if b["warning"] else ""
     return (f"W: {b['verdict']}: ||W - W*|| / ||W*|| <= {b['rel_bound']:.3e} with W* = {b['solution']} of the "

@@ -14,7 +14,7 @@ import os
 from pathlib import Path
 
 from secure_afl import pki
-from secure_afl._io import check_passphrase, refuse_if_shared, write_file
+from secure_afl._io import MIN_PASSPHRASE_CHARS, check_passphrase, refuse_if_shared, write_file
 from secure_afl.exceptions import InvalidInputError, InvalidKey, ParameterMismatch
 from secure_afl.params import SessionParams
 
@@ -37,7 +37,10 @@ class KeyCustody:
         self.keys_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         if passphrase is None and os.environ.get(PASSPHRASE_ENV):
             passphrase = os.environ[PASSPHRASE_ENV].encode()
-        self.passphrase = None if passphrase is None else check_passphrase(passphrase)
+        # checked for strength at keygen only: opening a sealed key with a short one is a wrong passphrase
+        # (most often the wrong file), which says so there, not "use a longer one"
+        self.passphrase = None if passphrase is None else \
+            (passphrase.encode() if isinstance(passphrase, str) else bytes(passphrase))
 
     def _secret_path(self, session_id: str) -> Path:
         return self.keys_dir / f"{session_id}.secret.enc"
@@ -60,7 +63,9 @@ class KeyCustody:
         bind_public_context = he_module(params.backend).bind_public_context
 
         if self.passphrase is None:
-            raise InvalidInputError(f"a passphrase is needed to store the secret key at rest: set {PASSPHRASE_ENV}")
+            raise InvalidInputError(f"a passphrase is needed to store the secret key at rest: --passphrase-file "
+                                    f"FILE or ${PASSPHRASE_ENV}")
+        check_passphrase(self.passphrase)
         if self._secret_path(params.session_id).exists():
             raise InvalidInputError(f"keys for session {params.session_id} already exist; a session's key is "
                                     "never regenerated (start a new session for a new key)")
@@ -93,11 +98,33 @@ class KeyCustody:
         return self._tag_paths(session_id)[1].read_text().strip()
 
     def secret_context(self, session_id: str) -> bytes:
+        """The opened secret key of the session; :class:`InvalidKey` naming the fix if this passphrase is
+        missing or is not the one the key was sealed with."""
         from secure_afl.backends.ckks import load_secret_context
 
-        refuse_if_shared(self._secret_path(session_id), "sealed secret context")
-        return load_secret_context(self._secret_path(session_id), passphrase=self.passphrase,
-                                   session_id=session_id)
+        path = self._secret_path(session_id)
+        if not path.exists():
+            raise InvalidKey(f"no sealed key for session {session_id} in {self.keys_dir}: run `secure-afl "
+                             "keyholder keygen` first, or pass the --keys directory it wrote to")
+        refuse_if_shared(path, "sealed secret context")
+        self._check_passphrase_given(session_id)
+        try:
+            return load_secret_context(path, passphrase=self.passphrase, session_id=session_id)
+        except InvalidKey:
+            raise InvalidKey(self._wrong_passphrase(session_id)) from None
+
+    def _check_passphrase_given(self, session_id: str) -> None:
+        if self.passphrase is None:
+            raise InvalidKey(f"the sealed keys of session {session_id} need the passphrase they were made "
+                             f"with: --passphrase-file FILE or ${PASSPHRASE_ENV}")
+        if len(self.passphrase.decode("utf-8", "replace")) < MIN_PASSPHRASE_CHARS:
+            # keygen never accepts one this short, so it cannot be the right one
+            raise InvalidKey(self._wrong_passphrase(session_id) + f" (this one has fewer than "
+                             f"{MIN_PASSPHRASE_CHARS} characters: is it the right file?)")
+
+    def _wrong_passphrase(self, session_id: str) -> str:
+        return (f"this passphrase does not open the sealed keys of session {session_id} in {self.keys_dir}: "
+                "use the one given to `keyholder keygen`; nothing was changed, so the command can be rerun")
 
     def check_unlock(self, session_id: str) -> None:
         """Refuse now (:class:`InvalidKey`) if this passphrase cannot open the session's sealed keys.
@@ -106,14 +133,11 @@ class KeyCustody:
         only at finalize, after every hospital has uploaded under a key nobody can open. The tag key
         is sealed under the same passphrase as the secret context and is the cheaper one to open.
         """
-        if self.passphrase is None:
-            raise InvalidKey(f"the sealed keys of session {session_id} need the passphrase they were made "
-                             f"with: --passphrase-file FILE or ${PASSPHRASE_ENV}")
+        self._check_passphrase_given(session_id)
         try:
             self.tag_secret(session_id)
         except InvalidKey:
-            raise InvalidKey(f"this passphrase does not open the sealed keys of session {session_id} in "
-                             f"{self.keys_dir}: use the one given to `keyholder keygen`") from None
+            raise InvalidKey(self._wrong_passphrase(session_id)) from None
 
     def tag_secret(self, session_id: str) -> bytes:
         from secure_afl.backends.ckks import load_secret_context

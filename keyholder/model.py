@@ -6,15 +6,56 @@ session's class order. The file therefore carries, next to W, the session it
 came from (id and parameter digest), the class names in column order and the
 extractor fingerprint (the session's ``[extractor]`` block and its SHA-256), so
 whoever deploys W can check both before using it
-(:func:`secure_afl.keyholder.read_model` returns them as metadata).
+(:func:`secure_afl.keyholder.read_model` returns them as a :class:`ModelMetadata`).
 """
 
 from __future__ import annotations
 
+import json
+from dataclasses import dataclass
+
+from secure_afl.exceptions import InvalidInputError
 from secure_afl.extractor import ExtractorFingerprint
 from secure_afl.params import SessionParams
 
-__all__ = ["model_metadata"]
+__all__ = ["model_metadata", "ModelMetadata"]
+
+
+@dataclass(frozen=True)
+class ModelMetadata:
+    """What a model file says about its W (d, C).
+
+    ``lam`` is the ridge W was solved with (the key holder's ``--lambda`` plus, ckks, its flooding ridge);
+    ``class_names`` (column order) and ``extractor`` are None when the session declared no extractor.
+    """
+
+    session: str
+    params_digest: str
+    backend: str
+    gamma: float
+    lam: float
+    classes: int
+    participants: tuple[str, ...]
+    class_names: tuple[str, ...] | None = None
+    extractor: ExtractorFingerprint | None = None
+    extractor_sha256: str | None = None
+
+    @classmethod
+    def from_file(cls, raw: dict[str, str], where: str = "the model file") -> "ModelMetadata":
+        """From the string metadata of a safetensors file (JSON-encoded values, as :func:`write_model` stores)."""
+        try:
+            value = {k: v if k in ("session", "params_digest", "backend", "extractor_sha256") else json.loads(v)
+                     for k, v in raw.items()}
+            ext = value.get("extractor")
+            return cls(session=value["session"], params_digest=value["params_digest"], backend=value["backend"],
+                       gamma=float(value["gamma"]), lam=float(value["lambda"]), classes=int(value["classes"]),
+                       participants=tuple(value["participants"]),
+                       class_names=None if value.get("class_names") is None else tuple(value["class_names"]),
+                       extractor=None if ext is None else ExtractorFingerprint.from_dict(ext),
+                       extractor_sha256=value.get("extractor_sha256"))
+        except (KeyError, TypeError, ValueError) as e:
+            raise InvalidInputError(f"{where} is not a secure-afl model file: its metadata lacks or garbles "
+                                    f"{e}", reason="invalid_model") from None
 
 
 def model_metadata(params: SessionParams, report: dict, lam: float) -> dict:

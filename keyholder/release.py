@@ -35,7 +35,7 @@ from secure_afl.hazmat.fixedpoint import abs_error_bound
 from secure_afl.exceptions import DecryptionRefused, InsufficientContributors, InvalidInputError, InvalidSignature, \
     PolicyViolation, SecureAFLError
 from secure_afl.packing import Layout
-from secure_afl.params import SessionParams
+from secure_afl.params import KEYED_BACKENDS, SessionParams
 from secure_afl.release_checks import ReleaseLedger, check_aggregate_against_manifest, check_class_minimum, sanity_check
 
 from .connection import KeyHolderConnection
@@ -83,11 +83,20 @@ def write_model(path, W: np.ndarray, metadata: dict) -> None:
     os.replace(tmp, path)
 
 
-def read_model(path) -> tuple[np.ndarray, dict]:
-    from safetensors import safe_open
+def read_model(path) -> tuple[np.ndarray, "ModelMetadata"]:
+    """W (d, C) float64 and what the file says about it (:class:`~secure_afl.keyholder.model.ModelMetadata`)."""
+    from safetensors import SafetensorError, safe_open
 
-    with safe_open(str(path), framework="numpy") as f:
-        return f.get_tensor("W"), dict(f.metadata() or {})
+    from .model import ModelMetadata
+
+    if not Path(path).is_file():
+        raise InvalidInputError(f"no model file {path}", reason="file_not_found")
+    try:
+        with safe_open(str(path), framework="numpy") as f:
+            W, raw = f.get_tensor("W"), dict(f.metadata() or {})
+    except (SafetensorError, OSError, KeyError) as e:
+        raise InvalidInputError(f"{path} is not a model file ({e})", reason="invalid_model") from None
+    return W, ModelMetadata.from_file(raw, str(path))
 
 
 class KeyHolder(KeyCustody):
@@ -162,27 +171,38 @@ class KeyHolder(KeyCustody):
         """
         from secure_afl import session
 
-        info = conn.info()
         # the operator's signed definition, not the server's info, says what this session is: its backend,
         # its release policy and (plain, secagg) its parameters; ckks and bfv use this key holder's keygen record
         definition = session.load_signed(self.pki_dir, conn.session_id)
+        # the sealed key is opened before anything changes state (the round closed, the key recorded as used):
+        # a mistyped passphrase then leaves the session as it was, and the command can simply be rerun
+        secret = self.secret_context(conn.session_id) if definition.backend in KEYED_BACKENDS else None
+        info = conn.info()
+        # the session's own floor, from the signed definition only; this key holder's may only raise it
+        signed_class_count = definition["min_class_count"]
         policy = release_policy(definition, min_clients=min_clients, min_class_count=min_class_count)
         min_clients, min_class_count = policy.min_clients, policy.min_class_count
+        if definition.backend == "split" and (min_class_count > signed_class_count or lam):
+            # the collector (the server) checks and solves: it applies the signed session's policy, so a
+            # stricter one asked here could not be enforced; refused before the round is closed
+            raise PolicyViolation(
+                f"a split release is solved by the collector under the session's min_class_count="
+                f"{signed_class_count} and lambda 0, but this key holder asked for min_class_count={min_class_count}, "
+                f"lambda={lam:g}: run finalize with --min-class-count {signed_class_count} or less and without "
+                "--lambda (nothing was changed)"
+                + (f", or have the operator sign a new session with min_class_count = {min_class_count}"
+                   if min_class_count > signed_class_count else ""))
         if info["status"] != "released":
             self.close_round(conn)
             info = conn.info()
         self.countersign_audit_head(conn, conn.request("GET", conn.path("/manifest")).json())
         if definition.backend == "split":
-            # the collector (the server) checks and solves: it applies the signed session's policy, so a
-            # stricter one asked here could not be enforced and is refused rather than silently dropped
-            if min_class_count > definition["min_class_count"] or lam:
-                raise PolicyViolation(f"a split release is solved by the collector under the session's "
-                                      f"min_class_count={definition['min_class_count']} and lambda 0; this key "
-                                      f"holder asked for min_class_count={min_class_count}, lambda={lam}")
-            return self.finalize_split(conn, min_clients=min_clients, expected_hospitals=expected_hospitals)
+            return self.finalize_split(conn, min_clients=min_clients, expected_hospitals=expected_hospitals,
+                                       secret=secret)
         if definition.backend in HE_BACKENDS:
             return self.release_he(conn.session_id, HTTPSource(conn), min_clients=min_clients, lam=lam,
-                                   min_class_count=min_class_count, expected_hospitals=expected_hospitals)
+                                   min_class_count=min_class_count, expected_hospitals=expected_hospitals,
+                                   secret=secret)
         params = definition.session_params()
         session.check_same(params.to_dict(), info.get("params") or {}, what="params.", source="the server")
         aggregate = conn.request("GET", conn.path("/aggregate")).content
@@ -232,7 +252,8 @@ class KeyHolder(KeyCustody):
             raise DecryptionRefused(f"not decrypting: the audit close record does not hold ({e})") from e
 
     def release_he(self, sid: str, source, *, min_clients: int, lam: float = 0.0, min_class_count: int = 1,
-                   expected_hospitals: list[str] | None = None, workers: int | None = None) -> FinalResult:
+                   expected_hospitals: list[str] | None = None, workers: int | None = None,
+                   secret: bytes | None = None) -> FinalResult:
         """ckks, bfv: verify and re-sum the signed uploads here, decrypt that sum once (ckks: flood it), check.
 
         ``workers`` processes check and re-sum the uploads (default: the machine's cores).
@@ -241,9 +262,11 @@ class KeyHolder(KeyCustody):
         for nothing beyond the signatures they carry.
 
         A forgery found before decryption, and ANY failure after it, blocks the
-        key in the ledger: no later attempt decrypts under it.
+        key in the ledger: no later attempt decrypts under it. ``secret``: the opened secret context, when
+        the caller opened it before changing anything (opened here first otherwise).
         """
         params = self.params(sid)  # the keygen record, never the server's word
+        secret = self.secret_context(sid) if secret is None else secret
         key_id = params.backend_params["public_context_sha256"]
         ledger = ReleaseLedger(self.keys_dir / "releases.sqlite3")
         try:
@@ -257,7 +280,7 @@ class KeyHolder(KeyCustody):
                 # before anything is decrypted: a sum short of noise shares is never decrypted at all
                 _check_dp_noise(params, len(m["participants"]))
                 backend = get_backend(params)
-                ctx = backend.keyholder_context(self.secret_context(sid))
+                ctx = backend.keyholder_context(secret)
                 chunks, participants = resum_signed_contributions(params, backend, ctx, m, source.contribution,
                                                                    workers=workers)
                 tags = source.tags()
@@ -272,7 +295,8 @@ class KeyHolder(KeyCustody):
         finally:
             ledger.close()
 
-    def finalize_split(self, conn, *, min_clients: int, expected_hospitals: list[str] | None = None) -> FinalResult:
+    def finalize_split(self, conn, *, min_clients: int, expected_hospitals: list[str] | None = None,
+                       secret: bytes | None = None) -> FinalResult:
         """split: post this key holder's share to the collector (the server), then read the released model.
 
         What is downloaded before the share leaves: the manifest and the seed statements. After it: the
@@ -283,7 +307,7 @@ class KeyHolder(KeyCustody):
         t0 = time.perf_counter()
         timings: dict = {}
         body, statement = self.release_split(conn.session_id, HTTPSource(conn), min_clients=min_clients,
-                                             expected_hospitals=expected_hospitals, timings=timings)
+                                             expected_hospitals=expected_hospitals, timings=timings, secret=secret)
         share_s = time.perf_counter() - t0  # manifest and seed statements fetched, checked, opened, expanded, summed
         conn.request("POST", conn.path("/split/share"), body=body,
                      headers={H_TAG: canonical_json(statement).decode()})
@@ -319,7 +343,8 @@ class KeyHolder(KeyCustody):
         return {**dict(params.dp), "epsilon": rec["epsilon"], "epsilon_composed": eps_all, "contributors": n}
 
     def release_split(self, sid: str, source, *, min_clients: int,
-                      expected_hospitals: list[str] | None = None, timings: dict | None = None) -> tuple[bytes, dict]:
+                      expected_hospitals: list[str] | None = None, timings: dict | None = None,
+                      secret: bytes | None = None) -> tuple[bytes, dict]:
         """split: this key holder's share ``-sum PRG(s_k)`` over the manifest's cohort, signed and bound to it.
 
         ``source`` gives only ``manifest()`` and ``tags()`` (the hospitals' signed seed statements): no
@@ -335,6 +360,9 @@ class KeyHolder(KeyCustody):
         """
 
         params = self.params(sid)  # the keygen record, never the server's word
+        # the sealed seed key is opened once (each opening runs the passphrase KDF, scrypt) and before the
+        # ledger records this key's one share: a wrong passphrase changes nothing
+        secret = self.secret_context(sid) if secret is None else secret
         key_id = params.backend_params[split.PUBLIC_CONTEXT_KEY]
         ledger = ReleaseLedger(self.keys_dir / "releases.sqlite3")
         try:
@@ -352,11 +380,10 @@ class KeyHolder(KeyCustody):
             statements = source.tags()
             t = time.perf_counter()
             raw, refused, evidence, judge = self.split_verdicts(sid, source, m, statements, ledger,
-                                                                expected_hospitals=expected_hospitals)
+                                                                expected_hospitals=expected_hospitals, secret=secret)
             verifier_s = time.perf_counter() - t
             # before the share is formed: a crash or a refusal below still counts as this key's one share
             ledger.record_decryption(key_id, sid, [p["hospital"] for p in m["participants"]])
-            secret = judge.secret()
 
             try:
                 # the verdicts are in (most formed as the uploads arrived): the share is the cohort's masks,
@@ -383,13 +410,15 @@ class KeyHolder(KeyCustody):
             ledger.close()
 
     def split_verdicts(self, sid: str, source, manifest: dict, statements: dict, ledger, *,
-                       expected_hospitals: list[str] | None = None):
+                       expected_hospitals: list[str] | None = None, secret: bytes | None = None):
         """``(server messages, refused, evidence, judge)`` for the manifest's participants: the verdicts formed as the
         uploads arrived (:meth:`judge_split`), and those of any upload not judged yet (or judged under
         another statement), formed now by the same code (keyholder/split_stream.py). A seed statement or box
         that fails blocks the key and refuses the release naming its hospital, as a forged server message
         does."""
         judge = self._split_judge(sid, expected_hospitals)
+        if secret is not None:
+            judge.unlock(secret)
         if not isinstance(statements, dict):
             statements = {}
         try:
@@ -577,7 +606,9 @@ class KeyHolder(KeyCustody):
             "samples": int(round(stats.n)),
             "class_counts": [int(round(c)) for c in stats.class_counts],
             "gamma": params.gamma,
-            "lambda": lam,
+            # the ridge the key holder asked for, and the one W was solved with (ckks adds its flooding ridge)
+            "lambda_requested": lam,
+            "lambda_total": lam,
             "aggregate_sha256": agg_sha,
             "params_digest": params.digest().hex(),
             "sanity": sanity if isinstance(sanity, dict) else sanity.to_dict(),

@@ -60,6 +60,11 @@ class SplitJudge:
     def state_path(self) -> Path:
         return self.kh.keys_dir / f"{self.sid}.split-verdicts.json"
 
+    def unlock(self, secret: bytes) -> None:
+        """Take the seed key the caller has already opened (and so checked), rather than opening it again."""
+        if self._secret is None:
+            self._secret = bytes(secret)
+
     def secret(self) -> bytes:
         """The sealed seed key, opened once per judge (each opening runs the passphrase KDF)."""
         if self._secret is None:

@@ -117,9 +117,21 @@ NO_BOUND_HINT = ": use bfv, secagg or split for exact results"
 EXCEEDS = "exceeds bound"
 
 
-def verdict_text(verdict: str, backend: str) -> str:
-    """``verdict`` as printed: an approximate backend's "no bound" names the exact alternatives."""
-    return verdict + (NO_BOUND_HINT if verdict == NO_BOUND and backend == "ckks" else "")
+NO_BOUND_EXACT = "no bound (C singular)"
+NO_BOUND_EXACT_NOTE = (": W is the minimum-norm solution C^+ Q of sums decrypted exactly (no noise was added), "
+                       "but a singular C gives it no perturbation bound; more samples or a --lambda ridge give one")
+
+
+def verdict_text(verdict: str, backend: str, noisy: bool | None = None) -> str:
+    """``verdict`` as printed: an approximate backend's "no bound" names the exact alternatives; an exact
+    release without noise (``noisy`` False; default: only ckks adds noise) says that C alone is the cause."""
+    if verdict != NO_BOUND:
+        return verdict
+    if noisy is None:
+        noisy = backend == "ckks"
+    if not noisy:
+        return NO_BOUND_EXACT + NO_BOUND_EXACT_NOTE
+    return verdict + (NO_BOUND_HINT if backend == "ckks" else "")
 
 
 def gaussian_spectral_bound(sigma: float, dim: int, probability: float) -> float:

@@ -17,7 +17,7 @@ import argparse
 import importlib
 import sys
 
-from .exceptions import EXIT_INPUT, EXIT_REFUSED, EXIT_USAGE, InvalidParameterError, SecureAFLError, exit_code
+from .exceptions import EXIT_INPUT, EXIT_REFUSED, InvalidParameterError, MissingExtra, SecureAFLError, exit_code
 
 # optional dependencies -> the extra of pyproject.toml that installs them (`make demo` installs none)
 _EXTRAS = {"torch": "embed", "torchvision": "embed", "PIL": "embed", "flwr": "flower", "matplotlib": "bench"}
@@ -33,6 +33,7 @@ _COMMANDS = [
     ("audit", "verify the hash-chained audit log and receipts", "secure_afl.audit_verify"),
     ("server", "the aggregation server", "secure_afl.server.cli"),
     ("keyholder", "the key holder: keys, release checks, decryption and the solve", "secure_afl.keyholder.cli"),
+    ("predict", "apply a model file to an image folder or an embeddings file", "secure_afl.clients.predict"),
     ("demo", "end-to-end demo: PKI, server, key holder and K hospitals on 127.0.0.1", "secure_afl.tools.demo"),
     ("attack", "run the threat-model attack demonstrations", "secure_afl.tools.attacks"),
     ("compare", "AFL against FedAvg, FedProx and FedFac with secure sums", "secure_afl.tools.baselines.compare"),
@@ -58,10 +59,29 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     return parser
 
 
+# an operating-system error's reason and message in the user's terms, never a Python class name
+_OS_REASONS = [(FileNotFoundError, "file_not_found", "no such file"),
+               (IsADirectoryError, "is_a_directory", "a directory where a file is expected"),
+               (NotADirectoryError, "not_a_directory", "not a directory"),
+               (PermissionError, "permission_denied", "permission denied"),
+               (FileExistsError, "file_exists", "already exists"),
+               (TimeoutError, "timed_out", "timed out")]
+
+
+def _os_reason(exc: OSError) -> tuple[str, str]:
+    reason, what = next(((r, w) for cls, r, w in _OS_REASONS if isinstance(exc, cls)), ("os_error", None))
+    if exc.filename is not None:
+        return reason, f"{what or exc.strerror or 'cannot use'}: {exc.filename}"
+    return reason, " ".join(str(exc).split()) or what or "operating-system error"
+
+
 def one_line(exc: BaseException) -> str:
     """``secure-afl: error [reason]: message`` on a single line."""
-    reason = getattr(exc, "reason", None) or type(exc).__name__
-    text = " ".join(str(exc).split()) or type(exc).__name__
+    if isinstance(exc, OSError) and not isinstance(exc, SecureAFLError):
+        reason, text = _os_reason(exc)
+    else:
+        reason = getattr(exc, "reason", None) or "error"
+        text = " ".join(str(exc).split()) or "failed"
     return f"secure-afl: error [{reason}]: {text}"
 
 
@@ -77,9 +97,23 @@ def _toml_error(exc: Exception, args) -> InvalidParameterError:
     return InvalidParameterError(f"{where} is not valid TOML: {exc}", reason="invalid_toml")
 
 
+def _missing_extra(exc: ModuleNotFoundError) -> MissingExtra | None:
+    extra = _EXTRAS.get((exc.name or "").partition(".")[0])
+    if extra is None:
+        return None
+    return MissingExtra(f"this command needs {exc.name}, which the '{extra}' extra installs: "
+                        f"pip install 'secure-afl[{extra}]'")
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    parser = build_parser(argv)
+    try:  # a command module that imports an extra at its top fails here, and says which extra
+        parser = build_parser(argv)
+    except ModuleNotFoundError as exc:
+        if (err := _missing_extra(exc)) is None or "--debug" in argv:
+            raise
+        print(one_line(err), file=sys.stderr)
+        return exit_code(err)
     args = parser.parse_args(argv)
     try:
         try:
@@ -94,12 +128,10 @@ def main(argv: list[str] | None = None) -> int:
             return exit_code(exc)
         return EXIT_REFUSED if isinstance(exc, TimeoutError) else EXIT_INPUT
     except ModuleNotFoundError as exc:
-        extra = _EXTRAS.get((exc.name or "").partition(".")[0])
-        if extra is None or args.debug:
+        if (err := _missing_extra(exc)) is None or args.debug:
             raise
-        print(f"secure-afl: error [missing-extra]: this command needs {exc.name}, which the "
-              f"'{extra}' extra installs: pip install 'secure-afl[{extra}]'", file=sys.stderr)
-        return EXIT_USAGE
+        print(one_line(err), file=sys.stderr)
+        return exit_code(err)
     except KeyboardInterrupt:
         print("secure-afl: interrupted", file=sys.stderr)
         return 130

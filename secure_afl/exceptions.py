@@ -24,7 +24,8 @@ Exit codes of ``secure-afl`` (also in threat_model/OPERATIONS.md):
 0     success
 1     unexpected internal error (a bug: the traceback is printed)
 2     usage error (bad command line)
-3     bad input: a file, parameter or statistics that do not fit the session
+3     bad input: a file, parameter or statistics that do not fit the session,
+      or an optional extra the command needs is not installed
 4     refused by the session: closed, duplicate, wrong stage, unknown
       session, too few contributors, release policy
 5     the server cannot be reached
@@ -41,6 +42,8 @@ __all__ = [
     "SecureAFLError",
     "InvalidParameterError",
     "InvalidInputError",
+    "MissingExtra",
+    "AwaitingPublication",
     "LayoutMismatch",
     "ParameterMismatch",
     "WrongSession",
@@ -157,6 +160,13 @@ class LayoutMismatch(SecureAFLError, ValueError):
     exit_code = EXIT_INPUT
 
 
+class MissingExtra(SecureAFLError):
+    """The command needs an optional dependency this installation lacks; the message names the extra."""
+
+    reason = "missing_extra"
+    exit_code = EXIT_INPUT
+
+
 class ParameterMismatch(SecureAFLError, ValueError):
     """A payload was produced under other protection parameters."""
 
@@ -233,6 +243,14 @@ class RoundAlreadyClosed(SecureAFLError):
     """The round/accumulator was finalised; it accepts nothing more."""
 
     reason = "round_closed"
+    http_status = 409
+    exit_code = EXIT_REFUSED
+
+
+class AwaitingPublication(SecureAFLError):
+    """The session is not open yet: the key holder has not published its public context."""
+
+    reason = "awaiting_publication"
     http_status = 409
     exit_code = EXIT_REFUSED
 

@@ -567,7 +567,7 @@ def dropout_line(definition: SessionDefinition) -> tuple[int, str]:
                      "spread over different neighbourhoods)")
         lower_t = [t2 for t2 in range(t - 1, 1, -1) if dropout_tolerance(n, t2, mc, m) >= 1]
         lower_mc = [c2 for c2 in range(mc - 1, 0, -1) if dropout_tolerance(n, t, c2, m) >= 1]
-        fix = " or ".join(([f"threshold = {lower_t[0]} ({lower_t[0] - 1} colluders)"] if lower_t else [])
+        fix = " or ".join(([f"threshold = {lower_t[0]} ({lower_t[0] - 1} colluder{'s' if lower_t[0] > 2 else ''})"] if lower_t else [])
                           + ([f"min_clients = {lower_mc[0]}"] if lower_mc else [])) or \
             f"at least {max(4, mc + 2)} hospitals (threshold = 2)"
     if k == 0:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import signal
-import sys
 
 from secure_afl.exceptions import InvalidParameterError, ParameterMismatch
 from secure_afl.server.config import load_config
@@ -23,16 +22,15 @@ def _cmd_run(args) -> int:
     try:
         reserve_open_files(cfg.connection_limit)
     except InvalidParameterError as e:
-        print(f"secure-afl server run: {args.config}: {e}", file=sys.stderr)
-        return 2
+        raise _naming_the_config(e, args.config)
     sock = listen(cfg.host, cfg.port)  # a taken port refuses the start (exit 3) before anything is opened
     try:
         server = open_server(cfg)
     except (InvalidParameterError, ParameterMismatch) as e:
         sock.close()
-        # a session that cannot run (e.g. secagg threshold vs neighbourhood vs min_clients): one line, no trace
-        print(f"secure-afl server run: {args.config}: {e}", file=sys.stderr)
-        return 2
+        # a session that cannot run (e.g. secagg threshold vs neighbourhood vs min_clients, a session.toml
+        # that is not the signed definition): the one-line error of every command, naming the file
+        raise _naming_the_config(e, args.config)
     except BaseException:
         sock.close()
         raise
@@ -53,6 +51,11 @@ def _cmd_run(args) -> int:
     finally:
         server.shutdown()
     return rc
+
+
+def _naming_the_config(e: Exception, config) -> Exception:
+    e.args = (f"{config}: {e}",)
+    return e
 
 
 def _exit_on_sigterm(signum, frame):

@@ -164,7 +164,7 @@ class SplitAggregationServer(AggregationServer):
                 "session_id": self.params.session_id, "backend": "split", "participants": participants,
                 "contributors": len(participants), "samples": int(round(stats.n)),
                 "class_counts": [int(round(c)) for c in stats.class_counts], "gamma": self.params.gamma,
-                "lambda": 0.0, "aggregate_sha256": manifest["aggregate_sha256"],
+                "lambda_requested": 0.0, "lambda_total": 0.0, "aggregate_sha256": manifest["aggregate_sha256"],
                 "params_digest": self.params.digest().hex(),
                 "sanity": sanity if isinstance(sanity, dict) else sanity.to_dict(),
                 "error_bound_per_entry": tol, "dp": dp_info, "w_error_bound": bound.to_dict(),

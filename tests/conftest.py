@@ -7,7 +7,9 @@ Three rules hold for the whole run:
   child, a Flower binary) is marked ``e2e``, so ``-m "not e2e"`` really runs
   in one process; an unmarked test that tries fails, naming the reason;
 * a run that has not exited 180 s after its last test prints every thread's
-  stack and exits 1.
+  stack and exits 1;
+* a security test that skips fails, unless the run passes
+  ``--allow-security-skips`` (:mod:`support.skips`).
 """
 
 from __future__ import annotations
@@ -20,9 +22,12 @@ from pathlib import Path
 import pytest
 
 from support import reaper
+from support.skips import pytest_addoption, pytest_make_collect_report, pytest_runtest_makereport  # noqa: F401
 
-# what a library may run behind a one-process test's back (ctypes.util.find_library, platform probes)
-_SYSTEM_TOOLS = {"ldconfig", "ldconfig.real", "gcc", "cc", "ld", "objdump", "uname", "nvidia-smi", "lscpu"}
+# what a library may run behind a one-process test's back (ctypes.util.find_library, platform probes, and
+# fc-list: matplotlib lists the installed fonts once, the first time it runs without a font cache)
+_SYSTEM_TOOLS = {"ldconfig", "ldconfig.real", "gcc", "cc", "ld", "objdump", "uname", "nvidia-smi", "lscpu",
+                 "fc-list"}
 _in_e2e_test = [True]  # outside a test (collection, session start) anything may start
 
 
@@ -39,6 +44,8 @@ def _audit(event, args):
 
 
 def pytest_configure(config):
+    # plots are written to files: no display is looked for, whatever the machine has
+    os.environ.setdefault("MPLBACKEND", "Agg")
     reaper.start()
     sys.addaudithook(_audit)
 

@@ -7,7 +7,7 @@ from secure_afl.cli import main
 LEVELS = ["", "reproduce", "reproduce dummy", "bench", "bench protect", "bench extract", "bench service", "client", "client embed",
           "client submit", "client fingerprint", "pki", "pki init", "pki issue", "pki bundle", "audit",
           "audit verify", "server", "server run", "keyholder", "keyholder keygen", "keyholder publish",
-          "keyholder finalize", "demo", "attack", "compare", "bench upload-cost"]
+          "keyholder finalize", "demo", "attack", "compare", "bench upload-cost", "client weights", "predict"]
 
 
 @pytest.mark.parametrize("words", LEVELS)
@@ -41,4 +41,6 @@ def test_a_command_whose_extra_is_missing_names_the_extra(missing, extra, tmp_pa
 
     # Assert: a usage error naming what to install, not a traceback
     err = capsys.readouterr().err
-    assert rc == 2 and f"pip install 'secure-afl[{extra}]'" in err and missing in err
+    assert rc == 3 and f"pip install 'secure-afl[{extra}]'" in err and missing in err
+    assert err.strip() == (f"secure-afl: error [missing_extra]: this command needs {missing}, which the "
+                           f"'{extra}' extra installs: pip install 'secure-afl[{extra}]'")

@@ -254,3 +254,11 @@ def test_session_toml_dp_section(tmp_path):
         load_config(tmp_path / "b.toml")
     write_config(tmp_path / "c.toml", base)
     assert load_config(tmp_path / "c.toml").dp is None
+
+
+def test_renyi_orders_are_dp_accountings_defaults():
+    from dp_accounting.rdp.rdp_privacy_accountant import DEFAULT_RDP_ORDERS
+
+    from secure_afl.dp.mechanism import ORDERS
+
+    np.testing.assert_array_equal(ORDERS, np.asarray(DEFAULT_RDP_ORDERS, dtype=np.float64))

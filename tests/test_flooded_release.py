@@ -252,7 +252,6 @@ def certificate_cases(draw):
     return d, c, cond, rank, gamma, sigma, lam, one_sample, seed
 
 
-_RATIOS = []
 
 
 @settings(max_examples=200, deadline=None)
@@ -289,8 +288,7 @@ def test_certificate_never_exceeded_by_adversarial_perturbations(case):
     err = float(np.linalg.norm(W - W0))
     # the perturbation is within the bounds the certificate used (they depend on the revealed diagonal)
     assert np.linalg.norm(E, 2) <= b.spectral_C and np.linalg.norm(F) <= b.frobenius_Q
-    _RATIOS.append(err / b.abs_bound)
-    assert err <= b.abs_bound, (err, b.abs_bound)
+    assert err <= b.abs_bound, f"actual / certified W error {err / b.abs_bound:.3g} (> 1: the certificate fails)"
 
 
 def test_w_error_bound_names_its_solution():
@@ -320,11 +318,6 @@ def test_public_key_multiple_upload_leaves_no_decrypted_float(tmp_path, doubling
     assert set(rep["sanity"]) == {"contributors", "n", "checks"}
     assert "tag_gap" not in rep["tag_check"]
     assert _no_float_in(rep)
-
-
-def test_zz_report_worst_certificate_ratio():
-    if _RATIOS:
-        print(f"\nworst actual / certified W error over {len(_RATIOS)} cases: {max(_RATIOS):.3g}")
 
 
 @pytest.mark.e2e

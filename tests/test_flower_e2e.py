@@ -94,8 +94,8 @@ def test_flower_round_matches_plaintext_and_native_service(tmp_path, deployment,
         bound = w_error_bound(X_all, W_plain, report["error_bound_per_entry"], c.classes, report["lambda_total"])
         assert report["flood_sigma"] > 0 and report["resummed_by_keyholder"]
         assert np.linalg.norm(W - W_plain) <= bound and np.linalg.norm(W_native - W_plain) <= bound
-    assert json.loads(meta["participants"]) == list(HOSPITALS) and meta["backend"] == backend
-    assert meta["session"] == c.session_id and len(meta["params_digest"]) == 64
+    assert meta.participants == tuple(HOSPITALS) and meta.backend == backend
+    assert meta.session == c.session_id and len(meta.params_digest) == 64
     assert report["participants"] == list(HOSPITALS) and report["samples"] == len(y_all)
     assert (report.get("tag_check") is not None) == (backend == "ckks")
     # the auditor's check: the log up to the close record the key holder countersigned over Flower
@@ -290,7 +290,7 @@ def test_flower_secagg_survives_a_crash_after_share_keys_and_refuses_an_impostor
     rel = np.linalg.norm(W - W_plain) / np.linalg.norm(W_plain)
     print(f"flower secagg, h4 crashed, h5 impostor: |W-W_plain|/|W_plain| = {rel:.2e} "
           f"(certified {report['w_error_bound']['rel_bound']:.2e})")
-    assert report["participants"] == survivors and json.loads(meta["participants"]) == survivors
+    assert report["participants"] == survivors and list(meta.participants) == survivors
     assert rel <= 2 * report["w_error_bound"]["rel_bound"]
     records = _audit(c)
     assert [r["details"]["dropped"] for r in records if r["event"] == "secagg_stage_closed"] == [

@@ -67,7 +67,7 @@ def test_flower_split_round_matches_the_native_service_bit_for_bit(tmp_path, dep
     assert np.array_equal(W, W_native) and bound["applies"] and rel_plain <= 2 * bound["rel_bound"]
     assert report["backend"] == "split" and report["collector"] == "server"
     assert report["participants"] == list(HOSPITALS) and report["samples"] == len(y_all)
-    assert meta["backend"] == "split" and json.loads(meta["participants"]) == list(HOSPITALS)
+    assert meta.backend == "split" and meta.participants == tuple(HOSPITALS)
     # the server took exactly one share, and the audit log (countersigned over Flower) holds with the receipts
     records = [json.loads(line) for line in c.audit_path().read_text().splitlines()]
     assert [r["outcome"] for r in records if r["event"] == "split_collect"] == ["accepted"]

@@ -1,10 +1,11 @@
 """The documented sessions ("A session, end to end"), run exactly as written, for every backend.
 
-The commands are read from README.md (CKKS) and docs/RUNNING.md (BFV, SecAgg),
+The commands are read from README.md (split) and docs/RUNNING.md (BFV, SecAgg, CKKS),
 so the documentation cannot drift from what works. Every party has its own directory; the only things the test
 puts there are the inputs the README says a party holds before the session
-(a hospital's images, the shared weights file). The port is replaced by a
-free one so parallel runs do not collide.
+(a hospital's images). The port is replaced by a free one so parallel runs do not
+collide. The lines run as a shell user would run them: a command ending in ``&`` runs in the background of
+its party's shell and is waited for only where that party's lines say ``wait``.
 """
 
 from __future__ import annotations
@@ -59,13 +60,8 @@ def documented_sessions() -> dict[str, list[tuple[str, str]]]:
 
 
 def _inputs(root: Path) -> None:
-    """What the README says each party holds before the session."""
-    torch.manual_seed(0)
-    weights = root / "resnet18.pth"
-    torch.save(torchvision.models.resnet18().state_dict(), weights)
-    for party in ("operator", *HOSPITALS):
-        (root / party).mkdir(parents=True)
-        (root / party / "resnet18.pth").write_bytes(weights.read_bytes())
+    """What the README says each party holds before the session: the hospitals' images (the shared weights
+    file is made by a documented command)."""
     rng = np.random.default_rng(1)
     for h in HOSPITALS:
         for c in CLASSES:
@@ -73,7 +69,6 @@ def _inputs(root: Path) -> None:
             for i in range(2):
                 Image.fromarray(rng.integers(0, 256, (32, 32, 3), dtype=np.uint8)).save(
                     root / h / "images" / c / f"{i}.png")
-    weights.unlink()
 
 
 def _run_session(root: Path, commands: list[tuple[str, str]]) -> dict:
@@ -82,11 +77,13 @@ def _run_session(root: Path, commands: list[tuple[str, str]]) -> dict:
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
     server, background = None, []
 
-    def finish_background():
-        while background:
-            cmd, proc = background.pop(0)
+    def wait_for(party):
+        """``party$ wait``: that party's shell waits for its own background jobs, and only then."""
+        for job in [j for j in background if j[0] == party]:
+            background.remove(job)
+            _, cmd, proc = job
             rc = proc.wait(timeout=300)
-            assert rc == 0, f"{cmd}\n{proc.stderr_path.read_text()}"
+            assert rc == 0, f"{party}$ {cmd}\n{proc.stderr_path.read_text()}"
 
     t0 = time.monotonic()
     try:
@@ -102,16 +99,19 @@ def _run_session(root: Path, commands: list[tuple[str, str]]) -> dict:
                 if "server run" in cmd:
                     server = proc
                 else:
-                    background.append((cmd, proc))
+                    background.append((party, cmd, proc))
                 continue
-            finish_background()
+            if cmd.strip() == "wait":
+                wait_for(party)
+                continue
             out = subprocess.run(cmd, shell=True, executable="/bin/bash", cwd=cwd, env=env, capture_output=True,
                                  text=True, timeout=300)
             assert out.returncode == 0, f"{party}$ {cmd}\n{out.stderr}"
-        finish_background()
+        # a job the walkthrough never waits for is one a reader would leave running: it must not be needed
+        assert not background, f"background jobs the walkthrough never waits for: {[c for _, c, _ in background]}"
         return {"seconds": time.monotonic() - t0}
     finally:
-        for _, proc in background:
+        for _, _, proc in background:
             os.killpg(proc.pid, signal.SIGTERM)
         if server is not None:
             os.killpg(server.pid, signal.SIGTERM)
@@ -130,7 +130,7 @@ def _holds_only_its_own_bundle(root: Path) -> None:
 def test_readme_documents_every_protected_backend():
     # README keeps one walkthrough; the others live in docs/RUNNING.md, run by the same test
     assert [m for m in re.findall(r"^### With (\w+)", "".join(_session_sections(WALKTHROUGHS[0].read_text())), re.M)] \
-        == ["CKKS"]
+        == ["split"]
     sessions = documented_sessions()
     assert sorted(sessions) == ["BFV", "CKKS", "SecAgg", "split"]
     for commands in sessions.values():
@@ -161,10 +161,14 @@ def test_documented_session_runs_as_written(tmp_path, backend):
     from secure_afl.server.config import load_config
 
     declared = load_config(tmp_path / "server" / "session.toml").extractor
-    assert meta["session"] == session_id and json.loads(meta["class_names"]) == list(CLASSES)
-    assert json.loads(meta["extractor"]) == declared
+    assert meta.session == session_id and meta.class_names == CLASSES
+    assert meta.extractor.to_dict() == declared
     if backend == "BFV":  # exact decryption: nothing flooded, no ridge
         assert report["flood_sigma"] == 0.0 and report["flood_ridge"] == 0.0
+    if backend == "split":  # README's hospital applies the model to its images (`secure-afl predict`)
+        rows = (tmp_path / "hosp-a" / "predictions.csv").read_text().splitlines()
+        assert rows[0] == "index,label,predicted,score" and len(rows) == 1 + 6
+        assert all(r.split(",")[2] in CLASSES for r in rows[1:])
     assert len(list((tmp_path / "hosp-a" / "receipts").glob("*.json"))) == 1
     _holds_only_its_own_bundle(tmp_path)
     print(f"\n{backend}: documented session took {timing['seconds']:.1f} s")

@@ -346,7 +346,7 @@ def test_threshold_breaking_dropout_aborts_cleanly_and_reveals_nothing():
 def test_too_few_unmask_responses_abort():
     # Prepare
     k = 6
-    params = make_params(k)  # t = 4
+    params = make_params(k, threshold=4)
     vectors = random_vectors(k, np.random.default_rng(1))
     server, clients = drive(params, vectors, upto=Stage.UNMASK)
     for u in (1, 2, 3):
@@ -756,3 +756,27 @@ def test_signatures_over_one_survivor_set_do_not_confirm_another():
     # Assert: refused before any share leaves hospital 1
     with pytest.raises(InvalidContribution, match="not validly signed"):
         clients[1].unmask(decode_message(request.to_bytes()))
+
+
+def test_unmask_log_tells_a_silent_survivor_from_a_dropped_hospital(caplog):
+    """A hospital that sent its masked input and then went silent in the unmask stage is in the sum: the log
+    names it as silent with its input counted, not as one of 0 "dropped"."""
+    import logging
+
+    # Prepare: six hospitals (t = 3); five answer the unmask stage, client 6 stays silent
+    k = 6
+    params = make_params(k)
+    vectors = random_vectors(k, np.random.default_rng(2))
+    server, clients = drive(params, vectors, upto=Stage.UNMASK)
+    for u in (1, 2, 3, 4, 5):
+        server.receive(relay(clients[u].unmask(relay(server.request(u)))))
+
+    # Execute
+    with caplog.at_level(logging.INFO, logger="secure_afl.secagg"):
+        server.close_stage()
+
+    # Assert
+    assert ("[Stage 4] unmask closed: aggregate of 6 hospitals revealed (0 dropped before their masked input; "
+            "1 silent in the unmask stage, their inputs counted: clients 6; 0 wrong shares discarded).") \
+        in caplog.text
+    assert server.aggregate_vector_ is not None

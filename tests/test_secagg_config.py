@@ -165,3 +165,44 @@ def test_masked_input_stage_does_not_close_under_an_upload_being_added(tmp_path,
         assert srv.round_stage == Stage.UNMASK and sorted(srv._round.survivors_) == [1, 2, 3]
     finally:
         srv.shutdown()
+
+
+def test_raising_min_clients_never_lowers_the_default_threshold(tmp_path, capsys):
+    """Six hospitals: min_clients 3 and 4 sign with the same default threshold (the same colluders
+    tolerated); 5 is refused, and the advice names a min_clients that does sign and the explicit
+    threshold that would allow 5, with the colluders it gives up."""
+    from secure_afl import session
+
+    hospitals = tuple(f"h{i}" for i in range(1, 7))
+    thresholds = {}
+    for mc in (3, 4):
+        # Execute
+        c = Consortium(tmp_path / f"mc{mc}", backend="secagg", hospitals=hospitals, min_clients=mc, sign=False)
+        rc = main(["session", "sign", str(c.config), "--pki", str(c.pki_dir)])
+
+        # Assert
+        out = capsys.readouterr()
+        assert rc == 0, out.err
+        thresholds[mc] = session.load_signed(c.pki_dir, c.session_id).session_params().backend_params["threshold"]
+        if mc == 4:  # no dropout survives this quorum: said once, as a warning
+            both = out.out + out.err
+            assert both.count("0 of 6 hospitals may drop out") == 1, both
+            assert "secure-afl session sign: warning: 0 of 6 hospitals" in out.err
+            assert "threshold = 2 (1 colluder) or min_clients = 3" in out.err
+    assert thresholds[4] == thresholds[3] == 3
+
+    # Execute: one more than the default threshold's quorum allows
+    c = Consortium(tmp_path / "mc5", backend="secagg", hospitals=hospitals, min_clients=5, sign=False)
+    rc = main(["session", "sign", str(c.config), "--pki", str(c.pki_dir)])
+
+    # Assert: the advice names 4 (which signs, above), and the explicit threshold 2 for 5
+    err = capsys.readouterr().err.strip()
+    assert rc == 3 and len(err.splitlines()) == 1, err
+    assert ("min_clients=5 with threshold=3 (the default for 6 hospitals) needs a consistency quorum of 7 "
+            "signatures from 6 hospitals: use min_clients <= 4, or set threshold = 2 in [secagg] explicitly, "
+            "which tolerates 1 colluding hospital instead of 2") in err
+
+    # and that explicit threshold does sign
+    c = Consortium(tmp_path / "mc5t2", backend="secagg", hospitals=hospitals, min_clients=5, sign=False,
+                   secagg={"threshold": 2})
+    assert main(["session", "sign", str(c.config), "--pki", str(c.pki_dir)]) == 0

@@ -85,7 +85,8 @@ def test_server_run_refuses_a_connection_cap_its_open_files_limit_cannot_hold(co
             proc.kill()
     # Assert: a one-line configuration error at start, no traceback, nothing served
     text = (c.root / "server.log").read_text()
-    assert proc.returncode == 2, text
+    assert proc.returncode == 3, text  # bad input, in the one-line form of every command
+    assert text.startswith(f"secure-afl: error [invalid_parameter]: {c.config}: ") and len(text.splitlines()) == 1
     assert "max_connections" in text and f"{1016 + SPARE_FILES} open files" in text and "at most 300" in text
     assert "Traceback" not in text
 

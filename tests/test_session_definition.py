@@ -151,9 +151,10 @@ def test_server_settings_that_disagree_with_the_signed_definition_are_refused_na
     # Execute
     out = _cli("server", "run", "--config", c.config)
 
-    # Assert: one line (the server's own "cannot run this session" form), the field named
+    # Assert: one line in the form of every command (bad input: exit 3), the file and the field named
     lines = out.stderr.strip().splitlines()
-    assert out.returncode == 2 and len(lines) == 1, out.stderr
+    assert out.returncode == 3 and len(lines) == 1, out.stderr
+    assert lines[0].startswith(f"secure-afl: error [parameter_mismatch]: {c.config}: "), lines[0]
     assert "disagrees with the signed session definition on min_clients: signed 2, got 1" in lines[0]
 
 

@@ -67,7 +67,7 @@ def _assert_released_over_the_roster(c, tmp_path):
                     "--session", c.session_id, "--min-clients", "2", "--out", tmp_path / "model.safetensors"))
     assert out.returncode == 0, out.stderr
     W, meta = read_model(tmp_path / "model.safetensors")
-    assert json.loads(meta["participants"]) == list(ROSTER)
+    assert meta.participants == tuple(ROSTER)
     X = np.concatenate([c.data(h)[0] for h in ROSTER])
     y = np.concatenate([c.data(h)[1] for h in ROSTER])
     W_joint = centralised_weights(X, y, c.classes)

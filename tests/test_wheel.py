@@ -146,5 +146,5 @@ def test_an_extras_command_without_its_extra_names_the_extra(wheel_env, tmp_path
                           "--out", str(tmp_path / "e.npz")], cwd=cwd,
                          env={**env, "SECURE_AFL_TEST_HIDE": ",".join(EXTRAS_ONLY)},
                          capture_output=True, text=True, timeout=300)
-    assert out.returncode == 2, out.stdout[-3000:] + out.stderr[-3000:]
-    assert "pip install 'secure-afl[embed]'" in out.stderr
+    assert out.returncode == 3, out.stdout[-3000:] + out.stderr[-3000:]
+    assert "secure-afl: error [missing_extra]: " in out.stderr and "pip install 'secure-afl[embed]'" in out.stderr

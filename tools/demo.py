@@ -26,6 +26,7 @@ here; ``client embed`` is the real backbone path.
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import functools
 import json
@@ -48,6 +49,7 @@ from secure_afl.audit_verify import verify_log
 from secure_afl.certify import EXCEEDS, NO_BOUND, WITHIN, certify_release, session_w_target
 from secure_afl.certify import entry_error_bounds
 from secure_afl.certify import verdict_text
+from secure_afl.exceptions import InvalidParameterError
 from secure_afl.packing import Layout
 from secure_afl.params import Bounds, SessionParams
 from secure_afl.params import KEYED_BACKENDS
@@ -173,19 +175,20 @@ def _hospital_data(args, seed):
     return hospitals, (Xte, yte), classes, desc
 
 
-def run_demo(args) -> dict:
+def run_demo(args, verbose: bool = True) -> dict:
     from secure_afl.analytic import centralised_weights, predict, solve_from_sums, top1_accuracy
     from secure_afl.clients.hospital import HospitalClient
     from secure_afl.keyholder import KeyHolder, write_model
     from secure_afl.keyholder.model import model_metadata
 
+    say = print if verbose else (lambda *a, **k: None)
     timings: dict[str, float] = {}
     t = time.perf_counter()
     seed = args.seed
     hospitals, test, n_classes, desc = _hospital_data(args, seed)
     dim = hospitals[0][1].shape[1]
     K = len(hospitals)
-    print(f"[Stage 0] data: {desc}")
+    say(f"[Stage 0] data: {desc}")
     timings["data"] = time.perf_counter() - t
 
     # absolute: session.toml's relative paths are read relative to session.toml's own directory
@@ -201,7 +204,7 @@ def run_demo(args) -> dict:
         if not (pki_dir / f"hospital-{name}").exists():
             pki.issue(pki_dir, "hospital", name)
     timings["pki"] = time.perf_counter() - t
-    print(f"[Stage 1] pki: CA + server + key holder + {K} hospital identities in {pki_dir}")
+    say(f"[Stage 1] pki: CA + server + key holder + {K} hospital identities in {pki_dir}")
 
     max_norm = float(np.sqrt(2.0)) if not args.data else float(
         np.ceil(max(np.linalg.norm(X, axis=1).max() for _, X, _ in hospitals)))
@@ -238,7 +241,7 @@ def run_demo(args) -> dict:
         t = time.perf_counter()
         server.start().wait_ready(url, kparty.ca_file, (kparty.cert_file, kparty.key_file))
         timings["server_start"] = time.perf_counter() - t
-        print(f"[Stage 2] server: {url} (pid {server.proc.pid}, mTLS on), session {session_id}")
+        say(f"[Stage 2] server: {url} (pid {server.proc.pid}, mTLS on), session {session_id}")
 
         conn = kh.connect(url, session_id)
         if args.backend in KEYED_BACKENDS:
@@ -251,7 +254,7 @@ def run_demo(args) -> dict:
             kh.publish(conn)
             timings["keys"] = time.perf_counter() - t
             what = "X25519 seed key" if args.backend == "split" else f"{args.backend.upper()} context"
-            print(f"[Stage 3] keys: fresh {what}; public part published, secret stays with the key holder")
+            say(f"[Stage 3] keys: fresh {what}; public part published, secret stays with the key holder")
 
         # Stage 4: hospitals (real HTTPS clients, concurrently)
         t = time.perf_counter()
@@ -281,13 +284,13 @@ def run_demo(args) -> dict:
         if errors:
             raise RuntimeError(f"hospital failures: {errors}")
         per = np.array(list(results.values()))
-        print(f"[Stage 4] hospitals: {K} uploads accepted, {per.mean() / 1e6:.2f} MB each")
+        say(f"[Stage 4] hospitals: {K} uploads accepted, {per.mean() / 1e6:.2f} MB each")
 
         t = time.perf_counter()
         res = kh.finalize(conn, min_clients=cfg["session"]["min_clients"])
         conn.close()
         timings["release"] = time.perf_counter() - t
-        print(f"[Stage 5] release: manifest of {res.report['contributors']} verified; aggregate revealed, "
+        say(f"[Stage 5] release: manifest of {res.report['contributors']} verified; aggregate revealed, "
               f"sanity checks passed; " + ("DP solve (PSD repair, calibrated ridge, no RI restoration)"
                                            if res.report.get("dp") else "RI restored") + f" and W {res.W.shape} solved")
     finally:
@@ -392,8 +395,9 @@ def run_demo(args) -> dict:
         "session_id": session_id,
         "workdir": str(work),
     }
-    print(f"[Stage 6] verify: audit log OK ({audit.n_records} records, {audit.n_receipts} receipts verified)")
-    _print_report(report)
+    say(f"[Stage 6] verify: audit log OK ({audit.n_records} records, {audit.n_receipts} receipts verified)")
+    if verbose:
+        _print_report(report)
     if args.report:
         Path(args.report).write_text(json.dumps(report, indent=2))
     if args.model_out:
@@ -481,13 +485,80 @@ def _fmt_bound(b: dict) -> str:
 
 
 
+#: every backend, the recommended one first: split is exact and needs no homomorphic key holder
+ALL_BACKENDS = ("split", "secagg", "bfv", "plain", "ckks")
+_EXACT = {"plain": "exact (no protection)", "split": "exact", "secagg": "exact", "bfv": "exact",
+          "ckks": "approximate (flooded)"}
+
+
+def run_all(args) -> list[dict]:
+    """The recommended backend with every stage printed, then each other backend on the same data, and one
+    table of all of them side by side."""
+    reports = []
+    for i, backend in enumerate(ALL_BACKENDS):
+        one = argparse.Namespace(**{**vars(args), "backend": backend, "report": None, "model_out": None,
+                                    "workdir": str(Path(args.workdir) / backend) if args.workdir else None})
+        if i == 1:
+            print("\nThe same hospitals and data through every other backend:")
+        if i:
+            print(f"  {backend} ...", flush=True)
+        reports.append(run_demo(one, verbose=(i == 0)))
+    print_comparison(reports)
+    return reports
+
+
+def comparison_rows(reports: list[dict]) -> list[tuple[str, ...]]:
+    """One row per backend: what it guarantees, W against the plaintext solve, its certified bound, the bytes
+    one hospital uploads, the whole session's time, and the verdict."""
+    rows = [("backend", "result", "W error vs plaintext", "certified bound", "bytes / hospital", "session (s)",
+             "accuracy", "verdict")]
+    for r in reports:
+        v = r["verification"]
+        b = v["certified_bound_secure"]
+        noisy = bool(r["flooding"].get("flood_sigma") or r.get("dp"))
+        bound = f"{b['rel_bound']:.1e}" if b["applies"] else ("none (noise added)" if noisy else "none (C singular)")
+        rows.append((r["backend"], _EXACT.get(r["backend"], ""), f"{v['weights_rel_error_vs_plaintext']:.1e}", bound,
+                     f"{r['bytes_per_hospital'] / 1e6:.2f} MB", f"{_session_seconds(r):.1f}",
+                     f"{r['accuracy']['secure']:.4f}", v["verdict"]))
+    return rows
+
+
+def _session_seconds(r: dict) -> float:
+    """Server start to the released W: what the parties wait for (not the demo's data or its checks)."""
+    return sum(v for k, v in r["timings_s"].items() if k not in ("data", "verify"))
+
+
+def print_comparison(reports: list[dict]) -> None:
+    rows = comparison_rows(reports)
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    r0 = reports[0]
+    print(f"\nEvery backend on the same {r0['hospitals']} hospitals ({r0['samples']} samples, d = {r0['dim']}, "
+          f"{r0['classes']} classes); plaintext accuracy {r0['accuracy']['plaintext']:.4f}")
+    for k, row in enumerate(rows):
+        print("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip())
+        if k == 0:
+            print("  ".join("-" * w for w in widths))
+    print("W error vs plaintext: ||W - W_plain|| / ||W_plain||, W_plain solved from the plaintext sums of the same "
+          "data;\ncertified bound: the key holder's proved bound on that error (none: it has no bound); session: "
+          "server start to the released W.")
+
+
 def _cmd_demo(args) -> int:
+    if args.all:
+        if args.report or args.model_out:
+            raise InvalidParameterError("--report and --model-out name one backend's files: use them with "
+                                        "--backend, not --all", reason="invalid_arguments")
+        reports = run_all(args)
+        return 0 if all(r["verification"]["passed"] for r in reports) else 1
     report = run_demo(args)
     return 0 if report["verification"]["passed"] else 1
 
 
 def register(parser) -> None:
-    parser.add_argument("--backend", choices=["plain", "ckks", "bfv", "secagg", "split"], default="ckks")
+    parser.add_argument("--backend", choices=["plain", "ckks", "bfv", "secagg", "split"], default="split",
+                        help="the backend to run (default split, the recommended one)")
+    parser.add_argument("--all", action="store_true", help="split with every stage printed, then every other "
+                        "backend on the same data, and all of them side by side (what `make demo` runs)")
     parser.add_argument("--hospitals", type=int, default=5, help="K hospitals (embedded data)")
     parser.add_argument("--partition", default="dirichlet:0.5", help="iid | dirichlet:A | shards:S")
     parser.add_argument("--dataset", choices=["digits", "breast-cancer"], default="digits")

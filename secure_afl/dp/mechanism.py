@@ -43,7 +43,6 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
-from dp_accounting import rdp as _rdp
 
 from .._validation import check_int, check_real, param_error
 from ..exceptions import InvalidParameterError
@@ -54,7 +53,10 @@ __all__ = ["ORDERS", "share_std", "share_bound", "DPSpec", "sensitivity", "gauss
            "noised_entries"]
 
 #: Renyi orders of the accountant (dp_accounting's defaults).
-ORDERS = np.asarray(_rdp.rdp_privacy_accountant.DEFAULT_RDP_ORDERS, dtype=np.float64)
+# dp_accounting's DEFAULT_RDP_ORDERS (a test checks they are equal): written out so that importing this module,
+# which every party does, does not import dp_accounting (a second of start-up); only accounting does
+ORDERS = np.asarray([1 + x / 10.0 for x in range(1, 100)] + list(range(11, 64)) + [128, 256, 512, 1024],
+                    dtype=np.float64)
 #: Real noise where the sum is real (plain, ckks); integer noise on the fixed-point grid where the sum
 #: is exact integer arithmetic on the two-lane encoding (secagg in Z_(2^64), bfv modulo its plaintext prime).
 MECHANISMS = {"plain": "gaussian", "ckks": "gaussian", "secagg": "skellam", "bfv": "skellam", "split": "skellam"}
@@ -119,6 +121,8 @@ def skellam_rdp(mu: float, d2: float, d1: float, orders=ORDERS) -> np.ndarray:
 
 
 def epsilon_from_rdp(rdp, delta: float) -> float:
+    from dp_accounting import rdp as _rdp
+
     eps, _ = _rdp.rdp_privacy_accountant.compute_epsilon(ORDERS, np.asarray(rdp, dtype=np.float64), delta)
     return float(eps)
 

@@ -451,8 +451,13 @@ class SecAggServerRound:
         material = self.unmask_material()
         self.fixed_point_sum_ = self.backend.unmask(self._aggregate, unmask=material)
         self.aggregate_vector_ = fixedpoint.decode(self.fixed_point_sum_, self.cfg.frac_bits)
-        logger.info("[Stage 4] unmask closed: aggregate of %d hospitals revealed (%d dropped, %d wrong shares "
-                    "discarded).", len(self.survivors_), len(self.dropped_), len(self.bad_shares))
+        # a survivor silent in this last stage is still in the sum (its masked input arrived): it is not
+        # "dropped", which means that its input is missing
+        silent = sorted(self.active - self._responded)
+        logger.info("[Stage 4] unmask closed: aggregate of %d hospitals revealed (%d dropped before their masked "
+                    "input; %d silent in the unmask stage, their inputs counted%s; %d wrong shares discarded).",
+                    len(self.survivors_), len(self.dropped_), len(silent),
+                    f": clients {', '.join(map(str, silent))}" if silent else "", len(self.bad_shares))
         self.stage = DONE
         return True
 

@@ -16,7 +16,7 @@ from ..packing import Layout
 from ..params import Bounds, SessionParams
 
 __all__ = ["PROTOCOL", "Stage", "recommended_neighbours", "secagg_session_params", "consistency_quorum",
-           "default_threshold", "dropout_tolerance",
+           "default_threshold", "dropout_tolerance", "min_clients_advice",
            "max_min_clients", "graph_seed", "neighbour_graph", "config", "Config"]
 
 PROTOCOL = "secagg/v2"
@@ -65,23 +65,31 @@ def _degree(n_parties: int, neighbours: int | None) -> int:
     return n_parties - 1 if neighbours is None else neighbours
 
 
-def default_threshold(share_holders: int, n_parties: int | None = None, min_clients: int = 2) -> int:
+def default_threshold(share_holders: int, n_parties: int | None = None) -> int:
     """The default Shamir threshold for ``m`` share holders per hospital (THREAT_MODEL.md 6.1: choosing t).
 
     Without ``n_parties``: the majority ``floor(m / 2) + 1``. With it: the
     largest ``t <= floor(m / 2) + 1`` whose round survives one hospital
-    dropping out (:func:`dropout_tolerance` >= 1), since a session that
-    aborts whenever one site is slow releases nothing in practice; the
-    majority when no ``t >= 2`` does (small n: the operator is told).
-    At n = 6 and min_clients = 3 that is t = 3 (2 colluders, quorum 5)
-    instead of the majority 4, whose quorum max(5, 3 + 3) = 6 is everybody.
+    dropping out (:func:`dropout_tolerance` >= 1) at session.toml's default
+    min_clients = 3 (at 2 where no t does at 3), since a session that aborts
+    whenever one site is slow releases nothing in practice; the majority when
+    no ``t >= 2`` does (small n: the operator is told). At n = 6 that is t = 3
+    (2 colluders, quorum 5 at min_clients 3) instead of the majority 4, whose
+    quorum max(5, 3 + 3) = 6 is everybody.
+
+    It depends on the cohort only, never on the session's ``min_clients``: a
+    stricter release threshold must not quietly buy its quorum with fewer
+    tolerated colluders. A ``min_clients`` whose quorum this t cannot reach is
+    refused, and the message names both ways out (a lower min_clients, or a
+    lower threshold set explicitly).
     """
     majority = max(2, share_holders // 2 + 1)
     if n_parties is None:
         return majority
-    for t in range(min(majority, share_holders), 1, -1):
-        if dropout_tolerance(n_parties, t, min_clients, share_holders) >= 1:
-            return t
+    for min_clients in (3, 2):
+        for t in range(min(majority, share_holders), 1, -1):
+            if dropout_tolerance(n_parties, t, min_clients, share_holders) >= 1:
+                return t
     return majority
 
 
@@ -112,6 +120,21 @@ def consistency_quorum(n_advertised: int, threshold: int, min_clients: int) -> i
     """
     c = threshold - 1
     return max((n_advertised + c) // 2 + 1, min_clients + c)
+
+
+def min_clients_advice(n_parties: int, threshold: int, min_clients: int, defaulted: bool = False) -> str:
+    """Why ``min_clients`` cannot be reached under ``threshold``, and both ways out: the largest min_clients
+    this threshold reaches, and the threshold that reaches this min_clients with the colluders it gives up."""
+    n, t = n_parties, threshold
+    which = f"threshold={t} (the default for {n} hospitals)" if defaulted else f"threshold={t}"
+    text = (f"min_clients={min_clients} with {which} needs a consistency quorum of "
+            f"{consistency_quorum(n, t, min_clients)} signatures from {n} hospitals: use min_clients <= "
+            f"{max_min_clients(n, t)}")
+    lower = n - min_clients + 1  # the largest t with max_min_clients(n, t) >= min_clients
+    if lower >= 2:
+        return text + (f", or set threshold = {lower} in [secagg] explicitly, which tolerates {lower - 1} colluding "
+                       f"hospital{'s' if lower > 2 else ''} instead of {t - 1}")
+    return text + " or enrol more hospitals"
 
 
 def max_min_clients(n_parties: int, threshold: int) -> int:
@@ -187,8 +210,9 @@ def secagg_session_params(
         else:
             neighbours = k
     m = _degree(n, neighbours) + 1
-    if threshold is None:
-        threshold = default_threshold(m, n, 2 if min_clients is None else min_clients)
+    defaulted = threshold is None
+    if defaulted:
+        threshold = default_threshold(m, n)
     threshold = check_int("threshold", threshold, caller, low=2)
     if threshold > m:
         where, more = ((f"n_parties={n}", "enrol more hospitals") if neighbours is None else
@@ -201,11 +225,7 @@ def secagg_session_params(
         min_clients = max(1, min(2, max_min_clients(n, threshold)))
     min_clients = check_int("min_clients", min_clients, caller, low=1)
     if min_clients > max_min_clients(n, threshold):
-        raise InvalidParameterError(
-            f"min_clients={min_clients} with threshold={threshold} needs a consistency quorum of "
-            f"{consistency_quorum(n, threshold, min_clients)} signatures from {n} hospitals: "
-            f"use min_clients <= {max_min_clients(n, threshold)} or a lower threshold"
-        )
+        raise InvalidParameterError(min_clients_advice(n, threshold, min_clients, defaulted))
     if frac_bits is None:
         frac_bits = fixedpoint.choose_frac_bits(bounds, gamma)
     else:
