@@ -90,10 +90,13 @@ class SplitKeyPair:
 
 
 def split_session_params(session_id: str, layout: Layout, gamma: float, bounds: Bounds, *,
-                         frac_bits: tuple | None = None, **_) -> SessionParams:
+                         frac_bits: tuple | None = None, gram_proof: bool = False, **_) -> SessionParams:
     """Lane bits from the bounds (as secagg and bfv, lowered where a validity-proven upload needs the room:
-    :func:`split_validity.choose_frac_bits`); not yet bound to the key holder's seed key."""
+    :func:`split_validity.choose_frac_bits`); not yet bound to the key holder's seed key. ``gram_proof``: every
+    upload also proves its statistics are a Gram matrix (docs/VALIDITY.md, "The Gram statement")."""
     base = SessionParams(session_id, "split", layout, gamma, bounds)
+    if gram_proof:  # absent when off, so the digest of a session without it is unchanged
+        base = base.with_backend_params(**{split_validity.GRAM_KEY: True})
     # the validity proof bounds an upload's entries only up to a factor (docs/VALIDITY.md): the lanes keep
     # room for k_max such uploads in F_p
     fb = split_validity.choose_frac_bits(base) if frac_bits is None else \
