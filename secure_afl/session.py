@@ -63,7 +63,7 @@ from secure_afl.secagg import consistency_quorum, dropout_tolerance
 from secure_afl.secagg import recommended_neighbours, secagg_session_params
 from secure_afl.tagging import TAG_KEY_PARAM
 
-__all__ = ["SessionDefinition", "SCHEMA", "SECTIONS", "Key", "dropout_line", "reference",
+__all__ = ["SessionDefinition", "SCHEMA", "SECTIONS", "Key", "dropout_line", "share_line", "reference",
            "parse", "load_toml", "normalise", "sign", "load_signed",
            "check_same", "check_info", "write_toml", "signed_path", "sign_definition", "from_body"]
 
@@ -167,6 +167,15 @@ SECTIONS: dict[str, Section] = {
         "n_max": Key("int", "largest number of samples one hospital contributes", low=1),
         "k_max": Key("int", "largest number of hospitals summed (no-wrap and noise bounds)", low=1,
                      allowed=">= the number of hospitals"),
+    }),
+    "split": Section("Only with backend = \"split\"; every key is signed (docs/VALIDITY.md).", {
+        "gram_proof": Key("bool", "every upload also proves its statistics [[C, Q], [Q^T, diag(counts)]] positive "
+                                  "semi-definite (a Gram matrix of bounded rows), and the release refuses an "
+                                  "indefinite Gram sum; about +1.1 MB per upload at d = 512, C = 100; not with [dp]",
+                          False, "server, hospitals, key holder"),
+        "max_share": Key("real", "largest share of the pooled samples one hospital may hold: the release is "
+                                 "refused unless n_max <= max_share * n (n the released sample count)", 1.0,
+                         "server, key holder", low=0.0, low_open=True, high=1.0),
     }),
     "secagg": Section("Only with backend = \"secagg\"; every key is signed.", {
         "threshold": Key("int", "Shamir threshold t: tolerates t - 1 colluding hospitals next to a malicious "
@@ -394,7 +403,10 @@ class SessionDefinition:
 
         b = self.body
         layout = Layout(b["dim"], b["classes"])
-        if b["backend"] != "secagg":
+        if b["backend"] == "split" and b.get("split"):
+            params = dp_session_params(self.dp_spec(), "split", b["id"], layout, b["gamma"], self.bounds(),
+                                       **b["split"])
+        elif b["backend"] != "secagg":
             params = dp_session_params(self.dp_spec(), b["backend"], b["id"], layout, b["gamma"], self.bounds())
         else:
             sa = b["secagg"]
@@ -437,7 +449,7 @@ def normalise(sections: Mapping[str, Mapping[str, Any]], *, issued_hospitals=Non
                                                           "deadline_s", "max_upload_bytes")},
         "hospitals": sorted(hospitals),
         "bounds": {"max_norm": b["max_norm"], "n_max": b["n_max"], "k_max": b["k_max"]},
-        "secagg": None, "dp": None, "extractor": None,
+        "secagg": None, "dp": None, "extractor": None, "split": None,
     }
     if not 1 <= body["min_clients"] <= len(hospitals):
         raise _fail(where, f"min_clients = {body['min_clients']} must be in [1, {len(hospitals)}], the number of "
@@ -453,6 +465,11 @@ def normalise(sections: Mapping[str, Mapping[str, Any]], *, issued_hospitals=Non
     if s["backend"] == "secagg":
         sa = dict(sa or {})
         body["secagg"] = {k: sa.get(k, _default("secagg", k)) for k in SCHEMA["secagg"]}
+    sp = sections.get("split")
+    if sp is not None:
+        if s["backend"] != "split":
+            raise _fail(source, f"[split] is for backend = \"split\", and this session runs {s['backend']}")
+        body["split"] = {k: sp.get(k, _default("split", k)) for k in SCHEMA["split"]}
     if "dp" in sections:
         d = dict(sections["dp"])
         body["dp"] = {k: d.get(k, _default("dp", k)) for k in SCHEMA["dp"]}
@@ -535,6 +552,22 @@ def dropout_line(definition: SessionDefinition) -> tuple[int, str]:
     if k == 0:
         line += f"; no hospital may drop out: to tolerate one, sign a session with {fix}"
     return k, line
+
+
+def share_line(definition: SessionDefinition) -> str:
+    """The largest share of the pooled samples one hospital may hold (one line): its n_max against the others,
+    and the session's cap. Steering is bounded by it, whatever the upload proves (docs/VALIDITY.md)."""
+    b = definition.body
+    n, n_max = len(b["hospitals"]), b["bounds"]["n_max"]
+    cap = (b.get("split") or {}).get("max_share", 1.0)
+    line = (f"one hospital may hold up to n_max = {n_max} samples: {100.0 / n:.3g} % of the pooled statistics if "
+            f"the other {n - 1} hold n_max each, all of them if they hold none")
+    if cap < 1.0:
+        line += (f"; capped at max_share = {cap:g}: a release needs at least {math.ceil(n_max / cap)} samples "
+                 "in all")
+    else:
+        line += "; no cap (a split session may set [split] max_share)"
+    return line
 
 
 def reference() -> str:
@@ -665,7 +698,7 @@ def from_body(body: Mapping[str, Any], *, source: str) -> SessionDefinition:
                                              if k in body and body[k] is not None}}
     try:
         sections["bounds"] = dict(body["bounds"])
-        for key in ("secagg", "dp", "extractor"):
+        for key in ("secagg", "dp", "extractor", "split"):
             if body.get(key) is not None:
                 sections[key] = {k: v for k, v in body[key].items() if v is not None}
         if "deadline" in sections["session"]:

@@ -1047,6 +1047,18 @@ def helper_verdict(circuit: Circuit, hospital: str, seed: bytes, statement: Mapp
 ADVISORY_CHECKS = ("symmetric", "psd", "cauchy_schwarz", "class_cauchy_schwarz", "norm_bound")
 
 
+def psd_tolerance(params: SessionParams, gram: np.ndarray) -> float:
+    """How far below 0 the smallest eigenvalue of a released Gram sum may be computed when every upload proved
+    the Gram statement: the high-lane sum is exactly positive semi-definite (a sum of 2^t (L L^T + D)), so only
+    what the release adds counts. The low lanes move each entry by less than ``2^(63 - f1 - f2)`` in all
+    (whatever they hold), the decoding rounds each entry once (relative 2^-53), so the error E has
+    ``||E||_2 <= ||E||_F <= d 2^(63 - f1 - f2) + 2^-53 ||C||_F``; eigvalsh adds at most ``d 2^-53 ||C||_F``."""
+    f1, f2 = (int(v) for v in params.backend_params["frac_bits"])
+    d = params.layout.dim
+    fro = float(np.linalg.norm(gram))
+    return d * 2.0 ** (63 - f1 - f2) + (2 * d + 1) * 2.0 ** -53 * fro
+
+
 def proven_aggregate_bound(params: SessionParams) -> float:
     """|entry| of a sum of k_max proven uploads (docs/VALIDITY.md): each high-lane entry is within 2T, and the
     low-lane sum, whatever the uploads hold there, is read as a centred value below 2^63."""
