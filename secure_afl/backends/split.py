@@ -342,7 +342,7 @@ def collect(params: SessionParams, masked_aggregate: bytes, share: np.ndarray, s
                                 "share was not formed for these masked vectors")
     cap = float(params.backend_params.get("max_share", 1.0))
     n_released = float(v[params.layout.slices["n"]][0])
-    if params.bounds.n_max > cap * n_released * (1 + 2.0 ** -40):
+    if cap < 1.0 and params.bounds.n_max > cap * n_released * (1 + 2.0 ** -40):
         raise SanityCheckFailed(f"the release pools {round(n_released)} samples: one hospital (n_max = "
                                 f"{params.bounds.n_max}) could hold more than the session's max_share = {cap:g} "
                                 "of them", reason="share_cap")
