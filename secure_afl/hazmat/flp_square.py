@@ -28,8 +28,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..exceptions import InvalidInputError, MalformedPayload
-from .flp import P, add, dot, intt, inv, mul, ntt, poly_eval, powers, root_of_unity, scale, sum_mod, _batch_inv, \
-    to_field
+from .flp import P, add, dot, intt, inv, mul, ntt, poly_eval, powers, root_of_unity, scale, sum_mod, to_field
 
 __all__ = ["SquareSumProof"]
 
@@ -116,7 +115,7 @@ class SquareSumProof:
         n, a = self.n, self._alpha
         pts = [pow(a, m, P) for m in range(n)]
         z = (pow(t, n, P) - 1) * inv(n) % P
-        dens = _batch_inv([(t - x) % P for x in pts])
+        dens = [inv(t - x) for x in pts]  # N <= a few hundred: one exponentiation each
         return to_field([z * pts[m] % P * dens[m] % P for m in range(n)])
 
     @staticmethod
