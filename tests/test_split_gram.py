@@ -255,3 +255,31 @@ def test_an_indefinite_upload_is_refused_by_name_through_the_service_only_under_
     assert not off["gram_proof"] and off["released"] and not off["refused"] and off["norm_ratio"] > 4
     assert on["gram_proof"] and on["released"] and on["refused"] == {"h2": "gram"}
     assert abs(on["norm_ratio"] - 1.0) < 1e-6
+
+
+# -- the signed session -----------------------------------------------------------------------------------------
+def _sections(backend="split", **extra):
+    base = {"session": {"id": "gram-session", "backend": backend, "dim": 6, "classes": 3,
+                        "hospitals": ["h1", "h2", "h3"], "min_clients": 2},
+            "bounds": {"max_norm": 2.0, "n_max": 200, "k_max": 8}}
+    base.update(extra)
+    return base
+
+
+def test_the_session_signs_gram_proof_into_the_parameters_and_refuses_it_with_dp_or_another_backend():
+    from secure_afl import session
+    from secure_afl.exceptions import SecureAFLError
+
+    on = session.normalise(session.parse(_sections(split={"gram_proof": True, "max_share": 0.5})))
+    params = on.session_params()
+    assert split_validity.gram_enabled(params) and params.backend_params["max_share"] == 0.5
+    off = session.normalise(session.parse(_sections()))
+    assert not split_validity.gram_enabled(off.session_params()) and off.body["split"] is None
+    assert params.digest() != off.session_params().digest()  # the setting is signed: the parameters differ
+    with pytest.raises(SecureAFLError, match=r"gram_proof.*\[dp\]"):
+        session.normalise(session.parse(_sections(split={"gram_proof": True}, dp={"epsilon": 1.0})))
+    with pytest.raises(SecureAFLError, match=r"\[split\] is for backend"):
+        session.normalise(session.parse(_sections("ckks", split={"gram_proof": True})))
+    line = session.share_line(on)
+    assert "n_max = 200" in line and "max_share = 0.5" in line and "400 samples" in line
+    assert "no cap" in session.share_line(off)
