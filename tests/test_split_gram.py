@@ -283,3 +283,20 @@ def test_the_session_signs_gram_proof_into_the_parameters_and_refuses_it_with_dp
     line = session.share_line(on)
     assert "n_max = 200" in line and "max_share = 0.5" in line and "400 samples" in line
     assert "no cap" in session.share_line(off)
+
+
+def test_square_sum_proof_matches_the_reference_and_the_vector():
+    import json
+    from pathlib import Path
+
+    from support import flp_reference as ref
+
+    vec = json.loads((Path(__file__).resolve().parent.parent / "vectors" / "flp.json").read_text())["square_sum_proof"]
+    sq = SquareSumProof(vec["length"], vec["groups"], chunk=vec["chunk"])
+    assert [int(x) for x in sq.prove(flp.to_field(vec["v"]), flp.to_field(vec["seeds"]))] == vec["proof"]
+    rng = random.Random(29)
+    for length, groups, chunk in ((1, 1, 1), (9, 3, 2), (40, 3, 7)):
+        v = [rng.randrange(P) for _ in range(length * groups)]
+        seeds = [rng.randrange(P) for _ in range(chunk)]
+        got = SquareSumProof(length, groups, chunk=chunk).prove(flp.to_field(v), flp.to_field(seeds))
+        assert [int(x) for x in got] == ref.square_sum_proof(v, length, groups, seeds, chunk)
