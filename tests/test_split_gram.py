@@ -64,13 +64,14 @@ def test_square_sum_proof_outputs_the_squared_norms_and_refuses_a_wrong_one():
         p0 = flp.to_field([rng.randrange(P) for _ in range(sq.proof_len)])
         t = rng.randrange(P)
         msg = flp.add(sq.query(flp.sub(v, r0), flp.sub(proof, p0), t), sq.query(r0, p0, t))
-        assert sq.decide(msg)
+        assert sq.decide(msg) and msg.shape == (sq.chunk + 1,)  # no output in the message: they are private
         want = [sum(int(x) ** 2 for x in v[g * length:(g + 1) * length]) % P for g in range(groups)]
-        assert [int(x) for x in msg[:groups]] == want
-        bad = proof.copy()
-        bad[sq.chunk] = (int(bad[sq.chunk]) + 1) % P  # another P: its outputs or its value at t give it away
-        msg = flp.add(sq.query(flp.sub(v, r0), flp.sub(bad, p0), t), sq.query(r0, p0, t))
-        assert not sq.decide(msg) or [int(x) for x in msg[:groups]] != want
+        outs = flp.add(sq.outputs(flp.sub(proof, p0)), sq.outputs(p0))
+        assert [int(x) for x in outs] == want
+        for i in (sq.chunk, sq.proof_len - 1, 0):  # another P, or another seed: P(t) gives it away
+            bad = proof.copy()
+            bad[i] = (int(bad[i]) + 1) % P
+            assert not sq.decide(flp.add(sq.query(flp.sub(v, r0), flp.sub(bad, p0), t), sq.query(r0, p0, t)))
 
 
 # -- honest uploads always prove ---------------------------------------------------------------------------------

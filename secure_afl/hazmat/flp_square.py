@@ -15,8 +15,10 @@ Gadget ``g(u) = sum_{j<c} u_j^2`` (ParallelSum of c multiplications, both inputs
 occupies its own ``calls_per_group`` calls (entries past ``length`` are 0), so each output is the sum of
 the gadget's values at that group's points. Wire polynomial ``U_j`` (degree < N) takes a random seed at
 ``a^0`` and call k's wire at ``a^(k+1)``; the proof is the c seeds and the ``2N - 1`` coefficients of
-``P = sum_j U_j^2``. A verifier sends ``out_g`` (fixed linear functions of P's coefficients), ``U_j(t)`` and
-``P(t)`` for a ``t`` drawn after the proof is fixed; the sums decide ``P(t) = sum_j U_j(t)^2``.
+``P = sum_j U_j^2``. A verifier sends ``U_j(t)`` and ``P(t)`` for a ``t`` drawn after the proof is fixed; the
+sums decide ``P(t) = sum_j U_j(t)^2``. Its shares of ``out_g`` (fixed linear functions of P's coefficients,
+:meth:`SquareSumProof.outputs`) never leave it alone: the caller folds them into a random linear combination
+whose value is 0 for an honest prover, since their sum would reveal ``||v_g||^2``.
 
 Soundness: a wrong ``out_g`` share makes ``P`` differ from ``sum_j U_j^2`` at some call point, and two
 distinct polynomials of degree ``<= 2N - 2`` agree on at most ``2N - 2`` of the ``p - N`` allowed ``t``.
@@ -36,7 +38,8 @@ __all__ = ["SquareSumProof"]
 class SquareSumProof:
     """FLP of ``out_g = ||v_g||^2`` for ``groups`` shared vectors of ``length`` entries (module docstring).
 
-    Proof ``proof_len = c + 2N - 1`` words; verifier message ``verifier_len = groups + c + 1``."""
+    Proof ``proof_len = c + 2N - 1`` words; verifier message ``verifier_len = c + 1``. The outputs are NOT in
+    the message (their sum is ``||v_g||^2``, private): the caller checks them inside a random combination."""
 
     def __init__(self, length: int, groups: int, chunk: int | None = None):
         if not isinstance(length, int) or length < 1 or not isinstance(groups, int) or groups < 1:
@@ -61,7 +64,7 @@ class SquareSumProof:
             n *= 2
         self.n = n
         self.proof_len = self.chunk + 2 * n - 1
-        self.verifier_len = groups + self.chunk + 1
+        self.verifier_len = self.chunk + 1
         self._alpha = root_of_unity(n)
         self._weights = None
 
@@ -126,7 +129,7 @@ class SquareSumProof:
         return x
 
     def query(self, v_share, proof_share, t: int) -> np.ndarray:
-        """One verifier's message ``[out_g shares] ++ U_j(t) ++ [P(t)]`` (linear in its shares)."""
+        """One verifier's message ``U_j(t) ++ [P(t)]`` (linear in its shares)."""
         proof_share = self._check(proof_share, self.proof_len, "the square-sum proof share")
         t = int(t) % P
         if pow(t, self.n, P) == 1:
@@ -136,11 +139,10 @@ class SquareSumProof:
         u_t = add(mul(proof_share[:self.chunk], lag[0]),
                   sum_mod(mul(u, lag[1:self.calls + 1].reshape(-1, 1)), axis=0))
         coeffs = proof_share[self.chunk:]
-        return np.concatenate([self.outputs(proof_share), u_t,
-                               np.array([poly_eval(coeffs, t)], dtype=np.uint64)])
+        return np.concatenate([u_t, np.array([poly_eval(coeffs, t)], dtype=np.uint64)])
 
     def decide(self, verifier) -> bool:
         """``P(t) = sum_j U_j(t)^2`` on the SUM of both messages (the outputs are checked by the caller)."""
         v = self._check(verifier, self.verifier_len, "the square-sum verifier message")
-        u_t = v[self.groups:self.groups + self.chunk]
+        u_t = v[:self.chunk]
         return dot(u_t, u_t) == int(v[-1])
