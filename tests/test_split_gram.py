@@ -301,3 +301,30 @@ def test_square_sum_proof_matches_the_reference_and_the_vector():
         seeds = [rng.randrange(P) for _ in range(chunk)]
         got = SquareSumProof(length, groups, chunk=chunk).prove(flp.to_field(v), flp.to_field(seeds))
         assert [int(x) for x in got] == ref.square_sum_proof(v, length, groups, seeds, chunk)
+
+
+@pytest.mark.e2e
+def test_session_sign_prints_the_largest_share_and_refuses_gram_proof_with_dp(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    from support import Consortium
+
+    def sign(c):
+        return subprocess.run([sys.executable, "-m", "secure_afl.cli", "session", "sign", str(c.config), "--pki",
+                               str(c.pki_dir)], capture_output=True, text=True, timeout=180, env=dict(os.environ))
+
+    # Prepare: a split session whose operator adds [split] by hand to session.toml
+    c = Consortium(tmp_path / "a", backend="split", n_max=200, sign=False)
+    c.config.write_text(c.config.read_text() + "\n[split]\ngram_proof = true\nmax_share = 0.5\n")
+    # Execute / Assert: signed, with the share line naming n_max and the cap
+    out = sign(c)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "one hospital may hold up to n_max = 200 samples" in out.stdout and "max_share = 0.5" in out.stdout
+    # the same with [dp]: refused at sign, the reason named, nothing signed
+    d = Consortium(tmp_path / "b", backend="split", n_max=200, sign=False)
+    d.config.write_text(d.config.read_text() + "\n[split]\ngram_proof = true\n\n[dp]\nepsilon = 1.0\n")
+    out = sign(d)
+    assert out.returncode != 0 and "gram_proof" in out.stderr and "[dp]" in out.stderr, out.stdout + out.stderr
+    assert not list((d.pki_dir / "sessions").glob("*.json"))
