@@ -255,7 +255,7 @@ def test_an_indefinite_upload_is_refused_by_name_through_the_service_only_under_
     # Assert: released and W blown up without the statement; h2 named and W the honest one with it
     assert not off["gram_proof"] and off["released"] and not off["refused"] and off["norm_ratio"] > 4
     assert on["gram_proof"] and on["released"] and on["refused"] == {"h2": "gram"}
-    assert abs(on["norm_ratio"] - 1.0) < 1e-6
+    assert abs(on["norm_ratio"] - 1.0) < 1e-4  # the honest two, their statistics snapped onto their factors
 
 
 # -- the signed session -----------------------------------------------------------------------------------------
