@@ -659,8 +659,18 @@ def attack_steer_indefinite_service(*, seed: int = 0, verbose: bool = True, back
                     return Layout(DIM, CLASSES).pack(S(raw.gram + GAMMA * np.eye(DIM), raw.cross, raw.n,
                                                        raw.class_counts, 1.0, GAMMA))
 
-                with _workdir() as d:
-                    r = _service_round(backend, honest, Path(d), bad=bad, gram=gram)
+                from secure_afl.exceptions import BoundsExceeded
+
+                try:
+                    with _workdir() as d:
+                        r = _service_round(backend, honest, Path(d), bad=bad, gram=gram)
+                except BoundsExceeded as e:  # plain, ckks, bfv: an entry beyond the declared per-hospital bound
+                    rows.append({"backend": backend, "gram_proof": gram, "attack": name, "released": False,
+                                 "refused": {}, "error": f"refused before upload: {e}", "pull": None,
+                                 "norm_ratio": None, "rows_at_target": None, "before_upload": True})
+                    if verbose:
+                        print(f"[steer] {backend:17s} {name:20s} REFUSED before upload ({str(e)[:90]})", flush=True)
+                    continue
                 released = not r.get("error")
                 row = {"backend": backend, "gram_proof": gram, "attack": name, "released": released,
                        "refused": r["refused"], "error": r.get("error"),
