@@ -10,6 +10,8 @@ veto
     the two shares: the upload is refused by name and the others are released.
     Verdict per backend: VETOED (attack succeeded) or REFUSED.
 steer
+    (then the indefinite attacks: exact rows, +-H, rank-one eigenvalue cancellation, with split also under
+    the Gram statement, which refuses them by name)
     Within the bounds a hospital may send any statistics: C_k = alpha I,
     Q_k = alpha W* pulls the released W towards its target W*. Every backend
     (split's proof included) accepts the upload; the figure is how far W moves,
@@ -455,7 +457,9 @@ def attack_veto_service(*, seed: int = 0, verbose: bool = True, backends=SERVICE
 def attack_steer_service(*, seed: int = 0, verbose: bool = True, backends=SERVICE_BACKENDS,
                          alphas=(0.1, 1.0, 10.0, None), indefinite=INDEFINITE, **_) -> dict:
     """Within the bounds: C_k = alpha I, Q_k = alpha W* submitted by an unmodified client, through a real
-    server process per backend; how far the released W moves towards W*."""
+    server process per backend; how far the released W moves towards W*. Then the indefinite attacks
+    (:data:`INDEFINITE`, :func:`attack_steer_indefinite_service`; split also under ``[split] gram_proof``),
+    in ``result["indefinite"]``."""
     from secure_afl.analytic import solve_from_sums
     from secure_afl.stats import SufficientStatistics
 
