@@ -587,7 +587,7 @@ def reference() -> str:
            "hospital may hold (its n_max against the other hospitals at n_max each, and `[split] max_share` "
            "when set): what bounds how far one hospital can steer W (docs/VALIDITY.md).", "",
            "`[split] gram_proof` is off by default, chosen by measurement (docs/VALIDITY.md, \"The Gram "
-           "statement\"): at d = 512, C = 100 it adds 1.5 MB (about 50 %) to each upload and about 2.6 times "
+           "statement\"): at d = 512, C = 100 it adds 1.5 MB (about 50 %) to each upload and about 2.9 times "
            "the proving and verifying time, it moves an honest hospital's statistics by the factor's rounding "
            "(W relative 2.6e-4 at d = 512), and it cannot be combined with [dp]. Turn it on for a session "
            "without DP in which no hospital may dictate W: it refuses indefinite statistics by name and makes "
