@@ -16,7 +16,7 @@ from pathlib import Path
 from secure_afl.exceptions import InvalidInputError
 from secure_afl.pki import CA_KEY, ROLES, init_ca, issue, make_bundles
 from secure_afl.secagg import consistency_quorum
-from secure_afl.session import dropout_line, load_signed, reference, sign
+from secure_afl.session import dropout_line, load_signed, reference, share_line, sign
 
 __all__ = ["register_pki", "register_session"]
 
@@ -84,10 +84,12 @@ def _cmd_session_sign(args) -> int:
     print(f"signed session {b['id']} ({b['backend']}, {len(b['hospitals'])} hospitals, min_clients "
           f"{b['min_clients']}{extra})")
     tolerated, line = dropout_line(definition)
+
     if tolerated == 0:  # once, where warnings go (a terminal shows stdout and stderr together)
         print(f"secure-afl session sign: warning: {line}", file=sys.stderr)
     else:
         print(line)
+    print(share_line(definition))
     for p in written:
         print(f"  -> {p}")
     return 0

@@ -63,7 +63,7 @@ from secure_afl.secagg import consistency_quorum, dropout_tolerance
 from secure_afl.secagg import recommended_neighbours, secagg_session_params
 from secure_afl.tagging import TAG_KEY_PARAM
 
-__all__ = ["SessionDefinition", "SCHEMA", "SECTIONS", "Key", "dropout_line", "reference",
+__all__ = ["SessionDefinition", "SCHEMA", "SECTIONS", "Key", "dropout_line", "share_line", "reference",
            "parse", "load_toml", "normalise", "sign", "load_signed",
            "check_same", "check_info", "write_toml", "signed_path", "sign_definition", "from_body"]
 
@@ -176,6 +176,15 @@ SECTIONS: dict[str, Section] = {
         "n_max": Key("int", "largest number of samples one hospital contributes", low=1),
         "k_max": Key("int", "largest number of hospitals summed (no-wrap and noise bounds)", low=1,
                      allowed=">= the number of hospitals"),
+    }),
+    "split": Section("Only with backend = \"split\"; every key is signed (docs/VALIDITY.md).", {
+        "gram_proof": Key("bool", "every upload also proves its statistics [[C, Q], [Q^T, diag(counts)]] positive "
+                                  "semi-definite (a Gram matrix of bounded rows), and the release refuses an "
+                                  "indefinite Gram sum; about +1.1 MB per upload at d = 512, C = 100; not with [dp]",
+                          False, "server, hospitals, key holder"),
+        "max_share": Key("real", "largest share of the pooled samples one hospital may hold: the release is "
+                                 "refused unless n_max <= max_share * n (n the released sample count)", 1.0,
+                         "server, key holder", low=0.0, low_open=True, high=1.0),
     }),
     "secagg": Section("Only with backend = \"secagg\"; every key is signed.", {
         "threshold": Key("int", "Shamir threshold t: tolerates t - 1 colluding hospitals next to a malicious "
@@ -403,7 +412,10 @@ class SessionDefinition:
 
         b = self.body
         layout = Layout(b["dim"], b["classes"])
-        if b["backend"] != "secagg":
+        if b["backend"] == "split" and b.get("split"):
+            params = dp_session_params(self.dp_spec(), "split", b["id"], layout, b["gamma"], self.bounds(),
+                                       **b["split"])
+        elif b["backend"] != "secagg":
             params = dp_session_params(self.dp_spec(), b["backend"], b["id"], layout, b["gamma"], self.bounds())
         else:
             sa = b["secagg"]
@@ -447,7 +459,7 @@ def normalise(sections: Mapping[str, Mapping[str, Any]], *, issued_hospitals=Non
                                                           "max_refusals")},
         "hospitals": sorted(hospitals),
         "bounds": {"max_norm": b["max_norm"], "n_max": b["n_max"], "k_max": b["k_max"]},
-        "secagg": None, "dp": None, "extractor": None,
+        "secagg": None, "dp": None, "extractor": None, "split": None,
     }
     if not 1 <= body["min_clients"] <= len(hospitals):
         raise _fail(where, f"min_clients = {body['min_clients']} must be in [1, {len(hospitals)}], the number of "
@@ -463,6 +475,11 @@ def normalise(sections: Mapping[str, Mapping[str, Any]], *, issued_hospitals=Non
     if s["backend"] == "secagg":
         sa = dict(sa or {})
         body["secagg"] = {k: sa.get(k, _default("secagg", k)) for k in SCHEMA["secagg"]}
+    sp = sections.get("split")
+    if sp is not None:
+        if s["backend"] != "split":
+            raise _fail(source, f"[split] is for backend = \"split\", and this session runs {s['backend']}")
+        body["split"] = {k: sp.get(k, _default("split", k)) for k in SCHEMA["split"]}
     if "dp" in sections:
         d = dict(sections["dp"])
         body["dp"] = {k: d.get(k, _default("dp", k)) for k in SCHEMA["dp"]}
@@ -575,6 +592,22 @@ def dropout_line(definition: SessionDefinition) -> tuple[int, str]:
     return k, line
 
 
+def share_line(definition: SessionDefinition) -> str:
+    """The largest share of the pooled samples one hospital may hold (one line): its n_max against the others,
+    and the session's cap. Steering is bounded by it, whatever the upload proves (docs/VALIDITY.md)."""
+    b = definition.body
+    n, n_max = len(b["hospitals"]), b["bounds"]["n_max"]
+    cap = (b.get("split") or {}).get("max_share", 1.0)
+    line = (f"one hospital may hold up to n_max = {n_max} samples: {100.0 / n:.3g} % of the pooled statistics if "
+            f"the other {n - 1} hold n_max each, all of them if they hold none")
+    if cap < 1.0:
+        line += (f"; capped at max_share = {cap:g}: a release needs at least {math.ceil(n_max / cap)} samples "
+                 "in all")
+    else:
+        line += "; no cap (a split session may set [split] max_share)"
+    return line
+
+
 def reference() -> str:
     """docs/SESSION.md: every section and key of :data:`SECTIONS` (``secure-afl session reference``)."""
     from .params import BACKENDS
@@ -589,7 +622,15 @@ def reference() -> str:
            "Before it signs, `session sign` prints how many hospitals may drop out or go silent with the session "
            "still releasing (plain, ckks, bfv, split: n - q with q = max(floor((n + c) / 2) + 1, min_clients + c), c "
            "the signed colluder bound; secagg: min(n - q, m - t)); `server run` and "
-           "`session show` print the same line.", ""]
+           "`session show` print the same line. It also prints the largest share of the pooled samples one "
+           "hospital may hold (its n_max against the other hospitals at n_max each, and `[split] max_share` "
+           "when set): what bounds how far one hospital can steer W (docs/VALIDITY.md).", "",
+           "`[split] gram_proof` is off by default, chosen by measurement (docs/VALIDITY.md, \"The Gram "
+           "statement\"): at d = 512, C = 100 it adds 1.5 MB (about 50 %) to each upload and about 2.9 times "
+           "the proving and verifying time, it moves an honest hospital's statistics by the factor's rounding "
+           "(W relative 2.6e-4 at d = 512), and it cannot be combined with [dp]. Turn it on for a session "
+           "without DP in which no hospital may dictate W: it refuses indefinite statistics by name and makes "
+           "the release refuse an indefinite sum.", ""]
     for name, sec in SECTIONS.items():
         out += [f"## [{name}]", "", sec.meaning, "",
                 "| key | type | default | allowed | read by | meaning |", "|---|---|---|---|---|---|"]
@@ -704,7 +745,7 @@ def from_body(body: Mapping[str, Any], *, source: str) -> SessionDefinition:
                                              if k in body and body[k] is not None}}
     try:
         sections["bounds"] = dict(body["bounds"])
-        for key in ("secagg", "dp", "extractor"):
+        for key in ("secagg", "dp", "extractor", "split"):
             if body.get(key) is not None:
                 sections[key] = {k: v for k, v in body[key].items() if v is not None}
         if "deadline" in sections["session"]:

@@ -110,6 +110,7 @@ class ServerConfig:
     combine_workers: int = 0
     refusal_interval_s: float = 60.0
     extractor: dict | None = None  # secure_afl.extractor.ExtractorFingerprint.to_dict()
+    split: dict | None = None  # [split]: gram_proof, max_share
 
     def __post_init__(self):
         if self.backend not in BACKENDS:
@@ -166,6 +167,8 @@ class ServerConfig:
             sections["dp"] = {k: v for k, v in vars(self.dp).items() if v is not None}
         if self.extractor is not None:
             sections["extractor"] = dict(self.extractor)
+        if self.split is not None:
+            sections["split"] = dict(self.split)
         issued = (sorted(pki.load_enrolments(self.pki_dir, role="hospital"))
                   if (Path(self.pki_dir) / pki.CA_CERT).exists() else None)
         return session.normalise(session.parse(sections, source="the server's session settings"),
@@ -208,7 +211,7 @@ def load_config(path) -> ServerConfig:
         combine_workers=srv.get("combine_workers", 0), refusal_interval_s=srv.get("refusal_interval_s", 60.0),
         secagg_threshold=sa.get("threshold"), secagg_neighbours=sa.get("neighbours", -1),
         stage_timeout_s=sa.get("stage_timeout_s", 60.0), secagg_max_rounds=sa.get("max_rounds", 3),
-        dp=_dp_spec(d["dp"]) if d["dp"] is not None else None, extractor=d["extractor"],
+        dp=_dp_spec(d["dp"]) if d["dp"] is not None else None, extractor=d["extractor"], split=d["split"],
     )
 
 

@@ -10,6 +10,8 @@ veto
     the two shares: the upload is refused by name and the others are released.
     Verdict per backend: VETOED (attack succeeded) or REFUSED.
 steer
+    (then the indefinite attacks: exact rows, +-H, rank-one eigenvalue cancellation, with split also under
+    the Gram statement, which refuses them by name)
     Within the bounds a hospital may send any statistics: C_k = alpha I,
     Q_k = alpha W* pulls the released W towards its target W*. Every backend
     (split's proof included) accepts the upload; the figure is how far W moves,
@@ -44,6 +46,8 @@ __all__ = ["attack_veto", "attack_steer", "attack_veto_service", "attack_steer_s
            "SERVICE_BACKENDS"]
 
 BACKENDS = ("split", "ckks", "bfv", "secagg")
+#: the indefinite steering attacks (:func:`indefinite_statistics`)
+INDEFINITE = ("diag-exact-rows", "half-plus-minus-H", "rank-one-cancel-0.9", "rank-one-cancel-0.99")
 DIM, CLASSES, GAMMA = 6, 3, 1.0
 
 
@@ -274,8 +278,8 @@ def _raw_steering(alpha: float, target: np.ndarray):
 class _Consortium:
     """A throw-away consortium: PKI, signed session, a real server process, the key holder's keys published."""
 
-    def __init__(self, backend: str, names, work: Path):
-        self.backend, self.names, self.work = backend, list(names), work
+    def __init__(self, backend: str, names, work: Path, gram: bool = False):
+        self.backend, self.names, self.work, self.gram = backend, list(names), work, gram
         self.server = self.conn = None
 
     def __enter__(self):
@@ -291,6 +295,8 @@ class _Consortium:
                            "min_clients": 2, "min_class_count": 1, "deadline_s": 3600, "hospitals": self.names},
                "bounds": {"max_norm": b.max_norm, "n_max": b.n_max, "k_max": b.k_max},
                "server": server_section(w, pki_dir)}
+        if self.gram:
+            cfg["split"] = {"gram_proof": True}
         if self.backend == "secagg":
             cfg["secagg"] = {"stage_timeout_s": 120.0}
             cfg["session"]["min_clients"] = secagg_quorum(K)
@@ -306,8 +312,9 @@ class _Consortium:
             if self.backend in ("ckks", "bfv", "split"):
                 from secure_afl.packing import Layout
 
+                extra = {"gram_proof": True} if self.gram else {}
                 self.kh.keygen(dp_session_params(load_config(w / "session.toml").dp, self.backend, sid,
-                                                 Layout(DIM, CLASSES), GAMMA, b))
+                                                 Layout(DIM, CLASSES), GAMMA, b, **extra))
                 self.kh.publish(self.conn)
         except BaseException:
             self.__exit__(None, None, None)
@@ -359,7 +366,11 @@ def _malicious_client_class():
                 return self.upload(params, be.protect(self.vector))
             ctx = self.conn.request("GET", self.conn.path("/context"), signed=False).content
             if params.backend == "split":
-                body, seed, com = be.circuit.prove(self.name, lanes=be.circuit.lanes(self.vector), check=False)
+                from .attacks_validity import gram_cheat
+
+                lanes = be.circuit.lanes(self.vector)
+                body, seed, com = be.circuit.prove(self.name, lanes=lanes, check=False,
+                                                   **gram_cheat(be.circuit, lanes))
                 payload, st = be.seal_upload(body, seed, com, ctx, self.name, self.party.identity_key())
                 return self.upload(params, payload, tag=st)
             check_published_keys(params, ctx)
@@ -375,7 +386,7 @@ def _malicious_client_class():
     return MaliciousHospital
 
 
-def _service_round(backend: str, honest, work: Path, *, bad=None, steer=None) -> dict:
+def _service_round(backend: str, honest, work: Path, *, bad=None, steer=None, gram: bool = False) -> dict:
     """Honest hospitals h0..h(k-1) submit ``honest``; then either h(k) uploads the packed vector
     ``bad(packed_honest)`` with modified software, or submits ``steer`` (raw statistics) with the honest
     client; the key holder's ordinary release. Returns refused (hospital -> check), W, contributors, or
@@ -386,7 +397,7 @@ def _service_round(backend: str, honest, work: Path, *, bad=None, steer=None) ->
     from secure_afl.exceptions import SecureAFLError
 
     names = [f"h{i}" for i in range(len(honest) + (bad is not None or steer is not None))]
-    with _Consortium(backend, names, work) as c:
+    with _Consortium(backend, names, work, gram=gram) as c:
         jobs = []
         for h, s in zip(names, honest):
             jobs.append((h, c.hospital(h), s))
@@ -450,9 +461,11 @@ def attack_veto_service(*, seed: int = 0, verbose: bool = True, backends=SERVICE
 
 
 def attack_steer_service(*, seed: int = 0, verbose: bool = True, backends=SERVICE_BACKENDS,
-                         alphas=(0.1, 1.0, 10.0, None), **_) -> dict:
+                         alphas=(0.1, 1.0, 10.0, None), indefinite=INDEFINITE, **_) -> dict:
     """Within the bounds: C_k = alpha I, Q_k = alpha W* submitted by an unmodified client, through a real
-    server process per backend; how far the released W moves towards W*."""
+    server process per backend; how far the released W moves towards W*. Then the indefinite attacks
+    (:data:`INDEFINITE`, :func:`attack_steer_indefinite_service`; split also under ``[split] gram_proof``),
+    in ``result["indefinite"]``."""
     from secure_afl.analytic import solve_from_sums
     from secure_afl.stats import SufficientStatistics
 
@@ -491,5 +504,201 @@ def attack_steer_service(*, seed: int = 0, verbose: bool = True, backends=SERVIC
                 if kind == "cone":
                     label = f" (bound, W* entries +-{float(np.max(np.abs(cone))):.3g}: inside Cauchy-Schwarz)"
                 print(f"[steer] {backend:6s} alpha {alpha:9.4g}{label}: {what}", flush=True)
-    return {"attack": "steer", "outcome": "leak" if any(r["accepted"] and r["moved"] > 0.5 for r in rows)
-            else "refused", "rows": rows, "alpha_max": a_max}
+    out = {"attack": "steer", "outcome": "leak" if any(r["accepted"] and r["moved"] > 0.5 for r in rows)
+           else "refused", "rows": rows, "alpha_max": a_max}
+    if indefinite:
+        out["indefinite"] = attack_steer_indefinite_service(seed=seed, verbose=verbose, backends=backends,
+                                                            attacks=tuple(indefinite))["rows"]
+    return out
+
+
+# -- indefinite statistics: what the Gram statement (split, [split] gram_proof) closes ---------------------------
+def _field_sqrt(a: int) -> int | None:
+    """A square root of ``a`` in the Goldilocks field (Tonelli-Shanks), or None for a non-residue."""
+    from secure_afl.hazmat.flp import P, GENERATOR
+
+    a %= P
+    if a == 0:
+        return 0
+    if pow(a, (P - 1) // 2, P) != 1:
+        return None
+    q, s = P - 1, 0
+    while q % 2 == 0:
+        q, s = q // 2, s + 1
+    z = GENERATOR  # 7 generates the multiplicative group: a non-residue
+    m, c, t, r = s, pow(z, q, P), pow(a, q, P), pow(a, (q + 1) // 2, P)
+    while t != 1:
+        i, t2 = 0, t
+        while t2 != 1:
+            t2, i = t2 * t2 % P, i + 1
+        b = pow(c, 1 << (m - i - 1), P)
+        m, c, t, r = i, b * b % P, t * b * b % P, r * b % P
+    return r
+
+
+def field_factor(circuit, lanes):
+    """Modified software's best factor for statistics that are not a Gram matrix: the Cholesky factor of
+    ``A / 2^t`` over F_p (square roots of negative pivots exist there), so that ``L L^T = A`` holds mod p with
+    no slack. None if a pivot has no square root. Its entries are field elements far beyond any honest bound:
+    the factor's range rows are what refuses it."""
+    from secure_afl.hazmat import flp
+
+    P = flp.P
+    g, d, C = circuit.gram, circuit.d, circuit.C
+    sl = circuit.params.layout.slices
+    hi = [int(v) for v in flp.decode_signed(np.asarray(lanes, dtype=np.uint64)[:circuit.L])]
+    m = d + C
+    A = [[0] * m for _ in range(m)]
+    for c in range(C):
+        A[c][c] = hi[sl["counts"].start + c]
+    for k, (i, j) in enumerate(zip(*np.triu_indices(d))):
+        A[C + i][C + j] = A[C + j][C + i] = hi[sl["gram"].start + k]
+    for i in range(d):
+        for c in range(C):
+            A[C + i][c] = A[c][C + i] = hi[sl["cross"].start + i * C + c]
+    inv_t = flp.inv(1 << g["t"])
+    A = [[a * inv_t % P for a in row] for row in A]
+    L = [[0] * m for _ in range(m)]
+    for j in range(m):
+        piv = (A[j][j] - sum(L[j][k] * L[j][k] for k in range(j))) % P
+        r = _field_sqrt(piv)
+        if r is None:
+            return None
+        L[j][j] = r
+        if r == 0:
+            continue
+        ri = flp.inv(r)
+        for i in range(j + 1, m):
+            L[i][j] = (A[i][j] - sum(L[i][k] * L[j][k] for k in range(j))) * ri % P
+    words = [L[c][c] for c in range(C)] + [L[C + i][c] for i in range(d) for c in range(C)] + \
+        [L[C + i][C + j] for i, j in zip(*np.tril_indices(d))]
+    return flp.to_field(words)
+
+
+def gram_cheat(circuit, lanes, *, stand_in=None) -> dict:
+    """``prove`` keywords for an upload that is not a Gram matrix under the Gram statement: the field factor
+    with zero count slack (the quadratic identity holds mod p; the range rows refuse it), or, with
+    ``stand_in`` (a packed vector that is a Gram matrix), that vector's honest factor beside the cheater's
+    lanes (in range; the quadratic identity refuses it)."""
+    if circuit.gram is None:
+        return {}
+    if stand_in is not None:
+        return {"factor": circuit.factorise(stand_in)[1]}
+    fw = field_factor(circuit, lanes)
+    if fw is None:
+        return {}
+
+    def aux(c, x, fs):
+        bits = c.aux_bits(x, fs, factor=fw)
+        off, cnt, width = c.offsets["gram_slack"]
+        bits[off:off + cnt * width] = 0
+        return bits
+
+    return {"factor": fw, "aux_override": aux}
+
+
+
+
+def indefinite_statistics(name: str, honest, target: np.ndarray):
+    """The attacker's raw statistics (gamma 0), given the honest hospitals' (it is assumed to know their sum):
+
+    * diag-exact-rows: C_k = diag(a, ..., a, tr - (d - 1) a) with tr = n_max B^2 and the last entry cancelling
+      the honest sum's last diagonal, Q_k = C_k W*: every row but the last is dictated;
+    * half-plus-minus-H: C_k = diag(+H on the first half, -H on the second), trace 0, Q_k = C_k W*, H ten
+      times the honest sum's largest eigenvalue;
+    * rank-one-cancel-beta: C_k = -beta lambda_1 v_1 v_1^T (the honest sum's top eigenpair), Q_k = 0: the
+      released Gram loses that share of its top eigenvalue and W grows.
+    Every entry is inside the proven per-entry bound, the trace inside n_max B^2, n = n_max with valid counts."""
+    from secure_afl.stats import SufficientStatistics
+
+    b = _bounds()
+    d = DIM
+    counts = np.full(CLASSES, b.n_max // CLASSES, dtype=np.float64)
+    counts[0] += b.n_max - counts.sum()
+    Ch = sum(s.gram for s in honest)
+    if name == "diag-exact-rows":
+        tr = b.n_max * b.max_norm ** 2
+        last = -float(Ch[-1, -1]) + 0.05
+        a = (tr - last) / (d - 1)
+        Ck = np.diag([a] * (d - 1) + [last])
+        Qk = Ck @ target
+    elif name == "half-plus-minus-H":
+        H = 10.0 * float(np.linalg.eigvalsh(Ch)[-1])
+        Ck = np.diag([H] * (d // 2) + [-H] * (d - d // 2))
+        Qk = Ck @ target
+    else:
+        beta = float(name.rsplit("-", 1)[1])
+        w, V = np.linalg.eigh(Ch)
+        Ck = -beta * w[-1] * np.outer(V[:, -1], V[:, -1])
+        Qk = np.zeros((d, CLASSES))
+    return SufficientStatistics(Ck, Qk, float(b.n_max), counts, 1.0, 0.0)
+
+
+def _indefinite_row(name, W, W0, target, released) -> dict:
+    if not released:
+        return {"pull": None, "norm_ratio": None, "rows_at_target": None}
+    moved = float(np.linalg.norm(W - W0) / np.linalg.norm(target - W0))
+    rows = int(sum(np.linalg.norm(W[i] - target[i]) <= 0.1 * np.linalg.norm(target[i]) for i in range(DIM)))
+    return {"pull": moved, "norm_ratio": float(np.linalg.norm(W) / np.linalg.norm(W0)), "rows_at_target": rows}
+
+
+def attack_steer_indefinite_service(*, seed: int = 0, verbose: bool = True, backends=SERVICE_BACKENDS,
+                                    attacks=INDEFINITE, **_) -> dict:
+    """The indefinite attacks through a real server process: split without and with the Gram statement, and
+    each other backend named; per row the pull towards W*, ||W|| against the honest release, and whether
+    anything was released (and who was refused)."""
+    from secure_afl.analytic import solve_from_sums
+    from secure_afl.stats import SufficientStatistics
+
+    rng = np.random.default_rng(seed)
+    honest = _raw_statistics(rng, k=2)
+    target = rng.choice([-5.0, 5.0], size=(DIM, CLASSES))
+    s = honest[0] + honest[1]
+    W0 = solve_from_sums(SufficientStatistics(s.gram + 2 * GAMMA * np.eye(DIM), s.cross, s.n, s.class_counts,
+                                              1.0, 2 * GAMMA))
+    rows = []
+    for backend in backends:
+        for gram in ((False, True) if backend == "split" else (False,)):
+            for name in attacks:
+                raw = indefinite_statistics(name, honest, target)
+
+                def bad(_packed, raw=raw):
+                    from secure_afl.packing import Layout
+                    from secure_afl.stats import SufficientStatistics as S
+
+                    return Layout(DIM, CLASSES).pack(S(raw.gram + GAMMA * np.eye(DIM), raw.cross, raw.n,
+                                                       raw.class_counts, 1.0, GAMMA))
+
+                from secure_afl.exceptions import BoundsExceeded
+
+                try:
+                    with _workdir() as d:
+                        r = _service_round(backend, honest, Path(d), bad=bad, gram=gram)
+                except BoundsExceeded as e:  # plain, ckks, bfv: an entry beyond the declared per-hospital bound
+                    rows.append({"backend": backend, "gram_proof": gram, "attack": name, "released": False,
+                                 "refused": {}, "error": f"refused before upload: {e}", "pull": None,
+                                 "norm_ratio": None, "rows_at_target": None, "before_upload": True})
+                    if verbose:
+                        print(f"[steer] {backend:17s} {name:20s} REFUSED before upload ({str(e)[:90]})", flush=True)
+                    continue
+                released = not r.get("error")
+                row = {"backend": backend, "gram_proof": gram, "attack": name, "released": released,
+                       "refused": r["refused"], "error": r.get("error"),
+                       **_indefinite_row(name, r["W"], W0, target, released and "h2" not in r["refused"])}
+                if released and "h2" in r["refused"]:
+                    row.update(pull=0.0, norm_ratio=float(np.linalg.norm(r["W"]) / np.linalg.norm(W0)))
+                rows.append(row)
+                if verbose:
+                    label = f"{backend}{' gram_proof' if gram else ''}"
+                    if not released:
+                        what = f"NO RELEASE, nobody named ({(r['error'] or '')[:100]})"
+                    elif r["refused"]:
+                        what = (f"h2 REFUSED by name ({r['refused']['h2']} check); released over the others, "
+                                f"||W|| {row['norm_ratio']:.2f} x honest")
+                    else:
+                        what = (f"released: pull {100 * row['pull']:5.1f}%, {row['rows_at_target']} of {DIM} rows "
+                                f"within 10% of W*, ||W|| {row['norm_ratio']:.2f} x honest")
+                    print(f"[steer] {label:17s} {name:20s} {what}", flush=True)
+    accepted = [r for r in rows if r["backend"] == "split" and r["gram_proof"] and r["released"]
+                and "h2" not in r["refused"]]
+    return {"attack": "steer-indefinite", "outcome": "leak" if accepted else "refused", "rows": rows}

@@ -38,7 +38,7 @@ def _stats(dim: int, classes: int, n: int, seed: int):
     return Layout(dim, classes).pack(local_statistics(X, rng.integers(0, classes, n), classes, gamma=1.0))
 
 
-def run(dim: int, classes: int, *, n: int = 1000, seed: int = 0) -> dict:
+def run(dim: int, classes: int, *, n: int = 1000, seed: int = 0, gram: bool = False) -> dict:
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
     from secure_afl.backends import get_backend, split, split_validity
@@ -47,7 +47,7 @@ def run(dim: int, classes: int, *, n: int = 1000, seed: int = 0) -> dict:
     from secure_afl.params import Bounds
 
     layout = Layout(dim, classes)
-    params = split.split_session_params(f"bench-validity-{dim}", layout, 1.0, Bounds(1.0, n, 10))
+    params = split.split_session_params(f"bench-validity-{dim}", layout, 1.0, Bounds(1.0, n, 10), gram_proof=gram)
     keys = split.generate_keys(params)
     params = split.bind_public_context(params, keys.public_context)
     be = get_backend(params)
@@ -79,8 +79,8 @@ def run(dim: int, classes: int, *, n: int = 1000, seed: int = 0) -> dict:
     verdict = split_validity.helper_verdict(c, "h1", s, st, qs, leader)
     keyholder_s = time.perf_counter() - t
 
-    proof_bytes = 8 * (c.n_bits + c.proof_len)
-    return {"dim": dim, "classes": classes, "L": c.L, "plain_upload_bytes": plain_bytes, "proof_bytes": proof_bytes,
+    proof_bytes = 8 * (c.n_f + c.n_bits + c.proof_len)  # the Gram statement's factor words included
+    return {"gram_proof": gram, "upload_bytes": 8 * c.total, "dim": dim, "classes": classes, "L": c.L, "plain_upload_bytes": plain_bytes, "proof_bytes": proof_bytes,
             "proof_fraction": proof_bytes / plain_bytes, "aux_bits": c.n_bits, "flp_words": c.proof_len,
             "verifier_message_bytes": 8 * c.verifier_len, "plain_s": plain_s, "prove_s": prove_s,
             "server_verify_s": server_s, "keyholder_verify_s": keyholder_s,
@@ -95,16 +95,17 @@ def main(argv=None) -> int:
     ap.add_argument("--n", type=int, default=1000)
     ap.add_argument("--scaling", action="store_true", help="also run at d = 64, 128, 256")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--gram", action="store_true", help="each d also under the Gram statement ([split] gram_proof)")
     args = ap.parse_args(argv)
     dims = ([64, 128, 256] if args.scaling else []) + [args.dim]
-    rows = [run(d, args.classes, n=args.n) for d in dims]
+    rows = [run(d, args.classes, n=args.n, gram=g) for d in dims for g in ((False, True) if args.gram else (False,))]
     if args.json:
         print(json.dumps(rows, indent=1))
         return 0
-    print(f"{'d':>5} {'L':>7} {'upload MB':>9} {'proof MB':>8} {'proof/up':>8} {'plain s':>7} {'prove s':>7} "
+    print(f"{'gram':>4} {'d':>5} {'L':>7} {'upload MB':>9} {'proof MB':>8} {'proof/up':>8} {'plain s':>7} {'prove s':>7} "
           f"{'server s':>8} {'kh s':>6} {'p+v s':>6} {'ok':>3} {'sound':>6}")
     for r in rows:
-        print(f"{r['dim']:5d} {r['L']:7d} {r['plain_upload_bytes'] / 1e6:9.3f} {r['proof_bytes'] / 1e6:8.3f} "
+        print(f"{'on' if r['gram_proof'] else 'off':>4} {r['dim']:5d} {r['L']:7d} {r['plain_upload_bytes'] / 1e6:9.3f} {r['proof_bytes'] / 1e6:8.3f} "
               f"{100 * r['proof_fraction']:7.1f}% {r['plain_s']:7.3f} {r['prove_s']:7.3f} {r['server_verify_s']:8.3f} "
               f"{r['keyholder_verify_s']:6.3f} {r['prove_plus_verify_s']:6.3f} {'yes' if r['accepted'] else 'NO':>3} "
               f"{r['soundness_bits_q64']:6.1f}")

@@ -114,10 +114,16 @@ class SplitKeyPair:
 
 
 def split_session_params(session_id: str, layout: Layout, gamma: float, bounds: Bounds, *,
-                         frac_bits: tuple | None = None, **_) -> SessionParams:
+                         frac_bits: tuple | None = None, gram_proof: bool = False, max_share: float = 1.0,
+                         **_) -> SessionParams:
     """Lane bits from the bounds (as secagg and bfv, lowered where a validity-proven upload needs the room:
-    :func:`split_validity.choose_frac_bits`); not yet bound to the key holder's seed key."""
+    :func:`split_validity.choose_frac_bits`); not yet bound to the key holder's seed key. ``gram_proof``: every
+    upload also proves its statistics are a Gram matrix (docs/VALIDITY.md, "The Gram statement")."""
     base = SessionParams(session_id, "split", layout, gamma, bounds)
+    if gram_proof:  # absent when off, so the digest of a session without it is unchanged
+        base = base.with_backend_params(**{split_validity.GRAM_KEY: True})
+    if float(max_share) < 1.0:
+        base = base.with_backend_params(max_share=float(max_share))
     # the validity proof bounds an upload's entries only up to a factor (docs/VALIDITY.md): the lanes keep
     # room for k_max such uploads in F_p
     fb = split_validity.choose_frac_bits(base) if frac_bits is None else \
@@ -447,6 +453,24 @@ def collect(params: SessionParams, masked_aggregate: bytes, share: np.ndarray, s
     if not np.all(np.isfinite(v)) or float(np.max(np.abs(v))) > limit:
         raise SanityCheckFailed("masked sum + key holder's share leaves the declared aggregate bound: the "
                                 "share was not formed for these masked vectors")
+    cap = float(params.backend_params.get("max_share", 1.0))
+    n_released = float(v[params.layout.slices["n"]][0])
+    if cap < 1.0 and params.bounds.n_max > cap * n_released * (1 + 2.0 ** -40):
+        raise SanityCheckFailed(f"the release pools {round(n_released)} samples: one hospital (n_max = "
+                                f"{params.bounds.n_max}) could hold more than the session's max_share = {cap:g} "
+                                "of them", reason="share_cap")
+    if split_validity.gram_enabled(params):
+        # every summed upload proved its statistics a Gram matrix: an honest sum cannot be indefinite, so this
+        # refusal is no veto (docs/VALIDITY.md, "The Gram statement")
+        d = params.layout.dim
+        gram = np.zeros((d, d))
+        iu = np.triu_indices(d)
+        gram[iu] = v[params.layout.slices["gram"]]
+        gram.T[iu] = v[params.layout.slices["gram"]]
+        if float(np.linalg.eigvalsh(gram)[0]) < -split_validity.psd_tolerance(params, gram):
+            raise SanityCheckFailed("the released Gram is not positive semi-definite although every upload in it "
+                                    "proved its statistics a Gram matrix: the share or the masked sum is not "
+                                    "the cohort's", reason="psd")
     return v
 
 

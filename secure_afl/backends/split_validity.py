@@ -67,6 +67,7 @@ from .. import domains
 from ..exceptions import BoundsExceeded, InvalidInputError, InvalidParameterError, \
     MalformedPayload
 from ..hazmat import fixedpoint, flp, ternary
+from ..hazmat.flp_square import SquareSumProof
 from ..workers import map_chunks
 from ..params import SessionParams
 from ..encoding import canonical_json
@@ -75,7 +76,8 @@ from ..envelope import open_envelope
 __all__ = ["Circuit", "UploadCommitment", "choose_frac_bits", "REPS", "ROWS", "TAIL",
            "ADVISORY_CHECKS", "proven_aggregate_bound", "check_upload", "leader_message", "verify_leader_message",
            "helper_verdict", "leader_messages", "PROCESS_MIN_UPLOADS", "seed_digest", "describe",
-           "WRAP_BITS", "DOMAIN_SHARE", "soundness_bits", "LINEAR_REPS", "noise_bound", "query_key", "query_seed"]
+           "WRAP_BITS", "DOMAIN_SHARE", "soundness_bits", "LINEAR_REPS", "noise_bound", "query_key", "query_seed",
+           "GRAM_KEY", "GRAM_RHOS", "GRAM_QUERIES", "gram_enabled", "psd_tolerance"]
 
 #: repetitions of the bit proof (independent joint randomness and query point)
 REPS = 3
@@ -93,6 +95,46 @@ _FS_PREFIX = domains.SPLIT_VALIDITY
 _ROW_DOMAIN = b"saflVALIDrow"
 _PROOF_DOMAIN = b"saflVALIDprf"
 _RETRIES = 8
+#: backend_params key of the Gram statement (docs/VALIDITY.md, "The Gram statement"); absent means off
+GRAM_KEY = "gram_proof"
+#: Fiat-Shamir vectors rho the quadratic identity is checked on (each misses a false one w.p. 2/p)
+GRAM_RHOS = 3
+#: independent square-sum proofs, each queried at its own point
+GRAM_QUERIES = 2
+_FROW_DOMAIN = b"saflVALIDfrw"
+#: fewest fractional bits of the factor: below, snapping the statistics onto L L^T would cost more than float32
+_GRAM_MIN_F = 12
+_RHO_DOMAIN = b"saflVALIDrho"
+
+
+def gram_enabled(params: SessionParams) -> bool:
+    return bool(params.backend_params.get(GRAM_KEY))
+
+
+def _gram_jitter(params: SessionParams, f: int) -> float:
+    """The diagonal the honest factorisation adds (0 when gamma covers it): twice the bound E on how far the
+    rounded first block column can push the Schur complement below gamma I (docs/VALIDITY.md),
+    E = 2^-f (4 B^2 + 2 sqrt(2 d) B) sqrt(C n_max) + C d 2^-2f."""
+    b, lay = params.bounds, params.layout
+    B, d, C = float(b.max_norm), lay.dim, lay.n_classes
+    e = 2.0 ** -f * (4 * B * B + 2 * math.sqrt(2 * d) * B) * math.sqrt(C * b.n_max) + C * d * 2.0 ** (-2 * f)
+    return max(0.0, 2 * e - params.gamma)
+
+
+def _gram_sizes(params: SessionParams, f1: int) -> dict:
+    """The factor's scale f = floor(f1 / 2) (A at 2^f1 = 2^t 2^2f), its words, and the bit widths of its range
+    proof (m_f) and of the count slack (m_d)."""
+    b, lay = params.bounds, params.layout
+    d, C = lay.dim, lay.n_classes
+    f = max(f1, 0) // 2
+    jitter = _gram_jitter(params, f)
+    # ||L||_F^2 = trace(L L^T) <= trace(C^r) + d jitter + n <= n_max B^2 + d gamma + d jitter + n_max; the
+    # factor is rounded towards zero, so its integer entries are no larger than the real ones
+    l2 = math.sqrt(b.n_max * float(b.max_norm) ** 2 + d * (params.gamma + jitter) + b.n_max) * (1 + 2.0 ** -30)
+    m_f = _pow2_at_least(TAIL * (2.0 ** f * l2 + 1.0)) + 1
+    return {"f": f, "t": max(f1, 0) - 2 * f, "m": d + C, "n_f": C + d * C + d * (d + 1) // 2, "m_f": m_f,
+            "m_d": _bitlen(2 * (math.isqrt(b.n_max) + 1) << f), "jitter": jitter,
+            "jitter_units": math.ceil(jitter * 2.0 ** max(f1, 0))}
 
 
 def _bitlen(x: int) -> int:
@@ -144,11 +186,19 @@ def _sizes(params: SessionParams, f1: int, f2: int) -> dict:
     B2 = float(b.max_norm) ** 2
     c_B = math.ceil(2.0 ** f1 * B2 * (1 + 2.0 ** -30))
     c_0 = math.ceil(2.0 ** f1 * lay.dim * params.gamma * (1 + 2.0 ** -30)) + lay.dim
+    if gram_enabled(params):
+        if params.dp is not None:
+            raise InvalidParameterError("the Gram statement (gram_proof) is not available with [dp]: the noise share "
+                                        "is in the proven statistics; run the session without one of them")
+        gram = _gram_sizes(params, f1)
+        c_0 += lay.dim * gram["jitter_units"]  # the factorisation's diagonal jitter (0 when gamma covers it)
+    else:
+        gram = None
     if params.dp is None:
         m_n = _bitlen(b.n_max)
         slack_max = c_B * b.n_max + c_0
         return {"m_hi": m_hi, "m_n": m_n, "m_s": _bitlen(slack_max), "c_B": c_B,
-                "c_0": c_0, "slack_max": slack_max, "tau": 0}
+                "c_0": c_0, "slack_max": slack_max, "tau": 0, "gram": gram}
     # DP (docs/VALIDITY.md, "With differential privacy"): n and the counts are grid values shifted by tau; the
     # trace relation is taken times 2^g so that n (now a grid value) needs no division: g = f1 unless the
     # diagonal's sum, within the projection bound, times 2^g would come near 2^62 (c_B rounds up: the bound is
@@ -164,7 +214,7 @@ def _sizes(params: SessionParams, f1: int, f2: int) -> dict:
     return {"m_hi": m_hi, "m_n": _bitlen(n_top),
             "m_s": _bitlen(slack_max), "m_e": _bitlen(2 * (C + 1) * tau), "c_B": c_B, "c_0": c_0,
             "slack_max": slack_max, "tau": tau, "n_top": n_top, "trace_c": trace_c, "e_top": 2 * (C + 1) * tau,
-            "g": g}
+            "g": g, "gram": None}
 
 
 def _fits(params: SessionParams, f1: int, f2: int) -> str | None:
@@ -191,6 +241,13 @@ def _fits(params: SessionParams, f1: int, f2: int) -> str | None:
     # the diagonal entries enter the trace relation as they are, each within the projection bound 2T
     if d * (1 << s["m_hi"]) + s["slack_max"] + (1 << s["m_s"]) >= wrap:
         return "the trace relation"
+    g = s["gram"]
+    # the quadratic identity A = 2^t (L L^T + D), entrywise: |A_ij| <= 2T, |(L L^T)_ij| <= m (2T_f)^2, D < 2^m_d;
+    # below p/2 the identity mod p is the identity over the integers
+    if g is not None and (1 << s["m_hi"]) + ((g["m"] << (2 * g["m_f"])) + (1 << g["m_d"]) << g["t"]) >= wrap:
+        return "the Gram identity"
+    if g is not None and g["f"] < _GRAM_MIN_F:
+        return "the Gram factor's scale"
     # n and the counts: 2^f1 times a value of m_n bits, and C of them summed, stay integers below p/2
     if (1 << (f1 + s["m_n"])) >= wrap or params.layout.n_classes * (1 << s["m_n"]) >= wrap:
         return "the count relations"
@@ -228,6 +285,14 @@ def soundness_bits(circuit: "Circuit", hash_queries_log2: int = 64) -> float:
     per_query = 2.0 ** -ROWS + (bp.length / p) ** REPS
     query_point = ((2 * bp.n - 2) / (p - bp.n)) ** REPS
     linear = (1.0 / p) ** LINEAR_REPS
+    if circuit.gram is not None:
+        # the factor's range rows; GRAM_RHOS vectors rho, each missing a nonzero symmetric A - 2^t (L L^T + D)
+        # with probability <= 2/p (Schwartz-Zippel, degree 2); the square-sum proofs' query points; two more
+        # random combinations
+        sq = circuit.sq
+        per_query += 2.0 ** -ROWS + (2.0 / p) ** GRAM_RHOS
+        query_point += ((2 * sq.n - 2) / (p - sq.n)) ** GRAM_QUERIES
+        linear *= 3
     return -math.log2(q * per_query + query_point + linear)
 
 
@@ -292,6 +357,10 @@ class Circuit:
         else:
             self.blocks = [("n", 1, s["m_n"]), ("n_gap", 1, s["m_n"]), ("counts", self.C, s["m_n"]),
                            ("slack", 1, s["m_s"]), ("proj", ROWS, s["m_hi"])]
+        #: the Gram statement's sizes (None when the session does not prove it)
+        self.gram = s["gram"]
+        if self.gram is not None:
+            self.blocks += [("gram_slack", self.C, self.gram["m_d"]), ("proj_f", ROWS, self.gram["m_f"])]
         self.offsets = {}
         off = 0
         for name, cnt, width in self.blocks:
@@ -300,8 +369,13 @@ class Circuit:
         self.n_bits = off
         self.bits = flp.BitProof(self.n_bits)
         self.main_len = 2 * self.L
-        self.proof_len = REPS * self.bits.proof_len
-        self.total = self.main_len + self.n_bits + self.proof_len
+        # body: lanes (summed) | factor words (Gram statement) | bits | bit proofs | square-sum proofs; the
+        # commitment's main hash covers the lanes and the factor
+        self.n_f = 0 if self.gram is None else self.gram["n_f"]
+        self.commit_len = self.main_len + self.n_f
+        self.sq = None if self.gram is None else SquareSumProof(self.gram["m"], GRAM_RHOS)
+        self.proof_len = REPS * self.bits.proof_len + (0 if self.sq is None else GRAM_QUERIES * self.sq.proof_len)
+        self.total = self.commit_len + self.n_bits + self.proof_len
         #: the projection threshold: every proven high-lane entry is within 2T
         self.T = 1 << (s["m_hi"] - 1)
         # relations: lo zero (n, counts, contributors: C + 2), tag zero (8), contributors hi, n, n_gap, counts (C),
@@ -310,6 +384,15 @@ class Circuit:
         if self.dp:  # count upper ends (C), and the count sum's two-sided range: one relation more
             self.n_relations += self.C + 1
         self.verifier_len = LINEAR_REPS + REPS * self.bits.verifier_len
+        if self.gram is not None:
+            self.T_f = 1 << (self.gram["m_f"] - 1)
+            # two more groups, each checked by its own random combinations so a refusal names the check: the
+            # factor's range rows, and the quadratic identities (one per query and rho)
+            self.n_range_relations = ROWS
+            self.n_gram_relations = GRAM_QUERIES * GRAM_RHOS
+            self.verifier_len += 2 * LINEAR_REPS + GRAM_QUERIES * self.sq.verifier_len
+            d, C = self.d, self.C
+            self._tril = np.tril_indices(d)
 
     # -- Fiat-Shamir --------------------------------------------------------------------------------------
     def fs_seed(self, hospital: str, main_sha256: str, seed_sha256: str) -> bytes:
@@ -362,6 +445,145 @@ class Circuit:
             out = flp.add(out, flp.scale(flp.encode_signed(sums[:, i]), 1 << (8 * i)))
         return out
 
+    # -- the Gram statement (docs/VALIDITY.md, "The Gram statement") -----------------------------------------
+    # A = [[diag(counts), Q^T], [Q, C^r]] in the high lane (classes first, so the factor's first block is
+    # diagonal), proven to equal 2^t (L L^T + diag(delta, 0)) with L lower triangular, delta >= 0.
+    def rhos(self, fs: bytes, aux_sha256: str) -> np.ndarray:
+        """(GRAM_RHOS, m): the Fiat-Shamir vectors, fixed by the lanes, the factor and the bits (delta)."""
+        key = hashlib.sha256(fs + b"gram\0" + bytes.fromhex(aux_sha256)).digest()
+        return flp.expand_field(key, GRAM_RHOS * self.gram["m"], _RHO_DOMAIN).reshape(GRAM_RHOS, self.gram["m"])
+
+    def _factor_blocks(self, fw: np.ndarray):
+        d, C = self.d, self.C
+        l21 = fw[C:C + d * C].reshape(d, C)
+        l22 = np.zeros((d, d), dtype=np.uint64)
+        l22[self._tril] = fw[C + d * C:]
+        return fw[:C], l21, l22
+
+    def factor_vectors(self, fw, rhos) -> np.ndarray:
+        """``L^T rho`` for each rho (linear in the factor words: the verifiers apply it to their shares)."""
+        l11, l21, l22 = self._factor_blocks(np.asarray(fw, dtype=np.uint64))
+        out = []
+        for rho in rhos:
+            rc, rf = rho[:self.C], rho[self.C:].reshape(-1, 1)
+            out.append(np.concatenate([flp.add(flp.mul(l11, rc), flp.sum_mod(flp.mul(l21, rf), axis=0)),
+                                       flp.sum_mod(flp.mul(l22, rf), axis=0)]))
+        return np.stack(out)
+
+    def kappa(self, rho) -> np.ndarray:
+        """The high-lane coefficients of ``rho^T A rho`` (A read from the packed triu(C^r), Q and counts)."""
+        sl = self.params.layout.slices
+        rc, rf = rho[:self.C], rho[self.C:]
+        r, c = np.triu_indices(self.d)
+        k = np.zeros(self.L, dtype=np.uint64)
+        g = flp.mul(rf[r], rf[c])
+        k[sl["gram"]] = np.where(r == c, g, flp.add(g, g))
+        q = flp.mul(rf.reshape(-1, 1), rc.reshape(1, -1)).ravel()
+        k[sl["cross"]] = flp.add(q, q)
+        k[sl["counts"]] = flp.mul(rc, rc)
+        return k
+
+    def project_factor(self, fw, fs: bytes) -> np.ndarray:
+        """``<r_j, factor>`` mod p for ROWS rows of their own (the high-lane projection's method: byte limbs,
+        float32 products exact below 2^24, recombined mod p)."""
+        words = np.asarray(fw, dtype=np.uint64)
+        n = words.shape[0]
+        row_bytes = -(-n // 4)
+        limbs = np.ascontiguousarray(words, dtype="<u8").view(np.uint8).reshape(n, 8).T.astype(np.float32)
+        key = hashlib.sha256(fs + b"factor-rows\0").digest()
+        enc = Cipher(algorithms.ChaCha20(key, b"\x00\x00\x00\x00" + _FROW_DOMAIN), mode=None).encryptor()
+        sums = np.zeros((ROWS, 8), dtype=np.int64)
+        for j0 in range(0, ROWS, 16):
+            nb = min(16, ROWS - j0)
+            raw = np.frombuffer(enc.update(bytes(nb * row_bytes)), dtype=np.uint8).reshape(nb, row_bytes)
+            R = np.take(_TRITS, raw).view(np.float32).reshape(nb, 4 * row_bytes)
+            for c0 in range(0, n, _PROJ_CHUNK):
+                c1 = min(n, c0 + _PROJ_CHUNK)
+                sums[j0:j0 + nb] += (R[:, c0:c1] @ limbs[:, c0:c1].T).astype(np.int64)
+        out = np.zeros(ROWS, dtype=np.uint64)
+        for i in range(8):
+            out = flp.add(out, flp.scale(flp.encode_signed(sums[:, i]), 1 << (8 * i)))
+        return out
+
+    def _gram_query(self, share: np.ndarray, fs: bytes, aux_sha256: str, query_seed: bytes, *,
+                    leader: bool) -> np.ndarray:
+        """``[range combinations] ++ [identity combinations] ++ GRAM_QUERIES square-sum queries``."""
+        g, one = self.gram, 1 if leader else 0
+        hi = share[:self.L]
+        fw = share[self.main_len:self.commit_len]
+        bits = share[self.commit_len:self.commit_len + self.n_bits]
+        off = self.commit_len + self.n_bits + REPS * self.bits.proof_len
+        sq = share[off:].reshape(GRAM_QUERIES, self.sq.proof_len)
+        key = hashlib.sha256(bytes(query_seed) + fs + bytes.fromhex(aux_sha256) + b"gram").digest()
+        stream = flp.expand_field(key, 4 * GRAM_QUERIES + LINEAR_REPS * (ROWS + self.n_gram_relations),
+                                  b"saflVALIDgqy")
+        pts = [int(v) for v in stream[:4 * GRAM_QUERIES] if pow(int(v), self.sq.n, flp.P) != 1][:GRAM_QUERIES]
+        if len(pts) < GRAM_QUERIES:  # pragma: no cover - probability about (N/p)^4
+            raise InvalidInputError("query points fell on the interpolation domain; draw another query seed")
+        co = stream[4 * GRAM_QUERIES:]
+        c_range = co[:LINEAR_REPS * ROWS].reshape(LINEAR_REPS, ROWS)
+        c_gram = co[LINEAR_REPS * ROWS:].reshape(LINEAR_REPS, self.n_gram_relations)
+        rng = flp.sub(flp.add(self.project_factor(fw, fs), np.uint64(self.T_f * one)), self._decompose(bits, "proj_f"))
+        delta = self._decompose(bits, "gram_slack")
+        rhos = self.rhos(fs, aux_sha256)
+        lhs = [flp.dot(self.kappa(rho), hi) for rho in rhos]
+        slack = [flp.dot(flp.mul(rho[:self.C], rho[:self.C]), delta) for rho in rhos]
+        two_t = 1 << g["t"]
+        quad = []
+        for q in range(GRAM_QUERIES):
+            outs = self.sq.outputs(sq[q])
+            quad += [(lhs[r] - two_t * (int(outs[r]) + slack[r])) % flp.P for r in range(GRAM_RHOS)]
+        quad = np.array(quad, dtype=np.uint64)
+        v = self.factor_vectors(fw, rhos)
+        msg = [np.array([flp.dot(row, rng) for row in c_range], dtype=np.uint64),
+               np.array([flp.dot(row, quad) for row in c_gram], dtype=np.uint64)]
+        msg += [self.sq.query(v, sq[q], t) for q, t in enumerate(pts)]
+        return np.concatenate(msg)
+
+    def factorise(self, vector) -> tuple[np.ndarray, np.ndarray]:
+        """Hospital: ``(lanes, factor words)`` with the Gram, cross and count entries of the lanes exactly
+        ``2^t L L^T`` (low lanes 0) for the rounded factor L at scale 2^f: l_c = floor(sqrt(count_c) 2^f),
+        the rest of L the Cholesky factor of the statistics (plus the session's jitter where gamma does not
+        cover the rounding), rounded towards zero so no diagonal grows. :class:`BoundsExceeded` if the
+        statistics are not positive semi-definite (not the Gram of any rows)."""
+        g = self.gram
+        f, t = g["f"], g["t"]
+        v = np.asarray(vector, dtype=np.float64)
+        lay = self.params.layout
+        st = lay.unpack(v)
+        counts = np.asarray(st.class_counts, dtype=np.float64)
+        if not np.all(np.isfinite(v)) or np.any(counts < 0) or np.any(counts != np.round(counts)):
+            raise BoundsExceeded("the class counts must be non-negative integers")
+        s2f = 1 << (2 * f)
+        cnt = [int(c) for c in counts]
+        l11 = np.array([math.isqrt(c * s2f) for c in cnt], dtype=np.int64)
+        Q = np.asarray(st.cross, dtype=np.float64)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            l21 = np.where(l11 > 0, np.trunc(Q * float(s2f) / np.maximum(l11, 1)), 0.0)
+        if np.any(l11 == 0) and np.any(Q[:, l11 == 0] != 0):
+            raise BoundsExceeded("a class with no samples has a nonzero cross-term column")
+        lr = l21 / 2.0 ** f
+        S = np.asarray(st.gram, dtype=np.float64) + g["jitter"] * np.eye(self.d) - lr @ lr.T
+        try:
+            chol = np.linalg.cholesky(0.5 * (S + S.T))
+        except np.linalg.LinAlgError:
+            raise BoundsExceeded("the statistics are not positive semi-definite: no rows have this Gram matrix "
+                                 "and these cross terms") from None
+        l21 = l21.astype(np.int64)
+        l22 = np.trunc(chol * 2.0 ** f).astype(np.int64)
+        gram = _exact_gram(np.concatenate([l21, l22], axis=1))
+        x = self.lanes(v).copy()
+        sl = lay.slices
+        r, c = np.triu_indices(self.d)
+        idx = np.concatenate([np.arange(sl["gram"].start, sl["gram"].stop), np.arange(sl["cross"].start,
+                              sl["cross"].stop), np.arange(sl["counts"].start, sl["counts"].stop)])
+        vals = np.concatenate([gram[r, c], (l21 * l11.reshape(1, -1)).ravel(),
+                               np.array(cnt, dtype=np.int64) * s2f]) << t
+        x[idx] = flp.encode_signed(vals)
+        x[self.L + idx] = 0
+        fw = flp.encode_signed(np.concatenate([l11, l21.ravel(), l22[self._tril]]))
+        return x, fw
+
     # -- prover ------------------------------------------------------------------------------------------
     def lanes(self, vector) -> np.ndarray:
         """Fixed-point lanes of a packed float64 vector as field elements (2L)."""
@@ -379,7 +601,7 @@ class Circuit:
         idx = np.concatenate([[self.i_n], self.i_counts, self.i_diag])
         return dict(zip(idx.tolist(), flp.decode_signed(x[idx]).tolist()))
 
-    def _aux(self, x: np.ndarray, fs: bytes, *, check: bool) -> np.ndarray:
+    def _aux(self, x: np.ndarray, fs: bytes, *, check: bool, factor=None) -> np.ndarray:
         if self.dp:
             return self._aux_dp(x, fs, check=check)
         hi = self._hi_ints(x)
@@ -405,7 +627,23 @@ class Circuit:
         parts = [self._bits_of([n], s["m_n"]), self._bits_of([self.params.bounds.n_max - n], s["m_n"]),
                  self._bits_of(counts, s["m_n"]), self._bits_of([slack], s["m_s"]),
                  self._bits_of(proj, s["m_hi"])]
+        if self.gram is not None:
+            parts += self._gram_aux([int(hi[i]) for i in self.i_counts], factor, fs, check)
         return np.concatenate(parts)
+
+    def _gram_aux(self, hi_counts, factor, fs: bytes, check: bool) -> list:
+        """The count slack delta_c = hi(count_c) / 2^t - l_c^2 and the factor's projection bits."""
+        g = self.gram
+        fw = np.zeros(self.n_f, dtype=np.uint64) if factor is None else np.asarray(factor, dtype=np.uint64)
+        l11 = flp.decode_signed(fw[:self.C]).tolist()
+        delta = [(h >> g["t"]) - int(v) * int(v) for h, v in zip(hi_counts, l11)]
+        proj = [int(v) + self.T_f for v in flp.decode_signed(self.project_factor(fw, fs))]
+        if check:
+            if not all(0 <= x < 1 << g["m_d"] for x in delta):
+                raise BoundsExceeded("the Gram factor does not match the class counts")
+            if not all(0 <= v < 2 * self.T_f for v in proj):
+                raise _Unlucky
+        return [self._bits_of(delta, g["m_d"]), self._bits_of(proj, g["m_f"])]
 
     def _projection_values(self, x: np.ndarray, fs: bytes, check: bool) -> list:
         """``<r_j, hi> + T`` as integers; with ``check``, :class:`_Unlucky` if one leaves ``[0, 2T)``."""
@@ -445,41 +683,53 @@ class Circuit:
                  self._bits_of(proj, s["m_hi"])]
         return np.concatenate(parts)
 
-    def aux_bits(self, x: np.ndarray, fs: bytes) -> np.ndarray:
-        """The auxiliary bits for lanes ``x`` under Fiat-Shamir seed ``fs``, unchecked (values outside a range
-        wrap modulo its width): the starting point of the attack commands and of the verifiers' tests."""
-        return self._aux(np.asarray(x, dtype=np.uint64), fs, check=False)
+    def aux_bits(self, x: np.ndarray, fs: bytes, factor=None) -> np.ndarray:
+        """The auxiliary bits for lanes ``x`` (and, under the Gram statement, factor words ``factor``) under
+        Fiat-Shamir seed ``fs``, unchecked (values outside a range wrap modulo its width): the starting point
+        of the attack commands and of the verifiers' tests."""
+        return self._aux(np.asarray(x, dtype=np.uint64), fs, check=False, factor=factor)
 
     def prove(self, hospital: str, vector=None, *, lanes=None, seed: bytes | None = None, check: bool = True,
-              aux_override=None) -> tuple[np.ndarray, bytes, UploadCommitment]:
+              aux_override=None, factor=None) -> tuple[np.ndarray, bytes, UploadCommitment]:
         """Hospital: ``(masked body w + m, seed, commitment)`` for a packed vector (or raw field ``lanes``).
 
         ``check=False`` and ``lanes``/``aux_override`` build an upload whose statement is false (the attack
         commands and the tests of the verifiers use them); an honest hospital never sets them.
         A fresh seed is drawn per try (and the projection retried, docs/VALIDITY.md) unless ``seed`` is given.
         """
-        x = self.lanes(vector) if lanes is None else np.asarray(lanes, dtype=np.uint64)
+        if self.gram is not None and lanes is None:
+            x, factor = self.factorise(vector)  # the statistics snapped onto 2^t L L^T (docs/VALIDITY.md)
+        else:
+            x = self.lanes(vector) if lanes is None else np.asarray(lanes, dtype=np.uint64)
         if x.shape != (self.main_len,) or (x.size and int(x.max()) >= flp.P):
             raise MalformedPayload("the lane vector is not 2L field elements")
+        fw = np.zeros(self.n_f, dtype=np.uint64) if factor is None else np.asarray(factor, dtype=np.uint64)
+        if fw.shape != (self.n_f,) or (fw.size and int(fw.max()) >= flp.P):
+            raise MalformedPayload("the factor is not the session's number of field elements")
+        c0, c1 = self.commit_len, self.commit_len + self.n_bits
         for _ in range(_RETRIES):
             s = os.urandom(32) if seed is None else bytes(seed)
             mask = flp.expand_field(s, self.total, DOMAIN_SHARE)
-            y_main = flp.add(x, mask[:self.main_len])
+            y_main = flp.add(np.concatenate([x, fw]), mask[:c0])
             main_sha = hashlib.sha256(flp.to_bytes(y_main)).hexdigest()
             seed_sha = seed_digest(s)
             fs = self.fs_seed(hospital, main_sha, seed_sha)
             try:
-                aux = self._aux(x, fs, check=check) if aux_override is None else aux_override(self, x, fs)
+                aux = self._aux(x, fs, check=check, factor=fw) if aux_override is None else aux_override(self, x, fs)
             except _Unlucky:
                 if seed is not None:
                     raise BoundsExceeded("this seed's projection rows leave the honest range; draw a fresh seed")
                 continue
-            y_aux = flp.add(aux, mask[self.main_len:self.main_len + self.n_bits])
+            y_aux = flp.add(aux, mask[c0:c1])
             aux_sha = hashlib.sha256(flp.to_bytes(y_aux)).hexdigest()
             jrs = self.joint_rand(fs, aux_sha)
             proofs = self.bits.prove_reps(aux, jrs, [flp.expand_field(os.urandom(32), 2 * self.bits.chunk,
                                                                       _PROOF_DOMAIN) for _ in jrs])
-            y_proof = flp.add(np.concatenate(proofs), mask[self.main_len + self.n_bits:])
+            if self.gram is not None:
+                v = self.factor_vectors(fw, self.rhos(fs, aux_sha))
+                proofs += [self.sq.prove(v, flp.expand_field(os.urandom(32), self.sq.chunk, _PROOF_DOMAIN))
+                           for _ in range(GRAM_QUERIES)]
+            y_proof = flp.add(np.concatenate(proofs), mask[c1:])
             body = np.concatenate([y_main, y_aux, y_proof])
             return body, s, UploadCommitment(main_sha, aux_sha, seed_sha)
         raise BoundsExceeded(f"{_RETRIES} fresh seeds all drew projection rows outside the honest range: "
@@ -507,8 +757,8 @@ class Circuit:
                          seed: bytes | None = None) -> None:
         """Leader: the hashes are of its words; helper: ``seed_sha256`` is of the opened seed."""
         if leader:
-            if hashlib.sha256(flp.to_bytes(share[:self.main_len])).hexdigest() != commitment.main_sha256 or \
-                    hashlib.sha256(flp.to_bytes(share[self.main_len:self.main_len + self.n_bits])).hexdigest() \
+            if hashlib.sha256(flp.to_bytes(share[:self.commit_len])).hexdigest() != commitment.main_sha256 or \
+                    hashlib.sha256(flp.to_bytes(share[self.commit_len:self.commit_len + self.n_bits])).hexdigest() \
                     != commitment.aux_sha256:
                 raise MalformedPayload("the validity commitment does not match the uploaded words")
         elif seed is None or seed_digest(seed) != commitment.seed_sha256:
@@ -526,7 +776,7 @@ class Circuit:
             return self._relations_dp(share, fs, leader=leader)
         L, x = self.L, share[:self.main_len]
         hi, lo = x[:L], x[L:]
-        bits = share[self.main_len:self.main_len + self.n_bits]
+        bits = share[self.commit_len:self.commit_len + self.n_bits]
         one = 1 if leader else 0
         s = self.sizes
         f1s = 1 << self.f1
@@ -555,7 +805,7 @@ class Circuit:
         """The DP statement's relations (docs/VALIDITY.md, "With differential privacy")."""
         L, x = self.L, share[:self.main_len]
         hi, lo = x[:L], x[L:]
-        bits = share[self.main_len:self.main_len + self.n_bits]
+        bits = share[self.commit_len:self.commit_len + self.n_bits]
         one = 1 if leader else 0
         s, tau = self.sizes, self.tau
         f1s = 1 << self.f1
@@ -595,11 +845,14 @@ class Circuit:
         fs = self.fs_seed(hospital, commitment.main_sha256, commitment.seed_sha256)
         pts, coeffs = self.query_rand(fs, commitment.aux_sha256, query_seed)
         rel = self.relations(share, fs, leader=leader)
-        bits = share[self.main_len:self.main_len + self.n_bits]
-        proofs = share[self.main_len + self.n_bits:].reshape(REPS, self.bits.proof_len)
+        bits = share[self.commit_len:self.commit_len + self.n_bits]
+        off = self.commit_len + self.n_bits
+        proofs = share[off:off + REPS * self.bits.proof_len].reshape(REPS, self.bits.proof_len)
         msgs = [np.array([flp.dot(row, rel) for row in coeffs], dtype=np.uint64)]
         for jr, t, pf in zip(self.joint_rand(fs, commitment.aux_sha256), pts, proofs):
             msgs.append(self.bits.query(bits, pf, jr, t, leader=leader))
+        if self.gram is not None:
+            msgs.append(self._gram_query(share, fs, commitment.aux_sha256, query_seed, leader=leader))
         return np.concatenate(msgs)
 
     def decide(self, leader_msg, helper_msg) -> str | None:
@@ -616,6 +869,17 @@ class Circuit:
         for r in range(REPS):
             if not self.bits.decide(v[o + r * k:o + (r + 1) * k]):
                 return "bits"
+        if self.gram is not None:
+            o += REPS * k
+            if any(int(z) for z in v[o:o + LINEAR_REPS]):
+                return "gram_range"
+            if any(int(z) for z in v[o + LINEAR_REPS:o + 2 * LINEAR_REPS]):
+                return "gram"
+            o += 2 * LINEAR_REPS
+            k = self.sq.verifier_len
+            for q in range(GRAM_QUERIES):
+                if not self.sq.decide(v[o + q * k:o + (q + 1) * k]):
+                    return "gram"
         return None
 
 
@@ -640,6 +904,20 @@ _PROJ_CHUNK = 1 << 16
 _COMPILED = True
 
 
+def _exact_gram(m: np.ndarray) -> np.ndarray:
+    """``m m^T`` of an int64 matrix, exactly, through float64 BLAS: entries cut into 2^h limbs so every product
+    sum of limbs stays below 2^53; the result (below 2^62 here) is recombined in int64."""
+    width = max(1, int(np.max(np.abs(m))).bit_length()) if m.size else 1
+    h = -(-width // 2)
+    if 2 * h + max(1, m.shape[1]).bit_length() > 53:  # pragma: no cover - the session's sizes keep it below
+        raise InvalidParameterError("the Gram factor's entries are too wide for an exact product")
+    hi, lo = np.divmod(m, np.int64(1 << h))
+    a, b = hi.astype(np.float64), lo.astype(np.float64)
+    aa, bb = (a @ a.T).astype(np.int64), (b @ b.T).astype(np.int64)
+    ab = (a @ b.T).astype(np.int64)
+    return (aa << (2 * h)) + ((ab + ab.T) << h) + bb
+
+
 class _Unlucky(Exception):
     """An honest vector's projection left the range for this seed (probability < 2^-16)."""
 
@@ -650,6 +928,10 @@ def describe(circuit: Circuit) -> Mapping:
             "proof_words": circuit.proof_len, "verifier_words": circuit.verifier_len,
             "chunk": circuit.bits.chunk, "domain": circuit.bits.n, "frac_bits": [circuit.f1, circuit.f2],
             "T_hi_log2": circuit.sizes["m_hi"] - 1,
+            "gram": None if circuit.gram is None else {
+                "factor_words": circuit.n_f, "factor_scale_bits": circuit.gram["f"], "t": circuit.gram["t"],
+                "T_factor_log2": circuit.gram["m_f"] - 1, "jitter": circuit.gram["jitter"],
+                "square_sum_proof_words": GRAM_QUERIES * circuit.sq.proof_len},
             "soundness_bits_q64": round(soundness_bits(circuit), 1)}
 
 
@@ -859,6 +1141,18 @@ def dispute(params: SessionParams, hospital: str, payload: bytes, statement: Map
 #: release checks the proof does not establish (a hospital within its proven bounds can fail them): the
 #: collector reports them instead of refusing the release
 ADVISORY_CHECKS = ("symmetric", "psd", "cauchy_schwarz", "class_cauchy_schwarz", "norm_bound")
+
+
+def psd_tolerance(params: SessionParams, gram: np.ndarray) -> float:
+    """How far below 0 the smallest eigenvalue of a released Gram sum may be computed when every upload proved
+    the Gram statement: the high-lane sum is exactly positive semi-definite (a sum of 2^t (L L^T + D)), so only
+    what the release adds counts. The low lanes move each entry by less than ``2^(63 - f1 - f2)`` in all
+    (whatever they hold), the decoding rounds each entry once (relative 2^-53), so the error E has
+    ``||E||_2 <= ||E||_F <= d 2^(63 - f1 - f2) + 2^-53 ||C||_F``; eigvalsh adds at most ``d 2^-53 ||C||_F``."""
+    f1, f2 = (int(v) for v in params.backend_params["frac_bits"])
+    d = params.layout.dim
+    fro = float(np.linalg.norm(gram))
+    return d * 2.0 ** (63 - f1 - f2) + (2 * d + 1) * 2.0 ** -53 * fro
 
 
 def proven_aggregate_bound(params: SessionParams) -> float:

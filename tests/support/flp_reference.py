@@ -76,3 +76,24 @@ def projection(hi: list[int], fs: bytes, rows: int) -> list[int]:
                 acc += -x if pair & 2 else x
         out.append(acc % P)
     return out
+
+
+def square_sum_proof(v: list[int], length: int, groups: int, seeds: list[int], chunk: int) -> list[int]:
+    """Seeds ++ coefficients of P = sum_j U_j^2 for the square-sum proof (hazmat/flp_square.py's docstring):
+    group g's entries in calls g * ceil(length / c) ..., wire j of call k at a^(k+1), seed j at a^0."""
+    per = -(-length // chunk)
+    calls = groups * per
+    n = 2
+    while n <= calls:
+        n *= 2
+    wires = []
+    for g in range(groups):
+        row = v[g * length:(g + 1) * length] + [0] * (per * chunk - length)
+        wires += [row[k * chunk:(k + 1) * chunk] for k in range(per)]
+    total = [0] * (2 * n - 1)
+    for j in range(chunk):
+        u = [seeds[j]] + [wires[k][j] for k in range(calls)]
+        u += [0] * (n - len(u))
+        c = idft(u)
+        total = [(a + b) % P for a, b in zip(total, polymul(c, c))]
+    return list(seeds) + total

@@ -1,0 +1,148 @@
+"""A fully linear proof of the squared norms of secret-shared vectors, one gadget: ParallelSum(Mul).
+
+.. warning::
+
+    Hazardous material, like :mod:`secure_afl.hazmat.flp` (whose field and NTT it uses). The recipe API is
+    :mod:`secure_afl.backends.split_validity`.
+
+Statement: for ``groups`` vectors ``v_1..v_G`` of ``length`` entries each, which the two verifiers hold
+additively shared (each share a linear function of their upload shares), the proof's ``out_g`` outputs
+are ``||v_g||^2``. The outputs are themselves linear in the proof's shares, so the caller checks them
+against anything else linear (``out_g = <kappa_g, hi> / 2^t`` in the Gram statement) inside its own
+random linear combination; this class checks only that the proof polynomial is the gadget's.
+
+Gadget ``g(u) = sum_{j<c} u_j^2`` (ParallelSum of c multiplications, both inputs the same wire). Group g
+occupies its own ``calls_per_group`` calls (entries past ``length`` are 0), so each output is the sum of
+the gadget's values at that group's points. Wire polynomial ``U_j`` (degree < N) takes a random seed at
+``a^0`` and call k's wire at ``a^(k+1)``; the proof is the c seeds and the ``2N - 1`` coefficients of
+``P = sum_j U_j^2``. A verifier sends ``U_j(t)`` and ``P(t)`` for a ``t`` drawn after the proof is fixed; the
+sums decide ``P(t) = sum_j U_j(t)^2``. Its shares of ``out_g`` (fixed linear functions of P's coefficients,
+:meth:`SquareSumProof.outputs`) never leave it alone: the caller folds them into a random linear combination
+whose value is 0 for an honest prover, since their sum would reveal ``||v_g||^2``.
+
+Soundness: a wrong ``out_g`` share makes ``P`` differ from ``sum_j U_j^2`` at some call point, and two
+distinct polynomials of degree ``<= 2N - 2`` agree on at most ``2N - 2`` of the ``p - N`` allowed ``t``.
+Zero knowledge: ``t`` is off the domain, so the seed makes every ``U_j(t)`` uniform; ``P(t)`` follows.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..exceptions import InvalidInputError, MalformedPayload
+from .flp import P, add, dot, intt, inv, mul, ntt, poly_eval, powers, root_of_unity, scale, sum_mod, to_field
+
+__all__ = ["SquareSumProof"]
+
+
+class SquareSumProof:
+    """FLP of ``out_g = ||v_g||^2`` for ``groups`` shared vectors of ``length`` entries (module docstring).
+
+    Proof ``proof_len = c + 2N - 1`` words; verifier message ``verifier_len = c + 1``. The outputs are NOT in
+    the message (their sum is ``||v_g||^2``, private): the caller checks them inside a random combination."""
+
+    def __init__(self, length: int, groups: int, chunk: int | None = None):
+        if not isinstance(length, int) or length < 1 or not isinstance(groups, int) or groups < 1:
+            raise InvalidInputError("a square-sum proof covers at least one entry in at least one group")
+        if chunk is None:
+            best = None
+            for log_n in range(1, 21):
+                n = 1 << log_n
+                per_group = (n - 1) // groups  # calls each group may use: G = groups * calls < n
+                if per_group < 1:
+                    continue
+                c = -(-length // per_group)
+                size = c + 2 * n - 1
+                if best is None or size < best[0]:
+                    best = (size, c)
+            chunk = best[1]
+        self.length, self.groups, self.chunk = length, groups, int(chunk)
+        self.calls_per_group = -(-length // self.chunk)
+        self.calls = groups * self.calls_per_group
+        n = 2
+        while n <= self.calls:
+            n *= 2
+        self.n = n
+        self.proof_len = self.chunk + 2 * n - 1
+        self.verifier_len = self.chunk + 1
+        self._alpha = root_of_unity(n)
+        self._weights = None
+
+    def _wires(self, v: np.ndarray) -> np.ndarray:
+        """(calls, c): group g's entries in its own calls, zero-padded."""
+        v = np.asarray(v, dtype=np.uint64).reshape(self.groups, self.length)
+        padded = np.zeros((self.groups, self.calls_per_group * self.chunk), dtype=np.uint64)
+        padded[:, :self.length] = v
+        return padded.reshape(self.calls, self.chunk)
+
+    def prove(self, v, seeds) -> np.ndarray:
+        """The proof for the whole vectors ``v`` (groups x length, not shares); ``seeds``: c uniform elements."""
+        seeds = np.asarray(seeds, dtype=np.uint64).reshape(-1)
+        if seeds.shape != (self.chunk,):
+            raise InvalidInputError("one seed per wire")
+        c, n = self.chunk, self.n
+        even = np.zeros((c, n), dtype=np.uint64)
+        even[:, 0] = seeds
+        even[:, 1:self.calls + 1] = self._wires(v).T
+        # P's values on the 2N-th roots: the even ones are the wires', the odd ones one N-point NTT of each
+        # wire polynomial's coefficients scaled onto the coset (as in flp.BitProof)
+        coset = scale(powers(root_of_unity(2 * n), n), inv(n))
+        odd = ntt(mul(ntt(even, inv(self._alpha)), coset))
+        prod = np.empty(2 * n, dtype=np.uint64)
+        prod[0::2] = sum_mod(mul(even, even), axis=0)
+        prod[1::2] = sum_mod(mul(odd, odd), axis=0)
+        coeffs = intt(prod)
+        if int(coeffs[-1]) != 0:  # pragma: no cover - degree <= 2N - 2 by construction
+            raise AssertionError("gadget polynomial degree")
+        return np.concatenate([seeds, coeffs[:-1]])
+
+    def out_weights(self) -> np.ndarray:
+        """(groups, 2N - 1): ``out_g = <weights_g, P's coefficients>`` (the sum of P at group g's points)."""
+        if self._weights is None:
+            w = np.empty((self.groups, 2 * self.n - 1), dtype=np.uint64)
+            for g in range(self.groups):
+                pts = powers(self._alpha, self.calls_per_group, start=1 + g * self.calls_per_group)
+                cur = np.ones(self.calls_per_group, dtype=np.uint64)
+                for e in range(2 * self.n - 1):
+                    w[g, e] = sum_mod(cur)
+                    cur = mul(cur, pts)
+            self._weights = w
+        return self._weights
+
+    def outputs(self, proof_share) -> np.ndarray:
+        """This verifier's shares of ``out_g`` (linear in its proof share)."""
+        coeffs = self._check(proof_share, self.proof_len, "the square-sum proof share")[self.chunk:]
+        return np.array([dot(coeffs, w) for w in self.out_weights()], dtype=np.uint64)
+
+    def _lagrange(self, t: int) -> np.ndarray:
+        n, a = self.n, self._alpha
+        pts = [pow(a, m, P) for m in range(n)]
+        z = (pow(t, n, P) - 1) * inv(n) % P
+        dens = [inv(t - x) for x in pts]  # N <= a few hundred: one exponentiation each
+        return to_field([z * pts[m] % P * dens[m] % P for m in range(n)])
+
+    @staticmethod
+    def _check(x, n: int, what: str) -> np.ndarray:
+        x = np.asarray(x, dtype=np.uint64).reshape(-1)
+        if x.shape[0] != n or (x.size and int(x.max()) >= P):
+            raise MalformedPayload(f"{what} is not {n} field elements")
+        return x
+
+    def query(self, v_share, proof_share, t: int) -> np.ndarray:
+        """One verifier's message ``U_j(t) ++ [P(t)]`` (linear in its shares)."""
+        proof_share = self._check(proof_share, self.proof_len, "the square-sum proof share")
+        t = int(t) % P
+        if pow(t, self.n, P) == 1:
+            raise InvalidInputError("a query point on the interpolation domain would reveal wire values")
+        lag = self._lagrange(t)
+        u = self._wires(v_share)
+        u_t = add(mul(proof_share[:self.chunk], lag[0]),
+                  sum_mod(mul(u, lag[1:self.calls + 1].reshape(-1, 1)), axis=0))
+        coeffs = proof_share[self.chunk:]
+        return np.concatenate([u_t, np.array([poly_eval(coeffs, t)], dtype=np.uint64)])
+
+    def decide(self, verifier) -> bool:
+        """``P(t) = sum_j U_j(t)^2`` on the SUM of both messages (the outputs are checked by the caller)."""
+        v = self._check(verifier, self.verifier_len, "the square-sum verifier message")
+        u_t = v[:self.chunk]
+        return dot(u_t, u_t) == int(v[-1])

@@ -1,0 +1,330 @@
+"""split's Gram statement ([split] gram_proof): every upload proves [[C, Q], [Q^T, diag(counts)]] = 2^t (L L^T + D).
+
+The circuit tests run the server's signed verifier message and the key holder's verdict on its own share (the
+release path's protocol functions); the e2e test drives a real server process as a malicious hospital would.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+
+import numpy as np
+import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from secure_afl.backends import get_backend, split, split_validity
+from secure_afl.exceptions import BoundsExceeded, InvalidParameterError, SanityCheckFailed
+from secure_afl.hazmat import flp
+from secure_afl.hazmat.flp_square import SquareSumProof
+from secure_afl.packing import Layout
+from secure_afl.params import Bounds
+from secure_afl.stats import SufficientStatistics, local_statistics
+from secure_afl.tools.attacks_validity import INDEFINITE, field_factor, gram_cheat, indefinite_statistics
+
+P = flp.P
+GAMMA = 1.0
+
+
+def _session(dim, classes, n_max, gram=True, gamma=GAMMA, k_max=8, max_norm=1.0):
+    params = split.split_session_params(f"gram-{dim}-{gram}", Layout(dim, classes), gamma,
+                                        Bounds(max_norm, n_max, k_max), gram_proof=gram)
+    keys = split.generate_keys(params)
+    params = split.bind_public_context(params, keys.public_context)
+    return params, get_backend(params), Ed25519PrivateKey.generate(), keys
+
+
+def _verdict(sess, body, seed, com, hospital="h1"):
+    params, be, server_key, keys = sess
+    payload, st = be.seal_upload(body, seed, com, keys.public_context, hospital, Ed25519PrivateKey.generate())
+    split_validity.check_upload(be, payload, st)
+    msg = split_validity.leader_message(be, hospital, payload, st, server_key)
+    qs, leader = split_validity.verify_leader_message(msg, server_key.public_key(), be.circuit, hospital,
+                                                      hashlib.sha256(payload).hexdigest())
+    return split_validity.helper_verdict(be.circuit, hospital, seed, st, qs, leader)
+
+
+def _embeddings(n, dim, classes, seed):
+    """Real-valued l2-normalised embeddings; the first min(n, classes) samples each open a class of their own."""
+    rng = np.random.default_rng(seed)
+    X = rng.standard_normal((n, dim))
+    X /= np.linalg.norm(X, axis=1, keepdims=True)
+    y = np.concatenate([np.arange(min(n, classes)), rng.integers(0, classes, max(0, n - classes))])
+    return X, y
+
+
+# -- the square-sum proof ------------------------------------------------------------------------------------
+def test_square_sum_proof_outputs_the_squared_norms_and_refuses_a_wrong_one():
+    rng = random.Random(3)
+    for length, groups in ((1, 1), (9, 3), (200, 3)):
+        sq = SquareSumProof(length, groups)
+        v = flp.to_field([rng.randrange(P) for _ in range(length * groups)])
+        proof = sq.prove(v, flp.to_field([rng.randrange(P) for _ in range(sq.chunk)]))
+        r0 = flp.to_field([rng.randrange(P) for _ in range(v.size)])
+        p0 = flp.to_field([rng.randrange(P) for _ in range(sq.proof_len)])
+        t = rng.randrange(P)
+        msg = flp.add(sq.query(flp.sub(v, r0), flp.sub(proof, p0), t), sq.query(r0, p0, t))
+        assert sq.decide(msg) and msg.shape == (sq.chunk + 1,)  # no output in the message: they are private
+        want = [sum(int(x) ** 2 for x in v[g * length:(g + 1) * length]) % P for g in range(groups)]
+        outs = flp.add(sq.outputs(flp.sub(proof, p0)), sq.outputs(p0))
+        assert [int(x) for x in outs] == want
+        for i in (sq.chunk, sq.proof_len - 1, 0):  # another P, or another seed: P(t) gives it away
+            bad = proof.copy()
+            bad[i] = (int(bad[i]) + 1) % P
+            assert not sq.decide(flp.add(sq.query(flp.sub(v, r0), flp.sub(bad, p0), t), sq.query(r0, p0, t)))
+
+
+# -- honest uploads always prove ---------------------------------------------------------------------------------
+@pytest.mark.parametrize("dim,classes,n_max", [(64, 10, 100), pytest.param(512, 100, 1000, marks=pytest.mark.slow)])
+def test_honest_l2_normalised_embeddings_always_prove(dim, classes, n_max):
+    sess = _session(dim, classes, n_max)
+    be = sess[1]
+    for k, n in enumerate((1, 2, classes, n_max // 3, n_max)):  # n = 1 .. n_max, one-sample classes
+        X, y = _embeddings(n, dim, classes, k)
+        v = Layout(dim, classes).pack(local_statistics(X, y, classes, gamma=GAMMA))
+        assert _verdict(sess, *be.circuit.prove(f"h{k}", v), hospital=f"h{k}") is None, n
+
+
+def test_without_gamma_the_jitter_lets_a_rank_deficient_hospital_prove_within_the_trace_bound():
+    sess = _session(16, 4, 40, gamma=0.0)
+    c = sess[1].circuit
+    assert c.gram["jitter"] > 0  # the session's diagonal, accounted in the trace relation's constant
+    for n in (1, 3, 40):  # rank n < d: singular without the jitter
+        X, y = _embeddings(n, 16, 4, n)
+        v = Layout(16, 4).pack(local_statistics(X, y, 4, gamma=0.0))
+        assert _verdict(sess, *c.prove("h1", v)) is None
+
+
+def test_the_snapped_statistics_are_within_the_stated_rounding_of_the_true_ones():
+    sess = _session(64, 10, 100)
+    c = sess[1].circuit
+    X, y = _embeddings(100, 64, 10, 7)
+    v = Layout(64, 10).pack(local_statistics(X, y, 10, gamma=GAMMA))
+    x, _ = c.factorise(v)
+    from secure_afl.hazmat import fixedpoint
+
+    got = fixedpoint.decode(flp.decode_signed(x).view(np.uint64), (c.f1, c.f2))
+    # each factor entry truncated by < 2^-f: |dA_ij| <= 2^-f (|L_i|_1 + |L_j|_1) + m 2^-2f, |L_i|_1 <= sqrt(m A_ii)
+    m = c.gram["m"]
+    bound = 2.0 ** -c.gram["f"] * 2 * np.sqrt(m * (100 + 2)) + m * 2.0 ** (-2 * c.gram["f"])
+    assert 0 < np.max(np.abs(got - v)) <= bound
+    sl = Layout(64, 10).slices
+    assert np.array_equal(got[sl["counts"]], v[sl["counts"]]) and got[sl["n"]][0] == v[sl["n"]][0]
+
+
+def test_the_honest_prover_refuses_indefinite_statistics():
+    sess = _session(6, 3, 200, max_norm=2.0)
+    X, y = _embeddings(3, 6, 3, 0)
+    honest = [local_statistics(X, y, 3)]
+    bad = indefinite_statistics("half-plus-minus-H", honest, np.ones((6, 3)))
+    v = Layout(6, 3).pack(SufficientStatistics(bad.gram + GAMMA * np.eye(6), bad.cross, bad.n, bad.class_counts,
+                                               1.0, GAMMA))
+    with pytest.raises(BoundsExceeded, match="positive semi-definite"):
+        sess[1].circuit.prove("h1", v)
+
+
+# -- a malicious hospital's indefinite statistics ---------------------------------------------------------------
+def _attack_vector(name):
+    from secure_afl.tools.attacks_validity import _raw_statistics
+
+    rng = np.random.default_rng(0)
+    honest = _raw_statistics(rng, k=2)
+    target = rng.choice([-5.0, 5.0], size=(6, 3))
+    raw = indefinite_statistics(name, honest, target)
+    return Layout(6, 3).pack(SufficientStatistics(raw.gram + GAMMA * np.eye(6), raw.cross, raw.n, raw.class_counts,
+                                                  1.0, GAMMA))
+
+
+@pytest.fixture(scope="module")
+def attack_sessions():
+    return {g: _session(6, 3, 200, gram=g, max_norm=2.0) for g in (False, True)}
+
+
+@pytest.mark.parametrize("name", INDEFINITE)
+def test_each_indefinite_attack_is_refused_by_the_gram_statement_and_accepted_without_it(attack_sessions, name):
+    v = _attack_vector(name)
+    off, on = attack_sessions[False], attack_sessions[True]
+    # without the Gram statement the upload proves: every entry, the trace and the counts are in bounds
+    assert _verdict(off, *off[1].circuit.prove("h2", lanes=off[1].circuit.lanes(v), check=False), "h2") is None
+    c = on[1].circuit
+    lanes = c.lanes(v)
+    # with it: whatever factor the modified software sends, the upload is refused and the check named
+    for kw, check in ((gram_cheat(c, lanes, stand_in=_attack_vector_psd()), "gram"), ({}, "gram")):
+        assert _verdict(on, *c.prove("h2", lanes=lanes, check=False, **kw), "h2") == check
+
+
+def _attack_vector_psd():
+    X, y = _embeddings(50, 6, 3, 1)
+    return Layout(6, 3).pack(local_statistics(2.0 * X, y, 3, gamma=GAMMA))
+
+
+def test_a_factor_over_the_field_satisfies_the_quadratic_identity_and_is_refused_by_its_range_rows(attack_sessions):
+    # diag(a, ..., -b) with no cross terms or counts: L = diag(sqrt(a), ..., i sqrt(b)) over F_p (i^2 = -1 since
+    # p = 1 mod 4), so L L^T = A holds mod p exactly; only the factor's range rows tell it is not a real factor
+    on = attack_sessions[True]
+    c = on[1].circuit
+    d = 6
+    diag = [float(k * k) for k in (9, 8, 7, 6, 5)] + [-16.0]
+    counts = np.array([196.0, 4.0, 0.0])  # perfect squares: the counts block has an integer factor
+    st = SufficientStatistics(np.diag(diag), np.zeros((d, 3)), 200.0, counts, 1.0, 0.0)
+    lanes = c.lanes(Layout(d, 3).pack(st))
+    kw = gram_cheat(c, lanes)
+    assert kw and field_factor(c, lanes) is not None
+    assert _verdict(on, *c.prove("h2", lanes=lanes, check=False, **kw), "h2") == "gram_range"
+    # the same factor with honest statistics of the same shape (every pivot a square) is accepted
+    pos = SufficientStatistics(np.diag([abs(x) for x in diag]), np.zeros((d, 3)), 200.0, counts, 1.0, 0.0)
+    lanes = c.lanes(Layout(d, 3).pack(pos))
+    assert _verdict(on, *c.prove("h2", lanes=lanes, check=False, **gram_cheat(c, lanes)), "h2") is None
+
+
+def test_a_factor_of_other_statistics_is_refused_by_the_quadratic_identity(attack_sessions):
+    # in range, with the right count slack, but L L^T is not the upload's A
+    on = attack_sessions[True]
+    c = on[1].circuit
+    X, y = _embeddings(40, 6, 3, 2)
+    v = Layout(6, 3).pack(local_statistics(2.0 * X, y, 3, gamma=GAMMA))
+    w = v.copy()
+    w[1] += 0.5  # C_01 moved: still a PSD-looking upload in every other respect
+    assert _verdict(on, *c.prove("h2", lanes=c.lanes(w), check=False, factor=c.factorise(v)[1]), "h2") == "gram"
+
+
+def test_gram_statement_soundness_and_sizes():
+    c = _session(64, 10, 100)[1].circuit
+    d = split_validity.describe(c)
+    assert d["soundness_bits_q64"] >= 64.0 and d["gram"]["factor_words"] == 10 + 64 * 10 + 64 * 65 // 2
+    assert split_validity.describe(_session(64, 10, 100, gram=False)[1].circuit)["gram"] is None
+
+
+def test_gram_proof_with_dp_is_refused_when_the_session_is_built():
+    from secure_afl.dp import DPSpec, dp_session_params
+
+    with pytest.raises(InvalidParameterError, match="gram_proof"):
+        dp_session_params(DPSpec(epsilon=1.0, delta=1e-5, min_contributors=3), "split", "dp-gram", Layout(6, 3), 1.0, Bounds(4.0, 100, 8),
+                          gram_proof=True)
+
+
+# -- the release ---------------------------------------------------------------------------------------------
+def _collect(sess, vectors):
+    """The collector's release over uploads built without their proofs' checks (what a wrong share would do)."""
+    params, be, _, keys = sess
+    acc, manifest, statements, enrolled = be.combiner(), {"participants": []}, {}, {}
+    for k, v in enumerate(vectors):
+        h, ident = f"h{k}", Ed25519PrivateKey.generate()
+        body, seed, com = be.circuit.prove(h, lanes=be.circuit.lanes(v), check=False)
+        payload, st = be.seal_upload(body, seed, com, keys.public_context, h, ident)
+        acc.add(payload)
+        manifest["participants"].append({"hospital": h, "payload_sha256": hashlib.sha256(payload).hexdigest()})
+        statements[h], enrolled[h] = st, ident.public_key()
+    share, _ = split.keyholder_share(params, keys.secret_context, manifest, statements, enrolled)
+    return split.collect(params, acc.aggregate(), share)
+
+
+def test_an_indefinite_released_sum_is_refused_only_under_the_gram_statement(attack_sessions):
+    vectors = [_attack_vector_psd(), _attack_vector("half-plus-minus-H")]
+    assert np.all(np.isfinite(_collect(attack_sessions[False], vectors)))
+    with pytest.raises(SanityCheckFailed, match="positive semi-definite"):
+        _collect(attack_sessions[True], vectors)
+    # an honest PSD sum under the statement is released (the tolerance covers the low lanes and the rounding)
+    sess = attack_sessions[True]
+    honest = [_attack_vector_psd(), _attack_vector_psd()]
+    got = _collect(sess, honest)
+    assert np.all(np.isfinite(got))
+
+
+def test_max_share_refuses_a_release_too_small_for_the_cap():
+    params = split.split_session_params("cap", Layout(6, 3), GAMMA, Bounds(2.0, 200, 8), max_share=0.5)
+    keys = split.generate_keys(params)
+    params = split.bind_public_context(params, keys.public_context)
+    sess = (params, get_backend(params), None, keys)
+    small = _attack_vector_psd()  # 50 samples: one hospital could hold 200 of 250
+    with pytest.raises(SanityCheckFailed, match="max_share"):
+        _collect(sess, [small, small])
+    X, y = _embeddings(200, 6, 3, 5)
+    big = Layout(6, 3).pack(local_statistics(2.0 * X, y, 3, gamma=GAMMA))
+    assert np.all(np.isfinite(_collect(sess, [big, big])))  # 400 samples: n_max is half of them
+
+
+# -- through the service ----------------------------------------------------------------------------------------
+@pytest.mark.e2e
+def test_an_indefinite_upload_is_refused_by_name_through_the_service_only_under_the_gram_statement():
+    from secure_afl.tools.attacks_validity import attack_steer_indefinite_service
+
+    # Execute: a real server per setting, two honest hospitals, h2's rank-one cancellation
+    r = attack_steer_indefinite_service(backends=("split",), attacks=("rank-one-cancel-0.99",), verbose=False)
+    off, on = r["rows"]
+    # Assert: released and W blown up without the statement; h2 named and W the honest one with it
+    assert not off["gram_proof"] and off["released"] and not off["refused"] and off["norm_ratio"] > 4
+    assert on["gram_proof"] and on["released"] and on["refused"] == {"h2": "gram"}
+    assert abs(on["norm_ratio"] - 1.0) < 1e-4  # the honest two, their statistics snapped onto their factors
+
+
+# -- the signed session -----------------------------------------------------------------------------------------
+def _sections(backend="split", **extra):
+    base = {"session": {"id": "gram-session", "backend": backend, "dim": 6, "classes": 3,
+                        "hospitals": ["h1", "h2", "h3"], "min_clients": 2},
+            "bounds": {"max_norm": 2.0, "n_max": 200, "k_max": 8}}
+    base.update(extra)
+    return base
+
+
+def test_the_session_signs_gram_proof_into_the_parameters_and_refuses_it_with_dp_or_another_backend():
+    from secure_afl import session
+    from secure_afl.exceptions import SecureAFLError
+
+    on = session.normalise(session.parse(_sections(split={"gram_proof": True, "max_share": 0.5})))
+    params = on.session_params()
+    assert split_validity.gram_enabled(params) and params.backend_params["max_share"] == 0.5
+    off = session.normalise(session.parse(_sections()))
+    assert not split_validity.gram_enabled(off.session_params()) and off.body["split"] is None
+    assert params.digest() != off.session_params().digest()  # the setting is signed: the parameters differ
+    with pytest.raises(SecureAFLError, match=r"gram_proof.*\[dp\]"):
+        session.normalise(session.parse(_sections(split={"gram_proof": True}, dp={"epsilon": 1.0})))
+    with pytest.raises(SecureAFLError, match=r"\[split\] is for backend"):
+        session.normalise(session.parse(_sections("ckks", split={"gram_proof": True})))
+    line = session.share_line(on)
+    assert "n_max = 200" in line and "max_share = 0.5" in line and "400 samples" in line
+    assert "no cap" in session.share_line(off)
+
+
+def test_square_sum_proof_matches_the_reference_and_the_vector():
+    import json
+    from pathlib import Path
+
+    from support import flp_reference as ref
+
+    vec = json.loads((Path(__file__).resolve().parent.parent / "vectors" / "flp.json").read_text())["square_sum_proof"]
+    sq = SquareSumProof(vec["length"], vec["groups"], chunk=vec["chunk"])
+    assert [int(x) for x in sq.prove(flp.to_field(vec["v"]), flp.to_field(vec["seeds"]))] == vec["proof"]
+    rng = random.Random(29)
+    for length, groups, chunk in ((1, 1, 1), (9, 3, 2), (40, 3, 7)):
+        v = [rng.randrange(P) for _ in range(length * groups)]
+        seeds = [rng.randrange(P) for _ in range(chunk)]
+        got = SquareSumProof(length, groups, chunk=chunk).prove(flp.to_field(v), flp.to_field(seeds))
+        assert [int(x) for x in got] == ref.square_sum_proof(v, length, groups, seeds, chunk)
+
+
+@pytest.mark.e2e
+def test_session_sign_prints_the_largest_share_and_refuses_gram_proof_with_dp(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    from support import Consortium
+
+    def sign(c):
+        return subprocess.run([sys.executable, "-m", "secure_afl.cli", "session", "sign", str(c.config), "--pki",
+                               str(c.pki_dir)], capture_output=True, text=True, timeout=180, env=dict(os.environ))
+
+    # Prepare: a split session whose operator adds [split] by hand to session.toml
+    c = Consortium(tmp_path / "a", backend="split", n_max=200, sign=False)
+    c.config.write_text(c.config.read_text() + "\n[split]\ngram_proof = true\nmax_share = 0.5\n")
+    # Execute / Assert: signed, with the share line naming n_max and the cap
+    out = sign(c)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "one hospital may hold up to n_max = 200 samples" in out.stdout and "max_share = 0.5" in out.stdout
+    # the same with [dp]: refused at sign, the reason named, nothing signed
+    d = Consortium(tmp_path / "b", backend="split", n_max=200, sign=False)
+    d.config.write_text(d.config.read_text() + "\n[split]\ngram_proof = true\n\n[dp]\nepsilon = 1.0\n")
+    out = sign(d)
+    assert out.returncode != 0 and "gram_proof" in out.stderr and "[dp]" in out.stderr, out.stdout + out.stderr
+    assert not list((d.pki_dir / "sessions").glob("*.json"))
