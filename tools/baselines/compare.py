@@ -435,14 +435,16 @@ def _run_all(args) -> int:
     from . import study as st
 
     path = Path(args.study_json or Path(args.out) / "comparison_study.json")
-    command = f"secure-afl compare --all --out {args.out} --workers {args.workers}"
+    command = f"secure-afl compare --all --out {args.out} --workers {args.workers} --seeds {args.seeds}"
     Path(args.out).mkdir(parents=True, exist_ok=True)
     if args.render_only:
         blob = json.loads(path.read_text())
     else:
-        study = st.run_study(workers=args.workers, data_seed=args.data_seed)
+        seeds = tuple(range(args.seeds))
+        study = st.run_study(workers=args.workers, data_seed=args.data_seed, seeds=seeds, cache=args.cache)
         data = _data_for_ablation(args.data_seed)
-        ablation = ri_ablation(data, clients=(10, 100, 500), gammas=(0.0, 0.1, 1.0, 10.0, 100.0))
+        ablation = [{**row, "seed": s} for s in seeds
+                    for row in ri_ablation(data, clients=(10, 100, 500), gammas=(0.0, 0.1, 1.0, 10.0, 100.0), seed=s)]
         blob = {"study": study, "ablation": ablation, "command": command}
         path.write_text(json.dumps(blob, default=float))
         print(f"wrote {path}")
@@ -612,4 +614,6 @@ def register(parser) -> None:
     parser.add_argument("--study-json", metavar="PATH", help="--all: where the raw results go "
                                                               "(default OUT/comparison_study.json)")
     parser.add_argument("--render-only", action="store_true", help="--all: re-render from --study-json")
+    parser.add_argument("--cache", metavar="JSONL", help="--all: finished runs, one per line; a re-run reuses "
+                                                         "them and appends the new ones (resume, widen a grid)")
     parser.set_defaults(func=_cmd)
