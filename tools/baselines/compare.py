@@ -435,7 +435,8 @@ def _run_all(args) -> int:
     from . import study as st
 
     path = Path(args.study_json or Path(args.out) / "comparison_study.json")
-    command = f"secure-afl compare --all --out {args.out} --workers {args.workers} --seeds {args.seeds}"
+    command = f"secure-afl compare --all --out {args.out} --workers {args.workers} --seeds {args.seeds}" + (
+        f" --cache {args.cache}" if args.cache else "")
     Path(args.out).mkdir(parents=True, exist_ok=True)
     if args.render_only:
         blob = json.loads(path.read_text())

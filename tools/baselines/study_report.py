@@ -115,7 +115,7 @@ def render(study: dict, out: Path, *, command: str, ablation=None) -> Path:
     methods = list(dict.fromkeys(r["method"] for r in finals))
     L = ["# AFL against tuned FedAvg, FedProx and FedFac", ""]
     L += [f"Every table and figure below comes from one command; it ran for {meta['seconds'] / 60:.0f} min on a "
-          "shared 2-core machine:", "", "```", command, "```", ""]
+          "shared 2-core machine:", "", "```", command, "```", ""] + ([meta["note"], ""] if meta.get("note") else [])
     L += [f"Data: `{meta['dataset']}` through fixed random Fourier features (d = {meta['dim']}, "
           f"{meta['classes']} classes, {meta['train']} training / {meta['test']} test samples, data split "
           f"{meta['data_seed']}), K = {meta['K']} hospitals, one hidden layer of {meta['hidden']} units for the "
