@@ -436,13 +436,14 @@ def _run_all(args) -> int:
 
     path = Path(args.study_json or Path(args.out) / "comparison_study.json")
     command = f"secure-afl compare --all --out {args.out} --workers {args.workers} --seeds {args.seeds}" + (
-        f" --cache {args.cache}" if args.cache else "")
+        f" --cache {args.cache}" if args.cache else "") + ("" if args.verify else " --verify ''")
     Path(args.out).mkdir(parents=True, exist_ok=True)
     if args.render_only:
         blob = json.loads(path.read_text())
     else:
         seeds = tuple(range(args.seeds))
-        study = st.run_study(workers=args.workers, data_seed=args.data_seed, seeds=seeds, cache=args.cache)
+        study = st.run_study(workers=args.workers, data_seed=args.data_seed, seeds=seeds, cache=args.cache,
+                             verify_rounds=3 if args.verify else 0)
         data = _data_for_ablation(args.data_seed)
         ablation = [{**row, "seed": s} for s in seeds
                     for row in ri_ablation(data, clients=(10, 100, 500), gammas=(0.0, 0.1, 1.0, 10.0, 100.0), seed=s)]

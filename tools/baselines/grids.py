@@ -25,8 +25,8 @@ GRIDS = {
 FEDFAC_GRID = {"lr": (3e-4, 1e-3, 3e-3, 1e-2), "local_epochs": (1, 5), "tau": (0.25, 0.5, 0.75, 0.9, 0.95, 1.0),
                "kappa": (0.5, 0.6, 0.8, 0.95)}
 #: FedFac dynamic, tuned on its own the same way; a new split every round costs about three static runs, so
-#: kappa stays at 0.8, the local epochs at 1 and tau starts at 0.5.
-DYNAMIC_GRID = {"lr": (1e-3, 3e-3, 1e-2), "local_epochs": (1,), "tau": (0.5, 0.75, 0.9, 1.0), "kappa": (0.8,)}
+#: kappa stays at 0.8, the local epochs at 1, and the steps and tau are the static grid's upper half.
+DYNAMIC_GRID = {"lr": (3e-3, 1e-2), "local_epochs": (1,), "tau": (0.5, 0.9, 1.0), "kappa": (0.8,)}
 #: Edges that are limits of the setting, not of the grid: at least one pass over the local data per round; tau
 #: cannot personalise more than every unit; FedProx's mu below the grid is FedAvg (mu = 0), which is run.
 HARD_LIMITS = {("local_epochs", "low"), ("tau", "high"), ("mu", "low")}
