@@ -245,9 +245,11 @@ def _edges_section(study):
 def _secure_section(study, specs):
     afl = study["afl"]
     v0 = study["verify"]
+    lead = study["meta"].get("verify_note") or (
+        f"Each method at its chosen point (Dirichlet 0.1, seed {study['meta']['tune_seed']}), {v0[0]['rounds']} "
+        "rounds under plain, secagg and ckks, same seed.")
     L = ["## Secure runs against plain runs", "",
-         f"Each method at its chosen point (Dirichlet 0.1, seed {study['meta']['tune_seed']}), {v0[0]['rounds']} "
-         "rounds under plain, secagg and ckks, same seed. ckks sums take a fresh key per sum and the key "
+         lead + " ckks sums take a fresh key per sum and the key "
          "holder's flooding (`keyholder/flooding.py`, every slot at the declared-magnitude bound) before "
          "anything reads them; AFL under ckks goes through the key holder's whole release path (two-stage "
          "flooding plan, statistics checks at the proved tolerance, ridge only where the released C needs it). "
