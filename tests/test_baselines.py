@@ -360,3 +360,63 @@ def test_features_file_of_zero_embeddings_is_refused_with_a_reason(tmp_path):
         load_features(path, 0)
     with pytest.raises(SystemExit, match="--all"):
         main(["compare", "--all", "--features", str(path), "--out", str(tmp_path)])
+
+
+def _tiny_study(data, **kw):
+    from secure_afl.tools.baselines.study import run_study
+
+    _, (Xte, yte), (Xtr, ytr) = data
+    grids = {"FedAvg-linear": {"head": "linear", "lr": (0.3, 3.0, 30.0), "local_epochs": (1,), "mu": (0.0,)}}
+    fg = {"lr": (1e-3, 1e-2), "local_epochs": (1,), "tau": (0.5, 1.0), "kappa": (0.8,)}
+    args = dict(data=(Xtr, ytr, Xte, yte, C), seeds=(0,), K=4, rounds=3, hidden=8, partitions=("dirichlet:0.5",),
+                fedfac_partitions=("dirichlet:0.5",), fa_epochs=2, grids=grids, fedfac_grid=fg, dynamic_grid=fg,
+                secure=False, log=lambda *a: None)
+    return run_study(**{**args, **kw})
+
+
+def test_study_choice_does_not_move_when_the_test_labels_are_poisoned(data):
+    # The choice must come from the hospitals' validation samples alone: relabelling every test sample
+    # changes every test accuracy and must change no chosen setting.
+    clients, (Xte, yte), train = data
+    clean = _tiny_study(data)
+    poisoned = _tiny_study((clients, (Xte, (yte + 1) % C), train))
+    key = lambda s: sorted((c["method"], c["partition"], c["lr"], c["local_epochs"], c["mu"], c.get("tau"),  # noqa: E731
+                            c.get("kappa")) for c in s["chosen"])
+    assert key(clean) == key(poisoned)
+    assert [r["global_acc"] for r in clean["finals"]] != [r["global_acc"] for r in poisoned["finals"]]
+
+
+def test_study_reports_a_chosen_setting_on_the_edge_of_its_grid(data):
+    from secure_afl.tools.baselines.study import grid_edges
+
+    # a two-point step grid: whichever step wins sits on an edge, and the study's own output says so
+    study = _tiny_study(data, grids={"FedAvg-linear": {"head": "linear", "lr": (1e-4, 1e-3), "local_epochs": (1,),
+                                                       "mu": (0.0,)}})
+    lr = next(c["lr"] for c in study["chosen"] if c["method"] == "FedAvg-linear")
+    edge = [e for e in study["edges"] if e["method"] == "FedAvg-linear"]
+    assert edge == [{"method": "FedAvg-linear", "partition": "dirichlet:0.5", "axis": "lr", "value": lr,
+                     "side": "low" if lr == 1e-4 else "high", "grid": [1e-4, 1e-3], "hard_limit": False}]
+    # the three-point grid of the other tests brackets its choice there: nothing reported for it
+    bracketed = _tiny_study(data)
+    lr3 = next(c["lr"] for c in bracketed["chosen"] if c["method"] == "FedAvg-linear")
+    assert lr3 == 3.0 and not [e for e in bracketed["edges"] if e["method"] == "FedAvg-linear"]
+    # an interior choice is not reported; one local epoch is a hard limit, reported as such
+    axes = {"lr": (1.0, 3.0, 10.0), "local_epochs": (1, 5)}
+    got = grid_edges({("m", "p"): {"lr": 3.0, "local_epochs": 1}}, lambda m: axes)
+    assert got == [{"method": "m", "partition": "p", "axis": "local_epochs", "value": 1, "side": "low",
+                    "grid": [1, 5], "hard_limit": True}]
+
+
+def test_label_prior_is_applied_to_each_personal_model(data):
+    from secure_afl.tools.baselines.fl import client_label_mix
+    from secure_afl.tools.baselines.study import label_prior_accuracy
+
+    clients, test, _ = data
+    head = MLPHead(D, C, 8)
+    res = run_fedfac(head, clients, test, FLConfig(rounds=2, seed=0, optimizer="adam", lr=1e-2))
+    mix = client_label_mix(clients, C)
+    per_model = label_prior_accuracy(head, res["models"], test, mix)
+    # hospital k's prior accuracy is that of its own model, not of anyone else's
+    for k, m in enumerate(res["models"]):
+        assert per_model[k] == pytest.approx(label_prior_accuracy(head, m, test, mix)[k], abs=1e-12)
+    assert np.all(per_model >= res["per_client"] - 1e-12)

@@ -435,14 +435,18 @@ def _run_all(args) -> int:
     from . import study as st
 
     path = Path(args.study_json or Path(args.out) / "comparison_study.json")
-    command = f"secure-afl compare --all --out {args.out} --workers {args.workers}"
+    command = f"secure-afl compare --all --out {args.out} --workers {args.workers} --seeds {args.seeds}" + (
+        f" --cache {args.cache}" if args.cache else "") + ("" if args.verify else " --verify ''")
     Path(args.out).mkdir(parents=True, exist_ok=True)
     if args.render_only:
         blob = json.loads(path.read_text())
     else:
-        study = st.run_study(workers=args.workers, data_seed=args.data_seed)
+        seeds = tuple(range(args.seeds))
+        study = st.run_study(workers=args.workers, data_seed=args.data_seed, seeds=seeds, cache=args.cache,
+                             verify_rounds=3 if args.verify else 0)
         data = _data_for_ablation(args.data_seed)
-        ablation = ri_ablation(data, clients=(10, 100, 500), gammas=(0.0, 0.1, 1.0, 10.0, 100.0))
+        ablation = [{**row, "seed": s} for s in seeds
+                    for row in ri_ablation(data, clients=(10, 100, 500), gammas=(0.0, 0.1, 1.0, 10.0, 100.0), seed=s)]
         blob = {"study": study, "ablation": ablation, "command": command}
         path.write_text(json.dumps(blob, default=float))
         print(f"wrote {path}")
@@ -607,9 +611,12 @@ def register(parser) -> None:
                         help="only write the report from earlier --json outputs (several runs merged)")
     parser.add_argument("--all", action="store_true",
                         help="the tuned study behind docs/COMPARISON.md (grids on validation splits, FedFac "
-                             "ablations, secure against plain, RI ablation); digits, K = 10, seed 0")
+                             "ablations, secure against plain, RI ablation); digits, K = 10; grids searched on "
+                             "seed 0, every chosen setting run on seeds 0..S-1 (--seeds)")
     parser.add_argument("--workers", type=int, default=2, help="--all: parallel worker processes")
     parser.add_argument("--study-json", metavar="PATH", help="--all: where the raw results go "
                                                               "(default OUT/comparison_study.json)")
     parser.add_argument("--render-only", action="store_true", help="--all: re-render from --study-json")
+    parser.add_argument("--cache", metavar="JSONL", help="--all: finished runs, one per line; a re-run reuses "
+                                                         "them and appends the new ones (resume, widen a grid)")
     parser.set_defaults(func=_cmd)

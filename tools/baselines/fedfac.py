@@ -108,10 +108,11 @@ def factor_split(R: np.ndarray, *, personal_fraction: float = 0.5, kappa: float 
 
     The ``personal_fraction`` of units with the lowest communality nu_j are
     personalised (the paper's threshold tau_l, given as a proportion as in its
-    experiments); ties are broken by unit index so the split is a function of R.
+    experiments); ties are broken by unit index so the split is a function of R. 1.0 is the paper's
+    tau = inf: every hidden unit personalised, only the output layer shared.
     """
-    if not 0.0 <= personal_fraction < 1.0:
-        raise InvalidInputError("personal_fraction must be in [0, 1)")
+    if not 0.0 <= personal_fraction <= 1.0:
+        raise InvalidInputError("personal_fraction must be in [0, 1]")
     nu = communalities(principal_factor_loadings(R, kappa))
     h = R.shape[0]
     n_personal = int(round(personal_fraction * h))

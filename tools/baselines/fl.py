@@ -232,7 +232,12 @@ def run_fedfac(head: MLPHead, clients, test, cfg: FLConfig, *, dynamic: bool = F
             r_offdiag.append(offdiag_mean_abs(R))
             switching.append(len(before ^ set(personal.tolist())) / head.hidden)  # share of units that changed side
             pmask = head.unit_mask(personal)
-        contrib = [_weighted(np.where(pmask, 0.0, new[k] - starts[k]), clients[k][1].size) for k in range(K)]
+        # A shared unit's update is taken against the global model, not the client's start: a unit that was
+        # personal last round started from the client's own copy, and adding (new - own) to the global entry
+        # (frozen since the unit went personal) would set it to a stale value plus a small step. Against
+        # theta, the server's sum is the n-weighted mean of the clients' new values, FedAvg on that unit.
+        # For a unit that stays shared, starts[k] == theta there, so static FedFac is unchanged.
+        contrib = [_weighted(np.where(pmask, 0.0, new[k] - theta), clients[k][1].size) for k in range(K)]
         total = ss.sum(contrib)
         theta = theta + cfg.server_lr * total[:-1] / total[-1]  # personalised entries summed zeros
         own = new
