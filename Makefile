@@ -1,6 +1,6 @@
 # Two commands do all set-up on a fresh machine: `make demo` and `make test`.
 # `make demo` installs the package and what the demo needs, nothing more;
-# `make test` and `make test-all` add the extras (dev, embed, flower, bench).
+# `make test` and `make test-all` add the extras (dev, embed, flower, bench, fast: numba for the split projection).
 # Each level has its own stamp, so `make demo` then `make test` upgrades .venv.
 PYTHON ?= python3
 VENV   := .venv
@@ -19,7 +19,7 @@ $(BASE): pyproject.toml setup.py | $(PY)
 	touch $@
 
 $(FULL): $(BASE)
-	$(PY) -m pip install -q -e '.[dev,embed,flower,bench]'
+	$(PY) -m pip install -q -e '.[dev,embed,flower,bench,fast]'
 	touch $@
 
 demo: $(BASE)
