@@ -61,7 +61,7 @@ def hospital_vectors(rng, lay, gamma, parts):
 
 def _no_float_in(obj) -> bool:
     """True when no float (other than the parameters and bounds named below) is in ``obj``."""
-    allowed = {"gamma", "lambda", "w_error_bound", "flood_sigma", "flood_sigma_coefficients", "flood_kl_log2",
+    allowed = {"gamma", "lambda", "lambda_requested", "w_error_bound", "flood_sigma", "flood_sigma_coefficients", "flood_kl_log2",
                "error_bound_per_entry", "error_bound_counts", "error_bound_exceed_probability",
                "decryption_error_bound", "flood_key_error_coefficients", "flood_ridge", "lambda_total", "ridge_rel_change", "tag_tolerance",
                "verify_and_resum_seconds", "dp"}

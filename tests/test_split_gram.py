@@ -38,9 +38,13 @@ def _verdict(sess, body, seed, com, hospital="h1"):
     params, be, server_key, keys = sess
     payload, st = be.seal_upload(body, seed, com, keys.public_context, hospital, Ed25519PrivateKey.generate())
     split_validity.check_upload(be, payload, st)
-    msg = split_validity.leader_message(be, hospital, payload, st, server_key)
-    qs, leader = split_validity.verify_leader_message(msg, server_key.public_key(), be.circuit, hospital,
-                                                      hashlib.sha256(payload).hexdigest())
+    sha = hashlib.sha256(payload).hexdigest()
+    # the key holder's query seed for this upload, as it derives it (from its own key and the commitment)
+    expected = split_validity.query_seed(split_validity.query_key(keys.secret_context), params, hospital, sha,
+                                         st.get("validity"))
+    msg = split_validity.leader_message(be, hospital, payload, st, server_key, expected)
+    qs, leader = split_validity.verify_leader_message(msg, server_key.public_key(), be.circuit, hospital, sha,
+                                                      expected)
     return split_validity.helper_verdict(be.circuit, hospital, seed, st, qs, leader)
 
 
@@ -125,10 +129,10 @@ def test_the_honest_prover_refuses_indefinite_statistics():
 
 # -- a malicious hospital's indefinite statistics ---------------------------------------------------------------
 def _attack_vector(name):
-    from secure_afl.tools.attacks_validity import _raw_statistics
+    from secure_afl.tools.attacks_validity import raw_statistics
 
     rng = np.random.default_rng(0)
-    honest = _raw_statistics(rng, k=2)
+    honest = raw_statistics(rng, k=2)
     target = rng.choice([-5.0, 5.0], size=(6, 3))
     raw = indefinite_statistics(name, honest, target)
     return Layout(6, 3).pack(SufficientStatistics(raw.gram + GAMMA * np.eye(6), raw.cross, raw.n, raw.class_counts,
@@ -215,7 +219,7 @@ def _collect(sess, vectors):
         acc.add(payload)
         manifest["participants"].append({"hospital": h, "payload_sha256": hashlib.sha256(payload).hexdigest()})
         statements[h], enrolled[h] = st, ident.public_key()
-    share, _ = split.keyholder_share(params, keys.secret_context, manifest, statements, enrolled)
+    share = split.keyholder_share(params, keys.secret_context, manifest, statements, enrolled)
     return split.collect(params, acc.aggregate(), share)
 
 

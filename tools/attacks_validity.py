@@ -253,7 +253,7 @@ def attack_steer(*, seed: int = 0, verbose: bool = True, alphas=(0.1, 1.0, 10.0,
 SERVICE_BACKENDS = ("split", "ckks", "bfv", "secagg", "plain")
 
 
-def _raw_statistics(rng, k=3, n=60):
+def raw_statistics(rng, k=3, n=60):
     """Each honest hospital's own C_k, Q_k, counts (gamma 0: the client adds the session's gamma)."""
     from secure_afl.stats import local_statistics
 
@@ -406,7 +406,7 @@ def _service_round(backend: str, honest, work: Path, *, bad=None, steer=None, gr
         if bad is not None:
             cheat = c.hospital(extra, _malicious_client_class())
             params = cheat.fetch_params()
-            cheat.vector = bad(protect_vector(params, _raw_statistics(np.random.default_rng(99), k=1)[0]))
+            cheat.vector = bad(protect_vector(params, raw_statistics(np.random.default_rng(99), k=1)[0]))
         elif steer is not None:
             jobs.append((extra, c.hospital(extra), steer))
 
@@ -436,7 +436,7 @@ def _service_round(backend: str, honest, work: Path, *, bad=None, steer=None, gr
 def attack_veto_service(*, seed: int = 0, verbose: bool = True, backends=SERVICE_BACKENDS, **_) -> dict:
     """One hospital's impossible (in-bounds) upload, through a real server process per backend."""
     rng = np.random.default_rng(seed)
-    honest = _raw_statistics(rng, k=2)
+    honest = raw_statistics(rng, k=2)
     table, details = {}, {}
     for backend in backends:
         with _workdir() as d:
@@ -470,7 +470,7 @@ def attack_steer_service(*, seed: int = 0, verbose: bool = True, backends=SERVIC
     from secure_afl.stats import SufficientStatistics
 
     rng = np.random.default_rng(seed)
-    honest = _raw_statistics(rng, k=2)
+    honest = raw_statistics(rng, k=2)
     target = rng.choice([-5.0, 5.0], size=(DIM, CLASSES))
     b = _bounds()
     a_max = b.n_max * b.max_norm ** 2 / DIM  # trace(C_k) = alpha d <= n_max B^2
@@ -651,7 +651,7 @@ def attack_steer_indefinite_service(*, seed: int = 0, verbose: bool = True, back
     from secure_afl.stats import SufficientStatistics
 
     rng = np.random.default_rng(seed)
-    honest = _raw_statistics(rng, k=2)
+    honest = raw_statistics(rng, k=2)
     target = rng.choice([-5.0, 5.0], size=(DIM, CLASSES))
     s = honest[0] + honest[1]
     W0 = solve_from_sums(SufficientStatistics(s.gram + 2 * GAMMA * np.eye(DIM), s.cross, s.n, s.class_counts,
