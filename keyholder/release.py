@@ -371,7 +371,7 @@ class KeyHolder(KeyCustody):
             server_pub, enrolled = self._trust(sid, expected_hospitals)
             policy = self._policy(sid, min_clients)
             floor = min_clients if policy is None else max(min_clients, policy.quorum)
-            try:  # the signed quorum of the roster, before a single seed is opened
+            try:  # the signed quorum of the roster, before any verdict or share is formed for this manifest
                 m = verify_manifest_for(params, manifest, server_pub, enrolled, floor)
             except ServerForgery as e:
                 ledger.block(key_id, f"refused before the share: {e}")
