@@ -183,7 +183,7 @@ def test_hospital_with_a_wrong_pki_is_told_to_ask_the_operator(consortium, tmp_p
     out, _ = _cli(*_submit(c, tmp_path / "bundles", "h1", stats))
 
     # Assert: hospitals do not issue identities; the advice is to get the bundle
-    line = _one_line(out, EXIT_INPUT, "FileNotFoundError")
+    line = _one_line(out, EXIT_INPUT, "file_not_found")
     assert "pki issue" not in line and "ask the operator" in line and "'h1'" in line
 
 
