@@ -30,7 +30,7 @@ def test_make_demo_shows_the_exact_backend_first_and_every_backend_side_by_side(
     out = capsys.readouterr().out
     assert rc == 0, out[-3000:]
     first = out[:out.index("The same hospitals and data through every other backend")]
-    assert "[Stage 3] keys: fresh X25519 seed key" in first and "session demo-split-0" in first
+    assert "[Stage 3] keys: fresh HPKE (ML-KEM-768 + X25519) seed key" in first and "session demo-split-0" in first
     assert "W: within certified bound (W* = C^+ Q)" in first
     # then one table, one row per backend, split first; each exact backend's W error within its certified bound
     table = out[out.index("Every backend on the same 3 hospitals"):].splitlines()

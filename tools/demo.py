@@ -253,7 +253,7 @@ def run_demo(args, verbose: bool = True) -> dict:
             kh.keygen(params0)
             kh.publish(conn)
             timings["keys"] = time.perf_counter() - t
-            what = "X25519 seed key" if args.backend == "split" else f"{args.backend.upper()} context"
+            what = "HPKE (ML-KEM-768 + X25519) seed key" if args.backend == "split" else f"{args.backend.upper()} context"
             say(f"[Stage 3] keys: fresh {what}; public part published, secret stays with the key holder")
 
         # Stage 4: hospitals (real HTTPS clients, concurrently)
