@@ -17,7 +17,6 @@ from secure_afl.hazmat import ckks as hz
 from secure_afl.keyholder.flooding import (
     SECURITY,
     check_counts_releasable,
-    flood_decryption,
     flood_plan,
     kl_log2,
     release_norms,
@@ -26,6 +25,7 @@ from secure_afl.keyholder.release import ridge_if_needed
 from secure_afl.packing import Layout
 from secure_afl.params import Bounds
 from secure_afl.release_checks import sanity_check
+from support.ckks_release import flooded_release
 from secure_afl.stats import SufficientStatistics, local_statistics
 
 GAMMA = 1.0
@@ -38,16 +38,6 @@ def _vectors(lay, parts, gamma=GAMMA):
         vecs.append(lay.pack(SufficientStatistics(s.gram + gamma * np.eye(lay.dim), s.cross, s.n, s.class_counts,
                                                   1.0, gamma)))
     return vecs, sum(vecs)
-
-
-def _release(params, keys, vecs):
-    be = CKKSBackend(params)
-    ctx = be.keyholder_context(keys.secret_context)
-    acc = None
-    for v in vecs:
-        acc = hz.add_chunks(acc, be.load_contribution(ctx, be.protect(v, public_context=keys.public_context)))
-    plan = flood_plan(be, len(vecs))
-    return flood_decryption(plan, be, ctx, acc), plan, be
 
 
 def test_count_ciphertext_decodes_to_exact_integers_at_a_once_refused_magnitude():
@@ -65,7 +55,7 @@ def test_count_ciphertext_decodes_to_exact_integers_at_a_once_refused_magnitude(
         X *= (3.9 / np.linalg.norm(X, axis=1))[:, None]
         parts.append((X, rng.integers(0, 3, n)))
     vecs, truth = _vectors(lay, parts)
-    fl, plan, be = _release(params, keys, vecs)
+    fl, plan, be = flooded_release(params, keys, vecs)
 
     assert be.spans[-1] == (lay.slices["n"].start, lay.length)  # the counts block's own ciphertext
     counts = np.r_[lay.slices["n"].start:lay.slices["tag"].start]
@@ -110,7 +100,7 @@ def test_flooded_release_within_its_proved_bound_on_adversarial_statistics(kind)
         parts[1][1][0] = 0
     vecs, truth = _vectors(lay, parts)
     K = len(vecs)
-    fl, plan, _ = _release(params, keys, vecs)
+    fl, plan, _ = flooded_release(params, keys, vecs)
 
     err = fl.vector - truth
     assert np.max(np.abs(err)) <= fl.tol
@@ -148,7 +138,7 @@ def test_held_out_style_session_max_norm_21_is_released():
         X *= (rng.uniform(5, 20.9, n) / np.linalg.norm(X, axis=1))[:, None]
         parts.append((X, rng.integers(0, 4, n)))
     vecs, truth = _vectors(lay, parts)
-    fl, _, _ = _release(params, keys, vecs)
+    fl, _, _ = flooded_release(params, keys, vecs)
     assert np.max(np.abs(fl.vector - truth)) <= fl.tol
     counts = np.r_[lay.slices["n"].start:lay.slices["tag"].start]
     assert np.array_equal(np.round(fl.vector[counts]), truth[counts])

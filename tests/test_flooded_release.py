@@ -22,8 +22,9 @@ from secure_afl.certify import (
     w_error_bound,
 )
 from secure_afl.hazmat import ckks as hz
-from secure_afl.keyholder.flooding import flood_decryption, flood_norm_bounds, flood_plan, kl_log2, release_norms
+from secure_afl.keyholder.flooding import flood_norm_bounds, flood_plan, kl_log2, release_norms
 from secure_afl.packing import Layout
+from support.ckks_release import flooded_release
 from secure_afl.params import Bounds
 from secure_afl.release_checks import sanity_check
 from secure_afl.stats import SufficientStatistics, local_statistics
@@ -147,17 +148,6 @@ def _session(d, classes, bounds):
     if key not in _SESSIONS:
         _SESSIONS[key] = new_ckks_session(f"prop-{d}-{classes}", Layout(d, classes), 1.0, bounds)
     return _SESSIONS[key]
-
-
-def flooded_release(params, keys, vecs):
-    """The key holder's flooded release of real encryptions of ``vecs``: (FloodedRelease, plan, backend)."""
-    be = CKKSBackend(params)
-    ctx = be.keyholder_context(keys.secret_context)
-    acc = None
-    for v in vecs:
-        acc = hz.add_chunks(acc, be.load_contribution(ctx, be.protect(v, public_context=keys.public_context)))
-    plan = flood_plan(be, len(vecs))
-    return flood_decryption(plan, be, ctx, acc), plan, be
 
 
 @settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
