@@ -144,17 +144,28 @@ def attack_sessions():
     return {g: _session(6, 3, 200, gram=g, max_norm=2.0) for g in (False, True)}
 
 
+def _verdict_past_projection(sess, lanes, tries=20, **kw):
+    """The verdict on the first upload whose l2 projection rows land in range: modified software computes those
+    rows itself and re-draws its seed until they do (an attack vector near the l2 bound misses now and then)."""
+    c = sess[1].circuit
+    for _ in range(tries):
+        verdict = _verdict(sess, *c.prove("h2", lanes=lanes, check=False, **kw), "h2")
+        if verdict != "linear":
+            return verdict
+    return verdict
+
+
 @pytest.mark.parametrize("name", INDEFINITE)
 def test_each_indefinite_attack_is_refused_by_the_gram_statement_and_accepted_without_it(attack_sessions, name):
     v = _attack_vector(name)
     off, on = attack_sessions[False], attack_sessions[True]
     # without the Gram statement the upload proves: every entry, the trace and the counts are in bounds
-    assert _verdict(off, *off[1].circuit.prove("h2", lanes=off[1].circuit.lanes(v), check=False), "h2") is None
+    assert _verdict_past_projection(off, off[1].circuit.lanes(v)) is None
     c = on[1].circuit
     lanes = c.lanes(v)
     # with it: whatever factor the modified software sends, the upload is refused and the check named
-    for kw, check in ((gram_cheat(c, lanes, stand_in=_attack_vector_psd()), "gram"), ({}, "gram")):
-        assert _verdict(on, *c.prove("h2", lanes=lanes, check=False, **kw), "h2") == check
+    for kw in (gram_cheat(c, lanes, stand_in=_attack_vector_psd()), {}):
+        assert _verdict_past_projection(on, lanes, **kw) == "gram"
 
 
 def _attack_vector_psd():
