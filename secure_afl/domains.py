@@ -12,7 +12,7 @@ This module imports nothing: the primitives (secure_afl.hazmat) may use it.
 
 from __future__ import annotations
 
-__all__ = ["SIGNATURES", "HASHES", "KDF_INFO", "AEAD", "MAGICS", "FORMATS", "ALL"]
+__all__ = ["SIGNATURES", "HASHES", "KDF_INFO", "AEAD", "XOF", "MAGICS", "FORMATS", "ALL"]
 
 # -- Ed25519 signatures: PREFIX || message ------------------------------------------------------
 REQUEST = b"secure-afl/request/v1\0"                      # a party's signed HTTP request
@@ -55,6 +55,21 @@ CKKS_SECRET_CONTEXT_AD = b"secure-afl/ckks-secret-context/v1/session="
 SPLIT_JUDGED_AD = b"secure-afl/split/judged-sum/v1\0"     # split: + the sealed sum's session and hospitals
 FLOWER_SECAGG_STATE_AD = "secure-afl flower secagg state"  # label of the sealed secagg state kept between Flower calls
 
+# -- XOF / PRG domains: the 12-byte ChaCha20 nonce of a keystream (hazmat.prg.expand, hazmat.flp.expand_field) --
+# A key may be expanded under several of these, so they are all distinct and all exactly 12 bytes.
+PRG_SELF_MASK = b"saflSELFmask"                           # secagg: a hospital's self mask PRG(b_u)
+PRG_PAIR_MASK = b"saflPAIRmask"                           # secagg: a pairwise mask PRG(s_uv)
+PRG_GRAPH = b"saflGRAPHprm"                               # secagg: the neighbour graph's permutation stream
+PRG_SPLIT_MASK = b"saflSPLITmsk"                          # reserved: an earlier split mask over Z_2^64
+SPLIT_SHARE_XOF = b"saflSPLITfld"                         # split: the whole body's mask stream over F_p
+SPLIT_ROW_XOF = b"saflVALIDrow"                           # split validity: the projection rows
+SPLIT_PROOF_XOF = b"saflVALIDprf"                         # split validity: the proofs' random seeds
+SPLIT_GRAM_ROW_XOF = b"saflVALIDfrw"                      # split validity: the Gram statement's rows
+SPLIT_RHO_XOF = b"saflVALIDrho"                           # split validity: the Gram identity's rho vectors
+SPLIT_JOINT_XOF = b"saflVALIDjnt"                         # split validity: the joint randomness r
+SPLIT_QUERY_XOF = b"saflVALIDqry"                         # split validity: the query points and linear checks
+SPLIT_GRAM_QUERY_XOF = b"saflVALIDgqy"                    # split validity: the Gram square-sum queries
+
 # -- byte formats (magic numbers) and file formats ---------------------------------------------
 PAYLOAD_MAGIC = b"SAFLPAY1"                               # the payload envelope
 CKKS_BODY_MAGIC = b"SAFLCKK1"
@@ -80,8 +95,13 @@ KDF_INFO = {"SECAGG_PAIRWISE": SECAGG_PAIRWISE, "TAG_BOX": TAG_BOX, "SPLIT_SEED_
             "SPLIT_QUERY_KEY": SPLIT_QUERY_KEY, "SPLIT_JUDGED_KEY": SPLIT_JUDGED_KEY}
 AEAD = {"SECAGG_SHARE_AD": SECAGG_SHARE_AD, "CKKS_SECRET_CONTEXT_AD": CKKS_SECRET_CONTEXT_AD,
         "FLOWER_SECAGG_STATE_AD": FLOWER_SECAGG_STATE_AD, "SPLIT_JUDGED_AD": SPLIT_JUDGED_AD}
+XOF = {"PRG_SELF_MASK": PRG_SELF_MASK, "PRG_PAIR_MASK": PRG_PAIR_MASK, "PRG_GRAPH": PRG_GRAPH,
+       "PRG_SPLIT_MASK": PRG_SPLIT_MASK, "SPLIT_SHARE_XOF": SPLIT_SHARE_XOF, "SPLIT_ROW_XOF": SPLIT_ROW_XOF,
+       "SPLIT_PROOF_XOF": SPLIT_PROOF_XOF, "SPLIT_GRAM_ROW_XOF": SPLIT_GRAM_ROW_XOF, "SPLIT_RHO_XOF": SPLIT_RHO_XOF,
+       "SPLIT_JOINT_XOF": SPLIT_JOINT_XOF, "SPLIT_QUERY_XOF": SPLIT_QUERY_XOF,
+       "SPLIT_GRAM_QUERY_XOF": SPLIT_GRAM_QUERY_XOF}
 MAGICS = {"PAYLOAD_MAGIC": PAYLOAD_MAGIC, "CKKS_BODY_MAGIC": CKKS_BODY_MAGIC, "BFV_BODY_MAGIC": BFV_BODY_MAGIC,
           "SECRET_KEY_MAGIC": SECRET_KEY_MAGIC, "PACKED_STATS_MAGIC": PACKED_STATS_MAGIC}
 FORMATS = {"EMBEDDINGS_FORMAT": EMBEDDINGS_FORMAT, "STATISTICS_FORMAT": STATISTICS_FORMAT}
 # name -> value, every group together
-ALL = {**SIGNATURES, **HASHES, **KDF_INFO, **AEAD, **MAGICS, **FORMATS}
+ALL = {**SIGNATURES, **HASHES, **KDF_INFO, **AEAD, **XOF, **MAGICS, **FORMATS}

@@ -9,6 +9,7 @@ such literals too.
 from __future__ import annotations
 
 import ast
+import re
 
 from secure_afl import domains
 from support import sourcetree as st
@@ -44,9 +45,22 @@ def _literals(tree: ast.AST):
             yield node.lineno, _as_bytes(node.value)
 
 
+# Case-insensitive: the keystream tags are spelt "saflSELFmask", the magics "SAFLPAY1", the signing prefixes
+# "secure-afl/...". A tag is "safl" and letters or digits (a temporary directory's "safl-seal-" is no tag).
+_TAG = re.compile(rb"(?i)safl[a-z0-9]")
+
+
 def _looks_like_a_domain(value: bytes) -> bool:
-    return (value.startswith(b"secure-afl/") or value.startswith(b"SAFL")
-            or any(value.startswith(_as_bytes(v)) for v in domains.ALL.values()))
+    low = value.lower()
+    return (low.startswith(b"secure-afl/") or bool(_TAG.match(value))
+            or any(low.startswith(_as_bytes(v).lower()) for v in domains.ALL.values()))
+
+
+def test_every_keystream_domain_is_a_distinct_chacha20_nonce():
+    # hazmat.prg and hazmat.flp use the tag as the 12-byte ChaCha20 nonce: any other length is refused there
+    values = list(domains.XOF.values())
+    assert all(isinstance(v, bytes) and len(v) == 12 for v in values)
+    assert len({v.lower() for v in values}) == len(values)
 
 
 def test_no_module_but_the_registry_spells_a_domain_string():
@@ -56,6 +70,14 @@ def test_no_module_but_the_registry_spells_a_domain_string():
     assert not offences, "domain strings outside secure_afl/domains.py:\n" + "\n".join(offences)
 
 
+def test_the_search_covers_every_party_package():
+    scanned = {m.name.split(".")[1] for m in st.modules().values() if m.name.count(".")}
+    assert {"server", "keyholder", "clients", "flower", "consortium", "tools", "hazmat", "backends"} <= scanned
+
+
 def test_the_literal_search_sees_a_planted_prefix():
-    planted = ast.parse('"""doc: secure-afl/x/v1 is fine here"""\nX = b"secure-afl/planted/v1\\0"\n')
-    assert [v for _, v in _literals(planted) if _looks_like_a_domain(v)] == [b"secure-afl/planted/v1\0"]
+    planted = ast.parse('"""doc: secure-afl/x/v1 is fine here"""\nX = b"secure-afl/planted/v1\\0"\n'
+                        'Y = b"saflPLANTtag"\nZ = b"SaflOther"\nW = "Secure-AFL/Mixed/v1"\n'
+                        'T = "safl-seal-"\nH = "x-safl-tag"\n')
+    assert [v for _, v in _literals(planted) if _looks_like_a_domain(v)] == [
+        b"secure-afl/planted/v1\0", b"saflPLANTtag", b"SaflOther", b"Secure-AFL/Mixed/v1"]

@@ -64,6 +64,9 @@ import numpy as np
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
 
 from .. import domains
+from ..domains import SPLIT_SHARE_XOF as DOMAIN_SHARE, SPLIT_ROW_XOF as _ROW_DOMAIN, \
+    SPLIT_PROOF_XOF as _PROOF_DOMAIN, SPLIT_GRAM_ROW_XOF as _FROW_DOMAIN, SPLIT_RHO_XOF as _RHO_DOMAIN, \
+    SPLIT_JOINT_XOF as _JOINT_DOMAIN, SPLIT_QUERY_XOF as _QUERY_DOMAIN, SPLIT_GRAM_QUERY_XOF as _GQUERY_DOMAIN
 from ..exceptions import BoundsExceeded, InvalidInputError, InvalidParameterError, \
     MalformedPayload
 from ..hazmat import fixedpoint, flp, ternary
@@ -89,11 +92,7 @@ ROWS = 130
 TAIL = 6
 #: every lane sum of k_max proven uploads, and every integer relation, stays below 2^WRAP_BITS < p/2
 WRAP_BITS = 62
-#: the whole body's mask stream (main vector, bits, proofs): its own ChaCha20 domain
-DOMAIN_SHARE = b"saflSPLITfld"
 _FS_PREFIX = domains.SPLIT_VALIDITY
-_ROW_DOMAIN = b"saflVALIDrow"
-_PROOF_DOMAIN = b"saflVALIDprf"
 _RETRIES = 8
 #: backend_params key of the Gram statement (docs/VALIDITY.md, "The Gram statement"); absent means off
 GRAM_KEY = "gram_proof"
@@ -101,10 +100,8 @@ GRAM_KEY = "gram_proof"
 GRAM_RHOS = 3
 #: independent square-sum proofs, each queried at its own point
 GRAM_QUERIES = 2
-_FROW_DOMAIN = b"saflVALIDfrw"
 #: fewest fractional bits of the factor: below, snapping the statistics onto L L^T would cost more than float32
 _GRAM_MIN_F = 12
-_RHO_DOMAIN = b"saflVALIDrho"
 
 
 def gram_enabled(params: SessionParams) -> bool:
@@ -402,14 +399,14 @@ class Circuit:
 
     def joint_rand(self, fs: bytes, aux_sha256: str) -> list[int]:
         key = hashlib.sha256(fs + b"joint\0" + bytes.fromhex(aux_sha256)).digest()
-        return [int(v) for v in flp.expand_field(key, REPS, b"saflVALIDjnt")]
+        return [int(v) for v in flp.expand_field(key, REPS, _JOINT_DOMAIN)]
 
     def query_rand(self, fs: bytes, aux_sha256: str, query_seed: bytes) -> tuple[list[int], np.ndarray]:
         """Query points (off the FLP domain) and the linear-check coefficients, from the verifiers' seed."""
         if not isinstance(query_seed, (bytes, bytearray)) or len(query_seed) != 32:
             raise MalformedPayload("a query seed is 32 bytes")
         key = hashlib.sha256(bytes(query_seed) + fs + bytes.fromhex(aux_sha256)).digest()
-        stream = flp.expand_field(key, 4 * REPS + LINEAR_REPS * self.n_relations, b"saflVALIDqry")
+        stream = flp.expand_field(key, 4 * REPS + LINEAR_REPS * self.n_relations, _QUERY_DOMAIN)
         pts = [int(v) for v in stream[:4 * REPS] if pow(int(v), self.bits.n, flp.P) != 1][:REPS]
         if len(pts) < REPS:  # pragma: no cover - probability about (N/p)^(3 REPS)
             raise InvalidInputError("query points fell on the interpolation domain; draw another query seed")
@@ -516,7 +513,7 @@ class Circuit:
         sq = share[off:].reshape(GRAM_QUERIES, self.sq.proof_len)
         key = hashlib.sha256(bytes(query_seed) + fs + bytes.fromhex(aux_sha256) + b"gram").digest()
         stream = flp.expand_field(key, 4 * GRAM_QUERIES + LINEAR_REPS * (ROWS + self.n_gram_relations),
-                                  b"saflVALIDgqy")
+                                  _GQUERY_DOMAIN)
         pts = [int(v) for v in stream[:4 * GRAM_QUERIES] if pow(int(v), self.sq.n, flp.P) != 1][:GRAM_QUERIES]
         if len(pts) < GRAM_QUERIES:  # pragma: no cover - probability about (N/p)^4
             raise InvalidInputError("query points fell on the interpolation domain; draw another query seed")

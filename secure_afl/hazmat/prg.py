@@ -53,10 +53,10 @@ __all__ = [
 ]
 
 SEED_BYTES = 32
-DOMAIN_SELF_MASK = b"saflSELFmask"
-DOMAIN_PAIR_MASK = b"saflPAIRmask"
-DOMAIN_GRAPH = b"saflGRAPHprm"
-DOMAIN_SPLIT_MASK = b"saflSPLITmsk"
+DOMAIN_SELF_MASK = domains.PRG_SELF_MASK
+DOMAIN_PAIR_MASK = domains.PRG_PAIR_MASK
+DOMAIN_GRAPH = domains.PRG_GRAPH
+DOMAIN_SPLIT_MASK = domains.PRG_SPLIT_MASK
 MAX_WORDS = (1 << 32) * 8  # 2^32 blocks of 64 bytes = 8 words each
 _PURPOSES = ("mask", "share-enc")
 _CHUNK = 1 << 16  # bytes of keystream per cipher call in expand
