@@ -77,8 +77,9 @@ def test_signed_encoding_round_trips_on_the_centred_range():
     f = flp.encode_signed(z)
     assert _ints(f) == [int(v) % P for v in z]
     assert np.array_equal(flp.decode_signed(f), z)
-    # past the centred range the representative is the other one: |z| < p/2 is what the lanes guarantee
-    assert int(flp.decode_signed(flp.encode_signed(np.array([half + 1], dtype=np.int64)))[0]) == half + 1 - P
+    # past the centred range the value would wrap to the other representative: refused (tests/test_flp_signed.py)
+    with pytest.raises(BoundsExceeded):
+        flp.encode_signed(np.array([half + 1], dtype=np.int64))
 
 
 def test_roots_of_unity_and_ntt():

@@ -18,8 +18,9 @@ bit product is formed from four 32 x 32 bit partial products and reduced with
 ``2^64 = 2^32 - 1`` and ``2^96 = -1 (mod p)``; every routine here is tested
 against Python integers.
 
-A signed integer ``z`` with ``|z| < p/2`` is carried as ``z mod p`` and read
-back through the centred representative, which is exact.
+A signed integer ``z`` with ``|z| <= (p-1)/2`` is carried as ``z mod p`` and
+read back through the centred representative, which is exact; an int64 past
+that range is refused (:class:`BoundsExceeded`), never wrapped.
 
 Field elements from a key (:func:`expand_field`): the ChaCha20 keystream read
 as uint64 words, words ``>= p`` dropped (rejection, so exactly uniform; a word
@@ -79,10 +80,10 @@ import functools
 import numpy as np
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
 
-from ..exceptions import InvalidInputError, MalformedPayload
+from ..exceptions import BoundsExceeded, InvalidInputError, MalformedPayload
 
 __all__ = [
-    "P", "GENERATOR", "TWO_ADICITY", "root_of_unity", "inv", "to_field", "encode_signed", "decode_signed",
+    "P", "HALF", "GENERATOR", "TWO_ADICITY", "root_of_unity", "inv", "to_field", "encode_signed", "decode_signed",
     "add", "sub", "neg", "mul", "scale", "dot", "sum_mod", "powers", "ntt", "intt", "poly_eval",
     "to_bytes", "from_bytes", "expand_field", "BitProof",
 ]
@@ -131,18 +132,34 @@ def to_field(x) -> np.ndarray:
     return np.array([int(v) % P for v in np.asarray(x, dtype=object).reshape(-1)], dtype=np.uint64)
 
 
+#: the largest magnitude a signed value carried as ``z mod p`` reads back exactly: ``(p - 1) / 2 = 2^63 - 2^31``
+HALF = (P - 1) // 2
+_HALF_I = np.int64(HALF)
+
+
 def encode_signed(z) -> np.ndarray:
-    """int64 values -> ``z mod p`` (every int64 has ``|z| < p/2``)."""
+    """int64 values with ``|z| <= (p-1)/2`` -> ``z mod p``.
+
+    An int64 can exceed ``(p-1)/2`` (by up to ``2^31``): such a value would come back from
+    :func:`decode_signed` as ``z - p`` or ``z + p``, so it raises :class:`BoundsExceeded` instead of wrapping.
+    """
     z = np.asarray(z, dtype=np.int64)
+    if z.size and (int(z.max()) > HALF or int(z.min()) < -HALF):
+        raise BoundsExceeded("a signed value leaves [-(p-1)/2, (p-1)/2] and would wrap in the field")
     u = z.view(np.uint64) if z.flags.c_contiguous else np.ascontiguousarray(z).view(np.uint64)
     # negative z: 2^64 + z as uint64; z mod p = that - 2^64 + p = that - EPS
     return np.where(z < 0, u - _EPS, u).astype(np.uint64)
 
 
 def decode_signed(x) -> np.ndarray:
-    """Centred representatives in ``[-(p-1)/2, (p-1)/2]`` as int64 (always representable)."""
+    """Centred representatives in ``[-(p-1)/2, (p-1)/2]`` as int64 (always representable).
+
+    A word ``>= p`` is no field element: :class:`MalformedPayload`, never reduced.
+    """
     x = np.asarray(x, dtype=np.uint64)
-    neg_part = x > np.uint64(P // 2)
+    if x.size and int(x.max()) >= P:
+        raise MalformedPayload("a word to decode is not a field element (>= p)")
+    neg_part = x > np.uint64(HALF)
     mag = np.where(neg_part, _PU - x, x).astype(np.int64)
     return np.where(neg_part, -mag, mag)
 
