@@ -16,7 +16,8 @@ import numpy as np
 import pytest
 
 from secure_afl import exceptions
-from secure_afl.secagg.messages import decode_message
+from secure_afl.encoding import canonical_json
+from secure_afl.secagg.messages import UnmaskMaterial, decode_message
 from secure_afl.secagg.server import SecAggServerRound
 from support.sourcetree import REPO
 
@@ -51,6 +52,14 @@ def test_each_message_decodes_and_re_encodes_to_its_bytes(entry):
     msg = decode_message(_raw(entry))
     assert msg.TYPE == entry["type"] and msg.to_bytes() == _raw(entry)
     assert type(msg).from_dict(json.loads(json.dumps(msg.to_dict()))) == msg
+
+
+def test_the_complaint_and_the_unmask_material_re_encode_to_their_bytes():
+    complaint = decode_message(_raw(VEC["dealer_complaint"]))
+    assert complaint.to_bytes() == _raw(VEC["dealer_complaint"]) and complaint.deal.dealer == 2
+    material = UnmaskMaterial.from_dict(json.loads(VEC["unmask_material"]["json"]))
+    assert canonical_json(material.to_dict()) == _raw(VEC["unmask_material"])
+    assert canonical_json(_server_until(None).unmask_material().to_dict()) == _raw(VEC["unmask_material"])
 
 
 def test_the_signed_messages_verify_under_the_fixed_identities():

@@ -28,11 +28,13 @@ from pathlib import Path
 import numpy as np
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from secure_afl.encoding import canonical_json
 from secure_afl.hazmat import shamir
 from secure_afl.packing import Layout
 from secure_afl.params import Bounds
 from secure_afl.secagg import client as client_module
 from secure_afl.secagg.client import SecAggClient
+from secure_afl.secagg.messages import DealerComplaint
 from secure_afl.secagg.server import SecAggServerRound
 from secure_afl.secagg.settings import Stage, secagg_session_params
 
@@ -119,8 +121,14 @@ def run_round():
                 out += [(f"{stage}_request_{u}", stage, req), (f"{stage}_response_{u}", stage, resp)]
                 server.receive(resp)
             server.close_stage()
-    total = server.aggregate_vector_
-    return out, total
+    # a complaint client 1 could file against dealer 2 (its shares are fixed values here, so it proves nothing:
+    # the server refuses it, see the negative cases) and the material the server reconstructed
+    deal = next(m for name, _, m in out if name == "share_keys_response_2").deal
+    t = p.backend_params["threshold"]
+    shares = [shamir.Share(1, int.from_bytes(_label(f"secagg vector complaint {k}"), "big"), t, 32).to_bytes()
+              for k in "bsr"]
+    out.append(("dealer_complaint_1", Stage.MASKED_INPUT, DealerComplaint(SESSION, 1, deal, *shares)))
+    return out, server.aggregate_vector_, server.unmask_material()
 
 
 def _wire(msg) -> dict:
@@ -186,8 +194,9 @@ def _negative(by_name: dict) -> list[dict]:
 
 
 def build() -> dict:
-    messages, total = run_round()
+    messages, total, material = run_round()
     wire = [{"name": name, "stage": stage, "type": m.TYPE, **_wire(m)} for name, stage, m in messages]
+    complaint = wire.pop()
     by_name = {w["name"]: w for w in wire}
     return {
         "description": "One secagg round of 3 hospitals (session 'vector-session', Layout(2, 2), the complete "
@@ -202,7 +211,11 @@ def build() -> dict:
         "params_digest": params().digest().hex(),
         "aggregate_sha256": hashlib.sha256(np.ascontiguousarray(total, dtype="<f8").tobytes()).hexdigest(),
         "messages": wire,
-        "negative": _negative(by_name),
+        "dealer_complaint": complaint,
+        "unmask_material": {"json": canonical_json(material.to_dict()).decode("ascii")},
+        "negative": _negative(by_name) + [
+            {"name": "dealer_complaint_proving_nothing", "json": complaint["json"], "replay": "server",
+             "replaces": "masked_input_response_1", "expect": "InvalidContribution"}],
     }
 
 
