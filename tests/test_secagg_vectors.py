@@ -8,6 +8,7 @@ negative case, fed in place of the message it replaces, must raise its typed exc
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import importlib.util
 import json
@@ -17,6 +18,7 @@ import pytest
 
 from secure_afl import exceptions
 from secure_afl.encoding import canonical_json
+from secure_afl.secagg import messages
 from secure_afl.secagg.messages import UnmaskMaterial, decode_message
 from secure_afl.secagg.server import SecAggServerRound
 from support.sourcetree import REPO
@@ -140,3 +142,38 @@ def test_the_message_each_negative_vector_replaces_is_accepted(case):
         u = int(case["replaces"].rsplit("_", 1)[1])
         with gen.fixed_randomness(b"any stream: only the refusal matters"):
             _client_until(u, case["replaces"], original)
+
+
+def _first(type_: str) -> dict:
+    return json.loads(next(m["json"] for m in MESSAGES if m["type"] == type_))
+
+
+@pytest.mark.parametrize("type_, edit, path", [
+    ("secagg.key_advertisement", lambda d: d.update(enc_public_key="AAAA"), "enc_public_key: must be 32 bytes"),
+    ("secagg.key_advertisement", lambda d: d.update(client_id=True), "client_id: must be an int"),
+    ("secagg.key_advertisement", lambda d: d.pop("params_digest"), "params_digest: missing"),
+    ("secagg.key_advertisement", lambda d: d.update(signature="not base64!"), "signature: not base64"),
+    ("secagg.share_keys_response", lambda d: d["deal"]["commitments"][0].pop(), "deal.commitments[0]: must be a list"),
+    ("secagg.share_keys_response", lambda d: d["shares"][0].update(nonce="AAAA"), "shares[0].nonce: must be 12"),
+    ("secagg.share_keys_response", lambda d: d["deal"]["commitments"].reverse(), "deal.commitments: commitments are"),
+    ("secagg.share_keys_response", lambda d: d.update(deal=None), "deal: a deal record is an object"),
+    ("secagg.consistency", lambda d: d.update(survivors=[2, 1, 3]), "survivors: must be strictly increasing"),
+    ("secagg.unmask_request", lambda d: d["statements"].update(round=0), "statements: out of range"),
+    ("secagg.unmask_response", lambda d: d.update(mask_key_shares=[]), "mask_key_shares: expected an object"),
+])
+def test_a_malformed_field_is_a_typed_error_that_names_it(type_, edit, path):
+    d = _first(type_)
+    edit(d)
+    with pytest.raises(exceptions.MalformedPayload, match=f"malformed {type_} message: {path}".replace("[", r"\[")
+                       .replace("]", r"\]")) as err:
+        decode_message(canonical_json(d))
+    assert err.value.reason == "malformed"
+
+
+def test_every_message_table_has_the_header_and_the_round_last():
+    m = messages
+    for cls in (getattr(m, name) for name in m.__all__):
+        if isinstance(cls, type) and issubclass(cls, m.MessageBase):
+            names = [f.name for f in cls.FIELDS]
+            assert names[:2] == ["session_id", "client_id"] and names[-1] == "round", cls
+            assert [f.name for f in dataclasses.fields(cls)] == names

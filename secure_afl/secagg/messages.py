@@ -1,13 +1,24 @@
-"""secagg messages: canonical JSON on the wire, parsed strictly."""
+"""secagg messages: canonical JSON on the wire, parsed strictly, each declared by one field table.
+
+A message (or a record carried inside one) names its fields once, in a table of :class:`Field` rows: the
+field's name, its codec (type and bounds), whether its signature covers it, and its default.
+:func:`_declare` turns the table into the frozen dataclass; encoding, decoding, validation and the bytes a
+signature covers are written once, in :class:`_Record`, from the table. Every message also carries
+``type``, ``stage``, ``session_id``, ``client_id`` and ``round`` (1 to 65535). A field that fails its codec
+raises :class:`~secure_afl.exceptions.MalformedPayload` naming the message, the field and why.
+
+The wire bytes are pinned by vectors/secagg_messages.json (tests/test_secagg_vectors.py).
+"""
 
 from __future__ import annotations
 
 import base64
 import binascii
+import dataclasses
 import functools
 import hashlib
-from dataclasses import dataclass, field, replace
-from typing import Any, ClassVar, Mapping
+from dataclasses import dataclass, replace
+from typing import Any, Callable, ClassVar, Mapping
 
 from cryptography.exceptions import InvalidSignature
 
@@ -22,24 +33,19 @@ from .settings import Stage
 __all__ = [
     "SetupRequest", "SetupAck", "AdvertiseKeysRequest", "KeyAdvertisement", "ShareKeysRequest", "EncryptedShare",
     "ShareKeysResponse", "MaskedInputRequest", "MaskedInput", "ConsistencyStatement", "UnmaskRequest",
-    "UnmaskResponse", "UnmaskMaterial", "DealRecord", "DealerComplaint", "decode_message",
+    "UnmaskResponse", "UnmaskMaterial", "DealRecord", "DealerComplaint", "decode_message", "survivors_digest",
 ]
 
 _KEY_BYTES = 32
 _NONCE_BYTES = 12
 _DIGEST_BYTES = 32
 _SIG_BYTES = 64
-_AD_PREFIX = domains.SECAGG_KEY_ADVERTISEMENT
-# The statement signs the SHA-256 of the survivor list, not the list: a hospital checks q statements over one
-# set, and signing the list itself made each check hash ~4.5 B per survivor (O(n) per signature, O(n^2) per
-# hospital). The name changed with the signed form so a signature over the old form never verifies.
-_CONSISTENCY_PREFIX = domains.SECAGG_CONSISTENCY
-_DEAL_PREFIX = domains.SECAGG_DEAL
 _VALUE_BYTES = 66  # one element of GF(2^521 - 1)
+_MAX_ROUND = 0xFFFF
 
 
-def _canonical(d: Mapping) -> bytes:
-    return canonical_json(d)
+class _Bad(ValueError):
+    """A field failed its codec; ``str`` is ``path: reason``."""
 
 
 def _verify(public_key, signature: bytes, data: bytes) -> bool:
@@ -49,80 +55,325 @@ def _verify(public_key, signature: bytes, data: bytes) -> bool:
         return False
     return True
 
-def _b64(data: bytes) -> str:
-    return base64.b64encode(data).decode("ascii")
+
+# -- codecs: one per wire type; ``dec`` raises ValueError (or _Bad from a nested record) with the reason ----------
+class _Codec:
+    annotation = "Any"
+
+    def enc(self, v):
+        return v
+
+    def dec(self, raw):
+        raise NotImplementedError
 
 
-def _unb64(s) -> bytes:
-    if not isinstance(s, str):
-        raise ValueError("expected base64 text")
-    return base64.b64decode(s.encode("ascii"), validate=True)
+class _Str(_Codec):
+    annotation = "str"
+
+    def dec(self, raw):
+        if not isinstance(raw, str):
+            raise ValueError("must be a string")
+        return raw
 
 
-def _int(d: Mapping, key: str) -> int:
-    v = d[key]
-    if isinstance(v, bool) or not isinstance(v, int):
-        raise ValueError(f"{key} must be an int")
-    return v
+class _Int(_Codec):
+    annotation = "int"
+
+    def __init__(self, lo: int | None = None, hi: int | None = None):
+        self.lo, self.hi = lo, hi
+
+    def dec(self, raw):
+        if isinstance(raw, bool) or not isinstance(raw, int):
+            raise ValueError("must be an int")
+        if (self.lo is not None and raw < self.lo) or (self.hi is not None and raw > self.hi):
+            raise ValueError(f"out of range [{self.lo}, {self.hi}]")
+        return raw
 
 
-def _str(d: Mapping, key: str) -> str:
-    v = d[key]
-    if not isinstance(v, str):
-        raise ValueError(f"{key} must be a string")
-    return v
+class _B64(_Codec):
+    """Bytes as base64 text; ``size`` is enforced on decoding only (an unsigned message encodes ``b""``)."""
+
+    annotation = "bytes"
+
+    def __init__(self, size: int | None = None):
+        self.size = size
+
+    def enc(self, v):
+        return base64.b64encode(v).decode("ascii")
+
+    def dec(self, raw):
+        if not isinstance(raw, str):
+            raise ValueError("expected base64 text")
+        try:
+            out = base64.b64decode(raw.encode("ascii"), validate=True)
+        except (binascii.Error, UnicodeEncodeError):
+            raise ValueError("not base64") from None
+        if self.size is not None and len(out) != self.size:
+            raise ValueError(f"must be {self.size} bytes, got {len(out)}")
+        return out
 
 
-def _round(d: Mapping) -> int:
-    r = _int(d, "round")
-    if not 1 <= r <= 0xFFFF:
-        raise ValueError("round out of range")
-    return r
+class _FieldElement(_Codec):
+    """An element of GF(2^521 - 1): 66 bytes big-endian, below the prime."""
+
+    annotation = "int"
+
+    def enc(self, v):
+        return _B64().enc(v.to_bytes(_VALUE_BYTES, "big"))
+
+    def dec(self, raw):
+        value = int.from_bytes(_B64(_VALUE_BYTES).dec(raw), "big")
+        if value >= PRIME:
+            raise ValueError("not an element of GF(p)")
+        return value
 
 
-def _ids(v) -> tuple[int, ...]:
-    if not isinstance(v, list) or any(isinstance(x, bool) or not isinstance(x, int) for x in v):
-        raise ValueError("expected a list of ints")
-    return tuple(v)
+class _Ids(_Codec):
+    """Client ids as a JSON list; ``increasing`` also requires them strictly increasing (a set)."""
+
+    annotation = "tuple[int, ...]"
+
+    def __init__(self, increasing: bool = False):
+        self.increasing = increasing
+
+    def enc(self, v):
+        return list(v)
+
+    def dec(self, raw):
+        if not isinstance(raw, list) or any(isinstance(x, bool) or not isinstance(x, int) for x in raw):
+            raise ValueError("expected a list of ints")
+        if self.increasing and any(a >= b for a, b in zip(raw, raw[1:])):
+            raise ValueError("must be strictly increasing")
+        return tuple(raw)
 
 
+class _List(_Codec):
+    annotation = "tuple"
+
+    def __init__(self, item: _Codec, rule: Callable[[tuple], bool] | None = None, rule_says: str = ""):
+        self.item, self.rule, self.rule_says = item, rule, rule_says
+
+    def enc(self, v):
+        return [self.item.enc(x) for x in v]
+
+    def dec(self, raw):
+        if not isinstance(raw, list):
+            raise ValueError("must be a list")
+        out = []
+        for i, x in enumerate(raw):
+            try:
+                out.append(self.item.dec(x))
+            except _Bad as e:
+                raise _Bad(f"[{i}].{e}") from None
+            except (KeyError, TypeError, ValueError, AttributeError) as e:
+                raise _Bad(f"[{i}]: {_reason(e)}") from None
+        out = tuple(out)
+        if self.rule is not None and not self.rule(out):
+            raise ValueError(self.rule_says)
+        return out
+
+
+class _Row(_Codec):
+    """A fixed-length JSON list of differently typed items, as a tuple."""
+
+    annotation = "tuple"
+
+    def __init__(self, *items: _Codec):
+        self.items = items
+
+    def enc(self, v):
+        return [c.enc(x) for c, x in zip(self.items, v)]
+
+    def dec(self, raw):
+        if not isinstance(raw, list) or len(raw) != len(self.items):
+            raise ValueError(f"must be a list of {len(self.items)}")
+        return tuple(c.dec(x) for c, x in zip(self.items, raw))
+
+
+class _IntMap(_Codec):
+    """``{owner id: value}`` as a JSON object keyed by the decimal id, sorted."""
+
+    annotation = "Mapping[int, bytes]"
+
+    def __init__(self, value: _Codec):
+        self.value = value
+
+    def enc(self, v):
+        return {str(k): self.value.enc(x) for k, x in sorted(v.items())}
+
+    def dec(self, raw):
+        if not isinstance(raw, Mapping):
+            raise ValueError("expected an object")
+        return {int(k): self.value.dec(x) for k, x in raw.items()}
+
+
+class _Nested(_Codec):
+    """A record inside a message (its own table); ``None`` encodes as null and never decodes."""
+
+    def __init__(self, cls_name: str):
+        self.cls_name = cls_name
+        self.annotation = cls_name
+
+    def enc(self, v):
+        return None if v is None else v.to_dict()
+
+    def dec(self, raw):
+        return _RECORDS[self.cls_name]._decode(raw)
+
+
+STR, INT, ROUND = _Str(), _Int(), _Int(1, _MAX_ROUND)
+KEY, NONCE, DIGEST, SIGNATURE, BLOB = _B64(_KEY_BYTES), _B64(_NONCE_BYTES), _B64(_DIGEST_BYTES), _B64(_SIG_BYTES), _B64()
+
+
+def _reason(e: BaseException) -> str:
+    if isinstance(e, KeyError):
+        return f"missing {e.args[0]!r}" if e.args else "missing"
+    return str(e) or type(e).__name__
+
+
+# -- fields and the table -> class step ----------------------------------------------------------------------------
+class _Missing:
+    def __repr__(self):
+        return "MISSING"
+
+
+_MISSING = _Missing()  # not dataclasses.MISSING: Field is itself a dataclass, whose defaults that would erase
+
+
+@dataclass(frozen=True)
+class Field:
+    """One row of a message's table.
+
+    ``signed``: the message's signature covers it (only for a class with ``SIGNING_PREFIX``). ``optional``: a
+    decoder takes the default when the key is absent. ``put``/``take`` write and read the wire keys; a
+    compact field (relayed advertisements, statements) overrides them.
+    """
+
+    name: str
+    codec: _Codec
+    signed: bool = True
+    default: Any = _MISSING
+    default_factory: Any = _MISSING
+    optional: bool = False
+
+    def put(self, obj, out: dict) -> None:
+        out[self.name] = self.codec.enc(getattr(obj, self.name))
+
+    def take(self, d: Mapping):
+        if self.optional and self.name not in d:
+            return self.default_factory() if self.default_factory is not _MISSING else self.default
+        return self.codec.dec(d[self.name])
+
+
+def _declare(*fields: Field, frozen: bool = True):
+    """The dataclass of a field table: fields in table order, defaults from the table."""
+
+    def wrap(cls):
+        cls.FIELDS = fields
+        cls.__annotations__ = {f.name: f.codec.annotation for f in fields}
+        for f in fields:
+            if f.default_factory is not _MISSING:
+                setattr(cls, f.name, dataclasses.field(default_factory=f.default_factory))
+            elif f.default is not _MISSING:
+                setattr(cls, f.name, f.default)
+        cls = dataclass(frozen=frozen)(cls)
+        _RECORDS[cls.__name__] = cls
+        return cls
+
+    return wrap
+
+
+_RECORDS: dict[str, type] = {}
 _REGISTRY: dict[str, type] = {}
 
 
-class MessageBase:
+class _Record:
+    """Encoding, decoding and signing of a field table (a record: no type, stage or header of its own)."""
+
+    FIELDS: ClassVar[tuple[Field, ...]] = ()
+    SIGNING_PREFIX: ClassVar[bytes | None] = None
+    WHAT: ClassVar[str] = "record"
+
+    def to_dict(self) -> dict:
+        out = self._head()
+        for f in self.FIELDS:
+            f.put(self, out)
+        return out
+
+    def _head(self) -> dict:
+        return {}
+
+    @classmethod
+    def _decode(cls, d):
+        """The record from a JSON value; ``_Bad`` (a ValueError) naming the field that failed."""
+        if not isinstance(d, Mapping):
+            raise ValueError(f"a {cls.WHAT} is an object")
+        values = {}
+        for f in cls.FIELDS:
+            try:
+                values[f.name] = f.take(d)
+            except _Bad as e:
+                raise _Bad(f"{f.name}{'' if str(e).startswith('[') else '.'}{e}") from None
+            except (KeyError, TypeError, ValueError, AttributeError) as e:
+                raise _Bad(f"{f.name}: {_reason(e)}") from None
+        return cls(**values)
+
+    @classmethod
+    def from_dict(cls, d) -> "_Record":
+        try:
+            return cls._decode(d)
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            raise MalformedPayload(f"malformed {cls.WHAT}: {_reason(e)}") from None
+
+    # -- signatures: PREFIX || canonical JSON of the signed fields (and a message's type) ---------------------------
+    def _signed_dict(self) -> dict:
+        out = {"type": self.TYPE} if isinstance(self, MessageBase) else {}
+        for f in self.FIELDS:
+            if f.signed:
+                f.put(self, out)
+        out.update(self._derived())
+        return out
+
+    def _derived(self) -> dict:
+        """Signed values computed from the fields rather than carried (a consistency statement's digest)."""
+        return {}
+
+    def signing_bytes(self) -> bytes:
+        return self.SIGNING_PREFIX + canonical_json(self._signed_dict())
+
+    def signed(self, identity_key):
+        return replace(self, signature=identity_key.sign(self.signing_bytes()))
+
+    def verify(self, identity_public_key) -> bool:
+        return _verify(identity_public_key, self.signature, self.signing_bytes())
+
+
+def _message(*body: Field):
+    """A message's table: the header (session, client), its own fields, then the round (default 1)."""
+    return _declare(Field("session_id", STR), Field("client_id", INT), *body, Field("round", ROUND, default=1))
+
+
+class MessageBase(_Record):
     """Base: JSON-safe ``to_dict``/``from_dict`` and canonical-JSON ``to_bytes``/``from_bytes``."""
 
     TYPE: ClassVar[str]
     STAGE: ClassVar[str]
-    session_id: str
-    client_id: int
-    round: int
 
     def __init_subclass__(cls, **kw):
         super().__init_subclass__(**kw)
         _REGISTRY[cls.TYPE] = cls
 
-    def _body(self) -> dict:
-        raise NotImplementedError
-
-    @classmethod
-    def _parse(cls, d: Mapping) -> "MessageBase":
-        raise NotImplementedError
-
-    def to_dict(self) -> dict:
-        d = {"type": self.TYPE, "stage": self.STAGE, "session_id": self.session_id, "client_id": self.client_id,
-             "round": self.round}
-        d.update(self._body())
-        return d
+    def _head(self) -> dict:
+        return {"type": self.TYPE, "stage": self.STAGE}
 
     @classmethod
     def from_dict(cls, d: Mapping) -> "MessageBase":
         if not isinstance(d, Mapping) or d.get("type") != cls.TYPE or d.get("stage") != cls.STAGE:
             raise MalformedPayload(f"not a {cls.TYPE} message")
         try:
-            return replace(cls._parse(d), round=_round(d))
-        except (KeyError, TypeError, ValueError, binascii.Error, AttributeError):
-            raise MalformedPayload(f"malformed {cls.TYPE} message") from None
+            return cls._decode(d)
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            raise MalformedPayload(f"malformed {cls.TYPE} message: {_reason(e)}") from None
 
     def to_bytes(self) -> bytes:
         return canonical_json(self.to_dict())
@@ -149,63 +400,33 @@ def decode_message(data) -> MessageBase:
     return cls.from_dict(d)
 
 
-@dataclass(frozen=True)
+# -- the messages, stage by stage --------------------------------------------------------------------------------
+@_message(Field("params_digest", STR))
 class SetupRequest(MessageBase):
     """Server -> hospital: join ``session_id`` as ``client_id`` under parameters ``params_digest``."""
 
-    TYPE: ClassVar[str] = "secagg.setup_request"
-    STAGE: ClassVar[str] = Stage.SETUP
-    session_id: str
-    client_id: int
-    params_digest: str
-    round: int = 1
-
-    def _body(self):
-        return {"params_digest": self.params_digest}
-
-    @classmethod
-    def _parse(cls, d):
-        return cls(_str(d, "session_id"), _int(d, "client_id"), _str(d, "params_digest"))
+    TYPE = "secagg.setup_request"
+    STAGE = Stage.SETUP
 
 
-@dataclass(frozen=True)
+@_message(Field("params_digest", STR))
 class SetupAck(MessageBase):
     """Hospital -> server: parameters checked, ready."""
 
-    TYPE: ClassVar[str] = "secagg.setup_ack"
-    STAGE: ClassVar[str] = Stage.SETUP
-    session_id: str
-    client_id: int
-    params_digest: str
-    round: int = 1
-
-    def _body(self):
-        return {"params_digest": self.params_digest}
-
-    @classmethod
-    def _parse(cls, d):
-        return cls(_str(d, "session_id"), _int(d, "client_id"), _str(d, "params_digest"))
+    TYPE = "secagg.setup_ack"
+    STAGE = Stage.SETUP
 
 
-@dataclass(frozen=True)
+@_message()
 class AdvertiseKeysRequest(MessageBase):
     """Server -> hospital: send your two public keys."""
 
-    TYPE: ClassVar[str] = "secagg.advertise_keys_request"
-    STAGE: ClassVar[str] = Stage.ADVERTISE_KEYS
-    session_id: str
-    client_id: int
-    round: int = 1
-
-    def _body(self):
-        return {}
-
-    @classmethod
-    def _parse(cls, d):
-        return cls(_str(d, "session_id"), _int(d, "client_id"))
+    TYPE = "secagg.advertise_keys_request"
+    STAGE = Stage.ADVERTISE_KEYS
 
 
-@dataclass(frozen=True)
+@_message(Field("params_digest", STR), Field("enc_public_key", KEY), Field("mask_public_key", KEY),
+          Field("signature", SIGNATURE, signed=False, default=b""))
 class KeyAdvertisement(MessageBase):
     """Hospital -> server (relayed to everybody): ``c_u^PK`` (share encryption), ``s_u^PK`` (masks).
 
@@ -214,40 +435,33 @@ class KeyAdvertisement(MessageBase):
     swapped and the list of them can seed the neighbour graph.
     """
 
-    TYPE: ClassVar[str] = "secagg.key_advertisement"
-    STAGE: ClassVar[str] = Stage.ADVERTISE_KEYS
-    session_id: str
-    client_id: int
-    params_digest: str
-    enc_public_key: bytes
-    mask_public_key: bytes
-    signature: bytes = b""
-    round: int = 1
-
-    def _unsigned(self) -> dict:
-        return {"type": self.TYPE, "session_id": self.session_id, "client_id": self.client_id, "round": self.round,
-                "params_digest": self.params_digest, "enc_public_key": _b64(self.enc_public_key),
-                "mask_public_key": _b64(self.mask_public_key)}
-
-    def signed(self, identity_key) -> "KeyAdvertisement":
-        return replace(self, signature=identity_key.sign(_AD_PREFIX + _canonical(self._unsigned())))
-
-    def verify(self, identity_public_key) -> bool:
-        return _verify(identity_public_key, self.signature, _AD_PREFIX + _canonical(self._unsigned()))
-
-    def _body(self):
-        return {"params_digest": self.params_digest, "enc_public_key": _b64(self.enc_public_key),
-                "mask_public_key": _b64(self.mask_public_key), "signature": _b64(self.signature)}
-
-    @classmethod
-    def _parse(cls, d):
-        c, s, sig = _unb64(d["enc_public_key"]), _unb64(d["mask_public_key"]), _unb64(d["signature"])
-        if len(c) != _KEY_BYTES or len(s) != _KEY_BYTES or len(sig) != _SIG_BYTES:
-            raise ValueError("public keys are 32 bytes and the signature 64")
-        return cls(_str(d, "session_id"), _int(d, "client_id"), _str(d, "params_digest"), c, s, sig)
+    TYPE = "secagg.key_advertisement"
+    STAGE = Stage.ADVERTISE_KEYS
+    SIGNING_PREFIX = domains.SECAGG_KEY_ADVERTISEMENT
 
 
-@dataclass(frozen=True)
+class _RelayedAdvertisements(Field):
+    """Each advertisement as ``[client_id, c^PK, s^PK, signature]``: its session, round and parameter digest are
+    the request's, stated once (the request's ``params_digest``), which halves the O(K) part of the request."""
+
+    _ROW = _Row(INT, KEY, KEY, SIGNATURE)
+
+    def put(self, obj, out):
+        ads = obj.advertisements
+        digests = {a.params_digest for a in ads}
+        if any((a.session_id, a.round) != (obj.session_id, obj.round) for a in ads) or len(digests) > 1:
+            raise ValueError("relayed advertisements must belong to the request's session and round")
+        out["params_digest"] = digests.pop() if digests else ""
+        out["advertisements"] = [self._ROW.enc((a.client_id, a.enc_public_key, a.mask_public_key, a.signature))
+                                 for a in ads]
+
+    def take(self, d):
+        rows = _List(self._ROW).dec(d["advertisements"])
+        sid, digest, r = STR.dec(d["session_id"]), STR.dec(d["params_digest"]), ROUND.dec(d["round"])
+        return tuple(KeyAdvertisement(sid, cid, digest, c, s, sig, round=r) for cid, c, s, sig in rows)
+
+
+@_message(_RelayedAdvertisements("advertisements", _Codec()), Field("graph_seed", DIGEST))
 class ShareKeysRequest(MessageBase):
     """Server -> hospital: every signed advertisement it received (U1) and the graph seed it claims.
 
@@ -255,42 +469,13 @@ class ShareKeysRequest(MessageBase):
     different one (:func:`~secure_afl.secagg.settings.graph_seed`).
     """
 
-    TYPE: ClassVar[str] = "secagg.share_keys_request"
-    STAGE: ClassVar[str] = Stage.SHARE_KEYS
-    session_id: str
-    client_id: int
-    advertisements: tuple[KeyAdvertisement, ...]
-    graph_seed: bytes
-    round: int = 1
-
-    def _body(self):
-        # Each advertisement travels as [client_id, c^PK, s^PK, signature]: its session, round and parameter
-        # digest are the request's, stated once, which halves the O(K) part of the request.
-        ads = self.advertisements
-        digests = {a.params_digest for a in ads}
-        if any((a.session_id, a.round) != (self.session_id, self.round) for a in ads) or len(digests) > 1:
-            raise ValueError("relayed advertisements must belong to the request's session and round")
-        return {"params_digest": digests.pop() if digests else "", "graph_seed": _b64(self.graph_seed),
-                "advertisements": [[a.client_id, _b64(a.enc_public_key), _b64(a.mask_public_key), _b64(a.signature)]
-                                   for a in ads]}
-
-    @classmethod
-    def _parse(cls, d):
-        ads = d["advertisements"]
-        if not isinstance(ads, list) or any(not isinstance(a, list) or len(a) != 4 for a in ads):
-            raise ValueError("advertisements must be a list of [client_id, c_pk, s_pk, signature]")
-        seed = _unb64(d["graph_seed"])
-        if len(seed) != _DIGEST_BYTES:
-            raise ValueError("graph seed is 32 bytes")
-        sid, digest, r = _str(d, "session_id"), _str(d, "params_digest"), _round(d)
-        parsed = tuple(KeyAdvertisement._parse({"session_id": sid, "client_id": a[0], "params_digest": digest,
-                                                "enc_public_key": a[1], "mask_public_key": a[2],
-                                                "signature": a[3]}) for a in ads)
-        return cls(sid, _int(d, "client_id"), tuple(replace(a, round=r) for a in parsed), seed)
+    TYPE = "secagg.share_keys_request"
+    STAGE = Stage.SHARE_KEYS
 
 
-@dataclass(frozen=True)
-class EncryptedShare:
+@_declare(Field("sender", INT), Field("recipient", INT), Field("nonce", NONCE), Field("ciphertext", BLOB),
+          Field("commit_b", DIGEST), Field("commit_s", DIGEST))
+class EncryptedShare(_Record):
     """``ChaCha20Poly1305(k_uv, nonce, share(b_u)_v || share(s_u^SK)_v, ad(session, u -> v))``.
 
     ``commit_b`` / ``commit_s`` are the dealer's SHA-256 commitments to the two
@@ -299,30 +484,19 @@ class EncryptedShare:
     every share revealed at unmasking against them and discards a wrong one.
     """
 
-    sender: int
-    recipient: int
-    nonce: bytes
-    ciphertext: bytes
-    commit_b: bytes
-    commit_s: bytes
-
-    def to_dict(self) -> dict:
-        return {"sender": self.sender, "recipient": self.recipient, "nonce": _b64(self.nonce),
-                "ciphertext": _b64(self.ciphertext), "commit_b": _b64(self.commit_b),
-                "commit_s": _b64(self.commit_s)}
-
-    @classmethod
-    def from_dict(cls, d) -> "EncryptedShare":
-        if not isinstance(d, Mapping):
-            raise ValueError("share must be an object")
-        nonce, cb, cs = _unb64(d["nonce"]), _unb64(d["commit_b"]), _unb64(d["commit_s"])
-        if len(nonce) != _NONCE_BYTES or len(cb) != _DIGEST_BYTES or len(cs) != _DIGEST_BYTES:
-            raise ValueError("nonce must be 12 bytes and commitments 32")
-        return cls(_int(d, "sender"), _int(d, "recipient"), nonce, _unb64(d["ciphertext"]), cb, cs)
+    WHAT = "share"
 
 
-@dataclass(frozen=True)
-class DealRecord:
+def _sorted_holders(rows) -> bool:
+    holders = [h for h, *_ in rows]
+    return holders == sorted(set(holders))
+
+
+@_declare(Field("session_id", STR), Field("round", ROUND), Field("params_digest", STR), Field("dealer", INT),
+          Field("commitments", _List(_Row(INT, DIGEST, DIGEST, DIGEST), _sorted_holders,
+                                     "commitments are sorted by holder, one per holder")),
+          Field("check", _List(_FieldElement())), Field("signature", SIGNATURE, signed=False, default=b""))
+class DealRecord(_Record):
     """A dealer's signed account of its dealing: every holder's commitments and the check polynomial ``z``.
 
     ``commitments`` holds ``(holder, commit_b, commit_s, commit_r)`` for each share holder (the dealer
@@ -332,29 +506,8 @@ class DealRecord:
     can check (:class:`DealerComplaint`), and a server cannot invent one.
     """
 
-    session_id: str
-    round: int
-    params_digest: str
-    dealer: int
-    commitments: tuple[tuple[int, bytes, bytes, bytes], ...]
-    check: tuple[int, ...]
-    signature: bytes = b""
-
-    def _signed_bytes(self) -> bytes:
-        body = self._dict_unsigned()
-        return _DEAL_PREFIX + _canonical(body)
-
-    def _dict_unsigned(self) -> dict:
-        return {"session_id": self.session_id, "round": self.round, "params_digest": self.params_digest,
-                "dealer": self.dealer,
-                "commitments": [[h, _b64(cb), _b64(cs), _b64(cr)] for h, cb, cs, cr in self.commitments],
-                "check": [_b64(c.to_bytes(_VALUE_BYTES, "big")) for c in self.check]}
-
-    def signed(self, identity_key) -> "DealRecord":
-        return replace(self, signature=identity_key.sign(self._signed_bytes()))
-
-    def verify(self, identity_public_key) -> bool:
-        return _verify(identity_public_key, self.signature, self._signed_bytes())
+    WHAT = "deal record"
+    SIGNING_PREFIX = domains.SECAGG_DEAL
 
     @property
     def holders(self) -> tuple[int, ...]:
@@ -370,106 +523,34 @@ class DealRecord:
     def weights(self) -> tuple[int, int]:
         return deal_challenge(self.session_id, self.params_digest, self.dealer, self.commitments, round=self.round)
 
-    def to_dict(self) -> dict:
-        return {**self._dict_unsigned(), "signature": _b64(self.signature)}
 
-    @classmethod
-    def from_dict(cls, d) -> "DealRecord":
-        if not isinstance(d, Mapping):
-            raise ValueError("a deal record is an object")
-        rows = d["commitments"]
-        if not isinstance(rows, list) or any(not isinstance(row, list) or len(row) != 4 for row in rows):
-            raise ValueError("commitments are [holder, commit_b, commit_s, commit_r]")
-        commitments = []
-        for row in rows:
-            h = row[0]
-            if isinstance(h, bool) or not isinstance(h, int):
-                raise ValueError("a holder id is an int")
-            cb, cs, cr = (_unb64(x) for x in row[1:])
-            if any(len(x) != _DIGEST_BYTES for x in (cb, cs, cr)):
-                raise ValueError("commitments are 32 bytes")
-            commitments.append((h, cb, cs, cr))
-        holders = [h for h, *_ in commitments]
-        if holders != sorted(set(holders)):
-            raise ValueError("commitments are sorted by holder, one per holder")
-        check = d["check"]
-        if not isinstance(check, list):
-            raise ValueError("check is a list of field elements")
-        coeffs = []
-        for c in check:
-            raw = _unb64(c)
-            if len(raw) != _VALUE_BYTES or int.from_bytes(raw, "big") >= PRIME:
-                raise ValueError("a check coefficient is an element of GF(p)")
-            coeffs.append(int.from_bytes(raw, "big"))
-        return cls(_str(d, "session_id"), _round(d), _str(d, "params_digest"), _int(d, "dealer"),
-                   tuple(commitments), tuple(coeffs), _signature(d["signature"]))
-
-
-def _shares_list(v) -> tuple[EncryptedShare, ...]:
-    if not isinstance(v, list):
-        raise ValueError("shares must be a list")
-    return tuple(EncryptedShare.from_dict(s) for s in v)
-
-
-@dataclass(frozen=True)
+@_message(Field("shares", _List(_Nested("EncryptedShare"))), Field("own_commit_b", DIGEST),
+          Field("own_commit_s", DIGEST), Field("deal", _Nested("DealRecord"), default=None))
 class ShareKeysResponse(MessageBase):
     """Hospital -> server: one encrypted share pair per other share holder, for relaying.
 
     ``own_commit_b`` / ``own_commit_s`` commit to the shares the hospital keeps
-    for itself (it reveals one of them at unmasking like any holder).
+    for itself (it reveals one of them at unmasking like any holder). ``deal``
+    is required on the wire: ``None`` only stands for "not dealt yet" in memory.
     """
 
-    TYPE: ClassVar[str] = "secagg.share_keys_response"
-    STAGE: ClassVar[str] = Stage.SHARE_KEYS
-    session_id: str
-    client_id: int
-    shares: tuple[EncryptedShare, ...]
-    own_commit_b: bytes
-    own_commit_s: bytes
-    deal: DealRecord | None = None
-    round: int = 1
-
-    def _body(self):
-        return {"shares": [s.to_dict() for s in self.shares], "own_commit_b": _b64(self.own_commit_b),
-                "own_commit_s": _b64(self.own_commit_s), "deal": None if self.deal is None else self.deal.to_dict()}
-
-    @classmethod
-    def _parse(cls, d):
-        cb, cs = _unb64(d["own_commit_b"]), _unb64(d["own_commit_s"])
-        if len(cb) != _DIGEST_BYTES or len(cs) != _DIGEST_BYTES:
-            raise ValueError("commitments are 32 bytes")
-        return cls(_str(d, "session_id"), _int(d, "client_id"), _shares_list(d["shares"]), cb, cs,
-                   DealRecord.from_dict(d["deal"]))
+    TYPE = "secagg.share_keys_response"
+    STAGE = Stage.SHARE_KEYS
 
 
-@dataclass(frozen=True)
+@_message(Field("shares", _List(_Nested("EncryptedShare"))),
+          Field("deals", _List(_Nested("DealRecord")), default=()))
 class MaskedInputRequest(MessageBase):
     """Server -> hospital: the encrypted shares addressed to it by holders that completed SHARE_KEYS (U2).
 
     ``deals`` are the signed deal records of their dealers, one per share.
     """
 
-    TYPE: ClassVar[str] = "secagg.masked_input_request"
-    STAGE: ClassVar[str] = Stage.MASKED_INPUT
-    session_id: str
-    client_id: int
-    shares: tuple[EncryptedShare, ...]
-    deals: tuple[DealRecord, ...] = ()
-    round: int = 1
-
-    def _body(self):
-        return {"shares": [s.to_dict() for s in self.shares], "deals": [dl.to_dict() for dl in self.deals]}
-
-    @classmethod
-    def _parse(cls, d):
-        deals = d["deals"]
-        if not isinstance(deals, list):
-            raise ValueError("deals must be a list")
-        return cls(_str(d, "session_id"), _int(d, "client_id"), _shares_list(d["shares"]),
-                   tuple(DealRecord.from_dict(x) for x in deals))
+    TYPE = "secagg.masked_input_request"
+    STAGE = Stage.MASKED_INPUT
 
 
-@dataclass(frozen=True)
+@_message(Field("payload", BLOB))
 class MaskedInput(MessageBase):
     """Hospital -> server: the sealed masked vector ``y_u``.
 
@@ -477,19 +558,8 @@ class MaskedInput(MessageBase):
     ``to_dict`` carries it base64-encoded.
     """
 
-    TYPE: ClassVar[str] = "secagg.masked_input"
-    STAGE: ClassVar[str] = Stage.MASKED_INPUT
-    session_id: str
-    client_id: int
-    payload: bytes
-    round: int = 1
-
-    def _body(self):
-        return {"payload": _b64(self.payload)}
-
-    @classmethod
-    def _parse(cls, d):
-        return cls(_str(d, "session_id"), _int(d, "client_id"), _unb64(d["payload"]))
+    TYPE = "secagg.masked_input"
+    STAGE = Stage.MASKED_INPUT
 
     def to_bytes(self) -> bytes:
         return self.payload
@@ -503,13 +573,14 @@ class MaskedInput(MessageBase):
         if env.header.get("stage") != Stage.MASKED_INPUT:
             raise MalformedPayload("not a masked input payload")
         try:
-            r = _round(env.header)
+            r = ROUND.dec(env.header["round"])
         except (KeyError, ValueError):
             raise MalformedPayload("masked input header lacks its round") from None
         return cls(sid, cid, bytes(data), r)
 
 
-@dataclass(frozen=True)
+@_message(Field("deal", _Nested("DealRecord")), Field("share_b", BLOB), Field("share_s", BLOB),
+          Field("share_r", BLOB))
 class DealerComplaint(MessageBase):
     """Holder -> server, instead of its masked input: "dealer ``deal.dealer`` dealt me shares that miss ``z``".
 
@@ -519,24 +590,8 @@ class DealerComplaint(MessageBase):
     they are shares of a cheater's secrets. Nothing in it needs the holder's or the server's word.
     """
 
-    TYPE: ClassVar[str] = "secagg.dealer_complaint"
-    STAGE: ClassVar[str] = Stage.MASKED_INPUT
-    session_id: str
-    client_id: int
-    deal: DealRecord
-    share_b: bytes
-    share_s: bytes
-    share_r: bytes
-    round: int = 1
-
-    def _body(self):
-        return {"deal": self.deal.to_dict(), "share_b": _b64(self.share_b), "share_s": _b64(self.share_s),
-                "share_r": _b64(self.share_r)}
-
-    @classmethod
-    def _parse(cls, d):
-        return cls(_str(d, "session_id"), _int(d, "client_id"), DealRecord.from_dict(d["deal"]),
-                   _unb64(d["share_b"]), _unb64(d["share_s"]), _unb64(d["share_r"]))
+    TYPE = "secagg.dealer_complaint"
+    STAGE = Stage.MASKED_INPUT
 
     def proves(self, dealer_identity_public_key, params_digest: str, threshold: int) -> bool:
         """True iff this is a transferable proof that the dealer dealt this holder shares off its own ``z``."""
@@ -561,7 +616,9 @@ class DealerComplaint(MessageBase):
         return not on_check_polynomial(dl.check, dl.weights, u, b, s, r)
 
 
-@dataclass(frozen=True)
+@_message(Field("params_digest", STR), Field("graph_seed", DIGEST),
+          Field("survivors", _Ids(increasing=True), signed=False),
+          Field("signature", SIGNATURE, signed=False, default=b""))
 class ConsistencyStatement(MessageBase):
     """Survivor -> server (relayed to every survivor): "I saw exactly this survivor set".
 
@@ -570,39 +627,17 @@ class ConsistencyStatement(MessageBase):
     the advertised set U1), the number of survivors and the SHA-256 of the
     sorted survivor ids (:func:`survivors_digest`): by collision resistance a
     signature over the digest is a signature over the set, and checking q of
-    them costs q short messages instead of q copies of the set.
+    them costs q short messages instead of q copies of the set (signing the
+    list itself made each check O(n), O(n^2) per hospital; the prefix changed
+    with the signed form so a signature over the old form never verifies).
     """
 
-    TYPE: ClassVar[str] = "secagg.consistency"
-    STAGE: ClassVar[str] = Stage.UNMASK
-    session_id: str
-    client_id: int
-    params_digest: str
-    graph_seed: bytes
-    survivors: tuple[int, ...]
-    signature: bytes = b""
-    round: int = 1
+    TYPE = "secagg.consistency"
+    STAGE = Stage.UNMASK
+    SIGNING_PREFIX = domains.SECAGG_CONSISTENCY
 
-    def _unsigned(self) -> dict:
-        return {"type": self.TYPE, "session_id": self.session_id, "client_id": self.client_id, "round": self.round,
-                "params_digest": self.params_digest, "graph_seed": _b64(self.graph_seed),
-                "n_survivors": len(self.survivors), "survivors_sha256": survivors_digest(self.survivors).hex()}
-
-    def signed(self, identity_key) -> "ConsistencyStatement":
-        return replace(self, signature=identity_key.sign(_CONSISTENCY_PREFIX + _canonical(self._unsigned())))
-
-    def verify(self, identity_public_key) -> bool:
-        return _verify(identity_public_key, self.signature, _CONSISTENCY_PREFIX + _canonical(self._unsigned()))
-
-    def _body(self):
-        return {"params_digest": self.params_digest, "graph_seed": _b64(self.graph_seed),
-                "survivors": list(self.survivors), "signature": _b64(self.signature)}
-
-    @classmethod
-    def _parse(cls, d):
-        seed, surv = _survivor_set(d)
-        return cls(_str(d, "session_id"), _int(d, "client_id"), _str(d, "params_digest"), seed, surv,
-                   _signature(d["signature"]))
+    def _derived(self) -> dict:
+        return {"n_survivors": len(self.survivors), "survivors_sha256": survivors_digest(self.survivors).hex()}
 
 
 @functools.lru_cache(maxsize=8)
@@ -612,25 +647,42 @@ def survivors_digest(survivors: tuple[int, ...]) -> bytes:
     Cached because every statement of a round is over the same set: a hospital checking q of them, and the
     server receiving n, hash the list once.
     """
-    return hashlib.sha256(_canonical(list(survivors))).digest()
+    return hashlib.sha256(canonical_json(list(survivors))).digest()
 
 
-def _survivor_set(d) -> tuple[bytes, tuple[int, ...]]:
-    """The graph seed and the strictly increasing survivor ids of a statement (ValueError otherwise)."""
-    seed, surv = _unb64(d["graph_seed"]), _ids(d["survivors"])
-    if len(seed) != _DIGEST_BYTES or any(a >= b for a, b in zip(surv, surv[1:])):
-        raise ValueError("bad graph seed or survivor list")
-    return seed, surv
+class _RelayedStatements(Field):
+    """Every statement a hospital accepts is over the set it signed itself, so the set, digest, seed and round
+    travel once and each statement as ``[signer, signature]``: O(K) bytes instead of O(K^2). ``null`` for none."""
+
+    _SIGNER = _Row(INT, SIGNATURE)
+
+    def put(self, obj, out):
+        st = obj.statements
+        if len({(s.session_id, s.params_digest, s.graph_seed, s.survivors, s.round) for s in st}) > 1:
+            raise ValueError("an unmask request relays statements over one survivor set")
+        signed = None
+        if st:
+            s0 = st[0]
+            signed = {"session_id": s0.session_id, "params_digest": s0.params_digest,
+                      "graph_seed": DIGEST.enc(s0.graph_seed), "survivors": list(s0.survivors), "round": s0.round,
+                      "signers": [self._SIGNER.enc((s.client_id, s.signature)) for s in st]}
+        out["statements"] = signed
+
+    def take(self, d):
+        st = d["statements"]
+        if st is None:
+            return ()
+        if not isinstance(st, Mapping):
+            raise ValueError("must be an object with a signers list")
+        # the shared part is parsed once: q statements over one set cost q signatures, not q survivor lists
+        seed, surv = DIGEST.dec(st["graph_seed"]), _Ids(increasing=True).dec(st["survivors"])
+        sid, digest, r = STR.dec(st["session_id"]), STR.dec(st["params_digest"]), ROUND.dec(st["round"])
+        signers = _List(self._SIGNER).dec(st["signers"])
+        return tuple(ConsistencyStatement(sid, cid, digest, seed, surv, sig, r) for cid, sig in signers)
 
 
-def _signature(v) -> bytes:
-    sig = _unb64(v)
-    if len(sig) != _SIG_BYTES:
-        raise ValueError("bad signature")
-    return sig
-
-
-@dataclass(frozen=True)
+@_message(Field("survivors", _Ids()), Field("dropped", _Ids()),
+          _RelayedStatements("statements", _Codec(), default=()))
 class UnmaskRequest(MessageBase):
     """Server -> surviving hospital: reveal b-shares of ``survivors`` and key-shares of ``dropped``.
 
@@ -638,85 +690,23 @@ class UnmaskRequest(MessageBase):
     hospital answers only when a quorum of them signed the set it signed.
     """
 
-    TYPE: ClassVar[str] = "secagg.unmask_request"
-    STAGE: ClassVar[str] = Stage.UNMASK
-    session_id: str
-    client_id: int
-    survivors: tuple[int, ...]
-    dropped: tuple[int, ...]
-    statements: tuple[ConsistencyStatement, ...] = ()
-    round: int = 1
-
-    def _body(self):
-        # Every statement a hospital accepts is over the set it signed itself, so the set, digest, seed and
-        # round travel once and each statement as [signer, signature]: O(K) bytes instead of O(K^2).
-        st = self.statements
-        common = {(s.session_id, s.params_digest, s.graph_seed, s.survivors, s.round) for s in st}
-        if len(common) > 1:
-            raise ValueError("an unmask request relays statements over one survivor set")
-        signed = None
-        if st:
-            s0 = st[0]
-            signed = {"session_id": s0.session_id, "params_digest": s0.params_digest,
-                      "graph_seed": _b64(s0.graph_seed), "survivors": list(s0.survivors), "round": s0.round,
-                      "signers": [[s.client_id, _b64(s.signature)] for s in st]}
-        return {"survivors": list(self.survivors), "dropped": list(self.dropped), "statements": signed}
-
-    @classmethod
-    def _parse(cls, d):
-        st = d["statements"]
-        statements = ()
-        if st is not None:
-            if not isinstance(st, Mapping) or not isinstance(st["signers"], list):
-                raise ValueError("statements must be an object with a signers list")
-            # the shared part is parsed once: q statements over one set cost q signatures, not q survivor lists
-            seed, surv = _survivor_set(st)
-            sid, digest, r = _str(st, "session_id"), _str(st, "params_digest"), _round(st)
-            statements = []
-            for signer in st["signers"]:
-                if not isinstance(signer, list) or len(signer) != 2:
-                    raise ValueError("each signer is [client_id, signature]")
-                cid = signer[0]
-                if isinstance(cid, bool) or not isinstance(cid, int):
-                    raise ValueError("a signer's client id is not an integer")
-                statements.append(ConsistencyStatement(sid, cid, digest, seed, surv, _signature(signer[1]), r))
-            statements = tuple(statements)
-        return cls(_str(d, "session_id"), _int(d, "client_id"), _ids(d["survivors"]), _ids(d["dropped"]),
-                   statements)
+    TYPE = "secagg.unmask_request"
+    STAGE = Stage.UNMASK
 
 
-@dataclass(frozen=True)
+@_message(Field("self_mask_shares", _IntMap(BLOB)), Field("mask_key_shares", _IntMap(BLOB)))
 class UnmaskResponse(MessageBase):
     """Hospital -> server: ``{owner: share bytes}`` for the self-mask seeds and the mask keys asked for."""
 
-    TYPE: ClassVar[str] = "secagg.unmask_response"
-    STAGE: ClassVar[str] = Stage.UNMASK
-    session_id: str
-    client_id: int
-    self_mask_shares: Mapping[int, bytes]
-    mask_key_shares: Mapping[int, bytes]
-    round: int = 1
-
-    def _body(self):
-        return {
-            "self_mask_shares": {str(k): _b64(v) for k, v in sorted(self.self_mask_shares.items())},
-            "mask_key_shares": {str(k): _b64(v) for k, v in sorted(self.mask_key_shares.items())},
-        }
-
-    @classmethod
-    def _parse(cls, d):
-        def conv(m):
-            if not isinstance(m, Mapping):
-                raise ValueError("expected an object")
-            return {int(k): _unb64(v) for k, v in m.items()}
-
-        return cls(_str(d, "session_id"), _int(d, "client_id"), conv(d["self_mask_shares"]),
-                   conv(d["mask_key_shares"]))
+    TYPE = "secagg.unmask_response"
+    STAGE = Stage.UNMASK
 
 
-
-@dataclass
-class UnmaskMaterial:
+@_declare(Field("survivors", _Ids()), Field("dropped", _Ids()), Field("self_mask_seeds", _IntMap(BLOB)),
+          Field("dropped_mask_keys", _IntMap(BLOB)),
+          Field("mask_public_keys", _IntMap(BLOB), default_factory=dict, optional=True),
+          Field("graph_seed", BLOB, default=b""), Field("round", ROUND, default=1), frozen=False)
+class UnmaskMaterial(_Record):
     """What the server reconstructed: enough to remove every mask from the survivors' sum, nothing more.
 
     ``self_mask_seeds[u]`` for u in survivors, ``dropped_mask_keys[v]`` (raw
@@ -725,27 +715,4 @@ class UnmaskMaterial:
     says who masked with whom.
     """
 
-    survivors: tuple[int, ...]
-    dropped: tuple[int, ...]
-    self_mask_seeds: dict[int, bytes]
-    dropped_mask_keys: dict[int, bytes]
-    mask_public_keys: dict[int, bytes] = field(default_factory=dict)
-    graph_seed: bytes = b""
-    round: int = 1
-
-    def to_dict(self) -> dict:
-        enc = lambda m: {str(k): _b64(v) for k, v in sorted(m.items())}  # noqa: E731
-        return {"survivors": list(self.survivors), "dropped": list(self.dropped),
-                "self_mask_seeds": enc(self.self_mask_seeds), "dropped_mask_keys": enc(self.dropped_mask_keys),
-                "mask_public_keys": enc(self.mask_public_keys), "graph_seed": _b64(self.graph_seed),
-                "round": self.round}
-
-    @classmethod
-    def from_dict(cls, d) -> "UnmaskMaterial":
-        try:
-            dec = lambda m: {int(k): _unb64(v) for k, v in m.items()}  # noqa: E731
-            return cls(_ids(d["survivors"]), _ids(d["dropped"]), dec(d["self_mask_seeds"]),
-                       dec(d["dropped_mask_keys"]), dec(d.get("mask_public_keys", {})), _unb64(d["graph_seed"]),
-                       _round(d))
-        except (KeyError, TypeError, ValueError, AttributeError, binascii.Error):
-            raise MalformedPayload("malformed unmask material") from None
+    WHAT = "unmask material"
