@@ -263,7 +263,7 @@ def test_the_key_holder_floor_holds_when_the_server_relays_min_clients_1(tmp_pat
     from secure_afl.params import Bounds
     from secure_afl.release_checks import ReleaseLedger
     from secure_afl.tools.attack_parties import MaliciousServer, signed_participant, tagged_upload
-    from secure_afl.tools.scratch_consortium import make_pki, sign_session
+    from secure_afl.tools.harness import make_pki, sign_session
 
     names = [f"h{i}" for i in range(6)]
     server, parties = make_pki(tmp_path / "pki", names, name="floor")

@@ -120,7 +120,7 @@ from secure_afl.tagging import new_tag, seal_tag, sign_tag
 from .attack_parties import ForgingSplitSource, MaliciousServer, forge_verifier, signed_participant, \
     subset_manifest, tagged_upload
 from .attacks_validity import SERVICE_BACKENDS, attack_steer_service, attack_veto_service
-from .scratch_consortium import make_pki, server_section, sign_session, write_session
+from .harness import make_pki, server_section, sign_session, write_session
 
 __all__ = ["ATTACKS", "run_attack", "register"]
 
@@ -1022,7 +1022,7 @@ def attack_secagg_rerun(*, seed: int = 0, verbose: bool = True, work=None, **_) 
     from secure_afl.keyholder import KeyHolder
     from secure_afl.secagg import SecAggBackend
 
-    from .scratch_consortium import start_server
+    from .harness import start_server
 
     names = ["h1", "h2", "h3", "h4"]
     victim = names[0]

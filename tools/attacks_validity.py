@@ -40,7 +40,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .scratch_consortium import make_pki, secagg_quorum, server_section, sign_session, start_server, write_session
+from .harness import make_pki, secagg_quorum, server_section, sign_session, start_server, write_session
 
 __all__ = ["attack_veto", "attack_steer", "attack_veto_service", "attack_steer_service", "BACKENDS",
            "SERVICE_BACKENDS"]

@@ -55,7 +55,6 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
-from secure_afl import pki
 from secure_afl.backends import HE_BACKENDS
 from secure_afl.backends import get_backend
 from secure_afl.keyholder.verify import default_fetchers, resum_signed_contributions
@@ -63,11 +62,10 @@ from secure_afl.packing import Layout
 from secure_afl.params import Bounds
 from secure_afl.secagg import Stage
 from secure_afl.secagg import default_threshold, max_min_clients, recommended_neighbours
-from secure_afl.server.config import load_config, write_config
-from secure_afl.session import sign as sign_session
+from secure_afl.server.config import load_config
 from secure_afl.stats import StatisticsAccumulator
 from secure_afl.stats import SufficientStatistics
-from secure_afl.tools.demo import ServerProcess, free_port
+from secure_afl.tools.harness import ServerProcess, make_pki, server_section, write_session
 
 __all__ = ["register", "run_service_bench", "ServerMeter"]
 
@@ -190,16 +188,9 @@ def run_service_bench(backend: str, hospitals: int, *, dim: int = 64, classes: i
     phases: dict[str, dict] = {}
 
     t = time.perf_counter()
-    if not (pki_dir / "ca.pem").exists():
-        pki.init_ca(pki_dir, name="secure-afl bench consortium")
-        pki.issue(pki_dir, "server", "aggregator")
-        pki.issue(pki_dir, "keyholder", "keyholder")
-    for n in names:
-        if not (pki_dir / f"hospital-{n}").exists():
-            pki.issue(pki_dir, "hospital", n)
     # every party reads the consortium from a CA-signed roster, as from its bundle (one file and one signature
     # check, not one enrolment file per hospital: 10 ms instead of 85 ms per hospital at K = 1000)
-    pki.write_roster(pki_dir, pki_dir / pki.ROSTER)
+    make_pki(pki_dir, names, name="secure-afl bench consortium", roster=True)
     phases["pki"] = {"wall_s": time.perf_counter() - t}
 
     survivors = K - n_drop
@@ -209,9 +200,7 @@ def run_service_bench(backend: str, hospitals: int, *, dim: int = 64, classes: i
                     "gamma": 1.0, "min_clients": min_clients, "min_class_count": 1, "deadline_s": 86400,
                     "hospitals": names},
         "bounds": {"max_norm": 1.0, "n_max": samples, "k_max": K},
-        "server": {"host": "127.0.0.1", "port": free_port(), "data_dir": str(work / "server"),
-                   "pki_dir": str(pki_dir), "name": "aggregator", "keyholder": "keyholder",
-                   "max_connections": int(max_connections or 0),
+        "server": {**server_section(work, pki_dir), "max_connections": int(max_connections or 0),
                    "combine_workers": int(combine_workers)},
     }
     if backend == "secagg":  # a [secagg] section in another backend's session is refused
@@ -226,9 +215,7 @@ def run_service_bench(backend: str, hospitals: int, *, dim: int = 64, classes: i
                              f"{(K + thr - 1) // 2 + 1} of threshold {thr}; the round would abort")
         cfg["session"]["min_clients"] = min_clients
     session_id = cfg["session"]["id"]
-    write_config(work / "session.toml", cfg)
-
-    sign_session(work / "session.toml", pki_dir)  # the operator's signature every party pins
+    write_session(work / "session.toml", pki_dir, cfg)  # the operator's signature every party pins
     url = f"https://127.0.0.1:{cfg['server']['port']}"
     kh = KeyHolder(pki_dir, "keyholder", work / "keyholder", passphrase=os.urandom(16).hex().encode())
     server = ServerProcess(work / "session.toml", work / "server.log")

@@ -100,7 +100,7 @@ def measure_floor(pki_dir: Path, hospital: str, payload_bytes: int, data_dir: Pa
 
 def _prepare(backend: str, names: list[str], dim: int, classes: int, samples: int, seed: int, work: Path):
     """PKI, the signed session (min_clients above every upload here: it never closes) and its config."""
-    from .scratch_consortium import make_pki, server_section, write_session
+    from .harness import make_pki, server_section, write_session
 
     pki_dir = work / "pki"
     make_pki(pki_dir, names, name="secure-afl bench consortium", roster=True)
@@ -120,7 +120,7 @@ def run_upload_cost(backend: str, uploads: int, *, dim: int = 512, classes: int 
     from secure_afl import pki
     from .bench_service import ServerMeter, hospital_stats
     from secure_afl.clients.hospital import HospitalClient, protect_contribution
-    from .scratch_consortium import start_server
+    from .harness import start_server
     from secure_afl.dp import dp_session_params
     from secure_afl.keyholder import KeyHolder
     from secure_afl.packing import Layout

@@ -33,10 +33,6 @@ import json
 import operator
 import os
 import shutil
-import signal
-import socket
-import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -54,12 +50,11 @@ from secure_afl.packing import Layout
 from secure_afl.params import Bounds, SessionParams
 from secure_afl.params import KEYED_BACKENDS
 from secure_afl.partition import partition
-from secure_afl.pki import client_ssl_context
 from secure_afl.secagg import default_threshold, max_min_clients, recommended_neighbours
 from secure_afl.server.config import load_config
-from secure_afl.server.config import write_config
-from secure_afl.session import sign as sign_session
 from secure_afl.stats import StatisticsAccumulator
+
+from .harness import make_pki, server_section, start_server, write_session
 
 __all__ = ["run_demo", "register", "load_embedded", "random_features"]
 
@@ -89,59 +84,6 @@ def load_embedded(name: str, seed: int):
     F = random_features(ds.data.astype(np.float64))
     Xtr, Xte, ytr, yte = train_test_split(F, ds.target, test_size=0.25, random_state=seed, stratify=ds.target)
     return Xtr, ytr.astype(np.int64), Xte, yte.astype(np.int64), int(ds.target.max() + 1)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class ServerProcess:
-    """A real ``secure-afl server run`` child process, always stopped."""
-
-    def __init__(self, config: Path, log_path: Path):
-        self.config, self.log_path = config, log_path
-        self.proc: subprocess.Popen | None = None
-
-    def start(self) -> "ServerProcess":
-        self._log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen([sys.executable, "-m", "secure_afl.cli", "server", "run", "--config",
-                                      str(self.config)], stdout=self._log, stderr=subprocess.STDOUT)
-        return self
-
-    def wait_ready(self, url: str, ca_file, cert=None, timeout: float = 60.0) -> None:
-        import httpx
-
-
-        ctx = client_ssl_context(ca_file, cert_file=cert[0], key_file=cert[1]) if cert else client_ssl_context(ca_file)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited with {self.proc.returncode}; see {self.log_path}")
-            try:
-                if httpx.get(f"{url}/v1/health", verify=ctx, timeout=2).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
-        raise TimeoutError(f"server not ready after {timeout} s; see {self.log_path}")
-
-    def kill(self, sig=signal.SIGKILL) -> None:
-        if self.proc and self.proc.poll() is None:
-            self.proc.send_signal(sig)
-            self.proc.wait(timeout=30)
-
-    def stop(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=15)
-        if getattr(self, "_log", None):
-            self._log.close()
 
 
 def _hospital_data(args, seed):
@@ -196,28 +138,22 @@ def run_demo(args, verbose: bool = True) -> dict:
     work.mkdir(parents=True, exist_ok=True)
     pki_dir = work / "pki"
     t = time.perf_counter()
-    if not (pki_dir / "ca.pem").exists():
-        pki.init_ca(pki_dir, name="secure-afl demo consortium")
-        pki.issue(pki_dir, "server", "aggregator")
-        pki.issue(pki_dir, "keyholder", "keyholder")
-    for name, *_ in hospitals:
-        if not (pki_dir / f"hospital-{name}").exists():
-            pki.issue(pki_dir, "hospital", name)
+    make_pki(pki_dir, [name for name, *_ in hospitals], name="secure-afl demo consortium")
     timings["pki"] = time.perf_counter() - t
     say(f"[Stage 1] pki: CA + server + key holder + {K} hospital identities in {pki_dir}")
 
     max_norm = float(np.sqrt(2.0)) if not args.data else float(
         np.ceil(max(np.linalg.norm(X, axis=1).max() for _, X, _ in hospitals)))
     n_max = int(max(len(y) for *_, y in hospitals))
-    port = free_port()
+    server_cfg = server_section(work, pki_dir)
+    port = server_cfg["port"]
     session_id = f"demo-{args.backend}-{seed}"
     cfg = {
         "session": {"id": session_id, "backend": args.backend, "dim": dim, "classes": n_classes, "gamma": 1.0,
                     "min_clients": min(K, max(2, args.min_clients or K)), "deadline_s": 3600,
                     "hospitals": [h[0] for h in hospitals]},
         "bounds": {"max_norm": max_norm, "n_max": n_max, "k_max": max(K, 2)},
-        "server": {"host": "127.0.0.1", "port": port, "data_dir": str(work / "server"),
-                   "pki_dir": str(pki_dir), "name": "aggregator", "keyholder": "keyholder"},
+        "server": server_cfg,
     }
     if args.backend == "secagg":  # a [secagg] section in another backend's session is refused
         cfg["secagg"] = {"stage_timeout_s": 30.0}
@@ -230,16 +166,12 @@ def run_demo(args, verbose: bool = True) -> dict:
     if args.dp is not None:
         # any min_clients hospitals' shares add up to the full noise
         cfg["dp"] = {"epsilon": float(args.dp), "delta": 1e-5, "min_contributors": cfg["session"]["min_clients"]}
-    write_config(work / "session.toml", cfg)
-
-    sign_session(work / "session.toml", pki_dir)  # the operator's signature every party pins
+    write_session(work / "session.toml", pki_dir, cfg)  # the operator's signature every party pins
     url = f"https://127.0.0.1:{port}"
-    server = ServerProcess(work / "session.toml", work / "server.log")
     kh = KeyHolder(pki_dir, "keyholder", work / "keyholder", passphrase=os.urandom(16).hex().encode())
-    kparty = kh.party
+    t = time.perf_counter()
+    server = start_server(work / "session.toml", work / "server.log", url, kh.party, timeout=60)
     try:
-        t = time.perf_counter()
-        server.start().wait_ready(url, kparty.ca_file, (kparty.cert_file, kparty.key_file))
         timings["server_start"] = time.perf_counter() - t
         say(f"[Stage 2] server: {url} (pid {server.proc.pid}, mTLS on), session {session_id}")
 

@@ -1,7 +1,8 @@
 """Helpers shared by the tests; the only module a test imports besides the package under test.
 
-``Consortium`` is a small consortium on 127.0.0.1 (PKI, config, a real server
-process); :mod:`support.flower` a local Flower deployment (imports flwr);
+``Consortium`` and ``free_port`` come from the one consortium harness the
+tools share (secure_afl.tools.harness: PKI, signed config, a real server
+process on 127.0.0.1); :mod:`support.flower` a local Flower deployment (imports flwr);
 :mod:`support.secagg_adversary` a malicious secagg server; :mod:`support.reaper`
 ends every process a test run started, however the run ends.
 """
@@ -9,105 +10,18 @@ ends every process a test run started, however the run ends.
 from __future__ import annotations
 
 import json
-import socket
 import threading
 from pathlib import Path
 
 import numpy as np
 
-from secure_afl import pki, session
+from secure_afl import pki
 from secure_afl.audit_verify import load_receipts, verify_log
-from secure_afl.clients.hospital import HospitalClient
-from secure_afl.tools.demo import ServerProcess
 from secure_afl.server.config import write_config
-from secure_afl.keyholder import KeyHolder
-from secure_afl.stats import StatisticsAccumulator
+from secure_afl.tools.harness import Consortium, free_port
 
-
-def free_port() -> int:
-    """A port nothing listens on now (the OS's pick; a race with other programs is possible but harmless here)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Consortium:
-    def __init__(self, root: Path, *, backend: str, hospitals=("h1", "h2", "h3"), dim=6, classes=3,
-                 min_clients=2, max_norm=4.0, n_max=1000, k_max=8, extra_session=None, secagg=None,
-                 extra_server=None, extractor=None, dp=None, sign=True):
-        self.root = Path(root)
-        self.backend = backend
-        self.hospitals = list(hospitals)
-        self.dim, self.classes = dim, classes
-        self.session_id = f"t-{backend}"
-        self.pki_dir = self.root / "pki"
-        if not (self.pki_dir / "ca.pem").exists():
-            pki.init_ca(self.pki_dir)
-            pki.issue(self.pki_dir, "server", "aggregator")
-            pki.issue(self.pki_dir, "keyholder", "keyholder")
-            for h in self.hospitals:
-                pki.issue(self.pki_dir, "hospital", h)
-        self.port = free_port()
-        self.url = f"https://127.0.0.1:{self.port}"
-        self.min_clients = min_clients
-        cfg = {
-            "session": {"id": self.session_id, "backend": backend, "dim": dim, "classes": classes, "gamma": 1.0,
-                        "hospitals": self.hospitals, **(extra_session or {})},
-            "bounds": {"max_norm": max_norm, "n_max": n_max, "k_max": k_max},
-            "server": {"host": "127.0.0.1", "port": self.port, "data_dir": str(self.root / "server"),
-                       "pki_dir": str(self.pki_dir), "name": "aggregator", "keyholder": "keyholder",
-                       **(extra_server or {})},
-        }
-        if min_clients is not None:  # None: the session.toml default
-            cfg["session"]["min_clients"] = min_clients
-        if secagg:
-            cfg["secagg"] = secagg
-        if dp:
-            cfg["dp"] = dp
-        if extractor:
-            cfg["extractor"] = extractor
-        self.config = self.root / "session.toml"
-        write_config(self.config, cfg)
-        if sign:
-            session.sign(self.config, self.pki_dir)  # the operator signs what every party pins
-        self.server = None
-        self.keyholder = KeyHolder(self.pki_dir, "keyholder", self.root / "keys", passphrase=b"test passphrase")
-        self.max_norm = max_norm
-
-    def start(self):
-        self.server = ServerProcess(self.config, self.root / "server.log").start()
-        kh = self.keyholder.party
-        self.server.wait_ready(self.url, kh.ca_file, (kh.cert_file, kh.key_file), timeout=60)
-        return self
-
-    def stop(self):
-        if self.server:
-            self.server.stop()
-
-    def kill9(self):
-        self.server.kill()
-
-    def hospital(self, name) -> HospitalClient:
-        return HospitalClient(self.url, self.session_id, pki.load_party(self.pki_dir, "hospital", name),
-                              receipts_dir=self.root / "receipts", timeout=60)
-
-    def data(self, name, n=40, seed=None):
-        rng = np.random.default_rng(seed if seed is not None else abs(hash(name)) % 2**32)
-        X = rng.standard_normal((n, self.dim))
-        X *= (0.9 * self.max_norm / np.linalg.norm(X, axis=1, keepdims=True)) * rng.uniform(0.1, 1, (n, 1))
-        y = rng.integers(0, self.classes, n)
-        return X, y
-
-    def stats(self, X, y):
-        acc = StatisticsAccumulator(self.dim, self.classes, max_norm=self.max_norm)
-        acc.update(X, y)
-        return acc.finalize(gamma=0.0)
-
-    def connect_keyholder(self):
-        return self.keyholder.connect(self.url, self.session_id)
-
-    def audit_path(self) -> Path:
-        return self.root / "server" / self.session_id / "audit.jsonl"
+__all__ = ["Consortium", "free_port", "write_config", "w_error_bound", "run_hospitals", "verify_countersigned", "load_vectors",
+           "json_parametrize", "VECTORS"]
 
 
 def w_error_bound(X, W, entry_bound: float, n_classes: int, ridge: float = 0.0) -> float:
