@@ -238,6 +238,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    if __package__ in (None, ""):  # run as a script: the repository root is the parent folder
-        sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     sys.exit(main())
