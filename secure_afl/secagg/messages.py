@@ -237,7 +237,7 @@ class _Missing:
         return "MISSING"
 
 
-_MISSING = _Missing()  # not dataclasses.MISSING: Field is itself a dataclass, whose defaults that would erase
+_MISSING = _Missing()  # Field is itself a dataclass: a default of dataclasses.MISSING would read as "no default"
 
 
 @dataclass(frozen=True)
