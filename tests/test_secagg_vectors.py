@@ -21,6 +21,7 @@ from secure_afl.encoding import canonical_json
 from secure_afl.secagg import messages
 from secure_afl.secagg.messages import UnmaskMaterial, decode_message
 from secure_afl.secagg.server import SecAggServerRound
+from support import sourcetree as st
 from support.sourcetree import REPO
 
 _spec = importlib.util.spec_from_file_location("generate_secagg", REPO / "vectors" / "generate_secagg.py")
@@ -177,3 +178,8 @@ def test_every_message_table_has_the_header_and_the_round_last():
             names = [f.name for f in cls.FIELDS]
             assert names[:2] == ["session_id", "client_id"] and names[-1] == "round", cls
             assert [f.name for f in dataclasses.fields(cls)] == names
+
+
+def test_the_generator_is_not_part_of_the_installed_package():
+    # setup.py's ROOTS are what ships; vectors/ (the file and its generator) is a development folder
+    assert "vectors" not in st.roots() and all(not f.startswith("vectors") for f in st.roots())
