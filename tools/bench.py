@@ -317,7 +317,7 @@ def _mask_stream_floor(length: int, repeats: int = 5) -> float:
 
 
 def _split_keyholder_release(be, params, keys, seeds, enrolled, messages, server_pub) -> tuple[float, dict]:
-    """The key holder's split release as the service runs it (``keyholder/release.py``): check each of the
+    """The key holder's split release as the service runs it (``keyholder/release/split_share.py``): check each of the
     server's signed verifier messages, open each seed, judge the upload on its own share and sum the
     accepted masks, on every core. Returns (seconds, refused)."""
     t = time.perf_counter()
