@@ -117,9 +117,10 @@ class ReleaseBase(KeyCustody):
         return release_policy(session.load_signed(self.pki_dir, session_id), min_clients=min_clients)
 
     def _floor(self, session_id: str, min_clients: int) -> int:
-        """Uploads of the roster a release needs: the signed quorum q (never less than ``min_clients``)."""
+        """Uploads of the roster a release needs: the signed policy's quorum q (which already counts this
+        caller's ``min_clients``), or ``min_clients`` alone without a signed definition."""
         policy = self._policy(session_id, min_clients)
-        return min_clients if policy is None else max(min_clients, policy.quorum)
+        return min_clients if policy is None else policy.quorum
 
     def countersign_audit_head(self, conn, manifest: dict) -> dict:
         """Countersign the server's close record (audit seq + head of this release) and hand it back,
@@ -226,7 +227,7 @@ class HTTPSource:
         return self.conn.request("POST", self.conn.path("/split/queries"), body=canonical_json(queries)).json()
 
 
-def sanity(stats, params, participants, tol, *, count_tol=None, spectral_tol=None):
+def statistics_checks(stats, params, participants, tol, *, count_tol=None, spectral_tol=None):
     """The statistics checks; with DP the noise-aware ones, after refusing a release carrying less noise
     than the session declared (fewer contributions than dp min_contributors)."""
     if params.dp is None:

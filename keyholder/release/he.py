@@ -19,10 +19,7 @@ from secure_afl.tagging import check_aggregate_tag
 
 from ..flooding import flood_decryption, flood_plan, release_norms
 from ..verify import ContributionRejected, ServerForgery, resum_signed_contributions, verify_manifest_for
-from .common import FinalResult, ReleaseBase
-from .common import check_dp_noise as _check_dp_noise
-from .common import class_minimum as _class_minimum
-from .common import sanity as _sanity
+from .common import FinalResult, ReleaseBase, check_dp_noise, class_minimum, statistics_checks
 
 log = logging.getLogger("secure_afl.keyholder")
 
@@ -55,7 +52,7 @@ class HERelease(ReleaseBase):
                 # the signed quorum of the roster, before anything is decrypted
                 m = verify_manifest_for(params, manifest, server_pub, enrolled, self._floor(sid, min_clients))
                 # before anything is decrypted: a sum short of noise shares is never decrypted at all
-                _check_dp_noise(params, len(m["participants"]))
+                check_dp_noise(params, len(m["participants"]))
                 backend = get_backend(params)
                 ctx = backend.keyholder_context(secret)
                 chunks, participants = resum_signed_contributions(params, backend, ctx, m, source.contribution,
@@ -106,13 +103,13 @@ class HERelease(ReleaseBase):
                 noise_norms = None
                 flood_info = {"flood_sigma": 0.0, "error_bound_per_entry": tol}
             stats = Layout(params.layout.dim, params.layout.n_classes).unpack(vector, gamma=params.gamma)
-            sanity = _sanity(stats, params, participants, tol, count_tol=count_tol, spectral_tol=spectral)
+            sanity = statistics_checks(stats, params, participants, tol, count_tol=count_tol, spectral_tol=spectral)
             tag_check = check_aggregate_tag(params, stats.tag, m, tags or {}, enrolled,
                                             self.tag_secret(params.session_id), tol)
             # integers stay integers: the checks above proved their error below 1/2
             stats = dataclasses.replace(stats, contributors=float(K), n=float(np.round(stats.n)),
                                         class_counts=np.round(stats.class_counts))
-            _class_minimum(stats, params, min_class_count)
+            class_minimum(stats, params, min_class_count)
             ridge = ridge_if_needed(stats, spectral) if sigma > 0 else 0.0
             W, privacy = self._solve(params, stats, participants, lam + ridge, "resummed:" + key_id)
             w_bound = certify_release(params, stats, W, K, lam=lam + ridge, flood_norms=noise_norms,

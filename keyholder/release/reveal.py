@@ -12,9 +12,7 @@ from secure_afl.packing import Layout
 from secure_afl.params import SessionParams
 from secure_afl.release_checks import ReleaseLedger, check_aggregate_against_manifest
 
-from .common import FinalResult, ReleaseBase
-from .common import class_minimum as _class_minimum
-from .common import sanity as _sanity
+from .common import FinalResult, ReleaseBase, class_minimum, statistics_checks
 
 
 class RevealRelease(ReleaseBase):
@@ -56,8 +54,8 @@ class RevealRelease(ReleaseBase):
                 vector = backend.reveal(aggregate)
                 tol = 1e-9
             stats = Layout(params.layout.dim, params.layout.n_classes).unpack(vector, gamma=params.gamma)
-            sanity = _sanity(stats, params, participants, tol)
-            _class_minimum(stats, params, min_class_count)
+            sanity = statistics_checks(stats, params, participants, tol)
+            class_minimum(stats, params, min_class_count)
             W, privacy = self._solve(params, stats, participants, lam, agg_sha)
             w_bound = certify_release(params, stats, W, len(participants), lam=lam)
             ledger.record(key_id, params.session_id, participants, agg_sha)

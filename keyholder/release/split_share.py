@@ -19,8 +19,7 @@ from secure_afl.protocol import H_TAG
 from secure_afl.release_checks import ReleaseLedger
 
 from ..verify import ContributionRejected, ServerForgery, verify_manifest_for
-from .common import FinalResult, HTTPSource, ReleaseBase
-from .common import check_dp_noise as _check_dp_noise
+from .common import FinalResult, HTTPSource, ReleaseBase, check_dp_noise
 
 
 class SplitRelease(ReleaseBase):
@@ -98,14 +97,13 @@ class SplitRelease(ReleaseBase):
             ledger.check_unused(key_id)
             manifest = source.manifest()
             server_pub, enrolled = self._trust(sid, expected_hospitals)
-            policy = self._policy(sid, min_clients)
-            floor = min_clients if policy is None else max(min_clients, policy.quorum)
+            policy, floor = self._policy(sid, min_clients), self._floor(sid, min_clients)
             try:  # the signed quorum of the roster, before any verdict or share is formed for this manifest
                 m = verify_manifest_for(params, manifest, server_pub, enrolled, floor)
             except ServerForgery as e:
                 ledger.block(key_id, f"refused before the share: {e}")
                 raise
-            _check_dp_noise(params, len(m["participants"]))
+            check_dp_noise(params, len(m["participants"]))
             statements = source.tags()
             t = time.perf_counter()
             raw, refused, evidence, judge = self.split_verdicts(sid, source, m, statements, ledger,
@@ -127,7 +125,7 @@ class SplitRelease(ReleaseBase):
                     self.keep_validity_evidence(sid, {h: raw[h] for h in refused}, refused, evidence)
                 cohort = self._cohort(policy, floor, m, refused)
                 # a refused upload's noise share leaves the release with it: the noise is the cohort's
-                _check_dp_noise(params, len(cohort))
+                check_dp_noise(params, len(cohort))
                 # in the privacy ledger, as the release it enables (the collector cannot unmask without the
                 # share, which leaves only after this), at the noise the cohort's shares sum to
                 self.account_split_release(params, m["aggregate_sha256"], len(cohort))
