@@ -73,7 +73,7 @@ def _config(consortium, data_dir, *, backend="plain", sid="sec-1", min_clients=2
     cfg = ServerConfig(session_id=sid, backend=backend, dim=DIM, classes=CLASSES, gamma=GAMMA, bounds=BOUNDS,
                        min_clients=min_clients, data_dir=data_dir, pki_dir=consortium,
                        hospitals=list(HOSPITALS), max_upload_bytes=cap, deadline_s=3600)
-    from secure_afl.session import sign_definition
+    from secure_afl.session.signed import sign_definition
 
     (consortium / "sessions" / f"{sid}.json").unlink(missing_ok=True)  # each test defines its session anew
     sign_definition(cfg.definition, consortium)

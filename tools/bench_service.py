@@ -64,7 +64,7 @@ from secure_afl.params import Bounds
 from secure_afl.secagg import Stage
 from secure_afl.secagg import default_threshold, max_min_clients, recommended_neighbours
 from secure_afl.server.config import load_config, write_config
-from secure_afl.session import sign as sign_session
+from secure_afl.session.signed import sign as sign_session
 from secure_afl.stats import StatisticsAccumulator
 from secure_afl.stats import SufficientStatistics
 from secure_afl.tools.demo import ServerProcess, free_port

@@ -58,7 +58,7 @@ from secure_afl.pki import client_ssl_context
 from secure_afl.secagg import default_threshold, max_min_clients, recommended_neighbours
 from secure_afl.server.config import load_config
 from secure_afl.server.config import write_config
-from secure_afl.session import sign as sign_session
+from secure_afl.session.signed import sign as sign_session
 from secure_afl.stats import StatisticsAccumulator
 
 __all__ = ["run_demo", "register", "load_embedded", "random_features"]

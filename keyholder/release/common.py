@@ -12,7 +12,8 @@ from pathlib import Path
 
 import numpy as np
 
-from secure_afl import pki, session
+from secure_afl import pki
+from secure_afl.session.signed import load_signed
 from secure_afl._io import write_file
 from secure_afl.analytic import solve_from_sums
 from secure_afl.audit_log import countersign_head
@@ -24,7 +25,7 @@ from secure_afl.keyholder_params import sign_session_params
 from secure_afl.params import SessionParams
 from secure_afl.protocol import context_publication
 from secure_afl.release_checks import check_class_minimum, sanity_check
-from secure_afl.session import signed_path
+from secure_afl.session.signed import signed_path
 from secure_afl.tagging import TAG_KEY_PARAM
 
 from ..connection import KeyHolderConnection
@@ -103,7 +104,7 @@ class ReleaseBase(KeyCustody):
         # adapter have already required the signed definition; only library callers such as the key holder
         # benchmark run without one.)
         if signed_path(self.pki_dir, session_id).exists():
-            roster = set(session.load_signed(self.pki_dir, session_id).hospitals)
+            roster = set(load_signed(self.pki_dir, session_id).hospitals)
             enrolled = {k: v for k, v in enrolled.items() if k in roster}
         if expected_hospitals is not None:
             enrolled = {k: v for k, v in enrolled.items() if k in set(expected_hospitals)}
@@ -114,7 +115,7 @@ class ReleaseBase(KeyCustody):
         signed definition is here (library callers such as the key holder benchmark)."""
         if not signed_path(self.pki_dir, session_id).exists():
             return None
-        return release_policy(session.load_signed(self.pki_dir, session_id), min_clients=min_clients)
+        return release_policy(load_signed(self.pki_dir, session_id), min_clients=min_clients)
 
     def _floor(self, session_id: str, min_clients: int) -> int:
         """Uploads of the roster a release needs: the signed policy's quorum q (which already counts this

@@ -48,11 +48,12 @@ class KeyHolder(HERelease, SplitRelease, RevealRelease):
         The release policy is the stricter of this key holder's and the session's
         (``min_clients``, ``min_class_count``): the server cannot relax it.
         """
-        from secure_afl import session
+        from secure_afl.session.relay import check_same
+        from secure_afl.session.signed import load_signed
 
         # the operator's signed definition, not the server's info, says what this session is: its backend,
         # its release policy and (plain, secagg) its parameters; ckks and bfv use this key holder's keygen record
-        definition = session.load_signed(self.pki_dir, conn.session_id)
+        definition = load_signed(self.pki_dir, conn.session_id)
         # the sealed key is opened before anything changes state (the round closed, the key recorded as used):
         # a mistyped passphrase then leaves the session as it was, and the command can simply be rerun
         secret = self.secret_context(conn.session_id) if definition.backend in KEYED_BACKENDS else None
@@ -83,7 +84,7 @@ class KeyHolder(HERelease, SplitRelease, RevealRelease):
                                    min_class_count=min_class_count, expected_hospitals=expected_hospitals,
                                    secret=secret)
         params = definition.session_params()
-        session.check_same(params.to_dict(), info.get("params") or {}, what="params.", source="the server")
+        check_same(params.to_dict(), info.get("params") or {}, what="params.", source="the server")
         aggregate = conn.request("GET", conn.path("/aggregate")).content
         manifest = conn.request("GET", conn.path("/manifest")).json()
         unmask = None

@@ -15,7 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
-from secure_afl import pki, session
+from secure_afl import pki
+from secure_afl.session.signed import sign as sign_session
 from secure_afl.audit_verify import load_receipts, verify_log
 from secure_afl.clients.hospital import HospitalClient
 from secure_afl.tools.demo import ServerProcess
@@ -69,7 +70,7 @@ class Consortium:
         self.config = self.root / "session.toml"
         write_config(self.config, cfg)
         if sign:
-            session.sign(self.config, self.pki_dir)  # the operator signs what every party pins
+            sign_session(self.config, self.pki_dir)  # the operator signs what every party pins
         self.server = None
         self.keyholder = KeyHolder(self.pki_dir, "keyholder", self.root / "keys", passphrase=b"test passphrase")
         self.max_norm = max_norm
