@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 from secure_afl import pki
 from secure_afl.audit_verify import check_chain, verify_log
 from secure_afl.backends import get_backend
-from secure_afl.backends.base import check_vector
+from secure_afl.protection import check_vector
 from secure_afl.backends.ckks import CKKSBackend, generate_keys, new_ckks_session
 from secure_afl.envelope import peek_header, seal
 from secure_afl.exceptions import (

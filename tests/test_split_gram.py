@@ -211,7 +211,8 @@ def test_gram_statement_soundness_and_sizes():
 
 
 def test_gram_proof_with_dp_is_refused_when_the_session_is_built():
-    from secure_afl.dp import DPSpec, dp_session_params
+    from secure_afl.dp import DPSpec
+    from secure_afl.backends.session_params import dp_session_params
 
     with pytest.raises(InvalidParameterError, match="gram_proof"):
         dp_session_params(DPSpec(epsilon=1.0, delta=1e-5, min_contributors=3), "split", "dp-gram", Layout(6, 3), 1.0, Bounds(4.0, 100, 8),

@@ -246,7 +246,8 @@ def attack_k2_subtraction(*, seed: int = 0, verbose: bool = True, dp: float | No
     measured error against the noise the session declared.
     """
     from secure_afl.backends import get_backend
-    from secure_afl.dp import DPSpec, add_noise_share, dp_session_params
+    from secure_afl.dp import DPSpec, add_noise_share
+    from secure_afl.backends.session_params import dp_session_params
 
     rng = np.random.default_rng(seed)
     spec = None if dp is None else DPSpec(float(dp), 1e-5, 1)

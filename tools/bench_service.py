@@ -255,7 +255,7 @@ def run_service_bench(backend: str, hospitals: int, *, dim: int = 64, classes: i
                             "server_peak_rss": meter.peak_rss(), "peak_is_phase": True}
         conn = kh.connect(url, session_id)
         if backend in HE_BACKENDS or backend == "split":
-            from secure_afl.dp import dp_session_params
+            from secure_afl.backends.session_params import dp_session_params
 
             def keys():
                 params0 = dp_session_params(load_config(work / "session.toml").dp, backend, session_id,

@@ -65,7 +65,7 @@ class SessionDefinition:
         bfv: the key holder's keygen adds its context hash and tag key to
         ``backend_params`` and signs the result.
         """
-        from secure_afl.dp import dp_session_params
+        from secure_afl.backends.session_params import dp_session_params
 
         b = self.body
         layout = Layout(b["dim"], b["classes"])
