@@ -50,7 +50,7 @@ from secure_afl.signing import sign_upload, verify_receipt
 from secure_afl.stats import SufficientStatistics
 from secure_afl.tagging import new_tag, seal_tag, sign_tag
 
-from secure_afl.clients.tls_client import ServiceClient
+from secure_afl.transport.tls_client import ServiceClient
 from secure_afl.clients.secagg_client import run_secagg
 
 __all__ = ["HospitalClient", "protect_contribution", "protect_vector"]

@@ -38,7 +38,7 @@ and then go silent before the masked input (the server drops them after
 The server runs with its default limits (k_max + 16 connections, 4 bodies
 read at once): hospitals wait on their connections for a body slot; a 429
 ``busy`` (no slot within ``read_timeout_s``) or a 503 (``--max-connections``
-below K) is absorbed by waiting and sending again (clients/tls_client.py), and
+below K) is absorbed by waiting and sending again (transport/tls_client.py), and
 the report counts them.
 """
 
