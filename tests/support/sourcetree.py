@@ -17,13 +17,36 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 @lru_cache(maxsize=1)
-def roots() -> dict[str, str]:
-    """Repository folder -> installed package name, as setup.py declares them."""
+def main_roots() -> dict[str, str]:
+    """Repository folder -> installed package name, as setup.py declares them (the secure-afl distribution)."""
     tree = ast.parse((REPO / "setup.py").read_text())
     for node in ast.walk(tree):
         if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "ROOTS" for t in node.targets):
             return {folder: name for name, folder in ast.literal_eval(node.value).items()}
     raise AssertionError("setup.py declares no ROOTS")
+
+
+@lru_cache(maxsize=1)
+def separate_roots() -> dict[str, str]:
+    """Repository folder -> installed package name for the distributions of their own (tools/pyproject.toml):
+    a folder with a pyproject.toml whose ``[tool.setuptools] package-dir`` maps a package onto it."""
+    try:
+        import tomllib
+    except ImportError:  # Python 3.10
+        import tomli as tomllib
+
+    out = {}
+    for pyproject in sorted(REPO.glob("*/pyproject.toml")):
+        package_dir = tomllib.loads(pyproject.read_text()).get("tool", {}).get("setuptools", {}).get("package-dir", {})
+        for name, folder in package_dir.items():
+            out[(pyproject.parent / folder).resolve().relative_to(REPO).as_posix()] = name
+    return out
+
+
+@lru_cache(maxsize=1)
+def roots() -> dict[str, str]:
+    """Repository folder -> installed package name, for every distribution built from the repository."""
+    return {**main_roots(), **separate_roots()}
 
 
 @dataclass(frozen=True)
