@@ -1,5 +1,5 @@
 # Two commands do all set-up on a fresh machine: `make demo` and `make test`.
-# `make demo` installs the package and what the demo needs, nothing more;
+# `make demo` installs the package and the tools (tools/, its own distribution), nothing more;
 # `make test` and `make test-all` add the extras (dev, embed, flower, bench, fast: numba for the split projection).
 # Each level has its own stamp, so `make demo` then `make test` upgrades .venv.
 PYTHON ?= python3
@@ -14,8 +14,10 @@ PYTEST := $(PY) -m pytest -q --durations=15
 $(PY):
 	$(PYTHON) -m venv $(VENV)
 
-$(BASE): pyproject.toml setup.py | $(PY)
+# the package, then the tools (demo, attacks, benchmarks): a separate distribution no party's install carries
+$(BASE): pyproject.toml setup.py tools/pyproject.toml | $(PY)
 	$(PY) -m pip install -q -e .
+	$(PY) -m pip install -q -e ./tools
 	touch $@
 
 $(FULL): $(BASE)

@@ -21,7 +21,8 @@ import numpy as np
 
 from secure_afl.encoding import canonical_text
 from secure_afl import pki
-from secure_afl import session as session_definition
+from secure_afl.session.relay import check_info
+from secure_afl.session.signed import load_signed
 from secure_afl.backends import get_backend
 from secure_afl.params import KEYED_BACKENDS
 from secure_afl.dp import add_noise_share
@@ -49,7 +50,7 @@ from secure_afl.signing import sign_upload, verify_receipt
 from secure_afl.stats import SufficientStatistics
 from secure_afl.tagging import new_tag, seal_tag, sign_tag
 
-from secure_afl.clients.tls_client import ServiceClient
+from secure_afl.transport.tls_client import ServiceClient
 from secure_afl.clients.secagg_client import run_secagg
 
 __all__ = ["HospitalClient", "protect_contribution", "protect_vector"]
@@ -143,7 +144,7 @@ class HospitalClient:
                            if isinstance(server_identity_pub, str) else server_identity_pub)
         self.bytes_uploaded = 0
         # what this session is comes from the operator's signed definition in our own bundle, never the server
-        self.definition = session_definition.load_signed(party.pki_dir, session_id)
+        self.definition = load_signed(party.pki_dir, session_id)
 
     def close(self) -> None:
         self.conn.close()
@@ -175,7 +176,7 @@ class HospitalClient:
             raise RoundAlreadyClosed(f"session {self.session_id} is {info['status']}: it takes no more uploads")
         if info["status"] != "open":
             raise StageError(f"session {self.session_id} is {info['status']}, not open")
-        params = session_definition.check_info(self.definition, info)
+        params = check_info(self.definition, info)
         if info["server_identity_pub"] != pki.public_key_hex(self.server_pub):
             raise ParameterMismatch("the server does not present the pinned identity key")
         if params.backend in KEYED_BACKENDS:

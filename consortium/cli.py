@@ -16,7 +16,9 @@ from pathlib import Path
 from secure_afl.exceptions import InvalidInputError
 from secure_afl.pki import CA_KEY, ROLES, init_ca, issue, make_bundles
 from secure_afl.secagg import consistency_quorum
-from secure_afl.session import dropout_line, load_signed, reference, share_line, sign
+from secure_afl.session.definition import dropout_line, share_line
+from secure_afl.session.schema import reference
+from secure_afl.session.signed import load_signed, sign
 
 __all__ = ["register_pki", "register_session"]
 

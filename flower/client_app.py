@@ -36,7 +36,8 @@ from flwr.app import ConfigRecord, Context, Message
 from flwr.clientapp import ClientApp
 
 from secure_afl import pki
-from secure_afl import session as session_definition
+from secure_afl.session.relay import check_info
+from secure_afl.session.signed import load_signed
 from secure_afl.params import KEYED_BACKENDS
 from secure_afl.clients.hospital import protect_contribution, protect_vector
 from secure_afl.clients.statsfile import load_statistics_file
@@ -100,14 +101,14 @@ def _definition(info: dict, party, context: Context):
         raise WrongSession(f"this SuperNode serves session {pinned!r}, not {sid!r}")
     if not isinstance(sid, str):
         raise WrongSession("the ServerApp names no session")
-    return session_definition.load_signed(party.pki_dir, sid)
+    return load_signed(party.pki_dir, sid)
 
 
 def _session_params(info: dict, party, context: Context) -> SessionParams:
     """The same checks as the native client's fetch_params: open session, the signed definition, pinned server."""
     if info.get("status") != "open":
         raise StageError(f"session {info.get('session_id')} is {info.get('status')}, not open")
-    params = session_definition.check_info(_definition(info, party, context), info, source="the ServerApp")
+    params = check_info(_definition(info, party, context), info, source="the ServerApp")
     if info["server_identity_pub"] != pki.public_key_hex(pki.pinned_identity(party.pki_dir, "server")):
         raise ParameterMismatch("the server does not present the pinned identity key")
     if params.backend in KEYED_BACKENDS:
@@ -212,7 +213,7 @@ def secagg(msg: Message, context: Context) -> Message:
             raise StageError("no SecAgg setup in this run: refusing a later stage")
         key = context.state[_SECAGG]["key"]
         client = restore_client(sealed.load(key), party.identity_key(),
-                                _peer_keys(session_definition.load_signed(party.pki_dir, sid), party))
+                                _peer_keys(load_signed(party.pki_dir, sid), party))
     try:
         fields, body = _secagg_answer(client, party, phase, msg, context, record)
     finally:  # an aborted client is kept aborted: it answers nothing more in this run

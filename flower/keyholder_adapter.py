@@ -19,7 +19,8 @@ from secure_afl.exceptions import InvalidInputError
 from secure_afl.backends import HE_BACKENDS
 from secure_afl.keyholder import KeyHolder, write_model
 from secure_afl.keyholder.model import model_metadata
-from secure_afl import session
+from secure_afl.session.relay import check_same
+from secure_afl.session.signed import load_signed
 from secure_afl.cohort import release_policy
 
 __all__ = ["open_keyholder", "publication", "countersign", "finalize", "split_share", "split_result"]
@@ -87,14 +88,14 @@ def finalize(kh: KeyHolder, info: dict, aggregate: bytes, manifest: dict, tags: 
     the signed uploads (``contributions``); the server's ``aggregate`` is used for plain and secagg
     (with the server's ``unmask`` material, as ``keyholder finalize`` fetches it)."""
 
-    definition = session.load_signed(kh.pki_dir, str(info.get("session_id")))
+    definition = load_signed(kh.pki_dir, str(info.get("session_id")))
     rp = release_policy(definition, min_clients=min_clients, min_class_count=min_class_count)
     policy = {"min_clients": rp.min_clients, "min_class_count": rp.min_class_count, "lam": lam}
     if definition.backend in HE_BACKENDS:
         res = kh.release_he(definition.session_id, _MessageSource(manifest, contributions, tags), **policy)
     else:
         params = definition.session_params()
-        session.check_same(params.to_dict(), info.get("params") or {}, what="params.", source="the ServerApp")
+        check_same(params.to_dict(), info.get("params") or {}, what="params.", source="the ServerApp")
         res = kh.reveal_and_solve(params, aggregate, manifest, unmask=unmask, **policy)
     write_model(out, res.W, model_metadata(res.params, res.report, lam))
     report_path.parent.mkdir(parents=True, exist_ok=True)
@@ -108,10 +109,9 @@ def split_share(kh: KeyHolder, info: dict, manifest: dict, tags: dict, verifier,
     signed seed statements and the server's signed verifier messages; never a masked vector): the same
     validity decision and refusals by name as over HTTP. The collector solves under the session's policy, so a
     stricter one asked here is refused, as ``keyholder finalize`` refuses it."""
-    from secure_afl import session
     from secure_afl.exceptions import PolicyViolation
 
-    definition = session.load_signed(kh.pki_dir, str(info.get("session_id")))
+    definition = load_signed(kh.pki_dir, str(info.get("session_id")))
     if definition.backend != "split":
         raise InvalidInputError(f"session {definition.session_id} runs {definition.backend}, not split")
     if min_class_count > definition["min_class_count"] or lam:

@@ -13,7 +13,7 @@ from .connection import KeyHolderConnection
 from .custody import PASSPHRASE_ENV
 from .model import model_metadata
 from .release import KeyHolder, write_model
-from secure_afl import session
+from secure_afl.session.signed import load_signed
 from secure_afl.certify import verdict_text
 from secure_afl.params import KEYED_BACKENDS
 
@@ -29,7 +29,7 @@ def _keyholder(args) -> KeyHolder:
 
 def _cmd_keygen(args) -> int:
 
-    definition = session.load_signed(args.pki, args.session)  # the operator's, from this key holder's bundle
+    definition = load_signed(args.pki, args.session)  # the operator's, from this key holder's bundle
     if definition.backend not in KEYED_BACKENDS:
         print(f"session {definition.session_id} uses {definition.backend}; only {', '.join(KEYED_BACKENDS)} "
               "sessions need key-holder keys")

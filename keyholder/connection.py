@@ -1,6 +1,6 @@
 """The key holder's own signed HTTPS connection to the aggregation server.
 
-The hospitals' transport (:mod:`secure_afl.clients.tls_client`: mTLS with the
+The hospitals' transport (:mod:`secure_afl.transport.tls_client`: mTLS with the
 consortium CA, an Ed25519 signature on every call, 4xx answers as the
 library's typed exceptions, retries after a restart or a 429/503) with what
 differs for the key holder: longer timeouts (it downloads every upload) and
@@ -9,7 +9,7 @@ a signed ``info``.
 
 from __future__ import annotations
 
-from secure_afl.clients.tls_client import ServiceClient
+from secure_afl.transport.tls_client import ServiceClient
 
 __all__ = ["KeyHolderConnection"]
 

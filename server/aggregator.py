@@ -59,7 +59,8 @@ from secure_afl.signing import build_manifest, make_receipt, verify_upload
 
 from .config import ServerConfig
 from .store import Store
-from secure_afl import session
+from secure_afl.session.relay import check_same
+from secure_afl.session.signed import load_signed
 from secure_afl.cohort import release_policy
 from secure_afl._io import write_file
 from secure_afl.backends.split import verify_seed_statement
@@ -114,8 +115,8 @@ class AggregationServer:
     def _signed_definition(self):
         """The operator-signed definition of this session; the server's own settings must agree with it."""
 
-        signed = session.load_signed(self.config.pki_dir, self.config.session_id)
-        session.check_same(signed.body, self.config.definition.body, what="",
+        signed = load_signed(self.config.pki_dir, self.config.session_id)
+        check_same(signed.body, self.config.definition.body, what="",
                            source=f"the server's session.toml ({self.config.session_id})")
         return signed
 

@@ -7,7 +7,7 @@ import signal
 
 from secure_afl.exceptions import InvalidParameterError, ParameterMismatch
 from secure_afl.server.config import load_config
-from secure_afl.session import dropout_line
+from secure_afl.session.definition import dropout_line
 
 
 def _cmd_run(args) -> int:

@@ -1,7 +1,7 @@
 """Session configuration (session.toml) for the aggregation server.
 
 Every key, its type, default, range and reader: docs/SESSION.md, generated
-from :data:`secure_afl.session.SECTIONS` by ``secure-afl session reference``.
+from :data:`secure_afl.session.schema.SECTIONS` by ``secure-afl session reference``.
 
 Example::
 
@@ -68,9 +68,11 @@ from pathlib import Path
 
 from secure_afl._validation import param_error
 from secure_afl.params import BACKENDS, Bounds
-from secure_afl import pki, session
+from secure_afl import pki
+from secure_afl.session.definition import normalise
+from secure_afl.session.schema import load_toml, parse
 from secure_afl.extractor import ExtractorFingerprint
-from secure_afl.session import write_toml
+from secure_afl.session.toml_writer import write_toml
 
 __all__ = ["ServerConfig", "load_config"]
 
@@ -147,7 +149,7 @@ class ServerConfig:
     @property
     def definition(self):
         """The session definition these settings describe (:mod:`secure_afl.session`), defaults filled in."""
-        from secure_afl import pki, session
+        from secure_afl import pki
 
         s = {"id": self.session_id, "backend": self.backend, "dim": self.dim, "classes": self.classes,
              "gamma": float(self.gamma), "min_clients": self.min_clients, "min_class_count": self.min_class_count,
@@ -171,7 +173,7 @@ class ServerConfig:
             sections["split"] = dict(self.split)
         issued = (sorted(pki.load_enrolments(self.pki_dir, role="hospital"))
                   if (Path(self.pki_dir) / pki.CA_CERT).exists() else None)
-        return session.normalise(session.parse(sections, source="the server's session settings"),
+        return normalise(parse(sections, source="the server's session settings"),
                                  issued_hospitals=issued, source="the server's session settings")
 
     @property
@@ -191,12 +193,12 @@ def load_config(path) -> ServerConfig:
     or misspelled key, a wrong type or an impossible combination is refused, named), plus ``[server]``."""
 
     path = Path(path)
-    sections = session.load_toml(path)
+    sections = load_toml(path)
     srv = sections.get("server", {})
     base = path.parent
     pki_dir = (base / srv.get("pki_dir", "pki")).resolve()
     issued = sorted(pki.load_enrolments(pki_dir, role="hospital")) if (pki_dir / pki.CA_CERT).exists() else None
-    d = session.normalise(sections, issued_hospitals=issued, source=str(path)).body
+    d = normalise(sections, issued_hospitals=issued, source=str(path)).body
     sa = d["secagg"] or {}
     return ServerConfig(
         session_id=d["id"], backend=d["backend"], dim=d["dim"], classes=d["classes"], gamma=d["gamma"],

@@ -191,10 +191,10 @@ _BROKEN = {
     "split-keyholder": "import secure_afl.server.split_round as m\ndel m.SplitAggregationServer.contribution",
     # the key holder's floor removed (the signed quorum on the manifest and on the cohort its validity
     # verdicts leave): it releases a share for any cohort
-    "split-subset": ("import secure_afl.keyholder.release as r\nf = r.verify_manifest_for\n"
+    "split-subset": ("import secure_afl.keyholder.release.split_share as r\nf = r.verify_manifest_for\n"
                      "r.verify_manifest_for = lambda p, m, s, e, mc: f(p, m, s, e, 1)\n"
-                     "rs = r.KeyHolder.release_split\n"
-                     "r.KeyHolder.release_split = lambda self, sid, src, *, min_clients, **kw: "
+                     "rs = r.SplitRelease.release_split\n"
+                     "r.SplitRelease.release_split = lambda self, sid, src, *, min_clients, **kw: "
                      "rs(self, sid, src, min_clients=1, **kw)\n"
                      "r.cohort_after_refusals = lambda p, parts, refused: [h for h in parts if h not in refused]"),
 }

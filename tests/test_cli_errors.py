@@ -131,10 +131,10 @@ def test_wrong_session_id_is_one_line(consortium, tmp_path):
     c = consortium(backend="plain", hospitals=("h1", "h2"), min_clients=2).start()
     from dataclasses import replace
 
-    from secure_afl import session
+    from secure_afl.session.signed import load_signed, sign_definition
 
-    d = session.load_signed(c.pki_dir, c.session_id)  # the operator defined a session this server does not run
-    session.sign_definition(replace(d, body={**d.body, "id": "no-such-session"}), c.pki_dir)
+    d = load_signed(c.pki_dir, c.session_id)  # the operator defined a session this server does not run
+    sign_definition(replace(d, body={**d.body, "id": "no-such-session"}), c.pki_dir)
 
     # Execute
     out = _cli(*_submit_args(c, "h1", _stats_file(c, "h1", tmp_path / "h1.npz"), session="no-such-session"))

@@ -16,7 +16,7 @@ import sys
 import numpy as np
 import pytest
 
-from secure_afl import session
+from secure_afl.session.signed import load_signed
 from secure_afl.cohort import default_colluders, quorum, release_policy
 from secure_afl.exceptions import EXIT_INPUT, EXIT_SECURITY, InvalidContribution, ParameterMismatch
 
@@ -70,7 +70,7 @@ def test_session_sign_prints_the_dropout_tolerance_of_the_signed_colluder_bound(
     out, pki_dir = _sign(tmp_path, capsys, {})
     # Assert: c and q are the signed ones, and the line says how many may be missing
     assert out.returncode == 0, out.stderr
-    d = session.load_signed(pki_dir, "s-cohort")
+    d = load_signed(pki_dir, "s-cohort")
     p = release_policy(d)
     assert d["colluders"] == p.colluders and d["max_refusals"] == p.colluders
     assert f"{6 - p.quorum} of 6 hospitals may drop out" in out.stdout and f"= {p.quorum} roster" in out.stdout
@@ -304,7 +304,7 @@ def test_refusals_past_the_signed_limit_abort_even_when_the_quorum_remains(tmp_p
     srv, kh, pki_dir, _ = split_service(tmp_path, hospitals=names, min_clients=3,
                                          extra_session={"max_refusals": 0})
     try:
-        policy = release_policy(session.load_signed(pki_dir, srv.config.session_id))
+        policy = release_policy(load_signed(pki_dir, srv.config.session_id))
         assert len(names) - 1 >= policy.quorum and policy.max_refusals == 0
         # Execute / Assert: the key holder releases no share
         with pytest.raises(InsufficientContributors, match="max_refusals"):
@@ -342,7 +342,7 @@ def test_a_refused_hospital_proves_the_server_forged_its_refusal_with_its_own_up
     names = tuple(f"h{i}" for i in range(1, 7))
     c = consortium(backend="split", hospitals=names, min_clients=3).start()
     conn = c.connect_keyholder()
-    c.keyholder.keygen(session.load_signed(c.pki_dir, c.session_id).session_params())
+    c.keyholder.keygen(load_signed(c.pki_dir, c.session_id).session_params())
     c.keyholder.publish(conn)
     kept = {}
     for h in names:

@@ -8,7 +8,8 @@ import pytest
 from scipy import stats as st
 
 from secure_afl.analytic import solve_from_sums
-from secure_afl.dp import DPSpec, add_noise_share, dp_session_params, dp_solve, noise_share, psd_repair
+from secure_afl.dp import DPSpec, add_noise_share, dp_solve, noise_share, psd_repair
+from secure_afl.backends.session_params import dp_session_params
 from secure_afl.dp.ledger import PrivacyLedger
 from secure_afl.dp.mechanism import (grid_bits, epsilon_from_rdp, gaussian_rdp, noise_multiplier_for, release_epsilon,
                                      release_rdp, skellam_rdp, noised_entries)

@@ -3,7 +3,7 @@
 import pytest
 
 from secure_afl.dp import DPSpec
-from secure_afl.dp.privacy_audit import audit_params, audit_session
+from secure_afl.privacy_audit import audit_params, audit_session
 
 pytestmark = pytest.mark.security
 

@@ -14,7 +14,7 @@ import sys
 import numpy as np
 import pytest
 
-from secure_afl import session
+from secure_afl.session.signed import load_signed
 from secure_afl.exceptions import EXIT_KEYS
 from secure_afl.keyholder import read_model
 
@@ -52,7 +52,7 @@ def _submit(c, names):
 def test_wrong_passphrase_at_finalize_changes_nothing_and_the_rerun_releases(consortium, tmp_path, backend, wrong):
     # Prepare: keys sealed with the consortium's passphrase (the fixture's), published; two of three upload
     c = consortium(backend=backend, hospitals=("h1", "h2", "h3"), min_clients=2).start()
-    c.keyholder.keygen(session.load_signed(c.pki_dir, c.session_id).session_params())
+    c.keyholder.keygen(load_signed(c.pki_dir, c.session_id).session_params())
     with c.connect_keyholder() as conn:
         c.keyholder.publish(conn)
     _submit(c, ["h1", "h2"])

@@ -15,7 +15,7 @@ import time
 import numpy as np
 import pytest
 
-from secure_afl import session
+from secure_afl.session.signed import load_signed
 from secure_afl.cli import main
 from secure_afl.clients.statsfile import write_statistics_file
 from secure_afl.exceptions import EXIT_INPUT, EXIT_KEYS, EXIT_REFUSED
@@ -39,7 +39,7 @@ def _error_line(err: str) -> str:
 
 
 def _keyed(c):
-    c.keyholder.keygen(session.load_signed(c.pki_dir, c.session_id).session_params())
+    c.keyholder.keygen(load_signed(c.pki_dir, c.session_id).session_params())
 
 
 def _finalize(c, tmp_path, *extra):

@@ -9,7 +9,8 @@ import time
 import numpy as np
 import pytest
 
-from secure_afl import pki, session
+from secure_afl import pki
+from secure_afl.session.signed import load_signed, sign, sign_definition
 from secure_afl.analytic import centralised_weights
 from secure_afl.audit_verify import load_receipts, verify_log
 from secure_afl.backends.ckks import ckks_session_params
@@ -167,7 +168,7 @@ def test_flower_hospitals_refuse_a_server_that_is_not_the_pinned_one(tmp_path, d
     for h in HOSPITALS:
         (rogue.pki_dir / f"hospital-{h}").mkdir()
         shutil.copy(c.pki_dir / f"hospital-{h}" / "enrolment.json", rogue.pki_dir / f"hospital-{h}")
-    session.sign(rogue.config, rogue.pki_dir)  # its own CA: no hospital pins it
+    sign(rogue.config, rogue.pki_dir)  # its own CA: no hospital pins it
     deployment.start_superlink()
     for h in HOSPITALS:
         deployment.start_supernode(h, {"role": "hospital", "name": h, "pki-dir": c.pki_dir,
@@ -262,7 +263,7 @@ def test_flower_secagg_survives_a_crash_after_share_keys_and_refuses_an_impostor
         (rogue_pki / role_dir).mkdir()
         shutil.copy(c.pki_dir / role_dir / "enrolment.json", rogue_pki / role_dir)
     # the impostor's own CA signs the same definition, so its node answers (and the server must refuse it)
-    session.sign_definition(session.load_signed(c.pki_dir, c.session_id), rogue_pki)
+    sign_definition(load_signed(c.pki_dir, c.session_id), rogue_pki)
     deployment.start_superlink()
     for h in names:
         deployment.start_supernode(h, {"role": "hospital", "name": h, "pki-dir": rogue_pki if h == "h5" else c.pki_dir,

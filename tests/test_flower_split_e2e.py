@@ -8,7 +8,8 @@ import time
 import numpy as np
 import pytest
 
-from secure_afl import pki, session
+from secure_afl import pki
+from secure_afl.session.signed import load_signed
 from secure_afl.analytic import centralised_weights
 from secure_afl.audit_verify import load_receipts, verify_log
 from secure_afl.keyholder import read_model
@@ -22,7 +23,7 @@ HOSPITALS = ("h1", "h2", "h3")
 
 
 def _keygen(c):
-    c.keyholder.keygen(session.load_signed(c.pki_dir, c.session_id).session_params())
+    c.keyholder.keygen(load_signed(c.pki_dir, c.session_id).session_params())
 
 
 def _started(tmp_path, deployment, *, seed: int, min_clients: int, max_refusals: int = 1):

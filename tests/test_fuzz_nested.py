@@ -69,7 +69,7 @@ def _config(consortium, data_dir, backend, sid):
                        bounds=Bounds(max_norm=2.0, n_max=100, k_max=8), min_clients=2, data_dir=data_dir,
                        pki_dir=consortium, hospitals=list(HOSPITALS), max_upload_bytes=1 << 20, deadline_s=3600,
                        secagg_threshold=2, secagg_neighbours=0)
-    from secure_afl.session import sign_definition
+    from secure_afl.session.signed import sign_definition
 
     (consortium / "sessions" / f"{sid}.json").unlink(missing_ok=True)
     sign_definition(cfg.definition, consortium)

@@ -1,8 +1,10 @@
-"""The import graph a reader can trust: no cycles, primitives at the bottom, the library below the parties and tools.
+"""The import graph a reader can trust: no cycles (between modules, and between packages), primitives at the
+bottom, the library below the transport, the parties, the tools and the console script.
 
 Read from the source (``ast``), not by importing: an import inside a function
-counts as much as one at the top, since it ties the two modules together all
-the same.
+counts as much as one at the top, and so does an import by string (a command
+table's ``"secure_afl.x.y:function"``, ``importlib.import_module("...")``),
+since each ties the two modules together all the same.
 """
 
 from __future__ import annotations
@@ -11,9 +13,10 @@ from support import sourcetree as st
 
 # what the primitives may lean on: leaf modules that import nothing above themselves
 HAZMAT_MAY_IMPORT = {"secure_afl.exceptions", "secure_afl._validation", "secure_afl.domains"}
-# installed sub-packages that are parties or tools, not library
-ABOVE_LIBRARY = ("secure_afl.server", "secure_afl.clients", "secure_afl.keyholder", "secure_afl.flower",
-                 "secure_afl.tools")
+# installed sub-packages that are not library: the parties' transport, the parties, the tools, the console script
+TRANSPORT = ("secure_afl.transport",)
+ABOVE_LIBRARY = TRANSPORT + ("secure_afl.server", "secure_afl.clients", "secure_afl.keyholder", "secure_afl.consortium",
+                             "secure_afl.flower", "secure_afl.tools", "secure_afl.cli")
 TOOLS = ("secure_afl.flower", "secure_afl.tools")
 
 
@@ -24,9 +27,25 @@ def _under(name: str, packages) -> bool:
 def _graph() -> dict[str, set[str]]:
     graph = {name: set() for name in st.modules()}
     for m in st.modules().values():
-        for _, target, _ in st.internal_imports(m):
+        for _, target in st.all_imports(m):
             if target != m.name:
                 graph[m.name].add(target)
+    return graph
+
+
+def _package(name: str) -> str:
+    """The package a module belongs to at the top of the product: secure_afl.backends for
+    secure_afl.backends.ckks, secure_afl.server for secure_afl.server.routes.gate; a module directly in
+    secure_afl stands for itself."""
+    return ".".join(name.split(".")[:2])
+
+
+def _package_graph() -> dict[str, set[str]]:
+    graph: dict[str, set[str]] = {}
+    for name, targets in _graph().items():
+        graph.setdefault(_package(name), set()).update(_package(t) for t in targets)
+    for name, targets in graph.items():
+        targets.discard(name)
     return graph
 
 
@@ -81,23 +100,53 @@ def test_no_import_cycles():
     assert not cycles, "import cycles:\n" + "\n".join(" <-> ".join(c) for c in cycles)
 
 
+def test_no_package_level_cycles():
+    # two packages that import each other (backends <-> secagg, say) cannot be read, tested or shipped apart,
+    # even when no two of their modules form a cycle
+    cycles = _cycles(_package_graph())
+    assert not cycles, "package-level import cycles:\n" + "\n".join(" <-> ".join(c) for c in cycles)
+
+
+def test_an_import_by_string_is_an_import():
+    # the string finder must see what a command table or importlib names, and only that
+    import ast
+
+    known = {"secure_afl.tools.demo", "secure_afl.cli", "secure_afl.server"}
+    tree = ast.parse('''"""Docstring naming secure_afl.tools.demo."""
+import importlib, logging, subprocess, sys
+log = logging.getLogger("secure_afl.server")
+TABLE = [("demo", "secure_afl.tools.demo:register")]
+importlib.import_module("secure_afl.tools.demo")
+subprocess.Popen([sys.executable, "-m", "secure_afl.cli", "server"])
+''')
+    assert sorted(st.string_imports_in(tree, known)) == [(4, "secure_afl.tools.demo"), (5, "secure_afl.tools.demo")]
+
+
 def test_hazmat_imports_nothing_above_it():
     offences = [f"{m.name} -> {t}" for m in st.modules().values() if _under(m.name, ["secure_afl.hazmat"])
-                for _, t, _ in st.internal_imports(m)
+                for _, t in st.all_imports(m)
                 if not _under(t, ["secure_afl.hazmat"]) and t not in HAZMAT_MAY_IMPORT]
     assert not offences, "hazmat imports above itself:\n" + "\n".join(offences)
 
 
 def test_the_library_imports_no_party_and_no_tool():
-    offences = [f"{m.name} -> {t}" for m in st.modules().values() if not _under(m.name, ABOVE_LIBRARY)
-                for _, t, _ in st.internal_imports(m) if _under(t, ABOVE_LIBRARY)]
-    assert not offences, "the library imports a party or a tool:\n" + "\n".join(offences)
+    offences = [f"{m.name}:{line} -> {t}" for m in st.modules().values() if not _under(m.name, ABOVE_LIBRARY)
+                for line, t in st.all_imports(m) if _under(t, ABOVE_LIBRARY)]
+    assert not offences, "the library imports a party, a tool, the transport or the console script:\n" + \
+        "\n".join(offences)
+
+
+def test_the_transport_imports_only_the_library():
+    offences = [f"{m.name}:{line} -> {t}" for m in st.modules().values() if _under(m.name, TRANSPORT)
+                for line, t in st.all_imports(m) if _under(t, ABOVE_LIBRARY) and not _under(t, TRANSPORT)]
+    assert not offences, "the transport imports a party or a tool:\n" + "\n".join(offences)
 
 
 def test_no_party_imports_a_tool():
-    offences = [f"{m.name} -> {t}" for m in st.modules().values()
-                if _under(m.name, ABOVE_LIBRARY) and not _under(m.name, TOOLS)
-                for _, t, _ in st.internal_imports(m) if _under(t, TOOLS)]
+    # the console script names every command, tools' included: it alone sits above them
+    offences = [f"{m.name}:{line} -> {t}" for m in st.modules().values()
+                if _under(m.name, ABOVE_LIBRARY) and not _under(m.name, TOOLS + ("secure_afl.cli",))
+                for line, t in st.all_imports(m) if _under(t, TOOLS)]
     assert not offences, "a party imports a tool:\n" + "\n".join(offences)
 
 

@@ -171,7 +171,7 @@ def test_raising_min_clients_never_lowers_the_default_threshold(tmp_path, capsys
     """Six hospitals: min_clients 3 and 4 sign with the same default threshold (the same colluders
     tolerated); 5 is refused, and the advice names a min_clients that does sign and the explicit
     threshold that would allow 5, with the colluders it gives up."""
-    from secure_afl import session
+    from secure_afl.session.signed import load_signed
 
     hospitals = tuple(f"h{i}" for i in range(1, 7))
     thresholds = {}
@@ -183,7 +183,7 @@ def test_raising_min_clients_never_lowers_the_default_threshold(tmp_path, capsys
         # Assert
         out = capsys.readouterr()
         assert rc == 0, out.err
-        thresholds[mc] = session.load_signed(c.pki_dir, c.session_id).session_params().backend_params["threshold"]
+        thresholds[mc] = load_signed(c.pki_dir, c.session_id).session_params().backend_params["threshold"]
         if mc == 4:  # no dropout survives this quorum: said once, as a warning
             both = out.out + out.err
             assert both.count("0 of 6 hospitals may drop out") == 1, both

@@ -307,14 +307,16 @@ def test_genuine_signatures_over_another_survivor_set_relayed_as_the_quorum_reve
 def test_another_sessions_signed_info_relayed_by_the_server_is_refused(tmp_path):
     # Prepare: the operator also signed session "adv2" for the same hospitals at t = 2; the server relays
     # that session's info and parameters to hospitals that joined "adv"
-    from secure_afl import session
+    from secure_afl.session.definition import normalise
+    from secure_afl.session.schema import parse
+    from secure_afl.session.signed import sign_definition
 
     adv = MaliciousServer(tmp_path, 5, threshold=3)
-    other = session.normalise(session.parse({
+    other = normalise(parse({
         "session": {"id": "adv2", "backend": "secagg", "dim": 3, "classes": 2, "gamma": 1.0, "min_clients": 2,
                     "hospitals": adv.names},
         "bounds": {"max_norm": 4.0, "n_max": 100, "k_max": 5}, "secagg": {"threshold": 2}}))
-    session.sign_definition(other, adv.pki_dir)
+    sign_definition(other, adv.pki_dir)
     honest_info = adv.info
     params2 = other.session_params()
     adv.info = lambda: {**honest_info(), "session_id": "adv2", "params": params2.to_dict(),

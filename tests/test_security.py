@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 from secure_afl import pki
 from secure_afl.audit_verify import check_chain, verify_log
 from secure_afl.backends import get_backend
-from secure_afl.backends.base import check_vector
+from secure_afl.protection import check_vector
 from secure_afl.backends.ckks import CKKSBackend, generate_keys, new_ckks_session
 from secure_afl.envelope import peek_header, seal
 from secure_afl.exceptions import (
@@ -73,7 +73,7 @@ def _config(consortium, data_dir, *, backend="plain", sid="sec-1", min_clients=2
     cfg = ServerConfig(session_id=sid, backend=backend, dim=DIM, classes=CLASSES, gamma=GAMMA, bounds=BOUNDS,
                        min_clients=min_clients, data_dir=data_dir, pki_dir=consortium,
                        hospitals=list(HOSPITALS), max_upload_bytes=cap, deadline_s=3600)
-    from secure_afl.session import sign_definition
+    from secure_afl.session.signed import sign_definition
 
     (consortium / "sessions" / f"{sid}.json").unlink(missing_ok=True)  # each test defines its session anew
     sign_definition(cfg.definition, consortium)

@@ -4,7 +4,7 @@ Bounded in count (K hospitals, one upload each; every tenth then sends the same 
 again, which returns the same receipt, and a different one, which is refused) and in
 time (every thread is joined with a deadline). The server keeps its DEFAULT limits (64
 connections, 4 request bodies read at once): the crowd is answered 503 and 429 ``busy``,
-and the clients wait and send again (clients/tls_client.py). Every accepted upload must be
+and the clients wait and send again (transport/tls_client.py). Every accepted upload must be
 counted exactly once: receipts == manifest participants == accepted audit records, every
 hospital is accepted, and no answer is a 5xx. K = 200 runs by default; K = 1000 is
 marked slow (``make test-slow``): it takes minutes on a 2-core machine.
@@ -112,7 +112,7 @@ def test_1000_concurrent_plain_uploads_default_limits_each_counted_once(tmp_path
 def test_retry_delay_honours_retry_after_and_spreads_the_crowd():
     import random
 
-    from secure_afl.clients.tls_client import BACKOFF_MAX_S, retry_delay
+    from secure_afl.transport.tls_client import BACKOFF_MAX_S, retry_delay
 
     rng = random.Random(7)
     after = [retry_delay(0, "3", rng=rng) for _ in range(200)]

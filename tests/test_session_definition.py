@@ -19,7 +19,11 @@ import numpy as np
 import pytest
 from support import Consortium
 
-from secure_afl import pki, session
+from secure_afl import pki
+from secure_afl.session.definition import normalise
+from secure_afl.session.schema import load_toml
+from secure_afl.session.signed import load_signed, sign_definition
+from secure_afl.session.toml_writer import write_toml
 from secure_afl.clients.statsfile import write_statistics_file
 from secure_afl.exceptions import EXIT_INPUT, EXIT_KEYS
 
@@ -42,7 +46,7 @@ def _one_line(out: subprocess.CompletedProcess, code: int, reason: str) -> str:
 def _edit(c: Consortium, section: str, **changes) -> None:
     raw = tomllib.loads(c.config.read_text())
     raw[section].update(changes)
-    session.write_toml(c.config, raw)
+    write_toml(c.config, raw)
 
 
 def _stats(c: Consortium, name: str):
@@ -105,8 +109,8 @@ def test_every_party_refuses_a_session_signed_by_another_ca(tmp_path):
     c = Consortium(tmp_path, backend="ckks", hospitals=("h1", "h2", "h3"), sign=False)
     foreign = tmp_path / "foreign"
     pki.init_ca(foreign, name="not the consortium")
-    definition = session.normalise(session.load_toml(c.config), issued_hospitals=["h1", "h2", "h3"])
-    [path] = session.sign_definition(definition, foreign)
+    definition = normalise(load_toml(c.config), issued_hospitals=["h1", "h2", "h3"])
+    [path] = sign_definition(definition, foreign)
     (c.pki_dir / "sessions").mkdir()
     (c.pki_dir / "sessions" / path.name).write_bytes(path.read_bytes())
 
@@ -169,7 +173,7 @@ def test_a_definition_once_signed_never_changes(tmp_path):
 
     # Assert: refused, the signed file untouched
     _one_line(out, 3, "parameter_mismatch")
-    assert session.load_signed(c.pki_dir, c.session_id)["min_clients"] == 2
+    assert load_signed(c.pki_dir, c.session_id)["min_clients"] == 2
 
 
 @pytest.mark.e2e
@@ -190,8 +194,8 @@ def test_sign_places_the_definition_in_every_bundle_and_fills_in_the_defaults(tm
     bundles = sorted((tmp_path / "bundles").iterdir())
     assert len(bundles) == 7
     for b in bundles:
-        d = session.load_signed(b, c.session_id)
-        assert d.body == session.load_signed(c.pki_dir, c.session_id).body
+        d = load_signed(b, c.session_id)
+        assert d.body == load_signed(c.pki_dir, c.session_id).body
         assert d["secagg"] == {"threshold": 2, "neighbours": 0, "stage_timeout_s": 60.0, "max_rounds": 3}
 
 
@@ -199,7 +203,7 @@ def test_sign_places_the_definition_in_every_bundle_and_fills_in_the_defaults(tm
                                   "x = 1\n[dp]\nepsilon = 1e9"])
 def test_the_toml_writer_escapes_every_string(tmp_path, text):
     # Prepare / Execute
-    session.write_toml(tmp_path / "s.toml", {"session": {"id": "a", "backend": text, "hospitals": [text, "b"]},
+    write_toml(tmp_path / "s.toml", {"session": {"id": "a", "backend": text, "hospitals": [text, "b"]},
                                              "weird key": {"k.1": text}})
 
     # Assert: read back exactly, no section or key injected
@@ -216,4 +220,4 @@ def test_bundles_made_after_signing_carry_the_definition(tmp_path):
 
     # Assert: each party's bundle pins the operator's definition
     for bundle in made.values():
-        assert session.load_signed(bundle, c.session_id).body == session.load_signed(c.pki_dir, c.session_id).body
+        assert load_signed(bundle, c.session_id).body == load_signed(c.pki_dir, c.session_id).body

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 from support import Consortium
 
-from secure_afl import session
+from secure_afl.session.schema import SECTIONS, reference
+from secure_afl.session.toml_writer import write_toml
 from secure_afl.exceptions import EXIT_INPUT
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "SESSION.md"
@@ -24,12 +25,12 @@ def _cli(*args) -> subprocess.CompletedProcess:
 
 def test_committed_session_reference_is_the_generated_one():
     # the reference must change with the schema: regenerate with `secure-afl session reference > docs/SESSION.md`
-    assert DOC.read_text() == session.reference()
+    assert DOC.read_text() == reference()
 
 
 def test_the_reference_names_every_key_of_every_section():
-    text = session.reference()
-    for name, sec in session.SECTIONS.items():
+    text = reference()
+    for name, sec in SECTIONS.items():
         assert f"## [{name}]" in text
         for key in sec.keys:
             assert f"| `{key}` |" in text.split(f"## [{name}]")[1].split("\n## ")[0], (name, key)
@@ -59,7 +60,7 @@ def test_out_of_range_values_and_impossible_combinations_are_refused_in_one_line
                    dp={"noise_multiplier": 1.0, "min_contributors": 2})
     raw = tomllib.loads(c.config.read_text())
     raw[section][key] = value
-    session.write_toml(c.config, raw)
+    write_toml(c.config, raw)
 
     # Execute
     for out in (_cli("session", "sign", c.config, "--pki", c.pki_dir), _cli("server", "run", "--config", c.config)):

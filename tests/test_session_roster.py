@@ -22,7 +22,8 @@ import numpy as np
 import pytest
 from support import Consortium
 
-from secure_afl import pki, session
+from secure_afl import pki
+from secure_afl.session.signed import load_signed, sign
 from secure_afl.analytic import centralised_weights
 from secure_afl.exceptions import EXIT_KEYS, DecryptionRefused, UnknownParty
 from secure_afl.clients.hospital import protect_contribution
@@ -58,7 +59,7 @@ def _spare_consortium(consortium, backend, **kw):
     """h1..h3 in the session, h4 issued by the same CA but left out of the signed roster."""
     c = consortium(backend=backend, hospitals=ROSTER, min_clients=2, sign=False, **kw)
     pki.issue(c.pki_dir, "hospital", SPARE)
-    session.sign(c.config, c.pki_dir)
+    sign(c.config, c.pki_dir)
     return c.start()
 
 
@@ -134,8 +135,8 @@ def test_keyholder_counts_no_upload_of_an_identity_outside_the_roster(tmp_path):
     # manifest over genuine signed uploads of h1, h2 and the spare (a server may sign any manifest).
     c = Consortium(tmp_path, backend="plain", hospitals=ROSTER, min_clients=3, sign=False)
     pki.issue(c.pki_dir, "hospital", SPARE)
-    session.sign(c.config, c.pki_dir)
-    params = session.load_signed(c.pki_dir, c.session_id).session_params()
+    sign(c.config, c.pki_dir)
+    params = load_signed(c.pki_dir, c.session_id).session_params()
     participants = []
     for h in ("h1", "h2", SPARE):
         party = pki.load_party(c.pki_dir, "hospital", h)

@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from secure_afl.analytic import solve_from_sums, solve_head
-from secure_afl.dp import DPSpec, dp_session_params, psd_repair
+from secure_afl.dp import DPSpec, psd_repair
+from secure_afl.backends.session_params import dp_session_params
 from secure_afl.dp.ledger import PrivacyLedger
 from secure_afl.dp.solve import calibrated_ridge
 from secure_afl.exceptions import BoundsExceeded, DecryptionRefused, SecureAFLError

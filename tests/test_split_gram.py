@@ -211,7 +211,8 @@ def test_gram_statement_soundness_and_sizes():
 
 
 def test_gram_proof_with_dp_is_refused_when_the_session_is_built():
-    from secure_afl.dp import DPSpec, dp_session_params
+    from secure_afl.dp import DPSpec
+    from secure_afl.backends.session_params import dp_session_params
 
     with pytest.raises(InvalidParameterError, match="gram_proof"):
         dp_session_params(DPSpec(epsilon=1.0, delta=1e-5, min_contributors=3), "split", "dp-gram", Layout(6, 3), 1.0, Bounds(4.0, 100, 8),
@@ -283,22 +284,23 @@ def _sections(backend="split", **extra):
 
 
 def test_the_session_signs_gram_proof_into_the_parameters_and_refuses_it_with_dp_or_another_backend():
-    from secure_afl import session
+    from secure_afl.session.definition import normalise, share_line
+    from secure_afl.session.schema import parse
     from secure_afl.exceptions import SecureAFLError
 
-    on = session.normalise(session.parse(_sections(split={"gram_proof": True, "max_share": 0.5})))
+    on = normalise(parse(_sections(split={"gram_proof": True, "max_share": 0.5})))
     params = on.session_params()
     assert split_validity.gram_enabled(params) and params.backend_params["max_share"] == 0.5
-    off = session.normalise(session.parse(_sections()))
+    off = normalise(parse(_sections()))
     assert not split_validity.gram_enabled(off.session_params()) and off.body["split"] is None
     assert params.digest() != off.session_params().digest()  # the setting is signed: the parameters differ
     with pytest.raises(SecureAFLError, match=r"gram_proof.*\[dp\]"):
-        session.normalise(session.parse(_sections(split={"gram_proof": True}, dp={"epsilon": 1.0})))
+        normalise(parse(_sections(split={"gram_proof": True}, dp={"epsilon": 1.0})))
     with pytest.raises(SecureAFLError, match=r"\[split\] is for backend"):
-        session.normalise(session.parse(_sections("ckks", split={"gram_proof": True})))
-    line = session.share_line(on)
+        normalise(parse(_sections("ckks", split={"gram_proof": True})))
+    line = share_line(on)
     assert "n_max = 200" in line and "max_share = 0.5" in line and "400 samples" in line
-    assert "no cap" in session.share_line(off)
+    assert "no cap" in share_line(off)
 
 
 def test_square_sum_proof_matches_the_reference_and_the_vector():

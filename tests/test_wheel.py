@@ -1,4 +1,5 @@
-"""The built wheel, installed into a fresh virtual environment, is the whole product.
+"""The built wheels, installed into fresh virtual environments: the party's wheel is the whole product and
+carries no tool (no demo, no attack demonstration, no benchmark); the tools' wheel adds them.
 
 The environment has no editable install and never sees the source tree: the
 wheel goes into its own site-packages and the commands run from a temporary
@@ -25,11 +26,9 @@ import pytest
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.wheel]
 
-REPO = Path(__file__).resolve().parents[1]
-# repository directory -> installed package
-ROOTS = {"secure_afl": "secure_afl", "server": "secure_afl.server", "clients": "secure_afl.clients",
-         "keyholder": "secure_afl.keyholder", "consortium": "secure_afl.consortium", "flower": "secure_afl.flower",
-         "tools": "secure_afl.tools"}
+from support.sourcetree import REPO, main_roots, separate_roots
+
+TOOLS_PACKAGE = "secure_afl.tools"
 # What a demo-only installation (`make demo`) lacks; the demo must never import them.
 EXTRAS_ONLY = ("torch", "torchvision", "flwr", "PIL", "matplotlib")
 
@@ -47,10 +46,10 @@ if _hidden:
 '''
 
 
-def _source_modules() -> set[str]:
-    """Every module of the source tree under its installed name."""
+def _source_modules(roots: dict[str, str]) -> set[str]:
+    """Every module of the source tree under ``roots`` (folder -> package), under its installed name."""
     out = set()
-    for root, pkg in ROOTS.items():
+    for root, pkg in roots.items():
         for f in (REPO / root).rglob("*.py"):
             parts = f.relative_to(REPO / root).with_suffix("").parts
             if parts[-1] == "__init__":
@@ -59,22 +58,31 @@ def _source_modules() -> set[str]:
     return out
 
 
-@pytest.fixture(scope="module")
-def wheel_env(tmp_path_factory):
-    """(python, bin dir, cwd, env) of a fresh virtual environment holding only the built wheel."""
-    root = tmp_path_factory.mktemp("wheel")
-    # from a copy without build outputs: setuptools would otherwise ship whatever a stale build/ holds
-    src = root / "src"
-    shutil.copytree(REPO, src, ignore=shutil.ignore_patterns(".git", ".venv", "build", "dist", "*.egg-info",
-                                                               "__pycache__", ".hypothesis", ".pytest_cache"))
-    build = subprocess.run([sys.executable, "-m", "pip", "wheel", "-v", "--no-deps", "-w", str(root / "dist"),
-                            str(src)], capture_output=True, text=True, timeout=300)
+def _build(src: Path, out: Path, name: str) -> Path:
+    build = subprocess.run([sys.executable, "-m", "pip", "wheel", "-v", "--no-deps", "-w", str(out), str(src)],
+                           capture_output=True, text=True, timeout=300)
     assert build.returncode == 0, build.stdout[-3000:] + build.stderr[-3000:]
     # the build backend's own warnings (a deprecated field, a package left out of the list), not pip's
     warnings = [line for line in (build.stdout + build.stderr).splitlines() if re.search(r"[A-Za-z]+Warning\b", line)]
     assert not warnings, "\n".join(warnings)
-    (wheel,) = (root / "dist").glob("secure_afl-*.whl")
+    (wheel,) = out.glob(f"{name}-*.whl")
+    return wheel
 
+
+@pytest.fixture(scope="module")
+def wheels(tmp_path_factory) -> dict[str, Path]:
+    """The party's wheel (secure_afl) and the tools' wheel (secure_afl_tools), built from a clean copy."""
+    root = tmp_path_factory.mktemp("wheels")
+    # from a copy without build outputs: setuptools would otherwise ship whatever a stale build/ holds
+    src = root / "src"
+    shutil.copytree(REPO, src, ignore=shutil.ignore_patterns(".git", ".venv", "build", "dist", "*.egg-info",
+                                                               "__pycache__", ".hypothesis", ".pytest_cache"))
+    return {"secure_afl": _build(src, root / "dist", "secure_afl"),
+            "secure_afl_tools": _build(src / "tools", root / "dist-tools", "secure_afl_tools")}
+
+
+def _environment(root: Path, wheels: list[Path]):
+    """(python, bin dir, cwd, env) of a fresh virtual environment holding only ``wheels``."""
     venv = root / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
     py = venv / "bin" / "python"
@@ -84,8 +92,8 @@ def wheel_env(tmp_path_factory):
             if Path(p).is_dir()]
     (purelib / "_test_dependencies.pth").write_text("\n".join(deps) + "\n")
     (purelib / "sitecustomize.py").write_text(_HIDE)
-    install = subprocess.run([sys.executable, "-m", "pip", "--python", str(py), "install", "--no-deps", str(wheel)],
-                             capture_output=True, text=True, timeout=300)
+    install = subprocess.run([sys.executable, "-m", "pip", "--python", str(py), "install", "--no-deps",
+                              *map(str, wheels)], capture_output=True, text=True, timeout=300)
     assert install.returncode == 0, install.stdout[-3000:] + install.stderr[-3000:]
 
     cwd = root / "run"
@@ -95,8 +103,20 @@ def wheel_env(tmp_path_factory):
     return py, venv / "bin", cwd, env
 
 
-def test_every_module_imports_from_the_installed_wheel(wheel_env):
-    py, _, cwd, env = wheel_env
+@pytest.fixture(scope="module")
+def wheel_env(wheels, tmp_path_factory):
+    """A hospital's installation: the party's wheel alone."""
+    return _environment(tmp_path_factory.mktemp("party"), [wheels["secure_afl"]])
+
+
+@pytest.fixture(scope="module")
+def tools_env(wheels, tmp_path_factory):
+    """A demo or benchmark machine: the party's wheel and the tools' wheel."""
+    return _environment(tmp_path_factory.mktemp("tools"), [wheels["secure_afl"], wheels["secure_afl_tools"]])
+
+
+def _installed_modules(env) -> dict:
+    py, _, cwd, environ = env
     code = """
 import importlib, json, pkgutil, sys
 import secure_afl
@@ -105,15 +125,46 @@ files = {n: importlib.import_module(n).__file__ for n in names}
 print(json.dumps({"files": files, "path": sys.path,
                   "finders": [type(f).__module__ for f in sys.meta_path]}))
 """
-    out = subprocess.run([str(py), "-c", code], cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+    out = subprocess.run([str(py), "-c", code], cwd=cwd, env=environ, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-5000:]
     got = json.loads(out.stdout.splitlines()[-1])
     venv = py.parent.parent
-    assert set(got["files"]) == _source_modules()  # discovery left nothing out, and added nothing
     outside = {n: f for n, f in got["files"].items() if not Path(f).is_relative_to(venv)}
     assert not outside, outside
     assert not any(Path(p).resolve() == REPO for p in got["path"] if p)
     assert not any("editable" in f for f in got["finders"])
+    return got["files"]
+
+
+def test_every_module_imports_from_the_installed_wheel(wheel_env):
+    # discovery left nothing out, and added nothing: in particular no tool
+    assert set(_installed_modules(wheel_env)) == _source_modules(main_roots())
+
+
+def test_the_party_wheel_carries_no_tool_and_no_attack(wheels):
+    import zipfile
+
+    names = zipfile.ZipFile(wheels["secure_afl"]).namelist()
+    tools = [n for n in names if n.startswith("secure_afl/tools/") or "attack" in n.rpartition("/")[2]]
+    assert not tools, tools
+    assert "secure_afl/cli/__init__.py" in names and "secure_afl/transport/tls_client.py" in names
+    # the tools' wheel holds the tools only: secure_afl itself comes from the party's wheel
+    extra = [n for n in zipfile.ZipFile(wheels["secure_afl_tools"]).namelist()
+             if not n.startswith(("secure_afl/tools/", "secure_afl_tools-"))]
+    assert not extra, extra
+
+
+def test_a_tools_command_in_the_party_install_says_how_to_install_the_tools(wheel_env):
+    _, bin_dir, cwd, env = wheel_env
+    out = subprocess.run([str(bin_dir / "secure-afl"), "demo", "--backend", "plain"], cwd=cwd, env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 3, out.stdout[-3000:] + out.stderr[-3000:]
+    assert out.stderr.startswith("secure-afl: error [missing_tools]: ") and len(out.stderr.splitlines()) == 1
+    assert "pip install ./tools" in out.stderr
+
+
+def test_the_tools_wheel_adds_every_tool(tools_env):
+    assert set(_installed_modules(tools_env)) == _source_modules({**main_roots(), **separate_roots()})
 
 
 def test_the_wheel_ships_the_flower_project_file(wheel_env):
@@ -126,8 +177,8 @@ def test_the_wheel_ships_the_flower_project_file(wheel_env):
 
 
 @pytest.mark.parametrize("backend", ["plain", "ckks", "bfv", "secagg"])
-def test_demo_from_the_wheel_without_the_extras(wheel_env, backend, tmp_path):
-    _, bin_dir, cwd, env = wheel_env
+def test_demo_from_the_wheel_without_the_extras(tools_env, backend, tmp_path):
+    _, bin_dir, cwd, env = tools_env
     out = subprocess.run([str(bin_dir / "secure-afl"), "demo", "--backend", backend, "--hospitals", "3",
                           "--report", str(tmp_path / "r.json")], cwd=cwd,
                          env={**env, "SECURE_AFL_TEST_HIDE": ",".join(EXTRAS_ONLY)},

@@ -13,7 +13,6 @@ from pathlib import Path
 
 import numpy as np
 from secure_afl import pki
-from secure_afl import session
 from secure_afl.audit_log import make_close_record
 from secure_afl.backends import get_backend
 from secure_afl.encoding import canonical_json

@@ -97,7 +97,7 @@ from pathlib import Path
 
 import numpy as np
 from secure_afl import pki
-from secure_afl import session
+from secure_afl.session.signed import load_signed
 from secure_afl.audit_log import make_close_record
 from secure_afl.backends import get_backend
 from secure_afl.encoding import canonical_json
@@ -246,7 +246,8 @@ def attack_k2_subtraction(*, seed: int = 0, verbose: bool = True, dp: float | No
     measured error against the noise the session declared.
     """
     from secure_afl.backends import get_backend
-    from secure_afl.dp import DPSpec, add_noise_share, dp_session_params
+    from secure_afl.dp import DPSpec, add_noise_share
+    from secure_afl.backends.session_params import dp_session_params
 
     rng = np.random.default_rng(seed)
     spec = None if dp is None else DPSpec(float(dp), 1e-5, 1)
@@ -720,7 +721,8 @@ def _split_service(d: Path, hospitals=("hosp-a", "hosp-b", "hosp-c"), min_client
     """A real split session in process: PKI, signed session, the server role (SQLite, payload files, audit),
     the key holder's keygen and publication, and every hospital's signed upload. Returns
     (server, key holder, pki_dir, {hospital: packed vector})."""
-    from secure_afl import pki, session
+    from secure_afl import pki
+    from secure_afl.session.signed import load_signed
     from secure_afl.clients.hospital import protect_contribution
     from secure_afl.keyholder import KeyHolder
     from secure_afl.server.rounds import open_server
@@ -740,7 +742,7 @@ def _split_service(d: Path, hospitals=("hosp-a", "hosp-b", "hosp-c"), min_client
         "server": server_section(d, pki_dir, port=8443)})
     srv = open_server(load_config(config))
     kh = KeyHolder(pki_dir, "keyholder", d / "keys", passphrase=os.urandom(16).hex().encode())
-    kh.keygen(session.load_signed(pki_dir, sid).session_params())
+    kh.keygen(load_signed(pki_dir, sid).session_params())
     srv.publish_context("keyholder:keyholder", kh.publication_body(sid))
     rng = np.random.default_rng(seed)
     vectors = {}
@@ -933,7 +935,7 @@ def attack_split_cohort(*, seed: int = 0, verbose: bool = True, work=None, **_) 
         srv, kh, pki_dir, vectors = _split_service(Path(d), hospitals=hospitals, min_clients=3, seed=seed)
         try:
             params = kh.params(srv.config.session_id)
-            policy = release_policy(session.load_signed(pki_dir, params.session_id))
+            policy = release_policy(load_signed(pki_dir, params.session_id))
             victim, colluders = hospitals[0], hospitals[-(policy.min_clients - 1):]
             others = [h for h in hospitals if h != victim and h not in colluders]
             key = srv._key  # the server's identity key: whatever it signs, the key holder takes as the server's
@@ -1066,7 +1068,7 @@ def attack_secagg_rerun(*, seed: int = 0, verbose: bool = True, work=None, **_) 
                         conn.request("POST", conn.path("/close"))
                     agg = conn.request("GET", conn.path("/aggregate")).content
                     unmask = conn.request("GET", conn.path("/secagg/unmask-material")).json()
-                    p = session.load_signed(pki_dir, sid).session_params()
+                    p = load_signed(pki_dir, sid).session_params()
                     return answers, SecAggBackend(p).reveal(agg, unmask=unmask)
                 except SecureAFLError:
                     return answers, None
@@ -1077,7 +1079,7 @@ def attack_secagg_rerun(*, seed: int = 0, verbose: bool = True, work=None, **_) 
 
         first, sum_all = run_server("first", names)
         second, sum_rest = run_server("second", names[1:])
-        p = session.load_signed(pki_dir, sid).session_params()
+        p = load_signed(pki_dir, sid).session_params()
         truth = protect_vector(p, stats[victim])
     refusals = {h: f"{type(a).__name__}" for h, a in second.items() if isinstance(a, BaseException)}
     err = float("inf") if sum_all is None or sum_rest is None else float(np.max(np.abs(sum_all - sum_rest - truth)))

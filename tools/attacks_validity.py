@@ -283,7 +283,7 @@ class _Consortium:
         self.server = self.conn = None
 
     def __enter__(self):
-        from secure_afl.dp import dp_session_params
+        from secure_afl.backends.session_params import dp_session_params
         from secure_afl.keyholder import KeyHolder
         from secure_afl.server.config import load_config
 

@@ -78,7 +78,7 @@ _SUBCOMMANDS: list = [
     ("protect", "time protect / combine / reveal of one round and check the sum", _register_protect),
     ("extract", "time embedding extraction on this machine", "secure_afl.tools.bench_embed"),
     ("dp", "test accuracy against epsilon (distributed DP), table and PNG", "secure_afl.tools.bench_dp"),
-    ("dp-audit", "empirical epsilon lower bound (canary test) next to the accounted one", "secure_afl.dp.privacy_audit"),
+    ("dp-audit", "empirical epsilon lower bound (canary test) next to the accounted one", "secure_afl.privacy_audit"),
     ("service", "one session through the real server, key holder and K HTTPS hospitals, per phase",
      "secure_afl.tools.bench_service"),
     ("combine", "the server's running sum of ckks/bfv uploads with 1 and W summing processes",
@@ -317,7 +317,7 @@ def _mask_stream_floor(length: int, repeats: int = 5) -> float:
 
 
 def _split_keyholder_release(be, params, keys, seeds, enrolled, messages, server_pub) -> tuple[float, dict]:
-    """The key holder's split release as the service runs it (``keyholder/release.py``): check each of the
+    """The key holder's split release as the service runs it (``keyholder/release/split_share.py``): check each of the
     server's signed verifier messages, open each seed, judge the upload on its own share and sum the
     accepted masks, on every core. Returns (seconds, refused)."""
     t = time.perf_counter()

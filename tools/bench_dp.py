@@ -30,7 +30,8 @@ EPSILONS = (0.5, 1.0, 2.0, 4.0, 8.0, math.inf)
 
 def _accuracy(dataset: str, K: int, eps: float, seed: int, *, alpha: float, delta: float) -> float:
     from secure_afl.analytic import solve_from_sums, top1_accuracy
-    from secure_afl.dp import DPSpec, add_noise_share, dp_session_params, dp_solve
+    from secure_afl.dp import DPSpec, add_noise_share, dp_solve
+    from secure_afl.backends.session_params import dp_session_params
 
     Xtr, ytr, Xte, yte, C = load_embedded(dataset, seed)
     parts = [p for p in partition(ytr, K, f"dirichlet:{alpha}", seed=seed) if len(p)]

@@ -94,7 +94,7 @@ def run_headline(*, images: int = 50_000, test_images: int = 10_000, classes: in
     from secure_afl.analytic import solve_from_sums
     from secure_afl.clients.hospital import HospitalClient
     from .harness import make_pki, secagg_quorum, server_section, start_server, write_session
-    from secure_afl.dp import dp_session_params
+    from secure_afl.backends.session_params import dp_session_params
     from secure_afl.keyholder import KeyHolder
     from secure_afl.packing import Layout
     from secure_afl.params import Bounds

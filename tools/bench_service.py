@@ -38,7 +38,7 @@ and then go silent before the masked input (the server drops them after
 The server runs with its default limits (k_max + 16 connections, 4 bodies
 read at once): hospitals wait on their connections for a body slot; a 429
 ``busy`` (no slot within ``read_timeout_s``) or a 503 (``--max-connections``
-below K) is absorbed by waiting and sending again (clients/tls_client.py), and
+below K) is absorbed by waiting and sending again (transport/tls_client.py), and
 the report counts them.
 """
 
@@ -242,7 +242,7 @@ def run_service_bench(backend: str, hospitals: int, *, dim: int = 64, classes: i
                             "server_peak_rss": meter.peak_rss(), "peak_is_phase": True}
         conn = kh.connect(url, session_id)
         if backend in HE_BACKENDS or backend == "split":
-            from secure_afl.dp import dp_session_params
+            from secure_afl.backends.session_params import dp_session_params
 
             def keys():
                 params0 = dp_session_params(load_config(work / "session.toml").dp, backend, session_id,

@@ -121,7 +121,7 @@ def run_upload_cost(backend: str, uploads: int, *, dim: int = 512, classes: int 
     from .bench_service import ServerMeter, hospital_stats
     from secure_afl.clients.hospital import HospitalClient, protect_contribution
     from .harness import start_server
-    from secure_afl.dp import dp_session_params
+    from secure_afl.backends.session_params import dp_session_params
     from secure_afl.keyholder import KeyHolder
     from secure_afl.packing import Layout
     from secure_afl.params import KEYED_BACKENDS, Bounds

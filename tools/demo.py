@@ -177,7 +177,7 @@ def run_demo(args, verbose: bool = True) -> dict:
 
         conn = kh.connect(url, session_id)
         if args.backend in KEYED_BACKENDS:
-            from secure_afl.dp import dp_session_params
+            from secure_afl.backends.session_params import dp_session_params
 
             t = time.perf_counter()
             params0 = dp_session_params(load_config(work / "session.toml").dp, args.backend, session_id,

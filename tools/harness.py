@@ -21,7 +21,10 @@ from pathlib import Path
 
 import numpy as np
 
-from secure_afl import pki, session
+from secure_afl import pki
+from secure_afl.session.definition import normalise
+from secure_afl.session.schema import parse
+from secure_afl.session.signed import sign, sign_definition
 from secure_afl.pki import client_ssl_context
 from secure_afl.server.config import write_config
 
@@ -120,13 +123,13 @@ def server_section(work, pki_dir, port: int | None = None) -> dict:
 def write_session(config, pki_dir, sections: dict) -> Path:
     """Write ``sections`` as the session config at ``config`` and sign it as the operator (what every party pins)."""
     write_config(config, sections)
-    session.sign(config, pki_dir)
+    sign(config, pki_dir)
     return Path(config)
 
 
 def sign_session(pki_dir, sections: dict):
     """Sign the definition in ``sections`` (``session`` and ``bounds``) without a config file: parties in process."""
-    return session.sign_definition(session.normalise(session.parse(sections)), pki_dir)
+    return sign_definition(normalise(parse(sections)), pki_dir)
 
 
 def secagg_quorum(hospitals: int) -> int:

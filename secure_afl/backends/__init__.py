@@ -6,7 +6,7 @@ Use :func:`get_backend` with a :class:`~secure_afl.params.SessionParams`.
 from __future__ import annotations
 
 from ..params import HE_BACKENDS, SessionParams
-from .base import Combiner, ProtectionBackend, check_vector
+from ..protection import Combiner, ProtectionBackend, check_vector
 
 __all__ = ["get_backend", "ProtectionBackend", "Combiner", "check_vector", "HE_BACKENDS", "he_module"]
 

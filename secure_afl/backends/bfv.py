@@ -33,7 +33,7 @@ from ..hazmat import bfv as hzb
 from ..hazmat import fixedpoint
 from ..packing import Layout
 from ..params import Bounds, SessionParams
-from .base import check_vector
+from ..protection import check_vector
 from .ckks import PUBLIC_CONTEXT_KEY, CKKSBackend, CKKSKeyPair
 
 __all__ = ["BFVBackend", "bfv_session_params", "bfv_parameters", "generate_keys", "bind_public_context",
@@ -45,7 +45,8 @@ def bfv_session_params(session_id: str, layout: Layout, gamma: float, bounds: Bo
     """Session parameters: lane bits from the bounds, BFV chain from ``k_max``; not yet bound to a key.
 
     ``frac_bits``: explicit ``(f1, f2)``, checked against the no-wrap condition; DP sessions put the
-    high lane on their Skellam noise grid (:func:`secure_afl.dp.dp_session_params`), as secagg does.
+    high lane on their Skellam noise grid
+    (:func:`secure_afl.backends.session_params.dp_session_params`), as secagg does.
     """
     if frac_bits is None:
         fb = fixedpoint.choose_frac_bits(bounds, gamma)

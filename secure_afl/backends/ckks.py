@@ -72,7 +72,7 @@ from ..hazmat import ckks as hz
 from ..hazmat.at_rest import open_secret, seal_secret
 from ..packing import Layout
 from ..params import Bounds, SessionParams
-from .base import Combiner, ProtectionBackend, check_vector
+from ..protection import Combiner, ProtectionBackend, check_vector
 
 __all__ = [
     "CKKSBackend",

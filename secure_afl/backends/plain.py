@@ -10,7 +10,7 @@ import numpy as np
 
 from ..envelope import open_envelope, seal
 from ..exceptions import MalformedPayload
-from .base import Combiner, ProtectionBackend, check_vector
+from ..protection import Combiner, ProtectionBackend, check_vector
 
 __all__ = ["PlainBackend"]
 

@@ -68,7 +68,7 @@ from ..workers import map_chunks
 from . import split_validity
 from ..encoding import canonical_json
 from ..signing import box_statement, sign_box_statement, verify_box_statement
-from .base import Combiner, ProtectionBackend, check_vector
+from ..protection import Combiner, ProtectionBackend, check_vector
 
 __all__ = ["SplitBackend", "SplitKeyPair", "session_params", "split_session_params", "generate_keys",
            "bind_public_context", "expected_abs_error", "seal_seed", "open_seed", "sign_seed_statement",

@@ -1,4 +1,4 @@
-"""Noise shares and the session parameters that make room for them.
+"""Noise shares (the session parameters that make room for them: :mod:`secure_afl.backends.session_params`).
 
 Each hospital adds its share of the session's noise to its packed statistics
 before protecting them, so nobody (server, key holder, a peer) ever sees the
@@ -19,29 +19,24 @@ accounts the release at the noise actually summed (:func:`release_rdp`).
   precision.
 
 A share entry beyond TAIL standard deviations is redrawn, so a noisy
-contribution is bounded; :func:`dp_session_params` pads the declared n_max by
-that tail (over min(B^2, 1), the least the per-hospital bound grows per unit of
+contribution is bounded; :func:`secure_afl.backends.session_params.dp_session_params`
+pads the declared n_max by that tail (over min(B^2, 1), the least the per-hospital bound grows per unit of
 n_max) so the ckks modulus and the no-wrap condition of the secagg / bfv lanes hold the
 noisy sums.
 """
 
 from __future__ import annotations
 
-import math
 import secrets
 
 import numpy as np
 
 from ..exceptions import BoundsExceeded, InvalidParameterError
-from ..params import Bounds, SessionParams
+from ..params import SessionParams
 from .mechanism import share_bound, share_std  # noqa: F401  (their home is mechanism)
-from .mechanism import (MECHANISMS, SKELLAM_SHARE_STEPS, TAIL, DPSpec, grid_bits, dp_config, noise_multiplier_for, noised_entries,
-                        sensitivity)
-from secure_afl.backends import HE_BACKENDS, he_module
-from secure_afl.backends.secagg import secagg_session_params
-from secure_afl.hazmat.fixedpoint import choose_frac_bits
+from .mechanism import TAIL, grid_bits, noised_entries
 
-__all__ = ["share_std", "share_bound", "noise_share", "add_noise_share", "dp_session_params", "padded_bounds"]
+__all__ = ["share_std", "share_bound", "noise_share", "add_noise_share"]
 
 
 def _rng(rng):
@@ -97,55 +92,3 @@ def add_noise_share(params: SessionParams, vector: np.ndarray, rng=None) -> np.n
         raise BoundsExceeded("noisy statistics leave the exact float64 range of the fixed-point grid")
     out[sl] = np.ldexp(grid, -f)
     return out
-
-
-def padded_bounds(bounds: Bounds, share_sd: float) -> Bounds:
-    """Declared bounds with n_max raised so the per-hospital bound covers the noise tail."""
-    grow = min(float(bounds.max_norm) ** 2, 1.0)
-    return Bounds(bounds.max_norm, bounds.n_max + int(math.ceil(TAIL * share_sd / grow)) + 1, bounds.k_max)
-
-
-def dp_session_params(spec: DPSpec | None, backend: str, session_id: str, layout, gamma: float, bounds: Bounds,
-                      **backend_kw) -> SessionParams:
-    """Session parameters for ``backend`` with the DP noise declared and room made for it.
-
-    ``spec=None`` builds exactly the parameters without DP. The same call on the
-    server and the key holder gives the same parameters (digest).
-    """
-
-    def build(b: Bounds, **kw) -> SessionParams:
-        if backend == "plain":
-            return SessionParams(session_id, "plain", layout, gamma, b)
-        if backend in HE_BACKENDS or backend == "split":
-            return he_module(backend).session_params(session_id, layout, gamma, b, **kw)
-        return secagg_session_params(session_id, layout, gamma, b, **kw)
-
-    if spec is None:
-        return build(bounds, **backend_kw)
-    if backend not in MECHANISMS:
-        raise InvalidParameterError(f"differential privacy is not available for {backend} sessions; "
-                                    f"use one of {sorted(MECHANISMS)}")
-    if spec.min_contributors > bounds.k_max:
-        raise InvalidParameterError(f"dp min_contributors={spec.min_contributors} exceeds k_max={bounds.k_max}")
-    d2, _ = sensitivity(bounds, layout.dim)
-    if MECHANISMS[backend] == "gaussian":
-        cfg = dp_config(spec, backend, bounds, layout)
-        return build(padded_bounds(bounds, cfg["sigma"] / math.sqrt(spec.min_contributors)), **backend_kw).with_dp(cfg)
-    # grid 2^-f so that a share's noise is about SKELLAM_SHARE_STEPS steps (rounding << noise)
-    z0 = spec.noise_multiplier or noise_multiplier_for(spec.epsilon, spec.delta)
-    sd0 = z0 * d2 / math.sqrt(spec.min_contributors)
-    f = max(0, int(math.floor(math.log2(SKELLAM_SHARE_STEPS / sd0))))
-    cfg = dp_config(spec, backend, bounds, layout, frac_bits=f)
-    pb = padded_bounds(bounds, cfg["sigma"] / math.sqrt(spec.min_contributors))
-    if pb.hospital_bound(gamma) * 2.0 ** f + TAIL * SKELLAM_SHARE_STEPS * 2 >= 2.0 ** 53:
-        raise InvalidParameterError("the declared bounds are too large for exact integer noise on the "
-                                    "fixed-point grid; lower max_norm or n_max")
-    # values on the grid 2^-f fill the high lane exactly (f1 = f); the low lane keeps its own width
-    # (secagg and bfv share the two-lane encoding, so one grid serves both)
-    params = build(pb, frac_bits=(f, choose_frac_bits(pb, gamma)[1]), **backend_kw).with_dp(cfg)
-    if backend == "split":
-        # a validity-proven upload (noise share included) must not wrap either: the low lane narrows to what
-        # the proof's statement, widened by the noise bound, leaves; the grid (f1) stays the noise's
-        from ..backends.split_validity import choose_frac_bits as proven_frac_bits
-        params = build(pb, frac_bits=proven_frac_bits(params), **backend_kw).with_dp(cfg)
-    return params

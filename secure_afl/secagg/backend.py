@@ -7,7 +7,7 @@ from typing import Iterable, Mapping
 import numpy as np
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
-from ..backends.base import Combiner, ProtectionBackend
+from ..protection import Combiner, ProtectionBackend
 from ..envelope import open_envelope, seal
 from ..exceptions import DuplicateContribution, InvalidInputError, MalformedPayload, ParameterMismatch, \
     RoundAlreadyClosed, StageError, StaleRound

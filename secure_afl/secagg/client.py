@@ -11,7 +11,7 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
 
 from .._validation import check_int
-from ..backends.base import check_vector
+from ..protection import check_vector
 from ..envelope import seal
 from ..exceptions import (
     InconsistentDealer,

@@ -23,7 +23,10 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
-from secure_afl import pki, session
+from secure_afl import pki
+from secure_afl.session.definition import normalise
+from secure_afl.session.schema import parse
+from secure_afl.session.signed import sign_definition
 from secure_afl.clients.hospital import HospitalClient
 from secure_afl.clients.secagg_client import SecAggParticipant
 from secure_afl.exceptions import SecureAFLError
@@ -98,12 +101,12 @@ class MaliciousServer:
         self.key = Ed25519PrivateKey.generate()
         # what the operator signed (every hospital pins it) and what this server runs (the same unless a
         # test makes the server lie about it)
-        self.definition = session.normalise(session.parse({
+        self.definition = normalise(parse({
             "session": {"id": "adv", "backend": "secagg", "dim": LAYOUT.dim, "classes": LAYOUT.n_classes,
                         "gamma": 1.0, "min_clients": min_clients, "hospitals": self.names},
             "bounds": {"max_norm": 4.0, "n_max": 100, "k_max": n},
             "secagg": {"threshold": signed_threshold or threshold, "neighbours": neighbours or 0}}))
-        session.sign_definition(self.definition, self.pki_dir)
+        sign_definition(self.definition, self.pki_dir)
         self.params = secagg_session_params("adv", LAYOUT, 1.0, Bounds(4.0, 100, n), n_parties=n,
                                             threshold=threshold, min_clients=min_clients, neighbours=neighbours)
         self.min_clients = min_clients

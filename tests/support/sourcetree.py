@@ -8,6 +8,7 @@ module follows the layout without a list of its own.
 from __future__ import annotations
 
 import ast
+import re
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -16,13 +17,36 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 @lru_cache(maxsize=1)
-def roots() -> dict[str, str]:
-    """Repository folder -> installed package name, as setup.py declares them."""
+def main_roots() -> dict[str, str]:
+    """Repository folder -> installed package name, as setup.py declares them (the secure-afl distribution)."""
     tree = ast.parse((REPO / "setup.py").read_text())
     for node in ast.walk(tree):
         if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "ROOTS" for t in node.targets):
             return {folder: name for name, folder in ast.literal_eval(node.value).items()}
     raise AssertionError("setup.py declares no ROOTS")
+
+
+@lru_cache(maxsize=1)
+def separate_roots() -> dict[str, str]:
+    """Repository folder -> installed package name for the distributions of their own (tools/pyproject.toml):
+    a folder with a pyproject.toml whose ``[tool.setuptools] package-dir`` maps a package onto it."""
+    try:
+        import tomllib
+    except ImportError:  # Python 3.10
+        import tomli as tomllib
+
+    out = {}
+    for pyproject in sorted(REPO.glob("*/pyproject.toml")):
+        package_dir = tomllib.loads(pyproject.read_text()).get("tool", {}).get("setuptools", {}).get("package-dir", {})
+        for name, folder in package_dir.items():
+            out[(pyproject.parent / folder).resolve().relative_to(REPO).as_posix()] = name
+    return out
+
+
+@lru_cache(maxsize=1)
+def roots() -> dict[str, str]:
+    """Repository folder -> installed package name, for every distribution built from the repository."""
+    return {**main_roots(), **separate_roots()}
 
 
 @dataclass(frozen=True)
@@ -102,3 +126,53 @@ def docstring_nodes(tree: ast.AST) -> set[int]:
                     and isinstance(body[0].value.value, str):
                 out.add(id(body[0].value))
     return out
+
+
+_MODULE_STRING = re.compile(r"secure_afl(?:\.\w+)+(?::\w+)?")
+
+
+def _launched(tree: ast.AST) -> set[int]:
+    """ids of string constants that follow ``"-m"`` in a list or tuple: a module a new process runs, not an import."""
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.List, ast.Tuple)):
+            for prev, cur in zip(node.elts, node.elts[1:]):
+                if isinstance(prev, ast.Constant) and prev.value == "-m" and isinstance(cur, ast.Constant):
+                    out.add(id(cur))
+    return out
+
+
+def _logger_names(tree: ast.AST) -> set[int]:
+    """ids of the string arguments of ``getLogger(...)`` calls (a logger's name, not an import)."""
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant) and (
+                getattr(node.func, "attr", None) == "getLogger" or getattr(node.func, "id", None) == "getLogger"):
+            out.add(id(node.args[0]))
+    return out
+
+
+def string_imports_in(tree: ast.AST, known) -> list[tuple[int, str]]:
+    """(line, module) for every string that names a product module the way an import by string does:
+    ``importlib.import_module("secure_afl.x.y")``, a ``"secure_afl.x.y"`` or ``"secure_afl.x.y:attr"`` entry
+    of a command table. Docstrings, logger names and ``python -m`` arguments are not imports."""
+    skip = docstring_nodes(tree) | _launched(tree) | _logger_names(tree)
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in skip \
+                and _MODULE_STRING.fullmatch(node.value):
+            name = node.value.partition(":")[0]
+            if name in known:
+                out.append((node.lineno, name))
+    return out
+
+
+def string_imports(module: Module) -> list[tuple[int, str]]:
+    return string_imports_in(module.tree(), modules())
+
+
+def all_imports(module: Module):
+    """(line, imported module) for every import of a product module: statements anywhere in the file, and
+    strings that import by name (:func:`string_imports`)."""
+    yield from ((line, target) for line, target, _ in internal_imports(module))
+    yield from string_imports(module)

@@ -31,7 +31,7 @@ from secure_afl.packing import Layout
 from secure_afl.params import Bounds, SessionParams
 from secure_afl.stats import SufficientStatistics, local_statistics
 from secure_afl.dp.noise import add_noise_share
-from secure_afl.dp.noise import dp_session_params
+from secure_afl.backends.session_params import dp_session_params
 
 __all__ = ["AuditResult", "audit_session", "epsilon_lower_bound", "audit_params", "register"]
 

@@ -19,8 +19,8 @@ from typing import ClassVar
 
 import numpy as np
 
-from ..exceptions import BoundsExceeded, InvalidInputError, LayoutMismatch, RoundAlreadyClosed
-from ..params import SessionParams
+from .exceptions import BoundsExceeded, InvalidInputError, LayoutMismatch, RoundAlreadyClosed
+from .params import SessionParams
 
 __all__ = ["ProtectionBackend", "Combiner", "check_vector"]
 

@@ -1,9 +1,12 @@
-"""``secure-afl`` console script.
+"""``secure-afl`` console script (installed as secure_afl.cli, above the library, the parties and the tools).
 
 Each subcommand lives in its own module that exposes ``register(parser)``;
-the module is listed in ``_COMMANDS`` and imported only when the command line
+the module is listed in ``COMMANDS`` and imported only when the command line
 names it, so ``secure-afl --help`` stays fast and a hospital without torch can
-still run every command but ``client embed``.
+still run every command but ``client embed``. The tools' commands (demo,
+attack, bench, compare, reproduce) come with the separate secure-afl-tools
+distribution (tools/): without it they end with one line saying how to
+install it.
 
 An expected failure (any :class:`~secure_afl.exceptions.SecureAFLError`, a
 missing or unreadable file) ends the command with one line on stderr and the
@@ -17,13 +20,13 @@ import argparse
 import importlib
 import sys
 
-from .exceptions import EXIT_INPUT, EXIT_REFUSED, InvalidParameterError, MissingExtra, SecureAFLError, exit_code
+from secure_afl.exceptions import EXIT_INPUT, EXIT_REFUSED, InvalidParameterError, MissingExtra, SecureAFLError, exit_code
 
 # optional dependencies -> the extra of pyproject.toml that installs them (`make demo` installs none)
 _EXTRAS = {"torch": "embed", "torchvision": "embed", "PIL": "embed", "flwr": "flower", "matplotlib": "bench"}
 
 # (command name, help, "module" providing register(subparser), or "module:function" naming another function)
-_COMMANDS = [
+COMMANDS = [
     ("reproduce", "reproduce the papers' verification experiments", "secure_afl.tools.reproduce"),
     ("bench", "benchmarks that print figures", "secure_afl.tools.bench"),
     ("client", "hospital-side commands", "secure_afl.clients.cli"),
@@ -51,7 +54,7 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     wanted = None
     if argv is not None:
         wanted = next((a for a in argv if not a.startswith("-")), "")
-    for name, help_, module in _COMMANDS:
+    for name, help_, module in COMMANDS:
         p = sub.add_parser(name, help=help_, description=help_)
         if wanted is None or wanted == name:
             mod, _, func = module.partition(":")
@@ -105,12 +108,26 @@ def _missing_extra(exc: ModuleNotFoundError) -> MissingExtra | None:
                         f"pip install 'secure-afl[{extra}]'")
 
 
+# the separate distribution that holds secure_afl.tools (not in a hospital's install)
+TOOLS_PACKAGE = "secure_afl.tools"
+TOOLS_INSTALL = "pip install ./tools (the secure-afl-tools distribution in a clone of the repository; `make demo` does it)"
+
+
+def _missing_tools(exc: ModuleNotFoundError, argv: list[str]) -> MissingExtra | None:
+    name = exc.name or ""
+    if name != TOOLS_PACKAGE and not name.startswith(TOOLS_PACKAGE + "."):
+        return None
+    command = next((a for a in argv if not a.startswith("-")), "this command")
+    return MissingExtra(f"`secure-afl {command}` needs the tools, which this installation lacks: {TOOLS_INSTALL}",
+                        reason="missing_tools")
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     try:  # a command module that imports an extra at its top fails here, and says which extra
         parser = build_parser(argv)
     except ModuleNotFoundError as exc:
-        if (err := _missing_extra(exc)) is None or "--debug" in argv:
+        if (err := _missing_tools(exc, argv) or _missing_extra(exc)) is None or "--debug" in argv:
             raise
         print(one_line(err), file=sys.stderr)
         return exit_code(err)
@@ -136,7 +153,3 @@ def main(argv: list[str] | None = None) -> int:
         print("secure-afl: interrupted", file=sys.stderr)
         return 130
     return int(rc or 0)
-
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())

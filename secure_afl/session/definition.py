@@ -1,0 +1,265 @@
+"""The canonical session definition: what the operator signs, every default filled in, impossible
+combinations refused; and the lines that say what a session survives."""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from secure_afl.encoding import canonical_json
+from secure_afl.exceptions import InvalidParameterError, MissingEnrolment
+from secure_afl.extractor import ExtractorFingerprint
+from secure_afl.packing import Layout
+from secure_afl.params import BACKENDS, Bounds
+from secure_afl.secagg import consistency_quorum, dropout_tolerance
+from secure_afl.secagg import recommended_neighbours, secagg_session_params
+
+from .schema import SCHEMA, default, fail, suggest
+
+@dataclass(frozen=True)
+class SessionDefinition:
+    """The signed part of a session, every default filled in. ``body`` is what the operator signs."""
+
+    body: Mapping[str, Any]
+
+    def __getitem__(self, key):
+        return self.body[key]
+
+    @property
+    def session_id(self) -> str:
+        return self.body["id"]
+
+    @property
+    def backend(self) -> str:
+        return self.body["backend"]
+
+    @property
+    def hospitals(self) -> list[str]:
+        return list(self.body["hospitals"])
+
+    @property
+    def client_ids(self) -> dict[str, int]:
+        """secagg numbering: the signed roster in sorted order, ids 1..n."""
+        return {h: i + 1 for i, h in enumerate(sorted(self.body["hospitals"]))}
+
+    def canonical(self) -> bytes:
+        return canonical_json(self.body)
+
+    def bounds(self):
+        b = self.body["bounds"]
+        return Bounds(b["max_norm"], b["n_max"], b["k_max"])
+
+    def dp_spec(self):
+        if self.body["dp"] is None:
+            return None
+        from secure_afl.dp import DPSpec
+
+        return DPSpec(**self.body["dp"])
+
+    def session_params(self):
+        """The session's :class:`~secure_afl.params.SessionParams` before any key exists (the one derivation).
+
+        plain and secagg: exactly the parameters every upload signs. ckks and
+        bfv: the key holder's keygen adds its context hash and tag key to
+        ``backend_params`` and signs the result.
+        """
+        from secure_afl.backends.session_params import dp_session_params
+
+        b = self.body
+        layout = Layout(b["dim"], b["classes"])
+        if b["backend"] == "split" and b.get("split"):
+            params = dp_session_params(self.dp_spec(), "split", b["id"], layout, b["gamma"], self.bounds(),
+                                       **b["split"])
+        elif b["backend"] != "secagg":
+            params = dp_session_params(self.dp_spec(), b["backend"], b["id"], layout, b["gamma"], self.bounds())
+        else:
+            sa = b["secagg"]
+            params = dp_session_params(self.dp_spec(), "secagg", b["id"], layout, b["gamma"], self.bounds(),
+                                       n_parties=len(b["hospitals"]), threshold=sa["threshold"],
+                                       neighbours=sa["neighbours"] or None, min_clients=b["min_clients"])
+        return params.with_extractor(b["extractor"])
+
+
+def normalise(sections: Mapping[str, Mapping[str, Any]], *, issued_hospitals=None,
+              source: str = "session.toml") -> SessionDefinition:
+    """The canonical definition of parsed sections; refuses combinations no session can run.
+
+    ``hospitals = []`` (or absent) means every hospital issued in the
+    operator's PKI (``issued_hospitals``); the signed definition always names
+    them, so n is fixed before the session starts.
+    """
+
+    s = dict(sections.get("session", {}))
+    where = f"{source} [session]"
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}", s["id"]):
+        raise fail(where, f"id must be letters, digits, '.', '_' or '-' (at most 64), not {s['id']!r}")
+    if s["backend"] not in BACKENDS:
+        raise fail(where, f"backend must be one of {', '.join(BACKENDS)}, not {s['backend']!r}"
+                    f"{suggest(s['backend'], BACKENDS)}")
+    hospitals = s.get("hospitals") or sorted(issued_hospitals or [])
+    if not hospitals:
+        raise fail(where, "hospitals is empty and no hospital is issued: name the session's hospitals")
+    if len(set(hospitals)) != len(hospitals):
+        raise fail(where, f"hospitals lists a hospital twice: {hospitals}")
+    if issued_hospitals is not None:
+        missing = sorted(set(hospitals) - set(issued_hospitals))
+        if missing:
+            raise MissingEnrolment(f"{where}: hospitals {missing} have no enrolment in the PKI; issue them with "
+                                   "`secure-afl pki issue`")
+    b = dict(sections["bounds"])
+    body: dict[str, Any] = {
+        "v": 1, "id": s["id"], "backend": s["backend"], "dim": s["dim"], "classes": s["classes"],
+        **{k: s.get(k, default("session", k)) for k in ("gamma", "min_clients", "min_class_count", "deadline",
+                                                          "deadline_s", "max_upload_bytes", "colluders",
+                                                          "max_refusals")},
+        "hospitals": sorted(hospitals),
+        "bounds": {"max_norm": b["max_norm"], "n_max": b["n_max"], "k_max": b["k_max"]},
+        "secagg": None, "dp": None, "extractor": None, "split": None,
+    }
+    if not 1 <= body["min_clients"] <= len(hospitals):
+        raise fail(where, f"min_clients = {body['min_clients']} must be in [1, {len(hospitals)}], the number of "
+                           "hospitals in the session")
+    if len(hospitals) > body["bounds"]["k_max"]:
+        raise fail(f"{source} [bounds]", f"k_max = {body['bounds']['k_max']} is below the {len(hospitals)} "
+                                          "hospitals of the session")
+    if body["deadline_s"] is not None and body["deadline"] is not None:
+        raise fail(where, "give deadline or deadline_s, not both")
+    sa = sections.get("secagg")
+    if sa is not None and s["backend"] != "secagg":
+        raise fail(source, f"[secagg] is for backend = \"secagg\", and this session runs {s['backend']}")
+    if s["backend"] == "secagg":
+        sa = dict(sa or {})
+        body["secagg"] = {k: sa.get(k, default("secagg", k)) for k in SCHEMA["secagg"]}
+    sp = sections.get("split")
+    if sp is not None:
+        if s["backend"] != "split":
+            raise fail(source, f"[split] is for backend = \"split\", and this session runs {s['backend']}")
+        body["split"] = {k: sp.get(k, default("split", k)) for k in SCHEMA["split"]}
+    if "dp" in sections:
+        d = dict(sections["dp"])
+        body["dp"] = {k: d.get(k, default("dp", k)) for k in SCHEMA["dp"]}
+        if body["dp"]["min_contributors"] is None:
+            body["dp"]["min_contributors"] = body["min_clients"]
+        if body["dp"]["min_contributors"] > len(hospitals):
+            raise fail(f"{source} [dp]", f"min_contributors = {body['dp']['min_contributors']} is above the "
+                                          f"{len(hospitals)} hospitals of the session: the noise would never add up")
+    if "extractor" in sections:
+
+        fp = ExtractorFingerprint.from_dict(sections["extractor"])
+        if fp.dim != body["dim"] or len(fp.classes) != body["classes"]:
+            raise fail(f"{source} [extractor]", f"declares dim = {fp.dim} and {len(fp.classes)} class names; "
+                                                 f"the session has dim = {body['dim']} and {body['classes']} classes")
+        body["extractor"] = fp.to_dict()
+    if s["backend"] == "secagg":
+        _resolve_secagg(body, source)
+    _resolve_colluders(body, where)
+    definition = SessionDefinition(body)
+    try:
+        definition.session_params()  # every remaining impossibility (DP on a backend without it, ...)
+    except InvalidParameterError as e:
+        raise fail(source, str(e)) from None
+    return definition
+
+
+def _resolve_secagg(body: dict, source: str) -> None:
+    """Fill in the threshold and degree the defaults give for this roster, so the signed values are final."""
+
+    sa, n = body["secagg"], len(body["hospitals"])
+    if n < 2:
+        raise fail(f"{source} [session]", "a secagg session needs at least 2 hospitals")
+    k = {-1: recommended_neighbours(n), 0: None}.get(sa["neighbours"], sa["neighbours"])
+    b = body["bounds"]
+    try:
+        p = secagg_session_params(body["id"], Layout(body["dim"], body["classes"]), body["gamma"],
+                                  Bounds(b["max_norm"], b["n_max"], b["k_max"]), threshold=sa["threshold"],
+                                  neighbours=k, n_parties=n, min_clients=body["min_clients"])
+    except InvalidParameterError as e:
+        raise fail(f"{source} [secagg]", str(e)) from None
+    sa["threshold"] = p.backend_params["threshold"]
+    sa["neighbours"] = p.backend_params["neighbours"] or 0  # 0: the complete graph
+
+
+def _resolve_colluders(body: dict, where: str) -> None:
+    """Fill in the colluder bound c and the refusal limit, and refuse a c no release could meet (q > n) or,
+    for c >= 1, one that leaves no hospital free to drop out (lower c, or min_clients)."""
+    from secure_afl.cohort import default_colluders, quorum
+
+    n, mc = len(body["hospitals"]), body["min_clients"]
+    if body["backend"] == "secagg":
+        c = body["secagg"]["threshold"] - 1  # Shamir: t - 1 colluders learn nothing from the shares
+        if body["colluders"] is not None and body["colluders"] != c:
+            raise fail(where, f"colluders = {body['colluders']}: a secagg session tolerates threshold - 1 = {c} "
+                               "colluders; set the threshold instead")
+    else:
+        c = default_colluders(n, mc) if body["colluders"] is None else body["colluders"]
+    q = quorum(n, c, mc)
+    # secagg's threshold checks already ran (its line says when none may drop out)
+    if body["backend"] != "secagg" and (q > n or (c >= 1 and n - q < 1)):
+        raise fail(where, f"colluders = {c} leaves no dropout tolerance: a release needs q = max(floor((n + c) / 2)"
+                           f" + 1, min_clients + c) = {q} of the n = {n} hospitals; lower colluders or min_clients")
+    body["colluders"] = c
+    body["max_refusals"] = c if body["max_refusals"] is None else body["max_refusals"]
+
+
+# ---------------------------------------------------------------------------------------------
+# What a session survives, and the reference of the schema
+# ---------------------------------------------------------------------------------------------
+def dropout_line(definition: SessionDefinition) -> tuple[int, str]:
+    """How many hospitals may drop out or go silent and the session still releases, and why (one line).
+
+    plain, ckks, bfv, split: a release needs the quorum q of the roster
+    (:mod:`secure_afl.cohort`), so ``n - q``. secagg: :func:`~secure_afl.secagg.dropout_tolerance`
+    (every stage after setup needs the quorum q of the fixed n, and every
+    hospital t of its m share holders). A session that survives none says
+    what would let it survive one.
+    """
+    from secure_afl.cohort import quorum
+
+    b = definition.body
+    n, mc = len(b["hospitals"]), b["min_clients"]
+    if b["backend"] != "secagg":
+        c = b["colluders"]
+        q = quorum(n, c, mc)
+        k = n - q
+        line = (f"{k} of {n} hospitals may drop out, go silent or be refused and session {b['id']} still releases: "
+                f"a release needs q = max(floor((n + c) / 2) + 1, min_clients + c) = {q} roster hospitals "
+                f"(c = {c} colluders tolerated, min_clients = {mc})")
+        fix = f"min_clients = {mc - 1}" if mc > 1 else "more hospitals"
+    else:
+
+        sa = b["secagg"]
+        t, m = sa["threshold"], (sa["neighbours"] + 1 if sa["neighbours"] else n)
+        q = consistency_quorum(n, t, mc)
+        k = dropout_tolerance(n, t, mc, m)
+        line = (f"{k} of {n} hospitals may drop out or go silent and a round of session {b['id']} still releases: "
+                f"every stage after setup needs the quorum q = max(floor((n + c) / 2) + 1, min_clients + c) = {q} "
+                f"of the n = {n} (threshold t = {t}: c = {t - 1} colluders tolerated, min_clients = {mc})")
+        if m - t < n - q:
+            line += (f", and {t} of each hospital's {m} share holders answer (any {m - t} dropouts; up to {n - q} "
+                     "spread over different neighbourhoods)")
+        lower_t = [t2 for t2 in range(t - 1, 1, -1) if dropout_tolerance(n, t2, mc, m) >= 1]
+        lower_mc = [c2 for c2 in range(mc - 1, 0, -1) if dropout_tolerance(n, t, c2, m) >= 1]
+        fix = " or ".join(([f"threshold = {lower_t[0]} ({lower_t[0] - 1} colluder{'s' if lower_t[0] > 2 else ''})"] if lower_t else [])
+                          + ([f"min_clients = {lower_mc[0]}"] if lower_mc else [])) or \
+            f"at least {max(4, mc + 2)} hospitals (threshold = 2)"
+    if k == 0:
+        line += f"; no hospital may drop out: to tolerate one, sign a session with {fix}"
+    return k, line
+
+
+def share_line(definition: SessionDefinition) -> str:
+    """The largest share of the pooled samples one hospital may hold (one line): its n_max against the others,
+    and the session's cap. Steering is bounded by it, whatever the upload proves (docs/VALIDITY.md)."""
+    b = definition.body
+    n, n_max = len(b["hospitals"]), b["bounds"]["n_max"]
+    cap = (b.get("split") or {}).get("max_share", 1.0)
+    line = (f"one hospital may hold up to n_max = {n_max} samples: {100.0 / n:.3g} % of the pooled statistics if "
+            f"the other {n - 1} hold n_max each, all of them if they hold none")
+    if cap < 1.0:
+        line += (f"; capped at max_share = {cap:g}: a release needs at least {math.ceil(n_max / cap)} samples "
+                 "in all")
+    else:
+        line += "; no cap (a split session may set [split] max_share)"
+    return line

@@ -1,0 +1,43 @@
+"""The session and its roster: what the server runs, the key holder's public context, closing the round."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+from starlette.concurrency import run_in_threadpool
+
+from secure_afl.exceptions import NotFound
+from secure_afl.protocol import API
+
+from ..aggregator import AggregationServer
+from .gate import Gate
+
+
+def session_router(server: AggregationServer, gate: Gate) -> APIRouter:
+    router = APIRouter()
+
+    @router.get(API + "/sessions/{session_id}")
+    async def session_info(session_id: str, request: Request):
+        gate.session(session_id, request)
+        return server.info()
+
+    @router.get(API + "/sessions/{session_id}/context")
+    async def get_context(session_id: str, request: Request):
+        gate.session(session_id, request)
+        if server.public_context is None:
+            raise NotFound("no public context published")
+        return Response(server.public_context, media_type="application/octet-stream")
+
+    @router.post(API + "/sessions/{session_id}/context")
+    async def publish_context(session_id: str, request: Request):
+        gate.session(session_id, request)
+        party, body = await gate.signed_body(request, ("keyholder",))
+        return await run_in_threadpool(server.publish_context, party, body)
+
+    @router.post(API + "/sessions/{session_id}/close")
+    async def close(session_id: str, request: Request):
+        gate.session(session_id, request)
+        party = await gate.authed(request, ("keyholder",))
+        return await run_in_threadpool(server.close, party)
+
+    return router

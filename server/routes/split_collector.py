@@ -1,0 +1,49 @@
+"""split's collector: the key holder's share in, the server's verifier messages and the release out
+(server/split_round.py decides, this maps)."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+from starlette.concurrency import run_in_threadpool
+
+from secure_afl.protocol import API, H_TAG
+
+from ..split_round import SplitAggregationServer
+from .gate import Gate
+
+
+def split_router(server: SplitAggregationServer, gate: Gate) -> APIRouter:
+    router = APIRouter()
+
+    @router.post(API + "/sessions/{session_id}/split/share")
+    async def split_share(session_id: str, request: Request):
+        gate.session(session_id, request)
+        party, body = await gate.signed_body(request, ("keyholder",))
+        return await run_in_threadpool(server.collect_request, party, body, request.headers.get(H_TAG))
+
+    @router.get(API + "/sessions/{session_id}/split/verifier")
+    async def split_verifier(session_id: str, request: Request):
+        gate.session(session_id, request)
+        await gate.authed(request, ("keyholder",))
+        return await run_in_threadpool(server.verifier_messages)
+
+    @router.get(API + "/sessions/{session_id}/split/statements")
+    async def split_statements(session_id: str, request: Request):
+        gate.session(session_id, request)
+        await gate.authed(request, ("keyholder",))
+        return await run_in_threadpool(server.split_statements)
+
+    @router.post(API + "/sessions/{session_id}/split/queries")
+    async def split_queries(session_id: str, request: Request):
+        gate.session(session_id, request)
+        party, body = await gate.signed_body(request, ("keyholder",))
+        return await run_in_threadpool(server.form_verifier_messages, party, body)
+
+    @router.get(API + "/sessions/{session_id}/split/result")
+    async def split_result(session_id: str, request: Request):
+        gate.session(session_id, request)
+        await gate.authed(request, ("keyholder", "hospital"))
+        return Response(server.result(), media_type="application/json")
+
+    return router
