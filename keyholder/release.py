@@ -46,7 +46,7 @@ from secure_afl import session
 from secure_afl._io import write_file
 from secure_afl.analytic import ri_restore_gram
 from secure_afl.audit_log import countersign_head
-from secure_afl.backends import split, split_validity
+from secure_afl import split
 from secure_afl.dp import dp_sanity_check
 from secure_afl.dp import dp_solve
 from secure_afl.encoding import canonical_json
@@ -390,7 +390,8 @@ class KeyHolder(KeyCustody):
                 # started from the sum of those judged valid
                 t = time.perf_counter()
                 share = split.keyholder_share(params, secret, m, statements, enrolled, refused=refused,
-                                              judged=judge.judged(), workers=os.cpu_count() or 1)
+                                              judged=judge.judged(),
+                                              sum_masks=split.pool.lane_masks(params, os.cpu_count() or 1))
                 if timings is not None:
                     timings.update({"server_verifier_seconds": verifier_s,
                                     "judge_and_share_seconds": time.perf_counter() - t})
@@ -495,9 +496,9 @@ class KeyHolder(KeyCustody):
     def keep_validity_evidence(self, session_id: str, messages: dict, refused: dict, evidence: dict) -> Path:
         """Both verifier messages behind each refusal: the server-signed one and this key holder's own (also
         in its signed share statement). Anyone holding the two recomputes the verdict
-        (:func:`secure_afl.backends.split_validity.joint_verdict`); the refused hospital, from its own payload
+        (:func:`secure_afl.split.roles.joint_verdict`); the refused hospital, from its own payload
         and seed, recomputes each message and so finds which party's message is false
-        (:func:`secure_afl.backends.split_validity.dispute`)."""
+        (:func:`secure_afl.split.roles.dispute`)."""
         from secure_afl._io import write_file
 
         path = self.keys_dir / f"{session_id}.validity-refusals.json"

@@ -62,7 +62,7 @@ from .store import Store
 from secure_afl import session
 from secure_afl.cohort import release_policy
 from secure_afl._io import write_file
-from secure_afl.backends.split import verify_seed_statement
+from secure_afl.split.signed import verify_seed_statement
 from secure_afl.encoding import parse_json
 from secure_afl.parallel import ParallelCombiner
 from secure_afl.parallel import default_workers
@@ -460,9 +460,9 @@ class AggregationServer:
                         raise MalformedPayload("a split upload needs its signed seed statement")
                     verify_seed_statement(tag, self._enrolled[hospital].public_key(), self.params, hospital, sha)
                     from secure_afl.backends import get_backend
-                    from secure_afl.backends.split_validity import check_upload
+                    from secure_afl.split.roles import check_upload
 
-                    check_upload(get_backend(self.params), payload, tag)
+                    check_upload(get_backend(self.params).circuit, payload, tag)
                 elif tag is not None:
                     raise MalformedPayload("only ckks and bfv uploads carry an aggregate tag")
                 open_envelope(self.params, payload, "contribution")

@@ -6,7 +6,7 @@ For one hospital with real statistics (n rows of norm <= B), in one run:
 
 * ``plain``: the lanes masked with a ChaCha20 field stream, no proof (what a
   split upload would be without validity): seconds and bytes;
-* ``prove``: :meth:`split_validity.Circuit.prove` (lanes, bits, Fiat-Shamir
+* ``prove``: :meth:`split.Circuit.prove` (lanes, bits, Fiat-Shamir
   projections, REPS bit proofs, masking of the whole body);
 * ``server``: the upload check and the server's signed verifier message;
 * ``keyholder``: opening nothing (the seed is given), expanding its share,
@@ -41,7 +41,8 @@ def _stats(dim: int, classes: int, n: int, seed: int):
 def run(dim: int, classes: int, *, n: int = 1000, seed: int = 0, gram: bool = False) -> dict:
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-    from secure_afl.backends import get_backend, split, split_validity
+    from secure_afl import split
+    from secure_afl.backends import get_backend
     from secure_afl.hazmat import flp
     from secure_afl.packing import Layout
     from secure_afl.params import Bounds
@@ -57,7 +58,7 @@ def run(dim: int, classes: int, *, n: int = 1000, seed: int = 0, gram: bool = Fa
 
     t = time.perf_counter()  # the same upload without a proof: lanes + mask
     seed_bytes = os.urandom(32)
-    plain = flp.add(c.lanes(v), flp.expand_field(seed_bytes, c.main_len, split_validity.DOMAIN_SHARE))
+    plain = flp.add(c.lanes(v), flp.expand_field(seed_bytes, c.main_len, split.DOMAIN_SHARE))
     plain_bytes = len(flp.to_bytes(plain))
     plain_s = time.perf_counter() - t
 
@@ -67,16 +68,16 @@ def run(dim: int, classes: int, *, n: int = 1000, seed: int = 0, gram: bool = Fa
     payload, st = be.seal_upload(body, s, com, keys.public_context, "h1", hkey)
 
     sha = hashlib.sha256(payload).hexdigest()
-    expected = split_validity.query_seed(split_validity.query_key(keys.secret_context), params, "h1", sha,
+    expected = split.query_seed(split.query_key(keys.secret_context), params, "h1", sha,
                                          st["validity"])
     t = time.perf_counter()
-    split_validity.check_upload(be, payload, st)
-    msg = split_validity.leader_message(be, "h1", payload, st, skey, expected)
+    split.check_upload(be.circuit, payload, st)
+    msg = split.leader_message(be.circuit, "h1", payload, st, skey, expected)
     server_s = time.perf_counter() - t
 
     t = time.perf_counter()
-    qs, leader = split_validity.verify_leader_message(msg, skey.public_key(), c, "h1", sha, expected)
-    verdict = split_validity.helper_verdict(c, "h1", s, st, qs, leader)
+    qs, leader = split.verify_leader_message(msg, skey.public_key(), c, "h1", sha, expected)
+    verdict = split.helper_verdict(c, "h1", s, st, qs, leader)
     keyholder_s = time.perf_counter() - t
 
     proof_bytes = 8 * (c.n_f + c.n_bits + c.proof_len)  # the Gram statement's factor words included
@@ -85,7 +86,7 @@ def run(dim: int, classes: int, *, n: int = 1000, seed: int = 0, gram: bool = Fa
             "verifier_message_bytes": 8 * c.verifier_len, "plain_s": plain_s, "prove_s": prove_s,
             "server_verify_s": server_s, "keyholder_verify_s": keyholder_s,
             "prove_plus_verify_s": prove_s + server_s + keyholder_s, "accepted": verdict is None,
-            "soundness_bits_q64": split_validity.soundness_bits(c)}
+            "soundness_bits_q64": split.soundness_bits(c)}
 
 
 def main(argv=None) -> int:
