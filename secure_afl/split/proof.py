@@ -175,7 +175,11 @@ class Circuit:
         idx = np.concatenate([[self.i_n], self.i_counts, self.i_diag])
         return dict(zip(idx.tolist(), flp.decode_signed(x[idx]).tolist()))
 
-    def _aux(self, x: np.ndarray, fs: bytes, *, check: bool, factor=None) -> np.ndarray:
+    def witness_values(self, x: np.ndarray, fs: bytes, *, check: bool, factor=None) -> dict:
+        """Block name -> the prover's values for lanes ``x`` (and factor words ``factor``) under Fiat-Shamir seed
+        ``fs``; with ``check``, :class:`BoundsExceeded` if the statistics break the statement and
+        :class:`Unlucky` if a projection leaves its honest range."""
+        x = np.asarray(x, dtype=np.uint64)
         hi = self._hi_ints(x)
         lo = flp.decode_signed(x[self.L:]) if check else None
         values = self.statement.witness(hi, lo, check=check)
@@ -186,7 +190,14 @@ class Circuit:
         if self.gram_statement is not None:
             values.update(self.gram_statement.witness([int(hi[i]) for i in self.i_counts], factor, fs,
                                                       check=check))
+        return values
+
+    def bits_from(self, values: dict) -> np.ndarray:
+        """The auxiliary bits of block values (each wrapped modulo its width, as an unchecked prover would)."""
         return np.concatenate([bits_of(values[name], width) for name, _, width in self.blocks])
+
+    def _aux(self, x: np.ndarray, fs: bytes, *, check: bool, factor=None) -> np.ndarray:
+        return self.bits_from(self.witness_values(x, fs, check=check, factor=factor))
 
     def aux_bits(self, x: np.ndarray, fs: bytes, factor=None) -> np.ndarray:
         """The auxiliary bits for lanes ``x`` (and, under the Gram statement, factor words ``factor``) under
