@@ -119,7 +119,7 @@ class _OwnSeed(HTTPSource):
         import os
 
         statements = self.split_statements()
-        return {h: split.leader_message(self.be, h, self.blobs[h], statements[h], self.key, os.urandom(32))
+        return {h: split.leader_message(self.be.circuit, h, self.blobs[h], statements[h], self.key, os.urandom(32))
                 for h in queries}
 
 
