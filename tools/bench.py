@@ -42,7 +42,6 @@ import numpy as np
 from secure_afl.backends import get_backend
 from secure_afl.backends import he_module
 from secure_afl import split
-from secure_afl import split
 from secure_afl.certify import certify_release
 from secure_afl.packing import Layout
 from secure_afl.params import Bounds, SessionParams

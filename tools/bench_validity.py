@@ -12,7 +12,9 @@ For one hospital with real statistics (n rows of norm <= B), in one run:
 * ``keyholder``: opening nothing (the seed is given), expanding its share,
   its own message and the decision.
 
-``--scaling`` repeats at smaller d to show how the cost grows with L.
+``--scaling`` repeats at smaller d to show how the cost grows with L. ``--round K`` also runs one whole
+round of K hospitals in memory (:func:`secure_afl.split.run_split`: every role, no transport) and prints the
+seconds of each role.
 """
 
 from __future__ import annotations
@@ -89,6 +91,24 @@ def run(dim: int, classes: int, *, n: int = 1000, seed: int = 0, gram: bool = Fa
             "soundness_bits_q64": split.soundness_bits(c)}
 
 
+def round_timings(dim: int, classes: int, hospitals: int, *, n: int = 1000, gram: bool = False) -> dict:
+    """Seconds per role of one in-memory round of ``hospitals`` honest uploads, and whether it released the
+    sum (within the fixed point's bound)."""
+    from secure_afl import split
+    from secure_afl.packing import Layout
+    from secure_afl.params import Bounds
+
+    params = split.split_session_params(f"bench-round-{dim}", Layout(dim, classes), 1.0, Bounds(1.0, n, 10),
+                                        gram_proof=gram)
+    keys = split.generate_keys(params)
+    params = split.bind_public_context(params, keys.public_context)
+    vectors = [_stats(dim, classes, n, k) for k in range(hospitals)]
+    run = split.run_split(params, keys, vectors)
+    err = float(np.max(np.abs(run.vector - np.sum(vectors, axis=0))))
+    return {"dim": dim, "hospitals": hospitals, **{f"{k}_s": v for k, v in run.timings.items()},
+            "released": err <= split.expected_abs_error(params, hospitals)}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--dim", type=int, default=512)
@@ -97,11 +117,15 @@ def main(argv=None) -> int:
     ap.add_argument("--scaling", action="store_true", help="also run at d = 64, 128, 256")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--gram", action="store_true", help="each d also under the Gram statement ([split] gram_proof)")
+    ap.add_argument("--round", type=int, default=0, metavar="K",
+                    help="also run one round of K hospitals through every role in memory (run_split)")
     args = ap.parse_args(argv)
     dims = ([64, 128, 256] if args.scaling else []) + [args.dim]
     rows = [run(d, args.classes, n=args.n, gram=g) for d in dims for g in ((False, True) if args.gram else (False,))]
+    rounds = [round_timings(args.dim, args.classes, args.round, n=args.n, gram=g)
+              for g in ((False, True) if args.gram else (False,))] if args.round else []
     if args.json:
-        print(json.dumps(rows, indent=1))
+        print(json.dumps(rows if not rounds else {"uploads": rows, "rounds": rounds}, indent=1))
         return 0
     print(f"{'gram':>4} {'d':>5} {'L':>7} {'upload MB':>9} {'proof MB':>8} {'proof/up':>8} {'plain s':>7} {'prove s':>7} "
           f"{'server s':>8} {'kh s':>6} {'p+v s':>6} {'ok':>3} {'sound':>6}")
@@ -110,6 +134,10 @@ def main(argv=None) -> int:
               f"{100 * r['proof_fraction']:7.1f}% {r['plain_s']:7.3f} {r['prove_s']:7.3f} {r['server_verify_s']:8.3f} "
               f"{r['keyholder_verify_s']:6.3f} {r['prove_plus_verify_s']:6.3f} {'yes' if r['accepted'] else 'NO':>3} "
               f"{r['soundness_bits_q64']:6.1f}")
+    for r in rounds:
+        print(f"round of {r['hospitals']} at d = {r['dim']}: " + ", ".join(
+            f"{k[:-2]} {v:.3f} s" for k, v in r.items() if k.endswith("_s")) +
+            f"; released {'yes' if r['released'] else 'NO'}")
     return 0
 
 

@@ -37,6 +37,8 @@ class SplitRun:
     server_messages: dict = field(default_factory=dict)  # hospital -> the server's signed verifier message
     share: tuple | None = None                          # (share bytes, the key holder's signed statement)
     timings: dict = field(default_factory=dict)
+    server_pub: object = None                           # the server's and the key holder's identities
+    keyholder_pub: object = None
 
 
 def run_split(params: SessionParams, keys: SplitKeyPair, vectors: Mapping[str, np.ndarray] | Sequence, *,
@@ -125,4 +127,5 @@ def run_split(params: SessionParams, keys: SplitKeyPair, vectors: Mapping[str, n
     out = [circuit.upload_share(uploads[h][0])[:circuit.main_len] for h in refused]
     vector = roles.collect(params, aggregate, words, subtract=out) if len(refused) < len(uploads) else None
     timings["collect"] = time.perf_counter() - t
-    return SplitRun(vector, verdicts, uploads, messages, (body, share_st), timings)
+    return SplitRun(vector, verdicts, uploads, messages, (body, share_st), timings, server_key.public_key(),
+                    keyholder_key.public_key())
