@@ -257,7 +257,7 @@ class HospitalClient:
 
     def dispute_paths(self) -> tuple[Path, Path]:
         """split: where this hospital keeps its upload and signed seed statement, beside its receipt, to
-        dispute a refusal (:func:`secure_afl.backends.split_validity.dispute`). Not ``*.json``: the receipts
+        dispute a refusal (:func:`secure_afl.split.roles.dispute`). Not ``*.json``: the receipts
         directory's JSON files are receipts."""
         base = self.receipts_dir / f"upload-{self.session_id}-{self.name}"
         return base.with_suffix(".payload"), base.with_suffix(".statement")

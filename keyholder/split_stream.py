@@ -3,7 +3,7 @@
 For every upload the server has accepted (its hospital-signed seed statement,
 ``GET .../split/statements``) the key holder derives the upload's query seed
 from its own query key and the signed commitment
-(:func:`split_validity.query_seed`), sends it (``POST .../split/queries``),
+(:func:`secure_afl.split.signed_messages.query_seed`), sends it (``POST .../split/queries``),
 checks the server's signed verifier message against that seed, opens the
 seed and decides. The verdict, the server's message behind it and the running
 ``-sum m_k`` of the accepted uploads' lane masks (sealed at rest) are kept in
@@ -29,7 +29,7 @@ import numpy as np
 
 from secure_afl import domains
 from secure_afl._io import write_file
-from secure_afl.backends import split, split_validity
+from secure_afl import split
 from secure_afl.encoding import canonical_json
 from secure_afl.exceptions import InvalidSignature, MalformedPayload, SecureAFLError
 from secure_afl.hazmat import flp
@@ -52,7 +52,7 @@ class SplitJudge:
         self.params = kh.params(session_id)  # the keygen record, never the server's word
         self.key_id = self.params.backend_params[split.PUBLIC_CONTEXT_KEY]
         self.server_pub, self.enrolled = kh._trust(session_id, expected_hospitals)
-        self.circuit = split_validity.Circuit(self.params)
+        self.circuit = split.Circuit(self.params)
         self._secret: bytes | None = None
 
     # -- state in the key directory ---------------------------------------------------------------------
@@ -120,7 +120,7 @@ class SplitJudge:
         state = self._state()  # one read: the records and the sum written below are these plus the new
         records = state.get("records", {})
         covered, total = self.judged(state)
-        qkey = split_validity.query_key(self.secret())
+        qkey = split.query_key(self.secret())
         todo = []
         for h, sha, st in uploads:
             rec = records.get(h)
@@ -131,7 +131,7 @@ class SplitJudge:
                 if h not in self.enrolled:
                     raise split.SeedRefused(f"{h} is not enrolled in this session", h)
                 seed = split.open_statement_seed(self.params, self.secret(), {h: st}, self.enrolled, h, sha)
-                qs = split_validity.query_seed(qkey, self.params, h, sha, st.get("validity"))
+                qs = split.query_seed(qkey, self.params, h, sha, st.get("validity"))
             except SecureAFLError:
                 if strict:
                     raise
@@ -144,7 +144,7 @@ class SplitJudge:
         try:
             if not isinstance(answers, dict):
                 raise InvalidSignature("the server's verifier messages are not a mapping")
-            checked = [(h, seed, st.get("validity"), qs, split_validity.verify_leader_message(
+            checked = [(h, seed, st.get("validity"), qs, split.verify_leader_message(
                 answers.get(h), self.server_pub, self.circuit, h, sha, qs)[1]) for h, sha, st, seed, qs in todo]
         except SecureAFLError as e:
             ledger.block(self.key_id, f"refused before the share: {e}")
@@ -159,9 +159,9 @@ class SplitJudge:
         total = flp.add(total, partial)
         for h, sha, st, seed, qs in todo:
             if verdicts[h] is None:
-                covered[h] = split_validity.seed_digest(seed)
+                covered[h] = split.seed_digest(seed)
             # a refusal keeps this key holder's own verifier message: published beside the server's, the two
-            # recompute the verdict (split_validity.joint_verdict)
+            # recompute the verdict (split.joint_verdict, in secure_afl.split.roles)
             records[h] = {"payload_sha256": sha, "statement_sha256": _digest(st), "verdict": verdicts[h],
                           "server_message": answers[h],
                           "keyholder_message": own[h].hex() if h in own else None}
@@ -173,14 +173,14 @@ class SplitJudge:
         the release, which refuses them by name)."""
         if not isinstance(statements, dict):
             raise MalformedPayload("the seed statements are not a mapping")
-        qkey = split_validity.query_key(self.secret())
+        qkey = split.query_key(self.secret())
         out = {}
         for h, st in sorted(statements.items()):
             if not isinstance(st, dict) or h not in self.enrolled or not isinstance(st.get("payload_sha256"), str):
                 continue
             try:
                 split.verify_seed_statement(st, self.enrolled[h], self.params, h, st["payload_sha256"])
-                qs = split_validity.query_seed(qkey, self.params, h, st["payload_sha256"], st.get("validity"))
+                qs = split.query_seed(qkey, self.params, h, st["payload_sha256"], st.get("validity"))
             except SecureAFLError:
                 continue
             out[h] = {"payload_sha256": st["payload_sha256"], "query_seed": qs.hex()}

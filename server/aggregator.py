@@ -63,7 +63,7 @@ from secure_afl.session.relay import check_same
 from secure_afl.session.signed import load_signed
 from secure_afl.cohort import release_policy
 from secure_afl._io import write_file
-from secure_afl.backends.split import verify_seed_statement
+from secure_afl.split.signed_messages import verify_seed_statement
 from secure_afl.encoding import parse_json
 from secure_afl.parallel import ParallelCombiner
 from secure_afl.parallel import default_workers
@@ -461,9 +461,9 @@ class AggregationServer:
                         raise MalformedPayload("a split upload needs its signed seed statement")
                     verify_seed_statement(tag, self._enrolled[hospital].public_key(), self.params, hospital, sha)
                     from secure_afl.backends import get_backend
-                    from secure_afl.backends.split_validity import check_upload
+                    from secure_afl.split.roles import check_upload
 
-                    check_upload(get_backend(self.params), payload, tag)
+                    check_upload(get_backend(self.params).circuit, payload, tag)
                 elif tag is not None:
                     raise MalformedPayload("only ckks and bfv uploads carry an aggregate tag")
                 open_envelope(self.params, payload, "contribution")

@@ -28,7 +28,8 @@ from secure_afl.exceptions import Forbidden, MalformedPayload, RoundAlreadyClose
 from secure_afl.protocol import API, H_TAG
 
 from .aggregator import AggregationServer, log
-from secure_afl.backends import get_backend, split, split_validity
+from secure_afl import split
+from secure_afl.backends import get_backend
 from secure_afl.certify import certify_release
 from secure_afl.cohort import JOINT_CHECK, cohort_after_refusals
 from secure_afl.packing import Layout
@@ -80,8 +81,6 @@ class SplitAggregationServer(AggregationServer):
         server's signed verifier message for each named accepted upload at that query seed, formed now and
         kept. One message per upload: the same query again returns the kept one, another query seed for an
         upload that has one is refused (the server never answers two queries on one upload)."""
-        from secure_afl.backends.split_validity import leader_messages
-
         try:
             try:
                 queries = json.loads(body)
@@ -114,7 +113,7 @@ class SplitAggregationServer(AggregationServer):
             raise err from None
         # independent per upload (outside the lock: uploads keep arriving): in worker processes once there
         # are enough of them
-        formed = leader_messages(self.params, todo, self._key, workers=os.cpu_count() or 1) if todo else {}
+        formed = split.leader_messages(self.params, todo, self._key, workers=os.cpu_count() or 1) if todo else {}
         with self._lock:
             done = self.store.get_meta("split_verifier") or {}
             for h, msg in formed.items():
@@ -151,7 +150,7 @@ class SplitAggregationServer(AggregationServer):
                     # a hospital can break the Gram's shape (PSD, Cauchy-Schwarz) and the trace by a 2^-30 relative
                     # slack while its validity proof holds: those checks are reported, not a veto (docs/VALIDITY.md)
                     sanity = sanity_check(stats, self.params, len(participants), abs_tol=tol,
-                                          advisory=split_validity.ADVISORY_CHECKS)
+                                          advisory=split.ADVISORY_CHECKS)
                     check_class_minimum(stats, self.config.min_class_count)
                     W, dp_info = solve_from_sums(stats), None
                 else:

@@ -183,7 +183,7 @@ _BROKEN = {
                       "c.expand = zero\n"
                       "mk.expand = zero"),
     # split hospitals add no mask to what the server stores
-    "split-server": ("import numpy as np, secure_afl.hazmat.flp as f, secure_afl.backends.split_validity as v\n"
+    "split-server": ("import numpy as np, secure_afl.hazmat.flp as f, secure_afl.split.proof as v\n"
                      "g = f.expand_field\n"
                      "f.expand_field = lambda seed, n, domain: (np.zeros(n, dtype=np.uint64) if domain == "
                      "v.DOMAIN_SHARE else g(seed, n, domain))"),

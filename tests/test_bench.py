@@ -81,7 +81,7 @@ def test_split_round_is_exact_and_sixteen_bytes_per_value():
     # Assert: the seed statement (its fields and the hex of the HPKE box) and the validity proof are the only
     # overhead over the two 8-byte lanes
     assert KEYS <= set(res) and res["exact"] is True and res["survivors"] == 5
-    from secure_afl.backends import split
+    from secure_afl import split
 
     extra = 1200 + 2 * split.BOX_LEN + res["validity_proof_bytes"]
     assert 16.0 < res["bytes_per_value"] < 16.0 + extra / res["length"] and res["keyholder_share_s"] > 0

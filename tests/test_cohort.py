@@ -169,7 +169,7 @@ def test_a_forged_refusal_is_attributable_from_the_two_published_verifier_messag
 def test_the_collector_refuses_a_share_over_fewer_than_q(tmp_path):
     # Prepare: a split session of 6 (min_clients 3, c = 2, q = 5), every upload in; the key holder's share
     # statement names 2 refusals (within the limit) so that 4 remain
-    from secure_afl.backends import split
+    from secure_afl import split
     from secure_afl.exceptions import InsufficientContributors
     from secure_afl.tools.attacks import split_service
 
@@ -335,7 +335,7 @@ def test_a_refused_hospital_proves_the_server_forged_its_refusal_with_its_own_up
     # Prepare: a real split server process of 6 hospitals (min_clients 3, c = 2, q = 5); every hospital
     # submits over HTTPS and keeps its receipt, upload and seed statement
     from secure_afl import pki
-    from secure_afl.backends import split_validity
+    from secure_afl import split
     from secure_afl.keyholder.release import HTTPSource
     from secure_afl.tools.attack_parties import forge_verifier
 
@@ -366,7 +366,7 @@ def test_a_refused_hospital_proves_the_server_forged_its_refusal_with_its_own_up
     body, statement = c.keyholder.release_split(c.session_id, Forging(conn), min_clients=3)
     evidence = json.loads((c.keyholder.keys_dir / f"{c.session_id}.validity-refusals.json").read_text())
     payload_path, statement_path = kept["h2"]
-    out = split_validity.dispute(c.keyholder.params(c.session_id), "h2", payload_path.read_bytes(),
+    out = split.dispute(c.keyholder.params(c.session_id), "h2", payload_path.read_bytes(),
                                  json.loads(statement_path.read_text()), evidence["server_messages"]["h2"],
                                  statement["evidence"]["h2"]["keyholder_message"],
                                  pki.pinned_identity(c.pki_dir, "server"))
@@ -376,7 +376,7 @@ def test_a_refused_hospital_proves_the_server_forged_its_refusal_with_its_own_up
     # verdict, and h2's own upload shows the server's signed message false
     assert statement["refused"].keys() == {"h2"} and len(statement["cohort"]) == 5
     assert statement["evidence"]["h2"]["attribution"].startswith("failed the joint check")
-    assert split_validity.joint_verdict(c.keyholder.params(c.session_id), "h2",
+    assert split.joint_verdict(c.keyholder.params(c.session_id), "h2",
                                         evidence["server_messages"]["h2"]["payload_sha256"],
                                         evidence["server_messages"]["h2"],
                                         statement["evidence"]["h2"]["keyholder_message"],
@@ -386,7 +386,7 @@ def test_a_refused_hospital_proves_the_server_forged_its_refusal_with_its_own_up
     with c.connect_keyholder() as again:
         genuine = HTTPSource(again).split_verifier()["h3"]
     p3, s3 = kept["h3"]
-    honest = split_validity.dispute(c.keyholder.params(c.session_id), "h3", p3.read_bytes(),
+    honest = split.dispute(c.keyholder.params(c.session_id), "h3", p3.read_bytes(),
                                     json.loads(s3.read_text()), genuine, None,
                                     pki.pinned_identity(c.pki_dir, "server"))
     assert honest["server_message_true"]

@@ -231,12 +231,13 @@ def _split_release(session_id, layout, bounds, vectors):
 
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-    from secure_afl.backends import split
+    from secure_afl import split
+    from secure_afl.backends import get_backend
 
     params = split.split_session_params(session_id, layout, GAMMA, bounds)
     keys = split.generate_keys(params)
     params = split.bind_public_context(params, keys.public_context)
-    be = split.SplitBackend(params)
+    be = get_backend(params)
     acc, participants, statements, enrolled = be.combiner(), [], {}, {}
     for i, v in enumerate(vectors):
         h, key = f"h{i}", Ed25519PrivateKey.generate()

@@ -16,7 +16,7 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from secure_afl.backends import get_backend
-from secure_afl.backends import split, split_validity
+from secure_afl import split
 from secure_afl.exceptions import Forbidden, InsufficientContributors, InvalidContribution, PolicyViolation, \
     SanityCheckFailed, SecureAFLError
 from secure_afl import domains
@@ -174,7 +174,7 @@ def test_curious_keyholder_gets_no_masked_vector_from_any_route(consortium):
                                tags["h1"]["payload_sha256"], box)
         words = get_backend(params).masked_words(payload) if path.endswith("h1") else \
             np.frombuffer(payload[-8 * fixedpoint.n_words(params.layout.length):], dtype="<u8").astype(np.uint64)
-        words = flp.sub(words, flp.expand_field(seed, words.shape[0], split_validity.DOMAIN_SHARE))
+        words = flp.sub(words, flp.expand_field(seed, words.shape[0], split.DOMAIN_SHARE))
         recovered.append(fixedpoint.decode(flp.decode_signed(words).view(np.uint64),
                                            params.backend_params["frac_bits"]))
     conn.close()

@@ -137,7 +137,8 @@ def dp_split():
     """(params, backend, the server's identity key, the key holder's public seed key) of a DP split session."""
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-    from secure_afl.backends import get_backend, split
+    from secure_afl import split
+    from secure_afl.backends import get_backend
 
     params = dp_session_params(SPEC, "split", "dp-validity", LAY, 1.0, BND)
     keys = split.generate_keys(params)
@@ -188,28 +189,28 @@ def _verdict(dp_split, body, seed, com, hospital="h1"):
 
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-    from secure_afl.backends import split_validity
+    from secure_afl import split
 
     params, be, server_key, public = dp_split
     payload, st = be.seal_upload(body, seed, com, public, hospital, Ed25519PrivateKey.generate())
-    split_validity.check_upload(be, payload, st)
+    split.check_upload(be.circuit, payload, st)
     sha = hashlib.sha256(payload).hexdigest()
-    expected = split_validity.query_seed(os.urandom(32), params, hospital, sha, st["validity"])
-    msg = split_validity.leader_message(be, hospital, payload, st, server_key, expected)
-    qs, leader = split_validity.verify_leader_message(msg, server_key.public_key(), be.circuit, hospital, sha,
+    expected = split.query_seed(os.urandom(32), params, hospital, sha, st["validity"])
+    msg = split.leader_message(be.circuit, hospital, payload, st, server_key, expected)
+    qs, leader = split.verify_leader_message(msg, server_key.public_key(), be.circuit, hospital, sha,
                                                       expected)
-    return split_validity.helper_verdict(be.circuit, hospital, seed, st, qs, leader)
+    return split.helper_verdict(be.circuit, hospital, seed, st, qs, leader)
 
 
 def test_split_dp_frac_bits_are_the_noise_grid_and_the_proofs_choice():
-    from secure_afl.backends import split_validity
+    from secure_afl import split
 
     params = dp_session_params(SPEC, "split", "s", LAY, 1.0, BND)
     # the high lane is the noise grid; the low lane is what the widened statement leaves without a wrap
-    assert split_validity.choose_frac_bits(params) == tuple(params.backend_params["frac_bits"])
-    c = split_validity.Circuit(params)
-    assert c.tau == split_validity.noise_bound(params) > 0
-    assert params.bounds.k_max * (1 << c.sizes["m_hi"]) < 1 << split_validity.WRAP_BITS
+    assert split.choose_frac_bits(params) == tuple(params.backend_params["frac_bits"])
+    c = split.Circuit(params)
+    assert c.tau == split.noise_bound(params) > 0
+    assert params.bounds.k_max * (1 << c.sizes["m_hi"]) < 1 << split.WRAP_BITS
 
 
 @pytest.mark.parametrize("sign_n", [1, -1])

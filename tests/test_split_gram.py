@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from secure_afl.backends import get_backend, split, split_validity
+from secure_afl import split
+from secure_afl.backends import get_backend
 from secure_afl.exceptions import BoundsExceeded, InvalidParameterError, SanityCheckFailed
 from secure_afl.hazmat import flp
 from secure_afl.hazmat.flp_square import SquareSumProof
@@ -37,15 +38,15 @@ def _session(dim, classes, n_max, gram=True, gamma=GAMMA, k_max=8, max_norm=1.0)
 def _verdict(sess, body, seed, com, hospital="h1"):
     params, be, server_key, keys = sess
     payload, st = be.seal_upload(body, seed, com, keys.public_context, hospital, Ed25519PrivateKey.generate())
-    split_validity.check_upload(be, payload, st)
+    split.check_upload(be.circuit, payload, st)
     sha = hashlib.sha256(payload).hexdigest()
     # the key holder's query seed for this upload, as it derives it (from its own key and the commitment)
-    expected = split_validity.query_seed(split_validity.query_key(keys.secret_context), params, hospital, sha,
+    expected = split.query_seed(split.query_key(keys.secret_context), params, hospital, sha,
                                          st.get("validity"))
-    msg = split_validity.leader_message(be, hospital, payload, st, server_key, expected)
-    qs, leader = split_validity.verify_leader_message(msg, server_key.public_key(), be.circuit, hospital, sha,
+    msg = split.leader_message(be.circuit, hospital, payload, st, server_key, expected)
+    qs, leader = split.verify_leader_message(msg, server_key.public_key(), be.circuit, hospital, sha,
                                                       expected)
-    return split_validity.helper_verdict(be.circuit, hospital, seed, st, qs, leader)
+    return split.helper_verdict(be.circuit, hospital, seed, st, qs, leader)
 
 
 def _embeddings(n, dim, classes, seed):
@@ -205,9 +206,9 @@ def test_a_factor_of_other_statistics_is_refused_by_the_quadratic_identity(attac
 
 def test_gram_statement_soundness_and_sizes():
     c = _session(64, 10, 100)[1].circuit
-    d = split_validity.describe(c)
+    d = split.describe(c)
     assert d["soundness_bits_q64"] >= 64.0 and d["gram"]["factor_words"] == 10 + 64 * 10 + 64 * 65 // 2
-    assert split_validity.describe(_session(64, 10, 100, gram=False)[1].circuit)["gram"] is None
+    assert split.describe(_session(64, 10, 100, gram=False)[1].circuit)["gram"] is None
 
 
 def test_gram_proof_with_dp_is_refused_when_the_session_is_built():
@@ -290,9 +291,9 @@ def test_the_session_signs_gram_proof_into_the_parameters_and_refuses_it_with_dp
 
     on = normalise(parse(_sections(split={"gram_proof": True, "max_share": 0.5})))
     params = on.session_params()
-    assert split_validity.gram_enabled(params) and params.backend_params["max_share"] == 0.5
+    assert split.gram_enabled(params) and params.backend_params["max_share"] == 0.5
     off = normalise(parse(_sections()))
-    assert not split_validity.gram_enabled(off.session_params()) and off.body["split"] is None
+    assert not split.gram_enabled(off.session_params()) and off.body["split"] is None
     assert params.digest() != off.session_params().digest()  # the setting is signed: the parameters differ
     with pytest.raises(SecureAFLError, match=r"gram_proof.*\[dp\]"):
         normalise(parse(_sections(split={"gram_proof": True}, dp={"epsilon": 1.0})))

@@ -21,7 +21,8 @@ from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from secure_afl import domains
-from secure_afl.backends import get_backend, split
+from secure_afl import split
+from secure_afl.backends import get_backend
 from secure_afl.exceptions import InvalidContribution, MalformedPayload, SecureAFLError
 from secure_afl.packing import Layout
 from secure_afl.params import Bounds

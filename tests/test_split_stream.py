@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 
 from secure_afl import pki
-from secure_afl.backends import get_backend, split, split_validity
+from secure_afl import split
+from secure_afl.backends import get_backend
 from secure_afl.exceptions import DecryptionRefused, PolicyViolation
 from secure_afl.keyholder.release import HTTPSource
 from secure_afl.keyholder.split_stream import SplitJudge
@@ -118,7 +119,7 @@ class _OwnSeed(HTTPSource):
         import os
 
         statements = self.split_statements()
-        return {h: split_validity.leader_message(self.be, h, self.blobs[h], statements[h], self.key, os.urandom(32))
+        return {h: split.leader_message(self.be.circuit, h, self.blobs[h], statements[h], self.key, os.urandom(32))
                 for h in queries}
 
 
@@ -215,8 +216,8 @@ def test_the_share_from_a_judged_sum_is_the_cohorts_whatever_the_sum_covers():
     def judged(hs):
         total = np.zeros(n, dtype=np.uint64)
         for h in hs:
-            total = flp.add(total, flp.neg(flp.expand_field(seeds[h], n, split_validity.DOMAIN_SHARE)))
-        return {h: split_validity.seed_digest(seeds[h]) for h in hs}, total
+            total = flp.add(total, flp.neg(flp.expand_field(seeds[h], n, split.DOMAIN_SHARE)))
+        return {h: split.seed_digest(seeds[h]) for h in hs}, total
 
     def share(**kw):
         return split.keyholder_share(params, keys.secret_context, manifest, statements, enrolled, **kw)
@@ -228,7 +229,7 @@ def test_the_share_from_a_judged_sum_is_the_cohorts_whatever_the_sum_covers():
     assert np.array_equal(share(judged=judged(["h1", "h2", "h3"])), fresh)
     assert np.array_equal(share(refused={"h3": "linear"}, judged=judged(["h1", "h2", "h3"])), without_h3)
     stale = judged(["h1", "h2"])
-    stale[0]["h2"] = split_validity.seed_digest(b"\0" * 32)
+    stale[0]["h2"] = split.seed_digest(b"\0" * 32)
     assert np.array_equal(share(judged=stale), fresh)
     assert not np.array_equal(without_h3, fresh)
 

@@ -19,7 +19,8 @@ import numpy as np
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from secure_afl.backends import get_backend, split, split_validity
+from secure_afl import split
+from secure_afl.backends import get_backend
 from secure_afl.exceptions import BoundsExceeded, InvalidInputError, InvalidSignature, MalformedPayload, \
     SecureAFLError
 from secure_afl.hazmat import flp
@@ -205,15 +206,15 @@ def _verdict(session, body, seed, commitment, hospital="h1", *, tamper=None):
     """Server's signed message on its share, key holder's verdict on the seed's share (the release path)."""
     params, be, server_key, public = session
     payload, st = be.seal_upload(body, seed, commitment, public, hospital, Ed25519PrivateKey.generate())
-    split_validity.check_upload(be, payload, st)
+    split.check_upload(be.circuit, payload, st)
     sha = hashlib.sha256(payload).hexdigest()
-    expected = split_validity.query_seed(os.urandom(32), params, hospital, sha, st["validity"])
-    msg = split_validity.leader_message(be, hospital, payload, st, server_key, expected)
+    expected = split.query_seed(os.urandom(32), params, hospital, sha, st["validity"])
+    msg = split.leader_message(be.circuit, hospital, payload, st, server_key, expected)
     if tamper is not None:
         msg = tamper(msg)
-    qs, leader = split_validity.verify_leader_message(msg, server_key.public_key(), be.circuit, hospital, sha,
+    qs, leader = split.verify_leader_message(msg, server_key.public_key(), be.circuit, hospital, sha,
                                                       expected)
-    return split_validity.helper_verdict(be.circuit, hospital, seed, st, qs, leader)
+    return split.helper_verdict(be.circuit, hospital, seed, st, qs, leader)
 
 
 @pytest.mark.parametrize("chunk", [None, 64, "compiled"])
@@ -224,19 +225,19 @@ def test_projection_matches_the_reference_on_edge_values(session, monkeypatch, c
 
     if chunk == "compiled" and not ternary.AVAILABLE:
         pytest.skip("numba is not installed")
-    monkeypatch.setattr(split_validity, "_COMPILED", chunk == "compiled")
+    monkeypatch.setattr(split.projection, "_COMPILED", chunk == "compiled")
     monkeypatch.setattr(ternary, "WARM_CALLS", -1 if chunk == "compiled" else 1 << 60)
     if isinstance(chunk, int):
-        monkeypatch.setattr(split_validity, "_PROJ_CHUNK", chunk)
+        monkeypatch.setattr(split.projection, "_PROJ_CHUNK", chunk)
     rng = random.Random(17)
     for dim in (6, 40):
         params = split.split_session_params(f"proj-{dim}", Layout(dim, 5), GAMMA, BOUNDS)
-        c = split_validity.Circuit(params)
+        c = split.Circuit(params)
         edge = [0, 1, P - 1, P // 2, P // 2 + 1, 2 ** 63, 2 ** 64 - 2 ** 32, 15, 16, 2 ** 60 + 7]
         hi = [edge[i] if i < len(edge) else rng.randrange(P) for i in range(c.L)]
         lanes = _arr(hi + [rng.randrange(P) for _ in range(c.L)])
         fs = bytes(rng.randrange(256) for _ in range(32))
-        assert _ints(c.project(lanes, fs)) == ref.projection(hi, fs, split_validity.ROWS)
+        assert _ints(c.project(lanes, fs)) == ref.projection(hi, fs, split.ROWS)
 
 
 def test_a_negative_diagonal_entry_within_the_trace_and_entry_bounds_is_not_refused(session):
@@ -258,7 +259,7 @@ def test_both_verifiers_in_worker_processes_decide_and_sum_as_one_process_does(m
     # The release's verdicts run in spawned worker processes once there are enough uploads: the server's
     # messages (read from the payload files) and the key holder's verdicts and share must be those of one
     # process, a cheater refused by name either way.
-    monkeypatch.setattr(split_validity, "PROCESS_MIN_UPLOADS", 1)
+    monkeypatch.setattr(split.sizes, "PROCESS_MIN_UPLOADS", 1)
     params = split.split_session_params("procs", LAYOUT, GAMMA, BOUNDS)
     keys = split.generate_keys(params)
     params = split.bind_public_context(params, keys.public_context)
@@ -273,21 +274,21 @@ def test_both_verifiers_in_worker_processes_decide_and_sum_as_one_process_does(m
         payload, st = be.seal_upload(*be.circuit.prove(h, lanes=lanes, check=False), keys.public_context, h, ident)
         sha = hashlib.sha256(payload).hexdigest()
         (tmp_path / sha).write_bytes(payload)
-        qs = split_validity.query_seed(split_validity.query_key(keys.secret_context), params, h, sha, st["validity"])
+        qs = split.query_seed(split.query_key(keys.secret_context), params, h, sha, st["validity"])
         uploads.append((h, tmp_path / sha, sha, st, qs))
         manifest["participants"].append({"hospital": h, "payload_sha256": sha})
         statements[h], enrolled[h] = st, ident.public_key()
     results = []
     for workers in (1, 2):
-        msgs = split_validity.leader_messages(params, uploads, server_key, workers=workers)
+        msgs = split.leader_messages(params, uploads, server_key, workers=workers)
         items = [(h, split.open_statement_seed(params, keys.secret_context, statements, enrolled, h, sha),
                   st["validity"], qs,
-                  split_validity.verify_leader_message(msgs[h], server_key.public_key(), be.circuit, h, sha, qs)[1])
+                  split.verify_leader_message(msgs[h], server_key.public_key(), be.circuit, h, sha, qs)[1])
                  for h, _, sha, st, qs in uploads]
         verdicts, judged_sum = split.keyholder_verdicts(params, items, workers=workers)
         refused = {h: v for h, v in verdicts.items() if v}
         share = split.keyholder_share(params, keys.secret_context, manifest, statements, enrolled, refused=refused,
-                                      workers=workers)
+                                      sum_masks=split.pool.lane_masks(params, workers))
         assert np.array_equal(share, judged_sum)  # the running sum of the judged uploads is the cohort's share
         results.append((share, refused))
     (one, refused_one), (two, refused_two) = results
@@ -296,7 +297,7 @@ def test_both_verifiers_in_worker_processes_decide_and_sum_as_one_process_does(m
     # worker that reads it, before a message is formed over the wrong words
     (tmp_path / uploads[0][2]).write_bytes((tmp_path / uploads[1][2]).read_bytes())
     with pytest.raises(MalformedPayload, match="h0"):
-        split_validity.leader_messages(params, uploads, server_key, workers=2)
+        split.leader_messages(params, uploads, server_key, workers=2)
 
 
 def test_a_free_low_lane_is_accepted_and_moves_the_release_by_less_than_its_bound():
@@ -320,12 +321,12 @@ def test_a_free_low_lane_is_accepted_and_moves_the_release_by_less_than_its_boun
                 _set(lanes, c, i, (1 << 62) * (-1) ** i, lane=1)
         body, seed, commitment = c.prove(hospital, lanes=lanes)
         payload, st = be.seal_upload(body, seed, commitment, keys.public_context, hospital, ident)
-        split_validity.check_upload(be, payload, st)
+        split.check_upload(be.circuit, payload, st)
         sha = hashlib.sha256(payload).hexdigest()
-        expected = split_validity.query_seed(os.urandom(32), params, hospital, sha, st["validity"])
-        msg = split_validity.leader_message(be, hospital, payload, st, server_key, expected)
-        qs, leader = split_validity.verify_leader_message(msg, server_key.public_key(), c, hospital, sha, expected)
-        assert split_validity.helper_verdict(c, hospital, seed, st, qs, leader) is None
+        expected = split.query_seed(os.urandom(32), params, hospital, sha, st["validity"])
+        msg = split.leader_message(be.circuit, hospital, payload, st, server_key, expected)
+        qs, leader = split.verify_leader_message(msg, server_key.public_key(), c, hospital, sha, expected)
+        assert split.helper_verdict(c, hospital, seed, st, qs, leader) is None
         acc.add(payload)
         manifest["participants"].append({"hospital": hospital, "payload_sha256": hashlib.sha256(payload).hexdigest()})
         statements[hospital], enrolled[hospital] = st, ident.public_key()
@@ -440,7 +441,7 @@ def test_a_non_bit_that_satisfies_every_linear_relation_is_refused_by_the_bit_pr
 
 def test_a_statement_whose_seed_commitment_is_not_of_the_sealed_seed_is_refused(session):
     body, seed, com = _honest(session, _stats_vector())
-    other = split_validity.UploadCommitment(com.main_sha256, com.aux_sha256, split_validity.seed_digest(b"x" * 32))
+    other = split.UploadCommitment(com.main_sha256, com.aux_sha256, split.seed_digest(b"x" * 32))
     assert _verdict(session, body, seed, other) == "commitment"
 
 
@@ -461,10 +462,10 @@ def test_a_proof_replayed_on_another_upload_is_refused(session):
     assert _verdict(session, body1, seed1, com1, hospital="h2") is not None
     # upload 1's bits and proofs grafted onto upload 2's vector (same seed, so the masks line up)
     x2 = c.lanes(_stats_vector(n=30, seed=2))
-    mask = flp.expand_field(seed1, c.total, split_validity.DOMAIN_SHARE)
+    mask = flp.expand_field(seed1, c.total, split.DOMAIN_SHARE)
     graft = body1.copy()
     graft[:c.main_len] = flp.add(x2, mask[:c.main_len])
-    com = split_validity.UploadCommitment(hashlib.sha256(flp.to_bytes(graft[:c.main_len])).hexdigest(),
+    com = split.UploadCommitment(hashlib.sha256(flp.to_bytes(graft[:c.main_len])).hexdigest(),
                                           com1.aux_sha256, com1.seed_sha256)
     assert _verdict(session, graft, seed1, com) is not None
     # a commitment that is not of the uploaded words is refused at the upload
@@ -492,7 +493,7 @@ def test_a_forged_or_replayed_server_verifier_message_is_refused(session):
         with pytest.raises(InvalidSignature):
             _verdict(session, body, seed, com, tamper=tamper)
     # replayed: the server's genuine signed message for another upload (at that upload's query seed)
-    replay = split_validity.leader_message(be, "h1", _payload_of(session, other_body, other_seed, other_com),
+    replay = split.leader_message(be.circuit, "h1", _payload_of(session, other_body, other_seed, other_com),
                                            {"validity": other_com.to_dict()}, session[2], os.urandom(32))
     with pytest.raises(InvalidSignature):
         _verdict(session, body, seed, com, tamper=lambda _: replay)
@@ -501,7 +502,7 @@ def test_a_forged_or_replayed_server_verifier_message_is_refused(session):
     own = {}
 
     def at_own_seed(_):
-        own["msg"] = split_validity.leader_message(be, "h1", own["payload"], own["st"], session[2], os.urandom(32))
+        own["msg"] = split.leader_message(be.circuit, "h1", own["payload"], own["st"], session[2], os.urandom(32))
         return own["msg"]
 
     params, _, server_key, public = session
@@ -515,7 +516,7 @@ def _payload_of(session, body, seed, com):
 
 
 def test_soundness_and_sizes_are_stated_for_the_session(session):
-    d = split_validity.describe(session[1].circuit)
+    d = split.describe(session[1].circuit)
     assert d["soundness_bits_q64"] >= 64.0
     assert d["proof_words"] + d["aux_bits"] > 0 and d["main_words"] == 2 * LAYOUT.length
 
@@ -523,14 +524,14 @@ def test_soundness_and_sizes_are_stated_for_the_session(session):
 def test_choose_frac_bits_keeps_k_max_proven_uploads_below_the_wrap_bound(session):
     params = session[0]
     c = session[1].circuit
-    assert params.bounds.k_max * (1 << c.sizes["m_hi"]) < 1 << split_validity.WRAP_BITS
-    assert params.bounds.k_max * (1 << (c.f2 - 1)) < 1 << split_validity.WRAP_BITS  # honest low lanes
-    assert split_validity.proven_aggregate_bound(params) < 2.0 ** 63 / 2.0 ** c.f1
+    assert params.bounds.k_max * (1 << c.sizes["m_hi"]) < 1 << split.WRAP_BITS
+    assert params.bounds.k_max * (1 << (c.f2 - 1)) < 1 << split.WRAP_BITS  # honest low lanes
+    assert split.proven_aggregate_bound(params) < 2.0 ** 63 / 2.0 ** c.f1
     # the trace relation sums the diagonal entries unbounded but for 2T each: at d = 512 that is what sets f1
-    for circuit in (c, split_validity.Circuit(split.split_session_params("wide", Layout(512, 100), GAMMA,
+    for circuit in (c, split.Circuit(split.split_session_params("wide", Layout(512, 100), GAMMA,
                                                                          Bounds(1.0, 1000, 10)))):
         worst = circuit.d * 2 * circuit.T + circuit.sizes["slack_max"] + (1 << circuit.sizes["m_s"])
-        assert worst < 1 << split_validity.WRAP_BITS
+        assert worst < 1 << split.WRAP_BITS
 
 
 def test_query_seed_must_be_32_bytes(session):
@@ -657,7 +658,7 @@ def test_cli_attack_veto_through_the_service_exits_zero_because_split_refuses_th
 
 
 # the split key holder's verdict on its share switched off, as a regression would: it accepts every proof
-_NO_VERDICT = ("import secure_afl.backends.split_validity as v\n"
+_NO_VERDICT = ("import secure_afl.split.roles as v\n"
                "v.helper_verdict = lambda *a, **k: (None, None) if k.get('with_message') else None")
 
 
@@ -733,7 +734,7 @@ def test_an_upload_whose_signed_commitment_is_not_of_its_words_is_refused_at_upl
     be = get_backend(params)
     ctx = cl.conn.request("GET", cl.conn.path("/context"), signed=False).content
     body, seed, com = be.circuit.prove("h3", Layout(c.dim, c.classes).pack(c.stats(*c.data("h3"))))
-    lying = split_validity.UploadCommitment(hashlib.sha256(b"other lanes").hexdigest(), com.aux_sha256,
+    lying = split.UploadCommitment(hashlib.sha256(b"other lanes").hexdigest(), com.aux_sha256,
                                             com.seed_sha256)
     payload, st = be.seal_upload(body, seed, lying, ctx, "h3", cl.party.identity_key())
     # Execute / Assert: refused by the server at upload, nothing receipted

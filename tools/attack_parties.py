@@ -125,14 +125,14 @@ class MaliciousServer:
 def forge_verifier(params, statement: dict, server_key) -> dict:
     """The server's verifier message for one upload with one word changed, re-signed with the server's key:
     the key holder's joint check then fails on an honest upload."""
-    from secure_afl.backends import split_validity
+    from secure_afl import split
     from secure_afl.hazmat import flp
 
     msg = flp.from_bytes(bytes.fromhex(statement["message"]))
     bump = np.zeros_like(msg)
     bump[0] = 1
-    return split_validity._sign_leader(params, statement["hospital"], statement["payload_sha256"],
-                                       bytes.fromhex(statement["query_seed"]), flp.add(msg, bump), server_key)
+    return split.sign_verifier_message(params, statement["hospital"], statement["payload_sha256"],
+                                      bytes.fromhex(statement["query_seed"]), flp.add(msg, bump), server_key)
 
 
 def subset_manifest(manifest: dict, keep, server_key) -> dict:

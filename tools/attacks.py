@@ -818,7 +818,8 @@ def attack_split_server(*, seed: int = 0, verbose: bool = True, work=None, **_) 
 def attack_split_keyholder(*, seed: int = 0, verbose: bool = True, work=None, **_) -> dict:
     """A curious split key holder: it opens the victim's seed (as every release does) and asks the server's
     every route for a masked vector to unmask with it."""
-    from secure_afl.backends import get_backend, split
+    from secure_afl import split
+    from secure_afl.backends import get_backend
     from secure_afl.exceptions import SecureAFLError
     from secure_afl.hazmat import fixedpoint
 
@@ -845,11 +846,11 @@ def attack_split_keyholder(*, seed: int = 0, verbose: bool = True, work=None, **
             srv.shutdown()
     err = float("inf")
     if got is not None:
-        from secure_afl.backends import split_validity
+        from secure_afl import split
         from secure_afl.hazmat import flp
 
         words = np.array(get_backend(params).masked_words(got))
-        words = flp.sub(words, flp.expand_field(seed_v, words.shape[0], split_validity.DOMAIN_SHARE))
+        words = flp.sub(words, flp.expand_field(seed_v, words.shape[0], split.DOMAIN_SHARE))
         x_hat = _layout().unpack(_field_decode(words, tuple(params.backend_params["frac_bits"])),
                                  gamma=GAMMA).cross[:, 1]
         err = float(np.max(np.abs(x_hat - vectors[victim][1])))
@@ -863,7 +864,8 @@ def attack_split_keyholder(*, seed: int = 0, verbose: bool = True, work=None, **
 def attack_split_subset(*, seed: int = 0, verbose: bool = True, work=None, **_) -> dict:
     """A malicious split server after one hospital: a manifest naming only the victim, then the key holder's
     genuine share combined with the victim's masked vector alone."""
-    from secure_afl.backends import get_backend, split
+    from secure_afl import split
+    from secure_afl.backends import get_backend
     from secure_afl.exceptions import SecureAFLError
     from secure_afl.signing import MANIFEST_PREFIX, canonical_json
 
@@ -927,7 +929,7 @@ def _subset_sum(srv, params, keep) -> bytes:
 
 def attack_split_cohort(*, seed: int = 0, verbose: bool = True, work=None, **_) -> dict:
     """A malicious split server with min_clients - 1 colluders shrinks the cohort to one honest hospital."""
-    from secure_afl.backends import split, split_validity
+    from secure_afl import split
     from secure_afl.cohort import release_policy
 
     hospitals = tuple(f"hosp-{x}" for x in "abcdef")
@@ -984,9 +986,9 @@ def attack_split_cohort(*, seed: int = 0, verbose: bool = True, work=None, **_) 
                 ev = one["statement"]["evidence"][h]
                 kept = json.loads((Path(d) / "keys-one" / f"{params.session_id}.validity-refusals.json")
                                   .read_text())["server_messages"][h]
-                verdict = split_validity.joint_verdict(params, h, row["payload_sha256"], kept,
+                verdict = split.joint_verdict(params, h, row["payload_sha256"], kept,
                                                        ev["keyholder_message"], srv.party.identity_pub())
-                d_out = split_validity.dispute(params, h, srv.store.get_blob(row["payload_sha256"]),
+                d_out = split.dispute(params, h, srv.store.get_blob(row["payload_sha256"]),
                                                srv.tags()[h], kept, ev["keyholder_message"], srv.party.identity_pub())
                 attributed = {"verdict_from_messages": verdict, "at_fault": d_out["at_fault"],
                               "recorded_as": ev["attribution"], "forged_message_kept": kept == server_msg or

@@ -100,7 +100,8 @@ def _split_release(vectors, cheat: dict) -> dict:
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
     from secure_afl.analytic import solve_from_sums
-    from secure_afl.backends import get_backend, split, split_validity
+    from secure_afl import split
+    from secure_afl.backends import get_backend
     from secure_afl.release_checks import sanity_check
 
     params = split.split_session_params("attack-split", _layout(), GAMMA, _bounds())
@@ -116,19 +117,19 @@ def _split_release(vectors, cheat: dict) -> dict:
             payload, st = be.seal_upload(body, seed, com, keys.public_context, h, key)
         else:
             payload, st = be.protect(v, public_context=keys.public_context, hospital=h, identity_key=key)
-        split_validity.check_upload(be, payload, st)  # the server's upload check: it passes (well-formed)
+        split.check_upload(be.circuit, payload, st)  # the server's upload check: it passes (well-formed)
         acc.add(payload)
         uploads[h], enrolled[h] = (payload, st), key.public_key()
         participants.append({"hospital": h, "payload_sha256": hashlib.sha256(payload).hexdigest()})
     manifest = {"participants": participants}
     statements = {h: u[1] for h, u in uploads.items()}
-    qkey = split_validity.query_key(keys.secret_context)
+    qkey = split.query_key(keys.secret_context)
     items = []
     for p in participants:
         h, sha = p["hospital"], p["payload_sha256"]
-        qs = split_validity.query_seed(qkey, params, h, sha, statements[h]["validity"])
-        msg = split_validity.leader_message(be, h, *uploads[h], server_key, qs)
-        _, leader = split_validity.verify_leader_message(msg, server_key.public_key(), be.circuit, h, sha, qs)
+        qs = split.query_seed(qkey, params, h, sha, statements[h]["validity"])
+        msg = split.leader_message(be.circuit, h, *uploads[h], server_key, qs)
+        _, leader = split.verify_leader_message(msg, server_key.public_key(), be.circuit, h, sha, qs)
         seed = split.open_statement_seed(params, keys.secret_context, statements, enrolled, h, sha)
         items.append((h, seed, statements[h]["validity"], qs, leader))
     verdicts, _ = split.keyholder_verdicts(params, items)
@@ -138,7 +139,7 @@ def _split_release(vectors, cheat: dict) -> dict:
     k = len(vectors) - len(refused)
     stats = _layout().unpack(vec, gamma=GAMMA)
     sanity_check(stats, params, k, abs_tol=split.expected_abs_error(params, k),
-                 advisory=split_validity.ADVISORY_CHECKS)
+                 advisory=split.ADVISORY_CHECKS)
     return {"refused": refused, "W": solve_from_sums(stats), "contributors": k}
 
 

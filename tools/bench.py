@@ -41,8 +41,7 @@ import time
 import numpy as np
 from secure_afl.backends import get_backend
 from secure_afl.backends import he_module
-from secure_afl.backends import split
-from secure_afl.backends import split_validity
+from secure_afl import split
 from secure_afl.certify import certify_release
 from secure_afl.packing import Layout
 from secure_afl.params import Bounds, SessionParams
@@ -201,11 +200,11 @@ def run_protect(backend: str, dim: int, classes: int, clients: int, *, dropout: 
     t = time.perf_counter()
     if backend == "split":
         enrolled = {p["hospital"]: hospital_key.public_key() for p in seeds["participants"]}
-        qkey = split_validity.query_key(keys.secret_context)  # the key holder's query seed for each upload
-        stored = [(h, path, sha, st, split_validity.query_seed(qkey, params, h, sha, st["validity"]))
+        qkey = split.query_key(keys.secret_context)  # the key holder's query seed for each upload
+        stored = [(h, path, sha, st, split.query_seed(qkey, params, h, sha, st["validity"]))
                   for h, path, sha, st in stored]
         t = time.perf_counter()  # the server's verifier messages, on every core
-        messages = split_validity.leader_messages(params, stored, server_key, workers=os.cpu_count() or 1)
+        messages = split.leader_messages(params, stored, server_key, workers=os.cpu_count() or 1)
         out["server_verify_s"] = time.perf_counter() - t
         payload_dir.cleanup()
         out["mask_stream_s"] = _mask_stream_floor(layout.length)
@@ -214,8 +213,9 @@ def run_protect(backend: str, dim: int, classes: int, clients: int, *, dropout: 
         if refused:  # pragma: no cover - every bench hospital is honest
             raise RuntimeError(f"the key holder refused honest uploads: {refused}")
         t = time.perf_counter()  # the key holder's share alone (open, expand, sum every seed): its floor
+        sum_masks = split.pool.lane_masks(params, os.cpu_count() or 1)
         reveal_kw = {"share": split.keyholder_share(params, keys.secret_context, seeds, seeds["statements"],
-                                                    enrolled, workers=os.cpu_count() or 1)}
+                                                    enrolled, sum_masks=sum_masks)}
         out["keyholder_share_s"] = time.perf_counter() - t
     revealed = be.reveal(aggregate, **reveal_kw)
     reveal_s = time.perf_counter() - t
@@ -311,7 +311,7 @@ def _mask_stream_floor(length: int, repeats: int = 5) -> float:
     best = float("inf")
     for _ in range(repeats):
         t = time.perf_counter()
-        flp.expand_field(os.urandom(32), 2 * length, split_validity.DOMAIN_SHARE)
+        flp.expand_field(os.urandom(32), 2 * length, split.DOMAIN_SHARE)
         best = min(best, time.perf_counter() - t)
     return best
 
@@ -321,13 +321,13 @@ def _split_keyholder_release(be, params, keys, seeds, enrolled, messages, server
     server's signed verifier messages, open each seed, judge the upload on its own share and sum the
     accepted masks, on every core. Returns (seconds, refused)."""
     t = time.perf_counter()
-    qkey = split_validity.query_key(keys.secret_context)
+    qkey = split.query_key(keys.secret_context)
     items = []
     for p in seeds["participants"]:
         h, sha = p["hospital"], p["payload_sha256"]
         st = seeds["statements"][h]
-        qs = split_validity.query_seed(qkey, params, h, sha, st["validity"])
-        _, msg = split_validity.verify_leader_message(messages[h], server_pub, be.circuit, h, sha, qs)
+        qs = split.query_seed(qkey, params, h, sha, st["validity"])
+        _, msg = split.verify_leader_message(messages[h], server_pub, be.circuit, h, sha, qs)
         seed = split.open_statement_seed(params, keys.secret_context, seeds["statements"], enrolled, h, sha)
         items.append((h, seed, st["validity"], qs, msg))
     verdicts, _ = split.keyholder_verdicts(params, items, workers=os.cpu_count() or 1)

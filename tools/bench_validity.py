@@ -6,13 +6,15 @@ For one hospital with real statistics (n rows of norm <= B), in one run:
 
 * ``plain``: the lanes masked with a ChaCha20 field stream, no proof (what a
   split upload would be without validity): seconds and bytes;
-* ``prove``: :meth:`split_validity.Circuit.prove` (lanes, bits, Fiat-Shamir
+* ``prove``: :meth:`split.Circuit.prove` (lanes, bits, Fiat-Shamir
   projections, REPS bit proofs, masking of the whole body);
 * ``server``: the upload check and the server's signed verifier message;
 * ``keyholder``: opening nothing (the seed is given), expanding its share,
   its own message and the decision.
 
-``--scaling`` repeats at smaller d to show how the cost grows with L.
+``--scaling`` repeats at smaller d to show how the cost grows with L. ``--round K`` also runs one whole
+round of K hospitals in memory (:func:`secure_afl.split.run_split`: every role, no transport) and prints the
+seconds of each role.
 """
 
 from __future__ import annotations
@@ -41,7 +43,8 @@ def _stats(dim: int, classes: int, n: int, seed: int):
 def run(dim: int, classes: int, *, n: int = 1000, seed: int = 0, gram: bool = False) -> dict:
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-    from secure_afl.backends import get_backend, split, split_validity
+    from secure_afl import split
+    from secure_afl.backends import get_backend
     from secure_afl.hazmat import flp
     from secure_afl.packing import Layout
     from secure_afl.params import Bounds
@@ -57,7 +60,7 @@ def run(dim: int, classes: int, *, n: int = 1000, seed: int = 0, gram: bool = Fa
 
     t = time.perf_counter()  # the same upload without a proof: lanes + mask
     seed_bytes = os.urandom(32)
-    plain = flp.add(c.lanes(v), flp.expand_field(seed_bytes, c.main_len, split_validity.DOMAIN_SHARE))
+    plain = flp.add(c.lanes(v), flp.expand_field(seed_bytes, c.main_len, split.DOMAIN_SHARE))
     plain_bytes = len(flp.to_bytes(plain))
     plain_s = time.perf_counter() - t
 
@@ -67,16 +70,16 @@ def run(dim: int, classes: int, *, n: int = 1000, seed: int = 0, gram: bool = Fa
     payload, st = be.seal_upload(body, s, com, keys.public_context, "h1", hkey)
 
     sha = hashlib.sha256(payload).hexdigest()
-    expected = split_validity.query_seed(split_validity.query_key(keys.secret_context), params, "h1", sha,
+    expected = split.query_seed(split.query_key(keys.secret_context), params, "h1", sha,
                                          st["validity"])
     t = time.perf_counter()
-    split_validity.check_upload(be, payload, st)
-    msg = split_validity.leader_message(be, "h1", payload, st, skey, expected)
+    split.check_upload(be.circuit, payload, st)
+    msg = split.leader_message(be.circuit, "h1", payload, st, skey, expected)
     server_s = time.perf_counter() - t
 
     t = time.perf_counter()
-    qs, leader = split_validity.verify_leader_message(msg, skey.public_key(), c, "h1", sha, expected)
-    verdict = split_validity.helper_verdict(c, "h1", s, st, qs, leader)
+    qs, leader = split.verify_leader_message(msg, skey.public_key(), c, "h1", sha, expected)
+    verdict = split.helper_verdict(c, "h1", s, st, qs, leader)
     keyholder_s = time.perf_counter() - t
 
     proof_bytes = 8 * (c.n_f + c.n_bits + c.proof_len)  # the Gram statement's factor words included
@@ -85,7 +88,25 @@ def run(dim: int, classes: int, *, n: int = 1000, seed: int = 0, gram: bool = Fa
             "verifier_message_bytes": 8 * c.verifier_len, "plain_s": plain_s, "prove_s": prove_s,
             "server_verify_s": server_s, "keyholder_verify_s": keyholder_s,
             "prove_plus_verify_s": prove_s + server_s + keyholder_s, "accepted": verdict is None,
-            "soundness_bits_q64": split_validity.soundness_bits(c)}
+            "soundness_bits_q64": split.soundness_bits(c)}
+
+
+def round_timings(dim: int, classes: int, hospitals: int, *, n: int = 1000, gram: bool = False) -> dict:
+    """Seconds per role of one in-memory round of ``hospitals`` honest uploads, and whether it released the
+    sum (within the fixed point's bound)."""
+    from secure_afl import split
+    from secure_afl.packing import Layout
+    from secure_afl.params import Bounds
+
+    params = split.split_session_params(f"bench-round-{dim}", Layout(dim, classes), 1.0, Bounds(1.0, n, 10),
+                                        gram_proof=gram)
+    keys = split.generate_keys(params)
+    params = split.bind_public_context(params, keys.public_context)
+    vectors = [_stats(dim, classes, n, k) for k in range(hospitals)]
+    run = split.run_split(params, keys, vectors)
+    err = float(np.max(np.abs(run.vector - np.sum(vectors, axis=0))))
+    return {"dim": dim, "hospitals": hospitals, **{f"{k}_s": v for k, v in run.timings.items()},
+            "released": err <= split.expected_abs_error(params, hospitals)}
 
 
 def main(argv=None) -> int:
@@ -96,11 +117,15 @@ def main(argv=None) -> int:
     ap.add_argument("--scaling", action="store_true", help="also run at d = 64, 128, 256")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--gram", action="store_true", help="each d also under the Gram statement ([split] gram_proof)")
+    ap.add_argument("--round", type=int, default=0, metavar="K",
+                    help="also run one round of K hospitals through every role in memory (run_split)")
     args = ap.parse_args(argv)
     dims = ([64, 128, 256] if args.scaling else []) + [args.dim]
     rows = [run(d, args.classes, n=args.n, gram=g) for d in dims for g in ((False, True) if args.gram else (False,))]
+    rounds = [round_timings(args.dim, args.classes, args.round, n=args.n, gram=g)
+              for g in ((False, True) if args.gram else (False,))] if args.round else []
     if args.json:
-        print(json.dumps(rows, indent=1))
+        print(json.dumps(rows if not rounds else {"uploads": rows, "rounds": rounds}, indent=1))
         return 0
     print(f"{'gram':>4} {'d':>5} {'L':>7} {'upload MB':>9} {'proof MB':>8} {'proof/up':>8} {'plain s':>7} {'prove s':>7} "
           f"{'server s':>8} {'kh s':>6} {'p+v s':>6} {'ok':>3} {'sound':>6}")
@@ -109,6 +134,10 @@ def main(argv=None) -> int:
               f"{100 * r['proof_fraction']:7.1f}% {r['plain_s']:7.3f} {r['prove_s']:7.3f} {r['server_verify_s']:8.3f} "
               f"{r['keyholder_verify_s']:6.3f} {r['prove_plus_verify_s']:6.3f} {'yes' if r['accepted'] else 'NO':>3} "
               f"{r['soundness_bits_q64']:6.1f}")
+    for r in rounds:
+        print(f"round of {r['hospitals']} at d = {r['dim']}: " + ", ".join(
+            f"{k[:-2]} {v:.3f} s" for k, v in r.items() if k.endswith("_s")) +
+            f"; released {'yes' if r['released'] else 'NO'}")
     return 0
 
 

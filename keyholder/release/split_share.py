@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from secure_afl.backends import split
+from secure_afl import split
 from secure_afl.cohort import ReleasePolicy, cohort_after_refusals
 from secure_afl.exceptions import InsufficientContributors, PolicyViolation
 from secure_afl.packing import Layout
@@ -117,7 +117,8 @@ class SplitRelease(ReleaseBase):
                 # started from the sum of those judged valid
                 t = time.perf_counter()
                 share = split.keyholder_share(params, secret, m, statements, enrolled, refused=refused,
-                                              judged=judge.judged(), workers=os.cpu_count() or 1)
+                                              judged=judge.judged(),
+                                              sum_masks=split.pool.lane_masks(params, os.cpu_count() or 1))
                 if timings is not None:
                     timings.update({"server_verifier_seconds": verifier_s,
                                     "judge_and_share_seconds": time.perf_counter() - t})
@@ -222,9 +223,9 @@ class SplitRelease(ReleaseBase):
     def keep_validity_evidence(self, session_id: str, messages: dict, refused: dict, evidence: dict) -> Path:
         """Both verifier messages behind each refusal: the server-signed one and this key holder's own (also
         in its signed share statement). Anyone holding the two recomputes the verdict
-        (:func:`secure_afl.backends.split_validity.joint_verdict`); the refused hospital, from its own payload
+        (:func:`secure_afl.split.roles.joint_verdict`); the refused hospital, from its own payload
         and seed, recomputes each message and so finds which party's message is false
-        (:func:`secure_afl.backends.split_validity.dispute`)."""
+        (:func:`secure_afl.split.roles.dispute`)."""
         from secure_afl._io import write_file
 
         path = self.keys_dir / f"{session_id}.validity-refusals.json"

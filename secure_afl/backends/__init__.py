@@ -47,7 +47,7 @@ def he_module(backend: str):
 
         return m
     if backend == "split":  # not homomorphic, but keyed the same way: a per-session key the key holder signs
-        from . import split as m
+        from .. import split as m
 
         return m
     raise ValueError(f"{backend!r} is not a homomorphic backend ({HE_BACKENDS})")

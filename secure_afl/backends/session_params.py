@@ -66,6 +66,6 @@ def dp_session_params(spec: DPSpec | None, backend: str, session_id: str, layout
     if backend == "split":
         # a validity-proven upload (noise share included) must not wrap either: the low lane narrows to what
         # the proof's statement, widened by the noise bound, leaves; the grid (f1) stays the noise's
-        from .split_validity import choose_frac_bits as proven_frac_bits
+        from ..split.sizes import choose_frac_bits as proven_frac_bits
         params = build(pb, frac_bits=proven_frac_bits(params), **backend_kw).with_dp(cfg)
     return params

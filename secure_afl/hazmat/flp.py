@@ -5,7 +5,7 @@
     This is a "Hazardous Materials" module. You should **ONLY** use it if
     you're 100% absolutely sure that you know what you're doing because this
     module is full of land mines, dragons, and dinosaurs with laser guns.
-    The recipe API is :mod:`secure_afl.backends.split_validity`.
+    The recipe API is :mod:`secure_afl.split`.
 
 Field
 -----

@@ -3,7 +3,7 @@
 .. warning::
 
     Hazardous material, like :mod:`secure_afl.hazmat.flp` (whose field and NTT it uses). The recipe API is
-    :mod:`secure_afl.backends.split_validity`.
+    :mod:`secure_afl.split`.
 
 Statement: for ``groups`` vectors ``v_1..v_G`` of ``length`` entries each, which the two verifiers hold
 additively shared (each share a linear function of their upload shares), the proof's ``out_g`` outputs

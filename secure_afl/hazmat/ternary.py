@@ -2,14 +2,14 @@
 
 Each row ``r_j in {-1, 0, 1}^L`` comes as packed bytes, four entries per
 byte (bit 2k: nonzero, bit 2k+1: negative), as
-:meth:`secure_afl.backends.split_validity.Circuit.project` draws them. The
+:meth:`secure_afl.split.projection.project` draws them. The
 kernel adds the selected entries' 32-bit halves into two int64 accumulators
 (each below ``L 2^32 < 2^62`` for ``L < 2^30``: exact) and reduces
 ``hi 2^32 + lo`` mod p once per row. Compiled with ``nogil``, so threads run
 it side by side; measured against the numpy float32 path in
 docs/BENCHMARKS.md ("Proof arithmetic"). Without numba, :data:`AVAILABLE` is
 False and the caller keeps its numpy path; both give the same values
-(tests/test_split_validity.py checks them against the pure-Python reference).
+(tests/test_split.py checks them against the pure-Python reference).
 
 Importing numba and loading the compiled kernel from its cache costs a
 second or more per process, many times one projection at d = 512: a process

@@ -1,0 +1,80 @@
+"""split's random projections: ``ROWS`` rows in ``{-1, 0, 1}^n`` drawn from a hash of the committed upload,
+applied to field words exactly (docs/VALIDITY.md, "The projection").
+
+Exact in float32: the words are cut into their 8 bytes and summed over at most ``_PROJ_CHUNK`` entries at a
+time, so every partial sum is an integer of magnitude at most ``255 * 2^16 < 2^24`` whatever order the BLAS
+adds in; chunk sums are then added as int64 and the bytes recombined mod p.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
+
+from ..hazmat import flp, ternary
+from .sizes import ROWS
+
+__all__ = ["project", "exact_gram"]
+
+
+def _trit_table() -> np.ndarray:
+    """Byte -> its four trits, two bits each (low bit: nonzero, high bit: sign): 0 w.p. 1/2, +-1 w.p. 1/4.
+
+    Stored as one 16-byte item per byte value (four float32 viewed as a complex128) so that a row block is a
+    single 1-D ``take``, several times faster than indexing a (256, 4) table."""
+    t = np.zeros((256, 4), dtype=np.float32)
+    for byte in range(256):
+        for k in range(4):
+            nz, sg = (byte >> (2 * k)) & 1, (byte >> (2 * k + 1)) & 1
+            t[byte, k] = 0.0 if not nz else (-1.0 if sg else 1.0)
+    return t.view(np.complex128).ravel()
+
+
+_TRITS = _trit_table()
+#: entries summed per float32 product: 255 * 2^16 < 2^24 keeps every partial sum exact
+_PROJ_CHUNK = 1 << 16
+#: project with the compiled kernel when numba is installed and this process projects often enough to pay for
+#: loading it (:mod:`secure_afl.hazmat.ternary`); else float32 BLAS
+_COMPILED = True
+
+
+def project(words, key: bytes, domain: bytes, *, compiled: bool = False) -> np.ndarray:
+    """``<r_j, words>`` mod p for the ROWS rows of the ChaCha20 stream under ``key`` and ``domain``, shape
+    (ROWS,). ``compiled``: the compiled kernel may sum them (the same rows, a loop that releases the GIL)."""
+    words = np.asarray(words, dtype=np.uint64)
+    n = words.shape[0]
+    row_bytes = -(-n // 4)
+    enc = Cipher(algorithms.ChaCha20(key, b"\x00\x00\x00\x00" + domain), mode=None).encryptor()
+    if compiled and _COMPILED and ternary.worth_it():
+        raw = np.frombuffer(enc.update(bytes(ROWS * row_bytes)), dtype=np.uint8).reshape(ROWS, row_bytes)
+        return ternary.project(raw, words)
+    limbs = np.ascontiguousarray(words, dtype="<u8").view(np.uint8).reshape(n, 8).T.astype(np.float32)
+    sums = np.zeros((ROWS, 8), dtype=np.int64)
+    block = 16
+    for j0 in range(0, ROWS, block):
+        nb = min(block, ROWS - j0)
+        raw = np.frombuffer(enc.update(bytes(nb * row_bytes)), dtype=np.uint8).reshape(nb, row_bytes)
+        R = np.take(_TRITS, raw).view(np.float32).reshape(nb, 4 * row_bytes)
+        for c0 in range(0, n, _PROJ_CHUNK):
+            c1 = min(n, c0 + _PROJ_CHUNK)
+            sums[j0:j0 + nb] += (R[:, c0:c1] @ limbs[:, c0:c1].T).astype(np.int64)
+    out = np.zeros(ROWS, dtype=np.uint64)
+    for i in range(8):
+        out = flp.add(out, flp.scale(flp.encode_signed(sums[:, i]), 1 << (8 * i)))
+    return out
+
+
+def exact_gram(m: np.ndarray) -> np.ndarray:
+    """``m m^T`` of an int64 matrix, exactly, through float64 BLAS: entries cut into 2^h limbs so every product
+    sum of limbs stays below 2^53; the result (below 2^62 here) is recombined in int64."""
+    from ..exceptions import InvalidParameterError
+
+    width = max(1, int(np.max(np.abs(m))).bit_length()) if m.size else 1
+    h = -(-width // 2)
+    if 2 * h + max(1, m.shape[1]).bit_length() > 53:  # pragma: no cover - the session's sizes keep it below
+        raise InvalidParameterError("the Gram factor's entries are too wide for an exact product")
+    hi, lo = np.divmod(m, np.int64(1 << h))
+    a, b = hi.astype(np.float64), lo.astype(np.float64)
+    aa, bb = (a @ a.T).astype(np.int64), (b @ b.T).astype(np.int64)
+    ab = (a @ b.T).astype(np.int64)
+    return (aa << (2 * h)) + ((ab + ab.T) << h) + bb

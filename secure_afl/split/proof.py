@@ -1,0 +1,419 @@
+"""split's proof system, generic over the statement: an upload's body, its sharing, Fiat-Shamir, the verifiers'
+messages and the decision (docs/VALIDITY.md).
+
+With ``x`` the upload's 2L fixed-point lanes (``hi`` then ``lo``, centred integers carried in F_p,
+p = 2^64 - 2^32 + 1) and ``b`` the prover's auxiliary bits (the statement's blocks,
+:mod:`secure_afl.split.statements`), the verifiers accept iff every entry of ``b`` is a bit (the fully linear
+proof of :class:`secure_afl.hazmat.flp.BitProof`, repeated ``REPS`` times) and the statement's affine
+relations hold in F_p, checked as ``LINEAR_REPS`` verifier-chosen random linear combinations (so only their
+values, zero for a valid upload, are revealed). A statement with the Gram part adds its factor words to the
+body, its range rows and quadratic identities to the combinations, and its square-sum proofs.
+
+The projection rows ``r_j in {-1, 0, 1}^L`` (0 with probability 1/2) come from a hash of the committed
+upload: ``<r_j, hi> + T = sum 2^i bp_(j,i)`` with ``T = 2^(m - 1)`` puts every row's projection of the high
+lane in ``[-T, T)``. A high-lane entry with centred ``|x_i| > 2T`` keeps each row's projection out of
+``[-T, T]`` with probability at least 1/2, so ``ROWS`` rows bound every entry by ``2T`` except with
+probability ``2^-ROWS`` per hash query. ``T`` is ``TAIL`` times the l2 norm an honest lane cannot exceed
+(an honest row leaves ``[-T, T)`` with probability below ``2 exp(-TAIL^2 / 2)``; the honest prover then draws
+a fresh seed). The low lane is not range-proven, and need not be: the collector reads the low-lane sum
+through its centred representative, below ``p/2 < 2^63`` whatever the uploads hold
+(:func:`secure_afl.split.sizes.proven_aggregate_bound`).
+
+Sharing: the hospital's fresh seed ``s`` gives ``m = expand_field(s)`` over the whole body
+``w = x || factor || b || proofs``; the server holds ``w + m`` (the upload), the key holder ``-m`` (from the
+seed it opens). Both shares are uniform alone.
+
+Randomness is the caller's: :meth:`Circuit.prove_once` takes its seed and proof blinding as bytes
+(:attr:`Circuit.rand_size`); :meth:`Circuit.prove` is the hospital software's loop that draws them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import os
+from typing import Mapping
+
+import numpy as np
+
+from .. import domains
+from ..encoding import canonical_json
+from ..envelope import open_envelope
+from ..exceptions import BoundsExceeded, InvalidInputError, InvalidParameterError, MalformedPayload
+from ..hazmat import fixedpoint, flp
+from ..params import SessionParams
+from . import projection
+from .signed_messages import UploadCommitment, seed_digest, FS_PREFIX
+from .sizes import GRAM_QUERIES, GRAM_RHOS, LINEAR_REPS, REPS, RETRIES, ROWS, fits, statement_sizes
+from .statements import PROOF_DOMAIN, VERDICTS, AFFINE, GramStatement, Shares, Unlucky, bits_of, statement_for
+
+__all__ = ["Circuit", "DOMAIN_SHARE", "soundness_bits", "describe"]
+
+#: the whole body's mask stream (main vector, bits, proofs): its own ChaCha20 domain
+DOMAIN_SHARE = domains.SPLIT_SHARE_XOF
+_ROW_DOMAIN = domains.SPLIT_ROW_XOF
+_SEED = 32
+
+
+class Circuit:
+    """The validity statement of one session with its proof system: sizes, prover and verifier."""
+
+    def __init__(self, params: SessionParams):
+        self.params = params
+        lay = params.layout
+        f1, f2 = (int(v) for v in params.backend_params["frac_bits"])
+        why = fits(params, f1, f2)
+        if why is not None:
+            raise InvalidParameterError(f"frac_bits {[f1, f2]} let a proven upload wrap ({why}); use "
+                                        "secure_afl.split.sizes.choose_frac_bits")
+        self.f1, self.f2 = f1, f2
+        s = statement_sizes(params, f1, f2)
+        self.sizes = s
+        self.L = lay.length
+        self.d, self.C = lay.dim, lay.n_classes
+        self.statement = statement_for(params, s, f1)
+        st = self.statement
+        self.i_n, self.i_counts, self.i_contrib, self.i_tag, self.i_diag = \
+            st.i_n, st.i_counts, st.i_contrib, st.i_tag, st.i_diag
+        #: DP: the noise share's hard bound tau (grid units) the statement is widened by; 0 without DP
+        self.dp = params.dp is not None
+        self.tau = s["tau"]
+        #: the Gram statement's sizes (None when the session does not prove it)
+        self.gram = s["gram"]
+        self.gram_statement = None if self.gram is None else GramStatement(params, self.gram, self.L)
+        gs = self.gram_statement
+        # bit blocks: (name, count, width)
+        self.blocks = st.blocks() + ([] if gs is None else gs.blocks())
+        self.offsets = {}
+        off = 0
+        for name, cnt, width in self.blocks:
+            self.offsets[name] = (off, cnt, width)
+            off += cnt * width
+        self.n_bits = off
+        self.bits = flp.BitProof(self.n_bits)
+        self.main_len = 2 * self.L
+        # body: lanes (summed) | factor words (Gram statement) | bits | bit proofs | square-sum proofs; the
+        # commitment's main hash covers the lanes and the factor
+        self.n_f = 0 if gs is None else gs.n_f
+        self.commit_len = self.main_len + self.n_f
+        self.sq = None if gs is None else gs.sq
+        self.proof_len = REPS * self.bits.proof_len + (0 if gs is None else gs.proof_len)
+        self.total = self.commit_len + self.n_bits + self.proof_len
+        #: the projection threshold: every proven high-lane entry is within 2T
+        self.T = 1 << (s["m_hi"] - 1)
+        self.groups = st.relation_groups()
+        self.n_relations = sum(cnt for _, cnt in self.groups)
+        self.verifier_len = LINEAR_REPS + REPS * self.bits.verifier_len + (0 if gs is None else gs.verifier_len)
+        if gs is not None:
+            self.T_f = gs.T_f
+            self.n_range_relations = ROWS
+            self.n_gram_relations = gs.n_gram_relations
+        #: bytes of randomness one proving try takes: the mask seed, then 32 per bit proof and square-sum proof
+        self.rand_size = _SEED * (1 + REPS + (0 if gs is None else GRAM_QUERIES))
+
+    def relation_names(self) -> list[str]:
+        """Every relation the session's statement checks (its own, the bits, and the Gram part's)."""
+        return self.statement.relation_names() + ([] if self.gram_statement is None else
+                                                  self.gram_statement.relation_names())
+
+    @staticmethod
+    def verdict_of(relation: str) -> str:
+        """The verdict an upload breaking just ``relation`` gets."""
+        return VERDICTS.get(relation, AFFINE)
+
+    # -- Fiat-Shamir --------------------------------------------------------------------------------------
+    def fs_seed(self, hospital: str, main_sha256: str, seed_sha256: str) -> bytes:
+        return hashlib.sha256(FS_PREFIX + canonical_json({
+            "session_id": self.params.session_id, "params_digest": self.params.digest().hex(),
+            "hospital": hospital, "main_sha256": main_sha256, "seed_sha256": seed_sha256})).digest()
+
+    def joint_rand(self, fs: bytes, aux_sha256: str) -> list[int]:
+        key = hashlib.sha256(fs + b"joint\0" + bytes.fromhex(aux_sha256)).digest()
+        return [int(v) for v in flp.expand_field(key, REPS, domains.SPLIT_JOINT_XOF)]
+
+    def query_rand(self, fs: bytes, aux_sha256: str, query_seed: bytes) -> tuple[list[int], np.ndarray]:
+        """Query points (off the FLP domain) and the linear-check coefficients, from the verifiers' seed."""
+        if not isinstance(query_seed, (bytes, bytearray)) or len(query_seed) != 32:
+            raise MalformedPayload("a query seed is 32 bytes")
+        key = hashlib.sha256(bytes(query_seed) + fs + bytes.fromhex(aux_sha256)).digest()
+        stream = flp.expand_field(key, 4 * REPS + LINEAR_REPS * self.n_relations, domains.SPLIT_QUERY_XOF)
+        pts = [int(v) for v in stream[:4 * REPS] if pow(int(v), self.bits.n, flp.P) != 1][:REPS]
+        if len(pts) < REPS:  # pragma: no cover - probability about (N/p)^(3 REPS)
+            raise InvalidInputError("query points fell on the interpolation domain; draw another query seed")
+        return pts, stream[4 * REPS:].reshape(LINEAR_REPS, self.n_relations)
+
+    def project(self, x, fs: bytes) -> np.ndarray:
+        """``<r_j, hi> mod p`` for the ROWS rows, shape (ROWS,)."""
+        hi = np.asarray(x, dtype=np.uint64)[:self.L]
+        return projection.project(hi, hashlib.sha256(fs + b"rows\0").digest(), _ROW_DOMAIN, compiled=True)
+
+    # -- the Gram part's helpers, kept on the circuit for the attack commands and the tests ----------------
+    def rhos(self, fs: bytes, aux_sha256: str) -> np.ndarray:
+        return self.gram_statement.rhos(fs, aux_sha256)
+
+    def factor_vectors(self, fw, rhos) -> np.ndarray:
+        return self.gram_statement.factor_vectors(fw, rhos)
+
+    def kappa(self, rho) -> np.ndarray:
+        return self.gram_statement.kappa(rho)
+
+    def project_factor(self, fw, fs: bytes) -> np.ndarray:
+        return self.gram_statement.project_factor(fw, fs)
+
+    def factorise(self, vector) -> tuple[np.ndarray, np.ndarray]:
+        return self.gram_statement.factorise(self.lanes, vector)
+
+    # -- prover ------------------------------------------------------------------------------------------
+    def lanes(self, vector) -> np.ndarray:
+        """Fixed-point lanes of a packed float64 vector as field elements (2L)."""
+        return flp.encode_signed(fixedpoint.encode(np.asarray(vector, dtype=np.float64),
+                                                   (self.f1, self.f2)).view(np.int64))
+
+    _bits_of = staticmethod(bits_of)
+
+    def _hi_ints(self, x: np.ndarray) -> dict:
+        """The centred high lane of n, the counts and the diagonal, as Python integers (what the bits encode)."""
+        idx = np.concatenate([[self.i_n], self.i_counts, self.i_diag])
+        return dict(zip(idx.tolist(), flp.decode_signed(x[idx]).tolist()))
+
+    def witness_values(self, x: np.ndarray, fs: bytes, *, check: bool, factor=None) -> dict:
+        """Block name -> the prover's values for lanes ``x`` (and factor words ``factor``) under Fiat-Shamir seed
+        ``fs``; with ``check``, :class:`BoundsExceeded` if the statistics break the statement and
+        :class:`Unlucky` if a projection leaves its honest range."""
+        x = np.asarray(x, dtype=np.uint64)
+        hi = self._hi_ints(x)
+        lo = flp.decode_signed(x[self.L:]) if check else None
+        values = self.statement.witness(hi, lo, check=check)
+        proj = [int(v) + self.T for v in flp.decode_signed(self.project(x, fs))]
+        if check and not all(0 <= v < 2 * self.T for v in proj):
+            raise Unlucky()
+        values["proj"] = proj
+        if self.gram_statement is not None:
+            values.update(self.gram_statement.witness([int(hi[i]) for i in self.i_counts], factor, fs,
+                                                      check=check))
+        return values
+
+    def bits_from(self, values: dict) -> np.ndarray:
+        """The auxiliary bits of block values (each wrapped modulo its width, as an unchecked prover would)."""
+        return np.concatenate([bits_of(values[name], width) for name, _, width in self.blocks])
+
+    def _aux(self, x: np.ndarray, fs: bytes, *, check: bool, factor=None) -> np.ndarray:
+        return self.bits_from(self.witness_values(x, fs, check=check, factor=factor))
+
+    def aux_bits(self, x: np.ndarray, fs: bytes, factor=None) -> np.ndarray:
+        """The auxiliary bits for lanes ``x`` (and, under the Gram statement, factor words ``factor``) under
+        Fiat-Shamir seed ``fs``, unchecked (values outside a range wrap modulo its width): the starting point
+        of the attack commands and of the verifiers' tests."""
+        return self._aux(np.asarray(x, dtype=np.uint64), fs, check=False, factor=factor)
+
+    def witness(self, vector=None, *, lanes=None, factor=None) -> tuple[np.ndarray, np.ndarray]:
+        """``(lanes, factor words)`` an upload proves: the vector's lanes (under the Gram statement, the
+        statistics snapped onto ``2^t L L^T``, docs/VALIDITY.md), or the given raw field ``lanes``."""
+        if self.gram_statement is not None and lanes is None:
+            x, factor = self.factorise(vector)
+        else:
+            x = self.lanes(vector) if lanes is None else np.asarray(lanes, dtype=np.uint64)
+        if x.shape != (self.main_len,) or (x.size and int(x.max()) >= flp.P):
+            raise MalformedPayload("the lane vector is not 2L field elements")
+        fw = np.zeros(self.n_f, dtype=np.uint64) if factor is None else np.asarray(factor, dtype=np.uint64)
+        if fw.shape != (self.n_f,) or (fw.size and int(fw.max()) >= flp.P):
+            raise MalformedPayload("the factor is not the session's number of field elements")
+        return x, fw
+
+    def prove_once(self, hospital: str, x: np.ndarray, fw: np.ndarray, rand: bytes, *, check: bool = True,
+                   aux_override=None) -> tuple[np.ndarray, bytes, UploadCommitment]:
+        """One try: ``(masked body w + m, seed, commitment)`` for lanes ``x`` and factor words ``fw``
+        (:meth:`witness`) with the caller's ``rand`` (:attr:`rand_size` bytes: the mask seed, then each
+        proof's blinding). :class:`Unlucky` if this seed's projection rows leave an honest range."""
+        rand = bytes(rand)
+        if len(rand) != self.rand_size:
+            raise InvalidInputError(f"a proving try takes {self.rand_size} bytes of randomness")
+        s = rand[:_SEED]
+        blind = [rand[i:i + _SEED] for i in range(_SEED, len(rand), _SEED)]
+        c0, c1 = self.commit_len, self.commit_len + self.n_bits
+        mask = flp.expand_field(s, self.total, DOMAIN_SHARE)
+        y_main = flp.add(np.concatenate([x, fw]), mask[:c0])
+        main_sha = hashlib.sha256(flp.to_bytes(y_main)).hexdigest()
+        seed_sha = seed_digest(s)
+        fs = self.fs_seed(hospital, main_sha, seed_sha)
+        aux = self._aux(x, fs, check=check, factor=fw) if aux_override is None else aux_override(self, x, fs)
+        y_aux = flp.add(aux, mask[c0:c1])
+        aux_sha = hashlib.sha256(flp.to_bytes(y_aux)).hexdigest()
+        jrs = self.joint_rand(fs, aux_sha)
+        proofs = self.bits.prove_reps(aux, jrs, [flp.expand_field(r, 2 * self.bits.chunk, PROOF_DOMAIN)
+                                                 for r in blind[:REPS]])
+        if self.gram_statement is not None:
+            proofs += self.gram_statement.prove(fw, fs, aux_sha, blind[REPS:])
+        y_proof = flp.add(np.concatenate(proofs), mask[c1:])
+        body = np.concatenate([y_main, y_aux, y_proof])
+        return body, s, UploadCommitment(main_sha, aux_sha, seed_sha)
+
+    def prove(self, hospital: str, vector=None, *, lanes=None, seed: bytes | None = None, check: bool = True,
+              aux_override=None, factor=None, randbytes=os.urandom) -> tuple[np.ndarray, bytes, UploadCommitment]:
+        """The hospital software's loop around :meth:`prove_once`: fresh randomness from ``randbytes`` per try
+        (and the projection retried, docs/VALIDITY.md) unless ``seed`` fixes the mask seed.
+
+        ``check=False`` and ``lanes``/``aux_override`` build an upload whose statement is false (the attack
+        commands and the tests of the verifiers use them); an honest hospital never sets them."""
+        x, fw = self.witness(vector, lanes=lanes, factor=factor)
+        for _ in range(RETRIES):
+            rand = randbytes(self.rand_size) if seed is None else bytes(seed) + randbytes(self.rand_size - _SEED)
+            try:
+                return self.prove_once(hospital, x, fw, rand, check=check, aux_override=aux_override)
+            except Unlucky:
+                if seed is not None:
+                    raise
+        raise BoundsExceeded(f"{RETRIES} fresh seeds all drew projection rows outside the honest range: "
+                             "the vector is not within the declared l2 bound")
+
+    # -- verifiers -----------------------------------------------------------------------------------------
+    def leader_share(self, body: bytes | np.ndarray) -> np.ndarray:
+        """Server: the upload's words as its share (length-checked, every word a field element)."""
+        if isinstance(body, (bytes, bytearray, memoryview)):
+            return flp.from_bytes(bytes(body), self.total, what="the split upload")
+        body = np.asarray(body, dtype=np.uint64)
+        if body.shape != (self.total,) or (body.size and int(body.max()) >= flp.P):
+            raise MalformedPayload("the split upload is not the session's number of field elements")
+        return body
+
+    def upload_share(self, payload: bytes) -> np.ndarray:
+        """Server: a sealed upload's words as its share (the envelope opened and checked for this session)."""
+        return self.leader_share(open_envelope(self.params, payload, "contribution").body)
+
+    def helper_share(self, seed: bytes) -> np.ndarray:
+        """Key holder: ``-m`` from the opened seed."""
+        return flp.neg(flp.expand_field(seed, self.total, DOMAIN_SHARE))
+
+    def check_commitment(self, share: np.ndarray, commitment: UploadCommitment, *, leader: bool,
+                         seed: bytes | None = None) -> None:
+        """Leader: the hashes are of its words; helper: ``seed_sha256`` is of the opened seed."""
+        if leader:
+            if hashlib.sha256(flp.to_bytes(share[:self.commit_len])).hexdigest() != commitment.main_sha256 or \
+                    hashlib.sha256(flp.to_bytes(share[self.commit_len:self.commit_len + self.n_bits])).hexdigest() \
+                    != commitment.aux_sha256:
+                raise MalformedPayload("the validity commitment does not match the uploaded words")
+        elif seed is None or seed_digest(seed) != commitment.seed_sha256:
+            raise MalformedPayload("the validity commitment does not match the sealed seed")
+
+    def _decompose(self, bits: np.ndarray, name: str) -> np.ndarray:
+        off, cnt, width = self.offsets[name]
+        blk = bits[off:off + cnt * width].reshape(cnt, width)
+        w = flp.to_field([1 << j for j in range(width)])
+        return flp.sum_mod(flp.mul(blk, w), axis=1)
+
+    def _parts(self, share: np.ndarray):
+        bits = share[self.commit_len:self.commit_len + self.n_bits]
+        off = self.commit_len + self.n_bits
+        proofs = share[off:off + REPS * self.bits.proof_len].reshape(REPS, self.bits.proof_len)
+        sq = None if self.sq is None else \
+            share[off + REPS * self.bits.proof_len:].reshape(GRAM_QUERIES, self.sq.proof_len)
+        return bits, proofs, share[self.main_len:self.commit_len], sq
+
+    def relation_values(self, share: np.ndarray, fs: bytes, *, leader: bool) -> list[np.ndarray]:
+        """This verifier's shares of each relation group's values (:meth:`Statement.relation_groups`)."""
+        x = share[:self.main_len]
+        bits = share[self.commit_len:self.commit_len + self.n_bits]
+        one = 1 if leader else 0
+
+        def dec(name):
+            return self._decompose(bits, name)
+
+        def proj():
+            return flp.sub(flp.add(self.project(x, fs), np.uint64(self.T * one)), dec("proj"))
+
+        groups = self.statement.relations(Shares(x, self.L, dec, leader, proj))
+        if [len(g) for g in groups] != [cnt for _, cnt in self.groups]:  # pragma: no cover - a layout slip
+            raise AssertionError("relation count")
+        return groups
+
+    def relations(self, share: np.ndarray, fs: bytes, *, leader: bool) -> np.ndarray:
+        """This verifier's shares of every affine relation's value (all zero on an honest upload)."""
+        return np.concatenate(self.relation_values(share, fs, leader=leader))
+
+    def query(self, share: np.ndarray, commitment: UploadCommitment, hospital: str, query_seed: bytes, *,
+              leader: bool) -> np.ndarray:
+        """One verifier's message: ``[linear combination of the relations] ++ REPS bit-proof queries`` (and the
+        Gram part's, :meth:`GramStatement.query`)."""
+        fs = self.fs_seed(hospital, commitment.main_sha256, commitment.seed_sha256)
+        pts, coeffs = self.query_rand(fs, commitment.aux_sha256, query_seed)
+        rel = self.relations(share, fs, leader=leader)
+        bits, proofs, fw, sq = self._parts(share)
+        msgs = [np.array([flp.dot(row, rel) for row in coeffs], dtype=np.uint64)]
+        for jr, t, pf in zip(self.joint_rand(fs, commitment.aux_sha256), pts, proofs):
+            msgs.append(self.bits.query(bits, pf, jr, t, leader=leader))
+        if self.gram_statement is not None:
+            msgs.append(self.gram_statement.query(
+                share[:self.L], fw, lambda name: self._decompose(bits, name), sq, fs, commitment.aux_sha256,
+                query_seed, leader=leader))
+        return np.concatenate(msgs)
+
+    def decide(self, leader_msg, helper_msg) -> str | None:
+        """None if the upload is valid, else which check failed (``linear``, ``bits``, ``gram_range``, ``gram``)."""
+        a = np.asarray(leader_msg, dtype=np.uint64)
+        b = np.asarray(helper_msg, dtype=np.uint64)
+        if a.shape != (self.verifier_len,) or b.shape != (self.verifier_len,) or \
+                int(max(a.max(), b.max())) >= flp.P:
+            raise MalformedPayload("a verifier message has the wrong shape")
+        v = flp.add(a, b)
+        if any(int(z) for z in v[:LINEAR_REPS]):
+            return AFFINE
+        k, o = self.bits.verifier_len, LINEAR_REPS
+        for r in range(REPS):
+            if not self.bits.decide(v[o + r * k:o + (r + 1) * k]):
+                return "bits"
+        if self.gram_statement is not None:
+            return self.gram_statement.decide(v[o + REPS * k:])
+        return None
+
+    # -- the unshared circuit -------------------------------------------------------------------------------
+    def evaluate(self, body: np.ndarray, commitment: UploadCommitment, hospital: str) -> list[str]:
+        """The relations an UNMASKED body ``w`` breaks (empty: valid), evaluated on the plain words rather
+        than through shares and queries: what the two verifiers' messages decide, without their soundness
+        error. For tests and the vectors only; no party ever holds ``w``."""
+        w = np.asarray(body, dtype=np.uint64)
+        fs = self.fs_seed(hospital, commitment.main_sha256, commitment.seed_sha256)
+        failed = [name for (name, _), vals in zip(self.groups, self.relation_values(w, fs, leader=True))
+                  if np.any(vals)]
+        bits, _, fw, _ = self._parts(w)
+        if np.any(bits > 1):
+            failed.append("bits")
+        if self.gram_statement is not None:
+            gs = self.gram_statement
+            rhos = gs.rhos(fs, commitment.aux_sha256)
+            squares = [flp.dot(v, v) for v in gs.factor_vectors(fw, rhos)]
+            rng, quad, _ = gs.values(w[:self.L], fw, lambda name: self._decompose(bits, name), None, fs,
+                                     commitment.aux_sha256, leader=True, squares=squares)
+            failed += [name for name, vals in (("gram_range", rng), ("gram_identity", quad)) if np.any(vals)]
+        return failed
+
+
+def soundness_bits(circuit: Circuit, hash_queries_log2: int = 64) -> float:
+    """-log2 of the bound on accepting an invalid upload, for a prover making 2^q hash queries (docs/VALIDITY.md)."""
+    q = 2.0 ** hash_queries_log2
+    p = float(flp.P)
+    bp = circuit.bits
+    per_query = 2.0 ** -ROWS + (bp.length / p) ** REPS
+    query_point = ((2 * bp.n - 2) / (p - bp.n)) ** REPS
+    linear = (1.0 / p) ** LINEAR_REPS
+    if circuit.gram is not None:
+        # the factor's range rows; GRAM_RHOS vectors rho, each missing a nonzero symmetric A - 2^t (L L^T + D)
+        # with probability <= 2/p (Schwartz-Zippel, degree 2); the square-sum proofs' query points; two more
+        # random combinations
+        sq = circuit.sq
+        per_query += 2.0 ** -ROWS + (2.0 / p) ** GRAM_RHOS
+        query_point += ((2 * sq.n - 2) / (p - sq.n)) ** GRAM_QUERIES
+        linear *= 3
+    return -math.log2(q * per_query + query_point + linear)
+
+
+def describe(circuit: Circuit) -> Mapping:
+    """Sizes for the docs and the benchmark."""
+    return {"L": circuit.L, "main_words": circuit.main_len, "aux_bits": circuit.n_bits,
+            "proof_words": circuit.proof_len, "verifier_words": circuit.verifier_len,
+            "chunk": circuit.bits.chunk, "domain": circuit.bits.n, "frac_bits": [circuit.f1, circuit.f2],
+            "T_hi_log2": circuit.sizes["m_hi"] - 1,
+            "gram": None if circuit.gram is None else {
+                "factor_words": circuit.n_f, "factor_scale_bits": circuit.gram["f"], "t": circuit.gram["t"],
+                "T_factor_log2": circuit.gram["m_f"] - 1, "jitter": circuit.gram["jitter"],
+                "square_sum_proof_words": GRAM_QUERIES * circuit.sq.proof_len},
+            "soundness_bits_q64": round(soundness_bits(circuit), 1)}

@@ -1,0 +1,260 @@
+"""split's roles, as pure functions: no I/O, no randomness of their own (the caller draws it and passes it in).
+
+* hospital, :func:`shard`: encode, prove validity, mask the whole body with the seed in ``rand``, seal the
+  payload, box the seed to the key holder (HPKE draws its own ephemeral key inside ``cryptography``), sign;
+* server (leader), :func:`check_upload` at upload and :func:`leader_prep` / :func:`leader_message` per upload
+  at the key holder's query seed;
+* key holder (helper), :func:`open_statement_seed` and :func:`helper_verdict` per upload, then
+  :func:`keyholder_share` over the manifest's cohort;
+* collector, :func:`collect`: ``dec(Y - sum refused + S)``, checked against what proven uploads can reach;
+* anyone, :func:`joint_verdict` from the two published verifier messages; the refused hospital,
+  :func:`dispute`.
+
+Transport, storage, ledgers and worker pools are elsewhere (server/split_round.py, keyholder/split_stream.py,
+keyholder/release/split_share.py, :mod:`secure_afl.split.pool`); :func:`secure_afl.split.driver.run_split` drives every
+role in memory.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Mapping
+
+import numpy as np
+
+from ..protection import check_vector
+from ..envelope import open_envelope, seal
+from ..exceptions import MalformedPayload, ParameterMismatch, SanityCheckFailed, SecureAFLError
+from ..hazmat import fixedpoint, flp
+from ..params import SessionParams
+from .keys import PUBLIC_CONTEXT_KEY, check_public_key, open_seed, seal_seed
+from .signed_messages import SeedRefused, UploadCommitment, seed_digest, sign_seed_statement, sign_verifier_message, \
+    signed_query_seed, verify_leader_message, verify_seed_statement
+from .proof import DOMAIN_SHARE, Circuit
+from .sizes import gram_enabled, proven_aggregate_bound, psd_tolerance
+
+__all__ = ["bound_public_key", "shard", "seal_upload", "check_upload", "leader_prep", "leader_message",
+           "open_statement_seed", "helper_verdict", "keyholder_share", "lane_masks", "collect", "joint_verdict",
+           "dispute"]
+
+
+# -- hospital ---------------------------------------------------------------------------------------------
+def bound_public_key(params: SessionParams, public_context: bytes) -> bytes:
+    """The key holder's seed key, if it is the one the key holder signed into the parameters."""
+    raw = check_public_key(public_context)
+    bound = params.backend_params.get(PUBLIC_CONTEXT_KEY)
+    if bound is None or hashlib.sha256(raw).hexdigest() != bound:
+        raise ParameterMismatch("the seed key is not the one the key holder signed into the parameters")
+    return raw
+
+
+def seal_upload(params: SessionParams, body, seed: bytes, commitment: UploadCommitment, public_context: bytes,
+                hospital: str, identity_key) -> tuple[bytes, dict]:
+    """The sealed payload and signed seed statement for a proven body (the attack commands build bodies
+    whose statement is false and seal them here, as a malicious hospital's software would)."""
+    payload = seal(params, "contribution", flp.to_bytes(body))
+    sha = hashlib.sha256(payload).hexdigest()
+    box = seal_seed(params, bound_public_key(params, public_context), hospital, sha, seed)
+    return payload, sign_seed_statement(identity_key, params, hospital, sha, box, commitment.to_dict())
+
+
+def shard(circuit: Circuit, vector, *, hospital: str, public_context: bytes, identity_key,
+          rand: bytes) -> tuple[bytes, dict]:
+    """Hospital: ``(payload, signed seed statement)`` for one packed vector, with ``rand``
+    (:attr:`Circuit.rand_size` fresh random bytes: the mask seed and the proofs' blinding).
+    :class:`~secure_afl.split.statements.Unlucky` when this seed's projection rows leave the honest range
+    (probability below 2^-16): the caller draws fresh ``rand`` and tries again."""
+    params = circuit.params
+    v = check_vector(params, vector)
+    key = bound_public_key(params, public_context)
+    x, fw = circuit.witness(v)
+    body, seed, commitment = circuit.prove_once(hospital, x, fw, rand)
+    return seal_upload(params, body, seed, commitment, key, hospital, identity_key)
+
+
+# -- server (leader) ----------------------------------------------------------------------------------------
+def check_upload(circuit: Circuit, payload: bytes, statement: Mapping) -> None:
+    """Server, at upload: the signed commitment is of this payload's words (else the rows and the joint
+    randomness would not be bound to the data they test)."""
+    share = circuit.upload_share(payload)
+    circuit.check_commitment(share, UploadCommitment.from_dict(statement.get("validity")), leader=True)
+
+
+def leader_prep(circuit: Circuit, hospital: str, payload: bytes, validity, query_seed: bytes) -> np.ndarray:
+    """The server's verifier message (unsigned) for one upload: the commitment checked against its words."""
+    commitment = UploadCommitment.from_dict(validity)
+    share = circuit.upload_share(payload)
+    circuit.check_commitment(share, commitment, leader=True)
+    return circuit.query(share, commitment, hospital, query_seed, leader=True)
+
+
+def leader_message(circuit: Circuit, hospital: str, payload: bytes, statement: Mapping, identity_key,
+                   query_seed: bytes) -> dict:
+    """Server: its verifier message for one upload at the key holder's query seed for it, signed over the
+    session, hospital and payload hash so the key holder can hold it to it."""
+    qs = bytes(query_seed)
+    msg = leader_prep(circuit, hospital, payload, statement.get("validity"), qs)
+    return sign_verifier_message(circuit.params, hospital, hashlib.sha256(payload).hexdigest(), qs, msg,
+                                 identity_key)
+
+
+# -- key holder (helper) ------------------------------------------------------------------------------------
+def open_statement_seed(params: SessionParams, secret_key: bytes, statements: Mapping, enrolled: Mapping,
+                        hospital: str, payload_sha256: str) -> bytes:
+    """Key holder: ``hospital``'s seed, from its statement checked against its enrolled key and the payload
+    hash it signed in the manifest; :class:`SeedRefused` naming it otherwise."""
+    st = statements.get(hospital)
+    try:
+        if not isinstance(st, Mapping):
+            raise MalformedPayload(f"no seed statement for {hospital}, a participant of the manifest")
+        box = verify_seed_statement(st, enrolled[hospital], params, hospital, payload_sha256)
+        return open_seed(params, secret_key, hospital, payload_sha256, box)
+    except SecureAFLError as e:
+        raise SeedRefused(f"{hospital}'s seed: {e}", hospital) from e
+
+
+def helper_verdict(circuit: Circuit, hospital: str, seed: bytes, statement: Mapping, query_seed: bytes,
+                   leader_msg: np.ndarray, *, share: np.ndarray | None = None, with_message: bool = False):
+    """Key holder: None if ``hospital``'s upload is valid, else the check it failed. ``share``: this seed's
+    :meth:`Circuit.helper_share` when the caller has already expanded it (the release sums its lane part).
+    ``with_message``: ``(verdict, this key holder's own verifier message or None)``, the message it publishes
+    beside the server's when it refuses."""
+    commitment = UploadCommitment.from_dict(statement.get("validity"))
+    try:
+        circuit.check_commitment(None, commitment, leader=False, seed=seed)
+    except MalformedPayload:
+        return ("commitment", None) if with_message else "commitment"
+    share = circuit.helper_share(seed) if share is None else share
+    own = circuit.query(share, commitment, hospital, query_seed, leader=False)
+    verdict = circuit.decide(leader_msg, own)
+    return (verdict, own) if with_message else verdict
+
+
+def lane_masks(n: int, seeds) -> np.ndarray:
+    """``-sum`` of the lane masks (the first ``n`` words of each body's mask) of ``seeds``."""
+    total = np.zeros(n, dtype=np.uint64)
+    for seed in seeds:
+        total = flp.add(total, flp.neg(flp.expand_field(seed, n, DOMAIN_SHARE)))
+    return total
+
+
+def keyholder_share(params: SessionParams, secret_key: bytes, manifest: Mapping, statements: Mapping,
+                    enrolled: Mapping, *, refused: Mapping | None = None,
+                    judged: tuple[Mapping, np.ndarray] | None = None, sum_masks=lane_masks) -> np.ndarray:
+    """``-sum m_k (mod p)`` over EXACTLY the (already verified) manifest's participants not in ``refused``
+    (hospital -> the check its upload failed: left out of the sum, for the collector to subtract from the
+    masked sum).
+
+    ``statements``: hospital -> signed seed statement, as the server relayed
+    them; each is checked against the hospital's enrolled key and the
+    hospital-signed payload hash in the manifest before its box is opened,
+    here, for every participant: the first statement or box that fails raises
+    naming its hospital.
+
+    ``judged``: ``(hospital -> SHA-256 of the seed, sum)`` with ``sum`` the
+    ``-sum m_k`` :func:`secure_afl.split.pool.keyholder_verdicts` formed over those uploads as they
+    were judged. The share starts from it and expands only the masks where
+    the cohort and that set differ (a judged upload under another seed counts
+    as not judged), so its total is the same as summing every mask here.
+
+    ``sum_masks(n, seeds)``: how the masks left to add are summed (:func:`lane_masks`; the key holder passes
+    its worker pool's, :func:`secure_afl.split.pool.lane_masks`).
+    """
+    if not isinstance(statements, Mapping):
+        raise MalformedPayload("the relayed seed statements are not a mapping")
+    refused = dict(refused or {})
+    covered, total = ({}, None) if judged is None else (dict(judged[0]), judged[1])
+    n = fixedpoint.n_words(params.layout.length)
+    total = np.zeros(n, dtype=np.uint64) if total is None else np.asarray(total, dtype=np.uint64).copy()
+    cohort = {}
+    for p in manifest["participants"]:
+        h = p["hospital"]
+        seed = open_statement_seed(params, secret_key, statements, enrolled, h, p["payload_sha256"])
+        if h not in refused:
+            cohort[h] = seed
+    add = [seed for h, seed in cohort.items() if covered.get(h) != seed_digest(seed)]
+    if any(h not in cohort or seed_digest(cohort[h]) != d for h, d in covered.items()):
+        # a judged upload the cohort does not take (left out of the manifest, or under another seed): its
+        # mask is in the running sum, and its seed is not in this manifest to take it out again; sum afresh
+        total, add = np.zeros(n, dtype=np.uint64), list(cohort.values())
+    return flp.add(total, sum_masks(n, add))
+
+
+# -- collector ----------------------------------------------------------------------------------------------
+def collect(params: SessionParams, masked_aggregate: bytes, share: np.ndarray, subtract=()) -> np.ndarray:
+    """``dec(Y - sum subtract + S)`` over F_p: the float64 sum, refused if it leaves the declared aggregate bound.
+
+    ``subtract``: the masked words of the uploads the key holder refused (they are in ``Y`` but not in ``S``)."""
+    env = open_envelope(params, masked_aggregate, "aggregate")
+    n = fixedpoint.n_words(params.layout.length)
+    if len(env.body) != 8 * n or np.asarray(share).shape != (n,):
+        raise MalformedPayload("masked aggregate or share has the wrong length")
+    words = flp.add(flp.from_bytes(env.body, n, what="the masked sum"), np.asarray(share, dtype=np.uint64))
+    for w in subtract:
+        words = flp.sub(words, w)
+    # every proven lane sum is below 2^62 < p/2 (choose_frac_bits): the centred value is exact
+    v = fixedpoint.decode(flp.decode_signed(words).view(np.uint64), tuple(params.backend_params["frac_bits"]))
+    # what k_max validity-proven uploads can reach (proven_aggregate_bound): past it the share and sum do not match
+    limit = proven_aggregate_bound(params) * (1 + 2.0 ** -50)
+    if not np.all(np.isfinite(v)) or float(np.max(np.abs(v))) > limit:
+        raise SanityCheckFailed("masked sum + key holder's share leaves the declared aggregate bound: the "
+                                "share was not formed for these masked vectors")
+    cap = float(params.backend_params.get("max_share", 1.0))
+    n_released = float(v[params.layout.slices["n"]][0])
+    if cap < 1.0 and params.bounds.n_max > cap * n_released * (1 + 2.0 ** -40):
+        raise SanityCheckFailed(f"the release pools {round(n_released)} samples: one hospital (n_max = "
+                                f"{params.bounds.n_max}) could hold more than the session's max_share = {cap:g} "
+                                "of them", reason="share_cap")
+    if gram_enabled(params):
+        # every summed upload proved its statistics a Gram matrix: an honest sum cannot be indefinite, so this
+        # refusal is no veto (docs/VALIDITY.md, "The Gram statement")
+        d = params.layout.dim
+        gram = np.zeros((d, d))
+        iu = np.triu_indices(d)
+        gram[iu] = v[params.layout.slices["gram"]]
+        gram.T[iu] = v[params.layout.slices["gram"]]
+        if float(np.linalg.eigvalsh(gram)[0]) < -psd_tolerance(params, gram):
+            raise SanityCheckFailed("the released Gram is not positive semi-definite although every upload in it "
+                                    "proved its statistics a Gram matrix: the share or the masked sum is not "
+                                    "the cohort's", reason="psd")
+    return v
+
+
+# -- anyone -------------------------------------------------------------------------------------------------
+def joint_verdict(params: SessionParams, hospital: str, payload_sha256: str, server_message: Mapping,
+                  keyholder_message_hex: str, server_pub) -> str | None:
+    """Anyone: the verdict the two published verifier messages give (None: valid, else the failed check),
+    after checking the server's signature over its message for exactly this upload."""
+    circuit = Circuit(params)
+    _, leader = verify_leader_message(server_message, server_pub, circuit, hospital, payload_sha256,
+                                      signed_query_seed(server_message, hospital))
+    helper = flp.from_bytes(bytes.fromhex(keyholder_message_hex), circuit.verifier_len,
+                            what=f"the key holder's verifier message for {hospital}")
+    return circuit.decide(leader, helper)
+
+
+def dispute(params: SessionParams, hospital: str, payload: bytes, statement: Mapping, server_message: Mapping,
+            keyholder_message_hex: str | None, server_pub) -> dict:
+    """The refused hospital: who is at fault, from its own upload (``payload`` and signed seed
+    ``statement``, whose hash its receipt acknowledges) and the two published messages.
+
+    The server's verifier message is a deterministic function of the upload and the query seed it signed, so
+    the hospital recomputes it: a signed message that differs is the server's forgery, provable to anyone
+    given the payload. If the server's message is true, the failed verdict rests on the upload itself (or on
+    the key holder's message, which the key holder signed in its share statement). Returns ``{"at_fault":
+    "server" | "hospital", "server_message_true": bool, "verdict": ...}``."""
+    circuit = Circuit(params)
+    sha = hashlib.sha256(payload).hexdigest()
+    qs, leader = verify_leader_message(server_message, server_pub, circuit, hospital, sha,
+                                       signed_query_seed(server_message, hospital))
+    try:
+        own_leader = leader_prep(circuit, hospital, payload, statement.get("validity"), qs)
+    except MalformedPayload:
+        return {"at_fault": "hospital", "server_message_true": False, "verdict": "commitment"}
+    true = bool(np.array_equal(np.asarray(own_leader), np.asarray(leader)))
+    verdict = None
+    if keyholder_message_hex is not None:
+        helper = flp.from_bytes(bytes.fromhex(keyholder_message_hex), circuit.verifier_len,
+                                what=f"the key holder's verifier message for {hospital}")
+        verdict = circuit.decide(own_leader, helper)
+    return {"at_fault": "hospital" if true else "server", "server_message_true": true, "verdict": verdict}

@@ -1,0 +1,272 @@
+"""split's settings: the proof's constants, the sizes a session's statement takes, and the fixed-point scale
+that keeps every proven lane sum below ``2^WRAP_BITS < p/2`` (docs/VALIDITY.md).
+
+Everything here is a function of the signed :class:`~secure_afl.params.SessionParams`: the hospital, the
+server and the key holder derive the same sizes, and so the same statement, from the same parameters.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..exceptions import InvalidParameterError
+from ..hazmat import fixedpoint
+from ..packing import Layout
+from ..params import Bounds, SessionParams
+
+__all__ = ["REPS", "LINEAR_REPS", "ROWS", "TAIL", "WRAP_BITS", "RETRIES", "GRAM_KEY", "GRAM_RHOS", "GRAM_QUERIES",
+           "GRAM_MIN_F", "PROCESS_MIN_UPLOADS", "ADVISORY_CHECKS", "gram_enabled", "noise_bound", "statement_sizes",
+           "fits", "choose_frac_bits", "split_session_params", "session_params", "expected_abs_error",
+           "proven_aggregate_bound", "psd_tolerance"]
+
+#: repetitions of the bit proof (independent joint randomness and query point)
+REPS = 3
+#: independent random linear combinations of the affine relations (each misses a false one w.p. 1/p)
+LINEAR_REPS = 2
+#: projection rows per lane
+ROWS = 130
+#: projection threshold in units of the honest l2 bound
+TAIL = 6
+#: every lane sum of k_max proven uploads, and every integer relation, stays below 2^WRAP_BITS < p/2
+WRAP_BITS = 62
+#: fresh seeds an honest hospital tries before its vector is taken as outside the l2 bound
+RETRIES = 8
+#: backend_params key of the Gram statement (docs/VALIDITY.md, "The Gram statement"); absent means off
+GRAM_KEY = "gram_proof"
+#: Fiat-Shamir vectors rho the quadratic identity is checked on (each misses a false one w.p. 2/p)
+GRAM_RHOS = 3
+#: independent square-sum proofs, each queried at its own point
+GRAM_QUERIES = 2
+#: fewest fractional bits of the factor: below, snapping the statistics onto L L^T would cost more than float32
+GRAM_MIN_F = 12
+
+
+def gram_enabled(params: SessionParams) -> bool:
+    return bool(params.backend_params.get(GRAM_KEY))
+
+
+def gram_jitter(params: SessionParams, f: int) -> float:
+    """The diagonal the honest factorisation adds (0 when gamma covers it): twice the bound E on how far the
+    rounded first block column can push the Schur complement below gamma I (docs/VALIDITY.md),
+    E = 2^-f (4 B^2 + 2 sqrt(2 d) B) sqrt(C n_max) + C d 2^-2f."""
+    b, lay = params.bounds, params.layout
+    B, d, C = float(b.max_norm), lay.dim, lay.n_classes
+    e = 2.0 ** -f * (4 * B * B + 2 * math.sqrt(2 * d) * B) * math.sqrt(C * b.n_max) + C * d * 2.0 ** (-2 * f)
+    return max(0.0, 2 * e - params.gamma)
+
+
+def gramsizes(params: SessionParams, f1: int) -> dict:
+    """The factor's scale f = floor(f1 / 2) (A at 2^f1 = 2^t 2^2f), its words, and the bit widths of its range
+    proof (m_f) and of the count slack (m_d)."""
+    b, lay = params.bounds, params.layout
+    d, C = lay.dim, lay.n_classes
+    f = max(f1, 0) // 2
+    jitter = gram_jitter(params, f)
+    # ||L||_F^2 = trace(L L^T) <= trace(C^r) + d jitter + n <= n_max B^2 + d gamma + d jitter + n_max; the
+    # factor is rounded towards zero, so its integer entries are no larger than the real ones
+    l2 = math.sqrt(b.n_max * float(b.max_norm) ** 2 + d * (params.gamma + jitter) + b.n_max) * (1 + 2.0 ** -30)
+    m_f = pow2_at_least(TAIL * (2.0 ** f * l2 + 1.0)) + 1
+    return {"f": f, "t": max(f1, 0) - 2 * f, "m": d + C, "n_f": C + d * C + d * (d + 1) // 2, "m_f": m_f,
+            "m_d": bitlen(2 * (math.isqrt(b.n_max) + 1) << f), "jitter": jitter,
+            "jitter_units": math.ceil(jitter * 2.0 ** max(f1, 0))}
+
+
+def bitlen(x: int) -> int:
+    return max(1, int(x).bit_length())
+
+
+def pow2_at_least(x: float) -> int:
+    """Least m with 2^m >= x (x > 0), computed without trusting float rounding at the edge."""
+    m = max(0, math.ceil(math.log2(x)))
+    while 2.0 ** m < x:
+        m += 1
+    while m > 0 and 2.0 ** (m - 1) >= x:
+        m -= 1
+    return m
+
+
+def honest_l2(params: SessionParams) -> float:
+    """An upper bound on ||packed vector||_2 for any honest hospital (docs/VALIDITY.md):
+    ||C^r||_F <= tr(C) + sqrt(d) gamma <= n B^2 + sqrt(d) gamma (C is PSD), ||Q||_F <= n B, ||(n, counts)|| <= sqrt2 n,
+    plus the contributors slot; a relative 2^-30 covers the float64 rounding of the statistics."""
+    b = params.bounds
+    B, n, d = float(b.max_norm), float(b.n_max), params.layout.dim
+    return (n * B * B + math.sqrt(d) * params.gamma + n * B + math.sqrt(2.0) * n + 1.0) * (1 + 2.0 ** -30)
+
+
+def noise_bound(params: SessionParams, f1: int | None = None) -> int:
+    """tau: the hard bound on |entry| of one hospital's DP noise share in units of 2^-f1 (0 without DP)."""
+    if params.dp is None:
+        return 0
+    from ..dp.mechanism import share_bound
+
+    return share_bound(params, f1)
+
+
+def noised_count(params: SessionParams) -> int:
+    from ..dp.mechanism import noised_entries
+
+    sl = noised_entries(params.layout)
+    return sl.stop - sl.start
+
+
+def statement_sizes(params: SessionParams, f1: int, f2: int) -> dict:
+    lay, b = params.layout, params.bounds
+    L = lay.length
+    tau = noise_bound(params, f1)
+    # a noise share adds at most sqrt(m) tau to the high lane's l2 norm (m noised entries; none in the low lane)
+    noise_l2 = math.sqrt(noised_count(params)) * tau if tau else 0.0
+    m_hi = pow2_at_least(TAIL * (2.0 ** f1 * honest_l2(params) + math.sqrt(L) / 2 + noise_l2)) + 1
+    B2 = float(b.max_norm) ** 2
+    c_B = math.ceil(2.0 ** f1 * B2 * (1 + 2.0 ** -30))
+    c_0 = math.ceil(2.0 ** f1 * lay.dim * params.gamma * (1 + 2.0 ** -30)) + lay.dim
+    if gram_enabled(params):
+        if params.dp is not None:
+            raise InvalidParameterError("the Gram statement (gram_proof) is not available with [dp]: the noise share "
+                                        "is in the proven statistics; run the session without one of them")
+        gram = gramsizes(params, f1)
+        c_0 += lay.dim * gram["jitter_units"]  # the factorisation's diagonal jitter (0 when gamma covers it)
+    else:
+        gram = None
+    if params.dp is None:
+        m_n = bitlen(b.n_max)
+        slack_max = c_B * b.n_max + c_0
+        return {"m_hi": m_hi, "m_n": m_n, "m_s": bitlen(slack_max), "c_B": c_B,
+                "c_0": c_0, "slack_max": slack_max, "tau": 0, "gram": gram}
+    # DP (docs/VALIDITY.md, "With differential privacy"): n and the counts are grid values shifted by tau; the
+    # trace relation is taken times 2^g so that n (now a grid value) needs no division: g = f1 unless the
+    # diagonal's sum, within the projection bound, times 2^g would come near 2^62 (c_B rounds up: the bound is
+    # looser by 2^-g B^2-units per grid step of n)
+    n_top = b.n_max * (1 << f1) + 2 * tau
+    d, C = lay.dim, lay.n_classes
+    g = f1
+    while g > 0 and (d * ((1 << m_hi) + tau)) << g >= 1 << (WRAP_BITS - 2):
+        g -= 1
+    c_B = math.ceil(2.0 ** g * B2 * (1 + 2.0 ** -30))
+    trace_c = (1 << g) * (c_0 + 2 * d * tau)
+    slack_max = c_B * n_top + trace_c
+    return {"m_hi": m_hi, "m_n": bitlen(n_top),
+            "m_s": bitlen(slack_max), "m_e": bitlen(2 * (C + 1) * tau), "c_B": c_B, "c_0": c_0,
+            "slack_max": slack_max, "tau": tau, "n_top": n_top, "trace_c": trace_c, "e_top": 2 * (C + 1) * tau,
+            "g": g, "gram": None}
+
+
+def fits(params: SessionParams, f1: int, f2: int) -> str | None:
+    """None if (f1, f2) keeps every proven lane sum and every relation below 2^WRAP_BITS, else why not."""
+    if f1 < 0:
+        return "f1 < 0 (counts would not be integers in the hi lane)"
+    s = statement_sizes(params, f1, f2)
+    k, d = params.bounds.k_max, params.layout.dim
+    wrap = 1 << WRAP_BITS
+    if k * (1 << s["m_hi"]) >= wrap:  # per entry |hi| <= 2T = 2^m_hi
+        return "k_max * 2T_hi"
+    if k * (1 << max(f2 - 1, 0)) >= wrap:  # honest low lanes, |lo| <= 2^(f2 - 1); a dishonest one cannot wrap hi
+        return "k_max honest low lanes"
+    if params.dp is not None:
+        # every term of each DP relation is an integer of magnitude below these (a diagonal entry's through
+        # the projection bound 2T): their sums stay below 2^62
+        C = params.layout.n_classes
+        if (s["c_B"] << s["m_n"]) + s["trace_c"] + ((d * ((1 << s["m_hi"]) + s["tau"])) << s["g"]) + \
+                (1 << s["m_s"]) >= wrap:
+            return "the trace relation"
+        if (C + 2) * (1 << s["m_n"]) + 2 * s["tau"] + 2 * (1 << s["m_e"]) + s["e_top"] >= wrap:
+            return "the count relations"
+        return None
+    # the diagonal entries enter the trace relation as they are, each within the projection bound 2T
+    if d * (1 << s["m_hi"]) + s["slack_max"] + (1 << s["m_s"]) >= wrap:
+        return "the trace relation"
+    g = s["gram"]
+    # the quadratic identity A = 2^t (L L^T + D), entrywise: |A_ij| <= 2T, |(L L^T)_ij| <= m (2T_f)^2, D < 2^m_d;
+    # below p/2 the identity mod p is the identity over the integers
+    if g is not None and (1 << s["m_hi"]) + ((g["m"] << (2 * g["m_f"])) + (1 << g["m_d"]) << g["t"]) >= wrap:
+        return "the Gram identity"
+    if g is not None and g["f"] < GRAM_MIN_F:
+        return "the Gram factor's scale"
+    # n and the counts: 2^f1 times a value of m_n bits, and C of them summed, stay integers below p/2
+    if (1 << (f1 + s["m_n"])) >= wrap or params.layout.n_classes * (1 << s["m_n"]) >= wrap:
+        return "the count relations"
+    return None
+
+
+def choose_frac_bits(params: SessionParams) -> tuple[int, int]:
+    """The largest ``(f1, f2)``, at most the plain no-wrap choice, under which a proven upload cannot wrap.
+
+    With DP, f1 is the noise grid's (already in ``params``, :func:`secure_afl.backends.session_params.dp_session_params`) and
+    only f2 is lowered: the noise shares are integers on the grid 2^-f1."""
+    f1, f2 = fixedpoint.choose_frac_bits(params.bounds, params.gamma, min_frac_bits=0)
+    if params.dp is not None:
+        f1 = int(params.backend_params["frac_bits"][0])
+    else:
+        while f1 >= 0 and fits(params, f1, 1) is not None:  # hi-lane and trace conditions depend on f1 only
+            f1 -= 1
+    while f2 > 1 and fits(params, max(f1, 0), f2) is not None:  # now only the lo-lane condition can fail
+        f2 -= 1
+    why = fits(params, f1, f2)
+    if why is not None:
+        raise InvalidParameterError(f"no fixed-point scale lets a validity-proven split upload stay below "
+                                    f"2^{WRAP_BITS} ({why}); lower `max_norm`, `n_max` or `k_max`")
+    if f1 + f2 < fixedpoint.MIN_FRAC_BITS:
+        raise InvalidParameterError(f"validity-proven split leaves {f1 + f2} fractional bits, below "
+                                    f"{fixedpoint.MIN_FRAC_BITS}; lower `max_norm`, `n_max` or `k_max`")
+    return f1, f2
+
+
+
+#: uploads per worker process below which a verifier judges them in its own process (a spawned worker
+#: costs about a second of interpreter start and imports)
+PROCESS_MIN_UPLOADS = 32
+
+
+def split_session_params(session_id: str, layout: Layout, gamma: float, bounds: Bounds, *,
+                         frac_bits: tuple | None = None, gram_proof: bool = False, max_share: float = 1.0,
+                         **_) -> SessionParams:
+    """Lane bits from the bounds (as secagg and bfv, lowered where a validity-proven upload needs the room:
+    :func:`choose_frac_bits`); not yet bound to the key holder's seed key. ``gram_proof``: every upload also
+    proves its statistics are a Gram matrix (docs/VALIDITY.md, "The Gram statement")."""
+    base = SessionParams(session_id, "split", layout, gamma, bounds)
+    if gram_proof:  # absent when off, so the digest of a session without it is unchanged
+        base = base.with_backend_params(**{GRAM_KEY: True})
+    if float(max_share) < 1.0:
+        base = base.with_backend_params(max_share=float(max_share))
+    # the validity proof bounds an upload's entries only up to a factor (docs/VALIDITY.md): the lanes keep
+    # room for k_max such uploads in F_p
+    fb = choose_frac_bits(base) if frac_bits is None else fixedpoint.check_frac_bits(frac_bits, bounds, gamma)
+    return base.with_backend_params(frac_bits=[int(f) for f in fb])
+
+
+#: Common name (see :func:`secure_afl.backends.he_module`).
+session_params = split_session_params
+
+
+def expected_abs_error(params: SessionParams, n_clients: int | None = None, *,
+                       magnitude: float | None = None) -> float:
+    k = params.bounds.k_max if n_clients is None else int(n_clients)
+    m = params.bounds.aggregate_bound(params.gamma) if magnitude is None else float(magnitude)
+    return fixedpoint.abs_error_bound(tuple(params.backend_params["frac_bits"]), k, m)
+
+
+#: release checks the proof does not establish (a hospital within its proven bounds can fail them): the
+#: collector reports them instead of refusing the release
+ADVISORY_CHECKS = ("symmetric", "psd", "cauchy_schwarz", "class_cauchy_schwarz", "norm_bound")
+
+
+def psd_tolerance(params: SessionParams, gram: np.ndarray) -> float:
+    """How far below 0 the smallest eigenvalue of a released Gram sum may be computed when every upload proved
+    the Gram statement: the high-lane sum is exactly positive semi-definite (a sum of 2^t (L L^T + D)), so only
+    what the release adds counts. The low lanes move each entry by less than ``2^(63 - f1 - f2)`` in all
+    (whatever they hold), the decoding rounds each entry once (relative 2^-53), so the error E has
+    ``||E||_2 <= ||E||_F <= d 2^(63 - f1 - f2) + 2^-53 ||C||_F``; eigvalsh adds at most ``d 2^-53 ||C||_F``."""
+    f1, f2 = (int(v) for v in params.backend_params["frac_bits"])
+    d = params.layout.dim
+    fro = float(np.linalg.norm(gram))
+    return d * 2.0 ** (63 - f1 - f2) + (2 * d + 1) * 2.0 ** -53 * fro
+
+
+def proven_aggregate_bound(params: SessionParams) -> float:
+    """|entry| of a sum of k_max proven uploads (docs/VALIDITY.md): each high-lane entry is within 2T, and the
+    low-lane sum, whatever the uploads hold there, is read as a centred value below 2^63."""
+    f1, f2 = (int(v) for v in params.backend_params["frac_bits"])
+    s = statement_sizes(params, f1, f2)
+    return float(params.bounds.k_max) * 2.0 ** (s["m_hi"] - f1) + 2.0 ** (63 - f1 - f2)

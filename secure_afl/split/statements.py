@@ -1,0 +1,428 @@
+"""split's statements: what a valid upload is, one class per circuit, apart from the proof system that proves it.
+
+A statement (:class:`Statement`) says which auxiliary values the prover decomposes into bits (its
+``blocks``), how it computes them from its upload (``witness``), and which affine relations, linear in the
+upload's words and those bits, are zero exactly when the upload is valid (``relations``, in named groups).
+The proof system (:mod:`secure_afl.split.proof`) is the same for every statement: it proves the bits are bits
+(:class:`secure_afl.hazmat.flp.BitProof`) and checks the relations as random linear combinations on the two
+verifiers' shares.
+
+* :class:`PlainStatement`: integer n and counts, ``trace(C) <= n B^2 + d gamma``, the projection bound
+  (docs/VALIDITY.md, "The statement");
+* :class:`DPStatement`: the same widened by one hospital's noise share's hard bound ``tau``
+  (docs/VALIDITY.md, "With differential privacy");
+* :class:`GramStatement`: an optional part either can carry (``[split] gram_proof``): the statistics are
+  ``2^t (L L^T + D)`` for a lower-triangular factor L that the upload carries (docs/VALIDITY.md, "The Gram
+  statement").
+
+A new relation touches its statement's ``relation_groups``, ``relations`` and (if it needs bits)
+``blocks`` and ``witness``, the sizes in :mod:`secure_afl.split.sizes`, and a row of
+tests/test_split_circuits.py, which fails while a named relation has none.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+
+import numpy as np
+
+from .. import domains
+from ..exceptions import BoundsExceeded, InvalidInputError
+from ..hazmat import flp
+from ..hazmat.flp_square import SquareSumProof
+from ..params import SessionParams
+from .projection import exact_gram, project
+from .sizes import GRAM_QUERIES, GRAM_RHOS, LINEAR_REPS, ROWS
+
+__all__ = ["Statement", "PlainStatement", "DPStatement", "GramStatement", "Unlucky", "Shares", "statement_for",
+           "AFFINE", "VERDICTS"]
+
+#: the blinding of every proof (bit proofs and square-sum proofs): its own ChaCha20 domain
+PROOF_DOMAIN = domains.SPLIT_PROOF_XOF
+_FROW_DOMAIN = domains.SPLIT_GRAM_ROW_XOF
+_RHO_DOMAIN = domains.SPLIT_RHO_XOF
+
+#: the verdict a failed relation group gives (every affine group not named here: ``linear``)
+VERDICTS = {"bits": "bits", "gram_range": "gram_range", "gram_identity": "gram"}
+#: the verdict of any affine relation of a statement's own
+AFFINE = "linear"
+
+
+class Unlucky(BoundsExceeded):
+    """An honest vector's projection left the range for this seed (probability < 2^-16): draw a fresh one."""
+
+    def __init__(self):
+        super().__init__("this seed's projection rows leave the honest range; draw a fresh seed")
+
+
+def bits_of(values, width: int) -> np.ndarray:
+    """Bits of non-negative ints (Python ints), little-endian, ``width`` (< 64) each; wraps mod 2^width."""
+    v = np.array([int(x) % (1 << width) for x in values], dtype=np.uint64)
+    return ((v[:, None] >> np.arange(width, dtype=np.uint64)) & np.uint64(1)).ravel()
+
+
+class Shares:
+    """One verifier's view of an upload's words as a statement reads them: the lanes, the decomposed bit
+    blocks, the leader's constant 1 (0 at the helper, so that constants are added once), the projection."""
+
+    def __init__(self, lanes: np.ndarray, L: int, decompose, leader: bool, projection):
+        self.hi, self.lo = lanes[:L], lanes[L:]
+        self.dec = decompose
+        self.one = 1 if leader else 0
+        self._projection = projection
+
+    def const(self, v: int) -> np.uint64:
+        return np.uint64(int(v) * self.one)
+
+    def projection(self) -> np.ndarray:
+        """``<r_j, hi> + T - (the proven projection value)`` per row: zero when the bits hold the projection."""
+        return self._projection()
+
+
+def total(v) -> np.ndarray:
+    return np.array([flp.sum_mod(v)], dtype=np.uint64)
+
+
+class Statement:
+    """The interface (module docstring). ``sizes``: :func:`secure_afl.split.sizes.statement_sizes` of the session."""
+
+    name = "statement"
+
+    def __init__(self, params: SessionParams, sizes: dict, f1: int):
+        self.params, self.s, self.f1 = params, sizes, f1
+        lay = params.layout
+        sl = lay.slices
+        self.d, self.C = lay.dim, lay.n_classes
+        self.i_n = sl["n"].start
+        self.i_counts = np.arange(sl["counts"].start, sl["counts"].stop)
+        self.i_contrib = sl["contributors"].start
+        self.i_tag = np.arange(sl["tag"].start, sl["tag"].stop)
+        r, c = np.triu_indices(self.d)
+        self.i_diag = np.nonzero(r == c)[0]
+        self.tau = sizes["tau"]
+
+    # what each statement defines
+    def blocks(self) -> list[tuple[str, int, int]]:
+        """``(name, count, width)`` of each block of auxiliary bits, in the body's order."""
+        raise NotImplementedError
+
+    def relation_groups(self) -> list[tuple[str, int]]:
+        """``(name, count)`` of each group of affine relations, in the order :meth:`relations` returns them."""
+        raise NotImplementedError
+
+    def relations(self, v: Shares) -> list[np.ndarray]:
+        """This verifier's shares of every relation's value, one array per group (all zero when valid)."""
+        raise NotImplementedError
+
+    def witness(self, hi: dict, lo: np.ndarray, *, check: bool) -> dict:
+        """The prover's values for each block but the projection's (``proj``), from the centred high lane
+        ``hi`` (index -> int, at n, the counts and the diagonal) and the centred low lane; with ``check``,
+        :class:`BoundsExceeded` naming what the statistics break."""
+        raise NotImplementedError
+
+    # shared by both
+    def relation_names(self) -> list[str]:
+        """Every relation this statement checks: its affine groups and that the auxiliary values are bits."""
+        return [name for name, _ in self.relation_groups()] + ["bits"]
+
+    def _common_groups(self) -> list[tuple[str, int]]:
+        return [("lo_zero", self.C + 2), ("tag", 2 * len(self.i_tag)), ("contributors", 1)]
+
+    def _common(self, v: Shares) -> list[np.ndarray]:
+        return [
+            v.lo[[self.i_n, self.i_contrib, *self.i_counts]],                # n, counts, contributors: lo lane 0
+            np.concatenate([v.hi[self.i_tag], v.lo[self.i_tag]]),           # tag slots 0
+            flp.sub(v.hi[[self.i_contrib]], v.const(1 << self.f1)),          # one contributor (never noised)
+        ]
+
+
+class PlainStatement(Statement):
+    """Integer n in [0, n_max], integer counts >= 0 summing to n, the trace bound, the projection bound."""
+
+    name = "plain"
+
+    def blocks(self):
+        s = self.s
+        return [("n", 1, s["m_n"]), ("n_gap", 1, s["m_n"]), ("counts", self.C, s["m_n"]),
+                ("slack", 1, s["m_s"]), ("proj", ROWS, s["m_hi"])]
+
+    def relation_groups(self):
+        return self._common_groups() + [("n", 1), ("n_max", 1), ("counts", self.C), ("count_sum", 1),
+                                        ("trace", 1), ("projection", ROWS)]
+
+    def relations(self, v: Shares):
+        s, f1s = self.s, 1 << self.f1
+        n_val, counts = v.dec("n"), v.dec("counts")
+        return self._common(v) + [
+            flp.sub(v.hi[[self.i_n]], flp.scale(n_val, f1s)),                          # n integer >= 0
+            flp.sub(flp.add(n_val, v.dec("n_gap")), v.const(self.params.bounds.n_max)),  # n <= n_max
+            flp.sub(v.hi[self.i_counts], flp.scale(counts, f1s)),                      # counts integers >= 0
+            flp.sub(total(counts), n_val),                                             # sum counts = n
+            flp.sub(flp.add(flp.scale(n_val, s["c_B"]), v.const(s["c_0"])),            # trace <= c_B n + c_0
+                    flp.add(v.dec("slack"), total(v.hi[self.i_diag]))),
+            v.projection(),
+        ]
+
+    def witness(self, hi: dict, lo: np.ndarray, *, check: bool) -> dict:
+        s, scale = self.s, 1 << self.f1
+        n = int(hi[self.i_n]) // scale
+        counts = [int(hi[i]) // scale for i in self.i_counts]
+        diag = [int(hi[i]) for i in self.i_diag]
+        slack = s["c_B"] * n + s["c_0"] - sum(diag)
+        if check:
+            problems = []
+            if any(int(hi[i]) % scale for i in [self.i_n, *self.i_counts]) or \
+                    any(int(lo[i]) for i in [self.i_n, *self.i_counts]):
+                problems.append("n and class counts must be integers")
+            if not 0 <= n <= self.params.bounds.n_max or min(counts) < 0 or sum(counts) != n:
+                problems.append("counts must lie in [0, n_max] and sum to n")
+            if min(diag) < 0 or not 0 <= slack < 1 << s["m_s"]:  # the first is the data's, not proven
+                problems.append("trace(C) exceeds n B^2")
+            if problems:
+                raise BoundsExceeded("the statistics do not meet the session's bounds: " + "; ".join(problems))
+        return {"n": [n], "n_gap": [self.params.bounds.n_max - n], "counts": counts, "slack": [slack]}
+
+
+class DPStatement(Statement):
+    """With one hospital's Skellam share in the upload: n and the counts are grid values in
+    ``[-tau, n_max 2^f1 + tau]``, their sum within ``(C + 1) tau`` of n, the trace bound shifted by the noise
+    and taken times ``2^g``, the projection bound grown by ``sqrt(m) tau``."""
+
+    name = "dp"
+
+    def blocks(self):
+        s = self.s
+        return [("n", 1, s["m_n"]), ("n_gap", 1, s["m_n"]), ("counts", self.C, s["m_n"]),
+                ("count_gap", self.C, s["m_n"]), ("sum", 1, s["m_e"]), ("sum_gap", 1, s["m_e"]),
+                ("slack", 1, s["m_s"]), ("proj", ROWS, s["m_hi"])]
+
+    def relation_groups(self):
+        return self._common_groups() + [("n_low", 1), ("n_high", 1), ("counts_low", self.C),
+                                        ("counts_high", self.C), ("count_sum_low", 1), ("count_sum_high", 1),
+                                        ("trace", 1), ("projection", ROWS)]
+
+    def relations(self, v: Shares):
+        s, tau = self.s, self.tau
+        n_val, cval = v.dec("n"), v.dec("counts")
+        return self._common(v) + [
+            flp.sub(flp.add(v.hi[[self.i_n]], v.const(tau)), n_val),                   # hi_n >= -tau
+            flp.sub(flp.add(n_val, v.dec("n_gap")), v.const(s["n_top"])),              # hi_n <= n_max 2^f1 + tau
+            flp.sub(flp.add(v.hi[self.i_counts], v.const(tau)), cval),                 # counts >= -tau
+            flp.sub(flp.add(cval, v.dec("count_gap")), v.const(s["n_top"])),           # counts <= n_max 2^f1 + tau
+            flp.sub(flp.add(flp.sub(total(cval), n_val), v.const(2 * tau)), v.dec("sum")),  # sum - n >= -(C+1) tau
+            flp.sub(flp.add(v.dec("sum"), v.dec("sum_gap")), v.const(s["e_top"])),     # sum - n <= (C+1) tau
+            flp.sub(flp.add(flp.scale(n_val, s["c_B"]), v.const(s["trace_c"])),        # 2^g trace <= c_B hi_n + ...
+                    flp.add(v.dec("slack"),
+                            flp.scale(flp.add(total(v.hi[self.i_diag]), v.const(self.d * tau)), 1 << s["g"]))),
+            v.projection(),
+        ]
+
+    def witness(self, hi: dict, lo: np.ndarray, *, check: bool) -> dict:
+        s, tau = self.s, self.tau
+        n_top, e_top = s["n_top"], s["e_top"]
+        n_val = int(hi[self.i_n]) + tau
+        cval = [int(hi[i]) + tau for i in self.i_counts]
+        e_val = sum(cval) - n_val + 2 * tau
+        dval = [int(hi[i]) + tau for i in self.i_diag]
+        slack = s["c_B"] * n_val + s["trace_c"] - (1 << s["g"]) * sum(dval)
+        if check:
+            problems = []
+            if any(int(lo[i]) for i in [self.i_n, *self.i_counts]):
+                problems.append("n and class counts must lie on the noise grid")
+            if not all(0 <= v <= n_top for v in [n_val, *cval]):
+                problems.append("n and class counts must lie in [-tau, n_max 2^f1 + tau] on the grid")
+            if not 0 <= e_val <= e_top:
+                problems.append("the class counts must sum to n within (C + 1) tau")
+            if min(dval) < 0 or not 0 <= slack < 1 << s["m_s"]:  # the first is the data's, not proven
+                problems.append("trace(C) exceeds n B^2 beyond the noise's latitude")
+            if problems:
+                raise BoundsExceeded("the noisy statistics do not meet the session's bounds: " + "; ".join(problems))
+        return {"n": [n_val], "n_gap": [n_top - n_val], "counts": cval, "count_gap": [n_top - v for v in cval],
+                "sum": [e_val], "sum_gap": [e_top - e_val], "slack": [slack]}
+
+
+def statement_for(params: SessionParams, sizes: dict, f1: int) -> Statement:
+    return (DPStatement if params.dp is not None else PlainStatement)(params, sizes, f1)
+
+
+class GramStatement:
+    """The Gram part (docs/VALIDITY.md, "The Gram statement"): ``A = [[diag(counts), Q^T], [Q, C^r]]`` in the
+    high lane (classes first, so the factor's first block is diagonal) equals ``2^t (L L^T + diag(delta, 0))``
+    with L lower triangular (its words follow the lanes in the body), ``delta >= 0`` (bits), every factor entry
+    within ``2 T_f`` (projection rows of its own); the identity is checked on ``GRAM_RHOS`` Fiat-Shamir vectors
+    rho through ``GRAM_QUERIES`` square-sum proofs of ``|L^T rho|^2``."""
+
+    def __init__(self, params: SessionParams, sizes: dict, L: int):
+        self.params, self.g, self.L = params, sizes, L
+        lay = params.layout
+        self.d, self.C = lay.dim, lay.n_classes
+        self.n_f = sizes["n_f"]
+        self.T_f = 1 << (sizes["m_f"] - 1)
+        self.sq = SquareSumProof(sizes["m"], GRAM_RHOS)
+        self.proof_len = GRAM_QUERIES * self.sq.proof_len
+        self.verifier_len = 2 * LINEAR_REPS + GRAM_QUERIES * self.sq.verifier_len
+        self.n_gram_relations = GRAM_QUERIES * GRAM_RHOS
+        self._tril = np.tril_indices(self.d)
+
+    def blocks(self) -> list[tuple[str, int, int]]:
+        return [("gram_slack", self.C, self.g["m_d"]), ("proj_f", ROWS, self.g["m_f"])]
+
+    def relation_names(self) -> list[str]:
+        return ["gram_range", "gram_identity"]
+
+    # -- the factor ---------------------------------------------------------------------------------------
+    def rhos(self, fs: bytes, aux_sha256: str) -> np.ndarray:
+        """(GRAM_RHOS, m): the Fiat-Shamir vectors, fixed by the lanes, the factor and the bits (delta)."""
+        key = hashlib.sha256(fs + b"gram\0" + bytes.fromhex(aux_sha256)).digest()
+        return flp.expand_field(key, GRAM_RHOS * self.g["m"], _RHO_DOMAIN).reshape(GRAM_RHOS, self.g["m"])
+
+    def _factor_blocks(self, fw: np.ndarray):
+        d, C = self.d, self.C
+        l21 = fw[C:C + d * C].reshape(d, C)
+        l22 = np.zeros((d, d), dtype=np.uint64)
+        l22[self._tril] = fw[C + d * C:]
+        return fw[:C], l21, l22
+
+    def factor_vectors(self, fw, rhos) -> np.ndarray:
+        """``L^T rho`` for each rho (linear in the factor words: the verifiers apply it to their shares)."""
+        l11, l21, l22 = self._factor_blocks(np.asarray(fw, dtype=np.uint64))
+        out = []
+        for rho in rhos:
+            rc, rf = rho[:self.C], rho[self.C:].reshape(-1, 1)
+            out.append(np.concatenate([flp.add(flp.mul(l11, rc), flp.sum_mod(flp.mul(l21, rf), axis=0)),
+                                       flp.sum_mod(flp.mul(l22, rf), axis=0)]))
+        return np.stack(out)
+
+    def kappa(self, rho) -> np.ndarray:
+        """The high-lane coefficients of ``rho^T A rho`` (A read from the packed triu(C^r), Q and counts)."""
+        sl = self.params.layout.slices
+        rc, rf = rho[:self.C], rho[self.C:]
+        r, c = np.triu_indices(self.d)
+        k = np.zeros(self.L, dtype=np.uint64)
+        g = flp.mul(rf[r], rf[c])
+        k[sl["gram"]] = np.where(r == c, g, flp.add(g, g))
+        q = flp.mul(rf.reshape(-1, 1), rc.reshape(1, -1)).ravel()
+        k[sl["cross"]] = flp.add(q, q)
+        k[sl["counts"]] = flp.mul(rc, rc)
+        return k
+
+    def project_factor(self, fw, fs: bytes) -> np.ndarray:
+        """``<r_j, factor>`` mod p for ROWS rows of their own."""
+        return project(fw, hashlib.sha256(fs + b"factor-rows\0").digest(), _FROW_DOMAIN)
+
+    def factorise(self, lanes_of, vector) -> tuple[np.ndarray, np.ndarray]:
+        """Hospital: ``(lanes, factor words)`` with the Gram, cross and count entries of the lanes exactly
+        ``2^t L L^T`` (low lanes 0) for the rounded factor L at scale 2^f: l_c = floor(sqrt(count_c) 2^f),
+        the rest of L the Cholesky factor of the statistics (plus the session's jitter where gamma does not
+        cover the rounding), rounded towards zero so no diagonal grows. :class:`BoundsExceeded` if the
+        statistics are not positive semi-definite (not the Gram of any rows). ``lanes_of``: the session's
+        fixed-point lanes of a packed vector."""
+        g = self.g
+        f, t = g["f"], g["t"]
+        v = np.asarray(vector, dtype=np.float64)
+        lay = self.params.layout
+        st = lay.unpack(v)
+        counts = np.asarray(st.class_counts, dtype=np.float64)
+        if not np.all(np.isfinite(v)) or np.any(counts < 0) or np.any(counts != np.round(counts)):
+            raise BoundsExceeded("the class counts must be non-negative integers")
+        s2f = 1 << (2 * f)
+        cnt = [int(c) for c in counts]
+        l11 = np.array([math.isqrt(c * s2f) for c in cnt], dtype=np.int64)
+        Q = np.asarray(st.cross, dtype=np.float64)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            l21 = np.where(l11 > 0, np.trunc(Q * float(s2f) / np.maximum(l11, 1)), 0.0)
+        if np.any(l11 == 0) and np.any(Q[:, l11 == 0] != 0):
+            raise BoundsExceeded("a class with no samples has a nonzero cross-term column")
+        lr = l21 / 2.0 ** f
+        S = np.asarray(st.gram, dtype=np.float64) + g["jitter"] * np.eye(self.d) - lr @ lr.T
+        try:
+            chol = np.linalg.cholesky(0.5 * (S + S.T))
+        except np.linalg.LinAlgError:
+            raise BoundsExceeded("the statistics are not positive semi-definite: no rows have this Gram matrix "
+                                 "and these cross terms") from None
+        l21 = l21.astype(np.int64)
+        l22 = np.trunc(chol * 2.0 ** f).astype(np.int64)
+        gram = exact_gram(np.concatenate([l21, l22], axis=1))
+        x = lanes_of(v).copy()
+        sl = lay.slices
+        r, c = np.triu_indices(self.d)
+        idx = np.concatenate([np.arange(sl["gram"].start, sl["gram"].stop), np.arange(sl["cross"].start,
+                              sl["cross"].stop), np.arange(sl["counts"].start, sl["counts"].stop)])
+        vals = np.concatenate([gram[r, c], (l21 * l11.reshape(1, -1)).ravel(),
+                               np.array(cnt, dtype=np.int64) * s2f]) << t
+        x[idx] = flp.encode_signed(vals)
+        x[self.L + idx] = 0
+        fw = flp.encode_signed(np.concatenate([l11, l21.ravel(), l22[self._tril]]))
+        return x, fw
+
+    # -- prover -------------------------------------------------------------------------------------------
+    def witness(self, hi_counts, factor, fs: bytes, *, check: bool) -> dict:
+        """The count slack delta_c = hi(count_c) / 2^t - l_c^2 and the factor's projection values."""
+        g = self.g
+        fw = np.zeros(self.n_f, dtype=np.uint64) if factor is None else np.asarray(factor, dtype=np.uint64)
+        l11 = flp.decode_signed(fw[:self.C]).tolist()
+        delta = [(h >> g["t"]) - int(v) * int(v) for h, v in zip(hi_counts, l11)]
+        proj = [int(v) + self.T_f for v in flp.decode_signed(self.project_factor(fw, fs))]
+        if check:
+            if not all(0 <= x < 1 << g["m_d"] for x in delta):
+                raise BoundsExceeded("the Gram factor does not match the class counts")
+            if not all(0 <= v < 2 * self.T_f for v in proj):
+                raise Unlucky()
+        return {"gram_slack": delta, "proj_f": proj}
+
+    def prove(self, fw, fs: bytes, aux_sha256: str, proof_rand: list[bytes]) -> list[np.ndarray]:
+        """The ``GRAM_QUERIES`` square-sum proofs of ``L^T rho``, each blinded by its 32 random bytes."""
+        v = self.factor_vectors(fw, self.rhos(fs, aux_sha256))
+        return [self.sq.prove(v, flp.expand_field(r, self.sq.chunk, PROOF_DOMAIN)) for r in proof_rand]
+
+    # -- verifiers ----------------------------------------------------------------------------------------
+    def _rand(self, fs: bytes, aux_sha256: str, query_seed: bytes):
+        key = hashlib.sha256(bytes(query_seed) + fs + bytes.fromhex(aux_sha256) + b"gram").digest()
+        stream = flp.expand_field(key, 4 * GRAM_QUERIES + LINEAR_REPS * (ROWS + self.n_gram_relations),
+                                  domains.SPLIT_GRAM_QUERY_XOF)
+        pts = [int(v) for v in stream[:4 * GRAM_QUERIES] if pow(int(v), self.sq.n, flp.P) != 1][:GRAM_QUERIES]
+        if len(pts) < GRAM_QUERIES:  # pragma: no cover - probability about (N/p)^4
+            raise InvalidInputError("query points fell on the interpolation domain; draw another query seed")
+        co = stream[4 * GRAM_QUERIES:]
+        return pts, co[:LINEAR_REPS * ROWS].reshape(LINEAR_REPS, ROWS), \
+            co[LINEAR_REPS * ROWS:].reshape(LINEAR_REPS, self.n_gram_relations)
+
+    def values(self, hi, fw, decompose, sq_proofs, fs: bytes, aux_sha256: str, *, leader: bool, squares=None):
+        """This verifier's shares of the factor's range relations (ROWS) and of the quadratic identities (one
+        per query and rho), from the square-sum proofs' outputs; ``squares``: the true ``|L^T rho|^2`` instead
+        (the unshared circuit)."""
+        one = 1 if leader else 0
+        rng = flp.sub(flp.add(self.project_factor(fw, fs), np.uint64(self.T_f * one)), decompose("proj_f"))
+        delta = decompose("gram_slack")
+        rhos = self.rhos(fs, aux_sha256)
+        lhs = [flp.dot(self.kappa(rho), hi) for rho in rhos]
+        slack = [flp.dot(flp.mul(rho[:self.C], rho[:self.C]), delta) for rho in rhos]
+        two_t = 1 << self.g["t"]
+        quad = []
+        for q in range(GRAM_QUERIES):
+            outs = self.sq.outputs(sq_proofs[q]) if squares is None else squares
+            quad += [(lhs[r] - two_t * (int(outs[r]) + slack[r])) % flp.P for r in range(GRAM_RHOS)]
+        return rng, np.array(quad, dtype=np.uint64), rhos
+
+    def query(self, hi, fw, decompose, sq_proofs, fs: bytes, aux_sha256: str, query_seed: bytes, *,
+              leader: bool) -> np.ndarray:
+        """``[range combinations] ++ [identity combinations] ++ GRAM_QUERIES square-sum queries``."""
+        pts, c_range, c_gram = self._rand(fs, aux_sha256, query_seed)
+        rng, quad, rhos = self.values(hi, fw, decompose, sq_proofs, fs, aux_sha256, leader=leader)
+        v = self.factor_vectors(fw, rhos)
+        msg = [np.array([flp.dot(row, rng) for row in c_range], dtype=np.uint64),
+               np.array([flp.dot(row, quad) for row in c_gram], dtype=np.uint64)]
+        msg += [self.sq.query(v, sq_proofs[q], t) for q, t in enumerate(pts)]
+        return np.concatenate(msg)
+
+    def decide(self, v: np.ndarray) -> str | None:
+        if any(int(z) for z in v[:LINEAR_REPS]):
+            return "gram_range"
+        if any(int(z) for z in v[LINEAR_REPS:2 * LINEAR_REPS]):
+            return "gram"
+        o, k = 2 * LINEAR_REPS, self.sq.verifier_len
+        for q in range(GRAM_QUERIES):
+            if not self.sq.decide(v[o + q * k:o + (q + 1) * k]):
+                return "gram"
+        return None

@@ -1,0 +1,245 @@
+"""Message-level vectors for ``split``: one upload and the messages around it, for fixed keys and randomness.
+
+    python -m secure_afl.tools.split_vectors            # rewrite vectors/split_messages.json
+    python -m secure_afl.tools.split_vectors --check    # exit 1 if regenerating changes a byte
+
+The file holds the session's parameters, the keys (as the seeds they are derived from), the hospital's packed
+vector and proving randomness, its sealed payload with the validity commitment, the seed box and the signed
+seed statement, the key holder's query seed, the server's signed verifier message and the key holder's own.
+Then the bad cases, each replayed against both verifiers (tests/test_split_vectors.py):
+
+* ``count_minus_one``: a class count of -1, the next count raised so that they still sum to n, the bits
+  claiming 0 (every other relation holds): both messages formed, the joint check refuses it (``linear``);
+* ``tampered_proof``: the honest body with one bit-proof word changed (the commitment does not cover the
+  proofs): ``bits``;
+* ``seed_misses_commitment``: the honest upload judged with another seed: the key holder refuses it
+  (``commitment``) before any query;
+* ``message_for_another_payload``: the server's signed message for the honest upload presented for the
+  count_minus_one payload: the key holder refuses it (``InvalidSignature``).
+
+HPKE encapsulation is randomised and ``cryptography`` offers no deterministic path, so the seed box is
+recorded: regenerating keeps the recorded box while it opens under the fixed key and the upload's
+associated data to the fixed seed (else seals a new one). Everything else (Ed25519 signatures, the proof's
+randomness) is deterministic.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from cryptography.hazmat.primitives.asymmetric.mlkem import MLKEM768PrivateKey
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+
+__all__ = ["PATH", "build", "render", "fixed_keys", "main"]
+
+PATH = Path(__file__).resolve().parent.parent / "vectors" / "split_messages.json"
+HOSPITAL = "h1"
+#: the inputs every key and random byte is derived from (SHAKE-256 of the label)
+_LABEL = b"secure-afl split message vectors v1 "
+
+
+def _bytes(label: str, n: int) -> bytes:
+    return hashlib.shake_256(_LABEL + label.encode()).digest(n)
+
+
+def fixed_keys():
+    """``(key holder seed key pair, hospital, server and key holder Ed25519 keys)`` from fixed labels."""
+    from secure_afl.split import SplitKeyPair
+
+    mk = MLKEM768PrivateKey.from_seed_bytes(_bytes("keyholder ml-kem seed", 64))
+    xk = X25519PrivateKey.from_private_bytes(_bytes("keyholder x25519", 32))
+    pair = SplitKeyPair(mk.private_bytes_raw() + xk.private_bytes_raw(),
+                        mk.public_key().public_bytes_raw() + xk.public_key().public_bytes_raw())
+    ed = {who: Ed25519PrivateKey.from_private_bytes(_bytes(f"{who} ed25519", 32))
+          for who in ("hospital", "server", "keyholder")}
+    return pair, ed
+
+
+def _session(pair):
+    from secure_afl import split
+    from secure_afl.packing import Layout
+    from secure_afl.params import Bounds
+
+    # a coarse fixed point (f1 = 4) keeps the projection's bit widths, and so the file, small
+    params = split.split_session_params("split-vectors", Layout(2, 2), 1.0, Bounds(2.0, 8, 4), frac_bits=(4, 8))
+    return split.bind_public_context(params, pair.public_context)
+
+
+def _vector(params) -> np.ndarray:
+    """Five rows of dyadic entries (exact in float64 whatever the BLAS), two classes."""
+    from secure_afl.stats import local_statistics
+
+    X = np.array([[1.0, 0.5], [0.25, -1.0], [-0.5, 0.75], [1.25, 0.0], [0.0, -0.5]])
+    y = np.array([0, 1, 0, 1, 1])
+    return params.layout.pack(local_statistics(X, y, params.layout.n_classes, gamma=params.gamma))
+
+
+def _prove(circuit, x, fw, label: str, **kw):
+    """The first proving try, over labelled randomness, that the projection does not refuse."""
+    from secure_afl.split import Unlucky
+
+    for i in range(16):
+        rand = _bytes(f"{label} rand {i}", circuit.rand_size)
+        try:
+            return rand, circuit.prove_once(HOSPITAL, x, fw, rand, **kw)
+        except Unlucky:
+            continue
+    raise RuntimeError("16 labelled tries were all unlucky")  # pragma: no cover - probability 2^-256
+
+
+def _count_minus_one(circuit, x):
+    """Lanes with count 0 at -1 and count 1 raised to keep the sum, and the bits that keep every other
+    relation: the counts claimed 0 and c1 + c0 (in range)."""
+    from secure_afl.hazmat import flp
+
+    hi = [int(v) for v in flp.decode_signed(x[:circuit.L])]
+    scale = 1 << circuit.f1
+    i0, i1 = int(circuit.i_counts[0]), int(circuit.i_counts[1])
+    c0, c1 = hi[i0] // scale, hi[i1] // scale
+    hi[i0], hi[i1] = -scale, (c1 + c0 + 1) * scale
+    bad = x.copy()
+    bad[:circuit.L] = flp.encode_signed(np.array(hi, dtype=np.int64))
+
+    def aux(c, lanes, fs):
+        vals = c.witness_values(lanes, fs, check=False)
+        vals["counts"][0], vals["counts"][1] = 0, c0 + c1
+        return c.bits_from(vals)
+
+    return bad, aux
+
+
+def _case(circuit, name: str, what: str, payloads: dict, payload_name: str, validity: dict, seed: bytes, qs: bytes,
+          server_key, server_message: dict | None = None) -> dict:
+    """One replay: the server's signed message (formed here unless given), the key holder's check of it and
+    its verdict, as recorded; an exception is recorded by its class name."""
+    from secure_afl import split
+    from secure_afl.exceptions import SecureAFLError
+    from secure_afl.hazmat import flp
+
+    payload = payloads[payload_name]
+    sha = hashlib.sha256(payload).hexdigest()
+    out = {"name": name, "what": what, "payload": payload_name, "payload_sha256": sha, "validity": validity,
+           "seed": seed.hex(), "query_seed": qs.hex()}
+    if server_message is None:
+        server_message = split.leader_message(circuit, HOSPITAL, payload, {"validity": validity}, server_key, qs)
+    out["server_message"] = server_message
+    try:
+        _, leader = split.verify_leader_message(server_message, server_key.public_key(), circuit, HOSPITAL, sha, qs)
+        verdict, own = split.helper_verdict(circuit, HOSPITAL, seed, {"validity": validity}, qs, leader,
+                                            with_message=True)
+        out["keyholder"] = {"verdict": verdict, "message": None if own is None else flp.to_bytes(own).hex()}
+    except SecureAFLError as e:
+        out["keyholder"] = {"exception": type(e).__name__}
+    return out
+
+
+def build(recorded: dict | None = None) -> dict:
+    """The vectors; ``recorded``: the file as it stands, whose seed box is kept while it still opens."""
+    from secure_afl import split
+    from secure_afl.envelope import seal
+    from secure_afl.exceptions import SecureAFLError
+    from secure_afl.hazmat import flp
+
+    pair, ed = fixed_keys()
+    params = _session(pair)
+    circuit = split.Circuit(params)
+    v = _vector(params)
+    x, fw = circuit.witness(v)
+    rand, (body, seed, com) = _prove(circuit, x, fw, "honest")
+    payload = seal(params, "contribution", flp.to_bytes(body))
+    sha = hashlib.sha256(payload).hexdigest()
+    box = None
+    if recorded is not None:
+        try:
+            old = bytes.fromhex(recorded["upload"]["box"])
+            if split.open_seed(params, pair.secret_context, HOSPITAL, sha, old) == seed:
+                box = old
+        except (KeyError, ValueError, SecureAFLError):
+            box = None
+    if box is None:
+        box = split.seal_seed(params, pair.public_context, HOSPITAL, sha, seed)
+    statement = split.sign_seed_statement(ed["hospital"], params, HOSPITAL, sha, box, com.to_dict())
+    qs = split.query_seed(split.query_key(pair.secret_context), params, HOSPITAL, sha, com.to_dict())
+    server = ed["server"]
+    payloads = {"honest": payload}
+    honest = _case(circuit, "honest", "the honest upload: valid", payloads, "honest", com.to_dict(), seed, qs,
+                   server)
+
+    bad_lanes, aux = _count_minus_one(circuit, x)
+    _, (b_body, b_seed, b_com) = _prove(circuit, bad_lanes, fw, "count_minus_one", check=False, aux_override=aux)
+    b_payload = seal(params, "contribution", flp.to_bytes(b_body))
+    b_sha = hashlib.sha256(b_payload).hexdigest()
+    b_qs = split.query_seed(split.query_key(pair.secret_context), params, HOSPITAL, b_sha, b_com.to_dict())
+
+    t_body = body.copy()
+    off = circuit.commit_len + circuit.n_bits
+    t_body[off] = flp.add(t_body[off:off + 1], np.uint64(1))[0]
+    t_payload = seal(params, "contribution", flp.to_bytes(t_body))
+    t_qs = split.query_seed(split.query_key(pair.secret_context), params, HOSPITAL,
+                            hashlib.sha256(t_payload).hexdigest(), com.to_dict())
+    other_seed = bytes([seed[0] ^ 1]) + seed[1:]
+    payloads.update(count_minus_one=b_payload, tampered_proof=t_payload)
+
+    negatives = [
+        _case(circuit, "count_minus_one", "a class count of -1, every other relation kept", payloads,
+              "count_minus_one", b_com.to_dict(), b_seed, b_qs, server),
+        _case(circuit, "tampered_proof", "one bit-proof word of the honest body changed", payloads,
+              "tampered_proof", com.to_dict(), seed, t_qs, server),
+        _case(circuit, "seed_misses_commitment", "the honest upload judged with a seed it does not commit to",
+              payloads, "honest", com.to_dict(), other_seed, qs, server),
+        _case(circuit, "message_for_another_payload", "the server's signed message for the honest upload, "
+              "presented for the count_minus_one upload", payloads, "count_minus_one", b_com.to_dict(), b_seed,
+              b_qs, server, server_message=honest["server_message"]),
+    ]
+    return {
+        "description": __doc__.split("\n\n", 1)[0] + " Generated by `python -m secure_afl.tools.split_vectors`. "
+                       "HPKE encapsulation is randomised (cryptography has no deterministic path): the seed box is "
+                       "recorded and must open under the fixed key to the seed; every other field is deterministic "
+                       "and regenerated byte for byte.",
+        "version": 1,
+        "keys": {"derivation": "SHAKE-256(\"" + _LABEL.decode() + "\" || label)",
+                 "keyholder_secret_key": pair.secret_context.hex(),
+                 "keyholder_public_key_sha256": hashlib.sha256(pair.public_context).hexdigest(),
+                 "hospital_ed25519": ed["hospital"].private_bytes_raw().hex(),
+                 "server_ed25519": ed["server"].private_bytes_raw().hex(),
+                 "keyholder_ed25519": ed["keyholder"].private_bytes_raw().hex()},
+        "params": params.to_dict(),
+        "hospital": HOSPITAL,
+        "vector": [float(f) for f in v],
+        "rand": rand.hex(),
+        "upload": {"payload_sha256": sha, "validity": com.to_dict(), "seed": seed.hex(), "box": box.hex(),
+                   "seed_statement": statement},
+        "payloads": {name: p.hex() for name, p in payloads.items()},
+        "honest": honest,
+        "negative": negatives,
+    }
+
+
+def render(vectors: dict) -> str:
+    return json.dumps(vectors, indent=1, sort_keys=True) + "\n"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--check", action="store_true", help="exit 1 if regenerating would change the file")
+    ap.add_argument("--out", type=Path, default=PATH)
+    args = ap.parse_args(argv)
+    recorded = json.loads(args.out.read_text()) if args.out.exists() else None
+    text = render(build(recorded))
+    if args.check:
+        same = args.out.exists() and args.out.read_text() == text
+        print(f"{args.out}: {'unchanged' if same else 'DIFFERS'}")
+        return 0 if same else 1
+    args.out.write_text(text)
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
