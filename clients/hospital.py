@@ -26,6 +26,7 @@ from secure_afl.session.signed import load_signed
 from secure_afl.backends import get_backend
 from secure_afl.params import KEYED_BACKENDS
 from secure_afl.dp import add_noise_share
+from secure_afl.split.sizes import noise_beside
 from secure_afl.exceptions import (
     AwaitingPublication,
     DuplicateContribution,
@@ -76,8 +77,9 @@ def protect_vector(params: SessionParams, stats: SufficientStatistics, *,
     with_ri = SufficientStatistics(stats.gram + params.gamma * np.eye(lay.dim), stats.cross, stats.n,
                                    stats.class_counts, 1.0, params.gamma, tag)
     packed = Layout(lay.dim, lay.n_classes).pack(with_ri)
-    # DP hook: this hospital's share of the session's noise goes in before protection
-    return add_noise_share(params, packed)
+    # DP hook: this hospital's share of the session's noise goes in before protection (split with the Gram
+    # statement draws it in its backend, which proves the statistics before it and the share's bound apart)
+    return packed if noise_beside(params) else add_noise_share(params, packed)
 
 
 def protect_contribution(party, params: SessionParams, stats: SufficientStatistics, *,

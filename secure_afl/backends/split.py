@@ -17,11 +17,12 @@ from ..hazmat import fixedpoint, flp
 from ..params import SessionParams
 from ..split import roles
 from ..split.proof import Circuit
-from ..split.sizes import RETRIES
+from ..split.sizes import RETRIES, noise_beside
+from ..dp.noise import noise_share
 from ..split.statements import Unlucky
 from ..protection import Combiner, ProtectionBackend
 
-__all__ = ["SplitBackend"]
+__all__ = ["SplitBackend", "noise_beside"]
 
 
 class _SplitCombiner(Combiner):
@@ -68,16 +69,20 @@ class SplitBackend(ProtectionBackend):
         return tuple(self.params.backend_params["frac_bits"])
 
     def protect(self, vector, *, public_context: bytes, hospital: str, identity_key, seed: bytes | None = None,
-                **kw) -> tuple[bytes, dict]:
+                noise=None, **kw) -> tuple[bytes, dict]:
         """Hospital: :func:`secure_afl.split.roles.shard` with fresh randomness per try.
 
+        Under DP with the Gram statement (:func:`noise_beside`) ``vector`` is the statistics before the noise:
+        the hospital's noise share is drawn here (``noise``: a given one, for tests) and proven beside them.
         ``seed`` is for tests of fixed vectors only (the mask seed; the proofs' blinding stays fresh)."""
+        if noise_beside(self.params) and noise is None:
+            noise = noise_share(self.params)
         size = self.circuit.rand_size
         for _ in range(RETRIES):
             rand = os.urandom(size) if seed is None else bytes(seed) + os.urandom(size - len(seed))
             try:
                 return roles.shard(self.circuit, vector, hospital=hospital, public_context=public_context,
-                                   identity_key=identity_key, rand=rand)
+                                   identity_key=identity_key, rand=rand, noise=noise)
             except Unlucky:
                 if seed is not None:
                     raise

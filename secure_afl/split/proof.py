@@ -94,7 +94,7 @@ class Circuit:
         self.main_len = 2 * self.L
         # body: lanes (summed) | factor words (Gram statement) | bits | bit proofs | square-sum proofs; the
         # commitment's main hash covers the lanes and the factor
-        self.n_f = 0 if gs is None else gs.n_f
+        self.n_f = 0 if gs is None else gs.n_words
         self.commit_len = self.main_len + self.n_f
         self.sq = None if gs is None else gs.sq
         self.proof_len = REPS * self.bits.proof_len + (0 if gs is None else gs.proof_len)
@@ -160,8 +160,8 @@ class Circuit:
     def project_factor(self, fw, fs: bytes) -> np.ndarray:
         return self.gram_statement.project_factor(fw, fs)
 
-    def factorise(self, vector) -> tuple[np.ndarray, np.ndarray]:
-        return self.gram_statement.factorise(self.lanes, vector)
+    def factorise(self, vector, noise=None) -> tuple[np.ndarray, np.ndarray]:
+        return self.gram_statement.factorise(self.lanes, vector, noise)
 
     # -- prover ------------------------------------------------------------------------------------------
     def lanes(self, vector) -> np.ndarray:
@@ -206,11 +206,13 @@ class Circuit:
         of the attack commands and of the verifiers' tests."""
         return self._aux(np.asarray(x, dtype=np.uint64), fs, check=False, factor=factor)
 
-    def witness(self, vector=None, *, lanes=None, factor=None) -> tuple[np.ndarray, np.ndarray]:
+    def witness(self, vector=None, *, lanes=None, factor=None, noise=None) -> tuple[np.ndarray, np.ndarray]:
         """``(lanes, factor words)`` an upload proves: the vector's lanes (under the Gram statement, the
-        statistics snapped onto ``2^t L L^T``, docs/VALIDITY.md), or the given raw field ``lanes``."""
+        statistics snapped onto ``2^t L L^T``, docs/VALIDITY.md), or the given raw field ``lanes``. Under DP with
+        the Gram statement, ``vector`` is the statistics before the noise and ``noise`` the share
+        (:meth:`GramStatement.factorise`)."""
         if self.gram_statement is not None and lanes is None:
-            x, factor = self.factorise(vector)
+            x, factor = self.factorise(vector, noise)
         else:
             x = self.lanes(vector) if lanes is None else np.asarray(lanes, dtype=np.uint64)
         if x.shape != (self.main_len,) or (x.size and int(x.max()) >= flp.P):
@@ -381,9 +383,10 @@ class Circuit:
             gs = self.gram_statement
             rhos = gs.rhos(fs, commitment.aux_sha256)
             squares = [flp.dot(v, v) for v in gs.factor_vectors(fw, rhos)]
-            rng, quad, _ = gs.values(w[:self.L], fw, lambda name: self._decompose(bits, name), None, fs,
-                                     commitment.aux_sha256, leader=True, squares=squares)
-            failed += [name for name, vals in (("gram_range", rng), ("gram_identity", quad)) if np.any(vals)]
+            rng, quad, _, noise = gs.values(w[:self.L], fw, lambda name: self._decompose(bits, name), None, fs,
+                                            commitment.aux_sha256, leader=True, squares=squares)
+            failed += [name for name, vals in (("gram_range", rng), ("gram_identity", quad), ("noise_range", noise))
+                       if np.any(vals)]
         return failed
 
 
@@ -402,7 +405,7 @@ def soundness_bits(circuit: Circuit, hash_queries_log2: int = 64) -> float:
         sq = circuit.sq
         per_query += 2.0 ** -ROWS + (2.0 / p) ** GRAM_RHOS
         query_point += ((2 * sq.n - 2) / (p - sq.n)) ** GRAM_QUERIES
-        linear *= 3
+        linear *= 3 + (1 if circuit.gram_statement.noise else 0)
     return -math.log2(q * per_query + query_point + linear)
 
 
@@ -413,7 +416,8 @@ def describe(circuit: Circuit) -> Mapping:
             "chunk": circuit.bits.chunk, "domain": circuit.bits.n, "frac_bits": [circuit.f1, circuit.f2],
             "T_hi_log2": circuit.sizes["m_hi"] - 1,
             "gram": None if circuit.gram is None else {
-                "factor_words": circuit.n_f, "factor_scale_bits": circuit.gram["f"], "t": circuit.gram["t"],
+                "factor_words": circuit.gram_statement.n_f, "noise_words": circuit.gram_statement.n_z,
+                "noise_bound_log2": circuit.gram["m_z"] - 1, "factor_scale_bits": circuit.gram["f"], "t": circuit.gram["t"],
                 "T_factor_log2": circuit.gram["m_f"] - 1, "jitter": circuit.gram["jitter"],
                 "square_sum_proof_words": GRAM_QUERIES * circuit.sq.proof_len},
             "soundness_bits_q64": round(soundness_bits(circuit), 1)}

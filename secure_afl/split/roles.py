@@ -59,15 +59,16 @@ def seal_upload(params: SessionParams, body, seed: bytes, commitment: UploadComm
 
 
 def shard(circuit: Circuit, vector, *, hospital: str, public_context: bytes, identity_key,
-          rand: bytes) -> tuple[bytes, dict]:
+          rand: bytes, noise=None) -> tuple[bytes, dict]:
     """Hospital: ``(payload, signed seed statement)`` for one packed vector, with ``rand``
     (:attr:`Circuit.rand_size` fresh random bytes: the mask seed and the proofs' blinding).
     :class:`~secure_afl.split.statements.Unlucky` when this seed's projection rows leave the honest range
-    (probability below 2^-16): the caller draws fresh ``rand`` and tries again."""
+    (probability below 2^-16): the caller draws fresh ``rand`` and tries again. Under DP with the Gram
+    statement, ``vector`` is the statistics before the noise and ``noise`` the hospital's share."""
     params = circuit.params
     v = check_vector(params, vector)
     key = bound_public_key(params, public_context)
-    x, fw = circuit.witness(v)
+    x, fw = circuit.witness(v, noise=noise)
     body, seed, commitment = circuit.prove_once(hospital, x, fw, rand)
     return seal_upload(params, body, seed, commitment, key, hospital, identity_key)
 

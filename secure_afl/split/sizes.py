@@ -17,7 +17,7 @@ from ..packing import Layout
 from ..params import Bounds, SessionParams
 
 __all__ = ["REPS", "LINEAR_REPS", "ROWS", "TAIL", "WRAP_BITS", "RETRIES", "GRAM_KEY", "GRAM_RHOS", "GRAM_QUERIES",
-           "GRAM_MIN_F", "PROCESS_MIN_UPLOADS", "ADVISORY_CHECKS", "gram_enabled", "noise_bound", "statement_sizes",
+           "GRAM_MIN_F", "PROCESS_MIN_UPLOADS", "ADVISORY_CHECKS", "gram_enabled", "noise_beside", "noise_bound", "statement_sizes",
            "fits", "choose_frac_bits", "split_session_params", "session_params", "expected_abs_error",
            "proven_aggregate_bound", "psd_tolerance"]
 
@@ -47,14 +47,23 @@ def gram_enabled(params: SessionParams) -> bool:
     return bool(params.backend_params.get(GRAM_KEY))
 
 
-def gram_jitter(params: SessionParams, f: int) -> float:
-    """The diagonal the honest factorisation adds (0 when gamma covers it): twice the bound E on how far the
-    rounded first block column can push the Schur complement below gamma I (docs/VALIDITY.md),
-    E = 2^-f (4 B^2 + 2 sqrt(2 d) B) sqrt(C n_max) + C d 2^-2f."""
+def noise_beside(params: SessionParams) -> bool:
+    """Whether an upload carries its DP noise share beside its statistics (DP with the Gram statement): the
+    hospital then hands the statistics BEFORE the noise to the backend, which draws and proves the share."""
+    return params.backend == "split" and params.dp is not None and gram_enabled(params)
+
+
+def gram_rounding(params: SessionParams, f: int) -> float:
+    """Twice the bound E on how far the rounded first block column can push the Schur complement below gamma I
+    (docs/VALIDITY.md), E = 2^-f (4 B^2 + 2 sqrt(2 d) B) sqrt(C n_max) + C d 2^-2f."""
     b, lay = params.bounds, params.layout
     B, d, C = float(b.max_norm), lay.dim, lay.n_classes
-    e = 2.0 ** -f * (4 * B * B + 2 * math.sqrt(2 * d) * B) * math.sqrt(C * b.n_max) + C * d * 2.0 ** (-2 * f)
-    return max(0.0, 2 * e - params.gamma)
+    return 2 * (2.0 ** -f * (4 * B * B + 2 * math.sqrt(2 * d) * B) * math.sqrt(C * b.n_max) + C * d * 2.0 ** (-2 * f))
+
+
+def gram_jitter(params: SessionParams, f: int) -> float:
+    """The diagonal the honest factorisation adds (0 when gamma covers it)."""
+    return max(0.0, gram_rounding(params, f) - params.gamma)
 
 
 def gramsizes(params: SessionParams, f1: int) -> dict:
@@ -68,9 +77,15 @@ def gramsizes(params: SessionParams, f1: int) -> dict:
     # factor is rounded towards zero, so its integer entries are no larger than the real ones
     l2 = math.sqrt(b.n_max * float(b.max_norm) ** 2 + d * (params.gamma + jitter) + b.n_max) * (1 + 2.0 ** -30)
     m_f = pow2_at_least(TAIL * (2.0 ** f * l2 + 1.0)) + 1
-    return {"f": f, "t": max(f1, 0) - 2 * f, "m": d + C, "n_f": C + d * C + d * (d + 1) // 2, "m_f": m_f,
-            "m_d": bitlen(2 * (math.isqrt(b.n_max) + 1) << f), "jitter": jitter,
-            "jitter_units": math.ceil(jitter * 2.0 ** max(f1, 0))}
+    out = {"f": f, "t": max(f1, 0) - 2 * f, "m": d + C, "n_f": C + d * C + d * (d + 1) // 2, "m_f": m_f,
+           "m_d": bitlen(2 * (math.isqrt(b.n_max) + 1) << f), "jitter": jitter,
+           "jitter_units": math.ceil(jitter * 2.0 ** max(f1, 0)), "n_z": 0, "m_z": 0}
+    if params.dp is not None:
+        # the noise share travels beside the lanes, each entry proven in [-2^(m_z - 1), 2^(m_z - 1)), a range
+        # that holds every honest entry (|z| <= tau): the Gram identity is of the lanes less the noise
+        out["n_z"] = noised_count(params)
+        out["m_z"] = bitlen(noise_bound(params, f1)) + 1
+    return out
 
 
 def bitlen(x: int) -> int:
@@ -105,6 +120,13 @@ def noise_bound(params: SessionParams, f1: int | None = None) -> int:
     return share_bound(params, f1)
 
 
+def dp_share_std(params: SessionParams) -> float:
+    """One hospital's noise share's standard deviation per entry (real units)."""
+    from ..dp.mechanism import share_std
+
+    return float(share_std(params))
+
+
 def noised_count(params: SessionParams) -> int:
     from ..dp.mechanism import noised_entries
 
@@ -123,9 +145,6 @@ def statement_sizes(params: SessionParams, f1: int, f2: int) -> dict:
     c_B = math.ceil(2.0 ** f1 * B2 * (1 + 2.0 ** -30))
     c_0 = math.ceil(2.0 ** f1 * lay.dim * params.gamma * (1 + 2.0 ** -30)) + lay.dim
     if gram_enabled(params):
-        if params.dp is not None:
-            raise InvalidParameterError("the Gram statement (gram_proof) is not available with [dp]: the noise share "
-                                        "is in the proven statistics; run the session without one of them")
         gram = gramsizes(params, f1)
         c_0 += lay.dim * gram["jitter_units"]  # the factorisation's diagonal jitter (0 when gamma covers it)
     else:
@@ -150,7 +169,7 @@ def statement_sizes(params: SessionParams, f1: int, f2: int) -> dict:
     return {"m_hi": m_hi, "m_n": bitlen(n_top),
             "m_s": bitlen(slack_max), "m_e": bitlen(2 * (C + 1) * tau), "c_B": c_B, "c_0": c_0,
             "slack_max": slack_max, "tau": tau, "n_top": n_top, "trace_c": trace_c, "e_top": 2 * (C + 1) * tau,
-            "g": g, "gram": None}
+            "g": g, "gram": gram}
 
 
 def fits(params: SessionParams, f1: int, f2: int) -> str | None:
@@ -164,6 +183,21 @@ def fits(params: SessionParams, f1: int, f2: int) -> str | None:
         return "k_max * 2T_hi"
     if k * (1 << max(f2 - 1, 0)) >= wrap:  # honest low lanes, |lo| <= 2^(f2 - 1); a dishonest one cannot wrap hi
         return "k_max honest low lanes"
+    g = s["gram"]
+    # the quadratic identity A = 2^t (L L^T + D), entrywise: |A_ij| <= 2T (less a noise entry, |z| <= 2^(m_z - 1),
+    # under DP), |(L L^T)_ij| <= m (2T_f)^2, D < 2^m_d; below p/2 the identity mod p is the identity over the
+    # integers
+    if g is not None and (1 << s["m_hi"]) + (1 << g["m_z"]) + \
+            ((g["m"] << (2 * g["m_f"])) + (1 << g["m_d"]) << g["t"]) >= wrap:
+        return "the Gram identity"
+    if g is not None and params.dp is None and g["f"] < GRAM_MIN_F:
+        return "the Gram factor's scale"
+    if g is not None and params.dp is not None and \
+            gram_rounding(params, g["f"]) > 2 * math.sqrt(params.layout.dim) * dp_share_std(params):
+        # under DP the factor's scale is half the noise grid's, below GRAM_MIN_F: allowed while the rounding it
+        # costs stays below the spectral spread one noise share has, 2 sqrt(d) sigma (docs/VALIDITY.md, "The Gram
+        # statement with differential privacy")
+        return "the Gram factor's scale (its rounding exceeds one noise share's spectral spread 2 sqrt(d) sigma)"
     if params.dp is not None:
         # every term of each DP relation is an integer of magnitude below these (a diagonal entry's through
         # the projection bound 2T): their sums stay below 2^62
@@ -177,13 +211,6 @@ def fits(params: SessionParams, f1: int, f2: int) -> str | None:
     # the diagonal entries enter the trace relation as they are, each within the projection bound 2T
     if d * (1 << s["m_hi"]) + s["slack_max"] + (1 << s["m_s"]) >= wrap:
         return "the trace relation"
-    g = s["gram"]
-    # the quadratic identity A = 2^t (L L^T + D), entrywise: |A_ij| <= 2T, |(L L^T)_ij| <= m (2T_f)^2, D < 2^m_d;
-    # below p/2 the identity mod p is the identity over the integers
-    if g is not None and (1 << s["m_hi"]) + ((g["m"] << (2 * g["m_f"])) + (1 << g["m_d"]) << g["t"]) >= wrap:
-        return "the Gram identity"
-    if g is not None and g["f"] < GRAM_MIN_F:
-        return "the Gram factor's scale"
     # n and the counts: 2^f1 times a value of m_n bits, and C of them summed, stay integers below p/2
     if (1 << (f1 + s["m_n"])) >= wrap or params.layout.n_classes * (1 << s["m_n"]) >= wrap:
         return "the count relations"
@@ -261,7 +288,12 @@ def psd_tolerance(params: SessionParams, gram: np.ndarray) -> float:
     f1, f2 = (int(v) for v in params.backend_params["frac_bits"])
     d = params.layout.dim
     fro = float(np.linalg.norm(gram))
-    return d * 2.0 ** (63 - f1 - f2) + (2 * d + 1) * 2.0 ** -53 * fro
+    noise = 0.0
+    if params.dp is not None:
+        # under DP each upload's proven part is its statistics less its noise share, whose entries are proven
+        # below 2^(m_z - 1) grid steps: by Gershgorin each share moves the smallest eigenvalue by at most d times that
+        noise = params.bounds.k_max * d * 2.0 ** (gramsizes(params, f1)["m_z"] - 1 - f1)
+    return d * 2.0 ** (63 - f1 - f2) + (2 * d + 1) * 2.0 ** -53 * fro + noise
 
 
 def proven_aggregate_bound(params: SessionParams) -> float:

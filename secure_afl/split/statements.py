@@ -44,7 +44,7 @@ _FROW_DOMAIN = domains.SPLIT_GRAM_ROW_XOF
 _RHO_DOMAIN = domains.SPLIT_RHO_XOF
 
 #: the verdict a failed relation group gives (every affine group not named here: ``linear``)
-VERDICTS = {"bits": "bits", "gram_range": "gram_range", "gram_identity": "gram"}
+VERDICTS = {"bits": "bits", "gram_range": "gram_range", "gram_identity": "gram", "noise_range": "noise"}
 #: the verdict of any affine relation of a statement's own
 AFFINE = "linear"
 
@@ -251,7 +251,12 @@ class GramStatement:
     high lane (classes first, so the factor's first block is diagonal) equals ``2^t (L L^T + diag(delta, 0))``
     with L lower triangular (its words follow the lanes in the body), ``delta >= 0`` (bits), every factor entry
     within ``2 T_f`` (projection rows of its own); the identity is checked on ``GRAM_RHOS`` Fiat-Shamir vectors
-    rho through ``GRAM_QUERIES`` square-sum proofs of ``|L^T rho|^2``."""
+    rho through ``GRAM_QUERIES`` square-sum proofs of ``|L^T rho|^2``.
+
+    With DP the lanes hold the statistics plus the hospital's noise share z; z travels as words of its own after
+    the factor, each proven in ``[-T_z, T_z)`` (bits, ``noise_range``), and A is read from the lanes less z: the
+    identity is of the statistics before the noise (docs/VALIDITY.md, "The Gram statement with differential
+    privacy")."""
 
     def __init__(self, params: SessionParams, sizes: dict, L: int):
         self.params, self.g, self.L = params, sizes, L
@@ -259,17 +264,35 @@ class GramStatement:
         self.d, self.C = lay.dim, lay.n_classes
         self.n_f = sizes["n_f"]
         self.T_f = 1 << (sizes["m_f"] - 1)
+        #: DP: the noise share's words (the noised entries, in layout order) and their proven range
+        self.n_z = sizes["n_z"]
+        self.noise = self.n_z > 0
+        self.T_z = 1 << (sizes["m_z"] - 1) if self.noise else 0
+        self.i_noise = np.arange(lay.slices["gram"].start, lay.slices["gram"].start + self.n_z)
+        self.i_counts = np.arange(lay.slices["counts"].start, lay.slices["counts"].stop)
+        #: the words the statement adds after the lanes: the factor, then the noise share
+        self.n_words = self.n_f + self.n_z
         self.sq = SquareSumProof(sizes["m"], GRAM_RHOS)
         self.proof_len = GRAM_QUERIES * self.sq.proof_len
-        self.verifier_len = 2 * LINEAR_REPS + GRAM_QUERIES * self.sq.verifier_len
+        self.verifier_len = 2 * LINEAR_REPS + GRAM_QUERIES * self.sq.verifier_len + \
+            (LINEAR_REPS if sizes["n_z"] else 0)
         self.n_gram_relations = GRAM_QUERIES * GRAM_RHOS
         self._tril = np.tril_indices(self.d)
 
     def blocks(self) -> list[tuple[str, int, int]]:
-        return [("gram_slack", self.C, self.g["m_d"]), ("proj_f", ROWS, self.g["m_f"])]
+        return [("gram_slack", self.C, self.g["m_d"]), ("proj_f", ROWS, self.g["m_f"])] + \
+            ([("noise", self.n_z, self.g["m_z"])] if self.noise else [])
 
     def relation_names(self) -> list[str]:
-        return ["gram_range", "gram_identity"]
+        return ["gram_range", "gram_identity"] + (["noise_range"] if self.noise else [])
+
+    def statistics(self, hi, words) -> np.ndarray:
+        """The high lane less the noise share (its words after the factor; the lane itself without DP)."""
+        if not self.noise:
+            return hi
+        out = np.array(hi, dtype=np.uint64, copy=True)
+        out[self.i_noise] = flp.sub(out[self.i_noise], np.asarray(words, dtype=np.uint64)[self.n_f:])
+        return out
 
     # -- the factor ---------------------------------------------------------------------------------------
     def rhos(self, fs: bytes, aux_sha256: str) -> np.ndarray:
@@ -281,7 +304,7 @@ class GramStatement:
         d, C = self.d, self.C
         l21 = fw[C:C + d * C].reshape(d, C)
         l22 = np.zeros((d, d), dtype=np.uint64)
-        l22[self._tril] = fw[C + d * C:]
+        l22[self._tril] = fw[C + d * C:self.n_f]
         return fw[:C], l21, l22
 
     def factor_vectors(self, fw, rhos) -> np.ndarray:
@@ -309,15 +332,19 @@ class GramStatement:
 
     def project_factor(self, fw, fs: bytes) -> np.ndarray:
         """``<r_j, factor>`` mod p for ROWS rows of their own."""
-        return project(fw, hashlib.sha256(fs + b"factor-rows\0").digest(), _FROW_DOMAIN)
+        return project(np.asarray(fw, dtype=np.uint64)[:self.n_f], hashlib.sha256(fs + b"factor-rows\0").digest(),
+                       _FROW_DOMAIN)
 
-    def factorise(self, lanes_of, vector) -> tuple[np.ndarray, np.ndarray]:
+    def factorise(self, lanes_of, vector, noise=None) -> tuple[np.ndarray, np.ndarray]:
         """Hospital: ``(lanes, factor words)`` with the Gram, cross and count entries of the lanes exactly
         ``2^t L L^T`` (low lanes 0) for the rounded factor L at scale 2^f: l_c = floor(sqrt(count_c) 2^f),
         the rest of L the Cholesky factor of the statistics (plus the session's jitter where gamma does not
         cover the rounding), rounded towards zero so no diagonal grows. :class:`BoundsExceeded` if the
         statistics are not positive semi-definite (not the Gram of any rows). ``lanes_of``: the session's
-        fixed-point lanes of a packed vector."""
+        fixed-point lanes of a packed vector. With DP, ``vector`` is the statistics BEFORE the noise and ``noise``
+        the hospital's share (:func:`secure_afl.dp.noise_share`, grid units): the lanes get it added on the
+        snapped statistics (what :func:`secure_afl.dp.add_noise_share` gives) and the words carry it after the
+        factor."""
         g = self.g
         f, t = g["f"], g["t"]
         v = np.asarray(vector, dtype=np.float64)
@@ -354,13 +381,36 @@ class GramStatement:
         x[idx] = flp.encode_signed(vals)
         x[self.L + idx] = 0
         fw = flp.encode_signed(np.concatenate([l11, l21.ravel(), l22[self._tril]]))
-        return x, fw
+        if not self.noise:
+            return x, fw
+        if noise is None:
+            raise InvalidInputError("a DP session's Gram statement takes the noise share beside the statistics")
+        z = np.asarray(noise, dtype=np.float64)
+        if z.shape != (lay.length,):
+            raise InvalidInputError("the noise share is not one entry per packed slot")
+        z = z[self.i_noise]
+        if not np.all(np.isfinite(z)) or np.any(z != np.round(z)) or np.any(np.abs(z) >= self.T_z):
+            raise BoundsExceeded("the noise share is not integers within the session's noise bound")
+        zi = z.astype(np.int64)
+        hi = flp.decode_signed(x[:self.L])
+        hi[self.i_noise] += zi
+        x[:self.L] = flp.encode_signed(hi)
+        return x, np.concatenate([fw, flp.encode_signed(zi)])
 
     # -- prover -------------------------------------------------------------------------------------------
     def witness(self, hi_counts, factor, fs: bytes, *, check: bool) -> dict:
-        """The count slack delta_c = hi(count_c) / 2^t - l_c^2 and the factor's projection values."""
+        """The count slack delta_c = hi(count_c) / 2^t - l_c^2 (the count less its noise under DP), the factor's
+        projection values and the noise words shifted by T_z."""
         g = self.g
-        fw = np.zeros(self.n_f, dtype=np.uint64) if factor is None else np.asarray(factor, dtype=np.uint64)
+        fw = np.zeros(self.n_words, dtype=np.uint64) if factor is None else np.asarray(factor, dtype=np.uint64)
+        out = {}
+        if self.noise:
+            z = flp.decode_signed(fw[self.n_f:]).tolist()
+            zc = z[self.i_counts[0] - self.i_noise[0]:self.i_counts[-1] + 1 - self.i_noise[0]]
+            hi_counts = [h - v for h, v in zip(hi_counts, zc)]
+            out["noise"] = [v + self.T_z for v in z]
+            if check and not all(0 <= v < 2 * self.T_z for v in out["noise"]):
+                raise BoundsExceeded("the noise share exceeds the session's noise bound")
         l11 = flp.decode_signed(fw[:self.C]).tolist()
         delta = [(h >> g["t"]) - int(v) * int(v) for h, v in zip(hi_counts, l11)]
         proj = [int(v) + self.T_f for v in flp.decode_signed(self.project_factor(fw, fs))]
@@ -369,7 +419,7 @@ class GramStatement:
                 raise BoundsExceeded("the Gram factor does not match the class counts")
             if not all(0 <= v < 2 * self.T_f for v in proj):
                 raise Unlucky()
-        return {"gram_slack": delta, "proj_f": proj}
+        return {"gram_slack": delta, "proj_f": proj, **out}
 
     def prove(self, fw, fs: bytes, aux_sha256: str, proof_rand: list[bytes]) -> list[np.ndarray]:
         """The ``GRAM_QUERIES`` square-sum proofs of ``L^T rho``, each blinded by its 32 random bytes."""
@@ -379,14 +429,17 @@ class GramStatement:
     # -- verifiers ----------------------------------------------------------------------------------------
     def _rand(self, fs: bytes, aux_sha256: str, query_seed: bytes):
         key = hashlib.sha256(bytes(query_seed) + fs + bytes.fromhex(aux_sha256) + b"gram").digest()
-        stream = flp.expand_field(key, 4 * GRAM_QUERIES + LINEAR_REPS * (ROWS + self.n_gram_relations),
+        n_co = LINEAR_REPS * (ROWS + self.n_gram_relations)
+        # the noise relations' coefficients come last: a session without DP draws the same stream as before
+        stream = flp.expand_field(key, 4 * GRAM_QUERIES + n_co + LINEAR_REPS * self.n_z,
                                   domains.SPLIT_GRAM_QUERY_XOF)
         pts = [int(v) for v in stream[:4 * GRAM_QUERIES] if pow(int(v), self.sq.n, flp.P) != 1][:GRAM_QUERIES]
         if len(pts) < GRAM_QUERIES:  # pragma: no cover - probability about (N/p)^4
             raise InvalidInputError("query points fell on the interpolation domain; draw another query seed")
         co = stream[4 * GRAM_QUERIES:]
         return pts, co[:LINEAR_REPS * ROWS].reshape(LINEAR_REPS, ROWS), \
-            co[LINEAR_REPS * ROWS:].reshape(LINEAR_REPS, self.n_gram_relations)
+            co[LINEAR_REPS * ROWS:n_co].reshape(LINEAR_REPS, self.n_gram_relations), \
+            co[n_co:].reshape(LINEAR_REPS, self.n_z)
 
     def values(self, hi, fw, decompose, sq_proofs, fs: bytes, aux_sha256: str, *, leader: bool, squares=None):
         """This verifier's shares of the factor's range relations (ROWS) and of the quadratic identities (one
@@ -394,6 +447,9 @@ class GramStatement:
         (the unshared circuit)."""
         one = 1 if leader else 0
         rng = flp.sub(flp.add(self.project_factor(fw, fs), np.uint64(self.T_f * one)), decompose("proj_f"))
+        noise = flp.sub(flp.add(np.asarray(fw, dtype=np.uint64)[self.n_f:], np.uint64(self.T_z * one)),
+                        decompose("noise")) if self.noise else np.zeros(0, dtype=np.uint64)
+        hi = self.statistics(hi, fw)
         delta = decompose("gram_slack")
         rhos = self.rhos(fs, aux_sha256)
         lhs = [flp.dot(self.kappa(rho), hi) for rho in rhos]
@@ -403,17 +459,20 @@ class GramStatement:
         for q in range(GRAM_QUERIES):
             outs = self.sq.outputs(sq_proofs[q]) if squares is None else squares
             quad += [(lhs[r] - two_t * (int(outs[r]) + slack[r])) % flp.P for r in range(GRAM_RHOS)]
-        return rng, np.array(quad, dtype=np.uint64), rhos
+        return rng, np.array(quad, dtype=np.uint64), rhos, noise
 
     def query(self, hi, fw, decompose, sq_proofs, fs: bytes, aux_sha256: str, query_seed: bytes, *,
               leader: bool) -> np.ndarray:
-        """``[range combinations] ++ [identity combinations] ++ GRAM_QUERIES square-sum queries``."""
-        pts, c_range, c_gram = self._rand(fs, aux_sha256, query_seed)
-        rng, quad, rhos = self.values(hi, fw, decompose, sq_proofs, fs, aux_sha256, leader=leader)
+        """``[range combinations] ++ [identity combinations] ++ GRAM_QUERIES square-sum queries`` (``++ [noise
+        range combinations]`` under DP)."""
+        pts, c_range, c_gram, c_noise = self._rand(fs, aux_sha256, query_seed)
+        rng, quad, rhos, noise = self.values(hi, fw, decompose, sq_proofs, fs, aux_sha256, leader=leader)
         v = self.factor_vectors(fw, rhos)
         msg = [np.array([flp.dot(row, rng) for row in c_range], dtype=np.uint64),
                np.array([flp.dot(row, quad) for row in c_gram], dtype=np.uint64)]
         msg += [self.sq.query(v, sq_proofs[q], t) for q, t in enumerate(pts)]
+        if self.noise:
+            msg.append(np.array([flp.dot(row, noise) for row in c_noise], dtype=np.uint64))
         return np.concatenate(msg)
 
     def decide(self, v: np.ndarray) -> str | None:
@@ -425,4 +484,6 @@ class GramStatement:
         for q in range(GRAM_QUERIES):
             if not self.sq.decide(v[o + q * k:o + (q + 1) * k]):
                 return "gram"
+        if self.noise and any(int(z) for z in v[o + GRAM_QUERIES * k:]):
+            return "noise"
         return None
