@@ -18,7 +18,7 @@ import pytest
 
 from secure_afl import split
 from secure_afl.backends.session_params import dp_session_params
-from secure_afl.dp import DPSpec, add_noise_share
+from secure_afl.dp import DPSpec, add_noise_share, noise_share
 from secure_afl.hazmat import flp
 from secure_afl.packing import Layout
 from secure_afl.params import Bounds
@@ -45,12 +45,21 @@ def circuits():
     gram = split.Circuit(split.split_session_params("circuits-gram", LAYOUT, GAMMA, BOUNDS, gram_proof=True))
     dp_params = dp_session_params(SPEC, "split", "circuits-dp", LAYOUT, GAMMA, BOUNDS)
     dp = split.Circuit(dp_params)
-    return {"plain": plain, "gram": gram, "dp": dp}
+    dpgram = split.Circuit(dp_session_params(SPEC, "split", "circuits-dp-gram", LAYOUT, GAMMA, BOUNDS,
+                                             gram_proof=True))
+    return {"plain": plain, "gram": gram, "dp": dp, "dpgram": dpgram}
+
+
+def _beside(c: split.Circuit) -> bool:
+    """DP with the Gram statement: the circuit takes the statistics before the noise, and the share."""
+    return c.gram_statement is not None and c.gram_statement.noise
 
 
 def _honest(c: split.Circuit) -> tuple[np.ndarray, np.ndarray]:
     """Honest lanes and factor words: 45 rows in three classes (the DP one with its noise share)."""
     v = _vector(45)
+    if _beside(c):
+        return c.witness(v, noise=noise_share(c.params, np.random.default_rng(1)))
     if c.dp:
         v = add_noise_share(c.params, v, rng=np.random.default_rng(1))
     return c.witness(v)
@@ -236,7 +245,19 @@ GRAM = [
     Row("gram_identity", factor=_bump_factor),
 ]
 
-TABLE = {"plain": PLAIN, "dp": DP, "gram": GRAM}
+def _noise_out_of_range(c, lanes, fw):
+    # n's noise word moved by 2 T_z: n is not in A, so the identity and the lanes are untouched
+    gs = c.gram_statement
+    fw = fw.copy()
+    i = gs.n_f + c.i_n - int(gs.i_noise[0])
+    fw[i] = flp.add(fw[i:i + 1], np.uint64(2 * gs.T_z))[0]
+    return fw
+
+
+# DP with the Gram statement: the Gram part's rows on the statistics before the noise, and the share's range
+DPGRAM = GRAM + [Row("noise_range", factor=_noise_out_of_range)]
+
+TABLE = {"plain": PLAIN, "dp": DP, "gram": GRAM, "dpgram": DPGRAM}
 
 
 def _rand(c, tag: str) -> bytes:
@@ -273,7 +294,7 @@ def _build(c: split.Circuit, row: Row | None):
 def _gram_range_statistics(c):
     """Honest statistics whose field Cholesky has every pivot a square mod p (found by a fixed search)."""
     for seed in range(400):
-        x, fw = c.witness(_vector(30 + seed % 30, seed=seed))
+        x, fw = c.witness(_vector(30 + seed % 30, seed=seed), noise=np.zeros(c.L) if _beside(c) else None)
         ff = field_factor(c, x)
         if ff is not None and any(abs(int(v)) > 2 * c.T_f for v in flp.decode_signed(ff)):
             return x, fw
@@ -307,12 +328,15 @@ def test_a_row_breaks_just_its_relation_unshared_and_on_shares(circuits, name, r
 
 def test_every_relation_of_every_statement_has_a_row(circuits):
     statements = {"plain": circuits["plain"].statement, "dp": circuits["dp"].statement,
-                  "gram": circuits["gram"].gram_statement}
+                  "gram": circuits["gram"].gram_statement, "dpgram": circuits["dpgram"].gram_statement}
     for name, st in statements.items():
         assert sorted(r.relation for r in TABLE[name]) == sorted(st.relation_names()), name
     # the Gram session checks the plain statement's relations and its own, nothing else
     assert sorted(circuits["gram"].relation_names()) == sorted(statements["plain"].relation_names() +
                                                                statements["gram"].relation_names())
+    # and under DP, the DP statement's and the Gram part's with the noise range
+    assert sorted(circuits["dpgram"].relation_names()) == sorted(statements["dp"].relation_names() +
+                                                                 statements["dpgram"].relation_names())
 
 
 def test_the_statements_are_the_ones_the_session_asks_for(circuits):
@@ -320,3 +344,4 @@ def test_the_statements_are_the_ones_the_session_asks_for(circuits):
     assert isinstance(circuits["dp"].statement, split.DPStatement)
     assert isinstance(circuits["gram"].statement, split.PlainStatement)
     assert circuits["gram"].gram_statement is not None
+    assert isinstance(circuits["dpgram"].statement, split.DPStatement) and _beside(circuits["dpgram"])

@@ -15,7 +15,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from secure_afl import split
 from secure_afl.backends import get_backend
-from secure_afl.exceptions import BoundsExceeded, InvalidParameterError, SanityCheckFailed
+from secure_afl.exceptions import BoundsExceeded, SanityCheckFailed
 from secure_afl.hazmat import flp
 from secure_afl.hazmat.flp_square import SquareSumProof
 from secure_afl.packing import Layout
@@ -211,13 +211,15 @@ def test_gram_statement_soundness_and_sizes():
     assert split.describe(_session(64, 10, 100, gram=False)[1].circuit)["gram"] is None
 
 
-def test_gram_proof_with_dp_is_refused_when_the_session_is_built():
+def test_gram_proof_with_dp_builds_with_the_factor_on_half_the_noise_grid():
     from secure_afl.dp import DPSpec
     from secure_afl.backends.session_params import dp_session_params
 
-    with pytest.raises(InvalidParameterError, match="gram_proof"):
-        dp_session_params(DPSpec(epsilon=1.0, delta=1e-5, min_contributors=3), "split", "dp-gram", Layout(6, 3), 1.0, Bounds(4.0, 100, 8),
-                          gram_proof=True)
+    params = dp_session_params(DPSpec(epsilon=1.0, delta=1e-5, min_contributors=3), "split", "dp-gram",
+                               Layout(6, 3), 1.0, Bounds(4.0, 100, 8), gram_proof=True)
+    c = split.Circuit(params)
+    # below GRAM_MIN_F, allowed under DP (docs/VALIDITY.md): the scale is the noise grid's half
+    assert c.gram["f"] == c.f1 // 2 < split.sizes.GRAM_MIN_F and c.gram_statement.noise
 
 
 # -- the release ---------------------------------------------------------------------------------------------
@@ -284,7 +286,7 @@ def _sections(backend="split", **extra):
     return base
 
 
-def test_the_session_signs_gram_proof_into_the_parameters_and_refuses_it_with_dp_or_another_backend():
+def test_the_session_signs_gram_proof_into_the_parameters_with_or_without_dp_and_refuses_another_backend():
     from secure_afl.session.definition import normalise, share_line
     from secure_afl.session.schema import parse
     from secure_afl.exceptions import SecureAFLError
@@ -295,8 +297,8 @@ def test_the_session_signs_gram_proof_into_the_parameters_and_refuses_it_with_dp
     off = normalise(parse(_sections()))
     assert not split.gram_enabled(off.session_params()) and off.body["split"] is None
     assert params.digest() != off.session_params().digest()  # the setting is signed: the parameters differ
-    with pytest.raises(SecureAFLError, match=r"gram_proof.*\[dp\]"):
-        normalise(parse(_sections(split={"gram_proof": True}, dp={"epsilon": 1.0})))
+    with_dp = normalise(parse(_sections(split={"gram_proof": True}, dp={"epsilon": 1.0}))).session_params()
+    assert split.gram_enabled(with_dp) and with_dp.dp is not None
     with pytest.raises(SecureAFLError, match=r"\[split\] is for backend"):
         normalise(parse(_sections("ckks", split={"gram_proof": True})))
     line = share_line(on)
@@ -322,7 +324,7 @@ def test_square_sum_proof_matches_the_reference_and_the_vector():
 
 
 @pytest.mark.e2e
-def test_session_sign_prints_the_largest_share_and_refuses_gram_proof_with_dp(tmp_path):
+def test_session_sign_prints_the_largest_share_and_signs_gram_proof_with_dp(tmp_path):
     import os
     import subprocess
     import sys
@@ -340,9 +342,9 @@ def test_session_sign_prints_the_largest_share_and_refuses_gram_proof_with_dp(tm
     out = sign(c)
     assert out.returncode == 0, out.stdout + out.stderr
     assert "one hospital may hold up to n_max = 200 samples" in out.stdout and "max_share = 0.5" in out.stdout
-    # the same with [dp]: refused at sign, the reason named, nothing signed
+    # the same with [dp]: signed too (the noise share is proven beside the statistics)
     d = Consortium(tmp_path / "b", backend="split", n_max=200, sign=False)
     d.config.write_text(d.config.read_text() + "\n[split]\ngram_proof = true\n\n[dp]\nepsilon = 1.0\n")
     out = sign(d)
-    assert out.returncode != 0 and "gram_proof" in out.stderr and "[dp]" in out.stderr, out.stdout + out.stderr
-    assert not list((d.pki_dir / "sessions").glob("*.json"))
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert list((d.pki_dir / "sessions").glob("*.json"))

@@ -162,7 +162,7 @@ class Consortium:
 
     def __init__(self, root: Path, *, backend: str, hospitals=("h1", "h2", "h3"), dim=6, classes=3,
                  min_clients=2, max_norm=4.0, n_max=1000, k_max=8, extra_session=None, secagg=None,
-                 extra_server=None, extractor=None, dp=None, sign=True):
+                 extra_server=None, extractor=None, dp=None, split=None, sign=True):
         from secure_afl.keyholder import KeyHolder
 
         self.root = Path(root)
@@ -184,7 +184,7 @@ class Consortium:
         }
         if min_clients is not None:  # None: the session.toml default
             cfg["session"]["min_clients"] = min_clients
-        for key, section in (("secagg", secagg), ("dp", dp), ("extractor", extractor)):
+        for key, section in (("secagg", secagg), ("dp", dp), ("extractor", extractor), ("split", split)):
             if section:
                 cfg[key] = section
         self.config = self.root / "session.toml"

@@ -251,13 +251,13 @@ class Circuit:
         return body, s, UploadCommitment(main_sha, aux_sha, seed_sha)
 
     def prove(self, hospital: str, vector=None, *, lanes=None, seed: bytes | None = None, check: bool = True,
-              aux_override=None, factor=None, randbytes=os.urandom) -> tuple[np.ndarray, bytes, UploadCommitment]:
+              aux_override=None, factor=None, noise=None, randbytes=os.urandom) -> tuple[np.ndarray, bytes, UploadCommitment]:
         """The hospital software's loop around :meth:`prove_once`: fresh randomness from ``randbytes`` per try
         (and the projection retried, docs/VALIDITY.md) unless ``seed`` fixes the mask seed.
 
         ``check=False`` and ``lanes``/``aux_override`` build an upload whose statement is false (the attack
         commands and the tests of the verifiers use them); an honest hospital never sets them."""
-        x, fw = self.witness(vector, lanes=lanes, factor=factor)
+        x, fw = self.witness(vector, lanes=lanes, factor=factor, noise=noise)
         for _ in range(RETRIES):
             rand = randbytes(self.rand_size) if seed is None else bytes(seed) + randbytes(self.rand_size - _SEED)
             try:

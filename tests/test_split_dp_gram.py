@@ -1,0 +1,270 @@
+"""split's Gram statement with differential privacy: each upload proves its statistics BEFORE its noise share a
+Gram matrix, and the share (carried beside the lanes) within its per-entry bound.
+
+The circuit tests run the server's signed verifier message and the key holder's verdict on its own share (the
+release path's protocol functions); the e2e test drives a real server process with the ordinary hospital client.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import numpy as np
+import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from secure_afl import split
+from secure_afl.backends import get_backend
+from secure_afl.backends.session_params import dp_session_params
+from secure_afl.dp import DPSpec, add_noise_share, noise_share
+from secure_afl.dp.mechanism import noised_entries
+from secure_afl.hazmat import fixedpoint, flp
+from secure_afl.packing import Layout
+from secure_afl.params import Bounds
+from secure_afl.stats import SufficientStatistics, local_statistics
+from secure_afl.tools.attacks_validity import gram_cheat, indefinite_statistics, raw_statistics
+
+SPEC = DPSpec(1.0, 1e-5, 3)
+GAMMA = 1.0
+LAY = Layout(6, 3)
+BND = Bounds(2.0, 200, 8)
+
+
+def _session(dim=6, classes=3, bounds=BND, gram=True):
+    params = dp_session_params(SPEC, "split", f"dp-gram-{dim}-{gram}", Layout(dim, classes), GAMMA, bounds,
+                               gram_proof=gram)
+    keys = split.generate_keys(params)
+    params = split.bind_public_context(params, keys.public_context)
+    return params, get_backend(params), Ed25519PrivateKey.generate(), keys
+
+
+@pytest.fixture(scope="module")
+def sessions():
+    return {g: _session(gram=g) for g in (False, True)}
+
+
+def _verdict(sess, body, seed, com, hospital="h1"):
+    params, be, server_key, keys = sess
+    payload, st = be.seal_upload(body, seed, com, keys.public_context, hospital, Ed25519PrivateKey.generate())
+    split.check_upload(be.circuit, payload, st)
+    sha = hashlib.sha256(payload).hexdigest()
+    expected = split.query_seed(split.query_key(keys.secret_context), params, hospital, sha, st.get("validity"))
+    msg = split.leader_message(be.circuit, hospital, payload, st, server_key, expected)
+    qs, leader = split.verify_leader_message(msg, server_key.public_key(), be.circuit, hospital, sha, expected)
+    return split.helper_verdict(be.circuit, hospital, seed, st, qs, leader)
+
+
+def _vector(n, dim=6, classes=3, max_norm=2.0, seed=0):
+    """n rows at up to the norm bound; the first min(n, classes) open a class each (one-sample classes)."""
+    rng = np.random.default_rng(seed)
+    X = rng.standard_normal((n, dim))
+    X *= (max_norm * rng.uniform(0.2, 1.0, n) / np.linalg.norm(X, axis=1))[:, None]
+    y = np.concatenate([np.arange(min(n, classes)), rng.integers(0, classes, max(0, n - classes))])
+    return Layout(dim, classes).pack(local_statistics(X, y, classes, gamma=GAMMA))
+
+
+def _packed(raw):
+    return LAY.pack(SufficientStatistics(raw.gram + GAMMA * np.eye(LAY.dim), raw.cross, raw.n, raw.class_counts,
+                                         1.0, GAMMA))
+
+
+def _decode(c, x):
+    return fixedpoint.decode(flp.decode_signed(x).view(np.uint64), (c.f1, c.f2))
+
+
+def _snap_bound(c, n):
+    """How far the proven statistics may be from the true ones: the factor's entries truncated by < 2^-f move
+    A_ij by <= 2^-f (|L_i|_1 + |L_j|_1) + m 2^-2f with |L_i|_1 <= sqrt(m A_ii), A_ii <= n B^2 + gamma + jitter,
+    and the diagonal by the jitter on top."""
+    g = c.gram
+    a = n * c.params.bounds.max_norm ** 2 + GAMMA + g["jitter"]
+    return g["jitter"] + 2.0 ** -g["f"] * 2 * np.sqrt(g["m"] * a) + g["m"] * 2.0 ** (-2 * g["f"])
+
+
+# -- the session ---------------------------------------------------------------------------------------------
+def test_a_dp_session_with_gram_proof_signs_and_carries_the_noise_beside_the_lanes():
+    from secure_afl.session.definition import normalise
+    from secure_afl.session.schema import parse
+
+    sections = {"session": {"id": "dp-gram", "backend": "split", "dim": 6, "classes": 3, "hospitals":
+                            ["h1", "h2", "h3"], "min_clients": 3},
+                "bounds": {"max_norm": 2.0, "n_max": 200, "k_max": 8}, "split": {"gram_proof": True},
+                "dp": {"epsilon": 1.0}}
+    params = normalise(parse(sections)).session_params()
+    assert split.gram_enabled(params) and params.dp is not None and split.noise_beside(params)
+    c = split.Circuit(params)
+    d = split.describe(c)
+    assert d["gram"]["noise_words"] == noised_entries(LAY).stop - noised_entries(LAY).start
+    # every honest share entry (|z| <= tau) is inside the proven range, which is less than twice tau
+    tau = c.tau
+    assert tau < 2 ** d["gram"]["noise_bound_log2"] < 2 * tau + 2
+    assert d["soundness_bits_q64"] >= 64.0
+
+
+# -- an honest hospital ----------------------------------------------------------------------------------------
+@pytest.mark.parametrize("n", [1, 2, 3, 40, 200])
+def test_an_honest_dp_upload_proves_and_matches_the_plain_dp_lanes_within_the_rounding(sessions, n):
+    sess = sessions[True]
+    c = sess[1].circuit
+    v = _vector(n, seed=n)
+    z = noise_share(c.params, np.random.default_rng(n))
+    body, seed, com = c.prove("h1", v, noise=z)
+    assert _verdict(sess, body, seed, com) is None
+    # the plain DP path with the same share: the statistics plus z on the grid (add_noise_share draws the same z)
+    plain = add_noise_share(c.params, v, rng=np.random.default_rng(n))
+    got = _decode(c, c.witness(v, noise=z)[0])
+    assert np.max(np.abs(got - plain)) <= _snap_bound(c, n)
+    sl = LAY.slices
+    assert np.array_equal(got[sl["counts"]], plain[sl["counts"]]) and got[sl["n"]][0] == plain[sl["n"]][0]
+
+
+def test_the_backend_draws_the_share_itself_and_the_hospital_hands_it_the_statistics_before_noise(sessions):
+    from secure_afl.clients.hospital import protect_vector
+
+    params, be = sessions[True][:2]
+    stats = local_statistics(*(lambda X: (X / np.linalg.norm(X, axis=1, keepdims=True),
+                                          np.arange(12) % 3))(np.random.default_rng(2).standard_normal((12, 6))),
+                             3)
+    packed = protect_vector(params, stats)
+    assert np.array_equal(packed, LAY.pack(SufficientStatistics(stats.gram + GAMMA * np.eye(6), stats.cross,
+                                                                stats.n, stats.class_counts, 1.0, GAMMA)))
+    payload, st = be.protect(packed, public_context=sessions[True][3].public_context, hospital="h1",
+                             identity_key=Ed25519PrivateKey.generate())
+    share = be.upload_share(payload)
+    assert share.shape == (be.circuit.total,) and st["validity"]
+
+
+# -- a cheating hospital ----------------------------------------------------------------------------------------
+def _attack(name):
+    rng = np.random.default_rng(0)
+    honest = raw_statistics(rng, k=2)
+    return _packed(indefinite_statistics(name, honest, rng.choice([-5.0, 5.0], size=(6, 3))))
+
+
+def _past_projection(sess, tries=20, **kw):
+    """The verdict on the first upload whose l2 projection rows land in range (modified software redraws)."""
+    c = sess[1].circuit
+    for _ in range(tries):
+        verdict = _verdict(sess, *c.prove("h2", check=False, **kw), "h2")
+        if verdict != "linear":
+            return verdict
+    return verdict
+
+
+@pytest.mark.parametrize("name", ["diag-exact-rows", "half-plus-minus-H", "rank-one-cancel-0.99"])
+def test_an_indefinite_noisy_upload_is_refused_by_the_gram_statement(sessions, name):
+    sess = sessions[True]
+    c = sess[1].circuit
+    v = _attack(name)
+    lanes = c.lanes(add_noise_share(c.params, v, rng=np.random.default_rng(5)))
+    # without the Gram statement the same noisy upload proves
+    off = sessions[False]
+    assert _past_projection(off, lanes=off[1].circuit.lanes(add_noise_share(off[0], v,
+                                                                              rng=np.random.default_rng(5)))) is None
+    stand_in = _vector(40, seed=9)
+    for kw in (gram_cheat(c, lanes, stand_in=stand_in), {}):
+        assert _past_projection(sess, lanes=lanes, **kw) == "gram"
+    # the stand-in's factor beside its own honest noise words (the share it drew) fails the identity just as well
+    z = noise_share(c.params, np.random.default_rng(6))
+    fw = c.witness(stand_in, noise=z)[1]
+    assert _past_projection(sess, lanes=lanes, factor=fw) == "gram"
+
+
+def _hidden_in_noise(c, attack):
+    """Modified software: statistics before noise all zero but n and the counts (a Gram matrix: gamma I and the
+    counts), and the whole attack put in the 'noise' words, so that lanes less noise is that Gram matrix."""
+    st = LAY.unpack(attack)
+    zero = LAY.pack(SufficientStatistics(GAMMA * np.eye(6), np.zeros((6, 3)), st.n, st.class_counts, 1.0, GAMMA))
+    x0, fw0 = c.witness(zero, noise=np.zeros(c.L))
+    lanes = c.lanes(attack)
+    gs = c.gram_statement
+    hi = flp.decode_signed(lanes[:c.L]) - flp.decode_signed(x0[:c.L])
+    z = hi[gs.i_noise]
+    return lanes, np.concatenate([fw0[:gs.n_f], flp.encode_signed(z)]), z
+
+
+def test_a_cheater_hiding_its_statistics_in_the_noise_is_refused_by_the_noise_bound(sessions):
+    sess = sessions[True]
+    c = sess[1].circuit
+    lanes, fw, z = _hidden_in_noise(c, _attack("half-plus-minus-H"))
+    assert np.max(np.abs(z)) >= c.gram_statement.T_z  # the attack does not fit the share's proven range
+    assert _past_projection(sess, lanes=lanes, factor=fw) == "noise"
+
+
+def test_a_perturbation_within_the_noise_bound_is_what_a_cheater_keeps(sessions):
+    # the documented residue (docs/VALIDITY.md): an indefinite perturbation with every entry below T_z grid steps
+    # passes as noise; one grid step beyond on one entry is refused
+    sess = sessions[True]
+    c = sess[1].circuit
+    gs = c.gram_statement
+    T = gs.T_z
+    zero = LAY.pack(SufficientStatistics(GAMMA * np.eye(6), np.zeros((6, 3)), 100.0, np.array([40.0, 30.0, 30.0]),
+                                         1.0, GAMMA))
+    x0, fw0 = c.witness(zero, noise=np.zeros(c.L))
+    r, k = np.triu_indices(6)
+    diag = LAY.slices["gram"].start + np.nonzero(r == k)[0]
+    for step, verdict in ((0, None), (1, "noise")):
+        z = np.zeros(gs.n_z, dtype=np.int64)
+        z[diag - gs.i_noise[0]] = [T - 1 + step] * 3 + [-T] * 3  # diag(+H, +H, +H, -H, -H, -H): [-T_z, T_z)
+        hi = flp.decode_signed(x0[:c.L])
+        hi[gs.i_noise] += z
+        lanes = np.concatenate([flp.encode_signed(hi), x0[c.L:]])
+        fw = np.concatenate([fw0[:gs.n_f], flp.encode_signed(z)])
+        assert _past_projection(sess, lanes=lanes, factor=fw) == verdict
+
+
+def test_the_release_tolerates_the_proven_noise_and_refuses_beyond_it(sessions):
+    from secure_afl.exceptions import SanityCheckFailed
+
+    params = sessions[True][0]
+    d = LAY.dim
+    # three honest noisy uploads: never refused
+    noisy = [add_noise_share(params, _vector(50, seed=s), rng=np.random.default_rng(s)) for s in range(3)]
+    gram = np.zeros((d, d))
+    iu = np.triu_indices(d)
+    tot = np.sum(noisy, axis=0)
+    gram[iu] = tot[LAY.slices["gram"]]
+    gram.T[iu] = tot[LAY.slices["gram"]]
+    tol = split.psd_tolerance(params, gram)
+    assert float(np.linalg.eigvalsh(gram)[0]) >= -tol
+    # the tolerance is k_max shares at the proven per-entry bound (Gershgorin), nothing looser
+    T = sessions[True][1].circuit.gram_statement.T_z
+    assert tol < params.bounds.k_max * d * T * 2.0 ** -sessions[True][1].circuit.f1 * 1.01
+
+
+# -- through the service ----------------------------------------------------------------------------------------
+@pytest.mark.e2e
+def test_a_dp_gram_session_releases_through_the_service_within_the_proven_noise(consortium):
+    from secure_afl.dp.mechanism import share_std
+
+    names = ("h1", "h2", "h3")
+    c = consortium(backend="split", hospitals=names, min_clients=3, dp={"epsilon": 1.0, "delta": 1e-5,
+                                                                        "min_contributors": 3},
+                   split={"gram_proof": True}, n_max=200, max_norm=2.0).start()
+    conn = c.connect_keyholder()
+    params = dp_session_params(SPEC, "split", c.session_id, Layout(c.dim, c.classes), 1.0, Bounds(2.0, 200, 8),
+                               gram_proof=True)
+    c.keyholder.keygen(params)
+    c.keyholder.publish(conn)
+    data = {h: c.data(h, n=60) for h in names}
+    for h in names:
+        cl = c.hospital(h)
+        cl.submit(c.stats(*data[h]))
+        cl.close()
+    res = c.keyholder.finalize(conn, min_clients=3)
+    conn.close()
+    assert res.report["refused"] == {} and res.report["participants"] == list(names)
+    assert res.report["dp"]["contributors"] == 3
+    truth = None
+    for h in names:
+        s = c.stats(*data[h])
+        truth = s if truth is None else truth + s
+    circuit = split.Circuit(params)
+    # three shares, each entry within tau, plus each upload's factor rounding (and its diagonal jitter)
+    tau_real = circuit.tau * 2.0 ** -circuit.f1
+    bound = 3 * (tau_real + _snap_bound(circuit, 60))
+    assert abs(res.stats.n - truth.n) <= 3 * tau_real
+    assert np.max(np.abs(res.stats.gram - truth.gram - 3.0 * np.eye(c.dim))) <= bound
+    assert np.max(np.abs(res.stats.cross - truth.cross)) <= bound
+    # noise was added: the release is not the truth (12 share std away from it only with probability ~0)
+    assert np.max(np.abs(res.stats.gram - truth.gram - 3.0 * np.eye(c.dim))) > 0.01 * share_std(params)
