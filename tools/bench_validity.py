@@ -12,6 +12,9 @@ For one hospital with real statistics (n rows of norm <= B), in one run:
 * ``keyholder``: opening nothing (the seed is given), expanding its share,
   its own message and the decision.
 
+``--dp`` runs each row under ``[dp]`` (epsilon 1, delta 1e-5, three contributors): the hospital's noise share
+is drawn before the clock starts; with ``--gram`` too, the share is proven beside the statistics.
+
 ``--scaling`` repeats at smaller d to show how the cost grows with L. ``--round K`` also runs one whole
 round of K hospitals in memory (:func:`secure_afl.split.run_split`: every role, no transport) and prints the
 seconds of each role.
@@ -40,7 +43,7 @@ def _stats(dim: int, classes: int, n: int, seed: int):
     return Layout(dim, classes).pack(local_statistics(X, rng.integers(0, classes, n), classes, gamma=1.0))
 
 
-def run(dim: int, classes: int, *, n: int = 1000, seed: int = 0, gram: bool = False) -> dict:
+def run(dim: int, classes: int, *, n: int = 1000, seed: int = 0, gram: bool = False, dp: bool = False) -> dict:
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
     from secure_afl import split
@@ -50,12 +53,28 @@ def run(dim: int, classes: int, *, n: int = 1000, seed: int = 0, gram: bool = Fa
     from secure_afl.params import Bounds
 
     layout = Layout(dim, classes)
-    params = split.split_session_params(f"bench-validity-{dim}", layout, 1.0, Bounds(1.0, n, 10), gram_proof=gram)
+    if dp:
+        from secure_afl.backends.session_params import dp_session_params
+        from secure_afl.dp import DPSpec
+
+        params = dp_session_params(DPSpec(1.0, 1e-5, 3), "split", f"bench-validity-{dim}", layout, 1.0,
+                                   Bounds(1.0, n, 10), gram_proof=gram)
+    else:
+        params = split.split_session_params(f"bench-validity-{dim}", layout, 1.0, Bounds(1.0, n, 10),
+                                            gram_proof=gram)
     keys = split.generate_keys(params)
     params = split.bind_public_context(params, keys.public_context)
     be = get_backend(params)
     c = be.circuit
     v = _stats(dim, classes, n, seed)
+    noise = None
+    if dp:
+        from secure_afl.dp import add_noise_share, noise_share
+
+        if split.noise_beside(params):
+            noise = noise_share(params)
+        else:
+            v = add_noise_share(params, v)
     hkey, skey = Ed25519PrivateKey.generate(), Ed25519PrivateKey.generate()
 
     t = time.perf_counter()  # the same upload without a proof: lanes + mask
@@ -65,7 +84,7 @@ def run(dim: int, classes: int, *, n: int = 1000, seed: int = 0, gram: bool = Fa
     plain_s = time.perf_counter() - t
 
     t = time.perf_counter()
-    body, s, com = c.prove("h1", v)
+    body, s, com = c.prove("h1", v, noise=noise)
     prove_s = time.perf_counter() - t
     payload, st = be.seal_upload(body, s, com, keys.public_context, "h1", hkey)
 
@@ -83,7 +102,7 @@ def run(dim: int, classes: int, *, n: int = 1000, seed: int = 0, gram: bool = Fa
     keyholder_s = time.perf_counter() - t
 
     proof_bytes = 8 * (c.n_f + c.n_bits + c.proof_len)  # the Gram statement's factor words included
-    return {"gram_proof": gram, "upload_bytes": 8 * c.total, "dim": dim, "classes": classes, "L": c.L, "plain_upload_bytes": plain_bytes, "proof_bytes": proof_bytes,
+    return {"gram_proof": gram, "dp": dp, "upload_bytes": 8 * c.total, "dim": dim, "classes": classes, "L": c.L, "plain_upload_bytes": plain_bytes, "proof_bytes": proof_bytes,
             "proof_fraction": proof_bytes / plain_bytes, "aux_bits": c.n_bits, "flp_words": c.proof_len,
             "verifier_message_bytes": 8 * c.verifier_len, "plain_s": plain_s, "prove_s": prove_s,
             "server_verify_s": server_s, "keyholder_verify_s": keyholder_s,
@@ -117,23 +136,24 @@ def main(argv=None) -> int:
     ap.add_argument("--scaling", action="store_true", help="also run at d = 64, 128, 256")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--gram", action="store_true", help="each d also under the Gram statement ([split] gram_proof)")
+    ap.add_argument("--dp", action="store_true", help="every row under [dp] (the noise share drawn off the clock)")
     ap.add_argument("--round", type=int, default=0, metavar="K",
                     help="also run one round of K hospitals through every role in memory (run_split)")
     args = ap.parse_args(argv)
     dims = ([64, 128, 256] if args.scaling else []) + [args.dim]
-    rows = [run(d, args.classes, n=args.n, gram=g) for d in dims for g in ((False, True) if args.gram else (False,))]
+    rows = [run(d, args.classes, n=args.n, gram=g, dp=args.dp) for d in dims for g in ((False, True) if args.gram else (False,))]
     rounds = [round_timings(args.dim, args.classes, args.round, n=args.n, gram=g)
               for g in ((False, True) if args.gram else (False,))] if args.round else []
     if args.json:
         print(json.dumps(rows if not rounds else {"uploads": rows, "rounds": rounds}, indent=1))
         return 0
-    print(f"{'gram':>4} {'d':>5} {'L':>7} {'upload MB':>9} {'proof MB':>8} {'proof/up':>8} {'plain s':>7} {'prove s':>7} "
-          f"{'server s':>8} {'kh s':>6} {'p+v s':>6} {'ok':>3} {'sound':>6}")
+    print(f"{'dp':>3} {'gram':>4} {'d':>5} {'L':>7} {'upload MB':>9} {'proof MB':>8} {'proof/up':>8} {'plain s':>7} {'prove s':>7} "
+          f"{'server s':>8} {'kh s':>6} {'p+v s':>6} {'ok':>3} {'sound':>6} {'whole MB':>8}")
     for r in rows:
-        print(f"{'on' if r['gram_proof'] else 'off':>4} {r['dim']:5d} {r['L']:7d} {r['plain_upload_bytes'] / 1e6:9.3f} {r['proof_bytes'] / 1e6:8.3f} "
+        print(f"{'on' if r['dp'] else 'off':>3} {'on' if r['gram_proof'] else 'off':>4} {r['dim']:5d} {r['L']:7d} {r['plain_upload_bytes'] / 1e6:9.3f} {r['proof_bytes'] / 1e6:8.3f} "
               f"{100 * r['proof_fraction']:7.1f}% {r['plain_s']:7.3f} {r['prove_s']:7.3f} {r['server_verify_s']:8.3f} "
               f"{r['keyholder_verify_s']:6.3f} {r['prove_plus_verify_s']:6.3f} {'yes' if r['accepted'] else 'NO':>3} "
-              f"{r['soundness_bits_q64']:6.1f}")
+              f"{r['soundness_bits_q64']:6.1f} {r['upload_bytes'] / 1e6:8.3f}")
     for r in rounds:
         print(f"round of {r['hospitals']} at d = {r['dim']}: " + ", ".join(
             f"{k[:-2]} {v:.3f} s" for k, v in r.items() if k.endswith("_s")) +

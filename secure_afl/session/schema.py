@@ -130,7 +130,8 @@ SECTIONS: dict[str, Section] = {
     "split": Section("Only with backend = \"split\"; every key is signed (docs/VALIDITY.md).", {
         "gram_proof": Key("bool", "every upload also proves its statistics [[C, Q], [Q^T, diag(counts)]] positive "
                                   "semi-definite (a Gram matrix of bounded rows), and the release refuses an "
-                                  "indefinite Gram sum; about +1.1 MB per upload at d = 512, C = 100; not with [dp]",
+                                  "indefinite Gram sum; about +1.1 MB per upload at d = 512, C = 100 (with [dp] "
+                                  "the noise share and its bound too)",
                           False, "server, hospitals, key holder"),
         "max_share": Key("real", "largest share of the pooled samples one hospital may hold: the release is "
                                  "refused unless n_max <= max_share * n (n the released sample count)", 1.0,
@@ -325,9 +326,11 @@ def reference() -> str:
            "`[split] gram_proof` is off by default, chosen by measurement (docs/VALIDITY.md, \"The Gram "
            "statement\"): at d = 512, C = 100 it adds 1.5 MB (about 50 %) to each upload and about 2.9 times "
            "the proving and verifying time, it moves an honest hospital's statistics by the factor's rounding "
-           "(W relative 2.6e-4 at d = 512), and it cannot be combined with [dp]. Turn it on for a session "
-           "without DP in which no hospital may dictate W: it refuses indefinite statistics by name and makes "
-           "the release refuse an indefinite sum.", ""]
+           "(W relative 2.6e-4 at d = 512). Turn it on for a session in which no hospital may dictate W: it "
+           "refuses indefinite statistics by name and makes the release refuse an indefinite sum. With [dp] it "
+           "proves the statistics before the noise share and the share's per-entry bound, which costs about 9 "
+           "times the DP upload at d = 64, C = 100 (docs/VALIDITY.md, \"The Gram statement with differential "
+           "privacy\").", ""]
     for name, sec in SECTIONS.items():
         out += [f"## [{name}]", "", sec.meaning, "",
                 "| key | type | default | allowed | read by | meaning |", "|---|---|---|---|---|---|"]
