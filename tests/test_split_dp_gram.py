@@ -101,6 +101,17 @@ def test_a_dp_session_with_gram_proof_signs_and_carries_the_noise_beside_the_lan
     assert d["soundness_bits_q64"] >= 64.0
 
 
+def test_a_dp_session_whose_factor_rounding_exceeds_the_noise_spread_is_refused():
+    from secure_afl.exceptions import InvalidParameterError
+
+    # d = 64, C = 10, B = 1: n_max = 10 000 fits (rounding 66 < 2 sqrt(d) sd = 75), 100 000 does not (208)
+    dp_session_params(SPEC, "split", "fits", Layout(64, 10), GAMMA, Bounds(1.0, 10000, 8), gram_proof=True)
+    with pytest.raises(InvalidParameterError, match="Gram factor's scale"):
+        dp_session_params(SPEC, "split", "too-coarse", Layout(64, 10), GAMMA, Bounds(1.0, 100000, 8),
+                          gram_proof=True)
+    dp_session_params(SPEC, "split", "no-gram", Layout(64, 10), GAMMA, Bounds(1.0, 100000, 8))
+
+
 # -- an honest hospital ----------------------------------------------------------------------------------------
 @pytest.mark.parametrize("n", [1, 2, 3, 40, 200])
 def test_an_honest_dp_upload_proves_and_matches_the_plain_dp_lanes_within_the_rounding(sessions, n):
@@ -116,6 +127,19 @@ def test_an_honest_dp_upload_proves_and_matches_the_plain_dp_lanes_within_the_ro
     assert np.max(np.abs(got - plain)) <= _snap_bound(c, n)
     sl = LAY.slices
     assert np.array_equal(got[sl["counts"]], plain[sl["counts"]]) and got[sl["n"]][0] == plain[sl["n"]][0]
+
+
+def test_the_prover_refuses_a_missing_share_or_one_beyond_the_bound(sessions):
+    from secure_afl.exceptions import BoundsExceeded, InvalidInputError
+
+    c = sessions[True][1].circuit
+    v = _vector(20)
+    with pytest.raises(InvalidInputError, match="noise share"):
+        c.witness(v)
+    z = np.zeros(c.L)
+    z[LAY.slices["cross"].start] = c.gram_statement.T_z
+    with pytest.raises(BoundsExceeded, match="noise bound"):
+        c.witness(v, noise=z)
 
 
 def test_the_backend_draws_the_share_itself_and_the_hospital_hands_it_the_statistics_before_noise(sessions):
@@ -218,15 +242,15 @@ def test_the_release_tolerates_the_proven_noise_and_refuses_beyond_it(sessions):
 
     params = sessions[True][0]
     d = LAY.dim
-    # three honest noisy uploads: never refused
-    noisy = [add_noise_share(params, _vector(50, seed=s), rng=np.random.default_rng(s)) for s in range(3)]
+    # three honest noisy uploads of one sample each: the noise makes the sum indefinite, and it is not refused
+    noisy = [add_noise_share(params, _vector(1, seed=s), rng=np.random.default_rng(s)) for s in range(3)]
     gram = np.zeros((d, d))
     iu = np.triu_indices(d)
     tot = np.sum(noisy, axis=0)
     gram[iu] = tot[LAY.slices["gram"]]
     gram.T[iu] = tot[LAY.slices["gram"]]
     tol = split.psd_tolerance(params, gram)
-    assert float(np.linalg.eigvalsh(gram)[0]) >= -tol
+    assert -tol <= float(np.linalg.eigvalsh(gram)[0]) < 0
     # the tolerance is k_max shares at the proven per-entry bound (Gershgorin), nothing looser
     T = sessions[True][1].circuit.gram_statement.T_z
     assert tol < params.bounds.k_max * d * T * 2.0 ** -sessions[True][1].circuit.f1 * 1.01
