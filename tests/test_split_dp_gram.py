@@ -292,3 +292,38 @@ def test_a_dp_gram_session_releases_through_the_service_within_the_proven_noise(
     assert np.max(np.abs(res.stats.cross - truth.cross)) <= bound
     # noise was added: the release is not the truth (12 share std away from it only with probability ~0)
     assert np.max(np.abs(res.stats.gram - truth.gram - 3.0 * np.eye(c.dim))) > 0.01 * share_std(params)
+
+
+@pytest.mark.e2e
+def test_a_hospital_hiding_its_attack_in_the_noise_is_refused_by_name_through_the_service(consortium):
+    names = ("h1", "h2", "h3", "h4")
+    c = consortium(backend="split", hospitals=names, min_clients=3, dp={"epsilon": 1.0, "delta": 1e-5,
+                                                                        "min_contributors": 3},
+                   split={"gram_proof": True}, n_max=200, max_norm=2.0, extra_session={"max_refusals": 1}).start()
+    conn = c.connect_keyholder()
+    c.keyholder.keygen(dp_session_params(SPEC, "split", c.session_id, Layout(c.dim, c.classes), 1.0,
+                                         Bounds(2.0, 200, 8), gram_proof=True))
+    c.keyholder.publish(conn)
+    data = {h: c.data(h, n=60) for h in names[:3]}
+    for h in names[:3]:
+        cl = c.hospital(h)
+        cl.submit(c.stats(*data[h]))
+        cl.close()
+    # h4 runs modified software: statistics before noise zero (a Gram matrix), its indefinite attack as "noise"
+    cl = c.hospital("h4")
+    params = cl.fetch_params()
+    be = get_backend(params)
+    lanes, fw, z = _hidden_in_noise(be.circuit, _attack("half-plus-minus-H"))
+    assert np.max(np.abs(z)) >= be.circuit.gram_statement.T_z
+    for _ in range(20):  # its own software redraws until the lanes' projection rows land in range
+        body, seed, com = be.circuit.prove("h4", lanes=lanes, factor=fw, check=False)
+        if be.circuit.evaluate(flp.add(body, be.circuit.helper_share(seed)), com, "h4") == ["noise_range"]:
+            break
+    ctx = cl.conn.request("GET", cl.conn.path("/context"), signed=False).content
+    payload, st = be.seal_upload(body, seed, com, ctx, "h4", cl.party.identity_key())
+    receipt = cl.upload(params, payload, tag=st)
+    cl.close()
+    res = c.keyholder.finalize(conn, min_clients=3)
+    conn.close()
+    assert receipt["hospital"] == "h4"
+    assert res.report["refused"] == {"h4": "noise"} and res.report["participants"] == list(names[:3])
