@@ -92,8 +92,8 @@ class Circuit:
         self.n_bits = off
         self.bits = flp.BitProof(self.n_bits)
         self.main_len = 2 * self.L
-        # body: lanes (summed) | factor words (Gram statement) | bits | bit proofs | square-sum proofs; the
-        # commitment's main hash covers the lanes and the factor
+        # body: lanes (summed) | factor words, then under DP the noise share's words (Gram statement) | bits |
+        # bit proofs | square-sum proofs; the commitment's main hash covers the lanes and those words
         self.n_f = 0 if gs is None else gs.n_words
         self.commit_len = self.main_len + self.n_f
         self.sq = None if gs is None else gs.sq
@@ -251,7 +251,8 @@ class Circuit:
         return body, s, UploadCommitment(main_sha, aux_sha, seed_sha)
 
     def prove(self, hospital: str, vector=None, *, lanes=None, seed: bytes | None = None, check: bool = True,
-              aux_override=None, factor=None, noise=None, randbytes=os.urandom) -> tuple[np.ndarray, bytes, UploadCommitment]:
+              aux_override=None, factor=None, noise=None,
+              randbytes=os.urandom) -> tuple[np.ndarray, bytes, UploadCommitment]:
         """The hospital software's loop around :meth:`prove_once`: fresh randomness from ``randbytes`` per try
         (and the projection retried, docs/VALIDITY.md) unless ``seed`` fixes the mask seed.
 

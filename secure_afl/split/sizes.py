@@ -17,7 +17,8 @@ from ..packing import Layout
 from ..params import Bounds, SessionParams
 
 __all__ = ["REPS", "LINEAR_REPS", "ROWS", "TAIL", "WRAP_BITS", "RETRIES", "GRAM_KEY", "GRAM_RHOS", "GRAM_QUERIES",
-           "GRAM_MIN_F", "PROCESS_MIN_UPLOADS", "ADVISORY_CHECKS", "gram_enabled", "noise_beside", "noise_bound", "statement_sizes",
+           "GRAM_MIN_F", "PROCESS_MIN_UPLOADS", "ADVISORY_CHECKS", "gram_enabled", "noise_beside", "noise_bound",
+           "statement_sizes",
            "fits", "choose_frac_bits", "split_session_params", "session_params", "expected_abs_error",
            "proven_aggregate_bound", "psd_tolerance"]
 
