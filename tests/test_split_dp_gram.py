@@ -129,6 +129,28 @@ def test_an_honest_dp_upload_proves_and_matches_the_plain_dp_lanes_within_the_ro
     assert np.array_equal(got[sl["counts"]], plain[sl["counts"]]) and got[sl["n"]][0] == plain[sl["n"]][0]
 
 
+@pytest.mark.parametrize("sign_n", [1, -1])
+@pytest.mark.parametrize("n", [1, 3, 200])
+def test_an_honest_upload_with_every_share_entry_at_plus_or_minus_tau_proves(sessions, sign_n, n):
+    # rows at the norm bound (trace n B^2), n and the counts' noise at opposite extremes, the diagonal's with the
+    # counts: the widened DP relations at their edges, and the Gram identity of the statistics under them
+    sess = sessions[True]
+    c = sess[1].circuit
+    tau, sl = c.tau, noised_entries(LAY)
+    rng = np.random.default_rng(n)
+    X = rng.standard_normal((n, 6))
+    X *= BND.max_norm / np.linalg.norm(X, axis=1, keepdims=True)
+    y = np.concatenate([np.arange(min(n, 3)), rng.integers(0, 3, max(0, n - 3))])
+    v = LAY.pack(local_statistics(X, y, 3, gamma=GAMMA))
+    z = np.zeros(LAY.length)
+    z[sl] = rng.choice([-tau, tau], size=sl.stop - sl.start)
+    z[LAY.slices["n"]] = sign_n * tau
+    z[LAY.slices["counts"]] = -sign_n * tau
+    r, k = np.triu_indices(6)
+    z[LAY.slices["gram"].start + np.nonzero(r == k)[0]] = -sign_n * tau
+    assert _verdict(sess, *c.prove("h1", v, noise=z)) is None
+
+
 def test_the_prover_refuses_a_missing_share_or_one_beyond_the_bound(sessions):
     from secure_afl.exceptions import BoundsExceeded, InvalidInputError
 
