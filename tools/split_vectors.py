@@ -17,6 +17,18 @@ Then the bad cases, each replayed against both verifiers (tests/test_split_vecto
 * ``message_for_another_payload``: the server's signed message for the honest upload presented for the
   count_minus_one payload: the key holder refuses it (``InvalidSignature``).
 
+Two more sections, each with its own session, upload, seed box, statement and cases:
+
+* ``gram``: the same layout with ``[split] gram_proof`` at the fewest fractional bits the factor allows
+  (f1 = 24): the honest upload (its statistics snapped onto 2^t L L^T), then an indefinite upload,
+  counts (4, 4) and C = diag(16, -9), proven with the factor over the field (L L^T = A holds mod p; its
+  range rows refuse it: ``gram_range``) and with the honest upload's factor as a stand-in (in range; the
+  quadratic identity refuses it: ``gram``);
+* ``dp_gram``: DP and the Gram statement together (the noise share travels as its own words): the honest
+  upload with a fixed share, and a cheater whose statistics before noise are a Gram matrix (gamma I and
+  the counts) and whose noise words carry diag(+T_z, -T_z), one grid step beyond their proven range:
+  ``noise``.
+
 HPKE encapsulation is randomised and ``cryptography`` offers no deterministic path, so the seed box is
 recorded: regenerating keeps the recorded box while it opens under the fixed key and the upload's
 associated data to the fixed seed (else seals a new one). Everything else (Ed25519 signatures, the proof's
@@ -218,7 +230,161 @@ def build(recorded: dict | None = None) -> dict:
         "payloads": {name: p.hex() for name, p in payloads.items()},
         "honest": honest,
         "negative": negatives,
+        "gram": _gram(pair, ed, None if recorded is None else recorded.get("gram")),
+        "dp_gram": _dp_gram(pair, ed, None if recorded is None else recorded.get("dp_gram")),
     }
+
+
+# -- the Gram statement, and DP with it ------------------------------------------------------------------------
+#: the fewest fractional bits the Gram factor allows without DP (its scale f = f1 / 2 >= GRAM_MIN_F)
+_GRAM_FRAC_BITS = (24, 8)
+_DP_SPEC = (1.0, 1e-5, 3)  # epsilon, delta, min_contributors
+
+
+def _gram_session(pair, dp: bool):
+    from secure_afl import split
+    from secure_afl.packing import Layout
+    from secure_afl.params import Bounds
+
+    layout, bounds = Layout(2, 2), Bounds(2.0, 8, 4)
+    if dp:
+        from secure_afl.backends.session_params import dp_session_params
+        from secure_afl.dp import DPSpec
+
+        params = dp_session_params(DPSpec(*_DP_SPEC), "split", "split-vectors-dp-gram", layout, 1.0, bounds,
+                                   gram_proof=True)
+    else:
+        params = split.split_session_params("split-vectors-gram", layout, 1.0, bounds, frac_bits=_GRAM_FRAC_BITS,
+                                            gram_proof=True)
+    return split.bind_public_context(params, pair.public_context)
+
+
+def _prove_false(circuit, x, fw, label: str, failing: list, **kw):
+    """The first labelled try of a false statement whose unmasked body breaks exactly ``failing`` (modified
+    software redraws its seed until the projection rows land in range, as the attack tests do)."""
+    from secure_afl.hazmat import flp
+
+    for i in range(16):
+        rand = _bytes(f"{label} rand {i}", circuit.rand_size)
+        body, seed, com = circuit.prove_once(HOSPITAL, x, fw, rand, check=False, **kw)
+        if circuit.evaluate(flp.add(body, circuit.helper_share(seed)), com, HOSPITAL) == failing:
+            return body, seed, com
+    raise RuntimeError(f"no labelled try of {label} breaks exactly {failing}")  # pragma: no cover
+
+
+def _sealed(params, pair, body, seed, com):
+    """``(payload, its sha256, the key holder's query seed)`` for a proven body."""
+    from secure_afl import split
+    from secure_afl.envelope import seal
+    from secure_afl.hazmat import flp
+
+    payload = seal(params, "contribution", flp.to_bytes(body))
+    sha = hashlib.sha256(payload).hexdigest()
+    return payload, sha, split.query_seed(split.query_key(pair.secret_context), params, HOSPITAL, sha, com.to_dict())
+
+
+def _upload(params, pair, ed, sha, seed, com, recorded: dict | None) -> dict:
+    """The honest upload's seed box (the recorded one while it opens to ``seed``) and signed statement."""
+    from secure_afl import split
+    from secure_afl.exceptions import SecureAFLError
+
+    box = None
+    if recorded is not None:
+        try:
+            old = bytes.fromhex(recorded["upload"]["box"])
+            if split.open_seed(params, pair.secret_context, HOSPITAL, sha, old) == seed:
+                box = old
+        except (KeyError, ValueError, SecureAFLError):
+            box = None
+    if box is None:
+        box = split.seal_seed(params, pair.public_context, HOSPITAL, sha, seed)
+    statement = split.sign_seed_statement(ed["hospital"], params, HOSPITAL, sha, box, com.to_dict())
+    return {"payload_sha256": sha, "validity": com.to_dict(), "seed": seed.hex(), "box": box.hex(),
+            "seed_statement": statement}
+
+
+def _indefinite(params) -> np.ndarray:
+    """Counts (4, 4), C = diag(16, -9), Q = 0, no gamma: every entry and the trace in bounds, and every pivot
+    of A / 2^t a square in F_p (-1 is one, p = 1 mod 4), so the field factor exists."""
+    from secure_afl.stats import SufficientStatistics
+
+    st = SufficientStatistics(np.diag([16.0, -9.0]), np.zeros((2, 2)), 8.0, np.array([4.0, 4.0]), 1.0, 0.0)
+    return params.layout.pack(st)
+
+
+def _gram(pair, ed, recorded: dict | None) -> dict:
+    from secure_afl import split
+    from secure_afl.tools.attacks_validity import field_factor, gram_cheat
+
+    params = _gram_session(pair, dp=False)
+    circuit = split.Circuit(params)
+    v = _vector(params)
+    x, fw = circuit.witness(v)
+    rand, (body, seed, com) = _prove(circuit, x, fw, "gram honest")
+    payload, sha, qs = _sealed(params, pair, body, seed, com)
+    server = ed["server"]
+    payloads = {"honest": payload}
+    honest = _case(circuit, "honest", "the honest upload: valid", payloads, "honest", com.to_dict(), seed, qs,
+                   server)
+
+    lanes = circuit.lanes(_indefinite(params))
+    assert field_factor(circuit, lanes) is not None
+    negatives = []
+    for name, what, kw, failing in (
+            ("indefinite_field_factor", "indefinite statistics with their Cholesky factor over F_p (L L^T = A "
+             "mod p, the count slack 0)", gram_cheat(circuit, lanes), ["gram_range"]),
+            ("indefinite_stand_in_factor", "indefinite statistics with the honest upload's factor beside them",
+             gram_cheat(circuit, lanes, stand_in=v), ["gram_identity"])):
+        kw = dict(kw)
+        b_body, b_seed, b_com = _prove_false(circuit, lanes, kw.pop("factor"), f"gram {name}", failing, **kw)
+        payloads[name], _, b_qs = _sealed(params, pair, b_body, b_seed, b_com)
+        negatives.append(_case(circuit, name, what, payloads, name, b_com.to_dict(), b_seed, b_qs, server))
+    return {"params": params.to_dict(), "vector": [float(f) for f in v], "rand": rand.hex(),
+            "upload": _upload(params, pair, ed, sha, seed, com, recorded),
+            "payloads": {name: p.hex() for name, p in payloads.items()}, "honest": honest, "negative": negatives}
+
+
+def _dp_gram(pair, ed, recorded: dict | None) -> dict:
+    from secure_afl import split
+    from secure_afl.dp import noise_share
+    from secure_afl.hazmat import flp
+    from secure_afl.stats import SufficientStatistics
+
+    params = _gram_session(pair, dp=True)
+    circuit = split.Circuit(params)
+    gs = circuit.gram_statement
+    v = _vector(params)  # the statistics before the noise: the backend proves the share beside them
+    z = noise_share(params, np.random.default_rng(int.from_bytes(_bytes("dp noise", 8), "big")))
+    x, fw = circuit.witness(v, noise=z)
+    rand, (body, seed, com) = _prove(circuit, x, fw, "dp_gram honest")
+    payload, sha, qs = _sealed(params, pair, body, seed, com)
+    server = ed["server"]
+    payloads = {"honest": payload}
+    honest = _case(circuit, "honest", "the honest upload with its noise share: valid", payloads, "honest",
+                   com.to_dict(), seed, qs, server)
+
+    st = params.layout.unpack(v)
+    gamma = params.gamma
+    zero = params.layout.pack(SufficientStatistics(gamma * np.eye(2), np.zeros((2, 2)), st.n, st.class_counts, 1.0,
+                                                   gamma))
+    x0, fw0 = circuit.witness(zero, noise=np.zeros(circuit.L))
+    r, k = np.triu_indices(2)
+    diag = params.layout.slices["gram"].start + np.nonzero(r == k)[0]
+    hidden = np.zeros(gs.n_z, dtype=np.int64)
+    hidden[diag - gs.i_noise[0]] = [gs.T_z, -gs.T_z]
+    hi = flp.decode_signed(x0[:circuit.L])
+    hi[gs.i_noise] += hidden
+    lanes = np.concatenate([flp.encode_signed(hi), x0[circuit.L:]])
+    words = np.concatenate([fw0[:gs.n_f], flp.encode_signed(hidden)])
+    name = "statistics_in_the_noise"
+    b_body, b_seed, b_com = _prove_false(circuit, lanes, words, f"dp_gram {name}", ["noise_range"])
+    payloads[name], _, b_qs = _sealed(params, pair, b_body, b_seed, b_com)
+    negatives = [_case(circuit, name, "statistics before noise a Gram matrix (gamma I and the counts), the noise "
+                       "words carrying diag(+T_z, -T_z) grid steps, one beyond their proven range", payloads, name,
+                       b_com.to_dict(), b_seed, b_qs, server)]
+    return {"params": params.to_dict(), "vector": [float(f) for f in v], "noise": [float(f) for f in z],
+            "rand": rand.hex(), "upload": _upload(params, pair, ed, sha, seed, com, recorded),
+            "payloads": {name: p.hex() for name, p in payloads.items()}, "honest": honest, "negative": negatives}
 
 
 def render(vectors: dict) -> str:
