@@ -48,6 +48,8 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.asymmetric.mlkem import MLKEM768PrivateKey
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
+from secure_afl.split.sizes import GRAM_MIN_F
+
 __all__ = ["PATH", "build", "render", "fixed_keys", "main"]
 
 PATH = Path(__file__).resolve().parent.parent / "vectors" / "split_messages.json"
@@ -236,8 +238,9 @@ def build(recorded: dict | None = None) -> dict:
 
 
 # -- the Gram statement, and DP with it ------------------------------------------------------------------------
-#: the fewest fractional bits the Gram factor allows without DP (its scale f = f1 / 2 >= GRAM_MIN_F)
-_GRAM_FRAC_BITS = (24, 8)
+#: the fewest fractional bits the Gram factor allows without DP (its scale f = f1 / 2 >= GRAM_MIN_F): the
+#: range proofs' bit widths, and so the file, grow with f1
+_GRAM_FRAC_BITS = (2 * GRAM_MIN_F, 8)
 _DP_SPEC = (1.0, 1e-5, 3)  # epsilon, delta, min_contributors
 
 
