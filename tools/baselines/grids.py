@@ -26,15 +26,16 @@ GRIDS = {
 #: output layer still shared), where kappa has no effect and is run once. kappa spans the paper's 0.5-0.95 and
 #: below it, where the study's choice went.
 FEDFAC_GRID = {"lr": (3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 1e-1), "local_epochs": (1, 5),
-               "tau": (0.05, 0.1, 0.25, 0.5, 0.75, 0.9, 0.95, 1.0),
-               "kappa": (0.3, 0.4, 0.5, 0.6, 0.8, 0.95)}
+               "tau": (1 / 64, 0.05, 0.1, 0.25, 0.5, 0.75, 0.9, 0.95, 1.0),
+               "kappa": (0.3, 0.4, 0.5, 0.6, 0.8, 0.95, 1.0)}
 #: FedFac dynamic, tuned on its own the same way; a new split every round costs about three static runs, so
 #: kappa stays at 0.8 and the local epochs at 1; the steps span 1e-3 to 0.1 and tau 0.25 to 1.
 DYNAMIC_GRID = {"lr": (1e-3, 3e-3, 1e-2, 3e-2, 1e-1), "local_epochs": (1,), "tau": (0.25, 0.5, 0.9, 1.0),
                 "kappa": (0.8,)}
 #: Edges that are limits of the setting, not of the grid: at least one pass over the local data per round; tau
-#: cannot personalise more than every unit; FedProx's mu below the grid is FedAvg (mu = 0), which is run.
-HARD_LIMITS = {("local_epochs", "low"), ("tau", "high"), ("mu", "low")}
+#: cannot personalise more than every unit, nor fewer than one of the 64 (1/64); kappa 1 keeps every factor;
+#: FedProx's mu below the grid is FedAvg (mu = 0), which is run.
+HARD_LIMITS = {("local_epochs", "low"), ("tau", "high"), ("tau", "low"), ("kappa", "high"), ("mu", "low")}
 #: Declared bound on |entries| of the FedFac unit blocks (updates) in the FA sum: ckks floods at the declared
 #: magnitude and the Gram squares it, so the default 100 would bury R in noise. Adam moves an entry by about
 #: its step per local step, so 100-odd steps at 3e-3 stay below 1; a larger entry is refused, never wrapped.
