@@ -236,8 +236,9 @@ def _edges_section(study):
     else:
         L += ["No chosen setting sits on an edge of its grid other than a hard limit.", ""]
     if hard:
-        L += ["On a hard limit (one local epoch is the least a round does; tau 1 personalises every unit; "
-              "FedProx's mu below the grid is FedAvg, which has its own row): " + "; ".join(
+        L += ["On a hard limit (one local epoch is the least a round does; tau 1 personalises every unit and "
+              "tau 1/64 one of the 64; kappa 1 keeps every factor; FedProx's mu below the grid is FedAvg, which "
+              "has its own row): " + "; ".join(
                   f"{e['method']} {e['partition']} {e['axis']} = {e['value']:g}" for e in hard) + ".", ""]
     return L
 
