@@ -157,7 +157,6 @@ def build(recorded: dict | None = None) -> dict:
     """The vectors; ``recorded``: the file as it stands, whose seed box is kept while it still opens."""
     from secure_afl import split
     from secure_afl.envelope import seal
-    from secure_afl.exceptions import SecureAFLError
     from secure_afl.hazmat import flp
 
     pair, ed = fixed_keys()
@@ -168,17 +167,7 @@ def build(recorded: dict | None = None) -> dict:
     rand, (body, seed, com) = _prove(circuit, x, fw, "honest")
     payload = seal(params, "contribution", flp.to_bytes(body))
     sha = hashlib.sha256(payload).hexdigest()
-    box = None
-    if recorded is not None:
-        try:
-            old = bytes.fromhex(recorded["upload"]["box"])
-            if split.open_seed(params, pair.secret_context, HOSPITAL, sha, old) == seed:
-                box = old
-        except (KeyError, ValueError, SecureAFLError):
-            box = None
-    if box is None:
-        box = split.seal_seed(params, pair.public_context, HOSPITAL, sha, seed)
-    statement = split.sign_seed_statement(ed["hospital"], params, HOSPITAL, sha, box, com.to_dict())
+    upload = _upload(params, pair, ed, sha, seed, com, recorded)
     qs = split.query_seed(split.query_key(pair.secret_context), params, HOSPITAL, sha, com.to_dict())
     server = ed["server"]
     payloads = {"honest": payload}
@@ -227,8 +216,7 @@ def build(recorded: dict | None = None) -> dict:
         "hospital": HOSPITAL,
         "vector": [float(f) for f in v],
         "rand": rand.hex(),
-        "upload": {"payload_sha256": sha, "validity": com.to_dict(), "seed": seed.hex(), "box": box.hex(),
-                   "seed_statement": statement},
+        "upload": upload,
         "payloads": {name: p.hex() for name, p in payloads.items()},
         "honest": honest,
         "negative": negatives,
