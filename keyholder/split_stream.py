@@ -34,6 +34,7 @@ from secure_afl.encoding import canonical_json
 from secure_afl.exceptions import InvalidSignature, MalformedPayload, SecureAFLError
 from secure_afl.hazmat import flp
 from secure_afl.hazmat.at_rest import open_secret, seal_secret
+from secure_afl.workers import WorkerPool
 
 from .verify import ServerForgery
 
@@ -54,6 +55,9 @@ class SplitJudge:
         self.server_pub, self.enrolled = kh._trust(session_id, expected_hospitals)
         self.circuit = split.Circuit(self.params)
         self._secret: bytes | None = None
+        # this key holder's own processes (the opened seeds travel to them over pipes, nowhere else), started
+        # once the session has enough uploads and kept between polls
+        self.pool = WorkerPool(start_after=split.sizes.PROCESS_MIN_UPLOADS)
 
     # -- state in the key directory ---------------------------------------------------------------------
     @property
@@ -150,8 +154,7 @@ class SplitJudge:
             ledger.block(self.key_id, f"refused before the share: {e}")
             raise ServerForgery(f"the server's verifier messages do not hold: {e}") from e
         own: dict = {}
-        verdicts, partial = split.keyholder_verdicts(self.params, checked, workers=os.cpu_count() or 1,
-                                                     messages=own)
+        verdicts, partial = split.keyholder_verdicts(self.params, checked, pool=self.pool, messages=own)
         if any(h in covered for h, *_ in todo):
             # a hospital judged valid before under another statement: its mask is in the sum and cannot be
             # told apart; start the sum again (the release expands every mask the sum does not cover)

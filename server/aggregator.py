@@ -463,10 +463,11 @@ class AggregationServer:
                     from secure_afl.backends import get_backend
                     from secure_afl.split.roles import check_upload
 
-                    check_upload(get_backend(self.params).circuit, payload, tag)
+                    check_upload(get_backend(self.params).circuit, payload, tag)  # its envelope opened there
                 elif tag is not None:
                     raise MalformedPayload("only ckks and bfv uploads carry an aggregate tag")
-                open_envelope(self.params, payload, "contribution")
+                if self.params.backend != "split":
+                    open_envelope(self.params, payload, "contribution")
                 if hospital in self._in_flight:
                     raise DuplicateContribution(f"an upload of {hospital} is being added already")
             except SecureAFLError as e:
@@ -496,7 +497,7 @@ class AggregationServer:
                 raise err from None
             with self._lock:
                 try:
-                    self.store.put_blob(payload)
+                    self.store.put_blob(payload, sha)
                     self.store.insert_upload(hospital, sha, st, tag)
                 except Exception:
                     # not stored, so not accepted: the running sum holds it, so it is summed again from disk

@@ -19,7 +19,6 @@ parties; the share is accepted once.
 from __future__ import annotations
 
 import io
-import os
 import json
 
 import numpy as np
@@ -33,6 +32,7 @@ from secure_afl.backends import get_backend
 from secure_afl.certify import certify_release
 from secure_afl.cohort import JOINT_CHECK, cohort_after_refusals
 from secure_afl.packing import Layout
+from secure_afl.workers import WorkerPool
 
 __all__ = ["SplitAggregationServer"]
 
@@ -58,6 +58,18 @@ def _dp_checks_and_solve(params, stats, contributors: int):
 
 
 class SplitAggregationServer(AggregationServer):
+
+    def _verifiers(self) -> WorkerPool:
+        with self._lock:
+            if "_verifier_pool" not in self.__dict__:
+                self._verifier_pool = WorkerPool(start_after=split.sizes.PROCESS_MIN_UPLOADS)
+            return self._verifier_pool
+
+    def shutdown(self) -> None:
+        pool = self.__dict__.get("_verifier_pool")
+        if pool is not None:
+            pool.close()
+        super().shutdown()
 
     def contribution(self, hospital: str) -> bytes:
         raise Forbidden("a split session serves no masked vector: whoever holds the seeds could read it")
@@ -111,9 +123,9 @@ class SplitAggregationServer(AggregationServer):
             err = e if isinstance(e, SecureAFLError) else MalformedPayload("a query seed is not hex")
             self.refuse("split_queries", party, err)
             raise err from None
-        # independent per upload (outside the lock: uploads keep arriving): in worker processes once there
-        # are enough of them
-        formed = split.leader_messages(self.params, todo, self._key, workers=os.cpu_count() or 1) if todo else {}
+        # independent per upload (outside the lock: uploads keep arriving): in this session's worker processes,
+        # started once it has seen enough uploads and kept for every later query
+        formed = split.leader_messages(self.params, todo, self._key, pool=self._verifiers()) if todo else {}
         with self._lock:
             done = self.store.get_meta("split_verifier") or {}
             for h, msg in formed.items():

@@ -80,9 +80,10 @@ class Store:
             self.db.execute("INSERT OR REPLACE INTO meta(key, value) VALUES (?, ?)", (key, json.dumps(value)))
 
     # -- blobs ---------------------------------------------------------------
-    def put_blob(self, data: bytes) -> str:
-        """Write ``data`` under its SHA-256, durably; idempotent."""
-        digest = hashlib.sha256(data).hexdigest()
+    def put_blob(self, data: bytes, digest: str | None = None) -> str:
+        """Write ``data`` under its SHA-256 (``digest`` where the caller computed it from these bytes), durably;
+        idempotent."""
+        digest = hashlib.sha256(data).hexdigest() if digest is None else digest
         final = self.payload_dir / digest
         if final.exists():
             return digest

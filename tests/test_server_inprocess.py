@@ -37,7 +37,7 @@ def test_storage_failure_leaves_nothing_half_accepted(tmp_path, monkeypatch):
         st2, p2, v2 = _upload(c, srv, "h2", 2)
         real_put = srv.store.put_blob
 
-        def disk_full(data):
+        def disk_full(data, digest=None):
             raise OSError(28, "No space left on device")
 
         monkeypatch.setattr(srv.store, "put_blob", disk_full)

@@ -24,6 +24,7 @@ from secure_afl.backends import get_backend
 from secure_afl.exceptions import BoundsExceeded, InvalidInputError, InvalidSignature, MalformedPayload, \
     SecureAFLError
 from secure_afl.hazmat import flp
+from secure_afl.workers import WorkerPool
 from secure_afl.packing import Layout
 from secure_afl.params import Bounds
 from secure_afl.stats import local_statistics
@@ -255,11 +256,10 @@ def test_a_negative_diagonal_entry_within_the_trace_and_entry_bounds_is_not_refu
     assert _verdict(session, *c.prove("h1", lanes=lanes, check=False)) is None
 
 
-def test_both_verifiers_in_worker_processes_decide_and_sum_as_one_process_does(monkeypatch, tmp_path):
+def test_both_verifiers_in_worker_processes_decide_and_sum_as_one_process_does(tmp_path):
     # The release's verdicts run in spawned worker processes once there are enough uploads: the server's
     # messages (read from the payload files) and the key holder's verdicts and share must be those of one
     # process, a cheater refused by name either way.
-    monkeypatch.setattr(split.sizes, "PROCESS_MIN_UPLOADS", 1)
     params = split.split_session_params("procs", LAYOUT, GAMMA, BOUNDS)
     keys = split.generate_keys(params)
     params = split.bind_public_context(params, keys.public_context)
@@ -279,16 +279,16 @@ def test_both_verifiers_in_worker_processes_decide_and_sum_as_one_process_does(m
         manifest["participants"].append({"hospital": h, "payload_sha256": sha})
         statements[h], enrolled[h] = st, ident.public_key()
     results = []
-    for workers in (1, 2):
-        msgs = split.leader_messages(params, uploads, server_key, workers=workers)
+    for pool in (None, WorkerPool(2, start_after=0)):
+        msgs = split.leader_messages(params, uploads, server_key, pool=pool)
         items = [(h, split.open_statement_seed(params, keys.secret_context, statements, enrolled, h, sha),
                   st["validity"], qs,
                   split.verify_leader_message(msgs[h], server_key.public_key(), be.circuit, h, sha, qs)[1])
                  for h, _, sha, st, qs in uploads]
-        verdicts, judged_sum = split.keyholder_verdicts(params, items, workers=workers)
+        verdicts, judged_sum = split.keyholder_verdicts(params, items, pool=pool)
         refused = {h: v for h, v in verdicts.items() if v}
         share = split.keyholder_share(params, keys.secret_context, manifest, statements, enrolled, refused=refused,
-                                      sum_masks=split.pool.lane_masks(params, workers))
+                                      sum_masks=split.pool.lane_masks(params, pool))
         assert np.array_equal(share, judged_sum)  # the running sum of the judged uploads is the cohort's share
         results.append((share, refused))
     (one, refused_one), (two, refused_two) = results
@@ -297,7 +297,9 @@ def test_both_verifiers_in_worker_processes_decide_and_sum_as_one_process_does(m
     # worker that reads it, before a message is formed over the wrong words
     (tmp_path / uploads[0][2]).write_bytes((tmp_path / uploads[1][2]).read_bytes())
     with pytest.raises(MalformedPayload, match="h0"):
-        split.leader_messages(params, uploads, server_key, workers=2)
+        split.leader_messages(params, uploads, server_key, pool=pool)
+    assert pool.started
+    pool.close()
 
 
 def test_a_free_low_lane_is_accepted_and_moves_the_release_by_less_than_its_bound():

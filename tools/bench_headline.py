@@ -15,9 +15,13 @@ What runs, in order, each phase timed on its own:
 * ``statistics``  every hospital's C_k, Q_k, counts in float64 from its rows;
 * ``setup``       (not in the total) consortium PKI, server process start, key holder keys;
 * ``protect_upload`` every hospital fetches the signed parameters, protects and uploads
-                  over mTLS, all at once (threads; ``--upload-threads``);
-* ``release``     the key holder closes the round and releases (split: its share of the
-                  masks; the collector solves), W back;
+                  over mTLS: the hospitals in ``--hospital-processes`` worker processes
+                  started during setup (each hospital is its own machine in a deployment;
+                  one interpreter's GIL would serialise their proving), each process
+                  taking hospitals one after another; split: the key holder judges the
+                  uploads as they arrive, as ``secure-afl keyholder judge`` does;
+* ``release``     the key holder closes the round and releases (split: what was not judged
+                  yet, then its share of the masks; the collector solves), W back;
 * ``solve``       the solve alone, re-timed on the released statistics (it is inside
                   ``release`` too, so it is not added to the total again).
 
@@ -30,12 +34,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing as mp
 import os
 import sys
 import tempfile
+import threading
 import time
 import warnings
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -84,15 +90,35 @@ def _statistics(X, y, parts, classes):
     return out
 
 
+def _warm(_):
+    """A worker's first task, during setup: the imports a hospital's upload needs."""
+    from secure_afl.clients.hospital import HospitalClient  # noqa: F401
+    from secure_afl import split  # noqa: F401
+
+    return os.getpid()
+
+
+def _hospital(job: dict, name: str, stats) -> int:
+    """One hospital in a worker process: fetch the parameters, protect, sign, upload; its bytes uploaded."""
+    from secure_afl import pki
+    from secure_afl.clients.hospital import HospitalClient
+
+    c = HospitalClient(job["url"], job["session_id"], pki.load_party(job["pki_dir"], "hospital", name), timeout=600)
+    try:
+        c.submit(stats)
+        return c.bytes_uploaded
+    finally:
+        c.close()
+
+
 def run_headline(*, images: int = 50_000, test_images: int = 10_000, classes: int = 100, hospitals: int = 100,
                  alpha: float = 0.1, backend: str = "split", device: str = "auto", batch_size: int = 512,
-                 input_size: int = 224, weights: str | None = None, upload_threads: int = 32, seed: int = 0,
-                 workdir: str | None = None, log=print) -> dict:
+                 input_size: int = 224, weights: str | None = None, upload_threads: int = 32,
+                 hospital_processes: int | None = None, seed: int = 0, workdir: str | None = None,
+                 log=print) -> dict:
     import torch
 
-    from secure_afl import pki
     from secure_afl.analytic import solve_from_sums
-    from secure_afl.clients.hospital import HospitalClient
     from .harness import make_pki, secagg_quorum, server_section, start_server, write_session
     from secure_afl.backends.session_params import dp_session_params
     from secure_afl.keyholder import KeyHolder
@@ -148,25 +174,58 @@ def run_headline(*, images: int = 50_000, test_images: int = 10_000, classes: in
                                         Layout(d, classes), 1.0, Bounds(1.0, n_max, K))
             kh.keygen(params0)
             kh.publish(conn)
+        n_proc = 1 if backend == "secagg" else max(1, min(K, hospital_processes or os.cpu_count() or 1))
+        if n_proc > 1:  # started (and their imports done) before the timed phase, as the hospitals' machines are
+            procs = ProcessPoolExecutor(max_workers=n_proc, mp_context=mp.get_context("spawn"))
+            list(procs.map(_warm, range(n_proc)))
         phases["setup"] = time.perf_counter() - t_setup
-        log(f"{'setup':<15} {phases['setup']:9.2f} s  (PKI for {K} hospitals, server start, keys; not in the total)")
+        log(f"{'setup':<15} {phases['setup']:9.2f} s  (PKI for {K} hospitals, server start, keys, "
+            f"{n_proc} hospital process(es); not in the total)")
         uploaded = {}
+        job = {"url": url, "session_id": session_id, "pki_dir": str(pki_dir)}
 
         def one(i):
-            c = HospitalClient(url, session_id, pki.load_party(pki_dir, "hospital", names[i]), timeout=600)
-            try:
-                c.submit(stats[i])
-                uploaded[names[i]] = c.bytes_uploaded
-            finally:
-                c.close()
+            uploaded[names[i]] = _hospital(job, names[i], stats[i])
 
         def upload_all():
+            if n_proc > 1:
+                uploaded.update(zip(names, procs.map(_hospital, [job] * K, names, stats)))
+                return
+            # secagg's stages wait for every hospital: all of them in flight at once, as threads
             width = K if backend == "secagg" else min(K, upload_threads)
             with ThreadPoolExecutor(max_workers=width) as pool:
                 list(pool.map(one, range(K)))
 
-        timed("protect_upload", upload_all)
+        stop_judging, judged = threading.Event(), {"uploads": 0, "error": None}
+
+        def judge_loop():
+            """split: the key holder judges each upload as it arrives (its own connection); the release
+            judges what is left."""
+            jconn = kh.connect(url, session_id)
+            try:
+                while not stop_judging.wait(0.2):
+                    judged["uploads"] = len(kh.judge_split(jconn))
+            except Exception as e:  # reported below: the release would be refused on a blocked key
+                judged["error"] = e
+            finally:
+                jconn.close()
+
+        judge = threading.Thread(target=judge_loop, daemon=True) if backend == "split" else None
+        if judge is not None:
+            judge.start()
+        try:
+            timed("protect_upload", upload_all)
+        finally:
+            stop_judging.set()
+            if judge is not None:
+                judge.join()
+            if n_proc > 1:
+                procs.shutdown()
+        if judged["error"] is not None:
+            raise RuntimeError(f"the key holder's judging failed: {judged['error']}") from judged["error"]
         res = timed("release", lambda: kh.finalize(conn, min_clients=cfg["session"]["min_clients"]))
+        if judge is not None:
+            log(f"{'':<15} {judged['uploads']} of {K} uploads judged while the session was open")
         conn.close()
     finally:
         if server is not None:
@@ -200,7 +259,8 @@ def run_headline(*, images: int = 50_000, test_images: int = 10_000, classes: in
            "phases_s": {k: round(v, 4) for k, v in phases.items()}, "total_s": round(total, 4),
            "bytes_up_per_hospital": float(np.mean(list(uploaded.values()))) if uploaded else None,
            "w_rel_error_vs_plain": w_err, "w_solve_repeat_diff": float(np.max(np.abs(W_again - res.W))),
-           "test_accuracy": acc, "n_max": n_max, "cpus": os.cpu_count()}
+           "test_accuracy": acc, "n_max": n_max, "cpus": os.cpu_count(), "hospital_processes": n_proc,
+           "judged_while_open": judged["uploads"] if backend == "split" else None}
     return out
 
 
@@ -217,7 +277,10 @@ def main(argv=None) -> int:
     p.add_argument("--batch-size", type=int, default=512)
     p.add_argument("--input-size", type=int, default=224, help="224: the paper's Resize(224); 32: native size")
     p.add_argument("--weights", help="a local resnet18 state-dict file (default: random init)")
-    p.add_argument("--upload-threads", type=int, default=32)
+    p.add_argument("--upload-threads", type=int, default=32, help="hospitals in flight at once when they run "
+                                                                  "as threads (--hospital-processes 1, secagg)")
+    p.add_argument("--hospital-processes", type=int, help="worker processes running the hospitals (default: "
+                                                          "the cores; 1: threads in this process)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--workdir")
     args = p.parse_args(argv)
@@ -226,7 +289,8 @@ def main(argv=None) -> int:
     res = run_headline(images=args.images, test_images=args.test_images, classes=args.classes,
                        hospitals=args.hospitals, alpha=args.alpha, backend=args.backend, device=args.device,
                        batch_size=args.batch_size, input_size=args.input_size, weights=args.weights,
-                       upload_threads=args.upload_threads, seed=args.seed, workdir=args.workdir,
+                       upload_threads=args.upload_threads, hospital_processes=args.hospital_processes,
+                       seed=args.seed, workdir=args.workdir,
                        log=lambda m: print(m, file=sys.stderr, flush=True))
     print(json.dumps(res))
     return 0

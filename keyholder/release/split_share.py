@@ -4,7 +4,6 @@ signed and bound to the manifest; keep the refusals' evidence; account the relea
 from __future__ import annotations
 
 import json
-import os
 import time
 from pathlib import Path
 
@@ -117,8 +116,7 @@ class SplitRelease(ReleaseBase):
                 # started from the sum of those judged valid
                 t = time.perf_counter()
                 share = split.keyholder_share(params, secret, m, statements, enrolled, refused=refused,
-                                              judged=judge.judged(),
-                                              sum_masks=split.pool.lane_masks(params, os.cpu_count() or 1))
+                                              judged=judge.judged(), sum_masks=split.pool.lane_masks(params, judge.pool))
                 if timings is not None:
                     timings.update({"server_verifier_seconds": verifier_s,
                                     "judge_and_share_seconds": time.perf_counter() - t})
@@ -136,6 +134,7 @@ class SplitRelease(ReleaseBase):
             return split.sign_share(self.party.identity_key(), params, m, share, refused, evidence)
         finally:
             ledger.close()
+            self._split_judge(sid, expected_hospitals).pool.close()  # this key's one share is formed or refused
 
     def split_verdicts(self, sid: str, source, manifest: dict, statements: dict, ledger, *,
                        expected_hospitals: list[str] | None = None, secret: bytes | None = None):

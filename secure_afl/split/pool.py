@@ -1,9 +1,9 @@
 """split's work in worker processes: the server's verifier messages, the key holder's verdicts and mask sums.
 
 Each upload's work is independent of the others' and holds the GIL (table lookups, small field operations),
-so many uploads are spread over ``workers`` spawned processes (:func:`secure_afl.workers.map_chunks`) once
-there are :data:`~secure_afl.split.sizes.PROCESS_MIN_UPLOADS` per worker to pay for starting them. The
-results do not depend on how the uploads are split. The roles themselves are in :mod:`secure_afl.split.roles`.
+so the uploads are spread over the processes of a :class:`secure_afl.workers.WorkerPool` the verifier keeps
+for its session (``pool=None``: this process). The results do not depend on how the uploads are split. The
+roles themselves are in :mod:`secure_afl.split.roles`.
 """
 
 from __future__ import annotations
@@ -15,34 +15,45 @@ import numpy as np
 from ..exceptions import MalformedPayload
 from ..hazmat import fixedpoint, flp
 from ..params import SessionParams
-from ..workers import map_chunks
-from . import roles, sizes
+from ..workers import WorkerPool
+from . import roles
 from .signed_messages import sign_verifier_message
 from .proof import Circuit
 
 __all__ = ["leader_messages", "keyholder_verdicts", "lane_masks"]
 
-
-def _workers(n_items: int, workers: int) -> int:
-    return workers if n_items >= sizes.PROCESS_MIN_UPLOADS * max(1, workers) else 1
+_circuits: dict[bytes, Circuit] = {}
 
 
-def leader_messages(params: SessionParams, uploads, identity_key, *, workers: int = 1) -> dict:
+def _map(pool: WorkerPool | None, fn, common, items) -> list:
+    return [fn(common, items)] if pool is None else pool.map_chunks(fn, common, items)
+
+
+def _circuit(params_dict: dict) -> Circuit:
+    """This process's circuit for the session (a worker serves many batches of one session)."""
+    params = SessionParams.from_dict(params_dict)
+    key = params.digest()
+    if key not in _circuits:
+        _circuits.clear()
+        _circuits[key] = Circuit(params)
+    return _circuits[key]
+
+
+def leader_messages(params: SessionParams, uploads, identity_key, *, pool: WorkerPool | None = None) -> dict:
     """Server: hospital -> its signed verifier message, for every ``(hospital, payload file, payload_sha256,
     statement, query seed)`` in ``uploads`` (the query seed the key holder sent for that upload).
 
     Each worker reads the payload file and checks it is the upload the key holder named. Only this process
     holds ``identity_key`` and signs."""
     items = [(h, str(path), sha, statement.get("validity"), bytes(qs)) for h, path, sha, statement, qs in uploads]
-    messages = {h: msg for chunk in map_chunks(_leader_chunk, params.to_dict(), items,
-                                               _workers(len(items), workers)) for h, msg in chunk}
+    messages = {h: msg for chunk in _map(pool, _leader_chunk, params.to_dict(), items) for h, msg in chunk}
     return {h: sign_verifier_message(params, h, sha, qs, flp.from_bytes(messages[h]), identity_key)
             for h, _, sha, _, qs in items}
 
 
 def _leader_chunk(params_dict: dict, items: list) -> list:
     """One worker's part of :func:`leader_messages`: (hospital, unsigned message bytes) per upload."""
-    circuit = Circuit(SessionParams.from_dict(params_dict))
+    circuit = _circuit(params_dict)
     out = []
     for h, path, sha, validity, qs in items:
         with open(path, "rb") as f:
@@ -53,7 +64,7 @@ def _leader_chunk(params_dict: dict, items: list) -> list:
     return out
 
 
-def keyholder_verdicts(params: SessionParams, items, *, workers: int = 1,
+def keyholder_verdicts(params: SessionParams, items, *, pool: WorkerPool | None = None,
                        messages: dict | None = None) -> tuple[dict, np.ndarray]:
     """Key holder: ``(hospital -> None or the check its upload failed, -sum m_k (mod p) over the accepted)``
     for ``items`` of ``(hospital, opened seed, validity commitment, query seed, the server's checked
@@ -67,8 +78,7 @@ def keyholder_verdicts(params: SessionParams, items, *, workers: int = 1,
     items = [(h, bytes(seed), validity, bytes(qs), flp.to_bytes(msg)) for h, seed, validity, qs, msg in items]
     total = np.zeros(fixedpoint.n_words(params.layout.length), dtype=np.uint64)
     refused: dict[str, str] = {}
-    for partial, refused_here, own in map_chunks(_share_chunk, params.to_dict(), items,
-                                                 _workers(len(items), workers)):
+    for partial, refused_here, own in _map(pool, _share_chunk, params.to_dict(), items):
         total = flp.add(total, partial)
         refused.update(refused_here)
         if messages is not None:
@@ -79,12 +89,11 @@ def keyholder_verdicts(params: SessionParams, items, *, workers: int = 1,
 def _share_chunk(params_dict: dict, items: list) -> tuple[np.ndarray, dict, dict]:
     """One worker's part of :func:`keyholder_verdicts`: ``-sum m_k`` over its accepted uploads, its refusals,
     and its own verifier message for each refused one."""
-    params = SessionParams.from_dict(params_dict)
-    n = fixedpoint.n_words(params.layout.length)
+    circuit = _circuit(params_dict)
+    n = fixedpoint.n_words(circuit.params.layout.length)
     total = np.zeros(n, dtype=np.uint64)
     refused: dict[str, str] = {}
     messages: dict[str, bytes] = {}
-    circuit = Circuit(params) if items else None
     for h, seed, validity, query_seed, message in items:
         mask = circuit.helper_share(seed)  # -m over the whole body: the verdict's share, the lanes first
         msg = flp.from_bytes(message, circuit.verifier_len, what=f"the server's verifier message for {h}")
@@ -99,12 +108,12 @@ def _share_chunk(params_dict: dict, items: list) -> tuple[np.ndarray, dict, dict
     return total, refused, messages
 
 
-def lane_masks(params: SessionParams, workers: int = 1):
-    """``sum_masks`` for :func:`secure_afl.split.roles.keyholder_share` over ``workers`` processes."""
+def lane_masks(params: SessionParams, pool: WorkerPool | None = None):
+    """``sum_masks`` for :func:`secure_afl.split.roles.keyholder_share` over ``pool``'s processes."""
     def sum_masks(n: int, seeds) -> np.ndarray:
         seeds = list(seeds)
         total = np.zeros(n, dtype=np.uint64)
-        for partial in map_chunks(_mask_chunk, params.to_dict(), seeds, _workers(len(seeds), workers)):
+        for partial in _map(pool, _mask_chunk, params.to_dict(), seeds):
             total = flp.add(total, partial)
         return total
     return sum_masks

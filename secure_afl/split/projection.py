@@ -8,6 +8,9 @@ adds in; chunk sums are then added as int64 and the bytes recombined mod p.
 
 from __future__ import annotations
 
+import threading
+from contextlib import contextmanager
+
 import numpy as np
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
 
@@ -38,6 +41,33 @@ _PROJ_CHUNK = 1 << 16
 _COMPILED = True
 
 
+_blas_lock = threading.Lock()
+_blas: dict = {"users": 0, "limit": None, "controller": None}
+
+
+@contextmanager
+def _one_blas_thread():
+    """BLAS on one thread while any projection runs: each product is 16 x 65536 by 65536 x 8, too small to
+    share, and a BLAS pool per process spinning on every core multiplied a hospital's CPU time on a 16-core
+    machine (one hospital process per core). Counted, so that threads projecting at once restore the
+    process's own setting only when the last one leaves."""
+    from threadpoolctl import ThreadpoolController
+
+    with _blas_lock:
+        if _blas["users"] == 0:
+            if _blas["controller"] is None:
+                _blas["controller"] = ThreadpoolController()
+            _blas["limit"] = _blas["controller"].limit(limits=1, user_api="blas")
+        _blas["users"] += 1
+    try:
+        yield
+    finally:
+        with _blas_lock:
+            _blas["users"] -= 1
+            if _blas["users"] == 0:
+                _blas["limit"].restore_original_limits()
+
+
 def project(words, key: bytes, domain: bytes, *, compiled: bool = False) -> np.ndarray:
     """``<r_j, words>`` mod p for the ROWS rows of the ChaCha20 stream under ``key`` and ``domain``, shape
     (ROWS,). ``compiled``: the compiled kernel may sum them (the same rows, a loop that releases the GIL)."""
@@ -51,13 +81,14 @@ def project(words, key: bytes, domain: bytes, *, compiled: bool = False) -> np.n
     limbs = np.ascontiguousarray(words, dtype="<u8").view(np.uint8).reshape(n, 8).T.astype(np.float32)
     sums = np.zeros((ROWS, 8), dtype=np.int64)
     block = 16
-    for j0 in range(0, ROWS, block):
-        nb = min(block, ROWS - j0)
-        raw = np.frombuffer(enc.update(bytes(nb * row_bytes)), dtype=np.uint8).reshape(nb, row_bytes)
-        R = np.take(_TRITS, raw).view(np.float32).reshape(nb, 4 * row_bytes)
-        for c0 in range(0, n, _PROJ_CHUNK):
-            c1 = min(n, c0 + _PROJ_CHUNK)
-            sums[j0:j0 + nb] += (R[:, c0:c1] @ limbs[:, c0:c1].T).astype(np.int64)
+    with _one_blas_thread():
+        for j0 in range(0, ROWS, block):
+            nb = min(block, ROWS - j0)
+            raw = np.frombuffer(enc.update(bytes(nb * row_bytes)), dtype=np.uint8).reshape(nb, row_bytes)
+            R = np.take(_TRITS, raw).view(np.float32).reshape(nb, 4 * row_bytes)
+            for c0 in range(0, n, _PROJ_CHUNK):
+                c1 = min(n, c0 + _PROJ_CHUNK)
+                sums[j0:j0 + nb] += (R[:, c0:c1] @ limbs[:, c0:c1].T).astype(np.int64)
     out = np.zeros(ROWS, dtype=np.uint64)
     for i in range(8):
         out = flp.add(out, flp.scale(flp.encode_signed(sums[:, i]), 1 << (8 * i)))

@@ -82,11 +82,11 @@ def check_upload(circuit: Circuit, payload: bytes, statement: Mapping) -> None:
 
 
 def leader_prep(circuit: Circuit, hospital: str, payload: bytes, validity, query_seed: bytes) -> np.ndarray:
-    """The server's verifier message (unsigned) for one upload: the commitment checked against its words."""
-    commitment = UploadCommitment.from_dict(validity)
+    """The server's verifier message (unsigned) for one upload it accepted: :func:`check_upload` held for
+    these bytes then (the server refuses the upload otherwise, and the worker that reads the stored file checks
+    it is those bytes by their SHA-256), so the commitment is not hashed again here."""
     share = circuit.upload_share(payload)
-    circuit.check_commitment(share, commitment, leader=True)
-    return circuit.query(share, commitment, hospital, query_seed, leader=True)
+    return circuit.query(share, UploadCommitment.from_dict(validity), hospital, query_seed, leader=True)
 
 
 def leader_message(circuit: Circuit, hospital: str, payload: bytes, statement: Mapping, identity_key,

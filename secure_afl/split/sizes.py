@@ -242,8 +242,8 @@ def choose_frac_bits(params: SessionParams) -> tuple[int, int]:
 
 
 
-#: uploads per worker process below which a verifier judges them in its own process (a spawned worker
-#: costs about a second of interpreter start and imports)
+#: uploads a verifier judges in its own process before it starts its worker processes (a spawned worker costs
+#: about a second of interpreter start and imports, once per session: the pool is kept for every later upload)
 PROCESS_MIN_UPLOADS = 32
 
 

@@ -1,0 +1,80 @@
+"""WorkerPool: the verifiers' spawned processes, kept for a session's later batches (secure_afl/workers.py)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from secure_afl.workers import WorkerPool
+from support.pool_fns import fail_on, pid_and_square
+
+
+def _run(pool, items, common=0):
+    parts = pool.map_chunks(pid_and_square, common, items)
+    return [p for p, _ in parts], [v for _, vals in parts for v in vals]
+
+
+def test_a_pool_works_in_the_calling_process_until_it_has_seen_start_after_items():
+    with WorkerPool(2, start_after=10) as pool:
+        pids, values = _run(pool, range(6))
+        assert pids == [os.getpid()] and values == [x * x for x in range(6)] and not pool.started
+        pids, values = _run(pool, range(6), common=1)  # 12 items seen: the workers start
+        assert pool.started and os.getpid() not in pids and len(pids) == 2  # two chunks
+        assert values == [1 + x * x for x in range(6)]  # chunk order kept
+
+
+def test_the_workers_are_kept_between_batches_and_a_batch_is_spread_over_them():
+    with WorkerPool(2, start_after=0) as pool:
+        seen = set()
+        for batch in ([1, 2, 3, 4, 5], [6, 7], [8]):
+            pids, values = _run(pool, batch)
+            assert values == [x * x for x in batch] and len(pids) == min(2, len(batch))  # one chunk per worker
+            seen.update(pids)
+        # at most two processes served every batch: none was started again (which one takes a chunk is the
+        # executor's choice)
+        assert 1 <= len(seen) <= 2 and os.getpid() not in seen
+
+
+def test_a_chunks_exception_is_raised_to_the_caller_and_the_pool_still_serves():
+    with WorkerPool(2, start_after=0) as pool:
+        with pytest.raises(ValueError, match="item 3 refused"):
+            pool.map_chunks(fail_on, 3, [1, 2, 3, 4])
+        assert [x for part in pool.map_chunks(fail_on, 9, [1, 2, 3, 4]) for x in part] == [1, 2, 3, 4]
+
+
+@pytest.mark.e2e
+def test_workers_leave_when_their_parent_is_killed(tmp_path):
+    # a verifier killed without a shutdown (SIGKILL, a crash) must not leave its workers running
+    script = ("import os, sys; sys.path.insert(0, %r)\n"
+              "from secure_afl.workers import WorkerPool\n"
+              "from support.pool_fns import pid_and_square\n"
+              "pool = WorkerPool(2, start_after=0)\n"
+              "print(' '.join(str(p) for p, _ in pool.map_chunks(pid_and_square, 0, [1, 2])), flush=True)\n"
+              "os.kill(os.getpid(), 9)\n") % os.path.dirname(__file__)
+    out = tmp_path / "pids"
+    with open(out, "w") as fh:  # a file, not a pipe: orphaned workers would hold a pipe open
+        subprocess.run([sys.executable, "-c", script], stdout=fh, stderr=subprocess.STDOUT, timeout=120)
+    pids = [int(p) for p in out.read_text().split()]
+    assert len(pids) == 2, out.read_text()
+    deadline = time.monotonic() + 30
+    while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(_alive(p) for p in pids)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_workers_must_be_a_positive_int():
+    for bad in (0, -1, True, 1.5):
+        with pytest.raises(ValueError):
+            WorkerPool(bad)
