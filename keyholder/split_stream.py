@@ -34,7 +34,6 @@ from secure_afl.encoding import canonical_json
 from secure_afl.exceptions import InvalidSignature, MalformedPayload, SecureAFLError
 from secure_afl.hazmat import flp
 from secure_afl.hazmat.at_rest import open_secret, seal_secret
-from secure_afl.workers import WorkerPool
 
 from .verify import ServerForgery
 
@@ -57,7 +56,7 @@ class SplitJudge:
         self._secret: bytes | None = None
         # this key holder's own processes (the opened seeds travel to them over pipes, nowhere else), started
         # once the session has enough uploads and kept between polls
-        self.pool = WorkerPool(start_after=split.sizes.PROCESS_MIN_UPLOADS)
+        self.pool = split.pool.verifier_pool()
 
     # -- state in the key directory ---------------------------------------------------------------------
     @property

@@ -15,14 +15,21 @@ from concurrent.futures import ProcessPoolExecutor
 __all__ = ["WorkerPool"]
 
 
-def _watch_parent(parent: int) -> None:
+def _start_worker(parent: int, warm) -> None:
     """Worker start-up: leave when the process that started this one is gone (a killed server or key holder
-    must not leave its verifiers behind, holding opened seeds in memory)."""
+    must not leave its verifiers behind, holding opened seeds in memory); then ``warm()`` (imports, compiled
+    kernels) before the first batch."""
     def watch():
         while os.getppid() == parent:
             time.sleep(0.5)
         os._exit(0)
     threading.Thread(target=watch, daemon=True, name="parent-watch").start()
+    if warm is not None:
+        warm()
+
+
+def _ready() -> int:
+    return os.getpid()
 
 
 class WorkerPool:
@@ -30,10 +37,11 @@ class WorkerPool:
 
     :meth:`map_chunks` runs ``fn(common, chunk)`` over contiguous chunks of the items, one chunk per worker, and
     returns the results in chunk order. A verifier that streams (a poll every second, a few uploads each time)
-    pays the interpreter start-up (about a second per process) once, not at every batch, and a batch of any
-    size is spread over ``min(workers, len(items))`` of them (a single item too: the caller, a server's request
-thread, stays free). Until the pool has been handed ``start_after``
-    items in all, it works in the calling process: a small session never starts a process.
+    pays the interpreter start-up (a second or more of CPU per process) once, not at every batch, and a batch
+    of any size is spread over ``min(workers, len(items))`` of them (a single item too: the caller, a server's
+    request thread, stays free). Once the pool has been handed ``start_after`` items in all it starts its
+    processes and runs ``warm`` in each; until they are all up, batches run in the calling process, so no batch
+    waits for an interpreter to start and a small session never starts one.
 
     ``fn`` must be a module-level function (a spawned interpreter imports it by name) and ``common`` and the
     items picklable. The first exception a chunk raises is raised here. Thread-safe; :meth:`close` (or leaving
@@ -41,28 +49,51 @@ thread, stays free). Until the pool has been handed ``start_after``
     process is gone.
     """
 
-    def __init__(self, workers: int | None = None, *, start_after: int = 32):
+    def __init__(self, workers: int | None = None, *, start_after: int = 32, warm=None):
         if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int) or workers < 1):
             raise ValueError("workers must be an int >= 1")
         self.workers = workers or os.cpu_count() or 1
         self.start_after = int(start_after)
+        self._warm = warm
         self._seen = 0
         self._pool: ProcessPoolExecutor | None = None
+        self._starting: list = []
         self._lock = threading.Lock()
 
     @property
     def started(self) -> bool:
-        return self._pool is not None
+        """The worker processes are up (every one has run ``warm``)."""
+        with self._lock:
+            return self._pool is not None and all(f.done() for f in self._starting)
+
+    def start(self, *, wait: bool = True, timeout: float | None = None) -> None:
+        """Start the workers now, whatever ``start_after`` says (a benchmark's setup, tests); ``wait``: until
+        they are up."""
+        with self._lock:
+            self._start_locked()
+            starting = list(self._starting)
+        if wait:
+            for f in starting:
+                f.result(timeout)
+
+    def _start_locked(self) -> None:
+        if self._pool is None:
+            self._pool = ProcessPoolExecutor(max_workers=self.workers, mp_context=mp.get_context("spawn"),
+                                             initializer=_start_worker, initargs=(os.getpid(), self._warm))
+            # one task per worker spawns them all now; a start-up failure surfaces at a later batch
+            self._starting = [self._pool.submit(_ready) for _ in range(self.workers)]
 
     def map_chunks(self, fn, common, items) -> list:
         items = list(items)
         with self._lock:
             self._seen += len(items)
-            if self._pool is None and self.workers > 1 and self._seen >= self.start_after:
-                self._pool = ProcessPoolExecutor(max_workers=self.workers, mp_context=mp.get_context("spawn"),
-                                                 initializer=_watch_parent, initargs=(os.getpid(),))
-            pool = self._pool
-        if pool is None or not items:
+            if self.workers > 1 and self._seen >= self.start_after:
+                self._start_locked()
+            pool, starting = self._pool, list(self._starting)
+        ready = pool is not None and all(f.done() for f in starting)
+        for f in starting if ready else ():
+            f.result()
+        if not ready or not items:
             return [fn(common, items)]
         size = -(-len(items) // min(self.workers, len(items)))
         chunks = [items[i:i + size] for i in range(0, len(items), size)]
@@ -70,7 +101,7 @@ thread, stays free). Until the pool has been handed ``start_after``
 
     def close(self) -> None:
         with self._lock:
-            pool, self._pool = self._pool, None
+            pool, self._pool, self._starting = self._pool, None, []
         if pool is not None:
             pool.shutdown(wait=True, cancel_futures=True)
 

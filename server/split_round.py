@@ -32,7 +32,6 @@ from secure_afl.backends import get_backend
 from secure_afl.certify import certify_release
 from secure_afl.cohort import JOINT_CHECK, cohort_after_refusals
 from secure_afl.packing import Layout
-from secure_afl.workers import WorkerPool
 
 __all__ = ["SplitAggregationServer"]
 
@@ -59,10 +58,10 @@ def _dp_checks_and_solve(params, stats, contributors: int):
 
 class SplitAggregationServer(AggregationServer):
 
-    def _verifiers(self) -> WorkerPool:
+    def _verifiers(self):
         with self._lock:
             if "_verifier_pool" not in self.__dict__:
-                self._verifier_pool = WorkerPool(start_after=split.sizes.PROCESS_MIN_UPLOADS)
+                self._verifier_pool = split.pool.verifier_pool()
             return self._verifier_pool
 
     def shutdown(self) -> None:

@@ -23,7 +23,7 @@ from secure_afl import split
 from secure_afl.backends import get_backend
 from secure_afl.exceptions import BoundsExceeded, InvalidInputError, InvalidSignature, MalformedPayload, \
     SecureAFLError
-from secure_afl.hazmat import flp
+from secure_afl.hazmat import flp, ternary
 from secure_afl.workers import WorkerPool
 from secure_afl.packing import Layout
 from secure_afl.params import Bounds
@@ -279,7 +279,9 @@ def test_both_verifiers_in_worker_processes_decide_and_sum_as_one_process_does(t
         manifest["participants"].append({"hospital": h, "payload_sha256": sha})
         statements[h], enrolled[h] = st, ident.public_key()
     results = []
-    for pool in (None, WorkerPool(2, start_after=0)):
+    workers = WorkerPool(2, warm=ternary.warm)  # as a verifier's: the compiled projection in each worker
+    workers.start()
+    for pool in (None, workers):
         msgs = split.leader_messages(params, uploads, server_key, pool=pool)
         items = [(h, split.open_statement_seed(params, keys.secret_context, statements, enrolled, h, sha),
                   st["validity"], qs,

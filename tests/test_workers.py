@@ -10,7 +10,7 @@ import time
 import pytest
 
 from secure_afl.workers import WorkerPool
-from support.pool_fns import fail_on, pid_and_square
+from support.pool_fns import fail_on, mark_warm, pid_and_square, was_warmed
 
 
 def _run(pool, items, common=0):
@@ -18,17 +18,22 @@ def _run(pool, items, common=0):
     return [p for p, _ in parts], [v for _, vals in parts for v in vals]
 
 
-def test_a_pool_works_in_the_calling_process_until_it_has_seen_start_after_items():
+def test_a_pool_works_in_the_calling_process_until_its_workers_are_up():
     with WorkerPool(2, start_after=10) as pool:
         pids, values = _run(pool, range(6))
         assert pids == [os.getpid()] and values == [x * x for x in range(6)] and not pool.started
-        pids, values = _run(pool, range(6), common=1)  # 12 items seen: the workers start
-        assert pool.started and os.getpid() not in pids and len(pids) == 2  # two chunks
-        assert values == [1 + x * x for x in range(6)]  # chunk order kept
+        # 12 items seen: the workers start, and this batch does not wait for them
+        pids, values = _run(pool, range(6), common=1)
+        assert values == [1 + x * x for x in range(6)]
+        pool.start()  # waits until they are up
+        pids, values = _run(pool, range(6), common=2)
+        assert pool.started and os.getpid() not in pids and len(pids) == 2  # two chunks, in the workers
+        assert values == [2 + x * x for x in range(6)]  # chunk order kept
 
 
 def test_the_workers_are_kept_between_batches_and_a_batch_is_spread_over_them():
-    with WorkerPool(2, start_after=0) as pool:
+    with WorkerPool(2) as pool:
+        pool.start()
         seen = set()
         for batch in ([1, 2, 3, 4, 5], [6, 7], [8]):
             pids, values = _run(pool, batch)
@@ -39,8 +44,15 @@ def test_the_workers_are_kept_between_batches_and_a_batch_is_spread_over_them():
         assert 1 <= len(seen) <= 2 and os.getpid() not in seen
 
 
+def test_warm_runs_in_each_worker_before_its_first_batch():
+    with WorkerPool(2, warm=mark_warm) as pool:
+        pool.start()
+        assert [w for part in pool.map_chunks(was_warmed, None, [1, 2]) for w in part] == [True, True]
+
+
 def test_a_chunks_exception_is_raised_to_the_caller_and_the_pool_still_serves():
-    with WorkerPool(2, start_after=0) as pool:
+    with WorkerPool(2) as pool:
+        pool.start()
         with pytest.raises(ValueError, match="item 3 refused"):
             pool.map_chunks(fail_on, 3, [1, 2, 3, 4])
         assert [x for part in pool.map_chunks(fail_on, 9, [1, 2, 3, 4]) for x in part] == [1, 2, 3, 4]
@@ -52,7 +64,8 @@ def test_workers_leave_when_their_parent_is_killed(tmp_path):
     script = ("import os, sys; sys.path.insert(0, %r)\n"
               "from secure_afl.workers import WorkerPool\n"
               "from support.pool_fns import pid_and_square\n"
-              "pool = WorkerPool(2, start_after=0)\n"
+              "pool = WorkerPool(2)\n"
+              "pool.start()\n"
               "print(' '.join(str(p) for p, _ in pool.map_chunks(pid_and_square, 0, [1, 2])), flush=True)\n"
               "os.kill(os.getpid(), 9)\n") % os.path.dirname(__file__)
     out = tmp_path / "pids"

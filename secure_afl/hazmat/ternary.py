@@ -26,7 +26,7 @@ from . import flp
 
 import importlib.util
 
-__all__ = ["AVAILABLE", "WARM_CALLS", "worth_it", "project"]
+__all__ = ["AVAILABLE", "WARM_CALLS", "worth_it", "warm", "project"]
 
 #: numba is installed (an optional accelerator: the numpy path is the reference and the fallback)
 AVAILABLE = importlib.util.find_spec("numba") is not None
@@ -68,6 +68,15 @@ def worth_it() -> bool:
     global _calls
     _calls += 1
     return AVAILABLE and _calls > WARM_CALLS
+
+
+def warm() -> None:
+    """For a process that projects many uploads (a verifier's worker): load the kernel now, and use it from
+    the first projection on."""
+    global _calls
+    if AVAILABLE:
+        _kernel()
+        _calls = max(_calls, WARM_CALLS)
 
 
 def _kernel():

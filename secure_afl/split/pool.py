@@ -9,20 +9,29 @@ roles themselves are in :mod:`secure_afl.split.roles`.
 from __future__ import annotations
 
 import hashlib
+import os
 
 import numpy as np
 
 from ..exceptions import MalformedPayload
-from ..hazmat import fixedpoint, flp
+from ..hazmat import fixedpoint, flp, ternary
 from ..params import SessionParams
 from ..workers import WorkerPool
-from . import roles
+from . import roles, sizes
 from .signed_messages import sign_verifier_message
 from .proof import Circuit
 
-__all__ = ["leader_messages", "keyholder_verdicts", "lane_masks"]
+__all__ = ["verifier_pool", "leader_messages", "keyholder_verdicts", "lane_masks"]
 
 _circuits: dict[bytes, Circuit] = {}
+
+
+def verifier_pool() -> WorkerPool:
+    """A verifier's pool for one session: :data:`~secure_afl.split.sizes.VERIFIER_WORKERS` processes (at most
+    the cores), started once the session has :data:`~secure_afl.split.sizes.PROCESS_MIN_UPLOADS` uploads, each
+    with the compiled projection loaded."""
+    return WorkerPool(max(1, min(sizes.VERIFIER_WORKERS, os.cpu_count() or 1)),
+                      start_after=sizes.PROCESS_MIN_UPLOADS, warm=ternary.warm)
 
 
 def _map(pool: WorkerPool | None, fn, common, items) -> list:

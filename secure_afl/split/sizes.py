@@ -17,7 +17,7 @@ from ..packing import Layout
 from ..params import Bounds, SessionParams
 
 __all__ = ["REPS", "LINEAR_REPS", "ROWS", "TAIL", "WRAP_BITS", "RETRIES", "GRAM_KEY", "GRAM_RHOS", "GRAM_QUERIES",
-           "GRAM_MIN_F", "PROCESS_MIN_UPLOADS", "ADVISORY_CHECKS", "gram_enabled", "noise_beside", "noise_bound",
+           "GRAM_MIN_F", "PROCESS_MIN_UPLOADS", "VERIFIER_WORKERS", "ADVISORY_CHECKS", "gram_enabled", "noise_beside", "noise_bound",
            "statement_sizes",
            "fits", "choose_frac_bits", "split_session_params", "session_params", "expected_abs_error",
            "proven_aggregate_bound", "psd_tolerance"]
@@ -245,6 +245,11 @@ def choose_frac_bits(params: SessionParams) -> tuple[int, int]:
 #: uploads a verifier judges in its own process before it starts its worker processes (a spawned worker costs
 #: about a second of interpreter start and imports, once per session: the pool is kept for every later upload)
 PROCESS_MIN_UPLOADS = 32
+#: worker processes per verifier (the server's and the key holder's), at most the cores: one upload costs each
+#: verifier about as much CPU as the server's own upload handling, which runs in one process, so a few workers
+#: keep up with any arrival rate while the other cores serve requests (and every worker's start-up, a second or
+#: more of CPU, is paid per worker)
+VERIFIER_WORKERS = 4
 
 
 def split_session_params(session_id: str, layout: Layout, gamma: float, bounds: Bounds, *,

@@ -11,3 +11,14 @@ def fail_on(common, chunk):
     if common in chunk:
         raise ValueError(f"item {common} refused")
     return chunk
+
+
+_warmed = []
+
+
+def mark_warm():
+    _warmed.append(os.getpid())
+
+
+def was_warmed(common, chunk):
+    return [os.getpid() in _warmed for _ in chunk]
