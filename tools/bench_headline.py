@@ -38,7 +38,6 @@ import multiprocessing as mp
 import os
 import sys
 import tempfile
-import threading
 import time
 import warnings
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
@@ -119,7 +118,7 @@ def run_headline(*, images: int = 50_000, test_images: int = 10_000, classes: in
     import torch
 
     from secure_afl.analytic import solve_from_sums
-    from .harness import make_pki, secagg_quorum, server_section, start_server, write_session
+    from .harness import Judging, make_pki, secagg_quorum, server_section, start_server, write_session
     from secure_afl.backends.session_params import dp_session_params
     from secure_afl.keyholder import KeyHolder
     from secure_afl.packing import Layout
@@ -196,36 +195,15 @@ def run_headline(*, images: int = 50_000, test_images: int = 10_000, classes: in
             with ThreadPoolExecutor(max_workers=width) as pool:
                 list(pool.map(one, range(K)))
 
-        stop_judging, judged = threading.Event(), {"uploads": 0, "error": None}
-
-        def judge_loop():
-            """split: the key holder judges each upload as it arrives (its own connection); the release
-            judges what is left."""
-            jconn = kh.connect(url, session_id)
-            try:
-                while not stop_judging.wait(0.2):
-                    judged["uploads"] = len(kh.judge_split(jconn))
-            except Exception as e:  # reported below: the release would be refused on a blocked key
-                judged["error"] = e
-            finally:
-                jconn.close()
-
-        judge = threading.Thread(target=judge_loop, daemon=True) if backend == "split" else None
-        if judge is not None:
-            judge.start()
         try:
-            timed("protect_upload", upload_all)
+            with Judging(kh, url, session_id, enabled=backend == "split", interval_s=0.2) as judging:
+                timed("protect_upload", upload_all)
         finally:
-            stop_judging.set()
-            if judge is not None:
-                judge.join()
             if n_proc > 1:
                 procs.shutdown()
-        if judged["error"] is not None:
-            raise RuntimeError(f"the key holder's judging failed: {judged['error']}") from judged["error"]
         res = timed("release", lambda: kh.finalize(conn, min_clients=cfg["session"]["min_clients"]))
-        if judge is not None:
-            log(f"{'':<15} {judged['uploads']} of {K} uploads judged while the session was open")
+        if backend == "split":
+            log(f"{'':<15} {judging.uploads} of {K} uploads judged while the session was open")
         conn.close()
     finally:
         if server is not None:
@@ -260,7 +238,7 @@ def run_headline(*, images: int = 50_000, test_images: int = 10_000, classes: in
            "bytes_up_per_hospital": float(np.mean(list(uploaded.values()))) if uploaded else None,
            "w_rel_error_vs_plain": w_err, "w_solve_repeat_diff": float(np.max(np.abs(W_again - res.W))),
            "test_accuracy": acc, "n_max": n_max, "cpus": os.cpu_count(), "hospital_processes": n_proc,
-           "judged_while_open": judged["uploads"] if backend == "split" else None}
+           "judged_while_open": judging.uploads if backend == "split" else None}
     return out
 
 

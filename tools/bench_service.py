@@ -49,7 +49,6 @@ import multiprocessing as mp
 import os
 import queue as queue_mod
 import tempfile
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -65,7 +64,7 @@ from secure_afl.secagg import default_threshold, max_min_clients, recommended_ne
 from secure_afl.server.config import load_config
 from secure_afl.stats import StatisticsAccumulator
 from secure_afl.stats import SufficientStatistics
-from secure_afl.tools.harness import ServerProcess, make_pki, server_section, write_session
+from secure_afl.tools.harness import Judging, ServerProcess, make_pki, server_section, write_session
 
 __all__ = ["register", "run_service_bench", "ServerMeter"]
 
@@ -286,35 +285,10 @@ def run_service_bench(backend: str, hospitals: int, *, dim: int = 64, classes: i
                     if p.is_alive():
                         p.terminate()
 
-        stop_judging = threading.Event()
-        judged = {"passes": 0, "uploads": 0, "error": None}
-
-        def judge_loop():
-            """split: the key holder judges the uploads as they arrive (its own connection), as
-            ``secure-afl keyholder judge`` does; what is left when the hospitals are done, the release judges."""
-            jconn = kh.connect(url, session_id)
-            try:
-                while not stop_judging.wait(0.5):
-                    judged["uploads"] = len(kh.judge_split(jconn))
-                    judged["passes"] += 1
-            except Exception as e:  # reported after the phase: the release would be refused on a blocked key
-                judged["error"] = e
-            finally:
-                jconn.close()
-
-        judge_thread = threading.Thread(target=judge_loop, daemon=True) if backend == "split" else None
-        if judge_thread is not None:
-            judge_thread.start()
-        try:
+        with Judging(kh, url, session_id, enabled=backend == "split") as judging:
             phase("hospitals", hospitals_phase)
-        finally:
-            stop_judging.set()
-            if judge_thread is not None:
-                judge_thread.join()
-        if judge_thread is not None:
-            if judged["error"] is not None:
-                raise RuntimeError(f"the key holder's judging failed: {judged['error']}") from judged["error"]
-            phases["hospitals"]["keyholder_judged_while_open"] = judged["uploads"]
+        if backend == "split":
+            phases["hospitals"]["keyholder_judged_while_open"] = judging.uploads
         if backend == "secagg":
             phases["hospitals"]["stages"] = _secagg_stages(work / "server" / session_id / "audit.jsonl")
         if errors:

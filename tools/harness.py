@@ -16,6 +16,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -239,3 +240,40 @@ class Consortium:
 
     def audit_path(self) -> Path:
         return self.root / "server" / self.session_id / "audit.jsonl"
+
+
+class Judging:
+    """split: the key holder judging each upload as it arrives, on its own connection, in a thread (what
+    ``secure-afl keyholder judge`` does); what is left when the uploads stop, the release judges.
+
+    ``with Judging(kh, url, session_id, enabled=...) as j:`` around the uploads; afterwards ``j.uploads`` is
+    how many were judged, and a failure (a blocked key: the release would be refused) is raised on leaving."""
+
+    def __init__(self, kh, url: str, session_id: str, *, enabled: bool = True, interval_s: float = 0.5):
+        self.kh, self.url, self.session_id, self.interval_s = kh, url, session_id, interval_s
+        self.uploads, self.passes, self.error = 0, 0, None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True) if enabled else None
+
+    def _loop(self) -> None:
+        conn = self.kh.connect(self.url, self.session_id)
+        try:
+            while not self._stop.wait(self.interval_s):
+                self.uploads = len(self.kh.judge_split(conn))
+                self.passes += 1
+        except Exception as e:  # raised by __exit__
+            self.error = e
+        finally:
+            conn.close()
+
+    def __enter__(self):
+        if self._thread is not None:
+            self._thread.start()
+        return self
+
+    def __exit__(self, exc_type, *exc):
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        if exc_type is None and self.error is not None:
+            raise RuntimeError(f"the key holder's judging failed: {self.error}") from self.error

@@ -134,7 +134,7 @@ class SplitRelease(ReleaseBase):
             return split.sign_share(self.party.identity_key(), params, m, share, refused, evidence)
         finally:
             ledger.close()
-            self._split_judge(sid, expected_hospitals).pool.close()  # this key's one share is formed or refused
+            self._close_split_judge(sid, expected_hospitals)  # this key's one share is formed or refused
 
     def split_verdicts(self, sid: str, source, manifest: dict, statements: dict, ledger, *,
                        expected_hospitals: list[str] | None = None, secret: bytes | None = None):
@@ -188,6 +188,13 @@ class SplitRelease(ReleaseBase):
         if k not in judges:
             judges[k] = SplitJudge(self, sid, expected_hospitals=expected_hospitals)
         return judges[k]
+
+    def _close_split_judge(self, sid: str, expected_hospitals) -> None:
+        """Stop the session's judge's worker processes, if it has any (never builds one)."""
+        k = (sid, None if expected_hospitals is None else tuple(sorted(expected_hospitals)))
+        judge = self.__dict__.get("_split_judges", {}).get(k)
+        if judge is not None:
+            judge.pool.close()
 
     @staticmethod
     def _cohort(policy: ReleasePolicy | None, floor: int, manifest: dict, refused: dict) -> list[str]:
