@@ -54,6 +54,7 @@ class SplitJudge:
         self.server_pub, self.enrolled = kh._trust(session_id, expected_hospitals)
         self.circuit = split.Circuit(self.params)
         self._secret: bytes | None = None
+        self._read = 0  # seed statements read while the session is open (the server's arrival order)
         # this key holder's own processes (the opened seeds travel to them over pipes, nowhere else), started
         # once the session has enough uploads and kept between polls
         self.pool = split.pool.verifier_pool()
@@ -88,8 +89,9 @@ class SplitJudge:
         return json.loads(self.state_path.read_text()) if self.state_path.exists() else {}
 
     def records(self) -> dict:
-        """hospital -> {payload_sha256, statement_sha256, verdict (None or the failed check), server_message,
-        keyholder_message (this key holder's own verifier message, kept for a refusal)}."""
+        """hospital -> {payload_sha256, statement_sha256, verdict (None or the failed check), server_message and
+        keyholder_message (the server's signed verifier message and this key holder's own, kept for a
+        refusal; None for an accepted upload)}."""
         return self._state().get("records", {})
 
     def judged(self, state: dict | None = None) -> tuple[dict, np.ndarray]:
@@ -164,8 +166,10 @@ class SplitJudge:
                 covered[h] = split.seed_digest(seed)
             # a refusal keeps this key holder's own verifier message: published beside the server's, the two
             # recompute the verdict (split.joint_verdict, in secure_afl.split.roles)
+            # the server's message is kept only where it backs a refusal: about 12 kB per upload, and this
+            # file is written again at every pass
             records[h] = {"payload_sha256": sha, "statement_sha256": _digest(st), "verdict": verdicts[h],
-                          "server_message": answers[h],
+                          "server_message": answers[h] if verdicts[h] is not None else None,
                           "keyholder_message": own[h].hex() if h in own else None}
         self._save(records, covered, total)
         return records
@@ -189,10 +193,13 @@ class SplitJudge:
         return out
 
     def poll(self, source, ledger) -> dict:
-        """One streaming pass while the session is open: judge every accepted upload not judged yet."""
-        statements = source.split_statements()
+        """One streaming pass while the session is open: judge every upload accepted since the last pass (the
+        server sends the statements after the ones this judge has read; what it leaves out, the release judges
+        by name)."""
+        statements = source.split_statements(after=self._read)
         if not isinstance(statements, dict):
             raise MalformedPayload("the server's seed statements are not a mapping")
+        self._read += len(statements)
         uploads = [(h, st.get("payload_sha256"), st) for h, st in sorted(statements.items())
                    if isinstance(st, dict) and isinstance(st.get("payload_sha256"), str)]
         return self.judge(source, uploads, ledger, strict=False)

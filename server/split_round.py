@@ -76,16 +76,24 @@ class SplitAggregationServer(AggregationServer):
     def masked_aggregate(self) -> bytes:
         raise Forbidden("a split session serves no masked sum: whoever holds the seeds could read a forged one")
 
-    def split_statements(self) -> dict:
-        """hospital -> its signed seed statement, for every upload accepted so far (open or released): the key
-        holder derives each upload's query seed from it as soon as the upload is in."""
-        return {row["hospital"]: row["tag"] for row in self.store.uploads() if row["tag"] is not None}
+    def split_statements(self, after="0", party: str | None = None) -> dict:
+        """hospital -> its signed seed statement, for every upload accepted so far (open or released) after the
+        first ``after`` in arrival order: the key holder derives each upload's query seed from it as soon as
+        the upload is in, and asks only for what is new since its last poll. A server that leaves one out
+        only moves that upload's verdict to the release, which asks for every participant by name."""
+        if not isinstance(after, int):
+            if not isinstance(after, str) or not after.isdigit() or len(after) > 9:
+                err = MalformedPayload("after: the number of seed statements already read, a non-negative integer")
+                self.refuse("split_statements", party, err)
+                raise err
+            after = int(after)
+        return {h: tag for h, (_, tag) in self.store.upload_tags(after=after).items() if tag is not None}
 
     def verifier_messages(self) -> dict:
         """hospital -> this server's signed verifier message for its upload, as formed so far (at the key
         holder's query seeds, :meth:`form_verifier_messages`): the key holder decides on them, and a refusal
         it signs can be traced to the message the server signed."""
-        return self.store.get_meta("split_verifier") or {}
+        return self.store.verifier_messages()
 
     def form_verifier_messages(self, party: str, body: bytes) -> dict:
         """``POST .../split/queries``: ``{hospital: {payload_sha256, query_seed}}`` from the key holder -> the
@@ -103,12 +111,12 @@ class SplitAggregationServer(AggregationServer):
                 raise MalformedPayload("the verifier queries are not {hospital: {payload_sha256, query_seed (32 "
                                        "bytes hex)}}")
             with self._lock:
-                rows = {row["hospital"]: row for row in self.store.uploads()}
-                done = self.store.get_meta("split_verifier") or {}
+                rows = self.store.upload_tags(list(queries))
+                done = self.store.verifier_messages(list(queries))
                 todo = []
                 for h, q in queries.items():
-                    row = rows.get(h)
-                    if row is None or row["payload_sha256"] != q["payload_sha256"] or row["tag"] is None:
+                    sha, tag = rows.get(h, (None, None))
+                    if sha is None or sha != q["payload_sha256"] or tag is None:
                         raise MalformedPayload(f"a verifier query names no accepted upload of {h}")
                     kept = done.get(h)
                     if kept is not None:
@@ -116,8 +124,7 @@ class SplitAggregationServer(AggregationServer):
                             raise MalformedPayload(f"the upload of {h} already has its verifier message, at "
                                                    "another query seed")
                         continue
-                    todo.append((h, self.store.blob_path(row["payload_sha256"]), row["payload_sha256"], row["tag"],
-                                 bytes.fromhex(q["query_seed"])))
+                    todo.append((h, self.store.blob_path(sha), sha, tag, bytes.fromhex(q["query_seed"])))
         except (SecureAFLError, ValueError) as e:
             err = e if isinstance(e, SecureAFLError) else MalformedPayload("a query seed is not hex")
             self.refuse("split_queries", party, err)
@@ -125,11 +132,9 @@ class SplitAggregationServer(AggregationServer):
         # independent per upload (outside the lock: uploads keep arriving): in this session's worker processes,
         # started once it has seen enough uploads and kept for every later query
         formed = split.leader_messages(self.params, todo, self._key, pool=self._verifiers()) if todo else {}
-        with self._lock:
-            done = self.store.get_meta("split_verifier") or {}
-            for h, msg in formed.items():
-                done.setdefault(h, msg)
-            self.store.set_meta("split_verifier", done)
+        with self._lock:  # a concurrent query for the same upload may have kept its message first: that one stays
+            self.store.keep_verifier_messages(formed)
+            done = self.store.verifier_messages(list(queries))
         return {h: done[h] for h in queries}
 
     def collect(self, party: str, body: bytes, statement: dict) -> dict:

@@ -36,6 +36,9 @@ CREATE TABLE IF NOT EXISTS uploads (
     receipt TEXT,
     tag TEXT
 );
+CREATE TABLE IF NOT EXISTS verifier_messages (
+    hospital TEXT PRIMARY KEY, payload_sha256 TEXT NOT NULL, query_seed TEXT NOT NULL, message TEXT NOT NULL
+);
 CREATE TABLE IF NOT EXISTS nonces (nonce TEXT PRIMARY KEY, party TEXT NOT NULL, seen_at REAL NOT NULL);
 CREATE TABLE IF NOT EXISTS messages (
     stage TEXT NOT NULL, party TEXT NOT NULL, data BLOB NOT NULL, received_at REAL NOT NULL, auth TEXT,
@@ -145,6 +148,48 @@ class Store:
         return [{"seq": r[0], "hospital": r[1], "payload_sha256": r[2], "statement": json.loads(r[3]),
                  "audit_seq": r[4], "receipt": json.loads(r[5]) if r[5] else None,
                  "tag": json.loads(r[6]) if r[6] else None} for r in rows]
+
+    def upload_tags(self, hospitals=None, *, after: int = 0) -> dict[str, tuple[str, dict | None]]:
+        """hospital -> (payload_sha256, tag) of the uploads named (all when None), or of those after the first
+        ``after`` in arrival order: one row per upload read, not the whole table, so a verifier polling a
+        large session pays for what is new."""
+        if hospitals is None:
+            rows = self._rows("SELECT hospital, payload_sha256, tag FROM uploads ORDER BY seq LIMIT -1 OFFSET ?",
+                              (int(after),))
+        else:
+            names, rows = list(hospitals), []
+            for i in range(0, len(names), 500):  # within SQLite's bound on parameters per statement
+                part = names[i:i + 500]
+                rows += self._rows("SELECT hospital, payload_sha256, tag FROM uploads WHERE hospital IN "
+                                   f"({','.join('?' * len(part))})", tuple(part))
+        return {r[0]: (r[1], json.loads(r[2]) if r[2] else None) for r in rows}
+
+    def verifier_messages(self, hospitals=None) -> dict:
+        """hospital -> the kept verifier message of its upload (those named, or all)."""
+        if hospitals is None:
+            rows = self._rows("SELECT hospital, message FROM verifier_messages")
+        else:
+            names, rows = list(hospitals), []
+            for i in range(0, len(names), 500):
+                part = names[i:i + 500]
+                rows += self._rows("SELECT hospital, message FROM verifier_messages WHERE hospital IN "
+                                   f"({','.join('?' * len(part))})", tuple(part))
+        return {r[0]: json.loads(r[1]) for r in rows}
+
+    def keep_verifier_messages(self, messages: dict) -> None:
+        """Keep each message unless its upload has one already (the first one formed stays), in one
+        transaction."""
+        with self._lock:
+            self.db.execute("BEGIN IMMEDIATE")
+            try:
+                self.db.executemany(
+                    "INSERT OR IGNORE INTO verifier_messages(hospital, payload_sha256, query_seed, message) "
+                    "VALUES (?, ?, ?, ?)", [(h, m["payload_sha256"], m["query_seed"], json.dumps(m))
+                                            for h, m in messages.items()])
+                self.db.execute("COMMIT")
+            except BaseException:
+                self.db.execute("ROLLBACK")
+                raise
 
     def retire_uploads(self, label: str, meta: dict) -> int:
         """Move every upload row into ``messages`` under stage ``label`` and set ``meta``, in one transaction.

@@ -10,6 +10,8 @@ were formed at a seed of its own or for another upload.
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
@@ -182,6 +184,50 @@ def test_the_server_answers_one_query_per_upload_and_none_for_an_upload_it_does_
     _honest(c, "h2", 2)
     res = c.keyholder.finalize(conn, min_clients=2)
     assert res.report["refused"] == {} and res.report["participants"] == ["h1", "h2"]
+    conn.close()
+
+
+@pytest.mark.e2e
+def test_the_judge_reads_only_new_statements_and_the_release_judges_what_the_server_left_out(consortium):
+    # Prepare: a server that leaves h2's statement out of every streaming answer (it may: what it relays
+    # while the session is open is unsigned by it), then h3 uploads
+    c, conn = _start(consortium)
+    _honest(c, "h1", 1)
+    _honest(c, "h2", 2)
+    source = HTTPSource(conn)
+    assert sorted(source.split_statements()) == ["h1", "h2"] and list(source.split_statements(after=1)) == ["h2"]
+    assert source.split_statements(after=2) == {}
+    for bad in ("-1", "x", "1e3", "9" * 10):  # refused with a reason, audited, nothing changes
+        with pytest.raises(Exception, match="after"):
+            conn.request("GET", conn.path("/split/statements") + f"?after={bad}")
+    sent = _paths(conn)
+    judge = SplitJudge(c.keyholder, c.session_id)
+    judge.unlock(c.keyholder.secret_context(c.session_id))
+
+    class Omits(HTTPSource):
+        def split_statements(self, after=0):
+            return {h: st for h, st in super().split_statements(after).items() if h != "h2"}
+
+    ledger = ReleaseLedger(c.keyholder.keys_dir / "releases.sqlite3")
+    try:
+        first = judge.poll(Omits(conn), ledger)
+        _honest(c, "h3", 3)
+        second = judge.poll(Omits(conn), ledger)
+    finally:
+        ledger.close()
+    # Assert: the second pass asked only for what came after the first one's statement, so h3 is judged
+    # there; h2 is not judged while open
+    assert sorted(first) == ["h1"] and sorted(second) == ["h1", "h3"]
+    statement_reads = [p for m, p in sent if m == "GET" and "/split/statements" in p]
+    assert statement_reads[-1].endswith("?after=1")
+    # an accepted upload's record keeps no server message (only a refusal's does)
+    assert all(r["server_message"] is None for r in judge.records().values())
+    # the release asks for every participant by name: h2 is judged then, and all three are released
+    res = c.keyholder.finalize(conn, min_clients=2)
+    assert res.report["refused"] == {} and res.report["participants"] == ["h1", "h2", "h3"]
+    refusals = [json.loads(line) for line in c.audit_path().read_text().splitlines()]
+    refusals = [r for r in refusals if r["event"] == "split_statements"]
+    assert len(refusals) == 4 and all(r["outcome"] != "accepted" for r in refusals)
     conn.close()
 
 

@@ -221,8 +221,10 @@ class HTTPSource:
     def split_verifier(self) -> dict:
         return self.conn.request("GET", self.conn.path("/split/verifier")).json()
 
-    def split_statements(self) -> dict:
-        return self.conn.request("GET", self.conn.path("/split/statements")).json()
+    def split_statements(self, after: int = 0) -> dict:
+        """The seed statements of the uploads after the first ``after`` the server accepted."""
+        suffix = f"?after={int(after)}" if after else ""
+        return self.conn.request("GET", self.conn.path("/split/statements") + suffix).json()
 
     def split_queries(self, queries: dict) -> dict:
         return self.conn.request("POST", self.conn.path("/split/queries"), body=canonical_json(queries)).json()

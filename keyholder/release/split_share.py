@@ -116,7 +116,8 @@ class SplitRelease(ReleaseBase):
                 # started from the sum of those judged valid
                 t = time.perf_counter()
                 share = split.keyholder_share(params, secret, m, statements, enrolled, refused=refused,
-                                              judged=judge.judged(), sum_masks=split.pool.lane_masks(params, judge.pool))
+                                              judged=judge.judged(),
+                                              sum_masks=split.pool.lane_masks(params, judge.pool))
                 if timings is not None:
                     timings.update({"server_verifier_seconds": verifier_s,
                                     "judge_and_share_seconds": time.perf_counter() - t})
@@ -138,8 +139,9 @@ class SplitRelease(ReleaseBase):
 
     def split_verdicts(self, sid: str, source, manifest: dict, statements: dict, ledger, *,
                        expected_hospitals: list[str] | None = None, secret: bytes | None = None):
-        """``(server messages, refused, evidence, judge)`` for the manifest's participants: the verdicts formed as the
-        uploads arrived (:meth:`judge_split`), and those of any upload not judged yet (or judged under
+        """``(the server's messages behind the refusals, refused, evidence, judge)`` for the manifest's
+        participants: the verdicts formed as the uploads arrived (:meth:`judge_split`), and those of any
+        upload not judged yet (or judged under
         another statement), formed now by the same code (keyholder/split_stream.py). A seed statement or box
         that fails blocks the key and refuses the release naming its hospital, as a forged server message
         does."""
@@ -159,7 +161,7 @@ class SplitRelease(ReleaseBase):
         own = {h: records[h].get("keyholder_message") for h in refused}
         evidence = {h: split.refusal_evidence(refused[h], None if own[h] is None else bytes.fromhex(own[h]))
                     for h in refused}
-        return {h: records[h]["server_message"] for h in hs}, refused, evidence, judge
+        return {h: records[h]["server_message"] for h in refused}, refused, evidence, judge
 
     def judge_split(self, conn, *, expected_hospitals: list[str] | None = None) -> dict:
         """While a split session is open: judge every upload accepted so far and not judged yet (one pass;

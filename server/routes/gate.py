@@ -41,6 +41,13 @@ def peer_of(request: Request) -> dict | None:
     return request.scope.get("state", {}).get("tls_peer")
 
 
+def _target(request: Request) -> str:
+    """What a request's signature covers: the path, and its query where it has one (so a relayed or altered
+    ``?after=`` fails the signature like an altered path)."""
+    query = request.url.query
+    return request.url.path + ("?" + query if query else "")
+
+
 class Gate:
     """One app's checks before a route decides anything."""
 
@@ -60,7 +67,7 @@ class Gate:
     async def authed(self, request: Request, roles: tuple[str, ...], body: bytes | None = None) -> str:
         """The signed party of a request without a body (or whose body is already known)."""
         digest = _EMPTY_SHA256 if body is None else hashlib.sha256(body).hexdigest()
-        return self.server.authenticate(request.headers, request.method, request.url.path, digest, roles=roles,
+        return self.server.authenticate(request.headers, request.method, _target(request), digest, roles=roles,
                                         peer=peer_of(request))
 
     async def stream(self, request: Request, party: str, event: str, expected_sha256: str) -> bytes:
@@ -116,7 +123,7 @@ class Gate:
     async def signed_body(self, request: Request, roles: tuple[str, ...]) -> tuple[str, bytes]:
         """Authenticate from the headers (the signature covers the body digest), then read the body."""
         digest = request.headers.get(H_BODY, "")
-        party = self.server.authenticate(request.headers, request.method, request.url.path, digest, roles=roles,
+        party = self.server.authenticate(request.headers, request.method, _target(request), digest, roles=roles,
                                          peer=peer_of(request))
         return party, await self.stream(request, party, "request", digest)
 

@@ -31,8 +31,8 @@ def split_router(server: SplitAggregationServer, gate: Gate) -> APIRouter:
     @router.get(API + "/sessions/{session_id}/split/statements")
     async def split_statements(session_id: str, request: Request):
         gate.session(session_id, request)
-        await gate.authed(request, ("keyholder",))
-        return await run_in_threadpool(server.split_statements)
+        party = await gate.authed(request, ("keyholder",))
+        return await run_in_threadpool(server.split_statements, request.query_params.get("after", "0"), party)
 
     @router.post(API + "/sessions/{session_id}/split/queries")
     async def split_queries(session_id: str, request: Request):
