@@ -82,7 +82,7 @@ class SplitAggregationServer(AggregationServer):
         the upload is in, and asks only for what is new since its last poll. A server that leaves one out
         only moves that upload's verdict to the release, which asks for every participant by name."""
         if not isinstance(after, int):
-            if not isinstance(after, str) or not after.isdigit() or len(after) > 9:
+            if not isinstance(after, str) or not (after.isascii() and after.isdigit()) or len(after) > 9:
                 err = MalformedPayload("after: the number of seed statements already read, a non-negative integer")
                 self.refuse("split_statements", party, err)
                 raise err

@@ -57,6 +57,11 @@ class Store:
         self.db.execute("PRAGMA journal_mode=WAL")
         self.db.execute("PRAGMA synchronous=FULL")
         self.db.executescript(_SCHEMA)
+        legacy = self.get_meta("split_verifier")
+        if legacy:  # state written before the messages had a table: each kept message stays kept
+            self.keep_verifier_messages(legacy)
+            with self._lock:
+                self.db.execute("DELETE FROM meta WHERE key='split_verifier'")
 
     def close(self) -> None:
         with self._lock:

@@ -69,3 +69,19 @@ def test_concurrent_reads_and_writes_see_only_committed_values(tmp_path):
     assert all(u["statement"] == {"n": int(u["hospital"].split("-")[1])} for u in uploads)
     assert len(store.messages("advertise")) == _THREADS * (_ROUNDS // 10)
     store.close()
+
+
+def test_verifier_messages_keep_the_first_one_and_survive_a_reopen_of_older_state(tmp_path):
+    # split's kept verifier messages: one row per upload, the first kept stays (a second query's message for
+    # the same upload is never stored over it), and state from before the table existed is carried over
+    msg = {"payload_sha256": "ab" * 32, "query_seed": "01" * 32, "message": "m1"}
+    store = Store(tmp_path)
+    store.set_meta("split_verifier", {"h1": msg})  # as older servers kept them
+    store.close()
+    store = Store(tmp_path)
+    assert store.verifier_messages() == {"h1": msg} and store.get_meta("split_verifier") is None
+    store.keep_verifier_messages({"h1": {**msg, "query_seed": "02" * 32, "message": "m2"},
+                                  "h2": {**msg, "message": "m3"}})
+    assert store.verifier_messages(["h1"]) == {"h1": msg}
+    assert store.verifier_messages(["h2", "h3"]) == {"h2": {**msg, "message": "m3"}}
+    store.close()
