@@ -42,10 +42,12 @@ def _circuit(params_dict: dict) -> Circuit:
     """This process's circuit for the session (a worker serves many batches of one session)."""
     params = SessionParams.from_dict(params_dict)
     key = params.digest()
-    if key not in _circuits:
+    circuit = _circuits.get(key)
+    if circuit is None:  # the local reference: a request thread beside this one may replace the entry
+        circuit = Circuit(params)
         _circuits.clear()
-        _circuits[key] = Circuit(params)
-    return _circuits[key]
+        _circuits[key] = circuit
+    return circuit
 
 
 def leader_messages(params: SessionParams, uploads, identity_key, *, pool: WorkerPool | None = None) -> dict:
