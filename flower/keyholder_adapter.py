@@ -15,10 +15,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from secure_afl.exceptions import InvalidInputError
+from secure_afl.exceptions import InvalidInputError, MalformedPayload
 from secure_afl.backends import HE_BACKENDS
 from secure_afl.keyholder import KeyHolder, write_model
 from secure_afl.keyholder.model import model_metadata
+from secure_afl.keyholder.release.split_share import read_split_result
 from secure_afl.session.relay import check_same
 from secure_afl.session.signed import load_signed
 from secure_afl.cohort import release_policy
@@ -126,14 +127,11 @@ def split_share(kh: KeyHolder, info: dict, manifest: dict, tags: dict, verifier,
 def split_result(kh: KeyHolder, info: dict, manifest: dict, result: bytes, *, lam: float, out: Path,
                  report_path: Path) -> dict:
     """split: the model and report from the collector's release, as ``keyholder finalize`` writes them."""
-    import numpy as np
-
     sid = str(info.get("session_id"))
     params = kh.params(sid)
     try:
-        released = json.loads(result)
-        W, report = np.asarray(released["W"], dtype=np.float64), dict(released["report"])
-    except (ValueError, KeyError, TypeError):
+        _, W, report = read_split_result(params, json.loads(result))
+    except (ValueError, MalformedPayload):
         raise InvalidInputError("the ServerApp's split result is not the collector's release") from None
     if report.get("session_id") != sid or report.get("params_digest") != params.digest().hex() \
             or report.get("aggregate_sha256") != manifest.get("aggregate_sha256"):

@@ -54,6 +54,7 @@ class SplitJudge:
         self.server_pub, self.enrolled = kh._trust(session_id, expected_hospitals)
         self.circuit = split.Circuit(self.params)
         self._secret: bytes | None = None
+        self._seed_key = None
         self._read = 0  # seed statements read while the session is open (the server's arrival order)
         # this key holder's own processes (the opened seeds travel to them over pipes, nowhere else), started
         # once the session has enough uploads and kept between polls
@@ -74,6 +75,16 @@ class SplitJudge:
         if self._secret is None:
             self._secret = self.kh.secret_context(self.sid)
         return self._secret
+
+    @property
+    def unlocked(self) -> bool:
+        return self._secret is not None
+
+    def seed_key(self):
+        """The HPKE private key the seed boxes open under, built once from :meth:`secret`."""
+        if self._seed_key is None:
+            self._seed_key = split.seed_private_key(self.secret())
+        return self._seed_key
 
     def _sum_key(self) -> bytes:
         from cryptography.hazmat.primitives import hashes
@@ -135,7 +146,7 @@ class SplitJudge:
             try:
                 if h not in self.enrolled:
                     raise split.SeedRefused(f"{h} is not enrolled in this session", h)
-                seed = split.open_statement_seed(self.params, self.secret(), {h: st}, self.enrolled, h, sha)
+                seed = split.open_statement_seed(self.params, self.seed_key(), {h: st}, self.enrolled, h, sha)
                 qs = split.query_seed(qkey, self.params, h, sha, st.get("validity"))
             except SecureAFLError:
                 if strict:

@@ -50,8 +50,12 @@ def seal(params: SessionParams, kind: str, body: bytes, **extra) -> bytes:
     return _MAGIC + _LEN.pack(len(hb)) + hb + body
 
 
-def peek_header(data: bytes) -> Envelope:
-    """Parse the envelope without checking it against any session."""
+def peek_header(data: bytes, *, accepted: bool = False) -> Envelope:
+    """Parse the envelope without checking it against any session.
+
+    ``accepted``: these exact bytes are an upload the server accepted after this function checked its body
+    digest (the caller has just matched their SHA-256 against the accepted upload's), so the body is not
+    hashed a second time. Every other caller leaves it False."""
     if not isinstance(data, (bytes, bytearray, memoryview)):
         raise TypeError("payload must be bytes")
     data = bytes(data)
@@ -67,14 +71,14 @@ def peek_header(data: bytes) -> Envelope:
     body = data[start + hlen:]
     if header.get("body_len") != len(body):
         raise MalformedPayload("payload body truncated or extended")
-    if header.get("body_sha256") != hashlib.sha256(body).hexdigest():
+    if not accepted and header.get("body_sha256") != hashlib.sha256(body).hexdigest():
         raise MalformedPayload("payload body does not match its digest")
     return Envelope(header, body)
 
 
-def open_envelope(params: SessionParams, data: bytes, kind: str) -> Envelope:
-    """Return the envelope if it belongs to ``params`` and has ``kind``."""
-    env = peek_header(data)
+def open_envelope(params: SessionParams, data: bytes, kind: str, *, accepted: bool = False) -> Envelope:
+    """Return the envelope if it belongs to ``params`` and has ``kind`` (``accepted``: :func:`peek_header`)."""
+    env = peek_header(data, accepted=accepted)
     h = env.header
     if h.get("session_id") != params.session_id:
         raise WrongSession(f"payload is for session {h.get('session_id')!r}, not {params.session_id!r}")

@@ -423,6 +423,7 @@ class AggregationServer:
         """
         sha = payload_sha256 if payload_sha256 is not None else hashlib.sha256(payload).hexdigest()
         details = {"payload_sha256": sha, "bytes": len(payload)}
+        opened = None
         with self._lock:
             try:  # until the statement verifies, ``hospital`` is only a claim
                 if hospital not in self._enrolled:
@@ -463,7 +464,8 @@ class AggregationServer:
                     from secure_afl.backends import get_backend
                     from secure_afl.split.roles import check_upload
 
-                    check_upload(get_backend(self.params).circuit, payload, tag)  # its envelope opened there
+                    # its envelope opened there, once: the running sum takes the words it returns
+                    opened = check_upload(get_backend(self.params).circuit, payload, tag)
                 elif tag is not None:
                     raise MalformedPayload("only ckks and bfv uploads carry an aggregate tag")
                 if self.params.backend != "split":
@@ -481,7 +483,10 @@ class AggregationServer:
         try:
             # outside the lock: the summing workers check and add up to W uploads at once
             try:
-                self._combine_upload(hospital, payload)
+                # the words the upload check opened, where the sum runs in this process (a summing worker
+                # takes bytes)
+                self._combine_upload(hospital, opened if opened is not None and self.combine_workers == 1
+                                     else payload)
             except SecureAFLError as e:
                 with self._lock:
                     self.refuse("upload", hospital, e, details)

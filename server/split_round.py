@@ -18,13 +18,14 @@ parties; the share is accepted once.
 
 from __future__ import annotations
 
+import base64
 import io
 import json
 
 import numpy as np
 
 from secure_afl.exceptions import Forbidden, MalformedPayload, RoundAlreadyClosed, SecureAFLError, StageError
-from secure_afl.protocol import API, H_TAG
+from secure_afl.protocol import API, H_TAG, SPLIT_RESULT_ENCODING
 
 from .aggregator import AggregationServer, log
 from secure_afl import split
@@ -61,7 +62,7 @@ class SplitAggregationServer(AggregationServer):
     def _verifiers(self):
         with self._lock:
             if "_verifier_pool" not in self.__dict__:
-                self._verifier_pool = split.pool.verifier_pool()
+                self._verifier_pool = split.pool.verifier_pool(spare=1)
             return self._verifier_pool
 
     def shutdown(self) -> None:
@@ -212,13 +213,15 @@ class SplitAggregationServer(AggregationServer):
             return report
 
     def result(self) -> bytes:
-        """``{report, vector, W}`` (the released aggregate sum and the model) as JSON bytes."""
+        """``{report, vector, W}`` (the released aggregate sum and the model) as JSON bytes, each array the base64
+        of its ``.npy`` file (float64 little endian, shape in the header): exact, and 182 634 floats at d = 512
+        took a quarter of a second to print and parse as JSON numbers."""
         r = self.store.get_meta("split_result")
         if r is None:
             raise StageError("the key holder has not released its share yet")
-        vec = np.load(io.BytesIO(self.store.get_blob(r["aggregate_vector_sha256"])))
-        W = np.load(io.BytesIO(self.store.get_blob(r["W_sha256"])))
-        return json.dumps({"report": r["report"], "vector": vec.tolist(), "W": W.tolist()}).encode()
+        return json.dumps({"report": r["report"], "encoding": SPLIT_RESULT_ENCODING,
+                           "vector": base64.b64encode(self.store.get_blob(r["aggregate_vector_sha256"])).decode(),
+                           "W": base64.b64encode(self.store.get_blob(r["W_sha256"])).decode()}).encode()
 
     def collect_request(self, party: str, body: bytes, raw_statement: str | None) -> dict:
         """``POST .../split/share``: the key holder's share with its signed statement in the ``H_TAG``

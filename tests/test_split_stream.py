@@ -70,11 +70,15 @@ def _paths(conn):
 
 
 @pytest.mark.e2e
-def test_streaming_and_release_time_verdicts_and_sums_are_the_same(consortium):
+def test_streaming_and_release_time_verdicts_and_sums_are_the_same(consortium, monkeypatch):
     results = {}
     for mode in ("streaming", "at release"):
         # Prepare: h1, h2 honest, h3 cheats; the same statistics in both sessions
         c, conn = _start(consortium)
+        opened = []  # the sealed seed key's openings (each one runs the passphrase KDF)
+        monkeypatch.setattr(c.keyholder, "secret_context",
+                            lambda sid, _orig=type(c.keyholder).secret_context.__get__(c.keyholder):
+                            opened.append(sid) or _orig(sid))
         streamed = []
         for name, upload in (("h1", _honest), ("h2", _honest), ("h3", _cheat)):
             upload(c, name, seed={"h1": 1, "h2": 2, "h3": 3}[name])
@@ -86,6 +90,8 @@ def test_streaming_and_release_time_verdicts_and_sums_are_the_same(consortium):
         res = c.keyholder.finalize(conn, min_clients=2)
         conn.close()
         queries = [p for m, p in sent if m == "POST" and p.endswith("/split/queries")]
+        # one opening per session in this process: the release takes the key the judge opened
+        assert opened == [c.session_id]
         results[mode] = (res, streamed, queries)
     (s, streamed, s_queries), (r, _, r_queries) = results["streaming"], results["at release"]
     # Assert: verdicts formed before the deadline, each upload judged once, and the release asked nothing more

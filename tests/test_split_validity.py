@@ -57,7 +57,19 @@ def test_field_matches_the_vectors():
     assert _ints(flp.mul(a, b)) == [r["product"] for r in rows]
 
 
-def test_field_arithmetic_agrees_with_python_integers_on_random_and_edge_values():
+@pytest.fixture(params=["numpy", "compiled"])
+def field_product(request, monkeypatch):
+    """flp.mul as numpy computes it, and as a verifier that loaded the compiled kernels does (flp.mul_into)."""
+    if request.param == "compiled":
+        if not ternary.AVAILABLE:
+            pytest.skip("numba is not installed")
+        monkeypatch.setattr(flp, "_compiled_mul", ternary.product_kernel())
+    else:
+        monkeypatch.setattr(flp, "_compiled_mul", None)
+    return request.param
+
+
+def test_field_arithmetic_agrees_with_python_integers_on_random_and_edge_values(field_product):
     rng = random.Random(5)
     edge = [0, 1, 2, P - 1, P - 2, 2 ** 32 - 1, 2 ** 32, 2 ** 32 + 1, 2 ** 63, P // 2, P // 2 + 1, 2 ** 64 - 2 ** 32]
     xs = edge * len(edge) + [rng.randrange(P) for _ in range(3000)]
@@ -71,6 +83,21 @@ def test_field_arithmetic_agrees_with_python_integers_on_random_and_edge_values(
     m = a[:3000].reshape(60, 50)
     assert _ints(flp.sum_mod(m, axis=0)) == [sum(xs[i * 50 + j] for i in range(60)) % P for j in range(50)]
     assert _ints(flp.powers(xs[-1], 20, start=3)) == [pow(xs[-1], 3 + i, P) for i in range(20)]
+    # broadcast as the verifiers' queries use it: a (G, c) block times a column, and a vector times a scalar
+    col = a[3000:3060].reshape(60, 1)
+    assert _ints(flp.mul(m, col)) == [xs[i * 50 + j] * xs[3000 + i] % P for i in range(60) for j in range(50)]
+    assert _ints(flp.mul(a, np.uint64(ys[7]))) == [x * ys[7] % P for x in xs]
+
+
+def test_the_compiled_product_is_the_interpreted_loop_and_numpy():
+    # flp.mul_into is the source numba compiles: run as plain Python it must give numpy's products too
+    rng = random.Random(8)
+    xs = [0, 1, P - 1, 2 ** 63, 2 ** 32 - 1, 2 ** 32] + [rng.randrange(P) for _ in range(300)]
+    ys = [P - 1, P - 1, P - 1, 2 ** 63, 2 ** 32 + 1, 2 ** 32] + [rng.randrange(P) for _ in range(300)]
+    out = np.zeros(len(xs), dtype=np.uint64)
+    with np.errstate(over="ignore"):
+        flp.mul_into(_arr(xs), _arr(ys), out)
+    assert _ints(out) == [x * y % P for x, y in zip(xs, ys)]
 
 
 def test_signed_encoding_round_trips_on_the_centred_range():

@@ -118,7 +118,8 @@ def run_headline(*, images: int = 50_000, test_images: int = 10_000, classes: in
     import torch
 
     from secure_afl.analytic import solve_from_sums
-    from .harness import Judging, make_pki, secagg_quorum, server_section, start_server, write_session
+    from .harness import (Judging, behind_the_parties, make_pki, secagg_quorum, server_section, start_server,
+                          write_session)
     from secure_afl.backends.session_params import dp_session_params
     from secure_afl.keyholder import KeyHolder
     from secure_afl.packing import Layout
@@ -175,7 +176,8 @@ def run_headline(*, images: int = 50_000, test_images: int = 10_000, classes: in
             kh.publish(conn)
         n_proc = 1 if backend == "secagg" else max(1, min(K, hospital_processes or os.cpu_count() or 1))
         if n_proc > 1:  # started (and their imports done) before the timed phase, as the hospitals' machines are
-            procs = ProcessPoolExecutor(max_workers=n_proc, mp_context=mp.get_context("spawn"))
+            procs = ProcessPoolExecutor(max_workers=n_proc, mp_context=mp.get_context("spawn"),
+                                        initializer=behind_the_parties)
             list(procs.map(_warm, range(n_proc)))
         phases["setup"] = time.perf_counter() - t_setup
         log(f"{'setup':<15} {phases['setup']:9.2f} s  (PKI for {K} hospitals, server start, keys, "

@@ -56,7 +56,11 @@ class KeyHolder(HERelease, SplitRelease, RevealRelease):
         definition = load_signed(self.pki_dir, conn.session_id)
         # the sealed key is opened before anything changes state (the round closed, the key recorded as used):
         # a mistyped passphrase then leaves the session as it was, and the command can simply be rerun
-        secret = self.secret_context(conn.session_id) if definition.backend in KEYED_BACKENDS else None
+        # (split: once per process; a judge that opened it while the session was open hands it on)
+        secret = None
+        if definition.backend in KEYED_BACKENDS:
+            secret = (self.opened_split_secret(conn.session_id) if definition.backend == "split" else None) \
+                or self.secret_context(conn.session_id)
         info = conn.info()
         # the session's own floor, from the signed definition only; this key holder's may only raise it
         signed_class_count = definition["min_class_count"]

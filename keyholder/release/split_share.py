@@ -11,14 +11,26 @@ import numpy as np
 
 from secure_afl import split
 from secure_afl.cohort import ReleasePolicy, cohort_after_refusals
-from secure_afl.exceptions import InsufficientContributors, PolicyViolation
+from secure_afl.exceptions import InsufficientContributors, MalformedPayload, PolicyViolation
 from secure_afl.packing import Layout
 from secure_afl.params import SessionParams
-from secure_afl.protocol import H_TAG
+from secure_afl.protocol import H_TAG, SPLIT_RESULT_ENCODING, decode_result_array
 from secure_afl.release_checks import ReleaseLedger
 
 from ..verify import ContributionRejected, ServerForgery, verify_manifest_for
 from .common import FinalResult, HTTPSource, ReleaseBase, check_dp_noise
+
+
+def read_split_result(params: SessionParams, out) -> tuple[np.ndarray, np.ndarray, dict]:
+    """``(released sum, W, report)`` from the collector's ``.../split/result`` answer (parsed JSON), each array
+    checked for its dtype and this session's shape; :class:`MalformedPayload` otherwise."""
+    if not isinstance(out, dict) or out.get("encoding") != SPLIT_RESULT_ENCODING \
+            or not isinstance(out.get("report"), dict):
+        raise MalformedPayload(f"the collector's result is not a report with arrays in the {SPLIT_RESULT_ENCODING} "
+                               "encoding")
+    lay = params.layout
+    return (decode_result_array(out.get("vector"), (lay.length,), "the released sum"),
+            decode_result_array(out.get("W"), (lay.dim, lay.n_classes), "the released W"), dict(out["report"]))
 
 
 class SplitRelease(ReleaseBase):
@@ -38,16 +50,15 @@ class SplitRelease(ReleaseBase):
         share_s = time.perf_counter() - t0  # manifest and seed statements fetched, checked, opened, expanded, summed
         conn.request("POST", conn.path("/split/share"), body=body,
                      headers={H_TAG: canonical_json(statement).decode()})
-        out = conn.request("GET", conn.path("/split/result")).json()
         params = self.params(conn.session_id)
-        vector = np.asarray(out["vector"], dtype=np.float64)
+        vector, W, out_report = read_split_result(params, conn.request("GET", conn.path("/split/result")).json())
         stats = Layout(params.layout.dim, params.layout.n_classes).unpack(vector, gamma=params.gamma)
         manifest = conn.request("GET", conn.path("/manifest")).json()
-        report = {**out["report"], "keyholder_share_seconds": round(share_s, 3),
+        report = {**out_report, "keyholder_share_seconds": round(share_s, 3),
                   **{k: round(v, 3) for k, v in timings.items()}}
         if params.dp is not None:  # the collector's solve beside this key holder's own accounting of the release
             report["dp"] = {**(report.get("dp") or {}), **self.split_privacy(params, manifest)}
-        return FinalResult(np.asarray(out["W"], dtype=np.float64), stats, params, manifest, report)
+        return FinalResult(W, stats, params, manifest, report)
 
     def split_privacy(self, params: SessionParams, manifest: dict) -> dict:
         """This key holder's privacy record of a split release it made (epsilon of the release, the ledger's
@@ -115,7 +126,7 @@ class SplitRelease(ReleaseBase):
                 # the verdicts are in (most formed as the uploads arrived): the share is the cohort's masks,
                 # started from the sum of those judged valid
                 t = time.perf_counter()
-                share = split.keyholder_share(params, secret, m, statements, enrolled, refused=refused,
+                share = split.keyholder_share(params, judge.seed_key(), m, statements, enrolled, refused=refused,
                                               judged=judge.judged(),
                                               sum_masks=split.pool.lane_masks(params, judge.pool))
                 if timings is not None:
@@ -179,6 +190,14 @@ class SplitRelease(ReleaseBase):
         """hospital -> ``{payload_sha256, query_seed}`` for each upload whose signed seed statement holds (the
         query a transport without a round trip per upload, such as Flower, carries to the server)."""
         return self._split_judge(sid, None).queries(statements)
+
+    def opened_split_secret(self, sid: str) -> bytes | None:
+        """The session's seed key if a judge in this process has opened it already (a key holder that judged
+        the uploads as they arrived and now releases runs the passphrase KDF once, not twice); else None."""
+        for (s, _), judge in self.__dict__.get("_split_judges", {}).items():
+            if s == sid and judge.unlocked:
+                return judge.secret()
+        return None
 
     def _split_judge(self, sid: str, expected_hospitals):
         """One judge per session and trust set, kept between passes: its seed key is unsealed (a passphrase

@@ -197,12 +197,58 @@ def _reduce128(hi: np.ndarray, lo: np.ndarray) -> np.ndarray:
     return r
 
 
+#: the compiled elementwise product (:func:`mul_into`, compiled by :mod:`secure_afl.hazmat.ternary` when a
+#: process loads its kernels); None: numpy
+_compiled_mul = None
+#: fewest products worth the compiled loop (below, the broadcast copies cost more than they save)
+_COMPILED_MIN = 256
+
+
+def mul_into(a, b, out) -> None:
+    """``out[i] = a[i] b[i] mod p`` over 1-D uint64 arrays, one element at a time: the same partial products
+    and reduction as :func:`mul`, written as a scalar loop for a compiler (every constant uint64, so no
+    operation leaves the unsigned 64-bit ring). Interpreted it is slow; it is the source numba compiles."""
+    for i in range(a.shape[0]):
+        x = a[i]
+        y = b[i]
+        x0 = x & _M32
+        x1 = x >> _S32
+        y0 = y & _M32
+        y1 = y >> _S32
+        lo = x0 * y0
+        hi = x1 * y1
+        mid = x0 * y1
+        mid2 = x1 * y0
+        mid += mid2
+        hi += np.uint64(mid < mid2) << _S32
+        hi += mid >> _S32
+        m = mid << _S32
+        lo += m
+        hi += np.uint64(lo < m)
+        hh = hi >> _S32
+        t1 = hi & _M32
+        t1 = (t1 << _S32) - t1
+        r = lo - hh
+        r -= np.uint64(lo < hh) * _EPS
+        r += t1
+        r += np.uint64(r < t1) * _EPS
+        r -= np.uint64(r >= _PU) * _PU
+        out[i] = r
+
+
 def mul(a, b) -> np.ndarray:
     """Elementwise product (broadcasting) of canonical elements."""
     a = np.asarray(a, dtype=np.uint64)
     b = np.asarray(b, dtype=np.uint64)
     if a.ndim == 0 and b.ndim == 0:  # numpy scalars warn on the wrap-arounds the array path relies on
         return np.uint64(int(a) * int(b) % P)
+    if _compiled_mul is not None and max(a.size, b.size) >= _COMPILED_MIN:
+        # a verifier's queries make many products of a few thousand elements: numpy's fourteen temporaries
+        # per product cost ten times the loop (docs/BENCHMARKS.md, "Proof arithmetic")
+        a, b = np.broadcast_arrays(a, b)
+        out = np.empty(a.shape, dtype=np.uint64)
+        _compiled_mul(np.ascontiguousarray(a).reshape(-1), np.ascontiguousarray(b).reshape(-1), out.reshape(-1))
+        return out
     a0, a1 = a & _M32, a >> _S32
     b0, b1 = b & _M32, b >> _S32
     # every product below has the broadcast shape, so the in-place steps (fewer temporaries) are safe

@@ -1,4 +1,5 @@
-"""Ternary projections ``<r_j, x> mod p`` (the validity proof's hottest loop), compiled when numba is installed.
+"""Ternary projections ``<r_j, x> mod p`` (the validity proof's hottest loop), compiled when numba is installed,
+and the field product of the verifiers' queries beside them.
 
 Each row ``r_j in {-1, 0, 1}^L`` comes as packed bytes, four entries per
 byte (bit 2k: nonzero, bit 2k+1: negative), as
@@ -26,7 +27,7 @@ from . import flp
 
 import importlib.util
 
-__all__ = ["AVAILABLE", "WARM_CALLS", "worth_it", "warm", "project"]
+__all__ = ["AVAILABLE", "WARM_CALLS", "worth_it", "warm", "project", "product_kernel"]
 
 #: numba is installed (an optional accelerator: the numpy path is the reference and the fallback)
 AVAILABLE = importlib.util.find_spec("numba") is not None
@@ -58,6 +59,7 @@ def _sums(raw, lo, hi):
 
 
 _compiled = None
+_compiled_product = None
 
 
 def worth_it() -> bool:
@@ -76,17 +78,34 @@ def warm() -> None:
         _calls = max(_calls, WARM_CALLS)
 
 
+def _compile(fn, *probe):
+    import numba
+
+    try:  # cached beside the module, or in numba's user cache where the install is read-only
+        compiled = numba.njit(nogil=True, cache=True)(fn)
+        compiled(*probe)
+    except RuntimeError:  # no writable cache anywhere: compile in memory, once per process
+        compiled = numba.njit(nogil=True)(fn)
+    return compiled
+
+
+def product_kernel():
+    """:func:`flp.mul_into`, compiled (once per process)."""
+    global _compiled_product
+    if _compiled_product is None:
+        one = np.zeros(1, dtype=np.uint64)
+        _compiled_product = _compile(flp.mul_into, one, one, one.copy())
+    return _compiled_product
+
+
 def _kernel():
+    """The projection kernel; loading it also hands :mod:`flp` its compiled product, which the same verifier's
+    queries use."""
     global _compiled
     if _compiled is None:
-        import numba
-
-        probe = (np.zeros((1, 1), dtype=np.uint8), np.zeros(1, dtype=np.int64), np.zeros(1, dtype=np.int64))
-        try:  # cached beside the module, or in numba's user cache where the install is read-only
-            _compiled = numba.njit(nogil=True, cache=True)(_sums)
-            _compiled(*probe)
-        except RuntimeError:  # no writable cache anywhere: compile in memory, once per process
-            _compiled = numba.njit(nogil=True)(_sums)
+        _compiled = _compile(_sums, np.zeros((1, 1), dtype=np.uint8), np.zeros(1, dtype=np.int64),
+                             np.zeros(1, dtype=np.int64))
+    flp._compiled_mul = product_kernel()
     return _compiled
 
 

@@ -30,7 +30,7 @@ from ..hazmat.prg import SEED_BYTES
 from ..params import SessionParams
 
 __all__ = ["SplitKeyPair", "generate_keys", "bind_public_context", "check_public_key", "seal_box", "open_box",
-           "seal_seed", "open_seed", "refuse_retired", "PUBLIC_CONTEXT_KEY", "BOX_LEN", "ENC_LEN",
+           "seed_private_key", "seal_seed", "open_seed", "refuse_retired", "PUBLIC_CONTEXT_KEY", "BOX_LEN", "ENC_LEN",
            "PUBLIC_KEY_LEN", "SECRET_KEY_LEN", "SEED_BOX_FORMAT"]
 
 PUBLIC_CONTEXT_KEY = "public_context_sha256"
@@ -89,7 +89,12 @@ def _public_key(raw: bytes) -> hpke.MLKEM768X25519PublicKey:
                                         X25519PublicKey.from_public_bytes(raw[_MLKEM_PUB:]))
 
 
-def _private_key(raw: bytes) -> hpke.MLKEM768X25519PrivateKey:
+def seed_private_key(raw) -> hpke.MLKEM768X25519PrivateKey:
+    """The key holder's HPKE private key from its secret context (``raw``), or ``raw`` itself if it is that key
+    already: deriving the ML-KEM-768 key from its seed costs half of one box's opening, so a key holder that
+    opens many boxes builds it once."""
+    if isinstance(raw, hpke.MLKEM768X25519PrivateKey):
+        return raw
     raw = bytes(raw)
     if len(raw) != SECRET_KEY_LEN:
         raise MalformedPayload(f"a split secret context is {SECRET_KEY_LEN} bytes (ML-KEM-768 seed || X25519 key)")
@@ -125,13 +130,14 @@ def seal_box(public_context: bytes, ad: bytes, seed: bytes) -> bytes:
 
 def open_box(secret_key: bytes, ad: bytes, box: bytes, what: str = "a seed box") -> bytes:
     """Inverse of :func:`seal_box`: the seed, or :class:`MalformedPayload` (a retired or mis-sized box) or
-    :class:`InvalidContribution` (another key or another ``ad``)."""
+    :class:`InvalidContribution` (another key or another ``ad``). ``secret_key``: the secret context, or the
+    key :func:`seed_private_key` built from it."""
     box = bytes(box)
     refuse_retired(len(box), what)
     if len(box) != BOX_LEN:
         raise MalformedPayload(f"{what} has the wrong length")
     try:
-        seed = _SUITE.decrypt(box, _private_key(secret_key), info=_info(ad))
+        seed = _SUITE.decrypt(box, seed_private_key(secret_key), info=_info(ad))
     except (InvalidTag, ValueError):
         seed = None
     if seed is None or len(seed) != SEED_BYTES:

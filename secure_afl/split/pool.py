@@ -26,11 +26,12 @@ __all__ = ["verifier_pool", "leader_messages", "keyholder_verdicts", "lane_masks
 _circuits: dict[bytes, Circuit] = {}
 
 
-def verifier_pool() -> WorkerPool:
+def verifier_pool(*, spare: int = 0) -> WorkerPool:
     """A verifier's pool for one session: :data:`~secure_afl.split.sizes.VERIFIER_WORKERS` processes (at most
-    the cores), started once the session has :data:`~secure_afl.split.sizes.PROCESS_MIN_UPLOADS` uploads, each
-    with the compiled projection loaded."""
-    return WorkerPool(max(1, min(sizes.VERIFIER_WORKERS, os.cpu_count() or 1)),
+    the cores less ``spare``, at least one), started once the session has
+    :data:`~secure_afl.split.sizes.PROCESS_MIN_UPLOADS` uploads, each with the compiled projection loaded.
+    The server leaves one core to its own process, which takes the uploads (TLS, hashes, the running sum)."""
+    return WorkerPool(max(1, min(sizes.VERIFIER_WORKERS, (os.cpu_count() or 1) - spare)),
                       start_after=sizes.PROCESS_MIN_UPLOADS, warm=ternary.warm)
 
 
@@ -71,7 +72,7 @@ def _leader_chunk(params_dict: dict, items: list) -> list:
             payload = f.read()
         if hashlib.sha256(payload).hexdigest() != sha:
             raise MalformedPayload(f"the stored upload of {h} is not the one the manifest names")
-        out.append((h, flp.to_bytes(roles.leader_prep(circuit, h, payload, validity, qs))))
+        out.append((h, flp.to_bytes(roles.leader_prep(circuit, h, payload, validity, qs, accepted=True))))
     return out
 
 

@@ -279,9 +279,10 @@ class Circuit:
             raise MalformedPayload("the split upload is not the session's number of field elements")
         return body
 
-    def upload_share(self, payload: bytes) -> np.ndarray:
-        """Server: a sealed upload's words as its share (the envelope opened and checked for this session)."""
-        return self.leader_share(open_envelope(self.params, payload, "contribution").body)
+    def upload_share(self, payload: bytes, *, accepted: bool = False) -> np.ndarray:
+        """Server: a sealed upload's words as its share (the envelope opened and checked for this session;
+        ``accepted``: :func:`secure_afl.envelope.peek_header`)."""
+        return self.leader_share(open_envelope(self.params, payload, "contribution", accepted=accepted).body)
 
     def helper_share(self, seed: bytes) -> np.ndarray:
         """Key holder: ``-m`` from the opened seed."""

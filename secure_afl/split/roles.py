@@ -74,18 +74,22 @@ def shard(circuit: Circuit, vector, *, hospital: str, public_context: bytes, ide
 
 
 # -- server (leader) ----------------------------------------------------------------------------------------
-def check_upload(circuit: Circuit, payload: bytes, statement: Mapping) -> None:
+def check_upload(circuit: Circuit, payload: bytes, statement: Mapping) -> np.ndarray:
     """Server, at upload: the signed commitment is of this payload's words (else the rows and the joint
-    randomness would not be bound to the data they test)."""
+    randomness would not be bound to the data they test). Returns the payload's words, its share, which the
+    server adds to its running sum without opening the envelope again."""
     share = circuit.upload_share(payload)
     circuit.check_commitment(share, UploadCommitment.from_dict(statement.get("validity")), leader=True)
+    return share
 
 
-def leader_prep(circuit: Circuit, hospital: str, payload: bytes, validity, query_seed: bytes) -> np.ndarray:
+def leader_prep(circuit: Circuit, hospital: str, payload: bytes, validity, query_seed: bytes, *,
+                accepted: bool = False) -> np.ndarray:
     """The server's verifier message (unsigned) for one upload it accepted: :func:`check_upload` held for
-    these bytes then (the server refuses the upload otherwise, and the worker that reads the stored file checks
-    it is those bytes by their SHA-256), so the commitment is not hashed again here."""
-    share = circuit.upload_share(payload)
+    these bytes then (the server refuses the upload otherwise), so the commitment is not hashed again here.
+    ``accepted``: the caller has matched the bytes' SHA-256 against the accepted upload's (the worker that
+    reads the stored file does), so the envelope's own body digest is not computed again either."""
+    share = circuit.upload_share(payload, accepted=accepted)
     return circuit.query(share, UploadCommitment.from_dict(validity), hospital, query_seed, leader=True)
 
 

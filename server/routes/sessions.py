@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from fastapi import APIRouter, Request
-from fastapi.responses import Response
+from fastapi.responses import JSONResponse, Response
 from starlette.concurrency import run_in_threadpool
 
 from secure_afl.exceptions import NotFound
@@ -19,7 +19,7 @@ def session_router(server: AggregationServer, gate: Gate) -> APIRouter:
     @router.get(API + "/sessions/{session_id}")
     async def session_info(session_id: str, request: Request):
         gate.session(session_id, request)
-        return server.info()
+        return JSONResponse(server.info())  # every hospital asks: json.dumps, not FastAPI's walk
 
     @router.get(API + "/sessions/{session_id}/context")
     async def get_context(session_id: str, request: Request):

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from fastapi import APIRouter, Request
-from fastapi.responses import Response
+from fastapi.responses import JSONResponse, Response
 from starlette.concurrency import run_in_threadpool
 
 from secure_afl.protocol import API, H_TAG
@@ -26,19 +26,20 @@ def split_router(server: SplitAggregationServer, gate: Gate) -> APIRouter:
     async def split_verifier(session_id: str, request: Request):
         gate.session(session_id, request)
         await gate.authed(request, ("keyholder",))
-        return await run_in_threadpool(server.verifier_messages)
+        return JSONResponse(await run_in_threadpool(server.verifier_messages))
 
     @router.get(API + "/sessions/{session_id}/split/statements")
     async def split_statements(session_id: str, request: Request):
         gate.session(session_id, request)
         party = await gate.authed(request, ("keyholder",))
-        return await run_in_threadpool(server.split_statements, request.query_params.get("after", "0"), party)
+        return JSONResponse(await run_in_threadpool(server.split_statements, request.query_params.get("after", "0"),
+                                                    party))
 
     @router.post(API + "/sessions/{session_id}/split/queries")
     async def split_queries(session_id: str, request: Request):
         gate.session(session_id, request)
         party, body = await gate.signed_body(request, ("keyholder",))
-        return await run_in_threadpool(server.form_verifier_messages, party, body)
+        return JSONResponse(await run_in_threadpool(server.form_verifier_messages, party, body))
 
     @router.get(API + "/sessions/{session_id}/split/result")
     async def split_result(session_id: str, request: Request):

@@ -4,7 +4,7 @@ holder reads back: the aggregate, each stored upload, the tag statements and the
 from __future__ import annotations
 
 from fastapi import APIRouter, Request
-from fastapi.responses import Response
+from fastapi.responses import JSONResponse, Response
 from starlette.concurrency import run_in_threadpool
 
 from secure_afl.encoding import parse_json
@@ -62,12 +62,12 @@ def upload_router(server: AggregationServer, gate: Gate) -> APIRouter:
     async def tags(session_id: str, request: Request):
         gate.session(session_id, request)
         await gate.authed(request, ("keyholder",))
-        return server.tags()
+        return JSONResponse(server.tags())
 
     @router.get(API + "/sessions/{session_id}/manifest")
     async def manifest(session_id: str, request: Request):
         gate.session(session_id, request)
         await gate.authed(request, ("keyholder", "hospital"))
-        return server.released()[1]
+        return JSONResponse(server.released()[1])
 
     return router
