@@ -297,16 +297,18 @@ class Judging:
             raise RuntimeError(f"the key holder's judging failed: {self.error}") from self.error
 
     def catch_up(self, uploads: int, timeout_s: float = 600.0) -> int:
-        """After the uploads (the loop stopped): judge, pass after pass, until ``uploads`` are judged, as a
-        session whose deadline falls after the last upload does before its release. Returns the passes made;
-        raises if that many are not judged within ``timeout_s``."""
+        """After the uploads (the loop stopped): judge, pass after pass, until ``uploads`` are judged or a pass
+        judges nothing new (a statement that does not verify is left to the release, which refuses it by
+        name), as a session whose deadline falls after the last upload does before its release. Returns the
+        passes made; raises past ``timeout_s``."""
         deadline = time.monotonic() + timeout_s
         conn = self.kh.connect(self.url, self.session_id)
-        passes = 0
+        passes, before = 0, -1
         try:
-            while self.uploads < uploads:
+            while self.uploads < uploads and self.uploads != before:
                 if time.monotonic() > deadline:
                     raise RuntimeError(f"the key holder judged {self.uploads} of {uploads} uploads in {timeout_s:g} s")
+                before = self.uploads
                 self.uploads = len(self.kh.judge_split(conn))
                 passes += 1
         finally:
