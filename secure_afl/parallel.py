@@ -283,6 +283,12 @@ class ParallelCombiner:
         return self._base.count + self._added
 
     @property
+    def sums_here(self) -> bool:
+        """One worker: the fold runs in this process, so :meth:`add` may take what the caller's own check
+        already opened (a backend's combiner that accepts it), where a summing worker needs the bytes."""
+        return self._workers == 1
+
+    @property
     def lost(self) -> str | None:
         """Why the pool stopped taking contributions (a worker died), or None."""
         return self._lost

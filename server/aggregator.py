@@ -483,9 +483,8 @@ class AggregationServer:
         try:
             # outside the lock: the summing workers check and add up to W uploads at once
             try:
-                # the words the upload check opened, where the sum runs in this process (a summing worker
-                # takes bytes)
-                self._combine_upload(hospital, opened if opened is not None and self.combine_workers == 1
+                # the words the upload check opened, where the sum runs in this process
+                self._combine_upload(hospital, opened if opened is not None and self._combiner.sums_here
                                      else payload)
             except SecureAFLError as e:
                 with self._lock:

@@ -12,6 +12,7 @@ import signal
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from secure_afl.backends import get_backend
@@ -135,3 +136,29 @@ def test_a_killed_summing_process_loses_no_accepted_upload(consortium):
     released, serial, stored = _serial_sum_of_stored(c)
     assert stored == 4 and released == serial
     assert sorted(res.report["participants"]) == list(HOSPITALS[:4])
+
+
+def test_split_uploads_summed_by_two_processes_release_what_one_process_releases(consortium):
+    # Prepare: the same three hospitals' split uploads, once summed in the server's process (the running sum
+    # takes the words its upload check opened) and once by two summing processes (which take the bytes)
+    from secure_afl import split
+
+    released = {}
+    for workers in (1, 2):
+        c = consortium(backend="split", hospitals=HOSPITALS[:3], min_clients=2,
+                       extra_server={"combine_workers": workers}).start()
+        with c.connect_keyholder() as conn:
+            c.keyholder.keygen(split.split_session_params(c.session_id, Layout(c.dim, c.classes), 1.0,
+                                                          Bounds(c.max_norm, 1000, 8)))
+            c.keyholder.publish(conn)
+        # Execute
+        receipts = [_submit(c, h) for h in HOSPITALS[:3]]
+        with c.connect_keyholder() as conn:
+            res = c.keyholder.finalize(conn, min_clients=2)
+        released[workers] = (len(receipts), res)
+
+    # Assert: every upload accepted either way, and the same sums and model, bit for bit
+    (n1, one), (n2, two) = released[1], released[2]
+    assert n1 == n2 == 3 and one.report["participants"] == two.report["participants"] == list(HOSPITALS[:3])
+    lay = Layout(one.params.layout.dim, one.params.layout.n_classes)
+    assert np.array_equal(lay.pack(one.stats), lay.pack(two.stats)) and np.array_equal(one.W, two.W)
