@@ -16,7 +16,7 @@ from pathlib import Path
 from secure_afl.exceptions import InvalidInputError
 from secure_afl.pki import CA_KEY, ROLES, init_ca, issue, make_bundles
 from secure_afl.secagg import consistency_quorum
-from secure_afl.session.definition import dropout_line, share_line
+from secure_afl.session.definition import dropout_line, guarantee_lines
 from secure_afl.session.schema import reference
 from secure_afl.session.signed import load_signed, sign
 
@@ -85,13 +85,13 @@ def _cmd_session_sign(args) -> int:
                  f"{consistency_quorum(n, t, b['min_clients'])} of {n}")
     print(f"signed session {b['id']} ({b['backend']}, {len(b['hospitals'])} hospitals, min_clients "
           f"{b['min_clients']}{extra})")
-    tolerated, line = dropout_line(definition)
-
-    if tolerated == 0:  # once, where warnings go (a terminal shows stdout and stderr together)
-        print(f"secure-afl session sign: warning: {line}", file=sys.stderr)
-    else:
-        print(line)
-    print(share_line(definition))
+    print("what this session guarantees:")
+    for name, line in guarantee_lines(definition):
+        if name == "quorum" and dropout_line(definition)[0] == 0:
+            # once, where warnings go (a terminal shows stdout and stderr together)
+            print(f"secure-afl session sign: warning: {line}", file=sys.stderr)
+        else:
+            print(f"  {name}: {line}")
     for p in written:
         print(f"  -> {p}")
     return 0
@@ -100,7 +100,8 @@ def _cmd_session_sign(args) -> int:
 def _cmd_session_show(args) -> int:
     definition = load_signed(args.pki, args.session)
     print(json.dumps(dict(definition.body), indent=2, sort_keys=True))
-    print(dropout_line(definition)[1], file=sys.stderr)  # stdout stays one JSON document
+    for name, line in guarantee_lines(definition):  # stdout stays one JSON document
+        print(f"{name}: {line}", file=sys.stderr)
     return 0
 
 

@@ -30,9 +30,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Mapping
 
-from .exceptions import InsufficientContributors
+from .exceptions import InsufficientContributors, InvalidParameterError
 
-__all__ = ["ReleasePolicy", "quorum", "default_colluders", "release_policy", "cohort_after_refusals",
+__all__ = ["ReleasePolicy", "quorum", "default_colluders", "isolation_coalition", "release_policy", "cohort_after_refusals",
            "JOINT_CHECK", "HOSPITAL_PROVEN"]
 
 #: the attribution of a refusal whose evidence does not pin the hospital: the server formed one of the two
@@ -48,13 +48,31 @@ def quorum(n: int, colluders: int, min_clients: int) -> int:
 
 
 def default_colluders(n: int, min_clients: int) -> int:
-    """The default colluder bound of a non-secagg session: the largest ``c <= min_clients - 1`` (the most a
-    release of ``min_clients`` can stand) that still lets one hospital drop out; 0 when none does (then the
-    session needs every hospital, as ``session sign`` says)."""
-    for c in range(min_clients - 1, 0, -1):
-        if n - quorum(n, c, min_clients) >= 1:
-            return c
-    return 0
+    """The default colluder bound c of a non-secagg session of ``n`` hospitals: the largest
+    ``c <= min_clients - 1`` whose quorum fits the roster (``quorum(n, c, min_clients) <= n``).
+
+    Privacy comes before liveness: a larger c makes a release need more hospitals, so isolating one
+    hospital takes ``q - 1`` colluders beside the server, and the default never trades that for a dropout
+    the consortium did not ask for. On a small roster the quorum may then be the whole roster (no hospital
+    may drop out, as ``session sign`` prints); an operator who wants dropouts signs a smaller c explicitly.
+    :class:`InvalidParameterError` when no c fits (``n < min_clients``), naming the smallest roster that works.
+    """
+    if n < min_clients:
+        raise InvalidParameterError(
+            f"a roster of {n} hospital{'s' if n != 1 else ''} cannot release with min_clients = {min_clients}: "
+            f"the smallest roster that works has {min_clients} hospitals (or lower min_clients to {n})")
+    return max(c for c in range(min_clients) if quorum(n, c, min_clients) <= n)
+
+
+def isolation_coalition(n: int, colluders: int, min_clients: int, *, secagg_threshold: int | None = None) -> int:
+    """Colluding hospitals the server needs beside it to learn one hospital's statistics alone.
+
+    A release is formed over at least q roster hospitals, so a coalition of q - 1 hospitals (with the
+    server choosing the cohort) differences the release down to the remaining one. Under secagg the
+    victim's masks are also opened by ``threshold`` of its share holders, whichever is fewer.
+    """
+    k = quorum(n, colluders, min_clients) - 1
+    return k if secagg_threshold is None else min(k, int(secagg_threshold))
 
 
 @dataclass(frozen=True)
@@ -70,6 +88,16 @@ class ReleasePolicy:
     max_refusals: int
     min_class_count: int
     deadline: float | None
+
+    signed_min_clients: int = 0
+
+    def why_quorum(self) -> str:
+        """How :attr:`quorum` was reached, with the values actually used (one phrase)."""
+        n, c, mc = len(self.roster), self.colluders, self.signed_min_clients or self.min_clients
+        text = f"max(floor((n + c) / 2) + 1, min_clients + c) with n = {n}, c = {c}, signed min_clients = {mc}"
+        if self.quorum > quorum(n, c, mc):
+            text += f", raised to this party's own floor of {self.quorum}"
+        return text
 
     @property
     def dropout_tolerance(self) -> int:
@@ -87,7 +115,8 @@ def release_policy(definition, *, min_clients: int = 0, min_class_count: int = 0
     return ReleasePolicy(
         session_id=b["id"], backend=b["backend"], roster=tuple(b["hospitals"]), min_clients=mc, colluders=c,
         quorum=max(quorum(n, c, int(b["min_clients"])), int(min_clients)), max_refusals=int(b["max_refusals"]),
-        min_class_count=max(int(b["min_class_count"]), int(min_class_count)), deadline=b.get("deadline"))
+        min_class_count=max(int(b["min_class_count"]), int(min_class_count)), deadline=b.get("deadline"),
+        signed_min_clients=int(b["min_clients"]))
 
 
 def cohort_after_refusals(policy: ReleasePolicy, participants, refused: Mapping[str, str]) -> list[str]:
@@ -109,6 +138,5 @@ def cohort_after_refusals(policy: ReleasePolicy, participants, refused: Mapping[
         raise InsufficientContributors(
             f"{len(cohort)} roster hospitals remain after {len(refused)} refusals"
             f"{' (' + ', '.join(sorted(refused)) + ')' if refused else ''}, below the release quorum "
-            f"q = max(floor((n + c) / 2) + 1, min_clients + c) = {policy.quorum} (n = {len(policy.roster)}, "
-            f"c = {policy.colluders}, min_clients = {policy.min_clients})")
+            f"q = {policy.quorum} ({policy.why_quorum()})")
     return cohort

@@ -7,7 +7,7 @@ import signal
 
 from secure_afl.exceptions import InvalidParameterError, ParameterMismatch
 from secure_afl.server.config import load_config
-from secure_afl.session.definition import dropout_line
+from secure_afl.session.definition import guarantee_lines
 
 
 def _cmd_run(args) -> int:
@@ -36,10 +36,11 @@ def _cmd_run(args) -> int:
         raise
     app = create_app(server)
 
-    logging.getLogger("secure_afl.server").info(
-        "serving session %s (%s) on https://%s:%d, mTLS %s, at most %d connections; %s", cfg.session_id,
-        cfg.backend, cfg.host, cfg.port, "on" if cfg.require_client_cert else "OFF", cfg.connection_limit,
-        dropout_line(server.definition)[1])
+    log = logging.getLogger("secure_afl.server")
+    log.info("serving session %s (%s) on https://%s:%d, mTLS %s, at most %d connections", cfg.session_id,
+             cfg.backend, cfg.host, cfg.port, "on" if cfg.require_client_cert else "OFF", cfg.connection_limit)
+    for name, line in guarantee_lines(server.definition):
+        log.info("%s: %s", name, line)
     # uvicorn re-raises SIGTERM after its graceful shutdown; as an exception (not the default
     # handler) it lets the finally block write the pending refusal summaries and close the log
     signal.signal(signal.SIGTERM, _exit_on_sigterm)

@@ -37,7 +37,8 @@ def test_the_quorum_keeps_min_clients_honest_and_two_cohorts_share_an_honest_hos
                 assert q - c >= mc and 2 * (q - c) > n - c
             c = default_colluders(n, mc)
             assert 0 <= c < mc and quorum(n, c, mc) <= n
-            assert c == 0 or n - quorum(n, c, mc) >= 1  # a default c always leaves one dropout
+            # privacy before liveness: the default is the largest c the roster can carry, dropouts or not
+            assert c == mc - 1 or quorum(n, c + 1, mc) > n
 
 
 class _Out:
@@ -76,13 +77,34 @@ def test_session_sign_prints_the_dropout_tolerance_of_the_signed_colluder_bound(
     assert f"{6 - p.quorum} of 6 hospitals may drop out" in out.stdout and f"= {p.quorum} roster" in out.stdout
 
 
-def test_session_sign_refuses_a_colluder_bound_that_leaves_no_dropout_tolerance(tmp_path, capsys):
+def test_session_sign_refuses_a_colluder_bound_no_release_can_meet(tmp_path, capsys):
+    # Execute: c = 4 with 6 hospitals and min_clients 3 needs q = max(6, 7) = 7 of 6
+    out, pki_dir = _sign(tmp_path, capsys, {"colluders": 4})
+    # Assert: one line naming the key and the largest c that fits, the input exit status, nothing signed
+    assert out.returncode == EXIT_INPUT, out.stdout + out.stderr
+    assert "colluders = 4 needs a quorum no release can reach" in out.stderr and "at most 3" in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1
+    assert not (pki_dir / "sessions" / "s-cohort.json").exists()
+
+
+def test_session_sign_signs_a_colluder_bound_that_leaves_no_dropout_tolerance_and_says_so(tmp_path, capsys):
     # Execute: c = 3 with 6 hospitals and min_clients 3 needs q = max(5, 6) = 6, everybody
     out, pki_dir = _sign(tmp_path, capsys, {"colluders": 3})
-    # Assert: one line naming the key, the input exit status, nothing signed
-    assert out.returncode == EXIT_INPUT, out.stdout + out.stderr
-    assert "colluders = 3 leaves no dropout tolerance" in out.stderr and len(out.stderr.strip().splitlines()) == 1
-    assert not (pki_dir / "sessions" / "s-cohort.json").exists()
+    # Assert: signed, with the warning that no hospital may drop out, and the isolation line of q - 1 = 5
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "warning: 0 of 6 hospitals may drop out" in out.stderr
+    assert "the server and 5 colluding hospitals" in out.stdout
+    assert release_policy(load_signed(pki_dir, "s-cohort")).quorum == 6
+
+
+def test_a_small_consortium_at_the_defaults_signs_every_hospital_into_the_quorum(tmp_path, capsys):
+    # Execute: 4 hospitals at the default min_clients 3, colluders left to the default
+    out, pki_dir = _sign(tmp_path, capsys, {}, hospitals=4)
+    # Assert: c = 1 (not 0), so q = 4: a server with 2 colluders cannot release over the victim and them
+    assert out.returncode == 0, out.stdout + out.stderr
+    p = release_policy(load_signed(pki_dir, "s-cohort"))
+    assert (p.colluders, p.quorum) == (1, 4)
+    assert "the server and 3 colluding hospitals" in out.stdout and "warning: 0 of 4" in out.stderr
 
 
 # -- a server that lies about one relayed field ------------------------------------------------------------------
@@ -138,6 +160,21 @@ def split_cohort(tmp_path_factory):
     from secure_afl.tools.attacks import run_attack
 
     return run_attack("split-cohort", verbose=False, work=tmp_path_factory.mktemp("cohort"))
+
+
+@pytest.fixture(scope="module")
+def small_split_cohort(tmp_path_factory):
+    from secure_afl.tools.attacks import run_attack
+
+    return run_attack("split-cohort", verbose=False, work=tmp_path_factory.mktemp("cohort4"), roster=4)
+
+
+def test_at_four_hospitals_a_manifest_of_the_victim_and_two_colluders_gets_no_share(small_split_cohort):
+    # Assert: n = 4 at the default min_clients 3 signs c = 1 and q = 4; the victim with min_clients - 1 = 2
+    # colluders is refused before any seed is opened, and so are forged refusals of the fourth hospital
+    assert small_split_cohort["quorum"] == 4
+    assert small_split_cohort["small_manifest"] == "refused" and small_split_cohort["small_manifest_seeds_opened"] == 0
+    assert small_split_cohort["forged"] == "refused" and small_split_cohort["outcome"] == "refused"
 
 
 def test_forged_refusals_past_the_limit_abort_the_release(split_cohort):
@@ -253,9 +290,11 @@ def test_signed_definition_lists_c_and_the_refusal_limit(tmp_path, capsys):
     assert (body["colluders"], body["max_refusals"]) == (1, 0)
 
 
-def test_the_key_holder_floor_holds_when_the_server_relays_min_clients_1(tmp_path):
-    # Prepare: a ckks session of 6 hospitals (min_clients 3, so c = 2 and q = 5); the server relays
-    # min_clients = 1 in its info and signs a manifest of 3 uploads (the victim and 2 colluders)
+@pytest.mark.parametrize("roster", [6, 4])
+def test_the_key_holder_floor_holds_when_the_server_relays_min_clients_1(tmp_path, roster):
+    # Prepare: a ckks session of 6 hospitals (min_clients 3, so c = 2 and q = 5), or of 4 (c = 1 and q = 4:
+    # the smallest consortium at the defaults); the server relays min_clients = 1 in its info and signs a
+    # manifest of 3 uploads (the victim and 2 colluders)
     from secure_afl.backends.ckks import CKKSBackend, ckks_session_params
     from secure_afl.exceptions import SecureAFLError
     from secure_afl.keyholder import KeyHolder
@@ -265,7 +304,7 @@ def test_the_key_holder_floor_holds_when_the_server_relays_min_clients_1(tmp_pat
     from secure_afl.tools.attack_parties import MaliciousServer, signed_participant, tagged_upload
     from secure_afl.tools.harness import make_pki, sign_session
 
-    names = [f"h{i}" for i in range(6)]
+    names = [f"h{i}" for i in range(roster)]
     server, parties = make_pki(tmp_path / "pki", names, name="floor")
     bounds, layout = Bounds(2.0, 100, 8), Layout(4, 2)
     sign_session(tmp_path / "pki", {"session": {"id": "floor", "backend": "ckks", "dim": 4, "classes": 2,

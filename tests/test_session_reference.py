@@ -49,7 +49,7 @@ def test_session_reference_command_prints_the_committed_reference():
     ("session", "classes", 2_000_000, ["classes must be >= 1, <= 1000000"]),
     ("session", "max_upload_bytes", 10, ["max_upload_bytes must be >= 1024"]),
     ("bounds", "k_max", 2, ["k_max = 2 is below the 3 hospitals"]),
-    ("session", "min_clients", 4, ["min_clients = 4 must be in [1, 3]"]),
+    ("session", "min_clients", 4, ["roster of 3 hospitals cannot release with min_clients = 4", "smallest roster that works has 4"]),
     ("dp", "min_contributors", 4, ["min_contributors = 4 is above the 3 hospitals"]),
     ("server", "port", 70000, ["port must be >= 1, <= 65535"]),
 ])

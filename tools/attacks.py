@@ -927,12 +927,13 @@ def _subset_sum(srv, params, keep) -> bytes:
     return seal(params, "aggregate", total.astype("<u8").tobytes(), contributors=len(keep))
 
 
-def attack_split_cohort(*, seed: int = 0, verbose: bool = True, work=None, **_) -> dict:
-    """A malicious split server with min_clients - 1 colluders shrinks the cohort to one honest hospital."""
+def attack_split_cohort(*, seed: int = 0, verbose: bool = True, work=None, roster: int = 6, **_) -> dict:
+    """A malicious split server with min_clients - 1 colluders shrinks the cohort to one honest hospital
+    (``roster`` hospitals at min_clients 3 and the signed default colluder bound)."""
     from secure_afl import split
     from secure_afl.cohort import release_policy
 
-    hospitals = tuple(f"hosp-{x}" for x in "abcdef")
+    hospitals = tuple(f"hosp-{x}" for x in "abcdefghijklmnop"[:roster])
     with _workdir(work) as d:
         srv, kh, pki_dir, vectors = _split_service(Path(d), hospitals=hospitals, min_clients=3, seed=seed)
         try:

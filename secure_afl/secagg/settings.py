@@ -118,8 +118,9 @@ def consistency_quorum(n_advertised: int, threshold: int, min_clients: int) -> i
     signers, more than there are. ``q - c >= min_clients`` keeps at least
     ``min_clients`` honest hospitals behind the set that is unmasked.
     """
-    c = threshold - 1
-    return max((n_advertised + c) // 2 + 1, min_clients + c)
+    from ..cohort import quorum  # the one release rule; secagg's colluders are threshold - 1
+
+    return quorum(n_advertised, threshold - 1, min_clients)
 
 
 def min_clients_advice(n_parties: int, threshold: int, min_clients: int, defaulted: bool = False) -> str:

@@ -118,9 +118,12 @@ def normalise(sections: Mapping[str, Mapping[str, Any]], *, issued_hospitals=Non
         "bounds": {"max_norm": b["max_norm"], "n_max": b["n_max"], "k_max": b["k_max"]},
         "secagg": None, "dp": None, "extractor": None, "split": None,
     }
-    if not 1 <= body["min_clients"] <= len(hospitals):
-        raise fail(where, f"min_clients = {body['min_clients']} must be in [1, {len(hospitals)}], the number of "
-                           "hospitals in the session")
+    if body["min_clients"] < 1:
+        raise fail(where, f"min_clients = {body['min_clients']} must be at least 1")
+    if body["min_clients"] > len(hospitals):
+        raise fail(where, f"a roster of {len(hospitals)} hospitals cannot release with min_clients = "
+                           f"{body['min_clients']}: the smallest roster that works has {body['min_clients']} "
+                           f"hospitals (or lower min_clients to {len(hospitals)})")
     if len(hospitals) > body["bounds"]["k_max"]:
         raise fail(f"{source} [bounds]", f"k_max = {body['bounds']['k_max']} is below the {len(hospitals)} "
                                           "hospitals of the session")
@@ -157,10 +160,27 @@ def normalise(sections: Mapping[str, Mapping[str, Any]], *, issued_hospitals=Non
     _resolve_colluders(body, where)
     definition = SessionDefinition(body)
     try:
-        definition.session_params()  # every remaining impossibility (DP on a backend without it, ...)
+        params = definition.session_params()  # every remaining impossibility (DP on a backend without it, ...)
     except InvalidParameterError as e:
         raise fail(source, str(e)) from None
+    if body["backend"] == "split":
+        from secure_afl.split.sizes import SOUNDNESS_BITS
+
+        bits, reps = split_soundness(params)
+        if bits < SOUNDNESS_BITS:
+            raise fail(f"{source} [bounds]", f"validity soundness 2^-{bits:.1f} even with {reps} repetitions of the "
+                                              f"bit proof, above the 2^-{SOUNDNESS_BITS} every split session "
+                                              "keeps: lower n_max, max_norm or dim, or turn [dp] off")
     return definition
+
+
+def split_soundness(params) -> tuple[float, int]:
+    """(bits, repetitions): -log2 of the probability that an invalid split upload is accepted, against a
+    prover making 2^64 hash queries, and the bit proof's repetitions that reach it."""
+    from secure_afl.split.proof import Circuit, soundness_bits
+
+    circuit = Circuit(params)
+    return soundness_bits(circuit), circuit.reps
 
 
 def _resolve_secagg(body: dict, source: str) -> None:
@@ -182,8 +202,10 @@ def _resolve_secagg(body: dict, source: str) -> None:
 
 
 def _resolve_colluders(body: dict, where: str) -> None:
-    """Fill in the colluder bound c and the refusal limit, and refuse a c no release could meet (q > n) or,
-    for c >= 1, one that leaves no hospital free to drop out (lower c, or min_clients)."""
+    """Fill in the colluder bound c and the refusal limit; refuse a c no release could meet (q > n).
+
+    The default c is :func:`~secure_afl.cohort.default_colluders`: privacy first, so on a small roster the
+    quorum may be every hospital (signable, and printed as leaving no dropout tolerance)."""
     from secure_afl.cohort import default_colluders, quorum
 
     n, mc = len(body["hospitals"]), body["min_clients"]
@@ -192,13 +214,19 @@ def _resolve_colluders(body: dict, where: str) -> None:
         if body["colluders"] is not None and body["colluders"] != c:
             raise fail(where, f"colluders = {body['colluders']}: a secagg session tolerates threshold - 1 = {c} "
                                "colluders; set the threshold instead")
+    elif body["colluders"] is None:
+        try:
+            c = default_colluders(n, mc)
+        except InvalidParameterError as e:
+            raise fail(where, str(e)) from None
     else:
-        c = default_colluders(n, mc) if body["colluders"] is None else body["colluders"]
+        c = body["colluders"]
     q = quorum(n, c, mc)
     # secagg's threshold checks already ran (its line says when none may drop out)
-    if body["backend"] != "secagg" and (q > n or (c >= 1 and n - q < 1)):
-        raise fail(where, f"colluders = {c} leaves no dropout tolerance: a release needs q = max(floor((n + c) / 2)"
-                           f" + 1, min_clients + c) = {q} of the n = {n} hospitals; lower colluders or min_clients")
+    if body["backend"] != "secagg" and q > n:
+        raise fail(where, f"colluders = {c} needs a quorum no release can reach: q = max(floor((n + c) / 2) + 1, "
+                           f"min_clients + c) = {q} of the n = {n} hospitals; lower colluders (at most "
+                           f"{max(k for k in range(n) if quorum(n, k, mc) <= n)} here) or min_clients")
     body["colluders"] = c
     body["max_refusals"] = c if body["max_refusals"] is None else body["max_refusals"]
 
@@ -226,7 +254,10 @@ def dropout_line(definition: SessionDefinition) -> tuple[int, str]:
         line = (f"{k} of {n} hospitals may drop out, go silent or be refused and session {b['id']} still releases: "
                 f"a release needs q = max(floor((n + c) / 2) + 1, min_clients + c) = {q} roster hospitals "
                 f"(c = {c} colluders tolerated, min_clients = {mc})")
-        fix = f"min_clients = {mc - 1}" if mc > 1 else "more hospitals"
+        # the ways out, each the operator's explicit trade of privacy for liveness
+        fewer_c = [c2 for c2 in range(c - 1, -1, -1) if n - quorum(n, c2, mc) >= 1]
+        fix = " or ".join(([f"colluders = {fewer_c[0]} (fewer colluders tolerated)"] if fewer_c else []) +
+                          ([f"min_clients = {mc - 1}"] if mc > 1 else [])) or "more hospitals"
     else:
 
         sa = b["secagg"]
@@ -247,6 +278,49 @@ def dropout_line(definition: SessionDefinition) -> tuple[int, str]:
     if k == 0:
         line += f"; no hospital may drop out: to tolerate one, sign a session with {fix}"
     return k, line
+
+
+def guarantee_lines(definition: SessionDefinition) -> list[tuple[str, str]]:
+    """Every guarantee a signed session keeps, one ``(name, line)`` each: what ``session sign``, ``session
+    show`` and ``server run`` print, and what the audit report shows. Each line is computed from the signed
+    definition alone (the same functions the parties enforce), never restated."""
+    from secure_afl.cohort import isolation_coalition, quorum
+
+    b = definition.body
+    n, mc, c = len(b["hospitals"]), b["min_clients"], b["colluders"]
+    out = [("quorum", dropout_line(definition)[1])]
+    t = b["secagg"]["threshold"] if b["backend"] == "secagg" else None
+    k = isolation_coalition(n, c, mc, secagg_threshold=t)
+    q = consistency_quorum(n, t, mc) if t is not None else quorum(n, c, mc)
+    why = (f"every release needs q = {q} of the {n} hospitals" +
+           (f", and {t} share holders open a hospital's masks" if t is not None and t < q - 1 else ""))
+    out.append(("isolation", f"isolating one hospital's statistics takes the server and {k} colluding hospitals "
+                             f"({why}); the session is signed for c = {c} colluders, so at least {q - c} honest "
+                             f"hospitals (min_clients = {mc}) stand behind every release"))
+    if b["backend"] == "split":
+        bits, reps = split_soundness(definition.session_params())
+        out.append(("soundness", f"validity: an invalid upload is accepted with probability at most 2^-{bits:.1f} "
+                                 f"against a prover making 2^64 hash queries ({reps} repetitions of the bit proof)"))
+    if b["backend"] == "split" and (b.get("split") or {}).get("gram_proof"):
+        out.append(("steering", "gram_proof on: every upload proves its statistics positive semi-definite, so no "
+                                "hospital can set W exactly; it can still pull W by its share of the samples"))
+    else:
+        out.append(("steering", "no Gram statement: one hospital that knows the others' sums can set W exactly "
+                                "(positive semi-definite C_k with a chosen Q_k passes every check)" +
+                                ("; sign [split] gram_proof = true to refuse it" if b["backend"] == "split" else
+                                 "; only split with gram_proof refuses it")))
+    dp = b.get("dp")
+    if dp:
+        from secure_afl.dp.mechanism import release_epsilon
+
+        eps = release_epsilon(definition.session_params(), int(dp["min_contributors"]))
+        out.append(("dp", f"differential privacy: epsilon <= {eps:.3g}, delta = {dp['delta']:g} for the released "
+                          f"aggregate (noise shares of at least min_contributors = {dp['min_contributors']} "
+                          "hospitals; the key holder refuses a release with fewer)"))
+    else:
+        out.append(("dp", "no differential privacy: whoever receives the release learns the exact aggregate"))
+    out.append(("share", share_line(definition)))
+    return out
 
 
 def share_line(definition: SessionDefinition) -> str:

@@ -110,9 +110,9 @@ SECTIONS: dict[str, Section] = {
         "colluders": Key("int", "c: hospitals that may collude with the server; every release needs q = "
                                 "max(floor((n + c) / 2) + 1, min_clients + c) hospitals of the roster after every "
                                 "refusal", None, _ALL, low=0,
-                         default_text="secagg: threshold - 1; else the largest c <= min_clients - 1 that lets one "
-                                      "hospital drop out (0 if none does)",
-                         allowed="secagg: = threshold - 1; else q <= n, and n - q >= 1 when c >= 1"),
+                         default_text="secagg: threshold - 1; else the largest c <= min_clients - 1 whose quorum "
+                                      "fits the roster (q <= n), even when no hospital may then drop out",
+                         allowed="secagg: = threshold - 1; else q <= n"),
         "max_refusals": Key("int", "split: uploads the key holder may refuse as invalid before the release is "
                                    "aborted instead of formed without them", None, "server, key holder", low=0,
                             default_text="colluders"),
@@ -317,12 +317,15 @@ def reference() -> str:
            "--bundles BUNDLES`; every party then reads the signed definition from its own bundle. Unknown keys, "
            "wrong types, values outside the range below and impossible combinations are refused at load, one "
            "line naming the key. Backends: " + ", ".join(f"`{x}`" for x in BACKENDS) + ".", "",
-           "Before it signs, `session sign` prints how many hospitals may drop out or go silent with the session "
+           "`session sign` prints every guarantee of the session it signs, one line each, and `server run` and "
+           "`session show` print the same lines: how many hospitals may drop out or go silent with the session "
            "still releasing (plain, ckks, bfv, split: n - q with q = max(floor((n + c) / 2) + 1, min_clients + c), c "
-           "the signed colluder bound; secagg: min(n - q, m - t)); `server run` and "
-           "`session show` print the same line. It also prints the largest share of the pooled samples one "
-           "hospital may hold (its n_max against the other hospitals at n_max each, and `[split] max_share` "
-           "when set): what bounds how far one hospital can steer W (docs/VALIDITY.md).", "",
+           "the signed colluder bound; secagg: min(n - q, m - t)); how many colluding hospitals the server needs to "
+           "isolate one hospital (q - 1; secagg: at most the threshold); for split the validity soundness in bits "
+           "against 2^64 hash queries (a session below 64 bits is refused); whether one hospital can set W exactly "
+           "(every session but split with `gram_proof`); the DP epsilon and delta; and the largest share of the "
+           "pooled samples one hospital may hold (its n_max against the other hospitals at n_max each, and "
+           "`[split] max_share` when set): what bounds how far one hospital can steer W (docs/VALIDITY.md).", "",
            "`[split] gram_proof` is off by default, chosen by measurement (docs/VALIDITY.md, \"The Gram "
            "statement\"): at d = 512, C = 100 it adds 1.5 MB (about 50 %) to each upload and about 2.9 times "
            "the proving and verifying time, it moves an honest hospital's statistics by the factor's rounding "

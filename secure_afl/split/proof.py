@@ -4,7 +4,8 @@ messages and the decision (docs/VALIDITY.md).
 With ``x`` the upload's 2L fixed-point lanes (``hi`` then ``lo``, centred integers carried in F_p,
 p = 2^64 - 2^32 + 1) and ``b`` the prover's auxiliary bits (the statement's blocks,
 :mod:`secure_afl.split.statements`), the verifiers accept iff every entry of ``b`` is a bit (the fully linear
-proof of :class:`secure_afl.hazmat.flp.BitProof`, repeated ``REPS`` times) and the statement's affine
+proof of :class:`secure_afl.hazmat.flp.BitProof`, repeated ``REPS`` times, more where the bit vector is long
+enough to need it for a soundness error below ``2^-SOUNDNESS_BITS``) and the statement's affine
 relations hold in F_p, checked as ``LINEAR_REPS`` verifier-chosen random linear combinations (so only their
 values, zero for a valid upload, are revealed). A statement with the Gram part adds its factor words to the
 body, its range rows and quadratic identities to the combinations, and its square-sum proofs.
@@ -44,7 +45,8 @@ from ..hazmat import fixedpoint, flp
 from ..params import SessionParams
 from . import projection
 from .signed_messages import UploadCommitment, seed_digest, FS_PREFIX
-from .sizes import GRAM_QUERIES, GRAM_RHOS, LINEAR_REPS, REPS, RETRIES, ROWS, fits, statement_sizes
+from .sizes import (GRAM_QUERIES, GRAM_RHOS, LINEAR_REPS, MAX_REPS, REPS, RETRIES, ROWS, SOUNDNESS_BITS, fits,
+                    statement_sizes)
 from .statements import PROOF_DOMAIN, VERDICTS, AFFINE, GramStatement, Shares, Unlucky, bits_of, statement_for
 
 __all__ = ["Circuit", "DOMAIN_SHARE", "soundness_bits", "describe"]
@@ -91,25 +93,30 @@ class Circuit:
             off += cnt * width
         self.n_bits = off
         self.bits = flp.BitProof(self.n_bits)
+        self.sq = None if gs is None else gs.sq
+        #: repetitions of the bit proof: REPS, or more where a long bit vector would leave the validity soundness
+        #: error above 2^-SOUNDNESS_BITS (one more repetition multiplies its per-query term by |bits| / p)
+        self.reps = REPS
+        while soundness_bits(self) < SOUNDNESS_BITS and self.reps < MAX_REPS:
+            self.reps += 1
         self.main_len = 2 * self.L
         # body: lanes (summed) | factor words, then under DP the noise share's words (Gram statement) | bits |
         # bit proofs | square-sum proofs; the commitment's main hash covers the lanes and those words
         self.n_f = 0 if gs is None else gs.n_words
         self.commit_len = self.main_len + self.n_f
-        self.sq = None if gs is None else gs.sq
-        self.proof_len = REPS * self.bits.proof_len + (0 if gs is None else gs.proof_len)
+        self.proof_len = self.reps * self.bits.proof_len + (0 if gs is None else gs.proof_len)
         self.total = self.commit_len + self.n_bits + self.proof_len
         #: the projection threshold: every proven high-lane entry is within 2T
         self.T = 1 << (s["m_hi"] - 1)
         self.groups = st.relation_groups()
         self.n_relations = sum(cnt for _, cnt in self.groups)
-        self.verifier_len = LINEAR_REPS + REPS * self.bits.verifier_len + (0 if gs is None else gs.verifier_len)
+        self.verifier_len = LINEAR_REPS + self.reps * self.bits.verifier_len + (0 if gs is None else gs.verifier_len)
         if gs is not None:
             self.T_f = gs.T_f
             self.n_range_relations = ROWS
             self.n_gram_relations = gs.n_gram_relations
         #: bytes of randomness one proving try takes: the mask seed, then 32 per bit proof and square-sum proof
-        self.rand_size = _SEED * (1 + REPS + (0 if gs is None else GRAM_QUERIES))
+        self.rand_size = _SEED * (1 + self.reps + (0 if gs is None else GRAM_QUERIES))
 
     def relation_names(self) -> list[str]:
         """Every relation the session's statement checks (its own, the bits, and the Gram part's)."""
@@ -129,18 +136,19 @@ class Circuit:
 
     def joint_rand(self, fs: bytes, aux_sha256: str) -> list[int]:
         key = hashlib.sha256(fs + b"joint\0" + bytes.fromhex(aux_sha256)).digest()
-        return [int(v) for v in flp.expand_field(key, REPS, domains.SPLIT_JOINT_XOF)]
+        return [int(v) for v in flp.expand_field(key, self.reps, domains.SPLIT_JOINT_XOF)]
 
     def query_rand(self, fs: bytes, aux_sha256: str, query_seed: bytes) -> tuple[list[int], np.ndarray]:
         """Query points (off the FLP domain) and the linear-check coefficients, from the verifiers' seed."""
         if not isinstance(query_seed, (bytes, bytearray)) or len(query_seed) != 32:
             raise MalformedPayload("a query seed is 32 bytes")
         key = hashlib.sha256(bytes(query_seed) + fs + bytes.fromhex(aux_sha256)).digest()
-        stream = flp.expand_field(key, 4 * REPS + LINEAR_REPS * self.n_relations, domains.SPLIT_QUERY_XOF)
-        pts = [int(v) for v in stream[:4 * REPS] if pow(int(v), self.bits.n, flp.P) != 1][:REPS]
-        if len(pts) < REPS:  # pragma: no cover - probability about (N/p)^(3 REPS)
+        r = self.reps
+        stream = flp.expand_field(key, 4 * r + LINEAR_REPS * self.n_relations, domains.SPLIT_QUERY_XOF)
+        pts = [int(v) for v in stream[:4 * r] if pow(int(v), self.bits.n, flp.P) != 1][:r]
+        if len(pts) < r:  # pragma: no cover - probability about (N/p)^(3 reps)
             raise InvalidInputError("query points fell on the interpolation domain; draw another query seed")
-        return pts, stream[4 * REPS:].reshape(LINEAR_REPS, self.n_relations)
+        return pts, stream[4 * r:].reshape(LINEAR_REPS, self.n_relations)
 
     def project(self, x, fs: bytes) -> np.ndarray:
         """``<r_j, hi> mod p`` for the ROWS rows, shape (ROWS,)."""
@@ -243,9 +251,9 @@ class Circuit:
         aux_sha = hashlib.sha256(flp.to_bytes(y_aux)).hexdigest()
         jrs = self.joint_rand(fs, aux_sha)
         proofs = self.bits.prove_reps(aux, jrs, [flp.expand_field(r, 2 * self.bits.chunk, PROOF_DOMAIN)
-                                                 for r in blind[:REPS]])
+                                                 for r in blind[:self.reps]])
         if self.gram_statement is not None:
-            proofs += self.gram_statement.prove(fw, fs, aux_sha, blind[REPS:])
+            proofs += self.gram_statement.prove(fw, fs, aux_sha, blind[self.reps:])
         y_proof = flp.add(np.concatenate(proofs), mask[c1:])
         body = np.concatenate([y_main, y_aux, y_proof])
         return body, s, UploadCommitment(main_sha, aux_sha, seed_sha)
@@ -308,9 +316,9 @@ class Circuit:
     def _parts(self, share: np.ndarray):
         bits = share[self.commit_len:self.commit_len + self.n_bits]
         off = self.commit_len + self.n_bits
-        proofs = share[off:off + REPS * self.bits.proof_len].reshape(REPS, self.bits.proof_len)
-        sq = None if self.sq is None else \
-            share[off + REPS * self.bits.proof_len:].reshape(GRAM_QUERIES, self.sq.proof_len)
+        k = self.reps * self.bits.proof_len
+        proofs = share[off:off + k].reshape(self.reps, self.bits.proof_len)
+        sq = None if self.sq is None else share[off + k:].reshape(GRAM_QUERIES, self.sq.proof_len)
         return bits, proofs, share[self.main_len:self.commit_len], sq
 
     def relation_values(self, share: np.ndarray, fs: bytes, *, leader: bool) -> list[np.ndarray]:
@@ -336,7 +344,7 @@ class Circuit:
 
     def query(self, share: np.ndarray, commitment: UploadCommitment, hospital: str, query_seed: bytes, *,
               leader: bool) -> np.ndarray:
-        """One verifier's message: ``[linear combination of the relations] ++ REPS bit-proof queries`` (and the
+        """One verifier's message: ``[linear combination of the relations] ++ reps bit-proof queries`` (and the
         Gram part's, :meth:`GramStatement.query`)."""
         fs = self.fs_seed(hospital, commitment.main_sha256, commitment.seed_sha256)
         pts, coeffs = self.query_rand(fs, commitment.aux_sha256, query_seed)
@@ -362,11 +370,11 @@ class Circuit:
         if any(int(z) for z in v[:LINEAR_REPS]):
             return AFFINE
         k, o = self.bits.verifier_len, LINEAR_REPS
-        for r in range(REPS):
+        for r in range(self.reps):
             if not self.bits.decide(v[o + r * k:o + (r + 1) * k]):
                 return "bits"
         if self.gram_statement is not None:
-            return self.gram_statement.decide(v[o + REPS * k:])
+            return self.gram_statement.decide(v[o + self.reps * k:])
         return None
 
     # -- the unshared circuit -------------------------------------------------------------------------------
@@ -397,8 +405,8 @@ def soundness_bits(circuit: Circuit, hash_queries_log2: int = 64) -> float:
     q = 2.0 ** hash_queries_log2
     p = float(flp.P)
     bp = circuit.bits
-    per_query = 2.0 ** -ROWS + (bp.length / p) ** REPS
-    query_point = ((2 * bp.n - 2) / (p - bp.n)) ** REPS
+    per_query = 2.0 ** -ROWS + (bp.length / p) ** circuit.reps
+    query_point = ((2 * bp.n - 2) / (p - bp.n)) ** circuit.reps
     linear = (1.0 / p) ** LINEAR_REPS
     if circuit.gram is not None:
         # the factor's range rows; GRAM_RHOS vectors rho, each missing a nonzero symmetric A - 2^t (L L^T + D)
@@ -422,4 +430,4 @@ def describe(circuit: Circuit) -> Mapping:
                 "noise_bound_log2": circuit.gram["m_z"] - 1, "factor_scale_bits": circuit.gram["f"], "t": circuit.gram["t"],
                 "T_factor_log2": circuit.gram["m_f"] - 1, "jitter": circuit.gram["jitter"],
                 "square_sum_proof_words": GRAM_QUERIES * circuit.sq.proof_len},
-            "soundness_bits_q64": round(soundness_bits(circuit), 1)}
+            "bit_proof_reps": circuit.reps, "soundness_bits_q64": round(soundness_bits(circuit), 1)}

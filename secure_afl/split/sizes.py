@@ -16,14 +16,20 @@ from ..hazmat import fixedpoint
 from ..packing import Layout
 from ..params import Bounds, SessionParams
 
-__all__ = ["REPS", "LINEAR_REPS", "ROWS", "TAIL", "WRAP_BITS", "RETRIES", "GRAM_KEY", "GRAM_RHOS", "GRAM_QUERIES",
+__all__ = ["REPS", "MAX_REPS", "SOUNDNESS_BITS", "LINEAR_REPS", "ROWS", "TAIL", "WRAP_BITS", "RETRIES", "GRAM_KEY", "GRAM_RHOS", "GRAM_QUERIES",
            "GRAM_MIN_F", "PROCESS_MIN_UPLOADS", "VERIFIER_WORKERS", "ADVISORY_CHECKS", "gram_enabled", "noise_beside", "noise_bound",
            "statement_sizes",
            "fits", "choose_frac_bits", "split_session_params", "session_params", "expected_abs_error",
            "proven_aggregate_bound", "psd_tolerance"]
 
-#: repetitions of the bit proof (independent joint randomness and query point)
+#: repetitions of the bit proof (independent joint randomness and query point); a circuit whose bit vector is
+#: long enough to need more for SOUNDNESS_BITS takes more (:attr:`secure_afl.split.proof.Circuit.reps`)
 REPS = 3
+#: the most repetitions a circuit takes before its session is refused
+MAX_REPS = 8
+#: the validity soundness every signable split session reaches: an invalid upload is accepted with probability
+#: at most 2^-SOUNDNESS_BITS against a prover making 2^64 hash queries
+SOUNDNESS_BITS = 64
 #: independent random linear combinations of the affine relations (each misses a false one w.p. 1/p)
 LINEAR_REPS = 2
 #: projection rows per lane
