@@ -1,34 +1,24 @@
-"""secagg messages: canonical JSON on the wire, parsed strictly, each declared by one field table.
-
-A message (or a record carried inside one) names its fields once, in a table of :class:`Field` rows: the
-field's name, its codec (type and bounds), whether its signature covers it, and its default.
-:func:`_declare` turns the table into the frozen dataclass; encoding, decoding, validation and the bytes a
-signature covers are written once, in :class:`_Record`, from the table. Every message also carries
-``type``, ``stage``, ``session_id``, ``client_id`` and ``round`` (1 to 65535). A field that fails its codec
-raises :class:`~secure_afl.exceptions.MalformedPayload` naming the message, the field and why.
+"""secagg messages, stage by stage: canonical JSON on the wire, parsed strictly, each declared by one field
+table (:mod:`secure_afl.secagg.wire`).
 
 The wire bytes are pinned by vectors/secagg_messages.json (tests/test_secagg_vectors.py).
 """
 
 from __future__ import annotations
 
-import base64
-import binascii
-import dataclasses
 import functools
 import hashlib
-from dataclasses import dataclass, replace
-from typing import Any, Callable, ClassVar, Mapping
+from typing import Mapping
 
-from cryptography.exceptions import InvalidSignature
 
 from .. import domains
 from ..envelope import peek_header
 from ..exceptions import MalformedPayload
-from ..hazmat.shamir import PRIME, Share
-from ..encoding import canonical_json, parse_json
+from ..hazmat.shamir import Share
+from ..encoding import canonical_json
 from .masking import deal_challenge, on_check_polynomial, share_commitment
 from .settings import Stage
+from .wire import (parse_message_json, STR, INT, ROUND, KEY, NONCE, DIGEST, SIGNATURE, BLOB, Field, MessageBase, Codec, FieldElementCodec, IdsCodec, IntMapCodec, ListCodec, NestedCodec, REGISTRY, Record, RowCodec, declare, message_fields)
 
 __all__ = [
     "SetupRequest", "SetupAck", "AdvertiseKeysRequest", "KeyAdvertisement", "ShareKeysRequest", "EncryptedShare",
@@ -36,372 +26,20 @@ __all__ = [
     "UnmaskResponse", "UnmaskMaterial", "DealRecord", "DealerComplaint", "decode_message", "survivors_digest",
 ]
 
-_KEY_BYTES = 32
-_NONCE_BYTES = 12
-_DIGEST_BYTES = 32
-_SIG_BYTES = 64
-_VALUE_BYTES = 66  # one element of GF(2^521 - 1)
-_MAX_ROUND = 0xFFFF
-
-
-class _Bad(ValueError):
-    """A field failed its codec; ``str`` is ``path: reason``."""
-
-
-def _verify(public_key, signature: bytes, data: bytes) -> bool:
-    try:
-        public_key.verify(signature, data)
-    except (InvalidSignature, TypeError, ValueError):
-        return False
-    return True
-
-
-# -- codecs: one per wire type; ``dec`` raises ValueError (or _Bad from a nested record) with the reason ----------
-class _Codec:
-    annotation = "Any"
-
-    def enc(self, v):
-        return v
-
-    def dec(self, raw):
-        raise NotImplementedError
-
-
-class _Str(_Codec):
-    annotation = "str"
-
-    def dec(self, raw):
-        if not isinstance(raw, str):
-            raise ValueError("must be a string")
-        return raw
-
-
-class _Int(_Codec):
-    annotation = "int"
-
-    def __init__(self, lo: int | None = None, hi: int | None = None):
-        self.lo, self.hi = lo, hi
-
-    def dec(self, raw):
-        if isinstance(raw, bool) or not isinstance(raw, int):
-            raise ValueError("must be an int")
-        if (self.lo is not None and raw < self.lo) or (self.hi is not None and raw > self.hi):
-            raise ValueError(f"out of range [{self.lo}, {self.hi}]")
-        return raw
-
-
-class _B64(_Codec):
-    """Bytes as base64 text; ``size`` is enforced on decoding only (an unsigned message encodes ``b""``)."""
-
-    annotation = "bytes"
-
-    def __init__(self, size: int | None = None):
-        self.size = size
-
-    def enc(self, v):
-        return base64.b64encode(v).decode("ascii")
-
-    def dec(self, raw):
-        if not isinstance(raw, str):
-            raise ValueError("expected base64 text")
-        try:
-            out = base64.b64decode(raw.encode("ascii"), validate=True)
-        except (binascii.Error, UnicodeEncodeError):
-            raise ValueError("not base64") from None
-        if self.size is not None and len(out) != self.size:
-            raise ValueError(f"must be {self.size} bytes, got {len(out)}")
-        return out
-
-
-class _FieldElement(_Codec):
-    """An element of GF(2^521 - 1): 66 bytes big-endian, below the prime."""
-
-    annotation = "int"
-
-    def enc(self, v):
-        return _B64().enc(v.to_bytes(_VALUE_BYTES, "big"))
-
-    def dec(self, raw):
-        value = int.from_bytes(_B64(_VALUE_BYTES).dec(raw), "big")
-        if value >= PRIME:
-            raise ValueError("not an element of GF(p)")
-        return value
-
-
-class _Ids(_Codec):
-    """Client ids as a JSON list; ``increasing`` also requires them strictly increasing (a set)."""
-
-    annotation = "tuple[int, ...]"
-
-    def __init__(self, increasing: bool = False):
-        self.increasing = increasing
-
-    def enc(self, v):
-        return list(v)
-
-    def dec(self, raw):
-        if not isinstance(raw, list) or any(isinstance(x, bool) or not isinstance(x, int) for x in raw):
-            raise ValueError("expected a list of ints")
-        if self.increasing and any(a >= b for a, b in zip(raw, raw[1:])):
-            raise ValueError("must be strictly increasing")
-        return tuple(raw)
-
-
-class _List(_Codec):
-    annotation = "tuple"
-
-    def __init__(self, item: _Codec, rule: Callable[[tuple], bool] | None = None, rule_says: str = ""):
-        self.item, self.rule, self.rule_says = item, rule, rule_says
-
-    def enc(self, v):
-        return [self.item.enc(x) for x in v]
-
-    def dec(self, raw):
-        if not isinstance(raw, list):
-            raise ValueError("must be a list")
-        out = []
-        for i, x in enumerate(raw):
-            try:
-                out.append(self.item.dec(x))
-            except _Bad as e:
-                raise _Bad(f"[{i}].{e}") from None
-            except (KeyError, TypeError, ValueError, AttributeError) as e:
-                raise _Bad(f"[{i}]: {_reason(e)}") from None
-        out = tuple(out)
-        if self.rule is not None and not self.rule(out):
-            raise ValueError(self.rule_says)
-        return out
-
-
-class _Row(_Codec):
-    """A fixed-length JSON list of differently typed items, as a tuple."""
-
-    annotation = "tuple"
-
-    def __init__(self, *items: _Codec):
-        self.items = items
-
-    def enc(self, v):
-        return [c.enc(x) for c, x in zip(self.items, v)]
-
-    def dec(self, raw):
-        if not isinstance(raw, list) or len(raw) != len(self.items):
-            raise ValueError(f"must be a list of {len(self.items)}")
-        return tuple(c.dec(x) for c, x in zip(self.items, raw))
-
-
-class _IntMap(_Codec):
-    """``{owner id: value}`` as a JSON object keyed by the decimal id, sorted."""
-
-    annotation = "Mapping[int, bytes]"
-
-    def __init__(self, value: _Codec):
-        self.value = value
-
-    def enc(self, v):
-        return {str(k): self.value.enc(x) for k, x in sorted(v.items())}
-
-    def dec(self, raw):
-        if not isinstance(raw, Mapping):
-            raise ValueError("expected an object")
-        return {int(k): self.value.dec(x) for k, x in raw.items()}
-
-
-class _Nested(_Codec):
-    """A record inside a message (its own table); ``None`` encodes as null and never decodes."""
-
-    def __init__(self, cls_name: str):
-        self.cls_name = cls_name
-        self.annotation = cls_name
-
-    def enc(self, v):
-        return None if v is None else v.to_dict()
-
-    def dec(self, raw):
-        return _RECORDS[self.cls_name]._decode(raw)
-
-
-STR, INT, ROUND = _Str(), _Int(), _Int(1, _MAX_ROUND)
-KEY, NONCE, DIGEST, SIGNATURE, BLOB = _B64(_KEY_BYTES), _B64(_NONCE_BYTES), _B64(_DIGEST_BYTES), _B64(_SIG_BYTES), _B64()
-
-
-def _reason(e: BaseException) -> str:
-    if isinstance(e, KeyError):
-        return f"missing {e.args[0]!r}" if e.args else "missing"
-    return str(e) or type(e).__name__
-
-
-# -- fields and the table -> class step ----------------------------------------------------------------------------
-class _Missing:
-    def __repr__(self):
-        return "MISSING"
-
-
-_MISSING = _Missing()  # Field is itself a dataclass: a default of dataclasses.MISSING would read as "no default"
-
-
-@dataclass(frozen=True)
-class Field:
-    """One row of a message's table.
-
-    ``signed``: the message's signature covers it (only for a class with ``SIGNING_PREFIX``). ``optional``: a
-    decoder takes the default when the key is absent. ``put``/``take`` write and read the wire keys; a
-    compact field (relayed advertisements, statements) overrides them.
-    """
-
-    name: str
-    codec: _Codec
-    signed: bool = True
-    default: Any = _MISSING
-    default_factory: Any = _MISSING
-    optional: bool = False
-
-    def put(self, obj, out: dict) -> None:
-        out[self.name] = self.codec.enc(getattr(obj, self.name))
-
-    def take(self, d: Mapping):
-        if self.optional and self.name not in d:
-            return self.default_factory() if self.default_factory is not _MISSING else self.default
-        return self.codec.dec(d[self.name])
-
-
-def _declare(*fields: Field, frozen: bool = True):
-    """The dataclass of a field table: fields in table order, defaults from the table."""
-
-    def wrap(cls):
-        cls.FIELDS = fields
-        cls.__annotations__ = {f.name: f.codec.annotation for f in fields}
-        for f in fields:
-            if f.default_factory is not _MISSING:
-                setattr(cls, f.name, dataclasses.field(default_factory=f.default_factory))
-            elif f.default is not _MISSING:
-                setattr(cls, f.name, f.default)
-        cls = dataclass(frozen=frozen)(cls)
-        _RECORDS[cls.__name__] = cls
-        return cls
-
-    return wrap
-
-
-_RECORDS: dict[str, type] = {}
-_REGISTRY: dict[str, type] = {}
-
-
-class _Record:
-    """Encoding, decoding and signing of a field table (a record: no type, stage or header of its own)."""
-
-    FIELDS: ClassVar[tuple[Field, ...]] = ()
-    SIGNING_PREFIX: ClassVar[bytes | None] = None
-    WHAT: ClassVar[str] = "record"
-
-    def to_dict(self) -> dict:
-        out = self._head()
-        for f in self.FIELDS:
-            f.put(self, out)
-        return out
-
-    def _head(self) -> dict:
-        return {}
-
-    @classmethod
-    def _decode(cls, d):
-        """The record from a JSON value; ``_Bad`` (a ValueError) naming the field that failed."""
-        if not isinstance(d, Mapping):
-            raise ValueError(f"a {cls.WHAT} is an object")
-        values = {}
-        for f in cls.FIELDS:
-            try:
-                values[f.name] = f.take(d)
-            except _Bad as e:
-                raise _Bad(f"{f.name}{'' if str(e).startswith('[') else '.'}{e}") from None
-            except (KeyError, TypeError, ValueError, AttributeError) as e:
-                raise _Bad(f"{f.name}: {_reason(e)}") from None
-        return cls(**values)
-
-    @classmethod
-    def from_dict(cls, d) -> "_Record":
-        try:
-            return cls._decode(d)
-        except (KeyError, TypeError, ValueError, AttributeError) as e:
-            raise MalformedPayload(f"malformed {cls.WHAT}: {_reason(e)}") from None
-
-    # -- signatures: PREFIX || canonical JSON of the signed fields (and a message's type) ---------------------------
-    def _signed_dict(self) -> dict:
-        out = {"type": self.TYPE} if isinstance(self, MessageBase) else {}
-        for f in self.FIELDS:
-            if f.signed:
-                f.put(self, out)
-        out.update(self._derived())
-        return out
-
-    def _derived(self) -> dict:
-        """Signed values computed from the fields rather than carried (a consistency statement's digest)."""
-        return {}
-
-    def signing_bytes(self) -> bytes:
-        return self.SIGNING_PREFIX + canonical_json(self._signed_dict())
-
-    def signed(self, identity_key):
-        return replace(self, signature=identity_key.sign(self.signing_bytes()))
-
-    def verify(self, identity_public_key) -> bool:
-        return _verify(identity_public_key, self.signature, self.signing_bytes())
-
-
-def _message(*body: Field):
-    """A message's table: the header (session, client), its own fields, then the round (default 1)."""
-    return _declare(Field("session_id", STR), Field("client_id", INT), *body, Field("round", ROUND, default=1))
-
-
-class MessageBase(_Record):
-    """Base: JSON-safe ``to_dict``/``from_dict`` and canonical-JSON ``to_bytes``/``from_bytes``."""
-
-    TYPE: ClassVar[str]
-    STAGE: ClassVar[str]
-
-    def __init_subclass__(cls, **kw):
-        super().__init_subclass__(**kw)
-        _REGISTRY[cls.TYPE] = cls
-
-    def _head(self) -> dict:
-        return {"type": self.TYPE, "stage": self.STAGE}
-
-    @classmethod
-    def from_dict(cls, d: Mapping) -> "MessageBase":
-        if not isinstance(d, Mapping) or d.get("type") != cls.TYPE or d.get("stage") != cls.STAGE:
-            raise MalformedPayload(f"not a {cls.TYPE} message")
-        try:
-            return cls._decode(d)
-        except (KeyError, TypeError, ValueError, AttributeError) as e:
-            raise MalformedPayload(f"malformed {cls.TYPE} message: {_reason(e)}") from None
-
-    def to_bytes(self) -> bytes:
-        return canonical_json(self.to_dict())
-
-    @classmethod
-    def from_bytes(cls, data: bytes) -> "MessageBase":
-        return cls.from_dict(_json(data))
-
-
-def _json(data) -> Any:
-    if not isinstance(data, (bytes, bytearray, memoryview)):
-        raise TypeError("message must be bytes")
-    return parse_json(data, "secagg message")
-
 
 def decode_message(data) -> MessageBase:
     """Parse any secagg message from bytes or a dict (masked inputs: the sealed envelope bytes)."""
     if isinstance(data, (bytes, bytearray, memoryview)) and bytes(data[:8]) == domains.PAYLOAD_MAGIC:
         return MaskedInput.from_bytes(bytes(data))
-    d = data if isinstance(data, Mapping) else _json(data)
-    cls = _REGISTRY.get(d.get("type")) if isinstance(d, Mapping) else None
+    d = data if isinstance(data, Mapping) else parse_message_json(data)
+    cls = REGISTRY.get(d.get("type")) if isinstance(d, Mapping) else None
     if cls is None:
         raise MalformedPayload("unknown secagg message type")
     return cls.from_dict(d)
 
 
 # -- the messages, stage by stage --------------------------------------------------------------------------------
-@_message(Field("params_digest", STR))
+@message_fields(Field("params_digest", STR))
 class SetupRequest(MessageBase):
     """Server -> hospital: join ``session_id`` as ``client_id`` under parameters ``params_digest``."""
 
@@ -409,7 +47,7 @@ class SetupRequest(MessageBase):
     STAGE = Stage.SETUP
 
 
-@_message(Field("params_digest", STR))
+@message_fields(Field("params_digest", STR))
 class SetupAck(MessageBase):
     """Hospital -> server: parameters checked, ready."""
 
@@ -417,7 +55,7 @@ class SetupAck(MessageBase):
     STAGE = Stage.SETUP
 
 
-@_message()
+@message_fields()
 class AdvertiseKeysRequest(MessageBase):
     """Server -> hospital: send your two public keys."""
 
@@ -425,7 +63,7 @@ class AdvertiseKeysRequest(MessageBase):
     STAGE = Stage.ADVERTISE_KEYS
 
 
-@_message(Field("params_digest", STR), Field("enc_public_key", KEY), Field("mask_public_key", KEY),
+@message_fields(Field("params_digest", STR), Field("enc_public_key", KEY), Field("mask_public_key", KEY),
           Field("signature", SIGNATURE, signed=False, default=b""))
 class KeyAdvertisement(MessageBase):
     """Hospital -> server (relayed to everybody): ``c_u^PK`` (share encryption), ``s_u^PK`` (masks).
@@ -444,7 +82,7 @@ class _RelayedAdvertisements(Field):
     """Each advertisement as ``[client_id, c^PK, s^PK, signature]``: its session, round and parameter digest are
     the request's, stated once (the request's ``params_digest``), which halves the O(K) part of the request."""
 
-    _ROW = _Row(INT, KEY, KEY, SIGNATURE)
+    _ROW = RowCodec(INT, KEY, KEY, SIGNATURE)
 
     def put(self, obj, out):
         ads = obj.advertisements
@@ -456,12 +94,12 @@ class _RelayedAdvertisements(Field):
                                  for a in ads]
 
     def take(self, d):
-        rows = _List(self._ROW).dec(d["advertisements"])
+        rows = ListCodec(self._ROW).dec(d["advertisements"])
         sid, digest, r = STR.dec(d["session_id"]), STR.dec(d["params_digest"]), ROUND.dec(d["round"])
         return tuple(KeyAdvertisement(sid, cid, digest, c, s, sig, round=r) for cid, c, s, sig in rows)
 
 
-@_message(_RelayedAdvertisements("advertisements", _Codec()), Field("graph_seed", DIGEST))
+@message_fields(_RelayedAdvertisements("advertisements", Codec()), Field("graph_seed", DIGEST))
 class ShareKeysRequest(MessageBase):
     """Server -> hospital: every signed advertisement it received (U1) and the graph seed it claims.
 
@@ -473,9 +111,9 @@ class ShareKeysRequest(MessageBase):
     STAGE = Stage.SHARE_KEYS
 
 
-@_declare(Field("sender", INT), Field("recipient", INT), Field("nonce", NONCE), Field("ciphertext", BLOB),
+@declare(Field("sender", INT), Field("recipient", INT), Field("nonce", NONCE), Field("ciphertext", BLOB),
           Field("commit_b", DIGEST), Field("commit_s", DIGEST))
-class EncryptedShare(_Record):
+class EncryptedShare(Record):
     """``ChaCha20Poly1305(k_uv, nonce, share(b_u)_v || share(s_u^SK)_v, ad(session, u -> v))``.
 
     ``commit_b`` / ``commit_s`` are the dealer's SHA-256 commitments to the two
@@ -492,11 +130,11 @@ def _sorted_holders(rows) -> bool:
     return holders == sorted(set(holders))
 
 
-@_declare(Field("session_id", STR), Field("round", ROUND), Field("params_digest", STR), Field("dealer", INT),
-          Field("commitments", _List(_Row(INT, DIGEST, DIGEST, DIGEST), _sorted_holders,
+@declare(Field("session_id", STR), Field("round", ROUND), Field("params_digest", STR), Field("dealer", INT),
+          Field("commitments", ListCodec(RowCodec(INT, DIGEST, DIGEST, DIGEST), _sorted_holders,
                                      "commitments are sorted by holder, one per holder")),
-          Field("check", _List(_FieldElement())), Field("signature", SIGNATURE, signed=False, default=b""))
-class DealRecord(_Record):
+          Field("check", ListCodec(FieldElementCodec())), Field("signature", SIGNATURE, signed=False, default=b""))
+class DealRecord(Record):
     """A dealer's signed account of its dealing: every holder's commitments and the check polynomial ``z``.
 
     ``commitments`` holds ``(holder, commit_b, commit_s, commit_r)`` for each share holder (the dealer
@@ -524,8 +162,8 @@ class DealRecord(_Record):
         return deal_challenge(self.session_id, self.params_digest, self.dealer, self.commitments, round=self.round)
 
 
-@_message(Field("shares", _List(_Nested("EncryptedShare"))), Field("own_commit_b", DIGEST),
-          Field("own_commit_s", DIGEST), Field("deal", _Nested("DealRecord"), default=None))
+@message_fields(Field("shares", ListCodec(NestedCodec("EncryptedShare"))), Field("own_commit_b", DIGEST),
+          Field("own_commit_s", DIGEST), Field("deal", NestedCodec("DealRecord"), default=None))
 class ShareKeysResponse(MessageBase):
     """Hospital -> server: one encrypted share pair per other share holder, for relaying.
 
@@ -538,8 +176,8 @@ class ShareKeysResponse(MessageBase):
     STAGE = Stage.SHARE_KEYS
 
 
-@_message(Field("shares", _List(_Nested("EncryptedShare"))),
-          Field("deals", _List(_Nested("DealRecord")), default=()))
+@message_fields(Field("shares", ListCodec(NestedCodec("EncryptedShare"))),
+          Field("deals", ListCodec(NestedCodec("DealRecord")), default=()))
 class MaskedInputRequest(MessageBase):
     """Server -> hospital: the encrypted shares addressed to it by holders that completed SHARE_KEYS (U2).
 
@@ -550,7 +188,7 @@ class MaskedInputRequest(MessageBase):
     STAGE = Stage.MASKED_INPUT
 
 
-@_message(Field("payload", BLOB))
+@message_fields(Field("payload", BLOB))
 class MaskedInput(MessageBase):
     """Hospital -> server: the sealed masked vector ``y_u``.
 
@@ -579,7 +217,7 @@ class MaskedInput(MessageBase):
         return cls(sid, cid, bytes(data), r)
 
 
-@_message(Field("deal", _Nested("DealRecord")), Field("share_b", BLOB), Field("share_s", BLOB),
+@message_fields(Field("deal", NestedCodec("DealRecord")), Field("share_b", BLOB), Field("share_s", BLOB),
           Field("share_r", BLOB))
 class DealerComplaint(MessageBase):
     """Holder -> server, instead of its masked input: "dealer ``deal.dealer`` dealt me shares that miss ``z``".
@@ -616,8 +254,8 @@ class DealerComplaint(MessageBase):
         return not on_check_polynomial(dl.check, dl.weights, u, b, s, r)
 
 
-@_message(Field("params_digest", STR), Field("graph_seed", DIGEST),
-          Field("survivors", _Ids(increasing=True), signed=False),
+@message_fields(Field("params_digest", STR), Field("graph_seed", DIGEST),
+          Field("survivors", IdsCodec(increasing=True), signed=False),
           Field("signature", SIGNATURE, signed=False, default=b""))
 class ConsistencyStatement(MessageBase):
     """Survivor -> server (relayed to every survivor): "I saw exactly this survivor set".
@@ -654,7 +292,7 @@ class _RelayedStatements(Field):
     """Every statement a hospital accepts is over the set it signed itself, so the set, digest, seed and round
     travel once and each statement as ``[signer, signature]``: O(K) bytes instead of O(K^2). ``null`` for none."""
 
-    _SIGNER = _Row(INT, SIGNATURE)
+    _SIGNER = RowCodec(INT, SIGNATURE)
 
     def put(self, obj, out):
         st = obj.statements
@@ -675,14 +313,14 @@ class _RelayedStatements(Field):
         if not isinstance(st, Mapping):
             raise ValueError("must be an object with a signers list")
         # the shared part is parsed once: q statements over one set cost q signatures, not q survivor lists
-        seed, surv = DIGEST.dec(st["graph_seed"]), _Ids(increasing=True).dec(st["survivors"])
+        seed, surv = DIGEST.dec(st["graph_seed"]), IdsCodec(increasing=True).dec(st["survivors"])
         sid, digest, r = STR.dec(st["session_id"]), STR.dec(st["params_digest"]), ROUND.dec(st["round"])
-        signers = _List(self._SIGNER).dec(st["signers"])
+        signers = ListCodec(self._SIGNER).dec(st["signers"])
         return tuple(ConsistencyStatement(sid, cid, digest, seed, surv, sig, r) for cid, sig in signers)
 
 
-@_message(Field("survivors", _Ids()), Field("dropped", _Ids()),
-          _RelayedStatements("statements", _Codec(), default=()))
+@message_fields(Field("survivors", IdsCodec()), Field("dropped", IdsCodec()),
+          _RelayedStatements("statements", Codec(), default=()))
 class UnmaskRequest(MessageBase):
     """Server -> surviving hospital: reveal b-shares of ``survivors`` and key-shares of ``dropped``.
 
@@ -694,7 +332,7 @@ class UnmaskRequest(MessageBase):
     STAGE = Stage.UNMASK
 
 
-@_message(Field("self_mask_shares", _IntMap(BLOB)), Field("mask_key_shares", _IntMap(BLOB)))
+@message_fields(Field("self_mask_shares", IntMapCodec(BLOB)), Field("mask_key_shares", IntMapCodec(BLOB)))
 class UnmaskResponse(MessageBase):
     """Hospital -> server: ``{owner: share bytes}`` for the self-mask seeds and the mask keys asked for."""
 
@@ -702,11 +340,11 @@ class UnmaskResponse(MessageBase):
     STAGE = Stage.UNMASK
 
 
-@_declare(Field("survivors", _Ids()), Field("dropped", _Ids()), Field("self_mask_seeds", _IntMap(BLOB)),
-          Field("dropped_mask_keys", _IntMap(BLOB)),
-          Field("mask_public_keys", _IntMap(BLOB), default_factory=dict, optional=True),
+@declare(Field("survivors", IdsCodec()), Field("dropped", IdsCodec()), Field("self_mask_seeds", IntMapCodec(BLOB)),
+          Field("dropped_mask_keys", IntMapCodec(BLOB)),
+          Field("mask_public_keys", IntMapCodec(BLOB), default_factory=dict, optional=True),
           Field("graph_seed", BLOB, default=b""), Field("round", ROUND, default=1), frozen=False)
-class UnmaskMaterial(_Record):
+class UnmaskMaterial(Record):
     """What the server reconstructed: enough to remove every mask from the survivors' sum, nothing more.
 
     ``self_mask_seeds[u]`` for u in survivors, ``dropped_mask_keys[v]`` (raw
