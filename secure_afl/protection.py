@@ -3,7 +3,8 @@
 Seen from the three roles:
 
 * hospital:  ``backend.protect(vector, ...) -> bytes``   (a sealed contribution)
-* server:    ``acc = backend.combiner(); acc.add(payload); acc.aggregate() -> bytes``
+* server:    ``backend.admit(payload, tag, ...)`` at the door (the upload checked for this session), then
+             ``acc = backend.combiner(); acc.add(payload); acc.aggregate() -> bytes``
              (blind, streaming: memory O(L), never K payloads at once; ``partial``/``merge``
              let several processes share one sum, :mod:`secure_afl.parallel`)
 * revealer:  ``backend.reveal(aggregate, ...) -> np.ndarray``  (float64, length L)
@@ -101,6 +102,21 @@ class ProtectionBackend(ABC):
     @abstractmethod
     def protect(self, vector: np.ndarray, **kw) -> bytes:
         """Hospital: protect one packed statistics vector."""
+
+    def admit(self, payload: bytes, tag, *, hospital: str, identity_pub, payload_sha256: str):
+        """Server, at the door: check an upload of this backend for this session before anything stores it.
+
+        ``tag`` is what the hospital signed beside the payload (ckks and bfv: the aggregate tag; split: the
+        seed statement; the others: nothing). Raises a :class:`~secure_afl.exceptions.SecureAFLError` naming
+        what is wrong; returns what the running sum may take instead of ``payload`` (the words the check has
+        already opened), or None. This default: no tag, and the envelope opens for this session."""
+        from .envelope import open_envelope
+        from .exceptions import MalformedPayload
+
+        if tag is not None:
+            raise MalformedPayload(f"a {self.name} upload carries no tag (only ckks, bfv and split uploads do)")
+        open_envelope(self.params, payload, "contribution")
+        return None
 
     @abstractmethod
     def combiner(self, **kw) -> Combiner:

@@ -35,7 +35,6 @@ from pathlib import Path
 from secure_afl import pki
 from secure_afl.audit_log import AuditLog, make_close_record, verify_countersign
 from secure_afl.backends import HE_BACKENDS, get_backend, he_module
-from secure_afl.envelope import open_envelope
 from secure_afl.exceptions import (
     DeadlinePassed,
     DuplicateContribution,
@@ -63,12 +62,10 @@ from secure_afl.session.relay import check_same
 from secure_afl.session.signed import load_signed
 from secure_afl.cohort import release_policy
 from secure_afl._io import write_file
-from secure_afl.split.signed_messages import verify_seed_statement
 from secure_afl.encoding import parse_json
 from secure_afl.parallel import ParallelCombiner
 from secure_afl.parallel import default_workers
 from secure_afl.parallel import sum_payloads
-from secure_afl.tagging import verify_tag
 
 __all__ = ["AggregationServer", "DeadlinePassed"]
 
@@ -91,6 +88,7 @@ class AggregationServer:
         # uploads past their checks whose contribution a summing worker is adding outside the lock; close and
         # a rebuild of the sum wait for them (``_drained``), and nothing new starts while ``_closing``
         self._in_flight: set[str] = set()
+        self._door = None  # the backend that admits uploads, built once per session parameters
         self._drained = threading.Condition(self._lock)
         self._closing = False
         # unauthenticated refusals per TLS peer: [window start, suppressed count, {reason: count}]
@@ -451,25 +449,12 @@ class AggregationServer:
                 if self.store.has_upload(hospital):
                     raise DuplicateContribution(f"{hospital} already contributed to this session")
                 self._check_stage_allows_upload(hospital)
-                if self.params.backend in HE_BACKENDS:
-
-                    if not isinstance(tag, dict):
-                        raise MalformedPayload(f"a {self.params.backend} upload needs its signed aggregate tag")
-                    verify_tag(tag, self._enrolled[hospital].public_key(), self.params, hospital, sha)
-                elif self.params.backend == "split":
-
-                    if not isinstance(tag, dict):
-                        raise MalformedPayload("a split upload needs its signed seed statement")
-                    verify_seed_statement(tag, self._enrolled[hospital].public_key(), self.params, hospital, sha)
-                    from secure_afl.backends import get_backend
-                    from secure_afl.split.roles import check_upload
-
-                    # its envelope opened there, once: the running sum takes the words it returns
-                    opened = check_upload(get_backend(self.params).circuit, payload, tag)
-                elif tag is not None:
-                    raise MalformedPayload("only ckks and bfv uploads carry an aggregate tag")
-                if self.params.backend != "split":
-                    open_envelope(self.params, payload, "contribution")
+                # each backend's own door (tag or seed statement, envelope, commitment): the words it opened,
+                # where it opened any, feed the running sum
+                if self._door is None or self._door.params is not self.params:
+                    self._door = get_backend(self.params)
+                opened = self._door.admit(payload, tag, hospital=hospital,
+                                          identity_pub=self._enrolled[hospital].public_key(), payload_sha256=sha)
                 if hospital in self._in_flight:
                     raise DuplicateContribution(f"an upload of {hospital} is being added already")
             except SecureAFLError as e:

@@ -196,3 +196,19 @@ def test_no_two_modules_share_a_file_name_for_different_jobs():
     layered = lambda stem, names: sorted(names) == [f"secure_afl.backends.{stem}", f"secure_afl.hazmat.{stem}"]
     dupes = {k: v for k, v in seen.items() if len(v) > 1 and not layered(k, v)}
     assert not dupes, f"file names used by several modules: {dupes}"
+
+
+def test_the_server_admits_an_upload_through_the_backend_interface_naming_no_backend():
+    # a sixth backend adds its own ProtectionBackend.admit; the server's upload path does not change
+    import ast
+
+    from secure_afl.params import BACKENDS
+
+    tree = st.modules()["secure_afl.server.aggregator"].tree()
+    submit = next(n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == "submit")
+    named = sorted({n.value for n in ast.walk(submit) if isinstance(n, ast.Constant) and n.value in BACKENDS} |
+                   {n.id for n in ast.walk(submit) if isinstance(n, ast.Name) and n.id == "HE_BACKENDS"} |
+                   {n.attr for n in ast.walk(submit) if isinstance(n, ast.Attribute) and n.attr == "backend"})
+    assert not named, f"Aggregator.submit names backends: {named}"
+    calls = {n.func.attr for n in ast.walk(submit) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)}
+    assert "admit" in calls

@@ -65,6 +65,7 @@ from .._io import write_file
 from ..envelope import open_envelope, seal
 from ..exceptions import (
     InvalidParameterError,
+    MalformedPayload,
     ParameterMismatch,
     SanityCheckFailed,
 )
@@ -345,6 +346,17 @@ class CKKSBackend(ProtectionBackend):
         return self._hz.load_chunks(ctx, self.ckks_, env.body, self._n_items(), **self._chunk_kw())
 
     # -- the three roles ---------------------------------------------------------------
+    def admit(self, payload: bytes, tag, *, hospital: str, identity_pub, payload_sha256: str):
+        """The signed aggregate tag of this payload (what the key holder checks the sum against), then the
+        envelope."""
+        from ..tagging import verify_tag
+
+        if not isinstance(tag, dict):
+            raise MalformedPayload(f"a {self.name} upload needs its signed aggregate tag")
+        verify_tag(tag, identity_pub, self.params, hospital, payload_sha256)
+        open_envelope(self.params, payload, "contribution")
+        return None
+
     def protect(self, vector, *, public_context: bytes, **kw) -> bytes:
         """Hospital: check bounds, encrypt chunk by chunk, seal a "contribution".
 

@@ -105,6 +105,16 @@ class SplitBackend(ProtectionBackend):
         """The masked main vector (2L field elements), the part that is summed."""
         return self.upload_share(payload)[:self.circuit.main_len]
 
+    def admit(self, payload: bytes, tag, *, hospital: str, identity_pub, payload_sha256: str):
+        """The signed seed statement of this payload, then its validity commitment against the payload's words
+        (the envelope opened once: the running sum takes the words returned)."""
+        from ..split.signed_messages import verify_seed_statement
+
+        if not isinstance(tag, dict):
+            raise MalformedPayload("a split upload needs its signed seed statement")
+        verify_seed_statement(tag, identity_pub, self.params, hospital, payload_sha256)
+        return roles.check_upload(self.circuit, payload, tag)
+
     def combiner(self, **kw) -> Combiner:
         return _SplitCombiner(self)
 

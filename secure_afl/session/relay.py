@@ -64,10 +64,15 @@ def _flatten(value, prefix: str = "") -> dict[str, Any]:
     return {prefix: value}
 
 
+_DERIVED = {"colluders", "max_refusals", "secagg.threshold", "secagg.neighbours", "dp.min_contributors"}
+
+
 def check_same(expected: Mapping[str, Any], got: Mapping[str, Any], *, what: str, source: str) -> None:
     """Refuse, naming the first field, when ``got`` disagrees with the signed ``expected``."""
     a, b = _flatten(expected), _flatten(got)
-    for field in sorted(set(a) | set(b)):
+    # a value the signing derives from others (the default colluder bound from min_clients, ...) is named only
+    # when nothing the operator wrote differs: the key a person changed is the one to name
+    for field in sorted(set(a) | set(b), key=lambda f: (f in _DERIVED, f)):
         if a.get(field, "<absent>") != b.get(field, "<absent>"):
             raise ParameterMismatch(f"{source} disagrees with the signed session definition on {what}{field}: "
                                     f"signed {a.get(field, '<absent>')!r}, got {b.get(field, '<absent>')!r}")
