@@ -723,7 +723,7 @@ def test_the_ciphertext_reader_returns_every_residue_the_element_accessor_does()
     import tenseal as ts
 
     from secure_afl.exceptions import InvalidParameterError
-    from secure_afl.hazmat.ckks import _ciphertext_words
+    from secure_afl.hazmat.ckks import ciphertext_words
 
     ctx = ts.context(ts.SCHEME_TYPE.CKKS, 4096, coeff_mod_bit_sizes=[40, 20, 40])
     ctx.global_scale = 2 ** 20
@@ -734,7 +734,7 @@ def test_the_ciphertext_reader_returns_every_residue_the_element_accessor_does()
         words = 2 * 2 * 4096
         reference = np.fromiter(map(ct.__getitem__, range(words)), dtype=np.uint64, count=words)
         # Assert: SEAL's serialised form read whole gives the accessor's residues, in its order
-        assert np.array_equal(_ciphertext_words(vec, 4096, 2), reference)
+        assert np.array_equal(ciphertext_words(vec, 4096, 2), reference)
         # and a reader asked for another geometry refuses instead of reading past or short
         with pytest.raises(InvalidParameterError, match="fresh two-polynomial"):
-            _ciphertext_words(vec, 4096, 3)
+            ciphertext_words(vec, 4096, 3)

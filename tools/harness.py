@@ -160,11 +160,18 @@ class Consortium:
     stopped by ``stop`` or on leaving ``with``), the key holder and a client per hospital.
 
     The tests' consortium fixture; ``data`` and ``stats`` draw hospital data inside the session's bounds.
+
+    ``colluders``: the colluder bound the operator signs (not secagg, whose bound is its threshold's).
+    ``"dropout"`` (the fixture's choice) signs the largest bound that still lets one hospital drop out: the
+    fixture's tests release over part of a small roster (2 of 3 hospitals at min_clients 2), which the
+    session default forbids there (it makes such a session need every hospital); on larger rosters the two
+    agree. None signs the session's default (secure_afl.cohort.default_colluders), which
+    tests/test_cohort.py and tests/test_session_promises.py hold.
     """
 
     def __init__(self, root: Path, *, backend: str, hospitals=("h1", "h2", "h3"), dim=6, classes=3,
                  min_clients=2, max_norm=4.0, n_max=1000, k_max=8, extra_session=None, secagg=None,
-                 extra_server=None, extractor=None, dp=None, split=None, sign=True):
+                 extra_server=None, extractor=None, dp=None, split=None, sign=True, colluders="dropout"):
         from secure_afl.keyholder import KeyHolder
 
         self.root = Path(root)
@@ -186,6 +193,13 @@ class Consortium:
         }
         if min_clients is not None:  # None: the session.toml default
             cfg["session"]["min_clients"] = min_clients
+        if colluders is not None and backend != "secagg":
+            if colluders == "dropout":
+                from secure_afl.cohort import quorum
+
+                n, mc = len(self.hospitals), 3 if min_clients is None else min_clients
+                colluders = max([0] + [c for c in range(mc) if n - quorum(n, c, mc) >= 1])
+            cfg["session"].setdefault("colluders", colluders)
         for key, section in (("secagg", secagg), ("dp", dp), ("extractor", extractor), ("split", split)):
             if section:
                 cfg[key] = section

@@ -775,7 +775,7 @@ def _varint_at(buf: bytes, pos: int) -> tuple[int, int]:
             return x, pos
 
 
-def _ciphertext_words(vec, n: int, levels: int) -> np.ndarray:
+def ciphertext_words(vec, n: int, levels: int) -> np.ndarray:
     """The residues of a fresh two-polynomial ciphertext, [poly][prime][coefficient], read from TenSEAL's
     own serialisation (SEAL's ``Ciphertext::save``, the inverse of :func:`_seal_ciphertext`) in one pass:
     the element accessor costs a Python call per residue (32 768 per chunk at N = 8192)."""
@@ -823,7 +823,7 @@ def pack_chunk(vec) -> bytes:
     n, levels = ct.poly_modulus_degree(), len(primes)
     if ct.size() != 2 or ct.coeff_modulus_size() != levels:
         raise InvalidParameterError("not a fresh two-polynomial ciphertext of this context")
-    data = _ciphertext_words(vec, n, levels).reshape(2 * levels, n)
+    data = ciphertext_words(vec, n, levels).reshape(2 * levels, n)
     out = [_COUNT.pack(vec.size())]
     for row in range(2 * levels):
         bits = primes[row % levels].bit_length()
