@@ -117,7 +117,8 @@ def test_serverapp_rerunning_setup_without_the_victim_gets_no_second_sum(tmp_pat
 
 
 def test_a_hospital_that_signed_over_flower_takes_no_part_natively_in_the_same_session(tmp_path):
-    # Prepare: one record directory per hospital, absolute, given to its Flower node and to `client submit`
+    # Prepare: no record directory named anywhere: the Flower node and `client submit` both keep it in the
+    # hospital's own PKI directory
     from secure_afl import pki
     from secure_afl.clients.hospital import HospitalClient
     from secure_afl.clients.secagg_client import SecAggParticipant
@@ -130,10 +131,7 @@ def test_a_hospital_that_signed_over_flower_takes_no_part_natively_in_the_same_s
         X, y = c.data(h, n=12)
         data[h] = c.root / f"{h}.npz"
         np.savez(data[h], X=X, y=y)
-    records = (c.root / "records").resolve()
     contexts = _contexts(c, 9, data)
-    for ctx in contexts.values():
-        ctx.node_config["secagg-record"] = str(records)
     TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 9, 0, 0
     server = _server(c, "server-1")
     try:
@@ -143,9 +141,8 @@ def test_a_hospital_that_signed_over_flower_takes_no_part_natively_in_the_same_s
     finally:
         server.shutdown()
 
-    # Execute: h2 restarted as the native client of the same signed session, the same record directory
-    site = HospitalClient("https://127.0.0.1:9", c.session_id, pki.load_party(c.pki_dir, "hospital", "h2"),
-                          secagg_record_dir=records)
+    # Execute: h2 restarted as the native client of the same signed session
+    site = HospitalClient("https://127.0.0.1:9", c.session_id, pki.load_party(c.pki_dir, "hospital", "h2"))
     site.conn.close()
     # Assert: it takes no part, naming the record
     with pytest.raises(InvalidContribution, match="signed a survivor set"):

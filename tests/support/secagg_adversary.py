@@ -155,8 +155,7 @@ class MaliciousServer:
             if self.ids[h] in self.colluders:
                 continue
             party = pki.load_party(self.pki_dir, "hospital", h)
-            site = HospitalClient("https://127.0.0.1:9", "adv", party, server_identity_pub=self.key.public_key(),
-                                  secagg_record_dir=self.pki_dir.parent / "records")
+            site = HospitalClient("https://127.0.0.1:9", "adv", party, server_identity_pub=self.key.public_key())
             site.conn.close()
             site.conn = _Conn(self, h)
             X, y = data[h]
