@@ -34,6 +34,7 @@ from support.secagg_adversary import MaliciousServer, hospital_data
 
 from secure_afl import pki
 from secure_afl.exceptions import EXIT_INPUT, EXIT_SECURITY, InvalidContribution, UnreadableRecord
+from secure_afl.protocol import SECAGG_CONSISTENCY
 from secure_afl.secagg import SecAggClient, Stage
 from secure_afl.secagg.record import RECORD_DIR, SurvivorRecord, default_directory
 
@@ -169,3 +170,166 @@ def test_a_process_that_reaches_the_signature_while_another_signs_is_refused(two
     assert isinstance(outcome["second"], InvalidContribution) and "locked" in str(outcome["second"])
     assert 1 not in twin.statements and 1 in adv.statements
 
+
+
+# -- the Flower ClientApp: two SuperNodes of one hospital, two ServerApp runs -------------------------------------
+def _flower_consortium(tmp_path):
+    from flwr.supercore.task_identity import TaskIdentity
+
+    # a stage clock long enough for one run to wait at the survivor set while the other finishes
+    c = Consortium(tmp_path, backend="secagg", hospitals=HOSPITALS, min_clients=2,
+                   secagg={"threshold": 2, "stage_timeout_s": 20.0})
+    data = {}
+    for h in HOSPITALS:
+        data[h] = c.root / f"{h}.npz"
+        np.savez(data[h], **dict(zip("Xy", c.data(h, n=12))))
+    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 7, 0, 0
+    return c, data
+
+
+def _two_flower_runs(c, data, hold_first, hold_second):
+    """Two ServerApp runs of the session's SecAgg round at once (two native servers of the signed session, each
+    hospital's two SuperNodes with their own node contexts), each in its own thread; ``hold_*`` order them.
+    Returns (grid, server, exception) per run, after both ended."""
+    import threading
+
+    from support.flower import InProcessGrid, node_contexts
+
+    from secure_afl.flower import server_app
+    from secure_afl.server.config import load_config
+    from secure_afl.server.rounds import open_server
+
+    nodes = {h: i + 1 for i, h in enumerate(HOSPITALS)}
+    runs = []
+    for k, hold in ((1, hold_first), (2, hold_second)):
+        cfg = load_config(c.config)
+        cfg.data_dir = c.root / f"server-{k}"
+        runs.append([InProcessGrid(node_contexts(c, 6 + k, data, HOSPITALS), hold=hold), open_server(cfg), None])
+
+    def go(run):
+        try:
+            server_app._secagg_round(run[0], run[1], nodes, reply_timeout_s=60)
+        except Exception as e:  # the verdict of each run is what the test measures
+            run[2] = e
+        finally:
+            done[id(run)].set()
+
+    done = {id(r): threading.Event() for r in runs}
+    threads = [threading.Thread(target=go, args=(r,), daemon=True) for r in runs]
+    _two_flower_runs.first_done, _two_flower_runs.first_thread = done[id(runs[0])], threads[0]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(240)
+    finally:
+        for r in runs:
+            r[1].shutdown()
+    return runs
+
+
+def _stage(m) -> str | None:
+    from secure_afl.flower.records import SECAGG, unpack_str
+
+    return unpack_str(m.content, "stage") if m.metadata.message_type == SECAGG else None
+
+
+def test_flower_the_second_supernode_of_a_hospital_signs_no_second_survivor_set(tmp_path):
+    # Prepare: every hospital's SuperNode in run 1 waits at the survivor set until run 2's have all answered
+    # their masked inputs (their setup passed: nothing was signed then); run 2's wait until run 1 is over
+    c, data = _flower_consortium(tmp_path)
+    import threading
+
+    second_at_survivors = threading.Event()
+
+    def hold_first(m, ctx):
+        if _stage(m) == SECAGG_CONSISTENCY:
+            assert second_at_survivors.wait(120)
+
+    def hold_second(m, ctx):
+        if _stage(m) == SECAGG_CONSISTENCY:
+            second_at_survivors.set()
+            assert _two_flower_runs.first_done.wait(120)
+
+    # Execute
+    (g1, s1, e1), (g2, s2, e2) = _two_flower_runs(c, data, hold_first, hold_second)
+    # Assert: run 1 released over the four; in run 2 every hospital answered up to its masked input and then
+    # refused to sign, naming the record run 1 wrote; run 2 produced no sum
+    assert e1 is None and s1._round.fixed_point_sum_ is not None, e1
+    assert g1.answered.count(SECAGG_CONSISTENCY) == 4
+    assert g2.answered.count(Stage.MASKED_INPUT) == 4 and SECAGG_CONSISTENCY not in g2.answered, g2.answered
+    assert all("signed a survivor set" in g2.errors[(h, SECAGG_CONSISTENCY)] for h in HOSPITALS), g2.errors
+    assert getattr(s2._round, "fixed_point_sum_", None) is None and e2 is not None
+
+
+def test_flower_a_supernode_that_reaches_the_signature_while_another_signs_is_refused(tmp_path, monkeypatch):
+    # Prepare: as above, but h1's second SuperNode gets its survivor set while its first one is inside its
+    # signature (between its check and its durable write): its handler runs there, in the first one's turn
+    c, data = _flower_consortium(tmp_path)
+    import threading
+
+    from secure_afl.flower import client_app
+    from support.flower import handle
+
+    second_at_survivors, taken = threading.Event(), threading.Event()
+    held: dict = {}
+
+    def hold_first(m, ctx):
+        if _stage(m) == SECAGG_CONSISTENCY:
+            assert second_at_survivors.wait(120)
+
+    def hold_second(m, ctx):
+        if _stage(m) != SECAGG_CONSISTENCY:
+            return None
+        if ctx.node_config["name"] == "h1":
+            held["message"], held["context"] = m, ctx
+            second_at_survivors.set()
+            assert taken.wait(120)
+            return held["reply"]
+        assert _two_flower_runs.first_done.wait(120)
+        return None
+
+    original = SecAggClient.sign_survivors
+
+    def sign_with_the_other_supernode_inside(self, survivors):
+        if threading.current_thread() is _two_flower_runs.first_thread and self.client_id == 1 and \
+                "inside" not in held:
+            held["inside"] = True  # the second SuperNode's own signature, if it gets that far, runs unhindered
+            held["reply"] = handle(client_app.secagg, held["message"], held["context"])
+            taken.set()
+        return original(self, survivors)
+
+    monkeypatch.setattr(SecAggClient, "sign_survivors", sign_with_the_other_supernode_inside)
+    # Execute
+    (g1, s1, e1), (g2, _, _) = _two_flower_runs(c, data, hold_first, hold_second)
+    # Assert: run 1 completed with h1's signature; h1's second SuperNode was refused at the lock
+    assert e1 is None and s1._round.fixed_point_sum_ is not None, e1
+    assert "locked" in g2.errors.get(("h1", SECAGG_CONSISTENCY), "it signed"), (g2.errors, g2.answered)
+    assert ("h1", SECAGG_CONSISTENCY) not in g1.errors
+
+
+def test_flower_a_corrupt_record_refuses_the_setup(tmp_path):
+    # Prepare: h1's record of the session cut short
+    from support.flower import InProcessGrid, node_contexts
+
+    from secure_afl.flower import server_app
+    from secure_afl.server.config import load_config
+    from secure_afl.server.rounds import open_server
+
+    c, data = _flower_consortium(tmp_path)
+    rec = _record(c.pki_dir, "h1", c.session_id)
+    rec.path.parent.mkdir(parents=True)
+    rec.path.write_bytes(b"\x00\x00")
+    cfg = load_config(c.config)
+    cfg.data_dir = c.root / "server"
+    server = open_server(cfg)
+    grid = InProcessGrid(node_contexts(c, 7, data, HOSPITALS))
+    # Execute: the round runs over the others (3 of 4 reach the quorum)
+    try:
+        server_app._secagg_round(grid, server, {h: i + 1 for i, h in enumerate(HOSPITALS)}, reply_timeout_s=60)
+    finally:
+        server.shutdown()
+    # Assert: h1 refused its setup in one line naming the record, and answered nothing
+    why = grid.errors[("h1", Stage.SETUP)]
+    assert why.startswith(f"{UnreadableRecord.__name__}: ") and str(rec.path) in why and "\n" not in why
+    assert grid.answered.count(Stage.SETUP) == 3
