@@ -26,6 +26,7 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 
 import numpy as np
 import pytest
@@ -178,7 +179,7 @@ def _flower_consortium(tmp_path):
 
     # a stage clock long enough for one run to wait at the survivor set while the other finishes
     c = Consortium(tmp_path, backend="secagg", hospitals=HOSPITALS, min_clients=2,
-                   secagg={"threshold": 2, "stage_timeout_s": 20.0})
+                   secagg={"threshold": 2, "stage_timeout_s": 10.0})
     data = {}
     for h in HOSPITALS:
         data[h] = c.root / f"{h}.npz"
@@ -187,45 +188,50 @@ def _flower_consortium(tmp_path):
     return c, data
 
 
-def _two_flower_runs(c, data, hold_first, hold_second):
+class _TwoFlowerRuns:
     """Two ServerApp runs of the session's SecAgg round at once (two native servers of the signed session, each
-    hospital's two SuperNodes with their own node contexts), each in its own thread; ``hold_*`` order them.
-    Returns (grid, server, exception) per run, after both ended."""
-    import threading
+    hospital's two SuperNodes with their own node contexts), each in its own thread; the grids' holds order
+    them. ``first_done`` is set once run 1 has ended; ``first_thread`` runs it."""
 
-    from support.flower import InProcessGrid, node_contexts
+    def __init__(self):
+        self.first_done = threading.Event()
+        self.first_thread: threading.Thread | None = None
 
-    from secure_afl.flower import server_app
-    from secure_afl.server.config import load_config
-    from secure_afl.server.rounds import open_server
+    def run(self, c, data, hold_first, hold_second) -> list:
+        """(grid, server, exception or None) per run, after both ended."""
+        from support.flower import InProcessGrid, node_contexts
 
-    nodes = {h: i + 1 for i, h in enumerate(HOSPITALS)}
-    runs = []
-    for k, hold in ((1, hold_first), (2, hold_second)):
-        cfg = load_config(c.config)
-        cfg.data_dir = c.root / f"server-{k}"
-        runs.append([InProcessGrid(node_contexts(c, 6 + k, data, HOSPITALS), hold=hold), open_server(cfg), None])
+        from secure_afl.flower import server_app
+        from secure_afl.server.config import load_config
+        from secure_afl.server.rounds import open_server
 
-    def go(run):
+        nodes = {h: i + 1 for i, h in enumerate(HOSPITALS)}
+        runs = []
+        for k, hold in ((1, hold_first), (2, hold_second)):
+            cfg = load_config(c.config)
+            cfg.data_dir = c.root / f"server-{k}"
+            runs.append([InProcessGrid(node_contexts(c, 6 + k, data, HOSPITALS), hold=hold), open_server(cfg), None])
+
+        def go(run, done):
+            try:
+                server_app._secagg_round(run[0], run[1], nodes, reply_timeout_s=60)
+            except Exception as e:  # the verdict of each run is what the test measures
+                run[2] = e
+            finally:
+                done.set()
+
+        threads = [threading.Thread(target=go, args=(r, done), daemon=True)
+                   for r, done in zip(runs, (self.first_done, threading.Event()))]
+        self.first_thread = threads[0]
         try:
-            server_app._secagg_round(run[0], run[1], nodes, reply_timeout_s=60)
-        except Exception as e:  # the verdict of each run is what the test measures
-            run[2] = e
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(240)
         finally:
-            done[id(run)].set()
-
-    done = {id(r): threading.Event() for r in runs}
-    threads = [threading.Thread(target=go, args=(r,), daemon=True) for r in runs]
-    _two_flower_runs.first_done, _two_flower_runs.first_thread = done[id(runs[0])], threads[0]
-    try:
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(240)
-    finally:
-        for r in runs:
-            r[1].shutdown()
-    return runs
+            for r in runs:
+                r[1].shutdown()
+        return runs
 
 
 def _stage(m) -> str | None:
@@ -238,9 +244,7 @@ def test_flower_the_second_supernode_of_a_hospital_signs_no_second_survivor_set(
     # Prepare: every hospital's SuperNode in run 1 waits at the survivor set until run 2's have all answered
     # their masked inputs (their setup passed: nothing was signed then); run 2's wait until run 1 is over
     c, data = _flower_consortium(tmp_path)
-    import threading
-
-    second_at_survivors = threading.Event()
+    second_at_survivors, runs = threading.Event(), _TwoFlowerRuns()
 
     def hold_first(m, ctx):
         if _stage(m) == SECAGG_CONSISTENCY:
@@ -249,10 +253,10 @@ def test_flower_the_second_supernode_of_a_hospital_signs_no_second_survivor_set(
     def hold_second(m, ctx):
         if _stage(m) == SECAGG_CONSISTENCY:
             second_at_survivors.set()
-            assert _two_flower_runs.first_done.wait(120)
+            assert runs.first_done.wait(120)
 
     # Execute
-    (g1, s1, e1), (g2, s2, e2) = _two_flower_runs(c, data, hold_first, hold_second)
+    (g1, s1, e1), (g2, s2, e2) = runs.run(c, data, hold_first, hold_second)
     # Assert: run 1 released over the four; in run 2 every hospital answered up to its masked input and then
     # refused to sign, naming the record run 1 wrote; run 2 produced no sum
     assert e1 is None and s1._round.fixed_point_sum_ is not None, e1
@@ -266,12 +270,10 @@ def test_flower_a_supernode_that_reaches_the_signature_while_another_signs_is_re
     # Prepare: as above, but h1's second SuperNode gets its survivor set while its first one is inside its
     # signature (between its check and its durable write): its handler runs there, in the first one's turn
     c, data = _flower_consortium(tmp_path)
-    import threading
-
     from secure_afl.flower import client_app
     from support.flower import handle
 
-    second_at_survivors, taken = threading.Event(), threading.Event()
+    second_at_survivors, taken, runs = threading.Event(), threading.Event(), _TwoFlowerRuns()
     held: dict = {}
 
     def hold_first(m, ctx):
@@ -286,13 +288,13 @@ def test_flower_a_supernode_that_reaches_the_signature_while_another_signs_is_re
             second_at_survivors.set()
             assert taken.wait(120)
             return held["reply"]
-        assert _two_flower_runs.first_done.wait(120)
+        assert runs.first_done.wait(120)
         return None
 
     original = SecAggClient.sign_survivors
 
     def sign_with_the_other_supernode_inside(self, survivors):
-        if threading.current_thread() is _two_flower_runs.first_thread and self.client_id == 1 and \
+        if threading.current_thread() is runs.first_thread and self.client_id == 1 and \
                 "inside" not in held:
             held["inside"] = True  # the second SuperNode's own signature, if it gets that far, runs unhindered
             held["reply"] = handle(client_app.secagg, held["message"], held["context"])
@@ -301,7 +303,7 @@ def test_flower_a_supernode_that_reaches_the_signature_while_another_signs_is_re
 
     monkeypatch.setattr(SecAggClient, "sign_survivors", sign_with_the_other_supernode_inside)
     # Execute
-    (g1, s1, e1), (g2, _, _) = _two_flower_runs(c, data, hold_first, hold_second)
+    (g1, s1, e1), (g2, _, _) = runs.run(c, data, hold_first, hold_second)
     # Assert: run 1 completed with h1's signature; h1's second SuperNode was refused at the lock
     assert e1 is None and s1._round.fixed_point_sum_ is not None, e1
     assert "locked" in g2.errors.get(("h1", SECAGG_CONSISTENCY), "it signed"), (g2.errors, g2.answered)
