@@ -31,6 +31,7 @@ from secure_afl.exceptions import (
     AwaitingPublication,
     DuplicateContribution,
     InvalidInputError,
+    InvalidParameterError,
     ParameterMismatch,
     NotFound,
     ReplayedContribution,
@@ -53,6 +54,7 @@ from secure_afl.tagging import new_tag, seal_tag, sign_tag
 
 from secure_afl.transport.tls_client import ServiceClient
 from secure_afl.clients.secagg_client import run_secagg
+from secure_afl.secagg.record import default_directory
 
 __all__ = ["HospitalClient", "protect_contribution", "protect_vector"]
 
@@ -121,8 +123,9 @@ class HospitalClient:
         Which enrolled key holder signs ckks parameters (needed only when the
         PKI directory enrols more than one).
     secagg_record_dir : path, optional
-        secagg: the record of signed survivor sets (:mod:`secure_afl.secagg.record`); default the receipts
-        directory, made absolute.
+        secagg: the absolute directory of the record of signed survivor sets (:mod:`secure_afl.secagg.record`);
+        default ``secagg-records`` in this hospital's own directory of its PKI bundle, which the Flower
+        ClientApp uses too.
     """
 
     def __init__(self, server_url: str, session_id: str, party, *, server_identity_pub=None,
@@ -130,16 +133,21 @@ class HospitalClient:
                  secagg_record_dir=None):
         if party.role != "hospital":
             raise InvalidInputError(f"party must be a hospital, got {party.role}")
+        if secagg_record_dir is not None and not Path(secagg_record_dir).is_absolute():
+            raise InvalidParameterError(
+                f"the secagg record directory must be an absolute path, not {str(secagg_record_dir)!r}: a relative "
+                "one would be another directory for a process started elsewhere, which would then sign again")
         self.party = party
         self.name = party.name
         self.conn = ServiceClient(server_url, party, session_id, timeout=timeout)
         self.session_id = session_id
         self.keyholder_name = keyholder_name
         self.receipts_dir = Path(receipts_dir) if receipts_dir else None
-        # secagg: where this hospital records the sessions whose survivor set it signed (absolute, so that a
-        # restarted process, or the Flower ClientApp given the same directory, finds it)
-        record = secagg_record_dir or receipts_dir
-        self.secagg_record_dir = Path(record).resolve() if record else None
+        # secagg: where this hospital records the sessions whose survivor set it signed; beside its identity key
+        # by default, so that any process that signs as this hospital (restarted anywhere, or its Flower
+        # ClientApp) finds it
+        self.secagg_record_dir = Path(secagg_record_dir) if secagg_record_dir is not None \
+            else default_directory(party)
         if server_identity_pub is None:
             server_identity_pub = pki.pinned_identity(party.pki_dir, "server")
         self.server_pub = (pki.public_key_from_hex(server_identity_pub)

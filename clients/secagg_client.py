@@ -14,9 +14,9 @@ Every poll answer names the session's round r. When the server opens round
 r + 1 after an abort, the hospital starts over with a new state machine: fresh
 X25519 keys and a fresh self-mask seed, nothing of round r reused. A hospital
 that signed a survivor set takes no further part in the session, in any round
-and in any later process (it records that durably, before the signature
-leaves, in the store :mod:`secure_afl.secagg.record` shares with the Flower
-ClientApp): a server that completed a round, then re-ran it (with the same
+and in any later or concurrent process (it records that durably, under a
+lock, before the signature leaves, in the store :mod:`secure_afl.secagg.record`
+keeps in its PKI bundle for both transports): a server that completed a round, then re-ran it (with the same
 round number or the next) after an abort or a restart, could otherwise
 difference two sums over different survivor sets (THREAT_MODEL.md 6.2).
 
@@ -40,7 +40,6 @@ from secure_afl.exceptions import (
     InconsistentDealer,
     InsufficientShares,
     InvalidContribution,
-    InvalidParameterError,
     StageError,
 )
 from secure_afl.params import SessionParams
@@ -76,9 +75,6 @@ class SecAggParticipant:
         self.client = SecAggClient(params, self.client_ids[hospital.name], hospital.party.identity_key(), self._keys)
         self.receipt: dict | None = None
         self._answered: set[str] = set()
-        if hospital.secagg_record_dir is None:
-            raise InvalidParameterError("a secagg hospital needs a record directory (--secagg-record or "
-                                        "--receipts): without it a restart would let the server re-run a round")
         self._record = SurvivorRecord(hospital.secagg_record_dir, params.session_id, hospital.name)
         # a process that starts after this hospital signed a survivor set of the session (a restart, a second
         # `client submit`) holds none of that round's keys: it takes no part, whatever round is announced
@@ -174,12 +170,15 @@ class SecAggParticipant:
         """Consistency check, step 1: the state machine signs the announced survivor set (once) or refuses."""
         if not isinstance(survivors, list) or any(isinstance(s, bool) or not isinstance(s, int) for s in survivors):
             raise InvalidContribution("the announced survivor set is not a list of client ids")
-        if self._signed_round is None:
-            self._record.refuse_if_signed(self.client.round)  # another process of this hospital signed one
-        statement = self.client.sign_survivors(survivors)
-        self._signed_round = self.client.round
-        self._record.write(self.client.round)  # before the signature can reach the server
-        self._post(CONSISTENCY, statement.to_bytes())
+        # one process of this hospital at a time from the check to the signature's post: two that both passed
+        # the check at their start cannot both sign
+        with self._record.signing():
+            if self._signed_round is None:
+                self._record.refuse_if_signed(self.client.round)  # another process of this hospital signed one
+            statement = self.client.sign_survivors(survivors)
+            self._signed_round = self.client.round
+            self._record.write(self.client.round)  # before the signature can reach the server
+            self._post(CONSISTENCY, statement.to_bytes())
         self._answered.add(CONSISTENCY)
 
     def _post(self, stage: str, body: bytes) -> None:

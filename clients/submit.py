@@ -46,9 +46,10 @@ def register(parser) -> None:
     src.add_argument("--embeddings", help=".npz with X (N x d) and y (N labels in [0, C))")
     src.add_argument("--stats", help="statistics .npz from `client embed --stats-only`")
     parser.add_argument("--receipts", default="receipts", help="directory to keep the signed receipt in")
-    parser.add_argument("--secagg-record", default=None,
-                        help="secagg: directory of this hospital's record of signed survivor sets, shared with its "
-                             "Flower ClientApp's secagg-record (default: the receipts directory, made absolute)")
+    parser.add_argument("--secagg-record", default=None, metavar="ABSOLUTE_DIR",
+                        help="secagg: directory of this hospital's record of signed survivor sets (default: "
+                             "secagg-records in this hospital's own directory of its --pki bundle, where its Flower "
+                             "ClientApp keeps it too)")
     parser.add_argument("--no-progress", action="store_true", help="no upload progress bar")
     parser.add_argument("--wait-server", type=float, default=30.0, metavar="SECONDS",
                         help="keep trying to reach a server that is (re)starting this long (default 30)")

@@ -10,7 +10,10 @@ parameters and the server's pinned identity, protects C_k, Q_k and counts with
 the session's backend (ckks: under the key holder's public context), signs the
 upload with its PKI identity and keeps the server-signed receipt. In a secagg
 session it answers each SecAgg stage with its own SecAggClient, whose secrets
-stay sealed in ``secagg-dir`` (default ``secagg-state``) between messages.
+stay sealed in ``secagg-dir`` (default ``secagg-state``) between messages; the
+record of the survivor sets it signed is kept in its own directory of its PKI
+bundle, as ``client submit`` keeps it (``secagg-record``: another, absolute,
+directory).
 
 Key holder node config::
 
@@ -58,7 +61,7 @@ from secure_afl.signing import sign_upload, verify_receipt
 from . import keyholder_adapter
 from .records import pack, unpack_blob, unpack_json, unpack_str
 from .secagg_state import SealedState, export_client, restore_client
-from secure_afl.secagg.record import SurvivorRecord
+from secure_afl.secagg.record import SurvivorRecord, default_directory
 
 __all__ = ["app"]
 
@@ -198,9 +201,10 @@ def secagg(msg: Message, context: Context) -> Message:
     sid = unpack_str(msg.content, "session_id")
     secagg_dir = context.node_config.get("secagg-dir", "secagg-state")
     sealed = SealedState(secagg_dir, sid, party.name, context.run_id)
-    # the record of signed survivor sets: the same absolute directory as `client submit --secagg-record`
-    record = SurvivorRecord(Path(str(context.node_config.get("secagg-record", secagg_dir))).resolve(), sid,
-                            party.name)
+    # the record of signed survivor sets: in this hospital's PKI bundle, as for `client submit` (an explicit
+    # secagg-record must be absolute)
+    explicit = context.node_config.get("secagg-record")
+    record = SurvivorRecord(default_directory(party) if explicit is None else Path(str(explicit)), sid, party.name)
     if phase == Stage.SETUP:
         info = unpack_json(msg.content, "info")
         if info.get("session_id") != sid:
@@ -228,9 +232,11 @@ def _secagg_answer(client: SecAggClient, party, phase: str, msg: Message, contex
     params = client.params
     sid = params.session_id
     if phase == SECAGG_CONSISTENCY:
-        record.refuse_if_signed(client.round)  # one survivor set per session, whichever process signed it
-        body = client.sign_survivors(unpack_json(msg.content, "survivors")).to_bytes()
-        record.write(client.round)  # before the signature can reach the ServerApp
+        # one process of this hospital at a time from the check until the signature is in the reply
+        with record.signing():
+            record.refuse_if_signed(client.round)  # one survivor set per session, whichever process signed it
+            body = client.sign_survivors(unpack_json(msg.content, "survivors")).to_bytes()
+            record.write(client.round)  # before the signature can reach the ServerApp
     else:
         raw = unpack_blob(msg.content)
         try:

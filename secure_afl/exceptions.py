@@ -78,6 +78,7 @@ __all__ = [
     "InsecureFileMode",
     "WeakPassphrase",
     "MissingEnrolment",
+    "UnreadableRecord",
     "ServerUnreachable",
     "UntrustedServer",
     "ServiceError",
@@ -456,6 +457,15 @@ class MissingEnrolment(SecureAFLError):
     """A party the session names has no enrolment in the consortium roster."""
 
     reason = "missing_enrolment"
+    http_status = 400
+    exit_code = EXIT_INPUT
+
+
+class UnreadableRecord(SecureAFLError):
+    """A party's own durable record exists but cannot be read: what it held is unknown, so nothing that
+    record guards goes ahead (a secagg hospital that may have signed a survivor set signs no other)."""
+
+    reason = "unreadable_record"
     http_status = 400
     exit_code = EXIT_INPUT
 

@@ -90,8 +90,9 @@ def test_flower_round_matches_plaintext_and_native_service(tmp_path, deployment,
         # the sealed secrets are gone; what stays is each hospital's record of having signed (no secret)
         assert [d["dropped"] for d in closed] == [[]] * 5 and not any(
             list((tmp_path / h / "secagg").glob("*.sealed")) for h in HOSPITALS)
-        assert all((tmp_path / h / "secagg" / f"secagg-signed-{c.session_id}-{h}.record").exists()
-                   for h in HOSPITALS)
+        # ... kept in the hospital's own directory of its bundle, where `client submit` looks too
+        assert all((tmp_path / "bundles" / f"hospital-{h}" / f"hospital-{h}" / "secagg-records"
+                    / f"secagg-signed-{c.session_id}-{h}.record").exists() for h in HOSPITALS)
     else:  # each release is flooded independently: both within the key holder's reported bound of X^+Y
         bound = w_error_bound(X_all, W_plain, report["error_bound_per_entry"], c.classes, report["lambda_total"])
         assert report["flood_sigma"] > 0 and report["resummed_by_keyholder"]

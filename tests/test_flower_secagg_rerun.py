@@ -2,7 +2,7 @@
 
 The real ServerApp round loop (``server_app._secagg_round``) drives the real
 ClientApp handlers (``client_app.secagg`` / ``client_app.receipt``) with real
-Flower ``Message`` objects; the grid below only carries them within this
+Flower ``Message`` objects; the grid (``support.flower.InProcessGrid``) only carries them within this
 process, each hospital with its own node context, as a SuperNode would hand
 them to its ClientApp. The ServerApp is malicious in one respect: after a
 completed round it starts the session again, with a second native server of
@@ -12,17 +12,14 @@ sums over survivor sets that differ by the victim would give its statistics.
 
 from __future__ import annotations
 
-import itertools
-
 import numpy as np
 import pytest
-from flwr.app import Context, Error, Message, RecordDict
 from flwr.supercore.task_identity import TaskIdentity
 from support import Consortium
+from support.flower import InProcessGrid, node_contexts
 
 from secure_afl.exceptions import InsufficientShares
-from secure_afl.flower import client_app, server_app
-from secure_afl.flower.records import RECEIPT, SECAGG, unpack_str
+from secure_afl.flower import server_app
 from secure_afl.hazmat import fixedpoint
 from secure_afl.server.rounds import open_server
 from secure_afl.server.config import load_config
@@ -30,42 +27,10 @@ from secure_afl.server.config import load_config
 pytestmark = pytest.mark.security
 
 HOSPITALS = ("h1", "h2", "h3", "h4")
-_ids = itertools.count()
 
 
-class InProcessGrid:
-    """Carries the ServerApp's messages to the ClientApp handlers of each node, and their replies back."""
-
-    def __init__(self, contexts: dict[int, Context]):
-        self.contexts, self.replies = contexts, {}
-        self.answered: list[str] = []  # the stage of every message a hospital answered without an error
-
-    def push_messages(self, messages):
-        out = []
-        for m in messages:
-            mid = f"m{next(_ids)}"
-            m.metadata.__dict__["_message_id"] = mid  # what the SuperLink assigns
-            handler = {SECAGG: client_app.secagg, RECEIPT: client_app.receipt}[m.metadata.message_type]
-            try:
-                reply = handler(m, self.contexts[m.metadata.dst_node_id])
-            except Exception as e:  # a ClientApp exception reaches the ServerApp as an error reply
-                reply = Message(Error(code=1, reason=f"{type(e).__name__}: {e}"), reply_to=m)
-            else:
-                if m.metadata.message_type == SECAGG:
-                    self.answered.append(unpack_str(m.content, "stage"))
-            self.replies[mid] = reply
-            out.append(mid)
-        return out
-
-    def pull_messages(self, ids):
-        return [self.replies.pop(i) for i in ids if i in self.replies]
-
-
-def _contexts(c: Consortium, run_id: int, data: dict) -> dict[int, Context]:
-    return {i + 1: Context(run_id=run_id, node_id=i + 1, state=RecordDict(), run_config={}, node_config={
-        "role": "hospital", "name": h, "pki-dir": str(c.pki_dir), "data": str(data[h]),
-        "secagg-dir": str(c.root / "secagg" / h), "receipts-dir": str(c.root / "receipts" / h)})
-        for i, h in enumerate(HOSPITALS)}
+def _contexts(c: Consortium, run_id: int, data: dict):
+    return node_contexts(c, run_id, data, HOSPITALS)
 
 
 def _server(c: Consortium, data_dir: str):
@@ -117,7 +82,8 @@ def test_serverapp_rerunning_setup_without_the_victim_gets_no_second_sum(tmp_pat
 
 
 def test_a_hospital_that_signed_over_flower_takes_no_part_natively_in_the_same_session(tmp_path):
-    # Prepare: one record directory per hospital, absolute, given to its Flower node and to `client submit`
+    # Prepare: no record directory named anywhere: the Flower node and `client submit` both keep it in the
+    # hospital's own PKI directory
     from secure_afl import pki
     from secure_afl.clients.hospital import HospitalClient
     from secure_afl.clients.secagg_client import SecAggParticipant
@@ -130,10 +96,7 @@ def test_a_hospital_that_signed_over_flower_takes_no_part_natively_in_the_same_s
         X, y = c.data(h, n=12)
         data[h] = c.root / f"{h}.npz"
         np.savez(data[h], X=X, y=y)
-    records = (c.root / "records").resolve()
     contexts = _contexts(c, 9, data)
-    for ctx in contexts.values():
-        ctx.node_config["secagg-record"] = str(records)
     TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 9, 0, 0
     server = _server(c, "server-1")
     try:
@@ -143,9 +106,8 @@ def test_a_hospital_that_signed_over_flower_takes_no_part_natively_in_the_same_s
     finally:
         server.shutdown()
 
-    # Execute: h2 restarted as the native client of the same signed session, the same record directory
-    site = HospitalClient("https://127.0.0.1:9", c.session_id, pki.load_party(c.pki_dir, "hospital", "h2"),
-                          secagg_record_dir=records)
+    # Execute: h2 restarted as the native client of the same signed session
+    site = HospitalClient("https://127.0.0.1:9", c.session_id, pki.load_party(c.pki_dir, "hospital", "h2"))
     site.conn.close()
     # Assert: it takes no part, naming the record
     with pytest.raises(InvalidContribution, match="signed a survivor set"):

@@ -10,15 +10,19 @@ were formed at a seed of its own or for another upload.
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
 
 import numpy as np
 import pytest
 
 from secure_afl import pki
-from secure_afl import split
+from secure_afl import domains, split
 from secure_afl.backends import get_backend
+from secure_afl.encoding import canonical_json
 from secure_afl.exceptions import DecryptionRefused, PolicyViolation
+from secure_afl.hazmat import flp
 from secure_afl.keyholder.release import HTTPSource
 from secure_afl.keyholder.split_stream import SplitJudge
 from secure_afl.packing import Layout
@@ -54,6 +58,7 @@ def _cheat(c, name, seed):
     payload, statement = be.seal_upload(body, s, com, ctx, name, cl.party.identity_key())
     cl.upload(params, payload, tag=statement)
     cl.close()
+    return payload, statement, s
 
 
 def _paths(conn):
@@ -116,57 +121,114 @@ class _Swapping(HTTPSource):
         return got
 
 
-class _OwnSeed(HTTPSource):
-    """A server that formed its messages at query seeds of its own (as it did before the key holder's)."""
+def _keyless_hmac(params, hospital, payload_sha256, validity):
+    return hmac.new(b"", domains.SPLIT_QUERY + _upload(params, hospital, payload_sha256, validity),
+                    hashlib.sha256).digest()
 
-    def __init__(self, conn, be, server_key, blobs):
+
+def _keyless_hash(params, hospital, payload_sha256, validity):
+    return hashlib.sha256(domains.SPLIT_QUERY + _upload(params, hospital, payload_sha256, validity)).digest()
+
+
+def _upload(params, hospital, payload_sha256, validity) -> bytes:
+    """The committed upload the query seed covers, as anyone holding the signed statement can write it."""
+    return canonical_json({"session_id": params.session_id, "params_digest": params.digest().hex(),
+                           "hospital": hospital, "payload_sha256": payload_sha256, "validity": validity})
+
+
+class _Predicting(HTTPSource):
+    """A server colluding with a hospital (it holds that hospital's mask seed), which forms its verifier message
+    for the hospital's upload before the key holder's query for it exists, at the query seed it predicts.
+
+    It forwards the queries of the other uploads to the real server and learns from them which derivation
+    anyone can compute (no key, the query seed being the same every time, ...) gives the seeds it is sent;
+    its message is the opposite of the key holder's own (which it computes from the seed it holds), so the
+    two sum to zero and every check passes, whatever the upload."""
+
+    GUESSES = {"hmac-no-key": _keyless_hmac, "sha256-no-key": _keyless_hash}
+
+    def __init__(self, conn, params, server_key):
         super().__init__(conn)
-        self.be, self.key, self.blobs = be, server_key, blobs
+        self.params, self.key, self.circuit = params, server_key, split.Circuit(params)
+        self.seen: list = []  # (hospital, payload hash, validity, the query seed the key holder sent)
+        self.formed: dict = {}
 
     def split_queries(self, queries):
-        import os
-
+        honest = {h: q for h, q in queries.items() if h not in self.formed}
         statements = self.split_statements()
-        return {h: split.leader_message(self.be.circuit, h, self.blobs[h], statements[h], self.key, os.urandom(32))
-                for h in queries}
+        self.seen += [(h, q["payload_sha256"], statements[h]["validity"], bytes.fromhex(q["query_seed"]))
+                      for h, q in honest.items()]
+        got = super().split_queries(honest) if honest else {}
+        return {**got, **{h: self.formed[h] for h in queries if h in self.formed}}
+
+    def predict(self, hospital, payload_sha256, validity) -> bytes:
+        for guess in self.GUESSES.values():
+            if all(guess(self.params, h, sha, v) == qs for h, sha, v, qs in self.seen):
+                return guess(self.params, hospital, payload_sha256, validity)
+        return self.seen[-1][3]  # none fits: perhaps the same seed every time
+
+    def form_before_the_query(self, hospital, payload, statement, seed):
+        sha = hashlib.sha256(payload).hexdigest()
+        qs = self.predict(hospital, sha, statement["validity"])
+        c = self.circuit
+        own = c.query(c.helper_share(seed), split.UploadCommitment.from_dict(statement["validity"]), hospital, qs,
+                      leader=False)
+        self.formed[hospital] = split.sign_verifier_message(self.params, hospital, sha, qs, flp.neg(own), self.key)
 
 
 @pytest.mark.e2e
-@pytest.mark.parametrize("attack", ["another upload's message", "a message at the server's own seed"])
-def test_a_verifier_message_for_another_upload_or_formed_before_the_query_is_refused(consortium, attack):
-    # Prepare: two honest uploads; the server answers the key holder's queries with messages it should not
+def test_a_verifier_message_for_another_upload_is_refused(consortium):
+    # Prepare: two honest uploads; the server answers the key holder's queries with each other's messages
     c, conn = _start(consortium)
     _honest(c, "h1", 1)
     _honest(c, "h2", 2)
-    params = c.keyholder.params(c.session_id)
-    if attack == "another upload's message":
-        source = _Swapping(conn)
-    else:
-        import glob  # the stored uploads, read from the server's own disk
-        import hashlib
-
-        blobs = {}
-        for f in glob.glob(str(c.root / "server" / "**" / "*"), recursive=True):
-            try:
-                data = open(f, "rb").read()
-            except (IsADirectoryError, PermissionError):
-                continue
-            blobs[hashlib.sha256(data).hexdigest()] = data
-        st = HTTPSource(conn).split_statements()
-        by_h = {h: blobs[s["payload_sha256"]] for h, s in st.items()}
-        server_key = pki.load_party(c.pki_dir, "server", "aggregator").identity_key()
-        source = _OwnSeed(conn, get_backend(params), server_key, by_h)
     ledger = ReleaseLedger(c.keyholder.keys_dir / "releases.sqlite3")
     # Execute: the key holder's streaming pass over that source
     try:
         with pytest.raises(DecryptionRefused, match="verifier message"):
-            SplitJudge(c.keyholder, c.session_id).poll(source, ledger)
+            SplitJudge(c.keyholder, c.session_id).poll(_Swapping(conn), ledger)
     finally:
         ledger.close()
     # Assert: the key is blocked, so no release follows on anything this server presents
     with pytest.raises(PolicyViolation, match="blocked"):
         c.keyholder.finalize(conn, min_clients=2)
     conn.close()
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("derivation", ["keyed", "hmac-no-key", "sha256-no-key", "constant"])
+def test_a_message_formed_before_the_query_gets_an_invalid_upload_accepted_only_if_the_seed_is_predictable(
+        consortium, monkeypatch, derivation):
+    # Prepare: the key holder's query seed as the library derives it (keyed), or weakened as a regression would
+    if derivation == "constant":
+        monkeypatch.setattr(split, "query_seed", lambda *a: b"\x07" * 32)
+    elif derivation != "keyed":
+        monkeypatch.setattr(split, "query_seed", lambda key, *a: _Predicting.GUESSES[derivation](*a))
+    c, conn = _start(consortium)
+    params = c.keyholder.params(c.session_id)
+    source = _Predicting(conn, params, pki.load_party(c.pki_dir, "server", "aggregator").identity_key())
+    judge, ledger = SplitJudge(c.keyholder, c.session_id), ReleaseLedger(c.keyholder.keys_dir / "releases.sqlite3")
+    try:
+        # an honest upload, judged while the session is open: the server sees the key holder's query for it
+        _honest(c, "h1", 1)
+        judge.poll(source, ledger)
+        # Execute: h3's upload breaks the bounds; the server forms its message for it at once, then the key
+        # holder's next pass asks for it
+        payload, statement, seed = _cheat(c, "h3", 3)
+        source.form_before_the_query("h3", payload, statement, seed)
+        if derivation == "keyed":
+            # Assert: the message is not at the key holder's seed: refused, the key blocked, no release
+            with pytest.raises(DecryptionRefused, match="query seed"):
+                judge.poll(source, ledger)
+            with pytest.raises(PolicyViolation, match="blocked"):
+                c.keyholder.finalize(conn, min_clients=2)
+        else:
+            # Assert: the seed was predicted, the upload that breaks the bounds is judged valid
+            judge.poll(source, ledger)
+            assert judge.records()["h3"]["verdict"] is None and "h3" in judge.judged()[0]
+    finally:
+        ledger.close()
+        conn.close()
 
 
 @pytest.mark.e2e

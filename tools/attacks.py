@@ -1046,7 +1046,7 @@ def attack_secagg_rerun(*, seed: int = 0, verbose: bool = True, work=None, **_) 
 
         def run_server(label, taking_part):
             """One server process of the signed session (its own data directory: a fresh round 1), each
-            hospital of ``taking_part`` a fresh process (a restart) with its one record directory."""
+            hospital of ``taking_part`` a fresh process (a restart) with its own PKI bundle, where its record is."""
             srv_section = server_section(d / label, pki_dir)
             cfg = write_session(d / f"{label}.toml", pki_dir, {**sections, "server": srv_section})
             url = f"https://127.0.0.1:{srv_section['port']}"
@@ -1054,7 +1054,7 @@ def attack_secagg_rerun(*, seed: int = 0, verbose: bool = True, work=None, **_) 
             try:
                 def one(h):
                     cl = HospitalClient(url, sid, pki.load_party(pki_dir, "hospital", h), timeout=60,
-                                        receipts_dir=d / "receipts" / label / h, secagg_record_dir=d / "records" / h)
+                                        receipts_dir=d / "receipts" / label / h)
                     try:
                         p = cl.fetch_params()
                         return run_secagg(cl, p, stats[h], timeout=60)

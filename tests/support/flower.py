@@ -203,3 +203,65 @@ class FlowerDeployment:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+
+
+class InProcessGrid:
+    """Carries a ServerApp's messages to the ClientApp handlers of each node, and their replies back, in this
+    process: each hospital with its own node context, as a SuperNode would hand them to its ClientApp.
+
+    ``hold(message, context)``, when given, sees each message first: it may wait (the order two runs reach a
+    stage in) or return the reply itself (a message it had another node's handler answer)."""
+
+    def __init__(self, contexts: dict, hold=None):
+        from itertools import count
+
+        self.contexts, self.replies, self.hold = contexts, {}, hold
+        self._ids = count()
+        self.answered: list[str] = []  # the stage of every message a hospital answered without an error
+        self.errors: dict[tuple[str, str], str] = {}  # (hospital, stage) -> why its handler refused
+
+    def push_messages(self, messages):
+        from secure_afl.flower import client_app
+        from secure_afl.flower.records import RECEIPT, SECAGG, unpack_str
+
+        out = []
+        for m in messages:
+            mid = f"m{id(self)}-{next(self._ids)}"
+            m.metadata.__dict__["_message_id"] = mid  # what the SuperLink assigns
+            ctx = self.contexts[m.metadata.dst_node_id]
+            handler = {SECAGG: client_app.secagg, RECEIPT: client_app.receipt}[m.metadata.message_type]
+            reply = self.hold(m, ctx) if self.hold is not None else None
+            if reply is None:
+                reply = handle(handler, m, ctx)
+            stage = unpack_str(m.content, "stage") if m.metadata.message_type == SECAGG else "receipt"
+            if reply.has_error():
+                self.errors[(str(ctx.node_config["name"]), stage)] = reply.error.reason
+            elif m.metadata.message_type == SECAGG:
+                self.answered.append(stage)
+            self.replies[mid] = reply
+            out.append(mid)
+        return out
+
+    def pull_messages(self, ids):
+        return [self.replies.pop(i) for i in ids if i in self.replies]
+
+
+def handle(handler, message, context):
+    """A ClientApp handler's reply; its exception reaches the ServerApp as an error reply, as Flower sends it."""
+    from flwr.app import Error, Message
+
+    try:
+        return handler(message, context)
+    except Exception as e:
+        return Message(Error(code=1, reason=f"{type(e).__name__}: {e}"), reply_to=message)
+
+
+def node_contexts(c, run_id: int, data: dict, hospitals) -> dict:
+    """One hospital node context per hospital of ``c`` (node ids 1..n), as its SuperNode's --node-config gives;
+    each run's SuperNodes with their own sealed-state directories (two SuperNodes never share one)."""
+    from flwr.app import Context, RecordDict
+
+    return {i + 1: Context(run_id=run_id, node_id=i + 1, state=RecordDict(), run_config={}, node_config={
+        "role": "hospital", "name": h, "pki-dir": str(c.pki_dir), "data": str(data[h]),
+        "secagg-dir": str(c.root / "secagg" / f"run-{run_id}" / h), "receipts-dir": str(c.root / "receipts" / h)})
+        for i, h in enumerate(hospitals)}

@@ -90,15 +90,21 @@ class MaliciousServer:
     """Honest bookkeeping plus the deviations a test switches on."""
 
     def __init__(self, tmp_path, n: int, *, threshold: int, min_clients: int = 2, neighbours=None,
-                 colluder: int | None = None, colluders: tuple[int, ...] = (), signed_threshold: int | None = None):
-        self.pki_dir = tmp_path / "pki"
-        pki.init_ca(self.pki_dir)
-        pki.issue(self.pki_dir, "server", "aggregator")
+                 colluder: int | None = None, colluders: tuple[int, ...] = (), signed_threshold: int | None = None,
+                 twin: "MaliciousServer | None" = None):
+        # ``twin``: the same server (its key, the same PKI and signed session) keeping a second round of the
+        # session apart from the first, each hospital's second process in it
         self.names = [f"h{i}" for i in range(1, n + 1)]
-        for h in self.names:
-            pki.issue(self.pki_dir, "hospital", h)
+        if twin is None:
+            self.pki_dir = tmp_path / "pki"
+            pki.init_ca(self.pki_dir)
+            pki.issue(self.pki_dir, "server", "aggregator")
+            for h in self.names:
+                pki.issue(self.pki_dir, "hospital", h)
+        else:
+            self.pki_dir = twin.pki_dir
         self.ids = {h: i + 1 for i, h in enumerate(self.names)}
-        self.key = Ed25519PrivateKey.generate()
+        self.key = Ed25519PrivateKey.generate() if twin is None else twin.key
         # what the operator signed (every hospital pins it) and what this server runs (the same unless a
         # test makes the server lie about it)
         self.definition = normalise(parse({
@@ -106,7 +112,8 @@ class MaliciousServer:
                         "gamma": 1.0, "min_clients": min_clients, "hospitals": self.names},
             "bounds": {"max_norm": 4.0, "n_max": 100, "k_max": n},
             "secagg": {"threshold": signed_threshold or threshold, "neighbours": neighbours or 0}}))
-        sign_definition(self.definition, self.pki_dir)
+        if twin is None:
+            sign_definition(self.definition, self.pki_dir)
         self.params = secagg_session_params("adv", LAYOUT, 1.0, Bounds(4.0, 100, n), n_parties=n,
                                             threshold=threshold, min_clients=min_clients, neighbours=neighbours)
         self.min_clients = min_clients
@@ -155,8 +162,7 @@ class MaliciousServer:
             if self.ids[h] in self.colluders:
                 continue
             party = pki.load_party(self.pki_dir, "hospital", h)
-            site = HospitalClient("https://127.0.0.1:9", "adv", party, server_identity_pub=self.key.public_key(),
-                                  secagg_record_dir=self.pki_dir.parent / "records")
+            site = HospitalClient("https://127.0.0.1:9", "adv", party, server_identity_pub=self.key.public_key())
             site.conn.close()
             site.conn = _Conn(self, h)
             X, y = data[h]
@@ -166,14 +172,17 @@ class MaliciousServer:
                 refused[h] = e
         return out
 
-    def run(self, data: dict, *, timeout: float = 30.0) -> dict:
-        """Every honest hospital's run loop in its own thread; returns {name: receipt or exception}."""
+    def run(self, data: dict, *, timeout: float = 30.0, pause_before: str | None = None, resume: bool = False) -> dict:
+        """Every honest hospital's run loop in its own thread; returns {name: receipt, None (paused at
+        ``pause_before``) or exception}. ``resume``: the same participants as the last call, from where they
+        paused."""
         results: dict = {}
-        parts = self.participants = self.hospitals(data, results)
+        parts = self.participants if resume else self.hospitals(data, results)
+        self.participants = parts
 
         def go(h, p):
             try:
-                results[h] = p.run(timeout=timeout, poll=0.01)
+                results[h] = p.run(timeout=timeout, poll=0.01, pause_before=pause_before)
             except BaseException as e:  # the verdict of each hospital is what the test measures
                 results[h] = e
 
