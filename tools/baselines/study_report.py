@@ -267,7 +267,7 @@ def _secure_section(study, specs):
                  f"{v['bytes_per_round']:,.0f} |")
     L.append("")
     L += [f"AFL under ckks through the key holder's release (flooded), seed {study['meta']['tune_seed']}:", "",
-          "| partition | accuracy (plain) | accuracy (ckks, flooded) | flood sigma (per entry) | log2 KL (30-bit security) | "
+          "| partition | accuracy (plain) | accuracy (ckks, flooded) | flood sigma (per entry) | log2 KL (under the independence heuristic) | "
           "ridge added |", "|---|---|---|---|---|---|"]
     for s in specs:
         c = afl[s].get("ckks")
