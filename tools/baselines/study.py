@@ -49,6 +49,7 @@ from secure_afl.exceptions import BoundsExceeded, InvalidInputError
 from .fl import FLConfig, client_label_mix, evaluate, run_fedavg, run_fedfac
 from .heads import LinearHead, MLPHead
 from .securesum import SecureSum
+from .study_report import pack_bits
 
 __all__ = ["GRIDS", "FEDFAC_GRID", "split_validation", "label_prior_accuracy", "rounds_to_reach", "run_study",
            "grid_edges", "write_study_report"]
@@ -122,15 +123,6 @@ def _data(name, seed):
 
         _DATA[(name, seed)] = load_embedded(name, seed)
     return _DATA[(name, seed)]
-
-
-def pack_bits(v) -> str:
-    """A boolean vector as hex (numpy packbits, big-endian bit order): test-sample correctness, compactly."""
-    return np.packbits(np.asarray(v, dtype=bool)).tobytes().hex()
-
-
-def unpack_bits(h: str, n: int) -> np.ndarray:
-    return np.unpackbits(np.frombuffer(bytes.fromhex(h), dtype=np.uint8))[:n].astype(bool)
 
 
 def correctness(head, theta, test, mix) -> dict:

@@ -130,9 +130,16 @@ def call(res: dict) -> str:
     return f"{sg(d)}{ci}, {pt}: {verdict}"
 
 
-def _bits(row, key, n):
-    from .study import unpack_bits
+def pack_bits(v) -> str:
+    """A boolean vector as hex (numpy packbits, big-endian bit order): test-sample correctness, compactly."""
+    return np.packbits(np.asarray(v, dtype=bool)).tobytes().hex()
 
+
+def unpack_bits(h: str, n: int) -> np.ndarray:
+    return np.unpackbits(np.frombuffer(bytes.fromhex(h), dtype=np.uint8))[:n].astype(bool)
+
+
+def _bits(row, key, n):
     return np.stack([unpack_bits(h, n) for h in row[key]])
 
 
