@@ -586,7 +586,10 @@ def _grid_appendix(study, specs):
 
 
 def _findings(study, specs, methods, headline, cols):
+    from .grids import GRIDS
+
     afl, fac, meta = study["afl"], study["fac_finals"], study["meta"]
+    left = [m for m in GRIDS if m not in methods]
     ns = len(meta["seeds"])
     L = ["## What it shows", "",
          f"Every statement below is about this setting (digits through random features, K = {meta['K']}, "
@@ -665,10 +668,13 @@ def _findings(study, specs, methods, headline, cols):
           "set, resplit per seed), which the hyper-parameters alone carry over; K = 10 only (at K = 100 a "
           "hospital holds about 13 samples, fewer than one batch); the MLP heads use one hidden layer of 64 "
           "units on frozen random-feature embeddings, not the papers' backbones; FedFac's tau and kappa were "
-          "tuned after the step and epochs, not jointly; FedProx-mlp and dynamic FedFac run one local epoch "
-          "only, and dynamic FedFac keeps kappa at 0.8; the MLP heads' curves on the non-IID partitions may "
-          "still be rising at the last round, so their final accuracies are lower bounds of what more rounds "
-          "give.", ""]
+          "tuned after the step and epochs, not jointly; " + ("FedProx-mlp and " if "FedProx-mlp" in methods
+                                                             else "") +
+          "dynamic FedFac run" + ("" if "FedProx-mlp" in methods else "s") + " one local epoch only, and "
+          "dynamic FedFac keeps kappa at 0.8; the MLP heads' curves on the non-IID partitions may still be "
+          "rising at the last round, so their final accuracies are lower bounds of what more rounds give" +
+          (f"; the gradient baselines {', '.join(left)} are not in this run (`--methods`)" if left else "") +
+          ".", ""]
     return L
 
 
