@@ -410,8 +410,6 @@ def test_tuning_seed_never_enters_a_reported_cell(data):
     # Poisoning the tuning seed's own test split moves neither the choice nor any reported figure (finals,
     # AFL, which test samples each model gets right); the reported cells are the reported seeds' alone, each
     # on its own test split, and a study that would report its tuning seed is refused.
-    from secure_afl.tools.baselines.study import run_study
-
     clean = _tiny_study(data)
     poisoned = _tiny_study(data, data=_per_seed(data, lambda seed, y: (y + 1) % C if seed == 0 else y))
     assert _choice(clean) == _choice(poisoned)
@@ -421,7 +419,7 @@ def test_tuning_seed_never_enters_a_reported_cell(data):
     assert clean["meta"]["tune_seed"] == 0 and clean["meta"]["seeds"] == [1, 2]
     assert clean["meta"]["test_labels"]["1"] != clean["meta"]["test_labels"]["2"]  # a test split per seed
     with pytest.raises(InvalidInputError, match="must not be reported"):
-        run_study(data=_per_seed(data), seeds=(0, 1), tune_seed=0)
+        _tiny_study(data, seeds=(0, 1), tune_seed=0)
 
 
 def test_study_reports_a_chosen_setting_on_the_edge_of_its_grid(data):
