@@ -12,8 +12,8 @@ to something that does not depend on the key. Here, as in OpenFHE's
 NOISE_FLOODING_DECRYPT (after Li, Micciancio, Schultz and Sorrell 2022), the
 noise is added to the INTEGER decryption, before the float64 decode.
 
-What the noise must cover (the proof)
--------------------------------------
+What the noise must cover: what is proved and what is heuristic
+-----------------------------------------------------------------
 For each summed chunk (c0, c1) the key holder computes, exactly mod Q,
 
     c0 + G + c1 s = M + E + G   (mod Q)
@@ -26,8 +26,29 @@ polynomial whose N coefficients are independent round(N(0, sigma^2)) draws
 for an honest encryption (SEAL: public-key encryption at level QP, then
 division by P with rounding) e_k = r0 + r1 s + (v e + e0 + e1 s) / P with
 |r0|, |r1| <= 1/2 coefficient-wise, s and v ternary and e, e0, e1 clipped at
-19.2, so, PROVED, ``||E||_inf <= e := K (N/2 + 1)``
-(:func:`secure_afl.hazmat.ckks.key_error_bound`; no tail constant).
+19.2, so, PROVED, ``||E||_inf <= K (N/2 + 1)``
+(:func:`secure_afl.hazmat.ckks.worst_key_error`).
+
+The flooding is sized with a bound e on ||E||_inf, chosen by the signed
+session option ``[ckks] flooding``:
+
+* "heuristic" (the default): e is the Hoeffding bound of
+  :func:`secure_afl.hazmat.ckks.key_error_bound`, about sqrt(K N) instead of
+  K N / 2. It rests on the INDEPENDENCE HEURISTIC (the rounding errors r0, r1
+  independent, mean zero and independent of s), as OpenFHE's noise estimates
+  do; it is not proved for SEAL. Measured on SEAL's honest encryptions
+  (tests/test_ckks_flooding.py) the key error's standard deviation is the
+  model's sqrt(K (1 + 2N/3) / 12) and its maximum several times below e.
+  Against the PROVED bound the same noise gives only KL 2^-25.4 (K = 3),
+  2^-23.6 (K = 10, d = 512, C = 100) down to 2^-19.3 (K = 100); every
+  release reports both (``flood_kl_log2`` under the sizing's model,
+  ``flood_kl_log2_proved`` against the proved bound).
+* "proved": e = K (N/2 + 1), no heuristic: the KL below holds for any two
+  keys that encrypt honestly. The noise per coefficient grows by the ratio
+  of the two bounds (about sqrt(K N / 80): 13 times at K = 3, N = 4096);
+  the session's parameters take a larger scale (more data bits, a larger N
+  where needed) to keep ``max_abs_error``, so W's error stays about where it
+  was and the uploads grow (docs/BENCHMARKS.md gives the measured cost).
 
 Under two admissible keys the same messages decrypt to M + E + G and
 M + E' + G with E - E' an integer vector, |E_j - E'_j| <= 2e. For integer
@@ -40,19 +61,22 @@ chunk, slots used or not). Choosing
     sigma = sqrt(12 q S) * 2^(kappa/2) * e                              (F)
 
 gives KL <= 2^-kappa / 6 for the whole release with q = 1 decryption per key
-(the release ledger): with kappa = 30, "30-bit statistical security (KL
-2^-32.6)". Key recovery is a search problem, for which a divergence of
-2^-kappa costs the attacker at most about kappa bits (the halving Renyi/KL
-arguments give over statistical distance). Decoding, the checks, the solve
+(the release ledger). With kappa = 30 this is stated as "30-bit security
+against key recovery" in the sense of OpenFHE and of Li, Micciancio, Schultz
+and Sorrell (2022): key recovery is a search problem, for which a divergence
+of 2^-kappa costs the attacker at most about kappa bits. It is NOT 30 bits of
+statistical distance: by Pinsker KL 2^-32.6 gives a statistical distance of
+at most sqrt(KL / 2) = 2^-16.8. Decoding, the checks, the solve
 and everything after are post-processing of M + E + G: the float64 decode
 error is an ACCURACY term now, not one the noise must cover (flooding the
 decoded floats, as this module once did, counted 2^-46 of the magnitude as
 key-dependent and drowned large-magnitude releases).
 
-What is heuristic: the float64 Box-Muller sampler behind G (any float
-Gaussian sampler is an approximation), the float64 decode error FLOAT_REL
-(MEASURED, ``secure_afl.hazmat.ckks``), and that hospitals encrypt honestly
-(next paragraph). The bound on E, (F) and the tails below are proved.
+Also heuristic, in either mode: the float64 Box-Muller sampler behind G (any
+float Gaussian sampler is an approximation), the float64 decode error
+FLOAT_REL (MEASURED, ``secure_afl.hazmat.ckks``), and that hospitals encrypt
+honestly (next paragraph). Proved: the worst-case bound on E, the KL of (F)
+given e, and the Gaussian tails below.
 
 What the flooding does NOT cover: a hospital that adds a multiple t of an
 encryption of zero to its own (signed) upload multiplies the key-dependent
@@ -88,22 +112,29 @@ from secure_afl.certify import gaussian_spectral_bound
 from secure_afl.exceptions import InvalidParameterError
 from secure_afl.hazmat import ckks as hz
 
-__all__ = ["KAPPA", "QUERIES", "TAIL_BITS", "SECURITY", "tail_z", "kl_log2", "FloodedRelease",
+__all__ = ["KAPPA", "QUERIES", "TAIL_BITS", "SECURITY", "SECURITIES", "tail_z", "kl_log2", "FloodedRelease",
            "flood_plan", "flood_decryption", "flood_norm_bounds", "release_norms", "check_counts_releasable"]
 
 KAPPA = hz.KAPPA
 QUERIES = hz.FLOOD_QUERIES
 #: Every flooded entry of a release is within its stated bound except with probability 2^-TAIL_BITS.
 TAIL_BITS = hz.TAIL_BITS
-#: How the flooding's guarantee is stated everywhere (reports, docs).
-SECURITY = f"{KAPPA}-bit statistical security (KL 2^-{KAPPA + math.log2(6):.1f})"
+_KL_BITS = KAPPA + math.log2(6)
+#: How the flooding's guarantee is stated everywhere (reports, docs), by the key-error model it is sized with.
+SECURITIES = {
+    model: (f"{KAPPA}-bit security against key recovery (OpenFHE / LMSS convention; KL 2^-{_KL_BITS:.1f} "
+            f"{where}; statistical distance <= 2^-{(_KL_BITS + 1) / 2:.1f})")
+    for model, where in (("heuristic", "under the independence heuristic"),
+                         ("proved", "against the proved key-error bound"))}
+SECURITY = SECURITIES["heuristic"]
 
 
 tail_z = hz.tail_z
 
 
 def kl_log2(coefficients: int, e_bound: float, sigma: float) -> float:
-    """log2 of the KL bound of a release of ``coefficients`` flooded coefficients: S (2e)^2 / (2 sigma^2)."""
+    """log2 of the KL bound of a release of ``coefficients`` flooded coefficients whose key error is within
+    ``e_bound``: S (2e)^2 / (2 sigma^2) (a bound only as good as ``e_bound``: heuristic or proved)."""
     return math.log2(coefficients * 2.0 * (e_bound / sigma) ** 2)
 
 
@@ -124,10 +155,13 @@ class FloodedRelease:
     e_key: float
     kl_log2: float
     tail_probability: float
+    model: str = "heuristic"
+    kl_log2_proved: float | None = None
 
     def to_report(self) -> dict:
         return {"flood_sigma": self.sigma, "flood_sigma_coefficients": self.sigma_coefficients,
-                "flood_security": SECURITY, "flood_kappa": KAPPA, "flood_kl_log2": self.kl_log2,
+                "flood_security": SECURITIES[self.model], "flood_key_error_model": self.model,
+                "flood_kappa": KAPPA, "flood_kl_log2": self.kl_log2, "flood_kl_log2_proved": self.kl_log2_proved,
                 "flood_queries": QUERIES, "error_bound_per_entry": self.tol, "error_bound_counts": self.count_tol,
                 "decryption_error_bound": self.e_fixed, "flood_key_error_coefficients": self.e_key,
                 "error_bound_exceed_probability": self.tail_probability}
@@ -158,7 +192,8 @@ def flood_plan(backend, K: int) -> dict:
     return {"K": K, "counts": counts, "n_index": s["n"].start, "sigma": f["sigma"],
             "slot_sigma": f["slot_sigma"], "coefficients": f["coefficients"], "z": z, "fixed": fixed,
             "magnitude": magnitude, "count_tol": count_fixed + zs, "count_fixed": count_fixed,
-            "e_key": hz.key_error_bound(cp, K, f["coefficients"])}
+            "e_key": hz.key_error_bound(cp, K, f["coefficients"], model=f["model"]), "model": f["model"],
+            "e_key_proved": hz.worst_key_error(cp, K)}
 
 
 def flood_decryption(plan: dict, backend, ctx, chunks: list, *, extra_tol: float = 0.0) -> FloodedRelease:
@@ -172,8 +207,9 @@ def flood_decryption(plan: dict, backend, ctx, chunks: list, *, extra_tol: float
     e_fixed = max(plan["count_fixed"], e_main)
     tol = e_fixed + zs + extra_tol
     kl = kl_log2(plan["coefficients"], plan["e_key"], plan["sigma"])
+    kl_proved = kl_log2(plan["coefficients"], plan["e_key_proved"], plan["sigma"])
     return FloodedRelease(v, plan["slot_sigma"], plan["sigma"], count_tol, tol, e_fixed, plan["e_key"], kl,
-                          2.0 ** -TAIL_BITS)
+                          2.0 ** -TAIL_BITS, plan["model"], kl_proved)
 
 
 def flood_norm_bounds(plan: dict, fl: FloodedRelease, dim: int, classes: int, probability: float):

@@ -113,6 +113,7 @@ class ServerConfig:
     refusal_interval_s: float = 60.0
     extractor: dict | None = None  # secure_afl.extractor.ExtractorFingerprint.to_dict()
     split: dict | None = None  # [split]: gram_proof, max_share
+    ckks: dict | None = None  # [ckks]: flooding
 
     def __post_init__(self):
         if self.backend not in BACKENDS:
@@ -171,6 +172,8 @@ class ServerConfig:
             sections["extractor"] = dict(self.extractor)
         if self.split is not None:
             sections["split"] = dict(self.split)
+        if self.ckks is not None:
+            sections["ckks"] = dict(self.ckks)
         issued = (sorted(pki.load_enrolments(self.pki_dir, role="hospital"))
                   if (Path(self.pki_dir) / pki.CA_CERT).exists() else None)
         return normalise(parse(sections, source="the server's session settings"),
@@ -214,6 +217,7 @@ def load_config(path) -> ServerConfig:
         secagg_threshold=sa.get("threshold"), secagg_neighbours=sa.get("neighbours", -1),
         stage_timeout_s=sa.get("stage_timeout_s", 60.0), secagg_max_rounds=sa.get("max_rounds", 3),
         dp=_dp_spec(d["dp"]) if d["dp"] is not None else None, extractor=d["extractor"], split=d["split"],
+        ckks=d.get("ckks"),
     )
 
 

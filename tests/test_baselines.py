@@ -362,28 +362,64 @@ def test_features_file_of_zero_embeddings_is_refused_with_a_reason(tmp_path):
         main(["compare", "--all", "--features", str(path), "--out", str(tmp_path)])
 
 
-def _tiny_study(data, **kw):
+def _tiny_study(fixture, **kw):
     from secure_afl.tools.baselines.study import run_study
 
-    _, (Xte, yte), (Xtr, ytr) = data
     grids = {"FedAvg-linear": {"head": "linear", "lr": (0.3, 3.0, 30.0), "local_epochs": (1,), "mu": (0.0,)}}
     fg = {"lr": (1e-3, 1e-2), "local_epochs": (1,), "tau": (0.5, 1.0), "kappa": (0.8,)}
-    args = dict(data=(Xtr, ytr, Xte, yte, C), seeds=(0,), K=4, rounds=3, hidden=8, partitions=("dirichlet:0.5",),
-                fedfac_partitions=("dirichlet:0.5",), fa_epochs=2, grids=grids, fedfac_grid=fg, dynamic_grid=fg,
-                secure=False, log=lambda *a: None)
+    args = dict(data=_per_seed(fixture), seeds=(1, 2), tune_seed=0, K=4, rounds=3, hidden=8,
+                partitions=("dirichlet:0.5",), fedfac_partitions=("dirichlet:0.5",), fa_epochs=2, grids=grids,
+                fedfac_grid=fg, dynamic_grid=fg, secure=False, log=lambda *a: None)
     return run_study(**{**args, **kw})
 
 
+def _per_seed(data, poison=lambda seed, y: y):
+    """seed -> that seed's own train/test split of the pooled samples (as the study draws one per seed);
+    ``poison(seed, y_test)`` replaces a seed's test labels."""
+    _, (Xte, yte), (Xtr, ytr) = data
+    X, y = np.concatenate([Xtr, Xte]), np.concatenate([ytr, yte])
+
+    def split(seed):
+        order = np.random.default_rng([seed, 5]).permutation(y.size)
+        te, tr = order[:yte.size], order[yte.size:]
+        return X[tr], y[tr], X[te], poison(seed, y[te].copy()), C
+    return split
+
+
+def _choice(study):
+    return sorted((c["method"], c["partition"], c["lr"], c["local_epochs"], c["mu"], c.get("tau"), c.get("kappa"))
+                  for c in study["chosen"])
+
+
+def _reported(study):
+    return ([(r["method"], r["seed"], r["global_acc"], r["client_acc_prior"], r["correct"])
+             for r in study["finals"] + study["fac_finals"]],
+            {s: [(r["seed"], r["global_acc"], r["correct"]) for r in a["seeds"]] for s, a in study["afl"].items()})
+
+
 def test_study_choice_does_not_move_when_the_test_labels_are_poisoned(data):
-    # The choice must come from the hospitals' validation samples alone: relabelling every test sample
-    # changes every test accuracy and must change no chosen setting.
-    clients, (Xte, yte), train = data
+    # The choice must come from the tuning seed's validation samples alone: relabelling every seed's test
+    # samples (the tuning seed's included) changes every test accuracy and must change no chosen setting.
     clean = _tiny_study(data)
-    poisoned = _tiny_study((clients, (Xte, (yte + 1) % C), train))
-    key = lambda s: sorted((c["method"], c["partition"], c["lr"], c["local_epochs"], c["mu"], c.get("tau"),  # noqa: E731
-                            c.get("kappa")) for c in s["chosen"])
-    assert key(clean) == key(poisoned)
+    poisoned = _tiny_study(data, data=_per_seed(data, lambda seed, y: (y + 1) % C))
+    assert _choice(clean) == _choice(poisoned)
     assert [r["global_acc"] for r in clean["finals"]] != [r["global_acc"] for r in poisoned["finals"]]
+
+
+def test_tuning_seed_never_enters_a_reported_cell(data):
+    # Poisoning the tuning seed's own test split moves neither the choice nor any reported figure (finals,
+    # AFL, which test samples each model gets right); the reported cells are the reported seeds' alone, each
+    # on its own test split, and a study that would report its tuning seed is refused.
+    clean = _tiny_study(data)
+    poisoned = _tiny_study(data, data=_per_seed(data, lambda seed, y: (y + 1) % C if seed == 0 else y))
+    assert _choice(clean) == _choice(poisoned)
+    assert _reported(clean) == _reported(poisoned)
+    assert {r["seed"] for r in clean["finals"] + clean["fac_finals"]} == {1, 2}
+    assert all(r["data_seed"] == r["seed"] for r in clean["finals"] + clean["fac_finals"])
+    assert clean["meta"]["tune_seed"] == 0 and clean["meta"]["seeds"] == [1, 2]
+    assert clean["meta"]["test_labels"]["1"] != clean["meta"]["test_labels"]["2"]  # a test split per seed
+    with pytest.raises(InvalidInputError, match="must not be reported"):
+        _tiny_study(data, seeds=(0, 1), tune_seed=0)
 
 
 def test_study_reports_a_chosen_setting_on_the_edge_of_its_grid(data):
@@ -420,3 +456,82 @@ def test_label_prior_is_applied_to_each_personal_model(data):
     for k, m in enumerate(res["models"]):
         assert per_model[k] == pytest.approx(label_prior_accuracy(head, m, test, mix)[k], abs=1e-12)
     assert np.all(per_model >= res["per_client"] - 1e-12)
+
+
+def test_mcnemar_on_constructed_cases_of_known_significance():
+    from secure_afl.tools.baselines.study_report import call, mcnemar
+
+    # a right where b is wrong on 10 samples, never the reverse: p = 2 / 2^10 exactly
+    a = np.ones(500, dtype=bool)
+    b = a.copy()
+    b[:10] = False
+    r = mcnemar(a, b)
+    assert (r["n_ab"], r["n_ba"]) == (10, 0) and r["p"] == pytest.approx(2.0 / 1024, rel=1e-12)
+    assert r["diff"] == pytest.approx(0.02) and call(r).endswith(": significant")
+    # 7 against 1: p = 2 (1 + 8) / 256 = 0.0703, a 1.2-point gap that is not significant
+    b = a.copy()
+    b[:7] = False
+    a2 = a.copy()
+    a2[100] = False
+    r = mcnemar(a2, b)
+    assert (r["n_ab"], r["n_ba"]) == (7, 1) and r["p"] == pytest.approx(18.0 / 256, rel=1e-12)
+    assert call(r).endswith("not significant")
+    # as many discordant samples each way: no difference at all, p = 1
+    b = a.copy()
+    b[:5] = False
+    a3 = a.copy()
+    a3[5:10] = False
+    r = mcnemar(a3, b)
+    assert r["p"] == 1.0 and r["diff"] == 0.0 and call(r).endswith("no practical difference")
+    # a significant difference under one point is still "no practical difference"
+    big_a = np.ones(20000, dtype=bool)
+    big_b = big_a.copy()
+    big_b[:100] = False  # 0.5 point, p ~ 1e-30
+    r = mcnemar(big_a, big_b)
+    assert r["p"] < 1e-20 and call(r).endswith("no practical difference")
+
+
+def test_paired_bootstrap_on_constructed_cases_of_known_significance():
+    from secure_afl.tools.baselines.study_report import paired_bootstrap
+
+    rng = np.random.default_rng(0)
+    y = np.repeat(np.arange(4), 100)
+    base = rng.random(y.size) < 0.7
+    # identical predictions: difference 0, interval [0, 0], p = 1
+    same = paired_bootstrap([(base[None], base[None], y, None)] * 3, boot=500)
+    assert same["diff"] == 0.0 and same["lo"] == same["hi"] == 0.0 and same["p"] == 1.0
+    # b loses 40 of a's correct samples on every one of 3 seeds: a 10-point gap, far outside the resampling
+    worse = base.copy()
+    worse[np.flatnonzero(base)[:40]] = False
+    big = paired_bootstrap([(base[None], worse[None], y, None)] * 3, boot=500)
+    assert big["diff"] == pytest.approx(0.1) and big["lo"] > 0.05 and big["p"] <= 2.0 / 500
+    # 3 discordant samples each way: the difference is 0 and the interval straddles it
+    mixed = base.copy()
+    on, off = np.flatnonzero(base)[:3], np.flatnonzero(~base)[:3]
+    mixed[on], mixed[off] = False, True
+    zero = paired_bootstrap([(base[None], mixed[None], y, None)], boot=2000)
+    assert zero["diff"] == 0.0 and zero["lo"] < 0 < zero["hi"] and zero["p"] > 0.5
+    # the per-hospital form: a hospital holding class 0 only sees class-0 accuracy, and the gap sits there
+    mix = np.array([[1.0, 0, 0, 0], [0, 0.5, 0.5, 0]])
+    a = np.ones((2, y.size), dtype=bool)
+    b = a.copy()
+    b[0, y == 0] = False  # hospital 0's model wrong on every class-0 sample
+    r = paired_bootstrap([(a, b, y, mix)], boot=300)
+    assert r["diff"] == pytest.approx(0.5) and r["p"] <= 2.0 / 300
+
+
+def test_paired_tests_read_the_same_accuracies_the_tables_print(data):
+    # what the tests resample is what was measured: at the full sample (no resampling) each paired test's
+    # difference is the difference of the reported means, for global models and for FedFac's personal ones
+    from secure_afl.tools.baselines.study_report import compare_rows
+
+    study = _tiny_study(data)
+    afl = study["afl"]["dirichlet:0.5"]["seeds"]
+    for method, rows in (("FedAvg-linear", study["finals"]), ("FedFac-static", study["fac_finals"])):
+        rs = [r for r in rows if r["method"] == method]
+        for kind, key in (("global", "global_acc"), ("client", "client_acc"), ("prior", "client_acc_prior")):
+            got = compare_rows(study, afl, rs, kind)
+            want = np.mean([r[key] for r in afl]) - np.mean([r[key] for r in rs])
+            assert got["diff"] == pytest.approx(want, abs=1e-12), (method, kind)
+        assert compare_rows(study, afl, rs, "global")["test"] == ("McNemar" if method == "FedAvg-linear"
+                                                                   else "paired bootstrap")

@@ -8,6 +8,7 @@ import json
 import numpy as np
 import pytest
 
+from secure_afl.keyholder.flooding import SECURITY
 from secure_afl.packing import Layout
 
 from secure_afl.tools import bench
@@ -155,6 +156,6 @@ def test_ckks_error_is_the_key_holders_flooded_release():
     assert res["max_abs_error"] > res["error_bound_unflooded"]
     # the bound is the flooding's: at least z sigma of the noise on every released entry
     assert res["error_bound"] >= tail_z(res["length"]) * res["flood_sigma"] > 0
-    assert res["flood_security"] == "30-bit statistical security (KL 2^-32.6)"
+    assert res["flood_security"] == SECURITY
     assert res["w_bound"] is None or res["w_bound"] > 0
     assert res["w_rel_error"] >= 0

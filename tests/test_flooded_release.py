@@ -11,6 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from secure_afl.keyholder.flooding import SECURITY
 from secure_afl.analytic import solve_from_sums, solve_head
 from secure_afl.tools.attacks import run_attack
 from secure_afl.backends.ckks import CKKSBackend, ckks_session_params, new_ckks_session
@@ -62,7 +63,7 @@ def hospital_vectors(rng, lay, gamma, parts):
 
 def _no_float_in(obj) -> bool:
     """True when no float (other than the parameters and bounds named below) is in ``obj``."""
-    allowed = {"gamma", "lambda", "lambda_requested", "w_error_bound", "flood_sigma", "flood_sigma_coefficients", "flood_kl_log2",
+    allowed = {"gamma", "lambda", "lambda_requested", "w_error_bound", "flood_sigma", "flood_sigma_coefficients", "flood_kl_log2", "flood_kl_log2_proved",
                "error_bound_per_entry", "error_bound_counts", "error_bound_exceed_probability",
                "decryption_error_bound", "flood_key_error_coefficients", "flood_ridge", "lambda_total", "ridge_rel_change", "tag_tolerance",
                "verify_and_resum_seconds", "dp"}
@@ -114,7 +115,7 @@ def test_readme_ckks_session_relu_embeddings_d512_released_within_bound(consorti
     assert res.report["class_counts"] == [int(v) for v in np.bincount(np.concatenate([y for _, y in parts]),
                                                                           minlength=3)]
     assert res.report["verdict"] in (WITHIN, NO_BOUND)
-    assert res.report["flood_security"] == "30-bit statistical security (KL 2^-32.6)"
+    assert res.report["flood_security"] == SECURITY
     assert res.report["flood_kl_log2"] <= -(30 + math.log2(6)) + 1e-9
     assert _no_float_in(res.report)
     if res.report["verdict"] == WITHIN:
@@ -177,7 +178,8 @@ def test_honest_cohort_never_refused_at_the_readme_flooding(cohort):
 
 
 def test_flooding_sized_over_the_whole_release_at_d512_c100():
-    """KL over ALL coefficients of one release <= 2^-30 / 6 (30-bit statistical security, KL 2^-32.6),
+    """KL over ALL coefficients of one release <= 2^-30 / 6 (30-bit security against key recovery, KL 2^-32.6 under the
+    independence heuristic the default sizing rests on),
     and the counts block comes out within 1/2 at k_max."""
     lay = Layout(512, 100)
     params = ckks_session_params("m", lay, 1.0, README_BOUNDS)

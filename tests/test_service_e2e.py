@@ -7,6 +7,7 @@ import sys
 import numpy as np
 import pytest
 
+from secure_afl.keyholder.flooding import SECURITY
 from secure_afl.analytic import centralised_weights, solve_from_sums
 from secure_afl.audit_verify import load_receipts
 from secure_afl.cli import main
@@ -339,7 +340,7 @@ def test_demo_command_passes_verification(backend, tmp_path, capsys):
     assert v["passed"] and report["accuracy"]["plaintext"] > 0.8
     if backend == "ckks":  # flooded release: statistics within the reported bound, margin over the release
         assert report["flooding"]["flood_sigma"] > 0
-        assert report["flooding"]["flood_security"] == "30-bit statistical security (KL 2^-32.6)"
+        assert report["flooding"]["flood_security"] == SECURITY
         assert v["statistics_within_bound"] and v["verdict"] in ("within certified bound",
                                                                   "no bound (C singular at this noise)")
     else:

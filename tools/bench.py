@@ -69,6 +69,9 @@ def _register_protect(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--protect-repeats", type=int, default=1, metavar="R",
                         help="protect each hospital's vector R times and keep the fastest (on a shared machine the "
                              "other jobs' load then drops out of the per-hospital figure)")
+    parser.add_argument("--ckks-flooding", choices=["heuristic", "proved"], default="heuristic",
+                        help="ckks: size the key holder's flooding with the heuristic key-error bound (default) or "
+                             "the proved worst case (the session's signed [ckks] flooding)")
     parser.add_argument("--json", metavar="PATH", help="also write the figures as JSON here")
     parser.set_defaults(func=_cmd_protect)
 
@@ -105,7 +108,8 @@ def _hospital_vector(layout, rng, samples: int, max_norm: float, gamma: float) -
 
 
 def run_protect(backend: str, dim: int, classes: int, clients: int, *, dropout: float = 0.0, seed: int = 0,
-                samples: int = 256, max_norm: float = 1.0, gamma: float = 1.0, protect_repeats: int = 1) -> dict:
+                samples: int = 256, max_norm: float = 1.0, gamma: float = 1.0, protect_repeats: int = 1,
+                ckks_flooding: str = "heuristic") -> dict:
     """One in-process round; returns the figures (see module docstring)."""
 
     if not 0.0 <= dropout < 1.0:
@@ -129,7 +133,8 @@ def run_protect(backend: str, dim: int, classes: int, clients: int, *, dropout: 
     if backend in ("ckks", "bfv"):
 
         he = he_module(backend)
-        params = he.session_params(session_id, layout, gamma, bounds)
+        params = he.session_params(session_id, layout, gamma, bounds,
+                                   **({"flooding": ckks_flooding} if backend == "ckks" else {}))
         keys = he.generate_keys(params)
         params = he.bind_public_context(params, keys.public_context)
         expected_abs_error = he.expected_abs_error
@@ -295,6 +300,8 @@ def _ckks_flooded(out, be, params, keys, aggregate, ref, magnitude, layout, prot
         "flood_sigma": float(fl.sigma),
         "flood_sigma_coefficients": float(fl.sigma_coefficients),
         "flood_security": fl.to_report()["flood_security"],
+        "flood_kl_log2": fl.kl_log2,
+        "flood_kl_log2_proved": fl.kl_log2_proved,
         "flood_ridge": float(ridge),
         "max_abs_error_unflooded": bare,
         "error_bound_unflooded": float(expected_abs_error(params, K, magnitude=magnitude)),
@@ -451,7 +458,7 @@ def _cmd_protect(args) -> int:
         for backend in args.backend:
             res = run_protect(backend, args.dim, args.classes, k, dropout=args.dropout, seed=args.seed,
                               samples=args.samples, max_norm=args.max_norm, gamma=args.gamma,
-                              protect_repeats=max(1, args.protect_repeats))
+                              protect_repeats=max(1, args.protect_repeats), ckks_flooding=args.ckks_flooding)
             res["machine"] = machine
             results.append(res)
             print(f"[{backend}, K = {k}] done", flush=True)

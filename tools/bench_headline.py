@@ -2,6 +2,7 @@
 
     python -m secure_afl.tools.bench_headline                        # 50,000 images, 100 classes, 100 hospitals
     python -m secure_afl.tools.bench_headline --images 5000 --input-size 32   # a CPU-sized run
+    python -m secure_afl.tools.bench_headline --compare plain        # split and plain, both ratios
 
 What runs, in order, each phase timed on its own:
 
@@ -25,8 +26,12 @@ What runs, in order, each phase timed on its own:
 * ``solve``       the solve alone, re-timed on the released statistics (it is inside
                   ``release`` too, so it is not added to the total again).
 
-The total is extraction + statistics + protect_upload + release. The last
-line printed is one JSON object with every figure. Needs only the project's
+The total is extraction + statistics + protect_upload + release. With
+``--compare plain`` the same features and statistics also go through a plain
+session, and both runs are printed side by side with two ratios: end to end
+(the totals, whose extraction and statistics are the same for both) and
+protection only (protect_upload + release). The last line printed is one JSON
+object with every figure (the compared run under ``compare``). Needs only the project's
 dependencies and torch/torchvision (the ``embed`` extra); no download.
 """
 
@@ -114,18 +119,12 @@ def run_headline(*, images: int = 50_000, test_images: int = 10_000, classes: in
                  alpha: float = 0.1, backend: str = "split", device: str = "auto", batch_size: int = 512,
                  input_size: int = 224, weights: str | None = None, upload_threads: int = 32,
                  hospital_processes: int | None = None, seed: int = 0, workdir: str | None = None,
-                 log=print) -> dict:
+                 compare: str | None = None, log=print) -> dict:
+    """One headline run; with ``compare`` (a second backend, e.g. "plain") the same extracted features and
+    statistics also go through a session of that backend, and ``out["compare"]`` holds its figures and both
+    ratios: end to end (extraction and statistics included, identical for both) and protection only
+    (protect_upload + release, the phases the backend changes)."""
     import torch
-
-    from secure_afl.analytic import solve_from_sums
-    from .harness import (Judging, behind_the_parties, make_pki, secagg_quorum, server_section, start_server,
-                          write_session)
-    from secure_afl.backends.session_params import dp_session_params
-    from secure_afl.keyholder import KeyHolder
-    from secure_afl.packing import Layout
-    from secure_afl.params import Bounds
-    from secure_afl.partition import partition
-    from secure_afl.server.config import load_config
 
     phases = {}
 
@@ -137,9 +136,9 @@ def run_headline(*, images: int = 50_000, test_images: int = 10_000, classes: in
         return out
 
     imgs, labels = timed("synthesis", lambda: synthetic_images(images + test_images, classes, seed))
+    from secure_afl.partition import partition
+
     parts = [p for p in partition(labels[:images], hospitals, f"dirichlet:{alpha}", seed=seed) if p.size]
-    names = [f"h{i:03d}" for i in range(len(parts))]
-    K = len(parts)
     ext = timed("extraction", lambda: _extract(imgs[:images], labels[:images], classes, device=device,
                                                batch_size=batch_size, input_size=input_size, weights=weights,
                                                seed=seed))
@@ -147,10 +146,74 @@ def run_headline(*, images: int = 50_000, test_images: int = 10_000, classes: in
     test = _extract(imgs[images:], labels[images:], classes, device=device, batch_size=batch_size,
                     input_size=input_size, weights=weights, seed=seed) if test_images else None
     stats = timed("statistics", lambda: _statistics(X, labels[:images], parts, classes))
-    d = X.shape[1]
-    n_max = int(max(p.size for p in parts))
+    shared = dict(phases)
+    runs = {}
+    for b in [backend] + ([compare] if compare else []):
+        if compare:
+            log(f"-- {b}")
+        phases = dict(shared)
+        sub = None if not workdir else str(Path(workdir) / b) if compare else workdir
+        runs[b] = _service_run(b, stats, parts, X.shape[1], classes, phases, timed, upload_threads=upload_threads,
+                               hospital_processes=hospital_processes, workdir=sub, log=log)
+    cuda = torch.cuda.is_available() and device != "cpu"
+    outs = {}
+    for b, r in runs.items():
+        acc = None
+        if test is not None:
+            acc = float(np.mean(np.argmax(test.X.astype(np.float64) @ r["W"], axis=1) == labels[images:]))
+        outs[b] = {"benchmark": "headline", "backend": b, "images": images, "test_images": test_images,
+                   "classes": classes, "hospitals": r["K"], "hospitals_requested": hospitals, "alpha": alpha,
+                   "dim": X.shape[1], "input_size": input_size, "weights": weights or "random",
+                   "device": ext.metadata.get("device"),
+                   "device_name": torch.cuda.get_device_name(0) if cuda else f"cpu ({torch.get_num_threads()} threads)",
+                   **{k: v for k, v in r.items() if k not in ("W", "K")}, "test_accuracy": acc,
+                   "cpus": os.cpu_count()}
+    out = outs[backend]
+    if compare:
+        other = outs[compare]
+        out["compare"] = {"backend": compare, "total_s": other["total_s"], "protection_s": other["protection_s"],
+                          "phases_s": other["phases_s"], "bytes_up_per_hospital": other["bytes_up_per_hospital"],
+                          "test_accuracy": other["test_accuracy"],
+                          "w_rel_error_vs_plain": other["w_rel_error_vs_plain"],
+                          "ratio_end_to_end": out["total_s"] / other["total_s"],
+                          "ratio_protection": out["protection_s"] / other["protection_s"]}
+        log(format_comparison(out))
+    return out
 
+
+def format_comparison(out: dict) -> str:
+    """The two runs side by side: every phase, the end-to-end total and the protection's own phases."""
+    c = out["compare"]
+    a, b = out["backend"], c["backend"]
+    rows = [f"{'phase':<22} {a:>12} {b:>12} {'ratio':>8}"]
+    for name in ("extraction", "statistics", "protect_upload", "release"):
+        x, y = out["phases_s"][name], c["phases_s"][name]
+        rows.append(f"{name:<22} {x:>11.2f}s {y:>11.2f}s {x / y if y > 0 else float('nan'):>7.2f}x")
+    rows.append(f"{'end to end (total)':<22} {out['total_s']:>11.2f}s {c['total_s']:>11.2f}s "
+                f"{c['ratio_end_to_end']:>7.2f}x")
+    rows.append(f"{'protection only':<22} {out['protection_s']:>11.2f}s {c['protection_s']:>11.2f}s "
+                f"{c['ratio_protection']:>7.2f}x  (protect_upload + release)")
+    return "\n".join(rows)
+
+
+def _service_run(backend, stats, parts, d, classes, phases, timed, *, upload_threads, hospital_processes,
+                 workdir, log) -> dict:
+    """One session of ``backend`` through the real service for the hospitals' ``stats``: setup (not timed in
+    the total), protect_upload, release, the solve re-timed; the phases are added to ``phases``."""
+    from secure_afl.analytic import solve_from_sums
+    from .harness import (Judging, behind_the_parties, make_pki, secagg_quorum, server_section, start_server,
+                          write_session)
+    from secure_afl.backends.session_params import dp_session_params
+    from secure_afl.keyholder import KeyHolder
+    from secure_afl.packing import Layout
+    from secure_afl.params import Bounds
+    from secure_afl.server.config import load_config
+
+    names = [f"h{i:03d}" for i in range(len(parts))]
+    K = len(parts)
+    n_max = int(max(p.size for p in parts))
     work = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="secure-afl-headline-"))
+    work.mkdir(parents=True, exist_ok=True)
     pki_dir = work / "pki"
     server = None
     t_setup = time.perf_counter()
@@ -228,20 +291,12 @@ def run_headline(*, images: int = 50_000, test_images: int = 10_000, classes: in
                                  float(K), None)
     W_plain = solve_from_sums(plain)
     w_err = float(np.linalg.norm(res.W - W_plain) / max(np.linalg.norm(W_plain), 1e-300))
-    acc = None
-    if test is not None:
-        acc = float(np.mean(np.argmax(test.X.astype(np.float64) @ res.W, axis=1) == labels[images:]))
-    cuda = torch.cuda.is_available() and device != "cpu"
-    out = {"benchmark": "headline", "backend": backend, "images": images, "test_images": test_images,
-           "classes": classes, "hospitals": K, "hospitals_requested": hospitals, "alpha": alpha, "dim": d,
-           "input_size": input_size, "weights": weights or "random", "device": ext.metadata.get("device"),
-           "device_name": torch.cuda.get_device_name(0) if cuda else f"cpu ({torch.get_num_threads()} threads)",
-           "phases_s": {k: round(v, 4) for k, v in phases.items()}, "total_s": round(total, 4),
-           "bytes_up_per_hospital": float(np.mean(list(uploaded.values()))) if uploaded else None,
-           "w_rel_error_vs_plain": w_err, "w_solve_repeat_diff": float(np.max(np.abs(W_again - res.W))),
-           "test_accuracy": acc, "n_max": n_max, "cpus": os.cpu_count(), "hospital_processes": n_proc,
-           "judged_while_open": judging.uploads if backend == "split" else None}
-    return out
+    return {"W": res.W, "K": K, "phases_s": {k: round(v, 4) for k, v in phases.items()},
+            "total_s": round(total, 4), "protection_s": round(phases["protect_upload"] + phases["release"], 4),
+            "bytes_up_per_hospital": float(np.mean(list(uploaded.values()))) if uploaded else None,
+            "w_rel_error_vs_plain": w_err, "w_solve_repeat_diff": float(np.max(np.abs(W_again - res.W))),
+            "n_max": n_max, "hospital_processes": n_proc,
+            "judged_while_open": judging.uploads if backend == "split" else None}
 
 
 def main(argv=None) -> int:
@@ -263,14 +318,19 @@ def main(argv=None) -> int:
                                                           "the cores; 1: threads in this process)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--workdir")
+    p.add_argument("--compare", choices=["plain", "split", "secagg", "ckks", "bfv"],
+                   help="also run this backend on the same features and statistics and print both runs side by "
+                        "side: the end-to-end ratio and the protection-only ratio (protect_upload + release)")
     args = p.parse_args(argv)
+    if args.compare == args.backend:
+        p.error("--compare names the backend already run")
     from threadpoolctl import threadpool_limits  # noqa: F401  (a project dependency; keeps BLAS defaults)
 
     res = run_headline(images=args.images, test_images=args.test_images, classes=args.classes,
                        hospitals=args.hospitals, alpha=args.alpha, backend=args.backend, device=args.device,
                        batch_size=args.batch_size, input_size=args.input_size, weights=args.weights,
                        upload_threads=args.upload_threads, hospital_processes=args.hospital_processes,
-                       seed=args.seed, workdir=args.workdir,
+                       seed=args.seed, workdir=args.workdir, compare=args.compare,
                        log=lambda m: print(m, file=sys.stderr, flush=True))
     print(json.dumps(res))
     return 0

@@ -163,6 +163,8 @@ def run_demo(args, verbose: bool = True) -> dict:
         k = recommended_neighbours(max(K, 2))
         t = default_threshold((K - 1 if k is None else k) + 1)
         cfg["session"]["min_clients"] = min(cfg["session"]["min_clients"], max_min_clients(K, t))
+    if args.backend == "ckks" and getattr(args, "ckks_flooding", None):
+        cfg["ckks"] = {"flooding": args.ckks_flooding}
     if args.dp is not None:
         # any min_clients hospitals' shares add up to the full noise
         cfg["dp"] = {"epsilon": float(args.dp), "delta": 1e-5, "min_contributors": cfg["session"]["min_clients"]}
@@ -177,11 +179,9 @@ def run_demo(args, verbose: bool = True) -> dict:
 
         conn = kh.connect(url, session_id)
         if args.backend in KEYED_BACKENDS:
-            from secure_afl.backends.session_params import dp_session_params
-
             t = time.perf_counter()
-            params0 = dp_session_params(load_config(work / "session.toml").dp, args.backend, session_id,
-                                        Layout(dim, n_classes), 1.0, _bounds(cfg))
+            # the one derivation `secure-afl keyholder keygen` makes, signed sections ([dp], [ckks]) included
+            params0 = load_config(work / "session.toml").definition.session_params()
             kh.keygen(params0)
             kh.publish(conn)
             timings["keys"] = time.perf_counter() - t
@@ -348,13 +348,6 @@ def plain_entry_bound(stats, K: int) -> float:
     return max(eps_C, eps_Q, float(np.finfo(np.float64).eps) * K * float(max(abs(stats.n), 1.0)))
 
 
-def _bounds(cfg):
-    from secure_afl.params import Bounds
-
-    b = cfg["bounds"]
-    return Bounds(b["max_norm"], b["n_max"], b["k_max"])
-
-
 def _receipts(directory: Path) -> list[dict]:
 
     return load_receipts(directory) if directory.exists() else []
@@ -499,6 +492,8 @@ def register(parser) -> None:
     parser.add_argument("--min-clients", type=int, help="release threshold (default: all hospitals)")
     parser.add_argument("--dp", type=float, metavar="EPS", help="distributed differential privacy at epsilon EPS "
                         "(delta 1e-5): hospitals add noise shares, the key holder accounts and solves with a ridge")
+    parser.add_argument("--ckks-flooding", choices=["heuristic", "proved"],
+                        help="ckks: sign [ckks] flooding (default: no section, the heuristic sizing)")
     parser.add_argument("--report", help="write the report JSON here")
     parser.add_argument("--model-out", help="write the model (safetensors) here")
     parser.add_argument("--workdir", help="keep PKI, server state and logs here (default: a temp dir, removed)")

@@ -122,9 +122,15 @@ def count_breaks(layout: Layout) -> tuple:
 
 def ckks_session_params(session_id: str, layout: Layout, gamma: float, bounds: Bounds, *,
                         max_abs_error: float = DEFAULT_MAX_ABS_ERROR,
-                        max_poly_modulus_degree: int = 16384) -> SessionParams:
+                        max_poly_modulus_degree: int = 16384, flooding: str = "heuristic") -> SessionParams:
     """Session parameters with CKKS parameters chosen from ``bounds`` and the
     precision target ``max_abs_error``; not yet bound to a key.
+
+    ``flooding``: how the key holder's flooding bounds the key error it must hide
+    (:func:`secure_afl.hazmat.ckks.key_error_bound`): "heuristic" (default, the independence
+    heuristic) or "proved" (the worst case K (N/2 + 1), no heuristic; larger noise, so a larger
+    scale for the same target). Only "proved" enters ``backend_params`` (so the signed parameters,
+    and their digest, of a default session are what they were).
 
     The smallest modulus chain that holds ``bounds.aggregate_bound(gamma)``
     for ``bounds.k_max`` clients with the FLOODED release's per-entry bound <= ``max_abs_error``
@@ -134,8 +140,9 @@ def ckks_session_params(session_id: str, layout: Layout, gamma: float, bounds: B
     unbound = SessionParams(session_id, "ckks", layout, gamma, bounds)
     chosen = hz.select_parameters(bounds.aggregate_bound(gamma), bounds.k_max, max_abs_error=max_abs_error,
                                   max_poly_modulus_degree=max_poly_modulus_degree, length=layout.length,
-                                  breaks=count_breaks(layout))
-    return unbound.with_backend_params(**chosen.to_dict(), max_abs_error=float(max_abs_error))
+                                  breaks=count_breaks(layout), key_error=flooding)
+    extra = {} if flooding == "heuristic" else {"flooding": flooding}
+    return unbound.with_backend_params(**chosen.to_dict(), max_abs_error=float(max_abs_error), **extra)
 
 
 #: Common name for :func:`ckks_session_params` (see :func:`secure_afl.backends.he_module`).
@@ -285,9 +292,14 @@ class CKKSBackend(ProtectionBackend):
         """How the key holder floods a K-sum (``keyholder/flooding.py``): the coefficients flooded (every
         coefficient of every chunk), their sigma, the decoded slots' sigma and the coefficient bound."""
         cp, coeffs = self.ckks_, self.ckks_.poly_modulus_degree * len(self.spans)
-        sigma = hz.flood_coefficient_sigma(cp, n_clients, coeffs)
+        sigma = hz.flood_coefficient_sigma(cp, n_clients, coeffs, model=self.key_error_model)
         return {"coefficients": coeffs, "sigma": sigma, "slot_sigma": hz.slot_sigma(cp, sigma),
-                "coefficient_bound": hz.flood_coefficient_bound(cp, sigma, coeffs)}
+                "coefficient_bound": hz.flood_coefficient_bound(cp, sigma, coeffs), "model": self.key_error_model}
+
+    @property
+    def key_error_model(self) -> str:
+        """The signed key-error model the flooding is sized with (:func:`ckks_session_params`)."""
+        return self.params.backend_params.get("flooding", "heuristic")
 
     def _check_holds_bounds(self) -> None:
         params = self.params
@@ -302,7 +314,7 @@ class CKKSBackend(ProtectionBackend):
         target = params.backend_params.get("max_abs_error")
         if target is not None:
             tol = hz.flooded_tolerance(self.ckks_, k, self.flooding(k)["coefficients"], params.layout.length,
-                                       0.0)[2]
+                                       0.0, model=self.key_error_model)[2]
             if tol > float(target):
                 raise InvalidParameterError(
                     f"CKKS parameters {self.ckks_.to_dict()} leave a flooded error up to {tol:.3g} per entry at "

@@ -73,7 +73,8 @@ class SessionDefinition:
             params = dp_session_params(self.dp_spec(), "split", b["id"], layout, b["gamma"], self.bounds(),
                                        **b["split"])
         elif b["backend"] != "secagg":
-            params = dp_session_params(self.dp_spec(), b["backend"], b["id"], layout, b["gamma"], self.bounds())
+            params = dp_session_params(self.dp_spec(), b["backend"], b["id"], layout, b["gamma"], self.bounds(),
+                                       **(b.get("ckks") or {}))
         else:
             sa = b["secagg"]
             params = dp_session_params(self.dp_spec(), "secagg", b["id"], layout, b["gamma"], self.bounds(),
@@ -140,6 +141,11 @@ def normalise(sections: Mapping[str, Mapping[str, Any]], *, issued_hospitals=Non
         if s["backend"] != "split":
             raise fail(source, f"[split] is for backend = \"split\", and this session runs {s['backend']}")
         body["split"] = {k: sp.get(k, default("split", k)) for k in SCHEMA["split"]}
+    ck = sections.get("ckks")
+    if ck is not None:  # only a given section enters the body: a default session signs what it signed before
+        if s["backend"] != "ckks":
+            raise fail(source, f"[ckks] is for backend = \"ckks\", and this session runs {s['backend']}")
+        body["ckks"] = {k: ck.get(k, default("ckks", k)) for k in SCHEMA["ckks"]}
     if "dp" in sections:
         d = dict(sections["dp"])
         body["dp"] = {k: d.get(k, default("dp", k)) for k in SCHEMA["dp"]}

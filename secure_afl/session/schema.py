@@ -137,6 +137,14 @@ SECTIONS: dict[str, Section] = {
                                  "refused unless n_max <= max_share * n (n the released sample count)", 1.0,
                          "server, key holder", low=0.0, low_open=True, high=1.0),
     }),
+    "ckks": Section("Only with backend = \"ckks\"; every key is signed (keyholder/flooding.py).", {
+        "flooding": Key("str", "how the key holder's flooding of the one decryption bounds the key-dependent "
+                               "error it hides: \"heuristic\" sizes it with the independence heuristic (30-bit "
+                               "security against key recovery, KL 2^-32.6, under that heuristic); \"proved\" with "
+                               "the proved worst case K (N/2 + 1), larger noise and a larger scale for the same "
+                               "precision (docs/BENCHMARKS.md gives the W cost)",
+                        "heuristic", "server, hospitals, key holder", allowed="\"heuristic\" or \"proved\""),
+    }),
     "secagg": Section("Only with backend = \"secagg\"; every key is signed.", {
         "threshold": Key("int", "Shamir threshold t: tolerates t - 1 colluding hospitals next to a malicious "
                                 "server; the consistency quorum grows with it", None, "server, hospitals",

@@ -120,7 +120,7 @@ def from_body(body: Mapping[str, Any], *, source: str) -> SessionDefinition:
                                              if k in body and body[k] is not None}}
     try:
         sections["bounds"] = dict(body["bounds"])
-        for key in ("secagg", "dp", "extractor", "split"):
+        for key in ("secagg", "dp", "extractor", "split", "ckks"):
             if body.get(key) is not None:
                 sections[key] = {k: v for k, v in body[key].items() if v is not None}
         if "deadline" in sections["session"]:

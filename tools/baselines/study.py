@@ -2,16 +2,22 @@
 
 What it runs (every number in the report comes from here, seeds fixed):
 
-1. Gradient baselines tuned per method and partition on the first seed. Each
-   client keeps a fifth of its samples as validation data; every grid point
-   (learning rate, local epochs, FedProx mu) trains for ``rounds`` rounds on
-   the other four fifths and is scored by the global model's accuracy on the
-   pooled validation samples at the last round. The test set is never used
-   to choose (no job of the grid is handed the test labels' outcome: the
-   choice reads ``val_acc`` only). The chosen point is then re-run on all of
-   each client's data for every seed (partition, initialisation, batches)
-   and its test accuracy is recorded after every round. A chosen value on
-   the edge of its grid is reported in ``edges``.
+1. Gradient baselines tuned per method and partition on the TUNING seed,
+   which is never reported. Each seed draws its own train/test split of the
+   data set (``train_test_split`` at that seed), its partition,
+   initialisation, batches and validation hold-out. On the tuning seed each
+   client keeps a fifth of its training samples as validation data; every
+   grid point (learning rate, local epochs, FedProx mu) trains for
+   ``rounds`` rounds on the other four fifths and is scored by the global
+   model's accuracy on the pooled validation samples at the last round. No
+   test set is used to choose (the choice reads ``val_acc`` only). The
+   chosen point is then re-run on all of each client's training data for
+   every REPORTED seed, on that seed's own split, so the spread over seeds
+   includes the test set's sampling variance; its test accuracy is recorded
+   after every round, and so is which test samples each model gets right
+   (``correct``, ``correct_prior``), for the paired tests of the report
+   (McNemar, paired bootstrap: ``study_report.py``). A chosen value on the
+   edge of its grid is reported in ``edges``.
 2. Bytes on the wire per hospital: one real round of each method's vector
    through the secagg encoder and through ckks (what a hospital uploads), so
    "bytes to reach AFL" is rounds x measured bytes.
@@ -25,7 +31,7 @@ What it runs (every number in the report comes from here, seeds fixed):
    and each FedFac hospital's personal model alike.
 5. Secure against plain for every method: a few rounds under plain, secagg
    and ckks (the key holder's flooding), each revealed sum checked against its
-   proved tolerance.
+   proved tolerance, on the first reported seed.
 
 Grids run in parallel worker processes (``workers``), each single-threaded.
 """
@@ -43,6 +49,7 @@ from secure_afl.exceptions import BoundsExceeded, InvalidInputError
 from .fl import FLConfig, client_label_mix, evaluate, run_fedavg, run_fedfac
 from .heads import LinearHead, MLPHead
 from .securesum import SecureSum
+from .study_report import pack_bits
 
 __all__ = ["GRIDS", "FEDFAC_GRID", "split_validation", "label_prior_accuracy", "rounds_to_reach", "run_study",
            "grid_edges", "write_study_report"]
@@ -110,11 +117,27 @@ _DATA = {}
 
 
 def _data(name, seed):
+    """(Xtr, ytr, Xte, yte, C) of seed ``seed``: the data set split at that seed (each seed its own test set)."""
     if (name, seed) not in _DATA:
         from ..demo import load_embedded
 
         _DATA[(name, seed)] = load_embedded(name, seed)
     return _DATA[(name, seed)]
+
+
+def correctness(head, theta, test, mix) -> dict:
+    """Which test samples each hospital's model gets right, without and with the label prior, and the hospitals'
+    label mixes: what the report's paired tests resample. ``theta``: one global model or one per hospital."""
+    Xte, yte = test
+    shared = isinstance(theta, np.ndarray) and theta.ndim == 1
+    models = [theta] if shared else list(theta)
+    logits = [head.logits(m, Xte) for m in models]
+    correct = [pack_bits(np.argmax(lg, axis=1) == yte) for lg in logits]
+    prior = []
+    for k in range(mix.shape[0]):
+        lg = logits[0 if shared else k]
+        prior.append(pack_bits(np.argmax(np.where((mix[k] > 0)[None, :], lg, -np.inf), axis=1) == yte))
+    return {"correct": correct, "correct_prior": prior, "mix": mix.tolist(), "n_test": int(yte.size)}
 
 
 #: The keys of a job that make up its setting (what a final run repeats on every seed).
@@ -211,6 +234,7 @@ def _job_run(job, out, head, train, val, test, cfg, cl, C):
     mix = client_label_mix(cl, C)
     out["client_acc_prior"] = float(np.mean(label_prior_accuracy(head, res["models"] if fac else res["theta"],
                                                                  test, mix)))
+    out.update(correctness(head, res["models"] if fac else res["theta"], test, mix))
     if fac:
         out.update({"switching": res["switching"], "r_offdiag": res["r_offdiag"],
                     "personal": [int(v) for v in res["splits"][-1][1]]})
@@ -290,36 +314,40 @@ def measure_bytes(d: int, C: int, K: int, hidden: int) -> dict:
     return out
 
 
-def run_study(*, dataset="digits", data_seed=0, seeds=(0, 1, 2), K=10, rounds=200, hidden=64,
+def run_study(*, dataset="digits", seeds=(1, 2, 3, 4, 5), tune_seed=0, K=10, rounds=200, hidden=64,
               partitions=PARTITIONS, fedfac_partitions=FEDFAC_PARTITIONS, fa_epochs=20, workers=2, verify_rounds=3,
               grids=None, fedfac_grid=None, dynamic_grid=None, secure=True, data=None, cache=None, log=print) -> dict:
-    """The whole study (module docstring). Grids are searched on ``seeds[0]``; every chosen setting is then
-    run on every seed. ``grids`` / ``fedfac_grid`` / ``dynamic_grid`` replace the defaults (smaller runs);
-    ``data`` (Xtr, ytr, Xte, yte, C) replaces the data set (single process); ``secure=False`` skips the
-    secagg / ckks runs (bytes, AFL under ckks, secure against plain); ``cache`` is a :class:`JobCache` path."""
+    """The whole study (module docstring). Grids are searched on ``tune_seed`` alone (its own split, partition
+    and validation hold-out), which is never reported; every chosen setting is then run on every seed of
+    ``seeds``, each on its own train/test split. ``grids`` / ``fedfac_grid`` / ``dynamic_grid`` replace the
+    defaults (smaller runs); ``data`` replaces the data set (single process): a callable ``seed -> (Xtr, ytr,
+    Xte, yte, C)`` or one such tuple for every seed; ``secure=False`` skips the secagg / ckks runs (bytes, AFL
+    under ckks, secure against plain); ``cache`` is a :class:`JobCache` path."""
     from .afl import run_afl
 
     grids = GRIDS if grids is None else grids
     fg = FEDFAC_GRID if fedfac_grid is None else fedfac_grid
     dg = DYNAMIC_GRID if dynamic_grid is None else dynamic_grid
-    seeds = tuple(int(s) for s in seeds)
-    tune = seeds[0]
+    seeds, tune = tuple(int(s) for s in seeds), int(tune_seed)
+    if tune in seeds or not seeds or len(set(seeds)) != len(seeds):
+        raise InvalidInputError(f"the tuning seed {tune} must not be reported, and the reported seeds {seeds} must "
+                                "be distinct and at least one")
     if data is not None:
         dataset, workers = "given", 1
-        _DATA[(dataset, data_seed)] = data
+        for s in (tune,) + seeds:
+            _DATA[(dataset, s)] = data(s) if callable(data) else data
     t0 = time.perf_counter()
-    Xtr, ytr, Xte, yte, C = _data(dataset, data_seed)
+    Xtr, ytr, Xte, yte, C = _data(dataset, tune)
     d = Xtr.shape[1]
-    base = {"dataset": dataset, "data_seed": data_seed, "seed": tune, "K": K, "rounds": rounds, "hidden": hidden}
+    base = {"dataset": dataset, "data_seed": tune, "seed": tune, "K": K, "rounds": rounds, "hidden": hidden}
     pool = ProcessPoolExecutor(max_workers=workers) if workers > 1 else None
     jc = JobCache(cache)
 
     def run(jobs):
         return jc.run(jobs, (lambda js: pool.map(_job, js)) if pool else (lambda js: map(_job, js)))
 
-    def finals_of(rows):
-        return run([{**_setting(c), "seed": s, "stage": "final"} for c in rows for s in seeds])
-
+    def finals_of(rows):  # each reported seed on its own split: the tuning seed's data never enter a cell
+        return run([{**_setting(c), "data_seed": s, "seed": s, "stage": "final"} for c in rows for s in seeds])
     fac_axes = {"FedFac-static": _axes(fg), "FedFac-dynamic": _axes(dg)}
     try:
         # 1. gradient baselines: grid on validation (tuning seed), then the chosen point on all data, every seed
@@ -365,23 +393,25 @@ def run_study(*, dataset="digits", data_seed=0, seeds=(0, 1, 2), K=10, rounds=20
     for e in edges:
         log(f"WARNING: {e['method']} on {e['partition']} chose {e['axis']} = {e['value']:g}, the {e['side']} edge "
             f"of {e['grid']}" + (" (a hard limit)" if e["hard_limit"] else ""))
-    # 4. AFL on every seed (plain; secagg and ckks through the key holder's flooding on the tuning seed)
+    # 4. AFL on every reported seed (plain; secagg and ckks through the key holder's flooding on the first)
     afl = {}
+    first = seeds[0]
     for spec in sorted(set(partitions) | set(fedfac_partitions)):
         row = {"seeds": []}
         for s in seeds:
-            cl = _clients(Xtr, ytr, K, spec, s)
+            Xs, ys, Xts, yts, _ = _data(dataset, s)
+            cl = _clients(Xs, ys, K, spec, s)
             mix = client_label_mix(cl, C)
-            for b in (("plain", "secagg", "ckks") if secure and s == tune else ("plain",)):
-                res = run_afl(cl, (Xte, yte), C, backend=b)
+            for b in (("plain", "secagg", "ckks") if secure and s == first else ("plain",)):
+                res = run_afl(cl, (Xts, yts), C, backend=b)
                 r = {"seed": s, "global_acc": res["global_acc"], "client_acc": res["client_acc"],
                      "client_acc_prior": float(np.mean(label_prior_accuracy(LinearHead(d, C), res["theta"],
-                                                                            (Xte, yte), mix))),
+                                                                            (Xts, yts), mix))),
                      "bytes": res["bytes_per_round"], "flood_sigma": res.get("flood_sigma"),
                      "ridge": res.get("ridge"), "margin_bits": res.get("flood_kl_log2")}
                 if b == "plain":
-                    row["seeds"].append(r)
-                if s == tune:
+                    row["seeds"].append({**r, **correctness(LinearHead(d, C), res["theta"], (Xts, yts), mix)})
+                if s == first:
                     row[b] = r
         afl[spec] = row
         log(f"AFL {spec:<16} {row['plain']['global_acc']:.4f} prior "
@@ -389,8 +419,8 @@ def run_study(*, dataset="digits", data_seed=0, seeds=(0, 1, 2), K=10, rounds=20
     # 2. bytes; 5. secure against plain, the chosen point of each method at the first non-IID partition
     nbytes = measure_bytes(d, C, K, hidden) if secure else {}
     verify = verify_methods({k: v for k, v in chosen.items() if k[0] in grids},
-                            [{**_setting(c), "seed": tune} for c in fac_chosen if c["method"] in fac_axes],
-                            (Xtr, ytr, Xte, yte, C), K=K, seed=tune, rounds=verify_rounds, log=log) \
+                            [{**_setting(c), "seed": first} for c in fac_chosen if c["method"] in fac_axes],
+                            _data(dataset, first), K=K, seed=first, rounds=verify_rounds, log=log) \
         if secure and verify_rounds > 0 else []
     out_grids = {m: {k: list(v) if isinstance(v, tuple) else v for k, v in g.items()} for m, g in grids.items()}
     return {"grids": out_grids, "fedfac_grids": {"FedFac-static": {k: list(v) for k, v in fg.items()},
@@ -399,9 +429,11 @@ def run_study(*, dataset="digits", data_seed=0, seeds=(0, 1, 2), K=10, rounds=20
                                      for c in chosen.values()],
             "edges": edges, "finals": finals, "fac_grid": fac_grid, "fac_finals": fac_finals, "afl": afl,
             "bytes": {f"{k[0]}|{k[1]}": v for k, v in nbytes.items()}, "verify": verify,
-            "meta": {"dataset": dataset, "data_seed": data_seed, "seeds": list(seeds), "tune_seed": tune, "K": K,
+            "meta": {"dataset": dataset, "seeds": list(seeds), "tune_seed": tune, "secure_seed": first,
+                     "split": "per seed (train_test_split at the seed, stratified)", "K": K,
                      "rounds": rounds, "hidden": hidden, "fa_epochs": fa_epochs, "train": int(Xtr.shape[0]),
                      "test": int(Xte.shape[0]), "dim": int(d), "classes": int(C),
+                     "test_labels": {str(s): "".join(map(str, _data(dataset, s)[3].tolist())) for s in seeds},
                      "seconds": time.perf_counter() - t0}}
 
 

@@ -2,9 +2,15 @@
 
 Everything printed is computed from the study's JSON: the tables, the
 figures and the numbers quoted in the findings. Accuracies are the mean and
-the sample standard deviation over the seeds; a difference between two
-methods is called resolved only where it has the same sign on every seed
-(paired by seed: same partition, same validation hold-out).
+the sample standard deviation over the reported seeds (each its own test
+split, so the spread includes the test set's sampling variance). Every
+difference between two methods is called with a paired test on the test
+samples of every reported seed: McNemar's exact test on the pooled
+predictions for two global models' accuracy (:func:`mcnemar`), a paired
+bootstrap over the test samples otherwise (:func:`paired_bootstrap`:
+per-client and personal-model accuracies). A difference under
+:data:`PRACTICAL` (one point) is called "no practical difference", whatever
+its p-value.
 """
 
 from __future__ import annotations
@@ -14,7 +20,14 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["render", "FEATURES_JSON", "paired"]
+__all__ = ["render", "FEATURES_JSON", "mcnemar", "paired_bootstrap", "call", "PRACTICAL", "ALPHA"]
+
+#: A difference of accuracy below this is "no practical difference" (one point).
+PRACTICAL = 0.01
+#: Significance level of the paired tests.
+ALPHA = 0.05
+#: Bootstrap replicates (p-values resolve to 1 / BOOT).
+BOOT = 4000
 
 #: The ``compare --features/--embed-digits`` result beside the study's JSON; its section joins the report.
 FEATURES_JSON = "comparison_features.json"
@@ -40,20 +53,122 @@ def _ms(vals, digits=3):
     return txt + (f" ({bad} refused)" if bad else "")
 
 
-def paired(a, b):
-    """(mean of a - b, sample std, resolved): paired per-seed differences; resolved when every seed's
-    difference has the same nonzero sign."""
-    d = np.asarray(a, dtype=float) - np.asarray(b, dtype=float)
-    d = d[np.isfinite(d)]
-    if not d.size:
-        return float("nan"), float("nan"), False
-    resolved = bool(d.size > 1 and (np.all(d > 1e-12) or np.all(d < -1e-12)))
-    return float(d.mean()), float(d.std(ddof=1)) if d.size > 1 else 0.0, resolved
+def mcnemar(a, b) -> dict:
+    """McNemar's exact test of two classifiers' accuracy on the same samples (``a``, ``b``: which samples each
+    gets right, pooled over seeds). Only discordant samples count: n_ab (a right, b wrong) against n_ba; under
+    the null each is Binomial(n_ab + n_ba, 1/2); two-sided p = min(1, 2 P(X <= min)). Exact integer
+    arithmetic, no approximation."""
+    a, b = np.asarray(a, dtype=bool), np.asarray(b, dtype=bool)
+    n_ab, n_ba = int(np.sum(a & ~b)), int(np.sum(~a & b))
+    n, m = n_ab + n_ba, min(n_ab, n_ba)
+    from math import comb
+    from fractions import Fraction
+
+    p = 1.0 if n == 0 else float(min(Fraction(1), 2 * Fraction(sum(comb(n, k) for k in range(m + 1)), 2 ** n)))
+    return {"diff": (n_ab - n_ba) / a.size, "n_ab": n_ab, "n_ba": n_ba, "p": p}
 
 
-def _pd(a, b):
-    m, s, ok = paired(a, b)
-    return f"{m:+.3f} ± {s:.3f}" + ("" if ok else " (within spread)")
+def _weighted(corr, y, mix, w):
+    """The accuracy metric of ``corr`` (models x samples) under sample weights ``w`` (replicates x samples):
+    ``mix`` None: the mean over models of each model's accuracy; else each hospital k's accuracy on a test
+    distribution with its label mix, sum_c mix[k, c] acc_k(c), averaged over hospitals (a single model row
+    serves every hospital)."""
+    if mix is None:
+        return ((w @ corr.T.astype(float)) / w.sum(axis=1)[:, None]).mean(axis=1)
+    mix = np.asarray(mix, dtype=float)
+    out = np.zeros(w.shape[0])
+    for c in range(mix.shape[1]):
+        m = y == c
+        if not m.any():
+            continue
+        den = w[:, m].sum(axis=1)
+        acc = (w[:, m] @ corr[:, m].T.astype(float)) / np.where(den > 0, den, 1.0)[:, None]
+        acc[den == 0] = 0.0
+        out += (acc * mix[None, :, c]).mean(axis=1) if corr.shape[0] == mix.shape[0] else \
+            acc[:, 0] * mix[:, c].mean()
+    return out
+
+
+def paired_bootstrap(pairs, *, boot: int = BOOT, seed: int = 0) -> dict:
+    """Paired bootstrap of a difference of accuracies over the test samples of every seed.
+
+    ``pairs``: one (corr_a, corr_b, y, mix) per seed, corr_* (models x samples) booleans, mix as in
+    :func:`_weighted` (None: plain accuracy). Each replicate resamples every seed's test samples with
+    replacement, the SAME samples for both sides (paired), and averages the per-seed differences over seeds.
+    Returns the difference, its 95 % percentile interval and the two-sided p-value of the interval's
+    inversion: min(1, 2 min(P*(d <= 0), P*(d >= 0))), resolved to 1 / boot."""
+    rng = np.random.default_rng(seed)
+    est, reps = 0.0, np.zeros(boot)
+    for ca, cb, y, mix in pairs:
+        n = y.size
+        ones = np.ones((1, n))
+        est += float(_weighted(ca, y, mix, ones)[0] - _weighted(cb, y, mix, ones)[0])
+        w = np.stack([np.bincount(rng.integers(0, n, n), minlength=n) for _ in range(boot)]).astype(float)
+        reps += _weighted(ca, y, mix, w) - _weighted(cb, y, mix, w)
+    k = len(pairs)
+    est, reps = est / k, reps / k
+    p = min(1.0, 2.0 * min(np.mean(reps <= 0), np.mean(reps >= 0)))
+    if np.all(reps == 0):
+        p = 1.0
+    return {"diff": est, "lo": float(np.quantile(reps, 0.025)), "hi": float(np.quantile(reps, 0.975)), "p": p}
+
+
+def call(res: dict) -> str:
+    """One difference in words: the difference (and interval), its p-value, and the verdict."""
+    d, p = res["diff"], res["p"]
+
+    def sg(x):
+        return f"{x:+.3f}".replace("-0.000", "+0.000")
+    ci = f" [{sg(res['lo'])}, {sg(res['hi'])}]" if "lo" in res else ""
+    pt = "p < 0.001" if p < 0.001 else f"p = {p:.3f}" if p < 0.1 else f"p = {p:.2f}"
+    if abs(d) < PRACTICAL:
+        verdict = "no practical difference"
+    elif p < ALPHA:
+        verdict = "significant"
+    else:
+        verdict = "not significant"
+    return f"{sg(d)}{ci}, {pt}: {verdict}"
+
+
+def pack_bits(v) -> str:
+    """A boolean vector as hex (numpy packbits, big-endian bit order): test-sample correctness, compactly."""
+    return np.packbits(np.asarray(v, dtype=bool)).tobytes().hex()
+
+
+def unpack_bits(h: str, n: int) -> np.ndarray:
+    return np.unpackbits(np.frombuffer(bytes.fromhex(h), dtype=np.uint8))[:n].astype(bool)
+
+
+def _bits(row, key, n):
+    return np.stack([unpack_bits(h, n) for h in row[key]])
+
+
+def _labels(study, seed):
+    return np.array([int(c) for c in study["meta"]["test_labels"][str(seed)]], dtype=np.int64)
+
+
+def compare_rows(study, rows_a, rows_b, kind: str) -> dict:
+    """The paired test of ``rows_a`` against ``rows_b`` (final or AFL rows, paired by seed) on ``kind``:
+    "global" (test accuracy; McNemar when both are one global model each, else the bootstrap), "client" (per
+    hospital, no prior) or "prior" (per hospital with the label prior). Every seed present in both counts."""
+    by_b = {r["seed"]: r for r in rows_b}
+    pairs = [(r, by_b[r["seed"]]) for r in rows_a if r["seed"] in by_b and r.get("correct") and
+             by_b[r["seed"]].get("correct")]
+    if not pairs:
+        return {"diff": float("nan"), "p": float("nan")}
+    key = "correct_prior" if kind == "prior" else "correct"
+    data = []
+    for ra, rb in pairs:
+        y = _labels(study, ra["seed"])
+        n = y.size
+        ca, cb = _bits(ra, key, n), _bits(rb, key, n)
+        mix = None if kind == "global" else ra["mix"]
+        data.append((ca, cb, y, mix))
+    if kind == "global" and all(ca.shape[0] == 1 and cb.shape[0] == 1 for ca, cb, _, _ in data):
+        res = mcnemar(np.concatenate([ca[0] for ca, _, _, _ in data]), np.concatenate([cb[0] for _, cb, _, _ in data]))
+        # the pooled difference of McNemar weights every seed's test set equally: all have the same size
+        return {**res, "test": "McNemar", **{k: v for k, v in paired_bootstrap(data).items() if k in ("lo", "hi")}}
+    return {**paired_bootstrap(data), "test": "paired bootstrap"}
 
 
 def _bytes(v):
@@ -117,21 +232,28 @@ def render(study: dict, out: Path, *, command: str, ablation=None) -> Path:
     L += [f"Every table and figure below comes from one command; it ran for {meta['seconds'] / 60:.0f} min on a "
           "shared 2-core machine:", "", "```", command, "```", ""] + ([meta["note"], ""] if meta.get("note") else [])
     L += [f"Data: `{meta['dataset']}` through fixed random Fourier features (d = {meta['dim']}, "
-          f"{meta['classes']} classes, {meta['train']} training / {meta['test']} test samples, data split "
-          f"{meta['data_seed']}), K = {meta['K']} hospitals, one hidden layer of {meta['hidden']} units for the "
-          f"MLP heads, {meta['rounds']} rounds, batch 32. Seeds {', '.join(map(str, seeds))}: each seed draws "
-          "the partition, the initialisation, the batches and the validation hold-out.", ""]
+          f"{meta['classes']} classes, {meta['train']} training / {meta['test']} test samples), K = {meta['K']} "
+          f"hospitals, one hidden layer of {meta['hidden']} units for the MLP heads, {meta['rounds']} rounds, batch "
+          f"32. Reported seeds {', '.join(map(str, seeds))}: each seed draws its own stratified train/test split, "
+          "the partition, the initialisation, the batches and the validation hold-out, so the spread over seeds "
+          f"includes the test set's sampling variance. Seed {meta['tune_seed']} (its own split) tunes and is "
+          "reported nowhere.", ""]
     L += ["How it was tuned and what the numbers are:", "",
-          f"* Grids are searched on seed {meta['tune_seed']}: each hospital holds out a fifth of its own samples "
+          f"* Grids are searched on seed {meta['tune_seed']} alone, which no table reports: each hospital holds "
+          "out a fifth of its own training samples "
           f"as validation data; every grid point trains for {meta['rounds']} rounds on the other four fifths "
           "and is scored by the global model's accuracy on the pooled validation samples (FedFac: each "
           "hospital's personal model on its own validation samples). The test set never takes part in a "
-          "choice: a grid run reports its validation score only, and a test in `tests/test_baselines.py` "
-          "poisons the test labels and checks that no choice moves.",
-          f"* Each chosen point is then re-run on all of each hospital's data on every seed ({ns} runs per "
-          "cell); cells are the mean ± the sample standard deviation over those seeds. A difference between "
-          "two methods is called resolved only where it has the same sign on every seed (paired by seed); "
-          "otherwise it is reported as within the seeds' spread.",
+          "choice: a grid run reports its validation score only. Tests in `tests/test_baselines.py` poison every "
+          "seed's test labels (no choice moves) and the tuning seed's test split (neither the choice nor any "
+          "reported figure moves).",
+          f"* Each chosen point is then re-run on all of each hospital's training data on every reported seed "
+          f"({ns} runs per cell); cells are the mean ± the sample standard deviation over those seeds. Every "
+          "difference between two methods is called with a paired test on the test samples of all reported "
+          "seeds: McNemar's exact test on the pooled predictions when both sides are one global model (test "
+          "accuracy), a paired bootstrap over the test samples (4,000 replicates, 95 % interval) for per-client "
+          "and personal-model accuracies. A difference under 1 point is \"no practical difference\" whatever "
+          "its p-value; above it, \"significant\" at p < 0.05, else \"not significant\".",
           "* Grids (SGD, as in the FedAvg and FedProx papers; FedProx's mu is its paper's grid): " + "; ".join(
               _grid_text(m, g) for m, g in study["grids"].items()) + ". A grid point whose update leaves the "
           "declared bound (a diverging run) is refused by the secure sum and never chosen.",
@@ -150,13 +272,14 @@ def render(study: dict, out: Path, *, command: str, ablation=None) -> Path:
           f"{', '.join(map(str, seeds))}); \"rounds to AFL - 1 pt\" is, per seed, the first round whose test "
           "accuracy is within 1 point of AFL's (never: not within the run); bytes are per hospital to get "
           "there on the slowest seed that did (secagg / ckks).", ""]
-    L += ["| partition | method | chosen (validation, seed %d) | test accuracy | rounds to AFL - 1 pt (per seed) | "
-          "bytes to get there, secagg | ckks |" % meta["tune_seed"], "|---|---|---|---|---|---|---|"]
+    L += ["| partition | method | chosen (validation, seed %d) | test accuracy | AFL minus it (McNemar, pooled) | "
+          "rounds to AFL - 1 pt (per seed) | bytes to get there, secagg | ckks |" % meta["tune_seed"],
+          "|---|---|---|---|---|---|---|---|"]
     headline = {}
     for s in specs:
         a_rows = afl[s]["seeds"]
         a_acc = {r["seed"]: r["global_acc"] for r in a_rows}
-        L.append(f"| {s} | **AFL** | closed form | {_ms(_vals(a_rows, 'global_acc'), 4)} | 1 | "
+        L.append(f"| {s} | **AFL** | closed form | {_ms(_vals(a_rows, 'global_acc'), 4)} | - | 1 | "
                  f"{_bytes(afl[s].get('secagg', {}).get('bytes'))} | {_bytes(afl[s].get('ckks', {}).get('bytes'))} |")
         for m in methods:
             rs = _rows(finals, m, s)
@@ -170,6 +293,7 @@ def render(study: dict, out: Path, *, command: str, ablation=None) -> Path:
                 n, r = max(got, key=lambda x: x[0])
                 bs, bc = n * _per_round_bytes(study, r, "secagg"), n * _per_round_bytes(study, r, "ckks")
             L.append(f"| {s} | {m} | {_cfg(rs[0])} | {_ms(_vals(rs, 'global_acc'), 4)} | "
+                     f"{call(compare_rows(study, a_rows, rs, 'global'))} | "
                      f"{' / '.join(str(n) if n else 'never' for n in ns_)} | {_bytes(bs)} | {_bytes(bc)} |")
     L.append("")
     L += _plots(study, out, specs, methods)
@@ -191,14 +315,14 @@ def render(study: dict, out: Path, *, command: str, ablation=None) -> Path:
         L.append(f"| {m} + label prior | " + " | ".join(_ms(_vals(_rows(rows, m, s), "client_acc_prior"))
                                                            for s in cols) + " |")
     L.append("")
-    L += ["AFL + label prior minus each method + label prior, paired by seed (positive: AFL ahead):", "",
+    L += ["AFL + label prior minus each method + label prior, paired bootstrap over the test samples of every "
+          "seed (positive: AFL ahead; difference [95 % interval], p):", "",
           "| method | " + " | ".join(cols) + " |", "|---|" + "---|" * len(cols)]
     for m, rows in [(m, finals) for m in methods] + [(m, fac) for m in ("FedFac-static", "FedFac-dynamic")]:
         cells = []
         for s in cols:
             rs = _rows(rows, m, s)
-            a = {r["seed"]: r["client_acc_prior"] for r in afl[s]["seeds"]}
-            cells.append(_pd([a[r["seed"]] for r in rs], _vals(rs, "client_acc_prior")) if rs else "-")
+            cells.append(call(compare_rows(study, afl[s]["seeds"], rs, "prior")) if rs else "-")
         L.append(f"| {m} | " + " | ".join(cells) + " |")
     L.append("")
     # -- FedFac ------------------------------------------------------------------------
@@ -218,6 +342,10 @@ def render(study: dict, out: Path, *, command: str, ablation=None) -> Path:
     md = out / "COMPARISON.md"
     md.write_text("\n".join(L) + "\n")
     return md
+
+
+def _secure_seed(study):
+    return study["meta"].get("secure_seed", study["meta"]["tune_seed"])
 
 
 def _edges_section(study):
@@ -247,7 +375,7 @@ def _secure_section(study, specs):
     afl = study["afl"]
     v0 = study["verify"]
     lead = study["meta"].get("verify_note") or (
-        f"Each method at its chosen point (Dirichlet 0.1, seed {study['meta']['tune_seed']}), {v0[0]['rounds']} "
+        f"Each method at its chosen point (Dirichlet 0.1, seed {_secure_seed(study)}), {v0[0]['rounds']} "
         "rounds under plain, secagg and ckks, same seed.")
     L = ["## Secure runs against plain runs", "",
          lead + " ckks sums take a fresh key per sum and the key "
@@ -266,8 +394,8 @@ def _secure_section(study, specs):
                  f"{'-' if v.get('splits_equal') is None else ('yes' if v['splits_equal'] else 'no')} | "
                  f"{v['bytes_per_round']:,.0f} |")
     L.append("")
-    L += [f"AFL under ckks through the key holder's release (flooded), seed {study['meta']['tune_seed']}:", "",
-          "| partition | accuracy (plain) | accuracy (ckks, flooded) | flood sigma (per entry) | log2 KL (30-bit security) | "
+    L += [f"AFL under ckks through the key holder's release (flooded), seed {_secure_seed(study)}:", "",
+          "| partition | accuracy (plain) | accuracy (ckks, flooded) | flood sigma (per entry) | log2 KL (under the independence heuristic) | "
           "ridge added |", "|---|---|---|---|---|---|"]
     for s in specs:
         c = afl[s].get("ckks")
@@ -363,7 +491,7 @@ def _fedfac_section(study, cols, out):
          "one-hidden-layer head of 64 units on frozen random-feature embeddings of 8x8 digits, 10 hospitals, "
          "not the paper's CNNs trained end to end, so nothing here tests the paper's results in its setting.",
          "", f"| partition | static: chosen (validation, seed {t}) | dynamic: chosen | mean abs off-diagonal R at "
-         "the split, seed 0: FA on updates / 1 epoch raw |", "|---|---|---|---|"]
+         f"the split, seed {study['meta']['seeds'][0]}: FA on updates / 1 epoch raw |", "|---|---|---|---|"]
     for s in cols:
         st = [r for r in _rows(fac, "FedFac-static", s)]
         dy = [r for r in _rows(fac, "FedFac-dynamic", s)]
@@ -373,7 +501,7 @@ def _fedfac_section(study, cols, out):
         L.append(f"| {s} | {_cfg(st[0])} | {_cfg(dy[0]) if dy else '-'} | {st[0]['r_offdiag'][0]:.3f} / "
                  f"{one[0]['r_offdiag'][0] if one else float('nan'):.3f} |")
     L += ["", "Factor-analysis split against a random split of the same size, at the best static point with "
-          "tau < 1 (per-client accuracy, mean ± std over seeds; FA - random paired by seed):", "",
+          "tau < 1 (per-client accuracy, mean ± std over seeds; FA - random by the paired bootstrap):", "",
           "| partition | split point | FA split | random split | FA - random | 1 epoch (R near I) |",
           "|---|---|---|---|---|---|"]
     for s in cols:
@@ -382,7 +510,7 @@ def _fedfac_section(study, cols, out):
         if not (fa_ and rnd):
             continue
         L.append(f"| {s} | {_cfg(rnd[0])} | {_ms(_vals(fa_, 'client_acc'))} | {_ms(_vals(rnd, 'client_acc'))} | "
-                 f"{_pd(_vals(fa_, 'client_acc'), _vals(rnd, 'client_acc'))} | {_ms(_vals(one, 'client_acc'))} |")
+                 f"{call(compare_rows(study, fa_, rnd, 'client'))} | {_ms(_vals(one, 'client_acc'))} |")
     L += ["", "Dynamic against static, each at its own chosen point (per-client accuracy, no prior):", "",
           "| partition | static | dynamic | dynamic - static | dynamic: share of units switching side per round, "
           "mean over the last 50 rounds (per seed) |", "|---|---|---|---|---|"]
@@ -392,7 +520,7 @@ def _fedfac_section(study, cols, out):
             continue
         sw = " / ".join(f"{np.mean(r['switching'][-50:]):.2f}" if r.get("switching") else "-" for r in dy)
         L.append(f"| {s} | {_ms(_vals(st, 'client_acc'))} | {_ms(_vals(dy, 'client_acc'))} | "
-                 f"{_pd(_vals(dy, 'client_acc'), _vals(st, 'client_acc'))} | {sw} |")
+                 f"{call(compare_rows(study, dy, st, 'client'))} | {sw} |")
     L += ["", f"Dynamic FedFac's validation score against tau (seed {t}, its chosen step, kappa 0.8), with the "
           "share of units that switch side per round (a split is refitted every round):", "",
           "| partition | " + " | ".join(f"tau {v:g}" for v in study["fedfac_grids"]["FedFac-dynamic"]["tau"]) + " |",
@@ -458,25 +586,29 @@ def _grid_appendix(study, specs):
 
 
 def _findings(study, specs, methods, headline, cols):
+    from .grids import GRIDS
+
     afl, fac, meta = study["afl"], study["fac_finals"], study["meta"]
+    left = [m for m in GRIDS if m not in methods]
     ns = len(meta["seeds"])
     L = ["## What it shows", "",
          f"Every statement below is about this setting (digits through random features, K = {meta['K']}, "
-         f"{meta['rounds']} rounds, {ns} seeds); \"resolved\" means the same sign on every seed.", ""]
-    aacc = {s: {r["seed"]: r["global_acc"] for r in afl[s]["seeds"]} for s in specs}
-    best, gaps = {}, []
+         f"{meta['rounds']} rounds, {ns} reported seeds, each its own test split of {meta['test']} samples, "
+         f"tuned on seed {meta['tune_seed']}). Each difference is called by its paired test (difference [95 % "
+         "interval], p); under 1 point it is \"no practical difference\".", ""]
+    gaps = []
     for s in specs:
         cands = [(float(np.nanmean(_vals(headline[(m, s)][0], "global_acc"))), m) for m in methods if (m, s) in headline]
         if not cands:
             continue
         _, m = max(cands)
         rs = headline[(m, s)][0]
-        best[s] = m
-        d = _pd([aacc[s][r["seed"]] for r in rs], _vals(rs, "global_acc"))
-        gaps.append(f"{s}: {m} {_ms(_vals(rs, 'global_acc'), 4)}, AFL minus it {d}")
+        gaps.append(f"{s}: {m} {_ms(_vals(rs, 'global_acc'), 4)}, AFL minus it "
+                    f"{call(compare_rows(study, afl[s]['seeds'], rs, 'global'))}")
     afl_txt = ", ".join(f"{s} {_ms(_vals(afl[s]['seeds'], 'global_acc'), 4)}" for s in specs)
     L.append(f"* Accuracy after {meta['rounds']} rounds (global model, test set): AFL {afl_txt} (its solve does "
-             "not depend on the partition). The best tuned gradient baseline per partition: " + "; ".join(gaps) +
+             "not depend on the partition; the spread is the test splits'). The best tuned gradient baseline "
+             "per partition, AFL minus it by McNemar's test on the pooled predictions: " + "; ".join(gaps) +
              ". AFL gets its accuracy in one aggregation.")
     fast = []
     for s in specs:
@@ -489,69 +621,92 @@ def _findings(study, specs, methods, headline, cols):
             fast.append(f"{s}: no baseline on every seed within {meta['rounds']} rounds")
     L.append("* Rounds to come within 1 point of AFL (the method whose slowest seed is fastest): " +
              "; ".join(fast) + ". Bytes per hospital are in the table (AFL: one upload).")
-    per = []
-    n_res = n_all = 0
+    per, verdicts = [], []
     for s in cols:
-        a = {r["seed"]: r["client_acc_prior"] for r in afl[s]["seeds"]}
         parts = []
         for m in ("FedFac-static", "FedFac-dynamic"):
             rs = _rows(fac, m, s)
             if rs:
-                mean, sd, ok = paired([a[r["seed"]] for r in rs], _vals(rs, "client_acc_prior"))
-                n_all += 1
-                n_res += ok
-                parts.append(f"{m} {mean:+.3f} ± {sd:.3f}" + ("" if ok else " (within spread)"))
+                res = compare_rows(study, afl[s]["seeds"], rs, "prior")
+                verdicts.append(call(res).rsplit(": ", 1)[1])
+                parts.append(f"{m} {call(res)}")
         per.append(f"{s}: " + ", ".join(parts))
+    count = ", ".join(f"{verdicts.count(v)} {v}" for v in ("significant", "not significant",
+                                                            "no practical difference") if verdicts.count(v))
     L.append("* Per client, with the label prior given to every method (AFL + prior minus FedFac + prior, paired "
-             "by seed): " + "; ".join(per) + f". {n_res} of {n_all} of these differences are resolved by "
-             f"the {ns} seeds. Without the prior, a global model is scored on classes the hospital never "
-             "sees; with it on both sides, the comparison is between models, not metrics.")
-    ab, diffs = [], []
+             "bootstrap): " + "; ".join(per) + f". Of these {len(verdicts)} differences: {count}. Without the "
+             "prior, a global model is scored on classes the hospital never sees; with it on both sides, the "
+             "comparison is between models, not metrics.")
+    ab, res_ab = [], []
     for s in cols:
         fa_ = _rows(fac, "FedFac-static, best tau < 1", s) or _rows(fac, "FedFac-static", s)
         rnd = _rows(fac, "FedFac-static random split", s)
         if fa_ and rnd:
-            mean, sd, ok = paired(_vals(fa_, "client_acc"), _vals(rnd, "client_acc"))
-            diffs.append((mean, ok, s))
-            ab.append(f"{s} {mean:+.3f} ± {sd:.3f}" + ("" if ok else " (within spread)"))
-    if diffs and not any(ok for _, ok, _ in diffs):
-        verdict = ("no difference is resolved at any partition. This is a 64-unit head on frozen random-feature "
-                   "embeddings, not the paper's CNNs, so it neither confirms nor contradicts the paper's ablation")
-    elif diffs and all(ok and m > 0 for m, ok, _ in diffs):
-        verdict = "the factor-analysis split is ahead on every seed at every partition"
+            res = compare_rows(study, fa_, rnd, "client")
+            res_ab.append((s, res))
+            ab.append(f"{s} {call(res)}")
+    sig = [(s, r) for s, r in res_ab if call(r).endswith(": significant")]
+    if res_ab and not sig:
+        verdict = ("no partition shows a significant difference of 1 point or more. This is a 64-unit head on "
+                   "frozen random-feature embeddings, not the paper's CNNs, so it neither confirms nor "
+                   "contradicts the paper's ablation")
     else:
-        verdict = ("resolved only at " + ", ".join(
-            f"{s} ({'FA' if m > 0 else 'random'} ahead by {abs(m):.3f} on every seed)" for m, ok, s in diffs if ok)
-            + "; elsewhere within the seeds' spread. The setting is not the paper's (a 64-unit head on frozen "
-            "random-feature embeddings, not its CNNs), so this does not test the paper's ablation")
+        verdict = ("significant at " + ", ".join(f"{s} ({'FA' if r['diff'] > 0 else 'random'} ahead)"
+                                                 for s, r in sig)
+                   + "; the setting is not the paper's (a 64-unit head on frozen random-feature embeddings, not "
+                   "its CNNs), so this does not test the paper's ablation")
     L.append("* Factor analysis against a random split of the same size (per-client accuracy, FA minus random, "
              "at the best static point with tau < 1): " + ", ".join(ab) + f"; {verdict}.")
     L += _dynamic_finding(study, cols)
     ver = study["verify"]
     if ver:
-        sec = [v for v in ver if v["backend"] == "secagg" and v["method"] != "AFL"]
-        ck = [v for v in ver if v["backend"] == "ckks" and v["method"] != "AFL"]
-        worst_ratio = max((v["err_ratio"] for v in ver if v.get("err_ratio") is not None), default=float("nan"))
-        moved = [v["method"] for v in ck if v.get("splits_equal") is False]
-        L.append(("* Secure = plain (the table's runs, from where it says): " if study["meta"].get("verify_note")
-                  else "* Secure = plain: ") + "under secagg every run matches its plain run to "
-                 f"{max(v['max_abs_diff'] for v in sec):.1e} (float64 rounding of an exact sum); every revealed "
-                 f"sum of every secure run lies within its bound (worst ratio {worst_ratio:.2f}). Under ckks "
-                 "the flooding moves each sum by up to its bound, so runs drift apart slowly: largest accuracy "
-                 f"difference {max(abs(v['acc_secure'] - v['acc_plain']) for v in ck):.4f} over "
-                 f"{ck[0]['rounds'] if ck else 0} rounds" + (
-                     f"; FedFac's split on the flooded Gram differs from the plain split in: {', '.join(moved)} "
-                     "(a split is a discontinuous function of R: near-equal communalities can swap under noise)"
-                     if moved else "; FedFac's splits equal the plain ones") + ".")
+        L.append(_secure_finding(study, ver))
     L.append("")
-    L += ["What is not covered: grids are searched on one seed and the chosen point run on every seed (the "
-          "spread is that of the chosen point, not of the tuning); K = 10 only (at K = 100 a hospital holds "
-          "about 13 samples, fewer than one batch); the MLP heads use one hidden layer of 64 units on frozen "
-          "random-feature embeddings, not the papers' backbones; FedFac's tau and kappa were tuned after the "
-          "step and epochs, not jointly; FedProx-mlp and dynamic FedFac run one local epoch only, and dynamic "
-          "FedFac keeps kappa at 0.8; the MLP heads' curves on the non-IID partitions may still be rising at the "
-          "last round, so their final accuracies are lower bounds of what more rounds give.", ""]
+    L += [f"What is not covered: grids are searched on one seed (seed {meta['tune_seed']}, not reported) and the "
+          "chosen point run on every reported seed, so the spread is that of the chosen point on new splits, "
+          "not of the tuning; the tuning seed's training samples overlap the reported seeds' test sets (one data "
+          "set, resplit per seed), which the hyper-parameters alone carry over; K = 10 only (at K = 100 a "
+          "hospital holds about 13 samples, fewer than one batch); the MLP heads use one hidden layer of 64 "
+          "units on frozen random-feature embeddings, not the papers' backbones; FedFac's tau and kappa were "
+          "tuned after the step and epochs, not jointly; " + ("FedProx-mlp and " if "FedProx-mlp" in methods
+                                                             else "") +
+          "dynamic FedFac run" + ("" if "FedProx-mlp" in methods else "s") + " one local epoch only, and "
+          "dynamic FedFac keeps kappa at 0.8; the MLP heads' curves on the non-IID partitions may still be "
+          "rising at the last round, so their final accuracies are lower bounds of what more rounds give" +
+          (f"; the gradient baselines {', '.join(left)} are not in this run (`--methods`)" if left else "") +
+          ".", ""]
     return L
+
+
+def _secure_finding(study, ver) -> str:
+    """The secure = plain bullet: where secure and plain agree to rounding, and what flipped, and why."""
+    sec = [v for v in ver if v["backend"] == "secagg" and v["method"] != "AFL"]
+    ck = [v for v in ver if v["backend"] == "ckks" and v["method"] != "AFL"]
+    worst_ratio = max((v["err_ratio"] for v in ver if v.get("err_ratio") is not None), default=float("nan"))
+    flipped_sec = [v for v in sec if v.get("splits_equal") is False]
+    exact_sec = [v for v in sec if v.get("splits_equal") is not False]
+    moved_ck = [v["method"] for v in ck if v.get("splits_equal") is False]
+    txt = ("* Secure = plain: under secagg every run whose path is continuous in the sums matches its plain run "
+           f"to {max((v['max_abs_diff'] for v in exact_sec), default=float('nan')):.1e} (the secure sum is "
+           "exact on fixed-point encodings, so it differs from the plain float64 sum only in the last bits: the "
+           "encoding's rounding and the summation order); every revealed sum of every secure run lies "
+           f"within its bound (worst ratio {worst_ratio:.2f}).")
+    if flipped_sec:
+        txt += (" " + ", ".join(f"{v['method']} (max parameter difference {v['max_abs_diff']:.2e}, prediction "
+                                f"agreement {v['agreement']:.3f})" for v in flipped_sec) +
+                " differs under secagg because its split flipped: FedFac chooses the personal units by ranking "
+                "communalities computed from the summed Gram, and units whose communalities are near-equal swap "
+                "sides when the sum moves in its last bits (the summation order and the fixed-point rounding, no "
+                "noise); from then on the two runs train different units. It is a discontinuity of FedFac's "
+                "split, not an error of the secure sum (every sum is within its bound).")
+    if ck:
+        txt += (" Under ckks the flooding moves each sum by up to its bound, so runs drift apart slowly: largest "
+                f"accuracy difference {max(abs(v['acc_secure'] - v['acc_plain']) for v in ck):.4f} over "
+                f"{ck[0]['rounds']} rounds" + (
+                    f"; FedFac's split on the flooded Gram differs from the plain split in: {', '.join(moved_ck)} "
+                    "(the same discontinuity, triggered by the noise as well as by the order)" if moved_ck
+                    else "; FedFac's splits equal the plain ones") + ".")
+    return txt
 
 
 def _dynamic_finding(study, cols):
@@ -567,7 +722,7 @@ def _dynamic_finding(study, cols):
                       and not r.get("diverged"))
         sw = np.mean([np.mean(r["switching"][-50:]) for r in dy if r.get("switching")] or [0.0])
         out.append(f"{s}: chosen tau {c['tau']:g}, dynamic minus static "
-                   f"{_pd(_vals(dy, 'client_acc'), _vals(st, 'client_acc'))}, {sw:.2f} of the units switch side "
+                   f"{call(compare_rows(study, dy, st, 'client'))}, {sw:.2f} of the units switch side "
                    "per round over the last 50; validation against tau " +
                    ", ".join(f"{t:g}: {v:.3f}" for t, v in taus))
     return ["* Dynamic FedFac, tuned on its own grid: " + "; ".join(out) + ". " + DYNAMIC_NOTE] if out else []
