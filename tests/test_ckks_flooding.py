@@ -215,7 +215,7 @@ def _key_error_of_honest_sum(params, K: int, chunks: int) -> np.ndarray:
             dec.decrypt(ct, plain)
             words = np.array([plain.data(i) for i in range(levels * n)], dtype=np.uint64)
             with open(path, "wb") as f:
-                f.write(hz._seal_ciphertext(ct.parms_id(), True, n, levels, ct.scale, np.concatenate([words, words])))
+                f.write(hz.seal_ciphertext(ct.parms_id(), True, n, levels, ct.scale, np.concatenate([words, words])))
             c = sealapi.Ciphertext()
             c.load(sc, path)
             ev.transform_from_ntt_inplace(c)
@@ -259,7 +259,7 @@ def test_a_chunk_residue_not_below_its_prime_is_refused():
     body = bytearray(open_envelope(params, be.protect(np.zeros(lay.length), public_context=keys.public_context),
                                    "contribution").body)
     first = 16 + 8 + 4  # body header (magic, count, length), the chunk's length, its value count
-    bits = hz._primes_of(be.keyholder_context(keys.secret_context))[0].bit_length()
+    bits = hz.primes_of(be.keyholder_context(keys.secret_context))[0].bit_length()
     for i in range(bits):  # the first residue of c0 becomes 2^bits - 1 > q
         body[first + i // 8] |= 1 << (i % 8)
     comb = be.combiner(public_context=keys.public_context)

@@ -129,21 +129,19 @@ from __future__ import annotations
 
 import functools
 import math
-import os
-import struct
-import tempfile
 from dataclasses import dataclass
-from typing import Iterable, Sequence
+from typing import Sequence
 
-import numpy as np
-import tenseal as ts
 import tenseal.sealapi as sealapi
 
-from .. import domains
-from ..exceptions import InvalidContribution, InvalidKey, InvalidParameterError, ParameterMismatch
-from ._tenseal import add_chunks, check_chunks, context_sha256, first_parms_id, frame, parse_context, split_body
-from ._tenseal import decrypt_chunks as _decrypt_chunks
-from ._tenseal import serialize_public, serialize_secret
+from ..exceptions import InvalidParameterError
+from ._tenseal import add_chunks, context_sha256, serialize_public, serialize_secret
+from .ckks_flooding import (FLOAT_REL, FLOOD_QUERIES, KAPPA, KEY_ERROR_MODELS, TAIL_BITS, check_key_error_model,
+                            fixed_error_at, fixed_slot_error, flood_coefficient_bound, flood_coefficient_sigma,
+                            flood_decrypt, flood_sigma_for, flooded_tolerance, gaussian_integers, key_error_at,
+                            key_error_bound, slot_sigma, tail_z, worst_key_error)
+from .seal_format import (ciphertext_words, decrypt_chunks, dump_chunks, encrypt_vector, generate_context,
+                          load_chunks, load_context, pack_chunk, primes_of, seal_ciphertext, unpack_chunk)
 
 __all__ = [
     "CKKSParameters",
@@ -176,6 +174,13 @@ __all__ = [
     "tail_z",
     "flood_decrypt",
     "gaussian_integers",
+    "flood_coefficient_bound",
+    "flooded_tolerance",
+    "ciphertext_words",
+    "pack_chunk",
+    "unpack_chunk",
+    "primes_of",
+    "seal_ciphertext",
 ]
 
 #: SEAL's largest total coefficient-modulus bit count for 128-bit classical
@@ -184,20 +189,6 @@ SEAL_MAX_COEFF_BITS = {4096: 109, 8192: 218, 16384: 438, 32768: 881}
 
 #: Bits held in reserve below the provable Q/2 lower bound (factor 4).
 MARGIN_BITS = 1
-
-#: Relative float64 error of encode + decode: MEASURED (std 1.5e-16, max 7.6e-16 ~ 2^-50.2 over 12k
-#: slots), not proved; 2^-46 keeps a factor 16 over the largest value seen. It bounds only the accuracy of
-#: the decode, which is post-processing of the flooded integers and needs no flooding of its own.
-FLOAT_REL = 2.0 ** -46
-
-#: Security of the flooded decryption: the KL divergence between the releases under any two keys whose key
-#: errors obey the sizing's bound is at most 2^-KAPPA / 6 = 2^-32.6 for the whole release (FLOOD_QUERIES
-#: decryptions), statistical distance <= sqrt(KL / 2) = 2^-16.8 (Pinsker). KAPPA bits is the key-recovery
-#: convention of OpenFHE and Li, Micciancio, Schultz and Sorrell, not 30 bits of statistical distance.
-KAPPA = 30
-FLOOD_QUERIES = 1
-#: Every flooded entry (and every flooding coefficient) is within its stated bound except w.p. 2^-TAIL_BITS.
-TAIL_BITS = 40
 
 #: Largest scale: the flooding grows with K, and a larger scale (spread over several primes) buys it back.
 MAX_SCALE_BITS = 90
@@ -371,209 +362,6 @@ def expected_abs_error(params: CKKSParameters, n_clients: int, magnitude: float)
     return noise_bound(params, n_clients) + FLOAT_REL * float(magnitude)
 
 
-# -- flooding the integer decryption ---------------------------------------------------------
-#: How the key error E is bounded when the flooding is sized: "heuristic" (the default, the independence
-#: heuristic of :func:`key_error_bound`) or "proved" (the worst case :func:`worst_key_error`).
-KEY_ERROR_MODELS = ("heuristic", "proved")
-
-
-def key_error_bound(params: CKKSParameters, n_clients: int, coefficients: int, *,
-                    model: str = "heuristic") -> float:
-    """Bound on every coefficient of the key-dependent decryption error E of a K-sum of honest
-    encryptions, over ``coefficients`` coefficients at once.
-
-    ``model="proved"``: the PROVED worst case ``||E||_inf <= K (N/2 + 1)`` (module docstring, step
-    2; no probability, no heuristic).
-
-    ``model="heuristic"`` (default), except with probability 2^-TAIL_BITS UNDER A HEURISTIC (the
-    independence heuristic OpenFHE's noise estimates also rest on, not a theorem about SEAL): the
-    rounding errors r0, r1 of the division by P are independent, mean zero, in [-1/2, 1/2], and
-    independent of the ternary key s, so E_j = sum_k (r0_k + r1_k s)_j is a sum of at most
-    K (N + 1) such terms plus K (2N + 1) 19.2 / P < K 2^-20, with variance K (1 + 2N/3) / 12
-    (r uniform: 1/12 each; s uniform ternary: 2/3 per coefficient); Hoeffding with a union bound
-    over the coefficients gives
-    ``e = sqrt(K (N + 1) / 2 * (ln(2 coefficients) + TAIL_BITS ln 2)) + K 2^-20``
-    (about sqrt(K) instead of K: at K = 100, N = 4096, 67 times below the worst case). Measured on
-    SEAL's honest encryptions (tests/test_ckks_flooding.py), the standard deviation is the model's
-    and the largest coefficient several times below e."""
-    if model == "proved":
-        return worst_key_error(params, n_clients)
-    _check_model(model)
-    return _key_error(params.poly_modulus_degree, n_clients, coefficients)
-
-
-def _check_model(model: str) -> None:
-    if model not in KEY_ERROR_MODELS:
-        raise InvalidParameterError(f"the ckks flooding's key-error model must be one of "
-                                    f"{', '.join(KEY_ERROR_MODELS)}, not {model!r}")
-
-
-def _key_error(n: int, n_clients: int, coefficients: int, model: str = "heuristic") -> float:
-    k = max(int(n_clients), 1)
-    if model == "proved":
-        return k * (n / 2.0 + 1.0)
-    tail = math.log(2.0 * max(int(coefficients), 1)) + TAIL_BITS * math.log(2.0)
-    return math.sqrt(k * (n + 1) / 2.0 * tail) + k * 2.0 ** -20
-
-
-def worst_key_error(params: CKKSParameters, n_clients: int) -> float:
-    """The PROVED worst case ``K (N/2 + 1)`` of :func:`key_error_bound` (no heuristic, no tail)."""
-    return _key_error(params.poly_modulus_degree, n_clients, 1, "proved")
-
-
-def flood_coefficient_sigma(params: CKKSParameters, n_clients: int, coefficients: int, *,
-                            kappa: int = KAPPA, queries: int = FLOOD_QUERIES, model: str = "heuristic") -> float:
-    """(F): the standard deviation of the Gaussian added to each of ``coefficients`` decrypted
-    coefficients so that the whole release is within KL 2^-kappa / 6 under any two keys whose key
-    errors obey the ``model``'s bound (:func:`key_error_bound`)."""
-    return _flood_sigma(key_error_bound(params, n_clients, coefficients, model=model), coefficients, kappa,
-                        queries)
-
-
-def _flood_sigma(e: float, coefficients: int, kappa: int = KAPPA, queries: int = FLOOD_QUERIES) -> float:
-    return math.sqrt(12.0 * queries * max(int(coefficients), 1)) * 2.0 ** (kappa / 2.0) * e
-
-
-def slot_sigma(params: CKKSParameters, sigma: float) -> float:
-    """Standard deviation of the real part of a decoded slot when every coefficient gets N(0, sigma^2):
-    ``sigma sqrt(N/2) / 2^s`` (the real parts of the N/2 slots are independent)."""
-    return float(sigma) * math.sqrt(params.poly_modulus_degree / 2.0) / params.scale
-
-
-def fixed_slot_error(params: CKKSParameters, n_clients: int) -> float:
-    """PROVED bound on the non-Gaussian part of a flooded slot's error: the key error E, the K encoding
-    roundings u_k and the flooding polynomial's own rounding, each coefficient-wise bounded, through
-    ``|Re tau(p)_i| <= ||p||_1 <= N ||p||_inf``: ``N (K (N/2 + 1) + K/2 + 1/2) / 2^s``."""
-    return _fixed(params.poly_modulus_degree, n_clients, params.scale)
-
-
-def _fixed(n: int, n_clients: int, scale: float) -> float:
-    k = max(int(n_clients), 1)
-    return n * (k * (n / 2.0 + 1.0) + k / 2.0 + 0.5) / scale
-
-
-def tail_z(entries: int, *, bits: int = TAIL_BITS) -> float:
-    """z with P(any of ``entries`` N(0, 1) draws exceeds z in absolute value) <= 2^-bits: union bound
-    over P(|N(0,1)| > z) <= exp(-z^2 / 2), so z = sqrt(2 (ln entries + bits ln 2))."""
-    return math.sqrt(2.0 * (math.log(max(int(entries), 1)) + bits * math.log(2.0)))
-
-
-def flood_coefficient_bound(params: CKKSParameters, sigma: float, coefficients: int) -> float:
-    """Bound on every coefficient of the flooding polynomials (w.p. 1 - 2^-TAIL_BITS): it must fit in
-    condition (H) beside the message (:meth:`CKKSParameters.max_aggregate`)."""
-    return tail_z(coefficients) * float(sigma) + 1.0
-
-
-def gaussian_integers(count: int, sigma: float) -> np.ndarray:
-    """``count`` rounded Gaussians round(N(0, sigma^2)) as int64, from the OS CSPRNG (os.urandom).
-
-    Box-Muller on 53-bit uniforms in float64: the one approximation of the sampler (a float64
-    Gaussian is not exactly one); everything after it is exact integer arithmetic. Rounding is
-    post-processing, so an integer shift of round(Y) is within the KL of the same shift of Y."""
-    count = int(count)
-    if not (math.isfinite(sigma) and 0 < sigma < 2.0 ** 55):
-        raise InvalidParameterError(f"flooding sigma must be in (0, 2^55); got {sigma!r}")
-    half = (count + 1) // 2
-    raw = np.frombuffer(os.urandom(16 * half), dtype=np.uint64).reshape(half, 2) >> np.uint64(11)
-    u1 = (raw[:, 0].astype(np.float64) + 1.0) * 2.0 ** -53  # (0, 1]
-    u2 = raw[:, 1].astype(np.float64) * 2.0 ** -53
-    r = np.sqrt(-2.0 * np.log(u1))
-    z = np.concatenate([r * np.cos(2.0 * np.pi * u2), r * np.sin(2.0 * np.pi * u2)])[:count]
-    return np.rint(sigma * z).astype(np.int64)
-
-
-_SEAL_MAGIC = 0xA15E
-_SEAL_HEADER = struct.Struct("<HBBBBHQ")  # magic, header size, version major, minor, compression, reserved, size
-
-
-@functools.lru_cache(maxsize=1)
-def _seal_version() -> bytes:
-    """SEAL's serialisation version bytes (major, minor), read from a ciphertext SEAL itself saved."""
-    with tempfile.TemporaryDirectory(prefix="safl-seal-") as tmp:
-        path = os.path.join(tmp, "ct")
-        sealapi.Ciphertext().save(path)
-        with open(path, "rb") as f:
-            return f.read(_SEAL_HEADER.size)[3:5]
-
-
-def _seal_ciphertext(parms_id, ntt: bool, n: int, levels: int, scale: float, data: np.ndarray) -> bytes:
-    """An uncompressed SEAL ``Ciphertext::save`` of a size-2 ciphertext holding ``data`` (uint64,
-    [poly][prime][coefficient]): header, parms_id, NTT flag, size, N, primes, scale, correction factor 1,
-    then the coefficient array (itself a headed SEAL DynArray)."""
-    major, minor = _seal_version()
-    arr = struct.pack("<Q", data.size) + np.ascontiguousarray(data, dtype=np.uint64).tobytes()
-    dyn = _SEAL_HEADER.pack(_SEAL_MAGIC, _SEAL_HEADER.size, major, minor, 0, 0, _SEAL_HEADER.size + len(arr)) + arr
-    members = (struct.pack("<4Q", *parms_id) + (b"\x01" if ntt else b"\x00")
-               + struct.pack("<QQQdQ", 2, n, levels, float(scale), 1) + dyn)
-    return _SEAL_HEADER.pack(_SEAL_MAGIC, _SEAL_HEADER.size, major, minor, 0, 0,
-                             _SEAL_HEADER.size + len(members)) + members
-
-
-def flood_decrypt(ctx: "ts.Context", params: CKKSParameters, chunks: Sequence, sigma: float,
-                  length: int) -> np.ndarray:
-    """Decrypt each summed chunk ONCE after adding a fresh rounded Gaussian polynomial G (standard
-    deviation ``sigma`` per coefficient) to it, and decode: a float64 vector of ``length``.
-
-    What is added is exact: the ciphertext is taken out of NTT form (SEAL's evaluator), G is added
-    to c0 coefficient by coefficient modulo each data prime in uint64, and SEAL's NTT brings it back,
-    so c0 + G + c1 s = m + E + G (mod Q). Nothing unflooded is decrypted; decoding (float64 FFT) is
-    post-processing of the flooded integers. SEAL exposes no writable coefficient buffer to Python,
-    so the flooded ciphertext is rebuilt from its uncompressed serialisation and loaded back.
-    """
-    try:
-        sc = ctx.seal_context().data
-        dec = sealapi.Decryptor(sc, ctx.secret_key().data)
-    except Exception:
-        raise InvalidKey("this operation needs the secret context; a public context cannot decrypt") from None
-    ev, enc = sealapi.Evaluator(sc), sealapi.CKKSEncoder(sc)
-    primes = [m.value() for m in sc.first_context_data().parms().coeff_modulus()]
-    n, levels = params.poly_modulus_degree, len(primes)
-    words = 2 * levels * n
-    parts = []
-    with tempfile.TemporaryDirectory(prefix="safl-flood-") as tmp:
-        path = os.path.join(tmp, "ct")
-        for vec in chunks:
-            try:
-                ct = vec.ciphertext()[0]
-                if ct.size() != 2 or ct.coeff_modulus_size() != levels or ct.poly_modulus_degree() != n:
-                    raise InvalidContribution()
-                ev.transform_from_ntt_inplace(ct)
-                data = np.fromiter(map(ct.__getitem__, range(words)), dtype=np.uint64, count=words)
-                ev.transform_to_ntt_inplace(ct)  # leave the caller's chunk as it was
-                g = gaussian_integers(n, sigma)
-                for j, q in enumerate(primes):
-                    seg = data[j * n:(j + 1) * n]
-                    seg[:] = (seg + np.mod(g, np.int64(q)).astype(np.uint64)) % np.uint64(q)
-                with open(path, "wb") as f:
-                    f.write(_seal_ciphertext(ct.parms_id(), False, n, levels, ct.scale, data))
-                flooded = sealapi.Ciphertext()
-                flooded.load(sc, path)
-                ev.transform_to_ntt_inplace(flooded)
-                plain = sealapi.Plaintext()
-                dec.decrypt(flooded, plain)
-                parts.append(np.asarray(enc.decode_double(plain), dtype=np.float64)[:vec.size()])
-            except InvalidContribution:
-                raise
-            except Exception:
-                raise InvalidContribution() from None
-    v = np.concatenate(parts) if parts else np.zeros(0)
-    if v.shape != (int(length),):
-        raise InvalidContribution()
-    return v
-
-
-def flooded_tolerance(params: CKKSParameters, n_clients: int, coefficients: int, entries: int,
-                      magnitude: float, *, model: str = "heuristic") -> tuple:
-    """``(sigma, slot sigma, tol)``: the flooding of ``coefficients`` decrypted coefficients for K =
-    ``n_clients`` and the bound every one of ``entries`` decoded values then satisfies (w.p. 1 -
-    2^-TAIL_BITS), for values of magnitude ``magnitude``: the proved fixed part, z slot sigma, and the
-    measured float64 decode error FLOAT_REL (magnitude + z slot sigma)."""
-    sigma = flood_coefficient_sigma(params, n_clients, coefficients, model=model)
-    ss = slot_sigma(params, sigma)
-    zs = tail_z(entries) * ss
-    return sigma, ss, fixed_slot_error(params, n_clients) + zs + FLOAT_REL * (float(magnitude) + zs)
-
-
 def select_parameters(aggregate_bound: float, k_max: int, *, max_abs_error: float = 1e-6,
                       max_poly_modulus_degree: int = 16384, length: int | None = None,
                       breaks: Sequence[int] = (), key_error: str = "heuristic") -> CKKSParameters:
@@ -617,7 +405,7 @@ def select_parameters(aggregate_bound: float, k_max: int, *, max_abs_error: floa
             f"The 'max_abs_error' parameter of select_parameters must be a finite float > 0. "
             f"Got {max_abs_error!r} instead."
         )
-    _check_model(key_error)
+    check_key_error_model(key_error)
     best, reasons = None, []
     for n in RING_DEGREES:
         if n > max_poly_modulus_degree:
@@ -628,7 +416,7 @@ def select_parameters(aggregate_bound: float, k_max: int, *, max_abs_error: floa
         else:
             probe = _Geometry(n)
             coeffs = n * probe.n_chunks(length, breaks)
-            sigma = _flood_sigma(_key_error(n, k_max, coeffs, key_error), coeffs)
+            sigma = flood_sigma_for(key_error_at(n, k_max, coeffs, key_error), coeffs)
             g_bound = tail_z(coeffs) * sigma + 1.0
             s = _smallest_flooded_scale(n, k_max, sigma, int(length), max_abs_error)
         if s is None:
@@ -696,7 +484,7 @@ def _smallest_flooded_scale(n: int, k_max: int, sigma: float, length: int, max_a
     zs = tail_z(length) * sigma * math.sqrt(n / 2.0)
     for s in range(20, MAX_SCALE_BITS + 1):
         scale = 2.0 ** s
-        if _fixed(n, k_max, scale) + zs / scale <= max_abs_error:
+        if fixed_error_at(n, k_max, scale) + zs / scale <= max_abs_error:
             return s
     return None
 
@@ -715,225 +503,3 @@ def _smallest_scale(n: int, k_max: int, max_abs_error: float) -> int | None:
         if _noise(n, k_max, 2.0 ** s) <= max_abs_error:
             return s
     return None
-
-
-# -- contexts ------------------------------------------------------------------
-def generate_context(params: CKKSParameters) -> "ts.Context":
-    """A FRESH asymmetric CKKS context (secret + public key) for ``params``."""
-    ctx = ts.context(
-        ts.SCHEME_TYPE.CKKS,
-        poly_modulus_degree=params.poly_modulus_degree,
-        coeff_mod_bit_sizes=list(params.coeff_mod_bit_sizes),
-    )
-    ctx.global_scale = params.scale
-    _check_context(ctx, params)
-    return ctx
-
-
-def load_context(data: bytes, params: CKKSParameters, *, secret: bool) -> "ts.Context":
-    """Parse a serialized context and check it against ``params``.
-
-    ``secret=False`` refuses a context holding a secret key
-    (:class:`SecretKeyNotAllowed`); ``secret=True`` requires one
-    (:class:`InvalidKey`). Unparsable bytes raise :class:`MalformedPayload`;
-    a context for other parameters :class:`ParameterMismatch`.
-    """
-    ctx = parse_context(data, secret=secret)
-    _check_context(ctx, params)
-    return ctx
-
-
-def _check_context(ctx: "ts.Context", params: CKKSParameters) -> None:
-    try:
-        sc = ctx.seal_context().data
-        first, key = sc.first_context_data(), sc.key_context_data()
-        got = (
-            first.parms().poly_modulus_degree(),
-            first.chain_index() + 1,
-            first.total_coeff_modulus_bit_count(),
-            key.total_coeff_modulus_bit_count(),
-            float(ctx.global_scale),
-        )
-    except Exception:
-        raise ParameterMismatch("context does not carry CKKS parameters with a global scale") from None
-    n, l_data, d_bits, k_bits, scale = got
-    total = sum(params.coeff_mod_bit_sizes)
-    ok = (
-        n == params.poly_modulus_degree
-        and l_data == params.n_data_primes
-        and params.data_bits - params.n_data_primes < d_bits <= params.data_bits
-        and total - len(params.coeff_mod_bit_sizes) < k_bits <= total
-        and scale == params.scale
-    )
-    if not ok:
-        raise ParameterMismatch(
-            f"context parameters (N={n}, data primes={l_data}, data bits={d_bits}, scale=2^{math.log2(scale):g}) "
-            f"do not match the session's {params.to_dict()}"
-        )
-
-
-# -- ciphertext chunks -------------------------------------------------------------
-_BODY_MAGIC = domains.CKKS_BODY_MAGIC
-
-
-# -- the wire form of one chunk ----------------------------------------------------------------------
-_COUNT = struct.Struct("<I")
-
-
-def _primes_of(ctx: "ts.Context") -> list:
-    return [m.value() for m in ctx.seal_context().data.first_context_data().parms().coeff_modulus()]
-
-
-def _varint(x: int) -> bytes:
-    out = bytearray()
-    while True:
-        b, x = x & 0x7F, x >> 7
-        out.append(b | (0x80 if x else 0))
-        if not x:
-            return bytes(out)
-
-
-def _varint_at(buf: bytes, pos: int) -> tuple[int, int]:
-    x = shift = 0
-    while True:
-        if pos >= len(buf) or shift > 63:
-            raise InvalidParameterError("not a TenSEAL CKKS vector")
-        b = buf[pos]
-        x, pos, shift = x | (b & 0x7F) << shift, pos + 1, shift + 7
-        if not b & 0x80:
-            return x, pos
-
-
-def ciphertext_words(vec, n: int, levels: int) -> np.ndarray:
-    """The residues of a fresh two-polynomial ciphertext, [poly][prime][coefficient], read from TenSEAL's
-    own serialisation (SEAL's ``Ciphertext::save``, the inverse of :func:`_seal_ciphertext`) in one pass:
-    the element accessor costs a Python call per residue (32 768 per chunk at N = 8192)."""
-    proto = vec.serialize()
-    pos = 0
-    if proto[:1] != b"\x0a":
-        raise InvalidParameterError("not a TenSEAL CKKS vector")
-    skip, pos = _varint_at(proto, 1)
-    pos += skip
-    if proto[pos:pos + 1] != b"\x12":
-        raise InvalidParameterError("not a TenSEAL CKKS vector")
-    length, pos = _varint_at(proto, pos + 1)
-    seal_bytes = proto[pos:pos + length]
-    magic, hsize, _, _, mode, _, size = _SEAL_HEADER.unpack_from(seal_bytes)
-    if magic != _SEAL_MAGIC or hsize != _SEAL_HEADER.size or size != len(seal_bytes):
-        raise InvalidParameterError("not a SEAL ciphertext")
-    body = seal_bytes[hsize:]
-    if mode == 1:
-        import zlib
-
-        body = zlib.decompress(body)
-    elif mode == 2:
-        import zstandard
-
-        body = zstandard.ZstdDecompressor().decompress(body, max_output_size=64 + 16 * 2 * levels * n + 64)
-    elif mode != 0:
-        raise InvalidParameterError(f"SEAL compression mode {mode} is not one this reader knows")
-    off = 32 + 1  # parms_id, NTT flag
-    size, poly_n, lv = struct.unpack_from("<QQQ", body, off)
-    off += 40 + _SEAL_HEADER.size  # size, N, levels, scale, correction factor; then the DynArray's own header
-    (count,) = struct.unpack_from("<Q", body, off)
-    if (size, poly_n, lv, count) != (2, n, levels, 2 * levels * n):
-        raise InvalidParameterError("not a fresh two-polynomial ciphertext of this context")
-    return np.frombuffer(body, dtype=np.uint64, count=count, offset=off + 8).copy()
-
-
-def pack_chunk(vec) -> bytes:
-    """One fresh-level ciphertext chunk as ``u32 values | c0, c1 residues``, each prime's N residues
-    bit-packed at that prime's bit length. Parameter id, scale, size and N are the session's and are
-    not sent (:func:`unpack_chunk` sets them), so a chunk cannot claim another level or scale; and the
-    residues take their real width on the wire (SEAL's own zstd-compressed form stores a 33-40-bit
-    residue in about 41-47 bits)."""
-    ct = vec.ciphertext()[0]
-    primes = _primes_of(vec.context())
-    n, levels = ct.poly_modulus_degree(), len(primes)
-    if ct.size() != 2 or ct.coeff_modulus_size() != levels:
-        raise InvalidParameterError("not a fresh two-polynomial ciphertext of this context")
-    data = ciphertext_words(vec, n, levels).reshape(2 * levels, n)
-    out = [_COUNT.pack(vec.size())]
-    for row in range(2 * levels):
-        bits = primes[row % levels].bit_length()
-        planes = (data[row][:, None] >> np.arange(bits, dtype=np.uint64)) & np.uint64(1)
-        out.append(np.packbits(planes.astype(np.uint8).ravel(), bitorder="little").tobytes())
-    return b"".join(out)
-
-
-def unpack_chunk(ctx: "ts.Context", params: CKKSParameters, blob: bytes):
-    """:func:`pack_chunk`'s bytes back to a ``CKKSVector`` under ``ctx`` at the session's first level and
-    scale. A wrong length raises :class:`InvalidContribution`; a residue not below its prime is refused by
-    SEAL's own validity check when the ciphertext is loaded (the caller turns that into the same error)."""
-    primes = _primes_of(ctx)[:params.n_data_primes]
-    n, levels = params.poly_modulus_degree, len(primes)
-    sizes = [-(-n * q.bit_length() // 8) for q in primes] * 2
-    if len(blob) != _COUNT.size + sum(sizes):
-        raise InvalidContribution()
-    (count,) = _COUNT.unpack_from(blob)
-    if not 1 <= count <= params.slots:
-        raise InvalidContribution()
-    rows, pos = [], _COUNT.size
-    for row, size in enumerate(sizes):
-        bits = primes[row % levels].bit_length()
-        planes = np.unpackbits(np.frombuffer(blob, dtype=np.uint8, count=size, offset=pos),
-                               bitorder="little")[:n * bits].reshape(n, bits).astype(np.uint64)
-        vals = (planes << np.arange(bits, dtype=np.uint64)).sum(axis=1, dtype=np.uint64)
-        rows.append(vals)
-        pos += size
-    seal_bytes = _seal_ciphertext(ctx.seal_context().data.first_parms_id(), True, n, levels, params.scale,
-                                  np.concatenate(rows))
-    proto = (b"\x0a" + _varint(len(_varint(count))) + _varint(count) + b"\x12" + _varint(len(seal_bytes))
-             + seal_bytes + b"\x19" + struct.pack("<d", params.scale))
-    return ts.ckks_vector_from(ctx, proto)
-
-
-def encrypt_vector(ctx: "ts.Context", params: CKKSParameters, vector: np.ndarray,
-                   breaks: Sequence[int] = ()) -> bytes:
-    """Encrypt a float64 vector chunk by chunk (:meth:`CKKSParameters.spans`) under ``ctx``'s public key.
-
-    Body format: ``b"SAFLCKK1" | u32 n_chunks | u32 L | (u64 len | chunk)*``.
-    The caller has checked the vector against the declared bound.
-    """
-    v = np.ascontiguousarray(vector, dtype=np.float64)
-    blobs = []
-    for start, stop in params.spans(v.shape[0], breaks):
-        try:
-            blob = pack_chunk(ts.ckks_vector(ctx, v[start:stop]))
-        except Exception:
-            raise InvalidParameterError("TenSEAL refused to encrypt the vector under this context") from None
-        blobs.append(blob)
-    return frame(_BODY_MAGIC, blobs, v.shape[0])
-
-
-def load_chunks(ctx: "ts.Context", params: CKKSParameters, body: bytes, length: int,
-                breaks: Sequence[int] = ()) -> list:
-    """Parse and check every chunk; all-or-nothing.
-
-    Each chunk must deserialize under ``ctx`` and be a fresh-level ciphertext
-    of this session: 2 polynomials, NTT form, the first data level (a
-    ciphertext switched to a lower level would have a smaller Q and less
-    headroom), scale exactly 2^s and the number of values its span
-    (:meth:`CKKSParameters.spans`) holds.
-    Framing errors raise :class:`MalformedPayload`; anything wrong with a
-    ciphertext raises a detail-free :class:`InvalidContribution`.
-    """
-    spans = params.spans(length, breaks)
-    blobs = split_body(body, _BODY_MAGIC, len(spans), length, "ckks")
-    first_id = first_parms_id(ctx, "CKKS")
-
-    def fresh(ct) -> bool:
-        return (ct.size() == 2 and ct.is_ntt_form() and list(ct.parms_id()) == first_id
-                and ct.scale == params.scale and ct.poly_modulus_degree() == params.poly_modulus_degree)
-
-    return check_chunks(blobs, params.slots, length, lambda b: unpack_chunk(ctx, params, b), fresh,
-                        sizes=[b - a for a, b in spans])
-
-
-def dump_chunks(chunks: Sequence, length: int) -> bytes:
-    return frame(_BODY_MAGIC, [pack_chunk(c) for c in chunks], length)
-
-
-def decrypt_chunks(ctx: "ts.Context", chunks: Iterable, length: int) -> np.ndarray:
-    """Decrypt and concatenate to a float64 vector of ``length``."""
-    return _decrypt_chunks(chunks, length, np.float64)
