@@ -30,6 +30,7 @@ AUDIT_COUNTERSIGN = b"secure-afl/audit-countersign/v1\0"  # the key holder over 
 SPLIT_SEED = b"secure-afl/split/seed/v1\0"                # split: a hospital's sealed seed box
 SPLIT_SHARE = b"secure-afl/split/share/v1\0"              # split: the share server's answer
 SPLIT_VERIFIER = b"secure-afl/split/verifier/v1\0"        # split: the server's verifier message on one upload
+SPLIT_SUM = b"secure-afl/split/sum/v1\0"                  # split: the server's masked sum over a share statement's cohort
 SECAGG_KEY_ADVERTISEMENT = b"secure-afl/secagg/v2/key-advertisement\0"
 SECAGG_CONSISTENCY = b"secure-afl/secagg/v2/consistency-digest\0"
 SECAGG_DEAL = b"secure-afl/secagg/v2/deal\0"
@@ -86,7 +87,7 @@ SIGNATURES = {
     "TAG": TAG, "AUDIT_RECORD": AUDIT_RECORD, "AUDIT_CLOSE": AUDIT_CLOSE,
     "AUDIT_COUNTERSIGN": AUDIT_COUNTERSIGN, "SPLIT_SEED": SPLIT_SEED, "SPLIT_SHARE": SPLIT_SHARE,
     "SECAGG_KEY_ADVERTISEMENT": SECAGG_KEY_ADVERTISEMENT, "SECAGG_CONSISTENCY": SECAGG_CONSISTENCY,
-    "SECAGG_DEAL": SECAGG_DEAL, "SPLIT_VERIFIER": SPLIT_VERIFIER
+    "SECAGG_DEAL": SECAGG_DEAL, "SPLIT_VERIFIER": SPLIT_VERIFIER, "SPLIT_SUM": SPLIT_SUM
 }
 HASHES = {"AUDIT_CHAIN": AUDIT_CHAIN, "SECAGG_GRAPH_SEED": SECAGG_GRAPH_SEED,
           "SECAGG_SHARE_COMMITMENT": SECAGG_SHARE_COMMITMENT, "SECAGG_DEAL_CHALLENGE": SECAGG_DEAL_CHALLENGE,

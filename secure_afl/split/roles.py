@@ -33,7 +33,10 @@ from .signed_messages import SeedRefused, UploadCommitment, seed_digest, sign_se
 from .proof import DOMAIN_SHARE, Circuit
 from .sizes import gram_enabled, proven_aggregate_bound, psd_tolerance
 
-__all__ = ["bound_public_key", "shard", "seal_upload", "check_upload", "leader_prep", "leader_message",
+#: the refinement of :class:`SanityCheckFailed` when a masked sum and a share were not formed over one cohort
+SHARE_MISMATCH = "share_mismatch"
+
+__all__ = ["SHARE_MISMATCH", "bound_public_key", "shard", "seal_upload", "check_upload", "leader_prep", "leader_message",
            "open_statement_seed", "helper_verdict", "keyholder_share", "lane_masks", "collect", "joint_verdict",
            "dispute"]
 
@@ -203,7 +206,7 @@ def collect(params: SessionParams, masked_aggregate: bytes, share: np.ndarray, s
     limit = proven_aggregate_bound(params) * (1 + 2.0 ** -50)
     if not np.all(np.isfinite(v)) or float(np.max(np.abs(v))) > limit:
         raise SanityCheckFailed("masked sum + key holder's share leaves the declared aggregate bound: the "
-                                "share was not formed for these masked vectors")
+                                "share was not formed for these masked vectors", reason=SHARE_MISMATCH)
     cap = float(params.backend_params.get("max_share", 1.0))
     n_released = float(v[params.layout.slices["n"]][0])
     if cap < 1.0 and params.bounds.n_max > cap * n_released * (1 + 2.0 ** -40):

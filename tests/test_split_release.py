@@ -1,0 +1,147 @@
+"""split: the key holder forms the release from the server-signed masked sum over its own signed cohort.
+
+The e2e tests run real server processes over HTTPS. The server is made malicious the way a compromised server
+would be: its stored answer is replaced (and re-signed with its own identity key, which such a server holds)
+between the key holder's share and its fetch of the masked sum.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+
+import numpy as np
+import pytest
+
+from secure_afl import domains, pki, split
+from secure_afl.analytic import solve_from_sums
+from secure_afl.backends import get_backend
+from secure_afl.encoding import canonical_json
+from secure_afl.envelope import seal
+from secure_afl.hazmat import fixedpoint, flp
+from secure_afl.keyholder.verify import ServerForgery
+from secure_afl.release_checks import ReleaseLedger
+from secure_afl.server.store import Store
+from secure_afl.session.signed import load_signed
+
+pytestmark = [pytest.mark.e2e, pytest.mark.security]
+
+HOSPITALS = ("h1", "h2", "h3")
+
+
+def _uploaded(consortium):
+    """A split session with three honest uploads and the round closed: (consortium, plaintext stats per hospital)."""
+    c = consortium(backend="split", hospitals=HOSPITALS, min_clients=2, extra_session={"min_class_count": 1})
+    c.start()
+    c.keyholder.keygen(load_signed(c.pki_dir, c.session_id).session_params())
+    with c.connect_keyholder() as conn:
+        c.keyholder.publish(conn)
+    plain = {}
+    for h in HOSPITALS:
+        cl = c.hospital(h)
+        plain[h] = c.stats(*c.data(h))
+        cl.submit(plain[h])
+        cl.close()
+    return c, plain
+
+
+def _total(plain: dict):
+    out = None
+    for s in plain.values():
+        out = s if out is None else out + s
+    return out
+
+
+def _server_sign(c, statement: dict) -> dict:
+    key = pki.load_party(c.pki_dir, "server", "aggregator").identity_key()
+    return {**statement, "signature": key.sign(domains.SPLIT_SUM + canonical_json(statement)).hex()}
+
+
+def _answer_with(c, signed: dict, masked: bytes) -> None:
+    """The compromised server replaces its stored answer (the share statement and share stay as taken)."""
+    store = Store(c.root / "server" / c.session_id)
+    try:
+        record = store.get_meta("split_result")
+        store.set_meta("split_result", {**record, "masked_sum": signed, "masked_sum_blob": store.put_blob(masked)})
+    finally:
+        store.close()
+
+
+def _stored(c):
+    """What the server holds: (params, its signed answer record, masked uploads by hospital, the masked sum)."""
+    store = Store(c.root / "server" / c.session_id)
+    try:
+        record = store.get_meta("split_result")
+        uploads = {r["hospital"]: store.get_blob(r["payload_sha256"]) for r in store.uploads()}
+        return c.keyholder.params(c.session_id), record, uploads, store.get_blob(record["masked_sum_blob"])
+    finally:
+        store.close()
+
+
+def _blocked(c) -> str | None:
+    ledger = ReleaseLedger(c.keyholder.keys_dir / "releases.sqlite3")
+    try:
+        return ledger.blocked_reason(c.keyholder.params(c.session_id).backend_params[split.PUBLIC_CONTEXT_KEY])
+    finally:
+        ledger.close()
+
+
+def test_the_model_is_the_key_holders_own_release_over_its_own_cohort(consortium, tmp_path):
+    # Prepare
+    c, plain = _uploaded(consortium)
+    # Execute: the key holder's real finalize against the real server
+    with c.connect_keyholder() as conn:
+        res = c.keyholder.finalize(conn, min_clients=2)
+    # Assert: W is the key holder's solve of the plaintext sum (within its certified bound), over its cohort
+    W_plain = solve_from_sums(_total(plain))
+    rel = np.linalg.norm(res.W - W_plain) / np.linalg.norm(W_plain)
+    assert res.report["w_error_bound"]["applies"] and rel <= res.report["w_error_bound"]["rel_bound"]
+    assert res.report["participants"] == list(HOSPITALS) and res.report["refused"] == {}
+    params, record, _, masked = _stored(c)
+    assert res.report["participants"] == record["share_statement"]["cohort"]
+    assert res.report["masked_sum_sha256"] == hashlib.sha256(masked).hexdigest()
+    # with nothing refused, the cohort's masked sum is the manifest's own masked aggregate, byte for byte
+    assert res.report["masked_sum_sha256"] == res.manifest["aggregate_sha256"]
+
+
+def test_a_forged_stale_or_mismatched_masked_sum_is_refused_by_name(consortium, caplog):
+    # Prepare: the key holder's share is taken by the real server
+    c, _ = _uploaded(consortium)
+    conn = c.connect_keyholder()
+    c.keyholder.close_round(conn)
+    body, statement = c.keyholder.post_split_share(conn, min_clients=2)
+    params, record, uploads, masked = _stored(c)
+    honest = {k: v for k, v in record["masked_sum"].items() if k != "signature"}
+    be = get_backend(params)
+    n = fixedpoint.n_words(params.layout.length)
+    two = flp.add(be.masked_words(uploads["h1"]), be.masked_words(uploads["h2"]))
+    over_two = seal(params, "aggregate", flp.to_bytes(two), contributors=3)
+    other_key = pki.load_party(c.pki_dir, "keyholder", "keyholder").identity_key()  # any key but the server's
+    forgeries = {
+        # a sum the server signed for another share statement (stale, or replayed from another one)
+        "answers another share statement": (_server_sign(c, {**honest, "share_statement_sha256": "00" * 32}), masked),
+        # the server's signature over another cohort than the key holder signed
+        "over another cohort": (_server_sign(c, {**honest, "cohort": ["h1", "h2"]}), masked),
+        # other bytes under the honest signature
+        "does not match the masked sum's bytes": (record["masked_sum"], seal(params, "aggregate",
+                                                                          flp.to_bytes(np.zeros(n, np.uint64)))),
+        # the honest statement signed by a key that is not the server's
+        "not signed by the server": ({**honest, "signature": other_key.sign(
+            domains.SPLIT_SUM + canonical_json(honest)).hex()}, masked),
+        # a correctly signed sum over another set of uploads (h3's masked vector left out)
+        "does not decode": (_server_sign(c, {**honest, "masked_sum_sha256": hashlib.sha256(over_two).hexdigest()}),
+                            over_two),
+    }
+    # Execute / Assert: each answer is refused by name, logged, and recorded against the key (the first refusal)
+    caplog.set_level(logging.ERROR, logger="secure_afl.keyholder")
+    for name, (signed, sum_bytes) in forgeries.items():
+        _answer_with(c, signed, sum_bytes)
+        with pytest.raises(ServerForgery, match=name):
+            c.keyholder.take_split_release(conn, body, statement)
+        assert name in caplog.records[-1].getMessage()
+    assert "answers another share statement" in _blocked(c)
+    # the honest answer still forms the release
+    _answer_with(c, record["masked_sum"], masked)
+    res = c.keyholder.take_split_release(conn, body, statement)
+    assert res.report["participants"] == statement["cohort"]
+    conn.close()
