@@ -1,4 +1,6 @@
-"""split: the key holder forms the release from the server-signed masked sum over its own signed cohort.
+"""split: the key holder forms the release from the server-signed masked sum over its own signed cohort, and the
+server's part is checkable (``secure-afl audit release``); a pilot compares the model with plaintext
+(``secure-afl audit compare``).
 
 The e2e tests run real server processes over HTTPS. The server is made malicious the way a compromised server
 would be: its stored answer is replaced (and re-signed with its own identity key, which such a server holds)
@@ -9,6 +11,8 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -16,9 +20,13 @@ import pytest
 from secure_afl import domains, pki, split
 from secure_afl.analytic import solve_from_sums
 from secure_afl.backends import get_backend
+from secure_afl.clients.statsfile import write_statistics_file
 from secure_afl.encoding import canonical_json
-from secure_afl.envelope import seal
+from secure_afl.envelope import open_envelope, seal
+from secure_afl.exceptions import EXIT_INPUT, EXIT_SECURITY
 from secure_afl.hazmat import fixedpoint, flp
+from secure_afl.keyholder import write_model
+from secure_afl.keyholder.model import model_metadata
 from secure_afl.keyholder.verify import ServerForgery
 from secure_afl.release_checks import ReleaseLedger
 from secure_afl.server.store import Store
@@ -27,6 +35,11 @@ from secure_afl.session.signed import load_signed
 pytestmark = [pytest.mark.e2e, pytest.mark.security]
 
 HOSPITALS = ("h1", "h2", "h3")
+
+
+def _cli(*args) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "secure_afl.cli", *map(str, args)], capture_output=True, text=True,
+                          timeout=300)
 
 
 def _uploaded(consortium):
@@ -145,3 +158,71 @@ def test_a_forged_stale_or_mismatched_masked_sum_is_refused_by_name(consortium, 
     res = c.keyholder.take_split_release(conn, body, statement)
     assert res.report["participants"] == statement["cohort"]
     conn.close()
+
+
+def test_the_audit_recomputes_the_release_and_names_a_forged_masked_sum(consortium, tmp_path):
+    # Prepare: the honest release and its model file
+    c, plain = _uploaded(consortium)
+    conn = c.connect_keyholder()
+    c.keyholder.close_round(conn)
+    body, statement = c.keyholder.post_split_share(conn, min_clients=2)
+    res = c.keyholder.take_split_release(conn, body, statement)
+    model = tmp_path / "model.safetensors"
+    write_model(model, res.W, model_metadata(res.params, res.report, 0.0))
+    state = c.root / "server" / c.session_id
+    # Execute / Assert: the honest release recomputes
+    ok = _cli("audit", "release", "--state", state, "--pki", c.pki_dir, "--model", model)
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    assert "bit for bit" in ok.stdout and ok.stdout.strip().splitlines()[-1].startswith("OK:")
+
+    # Prepare: the server signs a sum moved by one count in class 0's slot (small enough to decode and pass the
+    # checks: the key holder alone cannot tell it from the true one)
+    params, record, _, masked = _stored(c)
+    words = flp.from_bytes(open_envelope(params, masked, "aggregate").body)
+    moved = np.zeros(params.layout.length)
+    moved[params.layout.slices["gram"].start] = 1.0  # C[0, 0] + 1
+    delta = np.asarray(fixedpoint.encode(moved, tuple(params.backend_params["frac_bits"])), dtype=np.uint64)
+    forged = seal(params, "aggregate", flp.to_bytes(flp.add(words, delta)), contributors=3)
+    honest = {k: v for k, v in record["masked_sum"].items() if k != "signature"}
+    _answer_with(c, _server_sign(c, {**honest, "masked_sum_sha256": hashlib.sha256(forged).hexdigest()}), forged)
+    res2 = c.keyholder.take_split_release(conn, body, statement)
+    conn.close()
+    assert not np.array_equal(res2.W, res.W)  # the key holder took it: only the audit can see it
+    write_model(model, res2.W, model_metadata(res2.params, res2.report, 0.0))
+    bad = _cli("audit", "release", "--state", state, "--pki", c.pki_dir, "--model", model)
+    # Assert: the audit names the masked sum (and the model that follows from it)
+    assert bad.returncode == EXIT_SECURITY, bad.stdout + bad.stderr
+    assert "MISMATCH: masked sum: not the sum of the cohort's stored masked uploads" in bad.stdout
+    assert "MISMATCH: model: W differs" in bad.stdout
+
+
+def test_audit_compare_against_the_hospitals_own_statistics_files(consortium, tmp_path):
+    # Prepare: the real finalize's model, and each hospital's statistics file as `client embed --stats-only` writes it
+    c, plain = _uploaded(consortium)
+    out = _cli("keyholder", "finalize", "--pki", c.pki_dir, "--keys", c.root / "keys", "--server", c.url,
+               "--session", c.session_id, "--min-clients", 2, "--out", tmp_path / "model.safetensors",
+               "--report", tmp_path / "report.json", "--passphrase-file", _passfile(tmp_path))
+    assert out.returncode == 0, out.stderr
+    names = [f"class-{i}" for i in range(c.classes)]
+    files = []
+    for h in HOSPITALS:
+        s = plain[h]
+        # the hospital's file holds X^T X (gamma 0), as the embedding step writes it
+        raw = type(s)(s.gram - s.gamma * np.eye(s.gram.shape[0]), s.cross, s.n, s.class_counts, 1.0, 0.0)
+        files.append(write_statistics_file(tmp_path / f"{h}.npz", raw, names))
+    # Execute / Assert: every file: equal within the certified bound
+    ok = _cli("audit", "compare", "--model", tmp_path / "model.safetensors", "--stats", *files)
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    assert "equal within the certified bound" in ok.stdout and "certified bound:" in ok.stdout
+    # one file left out: what differs is named, and the exit code is not 0
+    short = _cli("audit", "compare", "--model", tmp_path / "model.safetensors", "--stats", *files[:2])
+    assert short.returncode == EXIT_INPUT, short.stdout + short.stderr
+    assert "2 statistics files for the release's 3 participants" in short.stdout
+
+
+def _passfile(tmp_path):
+    p = tmp_path / "pass"
+    p.write_text("test passphrase\n")
+    p.chmod(0o600)
+    return p
+
