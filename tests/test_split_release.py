@@ -10,6 +10,7 @@ between the key holder's share and its fetch of the masked sum.
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import subprocess
 import sys
@@ -226,3 +227,72 @@ def _passfile(tmp_path):
     p.chmod(0o600)
     return p
 
+
+
+def test_a_dispute_names_the_server_the_key_holder_or_the_hospital(consortium):
+    # Prepare: h1 and h2 submit with the real client (which keeps its seed sealed beside its receipt); h3 runs
+    # modified software and uploads a class count of -1; one refusal is allowed
+    from secure_afl.keyholder.release import HTTPSource
+    from secure_afl.split import Circuit, UploadCommitment
+    from secure_afl.tools.attack_parties import forge_verifier
+
+    c = consortium(backend="split", hospitals=HOSPITALS, min_clients=2,
+                   extra_session={"min_class_count": 1, "max_refusals": 1})
+    c.start()
+    c.keyholder.keygen(load_signed(c.pki_dir, c.session_id).session_params())
+    conn = c.connect_keyholder()
+    c.keyholder.publish(conn)
+    kept = {}
+    for h in ("h1", "h2"):
+        cl = c.hospital(h)
+        cl.submit(c.stats(*c.data(h)))
+        payload_path, statement_path, seed_path = cl.dispute_paths()
+        kept[h] = (payload_path.read_bytes(), json.loads(statement_path.read_text()), cl.kept_seed())
+        assert cl.kept_seed() != seed_path.read_bytes()  # sealed at rest, not the seed itself
+        cl.close()
+    cl = c.hospital("h3")
+    params = cl.fetch_params()
+    be = get_backend(params)
+    ctx = cl.conn.request("GET", cl.conn.path("/context"), signed=False).content
+    lanes = be.circuit.lanes(params.layout.pack(c.stats(*c.data("h3")))).copy()
+    lanes[params.layout.slices["counts"].start] = (-(1 << be.circuit.f1)) % flp.P
+    body, seed3, com = be.circuit.prove("h3", lanes=lanes, check=False)
+    payload3, st3 = be.seal_upload(body, seed3, com, ctx, "h3", cl.party.identity_key())
+    cl.upload(params, payload3, tag=st3)
+    cl.close()
+    # Execute: the key holder's real release refuses h3; the published messages are kept
+    res = c.keyholder.finalize(conn, min_clients=2)
+    evidence = json.loads((c.keyholder.keys_dir / f"{c.session_id}.validity-refusals.json").read_text())
+    genuine = HTTPSource(conn).split_verifier()
+    conn.close()
+    server_pub = pki.pinned_identity(c.pki_dir, "server")
+    server_key = pki.load_party(c.pki_dir, "server", "aggregator").identity_key()
+    assert res.report["refused"] == {"h3": "linear"}
+
+    # the hospital at fault: h3's own upload, seed and the two published messages
+    h3 = split.dispute(params, "h3", payload3, st3, seed3, evidence["server_messages"]["h3"],
+                       evidence["keyholder"]["h3"]["keyholder_message"], server_pub)
+    assert h3["at_fault"] == "hospital" and h3["server_message_true"] and h3["keyholder_message_true"]
+
+    # h1's honest upload, had it been refused: the key holder's true message (what an honest key holder
+    # publishes), formed from the seed h1 kept
+    payload1, st1, seed1 = kept["h1"]
+    circuit = Circuit(params)
+    qs = bytes.fromhex(genuine["h1"]["query_seed"])
+    true_kh = circuit.query(circuit.helper_share(seed1), UploadCommitment.from_dict(st1["validity"]), "h1", qs,
+                            leader=False)
+    # the server at fault: its signed message falsified
+    out = split.dispute(params, "h1", payload1, st1, seed1, forge_verifier(params, genuine["h1"], server_key),
+                        flp.to_bytes(true_kh).hex(), server_pub)
+    assert out["at_fault"] == "server" and not out["server_message_true"]
+    # the key holder at fault: both messages true and the joint verdict "valid", yet refused
+    out = split.dispute(params, "h1", payload1, st1, seed1, genuine["h1"], flp.to_bytes(true_kh).hex(), server_pub)
+    assert out["at_fault"] == "keyholder" and out["verdict"] is None and out["keyholder_message_true"]
+    # the key holder at fault: its published message is not the one h1's seed gives
+    false_kh = true_kh.copy()
+    false_kh[0] = flp.add(false_kh[:1], np.uint64(1))[0]
+    out = split.dispute(params, "h1", payload1, st1, seed1, genuine["h1"], flp.to_bytes(false_kh).hex(), server_pub)
+    assert out["at_fault"] == "keyholder" and not out["keyholder_message_true"]
+    # and a refusal "on the commitment" that h1's seed meets
+    assert split.dispute(params, "h1", payload1, st1, seed1, genuine["h1"], None, server_pub)["at_fault"] == \
+        "keyholder"
