@@ -34,7 +34,7 @@ COMMANDS = [
     ("session", "the operator's signed session definition every party pins",
      "secure_afl.consortium.cli:register_session"),
     ("audit", "verify the audit log and receipts, a split release, or a model against plaintext",
-     "secure_afl.cli.audit"),
+     "secure_afl.cli.audit_commands"),
     ("server", "the aggregation server", "secure_afl.server.cli"),
     ("keyholder", "the key holder: keys, release checks, decryption and the solve", "secure_afl.keyholder.cli"),
     ("predict", "apply a model file to an image folder or an embeddings file", "secure_afl.clients.predict"),

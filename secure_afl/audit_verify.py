@@ -339,7 +339,7 @@ def _cmd_verify(args) -> int:
 
 
 def register(parser: argparse.ArgumentParser):
-    """``audit verify``; returns the subcommand table, to which ``secure_afl.cli.audit`` adds its siblings."""
+    """``audit verify``; returns the subcommand table, to which ``secure_afl.cli.audit_commands`` adds its siblings."""
     sub = parser.add_subparsers(dest="audit_command", metavar="ACTION", required=True)
     p = sub.add_parser("verify", help="verify an audit log up to its expected head, and receipts against it")
     p.add_argument("log", help="audit log (JSON Lines)")
