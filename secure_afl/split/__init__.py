@@ -19,7 +19,9 @@ Server (leader): ``Y = sum_k y_k`` over the manifest's cohort; it sees only word
 anything it holds. Key holder (helper): it judges each upload's validity proof as it arrives, at a query seed
 of its own; at the release, from the server-signed manifest and the signed seed statements only -- never a
 masked vector -- it releases ``S = -sum_{k in cohort} m_k`` (lane part), signed over the manifest's digest,
-the cohort and the uploads whose validity proof failed (left out). Collector (the server): ``Y + S =
+the cohort and the uploads whose validity proof failed (left out). Release (the key holder, as
+every other backend's key holder): the server signs ``Y_c``, the masked sum of exactly the cohort of the key
+holder's signed statement, and the key holder forms ``Y_c + S =
 sum_k enc(x_k)``, decoded.
 
 Rooms:

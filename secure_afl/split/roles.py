@@ -6,7 +6,8 @@
   at the key holder's query seed;
 * key holder (helper), :func:`open_statement_seed` and :func:`helper_verdict` per upload, then
   :func:`keyholder_share` over the manifest's cohort;
-* collector, :func:`collect`: ``dec(Y - sum refused + S)``, checked against what proven uploads can reach;
+* release, :func:`collect`: ``dec(Y_c + S)`` (the key holder, on the server-signed masked sum of its cohort;
+  an auditor recomputing it), checked against what proven uploads can reach;
 * anyone, :func:`joint_verdict` from the two published verifier messages; the refused hospital,
   :func:`dispute`.
 
@@ -150,7 +151,7 @@ def keyholder_share(params: SessionParams, secret_key: bytes, manifest: Mapping,
                     enrolled: Mapping, *, refused: Mapping | None = None,
                     judged: tuple[Mapping, np.ndarray] | None = None, sum_masks=lane_masks) -> np.ndarray:
     """``-sum m_k (mod p)`` over EXACTLY the (already verified) manifest's participants not in ``refused``
-    (hospital -> the check its upload failed: left out of the sum, for the collector to subtract from the
+    (hospital -> the check its upload failed: left out of the sum, for the server to subtract from the
     masked sum).
 
     ``statements``: hospital -> signed seed statement, as the server relayed
@@ -188,7 +189,7 @@ def keyholder_share(params: SessionParams, secret_key: bytes, manifest: Mapping,
     return flp.add(total, sum_masks(n, add))
 
 
-# -- collector ----------------------------------------------------------------------------------------------
+# -- release ------------------------------------------------------------------------------------------------
 def collect(params: SessionParams, masked_aggregate: bytes, share: np.ndarray, subtract=()) -> np.ndarray:
     """``dec(Y - sum subtract + S)`` over F_p: the float64 sum, refused if it leaves the declared aggregate bound.
 
