@@ -29,6 +29,7 @@ from secure_afl.dp import add_noise_share
 from secure_afl.split.sizes import noise_beside
 from secure_afl.exceptions import (
     AwaitingPublication,
+    BoundsExceeded,
     DuplicateContribution,
     InvalidInputError,
     InvalidParameterError,
@@ -82,6 +83,25 @@ def protect_vector(params: SessionParams, stats: SufficientStatistics, *,
     # DP hook: this hospital's share of the session's noise goes in before protection (split with the Gram
     # statement draws it in its backend, which proves the statistics before it and the share's bound apart)
     return packed if noise_beside(params) else add_noise_share(params, packed)
+
+
+def protect_split(party, params: SessionParams, stats: SufficientStatistics, public_context: bytes):
+    """split: ``(masked payload, signed seed statement, mask seed)``; the hospital draws its seed here, so that it
+    can keep it (sealed at rest) to recompute the key holder's verifier message in a dispute."""
+    from secure_afl.split import RETRIES, Unlucky
+
+    backend = get_backend(params)
+    vector = protect_vector(params, stats)
+    for _ in range(RETRIES):
+        seed = os.urandom(32)
+        try:
+            payload, statement = backend.protect(vector, public_context=public_context, hospital=party.name,
+                                                 identity_key=party.identity_key(), seed=seed)
+            return payload, statement, seed
+        except Unlucky:  # this seed's projection rows leave the honest range (probability below 2^-16)
+            continue
+    raise BoundsExceeded(f"{RETRIES} fresh seeds all drew projection rows outside the honest range: the vector is "
+                         "not within the declared l2 bound")
 
 
 def protect_contribution(party, params: SessionParams, stats: SufficientStatistics, *,
@@ -204,6 +224,11 @@ class HospitalClient:
         ctx = None
         if params.backend in KEYED_BACKENDS:
             ctx = self.conn.request("GET", self.conn.path("/context"), signed=False).content
+        if params.backend == "split":
+            payload, statement, seed = protect_split(self.party, params, stats, ctx)
+            # kept until the upload is acknowledged, then sealed beside the receipt (:meth:`dispute_paths`)
+            self.__dict__.setdefault("_split_seeds", {})[hashlib.sha256(payload).hexdigest()] = seed
+            return payload, statement
         return protect_contribution(self.party, params, stats, public_context=ctx)
 
     def protect_vector(self, params: SessionParams, stats: SufficientStatistics, *,
@@ -247,7 +272,7 @@ class HospitalClient:
         self.bytes_uploaded += len(payload)
         self._keep_receipt(receipt)
         if params.backend == "split":
-            self._keep_upload(payload, tag)
+            self._keep_upload(payload, tag, self.__dict__.get("_split_seeds", {}).pop(sha, None))
         return receipt
 
     def _fetch_receipt(self) -> dict | None:
@@ -265,17 +290,32 @@ class HospitalClient:
         payload, tag = self.protect(params, stats)
         return self.upload(params, payload, tag=tag, progress=progress)
 
-    def dispute_paths(self) -> tuple[Path, Path]:
-        """split: where this hospital keeps its upload and signed seed statement, beside its receipt, to
-        dispute a refusal (:func:`secure_afl.split.roles.dispute`). Not ``*.json``: the receipts
-        directory's JSON files are receipts."""
+    def dispute_paths(self) -> tuple[Path, Path, Path]:
+        """split: where this hospital keeps its upload, its signed seed statement and its mask seed (sealed under
+        its identity key, :func:`secure_afl.split.keys.seal_kept_seed`), beside its receipt, to dispute a
+        refusal (:func:`secure_afl.split.roles.dispute`). Not ``*.json``: the receipts directory's JSON files
+        are receipts."""
         base = self.receipts_dir / f"upload-{self.session_id}-{self.name}"
-        return base.with_suffix(".payload"), base.with_suffix(".statement")
+        return base.with_suffix(".payload"), base.with_suffix(".statement"), base.with_suffix(".seed")
 
-    def _keep_upload(self, payload: bytes, statement: dict | None) -> None:
+    def kept_seed(self) -> bytes:
+        """split: this hospital's mask seed of its kept upload, opened (for :func:`secure_afl.split.dispute`)."""
+        from secure_afl.split import open_kept_seed
+
+        payload_path, _, seed_path = self.dispute_paths()
+        return open_kept_seed(self.party.identity_key(), self.session_id, self.name,
+                              hashlib.sha256(payload_path.read_bytes()).hexdigest(), seed_path.read_bytes())
+
+    def _keep_upload(self, payload: bytes, statement: dict | None, seed: bytes | None) -> None:
         if self.receipts_dir is None:
             return
-        for path, data in zip(self.dispute_paths(), (payload, json.dumps(statement, sort_keys=True).encode())):
+        from secure_afl.split import seal_kept_seed
+
+        files = [payload, json.dumps(statement, sort_keys=True).encode()]
+        if seed is not None:  # an upload protected elsewhere (its seed is not this client's to keep)
+            files.append(seal_kept_seed(self.party.identity_key(), self.session_id, self.name,
+                                        hashlib.sha256(payload).hexdigest(), seed))
+        for path, data in zip(self.dispute_paths(), files):
             tmp = path.with_name(path.name + ".tmp")
             tmp.write_bytes(data)
             os.replace(tmp, path)

@@ -321,8 +321,7 @@ def _split_share(kh, info: dict, manifest: dict, msg: Message, context: Context,
         verifier = unpack_json(msg.content, "verifier") if "verifier" in msg.content["fields"] else None
         body, statement = keyholder_adapter.split_share(
             kh, info, manifest, unpack_json(msg.content, "tags"), verifier,
-            min_clients=int(_cfg(context, "min-clients", "keyholder")), min_class_count=int(nc.get("min-class-count", 1)),
-            lam=float(nc.get("lambda", 0.0)))
+            min_clients=int(_cfg(context, "min-clients", "keyholder")))
     except SecureAFLError as e:
         return Message(content=pack({"countersign": countersign, "error": e.reason, "detail": str(e)}), reply_to=msg)
     return Message(content=pack({"countersign": countersign, "share_statement": statement}, body), reply_to=msg)
@@ -344,13 +343,16 @@ def split_queries(msg: Message, context: Context) -> Message:
 
 @app.query("split_result")
 def split_result(msg: Message, context: Context) -> Message:
-    """split: the collector's release (W, the report, the released sums), written as ``keyholder finalize``
-    writes it, with this key holder's own privacy record."""
+    """split: the release this key holder forms from the server-signed masked sum over its own statement's cohort
+    and its share (W, the report), written as ``keyholder finalize`` writes it, with its own privacy record."""
     _role(context, "keyholder")
     nc = context.node_config
     kh = keyholder_adapter.open_keyholder(nc)
-    report = keyholder_adapter.split_result(
-        kh, unpack_json(msg.content, "info"), unpack_json(msg.content, "manifest"), unpack_blob(msg.content),
-        lam=float(nc.get("lambda", 0.0)), out=Path(str(_cfg(context, "out", "keyholder"))),
-        report_path=Path(str(nc.get("report", "report.json"))))
+    try:
+        report = keyholder_adapter.split_result(
+            kh, unpack_json(msg.content, "info"), unpack_json(msg.content, "manifest"), unpack_blob(msg.content),
+            lam=float(nc.get("lambda", 0.0)), min_class_count=int(nc.get("min-class-count", 1)),
+            out=Path(str(_cfg(context, "out", "keyholder"))), report_path=Path(str(nc.get("report", "report.json"))))
+    except SecureAFLError as e:
+        return Message(content=pack({"error": e.reason, "detail": str(e)}), reply_to=msg)
     return Message(content=pack({"report": report}), reply_to=msg)

@@ -4,7 +4,8 @@ Everything the key holder decides (manifest and upload signatures, its own
 ``min_clients``, the re-sum of the signed uploads and the single flooded
 decryption for HE sessions, the release ledger, the aggregate tag, sanity
 checks, RI restoration and the solve) is :meth:`KeyHolder.release_he` (ckks,
-bfv), :meth:`KeyHolder.release_split` (split: its share, from the seed statements alone) or
+bfv), :meth:`KeyHolder.release_split` and :meth:`KeyHolder.release_from_sum` (split: its share, from the seed
+statements alone, then the release from the server-signed masked sum over its cohort) or
 :meth:`KeyHolder.reveal_and_solve` (plain, secagg); this module only feeds it
 what the ServerApp sent and writes the model and report the way
 ``secure-afl keyholder finalize`` writes them.
@@ -19,7 +20,7 @@ from secure_afl.exceptions import InvalidInputError, MalformedPayload
 from secure_afl.backends import HE_BACKENDS
 from secure_afl.keyholder import KeyHolder, write_model
 from secure_afl.keyholder.model import model_metadata
-from secure_afl.keyholder.release.split_share import read_split_result
+from secure_afl.keyholder.release.split_share import read_split_answer
 from secure_afl.session.relay import check_same
 from secure_afl.session.signed import load_signed
 from secure_afl.cohort import release_policy
@@ -104,41 +105,32 @@ def finalize(kh: KeyHolder, info: dict, aggregate: bytes, manifest: dict, tags: 
     return res.report
 
 
-def split_share(kh: KeyHolder, info: dict, manifest: dict, tags: dict, verifier, *, min_clients: int,
-                min_class_count: int, lam: float) -> tuple[bytes, dict]:
+def split_share(kh: KeyHolder, info: dict, manifest: dict, tags: dict, verifier, *, min_clients: int) -> tuple[bytes, dict]:
     """split: :meth:`KeyHolder.release_split` over what the ServerApp sent (the manifest, the hospitals'
     signed seed statements and the server's signed verifier messages; never a masked vector): the same
-    validity decision and refusals by name as over HTTP. The collector solves under the session's policy, so a
-    stricter one asked here is refused, as ``keyholder finalize`` refuses it."""
-    from secure_afl.exceptions import PolicyViolation
-
+    validity decision and refusals by name as over HTTP."""
     definition = load_signed(kh.pki_dir, str(info.get("session_id")))
     if definition.backend != "split":
         raise InvalidInputError(f"session {definition.session_id} runs {definition.backend}, not split")
-    if min_class_count > definition["min_class_count"] or lam:
-        raise PolicyViolation(f"a split release is solved by the collector under the session's "
-                              f"min_class_count={definition['min_class_count']} and lambda 0; this key holder "
-                              f"asked for min_class_count={min_class_count}, lambda={lam}")
     rp = release_policy(definition, min_clients=min_clients)
     return kh.release_split(definition.session_id, _MessageSource(manifest, {}, tags, verifier),
                             min_clients=rp.min_clients)
 
 
-def split_result(kh: KeyHolder, info: dict, manifest: dict, result: bytes, *, lam: float, out: Path,
-                 report_path: Path) -> dict:
-    """split: the model and report from the collector's release, as ``keyholder finalize`` writes them."""
-    sid = str(info.get("session_id"))
-    params = kh.params(sid)
+def split_result(kh: KeyHolder, info: dict, manifest: dict, answer: bytes, *, lam: float, min_class_count: int,
+                 out: Path, report_path: Path) -> dict:
+    """split: the release this key holder forms from its own share statement and share (relayed back by the
+    ServerApp, checked against its own signature) and the server-signed masked sum over that statement's
+    cohort (:meth:`KeyHolder.release_from_sum`), written as ``keyholder finalize`` writes it."""
+    definition = load_signed(kh.pki_dir, str(info.get("session_id")))
+    rp = release_policy(definition, min_class_count=min_class_count)
     try:
-        _, W, report = read_split_result(params, json.loads(result))
-    except (ValueError, MalformedPayload):
-        raise InvalidInputError("the ServerApp's split result is not the collector's release") from None
-    if report.get("session_id") != sid or report.get("params_digest") != params.digest().hex() \
-            or report.get("aggregate_sha256") != manifest.get("aggregate_sha256"):
-        raise InvalidInputError("the ServerApp's split result is for another session, parameters or manifest")
-    if params.dp is not None:
-        report["dp"] = {**(report.get("dp") or {}), **kh.split_privacy(params, manifest)}
-    write_model(out, W, model_metadata(params, report, lam))
+        statement, body, signed, masked = read_split_answer(json.loads(answer))
+    except (ValueError, MalformedPayload) as e:
+        raise kh.refuse_server_sum(definition.session_id, e) from None
+    res = kh.release_from_sum(definition.session_id, body, statement, signed, masked, manifest, lam=lam,
+                              min_class_count=rp.min_class_count)
+    write_model(out, res.W, model_metadata(res.params, res.report, lam))
     report_path.parent.mkdir(parents=True, exist_ok=True)
-    report_path.write_text(json.dumps(report, indent=2))
-    return report
+    report_path.write_text(json.dumps(res.report, indent=2))
+    return res.report

@@ -159,8 +159,8 @@ def run_session(grid: Grid, session_config: Path, *, node_wait_s: float, reply_t
 def _split_release(grid: Grid, server, config, kh_node: int, fields: dict, timeout_s: float) -> dict:
     """split: the key holder gets the manifest, the hospitals' signed seed statements and the server's signed
     verifier messages -- no masked vector, no masked sum -- and answers with its share (over the uploads whose
-    validity proof holds); the server (the collector) checks it against its own manifest,
-    unmasks, checks and solves, and the key holder writes the model from that release."""
+    validity proof holds); the server checks it against its own manifest and the signed policy and signs the
+    masked sum of exactly the share statement's cohort, from which the key holder forms the release itself."""
     party = f"keyholder:{config.keyholder}"
     # the key holder's query seed per upload (from its own key and the signed commitment), then the server's
     # signed verifier message at each, as POST /split/queries forms them: the key holder decides each proof on
@@ -186,6 +186,9 @@ def _split_release(grid: Grid, server, config, kh_node: int, fields: dict, timeo
     server.collect(party, unpack_blob(reply.content), statement)
     reply = _one(grid, Message(content=pack({"info": fields["info"], "manifest": fields["manifest"]}, server.result()),
                                dst_node_id=kh_node, message_type=SPLIT_RESULT), timeout_s, "the key holder's model")
+    if "error" in reply.content["fields"]:
+        raise StageError(f"the key holder formed no release: {unpack_str(reply.content, 'error')}: "
+                         f"{unpack_str(reply.content, 'detail')}")
     return unpack_json(reply.content, "report")
 
 

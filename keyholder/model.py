@@ -39,6 +39,9 @@ class ModelMetadata:
     class_names: tuple[str, ...] | None = None
     extractor: ExtractorFingerprint | None = None
     extractor_sha256: str | None = None
+    samples: int | None = None
+    class_counts: tuple[int, ...] | None = None
+    w_rel_bound: float | None = None
 
     @classmethod
     def from_file(cls, raw: dict[str, str], where: str = "the model file") -> "ModelMetadata":
@@ -52,7 +55,11 @@ class ModelMetadata:
                        participants=tuple(value["participants"]),
                        class_names=None if value.get("class_names") is None else tuple(value["class_names"]),
                        extractor=None if ext is None else ExtractorFingerprint.from_dict(ext),
-                       extractor_sha256=value.get("extractor_sha256"))
+                       extractor_sha256=value.get("extractor_sha256"),
+                       samples=None if value.get("samples") is None else int(value["samples"]),
+                       class_counts=None if value.get("class_counts") is None else
+                       tuple(int(c) for c in value["class_counts"]),
+                       w_rel_bound=None if value.get("w_rel_bound") is None else float(value["w_rel_bound"]))
         except (KeyError, TypeError, ValueError) as e:
             raise InvalidInputError(f"{where} is not a secure-afl model file: its metadata lacks or garbles "
                                     f"{e}", reason="invalid_model") from None
@@ -67,6 +74,14 @@ def model_metadata(params: SessionParams, report: dict, lam: float) -> dict:
     meta = {"session": params.session_id, "params_digest": params.digest().hex(), "backend": params.backend,
             "gamma": params.gamma, "lambda": report.get("lambda_total", lam),
             "classes": params.layout.n_classes, "participants": report["participants"]}
+    # what a pilot compares its plaintext against (``secure-afl audit compare``): the released counts and the
+    # certified bound on W's relative error (None: no bound, C singular)
+    for k in ("samples", "class_counts", "refused"):
+        if report.get(k) is not None:
+            meta[k] = report[k]
+    bound = report.get("w_error_bound") or {}
+    if "rel_bound" in bound:
+        meta["w_rel_bound"] = bound["rel_bound"] if bound.get("applies") else None
     if params.extractor is not None:
         fp = ExtractorFingerprint.from_dict(params.extractor)
         meta.update(class_names=list(fp.classes), extractor=fp.to_dict(), extractor_sha256=fp.digest())

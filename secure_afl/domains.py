@@ -30,6 +30,7 @@ AUDIT_COUNTERSIGN = b"secure-afl/audit-countersign/v1\0"  # the key holder over 
 SPLIT_SEED = b"secure-afl/split/seed/v1\0"                # split: a hospital's sealed seed box
 SPLIT_SHARE = b"secure-afl/split/share/v1\0"              # split: the share server's answer
 SPLIT_VERIFIER = b"secure-afl/split/verifier/v1\0"        # split: the server's verifier message on one upload
+SPLIT_SUM = b"secure-afl/split/sum/v1\0"                  # split: the server's masked sum over a share statement's cohort
 SECAGG_KEY_ADVERTISEMENT = b"secure-afl/secagg/v2/key-advertisement\0"
 SECAGG_CONSISTENCY = b"secure-afl/secagg/v2/consistency-digest\0"
 SECAGG_DEAL = b"secure-afl/secagg/v2/deal\0"
@@ -48,11 +49,13 @@ TAG_BOX = b"secure-afl/tag-box/v1"                        # the tag's X25519 box
 SPLIT_SEED_HPKE = b"secure-afl/split/seed-hpke/v2"        # split: the seed's HPKE box (info || 0 || AD)
 SPLIT_QUERY_KEY = b"secure-afl/split/query-key/v1"        # split: the key holder's query key from its seed key
 SPLIT_JUDGED_KEY = b"secure-afl/split/judged-sum-key/v1"  # split: the key sealing the judged uploads' mask sum
+SPLIT_KEPT_SEED_KEY = b"secure-afl/split/kept-seed-key/v1"  # split: a hospital's key sealing its own seed at rest
 
 # -- AEAD associated data ----------------------------------------------------------------------
 SECAGG_SHARE_AD = "secure-afl/secagg/v2/share/"           # + round/digest/sender->recipient/ + commitments
 CKKS_SECRET_CONTEXT_AD = b"secure-afl/ckks-secret-context/v1/session="
 SPLIT_JUDGED_AD = b"secure-afl/split/judged-sum/v1\0"     # split: + the sealed sum's session and hospitals
+SPLIT_KEPT_SEED_AD = b"secure-afl/split/kept-seed/v1\0"    # split: + the kept seed's session, hospital, payload
 FLOWER_SECAGG_STATE_AD = "secure-afl flower secagg state"  # label of the sealed secagg state kept between Flower calls
 
 # -- XOF / PRG domains: the 12-byte ChaCha20 nonce of a keystream (hazmat.prg.expand, hazmat.flp.expand_field) --
@@ -86,15 +89,17 @@ SIGNATURES = {
     "TAG": TAG, "AUDIT_RECORD": AUDIT_RECORD, "AUDIT_CLOSE": AUDIT_CLOSE,
     "AUDIT_COUNTERSIGN": AUDIT_COUNTERSIGN, "SPLIT_SEED": SPLIT_SEED, "SPLIT_SHARE": SPLIT_SHARE,
     "SECAGG_KEY_ADVERTISEMENT": SECAGG_KEY_ADVERTISEMENT, "SECAGG_CONSISTENCY": SECAGG_CONSISTENCY,
-    "SECAGG_DEAL": SECAGG_DEAL, "SPLIT_VERIFIER": SPLIT_VERIFIER
+    "SECAGG_DEAL": SECAGG_DEAL, "SPLIT_VERIFIER": SPLIT_VERIFIER, "SPLIT_SUM": SPLIT_SUM
 }
 HASHES = {"AUDIT_CHAIN": AUDIT_CHAIN, "SECAGG_GRAPH_SEED": SECAGG_GRAPH_SEED,
           "SECAGG_SHARE_COMMITMENT": SECAGG_SHARE_COMMITMENT, "SECAGG_DEAL_CHALLENGE": SECAGG_DEAL_CHALLENGE,
           "SPLIT_VALIDITY": SPLIT_VALIDITY, "SPLIT_QUERY": SPLIT_QUERY}
 KDF_INFO = {"SECAGG_PAIRWISE": SECAGG_PAIRWISE, "TAG_BOX": TAG_BOX, "SPLIT_SEED_HPKE": SPLIT_SEED_HPKE,
-            "SPLIT_QUERY_KEY": SPLIT_QUERY_KEY, "SPLIT_JUDGED_KEY": SPLIT_JUDGED_KEY}
+            "SPLIT_QUERY_KEY": SPLIT_QUERY_KEY, "SPLIT_JUDGED_KEY": SPLIT_JUDGED_KEY,
+            "SPLIT_KEPT_SEED_KEY": SPLIT_KEPT_SEED_KEY}
 AEAD = {"SECAGG_SHARE_AD": SECAGG_SHARE_AD, "CKKS_SECRET_CONTEXT_AD": CKKS_SECRET_CONTEXT_AD,
-        "FLOWER_SECAGG_STATE_AD": FLOWER_SECAGG_STATE_AD, "SPLIT_JUDGED_AD": SPLIT_JUDGED_AD}
+        "FLOWER_SECAGG_STATE_AD": FLOWER_SECAGG_STATE_AD, "SPLIT_JUDGED_AD": SPLIT_JUDGED_AD,
+        "SPLIT_KEPT_SEED_AD": SPLIT_KEPT_SEED_AD}
 XOF = {"PRG_SELF_MASK": PRG_SELF_MASK, "PRG_PAIR_MASK": PRG_PAIR_MASK, "PRG_GRAPH": PRG_GRAPH,
        "PRG_SPLIT_MASK": PRG_SPLIT_MASK, "SPLIT_SHARE_XOF": SPLIT_SHARE_XOF, "SPLIT_ROW_XOF": SPLIT_ROW_XOF,
        "SPLIT_PROOF_XOF": SPLIT_PROOF_XOF, "SPLIT_GRAM_ROW_XOF": SPLIT_GRAM_ROW_XOF, "SPLIT_RHO_XOF": SPLIT_RHO_XOF,

@@ -33,7 +33,7 @@ from .encoding import canonical_json, parse_json
 
 __all__ = ["H_BODY", "verify_request_digest", "H_PARTY", "H_TIME", "H_NONCE", "H_SIGNATURE", "H_UPLOAD", "H_TAG", "REQUEST_PREFIX",
            "SECAGG_REQUEST_PREFIX", "SECAGG_CONSISTENCY", "SECAGG_COMPLAINT", "MAX_SKEW_S",
-           "sign_request", "verify_request", "API", "SPLIT_RESULT_ENCODING", "decode_result_array", "context_publication",
+           "sign_request", "verify_request", "API", "context_publication",
            "parse_context_publication"]
 
 H_PARTY = "x-safl-party"
@@ -54,28 +54,6 @@ SECAGG_COMPLAINT = "complaint"
 MAX_SKEW_S = 300
 
 API = "/v1"
-
-#: how ``GET .../split/result`` carries the released sum and W: each array the base64 of its ``.npy`` file
-SPLIT_RESULT_ENCODING = "npy-base64"
-
-
-def decode_result_array(text, shape: tuple, what: str):
-    """A float64 array of ``shape`` from its base64 ``.npy`` file (:data:`SPLIT_RESULT_ENCODING`);
-    :class:`MalformedPayload` for anything else (no pickle is ever loaded)."""
-    import io
-
-    import numpy as np
-
-    try:
-        if not isinstance(text, str):
-            raise ValueError
-        a = np.load(io.BytesIO(base64.b64decode(text, validate=True)), allow_pickle=False)
-    except (ValueError, TypeError, binascii.Error, OSError, EOFError):
-        raise MalformedPayload(f"{what} is not a base64 .npy array") from None
-    if not isinstance(a, np.ndarray) or a.dtype != np.dtype("<f8") or a.shape != tuple(shape):
-        raise MalformedPayload(f"{what} is not a float64 array of shape {tuple(shape)}")
-    return a
-
 
 def _statement(party: str, method: str, path: str, body_sha256: str, nonce: str, t: int) -> dict:
     return {"type": "request", "v": 1, "party": party, "method": method.upper(), "path": path,

@@ -7,54 +7,31 @@ relays to the key holder as that upload's tag. No route serves a masked
 vector or the masked sum to anyone: the key holder holds every seed, so
 either would be readable there.
 
-Collector: once the key holder posted its share ``S = -sum PRG(s_k)``,
-signed over this session's manifest (its digest, masked-sum hash and
-cohort), the server checks that signature against the pinned key holder
-identity and its own stored manifest, forms ``dec(Y + S)``, and runs the
-checks, RI restoration and the solve (the path plain and secagg releases
-take). The result (W and the report) is stored and served to the consortium's
-parties; the share is accepted once.
+Once the key holder posted its share ``S = -sum PRG(s_k)`` with its statement
+signed over this session's manifest (its digest, masked-sum hash and cohort),
+the server checks that signature against the pinned key holder identity, its
+own stored manifest and the signed release policy, and signs the masked sum
+``Y_c`` of exactly that statement's cohort. The key holder takes ``Y_c``,
+adds ``S`` and forms the release itself, as every other backend's key holder
+does; the share is accepted once, and the server keeps the statement, the
+share and its signed sum for an auditor (``secure-afl audit release``).
 """
 
 from __future__ import annotations
 
 import base64
-import io
 import json
 
-import numpy as np
 
 from secure_afl.exceptions import Forbidden, MalformedPayload, RoundAlreadyClosed, SecureAFLError, StageError
-from secure_afl.protocol import API, H_TAG, SPLIT_RESULT_ENCODING
+from secure_afl.protocol import H_TAG
 
 from .aggregator import AggregationServer, log
 from secure_afl import split
-from secure_afl.backends import get_backend
-from secure_afl.certify import certify_release
 from secure_afl.cohort import JOINT_CHECK, cohort_after_refusals
-from secure_afl.packing import Layout
+from secure_afl.split_release import cohort_masked_sum
 
 __all__ = ["SplitAggregationServer"]
-
-
-def _dp_checks_and_solve(params, stats, contributors: int):
-    """A noisy release (each hospital added its Skellam share before masking): the noise-aware checks, no
-    rare-class rule (every count is noised), and the DP solve (PSD repair and the calibrated ridge, never RI
-    restoration), as the key holder does for secagg and bfv. The privacy ledger is the key holder's: it
-    accounted this release before its share left (``KeyHolder.release_split``); the epsilon here is the same
-    public function of the signed parameters and the cohort size."""
-    from secure_afl.dp import dp_sanity_check, dp_solve
-    from secure_afl.dp.mechanism import release_epsilon
-
-    if contributors < int(params.dp["min_contributors"]):  # the key holder refuses first; never solve short noise
-        raise StageError(f"{contributors} contributions carry less than the declared noise "
-                         f"(dp min_contributors={params.dp['min_contributors']})")
-    # a proven upload may exceed the declared per-entry bound (up to 2T, docs/VALIDITY.md) without wrapping:
-    # the noisy bound is reported, as the non-DP shape checks are, so it cannot veto the release
-    checks = dp_sanity_check(stats, params, contributors, advisory=("noisy_bound",))
-    W, solve_info = dp_solve(stats, params, contributors)
-    return {"checks": checks}, W, {**dict(params.dp), "epsilon": release_epsilon(params, contributors),
-                                   "contributors": contributors, "solve": solve_info}
 
 
 class SplitAggregationServer(AggregationServer):
@@ -139,62 +116,31 @@ class SplitAggregationServer(AggregationServer):
         return {h: done[h] for h in queries}
 
     def collect(self, party: str, body: bytes, statement: dict) -> dict:
-        """Check the key holder's share against the stored manifest, unmask the sum, check and solve."""
-        from secure_afl.analytic import solve_from_sums
-        from secure_afl.release_checks import check_class_minimum, sanity_check
-
+        """Check the key holder's share statement against the stored manifest and the signed policy, then sign
+        the masked sum of exactly the cohort it names (the manifest's sum less the refused uploads' masked
+        words) and keep the statement, the share and the signed sum: the key holder adds its share and forms
+        the release itself; an auditor recomputes the sum from the stored uploads. Returns the signed sum."""
         with self._lock:
             try:
                 aggregate, manifest = self.released()
                 if self.store.get_meta("split_result") is not None:
-                    raise RoundAlreadyClosed("the key holder's share was already combined; a share is taken once")
-                share = split.verify_share(self.params, manifest, body, statement, self.lookup_pub(party))
+                    raise RoundAlreadyClosed("the key holder's share was already taken; a share is taken once")
+                split.verify_share(self.params, manifest, body, statement, self.lookup_pub(party))
                 refused = dict(statement["refused"])
                 # the signed session's floor, whatever the share says: refusals past max_refusals or a cohort
                 # below the quorum abort the release here too
                 cohort_after_refusals(self.release_policy, [p["hospital"] for p in manifest["participants"]],
                                       refused)
-                # the refused uploads are in the masked sum but not in the key holder's share: take them out
-                backend = get_backend(self.params)
-                out = [backend.masked_words(self.store.get_blob(row["payload_sha256"]))
-                       for row in self.store.uploads() if row["hospital"] in refused]
-                vector = split.collect(self.params, aggregate, share, subtract=out)
-                participants = list(statement["cohort"])
-                tol = split.expected_abs_error(self.params, len(participants))
-                stats = Layout(self.params.layout.dim, self.params.layout.n_classes).unpack(vector,
-                                                                                           gamma=self.params.gamma)
-                if self.params.dp is None:
-                    # a hospital can break the Gram's shape (PSD, Cauchy-Schwarz) and the trace by a 2^-30 relative
-                    # slack while its validity proof holds: those checks are reported, not a veto (docs/VALIDITY.md)
-                    sanity = sanity_check(stats, self.params, len(participants), abs_tol=tol,
-                                          advisory=split.ADVISORY_CHECKS)
-                    check_class_minimum(stats, self.config.min_class_count)
-                    W, dp_info = solve_from_sums(stats), None
-                else:
-                    sanity, W, dp_info = _dp_checks_and_solve(self.params, stats, len(participants))
-                bound = certify_release(self.params, stats, W, len(participants))
+                masked_sum = cohort_masked_sum(self.params, aggregate, [
+                    self.store.get_blob(row["payload_sha256"]) for row in self.store.uploads()
+                    if row["hospital"] in refused], len(statement["cohort"]))
             except SecureAFLError as e:
                 self.refuse("split_collect", party, e)
                 raise
-            report = {
-                "session_id": self.params.session_id, "backend": "split", "participants": participants,
-                "contributors": len(participants), "samples": int(round(stats.n)),
-                "class_counts": [int(round(c)) for c in stats.class_counts], "gamma": self.params.gamma,
-                "lambda_requested": 0.0, "lambda_total": 0.0, "aggregate_sha256": manifest["aggregate_sha256"],
-                "params_digest": self.params.digest().hex(),
-                "sanity": sanity if isinstance(sanity, dict) else sanity.to_dict(),
-                "error_bound_per_entry": tol, "dp": dp_info, "w_error_bound": bound.to_dict(),
-                "verdict": bound.verdict, "share_sha256": statement["share_sha256"], "collector": "server",
-                "refused": refused,
-            }
-            buf = io.BytesIO()
-            np.save(buf, vector.astype("<f8"))
-            vec_sha = self.store.put_blob(buf.getvalue())
-            buf = io.BytesIO()
-            np.save(buf, np.ascontiguousarray(W, dtype="<f8"))
-            w_sha = self.store.put_blob(buf.getvalue())
-            self.store.set_meta("split_result", {"report": report, "aggregate_vector_sha256": vec_sha,
-                                                 "W_sha256": w_sha})
+            signed = split.sign_masked_sum(self._key, self.params, statement, masked_sum)
+            self.store.set_meta("split_result", {"share_statement": statement, "masked_sum": signed,
+                                                 "share_sha256": self.store.put_blob(body),
+                                                 "masked_sum_blob": self.store.put_blob(masked_sum)})
             for h, check in refused.items():
                 # the key holder's signed share names it; the server's own verifier message is kept beside
                 # and so is the key holder's own message: with the two, anyone recomputes the verdict; only the
@@ -207,21 +153,25 @@ class SplitAggregationServer(AggregationServer):
                                            "keyholder_message": ev.get("keyholder_message")})
             self.audit.append("split_collect", actor=party, outcome="accepted", session=self.config.session_id,
                               details={"share_sha256": statement["share_sha256"],
-                                       "manifest_sha256": statement["manifest_sha256"], "contributors":
-                                       len(participants)})
-            log.info("[Stage release] split: key holder's share combined over %d contributions", len(participants))
-            return report
+                                       "manifest_sha256": statement["manifest_sha256"],
+                                       "masked_sum_sha256": signed["masked_sum_sha256"],
+                                       "contributors": len(statement["cohort"])})
+            log.info("[Stage release] split: masked sum over the key holder's cohort of %d signed",
+                     len(statement["cohort"]))
+            return signed
 
     def result(self) -> bytes:
-        """``{report, vector, W}`` (the released aggregate sum and the model) as JSON bytes, each array the base64
-        of its ``.npy`` file (float64 little endian, shape in the header): exact, and 182 634 floats at d = 512
-        took a quarter of a second to print and parse as JSON numbers."""
+        """``{share_statement, share, masked_sum, aggregate}`` as JSON bytes: the key holder's signed share
+        statement and share (base64), the server-signed masked-sum statement and the sealed masked sum over that
+        statement's cohort (base64). The key holder forms the release from it; an auditor checks it against
+        the stored uploads. Nothing in it is readable without the share, which only the key holder formed."""
         r = self.store.get_meta("split_result")
         if r is None:
             raise StageError("the key holder has not released its share yet")
-        return json.dumps({"report": r["report"], "encoding": SPLIT_RESULT_ENCODING,
-                           "vector": base64.b64encode(self.store.get_blob(r["aggregate_vector_sha256"])).decode(),
-                           "W": base64.b64encode(self.store.get_blob(r["W_sha256"])).decode()}).encode()
+        return json.dumps({"share_statement": r["share_statement"], "masked_sum": r["masked_sum"],
+                           "share": base64.b64encode(self.store.get_blob(r["share_sha256"])).decode(),
+                           "aggregate": base64.b64encode(self.store.get_blob(r["masked_sum_blob"])).decode()}
+                          ).encode()
 
     def collect_request(self, party: str, body: bytes, raw_statement: str | None) -> dict:
         """``POST .../split/share``: the key holder's share with its signed statement in the ``H_TAG``

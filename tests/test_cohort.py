@@ -387,7 +387,7 @@ def test_a_refused_hospital_proves_the_server_forged_its_refusal_with_its_own_up
     for h in names:
         cl = c.hospital(h)
         cl.submit(c.stats(*c.data(h)))
-        kept[h] = cl.dispute_paths()
+        kept[h] = (*cl.dispute_paths()[:2], cl.kept_seed())
         cl.close()
     conn.request("POST", conn.path("/close"))
     server_key = pki.load_party(c.pki_dir, "server", "aggregator").identity_key()
@@ -404,9 +404,9 @@ def test_a_refused_hospital_proves_the_server_forged_its_refusal_with_its_own_up
     # Execute: the key holder's release against that server; then h2 disputes from what it kept
     body, statement = c.keyholder.release_split(c.session_id, Forging(conn), min_clients=3)
     evidence = json.loads((c.keyholder.keys_dir / f"{c.session_id}.validity-refusals.json").read_text())
-    payload_path, statement_path = kept["h2"]
+    payload_path, statement_path, seed = kept["h2"]
     out = split.dispute(c.keyholder.params(c.session_id), "h2", payload_path.read_bytes(),
-                                 json.loads(statement_path.read_text()), evidence["server_messages"]["h2"],
+                                 json.loads(statement_path.read_text()), seed, evidence["server_messages"]["h2"],
                                  statement["evidence"]["h2"]["keyholder_message"],
                                  pki.pinned_identity(c.pki_dir, "server"))
     conn.close()
@@ -424,8 +424,8 @@ def test_a_refused_hospital_proves_the_server_forged_its_refusal_with_its_own_up
     # an honest hospital's dispute against the genuine message finds the message true
     with c.connect_keyholder() as again:
         genuine = HTTPSource(again).split_verifier()["h3"]
-    p3, s3 = kept["h3"]
+    p3, s3, seed3 = kept["h3"]
     honest = split.dispute(c.keyholder.params(c.session_id), "h3", p3.read_bytes(),
-                                    json.loads(s3.read_text()), genuine, None,
+                                    json.loads(s3.read_text()), seed3, genuine, None,
                                     pki.pinned_identity(c.pki_dir, "server"))
     assert honest["server_message_true"]

@@ -97,34 +97,36 @@ def test_finalize_without_a_passphrase_names_the_flag_not_the_python_argument(co
 
 
 @pytest.mark.e2e
-def test_split_finalize_with_a_policy_the_collector_cannot_apply_names_the_fix_and_changes_nothing(consortium,
-                                                                                                   tmp_path):
+def test_split_finalize_applies_the_key_holders_own_lambda_since_it_solves_w_itself(consortium, tmp_path):
     # Prepare: a published split session, both hospitals uploaded
+    from secure_afl.analytic import solve_from_sums
+    from secure_afl.keyholder import read_model
+
     c = consortium(backend="split", hospitals=("h1", "h2"), min_clients=2, extra_session={"min_class_count": 1})
     c.start()
     _keyed(c)
     with c.connect_keyholder() as conn:
         c.keyholder.publish(conn)
+    plain = None
     for h in c.hospitals:
         cl = c.hospital(h)
-        cl.submit(c.stats(*c.data(h)))
+        s = c.stats(*c.data(h))
+        plain = s if plain is None else plain + s
+        cl.submit(s)
         cl.close()
     passfile = tmp_path / "pass"
     passfile.write_text("test passphrase\n")
     passfile.chmod(0o600)
 
-    # Execute: a --lambda the collector's solve cannot apply
-    out = _finalize(c, tmp_path, "--passphrase-file", passfile, "--lambda", "0.5")
+    # Execute: a --lambda and a stricter --min-class-count than the session's (the key holder applies both)
+    out = _finalize(c, tmp_path, "--passphrase-file", passfile, "--lambda", "0.5", "--min-class-count", "2")
 
-    # Assert: the policy refusal says what to run instead, and the round is still open for that rerun
-    assert out.returncode == EXIT_REFUSED
-    assert _error_line(out.stderr) == (
-        "secure-afl: error [policy_violation]: a split release is solved by the collector under the session's "
-        "min_class_count=1 and lambda 0, but this key holder asked for min_class_count=1, lambda=0.5: run "
-        "finalize with --min-class-count 1 or less and without --lambda (nothing was changed)")
-    with c.connect_keyholder() as conn:
-        assert conn.info()["status"] == "open"
-    assert _finalize(c, tmp_path, "--passphrase-file", passfile).returncode == 0
+    # Assert: the release is the key holder's solve at that ridge, over the plaintext sum
+    assert out.returncode == 0, out.stderr
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["lambda_total"] == 0.5 and report["participants"] == ["h1", "h2"]
+    W, meta = read_model(tmp_path / "model.safetensors")
+    assert np.max(np.abs(W - solve_from_sums(plain, lam=0.5))) < 1e-6
 
 
 @pytest.mark.e2e

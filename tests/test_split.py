@@ -319,34 +319,3 @@ def test_every_upload_draws_a_fresh_seed():
     assert np.count_nonzero(diff) >= diff.shape[0] - 2
     assert split.open_seed(params, keys.secret_context, "h1", sa["payload_sha256"], bytes.fromhex(sa["box"])) != \
         split.open_seed(params, keys.secret_context, "h1", sb["payload_sha256"], bytes.fromhex(sb["box"]))
-
-
-def test_the_released_arrays_travel_as_npy_and_anything_else_is_refused():
-    import base64
-    import io
-
-    from secure_afl.exceptions import MalformedPayload
-    from secure_afl.protocol import decode_result_array
-
-    def npy(a) -> str:
-        buf = io.BytesIO()
-        np.save(buf, a)
-        return base64.b64encode(buf.getvalue()).decode()
-
-    # a known array: every float64 bit pattern comes back (the JSON numbers it replaces printed 17 digits)
-    w = np.array([[0.1, -2.5e-300, 1e308], [np.nextafter(1.0, 2.0), -0.0, 3.0]], dtype="<f8")
-    got = decode_result_array(npy(w), (2, 3), "W")
-    assert got.dtype == np.float64 and got.tobytes() == w.tobytes()
-    bad = {
-        "float32": npy(np.ones((2, 3), dtype="<f4")),
-        "big-endian": npy(w.astype(">f8")),
-        "another shape": npy(w.T.copy()),
-        "an object array (a pickle)": npy(np.array([{"x": 1}], dtype=object)),
-        "not base64": "@@@",
-        "not .npy": base64.b64encode(w.tobytes()).decode(),
-        "JSON numbers": w.tolist(),
-        "nothing": None,
-    }
-    for name, text in bad.items():
-        with pytest.raises(MalformedPayload):
-            decode_result_array(text, (2, 3), "W")

@@ -9,7 +9,8 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from secure_afl import split
-from secure_afl.exceptions import InvalidInputError, InvalidSignature
+from secure_afl.cohort import ReleasePolicy
+from secure_afl.exceptions import InsufficientContributors, InvalidInputError, InvalidSignature
 from secure_afl.hazmat import flp
 from secure_afl.packing import Layout
 from secure_afl.params import Bounds
@@ -63,7 +64,10 @@ def test_a_cheater_is_refused_by_name_and_the_rest_released(session):
     ident = Ed25519PrivateKey.generate()
     body, seed, com = circuit.prove("h3", lanes=lanes, check=False)
     cheat = split.seal_upload(params, body, seed, com, keys.public_context, "h3", ident)
-    run = split.run_split(params, keys, vectors, uploads={"h3": cheat}, identities={"h3": ident})
+    # the session's policy lets one upload be refused (max_refusals = 1) and needs two to release
+    policy = ReleasePolicy("driver", "split", ("h1", "h2", "h3"), min_clients=2, colluders=0, quorum=2,
+                           max_refusals=1, min_class_count=1, deadline=None)
+    run = split.run_split(params, keys, vectors, uploads={"h3": cheat}, identities={"h3": ident}, policy=policy)
     assert run.verdicts == {"h1": None, "h2": None, "h3": "linear"}
     assert run.share[1]["cohort"] == ["h1", "h2"] and run.share[1]["refused"] == {"h3": "linear"}
     # its evidence is the key holder's own message: with the server's signed one, anyone recomputes the verdict
@@ -73,6 +77,45 @@ def test_a_cheater_is_refused_by_name_and_the_rest_released(session):
                                run.server_pub) == "linear"
     tol = split.expected_abs_error(params, 2)
     assert float(np.max(np.abs(run.vector - vectors["h1"] - vectors["h2"]))) <= tol
+
+
+def _cheat(params, keys, hospital: str):
+    circuit = split.Circuit(params)
+    lanes = circuit.lanes(_vector(3)).copy()
+    lanes[LAYOUT.slices["counts"].start] = (-(1 << circuit.f1)) % flp.P
+    ident = Ed25519PrivateKey.generate()
+    body, seed, com = circuit.prove(hospital, lanes=lanes, check=False)
+    return split.seal_upload(params, body, seed, com, keys.public_context, hospital, ident), ident
+
+
+def test_the_release_policy_of_the_session_applies_as_the_parties_apply_it(session):
+    # Prepare: two honest uploads and a cheater; the session's default policy over three hospitals tolerates no
+    # refusal (max_refusals = colluders = 0), and a quorum of 2
+    params, keys = session
+    cheat, ident = _cheat(params, keys, "h3")
+    vectors = {"h1": _vector(1), "h2": _vector(2)}
+    # Execute / Assert: the refusal passes the signed limit: nothing is released, naming the limit
+    with pytest.raises(InsufficientContributors, match="max_refusals"):
+        split.run_split(params, keys, vectors, uploads={"h3": cheat}, identities={"h3": ident})
+    # a policy allowing one refusal but needing three contributors: the cohort of two is below the quorum
+    strict = ReleasePolicy("driver", "split", ("h1", "h2", "h3"), min_clients=3, colluders=0, quorum=3,
+                           max_refusals=1, min_class_count=1, deadline=None)
+    with pytest.raises(InsufficientContributors, match="quorum"):
+        split.run_split(params, keys, vectors, uploads={"h3": cheat}, identities={"h3": ident}, policy=strict)
+    # one hospital alone, under a roster of three: below the quorum of two (no release over whatever remains)
+    with pytest.raises(InsufficientContributors, match="quorum"):
+        split.run_split(params, keys, {"h1": _vector(1)}, policy=split.default_policy(params, ["h1", "h2", "h3"]))
+
+
+def test_the_key_holder_forms_the_release_from_the_servers_signed_sum_of_its_cohort(session):
+    params, keys = session
+    run = split.run_split(params, keys, [_vector(k) for k in range(2)])
+    masked, signed = run.masked_sum
+    # the sum is the server's word over exactly the key holder's statement: another statement's is refused
+    split.verify_masked_sum(params, run.share[1], masked, signed, run.server_pub)
+    other = {**run.share[1], "cohort": ["h1"]}
+    with pytest.raises(InvalidSignature, match="another share statement"):
+        split.verify_masked_sum(params, other, masked, signed, run.server_pub)
 
 
 def test_a_server_message_changed_after_signing_stops_the_key_holder(session):

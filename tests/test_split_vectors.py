@@ -124,3 +124,20 @@ def test_each_gram_case_breaks_only_the_relation_its_verdict_names(section, case
     w = flp.add(circuit.leader_share(body), circuit.helper_share(bytes.fromhex(case["seed"])))
     com = UploadCommitment.from_dict(case["validity"])
     assert circuit.evaluate(w, com, H) == BROKEN[EXPECTED[section][case["name"]]]
+
+
+def test_the_release_section_is_the_key_holders_share_and_the_servers_signed_sum_of_its_cohort():
+    # from the file alone: the key holder's statement and the server's signed sum hold, and they release the vector
+    params = _params("plain")
+    rel = VECTORS["release"]
+    keyholder = Ed25519PrivateKey.from_private_bytes(bytes.fromhex(VECTORS["keys"]["keyholder_ed25519"]))
+    body, masked = bytes.fromhex(rel["share"]), bytes.fromhex(rel["masked_sum"])
+    share = split.verify_share(params, rel["manifest"], body, rel["share_statement"], keyholder.public_key())
+    split.verify_masked_sum(params, rel["share_statement"], masked, rel["masked_sum_statement"], SERVER.public_key())
+    got = split.collect(params, masked, share)
+    assert [float(f) for f in got] == rel["released"]
+    assert np.max(np.abs(got - np.array(VECTORS["vector"]))) <= split.expected_abs_error(params, 1)
+    # the server's signature binds the statement it answers: the same sum for another statement is refused
+    other = {**rel["share_statement"], "share_sha256": "00" * 32}
+    with pytest.raises(SecureAFLError, match="another share statement"):
+        split.verify_masked_sum(params, other, masked, rel["masked_sum_statement"], SERVER.public_key())

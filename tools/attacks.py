@@ -989,8 +989,11 @@ def attack_split_cohort(*, seed: int = 0, verbose: bool = True, work=None, roste
                                   .read_text())["server_messages"][h]
                 verdict = split.joint_verdict(params, h, row["payload_sha256"], kept,
                                                        ev["keyholder_message"], srv.party.identity_pub())
-                d_out = split.dispute(params, h, srv.store.get_blob(row["payload_sha256"]),
-                                               srv.tags()[h], kept, ev["keyholder_message"], srv.party.identity_pub())
+                # the hospital's own seed (it keeps it sealed beside its receipt; here the simulation opens its box)
+                h_seed = split.open_seed(params, kh.secret_context(params.session_id), h, row["payload_sha256"],
+                                         bytes.fromhex(srv.tags()[h]["box"]))
+                d_out = split.dispute(params, h, srv.store.get_blob(row["payload_sha256"]), srv.tags()[h], h_seed,
+                                      kept, ev["keyholder_message"], srv.party.identity_pub())
                 attributed = {"verdict_from_messages": verdict, "at_fault": d_out["at_fault"],
                               "recorded_as": ev["attribution"], "forged_message_kept": kept == server_msg or
                               kept["message"] == server_msg["message"]}

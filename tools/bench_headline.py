@@ -22,7 +22,7 @@ What runs, in order, each phase timed on its own:
                   taking hospitals one after another; split: the key holder judges the
                   uploads as they arrive, as ``secure-afl keyholder judge`` does;
 * ``release``     the key holder closes the round and releases (split: what was not judged
-                  yet, then its share of the masks; the collector solves), W back;
+                  yet, then its share of the masks; the key holder solves on the server-signed masked sum), W;
 * ``solve``       the solve alone, re-timed on the released statistics (it is inside
                   ``release`` too, so it is not added to the total again).
 

@@ -17,6 +17,10 @@ Then the bad cases, each replayed against both verifiers (tests/test_split_vecto
 * ``message_for_another_payload``: the server's signed message for the honest upload presented for the
   count_minus_one payload: the key holder refuses it (``InvalidSignature``).
 
+``release``: the honest upload's release: the key holder's share and signed share statement over a manifest
+naming it alone, the server's masked sum over that statement's cohort with its signed statement
+(``split-sum``), and the decoded sum.
+
 Two more sections, each with its own session, upload, seed box, statement and cases:
 
 * ``gram``: the same layout with ``[split] gram_proof`` at the fewest fractional bits the factor allows
@@ -220,9 +224,29 @@ def build(recorded: dict | None = None) -> dict:
         "payloads": {name: p.hex() for name, p in payloads.items()},
         "honest": honest,
         "negative": negatives,
+        "release": _release(params, pair, ed, payload, upload),
         "gram": _gram(pair, ed, None if recorded is None else recorded.get("gram")),
         "dp_gram": _dp_gram(pair, ed, None if recorded is None else recorded.get("dp_gram")),
     }
+
+
+def _release(params, pair, ed, payload: bytes, upload: dict) -> dict:
+    """The release of the honest upload alone: the manifest, the key holder's share and signed share statement,
+    the server's masked sum over that statement's cohort and its signed statement, and the decoded release."""
+    from secure_afl import split
+    from secure_afl.envelope import seal
+    from secure_afl.hazmat import flp
+
+    circuit = split.Circuit(params)
+    masked = seal(params, "aggregate", flp.to_bytes(circuit.upload_share(payload)[:circuit.main_len]), contributors=1)
+    manifest = {"participants": [{"hospital": HOSPITAL, "payload_sha256": upload["payload_sha256"]}],
+                "aggregate_sha256": hashlib.sha256(masked).hexdigest()}
+    share = split.keyholder_share(params, pair.secret_context, manifest, {HOSPITAL: upload["seed_statement"]},
+                                  {HOSPITAL: ed["hospital"].public_key()})
+    body, statement = split.sign_share(ed["keyholder"], params, manifest, share)
+    signed = split.sign_masked_sum(ed["server"], params, statement, masked)
+    return {"manifest": manifest, "share": body.hex(), "share_statement": statement, "masked_sum": masked.hex(),
+            "masked_sum_statement": signed, "released": [float(f) for f in split.collect(params, masked, share)]}
 
 
 # -- the Gram statement, and DP with it ------------------------------------------------------------------------

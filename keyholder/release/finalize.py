@@ -17,7 +17,6 @@ from __future__ import annotations
 
 from secure_afl.backends import HE_BACKENDS
 from secure_afl.cohort import release_policy
-from secure_afl.exceptions import PolicyViolation
 from secure_afl.params import KEYED_BACKENDS
 
 from .common import FinalResult, HTTPSource
@@ -63,26 +62,15 @@ class KeyHolder(HERelease, SplitRelease, RevealRelease):
                 or self.secret_context(conn.session_id)
         info = conn.info()
         # the session's own floor, from the signed definition only; this key holder's may only raise it
-        signed_class_count = definition["min_class_count"]
         policy = release_policy(definition, min_clients=min_clients, min_class_count=min_class_count)
         min_clients, min_class_count = policy.min_clients, policy.min_class_count
-        if definition.backend == "split" and (min_class_count > signed_class_count or lam):
-            # the collector (the server) checks and solves: it applies the signed session's policy, so a
-            # stricter one asked here could not be enforced; refused before the round is closed
-            raise PolicyViolation(
-                f"a split release is solved by the collector under the session's min_class_count="
-                f"{signed_class_count} and lambda 0, but this key holder asked for min_class_count={min_class_count}, "
-                f"lambda={lam:g}: run finalize with --min-class-count {signed_class_count} or less and without "
-                "--lambda (nothing was changed)"
-                + (f", or have the operator sign a new session with min_class_count = {min_class_count}"
-                   if min_class_count > signed_class_count else ""))
         if info["status"] != "released":
             self.close_round(conn)
             info = conn.info()
         self.countersign_audit_head(conn, conn.request("GET", conn.path("/manifest")).json())
         if definition.backend == "split":
             return self.finalize_split(conn, min_clients=min_clients, expected_hospitals=expected_hospitals,
-                                       secret=secret)
+                                       secret=secret, lam=lam, min_class_count=min_class_count)
         if definition.backend in HE_BACKENDS:
             return self.release_he(conn.session_id, HTTPSource(conn), min_clients=min_clients, lam=lam,
                                    min_class_count=min_class_count, expected_hospitals=expected_hospitals,

@@ -1,9 +1,13 @@
 """split: judge each upload's validity, then form this key holder's share over the cohort the verdicts leave,
-signed and bound to the manifest; keep the refusals' evidence; account the release it enables."""
+signed and bound to the manifest; keep the refusals' evidence; account the release it enables; form the release
+from the server-signed masked sum over exactly that cohort."""
 
 from __future__ import annotations
 
+import base64
+import binascii
 import json
+import logging
 import time
 from pathlib import Path
 
@@ -11,65 +15,131 @@ import numpy as np
 
 from secure_afl import split
 from secure_afl.cohort import ReleasePolicy, cohort_after_refusals
-from secure_afl.exceptions import InsufficientContributors, MalformedPayload, PolicyViolation
-from secure_afl.packing import Layout
+from secure_afl.exceptions import InsufficientContributors, InvalidSignature, MalformedPayload, PolicyViolation, \
+    SanityCheckFailed
+from secure_afl.hazmat import flp
 from secure_afl.params import SessionParams
-from secure_afl.protocol import H_TAG, SPLIT_RESULT_ENCODING, decode_result_array
+from secure_afl.protocol import H_TAG
 from secure_afl.release_checks import ReleaseLedger
+from secure_afl.split_release import form_release
 
 from ..verify import ContributionRejected, ServerForgery, verify_manifest_for
 from .common import FinalResult, HTTPSource, ReleaseBase, check_dp_noise
 
+log = logging.getLogger("secure_afl.keyholder")
 
-def read_split_result(params: SessionParams, out) -> tuple[np.ndarray, np.ndarray, dict]:
-    """``(released sum, W, report)`` from the collector's ``.../split/result`` answer (parsed JSON), each array
-    checked for its dtype and this session's shape; :class:`MalformedPayload` otherwise."""
-    if not isinstance(out, dict) or out.get("encoding") != SPLIT_RESULT_ENCODING \
-            or not isinstance(out.get("report"), dict):
-        raise MalformedPayload(f"the collector's result is not a report with arrays in the {SPLIT_RESULT_ENCODING} "
-                               "encoding")
-    lay = params.layout
-    return (decode_result_array(out.get("vector"), (lay.length,), "the released sum"),
-            decode_result_array(out.get("W"), (lay.dim, lay.n_classes), "the released W"), dict(out["report"]))
+
+def read_split_answer(answer) -> tuple[dict, bytes, dict, bytes]:
+    """``(share statement, share bytes, signed masked-sum statement, masked sum bytes)`` from the server's
+    ``.../split/result`` answer (parsed JSON); :class:`MalformedPayload` for anything else."""
+    try:
+        st, signed = answer["share_statement"], answer["masked_sum"]
+        share = base64.b64decode(answer["share"], validate=True)
+        masked = base64.b64decode(answer["aggregate"], validate=True)
+        if not isinstance(st, dict) or not isinstance(signed, dict):
+            raise ValueError
+    except (KeyError, TypeError, ValueError, binascii.Error):
+        raise MalformedPayload("the server's answer is not a share statement, share and signed masked sum") from None
+    return st, share, signed, masked
 
 
 class SplitRelease(ReleaseBase):
     def finalize_split(self, conn, *, min_clients: int, expected_hospitals: list[str] | None = None,
-                       secret: bytes | None = None) -> FinalResult:
-        """split: post this key holder's share to the collector (the server), then read the released model.
+                       secret: bytes | None = None, lam: float = 0.0, min_class_count: int = 1) -> FinalResult:
+        """split: post this key holder's share statement (and share) to the server, take the server-signed
+        masked sum over exactly that statement's cohort, and form the release here (:meth:`release_from_sum`).
 
-        What is downloaded before the share leaves: the manifest and the seed statements. After it: the
-        released aggregate and W the collector formed -- the release itself, nothing per hospital.
+        What is downloaded before the share leaves: the manifest and the seed statements. After it: the masked
+        sum of the cohort this key holder signed -- nothing per hospital, and no sum over any other set.
         """
-        from secure_afl.encoding import canonical_json
-
         t0 = time.perf_counter()
         timings: dict = {}
+        body, statement = self.post_split_share(conn, min_clients=min_clients, expected_hospitals=expected_hospitals,
+                                                timings=timings, secret=secret)
+        share_s = time.perf_counter() - t0  # manifest and seed statements fetched, checked, opened, expanded, summed
+        res = self.take_split_release(conn, body, statement, lam=lam, min_class_count=min_class_count)
+        res.report.update({"keyholder_share_seconds": round(share_s, 3),
+                           **{k: round(v, 3) for k, v in timings.items()}})
+        return res
+
+    def post_split_share(self, conn, *, min_clients: int, expected_hospitals: list[str] | None = None,
+                         timings: dict | None = None, secret: bytes | None = None) -> tuple[bytes, dict]:
+        """This key holder's share and signed statement (:meth:`release_split`), posted to the server."""
+        from secure_afl.encoding import canonical_json
+
         body, statement = self.release_split(conn.session_id, HTTPSource(conn), min_clients=min_clients,
                                              expected_hospitals=expected_hospitals, timings=timings, secret=secret)
-        share_s = time.perf_counter() - t0  # manifest and seed statements fetched, checked, opened, expanded, summed
         conn.request("POST", conn.path("/split/share"), body=body,
                      headers={H_TAG: canonical_json(statement).decode()})
-        params = self.params(conn.session_id)
-        vector, W, out_report = read_split_result(params, conn.request("GET", conn.path("/split/result")).json())
-        stats = Layout(params.layout.dim, params.layout.n_classes).unpack(vector, gamma=params.gamma)
-        manifest = conn.request("GET", conn.path("/manifest")).json()
-        report = {**out_report, "keyholder_share_seconds": round(share_s, 3),
-                  **{k: round(v, 3) for k, v in timings.items()}}
-        if params.dp is not None:  # the collector's solve beside this key holder's own accounting of the release
-            report["dp"] = {**(report.get("dp") or {}), **self.split_privacy(params, manifest)}
-        return FinalResult(W, stats, params, manifest, report)
+        return body, statement
 
-    def split_privacy(self, params: SessionParams, manifest: dict) -> dict:
+    def take_split_release(self, conn, body: bytes, statement: dict, *, lam: float = 0.0,
+                           min_class_count: int = 1) -> FinalResult:
+        """The server's signed masked sum over ``statement``'s cohort, fetched, and the release formed from it and
+        this key holder's own share (:meth:`release_from_sum`)."""
+        try:
+            _, _, signed, masked = read_split_answer(conn.request("GET", conn.path("/split/result")).json())
+        except (MalformedPayload, ValueError) as e:
+            raise self.refuse_server_sum(conn.session_id, e) from None
+        return self.release_from_sum(conn.session_id, body, statement, signed, masked,
+                                     conn.request("GET", conn.path("/manifest")).json(), lam=lam,
+                                     min_class_count=min_class_count)
+
+    def release_from_sum(self, sid: str, body: bytes, statement: dict, signed: dict, masked_sum: bytes,
+                         manifest: dict, *, lam: float = 0.0, min_class_count: int = 1) -> FinalResult:
+        """split: the release from this key holder's own share and signed statement and the server-signed masked
+        sum, as every other backend's key holder forms its release: the sum must be the server's, over exactly
+        the cohort and refusals of ``statement``, for that statement and its manifest (else
+        :class:`ServerForgery`, naming what differs, recorded in the release ledger); then the share is added,
+        the sum decoded, checked and solved here. The cohort, contributors and refusals in the report and the
+        model file are the statement's, never the server's."""
+        from secure_afl import pki
+
+        params = self.params(sid)
+        try:
+            # this key holder's own statement (the Flower path relays it back through the server): its signature
+            # and share hash, so the share added below is the one it formed
+            split.verify_share(params, manifest, body, statement, self.party.identity_key().public_key())
+            split.verify_masked_sum(params, statement, masked_sum, signed, pki.pinned_identity(self.pki_dir, "server"))
+            cohort, refused = list(statement["cohort"]), dict(statement["refused"])
+            share = flp.from_bytes(body, what="this key holder's share")
+            try:
+                rel = form_release(params, masked_sum, share, len(cohort), lam=lam, min_class_count=min_class_count)
+            except SanityCheckFailed as e:
+                if e.reason != split.SHARE_MISMATCH:  # a release check (the share cap, the Gram), not the sum
+                    raise
+                raise InvalidSignature(f"the server-signed masked sum does not decode with this key holder's share "
+                                       f"({e}): it is not the sum of the cohort's masked uploads") from None
+        except (InvalidSignature, MalformedPayload) as e:
+            raise self.refuse_server_sum(sid, e) from None
+        report = self._report(params, cohort, rel.stats, lam, rel.sanity, rel.tol, statement["aggregate_sha256"])
+        report.update({"dp": rel.dp, "w_error_bound": rel.bound.to_dict(), "verdict": rel.bound.verdict,
+                       "share_sha256": statement["share_sha256"], "refused": refused,
+                       "masked_sum_sha256": signed["masked_sum_sha256"]})
+        if params.dp is not None:  # this key holder's own accounting of the release, made before its share left
+            report["dp"] = {**(report.get("dp") or {}), **self.split_privacy(params, manifest, refused)}
+        return FinalResult(rel.W, rel.stats, params, manifest, report)
+
+    def refuse_server_sum(self, sid: str, err: Exception) -> "ServerForgery":
+        """The server's masked sum is refused: recorded against this session's seed key (its one share has
+        left; nothing more is released under it) and logged, and returned as :class:`ServerForgery`."""
+        reason = f"the server's masked sum was refused: {err}"
+        log.error("split %s: %s", sid, reason)
+        ledger = ReleaseLedger(self.keys_dir / "releases.sqlite3")
+        try:
+            ledger.block(self.params(sid).backend_params[split.PUBLIC_CONTEXT_KEY], reason)
+        finally:
+            ledger.close()
+        return ServerForgery(f"not releasing: {reason}")
+
+    def split_privacy(self, params: SessionParams, manifest: dict, refused: dict) -> dict:
         """This key holder's privacy record of a split release it made (epsilon of the release, the ledger's
-        composed epsilon now), read back from its privacy ledger."""
+        composed epsilon now), read back from its privacy ledger; ``refused``: its signed statement's refusals
+        (their noise is not in the release)."""
         from secure_afl.dp.ledger import PrivacyLedger
         from secure_afl.dp.mechanism import epsilon_from_rdp
 
-        n = len(manifest["participants"])
-        refusals = self.keys_dir / f"{params.session_id}.validity-refusals.json"
-        if refusals.exists():  # this key holder's own record: the refused uploads' noise is not in the release
-            n -= len(json.loads(refusals.read_text())["refused"])
+        n = len(manifest["participants"]) - len(refused)
         with PrivacyLedger(self.keys_dir / "privacy.sqlite3") as pl:
             rows = {r["aggregate_sha256"]: r for r in pl.releases()}
             composed = pl.composed_rdp()

@@ -19,7 +19,9 @@ Server (leader): ``Y = sum_k y_k`` over the manifest's cohort; it sees only word
 anything it holds. Key holder (helper): it judges each upload's validity proof as it arrives, at a query seed
 of its own; at the release, from the server-signed manifest and the signed seed statements only -- never a
 masked vector -- it releases ``S = -sum_{k in cohort} m_k`` (lane part), signed over the manifest's digest,
-the cohort and the uploads whose validity proof failed (left out). Collector (the server): ``Y + S =
+the cohort and the uploads whose validity proof failed (left out). Release (the key holder, as
+every other backend's key holder): the server signs ``Y_c``, the masked sum of exactly the cohort of the key
+holder's signed statement, and the key holder forms ``Y_c + S =
 sum_k enc(x_k)``, decoded.
 
 Rooms:
@@ -46,8 +48,8 @@ from .roles import *  # noqa: F401,F403
 from .roles import __all__ as _roles
 from .sizes import *  # noqa: F401,F403
 from .sizes import __all__ as _sizes
-from .driver import SplitRun, run_split
+from .driver import SplitRun, default_policy, run_split
 from .statements import DPStatement, GramStatement, PlainStatement, Statement, Unlucky
 
-__all__ = [*_keys, *_signed, *_proof, *_roles, *_sizes, "keyholder_verdicts", "leader_messages", "SplitRun",
+__all__ = [*_keys, *_signed, *_proof, *_roles, *_sizes, "keyholder_verdicts", "leader_messages", "SplitRun", "default_policy",
            "run_split", "DPStatement", "GramStatement", "PlainStatement", "Statement", "Unlucky"]

@@ -13,18 +13,19 @@ from typing import Callable, Mapping, Sequence
 import numpy as np
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from ..envelope import seal
+from ..cohort import ReleasePolicy, cohort_after_refusals, default_colluders, quorum
+from ..envelope import open_envelope, seal
 from ..hazmat import fixedpoint, flp
 from ..params import SessionParams
 from . import roles
 from .keys import SplitKeyPair
-from .signed_messages import query_key, query_seed, refusal_evidence, sign_share, verify_leader_message, \
-    verify_seed_statement, verify_share
+from .signed_messages import query_key, query_seed, refusal_evidence, sign_masked_sum, sign_share, \
+    verify_leader_message, verify_masked_sum, verify_seed_statement, verify_share
 from .proof import Circuit
 from .statements import Unlucky
 from .sizes import RETRIES
 
-__all__ = ["SplitRun", "run_split"]
+__all__ = ["SplitRun", "run_split", "default_policy"]
 
 
 @dataclass
@@ -40,6 +41,7 @@ class SplitRun:
     timings: dict = field(default_factory=dict)
     server_pub: object = None                           # the server's and the key holder's identities
     keyholder_pub: object = None
+    masked_sum: tuple | None = None                     # (sealed masked sum of the cohort, the server's statement)
 
 
 def _shard_all(circuit: Circuit, keys: SplitKeyPair, vectors: Mapping, identities: Mapping, randbytes) -> dict:
@@ -87,10 +89,20 @@ def _judge(circuit: Circuit, keys: SplitKeyPair, uploads: Mapping, shas: Mapping
     return verdicts, evidence
 
 
+def default_policy(params: SessionParams, hospitals: Sequence[str], *, min_clients: int = 1) -> ReleasePolicy:
+    """The release policy a signed session of ``hospitals`` gets with every default (``session sign``): the
+    most colluders that still let one hospital drop out, ``max_refusals`` = that colluder bound."""
+    n = len(hospitals)
+    c = default_colluders(n, min_clients)
+    return ReleasePolicy(session_id=params.session_id, backend=params.backend, roster=tuple(hospitals),
+                         min_clients=min_clients, colluders=c, quorum=quorum(n, c, min_clients), max_refusals=c,
+                         min_class_count=1, deadline=None)
+
+
 def run_split(params: SessionParams, keys: SplitKeyPair, vectors: Mapping[str, np.ndarray] | Sequence, *,
               uploads: Mapping[str, tuple] | None = None, identities: Mapping | None = None,
               server_key=None, keyholder_key=None, randbytes: Callable[[int], bytes] = os.urandom,
-              tamper: Callable | None = None) -> SplitRun:
+              tamper: Callable | None = None, policy: ReleasePolicy | None = None) -> SplitRun:
     """Run one split round in memory.
 
     ``params``: bound to ``keys`` (:func:`secure_afl.split.keys.bind_public_context`). ``vectors``: hospital ->
@@ -98,7 +110,11 @@ def run_split(params: SessionParams, keys: SplitKeyPair, vectors: Mapping[str, n
     statement)`` already formed (a cheater's, :func:`secure_afl.split.roles.seal_upload`), taken as they are
     beside the honest ones. ``identities``: hospital -> Ed25519 key (fresh ones otherwise). ``randbytes`` draws
     every hospital's randomness (the roles take it as bytes). ``tamper(hospital, server_message) -> message``
-    lets a test stand in for a server that alters its verifier messages.
+    lets a test stand in for a server that alters its verifier messages. ``policy``: the session's release
+    policy (:func:`secure_afl.cohort.release_policy` of its signed definition; :func:`default_policy` over the
+    run's hospitals otherwise), applied to the verdicts by the key holder and the server as the parties apply
+    it: refusals past ``max_refusals`` or a cohort below the quorum raise
+    :class:`~secure_afl.exceptions.InsufficientContributors` and nothing is released.
     """
     if not isinstance(vectors, Mapping):
         vectors = {f"h{k + 1}": v for k, v in enumerate(vectors)}
@@ -132,14 +148,25 @@ def run_split(params: SessionParams, keys: SplitKeyPair, vectors: Mapping[str, n
     refused = {h: v for h, v in verdicts.items() if v is not None}
     manifest = {"participants": [{"hospital": h, "payload_sha256": shas[h]} for h in uploads],
                 "aggregate_sha256": hashlib.sha256(aggregate).hexdigest()}
+    policy = default_policy(params, list(uploads)) if policy is None else policy
+    # the key holder: no share for a cohort the policy does not allow
+    cohort_after_refusals(policy, list(uploads), refused)
     share = roles.keyholder_share(params, keys.secret_context, manifest, {h: st for h, (_, st) in uploads.items()},
                                   enrolled, refused=refused)
     body, share_st = sign_share(keyholder_key, params, manifest, share, refused, evidence)
     lap("keyholder")
-    # collector: the share for exactly this manifest; the refused uploads' masked words taken out
-    words = verify_share(params, manifest, body, share_st, keyholder_key.public_key())
-    out = [circuit.upload_share(uploads[h][0])[:circuit.main_len] for h in refused]
-    vector = roles.collect(params, aggregate, words, subtract=out) if len(refused) < len(uploads) else None
+    # server: the share statement for exactly this manifest and the policy, then the signed masked sum of its
+    # cohort (the refused uploads' masked words taken out)
+    verify_share(params, manifest, body, share_st, keyholder_key.public_key())
+    cohort_after_refusals(policy, list(uploads), refused)
+    env = flp.from_bytes(open_envelope(params, aggregate, "aggregate").body, what="the masked sum")
+    for h in refused:
+        env = flp.sub(env, circuit.upload_share(uploads[h][0])[:circuit.main_len])
+    masked = seal(params, "aggregate", flp.to_bytes(env), contributors=len(share_st["cohort"]))
+    signed = sign_masked_sum(server_key, params, share_st, masked)
+    # key holder: the server's sum for its own statement, plus its share
+    verify_masked_sum(params, share_st, masked, signed, server_key.public_key())
+    vector = roles.collect(params, masked, share)
     lap("collect")
     return SplitRun(vector, verdicts, uploads, messages, (body, share_st), timings, server_key.public_key(),
-                    keyholder_key.public_key())
+                    keyholder_key.public_key(), (masked, signed))

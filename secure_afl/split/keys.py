@@ -31,7 +31,7 @@ from ..params import SessionParams
 
 __all__ = ["SplitKeyPair", "generate_keys", "bind_public_context", "check_public_key", "seal_box", "open_box",
            "seed_private_key", "seal_seed", "open_seed", "refuse_retired", "PUBLIC_CONTEXT_KEY", "BOX_LEN", "ENC_LEN",
-           "PUBLIC_KEY_LEN", "SECRET_KEY_LEN", "SEED_BOX_FORMAT"]
+           "PUBLIC_KEY_LEN", "SECRET_KEY_LEN", "SEED_BOX_FORMAT", "seal_kept_seed", "open_kept_seed"]
 
 PUBLIC_CONTEXT_KEY = "public_context_sha256"
 #: RFC 9180 HPKE, hybrid KEM ML-KEM-768 + X25519, HKDF-SHA256, ChaCha20-Poly1305
@@ -159,3 +159,46 @@ def open_seed(params: SessionParams, secret_key: bytes, hospital: str, payload_s
     except InvalidContribution:
         raise InvalidContribution(f"{hospital}'s seed box does not open for this session, hospital and "
                                   "payload (replayed from another upload, or tampered)") from None
+
+
+# -- the hospital's own seed, kept at rest beside its receipt ------------------------------------------------
+
+
+def _kept_seed_key(identity_key) -> bytes:
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+
+    raw = identity_key.private_bytes(serialization.Encoding.Raw, serialization.PrivateFormat.Raw,
+                                     serialization.NoEncryption())
+    return HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=domains.SPLIT_KEPT_SEED_KEY).derive(raw)
+
+
+def _kept_seed_ad(session_id: str, hospital: str, payload_sha256: str) -> bytes:
+    return domains.SPLIT_KEPT_SEED_AD + canonical_json({"session_id": session_id, "hospital": hospital,
+                                                        "payload_sha256": payload_sha256})
+
+
+def seal_kept_seed(identity_key, session_id: str, hospital: str, payload_sha256: str, seed: bytes) -> bytes:
+    """Hospital: its mask seed sealed at rest (AES-256-GCM under a key derived from its own identity key, bound to
+    the upload): with it, the hospital recomputes the key holder's verifier message to dispute a refusal
+    (:func:`secure_afl.split.roles.dispute`). ``nonce || ciphertext``."""
+    import os
+
+    from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+    nonce = os.urandom(12)
+    return nonce + AESGCM(_kept_seed_key(identity_key)).encrypt(
+        nonce, bytes(seed), _kept_seed_ad(session_id, hospital, payload_sha256))
+
+
+def open_kept_seed(identity_key, session_id: str, hospital: str, payload_sha256: str, sealed: bytes) -> bytes:
+    """The seed :func:`seal_kept_seed` sealed for this upload; :class:`MalformedPayload` otherwise (another
+    hospital's key, another upload, or altered bytes)."""
+    from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+    try:
+        return AESGCM(_kept_seed_key(identity_key)).decrypt(
+            bytes(sealed[:12]), bytes(sealed[12:]), _kept_seed_ad(session_id, hospital, payload_sha256))
+    except (InvalidTag, ValueError):
+        raise MalformedPayload(f"the kept seed of {hospital}'s upload does not open under its identity key for this "
+                               "upload") from None

@@ -6,7 +6,8 @@
   at the key holder's query seed;
 * key holder (helper), :func:`open_statement_seed` and :func:`helper_verdict` per upload, then
   :func:`keyholder_share` over the manifest's cohort;
-* collector, :func:`collect`: ``dec(Y - sum refused + S)``, checked against what proven uploads can reach;
+* release, :func:`collect`: ``dec(Y_c + S)`` (the key holder, on the server-signed masked sum of its cohort;
+  an auditor recomputing it), checked against what proven uploads can reach;
 * anyone, :func:`joint_verdict` from the two published verifier messages; the refused hospital,
   :func:`dispute`.
 
@@ -33,7 +34,10 @@ from .signed_messages import SeedRefused, UploadCommitment, seed_digest, sign_se
 from .proof import DOMAIN_SHARE, Circuit
 from .sizes import gram_enabled, proven_aggregate_bound, psd_tolerance
 
-__all__ = ["bound_public_key", "shard", "seal_upload", "check_upload", "leader_prep", "leader_message",
+#: the refinement of :class:`SanityCheckFailed` when a masked sum and a share were not formed over one cohort
+SHARE_MISMATCH = "share_mismatch"
+
+__all__ = ["SHARE_MISMATCH", "bound_public_key", "shard", "seal_upload", "check_upload", "leader_prep", "leader_message",
            "open_statement_seed", "helper_verdict", "keyholder_share", "lane_masks", "collect", "joint_verdict",
            "dispute"]
 
@@ -147,7 +151,7 @@ def keyholder_share(params: SessionParams, secret_key: bytes, manifest: Mapping,
                     enrolled: Mapping, *, refused: Mapping | None = None,
                     judged: tuple[Mapping, np.ndarray] | None = None, sum_masks=lane_masks) -> np.ndarray:
     """``-sum m_k (mod p)`` over EXACTLY the (already verified) manifest's participants not in ``refused``
-    (hospital -> the check its upload failed: left out of the sum, for the collector to subtract from the
+    (hospital -> the check its upload failed: left out of the sum, for the server to subtract from the
     masked sum).
 
     ``statements``: hospital -> signed seed statement, as the server relayed
@@ -185,7 +189,7 @@ def keyholder_share(params: SessionParams, secret_key: bytes, manifest: Mapping,
     return flp.add(total, sum_masks(n, add))
 
 
-# -- collector ----------------------------------------------------------------------------------------------
+# -- release ------------------------------------------------------------------------------------------------
 def collect(params: SessionParams, masked_aggregate: bytes, share: np.ndarray, subtract=()) -> np.ndarray:
     """``dec(Y - sum subtract + S)`` over F_p: the float64 sum, refused if it leaves the declared aggregate bound.
 
@@ -203,7 +207,7 @@ def collect(params: SessionParams, masked_aggregate: bytes, share: np.ndarray, s
     limit = proven_aggregate_bound(params) * (1 + 2.0 ** -50)
     if not np.all(np.isfinite(v)) or float(np.max(np.abs(v))) > limit:
         raise SanityCheckFailed("masked sum + key holder's share leaves the declared aggregate bound: the "
-                                "share was not formed for these masked vectors")
+                                "share was not formed for these masked vectors", reason=SHARE_MISMATCH)
     cap = float(params.backend_params.get("max_share", 1.0))
     n_released = float(v[params.layout.slices["n"]][0])
     if cap < 1.0 and params.bounds.n_max > cap * n_released * (1 + 2.0 ** -40):
@@ -238,28 +242,47 @@ def joint_verdict(params: SessionParams, hospital: str, payload_sha256: str, ser
     return circuit.decide(leader, helper)
 
 
-def dispute(params: SessionParams, hospital: str, payload: bytes, statement: Mapping, server_message: Mapping,
-            keyholder_message_hex: str | None, server_pub) -> dict:
-    """The refused hospital: who is at fault, from its own upload (``payload`` and signed seed
-    ``statement``, whose hash its receipt acknowledges) and the two published messages.
+def dispute(params: SessionParams, hospital: str, payload: bytes, statement: Mapping, seed: bytes,
+            server_message: Mapping, keyholder_message_hex: str | None, server_pub) -> dict:
+    """The refused hospital: who is at fault, from its own upload (``payload`` and signed seed ``statement``,
+    whose hash its receipt acknowledges), its own mask ``seed`` (kept sealed beside the receipt) and the two
+    published messages (the server's signed verifier message; the key holder's, in its signed share statement,
+    None where it refused on the commitment).
 
-    The server's verifier message is a deterministic function of the upload and the query seed it signed, so
-    the hospital recomputes it: a signed message that differs is the server's forgery, provable to anyone
-    given the payload. If the server's message is true, the failed verdict rests on the upload itself (or on
-    the key holder's message, which the key holder signed in its share statement). Returns ``{"at_fault":
-    "server" | "hospital", "server_message_true": bool, "verdict": ...}``."""
+    Each verifier message is a deterministic function of the upload, the seed and the query seed the server
+    signed, so the hospital recomputes both:
+
+    * the server's signed message differs from the recomputed one: the **server** (provable to anyone given
+      the payload);
+    * else the two published messages give "valid", or the key holder's message differs from the recomputed
+      one (or it refused on a commitment this seed meets): the **key holder**, whose share statement signed
+      that message and refusal;
+    * else both messages are true and the verdict is a failure: the **hospital**'s upload is invalid (as it is
+      when the upload's own words or seed miss the commitment it signed).
+
+    Returns ``{"at_fault": "server" | "keyholder" | "hospital", "server_message_true", "keyholder_message_true",
+    "verdict"}`` (``verdict``: what the published messages give; None: valid)."""
     circuit = Circuit(params)
     sha = hashlib.sha256(payload).hexdigest()
     qs, leader = verify_leader_message(server_message, server_pub, circuit, hospital, sha,
                                        signed_query_seed(server_message, hospital))
+    out = {"server_message_true": None, "keyholder_message_true": None, "verdict": None}
+    commitment = UploadCommitment.from_dict(statement.get("validity"))
     try:
         own_leader = leader_prep(circuit, hospital, payload, statement.get("validity"), qs)
+        circuit.check_commitment(None, commitment, leader=False, seed=bytes(seed))
     except MalformedPayload:
-        return {"at_fault": "hospital", "server_message_true": False, "verdict": "commitment"}
-    true = bool(np.array_equal(np.asarray(own_leader), np.asarray(leader)))
-    verdict = None
-    if keyholder_message_hex is not None:
-        helper = flp.from_bytes(bytes.fromhex(keyholder_message_hex), circuit.verifier_len,
-                                what=f"the key holder's verifier message for {hospital}")
-        verdict = circuit.decide(own_leader, helper)
-    return {"at_fault": "hospital" if true else "server", "server_message_true": true, "verdict": verdict}
+        return {**out, "at_fault": "hospital", "verdict": "commitment"}
+    out["server_message_true"] = bool(np.array_equal(np.asarray(own_leader), np.asarray(leader)))
+    if not out["server_message_true"]:
+        return {**out, "at_fault": "server"}
+    own_helper = circuit.query(circuit.helper_share(bytes(seed)), commitment, hospital, qs, leader=False)
+    if keyholder_message_hex is None:  # a commitment refusal, but the seed meets the commitment
+        return {**out, "at_fault": "keyholder", "keyholder_message_true": False, "verdict": "commitment"}
+    helper = flp.from_bytes(bytes.fromhex(keyholder_message_hex), circuit.verifier_len,
+                            what=f"the key holder's verifier message for {hospital}")
+    out["verdict"] = circuit.decide(leader, helper)
+    out["keyholder_message_true"] = bool(np.array_equal(np.asarray(own_helper), np.asarray(helper)))
+    if out["verdict"] is None or not out["keyholder_message_true"]:
+        return {**out, "at_fault": "keyholder"}
+    return {**out, "at_fault": "hospital"}

@@ -5,7 +5,11 @@
 * the server's verifier message (``split-verifier``, v1): its share of the proof's check for one upload, at
   the key holder's query seed for it (:func:`query_seed`);
 * the key holder's share statement (``split-share``, v3): the manifest, the cohort its share covers, the
-  uploads it refused and, for each, the evidence (:func:`refusal_evidence`).
+  uploads it refused and, for each, the evidence (:func:`refusal_evidence`);
+* the server's masked sum (``split-sum``, v1): the hash of the masked uploads' sum over exactly one share
+  statement's cohort, bound to that statement, the manifest and the session. The key holder adds its share to
+  it and forms the release itself; the signature makes the sum the server's word, which an auditor holding the
+  masked uploads recomputes (:mod:`secure_afl.split_release`).
 
 Each message's signed bytes are its domain prefix (:mod:`secure_afl.domains`) and its canonical JSON.
 """
@@ -34,7 +38,7 @@ from .keys import BOX_LEN, refuse_retired
 __all__ = ["UploadCommitment", "seed_digest", "SeedRefused", "sign_seed_statement", "verify_seed_statement",
            "verifier_statement", "sign_verifier_message", "verify_leader_message", "signed_query_seed",
            "query_key", "query_seed", "manifest_digest", "refusal_evidence", "share_statement", "sign_share",
-           "verify_share"]
+           "verify_share", "share_statement_digest", "masked_sum_statement", "sign_masked_sum", "verify_masked_sum"]
 
 #: the prefix of the validity proof's Fiat-Shamir hashes (and of a seed's digest)
 FS_PREFIX = domains.SPLIT_VALIDITY
@@ -42,6 +46,7 @@ _SEED_SIG_PREFIX = domains.SPLIT_SEED
 _SHARE_SIG_PREFIX = domains.SPLIT_SHARE
 _VERIFIER_SIG_PREFIX = domains.SPLIT_VERIFIER
 _QUERY_PREFIX = domains.SPLIT_QUERY
+_SUM_SIG_PREFIX = domains.SPLIT_SUM
 
 
 # -- the hospital's seed statement -----------------------------------------------------------------------
@@ -236,3 +241,58 @@ def verify_share(params: SessionParams, manifest: Mapping, body: bytes, statemen
     if len(body) != 8 * fixedpoint.n_words(params.layout.length):
         raise MalformedPayload("the key holder's share has the wrong length")
     return flp.from_bytes(body, what="the key holder's share")
+
+
+# -- the server's masked sum over one share statement's cohort ---------------------------------------------
+
+
+def share_statement_digest(statement: Mapping) -> str:
+    """SHA-256 of the key holder's signed share statement (signature included: Ed25519 is deterministic, so one
+    statement has one digest)."""
+    return hashlib.sha256(canonical_json(dict(statement))).hexdigest()
+
+
+def masked_sum_statement(params: SessionParams, share_statement: Mapping, masked_sum: bytes) -> dict:
+    """What the server signs over the masked sum it hands the key holder: the session, the manifest and the
+    share statement it answers, that statement's cohort and refusals, and the sealed sum's hash. A sum over
+    any other set of uploads would let the key holder, who holds every seed, difference out a refused upload;
+    the cohort in the signature is what makes that the server's provable word."""
+    try:
+        cohort, refused = list(share_statement["cohort"]), sorted(share_statement["refused"])
+        manifest_sha = str(share_statement["manifest_sha256"])
+    except (KeyError, TypeError):
+        raise MalformedPayload("the share statement names no manifest, cohort or refusals") from None
+    return {"type": "split-sum", "v": 1, "session_id": params.session_id, "params_digest": params.digest().hex(),
+            "manifest_sha256": manifest_sha, "share_statement_sha256": share_statement_digest(share_statement),
+            "cohort": cohort, "refused": refused, "masked_sum_sha256": hashlib.sha256(bytes(masked_sum)).hexdigest()}
+
+
+def sign_masked_sum(identity_key, params: SessionParams, share_statement: Mapping, masked_sum: bytes) -> dict:
+    """Server: its signed statement over the masked sum of exactly ``share_statement``'s cohort."""
+    st = masked_sum_statement(params, share_statement, masked_sum)
+    return {**st, "signature": identity_key.sign(_SUM_SIG_PREFIX + canonical_json(st)).hex()}
+
+
+def verify_masked_sum(params: SessionParams, share_statement: Mapping, masked_sum: bytes, signed: Mapping,
+                      server_pub) -> None:
+    """Key holder and auditor: ``signed`` is the server's statement over these sum bytes, for exactly this share
+    statement (its manifest, cohort and refusals) in this session; :class:`InvalidSignature` naming the first
+    field that differs otherwise (a stale sum from another session or statement, another cohort, other bytes,
+    or no server signature)."""
+    if not isinstance(signed, Mapping):
+        raise InvalidSignature("the server's masked sum carries no signed statement")
+    want = masked_sum_statement(params, share_statement, masked_sum)
+    what = {"type": "is not a masked-sum statement", "v": "is of another version",
+            "session_id": "is for another session", "params_digest": "is for other parameters",
+            "manifest_sha256": "is for another manifest",
+            "share_statement_sha256": "answers another share statement (stale or replayed)",
+            "cohort": "is over another cohort than the share statement's",
+            "refused": "leaves out other uploads than the share statement refused",
+            "masked_sum_sha256": "does not match the masked sum's bytes"}
+    for k, v in want.items():
+        if signed.get(k) != v:
+            raise InvalidSignature(f"the server's masked sum {what[k]}")
+    try:
+        server_pub.verify(bytes.fromhex(signed["signature"]), _SUM_SIG_PREFIX + canonical_json(want))
+    except (_CryptoInvalidSignature, KeyError, TypeError, ValueError):
+        raise InvalidSignature("the server's masked sum is not signed by the server") from None

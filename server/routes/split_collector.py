@@ -1,5 +1,5 @@
-"""split's collector: the key holder's share in, the server's verifier messages and the release out
-(server/split_round.py decides, this maps)."""
+"""split's routes: the key holder's share in, the server's verifier messages and its signed masked sum over the
+share statement's cohort out (server/split_round.py decides, this maps)."""
 
 from __future__ import annotations
 
@@ -44,7 +44,8 @@ def split_router(server: SplitAggregationServer, gate: Gate) -> APIRouter:
     @router.get(API + "/sessions/{session_id}/split/result")
     async def split_result(session_id: str, request: Request):
         gate.session(session_id, request)
-        await gate.authed(request, ("keyholder", "hospital"))
-        return Response(server.result(), media_type="application/json")
+        # the key holder's only: a hospital has no use for a masked sum it cannot open
+        await gate.authed(request, ("keyholder",))
+        return Response(await run_in_threadpool(server.result), media_type="application/json")
 
     return router

@@ -1,0 +1,110 @@
+"""``secure-afl audit verify | release | compare``.
+
+* ``verify``: the hash-chained audit log, its head and the receipts (:mod:`secure_afl.audit_verify`);
+* ``release``: a split release recomputed from what the server holds (its session state directory: the masked
+  uploads, the hospitals' signed seed statements, the key holder's signed share statement and share, the
+  server-signed masked sum) against the model file (:func:`secure_afl.split_release.audit_release`);
+* ``compare``: a model against the plaintext solve of the hospitals' own statistics files
+  (:func:`secure_afl.plaintext_compare.compare_with_plaintext`).
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from secure_afl.exceptions import EXIT_INPUT, EXIT_SECURITY, InvalidInputError
+
+__all__ = ["register"]
+
+
+def _cmd_release(args) -> int:
+    from secure_afl import pki
+    from secure_afl.keyholder import read_model
+    from secure_afl.params import SessionParams
+    from secure_afl.server.store import Store
+    from secure_afl.split_release import audit_release
+
+    state = Path(args.state)
+    if not (state / "state.sqlite3").is_file():
+        raise InvalidInputError(f"{state} is not a server's session directory (no state.sqlite3)",
+                                reason="file_not_found")
+    W, meta = read_model(args.model)
+    store = Store(state)
+    try:
+        raw_params, manifest, record = (store.get_meta(k) for k in ("params", "manifest", "split_result"))
+        if raw_params is None or manifest is None or record is None:
+            raise InvalidInputError(f"{state} holds no split release (no manifest, or the key holder's share was "
+                                    "never taken)", reason="no_release")
+        params = SessionParams.from_dict(raw_params)
+        if params.backend != "split":
+            raise InvalidInputError(f"session {params.session_id} runs {params.backend}; `audit release` recomputes "
+                                    "split releases")
+        rows = {r["hospital"]: r["payload_sha256"] for r in store.uploads()}
+        uploads = {h: store.get_blob(sha) for h, sha in rows.items() if (store.payload_dir / sha).is_file()}
+        tags = {h: tag for h, (_, tag) in store.upload_tags().items() if tag is not None}
+        share = store.get_blob(record["share_sha256"])
+        masked = store.get_blob(record["masked_sum_blob"])
+    finally:
+        store.close()
+    enrolled = pki.enrolled_keys(pki.load_enrolments(args.pki, role="hospital"))
+    result = audit_release(params, manifest, uploads, tags, share, record["share_statement"], record["masked_sum"],
+                           masked, W, {"lambda": meta.lam, "participants": list(meta.participants),
+                                       "session": meta.session, "params_digest": meta.params_digest},
+                           server_pub=pki.pinned_identity(args.pki, "server"),
+                           keyholder_pub=pki.pinned_identity(args.pki, "keyholder"), enrolled=enrolled)
+    for line in result.checked:
+        print(f"ok: {line}")
+    for line in result.mismatches:
+        print(f"MISMATCH: {line}")
+    if result.ok:
+        print(f"OK: session {params.session_id}: the release and W recompute from the server's masked uploads, "
+              "the signed masked sum and the key holder's signed share")
+        return 0
+    return EXIT_SECURITY
+
+
+def _cmd_compare(args) -> int:
+    from secure_afl.clients.statsfile import load_statistics_file
+    from secure_afl.keyholder import read_model
+    from secure_afl.plaintext_compare import compare_with_plaintext
+
+    W, meta = read_model(args.model)
+    files = []
+    for path in args.stats:
+        stats, names = load_statistics_file(path)
+        files.append((str(path), stats, names))
+    c = compare_with_plaintext(W, participants=list(meta.participants), classes=meta.classes, lam=meta.lam,
+                               samples=meta.samples, class_counts=meta.class_counts, bound=meta.w_rel_bound,
+                               files=files)
+    if c.w_rel_error is not None:
+        bound = "none (C singular)" if c.bound is None else f"{c.bound:.3g}"
+        print(f"W relative error against the plaintext solve: {c.w_rel_error:.3g}")
+        print(f"certified bound: {bound}")
+        print(f"the statistics' own difference between two summation orders: {c.stats_order_diff:.3g} "
+              f"(largest entry of C, Q), {c.order_variation:.3g} in W")
+    print(c.verdict())
+    if c.equal:
+        return 0
+    return EXIT_INPUT if c.mismatches else EXIT_SECURITY
+
+
+def register(parser: argparse.ArgumentParser) -> None:
+    from secure_afl.audit_verify import register as register_verify
+
+    sub = register_verify(parser)
+    p = sub.add_parser("release", help="split: recompute the masked sum, the release and W from what the server "
+                                       "holds, and name whatever does not match the model")
+    p.add_argument("--state", required=True,
+                   help="the server's session directory (state.sqlite3 and the stored masked uploads); whoever "
+                        "reads it is trusted as the server is")
+    p.add_argument("--pki", required=True, help="consortium PKI directory or a party's PKI bundle (pins the server, "
+                                                "the key holder and the hospitals)")
+    p.add_argument("--model", required=True, help="the model file the key holder wrote")
+    p.set_defaults(func=_cmd_release)
+    p = sub.add_parser("compare", help="compare a model's W with the plaintext solve of the hospitals' own "
+                                       "statistics files")
+    p.add_argument("--model", required=True, help="the model file the key holder wrote")
+    p.add_argument("--stats", required=True, nargs="+",
+                   help="each hospital's statistics file (`client embed --stats-only`), one per participant")
+    p.set_defaults(func=_cmd_compare)

@@ -1,0 +1,185 @@
+"""split's release as the key holder forms it, and as anyone holding the same inputs recomputes it.
+
+The server signs the masked sum of exactly the cohort the key holder's signed share statement names
+(:func:`secure_afl.split.sign_masked_sum`); the key holder adds its share (``-sum`` of that cohort's masks),
+decodes, runs the release checks and solves W (:func:`form_release`). An auditor given what the server holds
+(the masked uploads) and the signed messages recomputes the masked sum bit for bit, then the release and W
+(:func:`audit_release`).
+
+This module sits beside :mod:`secure_afl.split`, not in it: the checks and the solve it runs
+(:mod:`secure_afl.certify`, :mod:`secure_afl.dp`) reach the backends, which reach :mod:`secure_afl.split`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import split
+from .analytic import solve_from_sums
+from .certify import WBound, certify_release
+from .envelope import open_envelope, seal
+from .exceptions import DecryptionRefused, MalformedPayload, SecureAFLError
+from .hazmat import fixedpoint, flp
+from .packing import Layout
+from .params import SessionParams
+from .release_checks import check_class_minimum, sanity_check
+from .stats import SufficientStatistics
+
+__all__ = ["SplitRelease", "form_release", "cohort_masked_sum", "ReleaseAudit", "audit_release"]
+
+
+@dataclass
+class SplitRelease:
+    """One split release: the float64 sum, its statistics, W and what the checks and the solve said."""
+
+    vector: np.ndarray
+    stats: SufficientStatistics
+    W: np.ndarray
+    sanity: dict
+    dp: dict | None
+    bound: WBound
+    tol: float
+
+
+def cohort_masked_sum(params: SessionParams, aggregate: bytes, refused_payloads, contributors: int) -> bytes:
+    """Server: the sealed masked sum of one cohort, the manifest's masked sum less the masked words of the
+    uploads the key holder refused (as the server's running sum seals it, so an auditor summing the cohort's
+    uploads afresh gets these bytes exactly)."""
+    from .backends import get_backend
+
+    n = fixedpoint.n_words(params.layout.length)
+    env = open_envelope(params, aggregate, "aggregate")
+    if len(env.body) != 8 * n:
+        raise MalformedPayload("the masked sum has the wrong length")
+    words = flp.from_bytes(env.body, n, what="the masked sum")
+    backend = get_backend(params)
+    for payload in refused_payloads:
+        words = flp.sub(words, backend.masked_words(payload))
+    return seal(params, "aggregate", flp.to_bytes(words), contributors=int(contributors))
+
+
+def form_release(params: SessionParams, masked_sum: bytes, share, contributors: int, *, lam: float = 0.0,
+                 min_class_count: int = 1) -> SplitRelease:
+    """``dec(masked_sum + share)`` over the ``contributors`` uploads of one cohort, checked and solved as the
+    other backends' key holders check and solve theirs: without DP the shape checks (those a proven upload can
+    break by a 2^-30 relative slack are reported, not a veto: docs/VALIDITY.md), the rare-class refusal and
+    RI restoration; with DP the noise-aware checks and the DP solve (PSD repair and the calibrated ridge).
+    ``lam``: the ridge asked on top. :class:`~secure_afl.exceptions.SanityCheckFailed` when the sum and the
+    share do not decode within what proven uploads can reach (they were not formed over the same uploads)."""
+    vector = split.collect(params, masked_sum, share)
+    stats = Layout(params.layout.dim, params.layout.n_classes).unpack(vector, gamma=params.gamma)
+    tol = split.expected_abs_error(params, contributors)
+    if params.dp is None:
+        sanity = sanity_check(stats, params, contributors, abs_tol=tol, advisory=split.ADVISORY_CHECKS).to_dict()
+        check_class_minimum(stats, min_class_count)
+        W, dp_info = solve_from_sums(stats, lam=lam), None
+    else:
+        from .dp import dp_sanity_check, dp_solve
+        from .dp.mechanism import release_epsilon
+
+        if contributors < int(params.dp["min_contributors"]):
+            raise DecryptionRefused(f"{contributors} contributions carry less than the declared noise "
+                                    f"(dp min_contributors={params.dp['min_contributors']})", reason="dp_noise_short")
+        # a proven upload may exceed the declared per-entry bound (up to 2T, docs/VALIDITY.md) without wrapping:
+        # the noisy bound is reported, as the non-DP shape checks are, so it cannot veto the release
+        sanity = {"checks": dp_sanity_check(stats, params, contributors, advisory=("noisy_bound",))}
+        W, solve_info = dp_solve(stats, params, contributors, lam=lam)
+        dp_info = {**dict(params.dp), "epsilon": release_epsilon(params, contributors), "contributors": contributors,
+                   "solve": solve_info}
+    bound = certify_release(params, stats, W, contributors, lam=lam)
+    return SplitRelease(vector, stats, W, sanity, dp_info, bound, tol)
+
+
+@dataclass
+class ReleaseAudit:
+    """What :func:`audit_release` found: ``mismatches`` names each part that does not hold (empty: everything
+    recomputed), ``checked`` what held, ``w_max_diff`` the largest entry of |W(recomputed) - W(model)|."""
+
+    mismatches: list
+    checked: list
+    w_max_diff: float | None = None
+
+    @property
+    def ok(self) -> bool:
+        return not self.mismatches
+
+
+def audit_release(params: SessionParams, manifest: dict, uploads: dict, seed_statements: dict, share: bytes,
+                  share_statement: dict, signed_sum: dict, masked_sum: bytes, W, model_meta: dict, *, server_pub,
+                  keyholder_pub, enrolled: dict) -> ReleaseAudit:
+    """Recompute a split release from what the server holds and the signed messages around it, and name
+    whatever does not match.
+
+    ``uploads``: hospital -> the masked payload the server stored (uniform words without the key holder's
+    seeds); ``seed_statements``: hospital -> its signed seed statement; ``share`` and ``share_statement``: the
+    key holder's share and its signed statement; ``signed_sum`` and ``masked_sum``: the server's signed
+    statement and the sealed masked sum it handed the key holder; ``W`` and ``model_meta``: the model file.
+
+    Checked, in order: the share statement is the key holder's, over this manifest and share; each cohort
+    upload is the one its hospital signed (its payload hash in the manifest and in its signed seed statement);
+    the masked sum is, bit for bit, the sum of exactly the cohort's stored uploads, and the server signed it
+    for that statement; the release decoded from it with the share passes the checks, and its W is the model's
+    (same code, so bit for bit on one machine; within 1e-9 relative on another's linear algebra); the model
+    names the statement's cohort, session and parameters. What this cannot check is that the share is the
+    cohort's masks: only the key holder holds the seeds, and the share is its signed word."""
+    from .backends import get_backend
+
+    bad, ok = [], []
+    cohort = list(share_statement.get("cohort") or []) if isinstance(share_statement, dict) else []
+    try:
+        words = split.verify_share(params, manifest, share, share_statement, keyholder_pub)
+        ok.append("the share statement is the key holder's, over this manifest and share")
+    except SecureAFLError as e:
+        bad.append(f"share statement: {e}")
+        words = None
+    by_h = {p["hospital"]: p["payload_sha256"] for p in manifest.get("participants", [])}
+    backend = get_backend(params)
+    n = fixedpoint.n_words(params.layout.length)
+    total = np.zeros(n, dtype=np.uint64)
+    for h in cohort:
+        payload = uploads.get(h)
+        sha = None if payload is None else hashlib.sha256(payload).hexdigest()
+        if payload is None or sha != by_h.get(h):
+            bad.append(f"upload of {h}: {'missing' if payload is None else 'not the payload the manifest lists'}")
+            continue
+        try:
+            split.verify_seed_statement(seed_statements.get(h) or {}, enrolled[h], params, h, sha)
+        except (KeyError, SecureAFLError) as e:
+            bad.append(f"upload of {h}: its signed seed statement does not hold ({e})")
+            continue
+        total = flp.add(total, backend.masked_words(payload))
+    recomputed = seal(params, "aggregate", flp.to_bytes(total), contributors=len(cohort))
+    if recomputed != bytes(masked_sum):
+        bad.append("masked sum: not the sum of the cohort's stored masked uploads (forged or over another set)")
+    else:
+        ok.append(f"the masked sum is, bit for bit, the sum of the {len(cohort)} cohort uploads")
+    try:
+        split.verify_masked_sum(params, share_statement, masked_sum, signed_sum, server_pub)
+        ok.append("the server signed that masked sum for this share statement")
+    except SecureAFLError as e:
+        bad.append(f"masked-sum statement: {e}")
+    diff = None
+    if words is not None:
+        try:
+            lam = float(model_meta.get("lambda", 0.0))
+            rel = form_release(params, recomputed, words, len(cohort), lam=lam)
+            W = np.asarray(W, dtype=np.float64)
+            if W.shape != rel.W.shape:
+                bad.append(f"model: W has shape {W.shape}, the release's is {rel.W.shape}")
+            else:
+                diff = float(np.max(np.abs(W - rel.W))) if W.size else 0.0
+                if diff > 1e-9 * max(1.0, float(np.max(np.abs(rel.W)))):
+                    bad.append(f"model: W differs from the release's by up to {diff:.3g}")
+                else:
+                    ok.append("W recomputed " + ("bit for bit" if diff == 0.0 else f"within {diff:.2g}"))
+        except SecureAFLError as e:
+            bad.append(f"release: the recomputed sum and the share do not form a release ({e})")
+    if list(model_meta.get("participants") or []) != cohort:
+        bad.append(f"model: names participants {model_meta.get('participants')}, the share statement's cohort "
+                   f"is {cohort}")
+    if model_meta.get("session") != params.session_id or model_meta.get("params_digest") != params.digest().hex():
+        bad.append("model: for another session or parameters")
+    return ReleaseAudit(bad, ok, diff)
