@@ -278,7 +278,8 @@ def test_attack_split_cohort_exits_zero_and_seven_once_the_key_holder_floor_is_g
     # the key holder's quorum and refusal limit removed, as a regression would
     broken = _attack_cli("split-cohort", "import secure_afl.keyholder.release as r\n"
                                          "r.KeyHolder._floor = lambda self, sid, mc: mc\n"
-                                         "r.KeyHolder._policy = lambda self, sid, mc: None")
+                                         "r.KeyHolder._cohort = staticmethod(lambda policy, floor, m, refused: "
+                                         "[p['hospital'] for p in m['participants'] if p['hospital'] not in refused])")
     assert broken.returncode == EXIT_SECURITY, broken.stdout + broken.stderr
     assert "RECOVERED" in broken.stdout and "ATTACK SUCCEEDED" in broken.stderr
 

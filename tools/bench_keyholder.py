@@ -70,6 +70,12 @@ def run(dim: int, classes: int, k: int, *, distinct: int = 4, n_per_hospital: in
         parties = {h: pki.issue(pki_dir, "hospital", h) for h in names}
         kh = KeyHolder(pki_dir, "keyholder", work / "keys", passphrase=os.urandom(16).hex().encode())
         sid = f"bench-{dim}-{classes}-{k}"
+        # the operator's signed definition: the key holder takes its release policy from nothing else
+        from .harness import sign_session
+
+        sign_session(pki_dir, {"session": {"id": sid, "backend": "ckks", "dim": dim, "classes": classes,
+                                           "gamma": gamma, "min_clients": min(k, 3), "hospitals": names},
+                               "bounds": {"max_norm": 1.0, "n_max": n_per_hospital, "k_max": max(k, 2)}})
         public = kh.keygen(ckks_session_params(sid, lay, gamma, Bounds(1.0, n_per_hospital, max(k, 2))))
         params = kh.params(sid)
         backend = CKKSBackend(params)

@@ -100,28 +100,27 @@ class ReleaseBase(KeyCustody):
             raise DecryptionRefused(f"not decrypting: no server identity to check the manifest against ({e})") from e
         enrolled = pki.enrolled_keys(pki.load_enrolments(self.pki_dir, role="hospital"))
         # the session's signed roster, not every hospital the CA issued: an upload signed by a spare or
-        # withdrawn identity counts for nothing, whatever the server's manifest says. (finalize and the Flower
-        # adapter have already required the signed definition; only library callers such as the key holder
-        # benchmark run without one.)
-        if signed_path(self.pki_dir, session_id).exists():
-            roster = set(load_signed(self.pki_dir, session_id).hospitals)
-            enrolled = {k: v for k, v in enrolled.items() if k in roster}
+        # withdrawn identity counts for nothing, whatever the server's manifest says
+        roster = set(self._policy(session_id, 1).roster)
+        enrolled = {k: v for k, v in enrolled.items() if k in roster}
         if expected_hospitals is not None:
             enrolled = {k: v for k, v in enrolled.items() if k in set(expected_hospitals)}
         return server_pub, enrolled
 
-    def _policy(self, session_id: str, min_clients: int) -> ReleasePolicy | None:
-        """The signed session's release policy with this caller's ``min_clients`` floor, or None when no
-        signed definition is here (library callers such as the key holder benchmark)."""
+    def _policy(self, session_id: str, min_clients: int) -> ReleasePolicy:
+        """The signed session's release policy with this caller's ``min_clients`` floor. Without the operator's
+        signed definition in this key holder's PKI nothing is released (:class:`DecryptionRefused`): a floor
+        the caller passes alone would know neither the roster, nor the colluder bound, nor the quorum."""
         if not signed_path(self.pki_dir, session_id).exists():
-            return None
+            raise DecryptionRefused(
+                f"not releasing session {session_id}: its signed definition is not in {self.pki_dir} "
+                "(the release policy comes from it alone; copy the operator's bundle first)")
         return release_policy(load_signed(self.pki_dir, session_id), min_clients=min_clients)
 
     def _floor(self, session_id: str, min_clients: int) -> int:
         """Uploads of the roster a release needs: the signed policy's quorum q (which already counts this
-        caller's ``min_clients``), or ``min_clients`` alone without a signed definition."""
-        policy = self._policy(session_id, min_clients)
-        return min_clients if policy is None else policy.quorum
+        caller's ``min_clients``)."""
+        return self._policy(session_id, min_clients).quorum
 
     def countersign_audit_head(self, conn, manifest: dict) -> dict:
         """Countersign the server's close record (audit seq + head of this release) and hand it back,

@@ -15,7 +15,7 @@ import numpy as np
 
 from secure_afl import split
 from secure_afl.cohort import ReleasePolicy, cohort_after_refusals
-from secure_afl.exceptions import InsufficientContributors, InvalidSignature, MalformedPayload, PolicyViolation, \
+from secure_afl.exceptions import InvalidSignature, MalformedPayload, PolicyViolation, \
     SanityCheckFailed
 from secure_afl.hazmat import flp
 from secure_afl.params import SessionParams
@@ -288,17 +288,10 @@ class SplitRelease(ReleaseBase):
             judge.pool.close()
 
     @staticmethod
-    def _cohort(policy: ReleasePolicy | None, floor: int, manifest: dict, refused: dict) -> list[str]:
+    def _cohort(policy: ReleasePolicy, floor: int, manifest: dict, refused: dict) -> list[str]:
         """The cohort the share may cover, from the verdicts alone: the signed policy's refusal limit and quorum
         (:func:`secure_afl.cohort.cohort_after_refusals`) abort the release rather than shrink the cohort."""
-        participants = [p["hospital"] for p in manifest["participants"]]
-        if policy is not None:
-            return cohort_after_refusals(policy, participants, refused)
-        cohort = [h for h in participants if h not in refused]
-        if len(cohort) < floor:
-            raise InsufficientContributors(f"after refusing the invalid uploads of {sorted(refused)} only "
-                                           f"{len(cohort)} remain, below min_clients={floor}")
-        return cohort
+        return cohort_after_refusals(policy, [p["hospital"] for p in manifest["participants"]], refused)
 
     def account_split_release(self, params: SessionParams, release_id: str, contributors: int) -> dict | None:
         """Record the release a split share enables in the privacy ledger, as :meth:`_solve` records a
