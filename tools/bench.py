@@ -80,7 +80,7 @@ _SUBCOMMANDS: list = [
     ("protect", "time protect / combine / reveal of one round and check the sum", _register_protect),
     ("extract", "time embedding extraction on this machine", "secure_afl.tools.bench_embed"),
     ("dp", "test accuracy against epsilon (distributed DP), table and PNG", "secure_afl.tools.bench_dp"),
-    ("dp-audit", "empirical epsilon lower bound (canary test) next to the accounted one", "secure_afl.privacy_audit"),
+    ("dp-audit", "empirical epsilon lower bound (canary test) next to the accounted one", "secure_afl.tools.bench_dp_audit"),
     ("service", "one session through the real server, key holder and K HTTPS hospitals, per phase",
      "secure_afl.tools.bench_service"),
     ("combine", "the server's running sum of ckks/bfv uploads with 1 and W summing processes",
