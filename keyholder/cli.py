@@ -8,6 +8,7 @@ import logging
 from pathlib import Path
 
 from secure_afl._io import read_private_file
+from secure_afl.exceptions import SecureAFLError
 
 from .connection import KeyHolderConnection
 from .custody import PASSPHRASE_ENV
@@ -67,7 +68,15 @@ def _cmd_judge(args) -> int:
     with _connect(kh, args) as conn:
         while True:
             released = conn.info()["status"] == "released"  # read first: a last pass after it takes the rest
-            verdicts = kh.judge_split(conn)
+            try:
+                verdicts = kh.judge_split(conn)
+            except SecureAFLError as exc:
+                # the release used the session's key (finalize beside this loop, or before it started): the
+                # session this command watches is done, which is its success, not an error
+                if exc.reason != "key_used" or conn.info()["status"] != "released":
+                    raise
+                print(f"session {args.session} is released; nothing more to judge", flush=True)
+                break
             for h in sorted(set(verdicts) - set(seen)):
                 print(f"{h}: {'valid' if verdicts[h] is None else 'refused (' + verdicts[h] + ')'}", flush=True)
             seen = verdicts
