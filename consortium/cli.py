@@ -13,7 +13,7 @@ import json
 import sys
 from pathlib import Path
 
-from secure_afl.exceptions import InvalidInputError
+from secure_afl.exceptions import InvalidInputError, InvalidParameterError
 from secure_afl.pki import CA_KEY, ROLES, init_ca, issue, make_bundles
 from secure_afl.secagg import consistency_quorum
 from secure_afl.session.definition import dropout_line, share_line
@@ -98,7 +98,15 @@ def _cmd_session_sign(args) -> int:
 
 
 def _cmd_session_show(args) -> int:
-    definition = load_signed(args.pki, args.session)
+    if args.session_id and args.session and args.session_id != args.session:
+        raise InvalidParameterError(f"two session ids: {args.session_id} and --session {args.session}")
+    if args.session_id:  # the older spelling still works; every other command takes --session
+        print("secure-afl session show: note: the id is given as --session ID (as everywhere else); the "
+              "positional spelling will go", file=sys.stderr)
+    sid = args.session or args.session_id
+    if not sid:
+        raise InvalidParameterError("session show needs --session ID")
+    definition = load_signed(args.pki, sid)
     print(json.dumps(dict(definition.body), indent=2, sort_keys=True))
     print(dropout_line(definition)[1], file=sys.stderr)  # stdout stays one JSON document
     return 0
@@ -117,7 +125,8 @@ def register_session(parser) -> None:
     p.add_argument("--bundles", default=None, help="also place the signed definition into every bundle here")
     p.set_defaults(func=_cmd_session_sign)
     p = sub.add_parser("show", help="print a signed session definition after checking its signature")
-    p.add_argument("session", help="session id")
+    p.add_argument("session_id", nargs="?", help=argparse.SUPPRESS)
+    p.add_argument("--session", help="session id (its signed definition is in PKI/sessions/)")
     p.add_argument("--pki", required=True, help="a PKI directory or bundle")
     p.set_defaults(func=_cmd_session_show)
     p = sub.add_parser("reference", help="print the session.toml reference (docs/SESSION.md) from the schema")

@@ -36,3 +36,48 @@ def test_keyholder_judge_ends_with_success_once_its_session_is_released(consorti
     # Assert: a released session is the loop's end, not an error
     assert out.returncode == 0, out.stderr
     assert "released" in out.stdout and "error" not in out.stderr
+
+
+def _main(capsys, *args):
+    """secure-afl's main() in this process: (exit code, stdout, stderr)."""
+    from secure_afl.cli import main
+
+    try:
+        rc = main([str(a) for a in args])
+    except SystemExit as exc:  # argparse's own exits (--version, --help)
+        rc = exc.code
+    out = capsys.readouterr()
+    return rc, out.out, out.err
+
+
+def test_version_and_a_bare_call_list_the_installed_version_and_every_command(capsys):
+    # Prepare: the installed distribution's version, read as pip reads it
+    from importlib.metadata import version
+
+    from secure_afl.cli import COMMANDS
+
+    # Execute: the two first calls of a new user
+    shown = _main(capsys, "--version")
+    bare = _main(capsys)
+    # Assert: the version line, and the command list (not only "the following arguments are required")
+    assert shown[0] == 0 and shown[1].strip() == f"secure-afl {version('secure-afl')}"
+    assert bare[0] == 2
+    assert all(f"    {name}" in bare[1] for name, _, _ in COMMANDS), bare[1]
+    assert "required" not in bare[2]
+
+
+def test_session_show_takes_the_id_as_session_like_every_other_command(consortium, capsys):
+    # Prepare: a signed session in the consortium's PKI
+    import json
+
+    c = consortium(backend="split")
+    # Execute: the spelling every other command uses, the older positional one, and none
+    flag = _main(capsys, "session", "show", "--session", c.session_id, "--pki", c.pki_dir)
+    positional = _main(capsys, "session", "show", c.session_id, "--pki", c.pki_dir)
+    missing = _main(capsys, "session", "show", "--pki", c.pki_dir)
+    # Assert: --session prints the definition; the positional one still does, with a note; none is one line
+    assert flag[0] == 0, flag[2]
+    assert json.loads(flag[1])["id"] == c.session_id and "note" not in flag[2]
+    assert positional[0] == 0 and json.loads(positional[1])["id"] == c.session_id
+    assert "--session ID" in positional[2]
+    assert missing[0] == 3 and missing[2].count("\n") == 1 and "--session" in missing[2]
