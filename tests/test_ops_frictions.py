@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from support import free_port  # noqa: F401  (kept for the server tests below)
+from support import free_port
 
 
 def _cli(*args, env=None, timeout=300, cwd=None):
@@ -81,3 +81,37 @@ def test_session_show_takes_the_id_as_session_like_every_other_command(consortiu
     assert positional[0] == 0 and json.loads(positional[1])["id"] == c.session_id
     assert "--session ID" in positional[2]
     assert missing[0] == 3 and missing[2].count("\n") == 1 and "--session" in missing[2]
+
+
+@pytest.mark.e2e
+def test_a_second_server_on_the_same_state_is_one_line_and_the_first_keeps_serving(consortium):
+    # Prepare: a server running its session
+    from test_split_stream import _honest, _start
+
+    c, conn = _start(consortium)
+    _honest(c, "h1", 1)
+    # Execute: the same session.toml started again (another port, the same state)
+    out = _cli("server", "run", "--config", c.config, "--port", free_port(), "--allow-ca-key", timeout=120)
+    # Assert: one line, the documented exit code (4: refused), no traceback; the first server still answers
+    lines = out.stderr.strip().splitlines()
+    assert out.returncode == 4 and len(lines) == 1, out.stderr
+    assert lines[0].startswith("secure-afl: error [state_in_use]: ") and "another server" in lines[0]
+    assert conn.info()["status"] == "open"
+    conn.close()
+
+
+@pytest.mark.e2e
+def test_server_run_refuses_the_operators_pki_directory_unless_asked(consortium):
+    # Prepare: a session whose [server] pki_dir is the CA's own directory (ca.key inside), as when the
+    # operator starts the server from its own directory
+    from secure_afl.pki import CA_KEY
+
+    c = consortium(backend="plain")
+    assert (c.pki_dir / CA_KEY).exists()
+    # Execute
+    out = _cli("server", "run", "--config", c.config, timeout=120)
+    # Assert: one line naming the key and the way out; no state was made
+    lines = out.stderr.strip().splitlines()
+    assert out.returncode == 3 and len(lines) == 1, out.stderr
+    assert "[ca_key_present]" in lines[0] and CA_KEY in lines[0] and "--allow-ca-key" in lines[0]
+    assert not (c.root / "server").exists()
