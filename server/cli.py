@@ -33,6 +33,7 @@ def _cmd_run(args) -> int:
                                 "(secure-afl pki bundle), or pass --allow-ca-key where one machine is both",
                                 reason="ca_key_present")
     sock = listen(cfg.host, cfg.port)  # a taken port refuses the start (exit 3) before anything is opened
+    resumed = (Path(cfg.data_dir) / cfg.session_id / "audit.jsonl").exists()  # a restart, not a new session
     try:
         server = open_server(cfg)
     except StateInUse as e:
@@ -49,6 +50,12 @@ def _cmd_run(args) -> int:
         sock.close()
         raise
     app = create_app(server)
+    if resumed:
+        # what the operator would otherwise have to read out of the audit log to trust the restart
+        who = sorted(row["hospital"] for row in server.store.uploads())
+        print(f"resumed session {cfg.session_id} ({server.status}) from {server.dir}: {len(who)} upload"
+              f"{'' if len(who) == 1 else 's'} accepted before the restart"
+              + (f" ({', '.join(who)})" if who else ""), flush=True)
 
     logging.getLogger("secure_afl.server").info(
         "serving session %s (%s) on https://%s:%d, mTLS %s, at most %d connections; %s", cfg.session_id,

@@ -115,3 +115,22 @@ def test_server_run_refuses_the_operators_pki_directory_unless_asked(consortium)
     assert out.returncode == 3 and len(lines) == 1, out.stderr
     assert "[ca_key_present]" in lines[0] and CA_KEY in lines[0] and "--allow-ca-key" in lines[0]
     assert not (c.root / "server").exists()
+
+
+@pytest.mark.e2e
+def test_a_restarted_server_says_what_it_resumed(consortium):
+    # Prepare: two accepted uploads, then the server stops
+    from test_split_stream import _honest, _start
+
+    c, conn = _start(consortium)
+    _honest(c, "h1", 1)
+    _honest(c, "h3", 3)
+    conn.close()
+    c.stop()
+    before = (c.root / "server.log").read_text()
+    # Execute: the same session.toml started again
+    c.start()
+    # Assert: the restart names the session and the uploads it kept; a fresh start said nothing of the kind
+    log = (c.root / "server.log").read_text()[len(before):]
+    assert "resumed session t-split (open)" in log and "2 uploads accepted before the restart (h1, h3)" in log
+    assert "resumed" not in before
