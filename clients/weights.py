@@ -66,6 +66,9 @@ def write_weights(backbone: str, out, *, seed: int = 0, pretrained: str = "auto"
 
 
 def _cmd_weights(args) -> int:
+    # torch's import and the model's construction take seconds before the one result line
+    print(f"secure-afl client weights: building {args.backbone} and writing its weights to {args.out} ...",
+          file=sys.stderr, flush=True)
     source, digest = write_weights(args.backbone, args.out, seed=args.seed, pretrained=args.pretrained)
     print(f"{args.backbone} weights -> {args.out}: {source}", file=sys.stderr)
     print(f"sha256:{digest}")

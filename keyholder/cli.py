@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import sys
 from pathlib import Path
 
 from secure_afl._io import read_private_file
@@ -109,6 +110,11 @@ def _cmd_finalize(args) -> int:
         _check_writable(args.report, "--report")
     kh = _keyholder(args)
     with _connect(kh, args) as conn:
+        n = conn.info().get("contributions")
+        # the release runs without a word otherwise (seconds to minutes with many uploads)
+        print(f"secure-afl keyholder finalize: closing session {args.session} on {args.server} and releasing its "
+              f"{n} uploads: checking each one, opening the aggregate once, solving W ...", file=sys.stderr,
+              flush=True)
         res = kh.finalize(conn, min_clients=args.min_clients, lam=args.lam, min_class_count=args.min_class_count)
     write_model(args.out, res.W, model_metadata(res.params, res.report, args.lam))
     if args.report:

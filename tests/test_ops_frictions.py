@@ -25,11 +25,17 @@ def test_keyholder_judge_ends_with_success_once_its_session_is_released(consorti
     c, conn = _start(consortium)
     _honest(c, "h1", 1)
     _honest(c, "h2", 2)
-    c.keyholder.finalize(conn, min_clients=2)
     conn.close()
     phrase = tmp_path / "passphrase"
     phrase.write_bytes(b"test passphrase")
     phrase.chmod(0o600)
+    released = _cli("keyholder", "finalize", "--pki", c.pki_dir, "--keys", c.root / "keys", "--passphrase-file",
+                    phrase, "--server", c.url, "--session", c.session_id, "--min-clients", 2,
+                    "--out", tmp_path / "W.safetensors")
+    assert released.returncode == 0, released.stderr
+    # the release said what it was doing before the model line
+    assert released.stderr.startswith(f"secure-afl keyholder finalize: closing session {c.session_id} on {c.url} "
+                                      "and releasing its 2 uploads")
     # Execute: the judge loop, started (or still running) once the key has been used
     out = _cli("keyholder", "judge", "--pki", c.pki_dir, "--keys", c.root / "keys", "--passphrase-file", phrase,
                "--server", c.url, "--session", c.session_id, "--interval", "0.2")
@@ -134,3 +140,14 @@ def test_a_restarted_server_says_what_it_resumed(consortium):
     log = (c.root / "server.log").read_text()[len(before):]
     assert "resumed session t-split (open)" in log and "2 uploads accepted before the restart (h1, h3)" in log
     assert "resumed" not in before
+
+
+def test_client_fingerprint_says_what_it_builds_before_the_block(capsys):
+    pytest.importorskip("torch")
+    pytest.importorskip("torchvision")
+    # Execute: the operator's fingerprint of a seeded random backbone
+    rc, out, err = _main(capsys, "client", "fingerprint", "--backbone", "resnet18", "--weights", "random",
+                         "--seed", "0", "--classes", "a,b")
+    # Assert: stdout is only the TOML block (it is appended to session.toml); stderr said what took the time
+    assert rc == 0 and out.startswith("[extractor]\n") and "dim = 512" in out
+    assert err.splitlines()[0].startswith("secure-afl client fingerprint: building resnet18 (random weights)")

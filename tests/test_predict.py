@@ -110,6 +110,8 @@ def test_client_weights_writes_a_seeded_random_backbone_without_a_model_cache(tm
     digest = hashlib.sha256((tmp_path / "resnet18.pth").read_bytes()).hexdigest()
     assert rc == 0 and out.out.strip() == f"sha256:{digest}"
     assert "a seeded random initialisation (seed 0; no pretrained weights on this machine)" in out.err
+    # what it does is said before the seconds it takes, not only with the result
+    assert out.err.splitlines()[0].startswith("secure-afl client weights: building resnet18 and writing")
     state = torch.load(str(tmp_path / "resnet18.pth"), weights_only=True)
     torch.manual_seed(0)
     import torchvision
