@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 from secure_afl.exceptions import InvalidInputError, InvalidParameterError
-from secure_afl.pki import CA_KEY, ROLES, init_ca, issue, make_bundles
+from secure_afl.pki import CA_KEY, ROLES, init_ca, issue, write_bundles
 from secure_afl.secagg import consistency_quorum
 from secure_afl.session.definition import dropout_line, share_line
 from secure_afl.session.schema import reference
@@ -44,10 +44,21 @@ def _cmd_pki_issue(args) -> int:
 
 
 def _cmd_pki_bundle(args) -> int:
-    made = make_bundles(args.dir, args.out)
-    for party, path in made.items():
-        print(f"{party:<24} -> {path}/  (ca.pem, roster.json, {party}/)")
+    try:
+        made = write_bundles(args.dir, args.out)
+    except FileExistsError as exc:
+        raise InvalidInputError(str(exc), reason="file_exists") from None
+    for party, (path, added) in made.items():
+        if added == ["new bundle"]:
+            print(f"{party:<24} -> {path}/  (ca.pem, roster.json, {party}/)")
+        elif added:
+            print(f"{party:<24} -> {path}/  added {', '.join(added)}")
+        else:
+            print(f"{party:<24} -> {path}/  unchanged")
     print(f"hand each directory to its party only; {Path(args.dir) / CA_KEY} is in none of them")
+    if any(added and added != ["new bundle"] for _, added in made.values()):
+        print("a party that holds its bundle already copies the new files over it: "
+              "cp -r BUNDLE/. pki/ (the /. copies the contents, never a nested folder)")
     return 0
 
 
@@ -68,7 +79,8 @@ def register_pki(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--days", type=int, default=365, help="certificate validity in days")
     p.set_defaults(func=_cmd_pki_issue)
 
-    p = sub.add_parser("bundle", help="one directory per party: CA, signed roster, its own keys only")
+    p = sub.add_parser("bundle", help="one directory per party: CA, signed roster, its own keys only; run again, "
+                                      "it adds new parties' bundles and the new roster and sessions to the others")
     p.add_argument("--dir", required=True, help="PKI directory holding the CA and every issued party")
     p.add_argument("--out", required=True, help="directory to create the bundles in")
     p.set_defaults(func=_cmd_pki_bundle)

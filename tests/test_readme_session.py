@@ -168,7 +168,7 @@ def test_documented_session_runs_as_written(tmp_path, backend):
     if backend == "split":  # README's hospital applies the model to its images (`secure-afl predict`)
         rows = (tmp_path / "hosp-a" / "predictions.csv").read_text().splitlines()
         assert rows[0] == "index,file,label,predicted,score" and len(rows) == 1 + 6
-        assert all(r.split(",")[2] in CLASSES for r in rows[1:])
+        assert all(r.split(",")[3] in CLASSES for r in rows[1:])
     assert len(list((tmp_path / "hosp-a" / "receipts").glob("*.json"))) == 1
     _holds_only_its_own_bundle(tmp_path)
     print(f"\n{backend}: documented session took {timing['seconds']:.1f} s")
