@@ -151,3 +151,50 @@ def test_client_fingerprint_says_what_it_builds_before_the_block(capsys):
     # Assert: stdout is only the TOML block (it is appended to session.toml); stderr said what took the time
     assert rc == 0 and out.startswith("[extractor]\n") and "dim = 512" in out
     assert err.splitlines()[0].startswith("secure-afl client fingerprint: building resnet18 (random weights)")
+
+
+@pytest.mark.e2e
+def test_session_status_shows_each_roster_hospitals_fate_from_a_running_server(consortium, tmp_path):
+    # Prepare: a split session of three, h1 honest and judged, h3 a cheat the release refuses, h2 silent until
+    # just before the release; a deadline an hour away
+    import json
+    import time
+
+    from test_split_stream import _cheat, _honest
+
+    from secure_afl import split
+    from secure_afl.packing import Layout
+    from secure_afl.params import Bounds
+
+    c = consortium(backend="split", hospitals=("h1", "h2", "h3"), min_clients=2,
+                   extra_session={"max_refusals": 1, "deadline_s": 3600.0}).start()
+    conn = c.connect_keyholder()
+    c.keyholder.keygen(split.split_session_params(c.session_id, Layout(c.dim, c.classes), 1.0,
+                                                  Bounds(c.max_norm, 1000, 8)))
+    c.keyholder.publish(conn)
+    _honest(c, "h1", 1)
+    c.keyholder.judge_split(conn)
+    _cheat(c, "h3", 3)
+    args = ("session", "status", "--server", c.url, "--session", c.session_id, "--pki", c.pki_dir,
+            "--as", "server-aggregator")
+
+    # Execute: while open, then after the release
+    open_ = _cli(*args, "--json", timeout=120)
+    text = _cli(*args, timeout=120)
+    _honest(c, "h2", 2)
+    c.keyholder.finalize(conn, min_clients=2)
+    conn.close()
+    after = _cli(*args, "--json", timeout=120)
+
+    # Assert: the roster's fates, the quorum and the deadline as the server holds them
+    assert open_.returncode == 0, open_.stderr
+    st = json.loads(open_.stdout)
+    assert st["status"] == "open" and st["roster"] == ["h1", "h2", "h3"]
+    assert st["uploaded"] == ["h1", "h3"] and st["judged"] == ["h1"] and st["silent"] == ["h2"]
+    assert st["refused"] == {} and st["quorum"] == 2 and st["still_needed"] == 0 and st["dropouts_left"] == 1
+    assert 3500 < st["deadline"] - time.time() <= 3600
+    assert text.returncode == 0 and "uploaded  2: h1, h3" in text.stdout and "silent    1: h2" in text.stdout
+    assert "deadline  " in text.stdout and "(in 59 min" in text.stdout
+    st = json.loads(after.stdout)
+    assert st["status"] == "released" and st["valid"] == ["h1", "h2"] and st["refused"] == {"h3": "linear"}
+    assert st["silent"] == [] and st["dropouts_left"] == 0
