@@ -33,7 +33,7 @@ COMMANDS = [
     ("pki", "consortium CA, TLS certificates and Ed25519 identities", "secure_afl.consortium.cli:register_pki"),
     ("session", "the operator's signed session definition every party pins",
      "secure_afl.consortium.cli:register_session"),
-    ("audit", "verify the hash-chained audit log and receipts", "secure_afl.audit_verify"),
+    ("audit", "verify the hash-chained audit log and receipts; the auditor's HTML report", "secure_afl.cli.auditor"),
     ("server", "the aggregation server", "secure_afl.server.cli"),
     ("keyholder", "the key holder: keys, release checks, decryption and the solve", "secure_afl.keyholder.cli"),
     ("predict", "apply a model file to an image folder or an embeddings file", "secure_afl.clients.predict"),

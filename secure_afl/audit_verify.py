@@ -338,7 +338,7 @@ def _cmd_verify(args) -> int:
     return 0
 
 
-def register(parser: argparse.ArgumentParser) -> None:
+def register(parser: argparse.ArgumentParser):
     sub = parser.add_subparsers(dest="audit_command", metavar="ACTION", required=True)
     p = sub.add_parser("verify", help="verify an audit log up to its expected head, and receipts against it")
     p.add_argument("log", help="audit log (JSON Lines)")
@@ -355,3 +355,4 @@ def register(parser: argparse.ArgumentParser) -> None:
                    help="the session you mean: the log must be its log (default: the session the log records, "
                         "named in the OK line)")
     p.set_defaults(func=_cmd_verify)
+    return sub
