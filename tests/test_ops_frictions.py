@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 
@@ -198,3 +199,14 @@ def test_session_status_shows_each_roster_hospitals_fate_from_a_running_server(c
     st = json.loads(after.stdout)
     assert st["status"] == "released" and st["valid"] == ["h1", "h2"] and st["refused"] == {"h3": "linear"}
     assert st["silent"] == [] and st["dropouts_left"] == 0
+
+
+def test_keyholder_help_describes_every_backend_with_a_key(capsys):
+    # Prepare: the backends whose key holder makes a key
+    from secure_afl.params import KEYED_BACKENDS
+
+    # Execute
+    rc, out, _ = _main(capsys, "keyholder", "--help")
+    # Assert: keygen's line names each of them, not one backend's keys
+    keygen = re.search(r"keygen\s+(.*?)\n    \w", out, re.S).group(1)
+    assert rc == 0 and all(re.search(rf"\b{b}\b", keygen) for b in KEYED_BACKENDS), keygen
