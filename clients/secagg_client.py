@@ -55,6 +55,9 @@ CONSISTENCY = SECAGG_CONSISTENCY
 UNMASK_RESPONSE = "unmask_response"
 
 log = logging.getLogger("secure_afl.client")
+# the per-stage wait lines: on by default (a silent wait looks like a hang); a caller that runs many
+# hospitals in one process (the demo) turns this logger down
+_wait_log = logging.getLogger("secure_afl.client.wait")
 
 
 class SecAggParticipant:
@@ -158,8 +161,8 @@ class SecAggParticipant:
                     until = r.get("closes_in_s")
                     until = (f"; the stage closes within {until:.0f} s" if isinstance(until, (int, float))
                              and not isinstance(until, bool) else "")
-                    log.warning("%s waits for %s (%s, round %d%s)", self.hospital.name, whom, stage,
-                                self.client.round, until)
+                    _wait_log.warning("%s waits for %s (%s, round %d%s)", self.hospital.name, whom, stage,
+                                      self.client.round, until)
                     waiting_in = stage
                 time.sleep(pause)
                 cap = r.get("poll_s", 1.0)  # the server spreads K hospitals' polls; bounded here all the same
