@@ -18,6 +18,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from support.sessions import cheating_upload, honest_upload, open_split_session
+
 pytestmark = pytest.mark.e2e
 
 HOSPITALS = ("h1", "h2", "h3", "h4", "h5", "h6")
@@ -39,20 +41,10 @@ def _browser(exe: str, *args: str, cwd: Path) -> subprocess.CompletedProcess:
 
 @pytest.fixture
 def released_session(consortium, tmp_path):
-    from test_split_stream import _cheat, _honest
-
-    from secure_afl import split
-    from secure_afl.packing import Layout
-    from secure_afl.params import Bounds
-
-    c = consortium(backend="split", hospitals=HOSPITALS, min_clients=2, extra_session={"max_refusals": 1}).start()
-    conn = c.connect_keyholder()
-    c.keyholder.keygen(split.split_session_params(c.session_id, Layout(c.dim, c.classes), 1.0,
-                                                  Bounds(c.max_norm, 1000, 8)))
-    c.keyholder.publish(conn)
+    c, conn = open_split_session(consortium, HOSPITALS)
     for i, h in enumerate(("h1", "h2", "h4", "h5")):
-        _honest(c, h, i + 1)
-    _cheat(c, "h3", 3)
+        honest_upload(c, h, i + 1)
+    cheating_upload(c, "h3", 3)
     res = c.keyholder.finalize(conn, min_clients=2)
     conn.close()
     (tmp_path / "report.json").write_text(json.dumps(res.report, default=float))

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from support import free_port
+from support.walkthrough import documented_sessions, make_inputs, run_session
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -25,12 +26,11 @@ _NATIVE = ("server run", "keyholder keygen", "keyholder publish", "client submit
 def test_the_flower_script_runs_as_written_and_releases(tmp_path):
     pytest.importorskip("flwr")
     pytest.importorskip("torch")
-    from test_readme_session import _inputs, _run_session, documented_sessions
 
     # Prepare: README's parties, bundles and statistics; the documented script with free ports in place of
     # its fixed ones (nothing else of it changed)
-    _inputs(tmp_path)
-    _run_session(tmp_path, [(p, c) for p, c in documented_sessions()["split"] if not any(n in c for n in _NATIVE)])
+    make_inputs(tmp_path)
+    run_session(tmp_path, [(p, c) for p, c in documented_sessions()["split"] if not any(n in c for n in _NATIVE)])
     script = re.search(r"```sh\n(export FLWR_HOME.*?)```", (ROOT / "docs" / "FLOWER.md").read_text(), re.S).group(1)
     script = script.replace("9190", str(free_port())).replace("port=9201", f"port={free_port()}")
     script = script.replace("--port 9209", f"--port {free_port()}")

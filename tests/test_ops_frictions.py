@@ -10,6 +10,7 @@ import sys
 import pytest
 
 from support import free_port
+from support.sessions import cheating_upload, honest_upload, open_split_session
 
 
 def _cli(*args, env=None, timeout=300, cwd=None):
@@ -21,11 +22,9 @@ def _cli(*args, env=None, timeout=300, cwd=None):
 @pytest.mark.e2e
 def test_keyholder_judge_ends_with_success_once_its_session_is_released(consortium, tmp_path):
     # Prepare: a split session released by finalize, as README's judge beside the session would see it end
-    from test_split_stream import _honest, _start
-
-    c, conn = _start(consortium)
-    _honest(c, "h1", 1)
-    _honest(c, "h2", 2)
+    c, conn = open_split_session(consortium)
+    honest_upload(c, "h1", 1)
+    honest_upload(c, "h2", 2)
     conn.close()
     phrase = tmp_path / "passphrase"
     phrase.write_bytes(b"test passphrase")
@@ -93,10 +92,8 @@ def test_session_show_takes_the_id_as_session_like_every_other_command(consortiu
 @pytest.mark.e2e
 def test_a_second_server_on_the_same_state_is_one_line_and_the_first_keeps_serving(consortium):
     # Prepare: a server running its session
-    from test_split_stream import _honest, _start
-
-    c, conn = _start(consortium)
-    _honest(c, "h1", 1)
+    c, conn = open_split_session(consortium)
+    honest_upload(c, "h1", 1)
     # Execute: the same session.toml started again (another port, the same state)
     out = _cli("server", "run", "--config", c.config, "--port", free_port(), "--allow-ca-key", timeout=120)
     # Assert: one line, the documented exit code (4: refused), no traceback; the first server still answers
@@ -127,11 +124,9 @@ def test_server_run_refuses_the_operators_pki_directory_unless_asked(consortium)
 @pytest.mark.e2e
 def test_a_restarted_server_says_what_it_resumed(consortium):
     # Prepare: two accepted uploads, then the server stops
-    from test_split_stream import _honest, _start
-
-    c, conn = _start(consortium)
-    _honest(c, "h1", 1)
-    _honest(c, "h3", 3)
+    c, conn = open_split_session(consortium)
+    honest_upload(c, "h1", 1)
+    honest_upload(c, "h3", 3)
     conn.close()
     c.stop()
     before = (c.root / "server.log").read_text()
@@ -161,28 +156,17 @@ def test_session_status_shows_each_roster_hospitals_fate_from_a_running_server(c
     import json
     import time
 
-    from test_split_stream import _cheat, _honest
-
-    from secure_afl import split
-    from secure_afl.packing import Layout
-    from secure_afl.params import Bounds
-
-    c = consortium(backend="split", hospitals=("h1", "h2", "h3"), min_clients=2,
-                   extra_session={"max_refusals": 1, "deadline_s": 3600.0}).start()
-    conn = c.connect_keyholder()
-    c.keyholder.keygen(split.split_session_params(c.session_id, Layout(c.dim, c.classes), 1.0,
-                                                  Bounds(c.max_norm, 1000, 8)))
-    c.keyholder.publish(conn)
-    _honest(c, "h1", 1)
+    c, conn = open_split_session(consortium, extra_session={"deadline_s": 3600.0})
+    honest_upload(c, "h1", 1)
     c.keyholder.judge_split(conn)
-    _cheat(c, "h3", 3)
+    cheating_upload(c, "h3", 3)
     args = ("session", "status", "--server", c.url, "--session", c.session_id, "--pki", c.pki_dir,
             "--as", "server-aggregator")
 
     # Execute: while open, then after the release
     open_ = _cli(*args, "--json", timeout=120)
     text = _cli(*args, timeout=120)
-    _honest(c, "h2", 2)
+    honest_upload(c, "h2", 2)
     c.keyholder.finalize(conn, min_clients=2)
     conn.close()
     after = _cli(*args, "--json", timeout=120)

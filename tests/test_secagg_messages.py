@@ -6,7 +6,7 @@ import logging
 
 import pytest
 
-from test_secagg_rounds import _run
+from support.sessions import run_secagg_plan
 
 pytestmark = pytest.mark.e2e
 
@@ -21,7 +21,7 @@ def test_a_hospital_hears_whom_it_waits_for_and_why_the_round_it_joins_was_opene
     plan = {"h1": [None], "h2": [None], "h3": ["masked_input", None], "h4": ["masked_input"]}
     # Execute: the hospitals' run loops, logging at the level `client submit` shows without -v
     with caplog.at_level(logging.WARNING, logger="secure_afl.client"):
-        results, errors = _run(c, data, plan)
+        results, errors = run_secagg_plan(c, data, plan)
     # Assert: every hospital that waited named whom for; each one that joined round 2 was told why round 1
     # ended (its stage, its count, who dropped)
     assert not errors, errors

@@ -13,6 +13,7 @@ import pytest
 from secure_afl import pki
 from secure_afl.cli import main
 from secure_afl.tools.harness import Consortium
+from support.walkthrough import CLASSES, documented_sessions, make_inputs, prompt_commands, run_session
 
 
 def _main(capsys, *args):
@@ -95,18 +96,8 @@ def _second_session_commands() -> list[tuple[str, str]]:
     """The "## A second session" section of docs/RUNNING.md, as (party, command) in order."""
     import re
 
-    from test_readme_session import _PROMPT
-
     text = (Path(__file__).resolve().parent.parent / "docs" / "RUNNING.md").read_text()
-    block = re.search(r"^## A second session.*?```sh\n(.*?)```", text, re.S | re.M).group(1)
-    commands: list[list[str]] = []
-    for line in block.splitlines():
-        p = _PROMPT.match(line)
-        if p:
-            commands.append([p.group(1), p.group(2)])
-        else:  # the body of a here-document
-            commands[-1][1] += "\n" + line
-    return [(party, cmd) for party, cmd in commands]
+    return prompt_commands(re.search(r"^## A second session.*?```sh\n(.*?)```", text, re.S | re.M).group(1))
 
 
 @pytest.mark.e2e
@@ -116,11 +107,9 @@ def test_the_documented_second_session_with_a_new_hospital_runs_as_written(tmp_p
     pytest.importorskip("torchvision")
     from PIL import Image
 
-    from test_readme_session import CLASSES, _inputs, _run_session, documented_sessions
-
     # Prepare: README's split session run as written, then the new hospital's images
-    _inputs(tmp_path)
-    _run_session(tmp_path, documented_sessions()["split"])
+    make_inputs(tmp_path)
+    run_session(tmp_path, documented_sessions()["split"])
     rng = np.random.default_rng(4)
     for c in CLASSES:
         (tmp_path / "hosp-d" / "images" / c).mkdir(parents=True)
@@ -129,7 +118,7 @@ def test_the_documented_second_session_with_a_new_hospital_runs_as_written(tmp_p
                 tmp_path / "hosp-d" / "images" / c / f"{i}.png")
 
     # Execute: the second session as docs/RUNNING.md writes it
-    _run_session(tmp_path, _second_session_commands())
+    run_session(tmp_path, _second_session_commands())
 
     # Assert: four hospitals released; every party's pki/ is its one bundle, not a bundle inside a bundle;
     # the first session's report is untouched
