@@ -118,8 +118,8 @@ def _fates(f: SessionFacts) -> list[tuple[str, str, str]]:
             msg = v.get("keyholder_message")
             evidence = (f"check {v.get('check')} failed ({v.get('attribution', 'refused')}), decided by "
                         f"{v.get('by')}; log record {v.get('seq')}"
-                        + (f", signed verifier message sha256 {hashlib.sha256(str(msg).encode()).hexdigest()[:16]}…"
-                           if msg else ""))
+                        + (f", the key holder's message in it sha256 "
+                           f"{hashlib.sha256(str(msg).encode()).hexdigest()[:16]}…" if msg else ""))
             rows.append((h, "refused", evidence))
         elif h in uploaded and (f.participants is None or h in f.participants):
             t, sha = uploaded[h]
