@@ -5,7 +5,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import sys
 from pathlib import Path
 
 from secure_afl._io import read_private_file
@@ -111,10 +110,10 @@ def _cmd_finalize(args) -> int:
     kh = _keyholder(args)
     with _connect(kh, args) as conn:
         n = conn.info().get("contributions")
-        # the release runs without a word otherwise (seconds to minutes with many uploads)
+        # the release runs without a word otherwise (seconds to minutes with many uploads); on stdout, with
+        # the result, so that a refusal stays the one line on stderr
         print(f"secure-afl keyholder finalize: closing session {args.session} on {args.server} and releasing its "
-              f"{n} uploads: checking each one, opening the aggregate once, solving W ...", file=sys.stderr,
-              flush=True)
+              f"{n} uploads: checking each one, opening the aggregate once, solving W ...", flush=True)
         res = kh.finalize(conn, min_clients=args.min_clients, lam=args.lam, min_class_count=args.min_class_count)
     write_model(args.out, res.W, model_metadata(res.params, res.report, args.lam))
     if args.report:

@@ -34,7 +34,7 @@ def test_keyholder_judge_ends_with_success_once_its_session_is_released(consorti
                     "--out", tmp_path / "W.safetensors")
     assert released.returncode == 0, released.stderr
     # the release said what it was doing before the model line
-    assert released.stderr.startswith(f"secure-afl keyholder finalize: closing session {c.session_id} on {c.url} "
+    assert released.stdout.startswith(f"secure-afl keyholder finalize: closing session {c.session_id} on {c.url} "
                                       "and releasing its 2 uploads")
     # Execute: the judge loop, started (or still running) once the key has been used
     out = _cli("keyholder", "judge", "--pki", c.pki_dir, "--keys", c.root / "keys", "--passphrase-file", phrase,

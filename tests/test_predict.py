@@ -120,7 +120,8 @@ def test_client_weights_writes_a_seeded_random_backbone_without_a_model_cache(tm
     assert all(torch.equal(state[k], expected[k]) for k in expected)
     # a second run never overwrites the file every party already holds
     assert main(["client", "weights", "--backbone", "resnet18", "--out", str(tmp_path / "resnet18.pth")]) == 3
-    assert "[file_exists]" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "[file_exists]" in err and len(err.strip().splitlines()) == 1, err
 
 
 def _image_model(tmp_path, weights_id: str, dim: int = 512):
