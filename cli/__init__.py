@@ -20,7 +20,7 @@ import argparse
 import importlib
 import sys
 
-from secure_afl.exceptions import EXIT_INPUT, EXIT_REFUSED, InvalidParameterError, MissingExtra, SecureAFLError, exit_code
+from secure_afl.exceptions import EXIT_INPUT, EXIT_REFUSED, EXIT_USAGE, InvalidParameterError, MissingExtra, SecureAFLError, exit_code
 
 # optional dependencies -> the extra of pyproject.toml that installs them (`make demo` installs none)
 _EXTRAS = {"torch": "embed", "torchvision": "embed", "PIL": "embed", "flwr": "flower", "matplotlib": "bench"}
@@ -33,8 +33,8 @@ COMMANDS = [
     ("pki", "consortium CA, TLS certificates and Ed25519 identities", "secure_afl.consortium.cli:register_pki"),
     ("session", "the operator's signed session definition every party pins",
      "secure_afl.consortium.cli:register_session"),
-    ("audit", "verify the audit log and receipts, a split release, or a model against plaintext",
-     "secure_afl.cli.audit_commands"),
+    ("audit", "verify the audit log and receipts, a split release, a model against plaintext; the auditor's "
+              "HTML report", "secure_afl.cli.audit_commands"),
     ("server", "the aggregation server", "secure_afl.server.cli"),
     ("keyholder", "the key holder: keys, release checks, decryption and the solve", "secure_afl.keyholder.cli"),
     ("predict", "apply a model file to an image folder or an embeddings file", "secure_afl.clients.predict"),
@@ -44,6 +44,17 @@ COMMANDS = [
 ]
 
 
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:  # the installed distribution's, which is what a bug report needs; the source tree's otherwise
+        return version("secure-afl")
+    except PackageNotFoundError:
+        from secure_afl import __version__
+
+        return __version__
+
+
 def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     """The full parser; only the command named in ``argv`` (all if None) is imported."""
     parser = argparse.ArgumentParser(
@@ -51,6 +62,7 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
         description="Secure aggregation for Analytic Federated Learning (AFL).",
     )
     parser.add_argument("--debug", action="store_true", help="show the traceback of an expected error")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     wanted = None
     if argv is not None:
@@ -125,6 +137,9 @@ def _missing_tools(exc: ModuleNotFoundError, argv: list[str]) -> MissingExtra | 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
+    if not [a for a in argv if a != "--debug"]:  # a bare call: the command list, not only "required: COMMAND"
+        build_parser([""]).print_help()
+        return EXIT_USAGE
     try:  # a command module that imports an extra at its top fails here, and says which extra
         parser = build_parser(argv)
     except ModuleNotFoundError as exc:

@@ -1,11 +1,12 @@
-"""``secure-afl audit verify | release | compare``.
+"""``secure-afl audit verify | release | compare | report``.
 
 * ``verify``: the hash-chained audit log, its head and the receipts (:mod:`secure_afl.audit_verify`);
 * ``release``: a split release recomputed from what the server holds (its session state directory: the masked
   uploads, the hospitals' signed seed statements, the key holder's signed share statement and share, the
   server-signed masked sum) against the model file (:func:`secure_afl.split_release.audit_release`);
 * ``compare``: a model against the plaintext solve of the hospitals' own statistics files
-  (:func:`secure_afl.plaintext_compare.compare_with_plaintext`).
+  (:func:`secure_afl.plaintext_compare.compare_with_plaintext`);
+* ``report``: after ``verify``'s check, the HTML page an auditor keeps (:mod:`secure_afl.cli.auditor`).
 """
 
 from __future__ import annotations
@@ -108,3 +109,6 @@ def register(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--stats", required=True, nargs="+",
                    help="each hospital's statistics file (`client embed --stats-only`), one per participant")
     p.set_defaults(func=_cmd_compare)
+    from .auditor import add_report
+
+    add_report(sub)

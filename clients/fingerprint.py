@@ -10,6 +10,7 @@ fields differ.
 from __future__ import annotations
 
 import json
+import sys
 from secure_afl.clients.backbones import check_backbone_name, parse_weights, load_backbone, resolve_preprocessing
 from secure_afl.clients.extraction import weights_id
 from secure_afl.exceptions import InvalidInputError
@@ -25,6 +26,9 @@ def _cmd_fingerprint(args) -> int:
         raise InvalidInputError("--weights random needs --seed N (it becomes part of the fingerprint)")
     radius = parse_normalisation(args.normalisation)
     prep = resolve_preprocessing(args.preset, wenum)
+    # building the backbone (torch's import included) takes seconds; stdout is the TOML block itself
+    print(f"secure-afl client fingerprint: building {args.backbone} ({args.weights} weights) to measure its "
+          "feature dimension and hash its weights ...", file=sys.stderr, flush=True)
     bb = load_backbone(args.backbone, args.weights, input_size=prep.crop, seed=args.seed)
     classes = [c.strip() for c in args.classes.split(",") if c.strip()]
     fp = ExtractorFingerprint(bb.name, weights_id(kind, wenum, wpath, args.seed), prep.name, prep.crop,

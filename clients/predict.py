@@ -6,8 +6,8 @@ dimension, normalisation) is compared with the one the embeddings were made with
 (``extractor_mismatch``) instead of printing meaningless classes. Images are embedded here exactly as
 ``client embed`` would, with the model's preprocessing and normalisation.
 
-Output: a CSV with one row per sample (its index, its label when the file or folder has one, the predicted
-class name and its score); with labels whose names the model knows, the accuracy is printed.
+Output: a CSV with one row per sample (its index, the image it came from (an embeddings file's rows are
+named FILE#row), its label when the file or folder has one, the predicted class name and its score); with labels whose names the model knows, the accuracy is printed.
 """
 
 from __future__ import annotations
@@ -61,10 +61,16 @@ def predict_file(model, *, embeddings=None, images=None, backbone=None, weights=
         raise InvalidInputError("give exactly one of --embeddings FILE and --images DIR")
     with tempfile.TemporaryDirectory(prefix="secure-afl-predict-") as tmp:
         if images is not None:
+            from .sources import image_folder
+
+            # the order embed_to_file reads them in (sorted class folders, sorted files), so row i is files[i]
+            root = Path(images)
+            files = [str(Path(p).relative_to(root)) for p in image_folder(root).paths]
             path = _embed(meta, images, backbone, weights, seed, Path(tmp) / "embeddings.npz", progress)
             source = f"the images of {images}"
         else:
             path, source = embeddings, str(embeddings)
+            files = None
         X, y, file_classes = load_embeddings_file(path)
         _check_features(meta.extractor, recorded_extractor(path), source)
     if X.shape[1] != W.shape[0]:
@@ -82,9 +88,11 @@ def predict_file(model, *, embeddings=None, images=None, backbone=None, weights=
         tmp_out = out.with_name(out.name + ".tmp")
         with open(tmp_out, "w", newline="") as f:
             w = csv.writer(f)
-            w.writerow(["index", "label", "predicted", "score"])
+            w.writerow(["index", "file", "label", "predicted", "score"])
             for i, (k, p) in enumerate(zip(y, predicted)):
-                w.writerow([i, file_classes[k], names[p], f"{scores[i, p]:.6g}"])
+                # an embeddings file keeps no image names: its row is named by the file and the row number
+                name = files[i] if files is not None else f"{Path(embeddings).name}#{i}"
+                w.writerow([i, name, file_classes[k], names[p], f"{scores[i, p]:.6g}"])
         tmp_out.replace(out)
     return {"n": int(len(predicted)), "predicted": predicted, "accuracy": accuracy, "classes": names,
             "session": meta.session}
@@ -104,9 +112,23 @@ def _embed(meta, images, backbone, weights, seed, out: Path, progress: bool) -> 
             raise InvalidInputError(f"--images needs --weights FILE: the model's {ext.backbone} weights file "
                                     f"({ext.weights})")
         weights, seed = "random", int(ext.weights.partition(":")[2])
+    _check_weights(ext, weights, seed)
     embed_to_file(images=images, backbone=ext.backbone, weights=weights, seed=seed, preset=ext.preset, out=out,
                   normalisation=ext.normalisation, progress=progress, workers=0)
     return out
+
+
+def _check_weights(ext, weights, seed) -> None:
+    """The weights file against the model's fingerprint, before a single image is embedded (minutes on a
+    large folder, all of it wasted on features the model cannot read)."""
+    from .backbones import parse_weights
+    from .extraction import weights_id
+
+    kind, wenum, wpath = parse_weights(ext.backbone, weights)
+    given = weights_id(kind, wenum, wpath, seed)
+    if given != ext.weights:
+        raise ExtractorMismatch(f"--weights {weights} is {given}, but the model was trained on {ext.backbone} "
+                                f"weights {ext.weights}: pass the session's weights file (nothing was embedded)")
 
 
 def _cmd_predict(args) -> int:
@@ -130,8 +152,8 @@ def register(parser) -> None:
     parser.add_argument("--backbone", metavar="NAME", help="with --images: must be the model's (checked)")
     parser.add_argument("--weights", metavar="FILE", help="with --images: the session's weights file")
     parser.add_argument("--seed", type=int, default=None, help=argparse.SUPPRESS)
-    parser.add_argument("--out", metavar="FILE.csv", help="write one row per sample (index, label, predicted, "
-                                                          "score)")
+    parser.add_argument("--out", metavar="FILE.csv", help="write one row per sample (index, file, label, "
+                                                          "predicted, score)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.set_defaults(func=_cmd_predict)
 

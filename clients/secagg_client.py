@@ -54,6 +54,9 @@ CONSISTENCY = SECAGG_CONSISTENCY
 UNMASK_RESPONSE = "unmask_response"
 
 log = logging.getLogger("secure_afl.client")
+# the per-stage wait lines: on by default (a silent wait looks like a hang); a caller that runs many
+# hospitals in one process (the demo) turns this logger down
+_wait_log = logging.getLogger("secure_afl.client.wait")
 
 
 class SecAggParticipant:
@@ -81,7 +84,7 @@ class SecAggParticipant:
         self._record.refuse_if_signed(self.client.round)
         self._signed_round: int | None = None
 
-    def _join_round(self, r) -> None:
+    def _join_round(self, r, previous_abort=None) -> None:
         """The server opened round ``r``: a new state machine, so new keys and self-mask seed."""
         if isinstance(r, bool) or not isinstance(r, int) or r < 1:
             raise InvalidContribution(f"the server announced round {r!r}")
@@ -94,7 +97,7 @@ class SecAggParticipant:
                                    self._keys, round=r)
         self.receipt = None
         self._answered = set()
-        log.warning("%s joins secagg round %d with fresh keys", self.hospital.name, r)
+        log.warning("%s joins secagg round %d with fresh keys%s", self.hospital.name, r, _why(previous_abort))
 
     def run(self, *, pause_before: str | None = None, timeout: float = 600.0, poll: float = 0.1,
             progress: bool = False) -> dict | None:
@@ -117,14 +120,14 @@ class SecAggParticipant:
             r = conn.request("GET", conn.path("/secagg/request"), headers=release).json()
             stage = r["stage"]
             if r.get("round", 1) != self.client.round or (self._signed_round not in (None, self.client.round)):
-                self._join_round(r.get("round"))
+                self._join_round(r.get("round"), r.get("previous_abort"))
             if stage != waiting_in:
                 pause = poll
             if stage == "done":
                 return self.receipt
             if stage == "aborted":
-                raise InsufficientShares(f"the server aborted secagg round {self.client.round} (too many "
-                                         "dropouts) and opens no further round; nothing was revealed")
+                raise InsufficientShares(f"the server aborted secagg round {self.client.round}"
+                                         f"{_why(r.get('abort')) or ' (too many dropouts)'} and opens no further round; nothing was revealed")
             if r.get("dropped"):
                 left = r.get("left_at")
                 if left == Stage.SETUP:
@@ -147,8 +150,15 @@ class SecAggParticipant:
                 continue
             if "request" not in r or stage in self._answered or missed:
                 if waiting_in != stage:  # one line per stage, and a poll that backs off to 1 s
-                    log.info("%s waits for %s (%s) in round %d", self.hospital.name,
-                             "the next round" if missed else "the other hospitals", stage, self.client.round)
+                    # said without -v: a wait of up to stage_timeout_s looks like a hang otherwise
+                    whom = r.get("waiting_for")
+                    whom = (f"{', '.join(map(str, whom))}" if isinstance(whom, list) and whom and not missed
+                            else "the next round" if missed else "the other hospitals")
+                    until = r.get("closes_in_s")
+                    until = (f"; the stage closes within {until:.0f} s" if isinstance(until, (int, float))
+                             and not isinstance(until, bool) else "")
+                    _wait_log.warning("%s waits for %s (%s, round %d%s)", self.hospital.name, whom, stage,
+                                      self.client.round, until)
                     waiting_in = stage
                 time.sleep(pause)
                 cap = r.get("poll_s", 1.0)  # the server spreads K hospitals' polls; bounded here all the same
@@ -205,6 +215,16 @@ class SecAggParticipant:
             self._post(stage, response.to_bytes())
         self._answered.add(stage)
         log.info("[Stage %d] %s answered %s", Stage.index(stage), self.hospital.name, stage)
+
+
+def _why(abort) -> str:
+    """The server's account of an aborted round, for one line; empty when it sent none."""
+    if not isinstance(abort, dict):
+        return ""
+    dropped = abort.get("dropped")
+    dropped = f", dropped {', '.join(map(str, dropped))}" if isinstance(dropped, list) and dropped else ""
+    return (f" (round {abort.get('round')} aborted at {abort.get('stage')}: {abort.get('answered')} of "
+            f"{abort.get('expected')} answered{dropped})")
 
 
 def run_secagg(hospital, params: SessionParams, stats: SufficientStatistics, *, progress: bool = False,

@@ -66,6 +66,12 @@ def write_weights(backbone: str, out, *, seed: int = 0, pretrained: str = "auto"
 
 
 def _cmd_weights(args) -> int:
+    if Path(args.out).exists():  # the common mistake, refused in its one line before the announcement below
+        raise InvalidInputError(f"{args.out} already exists: a shared weights file is written once (remove it "
+                                "first to make another, and give every party the new one)", reason="file_exists")
+    # torch's import and the model's construction take seconds before the one result line
+    print(f"secure-afl client weights: building {args.backbone} and writing its weights to {args.out} ...",
+          file=sys.stderr, flush=True)
     source, digest = write_weights(args.backbone, args.out, seed=args.seed, pretrained=args.pretrained)
     print(f"{args.backbone} weights -> {args.out}: {source}", file=sys.stderr)
     print(f"sha256:{digest}")

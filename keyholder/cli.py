@@ -8,6 +8,7 @@ import logging
 from pathlib import Path
 
 from secure_afl._io import read_private_file
+from secure_afl.exceptions import SecureAFLError
 
 from .connection import KeyHolderConnection
 from .custody import PASSPHRASE_ENV
@@ -67,7 +68,15 @@ def _cmd_judge(args) -> int:
     with _connect(kh, args) as conn:
         while True:
             released = conn.info()["status"] == "released"  # read first: a last pass after it takes the rest
-            verdicts = kh.judge_split(conn)
+            try:
+                verdicts = kh.judge_split(conn)
+            except SecureAFLError as exc:
+                # the release used the session's key (finalize beside this loop, or before it started): the
+                # session this command watches is done, which is its success, not an error
+                if exc.reason != "key_used" or conn.info()["status"] != "released":
+                    raise
+                print(f"session {args.session} is released; nothing more to judge", flush=True)
+                break
             for h in sorted(set(verdicts) - set(seen)):
                 print(f"{h}: {'valid' if verdicts[h] is None else 'refused (' + verdicts[h] + ')'}", flush=True)
             seen = verdicts
@@ -100,6 +109,11 @@ def _cmd_finalize(args) -> int:
         _check_writable(args.report, "--report")
     kh = _keyholder(args)
     with _connect(kh, args) as conn:
+        n = conn.info().get("contributions")
+        # the release runs without a word otherwise (seconds to minutes with many uploads); on stdout, with
+        # the result, so that a refusal stays the one line on stderr
+        print(f"secure-afl keyholder finalize: closing session {args.session} on {args.server} and releasing its "
+              f"{n} uploads: checking each one, opening the aggregate once, solving W ...", flush=True)
         res = kh.finalize(conn, min_clients=args.min_clients, lam=args.lam, min_class_count=args.min_class_count)
     write_model(args.out, res.W, model_metadata(res.params, res.report, args.lam))
     if args.report:
@@ -147,11 +161,14 @@ def register(parser) -> None:
             p.add_argument("--wait-server", type=float, default=30.0, metavar="SECONDS",
                            help="keep trying to reach a server that does not answer this long (default 30)")
 
-    p = sub.add_parser("keygen", help="fresh CKKS keys for a session (secret stays here, encrypted at rest)")
+    p = sub.add_parser("keygen", help="fresh keys for one session, secret sealed at rest here: split, a hybrid "
+                                      "ML-KEM-768 + X25519 key for the hospitals' mask seeds; bfv, ckks, a lattice "
+                                      "key pair; plain and secagg need none")
     common(p, False)
     p.add_argument("--session", required=True, help="session id: its signed definition is in PKI/sessions/")
     p.set_defaults(func=_cmd_keygen)
-    p = sub.add_parser("publish", help="publish the public context, tag key and signed parameters to the server")
+    p = sub.add_parser("publish", help="publish the session's public key (split: the seed key; bfv, ckks: the "
+                                       "public context), tag key and signed parameters to the server")
     common(p, True)
     p.set_defaults(func=_cmd_publish)
     p = sub.add_parser("judge", help="split: judge each upload's validity proof as it arrives (the release then "
@@ -160,8 +177,10 @@ def register(parser) -> None:
     p.add_argument("--interval", type=float, default=2.0, metavar="SECONDS", help="poll interval (default 2)")
     p.add_argument("--once", action="store_true", help="one pass over the uploads accepted so far")
     p.set_defaults(func=_cmd_judge)
-    p = sub.add_parser("finalize", help="close, verify and re-sum the signed uploads (ckks), decrypt once, flood, "
-                                        "check, solve, write the model")
+    p = sub.add_parser("finalize", help="close the session and release it once: split, judge what is left, open "
+                                        "the manifest's seeds and post the masks' share (the server sums and "
+                                        "solves); bfv, ckks, re-sum the signed uploads and decrypt once (ckks "
+                                        "floods); secagg, plain, check the sum; then check, solve, write the model")
     common(p, True)
     p.add_argument("--min-clients", type=int, required=True, help="this key holder's own release threshold")
     p.add_argument("--min-class-count", type=int, default=1, help="refuse a release with a rarer present class")

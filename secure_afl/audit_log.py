@@ -74,7 +74,7 @@ from typing import Any, Callable, Iterable, Mapping
 
 from . import domains, pki
 from secure_afl._io import fsync_dir, write_all, write_file
-from secure_afl.exceptions import AuditChainBroken, InvalidSignature, MalformedPayload
+from secure_afl.exceptions import AuditChainBroken, InvalidSignature, MalformedPayload, StateInUse
 from secure_afl.encoding import canonical_json, parse_json
 
 try:  # POSIX: one writer per log file
@@ -212,7 +212,8 @@ class AuditLog:
                 try:
                     _fcntl.flock(fd, _fcntl.LOCK_EX | _fcntl.LOCK_NB)
                 except BlockingIOError:
-                    raise RuntimeError(f"{self.path} is already open by another AuditLog writer") from None
+                    raise StateInUse(f"{self.path} is already open by another writer (a second server on the "
+                                     "same state?); nothing was written") from None
             if created:
                 fsync_dir(self.path.parent)
             with open(fd, "rb", closefd=False) as fh:

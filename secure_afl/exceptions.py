@@ -73,6 +73,7 @@ __all__ = [
     "TooLarge",
     "RequestTimeout",
     "ServerBusy",
+    "StateInUse",
     "InternalError",
     "ExtractorMismatch",
     "InsecureFileMode",
@@ -418,6 +419,13 @@ class ServerBusy(SecureAFLError):
 
     reason = "busy"
     http_status = 429
+    exit_code = EXIT_REFUSED
+
+
+class StateInUse(SecureAFLError):
+    """Another process already writes this state (a second ``server run`` on the same session directory)."""
+
+    reason = "state_in_use"
     exit_code = EXIT_REFUSED
 
 

@@ -224,6 +224,49 @@ class AggregationServer:
             "keyholder_params_signature": self.store.get_meta("params_signature"),
         }
 
+    def session_status(self) -> dict:
+        """Where the session stands, for an operator's ``secure-afl session status``: every roster hospital's
+        state (uploaded, asked to be judged, refused with the reason, silent), the quorum and how many more
+        may still drop out, the deadline. Who took part is in the manifest every party reads at the release
+        anyway; this says it while the session runs, to the consortium's own parties (mTLS) only."""
+        roster = sorted(self._enrolled)
+        uploaded = sorted({row["hospital"] for row in self.store.uploads()})
+        judged = sorted(self.store.verifier_messages()) if self.config.backend == "split" else []
+        refused: dict[str, str] = {}
+        for rec in self._audit_records():  # the server's own refusals of roster hospitals' uploads
+            if rec.get("event") == "upload" and rec.get("outcome") == "refused" and rec.get("actor") in roster:
+                refused[rec["actor"]] = rec.get("reason") or "refused"
+        report = (self.store.get_meta("split_result") or {}).get("report") or {}
+        for h, why in (report.get("refused") or {}).items():  # the key holder's verdicts, known at the release
+            refused[h] = why
+        for h in uploaded:  # a later accepted upload replaces a refused attempt, a release verdict does not
+            if h in refused and h not in (report.get("refused") or {}):
+                del refused[h]
+        policy = self.release_policy
+        counted = [h for h in uploaded if h not in refused]
+        return {
+            "session_id": self.config.session_id, "backend": self.config.backend, "status": self.status,
+            "roster": roster, "uploaded": uploaded, "judged": judged,
+            "valid": sorted(report.get("participants") or []), "refused": dict(sorted(refused.items())),
+            "silent": [h for h in roster if h not in uploaded and h not in refused],
+            "quorum": policy.quorum, "still_needed": max(0, policy.quorum - len(counted)),
+            "dropouts_left": max(0, len(roster) - len(refused) - policy.quorum),
+            "deadline": self.deadline, "now": time.time(),
+        }
+
+    def _audit_records(self):
+        import json as _json
+
+        try:
+            with open(self.audit.path, "rb") as f:
+                for line in f:
+                    try:
+                        yield _json.loads(line)
+                    except ValueError:
+                        continue  # a torn last line is the log's to recover, not this view's
+        except OSError:
+            return
+
     # -- authentication --------------------------------------------------------------
     def lookup_pub(self, party: str):
         role, _, name = party.partition(":")

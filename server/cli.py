@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import logging
 import signal
+from pathlib import Path
 
-from secure_afl.exceptions import InvalidParameterError, ParameterMismatch
+from secure_afl.exceptions import InvalidInputError, InvalidParameterError, ParameterMismatch, StateInUse
+from secure_afl.pki import CA_KEY
 from secure_afl.server.config import load_config
 from secure_afl.session.definition import guarantee_lines
 
@@ -23,9 +25,22 @@ def _cmd_run(args) -> int:
         reserve_open_files(cfg.connection_limit)
     except InvalidParameterError as e:
         raise _naming_the_config(e, args.config)
+    if (Path(cfg.pki_dir) / CA_KEY).exists() and not args.allow_ca_key:
+        # the operator's own PKI directory: a server started there serves beside the key that can enrol
+        # anyone, and usually from the operator's state rather than the server's
+        raise InvalidInputError(f"{args.config}: the server's PKI directory {cfg.pki_dir} holds the consortium "
+                                f"CA's private key ({CA_KEY}); run the server from its own bundle "
+                                "(secure-afl pki bundle), or pass --allow-ca-key where one machine is both",
+                                reason="ca_key_present")
     sock = listen(cfg.host, cfg.port)  # a taken port refuses the start (exit 3) before anything is opened
+    resumed = (Path(cfg.data_dir) / cfg.session_id / "audit.jsonl").exists()  # a restart, not a new session
     try:
         server = open_server(cfg)
+    except StateInUse as e:
+        sock.close()
+        # the first server's audit log is locked by it: this one stops before it writes anything
+        raise StateInUse(f"{args.config}: another server already runs session {cfg.session_id} on the state in "
+                         f"{cfg.data_dir}; stop it first (this one changed nothing)") from e
     except (InvalidParameterError, ParameterMismatch) as e:
         sock.close()
         # a session that cannot run (e.g. secagg threshold vs neighbourhood vs min_clients, a session.toml
@@ -35,6 +50,12 @@ def _cmd_run(args) -> int:
         sock.close()
         raise
     app = create_app(server)
+    if resumed:
+        # what the operator would otherwise have to read out of the audit log to trust the restart
+        who = sorted(row["hospital"] for row in server.store.uploads())
+        print(f"resumed session {cfg.session_id} ({server.status}) from {server.dir}: {len(who)} upload"
+              f"{'' if len(who) == 1 else 's'} accepted before the restart"
+              + (f" ({', '.join(who)})" if who else ""), flush=True)
 
     log = logging.getLogger("secure_afl.server")
     log.info("serving session %s (%s) on https://%s:%d, mTLS %s, at most %d connections", cfg.session_id,
@@ -69,5 +90,8 @@ def register(parser) -> None:
                        description="Run the aggregation server (FastAPI + uvicorn, TLS, mTLS by default).")
     p.add_argument("--config", required=True, help="session.toml")
     p.add_argument("--port", type=int, help="override [server].port")
+    p.add_argument("--allow-ca-key", action="store_true",
+                   help="serve even though the PKI directory holds the CA's private key (one machine is both "
+                        "operator and server, as in a test); refused otherwise")
     p.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
     p.set_defaults(func=_cmd_run)

@@ -196,7 +196,8 @@ class SecAggAggregationServer(AggregationServer):
                 r.close_stage()
             except InsufficientShares as e:
                 self.store.set_meta("secagg_aborted", {"message": str(e), "stage": stage, "round": r.round,
-                                                       "after_unmask": unmasking})
+                                                       "after_unmask": unmasking, "answered": answered,
+                                                       "expected": expected, "dropped": missing})
                 dealer = getattr(e, "dealer", None)  # an inconsistent dealer, named
                 self.audit.append("secagg_stage_closed", actor=self.config.name, outcome="refused",
                                   session=self.config.session_id, reason=e.reason,
@@ -234,7 +235,8 @@ class SecAggAggregationServer(AggregationServer):
         aborted = self.store.get_meta("secagg_aborted")
         now = time.time()
         retired = self.store.retire_uploads(f"{Stage.MASKED_INPUT}@retired{old.round}", {
-            "secagg_round": r, "secagg_closed": [], "secagg_aborted": None, "secagg_stage_opened": now})
+            "secagg_round": r, "secagg_closed": [], "secagg_aborted": None, "secagg_stage_opened": now,
+            "secagg_previous_abort": aborted})
         self._round = self._new_round(r)
         self.audit.append("secagg_round_opened", actor=hospital, outcome="accepted", session=self.config.session_id,
                           details={"round": r, "stage": self._round.stage, "max_rounds": self.config.secagg_max_rounds,
@@ -289,7 +291,9 @@ class SecAggAggregationServer(AggregationServer):
             if self.round_stage == "aborted" and self._may_retry():
                 self._open_next_round(hospital)
             stage, r = self.round_stage, self.round_number
-            if stage in ("done", "aborted"):
+            if stage == "aborted":  # why, so a hospital's one line says more than "aborted"
+                return {"stage": stage, "round": r, "abort": self._abort_summary("secagg_aborted")}
+            if stage == "done":
                 return {"stage": stage, "round": r}
             cid = self.client_ids[hospital]
             # the stage clock starts when the first hospital asks, so an early server never times out
@@ -299,16 +303,33 @@ class SecAggAggregationServer(AggregationServer):
                 return {"stage": stage, "round": r, "dropped": True,
                         "left_at": self._round.left_at.get(cid, Stage.SETUP)}
             if self._round.has_responded(cid):
-                return {"stage": stage, "round": r, "waiting": True}
+                # whom it waits for and until when: the roster is every member's to know, and a hospital
+                # otherwise sits silent up to stage_timeout_s
+                opened = float(self.store.get_meta("secagg_stage_opened", time.time()))
+                return {"stage": stage, "round": r, "waiting": True,
+                        "waiting_for": sorted(self._name(c) for c in self._round.waiting_for),
+                        "closes_in_s": max(0.0, opened + self.config.stage_timeout_s - time.time()),
+                        **({"previous_abort": self._abort_summary("secagg_previous_abort")} if r > 1 else {})}
             if stage == Stage.UNMASK:
                 gate = self._consistency_gate(cid)
                 if gate is not None:
                     return {**gate, "round": r}
+            if r > 1 and stage == Stage.SETUP:
+                prev = {"previous_abort": self._abort_summary("secagg_previous_abort")}
+            else:
+                prev = {}
             raw = self._round.request(cid).to_bytes()
             # signed, so a hospital holds evidence of what it was asked (e.g. two different
             # survivor lists would be provable equivocation); the stage closings are in the audit log
             return {"stage": stage, "round": r, "request": base64.b64encode(raw).decode(),
-                    "signature": self._key.sign(SECAGG_REQUEST_PREFIX + raw).hex()}
+                    "signature": self._key.sign(SECAGG_REQUEST_PREFIX + raw).hex(), **prev}
+
+    def _abort_summary(self, key: str) -> dict | None:
+        """The stored abort (stage, round, counts, who was dropped, why) as a hospital is told it."""
+        a = self.store.get_meta(key)
+        if not isinstance(a, dict):
+            return None
+        return {k: a.get(k) for k in ("round", "stage", "answered", "expected", "dropped", "message")}
 
     # -- consistency check (opens the unmask stage) ---------------------------------------------------
     def _consistency_gate(self, cid: int) -> dict | None:

@@ -19,7 +19,7 @@ from secure_afl import audit_log as audit
 from secure_afl import audit_verify
 from secure_afl.audit_log import AuditLog, record_hash
 from secure_afl.audit_verify import check_chain, verify_log
-from secure_afl.exceptions import AuditChainBroken
+from secure_afl.exceptions import AuditChainBroken, StateInUse
 from secure_afl.signing import make_receipt
 from secure_afl.encoding import canonical_json
 
@@ -287,7 +287,7 @@ def test_second_writer_on_same_log_refused(tmp_path):
 
     # Execute / Assert
     with AuditLog(path):
-        with pytest.raises(RuntimeError):
+        with pytest.raises(StateInUse):
             AuditLog(path)
     AuditLog(path).close()  # the lock is released on close
 

@@ -234,7 +234,7 @@ def test_server_start_with_missing_enrolment_is_one_line(consortium, tmp_path):
     })
 
     # Execute
-    out = _cli("server", "run", "--config", cfg)
+    out = _cli("server", "run", "--config", cfg, "--allow-ca-key")
 
     # Assert
     line = _assert_one_line(out, EXIT_INPUT, "missing_enrolment")

@@ -72,7 +72,7 @@ def test_toml_syntax_error_is_one_line(consortium, tmp_path, command):
     bad = tmp_path / "session.toml"
     bad.write_text(c.config.read_text().replace("dim = 6", "dim = = 6"))
     signed_before = sorted((c.pki_dir / "sessions").glob("*"))
-    args = (["server", "run", "--config", bad] if command == "server run" else
+    args = (["server", "run", "--config", bad, "--allow-ca-key"] if command == "server run" else
             ["session", "sign", bad, "--pki", c.pki_dir])
 
     # Execute
@@ -96,7 +96,7 @@ def test_server_start_on_a_taken_port_is_one_line(consortium, tmp_path):
     })
 
     # Execute
-    out, seconds = _cli("server", "run", "--config", cfg)
+    out, seconds = _cli("server", "run", "--config", cfg, "--allow-ca-key")
 
     # Assert: refused at once, nothing opened, the first server untouched
     line = _one_line(out, EXIT_INPUT, "port_in_use")

@@ -186,7 +186,7 @@ def test_server_run_on_a_session_toml_that_is_not_the_signed_one_is_the_one_line
     write_config(c.config, cfg)
 
     # Execute
-    rc = main(["server", "run", "--config", str(c.config)])
+    rc = main(["server", "run", "--config", str(c.config), "--allow-ca-key"])
 
     # Assert: the documented format and exit code (3: input), naming the file and the field
     err = capsys.readouterr().err

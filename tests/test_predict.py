@@ -69,6 +69,7 @@ def test_predict_applies_the_model_to_embeddings_of_its_extractor(tmp_path, caps
     expected = np.argmax(Xn @ W, axis=1)
     assert [r["predicted"] for r in rows] == [CLASSES[k] for k in expected]
     assert [r["label"] for r in rows] == [CLASSES[k] for k in yn]
+    assert [r["file"] for r in rows] == [f"new.npz#{i}" for i in range(30)]
     accuracy = float(np.mean(expected == yn))
     assert out.startswith("30 samples, model of session cohort-split: ")
     assert f"accuracy against the labels {accuracy:.4f}" in out
@@ -109,6 +110,8 @@ def test_client_weights_writes_a_seeded_random_backbone_without_a_model_cache(tm
     digest = hashlib.sha256((tmp_path / "resnet18.pth").read_bytes()).hexdigest()
     assert rc == 0 and out.out.strip() == f"sha256:{digest}"
     assert "a seeded random initialisation (seed 0; no pretrained weights on this machine)" in out.err
+    # what it does is said before the seconds it takes, not only with the result
+    assert out.err.splitlines()[0].startswith("secure-afl client weights: building resnet18 and writing")
     state = torch.load(str(tmp_path / "resnet18.pth"), weights_only=True)
     torch.manual_seed(0)
     import torchvision
@@ -117,4 +120,59 @@ def test_client_weights_writes_a_seeded_random_backbone_without_a_model_cache(tm
     assert all(torch.equal(state[k], expected[k]) for k in expected)
     # a second run never overwrites the file every party already holds
     assert main(["client", "weights", "--backbone", "resnet18", "--out", str(tmp_path / "resnet18.pth")]) == 3
-    assert "[file_exists]" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "[file_exists]" in err and len(err.strip().splitlines()) == 1, err
+
+
+def _image_model(tmp_path, weights_id: str, dim: int = 512):
+    """A model of a session whose extractor is resnet18 with the given weights id, and an images/<class>/ tree."""
+    from PIL import Image
+
+    rng = np.random.default_rng(3)
+    ext = ExtractorFingerprint("resnet18", weights_id, "paper", 224, CLASSES, dim, "l2:1")
+    meta = {"session": "cohort-split", "params_digest": "cd" * 32, "backend": "split", "gamma": 1.0,
+            "lambda": 0.0, "classes": 3, "participants": ["hosp-a", "hosp-b"], "class_names": list(CLASSES),
+            "extractor": ext.to_dict(), "extractor_sha256": ext.digest()}
+    write_model(tmp_path / "model.safetensors", rng.standard_normal((dim, len(CLASSES))), meta)
+    for c in CLASSES:
+        (tmp_path / "images" / c).mkdir(parents=True)
+        for name in ("b.png", "a.png"):
+            Image.fromarray(rng.integers(0, 256, (32, 32, 3), dtype=np.uint8)).save(tmp_path / "images" / c / name)
+
+
+def test_predict_refuses_another_weights_file_before_embedding_any_image(tmp_path, capsys):
+    pytest.importorskip("torch")
+    pytest.importorskip("torchvision")
+    # Prepare: the model names one weights file; the one given is another (not even a checkpoint: loading
+    # it, as embedding would, fails another way)
+    _image_model(tmp_path, "sha256:" + "ab" * 32)
+    (tmp_path / "other.pth").write_bytes(b"not the session's weights")
+
+    # Execute
+    rc = main(["predict", "--model", str(tmp_path / "model.safetensors"), "--images", str(tmp_path / "images"),
+               "--weights", str(tmp_path / "other.pth"), "--no-progress"])
+
+    # Assert: the fingerprint's refusal, naming both hashes, before any image was read
+    import hashlib
+
+    err = capsys.readouterr().err
+    assert rc == EXIT_INPUT and "[extractor_mismatch]" in err, err
+    assert hashlib.sha256(b"not the session's weights").hexdigest() in err and "ab" * 32 in err
+    assert "nothing was embedded" in err
+
+
+def test_predict_names_the_image_of_every_row(tmp_path, capsys):
+    pytest.importorskip("torch")
+    pytest.importorskip("torchvision")
+    # Prepare: the model of a seeded random resnet18, two images per class folder
+    _image_model(tmp_path, "random-seed:0")
+
+    # Execute
+    rc = main(["predict", "--model", str(tmp_path / "model.safetensors"), "--images", str(tmp_path / "images"),
+               "--out", str(tmp_path / "p.csv"), "--no-progress"])
+
+    # Assert: each row names its image (relative to the folder) and its label is that image's folder
+    assert rc == 0, capsys.readouterr().err
+    rows = list(csv.DictReader(open(tmp_path / "p.csv")))
+    assert sorted(r["file"] for r in rows) == sorted(f"{c}/{n}" for c in CLASSES for n in ("a.png", "b.png"))
+    assert all(r["file"].split("/")[0] == r["label"] for r in rows)

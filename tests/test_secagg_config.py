@@ -21,7 +21,7 @@ def test_server_run_explains_an_impossible_secagg_session_in_one_line(tmp_path, 
 
     # Execute: the operator cannot sign it, and the server cannot run it
     for argv in (["session", "sign", str(c.config), "--pki", str(c.pki_dir)],
-                 ["server", "run", "--config", str(c.config)]):
+                 ["server", "run", "--config", str(c.config), "--allow-ca-key"]):
         rc = main(argv)
 
         # Assert

@@ -124,7 +124,7 @@ def test_honest_server_round_completes_through_the_same_harness(tmp_path, caplog
     assert all(isinstance(r, dict) for r in results.values()), results
     assert set(adv.unmask_responses) == {1, 2, 3, 4, 5}
     waits = [r.getMessage() for r in caplog.records if "waits for the other hospitals" in r.getMessage()]
-    assert sum("(setup)" in w for w in waits) == 5 and len(waits) == len(set(waits))
+    assert sum("(setup, round " in w for w in waits) == 5 and len(waits) == len(set(waits))
 
 
 @pytest.mark.e2e

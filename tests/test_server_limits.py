@@ -62,7 +62,7 @@ def _run_server(config: Path, limits: tuple[int, int], log) -> subprocess.Popen:
     def lower():
         resource.setrlimit(resource.RLIMIT_NOFILE, limits)
 
-    return subprocess.Popen([sys.executable, "-m", "secure_afl.cli", "server", "run", "--config", str(config)],
+    return subprocess.Popen([sys.executable, "-m", "secure_afl.cli", "server", "run", "--config", str(config), "--allow-ca-key"],
                             stdout=log, stderr=subprocess.STDOUT, preexec_fn=lower)
 
 

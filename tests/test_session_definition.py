@@ -58,7 +58,7 @@ def _stats(c: Consortium, name: str):
 def _party_commands(c: Consortium) -> dict[str, list]:
     """What each party runs with the session's definition (none of them gets as far as the network)."""
     return {
-        "server": ["server", "run", "--config", c.config],
+        "server": ["server", "run", "--config", c.config, "--allow-ca-key"],
         "hospital": ["client", "submit", "--server", c.url, "--session", c.session_id, "--pki", c.pki_dir,
                      "--name", "h1", "--stats", _stats(c, "h1"), "--receipts", c.root / "rc", "--no-progress"],
         "keyholder": ["keyholder", "keygen", "--pki", c.pki_dir, "--keys", c.root / "keys", "--session",
@@ -83,7 +83,7 @@ def test_a_bad_session_file_is_refused_in_one_line_by_the_operator_and_the_serve
 
     # Execute
     signed = _cli("session", "sign", c.config, "--pki", c.pki_dir)
-    served = _cli("server", "run", "--config", c.config)
+    served = _cli("server", "run", "--config", c.config, "--allow-ca-key")
 
     # Assert: one line each, the key named; nothing was signed
     for out in (signed, served):
@@ -153,7 +153,7 @@ def test_server_settings_that_disagree_with_the_signed_definition_are_refused_na
     _edit(c, "session", min_clients=1)
 
     # Execute
-    out = _cli("server", "run", "--config", c.config)
+    out = _cli("server", "run", "--config", c.config, "--allow-ca-key")
 
     # Assert: one line in the form of every command (bad input: exit 3), the file and the field named
     lines = out.stderr.strip().splitlines()

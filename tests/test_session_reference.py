@@ -63,7 +63,7 @@ def test_out_of_range_values_and_impossible_combinations_are_refused_in_one_line
     write_toml(c.config, raw)
 
     # Execute
-    for out in (_cli("session", "sign", c.config, "--pki", c.pki_dir), _cli("server", "run", "--config", c.config)):
+    for out in (_cli("session", "sign", c.config, "--pki", c.pki_dir), _cli("server", "run", "--config", c.config, "--allow-ca-key")):
         # Assert: one line naming the key and its range; nothing signed
         lines = out.stderr.strip().splitlines()
         assert out.returncode == EXIT_INPUT and len(lines) == 1, out.stderr

@@ -36,7 +36,7 @@ def test_sign_show_and_server_state_the_dropout_tolerance_and_six_hospitals_surv
     c = consortium(backend="secagg", hospitals=SIX, min_clients=None, k_max=8, secagg={"stage_timeout_s": 4.0},
                    sign=False)
     signed = _cli("session", "sign", c.config, "--pki", c.pki_dir)
-    shown = _cli("session", "show", c.session_id, "--pki", c.pki_dir)
+    shown = _cli("session", "show", "--session", c.session_id, "--pki", c.pki_dir)
     c.start()
     data = {h: c.data(h, n=30) for h in SIX}
 

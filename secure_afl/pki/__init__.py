@@ -63,7 +63,7 @@ permissions or a secrets store; keep ``ca.key`` offline after issuing.
 
 from __future__ import annotations
 
-from .ca import init_ca, issue, make_bundles, write_roster
+from .ca import init_ca, issue, make_bundles, write_bundles, write_roster
 from .identity import (
     CA_CERT,
     CA_KEY,
@@ -101,6 +101,7 @@ __all__ = [
     "write_roster",
     "load_roster",
     "make_bundles",
+    "write_bundles",
     "pinned_identity",
     "enrolled_keys",
     "load_certificate",

@@ -8,6 +8,7 @@ from __future__ import annotations
 import datetime as _dt
 import ipaddress
 import json
+import os
 from pathlib import Path
 from typing import Iterable
 
@@ -219,10 +220,22 @@ def write_roster(pki_dir, out_file) -> Path:
     return out
 
 
+def _roster_body(path: Path):
+    try:
+        return json.loads(path.read_text())["roster"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
 _PARTY_FILES = ("cert.pem", "key.pem", "identity.key", "identity.pub", "enrolment.json")
 
 
 def make_bundles(pki_dir, out_dir) -> dict[str, Path]:
+    """``{"<role>-<name>": bundle}`` of :func:`write_bundles`."""
+    return {party: bundle for party, (bundle, _) in write_bundles(pki_dir, out_dir).items()}
+
+
+def write_bundles(pki_dir, out_dir) -> dict[str, tuple[Path, list[str]]]:
     """One directory per issued party, holding exactly what that party needs.
 
     ``OUT/<role>-<name>/`` = ``ca.pem`` + ``roster.json`` (every party's public
@@ -230,31 +243,65 @@ def make_bundles(pki_dir, out_dir) -> dict[str, Path]:
     signed so far, :mod:`secure_afl.session`) + ``<role>-<name>/`` (this party's own
     TLS and identity keys, 0600). The CA key and other parties' private keys
     are in no bundle. Each bundle is a PKI directory every command accepts.
+
+    Run again after a party was issued or a session signed, it adds what is new: a bundle for the new
+    party, the current roster and the sessions signed since into the existing bundles. Nothing a party
+    already holds is overwritten: an existing bundle of another CA, with other keys for its party, or
+    with another file under a signed session's name is refused, naming the file (nothing is changed).
+    Returns ``{"<role>-<name>": (bundle, added)}``: ``added`` is ``["new bundle"]``, the roster and session
+    files added to an existing bundle, or empty (unchanged).
     """
     import shutil
 
     d, out = Path(pki_dir), Path(out_dir)
     out.mkdir(parents=True, exist_ok=True, mode=0o700)
+    parties = [(role, name) for role in ROLES for name in sorted(load_enrolments(d, role=role))]
+    signed = sorted((d / "sessions").glob("*.json"))
+    ca = (d / CA_CERT).read_bytes()
+    # every check before the first write: a refusal leaves every bundle as it was
+    for role, name in parties:
+        bundle = out / f"{role}-{name}"
+        if not bundle.exists():
+            continue
+        own = load_party(d, role, name).directory
+        theirs = [(bundle / CA_CERT, ca)] + [(bundle / own.name / f, (own / f).read_bytes()) for f in _PARTY_FILES]
+        theirs += [(bundle / "sessions" / s.name, s.read_bytes()) for s in signed]
+        for path, data in theirs:
+            if path.exists() and path.read_bytes() != data:
+                raise FileExistsError(f"{path} differs from the one in {d}; bundles are never overwritten "
+                                      "(another CA's bundle, or another party of that name?)")
+            if not path.exists() and path.parent == bundle / own.name:
+                raise FileExistsError(f"{bundle} exists without {path.name}; bundles are never overwritten")
     roster = write_roster(d, out / f".{ROSTER}.tmp")
-    made = {}
+    made: dict[str, tuple[Path, list[str]]] = {}
     try:
-        for role in ROLES:
-            for name in sorted(load_enrolments(d, role=role)):
-                party = load_party(d, role, name)
-                bundle = out / f"{role}-{name}"
-                if bundle.exists():
-                    raise FileExistsError(f"{bundle} already exists; bundles are never overwritten")
+        for role, name in parties:
+            party = load_party(d, role, name)
+            bundle = out / f"{role}-{name}"
+            new = not bundle.exists()
+            added: list[str] = ["new bundle"] if new else []
+            if new:
                 (bundle / party.directory.name).mkdir(parents=True, mode=0o700)
                 bundle.chmod(0o700)
                 shutil.copyfile(d / CA_CERT, bundle / CA_CERT)
-                shutil.copyfile(roster, bundle / ROSTER)
-                for signed in sorted((d / "sessions").glob("*.json")):  # session definitions signed so far
-                    (bundle / "sessions").mkdir(exist_ok=True)
-                    shutil.copyfile(signed, bundle / "sessions" / signed.name)
                 for f in _PARTY_FILES:
                     data = (party.directory / f).read_bytes()
                     _write_file(bundle / party.directory.name / f, data, private=f in ("key.pem", "identity.key"))
-                made[f"{role}-{name}"] = bundle
+            if _roster_body(bundle / ROSTER) != _roster_body(roster):
+                # the roster is public and CA-signed: the newer one (a party issued since) replaces it; the
+                # same parties keep the file the party holds (ECDSA signs the same body differently each time)
+                tmp = bundle / f".{ROSTER}.tmp"
+                shutil.copyfile(roster, tmp)
+                os.replace(tmp, bundle / ROSTER)
+                if not new:
+                    added.append(ROSTER)
+            for s in signed:  # session definitions signed so far
+                if not (bundle / "sessions" / s.name).exists():
+                    (bundle / "sessions").mkdir(exist_ok=True)
+                    shutil.copyfile(s, bundle / "sessions" / s.name)
+                    if not new:
+                        added.append(f"sessions/{s.name}")
+            made[f"{role}-{name}"] = (bundle, added)
     finally:
         roster.unlink()
     return made

@@ -91,6 +91,14 @@ def load_signed(pki_dir, session_id: str) -> SessionDefinition:
 
     path = signed_path(pki_dir, session_id)
     if not path.exists():
+        nested = sorted(p for p in Path(pki_dir).glob(f"*/sessions/{path.name}"))
+        if nested:
+            # `cp -r BUNDLE pki` into an existing pki/ puts the new bundle inside it: the definition is here,
+            # one folder too deep, and the operator did sign it
+            inner = nested[0].parent.parent
+            raise MissingEnrolment(f"no signed definition of session {session_id!r} at {path}, but a bundle was "
+                                   f"copied inside this one: {inner} holds it. Copy the bundle's contents "
+                                   f"instead (cp -r BUNDLE/. {pki_dir}/) and remove {inner}")
         raise MissingEnrolment(f"no signed definition of session {session_id!r} at {path}: the operator signs it "
                                "with `secure-afl session sign session.toml --pki PKI --bundles BUNDLES`")
     try:

@@ -21,6 +21,11 @@ def session_router(server: AggregationServer, gate: Gate) -> APIRouter:
         gate.session(session_id, request)
         return JSONResponse(server.info())  # every hospital asks: json.dumps, not FastAPI's walk
 
+    @router.get(API + "/sessions/{session_id}/status")
+    async def session_status(session_id: str, request: Request):
+        gate.session(session_id, request)
+        return JSONResponse(await run_in_threadpool(server.session_status))
+
     @router.get(API + "/sessions/{session_id}/context")
     async def get_context(session_id: str, request: Request):
         gate.session(session_id, request)

@@ -1,0 +1,88 @@
+"""``secure-afl audit report``: after the chain check of ``audit verify`` (:mod:`secure_afl.audit_verify`), the
+page an auditor keeps (``audit report LOG --pki PKI --head HEAD --out report.html``,
+:mod:`secure_afl.audit_report`)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from secure_afl import pki
+from secure_afl.audit_report import render_report, session_facts
+from secure_afl.audit_verify import load_receipts, verify_log
+from secure_afl.encoding import parse_json
+from secure_afl.exceptions import InvalidInputError
+
+__all__ = ["add_report"]
+
+
+def _guarantees(definition) -> list[str]:
+    from secure_afl.session import definition as d
+
+    full = getattr(d, "guarantee_lines", None)  # every guarantee, where this version has the one list
+    if full is not None:
+        return [line for _, line in full(definition)]
+    return [d.dropout_line(definition)[1], d.share_line(definition)]
+
+
+def _soundness(definition) -> float | None:
+    if definition.backend != "split":
+        return None
+    from secure_afl.backends import get_backend
+    from secure_afl.split.proof import soundness_bits
+
+    return soundness_bits(get_backend(definition.session_params()).circuit)
+
+
+def _cmd_report(args) -> int:
+    from secure_afl.session.signed import load_signed
+
+    out = Path(args.out)
+    if out.is_dir():
+        raise InvalidInputError(f"--out {out} is a directory; name the .html file", reason="is_a_directory")
+    # the same verification as `audit verify`: a log that does not verify gets no report (BROKEN, exit 7)
+    server_pub = pki.pinned_identity(args.pki, "server", args.server)
+    head, countersign, keyholder_pub = args.head, None, None
+    if ":" not in head or Path(head).exists():
+        head = parse_json(Path(args.head).read_bytes(), f"head file {args.head}")
+        if isinstance(head, dict) and isinstance(head.get("countersign"), dict):
+            countersign = head["countersign"]
+            keyholder_pub = pki.pinned_identity(args.pki, "keyholder", countersign.get("keyholder"))
+    receipts = load_receipts(args.receipts) if args.receipts else []
+    result = verify_log(args.log, server_pub=server_pub, head=head, receipts=receipts, countersign=countersign,
+                        keyholder_pub=keyholder_pub, session=args.session)
+    if len(result.sessions) != 1:
+        raise InvalidInputError(f"{args.log} records {len(result.sessions)} sessions; a report is of one")
+    definition = load_signed(args.pki, result.sessions[0])
+    report = None
+    if args.release:
+        report = parse_json(Path(args.release).read_bytes(), f"release report {args.release}")
+        if not isinstance(report, dict) or report.get("session_id") not in (None, definition.session_id):
+            raise InvalidInputError(f"{args.release} is not the release report of session {definition.session_id}")
+    facts = session_facts(args.log, result, definition, report=report, guarantees=_guarantees(definition),
+                          soundness_bits=_soundness(definition))
+    page = render_report(facts, generated=time.time())
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(out.name + ".tmp")
+    tmp.write_text(page, encoding="utf-8")
+    tmp.replace(out)
+    print(f"{result.summary()}\nreport of session {definition.session_id} -> {out} ({len(page)} bytes, "
+          "self-contained: open it in any browser, offline)")
+    return 0
+
+
+def add_report(sub) -> None:
+    """Add ``audit report`` to the ``audit`` subcommand table ``sub`` (:mod:`secure_afl.cli.audit_commands`)."""
+    p = sub.add_parser("report", help="verify an audit log as `audit verify` does, then write one self-contained "
+                                      "HTML page an auditor keeps")
+    p.add_argument("log", help="audit log (JSON Lines)")
+    p.add_argument("--pki", required=True, help="consortium PKI directory or a party's PKI bundle")
+    p.add_argument("--server", default=None, help="server name in the PKI (default: the only one)")
+    p.add_argument("--head", required=True, help="the expected head, as for `audit verify` (the key holder's "
+                                                 "countersigned audit-head.json)")
+    p.add_argument("--receipts", default=None, help="receipts to check against the log, as for `audit verify`")
+    p.add_argument("--session", default=None, help="the session you mean (default: the one the log records)")
+    p.add_argument("--release", default=None, metavar="REPORT.json",
+                   help="the key holder's release report (`keyholder finalize --report`): W's bound, DP, counts")
+    p.add_argument("--out", required=True, help="the HTML file to write")
+    p.set_defaults(func=_cmd_report)

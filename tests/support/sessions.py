@@ -1,0 +1,69 @@
+"""Sessions the operator-facing tests drive: a split session with its key published, honest and cheating
+split hospitals, and secagg hospitals that crash before a stage and come back."""
+
+from __future__ import annotations
+
+import threading
+
+from secure_afl import split
+from secure_afl.backends import get_backend
+from secure_afl.packing import Layout
+from secure_afl.params import Bounds
+
+
+def open_split_session(consortium, hospitals=("h1", "h2", "h3"), **kw):
+    """A started split consortium (one refusal allowed unless ``extra_session`` says otherwise) whose key holder
+    made and published the session's key; returns (consortium, the key holder's connection)."""
+    extra = {"max_refusals": 1, **kw.pop("extra_session", {})}
+    c = consortium(backend="split", hospitals=hospitals, min_clients=kw.pop("min_clients", 2),
+                   extra_session=extra, **kw).start()
+    conn = c.connect_keyholder()
+    c.keyholder.keygen(split.split_session_params(c.session_id, Layout(c.dim, c.classes), 1.0,
+                                                  Bounds(c.max_norm, 1000, 8)))
+    c.keyholder.publish(conn)
+    return c, conn
+
+
+def honest_upload(c, name, seed):
+    cl = c.hospital(name)
+    cl.submit(c.stats(*c.data(name, seed=seed)))
+    cl.close()
+
+
+def cheating_upload(c, name, seed):
+    """A hospital's modified software: a well-formed, signed upload with one Gram entry of 2^61 / 2^f1, which
+    the key holder's linear check refuses."""
+    cl = c.hospital(name)
+    params = cl.fetch_params()
+    be = get_backend(params)
+    ctx = cl.conn.request("GET", cl.conn.path("/context"), signed=False).content
+    lanes = be.circuit.lanes(Layout(c.dim, c.classes).pack(c.stats(*c.data(name, seed=seed)))).copy()
+    lanes[1] = 1 << 61
+    body, s, com = be.circuit.prove(name, lanes=lanes, check=False)
+    payload, statement = be.seal_upload(body, s, com, ctx, name, cl.party.identity_key())
+    cl.upload(params, payload, tag=statement)
+    cl.close()
+
+
+def run_secagg_plan(c, data, plan, timeout=90):
+    """Each hospital runs the steps in ``plan[h]``: a stop_before stage (a crash) or None (a full run), each in
+    a new client, all hospitals in threads. Returns (results, errors) by hospital."""
+    results, errors = {}, {}
+
+    def go(h):
+        try:
+            for stop in plan[h]:
+                cl = c.hospital(h)
+                try:
+                    results[h] = cl.submit(c.stats(*data[h]), stop_before=stop, timeout=timeout)
+                finally:
+                    cl.close()
+        except Exception as e:  # collected and asserted on by the caller
+            errors[h] = e
+
+    threads = [threading.Thread(target=go, args=(h,), daemon=True) for h in plan]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=timeout + 60)
+    return results, errors
