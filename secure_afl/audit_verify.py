@@ -9,22 +9,19 @@ verifier checks, and why a head is needed, is explained there.
 
 from __future__ import annotations
 
-import argparse
 import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Mapping
 
-from . import pki
 from secure_afl.exceptions import (
     AuditChainBroken,
     InvalidInputError,
     InvalidSignature,
     MalformedPayload,
-    SecureAFLError,
 )
 from secure_afl.signing import verify_receipt
-from secure_afl.encoding import canonical_json, parse_json
+from secure_afl.encoding import canonical_json
 
 try:  # POSIX: one writer per log file
     import fcntl as _fcntl
@@ -33,8 +30,7 @@ except ImportError:  # pragma: no cover
 from .audit_log import GENESIS_HASH, check_record, public_key, split_lines, verify_close_record, verify_countersign
 from secure_afl.signing import MANIFEST_PREFIX
 
-__all__ = ["AuditVerification", "ChainShape", "check_chain", "expected_head", "verify_log", "load_receipts",
-           "register"]
+__all__ = ["AuditVerification", "ChainShape", "check_chain", "expected_head", "verify_log", "load_receipts"]
 
 
 @dataclass(frozen=True)
@@ -293,67 +289,3 @@ def load_receipts(directory) -> list[dict]:
                 raise AuditChainBroken(f"{f.name}: not a receipt object", reason="receipt_malformed")
             out.append({**item, "_source": f.name if len(items) == 1 else f"{f.name}[{k}]"})
     return out
-
-
-# --------------------------------------------------------------------------
-# CLI
-# --------------------------------------------------------------------------
-
-
-def _cmd_verify(args) -> int:
-    # a broken chain prints BROKEN and ends with its exit code; anything else (no such file, a head
-    # that is not JSON, a party missing from the PKI) is one line from secure_afl.cli with its exit code
-    try:
-        server_pub = pki.pinned_identity(args.pki, "server", args.server)
-        head = args.head
-        countersign = keyholder_pub = None
-        if ":" not in head or Path(head).exists():
-            bundle = parse_json(Path(head).read_bytes(), f"head file {head}")
-            head = bundle
-            if isinstance(bundle, dict) and "countersign" in bundle:
-                countersign = bundle["countersign"]
-                if isinstance(countersign, dict):
-                    keyholder_pub = pki.pinned_identity(args.pki, "keyholder", countersign.get("keyholder"))
-        receipts = load_receipts(args.receipts) if args.receipts else []
-        result = verify_log(args.log, server_pub=server_pub, head=head, receipts=receipts,
-                            countersign=countersign, keyholder_pub=keyholder_pub, session=args.session)
-    except AuditChainBroken as exc:
-        where = f" (record index {exc.index})" if exc.index is not None else ""
-        print(f"BROKEN{where}: {exc} [{exc.reason}]")
-        # a detail reason such as "malformed" names another class in the registry; BROKEN is always
-        # a failed security check
-        return AuditChainBroken.exit_code
-    except (ValueError, TypeError) as exc:
-        if isinstance(exc, SecureAFLError):
-            raise
-        raise MalformedPayload(str(exc)) from None
-    if args.receipts and result.n_receipts == 0:
-        # receipts were asked for: a check of none of them is no check (wrong folder, other sessions only)
-        others = sorted({r.get("session_id") for r in receipts if isinstance(r.get("session_id"), str)})
-        found = (f"{len(receipts)} receipts, of session {', '.join(others)}" if others else
-                 f"{len(receipts)} receipts")
-        raise InvalidInputError(f"no receipt of session {', '.join(result.sessions) or '(none)'} in "
-                                f"{args.receipts} ({found}): pass the folder `client submit --receipts` wrote")
-    print(result.summary())
-    return 0
-
-
-def register(parser: argparse.ArgumentParser):
-    """``audit verify``; returns the subcommand table, to which ``secure_afl.cli.audit_commands`` adds its siblings."""
-    sub = parser.add_subparsers(dest="audit_command", metavar="ACTION", required=True)
-    p = sub.add_parser("verify", help="verify an audit log up to its expected head, and receipts against it")
-    p.add_argument("log", help="audit log (JSON Lines)")
-    p.add_argument("--pki", required=True,
-                   help="consortium PKI directory or a party's PKI bundle (pins the server's and key holder's keys)")
-    p.add_argument("--server", default=None, help="server name in the PKI (default: the only one)")
-    p.add_argument("--head", required=True,
-                   help="the expected head: audit-head.json (close record + key holder countersignature), "
-                        "a receipt or manifest JSON file, or SEQ:HEX")
-    p.add_argument("--receipts", default=None,
-                   help="directory of receipt *.json files, or one receipt file; receipts of other sessions "
-                        "are set aside, and at least one of this session's must be there")
-    p.add_argument("--session", default=None,
-                   help="the session you mean: the log must be its log (default: the session the log records, "
-                        "named in the OK line)")
-    p.set_defaults(func=_cmd_verify)
-    return sub

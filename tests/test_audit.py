@@ -16,7 +16,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from secure_afl import audit_log as audit
-from secure_afl import audit_verify
+from secure_afl.cli import audit_commands
 from secure_afl.audit_log import AuditLog, record_hash
 from secure_afl.audit_verify import check_chain, verify_log
 from secure_afl.exceptions import AuditChainBroken, StateInUse
@@ -474,7 +474,7 @@ def test_receipt_pointing_at_refused_record_detected(tmp_path, server_key):
 
 def _cli(argv):
     parser = argparse.ArgumentParser()
-    audit_verify.register(parser)
+    audit_commands.register(parser)
     args = parser.parse_args(argv)
     return args.func(args)
 
@@ -661,7 +661,7 @@ def test_countersign_refuses_a_close_record_naming_other_participants(server_key
 
 def _cli(argv):
     parser = argparse.ArgumentParser()
-    audit_verify.register(parser)
+    audit_commands.register(parser)
     args = parser.parse_args(argv)
     return args.func(args)
 

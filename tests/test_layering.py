@@ -212,3 +212,18 @@ def test_the_server_admits_an_upload_through_the_backend_interface_naming_no_bac
     assert not named, f"Aggregator.submit names backends: {named}"
     calls = {n.func.attr for n in ast.walk(submit) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)}
     assert "admit" in calls
+
+
+def test_the_library_holds_no_command_line_code():
+    # argparse belongs to the console script and the parties' cli modules; the library is called, not run
+    import ast
+
+    offences = []
+    for m in st.modules().values():
+        if _under(m.name, ABOVE_LIBRARY):
+            continue
+        for node in ast.walk(m.tree()):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            offences += [f"{m.name}:{node.lineno}" for n in names if n == "argparse"]
+    assert not offences, "argparse in the library: " + ", ".join(offences)
