@@ -25,7 +25,7 @@ __all__ = ["register"]
 
 def _cmd_release(args) -> int:
     from secure_afl import pki
-    from secure_afl.keyholder import read_model
+    from secure_afl.model_file import read_model
     from secure_afl.params import SessionParams
     from secure_afl.server.store import Store
     from secure_afl.split_release import audit_release
@@ -71,7 +71,7 @@ def _cmd_release(args) -> int:
 
 def _cmd_compare(args) -> int:
     from secure_afl.clients.statsfile import load_statistics_file
-    from secure_afl.keyholder import read_model
+    from secure_afl.model_file import read_model
     from secure_afl.plaintext_compare import compare_with_plaintext
 
     W, meta = read_model(args.model)

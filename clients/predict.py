@@ -52,7 +52,7 @@ def predict_file(model, *, embeddings=None, images=None, backbone=None, weights=
     Returns ``{"n", "predicted" (class indices), "accuracy" (None without known labels), "classes"}``;
     writes ``out`` (CSV) when given.
     """
-    from secure_afl.keyholder import read_model
+    from secure_afl.model_file import read_model
 
     from .statsfile import load_embeddings_file, recorded_extractor
 

@@ -19,7 +19,7 @@ from pathlib import Path
 from secure_afl.exceptions import InvalidInputError, MalformedPayload
 from secure_afl.backends import HE_BACKENDS
 from secure_afl.keyholder import KeyHolder, write_model
-from secure_afl.keyholder.model import model_metadata
+from secure_afl.model_file import model_metadata
 from secure_afl.keyholder.release.split_share import read_split_answer
 from secure_afl.session.relay import check_same
 from secure_afl.session.signed import load_signed

@@ -7,7 +7,7 @@ before any decryption), ``flooding`` (noise on every decrypted slot),
 """
 
 from .custody import PASSPHRASE_ENV
-from .model import ModelMetadata
+from secure_afl.model_file import ModelMetadata
 from .release import FinalResult, KeyHolder, read_model, write_model
 
 __all__ = ["KeyHolder", "FinalResult", "ModelMetadata", "write_model", "read_model", "PASSPHRASE_ENV"]

@@ -12,7 +12,7 @@ from secure_afl.exceptions import SecureAFLError
 
 from .connection import KeyHolderConnection
 from .custody import PASSPHRASE_ENV
-from .model import model_metadata
+from secure_afl.model_file import model_metadata
 from .release import KeyHolder, write_model
 from secure_afl.session.signed import load_signed
 from secure_afl.certify import verdict_text

@@ -227,3 +227,10 @@ def test_the_library_holds_no_command_line_code():
                 [node.module or ""] if isinstance(node, ast.ImportFrom) else []
             offences += [f"{m.name}:{node.lineno}" for n in names if n == "argparse"]
     assert not offences, "argparse in the library: " + ", ".join(offences)
+
+
+def test_the_hospital_party_imports_nothing_of_the_key_holders():
+    # a hospital reads a model file through the library (secure_afl.model_file), never the key holder's code
+    offences = [f"{name} -> {t}" for name, targets in _graph().items() if _under(name, ("secure_afl.clients",))
+                for t in targets if _under(t, ("secure_afl.keyholder",))]
+    assert not offences, "\n".join(offences)

@@ -27,7 +27,7 @@ from secure_afl.envelope import open_envelope, seal
 from secure_afl.exceptions import EXIT_INPUT, EXIT_SECURITY
 from secure_afl.hazmat import fixedpoint, flp
 from secure_afl.keyholder import write_model
-from secure_afl.keyholder.model import model_metadata
+from secure_afl.model_file import model_metadata
 from secure_afl.keyholder.verify import ServerForgery
 from secure_afl.release_checks import ReleaseLedger
 from secure_afl.server.store import Store

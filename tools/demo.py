@@ -121,7 +121,7 @@ def run_demo(args, verbose: bool = True) -> dict:
     from secure_afl.analytic import centralised_weights, predict, solve_from_sums, top1_accuracy
     from secure_afl.clients.hospital import HospitalClient
     from secure_afl.keyholder import KeyHolder, write_model
-    from secure_afl.keyholder.model import model_metadata
+    from secure_afl.model_file import model_metadata
 
     say = print if verbose else (lambda *a, **k: None)
     timings: dict[str, float] = {}

@@ -2,7 +2,9 @@
 ``reveal`` (plain, secagg), over ``common`` (trust, policy, audit countersignature, solve, model file);
 ``finalize`` dispatches on the signed session's backend."""
 
-from .common import FinalResult, HTTPSource, read_model, write_model
+from secure_afl.model_file import read_model, write_model
+
+from .common import FinalResult, HTTPSource
 from .finalize import KeyHolder
 from .he import ridge_if_needed
 

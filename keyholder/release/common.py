@@ -42,35 +42,6 @@ class FinalResult:
     report: dict
 
 
-def write_model(path, W: np.ndarray, metadata: dict) -> None:
-    """safetensors file: tensor "W" (d, C) float64 plus string metadata; atomic."""
-    from safetensors.numpy import save_file
-
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    meta = {k: v if isinstance(v, str) else json.dumps(v) for k, v in metadata.items()}
-    save_file({"W": np.ascontiguousarray(W, dtype=np.float64)}, str(tmp), metadata=meta)
-    os.replace(tmp, path)
-
-
-def read_model(path) -> tuple[np.ndarray, "ModelMetadata"]:
-    """W (d, C) float64 and what the file says about it (:class:`~secure_afl.keyholder.model.ModelMetadata`)."""
-    from safetensors import SafetensorError, safe_open
-
-    from ..model import ModelMetadata
-
-    if not Path(path).is_file():
-        raise InvalidInputError(f"no model file {path}", reason="file_not_found")
-    try:
-        with safe_open(str(path), framework="numpy") as f:
-            W, raw = f.get_tensor("W"), dict(f.metadata() or {})
-    except (SafetensorError, OSError, KeyError) as e:
-        raise InvalidInputError(f"{path} is not a model file ({e})", reason="invalid_model") from None
-    return W, ModelMetadata.from_file(raw, str(path))
-
-
-
 class ReleaseBase(KeyCustody):
     """Trust, policy, audit countersignature and the solve: what each backend's release path builds on."""
 

@@ -6,19 +6,24 @@ session's class order. The file therefore carries, next to W, the session it
 came from (id and parameter digest), the class names in column order and the
 extractor fingerprint (the session's ``[extractor]`` block and its SHA-256), so
 whoever deploys W can check both before using it
-(:func:`secure_afl.keyholder.read_model` returns them as a :class:`ModelMetadata`).
+(:func:`read_model` returns them as a :class:`ModelMetadata`). The key holder writes it; a hospital, the
+auditor and `predict` read it, so it is the library's.
 """
 
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
 
 from secure_afl.exceptions import InvalidInputError
 from secure_afl.extractor import ExtractorFingerprint
 from secure_afl.params import SessionParams
 
-__all__ = ["model_metadata", "ModelMetadata"]
+__all__ = ["model_metadata", "ModelMetadata", "write_model", "read_model"]
 
 
 @dataclass(frozen=True)
@@ -86,3 +91,29 @@ def model_metadata(params: SessionParams, report: dict, lam: float) -> dict:
         fp = ExtractorFingerprint.from_dict(params.extractor)
         meta.update(class_names=list(fp.classes), extractor=fp.to_dict(), extractor_sha256=fp.digest())
     return meta
+
+
+def write_model(path, W: np.ndarray, metadata: dict) -> None:
+    """safetensors file: tensor "W" (d, C) float64 plus string metadata; atomic."""
+    from safetensors.numpy import save_file
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    meta = {k: v if isinstance(v, str) else json.dumps(v) for k, v in metadata.items()}
+    save_file({"W": np.ascontiguousarray(W, dtype=np.float64)}, str(tmp), metadata=meta)
+    os.replace(tmp, path)
+
+
+def read_model(path) -> tuple[np.ndarray, "ModelMetadata"]:
+    """W (d, C) float64 and what the file says about it (:class:`ModelMetadata`)."""
+    from safetensors import SafetensorError, safe_open
+
+    if not Path(path).is_file():
+        raise InvalidInputError(f"no model file {path}", reason="file_not_found")
+    try:
+        with safe_open(str(path), framework="numpy") as f:
+            W, raw = f.get_tensor("W"), dict(f.metadata() or {})
+    except (SafetensorError, OSError, KeyError) as e:
+        raise InvalidInputError(f"{path} is not a model file ({e})", reason="invalid_model") from None
+    return W, ModelMetadata.from_file(raw, str(path))
