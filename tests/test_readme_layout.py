@@ -1,4 +1,5 @@
-"""README's Layout section names only what exists, and names every top-level folder.
+"""docs/LAYOUT.md's Layout section names only what exists, and names every top-level folder; README.md and
+docs/BENCHMARKS.md stay within the sizes a reader can take in.
 
 The section is a code block, one folder per line (a line starting with a
 space continues the folder above); every file or folder named on a line
@@ -13,13 +14,15 @@ import re
 from support.sourcetree import REPO, roots
 
 README = REPO / "README.md"
+LAYOUT = REPO / "docs" / "LAYOUT.md"
+BENCHMARKS = REPO / "docs" / "BENCHMARKS.md"
 _NAME = re.compile(r"[A-Za-z0-9_*.-]+(?:/[A-Za-z0-9_*.-]+)*/?")
 _NOT_A_FOLDER = {"build", "dist"}
 
 
 def layout_lines() -> list[tuple[str, str]]:
     """(folder, text naming its contents) for each folder of the Layout section."""
-    text = README.read_text()
+    text = LAYOUT.read_text()
     section = text[text.index("\n## Layout"):]
     block = re.search(r"```\n(.*?)```", section, re.S).group(1)
     out: list[tuple[str, str]] = []
@@ -44,7 +47,7 @@ def test_every_named_folder_and_file_exists():
             missing.append(folder)
             continue
         missing += [f"{folder}{name}" for name in _named(rest) if not list(base.glob(name.rstrip("/")))]
-    assert not missing, f"README's Layout names what does not exist: {missing}"
+    assert not missing, f"docs/LAYOUT.md names what does not exist: {missing}"
 
 
 def test_every_top_level_folder_is_named():
@@ -52,10 +55,18 @@ def test_every_top_level_folder_is_named():
     top = {d.name for d in REPO.iterdir() if d.is_dir() and not d.name.startswith((".", "_"))
            and d.name not in _NOT_A_FOLDER and not d.name.endswith(".egg-info")}
     assert set(roots()) <= top  # the packages setup.py installs are folders of the repository
-    assert top <= named, f"README's Layout omits {sorted(top - named)}"
+    assert top <= named, f"docs/LAYOUT.md omits {sorted(top - named)}"
 
 
 def test_the_layout_check_sees_a_wrong_name():
     # a name that does not exist under its folder must be reported, or the first test proves nothing
     assert _named("stats.py nowhere.py sub/ (a note)") == ["stats.py", "nowhere.py", "sub/"]
     assert not list((REPO / "secure_afl").glob("nowhere.py"))
+
+
+def test_readme_and_todays_benchmarks_stay_short():
+    # the reference lives in docs/ and the dated benchmark log in docs/BENCHMARKS_HISTORY.md; README and
+    # BENCHMARKS.md are what a reader reads first, so they stay at a size read in one sitting
+    readme, bench = (len(p.read_text().splitlines()) for p in (README, BENCHMARKS))
+    assert readme <= 250, f"README.md has {readme} lines (at most 250): move reference text to docs/"
+    assert bench <= 500, f"docs/BENCHMARKS.md has {bench} lines (at most 500): move older runs to BENCHMARKS_HISTORY.md"
