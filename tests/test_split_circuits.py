@@ -254,8 +254,27 @@ def _noise_out_of_range(c, lanes, fw):
     return fw
 
 
-# DP with the Gram statement: the Gram part's rows on the statistics before the noise, and the share's range
-DPGRAM = GRAM + [Row("noise_range", factor=_noise_out_of_range)]
+def _noise_past_l2(c, lanes, fw):
+    # every cross-term noise word at T_z - 1 (inside the per-entry range) and each Q lane moved with its word, so
+    # that the lanes less the noise, and with them the identity, are untouched: only |z|^2 exceeds l2_z (edits the
+    # lanes in place, the one row that must move a lane and a word together)
+    gs = c.gram_statement
+    fw = fw.copy()
+    sl = c.params.layout.slices
+    idx = np.arange(sl["cross"].start, sl["cross"].stop)
+    w = gs.n_f + idx - int(gs.i_noise[0])
+    new = np.full(len(idx), gs.T_z - 1, dtype=np.int64)
+    delta = new - flp.decode_signed(fw[w])
+    fw[w] = flp.encode_signed(new)
+    lanes[idx] = flp.encode_signed(flp.decode_signed(lanes[idx]) + delta)
+    z = flp.decode_signed(fw[gs.n_f:gs.n_words])
+    assert sum(int(v) ** 2 for v in z) > gs.l2_z
+    return fw
+
+
+# DP with the Gram statement: the Gram part's rows on the statistics before the noise, and the share's range and
+# l2 bound
+DPGRAM = GRAM + [Row("noise_range", factor=_noise_out_of_range), Row("noise_l2", factor=_noise_past_l2)]
 
 TABLE = {"plain": PLAIN, "dp": DP, "gram": GRAM, "dpgram": DPGRAM}
 

@@ -116,7 +116,7 @@ class Circuit:
             self.n_range_relations = ROWS
             self.n_gram_relations = gs.n_gram_relations
         #: bytes of randomness one proving try takes: the mask seed, then 32 per bit proof and square-sum proof
-        self.rand_size = _SEED * (1 + self.reps + (0 if gs is None else GRAM_QUERIES))
+        self.rand_size = _SEED * (1 + self.reps + (0 if gs is None else gs.n_proofs))
 
     def relation_names(self) -> list[str]:
         """Every relation the session's statement checks (its own, the bits, and the Gram part's)."""
@@ -318,7 +318,7 @@ class Circuit:
         off = self.commit_len + self.n_bits
         k = self.reps * self.bits.proof_len
         proofs = share[off:off + k].reshape(self.reps, self.bits.proof_len)
-        sq = None if self.sq is None else share[off + k:].reshape(GRAM_QUERIES, self.sq.proof_len)
+        sq = None if self.sq is None else share[off + k:]
         return bits, proofs, share[self.main_len:self.commit_len], sq
 
     def relation_values(self, share: np.ndarray, fs: bytes, *, leader: bool) -> list[np.ndarray]:
@@ -393,10 +393,12 @@ class Circuit:
             gs = self.gram_statement
             rhos = gs.rhos(fs, commitment.aux_sha256)
             squares = [flp.dot(v, v) for v in gs.factor_vectors(fw, rhos)]
-            rng, quad, _, noise = gs.values(w[:self.L], fw, lambda name: self._decompose(bits, name), None, fs,
-                                            commitment.aux_sha256, leader=True, squares=squares)
-            failed += [name for name, vals in (("gram_range", rng), ("gram_identity", quad), ("noise_range", noise))
-                       if np.any(vals)]
+            z = fw[gs.n_f:gs.n_words]
+            rng, quad, _, noise, l2 = gs.values(w[:self.L], fw, lambda name: self._decompose(bits, name), None, fs,
+                                                commitment.aux_sha256, leader=True, squares=squares,
+                                                zsquare=flp.dot(z, z) if gs.noise else None)
+            failed += [name for name, vals in (("gram_range", rng), ("gram_identity", quad), ("noise_range", noise),
+                                               ("noise_l2", l2)) if np.any(vals)]
         return failed
 
 
@@ -416,6 +418,10 @@ def soundness_bits(circuit: Circuit, hash_queries_log2: int = 64) -> float:
         per_query += 2.0 ** -ROWS + (2.0 / p) ** GRAM_RHOS
         query_point += ((2 * sq.n - 2) / (p - sq.n)) ** GRAM_QUERIES
         linear *= 3 + (1 if circuit.gram_statement.noise else 0)
+        if circuit.gram_statement.noise:
+            # the |z|^2 proofs' query points (the l2 relations share the noise combination counted above)
+            zsq = circuit.gram_statement.zsq
+            query_point += ((2 * zsq.n - 2) / (p - zsq.n)) ** GRAM_QUERIES
     return -math.log2(q * per_query + query_point + linear)
 
 
@@ -427,7 +433,8 @@ def describe(circuit: Circuit) -> Mapping:
             "T_hi_log2": circuit.sizes["m_hi"] - 1,
             "gram": None if circuit.gram is None else {
                 "factor_words": circuit.gram_statement.n_f, "noise_words": circuit.gram_statement.n_z,
-                "noise_bound_log2": circuit.gram["m_z"] - 1, "factor_scale_bits": circuit.gram["f"], "t": circuit.gram["t"],
+                "noise_bound_log2": circuit.gram["m_z"] - 1,
+                "noise_l2_bound": circuit.gram["l2_z"] if circuit.gram["n_z"] else None, "factor_scale_bits": circuit.gram["f"], "t": circuit.gram["t"],
                 "T_factor_log2": circuit.gram["m_f"] - 1, "jitter": circuit.gram["jitter"],
                 "square_sum_proof_words": GRAM_QUERIES * circuit.sq.proof_len},
             "bit_proof_reps": circuit.reps, "soundness_bits_q64": round(soundness_bits(circuit), 1)}

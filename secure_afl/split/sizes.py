@@ -13,11 +13,12 @@ import numpy as np
 
 from ..exceptions import InvalidParameterError
 from ..hazmat import fixedpoint
+from ..hazmat.flp import P as P_FIELD
 from ..packing import Layout
 from ..params import Bounds, SessionParams
 
 __all__ = ["REPS", "MAX_REPS", "SOUNDNESS_BITS", "LINEAR_REPS", "ROWS", "TAIL", "WRAP_BITS", "RETRIES", "GRAM_KEY", "GRAM_RHOS", "GRAM_QUERIES",
-           "GRAM_MIN_F", "PROCESS_MIN_UPLOADS", "VERIFIER_WORKERS", "ADVISORY_CHECKS", "gram_enabled", "noise_beside", "noise_bound",
+           "GRAM_MIN_F", "NOISE_L2_TAIL_BITS", "noise_l2_bound", "PROCESS_MIN_UPLOADS", "VERIFIER_WORKERS", "ADVISORY_CHECKS", "gram_enabled", "noise_beside", "noise_bound",
            "statement_sizes",
            "fits", "choose_frac_bits", "split_session_params", "session_params", "expected_abs_error",
            "proven_aggregate_bound", "psd_tolerance"]
@@ -92,7 +93,43 @@ def gramsizes(params: SessionParams, f1: int) -> dict:
         # that holds every honest entry (|z| <= tau): the Gram identity is of the lanes less the noise
         out["n_z"] = noised_count(params)
         out["m_z"] = bitlen(noise_bound(params, f1)) + 1
+        # and its squared l2 norm proven at most l2_z (bits of l2_z - |z|^2, m_l of them)
+        out["l2_z"] = noise_l2_bound(params, f1)
+        out["m_l"] = bitlen(out["l2_z"])
     return out
+
+
+#: an honest noise share exceeds its proven l2 bound with probability at most 2^-NOISE_L2_TAIL_BITS
+NOISE_L2_TAIL_BITS = 40
+
+
+def noise_l2_bound(params: SessionParams, f1: int) -> int:
+    """The bound l2_z on ``|z|^2`` (grid units squared) of one hospital's noise share ``z`` that an honest share
+    exceeds with probability at most ``2^-NOISE_L2_TAIL_BITS`` (docs/VALIDITY.md, "The noise share's l2 bound").
+
+    Each of the n_z entries is a Skellam variable of variance s^2 (grid units) redrawn beyond tau, drawn
+    independently. Truncation to ``|z| <= tau`` lowers every even moment (``z^2``, ``z^4`` increase in ``|z|``), so
+    ``Y = z^2`` has ``E Y <= s^2``, ``Var Y <= E z^4 <= 3 s^4 + s^2`` (Skellam's fourth cumulant is s^2) and
+    ``Y - E Y <= tau^2``. Bennett's inequality then gives ``P(sum Y - n s^2 >= t) <= exp(-(n v / b^2) h(b t / (n v)))``,
+    ``h(u) = (1 + u) ln(1 + u) - u``, v = 3 s^4 + s^2, b = tau^2; t solves it at 2^-NOISE_L2_TAIL_BITS."""
+    n = noised_count(params)
+    tau = float(noise_bound(params, f1))
+    s = dp_share_std(params) * 2.0 ** f1
+    v, b = 3.0 * s ** 4 + s * s, tau * tau
+    target = NOISE_L2_TAIL_BITS * math.log(2.0)
+    scale = n * v / (b * b)
+
+    def h(u):
+        return (1.0 + u) * math.log1p(u) - u
+
+    lo, hi = 0.0, 1.0
+    while scale * h(hi) < target:
+        hi *= 2.0
+    for _ in range(200):
+        mid = 0.5 * (lo + hi)
+        lo, hi = (mid, hi) if scale * h(mid) < target else (lo, mid)
+    t = hi * n * v / b
+    return int(math.ceil((n * s * s + t) * (1 + 2.0 ** -30))) + 1
 
 
 def bitlen(x: int) -> int:
@@ -197,6 +234,10 @@ def fits(params: SessionParams, f1: int, f2: int) -> str | None:
     if g is not None and (1 << s["m_hi"]) + (1 << g["m_z"]) + \
             ((g["m"] << (2 * g["m_f"])) + (1 << g["m_d"]) << g["t"]) >= wrap:
         return "the Gram identity"
+    # the noise share's l2 relation: every entry is proven in [-T_z, T_z), so |z|^2 is an integer in
+    # [0, n_z T_z^2]; l2_z - |z|^2 = (m_l bits) mod p then holds over the integers while n_z T_z^2 + 2^m_l <= p
+    if g is not None and g["n_z"] and g["n_z"] * (1 << (2 * g["m_z"] - 2)) + (1 << g["m_l"]) > P_FIELD:
+        return "the noise share's l2 relation"
     if g is not None and params.dp is None and g["f"] < GRAM_MIN_F:
         return "the Gram factor's scale"
     if g is not None and params.dp is not None and \

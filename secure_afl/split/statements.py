@@ -33,7 +33,7 @@ from ..hazmat import flp
 from ..hazmat.flp_square import SquareSumProof
 from ..params import SessionParams
 from .projection import exact_gram, project
-from .sizes import GRAM_QUERIES, GRAM_RHOS, LINEAR_REPS, ROWS
+from .sizes import GRAM_QUERIES, GRAM_RHOS, LINEAR_REPS, NOISE_L2_TAIL_BITS, ROWS
 
 __all__ = ["Statement", "PlainStatement", "DPStatement", "GramStatement", "Unlucky", "Shares", "statement_for",
            "AFFINE", "VERDICTS"]
@@ -44,7 +44,8 @@ _FROW_DOMAIN = domains.SPLIT_GRAM_ROW_XOF
 _RHO_DOMAIN = domains.SPLIT_RHO_XOF
 
 #: the verdict a failed relation group gives (every affine group not named here: ``linear``)
-VERDICTS = {"bits": "bits", "gram_range": "gram_range", "gram_identity": "gram", "noise_range": "noise"}
+VERDICTS = {"bits": "bits", "gram_range": "gram_range", "gram_identity": "gram", "noise_range": "noise",
+            "noise_l2": "noise"}
 #: the verdict of any affine relation of a statement's own
 AFFINE = "linear"
 
@@ -273,18 +274,24 @@ class GramStatement:
         #: the words the statement adds after the lanes: the factor, then the noise share
         self.n_words = self.n_f + self.n_z
         self.sq = SquareSumProof(sizes["m"], GRAM_RHOS)
-        self.proof_len = GRAM_QUERIES * self.sq.proof_len
+        #: DP: the square-sum proofs of |z|^2, checked against the share's l2 bound l2_z
+        self.zsq = SquareSumProof(self.n_z, 1) if self.noise else None
+        self.l2_z = sizes["l2_z"] if self.noise else 0
+        #: proofs (each blinded by 32 bytes of the prover's randomness): GRAM_QUERIES of |L^T rho|^2, and under DP
+        #: GRAM_QUERIES of |z|^2
+        self.n_proofs = GRAM_QUERIES * (2 if self.noise else 1)
+        self.proof_len = GRAM_QUERIES * (self.sq.proof_len + (self.zsq.proof_len if self.noise else 0))
         self.verifier_len = 2 * LINEAR_REPS + GRAM_QUERIES * self.sq.verifier_len + \
-            (LINEAR_REPS if sizes["n_z"] else 0)
+            ((LINEAR_REPS + GRAM_QUERIES * self.zsq.verifier_len) if self.noise else 0)
         self.n_gram_relations = GRAM_QUERIES * GRAM_RHOS
         self._tril = np.tril_indices(self.d)
 
     def blocks(self) -> list[tuple[str, int, int]]:
         return [("gram_slack", self.C, self.g["m_d"]), ("proj_f", ROWS, self.g["m_f"])] + \
-            ([("noise", self.n_z, self.g["m_z"])] if self.noise else [])
+            ([("noise", self.n_z, self.g["m_z"]), ("noise_l2", 1, self.g["m_l"])] if self.noise else [])
 
     def relation_names(self) -> list[str]:
-        return ["gram_range", "gram_identity"] + (["noise_range"] if self.noise else [])
+        return ["gram_range", "gram_identity"] + (["noise_range", "noise_l2"] if self.noise else [])
 
     def statistics(self, hi, words) -> np.ndarray:
         """The high lane less the noise share (its words after the factor; the lane itself without DP)."""
@@ -409,6 +416,10 @@ class GramStatement:
             zc = z[self.i_counts[0] - self.i_noise[0]:self.i_counts[-1] + 1 - self.i_noise[0]]
             hi_counts = [h - v for h, v in zip(hi_counts, zc)]
             out["noise"] = [v + self.T_z for v in z]  # the honest prover's range is checked in factorise
+            out["noise_l2"] = [self.l2_z - sum(v * v for v in z)]
+            if check and not 0 <= out["noise_l2"][0] < 1 << g["m_l"]:
+                raise BoundsExceeded("the noise share's l2 norm exceeds the session's bound (an honest share does "
+                                     f"with probability below 2^-{NOISE_L2_TAIL_BITS}: draw it again)")
         l11 = flp.decode_signed(fw[:self.C]).tolist()
         delta = [(h >> g["t"]) - int(v) * int(v) for h, v in zip(hi_counts, l11)]
         proj = [int(v) + self.T_f for v in flp.decode_signed(self.project_factor(fw, fs))]
@@ -420,33 +431,61 @@ class GramStatement:
         return {"gram_slack": delta, "proj_f": proj, **out}
 
     def prove(self, fw, fs: bytes, aux_sha256: str, proof_rand: list[bytes]) -> list[np.ndarray]:
-        """The ``GRAM_QUERIES`` square-sum proofs of ``L^T rho``, each blinded by its 32 random bytes."""
+        """The ``GRAM_QUERIES`` square-sum proofs of ``L^T rho`` (then, under DP, those of the noise share z), each
+        blinded by its 32 random bytes (:attr:`n_proofs` of them)."""
         v = self.factor_vectors(fw, self.rhos(fs, aux_sha256))
-        return [self.sq.prove(v, flp.expand_field(r, self.sq.chunk, PROOF_DOMAIN)) for r in proof_rand]
+        out = [self.sq.prove(v, flp.expand_field(r, self.sq.chunk, PROOF_DOMAIN))
+               for r in proof_rand[:GRAM_QUERIES]]
+        if self.noise:
+            z = np.asarray(fw, dtype=np.uint64)[self.n_f:self.n_words].reshape(1, -1)
+            out += [self.zsq.prove(z, flp.expand_field(r, self.zsq.chunk, PROOF_DOMAIN))
+                    for r in proof_rand[GRAM_QUERIES:self.n_proofs]]
+        return out
+
+    def _split_proofs(self, proofs):
+        """The flat proof words as ``(|L^T rho|^2 proofs, |z|^2 proofs or None)``."""
+        proofs = np.asarray(proofs, dtype=np.uint64).reshape(-1)
+        k = GRAM_QUERIES * self.sq.proof_len
+        sq = proofs[:k].reshape(GRAM_QUERIES, self.sq.proof_len)
+        return sq, (proofs[k:].reshape(GRAM_QUERIES, self.zsq.proof_len) if self.noise else None)
 
     # -- verifiers ----------------------------------------------------------------------------------------
     def _rand(self, fs: bytes, aux_sha256: str, query_seed: bytes):
         key = hashlib.sha256(bytes(query_seed) + fs + bytes.fromhex(aux_sha256) + b"gram").digest()
         n_co = LINEAR_REPS * (ROWS + self.n_gram_relations)
-        # the noise relations' coefficients come last: a session without DP draws the same stream as before
-        stream = flp.expand_field(key, 4 * GRAM_QUERIES + n_co + LINEAR_REPS * self.n_z,
-                                  domains.SPLIT_GRAM_QUERY_XOF)
+        n_noise = (self.n_z + GRAM_QUERIES) if self.noise else 0
+        # the noise relations' coefficients and the |z|^2 proofs' query points come last: a session without DP
+        # draws the same stream as before
+        stream = flp.expand_field(key, 4 * GRAM_QUERIES + n_co + LINEAR_REPS * n_noise +
+                                  (4 * GRAM_QUERIES if self.noise else 0), domains.SPLIT_GRAM_QUERY_XOF)
         pts = [int(v) for v in stream[:4 * GRAM_QUERIES] if pow(int(v), self.sq.n, flp.P) != 1][:GRAM_QUERIES]
-        if len(pts) < GRAM_QUERIES:  # pragma: no cover - probability about (N/p)^4
-            raise InvalidInputError("query points fell on the interpolation domain; draw another query seed")
         co = stream[4 * GRAM_QUERIES:]
+        end = n_co + LINEAR_REPS * n_noise
+        zpts = [int(v) for v in co[end:] if pow(int(v), self.zsq.n, flp.P) != 1][:GRAM_QUERIES] \
+            if self.noise else []
+        if len(pts) < GRAM_QUERIES or len(zpts) < (GRAM_QUERIES if self.noise else 0):  # pragma: no cover
+            raise InvalidInputError("query points fell on the interpolation domain; draw another query seed")
         return pts, co[:LINEAR_REPS * ROWS].reshape(LINEAR_REPS, ROWS), \
             co[LINEAR_REPS * ROWS:n_co].reshape(LINEAR_REPS, self.n_gram_relations), \
-            co[n_co:].reshape(LINEAR_REPS, self.n_z)
+            co[n_co:end].reshape(LINEAR_REPS, n_noise), zpts
 
-    def values(self, hi, fw, decompose, sq_proofs, fs: bytes, aux_sha256: str, *, leader: bool, squares=None):
-        """This verifier's shares of the factor's range relations (ROWS) and of the quadratic identities (one
-        per query and rho), from the square-sum proofs' outputs; ``squares``: the true ``|L^T rho|^2`` instead
-        (the unshared circuit)."""
+    def values(self, hi, fw, decompose, proofs, fs: bytes, aux_sha256: str, *, leader: bool, squares=None,
+               zsquare=None):
+        """This verifier's shares of the factor's range relations (ROWS), of the quadratic identities (one per
+        query and rho), from the square-sum proofs' outputs, and under DP of the noise share's range (one per
+        entry) and l2 relations (one per |z|^2 proof); ``squares`` and ``zsquare``: the true ``|L^T rho|^2`` and
+        ``|z|^2`` instead (the unshared circuit, ``proofs`` None)."""
         one = 1 if leader else 0
+        sq_proofs, z_proofs = (None, None) if proofs is None else self._split_proofs(proofs)
         rng = flp.sub(flp.add(self.project_factor(fw, fs), np.uint64(self.T_f * one)), decompose("proj_f"))
         noise = flp.sub(flp.add(np.asarray(fw, dtype=np.uint64)[self.n_f:], np.uint64(self.T_z * one)),
                         decompose("noise")) if self.noise else np.zeros(0, dtype=np.uint64)
+        l2 = np.zeros(0, dtype=np.uint64)
+        if self.noise:
+            outs = [zsquare] * GRAM_QUERIES if z_proofs is None else [int(self.zsq.outputs(pf)[0]) for pf in z_proofs]
+            # l2_z - |z|^2 - (its m_l bits): zero iff the share's squared norm is at most l2_z (docs/VALIDITY.md)
+            slack = int(decompose("noise_l2")[0])
+            l2 = np.array([(self.l2_z * one - int(o) - slack) % flp.P for o in outs], dtype=np.uint64)
         hi = self.statistics(hi, fw)
         delta = decompose("gram_slack")
         rhos = self.rhos(fs, aux_sha256)
@@ -457,20 +496,24 @@ class GramStatement:
         for q in range(GRAM_QUERIES):
             outs = self.sq.outputs(sq_proofs[q]) if squares is None else squares
             quad += [(lhs[r] - two_t * (int(outs[r]) + slack[r])) % flp.P for r in range(GRAM_RHOS)]
-        return rng, np.array(quad, dtype=np.uint64), rhos, noise
+        return rng, np.array(quad, dtype=np.uint64), rhos, noise, l2
 
     def query(self, hi, fw, decompose, sq_proofs, fs: bytes, aux_sha256: str, query_seed: bytes, *,
               leader: bool) -> np.ndarray:
         """``[range combinations] ++ [identity combinations] ++ GRAM_QUERIES square-sum queries`` (``++ [noise
         range combinations]`` under DP)."""
-        pts, c_range, c_gram, c_noise = self._rand(fs, aux_sha256, query_seed)
-        rng, quad, rhos, noise = self.values(hi, fw, decompose, sq_proofs, fs, aux_sha256, leader=leader)
+        pts, c_range, c_gram, c_noise, zpts = self._rand(fs, aux_sha256, query_seed)
+        rng, quad, rhos, noise, l2 = self.values(hi, fw, decompose, sq_proofs, fs, aux_sha256, leader=leader)
+        sq, zsq = self._split_proofs(sq_proofs)
         v = self.factor_vectors(fw, rhos)
         msg = [np.array([flp.dot(row, rng) for row in c_range], dtype=np.uint64),
                np.array([flp.dot(row, quad) for row in c_gram], dtype=np.uint64)]
-        msg += [self.sq.query(v, sq_proofs[q], t) for q, t in enumerate(pts)]
+        msg += [self.sq.query(v, sq[q], t) for q, t in enumerate(pts)]
         if self.noise:
-            msg.append(np.array([flp.dot(row, noise) for row in c_noise], dtype=np.uint64))
+            rel = np.concatenate([noise, l2])
+            msg.append(np.array([flp.dot(row, rel) for row in c_noise], dtype=np.uint64))
+            z = np.asarray(fw, dtype=np.uint64)[self.n_f:self.n_words].reshape(1, -1)
+            msg += [self.zsq.query(z, zsq[q], t) for q, t in enumerate(zpts)]
         return np.concatenate(msg)
 
     def decide(self, v: np.ndarray) -> str | None:
@@ -482,6 +525,12 @@ class GramStatement:
         for q in range(GRAM_QUERIES):
             if not self.sq.decide(v[o + q * k:o + (q + 1) * k]):
                 return "gram"
-        if self.noise and any(int(z) for z in v[o + GRAM_QUERIES * k:]):
-            return "noise"
+        if self.noise:
+            o += GRAM_QUERIES * k
+            if any(int(z) for z in v[o:o + LINEAR_REPS]):
+                return "noise"
+            o, k = o + LINEAR_REPS, self.zsq.verifier_len
+            for q in range(GRAM_QUERIES):
+                if not self.zsq.decide(v[o + q * k:o + (q + 1) * k]):
+                    return "noise"
         return None
