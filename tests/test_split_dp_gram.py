@@ -181,6 +181,11 @@ def test_the_prover_refuses_a_missing_share_or_one_beyond_the_bound(sessions):
     z[LAY.slices["cross"].start] = c.gram_statement.T_z
     with pytest.raises(BoundsExceeded, match="noise bound"):
         c.witness(v, noise=z)
+    # every entry inside the range, the squared norm past l2_z: the honest software refuses to prove it
+    z = np.zeros(c.L)
+    z[LAY.slices["cross"]] = c.gram_statement.T_z - 1
+    with pytest.raises(BoundsExceeded, match="l2 norm"):
+        c.prove("h1", v, noise=z)
 
 
 def test_the_backend_draws_the_share_itself_and_the_hospital_hands_it_the_statistics_before_noise(sessions):
@@ -311,9 +316,11 @@ def test_the_release_tolerates_the_proven_noise_and_refuses_beyond_it(sessions):
     gram.T[iu] = tot[LAY.slices["gram"]]
     tol = split.psd_tolerance(params, gram)
     assert -tol <= float(np.linalg.eigvalsh(gram)[0]) < 0
-    # the tolerance is k_max shares at the proven per-entry bound (Gershgorin), nothing looser
-    T = sessions[True][1].circuit.gram_statement.T_z
-    assert tol < params.bounds.k_max * d * T * 2.0 ** -sessions[True][1].circuit.f1 * 1.01
+    # the tolerance is k_max shares at the tighter of the proven per-entry (Gershgorin) and l2 bounds
+    gs = sessions[True][1].circuit.gram_statement
+    per_share = min(d * gs.T_z, np.sqrt(2.0 * gs.l2_z)) * 2.0 ** -sessions[True][1].circuit.f1
+    assert per_share < d * gs.T_z * 2.0 ** -sessions[True][1].circuit.f1
+    assert tol < params.bounds.k_max * per_share * 1.01
 
 
 # -- through the service ----------------------------------------------------------------------------------------
@@ -359,7 +366,8 @@ def test_a_hospital_hiding_its_attack_in_the_noise_is_refused_by_name_through_th
     names = ("h1", "h2", "h3", "h4")
     c = consortium(backend="split", hospitals=names, min_clients=3, dp={"epsilon": 1.0, "delta": 1e-5,
                                                                         "min_contributors": 3},
-                   split={"gram_proof": True}, n_max=200, max_norm=2.0, extra_session={"max_refusals": 1}).start()
+                   split={"gram_proof": True}, n_max=200, max_norm=2.0,
+                   extra_session={"max_refusals": 1, "colluders": 0}).start()  # quorum 3 of 4: h4 may be refused
     conn = c.connect_keyholder()
     c.keyholder.keygen(dp_session_params(SPEC, "split", c.session_id, Layout(c.dim, c.classes), 1.0,
                                          Bounds(2.0, 200, 8), gram_proof=True))
@@ -387,3 +395,33 @@ def test_a_hospital_hiding_its_attack_in_the_noise_is_refused_by_name_through_th
     conn.close()
     assert receipt["hospital"] == "h4"
     assert res.report["refused"] == {"h4": "noise"} and res.report["participants"] == list(names[:3])
+
+
+def test_a_share_too_long_for_one_exact_square_sum_is_proven_in_groups():
+    # d = 730: n_z T_z^2 passes p, so |z|^2 is taken in two groups, each exact in F_p and proven below 2^m_g; the
+    # group relations (on the true group sums, as the unshared circuit reads them) hold for an honest share and
+    # fail when one group's claimed value is moved while the total stays within l2_z
+    params = dp_session_params(SPEC, "split", "groups", Layout(730, 3), GAMMA, Bounds(1.0, 1000, 10),
+                               gram_proof=True)
+    c = split.Circuit(params)
+    gs, g = c.gram_statement, c.gram
+    assert g["z_groups"] == 2 and g["z_len"] * gs.T_z ** 2 < flp.P and (2 << g["m_g"]) + (1 << g["m_l"]) <= flp.P
+    assert gs.n_z * gs.T_z ** 2 >= flp.P
+    z = noise_share(params, np.random.default_rng(3))[gs.i_noise].astype(np.int64)
+    fw = np.concatenate([np.zeros(gs.n_f, dtype=np.uint64), flp.encode_signed(z)])
+    vals = gs.witness([0] * c.C, fw, b"\0" * 32, check=False)
+    sums = [int(np.sum(z[:g["z_len"]] ** 2)), int(np.sum(z[g["z_len"]:] ** 2))]
+    assert vals["noise_sq"] == sums and vals["noise_l2"] == [gs.l2_z - sum(sums)]
+    true = [flp.dot(v, v) for v in gs._z_groups(fw)]
+    assert true == sums
+
+    def l2_relations(claimed):
+        def dec(name):
+            return flp.to_field({"noise_sq": claimed, "noise_l2": [gs.l2_z - sum(claimed)],
+                                 "proj_f": [0] * 130, "gram_slack": [0] * c.C,
+                                 "noise": [int(v) + gs.T_z for v in z]}[name])
+        return gs.values(np.zeros(c.L, dtype=np.uint64), fw, dec, None, b"\0" * 32, "00" * 32, leader=True,
+                         squares=[0] * 3, zsquare=true)[4]
+
+    assert not np.any(l2_relations(sums))
+    assert np.any(l2_relations([sums[0] - 1, sums[1] + 1]))

@@ -707,3 +707,126 @@ def attack_steer_indefinite_service(*, seed: int = 0, verbose: bool = True, back
     accepted = [r for r in rows if r["backend"] == "split" and r["gram_proof"] and r["released"]
                 and "h2" not in r["refused"]]
     return {"attack": "steer-indefinite", "outcome": "leak" if accepted else "refused", "rows": rows}
+
+
+
+def _digits_gaussian(rng, hospitals: int, n: int):
+    """A Gaussian fit of sklearn's digits (d = 64, C = 10: each class's mean and covariance), ``n`` samples per
+    hospital drawn from it, every row scaled by the digits' largest row norm and clipped to norm 1; the real
+    digits, scaled alike, held out as the test set."""
+    from sklearn.datasets import load_digits
+
+    X, y = load_digits(return_X_y=True)
+    scale = np.max(np.linalg.norm(X, axis=1))
+    fits = [(X[y == c].mean(axis=0), np.cov(X[y == c], rowvar=False)) for c in range(10)]
+
+    def draw(k):
+        yy = np.sort(rng.integers(0, 10, k))
+        Z = np.concatenate([rng.multivariate_normal(*fits[c], size=int(np.sum(yy == c))) for c in range(10)]) / scale
+        return Z / np.maximum(1.0, np.linalg.norm(Z, axis=1, keepdims=True)), yy
+
+    return [draw(n) for _ in range(hospitals)], (X / scale, y)
+
+
+def _accuracy(stats, X, y, lam: float = 0.0):
+    """The key holder's solve of a release (RI restored, W = (C + lam I)^+ Q over the eigenvalues above the
+    cutoff)."""
+    from secure_afl.analytic import solve_from_sums
+
+    W = solve_from_sums(stats, lam=lam)
+    return float(np.mean(np.argmax(X @ W, axis=1) == y))
+
+
+def _residual_words(D, T: int, l2: int) -> np.ndarray:
+    """The integer residual along ``D`` with every entry inside ``[-(T - 1), T - 1]`` and the largest squared norm
+    at most ``l2`` (entries clipped, then the scale found by bisection)."""
+    u = D.ravel() / np.linalg.norm(D)
+
+    def at(s):
+        return np.clip(np.trunc(s * u), -(T - 1), T - 1).astype(np.int64)
+
+    lo, hi = 0.0, float(np.sqrt(l2)) * 64.0
+    for _ in range(80):
+        mid = 0.5 * (lo + hi)
+        lo, hi = (mid, hi) if int(np.sum(at(mid) ** 2)) <= l2 else (lo, mid)
+    return at(lo)
+
+
+def attack_dp_q_residual(*, seed: int = 0, verbose: bool = True, hospitals: int = 10, trials: int = 3,
+                         n: int = 1000, lam: float | None = None, **_) -> dict:
+    """A DP + Gram split session (d = 64, C = 10, a Gaussian fit of digits, epsilon = 1, n_max = 1000, three noise
+    shares): the last of ``hospitals`` uploads zero statistics and puts a structured residual in Q through its
+    noise words, as large as the session lets it (every entry inside the per-entry range, ``|z|^2 <= l2_z``), in
+    the direction that hurts most of those tried (every class pushed onto the test mean, the honest Q shrunk, the
+    honest W's classes permuted; the attacker knows the honest sums). Its upload is proven and judged by the
+    session's real circuit; the release is the honest hospitals' noisy statistics plus the cheater's decoded lanes
+    when accepted, solved with the ridge ``lam`` (default twice the operator norm the honest shares' sum
+    typically has, ``4 sqrt(d) sd sqrt(hospitals - 1)``: the noisy Gram is indefinite, and an unridged solve of it
+    is erratic). Returns the accuracies of the honest hospitals' release alone and of the release with the
+    cheater, and the verdicts."""
+    from secure_afl import split
+    from secure_afl.backends.session_params import dp_session_params
+    from secure_afl.dp import DPSpec, add_noise_share
+    from secure_afl.hazmat import fixedpoint, flp
+    from secure_afl.packing import Layout
+    from secure_afl.params import Bounds
+    from secure_afl.stats import SufficientStatistics, local_statistics
+
+    d, C, gamma = 64, 10, 1.0
+    lay = Layout(d, C)
+    params = dp_session_params(DPSpec(1.0, 1e-5, 3), "split", "dp-q-residual", lay, gamma, Bounds(1.0, n, 10),
+                               gram_proof=True)
+    circuit = split.Circuit(params)
+    gs = circuit.gram_statement
+    if lam is None:
+        lam = 4.0 * np.sqrt(d) * split.sizes.dp_share_std(params) * np.sqrt(hospitals - 1)
+    rng = np.random.default_rng(seed)
+    out = {"lam": float(lam), "honest_alone": [], "with_cheater": [], "verdicts": [], "residual_fro": []}
+    cross = np.arange(lay.slices["cross"].start, lay.slices["cross"].stop) - gs.i_noise[0]
+    for trial in range(trials):
+        shares, (Xt, yt) = _digits_gaussian(rng, hospitals - 1, n)
+        noisy = [lay.unpack(add_noise_share(params, lay.pack(local_statistics(X, yy, C, gamma=gamma)),
+                                            rng=np.random.default_rng(1000 * seed + 100 * trial + h)))
+                 for h, (X, yy) in enumerate(shares)]
+        honest = noisy[0]
+        for s in noisy[1:]:
+            honest = honest + s
+        out["honest_alone"].append(_accuracy(honest, Xt, yt, lam))
+        from secure_afl.analytic import solve_from_sums
+
+        W_h = solve_from_sums(honest, lam=lam)
+        dirs = [np.outer(Xt.mean(axis=0), np.eye(C)[c]) for c in range(C)] + \
+            [-honest.cross, honest.gram @ W_h[:, np.roll(np.arange(C), 1)] - honest.cross]
+        worst = None
+        for D in dirs:
+            zq = _residual_words(D, gs.T_z, gs.l2_z).reshape(d, C) * 2.0 ** -circuit.f1
+            acc = _accuracy(SufficientStatistics(honest.gram + gamma * np.eye(d), honest.cross + zq, honest.n,
+                                                 honest.class_counts, honest.contributors + 1, gamma), Xt, yt, lam)
+            if worst is None or acc < worst[0]:
+                worst = (acc, D)
+        # the cheater's upload: zero statistics (gamma I, no samples), the residual in its Q noise words
+        zero = lay.pack(SufficientStatistics(gamma * np.eye(d), np.zeros((d, C)), 0.0, np.zeros(C), 1.0, gamma))
+        x0, fw0 = circuit.witness(zero, noise=np.zeros(circuit.L))
+        z = np.zeros(gs.n_z, dtype=np.int64)
+        z[cross] = _residual_words(worst[1], gs.T_z, gs.l2_z)
+        hi = flp.decode_signed(x0[:circuit.L])
+        hi[gs.i_noise] += z
+        lanes = np.concatenate([flp.encode_signed(hi), x0[circuit.L:]])
+        fw = np.concatenate([fw0[:gs.n_f], flp.encode_signed(z)])
+        body, seed_b, com = circuit.prove("cheater", lanes=lanes, factor=fw)
+        qs = os.urandom(32)
+        verdict = circuit.decide(circuit.query(circuit.leader_share(body), com, "cheater", qs, leader=True),
+                                 circuit.query(circuit.helper_share(seed_b), com, "cheater", qs, leader=False))
+        cheat = lay.unpack(fixedpoint.decode(flp.decode_signed(lanes).view(np.uint64), (circuit.f1, circuit.f2)))
+        out["verdicts"].append(verdict)
+        out["residual_fro"].append(float(np.linalg.norm(cheat.cross)))
+        out["with_cheater"].append(_accuracy(honest + cheat if verdict is None else honest, Xt, yt, lam))
+    if verbose:
+        v = out["verdicts"]
+        print(f"DP + Gram split, d = {d}, C = {C}, Gaussian fit of digits, {hospitals - 1} honest hospitals of {n} "
+              f"and one cheater (zero statistics, a Q residual of Frobenius norm {max(out['residual_fro']):.1f}, "
+              f"sqrt(l2_z) = {np.sqrt(gs.l2_z) * 2.0 ** -circuit.f1:.1f}): "
+              f"{'RELEASED' if all(x is None for x in v) else 'REFUSED ' + str(v)}; accuracy "
+              f"{np.mean(out['honest_alone']):.3f} (honest alone) -> {np.mean(out['with_cheater']):.3f} "
+              f"(with the cheater), mean of {trials}, ridge {lam:.0f}")
+    return out

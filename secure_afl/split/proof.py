@@ -393,10 +393,10 @@ class Circuit:
             gs = self.gram_statement
             rhos = gs.rhos(fs, commitment.aux_sha256)
             squares = [flp.dot(v, v) for v in gs.factor_vectors(fw, rhos)]
-            z = fw[gs.n_f:gs.n_words]
+            zsquare = [flp.dot(g, g) for g in gs._z_groups(fw)] if gs.noise else None
             rng, quad, _, noise, l2 = gs.values(w[:self.L], fw, lambda name: self._decompose(bits, name), None, fs,
                                                 commitment.aux_sha256, leader=True, squares=squares,
-                                                zsquare=flp.dot(z, z) if gs.noise else None)
+                                                zsquare=zsquare)
             failed += [name for name, vals in (("gram_range", rng), ("gram_identity", quad), ("noise_range", noise),
                                                ("noise_l2", l2)) if np.any(vals)]
         return failed
@@ -434,7 +434,8 @@ def describe(circuit: Circuit) -> Mapping:
             "gram": None if circuit.gram is None else {
                 "factor_words": circuit.gram_statement.n_f, "noise_words": circuit.gram_statement.n_z,
                 "noise_bound_log2": circuit.gram["m_z"] - 1,
-                "noise_l2_bound": circuit.gram["l2_z"] if circuit.gram["n_z"] else None, "factor_scale_bits": circuit.gram["f"], "t": circuit.gram["t"],
+                "noise_l2_bound": circuit.gram["l2_z"] if circuit.gram["n_z"] else None,
+                "noise_l2_groups": circuit.gram["z_groups"] if circuit.gram["n_z"] else None, "factor_scale_bits": circuit.gram["f"], "t": circuit.gram["t"],
                 "T_factor_log2": circuit.gram["m_f"] - 1, "jitter": circuit.gram["jitter"],
                 "square_sum_proof_words": GRAM_QUERIES * circuit.sq.proof_len},
             "bit_proof_reps": circuit.reps, "soundness_bits_q64": round(soundness_bits(circuit), 1)}

@@ -274,9 +274,11 @@ class GramStatement:
         #: the words the statement adds after the lanes: the factor, then the noise share
         self.n_words = self.n_f + self.n_z
         self.sq = SquareSumProof(sizes["m"], GRAM_RHOS)
-        #: DP: the square-sum proofs of |z|^2, checked against the share's l2 bound l2_z
-        self.zsq = SquareSumProof(self.n_z, 1) if self.noise else None
+        #: DP: the square-sum proofs of |z|^2 in z_groups groups of z_len entries, checked against the share's l2
+        #: bound l2_z
+        self.zsq = SquareSumProof(sizes["z_len"], sizes["z_groups"]) if self.noise else None
         self.l2_z = sizes["l2_z"] if self.noise else 0
+        self.z_groups = sizes["z_groups"] if self.noise else 0
         #: proofs (each blinded by 32 bytes of the prover's randomness): GRAM_QUERIES of |L^T rho|^2, and under DP
         #: GRAM_QUERIES of |z|^2
         self.n_proofs = GRAM_QUERIES * (2 if self.noise else 1)
@@ -288,7 +290,8 @@ class GramStatement:
 
     def blocks(self) -> list[tuple[str, int, int]]:
         return [("gram_slack", self.C, self.g["m_d"]), ("proj_f", ROWS, self.g["m_f"])] + \
-            ([("noise", self.n_z, self.g["m_z"]), ("noise_l2", 1, self.g["m_l"])] if self.noise else [])
+            ([("noise", self.n_z, self.g["m_z"]), ("noise_sq", self.z_groups, self.g["m_g"]),
+              ("noise_l2", 1, self.g["m_l"])] if self.noise else [])
 
     def relation_names(self) -> list[str]:
         return ["gram_range", "gram_identity"] + (["noise_range", "noise_l2"] if self.noise else [])
@@ -416,8 +419,10 @@ class GramStatement:
             zc = z[self.i_counts[0] - self.i_noise[0]:self.i_counts[-1] + 1 - self.i_noise[0]]
             hi_counts = [h - v for h, v in zip(hi_counts, zc)]
             out["noise"] = [v + self.T_z for v in z]  # the honest prover's range is checked in factorise
-            out["noise_l2"] = [self.l2_z - sum(v * v for v in z)]
-            if check and not 0 <= out["noise_l2"][0] < 1 << g["m_l"]:
+            n = g["z_len"]
+            out["noise_sq"] = [sum(v * v for v in z[i:i + n]) for i in range(0, n * self.z_groups, n)]
+            out["noise_l2"] = [self.l2_z - sum(out["noise_sq"])]
+            if check and not (0 <= out["noise_l2"][0] < 1 << g["m_l"] and max(out["noise_sq"]) < 1 << g["m_g"]):
                 raise BoundsExceeded("the noise share's l2 norm exceeds the session's bound (an honest share does "
                                      f"with probability below 2^-{NOISE_L2_TAIL_BITS}: draw it again)")
         l11 = flp.decode_signed(fw[:self.C]).tolist()
@@ -437,10 +442,16 @@ class GramStatement:
         out = [self.sq.prove(v, flp.expand_field(r, self.sq.chunk, PROOF_DOMAIN))
                for r in proof_rand[:GRAM_QUERIES]]
         if self.noise:
-            z = np.asarray(fw, dtype=np.uint64)[self.n_f:self.n_words].reshape(1, -1)
+            z = self._z_groups(fw)
             out += [self.zsq.prove(z, flp.expand_field(r, self.zsq.chunk, PROOF_DOMAIN))
                     for r in proof_rand[GRAM_QUERIES:self.n_proofs]]
         return out
+
+    def _z_groups(self, fw) -> np.ndarray:
+        """(z_groups, z_len): the noise words (a share of them) in their groups, the last padded with zeros."""
+        z = np.zeros(self.z_groups * self.g["z_len"], dtype=np.uint64)
+        z[:self.n_z] = np.asarray(fw, dtype=np.uint64)[self.n_f:self.n_words]
+        return z.reshape(self.z_groups, -1)
 
     def _split_proofs(self, proofs):
         """The flat proof words as ``(|L^T rho|^2 proofs, |z|^2 proofs or None)``."""
@@ -453,7 +464,7 @@ class GramStatement:
     def _rand(self, fs: bytes, aux_sha256: str, query_seed: bytes):
         key = hashlib.sha256(bytes(query_seed) + fs + bytes.fromhex(aux_sha256) + b"gram").digest()
         n_co = LINEAR_REPS * (ROWS + self.n_gram_relations)
-        n_noise = (self.n_z + GRAM_QUERIES) if self.noise else 0
+        n_noise = (self.n_z + GRAM_QUERIES * self.z_groups + 1) if self.noise else 0
         # the noise relations' coefficients and the |z|^2 proofs' query points come last: a session without DP
         # draws the same stream as before
         stream = flp.expand_field(key, 4 * GRAM_QUERIES + n_co + LINEAR_REPS * n_noise +
@@ -482,10 +493,14 @@ class GramStatement:
                         decompose("noise")) if self.noise else np.zeros(0, dtype=np.uint64)
         l2 = np.zeros(0, dtype=np.uint64)
         if self.noise:
-            outs = [zsquare] * GRAM_QUERIES if z_proofs is None else [int(self.zsq.outputs(pf)[0]) for pf in z_proofs]
-            # l2_z - |z|^2 - (its m_l bits): zero iff the share's squared norm is at most l2_z (docs/VALIDITY.md)
-            slack = int(decompose("noise_l2")[0])
-            l2 = np.array([(self.l2_z * one - int(o) - slack) % flp.P for o in outs], dtype=np.uint64)
+            outs = [np.asarray(zsquare, dtype=np.uint64)] * GRAM_QUERIES if z_proofs is None else \
+                [self.zsq.outputs(pf) for pf in z_proofs]
+            # each group's squared norm is its m_g bits, and l2_z - (their sum) is the m_l bits of noise_l2: zero
+            # iff the share's squared norm is at most l2_z (docs/VALIDITY.md, "The noise share's l2 bound")
+            groups = decompose("noise_sq")
+            l2 = np.concatenate([flp.sub(o, groups) for o in outs] + [
+                flp.sub(flp.sub(np.array([self.l2_z * one], dtype=np.uint64), total(groups)),
+                        decompose("noise_l2"))])
         hi = self.statistics(hi, fw)
         delta = decompose("gram_slack")
         rhos = self.rhos(fs, aux_sha256)
@@ -512,8 +527,7 @@ class GramStatement:
         if self.noise:
             rel = np.concatenate([noise, l2])
             msg.append(np.array([flp.dot(row, rel) for row in c_noise], dtype=np.uint64))
-            z = np.asarray(fw, dtype=np.uint64)[self.n_f:self.n_words].reshape(1, -1)
-            msg += [self.zsq.query(z, zsq[q], t) for q, t in enumerate(zpts)]
+            msg += [self.zsq.query(self._z_groups(fw), zsq[q], t) for q, t in enumerate(zpts)]
         return np.concatenate(msg)
 
     def decide(self, v: np.ndarray) -> str | None:
