@@ -22,6 +22,7 @@ from secure_afl.dp.mechanism import noised_entries
 from secure_afl.hazmat import fixedpoint, flp
 from secure_afl.packing import Layout
 from secure_afl.params import Bounds
+from secure_afl.split.statements import Prover
 from secure_afl.stats import SufficientStatistics, local_statistics
 from secure_afl.tools.attacks_validity import gram_cheat, indefinite_statistics, raw_statistics
 
@@ -77,7 +78,7 @@ def _snap_bound(c, n):
     """How far the proven statistics may be from the true ones: the factor's entries truncated by < 2^-f move
     A_ij by <= 2^-f (|L_i|_1 + |L_j|_1) + m 2^-2f with |L_i|_1 <= sqrt(m A_ii), A_ii <= n B^2 + gamma + jitter,
     and the diagonal by the jitter on top."""
-    g = c.gram
+    g = c.sizes["gram"]
     a = n * c.params.bounds.max_norm ** 2 + GAMMA + g["jitter"]
     return g["jitter"] + 2.0 ** -g["f"] * 2 * np.sqrt(g["m"] * a) + g["m"] * 2.0 ** (-2 * g["f"])
 
@@ -140,7 +141,7 @@ def test_an_honest_upload_with_n_and_the_counts_noise_at_plus_or_minus_tau_prove
     sess = sessions[True]
     c = sess[1].circuit
     tau = c.tau
-    assert 4 * tau * tau <= c.gram_statement.l2_z
+    assert 4 * tau * tau <= c.part("gram").l2_z
     rng = np.random.default_rng(n)
     X = rng.standard_normal((n, 6))
     X *= BND.max_norm / np.linalg.norm(X, axis=1, keepdims=True)
@@ -178,12 +179,12 @@ def test_the_prover_refuses_a_missing_share_or_one_beyond_the_bound(sessions):
     with pytest.raises(InvalidInputError, match="noise share"):
         c.witness(v)
     z = np.zeros(c.L)
-    z[LAY.slices["cross"].start] = c.gram_statement.T_z
+    z[LAY.slices["cross"].start] = c.part("gram").T_z
     with pytest.raises(BoundsExceeded, match="noise bound"):
         c.witness(v, noise=z)
     # every entry inside the range, the squared norm past l2_z: the honest software refuses to prove it
     z = np.zeros(c.L)
-    z[LAY.slices["cross"]] = c.gram_statement.T_z - 1
+    z[LAY.slices["cross"]] = c.part("gram").T_z - 1
     with pytest.raises(BoundsExceeded, match="l2 norm"):
         c.prove("h1", v, noise=z)
 
@@ -247,7 +248,7 @@ def _hidden_in_noise(c, attack):
     zero = LAY.pack(SufficientStatistics(GAMMA * np.eye(6), np.zeros((6, 3)), st.n, st.class_counts, 1.0, GAMMA))
     x0, fw0 = c.witness(zero, noise=np.zeros(c.L))
     lanes = c.lanes(attack)
-    gs = c.gram_statement
+    gs = c.part("gram")
     hi = flp.decode_signed(lanes[:c.L]) - flp.decode_signed(x0[:c.L])
     z = hi[gs.i_noise]
     return lanes, np.concatenate([fw0[:gs.n_f], flp.encode_signed(z)]), z
@@ -257,7 +258,7 @@ def test_a_cheater_hiding_its_statistics_in_the_noise_is_refused_by_the_noise_bo
     sess = sessions[True]
     c = sess[1].circuit
     lanes, fw, z = _hidden_in_noise(c, _attack("half-plus-minus-H"))
-    assert np.max(np.abs(z)) >= c.gram_statement.T_z  # the attack does not fit the share's proven range
+    assert np.max(np.abs(z)) >= c.part("gram").T_z  # the attack does not fit the share's proven range
     assert _past_projection(sess, lanes=lanes, factor=fw) == "noise"
 
 
@@ -282,7 +283,7 @@ def test_a_residual_within_the_noise_l2_bound_is_what_a_cheater_keeps_and_one_st
     # refused by name one grid step beyond, where the per-entry range alone would have let it through
     sess = sessions[True]
     c = sess[1].circuit
-    gs = c.gram_statement
+    gs = c.part("gram")
     zero = LAY.pack(SufficientStatistics(GAMMA * np.eye(6), np.zeros((6, 3)), 100.0, np.array([40.0, 30.0, 30.0]),
                                          1.0, GAMMA))
     x0, fw0 = c.witness(zero, noise=np.zeros(c.L))
@@ -317,7 +318,7 @@ def test_the_release_tolerates_the_proven_noise_and_refuses_beyond_it(sessions):
     tol = split.psd_tolerance(params, gram)
     assert -tol <= float(np.linalg.eigvalsh(gram)[0]) < 0
     # the tolerance is k_max shares at the tighter of the proven per-entry (Gershgorin) and l2 bounds
-    gs = sessions[True][1].circuit.gram_statement
+    gs = sessions[True][1].circuit.part("gram")
     per_share = min(d * gs.T_z, np.sqrt(2.0 * gs.l2_z)) * 2.0 ** -sessions[True][1].circuit.f1
     assert per_share < d * gs.T_z * 2.0 ** -sessions[True][1].circuit.f1
     assert tol < params.bounds.k_max * per_share * 1.01
@@ -382,7 +383,7 @@ def test_a_hospital_hiding_its_attack_in_the_noise_is_refused_by_name_through_th
     params = cl.fetch_params()
     be = get_backend(params)
     lanes, fw, z = _hidden_in_noise(be.circuit, _attack("half-plus-minus-H"))
-    assert np.max(np.abs(z)) >= be.circuit.gram_statement.T_z
+    assert np.max(np.abs(z)) >= be.circuit.part("gram").T_z
     for _ in range(20):  # its own software redraws until the lanes' projection rows land in range
         body, seed, com = be.circuit.prove("h4", lanes=lanes, factor=fw, check=False)
         if be.circuit.evaluate(flp.add(body, be.circuit.helper_share(seed)), com, "h4") == ["noise_range"]:
@@ -404,12 +405,12 @@ def test_a_share_too_long_for_one_exact_square_sum_is_proven_in_groups():
     params = dp_session_params(SPEC, "split", "groups", Layout(730, 3), GAMMA, Bounds(1.0, 1000, 10),
                                gram_proof=True)
     c = split.Circuit(params)
-    gs, g = c.gram_statement, c.gram
+    gs, g = c.part("gram"), c.sizes["gram"]
     assert g["z_groups"] == 2 and g["z_len"] * gs.T_z ** 2 < flp.P and (2 << g["m_g"]) + (1 << g["m_l"]) <= flp.P
     assert gs.n_z * gs.T_z ** 2 >= flp.P
     z = noise_share(params, np.random.default_rng(3))[gs.i_noise].astype(np.int64)
     fw = np.concatenate([np.zeros(gs.n_f, dtype=np.uint64), flp.encode_signed(z)])
-    vals = gs.witness([0] * c.C, fw, b"\0" * 32, check=False)
+    vals = gs.witness(Prover({int(i): 0 for i in gs.i_counts}, None, fw, b"\0" * 32), check=False)
     sums = [int(np.sum(z[:g["z_len"]] ** 2)), int(np.sum(z[g["z_len"]:] ** 2))]
     assert vals["noise_sq"] == sums and vals["noise_l2"] == [gs.l2_z - sum(sums)]
     true = [flp.dot(v, v) for v in gs._z_groups(fw)]

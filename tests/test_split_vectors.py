@@ -57,7 +57,7 @@ def test_the_sessions_are_what_their_sections_name():
     # the honest DP upload's share is within the proven per-entry bound, and it is not zero
     z = np.array(VECTORS["dp_gram"]["noise"])
     c = split.Circuit(dp_gram)
-    assert 0 < np.max(np.abs(z)) <= c.tau < c.gram_statement.T_z
+    assert 0 < np.max(np.abs(z)) <= c.tau < c.part("gram").T_z
 
 
 @pytest.mark.parametrize("section", list(SECTIONS))

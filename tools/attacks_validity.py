@@ -545,7 +545,7 @@ def field_factor(circuit, lanes):
     from secure_afl.hazmat import flp
 
     P = flp.P
-    g, d, C = circuit.gram, circuit.d, circuit.C
+    g, d, C = circuit.sizes["gram"], circuit.d, circuit.C
     sl = circuit.params.layout.slices
     hi = [int(v) for v in flp.decode_signed(np.asarray(lanes, dtype=np.uint64)[:circuit.L])]
     m = d + C
@@ -573,11 +573,11 @@ def field_factor(circuit, lanes):
             L[i][j] = (A[i][j] - sum(L[i][k] * L[j][k] for k in range(j))) * ri % P
     words = [L[c][c] for c in range(C)] + [L[C + i][c] for i in range(d) for c in range(C)] + \
         [L[C + i][C + j] for i, j in zip(*np.tril_indices(d))]
-    return flp.to_field(words + [0] * circuit.gram_statement.n_z)  # under DP: noise words 0, all of A in L
+    return flp.to_field(words + [0] * circuit.part("gram").n_z)  # under DP: noise words 0, all of A in L
 
 
 def _zero_noise(circuit):
-    return np.zeros(circuit.L) if circuit.gram_statement.noise else None
+    return np.zeros(circuit.L) if circuit.part("gram").noise else None
 
 
 def gram_cheat(circuit, lanes, *, stand_in=None) -> dict:
@@ -585,10 +585,10 @@ def gram_cheat(circuit, lanes, *, stand_in=None) -> dict:
     with zero count slack (the quadratic identity holds mod p; the range rows refuse it), or, with
     ``stand_in`` (a packed vector that is a Gram matrix), that vector's honest factor beside the cheater's
     lanes (in range; the quadratic identity refuses it)."""
-    if circuit.gram is None:
+    if circuit.sizes["gram"] is None:
         return {}
     if stand_in is not None:  # under DP its noise words are zero: the lanes' noise is left in the statistics
-        return {"factor": circuit.factorise(stand_in, _zero_noise(circuit))[1]}
+        return {"factor": circuit.witness(stand_in, noise=_zero_noise(circuit))[1]}
     fw = field_factor(circuit, lanes)
     if fw is None:
         return {}
@@ -777,7 +777,7 @@ def attack_dp_q_residual(*, seed: int = 0, verbose: bool = True, hospitals: int 
     params = dp_session_params(DPSpec(1.0, 1e-5, 3), "split", "dp-q-residual", lay, gamma, Bounds(1.0, n, 10),
                                gram_proof=True)
     circuit = split.Circuit(params)
-    gs = circuit.gram_statement
+    gs = circuit.part("gram")
     if lam is None:
         lam = 4.0 * np.sqrt(d) * split.sizes.dp_share_std(params) * np.sqrt(hospitals - 1)
     rng = np.random.default_rng(seed)

@@ -344,7 +344,7 @@ def _dp_gram(pair, ed, recorded: dict | None) -> dict:
 
     params = _gram_session(pair, dp=True)
     circuit = split.Circuit(params)
-    gs = circuit.gram_statement
+    gs = circuit.part("gram")
     v = _vector(params)  # the statistics before the noise: the backend proves the share beside them
     # the share is a draw from numpy's seeded generator, whose stream numpy may change between releases: the
     # recorded share is kept, as the seed box is
