@@ -15,6 +15,11 @@ verifiers' shares.
   ``2^t (L L^T + D)`` for a lower-triangular factor L that the upload carries (docs/VALIDITY.md, "The Gram
   statement").
 
+Every one of them implements the one interface the proof system reads (:class:`Statement`: a statement
+with words, proofs or checks of its own beyond the affine relations, like the Gram part, fills in those
+hooks), and :class:`Composed` checks several on one upload; :func:`statement_for` builds the session's, so the
+proof system names none of them.
+
 A new relation touches its statement's ``relation_groups``, ``relations`` and (if it needs bits)
 ``blocks`` and ``witness``, the sizes in :mod:`secure_afl.split.sizes`, and a row of
 tests/test_split_circuits.py, which fails while a named relation has none.
