@@ -268,13 +268,17 @@ def test_max_share_refuses_a_release_too_small_for_the_cap():
 def test_an_indefinite_upload_is_refused_by_name_through_the_service_only_under_the_gram_statement():
     from secure_afl.tools.attacks_validity import attack_steer_indefinite_service
 
-    # Execute: a real server per setting, two honest hospitals, h2's rank-one cancellation
-    r = attack_steer_indefinite_service(backends=("split",), attacks=("rank-one-cancel-0.99",), verbose=False)
-    off, on = r["rows"]
-    # Assert: released and W blown up without the statement; h2 named and W the honest one with it
+    # Execute: a real server per setting, two honest hospitals, h2's rank-one cancellation and its exact control
+    # with a positive semi-definite C_k (C_k = (n_max B^2 / d) I, Q_k = (C_h + C_k) W* - Q_h: A_k is indefinite)
+    r = attack_steer_indefinite_service(backends=("split",), attacks=("rank-one-cancel-0.99", "psd-exact-control"),
+                                        verbose=False)
+    off, off_psd, on, on_psd = r["rows"]
+    # Assert: released and W blown up, or set to W*, without the statement; h2 named and W the honest one with it
     assert not off["gram_proof"] and off["released"] and not off["refused"] and off["norm_ratio"] > 4
-    assert on["gram_proof"] and on["released"] and on["refused"] == {"h2": "gram"}
-    assert abs(on["norm_ratio"] - 1.0) < 1e-4  # the honest two, their statistics snapped onto their factors
+    assert off_psd["released"] and not off_psd["refused"] and abs(off_psd["pull"] - 1.0) < 1e-6
+    for row in (on, on_psd):
+        assert row["gram_proof"] and row["released"] and row["refused"] == {"h2": "gram"}
+        assert abs(row["norm_ratio"] - 1.0) < 1e-4  # the honest two, their statistics snapped onto their factors
 
 
 # -- the signed session -----------------------------------------------------------------------------------------

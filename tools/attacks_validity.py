@@ -47,7 +47,8 @@ __all__ = ["attack_veto", "attack_steer", "attack_veto_service", "attack_steer_s
 
 BACKENDS = ("split", "ckks", "bfv", "secagg")
 #: the indefinite steering attacks (:func:`indefinite_statistics`)
-INDEFINITE = ("diag-exact-rows", "half-plus-minus-H", "rank-one-cancel-0.9", "rank-one-cancel-0.99")
+INDEFINITE = ("diag-exact-rows", "half-plus-minus-H", "rank-one-cancel-0.9", "rank-one-cancel-0.99",
+              "psd-exact-control")
 DIM, CLASSES, GAMMA = 6, 3, 1.0
 
 
@@ -301,8 +302,10 @@ class _Consortium:
         if self.backend == "secagg":
             cfg["secagg"] = {"stage_timeout_s": 120.0}
             cfg["session"]["min_clients"] = secagg_quorum(K)
-        else:  # room for the one refusal the veto attack provokes (the cohort left still meets the quorum)
+        else:  # room for the one refusal the veto and steer attacks provoke: with no colluder bound the quorum
+            # is min_clients = 2 of the 3, so the cohort left after naming the cheater is still released
             cfg["session"]["max_refusals"] = 1
+            cfg["session"]["colluders"] = 0
         self.min_clients = cfg["session"]["min_clients"]
         write_session(w / "session.toml", pki_dir, cfg)
         self.url = f"https://127.0.0.1:{cfg['server']['port']}"
@@ -612,7 +615,10 @@ def indefinite_statistics(name: str, honest, target: np.ndarray):
     * half-plus-minus-H: C_k = diag(+H on the first half, -H on the second), trace 0, Q_k = C_k W*, H ten
       times the honest sum's largest eigenvalue;
     * rank-one-cancel-beta: C_k = -beta lambda_1 v_1 v_1^T (the honest sum's top eigenpair), Q_k = 0: the
-      released Gram loses that share of its top eigenvalue and W grows.
+      released Gram loses that share of its top eigenvalue and W grows;
+    * psd-exact-control: C_k = (n_max B^2 / d) I, positive semi-definite, and Q_k = (C_h + C_k) W* - Q_h, so the
+      released W is exactly W* (take ``target`` from :func:`psd_exact_target`, which keeps every entry of Q_k
+      inside the declared per-hospital bound); what is indefinite is A_k = [[diag(counts), Q_k^T], [Q_k, C_k]].
     Every entry is inside the proven per-entry bound, the trace inside n_max B^2, n = n_max with valid counts."""
     from secure_afl.stats import SufficientStatistics
 
@@ -631,12 +637,29 @@ def indefinite_statistics(name: str, honest, target: np.ndarray):
         H = 10.0 * float(np.linalg.eigvalsh(Ch)[-1])
         Ck = np.diag([H] * (d // 2) + [-H] * (d - d // 2))
         Qk = Ck @ target
+    elif name == "psd-exact-control":
+        Ck = b.n_max * b.max_norm ** 2 / d * np.eye(d)
+        Qk = (Ch + Ck) @ target - sum(s.cross for s in honest)
     else:
         beta = float(name.rsplit("-", 1)[1])
         w, V = np.linalg.eigh(Ch)
         Ck = -beta * w[-1] * np.outer(V[:, -1], V[:, -1])
         Qk = np.zeros((d, CLASSES))
     return SufficientStatistics(Ck, Qk, float(b.n_max), counts, 1.0, 0.0)
+
+
+def psd_exact_target(honest, target: np.ndarray) -> np.ndarray:
+    """``s target`` with the largest ``s <= 1`` that keeps every entry of psd-exact-control's Q_k within 0.9 of the
+    declared per-hospital bound (so that plain, ckks and bfv take the upload too)."""
+    b = _bounds()
+    limit = 0.9 * b.hospital_bound(GAMMA)
+    M = (sum(s.gram for s in honest) + b.n_max * b.max_norm ** 2 / DIM * np.eye(DIM)) @ target
+    Qh = sum(s.cross for s in honest)
+    top = 1.0
+    for m, q in zip(M.ravel(), Qh.ravel()):  # |s m - q| <= limit, s >= 0
+        if m != 0:
+            top = min(top, max((q + limit) / m, (q - limit) / m))
+    return max(top, 0.0) * target
 
 
 def _indefinite_row(name, W, W0, target, released) -> dict:
@@ -665,7 +688,8 @@ def attack_steer_indefinite_service(*, seed: int = 0, verbose: bool = True, back
     for backend in backends:
         for gram in ((False, True) if backend == "split" else (False,)):
             for name in attacks:
-                raw = indefinite_statistics(name, honest, target)
+                goal = psd_exact_target(honest, target) if name == "psd-exact-control" else target
+                raw = indefinite_statistics(name, honest, goal)
 
                 def bad(_packed, raw=raw):
                     from secure_afl.packing import Layout
@@ -689,7 +713,7 @@ def attack_steer_indefinite_service(*, seed: int = 0, verbose: bool = True, back
                 released = not r.get("error")
                 row = {"backend": backend, "gram_proof": gram, "attack": name, "released": released,
                        "refused": r["refused"], "error": r.get("error"),
-                       **_indefinite_row(name, r["W"], W0, target, released and "h2" not in r["refused"])}
+                       **_indefinite_row(name, r["W"], W0, goal, released and "h2" not in r["refused"])}
                 if released and "h2" in r["refused"]:
                     row.update(pull=0.0, norm_ratio=float(np.linalg.norm(r["W"]) / np.linalg.norm(W0)))
                 rows.append(row)
