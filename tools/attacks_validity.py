@@ -465,11 +465,13 @@ def attack_veto_service(*, seed: int = 0, verbose: bool = True, backends=SERVICE
 
 
 def attack_steer_service(*, seed: int = 0, verbose: bool = True, backends=SERVICE_BACKENDS,
-                         alphas=(0.1, 1.0, 10.0, None), indefinite=INDEFINITE, **_) -> dict:
+                         alphas=(0.1, 1.0, 10.0, None), indefinite=INDEFINITE, dp_residual: bool = True,
+                         **_) -> dict:
     """Within the bounds: C_k = alpha I, Q_k = alpha W* submitted by an unmodified client, through a real
     server process per backend; how far the released W moves towards W*. Then the indefinite attacks
     (:data:`INDEFINITE`, :func:`attack_steer_indefinite_service`; split also under ``[split] gram_proof``),
-    in ``result["indefinite"]``."""
+    in ``result["indefinite"]``; and the DP Q residual (:func:`attack_dp_q_residual`, in process) in
+    ``result["dp_q_residual"]``."""
     from secure_afl.analytic import solve_from_sums
     from secure_afl.stats import SufficientStatistics
 
@@ -513,6 +515,12 @@ def attack_steer_service(*, seed: int = 0, verbose: bool = True, backends=SERVIC
     if indefinite:
         out["indefinite"] = attack_steer_indefinite_service(seed=seed, verbose=verbose, backends=backends,
                                                             attacks=tuple(indefinite))["rows"]
+    if dp_residual and "split" in backends:
+        # in process (the cheater's upload proven and judged by the session's real circuit, the release formed
+        # from the decoded lanes): split with DP and the Gram statement is the one setting that bounds it
+        if verbose:
+            print("[steer] split dp + gram_proof, a Q residual hidden in the noise share (in process):", flush=True)
+        out["dp_q_residual"] = attack_dp_q_residual(seed=seed, verbose=verbose)
     return out
 
 
@@ -850,7 +858,7 @@ def attack_dp_q_residual(*, seed: int = 0, verbose: bool = True, hospitals: int 
         print(f"DP + Gram split, d = {d}, C = {C}, Gaussian fit of digits, {hospitals - 1} honest hospitals of {n} "
               f"and one cheater (zero statistics, a Q residual of Frobenius norm {max(out['residual_fro']):.1f}, "
               f"sqrt(l2_z) = {np.sqrt(gs.l2_z) * 2.0 ** -circuit.f1:.1f}): "
-              f"{'RELEASED' if all(x is None for x in v) else 'REFUSED ' + str(v)}; accuracy "
+              f"{'RELEASED' if all(x is None for x in v) else 'REFUSED by name ' + str(v)}; accuracy "
               f"{np.mean(out['honest_alone']):.3f} (honest alone) -> {np.mean(out['with_cheater']):.3f} "
               f"(with the cheater), mean of {trials}, ridge {lam:.0f}")
     return out
