@@ -86,6 +86,7 @@ class Shares:
 
     def __init__(self, lanes: np.ndarray, L: int, decompose, leader: bool, projection, *, words=None,
                  proofs=None, fs: bytes = b"", aux_sha256: str = ""):
+        self.lanes, self.L = lanes, L
         self.hi, self.lo = lanes[:L], lanes[L:]
         self.dec = decompose
         self.one = 1 if leader else 0
@@ -360,10 +361,8 @@ class Composed(Statement):
         return out
 
     def _view(self, v: Shares, words_cut, proofs_cut) -> Shares:
-        w = Shares(np.concatenate([v.hi, v.lo]), len(v.hi), v.dec, v.leader, v._projection,
-                   words=self._words(v.words, words_cut), proofs=self._words(v.proofs, proofs_cut), fs=v.fs,
-                   aux_sha256=v.aux_sha256)
-        return w
+        return Shares(v.lanes, v.L, v.dec, v.leader, v._projection, words=self._words(v.words, words_cut),
+                      proofs=self._words(v.proofs, proofs_cut), fs=v.fs, aux_sha256=v.aux_sha256)
 
     def query(self, v: Shares, query_seed: bytes) -> np.ndarray:
         return np.concatenate([np.zeros(0, dtype=np.uint64)] + [
