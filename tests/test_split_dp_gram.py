@@ -362,8 +362,25 @@ def test_a_dp_gram_session_releases_through_the_service_within_the_proven_noise(
     assert np.max(np.abs(res.stats.gram - truth.gram - 3.0 * np.eye(c.dim))) > 0.01 * share_std(params)
 
 
+def _q_residual_past_l2(c):
+    """Modified software: statistics before noise zero but n and the counts, and in the noise words every cross
+    term at +-(T_z - 1): each entry inside its range, the share's squared norm past l2_z (the Q-residual attack
+    at the size the per-entry range alone allowed)."""
+    gs = c.part("gram")
+    zero = LAY.pack(SufficientStatistics(GAMMA * np.eye(6), np.zeros((6, 3)), 100.0, np.array([40.0, 30.0, 30.0]),
+                                         1.0, GAMMA))
+    x0, fw0 = c.witness(zero, noise=np.zeros(c.L))
+    z = np.zeros(gs.n_z, dtype=np.int64)
+    idx = np.arange(LAY.slices["cross"].start, LAY.slices["cross"].stop) - gs.i_noise[0]
+    z[idx] = [(gs.T_z - 1) * (-1) ** i for i in range(len(idx))]
+    hi = flp.decode_signed(x0[:c.L])
+    hi[gs.i_noise] += z
+    return np.concatenate([flp.encode_signed(hi), x0[c.L:]]), np.concatenate([fw0[:gs.n_f], flp.encode_signed(z)]), z
+
+
 @pytest.mark.e2e
-def test_a_hospital_hiding_its_attack_in_the_noise_is_refused_by_name_through_the_service(consortium):
+@pytest.mark.parametrize("attack", ["indefinite", "q_residual"])
+def test_a_hospital_hiding_its_attack_in_the_noise_is_refused_by_name_through_the_service(consortium, attack):
     names = ("h1", "h2", "h3", "h4")
     c = consortium(backend="split", hospitals=names, min_clients=3, dp={"epsilon": 1.0, "delta": 1e-5,
                                                                         "min_contributors": 3},
@@ -382,12 +399,20 @@ def test_a_hospital_hiding_its_attack_in_the_noise_is_refused_by_name_through_th
     cl = c.hospital("h4")
     params = cl.fetch_params()
     be = get_backend(params)
-    lanes, fw, z = _hidden_in_noise(be.circuit, _attack("half-plus-minus-H"))
-    assert np.max(np.abs(z)) >= be.circuit.part("gram").T_z
+    gs = be.circuit.part("gram")
+    if attack == "indefinite":  # past the per-entry range (and the l2 bound)
+        lanes, fw, z = _hidden_in_noise(be.circuit, _attack("half-plus-minus-H"))
+        assert np.max(np.abs(z)) >= gs.T_z
+        broken = ["noise_range", "noise_l2"]
+    else:  # inside the per-entry range, past the l2 bound only
+        lanes, fw, z = _q_residual_past_l2(be.circuit)
+        assert np.max(np.abs(z)) < gs.T_z and int(np.sum(z * z)) > gs.l2_z
+        broken = ["noise_l2"]
     for _ in range(20):  # its own software redraws until the lanes' projection rows land in range
         body, seed, com = be.circuit.prove("h4", lanes=lanes, factor=fw, check=False)
-        if be.circuit.evaluate(flp.add(body, be.circuit.helper_share(seed)), com, "h4") == ["noise_range"]:
+        if be.circuit.evaluate(flp.add(body, be.circuit.helper_share(seed)), com, "h4") == broken:
             break
+    assert be.circuit.evaluate(flp.add(body, be.circuit.helper_share(seed)), com, "h4") == broken
     ctx = cl.conn.request("GET", cl.conn.path("/context"), signed=False).content
     payload, st = be.seal_upload(body, seed, com, ctx, "h4", cl.party.identity_key())
     receipt = cl.upload(params, payload, tag=st)
