@@ -706,11 +706,20 @@ def attack_steer_indefinite_service(*, seed: int = 0, verbose: bool = True, back
                     return Layout(DIM, CLASSES).pack(S(raw.gram + GAMMA * np.eye(DIM), raw.cross, raw.n,
                                                        raw.class_counts, 1.0, GAMMA))
 
-                from secure_afl.exceptions import BoundsExceeded
+                from secure_afl.exceptions import BoundsExceeded, InsufficientShares
 
                 try:
                     with _workdir() as d:
                         r = _service_round(backend, honest, Path(d), bad=bad, gram=gram)
+                except InsufficientShares as e:  # secagg: the hospital's own software refuses to mask it, so
+                    # the round loses it as a dropout and, with three hospitals, aborts: nothing revealed
+                    rows.append({"backend": backend, "gram_proof": gram, "attack": name, "released": False,
+                                 "refused": {}, "error": f"{type(e).__name__}: {e}", "pull": None,
+                                 "norm_ratio": None, "rows_at_target": None})
+                    if verbose:
+                        print(f"[steer] {backend:17s} {name:20s} NO RELEASE, nobody named ({str(e)[:90]})",
+                              flush=True)
+                    continue
                 except BoundsExceeded as e:  # plain, ckks, bfv: an entry beyond the declared per-hospital bound
                     rows.append({"backend": backend, "gram_proof": gram, "attack": name, "released": False,
                                  "refused": {}, "error": f"refused before upload: {e}", "pull": None,
