@@ -52,7 +52,7 @@ def circuits():
 
 def _beside(c: split.Circuit) -> bool:
     """DP with the Gram statement: the circuit takes the statistics before the noise, and the share."""
-    return c.gram_statement is not None and c.gram_statement.noise
+    return c.part("gram") is not None and c.part("gram").noise
 
 
 def _honest(c: split.Circuit) -> tuple[np.ndarray, np.ndarray]:
@@ -247,15 +247,34 @@ GRAM = [
 
 def _noise_out_of_range(c, lanes, fw):
     # n's noise word moved by 2 T_z: n is not in A, so the identity and the lanes are untouched
-    gs = c.gram_statement
+    gs = c.part("gram")
     fw = fw.copy()
     i = gs.n_f + c.i_n - int(gs.i_noise[0])
     fw[i] = flp.add(fw[i:i + 1], np.uint64(2 * gs.T_z))[0]
     return fw
 
 
-# DP with the Gram statement: the Gram part's rows on the statistics before the noise, and the share's range
-DPGRAM = GRAM + [Row("noise_range", factor=_noise_out_of_range)]
+def _noise_past_l2(c, lanes, fw):
+    # every cross-term noise word at T_z - 1 (inside the per-entry range) and each Q lane moved with its word, so
+    # that the lanes less the noise, and with them the identity, are untouched: only |z|^2 exceeds l2_z (edits the
+    # lanes in place, the one row that must move a lane and a word together)
+    gs = c.part("gram")
+    fw = fw.copy()
+    sl = c.params.layout.slices
+    idx = np.arange(sl["cross"].start, sl["cross"].stop)
+    w = gs.n_f + idx - int(gs.i_noise[0])
+    new = np.full(len(idx), gs.T_z - 1, dtype=np.int64)
+    delta = new - flp.decode_signed(fw[w])
+    fw[w] = flp.encode_signed(new)
+    lanes[idx] = flp.encode_signed(flp.decode_signed(lanes[idx]) + delta)
+    z = flp.decode_signed(fw[gs.n_f:gs.n_words])
+    assert sum(int(v) ** 2 for v in z) > gs.l2_z
+    return fw
+
+
+# DP with the Gram statement: the Gram part's rows on the statistics before the noise, and the share's range and
+# l2 bound
+DPGRAM = GRAM + [Row("noise_range", factor=_noise_out_of_range), Row("noise_l2", factor=_noise_past_l2)]
 
 TABLE = {"plain": PLAIN, "dp": DP, "gram": GRAM, "dpgram": DPGRAM}
 
@@ -267,7 +286,7 @@ def _rand(c, tag: str) -> bytes:
 def _build(c: split.Circuit, row: Row | None):
     """``(masked body, seed, commitment)`` of the row's upload, proved without the prover's checks."""
     x, fw = _honest(c)
-    if c.gram is not None and row is not None and row.relation == "gram_range":
+    if c.sizes["gram"] is not None and row is not None and row.relation == "gram_range":
         x, fw = _gram_range_statistics(c)
     if row is None:
         return c.prove_once("h1", x, fw, _rand(c, "honest"))
@@ -296,7 +315,7 @@ def _gram_range_statistics(c):
     for seed in range(400):
         x, fw = c.witness(_vector(30 + seed % 30, seed=seed), noise=np.zeros(c.L) if _beside(c) else None)
         ff = field_factor(c, x)
-        if ff is not None and any(abs(int(v)) > 2 * c.T_f for v in flp.decode_signed(ff)):
+        if ff is not None and any(abs(int(v)) > 2 * c.part("gram").T_f for v in flp.decode_signed(ff)):
             return x, fw
     raise AssertionError("no statistics with a field factor in 400 seeds")
 
@@ -328,7 +347,7 @@ def test_a_row_breaks_just_its_relation_unshared_and_on_shares(circuits, name, r
 
 def test_every_relation_of_every_statement_has_a_row(circuits):
     statements = {"plain": circuits["plain"].statement, "dp": circuits["dp"].statement,
-                  "gram": circuits["gram"].gram_statement, "dpgram": circuits["dpgram"].gram_statement}
+                  "gram": circuits["gram"].part("gram"), "dpgram": circuits["dpgram"].part("gram")}
     for name, st in statements.items():
         assert sorted(r.relation for r in TABLE[name]) == sorted(st.relation_names()), name
     # the Gram session checks the plain statement's relations and its own, nothing else
@@ -340,8 +359,10 @@ def test_every_relation_of_every_statement_has_a_row(circuits):
 
 
 def test_the_statements_are_the_ones_the_session_asks_for(circuits):
-    assert isinstance(circuits["plain"].statement, split.PlainStatement) and circuits["plain"].gram is None
-    assert isinstance(circuits["dp"].statement, split.DPStatement)
-    assert isinstance(circuits["gram"].statement, split.PlainStatement)
-    assert circuits["gram"].gram_statement is not None
-    assert isinstance(circuits["dpgram"].statement, split.DPStatement) and _beside(circuits["dpgram"])
+    # one composed statement per session: the plain or DP one first, the Gram part after it where signed
+    kinds = {name: [type(p) for p in c.statement.parts] for name, c in circuits.items()}
+    assert kinds == {"plain": [split.PlainStatement], "dp": [split.DPStatement],
+                     "gram": [split.PlainStatement, split.GramStatement],
+                     "dpgram": [split.DPStatement, split.GramStatement]}
+    assert circuits["plain"].sizes["gram"] is None and circuits["plain"].part("gram") is None
+    assert _beside(circuits["dpgram"]) and not _beside(circuits["gram"])

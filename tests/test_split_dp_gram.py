@@ -8,6 +8,7 @@ release path's protocol functions); the e2e test drives a real server process wi
 from __future__ import annotations
 
 import hashlib
+import math
 
 import numpy as np
 import pytest
@@ -21,6 +22,7 @@ from secure_afl.dp.mechanism import noised_entries
 from secure_afl.hazmat import fixedpoint, flp
 from secure_afl.packing import Layout
 from secure_afl.params import Bounds
+from secure_afl.split.statements import Prover
 from secure_afl.stats import SufficientStatistics, local_statistics
 from secure_afl.tools.attacks_validity import gram_cheat, indefinite_statistics, raw_statistics
 
@@ -76,7 +78,7 @@ def _snap_bound(c, n):
     """How far the proven statistics may be from the true ones: the factor's entries truncated by < 2^-f move
     A_ij by <= 2^-f (|L_i|_1 + |L_j|_1) + m 2^-2f with |L_i|_1 <= sqrt(m A_ii), A_ii <= n B^2 + gamma + jitter,
     and the diagonal by the jitter on top."""
-    g = c.gram
+    g = c.sizes["gram"]
     a = n * c.params.bounds.max_norm ** 2 + GAMMA + g["jitter"]
     return g["jitter"] + 2.0 ** -g["f"] * 2 * np.sqrt(g["m"] * a) + g["m"] * 2.0 ** (-2 * g["f"])
 
@@ -131,24 +133,42 @@ def test_an_honest_dp_upload_proves_and_matches_the_plain_dp_lanes_within_the_ro
 
 @pytest.mark.parametrize("sign_n", [1, -1])
 @pytest.mark.parametrize("n", [1, 3, 200])
-def test_an_honest_upload_with_every_share_entry_at_plus_or_minus_tau_proves(sessions, sign_n, n):
-    # rows at the norm bound (trace n B^2), n and the counts' noise at opposite extremes, the diagonal's with the
-    # counts: the widened DP relations at their edges, and the Gram identity of the statistics under them
+def test_an_honest_upload_with_n_and_the_counts_noise_at_plus_or_minus_tau_proves(sessions, sign_n, n):
+    # rows at the norm bound (trace n B^2), n's and the counts' noise at opposite extremes +-tau: the widened DP
+    # relations at their edges, and the Gram identity of the statistics under them; the rest of the share is
+    # zero, so that its l2 norm (4 tau^2) stays within the session's bound (every entry at tau would not: that
+    # share is not one an honest hospital draws, test_split_dp.py runs it without the Gram statement)
     sess = sessions[True]
     c = sess[1].circuit
-    tau, sl = c.tau, noised_entries(LAY)
+    tau = c.tau
+    assert 4 * tau * tau <= c.part("gram").l2_z
     rng = np.random.default_rng(n)
     X = rng.standard_normal((n, 6))
     X *= BND.max_norm / np.linalg.norm(X, axis=1, keepdims=True)
     y = np.concatenate([np.arange(min(n, 3)), rng.integers(0, 3, max(0, n - 3))])
     v = LAY.pack(local_statistics(X, y, 3, gamma=GAMMA))
     z = np.zeros(LAY.length)
-    z[sl] = rng.choice([-tau, tau], size=sl.stop - sl.start)
     z[LAY.slices["n"]] = sign_n * tau
     z[LAY.slices["counts"]] = -sign_n * tau
-    r, k = np.triu_indices(6)
-    z[LAY.slices["gram"].start + np.nonzero(r == k)[0]] = -sign_n * tau
     assert _verdict(sess, *c.prove("h1", v, noise=z)) is None
+
+
+def test_the_noise_l2_bound_holds_an_honest_share_with_the_stated_tail():
+    # the bound at the sessions the docs quote: about 1.26 sqrt(n_z) sd at d = 64, C = 10 and 1.02 at d = 512,
+    # C = 100; and against shares drawn by the hospital's own noise function, none comes near it
+    for dim, classes, lo, hi in ((64, 10, 1.2, 1.3), (512, 100, 1.0, 1.05)):
+        params = dp_session_params(SPEC, "split", f"l2-{dim}", Layout(dim, classes), GAMMA, Bounds(1.0, 1000, 10),
+                                   gram_proof=True)
+        f1 = int(params.backend_params["frac_bits"][0])
+        g = split.sizes.gramsizes(params, f1)
+        sd = split.sizes.dp_share_std(params) * 2.0 ** f1
+        ratio = np.sqrt(g["l2_z"] / g["n_z"]) / sd
+        assert lo < ratio < hi
+        if dim == 64:
+            sl = noised_entries(params.layout)
+            norms = [float(np.sum(noise_share(params, np.random.default_rng(s))[sl] ** 2)) for s in range(20)]
+            # |z|^2 concentrates at n_z sd^2 with relative sd sqrt(2 / n_z) = 2.7 %: 20 draws within 15 %
+            assert max(norms) < 1.15 * g["n_z"] * sd * sd < g["l2_z"]
 
 
 def test_the_prover_refuses_a_missing_share_or_one_beyond_the_bound(sessions):
@@ -159,9 +179,14 @@ def test_the_prover_refuses_a_missing_share_or_one_beyond_the_bound(sessions):
     with pytest.raises(InvalidInputError, match="noise share"):
         c.witness(v)
     z = np.zeros(c.L)
-    z[LAY.slices["cross"].start] = c.gram_statement.T_z
+    z[LAY.slices["cross"].start] = c.part("gram").T_z
     with pytest.raises(BoundsExceeded, match="noise bound"):
         c.witness(v, noise=z)
+    # every entry inside the range, the squared norm past l2_z: the honest software refuses to prove it
+    z = np.zeros(c.L)
+    z[LAY.slices["cross"]] = c.part("gram").T_z - 1
+    with pytest.raises(BoundsExceeded, match="l2 norm"):
+        c.prove("h1", v, noise=z)
 
 
 def test_the_backend_draws_the_share_itself_and_the_hospital_hands_it_the_statistics_before_noise(sessions):
@@ -223,7 +248,7 @@ def _hidden_in_noise(c, attack):
     zero = LAY.pack(SufficientStatistics(GAMMA * np.eye(6), np.zeros((6, 3)), st.n, st.class_counts, 1.0, GAMMA))
     x0, fw0 = c.witness(zero, noise=np.zeros(c.L))
     lanes = c.lanes(attack)
-    gs = c.gram_statement
+    gs = c.part("gram")
     hi = flp.decode_signed(lanes[:c.L]) - flp.decode_signed(x0[:c.L])
     z = hi[gs.i_noise]
     return lanes, np.concatenate([fw0[:gs.n_f], flp.encode_signed(z)]), z
@@ -233,30 +258,49 @@ def test_a_cheater_hiding_its_statistics_in_the_noise_is_refused_by_the_noise_bo
     sess = sessions[True]
     c = sess[1].circuit
     lanes, fw, z = _hidden_in_noise(c, _attack("half-plus-minus-H"))
-    assert np.max(np.abs(z)) >= c.gram_statement.T_z  # the attack does not fit the share's proven range
+    assert np.max(np.abs(z)) >= c.part("gram").T_z  # the attack does not fit the share's proven range
     assert _past_projection(sess, lanes=lanes, factor=fw) == "noise"
 
 
-def test_a_perturbation_within_the_noise_bound_is_what_a_cheater_keeps(sessions):
-    # the documented residue (docs/VALIDITY.md): an indefinite perturbation with every entry below T_z grid steps
-    # passes as noise; one grid step beyond on one entry is refused
+def _residual_edge(gs, idx, step):
+    """Integer residual on the entries ``idx`` (offsets into the share), signs alternating, with |z|^2 at most
+    l2_z exactly at the edge (``step`` 0) or one grid step of one entry beyond it (``step`` 1)."""
+    k = len(idx)
+    h = math.isqrt(gs.l2_z // k)
+    last = math.isqrt(gs.l2_z - (k - 1) * h * h) + step
+    z = np.zeros(gs.n_z, dtype=np.int64)
+    z[idx] = [h * (-1) ** i for i in range(k - 1)] + [last]
+    assert (int(np.sum(z * z)) <= gs.l2_z) == (step == 0) and np.max(np.abs(z)) < gs.T_z
+    return z
+
+
+@pytest.mark.parametrize("block", ["gram", "cross"])
+def test_a_residual_within_the_noise_l2_bound_is_what_a_cheater_keeps_and_one_step_beyond_is_refused(sessions,
+                                                                                                     block):
+    # the documented residue (docs/VALIDITY.md): statistics before noise a Gram matrix (gamma I and the counts),
+    # and in the 'noise' words a structured perturbation (the Gram block's diagonal at +-H, or the cross block Q
+    # at +-H: the Q-residual attack) with every entry inside the per-entry range; accepted while |z|^2 <= l2_z,
+    # refused by name one grid step beyond, where the per-entry range alone would have let it through
     sess = sessions[True]
     c = sess[1].circuit
-    gs = c.gram_statement
-    T = gs.T_z
+    gs = c.part("gram")
     zero = LAY.pack(SufficientStatistics(GAMMA * np.eye(6), np.zeros((6, 3)), 100.0, np.array([40.0, 30.0, 30.0]),
                                          1.0, GAMMA))
     x0, fw0 = c.witness(zero, noise=np.zeros(c.L))
-    r, k = np.triu_indices(6)
-    diag = LAY.slices["gram"].start + np.nonzero(r == k)[0]
+    if block == "gram":
+        r, k = np.triu_indices(6)
+        idx = LAY.slices["gram"].start + np.nonzero(r == k)[0] - gs.i_noise[0]
+    else:
+        idx = np.arange(LAY.slices["cross"].start, LAY.slices["cross"].stop) - gs.i_noise[0]
     for step, verdict in ((0, None), (1, "noise")):
-        z = np.zeros(gs.n_z, dtype=np.int64)
-        z[diag - gs.i_noise[0]] = [T - 1 + step] * 3 + [-T] * 3  # diag(+H, +H, +H, -H, -H, -H): [-T_z, T_z)
+        z = _residual_edge(gs, idx, step)
         hi = flp.decode_signed(x0[:c.L])
         hi[gs.i_noise] += z
         lanes = np.concatenate([flp.encode_signed(hi), x0[c.L:]])
         fw = np.concatenate([fw0[:gs.n_f], flp.encode_signed(z)])
         assert _past_projection(sess, lanes=lanes, factor=fw) == verdict
+        body, seed, com = c.prove("h2", lanes=lanes, factor=fw, check=False)
+        assert c.evaluate(flp.add(body, c.helper_share(seed)), com, "h2") == ([] if step == 0 else ["noise_l2"])
 
 
 def test_the_release_tolerates_the_proven_noise_and_refuses_beyond_it(sessions):
@@ -273,9 +317,11 @@ def test_the_release_tolerates_the_proven_noise_and_refuses_beyond_it(sessions):
     gram.T[iu] = tot[LAY.slices["gram"]]
     tol = split.psd_tolerance(params, gram)
     assert -tol <= float(np.linalg.eigvalsh(gram)[0]) < 0
-    # the tolerance is k_max shares at the proven per-entry bound (Gershgorin), nothing looser
-    T = sessions[True][1].circuit.gram_statement.T_z
-    assert tol < params.bounds.k_max * d * T * 2.0 ** -sessions[True][1].circuit.f1 * 1.01
+    # the tolerance is k_max shares at the tighter of the proven per-entry (Gershgorin) and l2 bounds
+    gs = sessions[True][1].circuit.part("gram")
+    per_share = min(d * gs.T_z, np.sqrt(2.0 * gs.l2_z)) * 2.0 ** -sessions[True][1].circuit.f1
+    assert per_share < d * gs.T_z * 2.0 ** -sessions[True][1].circuit.f1
+    assert tol < params.bounds.k_max * per_share * 1.01
 
 
 # -- through the service ----------------------------------------------------------------------------------------
@@ -316,12 +362,30 @@ def test_a_dp_gram_session_releases_through_the_service_within_the_proven_noise(
     assert np.max(np.abs(res.stats.gram - truth.gram - 3.0 * np.eye(c.dim))) > 0.01 * share_std(params)
 
 
+def _q_residual_past_l2(c):
+    """Modified software: statistics before noise zero but n and the counts, and in the noise words every cross
+    term at +-(T_z - 1): each entry inside its range, the share's squared norm past l2_z (the Q-residual attack
+    at the size the per-entry range alone allowed)."""
+    gs = c.part("gram")
+    zero = LAY.pack(SufficientStatistics(GAMMA * np.eye(6), np.zeros((6, 3)), 100.0, np.array([40.0, 30.0, 30.0]),
+                                         1.0, GAMMA))
+    x0, fw0 = c.witness(zero, noise=np.zeros(c.L))
+    z = np.zeros(gs.n_z, dtype=np.int64)
+    idx = np.arange(LAY.slices["cross"].start, LAY.slices["cross"].stop) - gs.i_noise[0]
+    z[idx] = [(gs.T_z - 1) * (-1) ** i for i in range(len(idx))]
+    hi = flp.decode_signed(x0[:c.L])
+    hi[gs.i_noise] += z
+    return np.concatenate([flp.encode_signed(hi), x0[c.L:]]), np.concatenate([fw0[:gs.n_f], flp.encode_signed(z)]), z
+
+
 @pytest.mark.e2e
-def test_a_hospital_hiding_its_attack_in_the_noise_is_refused_by_name_through_the_service(consortium):
+@pytest.mark.parametrize("attack", ["indefinite", "q_residual"])
+def test_a_hospital_hiding_its_attack_in_the_noise_is_refused_by_name_through_the_service(consortium, attack):
     names = ("h1", "h2", "h3", "h4")
     c = consortium(backend="split", hospitals=names, min_clients=3, dp={"epsilon": 1.0, "delta": 1e-5,
                                                                         "min_contributors": 3},
-                   split={"gram_proof": True}, n_max=200, max_norm=2.0, extra_session={"max_refusals": 1}).start()
+                   split={"gram_proof": True}, n_max=200, max_norm=2.0,
+                   extra_session={"max_refusals": 1, "colluders": 0}).start()  # quorum 3 of 4: h4 may be refused
     conn = c.connect_keyholder()
     c.keyholder.keygen(dp_session_params(SPEC, "split", c.session_id, Layout(c.dim, c.classes), 1.0,
                                          Bounds(2.0, 200, 8), gram_proof=True))
@@ -335,12 +399,20 @@ def test_a_hospital_hiding_its_attack_in_the_noise_is_refused_by_name_through_th
     cl = c.hospital("h4")
     params = cl.fetch_params()
     be = get_backend(params)
-    lanes, fw, z = _hidden_in_noise(be.circuit, _attack("half-plus-minus-H"))
-    assert np.max(np.abs(z)) >= be.circuit.gram_statement.T_z
+    gs = be.circuit.part("gram")
+    if attack == "indefinite":  # past the per-entry range (and the l2 bound)
+        lanes, fw, z = _hidden_in_noise(be.circuit, _attack("half-plus-minus-H"))
+        assert np.max(np.abs(z)) >= gs.T_z
+        broken = ["noise_range", "noise_l2"]
+    else:  # inside the per-entry range, past the l2 bound only
+        lanes, fw, z = _q_residual_past_l2(be.circuit)
+        assert np.max(np.abs(z)) < gs.T_z and int(np.sum(z * z)) > gs.l2_z
+        broken = ["noise_l2"]
     for _ in range(20):  # its own software redraws until the lanes' projection rows land in range
         body, seed, com = be.circuit.prove("h4", lanes=lanes, factor=fw, check=False)
-        if be.circuit.evaluate(flp.add(body, be.circuit.helper_share(seed)), com, "h4") == ["noise_range"]:
+        if be.circuit.evaluate(flp.add(body, be.circuit.helper_share(seed)), com, "h4") == broken:
             break
+    assert be.circuit.evaluate(flp.add(body, be.circuit.helper_share(seed)), com, "h4") == broken
     ctx = cl.conn.request("GET", cl.conn.path("/context"), signed=False).content
     payload, st = be.seal_upload(body, seed, com, ctx, "h4", cl.party.identity_key())
     receipt = cl.upload(params, payload, tag=st)
@@ -349,3 +421,33 @@ def test_a_hospital_hiding_its_attack_in_the_noise_is_refused_by_name_through_th
     conn.close()
     assert receipt["hospital"] == "h4"
     assert res.report["refused"] == {"h4": "noise"} and res.report["participants"] == list(names[:3])
+
+
+def test_a_share_too_long_for_one_exact_square_sum_is_proven_in_groups():
+    # d = 730: n_z T_z^2 passes p, so |z|^2 is taken in two groups, each exact in F_p and proven below 2^m_g; the
+    # group relations (on the true group sums, as the unshared circuit reads them) hold for an honest share and
+    # fail when one group's claimed value is moved while the total stays within l2_z
+    params = dp_session_params(SPEC, "split", "groups", Layout(730, 3), GAMMA, Bounds(1.0, 1000, 10),
+                               gram_proof=True)
+    c = split.Circuit(params)
+    gs, g = c.part("gram"), c.sizes["gram"]
+    assert g["z_groups"] == 2 and g["z_len"] * gs.T_z ** 2 < flp.P and (2 << g["m_g"]) + (1 << g["m_l"]) <= flp.P
+    assert gs.n_z * gs.T_z ** 2 >= flp.P
+    z = noise_share(params, np.random.default_rng(3))[gs.i_noise].astype(np.int64)
+    fw = np.concatenate([np.zeros(gs.n_f, dtype=np.uint64), flp.encode_signed(z)])
+    vals = gs.witness(Prover({int(i): 0 for i in gs.i_counts}, None, fw, b"\0" * 32), check=False)
+    sums = [int(np.sum(z[:g["z_len"]] ** 2)), int(np.sum(z[g["z_len"]:] ** 2))]
+    assert vals["noise_sq"] == sums and vals["noise_l2"] == [gs.l2_z - sum(sums)]
+    true = [flp.dot(v, v) for v in gs._z_groups(fw)]
+    assert true == sums
+
+    def l2_relations(claimed):
+        def dec(name):
+            return flp.to_field({"noise_sq": claimed, "noise_l2": [gs.l2_z - sum(claimed)],
+                                 "proj_f": [0] * 130, "gram_slack": [0] * c.C,
+                                 "noise": [int(v) + gs.T_z for v in z]}[name])
+        return gs.values(np.zeros(c.L, dtype=np.uint64), fw, dec, None, b"\0" * 32, "00" * 32, leader=True,
+                         squares=[0] * 3, zsquare=true)[4]
+
+    assert not np.any(l2_relations(sums))
+    assert np.any(l2_relations([sums[0] - 1, sums[1] + 1]))

@@ -93,7 +93,7 @@ def test_honest_l2_normalised_embeddings_always_prove(dim, classes, n_max):
 def test_without_gamma_the_jitter_lets_a_rank_deficient_hospital_prove_within_the_trace_bound():
     sess = _session(16, 4, 40, gamma=0.0)
     c = sess[1].circuit
-    assert c.gram["jitter"] > 0  # the session's diagonal, accounted in the trace relation's constant
+    assert c.sizes["gram"]["jitter"] > 0  # the session's diagonal, accounted in the trace relation's constant
     for n in (1, 3, 40):  # rank n < d: singular without the jitter
         X, y = _embeddings(n, 16, 4, n)
         v = Layout(16, 4).pack(local_statistics(X, y, 4, gamma=0.0))
@@ -105,13 +105,13 @@ def test_the_snapped_statistics_are_within_the_stated_rounding_of_the_true_ones(
     c = sess[1].circuit
     X, y = _embeddings(100, 64, 10, 7)
     v = Layout(64, 10).pack(local_statistics(X, y, 10, gamma=GAMMA))
-    x, _ = c.factorise(v)
+    x, _ = c.witness(v)
     from secure_afl.hazmat import fixedpoint
 
     got = fixedpoint.decode(flp.decode_signed(x).view(np.uint64), (c.f1, c.f2))
     # each factor entry truncated by < 2^-f: |dA_ij| <= 2^-f (|L_i|_1 + |L_j|_1) + m 2^-2f, |L_i|_1 <= sqrt(m A_ii)
-    m = c.gram["m"]
-    bound = 2.0 ** -c.gram["f"] * 2 * np.sqrt(m * (100 + 2)) + m * 2.0 ** (-2 * c.gram["f"])
+    m = c.sizes["gram"]["m"]
+    bound = 2.0 ** -c.sizes["gram"]["f"] * 2 * np.sqrt(m * (100 + 2)) + m * 2.0 ** (-2 * c.sizes["gram"]["f"])
     assert 0 < np.max(np.abs(got - v)) <= bound
     sl = Layout(64, 10).slices
     assert np.array_equal(got[sl["counts"]], v[sl["counts"]]) and got[sl["n"]][0] == v[sl["n"]][0]
@@ -201,7 +201,7 @@ def test_a_factor_of_other_statistics_is_refused_by_the_quadratic_identity(attac
     v = Layout(6, 3).pack(local_statistics(2.0 * X, y, 3, gamma=GAMMA))
     w = v.copy()
     w[1] += 0.5  # C_01 moved: still a PSD-looking upload in every other respect
-    assert _verdict(on, *c.prove("h2", lanes=c.lanes(w), check=False, factor=c.factorise(v)[1]), "h2") == "gram"
+    assert _verdict(on, *c.prove("h2", lanes=c.lanes(w), check=False, factor=c.witness(v)[1]), "h2") == "gram"
 
 
 def test_gram_statement_soundness_and_sizes():
@@ -219,7 +219,7 @@ def test_gram_proof_with_dp_builds_with_the_factor_on_half_the_noise_grid():
                                Layout(6, 3), 1.0, Bounds(4.0, 100, 8), gram_proof=True)
     c = split.Circuit(params)
     # below GRAM_MIN_F, allowed under DP (docs/VALIDITY.md): the scale is the noise grid's half
-    assert c.gram["f"] == c.f1 // 2 < split.sizes.GRAM_MIN_F and c.gram_statement.noise
+    assert c.sizes["gram"]["f"] == c.f1 // 2 < split.sizes.GRAM_MIN_F and c.part("gram").noise
 
 
 # -- the release ---------------------------------------------------------------------------------------------
@@ -268,13 +268,17 @@ def test_max_share_refuses_a_release_too_small_for_the_cap():
 def test_an_indefinite_upload_is_refused_by_name_through_the_service_only_under_the_gram_statement():
     from secure_afl.tools.attacks_validity import attack_steer_indefinite_service
 
-    # Execute: a real server per setting, two honest hospitals, h2's rank-one cancellation
-    r = attack_steer_indefinite_service(backends=("split",), attacks=("rank-one-cancel-0.99",), verbose=False)
-    off, on = r["rows"]
-    # Assert: released and W blown up without the statement; h2 named and W the honest one with it
+    # Execute: a real server per setting, two honest hospitals, h2's rank-one cancellation and its exact control
+    # with a positive semi-definite C_k (C_k = (n_max B^2 / d) I, Q_k = (C_h + C_k) W* - Q_h: A_k is indefinite)
+    r = attack_steer_indefinite_service(backends=("split",), attacks=("rank-one-cancel-0.99", "psd-exact-control"),
+                                        verbose=False)
+    off, off_psd, on, on_psd = r["rows"]
+    # Assert: released and W blown up, or set to W*, without the statement; h2 named and W the honest one with it
     assert not off["gram_proof"] and off["released"] and not off["refused"] and off["norm_ratio"] > 4
-    assert on["gram_proof"] and on["released"] and on["refused"] == {"h2": "gram"}
-    assert abs(on["norm_ratio"] - 1.0) < 1e-4  # the honest two, their statistics snapped onto their factors
+    assert off_psd["released"] and not off_psd["refused"] and abs(off_psd["pull"] - 1.0) < 1e-6
+    for row in (on, on_psd):
+        assert row["gram_proof"] and row["released"] and row["refused"] == {"h2": "gram"}
+        assert abs(row["norm_ratio"] - 1.0) < 1e-4  # the honest two, their statistics snapped onto their factors
 
 
 # -- the signed session -----------------------------------------------------------------------------------------

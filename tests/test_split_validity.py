@@ -576,7 +576,7 @@ def test_query_seed_must_be_32_bytes(session):
 def _start(consortium, hospitals=("h1", "h2", "h3"), min_clients=2, k_max=8, max_refusals=1):
     # one refusal allowed: the cohort left (2 of 3) still meets the quorum of c = 0
     c = consortium(backend="split", hospitals=hospitals, min_clients=min_clients, k_max=k_max,
-                   extra_session={"max_refusals": max_refusals}).start()
+                   extra_session={"max_refusals": max_refusals, "colluders": 0}).start()
     conn = c.connect_keyholder()
     c.keyholder.keygen(split.split_session_params(c.session_id, Layout(c.dim, c.classes), 1.0,
                                                   Bounds(c.max_norm, 1000, k_max)))

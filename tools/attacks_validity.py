@@ -47,7 +47,8 @@ __all__ = ["attack_veto", "attack_steer", "attack_veto_service", "attack_steer_s
 
 BACKENDS = ("split", "ckks", "bfv", "secagg")
 #: the indefinite steering attacks (:func:`indefinite_statistics`)
-INDEFINITE = ("diag-exact-rows", "half-plus-minus-H", "rank-one-cancel-0.9", "rank-one-cancel-0.99")
+INDEFINITE = ("diag-exact-rows", "half-plus-minus-H", "rank-one-cancel-0.9", "rank-one-cancel-0.99",
+              "psd-exact-control")
 DIM, CLASSES, GAMMA = 6, 3, 1.0
 
 
@@ -301,8 +302,10 @@ class _Consortium:
         if self.backend == "secagg":
             cfg["secagg"] = {"stage_timeout_s": 120.0}
             cfg["session"]["min_clients"] = secagg_quorum(K)
-        else:  # room for the one refusal the veto attack provokes (the cohort left still meets the quorum)
+        else:  # room for the one refusal the veto and steer attacks provoke: with no colluder bound the quorum
+            # is min_clients = 2 of the 3, so the cohort left after naming the cheater is still released
             cfg["session"]["max_refusals"] = 1
+            cfg["session"]["colluders"] = 0
         self.min_clients = cfg["session"]["min_clients"]
         write_session(w / "session.toml", pki_dir, cfg)
         self.url = f"https://127.0.0.1:{cfg['server']['port']}"
@@ -462,11 +465,13 @@ def attack_veto_service(*, seed: int = 0, verbose: bool = True, backends=SERVICE
 
 
 def attack_steer_service(*, seed: int = 0, verbose: bool = True, backends=SERVICE_BACKENDS,
-                         alphas=(0.1, 1.0, 10.0, None), indefinite=INDEFINITE, **_) -> dict:
+                         alphas=(0.1, 1.0, 10.0, None), indefinite=INDEFINITE, dp_residual: bool = True,
+                         **_) -> dict:
     """Within the bounds: C_k = alpha I, Q_k = alpha W* submitted by an unmodified client, through a real
     server process per backend; how far the released W moves towards W*. Then the indefinite attacks
     (:data:`INDEFINITE`, :func:`attack_steer_indefinite_service`; split also under ``[split] gram_proof``),
-    in ``result["indefinite"]``."""
+    in ``result["indefinite"]``; and the DP Q residual (:func:`attack_dp_q_residual`, in process) in
+    ``result["dp_q_residual"]``."""
     from secure_afl.analytic import solve_from_sums
     from secure_afl.stats import SufficientStatistics
 
@@ -510,6 +515,12 @@ def attack_steer_service(*, seed: int = 0, verbose: bool = True, backends=SERVIC
     if indefinite:
         out["indefinite"] = attack_steer_indefinite_service(seed=seed, verbose=verbose, backends=backends,
                                                             attacks=tuple(indefinite))["rows"]
+    if dp_residual and "split" in backends:
+        # in process (the cheater's upload proven and judged by the session's real circuit, the release formed
+        # from the decoded lanes): split with DP and the Gram statement is the one setting that bounds it
+        if verbose:
+            print("[steer] split dp + gram_proof, a Q residual hidden in the noise share (in process):", flush=True)
+        out["dp_q_residual"] = attack_dp_q_residual(seed=seed, verbose=verbose)
     return out
 
 
@@ -545,7 +556,7 @@ def field_factor(circuit, lanes):
     from secure_afl.hazmat import flp
 
     P = flp.P
-    g, d, C = circuit.gram, circuit.d, circuit.C
+    g, d, C = circuit.sizes["gram"], circuit.d, circuit.C
     sl = circuit.params.layout.slices
     hi = [int(v) for v in flp.decode_signed(np.asarray(lanes, dtype=np.uint64)[:circuit.L])]
     m = d + C
@@ -573,11 +584,11 @@ def field_factor(circuit, lanes):
             L[i][j] = (A[i][j] - sum(L[i][k] * L[j][k] for k in range(j))) * ri % P
     words = [L[c][c] for c in range(C)] + [L[C + i][c] for i in range(d) for c in range(C)] + \
         [L[C + i][C + j] for i, j in zip(*np.tril_indices(d))]
-    return flp.to_field(words + [0] * circuit.gram_statement.n_z)  # under DP: noise words 0, all of A in L
+    return flp.to_field(words + [0] * circuit.part("gram").n_z)  # under DP: noise words 0, all of A in L
 
 
 def _zero_noise(circuit):
-    return np.zeros(circuit.L) if circuit.gram_statement.noise else None
+    return np.zeros(circuit.L) if circuit.part("gram").noise else None
 
 
 def gram_cheat(circuit, lanes, *, stand_in=None) -> dict:
@@ -585,10 +596,10 @@ def gram_cheat(circuit, lanes, *, stand_in=None) -> dict:
     with zero count slack (the quadratic identity holds mod p; the range rows refuse it), or, with
     ``stand_in`` (a packed vector that is a Gram matrix), that vector's honest factor beside the cheater's
     lanes (in range; the quadratic identity refuses it)."""
-    if circuit.gram is None:
+    if circuit.sizes["gram"] is None:
         return {}
     if stand_in is not None:  # under DP its noise words are zero: the lanes' noise is left in the statistics
-        return {"factor": circuit.factorise(stand_in, _zero_noise(circuit))[1]}
+        return {"factor": circuit.witness(stand_in, noise=_zero_noise(circuit))[1]}
     fw = field_factor(circuit, lanes)
     if fw is None:
         return {}
@@ -612,7 +623,10 @@ def indefinite_statistics(name: str, honest, target: np.ndarray):
     * half-plus-minus-H: C_k = diag(+H on the first half, -H on the second), trace 0, Q_k = C_k W*, H ten
       times the honest sum's largest eigenvalue;
     * rank-one-cancel-beta: C_k = -beta lambda_1 v_1 v_1^T (the honest sum's top eigenpair), Q_k = 0: the
-      released Gram loses that share of its top eigenvalue and W grows.
+      released Gram loses that share of its top eigenvalue and W grows;
+    * psd-exact-control: C_k = (n_max B^2 / d) I, positive semi-definite, and Q_k = (C_h + C_k) W* - Q_h, so the
+      released W is exactly W* (take ``target`` from :func:`psd_exact_target`, which keeps every entry of Q_k
+      inside the declared per-hospital bound); what is indefinite is A_k = [[diag(counts), Q_k^T], [Q_k, C_k]].
     Every entry is inside the proven per-entry bound, the trace inside n_max B^2, n = n_max with valid counts."""
     from secure_afl.stats import SufficientStatistics
 
@@ -631,12 +645,29 @@ def indefinite_statistics(name: str, honest, target: np.ndarray):
         H = 10.0 * float(np.linalg.eigvalsh(Ch)[-1])
         Ck = np.diag([H] * (d // 2) + [-H] * (d - d // 2))
         Qk = Ck @ target
+    elif name == "psd-exact-control":
+        Ck = b.n_max * b.max_norm ** 2 / d * np.eye(d)
+        Qk = (Ch + Ck) @ target - sum(s.cross for s in honest)
     else:
         beta = float(name.rsplit("-", 1)[1])
         w, V = np.linalg.eigh(Ch)
         Ck = -beta * w[-1] * np.outer(V[:, -1], V[:, -1])
         Qk = np.zeros((d, CLASSES))
     return SufficientStatistics(Ck, Qk, float(b.n_max), counts, 1.0, 0.0)
+
+
+def psd_exact_target(honest, target: np.ndarray) -> np.ndarray:
+    """``s target`` with the largest ``s <= 1`` that keeps every entry of psd-exact-control's Q_k within 0.9 of the
+    declared per-hospital bound (so that plain, ckks and bfv take the upload too)."""
+    b = _bounds()
+    limit = 0.9 * b.hospital_bound(GAMMA)
+    M = (sum(s.gram for s in honest) + b.n_max * b.max_norm ** 2 / DIM * np.eye(DIM)) @ target
+    Qh = sum(s.cross for s in honest)
+    top = 1.0
+    for m, q in zip(M.ravel(), Qh.ravel()):  # |s m - q| <= limit, s >= 0
+        if m != 0:
+            top = min(top, max((q + limit) / m, (q - limit) / m))
+    return max(top, 0.0) * target
 
 
 def _indefinite_row(name, W, W0, target, released) -> dict:
@@ -665,7 +696,8 @@ def attack_steer_indefinite_service(*, seed: int = 0, verbose: bool = True, back
     for backend in backends:
         for gram in ((False, True) if backend == "split" else (False,)):
             for name in attacks:
-                raw = indefinite_statistics(name, honest, target)
+                goal = psd_exact_target(honest, target) if name == "psd-exact-control" else target
+                raw = indefinite_statistics(name, honest, goal)
 
                 def bad(_packed, raw=raw):
                     from secure_afl.packing import Layout
@@ -674,11 +706,20 @@ def attack_steer_indefinite_service(*, seed: int = 0, verbose: bool = True, back
                     return Layout(DIM, CLASSES).pack(S(raw.gram + GAMMA * np.eye(DIM), raw.cross, raw.n,
                                                        raw.class_counts, 1.0, GAMMA))
 
-                from secure_afl.exceptions import BoundsExceeded
+                from secure_afl.exceptions import BoundsExceeded, InsufficientShares
 
                 try:
                     with _workdir() as d:
                         r = _service_round(backend, honest, Path(d), bad=bad, gram=gram)
+                except InsufficientShares as e:  # secagg: the hospital's own software refuses to mask it, so
+                    # the round loses it as a dropout and, with three hospitals, aborts: nothing revealed
+                    rows.append({"backend": backend, "gram_proof": gram, "attack": name, "released": False,
+                                 "refused": {}, "error": f"{type(e).__name__}: {e}", "pull": None,
+                                 "norm_ratio": None, "rows_at_target": None})
+                    if verbose:
+                        print(f"[steer] {backend:17s} {name:20s} NO RELEASE, nobody named ({str(e)[:90]})",
+                              flush=True)
+                    continue
                 except BoundsExceeded as e:  # plain, ckks, bfv: an entry beyond the declared per-hospital bound
                     rows.append({"backend": backend, "gram_proof": gram, "attack": name, "released": False,
                                  "refused": {}, "error": f"refused before upload: {e}", "pull": None,
@@ -689,7 +730,7 @@ def attack_steer_indefinite_service(*, seed: int = 0, verbose: bool = True, back
                 released = not r.get("error")
                 row = {"backend": backend, "gram_proof": gram, "attack": name, "released": released,
                        "refused": r["refused"], "error": r.get("error"),
-                       **_indefinite_row(name, r["W"], W0, target, released and "h2" not in r["refused"])}
+                       **_indefinite_row(name, r["W"], W0, goal, released and "h2" not in r["refused"])}
                 if released and "h2" in r["refused"]:
                     row.update(pull=0.0, norm_ratio=float(np.linalg.norm(r["W"]) / np.linalg.norm(W0)))
                 rows.append(row)
@@ -707,3 +748,126 @@ def attack_steer_indefinite_service(*, seed: int = 0, verbose: bool = True, back
     accepted = [r for r in rows if r["backend"] == "split" and r["gram_proof"] and r["released"]
                 and "h2" not in r["refused"]]
     return {"attack": "steer-indefinite", "outcome": "leak" if accepted else "refused", "rows": rows}
+
+
+
+def _digits_gaussian(rng, hospitals: int, n: int):
+    """A Gaussian fit of sklearn's digits (d = 64, C = 10: each class's mean and covariance), ``n`` samples per
+    hospital drawn from it, every row scaled by the digits' largest row norm and clipped to norm 1; the real
+    digits, scaled alike, held out as the test set."""
+    from sklearn.datasets import load_digits
+
+    X, y = load_digits(return_X_y=True)
+    scale = np.max(np.linalg.norm(X, axis=1))
+    fits = [(X[y == c].mean(axis=0), np.cov(X[y == c], rowvar=False)) for c in range(10)]
+
+    def draw(k):
+        yy = np.sort(rng.integers(0, 10, k))
+        Z = np.concatenate([rng.multivariate_normal(*fits[c], size=int(np.sum(yy == c))) for c in range(10)]) / scale
+        return Z / np.maximum(1.0, np.linalg.norm(Z, axis=1, keepdims=True)), yy
+
+    return [draw(n) for _ in range(hospitals)], (X / scale, y)
+
+
+def _accuracy(stats, X, y, lam: float = 0.0):
+    """The key holder's solve of a release (RI restored, W = (C + lam I)^+ Q over the eigenvalues above the
+    cutoff)."""
+    from secure_afl.analytic import solve_from_sums
+
+    W = solve_from_sums(stats, lam=lam)
+    return float(np.mean(np.argmax(X @ W, axis=1) == y))
+
+
+def _residual_words(D, T: int, l2: int) -> np.ndarray:
+    """The integer residual along ``D`` with every entry inside ``[-(T - 1), T - 1]`` and the largest squared norm
+    at most ``l2`` (entries clipped, then the scale found by bisection)."""
+    u = D.ravel() / np.linalg.norm(D)
+
+    def at(s):
+        return np.clip(np.trunc(s * u), -(T - 1), T - 1).astype(np.int64)
+
+    lo, hi = 0.0, float(np.sqrt(l2)) * 64.0
+    for _ in range(80):
+        mid = 0.5 * (lo + hi)
+        lo, hi = (mid, hi) if int(np.sum(at(mid) ** 2)) <= l2 else (lo, mid)
+    return at(lo)
+
+
+def attack_dp_q_residual(*, seed: int = 0, verbose: bool = True, hospitals: int = 10, trials: int = 3,
+                         n: int = 1000, lam: float | None = None, **_) -> dict:
+    """A DP + Gram split session (d = 64, C = 10, a Gaussian fit of digits, epsilon = 1, n_max = 1000, three noise
+    shares): the last of ``hospitals`` uploads zero statistics and puts a structured residual in Q through its
+    noise words, as large as the session lets it (every entry inside the per-entry range, ``|z|^2 <= l2_z``), in
+    the direction that hurts most of those tried (every class pushed onto the test mean, the honest Q shrunk, the
+    honest W's classes permuted; the attacker knows the honest sums). Its upload is proven and judged by the
+    session's real circuit; the release is the honest hospitals' noisy statistics plus the cheater's decoded lanes
+    when accepted, solved with the ridge ``lam`` (default twice the operator norm the honest shares' sum
+    typically has, ``4 sqrt(d) sd sqrt(hospitals - 1)``: the noisy Gram is indefinite, and an unridged solve of it
+    is erratic). Returns the accuracies of the honest hospitals' release alone and of the release with the
+    cheater, and the verdicts."""
+    from secure_afl import split
+    from secure_afl.backends.session_params import dp_session_params
+    from secure_afl.dp import DPSpec, add_noise_share
+    from secure_afl.hazmat import fixedpoint, flp
+    from secure_afl.packing import Layout
+    from secure_afl.params import Bounds
+    from secure_afl.stats import SufficientStatistics, local_statistics
+
+    d, C, gamma = 64, 10, 1.0
+    lay = Layout(d, C)
+    params = dp_session_params(DPSpec(1.0, 1e-5, 3), "split", "dp-q-residual", lay, gamma, Bounds(1.0, n, 10),
+                               gram_proof=True)
+    circuit = split.Circuit(params)
+    gs = circuit.part("gram")
+    if lam is None:
+        lam = 4.0 * np.sqrt(d) * split.sizes.dp_share_std(params) * np.sqrt(hospitals - 1)
+    rng = np.random.default_rng(seed)
+    out = {"lam": float(lam), "honest_alone": [], "with_cheater": [], "verdicts": [], "residual_fro": []}
+    cross = np.arange(lay.slices["cross"].start, lay.slices["cross"].stop) - gs.i_noise[0]
+    for trial in range(trials):
+        shares, (Xt, yt) = _digits_gaussian(rng, hospitals - 1, n)
+        noisy = [lay.unpack(add_noise_share(params, lay.pack(local_statistics(X, yy, C, gamma=gamma)),
+                                            rng=np.random.default_rng(1000 * seed + 100 * trial + h)))
+                 for h, (X, yy) in enumerate(shares)]
+        honest = noisy[0]
+        for s in noisy[1:]:
+            honest = honest + s
+        out["honest_alone"].append(_accuracy(honest, Xt, yt, lam))
+        from secure_afl.analytic import solve_from_sums
+
+        W_h = solve_from_sums(honest, lam=lam)
+        dirs = [np.outer(Xt.mean(axis=0), np.eye(C)[c]) for c in range(C)] + \
+            [-honest.cross, honest.gram @ W_h[:, np.roll(np.arange(C), 1)] - honest.cross]
+        worst = None
+        for D in dirs:
+            zq = _residual_words(D, gs.T_z, gs.l2_z).reshape(d, C) * 2.0 ** -circuit.f1
+            acc = _accuracy(SufficientStatistics(honest.gram + gamma * np.eye(d), honest.cross + zq, honest.n,
+                                                 honest.class_counts, honest.contributors + 1, gamma), Xt, yt, lam)
+            if worst is None or acc < worst[0]:
+                worst = (acc, D)
+        # the cheater's upload: zero statistics (gamma I, no samples), the residual in its Q noise words
+        zero = lay.pack(SufficientStatistics(gamma * np.eye(d), np.zeros((d, C)), 0.0, np.zeros(C), 1.0, gamma))
+        x0, fw0 = circuit.witness(zero, noise=np.zeros(circuit.L))
+        z = np.zeros(gs.n_z, dtype=np.int64)
+        z[cross] = _residual_words(worst[1], gs.T_z, gs.l2_z)
+        hi = flp.decode_signed(x0[:circuit.L])
+        hi[gs.i_noise] += z
+        lanes = np.concatenate([flp.encode_signed(hi), x0[circuit.L:]])
+        fw = np.concatenate([fw0[:gs.n_f], flp.encode_signed(z)])
+        body, seed_b, com = circuit.prove("cheater", lanes=lanes, factor=fw)
+        qs = os.urandom(32)
+        verdict = circuit.decide(circuit.query(circuit.leader_share(body), com, "cheater", qs, leader=True),
+                                 circuit.query(circuit.helper_share(seed_b), com, "cheater", qs, leader=False))
+        cheat = lay.unpack(fixedpoint.decode(flp.decode_signed(lanes).view(np.uint64), (circuit.f1, circuit.f2)))
+        out["verdicts"].append(verdict)
+        out["residual_fro"].append(float(np.linalg.norm(cheat.cross)))
+        out["with_cheater"].append(_accuracy(honest + cheat if verdict is None else honest, Xt, yt, lam))
+    if verbose:
+        v = out["verdicts"]
+        print(f"DP + Gram split, d = {d}, C = {C}, Gaussian fit of digits, {hospitals - 1} honest hospitals of {n} "
+              f"and one cheater (zero statistics, a Q residual of Frobenius norm {max(out['residual_fro']):.1f}, "
+              f"sqrt(l2_z) = {np.sqrt(gs.l2_z) * 2.0 ** -circuit.f1:.1f}): "
+              f"{'RELEASED' if all(x is None for x in v) else 'REFUSED by name ' + str(v)}; accuracy "
+              f"{np.mean(out['honest_alone']):.3f} (honest alone) -> {np.mean(out['with_cheater']):.3f} "
+              f"(with the cheater), mean of {trials}, ridge {lam:.0f}")
+    return out

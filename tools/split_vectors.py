@@ -31,7 +31,8 @@ Two more sections, each with its own session, upload, seed box, statement and ca
 * ``dp_gram``: DP and the Gram statement together (the noise share travels as its own words): the honest
   upload with a fixed share, and a cheater whose statistics before noise are a Gram matrix (gamma I and
   the counts) and whose noise words carry diag(+T_z, -T_z), one grid step beyond their proven range:
-  ``noise``.
+  ``noise``; and one whose noise words carry the cross terms Q at +-(T_z - 1), every entry in range but the
+  share's squared l2 norm beyond its bound: ``noise``.
 
 HPKE encapsulation is randomised and ``cryptography`` offers no deterministic path, so the seed box is
 recorded: regenerating keeps the recorded box while it opens under the fixed key and the upload's
@@ -367,7 +368,7 @@ def _dp_gram(pair, ed, recorded: dict | None) -> dict:
 
     params = _gram_session(pair, dp=True)
     circuit = split.Circuit(params)
-    gs = circuit.gram_statement
+    gs = circuit.part("gram")
     v = _vector(params)  # the statistics before the noise: the backend proves the share beside them
     # the share is a draw from numpy's seeded generator, whose stream numpy may change between releases: the
     # recorded share is kept, as the seed box is
@@ -395,11 +396,29 @@ def _dp_gram(pair, ed, recorded: dict | None) -> dict:
     lanes = np.concatenate([flp.encode_signed(hi), x0[circuit.L:]])
     words = np.concatenate([fw0[:gs.n_f], flp.encode_signed(hidden)])
     name = "statistics_in_the_noise"
-    b_body, b_seed, b_com = _prove_false(circuit, lanes, words, f"dp_gram {name}", ["noise_range"])
+    failing = ["noise_range"] + (["noise_l2"] if 2 * gs.T_z ** 2 > gs.l2_z else [])
+    b_body, b_seed, b_com = _prove_false(circuit, lanes, words, f"dp_gram {name}", failing)
     payloads[name], _, b_qs = _sealed(params, pair, b_body, b_seed, b_com)
     negatives = [_case(circuit, name, "statistics before noise a Gram matrix (gamma I and the counts), the noise "
                        "words carrying diag(+T_z, -T_z) grid steps, one beyond their proven range", payloads, name,
                        b_com.to_dict(), b_seed, b_qs, server)]
+    # the Q-residual: the same zero statistics, every cross-term noise word at +-(T_z - 1) (inside the per-entry
+    # range), the Q lanes carrying them: only the share's l2 bound refuses it
+    cross = np.arange(params.layout.slices["cross"].start, params.layout.slices["cross"].stop)
+    resid = np.zeros(gs.n_z, dtype=np.int64)
+    resid[cross - gs.i_noise[0]] = [(gs.T_z - 1) * (-1) ** i for i in range(len(cross))]
+    if int(np.sum(resid * resid)) <= gs.l2_z:  # pragma: no cover - a layout change would need a larger residual
+        raise RuntimeError("the Q residual does not exceed the noise l2 bound")
+    hi = flp.decode_signed(x0[:circuit.L])
+    hi[gs.i_noise] += resid
+    lanes = np.concatenate([flp.encode_signed(hi), x0[circuit.L:]])
+    words = np.concatenate([fw0[:gs.n_f], flp.encode_signed(resid)])
+    name = "q_residual_past_l2"
+    b_body, b_seed, b_com = _prove_false(circuit, lanes, words, f"dp_gram {name}", ["noise_l2"])
+    payloads[name], _, b_qs = _sealed(params, pair, b_body, b_seed, b_com)
+    negatives.append(_case(circuit, name, "statistics before noise a Gram matrix, the noise words carrying Q at "
+                           "+-(T_z - 1): every entry in range, the share's squared l2 norm above l2_z", payloads,
+                           name, b_com.to_dict(), b_seed, b_qs, server))
     return {"params": params.to_dict(), "vector": [float(f) for f in v], "noise": [float(f) for f in z],
             "rand": rand.hex(), "upload": _upload(params, pair, ed, sha, seed, com, recorded),
             "payloads": {name: p.hex() for name, p in payloads.items()}, "honest": honest, "negative": negatives}

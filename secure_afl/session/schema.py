@@ -339,9 +339,9 @@ def reference() -> str:
            "the proving and verifying time, it moves an honest hospital's statistics by the factor's rounding "
            "(W relative 2.6e-4 at d = 512). Turn it on for a session in which no hospital may dictate W: it "
            "refuses indefinite statistics by name and makes the release refuse an indefinite sum. With [dp] it "
-           "proves the statistics before the noise share and the share's per-entry bound, which costs about 9 "
-           "times the DP upload at d = 64, C = 100 (docs/VALIDITY.md, \"The Gram statement with differential "
-           "privacy\").", ""]
+           "proves the statistics before the noise share and the share's per-entry and l2 bounds (a residual "
+           "hidden in the share keeps at most one honest share's norm), which costs about 9 times the DP upload "
+           "at d = 64, C = 100 (docs/VALIDITY.md, \"The Gram statement with differential privacy\").", ""]
     for name, sec in SECTIONS.items():
         out += [f"## [{name}]", "", sec.meaning, "",
                 "| key | type | default | allowed | read by | meaning |", "|---|---|---|---|---|---|"]

@@ -7,8 +7,9 @@ p = 2^64 - 2^32 + 1) and ``b`` the prover's auxiliary bits (the statement's bloc
 proof of :class:`secure_afl.hazmat.flp.BitProof`, repeated ``REPS`` times, more where the bit vector is long
 enough to need it for a soundness error below ``2^-SOUNDNESS_BITS``) and the statement's affine
 relations hold in F_p, checked as ``LINEAR_REPS`` verifier-chosen random linear combinations (so only their
-values, zero for a valid upload, are revealed). A statement with the Gram part adds its factor words to the
-body, its range rows and quadratic identities to the combinations, and its square-sum proofs.
+values, zero for a valid upload, are revealed). A statement may add words of its own after the lanes, proofs
+of its own and a part of its own to each verifier's message (:class:`secure_afl.split.statements.Statement`);
+this module names no statement: the session's is :func:`secure_afl.split.statements.statement_for`.
 
 The projection rows ``r_j in {-1, 0, 1}^L`` (0 with probability 1/2) come from a hash of the committed
 upload: ``<r_j, hi> + T = sum 2^i bp_(j,i)`` with ``T = 2^(m - 1)`` puts every row's projection of the high
@@ -45,9 +46,8 @@ from ..hazmat import fixedpoint, flp
 from ..params import SessionParams
 from . import projection
 from .signed_messages import UploadCommitment, seed_digest, FS_PREFIX
-from .sizes import (GRAM_QUERIES, GRAM_RHOS, LINEAR_REPS, MAX_REPS, REPS, RETRIES, ROWS, SOUNDNESS_BITS, fits,
-                    statement_sizes)
-from .statements import PROOF_DOMAIN, VERDICTS, AFFINE, GramStatement, Shares, Unlucky, bits_of, statement_for
+from .sizes import LINEAR_REPS, MAX_REPS, REPS, RETRIES, ROWS, SOUNDNESS_BITS, fits, statement_sizes
+from .statements import PROOF_DOMAIN, VERDICTS, AFFINE, Prover, Shares, Unlucky, bits_of, statement_for
 
 __all__ = ["Circuit", "DOMAIN_SHARE", "soundness_bits", "describe"]
 
@@ -73,19 +73,16 @@ class Circuit:
         self.sizes = s
         self.L = lay.length
         self.d, self.C = lay.dim, lay.n_classes
-        self.statement = statement_for(params, s, f1)
+        #: the session's statement (one interface, :class:`secure_afl.split.statements.Statement`)
+        self.statement = statement_for(params, s, f1, self.L)
         st = self.statement
         self.i_n, self.i_counts, self.i_contrib, self.i_tag, self.i_diag = \
             st.i_n, st.i_counts, st.i_contrib, st.i_tag, st.i_diag
         #: DP: the noise share's hard bound tau (grid units) the statement is widened by; 0 without DP
         self.dp = params.dp is not None
         self.tau = s["tau"]
-        #: the Gram statement's sizes (None when the session does not prove it)
-        self.gram = s["gram"]
-        self.gram_statement = None if self.gram is None else GramStatement(params, self.gram, self.L)
-        gs = self.gram_statement
         # bit blocks: (name, count, width)
-        self.blocks = st.blocks() + ([] if gs is None else gs.blocks())
+        self.blocks = st.blocks()
         self.offsets = {}
         off = 0
         for name, cnt, width in self.blocks:
@@ -93,35 +90,34 @@ class Circuit:
             off += cnt * width
         self.n_bits = off
         self.bits = flp.BitProof(self.n_bits)
-        self.sq = None if gs is None else gs.sq
         #: repetitions of the bit proof: REPS, or more where a long bit vector would leave the validity soundness
         #: error above 2^-SOUNDNESS_BITS (one more repetition multiplies its per-query term by |bits| / p)
         self.reps = REPS
         while soundness_bits(self) < SOUNDNESS_BITS and self.reps < MAX_REPS:
             self.reps += 1
         self.main_len = 2 * self.L
-        # body: lanes (summed) | factor words, then under DP the noise share's words (Gram statement) | bits |
-        # bit proofs | square-sum proofs; the commitment's main hash covers the lanes and those words
-        self.n_f = 0 if gs is None else gs.n_words
+        # body: lanes (summed) | the statement's words | bits | bit proofs | the statement's proofs; the
+        # commitment's main hash covers the lanes and those words
+        self.n_f = st.n_words
         self.commit_len = self.main_len + self.n_f
-        self.proof_len = self.reps * self.bits.proof_len + (0 if gs is None else gs.proof_len)
+        self.proof_len = self.reps * self.bits.proof_len + st.proof_len
         self.total = self.commit_len + self.n_bits + self.proof_len
         #: the projection threshold: every proven high-lane entry is within 2T
         self.T = 1 << (s["m_hi"] - 1)
         self.groups = st.relation_groups()
         self.n_relations = sum(cnt for _, cnt in self.groups)
-        self.verifier_len = LINEAR_REPS + self.reps * self.bits.verifier_len + (0 if gs is None else gs.verifier_len)
-        if gs is not None:
-            self.T_f = gs.T_f
-            self.n_range_relations = ROWS
-            self.n_gram_relations = gs.n_gram_relations
-        #: bytes of randomness one proving try takes: the mask seed, then 32 per bit proof and square-sum proof
-        self.rand_size = _SEED * (1 + self.reps + (0 if gs is None else GRAM_QUERIES))
+        self.verifier_len = LINEAR_REPS + self.reps * self.bits.verifier_len + st.verifier_len
+        #: bytes of randomness one proving try takes: the mask seed, then 32 per proof (bit proofs, then the
+        #: statement's)
+        self.rand_size = _SEED * (1 + self.reps + st.n_proofs)
+
+    def part(self, name: str):
+        """The named part of the session's statement (None if the session does not carry it)."""
+        return self.statement.part(name)
 
     def relation_names(self) -> list[str]:
-        """Every relation the session's statement checks (its own, the bits, and the Gram part's)."""
-        return self.statement.relation_names() + ([] if self.gram_statement is None else
-                                                  self.gram_statement.relation_names())
+        """Every relation the session's statement checks (its affine groups, the bits, and its own checks)."""
+        return self.statement.relation_names()
 
     @staticmethod
     def verdict_of(relation: str) -> str:
@@ -155,22 +151,6 @@ class Circuit:
         hi = np.asarray(x, dtype=np.uint64)[:self.L]
         return projection.project(hi, hashlib.sha256(fs + b"rows\0").digest(), _ROW_DOMAIN, compiled=True)
 
-    # -- the Gram part's helpers, kept on the circuit for the attack commands and the tests ----------------
-    def rhos(self, fs: bytes, aux_sha256: str) -> np.ndarray:
-        return self.gram_statement.rhos(fs, aux_sha256)
-
-    def factor_vectors(self, fw, rhos) -> np.ndarray:
-        return self.gram_statement.factor_vectors(fw, rhos)
-
-    def kappa(self, rho) -> np.ndarray:
-        return self.gram_statement.kappa(rho)
-
-    def project_factor(self, fw, fs: bytes) -> np.ndarray:
-        return self.gram_statement.project_factor(fw, fs)
-
-    def factorise(self, vector, noise=None) -> tuple[np.ndarray, np.ndarray]:
-        return self.gram_statement.factorise(self.lanes, vector, noise)
-
     # -- prover ------------------------------------------------------------------------------------------
     def lanes(self, vector) -> np.ndarray:
         """Fixed-point lanes of a packed float64 vector as field elements (2L)."""
@@ -191,14 +171,12 @@ class Circuit:
         x = np.asarray(x, dtype=np.uint64)
         hi = self._hi_ints(x)
         lo = flp.decode_signed(x[self.L:]) if check else None
-        values = self.statement.witness(hi, lo, check=check)
+        words = np.zeros(self.n_f, dtype=np.uint64) if factor is None else np.asarray(factor, dtype=np.uint64)
+        values = self.statement.witness(Prover(hi, lo, words, fs), check=check)
         proj = [int(v) + self.T for v in flp.decode_signed(self.project(x, fs))]
         if check and not all(0 <= v < 2 * self.T for v in proj):
             raise Unlucky()
         values["proj"] = proj
-        if self.gram_statement is not None:
-            values.update(self.gram_statement.witness([int(hi[i]) for i in self.i_counts], factor, fs,
-                                                      check=check))
         return values
 
     def bits_from(self, values: dict) -> np.ndarray:
@@ -215,12 +193,13 @@ class Circuit:
         return self._aux(np.asarray(x, dtype=np.uint64), fs, check=False, factor=factor)
 
     def witness(self, vector=None, *, lanes=None, factor=None, noise=None) -> tuple[np.ndarray, np.ndarray]:
-        """``(lanes, factor words)`` an upload proves: the vector's lanes (under the Gram statement, the
-        statistics snapped onto ``2^t L L^T``, docs/VALIDITY.md), or the given raw field ``lanes``. Under DP with
-        the Gram statement, ``vector`` is the statistics before the noise and ``noise`` the share
-        (:meth:`GramStatement.factorise`)."""
-        if self.gram_statement is not None and lanes is None:
-            x, factor = self.factorise(vector, noise)
+        """``(lanes, words)`` an upload proves: what the statement uploads for the vector (its lanes, or under the
+        Gram statement the statistics snapped onto ``2^t L L^T`` and the factor, docs/VALIDITY.md), or the given
+        raw field ``lanes``. Under DP with the Gram statement, ``vector`` is the statistics before the noise and
+        ``noise`` the share."""
+        up = self.statement.upload(self.lanes, vector, noise) if lanes is None else None
+        if up is not None:
+            x, factor = up
         else:
             x = self.lanes(vector) if lanes is None else np.asarray(lanes, dtype=np.uint64)
         if x.shape != (self.main_len,) or (x.size and int(x.max()) >= flp.P):
@@ -252,8 +231,7 @@ class Circuit:
         jrs = self.joint_rand(fs, aux_sha)
         proofs = self.bits.prove_reps(aux, jrs, [flp.expand_field(r, 2 * self.bits.chunk, PROOF_DOMAIN)
                                                  for r in blind[:self.reps]])
-        if self.gram_statement is not None:
-            proofs += self.gram_statement.prove(fw, fs, aux_sha, blind[self.reps:])
+        proofs += self.statement.prove(fw, fs, aux_sha, blind[self.reps:])
         y_proof = flp.add(np.concatenate(proofs), mask[c1:])
         body = np.concatenate([y_main, y_aux, y_proof])
         return body, s, UploadCommitment(main_sha, aux_sha, seed_sha)
@@ -314,17 +292,16 @@ class Circuit:
         return flp.sum_mod(flp.mul(blk, w), axis=1)
 
     def _parts(self, share: np.ndarray):
+        """``(bits, bit proofs, the statement's words, the statement's proofs)`` of a share (or plain body)."""
         bits = share[self.commit_len:self.commit_len + self.n_bits]
         off = self.commit_len + self.n_bits
         k = self.reps * self.bits.proof_len
         proofs = share[off:off + k].reshape(self.reps, self.bits.proof_len)
-        sq = None if self.sq is None else share[off + k:].reshape(GRAM_QUERIES, self.sq.proof_len)
-        return bits, proofs, share[self.main_len:self.commit_len], sq
+        return bits, proofs, share[self.main_len:self.commit_len], share[off + k:]
 
-    def relation_values(self, share: np.ndarray, fs: bytes, *, leader: bool) -> list[np.ndarray]:
-        """This verifier's shares of each relation group's values (:meth:`Statement.relation_groups`)."""
+    def _view(self, share: np.ndarray, fs: bytes, aux_sha256: str, *, leader: bool) -> Shares:
         x = share[:self.main_len]
-        bits = share[self.commit_len:self.commit_len + self.n_bits]
+        bits, _, words, own = self._parts(share)
         one = 1 if leader else 0
 
         def dec(name):
@@ -333,7 +310,11 @@ class Circuit:
         def proj():
             return flp.sub(flp.add(self.project(x, fs), np.uint64(self.T * one)), dec("proj"))
 
-        groups = self.statement.relations(Shares(x, self.L, dec, leader, proj))
+        return Shares(x, self.L, dec, leader, proj, words=words, proofs=own, fs=fs, aux_sha256=aux_sha256)
+
+    def relation_values(self, share: np.ndarray, fs: bytes, *, leader: bool) -> list[np.ndarray]:
+        """This verifier's shares of each relation group's values (:meth:`Statement.relation_groups`)."""
+        groups = self.statement.relations(self._view(share, fs, "", leader=leader))
         if [len(g) for g in groups] != [cnt for _, cnt in self.groups]:  # pragma: no cover - a layout slip
             raise AssertionError("relation count")
         return groups
@@ -344,23 +325,22 @@ class Circuit:
 
     def query(self, share: np.ndarray, commitment: UploadCommitment, hospital: str, query_seed: bytes, *,
               leader: bool) -> np.ndarray:
-        """One verifier's message: ``[linear combination of the relations] ++ reps bit-proof queries`` (and the
-        Gram part's, :meth:`GramStatement.query`)."""
+        """One verifier's message: ``[linear combination of the relations] ++ reps bit-proof queries ++ the
+        statement's own part`` (:meth:`Statement.query`)."""
         fs = self.fs_seed(hospital, commitment.main_sha256, commitment.seed_sha256)
         pts, coeffs = self.query_rand(fs, commitment.aux_sha256, query_seed)
-        rel = self.relations(share, fs, leader=leader)
-        bits, proofs, fw, sq = self._parts(share)
+        view = self._view(share, fs, commitment.aux_sha256, leader=leader)
+        rel = np.concatenate(self.statement.relations(view))
+        bits, proofs, _, _ = self._parts(share)
         msgs = [np.array([flp.dot(row, rel) for row in coeffs], dtype=np.uint64)]
         for jr, t, pf in zip(self.joint_rand(fs, commitment.aux_sha256), pts, proofs):
             msgs.append(self.bits.query(bits, pf, jr, t, leader=leader))
-        if self.gram_statement is not None:
-            msgs.append(self.gram_statement.query(
-                share[:self.L], fw, lambda name: self._decompose(bits, name), sq, fs, commitment.aux_sha256,
-                query_seed, leader=leader))
+        msgs.append(self.statement.query(view, query_seed))
         return np.concatenate(msgs)
 
     def decide(self, leader_msg, helper_msg) -> str | None:
-        """None if the upload is valid, else which check failed (``linear``, ``bits``, ``gram_range``, ``gram``)."""
+        """None if the upload is valid, else which check failed (``linear``, ``bits``, or the statement's own
+        verdict, e.g. ``gram_range``, ``gram``, ``noise``)."""
         a = np.asarray(leader_msg, dtype=np.uint64)
         b = np.asarray(helper_msg, dtype=np.uint64)
         if a.shape != (self.verifier_len,) or b.shape != (self.verifier_len,) or \
@@ -373,9 +353,7 @@ class Circuit:
         for r in range(self.reps):
             if not self.bits.decide(v[o + r * k:o + (r + 1) * k]):
                 return "bits"
-        if self.gram_statement is not None:
-            return self.gram_statement.decide(v[o + self.reps * k:])
-        return None
+        return self.statement.decide(v[o + self.reps * k:])
 
     # -- the unshared circuit -------------------------------------------------------------------------------
     def evaluate(self, body: np.ndarray, commitment: UploadCommitment, hospital: str) -> list[str]:
@@ -386,36 +364,22 @@ class Circuit:
         fs = self.fs_seed(hospital, commitment.main_sha256, commitment.seed_sha256)
         failed = [name for (name, _), vals in zip(self.groups, self.relation_values(w, fs, leader=True))
                   if np.any(vals)]
-        bits, _, fw, _ = self._parts(w)
+        bits, _, _, _ = self._parts(w)
         if np.any(bits > 1):
             failed.append("bits")
-        if self.gram_statement is not None:
-            gs = self.gram_statement
-            rhos = gs.rhos(fs, commitment.aux_sha256)
-            squares = [flp.dot(v, v) for v in gs.factor_vectors(fw, rhos)]
-            rng, quad, _, noise = gs.values(w[:self.L], fw, lambda name: self._decompose(bits, name), None, fs,
-                                            commitment.aux_sha256, leader=True, squares=squares)
-            failed += [name for name, vals in (("gram_range", rng), ("gram_identity", quad), ("noise_range", noise))
-                       if np.any(vals)]
-        return failed
+        return failed + self.statement.failures(self._view(w, fs, commitment.aux_sha256, leader=True))
 
 
 def soundness_bits(circuit: Circuit, hash_queries_log2: int = 64) -> float:
-    """-log2 of the bound on accepting an invalid upload, for a prover making 2^q hash queries (docs/VALIDITY.md)."""
+    """-log2 of the bound on accepting an invalid upload, for a prover making 2^q hash queries (docs/VALIDITY.md):
+    the projection rows and the bit proof's terms, and the statement's own (:meth:`Statement.soundness`)."""
     q = 2.0 ** hash_queries_log2
     p = float(flp.P)
     bp = circuit.bits
-    per_query = 2.0 ** -ROWS + (bp.length / p) ** circuit.reps
-    query_point = ((2 * bp.n - 2) / (p - bp.n)) ** circuit.reps
-    linear = (1.0 / p) ** LINEAR_REPS
-    if circuit.gram is not None:
-        # the factor's range rows; GRAM_RHOS vectors rho, each missing a nonzero symmetric A - 2^t (L L^T + D)
-        # with probability <= 2/p (Schwartz-Zippel, degree 2); the square-sum proofs' query points; two more
-        # random combinations
-        sq = circuit.sq
-        per_query += 2.0 ** -ROWS + (2.0 / p) ** GRAM_RHOS
-        query_point += ((2 * sq.n - 2) / (p - sq.n)) ** GRAM_QUERIES
-        linear *= 3 + (1 if circuit.gram_statement.noise else 0)
+    own_query, own_point, pairs = circuit.statement.soundness()
+    per_query = 2.0 ** -ROWS + (bp.length / p) ** circuit.reps + own_query
+    query_point = ((2 * bp.n - 2) / (p - bp.n)) ** circuit.reps + own_point
+    linear = (1.0 / p) ** LINEAR_REPS * pairs
     return -math.log2(q * per_query + query_point + linear)
 
 
@@ -424,10 +388,5 @@ def describe(circuit: Circuit) -> Mapping:
     return {"L": circuit.L, "main_words": circuit.main_len, "aux_bits": circuit.n_bits,
             "proof_words": circuit.proof_len, "verifier_words": circuit.verifier_len,
             "chunk": circuit.bits.chunk, "domain": circuit.bits.n, "frac_bits": [circuit.f1, circuit.f2],
-            "T_hi_log2": circuit.sizes["m_hi"] - 1,
-            "gram": None if circuit.gram is None else {
-                "factor_words": circuit.gram_statement.n_f, "noise_words": circuit.gram_statement.n_z,
-                "noise_bound_log2": circuit.gram["m_z"] - 1, "factor_scale_bits": circuit.gram["f"], "t": circuit.gram["t"],
-                "T_factor_log2": circuit.gram["m_f"] - 1, "jitter": circuit.gram["jitter"],
-                "square_sum_proof_words": GRAM_QUERIES * circuit.sq.proof_len},
+            "T_hi_log2": circuit.sizes["m_hi"] - 1, **circuit.statement.describe(),
             "bit_proof_reps": circuit.reps, "soundness_bits_q64": round(soundness_bits(circuit), 1)}

@@ -13,11 +13,12 @@ import numpy as np
 
 from ..exceptions import InvalidParameterError
 from ..hazmat import fixedpoint
+from ..hazmat.flp import P as P_FIELD
 from ..packing import Layout
 from ..params import Bounds, SessionParams
 
 __all__ = ["REPS", "MAX_REPS", "SOUNDNESS_BITS", "LINEAR_REPS", "ROWS", "TAIL", "WRAP_BITS", "RETRIES", "GRAM_KEY", "GRAM_RHOS", "GRAM_QUERIES",
-           "GRAM_MIN_F", "PROCESS_MIN_UPLOADS", "VERIFIER_WORKERS", "ADVISORY_CHECKS", "gram_enabled", "noise_beside", "noise_bound",
+           "GRAM_MIN_F", "NOISE_L2_TAIL_BITS", "noise_l2_bound", "PROCESS_MIN_UPLOADS", "VERIFIER_WORKERS", "ADVISORY_CHECKS", "gram_enabled", "noise_beside", "noise_bound",
            "statement_sizes",
            "fits", "choose_frac_bits", "split_session_params", "session_params", "expected_abs_error",
            "proven_aggregate_bound", "psd_tolerance"]
@@ -92,7 +93,60 @@ def gramsizes(params: SessionParams, f1: int) -> dict:
         # that holds every honest entry (|z| <= tau): the Gram identity is of the lanes less the noise
         out["n_z"] = noised_count(params)
         out["m_z"] = bitlen(noise_bound(params, f1)) + 1
+        # and its squared l2 norm proven at most l2_z: |z|^2 in G groups of z_len entries (each group's sum of
+        # squares below p, so exact, and proven below 2^m_g), and l2_z - (sum of the groups) in m_l bits
+        out.update(noise_groups(params, f1, out["n_z"], out["m_z"]))
     return out
+
+
+def noise_groups(params: SessionParams, f1: int, n_z: int, m_z: int) -> dict:
+    """The fewest groups G of the noise share whose squared norms are each exact in F_p (``z_len T_z^2 < p``) and
+    whose proven bounds sum, with the total's slack, below p (``G 2^m_g + 2^m_l <= p``); each bound is what an
+    honest group exceeds with probability at most ``2^-(NOISE_L2_TAIL_BITS + 1 + log2 G)``, the total's
+    ``2^-(NOISE_L2_TAIL_BITS + 1)``: an honest share fails one with probability below ``2^-NOISE_L2_TAIL_BITS``."""
+    t2 = 1 << (2 * m_z - 2)
+    l2 = noise_l2_bound(params, f1, n_z, NOISE_L2_TAIL_BITS + 1)
+    m_l = bitlen(l2)
+    for groups in range(1, n_z + 1):
+        z_len = -(-n_z // groups)
+        m_g = bitlen(noise_l2_bound(params, f1, z_len, NOISE_L2_TAIL_BITS + 1 + math.ceil(math.log2(groups))))
+        if z_len * t2 < P_FIELD and (groups << m_g) + (1 << m_l) <= P_FIELD:
+            return {"l2_z": l2, "m_l": m_l, "z_groups": groups, "z_len": z_len, "m_g": m_g}
+    raise InvalidParameterError("no grouping of the noise share keeps its squared norm exact in the field")
+
+
+#: an honest noise share exceeds its proven l2 bound with probability at most 2^-NOISE_L2_TAIL_BITS
+NOISE_L2_TAIL_BITS = 40
+
+
+def noise_l2_bound(params: SessionParams, f1: int, n: int | None = None, tail_bits: int = NOISE_L2_TAIL_BITS) -> int:
+    """The bound on ``|z|^2`` (grid units squared) of ``n`` entries (default all) of one hospital's noise share
+    ``z`` that an honest share exceeds with probability at most ``2^-tail_bits`` (docs/VALIDITY.md, "The noise
+    share's l2 bound").
+
+    Each of the n entries is a Skellam variable of variance s^2 (grid units) redrawn beyond tau, drawn
+    independently. Truncation to ``|z| <= tau`` lowers every even moment (``z^2``, ``z^4`` increase in ``|z|``), so
+    ``Y = z^2`` has ``E Y <= s^2``, ``Var Y <= E z^4 <= 3 s^4 + s^2`` (Skellam's fourth cumulant is s^2) and
+    ``Y - E Y <= tau^2``. Bennett's inequality then gives ``P(sum Y - n s^2 >= t) <= exp(-(n v / b^2) h(b t / (n v)))``,
+    ``h(u) = (1 + u) ln(1 + u) - u``, v = 3 s^4 + s^2, b = tau^2; t solves it at 2^-NOISE_L2_TAIL_BITS."""
+    n = noised_count(params) if n is None else int(n)
+    tau = float(noise_bound(params, f1))
+    s = dp_share_std(params) * 2.0 ** f1
+    v, b = 3.0 * s ** 4 + s * s, tau * tau
+    target = tail_bits * math.log(2.0)
+    scale = n * v / (b * b)
+
+    def h(u):
+        return (1.0 + u) * math.log1p(u) - u
+
+    lo, hi = 0.0, 1.0
+    while scale * h(hi) < target:
+        hi *= 2.0
+    for _ in range(200):
+        mid = 0.5 * (lo + hi)
+        lo, hi = (mid, hi) if scale * h(mid) < target else (lo, mid)
+    t = hi * n * v / b
+    return int(math.ceil((n * s * s + t) * (1 + 2.0 ** -30))) + 1
 
 
 def bitlen(x: int) -> int:
@@ -303,8 +357,10 @@ def psd_tolerance(params: SessionParams, gram: np.ndarray) -> float:
     noise = 0.0
     if params.dp is not None:
         # under DP each upload's proven part is its statistics less its noise share, whose entries are proven
-        # below 2^(m_z - 1) grid steps: by Gershgorin each share moves the smallest eigenvalue by at most d times that
-        noise = params.bounds.k_max * d * 2.0 ** (gramsizes(params, f1)["m_z"] - 1 - f1)
+        # below 2^(m_z - 1) grid steps (by Gershgorin a share moves the smallest eigenvalue by at most d times
+        # that) and whose squared norm below l2_z (||Z||_op <= ||Z||_F <= sqrt(2 l2_z)): the smaller of the two
+        g = gramsizes(params, f1)
+        noise = params.bounds.k_max * min(d * 2.0 ** (g["m_z"] - 1), math.sqrt(2.0 * g["l2_z"])) * 2.0 ** -f1
     return d * 2.0 ** (63 - f1 - f2) + (2 * d + 1) * 2.0 ** -53 * fro + noise
 
 

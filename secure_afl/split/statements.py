@@ -15,6 +15,11 @@ verifiers' shares.
   ``2^t (L L^T + D)`` for a lower-triangular factor L that the upload carries (docs/VALIDITY.md, "The Gram
   statement").
 
+Every one of them implements the one interface the proof system reads (:class:`Statement`: a statement
+with words, proofs or checks of its own beyond the affine relations, like the Gram part, fills in those
+hooks), and :class:`Composed` checks several on one upload; :func:`statement_for` builds the session's, so the
+proof system names none of them.
+
 A new relation touches its statement's ``relation_groups``, ``relations`` and (if it needs bits)
 ``blocks`` and ``witness``, the sizes in :mod:`secure_afl.split.sizes`, and a row of
 tests/test_split_circuits.py, which fails while a named relation has none.
@@ -33,10 +38,10 @@ from ..hazmat import flp
 from ..hazmat.flp_square import SquareSumProof
 from ..params import SessionParams
 from .projection import exact_gram, project
-from .sizes import GRAM_QUERIES, GRAM_RHOS, LINEAR_REPS, ROWS
+from .sizes import GRAM_QUERIES, GRAM_RHOS, LINEAR_REPS, NOISE_L2_TAIL_BITS, ROWS
 
-__all__ = ["Statement", "PlainStatement", "DPStatement", "GramStatement", "Unlucky", "Shares", "statement_for",
-           "AFFINE", "VERDICTS"]
+__all__ = ["Statement", "Composed", "PlainStatement", "DPStatement", "GramStatement", "Unlucky", "Prover", "Shares",
+           "statement_for", "AFFINE", "VERDICTS"]
 
 #: the blinding of every proof (bit proofs and square-sum proofs): its own ChaCha20 domain
 PROOF_DOMAIN = domains.SPLIT_PROOF_XOF
@@ -44,7 +49,8 @@ _FROW_DOMAIN = domains.SPLIT_GRAM_ROW_XOF
 _RHO_DOMAIN = domains.SPLIT_RHO_XOF
 
 #: the verdict a failed relation group gives (every affine group not named here: ``linear``)
-VERDICTS = {"bits": "bits", "gram_range": "gram_range", "gram_identity": "gram", "noise_range": "noise"}
+VERDICTS = {"bits": "bits", "gram_range": "gram_range", "gram_identity": "gram", "noise_range": "noise",
+            "noise_l2": "noise"}
 #: the verdict of any affine relation of a statement's own
 AFFINE = "linear"
 
@@ -62,15 +68,31 @@ def bits_of(values, width: int) -> np.ndarray:
     return ((v[:, None] >> np.arange(width, dtype=np.uint64)) & np.uint64(1)).ravel()
 
 
+class Prover:
+    """What a statement reads from the prover's upload: the centred high lane as Python integers at n, the
+    counts and the diagonal (``hi``, index -> int), the centred low lane (``lo``, None when unchecked), the
+    statement's words after the lanes and the Fiat-Shamir seed."""
+
+    def __init__(self, hi: dict, lo, words: np.ndarray, fs: bytes):
+        self.hi, self.lo, self.words, self.fs = hi, lo, words, fs
+
+
 class Shares:
     """One verifier's view of an upload's words as a statement reads them: the lanes, the decomposed bit
-    blocks, the leader's constant 1 (0 at the helper, so that constants are added once), the projection."""
+    blocks, the leader's constant 1 (0 at the helper, so that constants are added once), the projection, and
+    for statements with words or proofs of their own: those words, those proofs, the Fiat-Shamir seed and the
+    bits' hash. In the unshared circuit (:meth:`secure_afl.split.proof.Circuit.evaluate`) the same view holds
+    the plain words."""
 
-    def __init__(self, lanes: np.ndarray, L: int, decompose, leader: bool, projection):
+    def __init__(self, lanes: np.ndarray, L: int, decompose, leader: bool, projection, *, words=None,
+                 proofs=None, fs: bytes = b"", aux_sha256: str = ""):
+        self.lanes, self.L = lanes, L
         self.hi, self.lo = lanes[:L], lanes[L:]
         self.dec = decompose
         self.one = 1 if leader else 0
+        self.leader = leader
         self._projection = projection
+        self.words, self.proofs, self.fs, self.aux_sha256 = words, proofs, fs, aux_sha256
 
     def const(self, v: int) -> np.uint64:
         return np.uint64(int(v) * self.one)
@@ -85,9 +107,46 @@ def total(v) -> np.ndarray:
 
 
 class Statement:
-    """The interface (module docstring). ``sizes``: :func:`secure_afl.split.sizes.statement_sizes` of the session."""
+    """The one interface every circuit implements (module docstring), with defaults for what a statement may
+    lack: words after the lanes, proofs and verifier message parts of its own, checks beyond the affine
+    relations. The proof system (:class:`secure_afl.split.proof.Circuit`) sees only this interface; a
+    composition of statements (:class:`Composed`) is one too."""
 
     name = "statement"
+    #: field words the statement adds to the body after the lanes (committed with them, not summed)
+    n_words = 0
+    #: proofs of its own (each blinded by 32 bytes of the prover's randomness) and their words
+    n_proofs = 0
+    proof_len = 0
+    #: words of its own in a verifier's message, after the affine combinations and the bit proofs
+    verifier_len = 0
+
+    def upload(self, lanes_of, vector, noise):
+        """``(lanes, words)`` the hospital uploads for the packed ``vector`` (and DP ``noise``), or None where
+        the statement takes the vector's own lanes and no words."""
+        return None
+
+    def prove(self, words, fs: bytes, aux_sha256: str, proof_rand: list[bytes]) -> list[np.ndarray]:
+        return []
+
+    def query(self, v: "Shares", query_seed: bytes) -> np.ndarray:
+        return np.zeros(0, dtype=np.uint64)
+
+    def decide(self, v: np.ndarray) -> str | None:
+        """The verdict of its message part (summed over both verifiers), None if it holds."""
+        return None
+
+    def failures(self, v: "Shares") -> list[str]:
+        """Relations beyond the affine groups that the plain words in ``v`` break (the unshared circuit)."""
+        return []
+
+    def soundness(self) -> tuple[float, float, int]:
+        """Its terms of the soundness bound (docs/VALIDITY.md): ``(per hash query, query points, random
+        combination pairs)``; the affine relations are one pair."""
+        return 0.0, 0.0, 1
+
+    def describe(self) -> dict:
+        return {}
 
     def __init__(self, params: SessionParams, sizes: dict, f1: int):
         self.params, self.s, self.f1 = params, sizes, f1
@@ -115,9 +174,8 @@ class Statement:
         """This verifier's shares of every relation's value, one array per group (all zero when valid)."""
         raise NotImplementedError
 
-    def witness(self, hi: dict, lo: np.ndarray, *, check: bool) -> dict:
-        """The prover's values for each block but the projection's (``proj``), from the centred high lane
-        ``hi`` (index -> int, at n, the counts and the diagonal) and the centred low lane; with ``check``,
+    def witness(self, u: Prover, *, check: bool) -> dict:
+        """The prover's values for each block but the projection's (``proj``); with ``check``,
         :class:`BoundsExceeded` naming what the statistics break."""
         raise NotImplementedError
 
@@ -164,7 +222,8 @@ class PlainStatement(Statement):
             v.projection(),
         ]
 
-    def witness(self, hi: dict, lo: np.ndarray, *, check: bool) -> dict:
+    def witness(self, u: Prover, *, check: bool) -> dict:
+        hi, lo = u.hi, u.lo
         s, scale = self.s, 1 << self.f1
         n = int(hi[self.i_n]) // scale
         counts = [int(hi[i]) // scale for i in self.i_counts]
@@ -218,7 +277,8 @@ class DPStatement(Statement):
             v.projection(),
         ]
 
-    def witness(self, hi: dict, lo: np.ndarray, *, check: bool) -> dict:
+    def witness(self, u: Prover, *, check: bool) -> dict:
+        hi, lo = u.hi, u.lo
         s, tau = self.s, self.tau
         n_top, e_top = s["n_top"], s["e_top"]
         n_val = int(hi[self.i_n]) + tau
@@ -242,11 +302,104 @@ class DPStatement(Statement):
                 "sum": [e_val], "sum_gap": [e_top - e_val], "slack": [slack]}
 
 
-def statement_for(params: SessionParams, sizes: dict, f1: int) -> Statement:
-    return (DPStatement if params.dp is not None else PlainStatement)(params, sizes, f1)
+class Composed(Statement):
+    """Statements checked together on one upload, in order: their blocks, relations, words, proofs and message
+    parts concatenated (the first one's are first), their verdicts in that order."""
+
+    def __init__(self, parts: list[Statement]):
+        self.parts = list(parts)
+        base = self.parts[0]
+        self.params, self.s, self.f1, self.tau = base.params, base.s, base.f1, base.tau
+        self.d, self.C = base.d, base.C
+        self.i_n, self.i_counts, self.i_contrib, self.i_tag, self.i_diag = \
+            base.i_n, base.i_counts, base.i_contrib, base.i_tag, base.i_diag
+        self.name = "+".join(p.name for p in self.parts)
+        self.n_words = sum(p.n_words for p in self.parts)
+        self.n_proofs = sum(p.n_proofs for p in self.parts)
+        self.proof_len = sum(p.proof_len for p in self.parts)
+        self.verifier_len = sum(p.verifier_len for p in self.parts)
+
+    def part(self, name: str) -> Statement | None:
+        """The statement of that name in the composition (None if absent)."""
+        return next((p for p in self.parts if p.name == name), None)
+
+    def _cuts(self, attr: str) -> list[tuple[int, int]]:
+        out, o = [], 0
+        for p in self.parts:
+            out.append((o, o + getattr(p, attr)))
+            o += getattr(p, attr)
+        return out
+
+    def blocks(self):
+        return [b for p in self.parts for b in p.blocks()]
+
+    def relation_groups(self):
+        return [g for p in self.parts for g in p.relation_groups()]
+
+    def relation_names(self):
+        return [n for p in self.parts for n in p.relation_names()]
+
+    def relations(self, v):
+        return [g for p in self.parts for g in p.relations(v)]
+
+    def upload(self, lanes_of, vector, noise):
+        return next((u for u in (p.upload(lanes_of, vector, noise) for p in self.parts) if u is not None), None)
+
+    def _words(self, words, p_cut):
+        return None if words is None else np.asarray(words, dtype=np.uint64)[p_cut[0]:p_cut[1]]
+
+    def witness(self, u: Prover, *, check: bool) -> dict:
+        out = {}
+        for p, cut in zip(self.parts, self._cuts("n_words")):
+            out.update(p.witness(Prover(u.hi, u.lo, self._words(u.words, cut), u.fs), check=check))
+        return out
+
+    def prove(self, words, fs, aux_sha256, proof_rand):
+        out = []
+        for p, cut, rc in zip(self.parts, self._cuts("n_words"), self._cuts("n_proofs")):
+            out += p.prove(self._words(words, cut), fs, aux_sha256, proof_rand[rc[0]:rc[1]])
+        return out
+
+    def _view(self, v: Shares, words_cut, proofs_cut) -> Shares:
+        return Shares(v.lanes, v.L, v.dec, v.leader, v._projection, words=self._words(v.words, words_cut),
+                      proofs=self._words(v.proofs, proofs_cut), fs=v.fs, aux_sha256=v.aux_sha256)
+
+    def query(self, v: Shares, query_seed: bytes) -> np.ndarray:
+        return np.concatenate([np.zeros(0, dtype=np.uint64)] + [
+            p.query(self._view(v, wc, pc), query_seed)
+            for p, wc, pc in zip(self.parts, self._cuts("n_words"), self._cuts("proof_len"))])
+
+    def decide(self, v: np.ndarray) -> str | None:
+        for p, (a, b) in zip(self.parts, self._cuts("verifier_len")):
+            verdict = p.decide(v[a:b])
+            if verdict is not None:
+                return verdict
+        return None
+
+    def failures(self, v: Shares) -> list[str]:
+        return [f for p, wc, pc in zip(self.parts, self._cuts("n_words"), self._cuts("proof_len"))
+                for f in p.failures(self._view(v, wc, pc))]
+
+    def soundness(self) -> tuple[float, float, int]:
+        terms = [p.soundness() for p in self.parts]
+        return sum(t[0] for t in terms), sum(t[1] for t in terms), sum(t[2] for t in terms)
+
+    def describe(self) -> dict:
+        out = {"statement": self.name, "gram": None}
+        for p in self.parts:
+            out.update(p.describe())
+        return out
 
 
-class GramStatement:
+def statement_for(params: SessionParams, sizes: dict, f1: int, L: int) -> Composed:
+    """The session's statement: the plain or DP one, with the Gram part where the session signs it."""
+    parts = [(DPStatement if params.dp is not None else PlainStatement)(params, sizes, f1)]
+    if sizes["gram"] is not None:
+        parts.append(GramStatement(params, sizes["gram"], L))
+    return Composed(parts)
+
+
+class GramStatement(Statement):
     """The Gram part (docs/VALIDITY.md, "The Gram statement"): ``A = [[diag(counts), Q^T], [Q, C^r]]`` in the
     high lane (classes first, so the factor's first block is diagonal) equals ``2^t (L L^T + diag(delta, 0))``
     with L lower triangular (its words follow the lanes in the body), ``delta >= 0`` (bits), every factor entry
@@ -273,18 +426,74 @@ class GramStatement:
         #: the words the statement adds after the lanes: the factor, then the noise share
         self.n_words = self.n_f + self.n_z
         self.sq = SquareSumProof(sizes["m"], GRAM_RHOS)
-        self.proof_len = GRAM_QUERIES * self.sq.proof_len
+        #: DP: the square-sum proofs of |z|^2 in z_groups groups of z_len entries, checked against the share's l2
+        #: bound l2_z
+        self.zsq = SquareSumProof(sizes["z_len"], sizes["z_groups"]) if self.noise else None
+        self.l2_z = sizes["l2_z"] if self.noise else 0
+        self.z_groups = sizes["z_groups"] if self.noise else 0
+        #: proofs (each blinded by 32 bytes of the prover's randomness): GRAM_QUERIES of |L^T rho|^2, and under DP
+        #: GRAM_QUERIES of |z|^2
+        self.n_proofs = GRAM_QUERIES * (2 if self.noise else 1)
+        self.proof_len = GRAM_QUERIES * (self.sq.proof_len + (self.zsq.proof_len if self.noise else 0))
         self.verifier_len = 2 * LINEAR_REPS + GRAM_QUERIES * self.sq.verifier_len + \
-            (LINEAR_REPS if sizes["n_z"] else 0)
+            ((LINEAR_REPS + GRAM_QUERIES * self.zsq.verifier_len) if self.noise else 0)
         self.n_gram_relations = GRAM_QUERIES * GRAM_RHOS
         self._tril = np.tril_indices(self.d)
 
+    name = "gram"
+
+    def relation_groups(self):
+        return []  # its relations are checked in random combinations of their own (:meth:`query`)
+
+    def relations(self, v):
+        return []
+
+    def upload(self, lanes_of, vector, noise):
+        return self.factorise(lanes_of, vector, noise)
+
+    def witness(self, u: Prover, *, check: bool) -> dict:
+        return self._witness([int(u.hi[i]) for i in self.i_counts], u.words, u.fs, check=check)
+
+    def query(self, v: Shares, query_seed: bytes) -> np.ndarray:
+        return self._query(v.hi, v.words, v.dec, v.proofs, v.fs, v.aux_sha256, query_seed, leader=v.leader)
+
+    def failures(self, v: Shares) -> list[str]:
+        fw = np.asarray(v.words, dtype=np.uint64)
+        rhos = self.rhos(v.fs, v.aux_sha256)
+        squares = [flp.dot(x, x) for x in self.factor_vectors(fw, rhos)]
+        zsquare = [flp.dot(g, g) for g in self._z_groups(fw)] if self.noise else None
+        rng, quad, _, noise, l2 = self.values(v.hi, fw, v.dec, None, v.fs, v.aux_sha256, leader=True,
+                                              squares=squares, zsquare=zsquare)
+        return [name for name, vals in (("gram_range", rng), ("gram_identity", quad), ("noise_range", noise),
+                                        ("noise_l2", l2)) if np.any(vals)]
+
+    def soundness(self) -> tuple[float, float, int]:
+        # the factor's range rows; GRAM_RHOS vectors rho, each missing a nonzero symmetric A - 2^t (L L^T + D)
+        # with probability <= 2/p (Schwartz-Zippel, degree 2); the square-sum proofs' query points (the factor's,
+        # and under DP the noise share's); two more random combinations, three under DP
+        p = float(flp.P)
+        per_query = 2.0 ** -ROWS + (2.0 / p) ** GRAM_RHOS
+        query_point = ((2 * self.sq.n - 2) / (p - self.sq.n)) ** GRAM_QUERIES
+        if self.noise:
+            query_point += ((2 * self.zsq.n - 2) / (p - self.zsq.n)) ** GRAM_QUERIES
+        return per_query, query_point, 2 + (1 if self.noise else 0)
+
+    def describe(self) -> dict:
+        g = self.g
+        return {"gram": {
+            "factor_words": self.n_f, "noise_words": self.n_z, "noise_bound_log2": g["m_z"] - 1,
+            "noise_l2_bound": g["l2_z"] if self.noise else None,
+            "noise_l2_groups": g["z_groups"] if self.noise else None,
+            "factor_scale_bits": g["f"], "t": g["t"], "T_factor_log2": g["m_f"] - 1, "jitter": g["jitter"],
+            "square_sum_proof_words": GRAM_QUERIES * self.sq.proof_len}}
+
     def blocks(self) -> list[tuple[str, int, int]]:
         return [("gram_slack", self.C, self.g["m_d"]), ("proj_f", ROWS, self.g["m_f"])] + \
-            ([("noise", self.n_z, self.g["m_z"])] if self.noise else [])
+            ([("noise", self.n_z, self.g["m_z"]), ("noise_sq", self.z_groups, self.g["m_g"]),
+              ("noise_l2", 1, self.g["m_l"])] if self.noise else [])
 
     def relation_names(self) -> list[str]:
-        return ["gram_range", "gram_identity"] + (["noise_range"] if self.noise else [])
+        return ["gram_range", "gram_identity"] + (["noise_range", "noise_l2"] if self.noise else [])
 
     def statistics(self, hi, words) -> np.ndarray:
         """The high lane less the noise share (its words after the factor; the lane itself without DP)."""
@@ -398,7 +607,7 @@ class GramStatement:
         return x, np.concatenate([fw, flp.encode_signed(zi)])
 
     # -- prover -------------------------------------------------------------------------------------------
-    def witness(self, hi_counts, factor, fs: bytes, *, check: bool) -> dict:
+    def _witness(self, hi_counts, factor, fs: bytes, *, check: bool) -> dict:
         """The count slack delta_c = hi(count_c) / 2^t - l_c^2 (the count less its noise under DP), the factor's
         projection values and the noise words shifted by T_z."""
         g = self.g
@@ -409,6 +618,12 @@ class GramStatement:
             zc = z[self.i_counts[0] - self.i_noise[0]:self.i_counts[-1] + 1 - self.i_noise[0]]
             hi_counts = [h - v for h, v in zip(hi_counts, zc)]
             out["noise"] = [v + self.T_z for v in z]  # the honest prover's range is checked in factorise
+            n = g["z_len"]
+            out["noise_sq"] = [sum(v * v for v in z[i:i + n]) for i in range(0, n * self.z_groups, n)]
+            out["noise_l2"] = [self.l2_z - sum(out["noise_sq"])]
+            if check and not (0 <= out["noise_l2"][0] < 1 << g["m_l"] and max(out["noise_sq"]) < 1 << g["m_g"]):
+                raise BoundsExceeded("the noise share's l2 norm exceeds the session's bound (an honest share does "
+                                     f"with probability below 2^-{NOISE_L2_TAIL_BITS}: draw it again)")
         l11 = flp.decode_signed(fw[:self.C]).tolist()
         delta = [(h >> g["t"]) - int(v) * int(v) for h, v in zip(hi_counts, l11)]
         proj = [int(v) + self.T_f for v in flp.decode_signed(self.project_factor(fw, fs))]
@@ -420,33 +635,71 @@ class GramStatement:
         return {"gram_slack": delta, "proj_f": proj, **out}
 
     def prove(self, fw, fs: bytes, aux_sha256: str, proof_rand: list[bytes]) -> list[np.ndarray]:
-        """The ``GRAM_QUERIES`` square-sum proofs of ``L^T rho``, each blinded by its 32 random bytes."""
+        """The ``GRAM_QUERIES`` square-sum proofs of ``L^T rho`` (then, under DP, those of the noise share z), each
+        blinded by its 32 random bytes (:attr:`n_proofs` of them)."""
         v = self.factor_vectors(fw, self.rhos(fs, aux_sha256))
-        return [self.sq.prove(v, flp.expand_field(r, self.sq.chunk, PROOF_DOMAIN)) for r in proof_rand]
+        out = [self.sq.prove(v, flp.expand_field(r, self.sq.chunk, PROOF_DOMAIN))
+               for r in proof_rand[:GRAM_QUERIES]]
+        if self.noise:
+            z = self._z_groups(fw)
+            out += [self.zsq.prove(z, flp.expand_field(r, self.zsq.chunk, PROOF_DOMAIN))
+                    for r in proof_rand[GRAM_QUERIES:self.n_proofs]]
+        return out
+
+    def _z_groups(self, fw) -> np.ndarray:
+        """(z_groups, z_len): the noise words (a share of them) in their groups, the last padded with zeros."""
+        z = np.zeros(self.z_groups * self.g["z_len"], dtype=np.uint64)
+        z[:self.n_z] = np.asarray(fw, dtype=np.uint64)[self.n_f:self.n_words]
+        return z.reshape(self.z_groups, -1)
+
+    def _split_proofs(self, proofs):
+        """The flat proof words as ``(|L^T rho|^2 proofs, |z|^2 proofs or None)``."""
+        proofs = np.asarray(proofs, dtype=np.uint64).reshape(-1)
+        k = GRAM_QUERIES * self.sq.proof_len
+        sq = proofs[:k].reshape(GRAM_QUERIES, self.sq.proof_len)
+        return sq, (proofs[k:].reshape(GRAM_QUERIES, self.zsq.proof_len) if self.noise else None)
 
     # -- verifiers ----------------------------------------------------------------------------------------
     def _rand(self, fs: bytes, aux_sha256: str, query_seed: bytes):
         key = hashlib.sha256(bytes(query_seed) + fs + bytes.fromhex(aux_sha256) + b"gram").digest()
         n_co = LINEAR_REPS * (ROWS + self.n_gram_relations)
-        # the noise relations' coefficients come last: a session without DP draws the same stream as before
-        stream = flp.expand_field(key, 4 * GRAM_QUERIES + n_co + LINEAR_REPS * self.n_z,
-                                  domains.SPLIT_GRAM_QUERY_XOF)
+        n_noise = (self.n_z + GRAM_QUERIES * self.z_groups + 1) if self.noise else 0
+        # the noise relations' coefficients and the |z|^2 proofs' query points come last: a session without DP
+        # draws the same stream as before
+        stream = flp.expand_field(key, 4 * GRAM_QUERIES + n_co + LINEAR_REPS * n_noise +
+                                  (4 * GRAM_QUERIES if self.noise else 0), domains.SPLIT_GRAM_QUERY_XOF)
         pts = [int(v) for v in stream[:4 * GRAM_QUERIES] if pow(int(v), self.sq.n, flp.P) != 1][:GRAM_QUERIES]
-        if len(pts) < GRAM_QUERIES:  # pragma: no cover - probability about (N/p)^4
-            raise InvalidInputError("query points fell on the interpolation domain; draw another query seed")
         co = stream[4 * GRAM_QUERIES:]
+        end = n_co + LINEAR_REPS * n_noise
+        zpts = [int(v) for v in co[end:] if pow(int(v), self.zsq.n, flp.P) != 1][:GRAM_QUERIES] \
+            if self.noise else []
+        if len(pts) < GRAM_QUERIES or len(zpts) < (GRAM_QUERIES if self.noise else 0):  # pragma: no cover
+            raise InvalidInputError("query points fell on the interpolation domain; draw another query seed")
         return pts, co[:LINEAR_REPS * ROWS].reshape(LINEAR_REPS, ROWS), \
             co[LINEAR_REPS * ROWS:n_co].reshape(LINEAR_REPS, self.n_gram_relations), \
-            co[n_co:].reshape(LINEAR_REPS, self.n_z)
+            co[n_co:end].reshape(LINEAR_REPS, n_noise), zpts
 
-    def values(self, hi, fw, decompose, sq_proofs, fs: bytes, aux_sha256: str, *, leader: bool, squares=None):
-        """This verifier's shares of the factor's range relations (ROWS) and of the quadratic identities (one
-        per query and rho), from the square-sum proofs' outputs; ``squares``: the true ``|L^T rho|^2`` instead
-        (the unshared circuit)."""
+    def values(self, hi, fw, decompose, proofs, fs: bytes, aux_sha256: str, *, leader: bool, squares=None,
+               zsquare=None):
+        """This verifier's shares of the factor's range relations (ROWS), of the quadratic identities (one per
+        query and rho), from the square-sum proofs' outputs, and under DP of the noise share's range (one per
+        entry) and l2 relations (one per |z|^2 proof); ``squares`` and ``zsquare``: the true ``|L^T rho|^2`` and
+        ``|z|^2`` instead (the unshared circuit, ``proofs`` None)."""
         one = 1 if leader else 0
+        sq_proofs, z_proofs = (None, None) if proofs is None else self._split_proofs(proofs)
         rng = flp.sub(flp.add(self.project_factor(fw, fs), np.uint64(self.T_f * one)), decompose("proj_f"))
         noise = flp.sub(flp.add(np.asarray(fw, dtype=np.uint64)[self.n_f:], np.uint64(self.T_z * one)),
                         decompose("noise")) if self.noise else np.zeros(0, dtype=np.uint64)
+        l2 = np.zeros(0, dtype=np.uint64)
+        if self.noise:
+            outs = [np.asarray(zsquare, dtype=np.uint64)] * GRAM_QUERIES if z_proofs is None else \
+                [self.zsq.outputs(pf) for pf in z_proofs]
+            # each group's squared norm is its m_g bits, and l2_z - (their sum) is the m_l bits of noise_l2: zero
+            # iff the share's squared norm is at most l2_z (docs/VALIDITY.md, "The noise share's l2 bound")
+            groups = decompose("noise_sq")
+            l2 = np.concatenate([flp.sub(o, groups) for o in outs] + [
+                flp.sub(flp.sub(np.array([self.l2_z * one], dtype=np.uint64), total(groups)),
+                        decompose("noise_l2"))])
         hi = self.statistics(hi, fw)
         delta = decompose("gram_slack")
         rhos = self.rhos(fs, aux_sha256)
@@ -457,20 +710,23 @@ class GramStatement:
         for q in range(GRAM_QUERIES):
             outs = self.sq.outputs(sq_proofs[q]) if squares is None else squares
             quad += [(lhs[r] - two_t * (int(outs[r]) + slack[r])) % flp.P for r in range(GRAM_RHOS)]
-        return rng, np.array(quad, dtype=np.uint64), rhos, noise
+        return rng, np.array(quad, dtype=np.uint64), rhos, noise, l2
 
-    def query(self, hi, fw, decompose, sq_proofs, fs: bytes, aux_sha256: str, query_seed: bytes, *,
-              leader: bool) -> np.ndarray:
+    def _query(self, hi, fw, decompose, sq_proofs, fs: bytes, aux_sha256: str, query_seed: bytes, *,
+               leader: bool) -> np.ndarray:
         """``[range combinations] ++ [identity combinations] ++ GRAM_QUERIES square-sum queries`` (``++ [noise
         range combinations]`` under DP)."""
-        pts, c_range, c_gram, c_noise = self._rand(fs, aux_sha256, query_seed)
-        rng, quad, rhos, noise = self.values(hi, fw, decompose, sq_proofs, fs, aux_sha256, leader=leader)
+        pts, c_range, c_gram, c_noise, zpts = self._rand(fs, aux_sha256, query_seed)
+        rng, quad, rhos, noise, l2 = self.values(hi, fw, decompose, sq_proofs, fs, aux_sha256, leader=leader)
+        sq, zsq = self._split_proofs(sq_proofs)
         v = self.factor_vectors(fw, rhos)
         msg = [np.array([flp.dot(row, rng) for row in c_range], dtype=np.uint64),
                np.array([flp.dot(row, quad) for row in c_gram], dtype=np.uint64)]
-        msg += [self.sq.query(v, sq_proofs[q], t) for q, t in enumerate(pts)]
+        msg += [self.sq.query(v, sq[q], t) for q, t in enumerate(pts)]
         if self.noise:
-            msg.append(np.array([flp.dot(row, noise) for row in c_noise], dtype=np.uint64))
+            rel = np.concatenate([noise, l2])
+            msg.append(np.array([flp.dot(row, rel) for row in c_noise], dtype=np.uint64))
+            msg += [self.zsq.query(self._z_groups(fw), zsq[q], t) for q, t in enumerate(zpts)]
         return np.concatenate(msg)
 
     def decide(self, v: np.ndarray) -> str | None:
@@ -482,6 +738,12 @@ class GramStatement:
         for q in range(GRAM_QUERIES):
             if not self.sq.decide(v[o + q * k:o + (q + 1) * k]):
                 return "gram"
-        if self.noise and any(int(z) for z in v[o + GRAM_QUERIES * k:]):
-            return "noise"
+        if self.noise:
+            o += GRAM_QUERIES * k
+            if any(int(z) for z in v[o:o + LINEAR_REPS]):
+                return "noise"
+            o, k = o + LINEAR_REPS, self.zsq.verifier_len
+            for q in range(GRAM_QUERIES):
+                if not self.zsq.decide(v[o + q * k:o + (q + 1) * k]):
+                    return "noise"
         return None
