@@ -12,7 +12,7 @@ This module imports nothing: the primitives (secure_afl.hazmat) may use it.
 
 from __future__ import annotations
 
-__all__ = ["SIGNATURES", "HASHES", "KDF_INFO", "AEAD", "XOF", "MAGICS", "FORMATS", "ALL"]
+__all__ = ["SIGNATURES", "HASHES", "SUB_LABELS", "KDF_INFO", "AEAD", "XOF", "MAGICS", "FORMATS", "ALL"]
 
 # -- Ed25519 signatures: PREFIX || message ------------------------------------------------------
 REQUEST = b"secure-afl/request/v1\0"                      # a party's signed HTTP request
@@ -42,6 +42,13 @@ SECAGG_SHARE_COMMITMENT = b"secure-afl/secagg/v2/share-commitment\0"
 SECAGG_DEAL_CHALLENGE = b"secure-afl/secagg/v2/deal-challenge\0"
 SPLIT_VALIDITY = b"secure-afl/split/validity/v1\0"        # split: Fiat-Shamir over a committed upload
 SPLIT_QUERY = b"secure-afl/split/query/v1\0"              # split: HMAC(key holder's query key, committed upload)
+
+# -- sub-labels: SHA-256(split Fiat-Shamir seed || LABEL || ...), one per value drawn from the same seed ------
+SPLIT_FS_JOINT = b"joint\0"                              # the bit proofs' joint randomness
+SPLIT_FS_ROWS = b"rows\0"                                # the projection rows' key
+SPLIT_FS_GRAM = b"gram\0"                                # the Gram statement's rho vectors
+SPLIT_FS_FACTOR_ROWS = b"factor-rows\0"                  # the Gram factor's projection rows' key
+SPLIT_FS_SEED = b"seed\0"                                # a hospital's seed digest (under SPLIT_VALIDITY)
 
 # -- HKDF info ---------------------------------------------------------------------------------
 SECAGG_PAIRWISE = "secure-afl/secagg/v1/"                 # + purpose/session/lo/hi (hazmat.prg)
@@ -94,6 +101,9 @@ SIGNATURES = {
 HASHES = {"AUDIT_CHAIN": AUDIT_CHAIN, "SECAGG_GRAPH_SEED": SECAGG_GRAPH_SEED,
           "SECAGG_SHARE_COMMITMENT": SECAGG_SHARE_COMMITMENT, "SECAGG_DEAL_CHALLENGE": SECAGG_DEAL_CHALLENGE,
           "SPLIT_VALIDITY": SPLIT_VALIDITY, "SPLIT_QUERY": SPLIT_QUERY}
+# derived from one Fiat-Shamir seed, so no one of them may prefix another
+SUB_LABELS = {"SPLIT_FS_JOINT": SPLIT_FS_JOINT, "SPLIT_FS_ROWS": SPLIT_FS_ROWS, "SPLIT_FS_GRAM": SPLIT_FS_GRAM,
+              "SPLIT_FS_FACTOR_ROWS": SPLIT_FS_FACTOR_ROWS, "SPLIT_FS_SEED": SPLIT_FS_SEED}
 KDF_INFO = {"SECAGG_PAIRWISE": SECAGG_PAIRWISE, "TAG_BOX": TAG_BOX, "SPLIT_SEED_HPKE": SPLIT_SEED_HPKE,
             "SPLIT_QUERY_KEY": SPLIT_QUERY_KEY, "SPLIT_JUDGED_KEY": SPLIT_JUDGED_KEY,
             "SPLIT_KEPT_SEED_KEY": SPLIT_KEPT_SEED_KEY}
@@ -109,4 +119,4 @@ MAGICS = {"PAYLOAD_MAGIC": PAYLOAD_MAGIC, "CKKS_BODY_MAGIC": CKKS_BODY_MAGIC, "B
           "SECRET_KEY_MAGIC": SECRET_KEY_MAGIC, "PACKED_STATS_MAGIC": PACKED_STATS_MAGIC}
 FORMATS = {"EMBEDDINGS_FORMAT": EMBEDDINGS_FORMAT, "STATISTICS_FORMAT": STATISTICS_FORMAT}
 # name -> value, every group together
-ALL = {**SIGNATURES, **HASHES, **KDF_INFO, **AEAD, **XOF, **MAGICS, **FORMATS}
+ALL = {**SIGNATURES, **HASHES, **SUB_LABELS, **KDF_INFO, **AEAD, **XOF, **MAGICS, **FORMATS}

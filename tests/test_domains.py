@@ -33,6 +33,13 @@ def test_no_signature_prefix_is_a_prefix_of_another():
     assert not clashes, clashes
 
 
+def test_no_sub_label_of_one_seed_is_a_prefix_of_another():
+    # SHA-256(seed || LABEL || ...) for several values from one seed: each must parse back to one label
+    values = list(domains.SUB_LABELS.values())
+    assert all(v.endswith(b"\0") and v.count(b"\0") == 1 for v in values)
+    assert not [(a, b) for a in values for b in values if a != b and b.startswith(a)]
+
+
 def test_every_signature_prefix_ends_with_a_separator():
     # without the terminator "secure-afl/x/v1" || "0..." and "secure-afl/x/v10" || "..." would be the same bytes
     assert all(v.endswith(b"\0") for v in domains.SIGNATURES.values())
@@ -50,9 +57,13 @@ def _literals(tree: ast.AST):
 _TAG = re.compile(rb"(?i)safl[a-z0-9]")
 
 
+# a sub-label: a short lower-case word ended by NUL, hashed after a seed ("rows\0", "factor-rows\0")
+_SUB_LABEL = re.compile(rb"[a-z][a-z0-9-]*\0")
+
+
 def _looks_like_a_domain(value: bytes) -> bool:
     low = value.lower()
-    return (low.startswith(b"secure-afl/") or bool(_TAG.match(value))
+    return (low.startswith(b"secure-afl/") or bool(_TAG.match(value)) or bool(_SUB_LABEL.fullmatch(value))
             or any(low.startswith(_as_bytes(v).lower()) for v in domains.ALL.values()))
 
 
@@ -78,6 +89,6 @@ def test_the_search_covers_every_party_package():
 def test_the_literal_search_sees_a_planted_prefix():
     planted = ast.parse('"""doc: secure-afl/x/v1 is fine here"""\nX = b"secure-afl/planted/v1\\0"\n'
                         'Y = b"saflPLANTtag"\nZ = b"SaflOther"\nW = "Secure-AFL/Mixed/v1"\n'
-                        'T = "safl-seal-"\nH = "x-safl-tag"\n')
+                        'T = "safl-seal-"\nH = "x-safl-tag"\nR = b"planted-rows\\0"\nN = b"\\0"\n')
     assert [v for _, v in _literals(planted) if _looks_like_a_domain(v)] == [
-        b"secure-afl/planted/v1\0", b"saflPLANTtag", b"SaflOther", b"Secure-AFL/Mixed/v1"]
+        b"secure-afl/planted/v1\0", b"saflPLANTtag", b"SaflOther", b"Secure-AFL/Mixed/v1", b"planted-rows\0"]

@@ -131,7 +131,7 @@ class Circuit:
             "hospital": hospital, "main_sha256": main_sha256, "seed_sha256": seed_sha256})).digest()
 
     def joint_rand(self, fs: bytes, aux_sha256: str) -> list[int]:
-        key = hashlib.sha256(fs + b"joint\0" + bytes.fromhex(aux_sha256)).digest()
+        key = hashlib.sha256(fs + domains.SPLIT_FS_JOINT + bytes.fromhex(aux_sha256)).digest()
         return [int(v) for v in flp.expand_field(key, self.reps, domains.SPLIT_JOINT_XOF)]
 
     def query_rand(self, fs: bytes, aux_sha256: str, query_seed: bytes) -> tuple[list[int], np.ndarray]:
@@ -149,7 +149,7 @@ class Circuit:
     def project(self, x, fs: bytes) -> np.ndarray:
         """``<r_j, hi> mod p`` for the ROWS rows, shape (ROWS,)."""
         hi = np.asarray(x, dtype=np.uint64)[:self.L]
-        return projection.project(hi, hashlib.sha256(fs + b"rows\0").digest(), _ROW_DOMAIN, compiled=True)
+        return projection.project(hi, hashlib.sha256(fs + domains.SPLIT_FS_ROWS).digest(), _ROW_DOMAIN, compiled=True)
 
     # -- prover ------------------------------------------------------------------------------------------
     def lanes(self, vector) -> np.ndarray:

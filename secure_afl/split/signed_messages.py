@@ -74,7 +74,7 @@ class UploadCommitment:
 
 
 def seed_digest(seed: bytes) -> str:
-    return hashlib.sha256(FS_PREFIX + b"seed\0" + bytes(seed)).hexdigest()
+    return hashlib.sha256(FS_PREFIX + domains.SPLIT_FS_SEED + bytes(seed)).hexdigest()
 
 
 class SeedRefused(InvalidContribution):

@@ -506,7 +506,7 @@ class GramStatement(Statement):
     # -- the factor ---------------------------------------------------------------------------------------
     def rhos(self, fs: bytes, aux_sha256: str) -> np.ndarray:
         """(GRAM_RHOS, m): the Fiat-Shamir vectors, fixed by the lanes, the factor and the bits (delta)."""
-        key = hashlib.sha256(fs + b"gram\0" + bytes.fromhex(aux_sha256)).digest()
+        key = hashlib.sha256(fs + domains.SPLIT_FS_GRAM + bytes.fromhex(aux_sha256)).digest()
         return flp.expand_field(key, GRAM_RHOS * self.g["m"], _RHO_DOMAIN).reshape(GRAM_RHOS, self.g["m"])
 
     def _factor_blocks(self, fw: np.ndarray):
@@ -541,7 +541,7 @@ class GramStatement(Statement):
 
     def project_factor(self, fw, fs: bytes) -> np.ndarray:
         """``<r_j, factor>`` mod p for ROWS rows of their own."""
-        return project(np.asarray(fw, dtype=np.uint64)[:self.n_f], hashlib.sha256(fs + b"factor-rows\0").digest(),
+        return project(np.asarray(fw, dtype=np.uint64)[:self.n_f], hashlib.sha256(fs + domains.SPLIT_FS_FACTOR_ROWS).digest(),
                        _FROW_DOMAIN)
 
     def factorise(self, lanes_of, vector, noise=None) -> tuple[np.ndarray, np.ndarray]:
