@@ -27,8 +27,8 @@ _EXTRAS = {"torch": "embed", "torchvision": "embed", "PIL": "embed", "flwr": "fl
 
 # (command name, help, "module" providing register(subparser), or "module:function" naming another function)
 COMMANDS = [
-    ("reproduce", "reproduce the papers' verification experiments", "secure_afl.tools.reproduce"),
-    ("bench", "benchmarks that print figures", "secure_afl.tools.bench"),
+    ("reproduce", "reproduce the papers' verification experiments", "secure_afl_tools.reproduce"),
+    ("bench", "benchmarks that print figures", "secure_afl_tools.bench"),
     ("client", "hospital-side commands", "secure_afl.clients.cli"),
     ("pki", "consortium CA, TLS certificates and Ed25519 identities", "secure_afl.consortium.cli:register_pki"),
     ("session", "the operator's signed session definition every party pins",
@@ -38,9 +38,9 @@ COMMANDS = [
     ("server", "the aggregation server", "secure_afl.server.cli"),
     ("keyholder", "the key holder: keys, release checks, decryption and the solve", "secure_afl.keyholder.cli"),
     ("predict", "apply a model file to an image folder or an embeddings file", "secure_afl.clients.predict"),
-    ("demo", "end-to-end demo: PKI, server, key holder and K hospitals on 127.0.0.1", "secure_afl.tools.demo"),
-    ("attack", "run the threat-model attack demonstrations", "secure_afl.tools.attacks"),
-    ("compare", "AFL against FedAvg, FedProx and FedFac with secure sums", "secure_afl.tools.baselines.compare"),
+    ("demo", "end-to-end demo: PKI, server, key holder and K hospitals on 127.0.0.1", "secure_afl_tools.demo"),
+    ("attack", "run the threat-model attack demonstrations", "secure_afl_tools.attacks"),
+    ("compare", "AFL against FedAvg, FedProx and FedFac with secure sums", "secure_afl_tools.baselines.compare"),
 ]
 
 
@@ -121,8 +121,8 @@ def _missing_extra(exc: ModuleNotFoundError) -> MissingExtra | None:
                         f"pip install 'secure-afl[{extra}]'")
 
 
-# the separate distribution that holds secure_afl.tools (not in a hospital's install)
-TOOLS_PACKAGE = "secure_afl.tools"
+# the separate distribution that holds secure_afl_tools (not in a hospital's install)
+TOOLS_PACKAGE = "secure_afl_tools"
 TOOLS_INSTALL = "pip install ./tools (the secure-afl-tools distribution in a clone of the repository; `make demo` does it)"
 
 

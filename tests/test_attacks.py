@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from secure_afl.tools.attacks import ATTACKS, run_attack
+from secure_afl_tools.attacks import ATTACKS, run_attack
 from secure_afl.cli import main
 
 pytestmark = pytest.mark.security

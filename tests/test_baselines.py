@@ -7,12 +7,12 @@ import pytest
 
 from secure_afl.backends.ckks import expected_abs_error
 
-from secure_afl.tools.baselines import FLConfig, LinearHead, MLPHead, SecureSum, run_fedavg, run_fedfac
-from secure_afl.tools.baselines import fedfac as fa
-from secure_afl.tools.baselines.compare import ri_ablation, run_afl, run_grid, write_report
-from secure_afl.tools.baselines.fl import secure_split
+from secure_afl_tools.baselines import FLConfig, LinearHead, MLPHead, SecureSum, run_fedavg, run_fedfac
+from secure_afl_tools.baselines import fedfac as fa
+from secure_afl_tools.baselines.compare import ri_ablation, run_afl, run_grid, write_report
+from secure_afl_tools.baselines.fl import secure_split
 from secure_afl.cli import main
-from secure_afl.tools.demo import random_features
+from secure_afl_tools.demo import random_features
 from secure_afl.exceptions import BoundsExceeded, InvalidInputError
 from secure_afl.partition import dirichlet
 
@@ -143,8 +143,8 @@ def test_ckks_sum_is_flooded_with_a_fresh_key_per_sum():
 
 
 def test_tuned_fedavg_reaches_afl_within_two_points_on_iid_digits():
-    from secure_afl.tools.baselines.study import split_validation
-    from secure_afl.tools.demo import load_embedded
+    from secure_afl_tools.baselines.study import split_validation
+    from secure_afl_tools.demo import load_embedded
     from secure_afl.partition import partition
 
     Xtr, ytr, Xte, yte, n_classes = load_embedded("digits", 0)
@@ -183,8 +183,8 @@ def test_factor_analysis_split_differs_from_random_split_on_planted_structure():
 
 
 def test_label_prior_never_lowers_a_clients_accuracy(data):
-    from secure_afl.tools.baselines.fl import client_label_mix, evaluate
-    from secure_afl.tools.baselines.study import label_prior_accuracy
+    from secure_afl_tools.baselines.fl import client_label_mix, evaluate
+    from secure_afl_tools.baselines.study import label_prior_accuracy
 
     clients, test, _ = data
     res = run_afl(clients, test, C)
@@ -316,7 +316,7 @@ def test_compare_on_client_embedded_images_runs_and_afl_is_the_pooled_closed_for
 
     from secure_afl.analytic import centralised_weights, top1_accuracy
     from secure_afl.clients.statsfile import recorded_extractor
-    from secure_afl.tools.baselines.features import embed_digits, load_features
+    from secure_afl_tools.baselines.features import embed_digits, load_features
 
     # Prepare: a few rendered digits through the clients' extraction (random resnet18, CPU)
     npz = tmp_path / "emb.npz"
@@ -350,7 +350,7 @@ def test_compare_on_client_embedded_images_runs_and_afl_is_the_pooled_closed_for
 
 def test_features_file_of_zero_embeddings_is_refused_with_a_reason(tmp_path):
     from secure_afl.clients.statsfile import write_embeddings_file
-    from secure_afl.tools.baselines.features import load_features
+    from secure_afl_tools.baselines.features import load_features
 
     # Prepare: an embeddings file in the client's format whose rows are all zero
     path = write_embeddings_file(tmp_path / "zero.npz", np.zeros((20, 4)), np.arange(20) % 2, ["a", "b"])
@@ -363,7 +363,7 @@ def test_features_file_of_zero_embeddings_is_refused_with_a_reason(tmp_path):
 
 
 def _tiny_study(fixture, **kw):
-    from secure_afl.tools.baselines.study import run_study
+    from secure_afl_tools.baselines.study import run_study
 
     grids = {"FedAvg-linear": {"head": "linear", "lr": (0.3, 3.0, 30.0), "local_epochs": (1,), "mu": (0.0,)}}
     fg = {"lr": (1e-3, 1e-2), "local_epochs": (1,), "tau": (0.5, 1.0), "kappa": (0.8,)}
@@ -423,7 +423,7 @@ def test_tuning_seed_never_enters_a_reported_cell(data):
 
 
 def test_study_reports_a_chosen_setting_on_the_edge_of_its_grid(data):
-    from secure_afl.tools.baselines.study import grid_edges
+    from secure_afl_tools.baselines.study import grid_edges
 
     # a two-point step grid: whichever step wins sits on an edge, and the study's own output says so
     study = _tiny_study(data, grids={"FedAvg-linear": {"head": "linear", "lr": (1e-4, 1e-3), "local_epochs": (1,),
@@ -444,8 +444,8 @@ def test_study_reports_a_chosen_setting_on_the_edge_of_its_grid(data):
 
 
 def test_label_prior_is_applied_to_each_personal_model(data):
-    from secure_afl.tools.baselines.fl import client_label_mix
-    from secure_afl.tools.baselines.study import label_prior_accuracy
+    from secure_afl_tools.baselines.fl import client_label_mix
+    from secure_afl_tools.baselines.study import label_prior_accuracy
 
     clients, test, _ = data
     head = MLPHead(D, C, 8)
@@ -459,7 +459,7 @@ def test_label_prior_is_applied_to_each_personal_model(data):
 
 
 def test_mcnemar_on_constructed_cases_of_known_significance():
-    from secure_afl.tools.baselines.study_report import call, mcnemar
+    from secure_afl_tools.baselines.study_report import call, mcnemar
 
     # a right where b is wrong on 10 samples, never the reverse: p = 2 / 2^10 exactly
     a = np.ones(500, dtype=bool)
@@ -492,7 +492,7 @@ def test_mcnemar_on_constructed_cases_of_known_significance():
 
 
 def test_paired_bootstrap_on_constructed_cases_of_known_significance():
-    from secure_afl.tools.baselines.study_report import paired_bootstrap
+    from secure_afl_tools.baselines.study_report import paired_bootstrap
 
     rng = np.random.default_rng(0)
     y = np.repeat(np.arange(4), 100)
@@ -523,7 +523,7 @@ def test_paired_bootstrap_on_constructed_cases_of_known_significance():
 def test_paired_tests_read_the_same_accuracies_the_tables_print(data):
     # what the tests resample is what was measured: at the full sample (no resampling) each paired test's
     # difference is the difference of the reported means, for global models and for FedFac's personal ones
-    from secure_afl.tools.baselines.study_report import compare_rows
+    from secure_afl_tools.baselines.study_report import compare_rows
 
     study = _tiny_study(data)
     afl = study["afl"]["dirichlet:0.5"]["seeds"]

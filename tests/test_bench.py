@@ -11,7 +11,7 @@ import pytest
 from secure_afl.keyholder.flooding import SECURITY
 from secure_afl.packing import Layout
 
-from secure_afl.tools import bench
+from secure_afl_tools import bench
 
 KEYS = {"backend", "protect_s_per_client", "combine_s", "reveal_s", "bytes_per_client", "max_abs_error",
         "exact", "dim", "classes", "clients", "dropout"}
@@ -104,8 +104,8 @@ def test_bad_dropout_is_refused():
 
 def test_bench_dp_prints_a_table_and_writes_a_png(tmp_path, capsys):
     from secure_afl.analytic import centralised_weights, top1_accuracy
-    from secure_afl.tools.demo import load_embedded
-    from secure_afl.tools.bench_dp import run_bench
+    from secure_afl_tools.demo import load_embedded
+    from secure_afl_tools.bench_dp import run_bench
 
     out = run_bench(datasets=("breast-cancer",), clients=(5,), epsilons=(1.0, float("inf")), seeds=1,
                     png=str(tmp_path / "dp.png"), json_path=str(tmp_path / "dp.json"))
@@ -121,7 +121,7 @@ def test_bench_dp_prints_a_table_and_writes_a_png(tmp_path, capsys):
 
 def test_keyholder_bench_runs_the_real_release_path(capsys):
     # the bench drives KeyHolder.release_he on stored signed uploads; a flooded release must come out
-    from secure_afl.tools.bench_keyholder import main as kh_bench
+    from secure_afl_tools.bench_keyholder import main as kh_bench
 
     assert kh_bench(["--dim", "8", "--classes", "3", "--hospitals", "2"]) == 0
     out = capsys.readouterr().out
@@ -130,7 +130,7 @@ def test_keyholder_bench_runs_the_real_release_path(capsys):
 
 @pytest.mark.parametrize("backend", ["plain", "split"])
 def test_protect_repeats_keep_one_time_per_hospital_and_the_same_round(backend):
-    from secure_afl.tools.bench import run_protect
+    from secure_afl_tools.bench import run_protect
 
     # Execute: one round as is, one with every protect timed three times
     once = run_protect(backend, 8, 3, 3, samples=16)

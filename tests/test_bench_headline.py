@@ -12,7 +12,7 @@ pytest.importorskip("torchvision")
 @pytest.mark.e2e
 @pytest.mark.slow
 def test_headline_runs_end_to_end_through_the_service(capsys):
-    from secure_afl.tools.bench_headline import main
+    from secure_afl_tools.bench_headline import main
 
     assert main(["--images", "300", "--test-images", "60", "--classes", "5", "--hospitals", "4",
                  "--input-size", "32", "--batch-size", "64", "--device", "cpu"]) == 0
@@ -33,7 +33,7 @@ def test_headline_runs_end_to_end_through_the_service(capsys):
 def test_headline_compare_plain_runs_both_backends_on_the_same_features(capsys):
     """--compare plain: one invocation, both sessions through the real service on the same extraction and
     statistics, both ratios formed from the two runs' own phases and printed side by side."""
-    from secure_afl.tools.bench_headline import main
+    from secure_afl_tools.bench_headline import main
 
     assert main(["--images", "300", "--test-images", "60", "--classes", "5", "--hospitals", "3",
                  "--input-size", "32", "--batch-size", "64", "--device", "cpu", "--compare", "plain"]) == 0

@@ -24,7 +24,7 @@ def test_bench_service_versus_runs_both_backends_and_counts_every_upload_once(tm
 
 
 def test_bench_upload_cost_splits_the_server_cpu_against_its_floor(tmp_path):
-    from secure_afl.tools.bench_upload import format_report, run_upload_cost
+    from secure_afl_tools.bench_upload import format_report, run_upload_cost
 
     # Execute
     r = run_upload_cost("split", 2, dim=6, classes=3, samples=8, workdir=str(tmp_path))

@@ -157,14 +157,14 @@ def test_a_hospital_refuses_a_server_that_lies_about_one_field_naming_it(lying_s
 # -- split: a server and min_clients - 1 colluders after one hospital -------------------------------------------
 @pytest.fixture(scope="module")
 def split_cohort(tmp_path_factory):
-    from secure_afl.tools.attacks import run_attack
+    from secure_afl_tools.attacks import run_attack
 
     return run_attack("split-cohort", verbose=False, work=tmp_path_factory.mktemp("cohort"))
 
 
 @pytest.fixture(scope="module")
 def small_split_cohort(tmp_path_factory):
-    from secure_afl.tools.attacks import run_attack
+    from secure_afl_tools.attacks import run_attack
 
     return run_attack("split-cohort", verbose=False, work=tmp_path_factory.mktemp("cohort4"), roster=4)
 
@@ -208,7 +208,7 @@ def test_the_collector_refuses_a_share_over_fewer_than_q(tmp_path):
     # statement names 2 refusals (within the limit) so that 4 remain
     from secure_afl import split
     from secure_afl.exceptions import InsufficientContributors
-    from secure_afl.tools.attacks import split_service
+    from secure_afl_tools.attacks import split_service
 
     srv, kh, pki_dir, _ = split_service(tmp_path, hospitals=tuple(f"h{i}" for i in range(6)), min_clients=3)
     try:
@@ -229,7 +229,7 @@ def test_the_collector_refuses_a_share_over_fewer_than_q(tmp_path):
 # -- secagg: a restarted hospital and a re-run of the same round --------------------------------------------------
 @pytest.mark.e2e
 def test_a_secagg_rerun_after_a_restart_is_refused_by_every_hospital(tmp_path):
-    from secure_afl.tools.attacks import run_attack
+    from secure_afl_tools.attacks import run_attack
 
     # Execute: round 1 completes over 4 hospitals; a second server of the same signed session runs round 1
     # again, fresh keys, with every hospital but the victim restarted
@@ -302,8 +302,8 @@ def test_the_key_holder_floor_holds_when_the_server_relays_min_clients_1(tmp_pat
     from secure_afl.packing import Layout
     from secure_afl.params import Bounds
     from secure_afl.release_checks import ReleaseLedger
-    from secure_afl.tools.attack_parties import MaliciousServer, signed_participant, tagged_upload
-    from secure_afl.tools.harness import make_pki, sign_session
+    from secure_afl_tools.attack_parties import MaliciousServer, signed_participant, tagged_upload
+    from secure_afl_tools.harness import make_pki, sign_session
 
     names = [f"h{i}" for i in range(roster)]
     server, parties = make_pki(tmp_path / "pki", names, name="floor")
@@ -337,8 +337,8 @@ def test_refusals_past_the_signed_limit_abort_even_when_the_quorum_remains(tmp_p
     # Prepare: a split session of 8 (min_clients 3: c = 2, q = 6) that signs max_refusals = 0, every upload
     # in; the server forges the verifier message of one honest upload, leaving 7 >= q
     from secure_afl.exceptions import InsufficientContributors
-    from secure_afl.tools.attack_parties import ForgingSplitSource
-    from secure_afl.tools.attacks import split_service
+    from secure_afl_tools.attack_parties import ForgingSplitSource
+    from secure_afl_tools.attacks import split_service
 
     names = tuple(f"h{i}" for i in range(8))
     srv, kh, pki_dir, _ = split_service(tmp_path, hospitals=names, min_clients=3,
@@ -377,7 +377,7 @@ def test_a_refused_hospital_proves_the_server_forged_its_refusal_with_its_own_up
     from secure_afl import pki
     from secure_afl import split
     from secure_afl.keyholder.release import HTTPSource
-    from secure_afl.tools.attack_parties import forge_verifier
+    from secure_afl_tools.attack_parties import forge_verifier
 
     names = tuple(f"h{i}" for i in range(1, 7))
     c = consortium(backend="split", hospitals=names, min_clients=3).start()

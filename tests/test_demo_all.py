@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from secure_afl.cli import main
-from secure_afl.tools.demo import ALL_BACKENDS
+from secure_afl_tools.demo import ALL_BACKENDS
 
 ROOT = Path(__file__).resolve().parents[1]
 

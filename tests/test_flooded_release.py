@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from secure_afl.keyholder.flooding import SECURITY
 from secure_afl.analytic import solve_from_sums, solve_head
-from secure_afl.tools.attacks import run_attack
+from secure_afl_tools.attacks import run_attack
 from secure_afl.backends.ckks import CKKSBackend, ckks_session_params, new_ckks_session
 from secure_afl.certify import (
     FLOOD_TAIL,

@@ -1,4 +1,4 @@
-"""The consortium harness (secure_afl.tools.harness) the tests and the tools share starts a real server and stops it.
+"""The consortium harness (secure_afl_tools.harness) the tests and the tools share starts a real server and stops it.
 
 A test that leaves a server behind, or waits without a bound for one that never comes up, would hang or
 leak into every later test: both paths run here against a real ``secure-afl server run`` process.
@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from secure_afl.pki import client_ssl_context
-from secure_afl.tools.harness import Consortium, start_server
+from secure_afl_tools.harness import Consortium, start_server
 from support import Consortium as SupportConsortium
 
 

@@ -16,8 +16,8 @@ HAZMAT_MAY_IMPORT = {"secure_afl.exceptions", "secure_afl._validation", "secure_
 # installed sub-packages that are not library: the parties' transport, the parties, the tools, the console script
 TRANSPORT = ("secure_afl.transport",)
 ABOVE_LIBRARY = TRANSPORT + ("secure_afl.server", "secure_afl.clients", "secure_afl.keyholder", "secure_afl.consortium",
-                             "secure_afl.flower", "secure_afl.tools", "secure_afl.cli")
-TOOLS = ("secure_afl.flower", "secure_afl.tools")
+                             "secure_afl.flower", "secure_afl_tools", "secure_afl.cli")
+TOOLS = ("secure_afl.flower", "secure_afl_tools")
 
 
 def _under(name: str, packages) -> bool:
@@ -111,15 +111,15 @@ def test_an_import_by_string_is_an_import():
     # the string finder must see what a command table or importlib names, and only that
     import ast
 
-    known = {"secure_afl.tools.demo", "secure_afl.cli", "secure_afl.server"}
-    tree = ast.parse('''"""Docstring naming secure_afl.tools.demo."""
+    known = {"secure_afl_tools.demo", "secure_afl.cli", "secure_afl.server"}
+    tree = ast.parse('''"""Docstring naming secure_afl_tools.demo."""
 import importlib, logging, subprocess, sys
 log = logging.getLogger("secure_afl.server")
-TABLE = [("demo", "secure_afl.tools.demo:register")]
-importlib.import_module("secure_afl.tools.demo")
+TABLE = [("demo", "secure_afl_tools.demo:register")]
+importlib.import_module("secure_afl_tools.demo")
 subprocess.Popen([sys.executable, "-m", "secure_afl.cli", "server"])
 ''')
-    assert sorted(st.string_imports_in(tree, known)) == [(4, "secure_afl.tools.demo"), (5, "secure_afl.tools.demo")]
+    assert sorted(st.string_imports_in(tree, known)) == [(4, "secure_afl_tools.demo"), (5, "secure_afl_tools.demo")]
 
 
 def test_hazmat_imports_nothing_above_it():

@@ -3,7 +3,7 @@ import json
 import pytest
 
 from secure_afl.cli import main
-from secure_afl.tools.reproduce import table_a1
+from secure_afl_tools.reproduce import table_a1
 
 
 @pytest.mark.slow  # d = 512, N = 10,000: minutes on two cores

@@ -12,7 +12,7 @@ import pytest
 
 from secure_afl import pki
 from secure_afl.cli import main
-from secure_afl.tools.harness import Consortium
+from secure_afl_tools.harness import Consortium
 from support.walkthrough import CLASSES, documented_sessions, make_inputs, prompt_commands, run_session
 
 

@@ -1,6 +1,6 @@
 """Security tests against a real ``secure-afl server run`` process (mTLS on 127.0.0.1).
 
-One server process per module (started with :func:`secure_afl.tools.harness.start_server`
+One server process per module (started with :func:`secure_afl_tools.harness.start_server`
 on a free port, bounded waits, always stopped in the fixture finaliser).
 """
 
@@ -17,7 +17,7 @@ import pytest
 
 from secure_afl import pki
 from secure_afl.backends.ckks import ckks_session_params, generate_keys
-from secure_afl.tools.harness import make_pki, start_server, write_session
+from secure_afl_tools.harness import make_pki, start_server, write_session
 from secure_afl.packing import Layout
 from secure_afl.params import Bounds
 from secure_afl.tagging import generate_tag_key, new_tag, seal_tag, sign_tag

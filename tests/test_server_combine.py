@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from secure_afl.backends import get_backend
-from secure_afl.tools.bench_service import ServerMeter
+from secure_afl_tools.bench_service import ServerMeter
 from secure_afl.backends.ckks import ckks_session_params
 from secure_afl.envelope import peek_header, seal
 from secure_afl.exceptions import SecureAFLError

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from secure_afl import pki
-from secure_afl.tools.harness import ServerProcess
+from secure_afl_tools.harness import ServerProcess
 from secure_afl.server.tls_server import SPARE_FILES
 
 pytestmark = pytest.mark.e2e

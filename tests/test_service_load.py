@@ -125,7 +125,7 @@ def test_retry_delay_honours_retry_after_and_spreads_the_crowd():
 
 @pytest.mark.parametrize("backend", ["plain", "secagg"])
 def test_bench_service_small_session_reports_every_phase(tmp_path, backend):
-    from secure_afl.tools.bench_service import format_report, run_service_bench
+    from secure_afl_tools.bench_service import format_report, run_service_bench
 
     r = run_service_bench(backend, 4, dim=6, classes=3, samples=8, workdir=str(tmp_path))
     assert list(r["phases"]) == ["pki", "server", "hospitals", "release"]
@@ -144,7 +144,7 @@ def test_bench_service_small_session_reports_every_phase(tmp_path, backend):
 
 
 def test_bench_service_ckks_times_the_keyholder_resum_over_https_both_ways(tmp_path):
-    from secure_afl.tools.bench_service import format_report, run_service_bench
+    from secure_afl_tools.bench_service import format_report, run_service_bench
     from secure_afl.keyholder.verify import default_fetchers
 
     r = run_service_bench("ckks", 4, dim=6, classes=3, samples=8, workdir=str(tmp_path), compare_fetchers=True)

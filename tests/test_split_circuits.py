@@ -23,7 +23,7 @@ from secure_afl.hazmat import flp
 from secure_afl.packing import Layout
 from secure_afl.params import Bounds
 from secure_afl.stats import local_statistics
-from secure_afl.tools.attacks_validity import field_factor
+from secure_afl_tools.attacks_validity import field_factor
 
 LAYOUT = Layout(4, 3)
 BOUNDS = Bounds(4.0, 60, 8)

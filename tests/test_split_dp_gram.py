@@ -24,7 +24,7 @@ from secure_afl.packing import Layout
 from secure_afl.params import Bounds
 from secure_afl.split.statements import Prover
 from secure_afl.stats import SufficientStatistics, local_statistics
-from secure_afl.tools.attacks_validity import gram_cheat, indefinite_statistics, raw_statistics
+from secure_afl_tools.attacks_validity import gram_cheat, indefinite_statistics, raw_statistics
 
 SPEC = DPSpec(1.0, 1e-5, 3)
 GAMMA = 1.0

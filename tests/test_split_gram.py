@@ -21,7 +21,7 @@ from secure_afl.hazmat.flp_square import SquareSumProof
 from secure_afl.packing import Layout
 from secure_afl.params import Bounds
 from secure_afl.stats import SufficientStatistics, local_statistics
-from secure_afl.tools.attacks_validity import INDEFINITE, field_factor, gram_cheat, indefinite_statistics
+from secure_afl_tools.attacks_validity import INDEFINITE, field_factor, gram_cheat, indefinite_statistics
 
 P = flp.P
 GAMMA = 1.0
@@ -130,7 +130,7 @@ def test_the_honest_prover_refuses_indefinite_statistics():
 
 # -- a malicious hospital's indefinite statistics ---------------------------------------------------------------
 def _attack_vector(name):
-    from secure_afl.tools.attacks_validity import raw_statistics
+    from secure_afl_tools.attacks_validity import raw_statistics
 
     rng = np.random.default_rng(0)
     honest = raw_statistics(rng, k=2)
@@ -266,7 +266,7 @@ def test_max_share_refuses_a_release_too_small_for_the_cap():
 # -- through the service ----------------------------------------------------------------------------------------
 @pytest.mark.e2e
 def test_an_indefinite_upload_is_refused_by_name_through_the_service_only_under_the_gram_statement():
-    from secure_afl.tools.attacks_validity import attack_steer_indefinite_service
+    from secure_afl_tools.attacks_validity import attack_steer_indefinite_service
 
     # Execute: a real server per setting, two honest hospitals, h2's rank-one cancellation and its exact control
     # with a positive semi-definite C_k (C_k = (n_max B^2 / d) I, Q_k = (C_h + C_k) W* - Q_h: A_k is indefinite)

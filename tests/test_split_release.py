@@ -234,7 +234,7 @@ def test_a_dispute_names_the_server_the_key_holder_or_the_hospital(consortium):
     # modified software and uploads a class count of -1; one refusal is allowed
     from secure_afl.keyholder.release import HTTPSource
     from secure_afl.split import Circuit, UploadCommitment
-    from secure_afl.tools.attack_parties import forge_verifier
+    from secure_afl_tools.attack_parties import forge_verifier
 
     c = consortium(backend="split", hospitals=HOSPITALS, min_clients=2,
                    extra_session={"min_class_count": 1, "max_refusals": 1})

@@ -647,7 +647,7 @@ def test_a_refusal_below_min_clients_releases_nothing(consortium):
 
 # -- the attack commands ----------------------------------------------------------------------------------------
 def test_attack_veto_is_refused_by_name_under_split_and_vetoes_the_other_backends():
-    from secure_afl.tools.attacks_validity import attack_veto
+    from secure_afl_tools.attacks_validity import attack_veto
 
     r = attack_veto(verbose=False)
     assert r["table"] == {"split": "refused", "ckks": "vetoed", "bfv": "vetoed", "secagg": "vetoed"}
@@ -655,7 +655,7 @@ def test_attack_veto_is_refused_by_name_under_split_and_vetoes_the_other_backend
 
 
 def test_attack_steer_moves_w_within_the_bounds_and_every_upload_is_accepted():
-    from secure_afl.tools.attacks_validity import attack_steer
+    from secure_afl_tools.attacks_validity import attack_steer
 
     r = attack_steer(verbose=False)
     moved = [row["moved"] for row in r["rows"]]
@@ -704,7 +704,7 @@ def test_cli_attack_veto_exits_7_when_the_split_key_holder_no_longer_judges_the_
 @pytest.mark.e2e
 @pytest.mark.slow
 def test_steering_through_the_service_trips_the_cauchy_schwarz_check_unless_the_target_is_inside_it():
-    from secure_afl.tools.attacks_validity import attack_steer_service
+    from secure_afl_tools.attacks_validity import attack_steer_service
 
     # Execute: ckks through a real server; alpha 1, the bound with the +-5 target, the bound inside the cone
     r = attack_steer_service(backends=("ckks",), alphas=(1.0, None), verbose=False)
@@ -724,7 +724,7 @@ def test_cli_attack_backend_option_is_for_the_hospital_attacks_only(capsys):
 
 
 def test_the_validity_benchmark_runs_and_accepts_its_honest_upload():
-    from secure_afl.tools.bench_validity import run
+    from secure_afl_tools.bench_validity import run
 
     r = run(8, 3, n=50)
     assert r["accepted"] and r["proof_bytes"] > 0 and r["plain_upload_bytes"] == 8 * 2 * Layout(8, 3).length

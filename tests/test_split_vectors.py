@@ -17,7 +17,7 @@ from secure_afl.exceptions import SecureAFLError
 from secure_afl.hazmat import flp
 from secure_afl.params import SessionParams
 from secure_afl.split.signed_messages import UploadCommitment
-from secure_afl.tools import split_vectors
+from secure_afl_tools import split_vectors
 
 VECTORS = json.loads(split_vectors.PATH.read_text())
 H = VECTORS["hospital"]

@@ -28,7 +28,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.wheel]
 
 from support.sourcetree import REPO, main_roots, separate_roots
 
-TOOLS_PACKAGE = "secure_afl.tools"
+TOOLS_PACKAGE = "secure_afl_tools"
 # What a demo-only installation (`make demo`) lacks; the demo must never import them.
 EXTRAS_ONLY = ("torch", "torchvision", "flwr", "PIL", "matplotlib")
 
@@ -145,12 +145,12 @@ def test_the_party_wheel_carries_no_tool_and_no_attack(wheels):
     import zipfile
 
     names = zipfile.ZipFile(wheels["secure_afl"]).namelist()
-    tools = [n for n in names if n.startswith("secure_afl/tools/") or "attack" in n.rpartition("/")[2]]
+    tools = [n for n in names if n.startswith("secure_afl_tools/") or "attack" in n.rpartition("/")[2]]
     assert not tools, tools
     assert "secure_afl/cli/__init__.py" in names and "secure_afl/transport/tls_client.py" in names
     # the tools' wheel holds the tools only: secure_afl itself comes from the party's wheel
     extra = [n for n in zipfile.ZipFile(wheels["secure_afl_tools"]).namelist()
-             if not n.startswith(("secure_afl/tools/", "secure_afl_tools-"))]
+             if not n.startswith(("secure_afl_tools/", "secure_afl_tools-"))]
     assert not extra, extra
 
 

@@ -76,7 +76,7 @@ secagg-rerun
     and fresh keys, after every hospital restarted, without the victim: two
     unmasked sums would differ by the victim's statistics.
 veto, steer
-    One malicious hospital against every backend (:mod:`secure_afl.tools.attacks_validity`),
+    One malicious hospital against every backend (:mod:`secure_afl_tools.attacks_validity`),
     each through a real ``secure-afl server run`` process, the key holder's HTTPS release
     and honest HTTPS hospitals: an impossible in-bounds upload vetoes plain, ckks, bfv
     and secagg releases (nobody named) and is refused by name under split (released over

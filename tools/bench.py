@@ -78,15 +78,15 @@ def _register_protect(parser: argparse.ArgumentParser) -> None:
 
 _SUBCOMMANDS: list = [
     ("protect", "time protect / combine / reveal of one round and check the sum", _register_protect),
-    ("extract", "time embedding extraction on this machine", "secure_afl.tools.bench_embed"),
-    ("dp", "test accuracy against epsilon (distributed DP), table and PNG", "secure_afl.tools.bench_dp"),
-    ("dp-audit", "empirical epsilon lower bound (canary test) next to the accounted one", "secure_afl.tools.bench_dp_audit"),
+    ("extract", "time embedding extraction on this machine", "secure_afl_tools.bench_embed"),
+    ("dp", "test accuracy against epsilon (distributed DP), table and PNG", "secure_afl_tools.bench_dp"),
+    ("dp-audit", "empirical epsilon lower bound (canary test) next to the accounted one", "secure_afl_tools.bench_dp_audit"),
     ("service", "one session through the real server, key holder and K HTTPS hospitals, per phase",
-     "secure_afl.tools.bench_service"),
+     "secure_afl_tools.bench_service"),
     ("combine", "the server's running sum of ckks/bfv uploads with 1 and W summing processes",
-     "secure_afl.tools.bench_combine"),
+     "secure_afl_tools.bench_combine"),
     ("upload-cost", "the server's CPU per upload against its floor (TLS + SHA-256 + fsync) and where it goes",
-     "secure_afl.tools.bench_upload"),
+     "secure_afl_tools.bench_upload"),
 ]
 
 

@@ -21,7 +21,7 @@ from secure_afl.packing import Layout
 from secure_afl.params import Bounds
 from secure_afl.partition import partition
 from secure_afl.stats import StatisticsAccumulator, SufficientStatistics
-from secure_afl.tools.demo import load_embedded
+from secure_afl_tools.demo import load_embedded
 
 __all__ = ["run_bench", "register"]
 

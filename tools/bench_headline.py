@@ -1,8 +1,8 @@
 """The AFL paper's headline timing, CIFAR-100 shaped, end to end through the real service.
 
-    python -m secure_afl.tools.bench_headline                        # 50,000 images, 100 classes, 100 hospitals
-    python -m secure_afl.tools.bench_headline --images 5000 --input-size 32   # a CPU-sized run
-    python -m secure_afl.tools.bench_headline --compare plain        # split and plain, both ratios
+    python -m secure_afl_tools.bench_headline                        # 50,000 images, 100 classes, 100 hospitals
+    python -m secure_afl_tools.bench_headline --images 5000 --input-size 32   # a CPU-sized run
+    python -m secure_afl_tools.bench_headline --compare plain        # split and plain, both ratios
 
 What runs, in order, each phase timed on its own:
 
@@ -300,7 +300,7 @@ def _service_run(backend, stats, parts, d, classes, phases, timed, *, upload_thr
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m secure_afl.tools.bench_headline", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m secure_afl_tools.bench_headline", description=__doc__.split("\n\n")[0])
     p.add_argument("--images", type=int, default=50_000)
     p.add_argument("--test-images", type=int, default=10_000, help="held-out images for the accuracy (not timed "
                                                                     "in the total)")

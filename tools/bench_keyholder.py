@@ -1,7 +1,7 @@
 """Cost of the key holder's finalize (verify every signed upload, re-sum, decrypt once, flood, check,
 solve) next to the server's streaming sum of the same uploads, and what flooding does to W.
 
-    python -m secure_afl.tools.bench_keyholder --dim 512 --classes 100 --hospitals 10 100 [--workers 1 2]
+    python -m secure_afl_tools.bench_keyholder --dim 512 --classes 100 --hospitals 10 100 [--workers 1 2]
 
 Runs the key holder's real release path (:meth:`KeyHolder.release_he`, what
 ``finalize`` runs after the audit countersignature) on what an honest server

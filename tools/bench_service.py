@@ -66,7 +66,7 @@ from secure_afl.secagg import default_threshold, max_min_clients, recommended_ne
 from secure_afl.server.config import load_config
 from secure_afl.stats import StatisticsAccumulator
 from secure_afl.stats import SufficientStatistics
-from secure_afl.tools.harness import Judging, ServerProcess, make_pki, server_section, write_session
+from secure_afl_tools.harness import Judging, ServerProcess, make_pki, server_section, write_session
 
 __all__ = ["register", "run_service_bench", "ServerMeter"]
 
@@ -413,7 +413,7 @@ def _resum_by_fetchers(kh, conn) -> dict[int, float]:
 def _hospital_slice(job: dict, hospitals: list, out) -> None:
     """One worker process: its slice of hospitals as threads, figures back to the parent through ``out``."""
     from secure_afl import pki
-    from secure_afl.tools.harness import behind_the_parties
+    from secure_afl_tools.harness import behind_the_parties
 
     behind_the_parties()
     from secure_afl.clients.hospital import HospitalClient

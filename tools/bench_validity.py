@@ -1,6 +1,6 @@
 """Cost of split's validity proof per hospital: bytes and seconds beside the same upload without a proof.
 
-    python -m secure_afl.tools.bench_validity --dim 512 --classes 100 [--scaling]
+    python -m secure_afl_tools.bench_validity --dim 512 --classes 100 [--scaling]
 
 For one hospital with real statistics (n rows of norm <= B), in one run:
 

@@ -8,7 +8,7 @@
 * :mod:`~secure_afl.dp.solve` - the key holder's PSD repair and calibrated ridge;
 * :mod:`~secure_afl.dp.ledger` - composition of every release of a key holder;
 * :mod:`secure_afl.privacy_audit` - an empirical lower bound on epsilon;
-* :mod:`~secure_afl.tools.bench_dp` - accuracy against epsilon.
+* :mod:`~secure_afl_tools.bench_dp` - accuracy against epsilon.
 """
 
 from .mechanism import DPSpec, dp_config, release_epsilon, release_rdp, sensitivity

@@ -1,7 +1,7 @@
 """Helpers shared by the tests; the only module a test imports besides the package under test.
 
 ``Consortium`` and ``free_port`` come from the one consortium harness the
-tools share (secure_afl.tools.harness: PKI, signed config, a real server
+tools share (secure_afl_tools.harness: PKI, signed config, a real server
 process on 127.0.0.1); :mod:`support.flower` a local Flower deployment (imports flwr);
 :mod:`support.secagg_adversary` a malicious secagg server; :mod:`support.reaper`
 ends every process a test run started, however the run ends.
@@ -18,7 +18,7 @@ import numpy as np
 from secure_afl import pki
 from secure_afl.audit_verify import load_receipts, verify_log
 from secure_afl.server.config import write_config
-from secure_afl.tools.harness import Consortium, free_port
+from secure_afl_tools.harness import Consortium, free_port
 
 __all__ = ["Consortium", "free_port", "write_config", "w_error_bound", "run_hospitals", "verify_countersigned", "load_vectors",
            "json_parametrize", "VECTORS"]

@@ -128,7 +128,7 @@ def docstring_nodes(tree: ast.AST) -> set[int]:
     return out
 
 
-_MODULE_STRING = re.compile(r"secure_afl(?:\.\w+)+(?::\w+)?")
+_MODULE_STRING = re.compile(r"secure_afl(?:_tools)?(?:\.\w+)+(?::\w+)?|secure_afl_tools(?::\w+)?")
 
 
 def _launched(tree: ast.AST) -> set[int]:

@@ -9,10 +9,10 @@
 * :mod:`.compare`    ``secure-afl compare``: AFL against the baselines.
 """
 
-from secure_afl.tools.baselines.fedfac import correlation_from_sums, factor_split
-from secure_afl.tools.baselines.fl import FLConfig, run_fedavg, run_fedfac
-from secure_afl.tools.baselines.heads import LinearHead, MLPHead
-from secure_afl.tools.baselines.securesum import SecureSum
+from secure_afl_tools.baselines.fedfac import correlation_from_sums, factor_split
+from secure_afl_tools.baselines.fl import FLConfig, run_fedavg, run_fedfac
+from secure_afl_tools.baselines.heads import LinearHead, MLPHead
+from secure_afl_tools.baselines.securesum import SecureSum
 
 __all__ = ["SecureSum", "LinearHead", "MLPHead", "FLConfig", "run_fedavg", "run_fedfac",
            "factor_split", "correlation_from_sums"]

@@ -11,9 +11,9 @@ from secure_afl.analytic import solve_head
 from secure_afl.packing import Layout
 from secure_afl.params import Bounds
 from secure_afl.stats import local_statistics
-from secure_afl.tools.baselines.fl import client_label_mix, evaluate
-from secure_afl.tools.baselines.heads import LinearHead
-from secure_afl.tools.baselines.securesum import SecureSum
+from secure_afl_tools.baselines.fl import client_label_mix, evaluate
+from secure_afl_tools.baselines.heads import LinearHead
+from secure_afl_tools.baselines.securesum import SecureSum
 
 __all__ = ["run_afl", "afl_ckks_release"]
 

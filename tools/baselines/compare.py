@@ -24,11 +24,11 @@ from secure_afl.packing import Layout
 from secure_afl.params import Bounds
 from secure_afl.partition import partition
 from secure_afl.stats import local_statistics
-from secure_afl.tools.baselines.fl import FLConfig, client_label_mix, evaluate, run_fedavg, run_fedfac
-from secure_afl.tools.baselines.heads import LinearHead, MLPHead
-from secure_afl.tools.baselines.securesum import SecureSum
-from secure_afl.tools.baselines.afl import afl_ckks_release, run_afl
-from secure_afl.tools.demo import load_embedded
+from secure_afl_tools.baselines.fl import FLConfig, client_label_mix, evaluate, run_fedavg, run_fedfac
+from secure_afl_tools.baselines.heads import LinearHead, MLPHead
+from secure_afl_tools.baselines.securesum import SecureSum
+from secure_afl_tools.baselines.afl import afl_ckks_release, run_afl
+from secure_afl_tools.demo import load_embedded
 
 __all__ = ["run_afl", "run_grid", "ri_ablation", "write_report", "register"]
 

@@ -28,9 +28,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from secure_afl.exceptions import InvalidInputError
-from secure_afl.tools.baselines import fedfac as fa
-from secure_afl.tools.baselines.heads import MLPHead
-from secure_afl.tools.baselines.securesum import SecureSum
+from secure_afl_tools.baselines import fedfac as fa
+from secure_afl_tools.baselines.heads import MLPHead
+from secure_afl_tools.baselines.securesum import SecureSum
 
 __all__ = ["FLConfig", "run_fedavg", "run_fedfac", "evaluate", "client_label_mix"]
 

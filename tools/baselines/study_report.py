@@ -1,4 +1,4 @@
-"""COMPARISON.md and its figures from one :func:`secure_afl.tools.baselines.study.run_study` result.
+"""COMPARISON.md and its figures from one :func:`secure_afl_tools.baselines.study.run_study` result.
 
 Everything printed is computed from the study's JSON: the tables, the
 figures and the numbers quoted in the findings. Accuracies are the mean and
