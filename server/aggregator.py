@@ -50,13 +50,15 @@ from secure_afl.exceptions import (
     StageError,
     TooLarge,
     Unauthenticated,
-    UnknownParty,
 )
 from secure_afl.params import KEYED_BACKENDS, SessionParams
 from secure_afl.protocol import MAX_SKEW_S, parse_context_publication, verify_request_digest
 from secure_afl.signing import build_manifest, make_receipt, verify_upload
 
 from .config import ServerConfig
+from .refusals import RefusalLog
+from .session_parties import SessionRoster
+from .status import session_info, session_status
 from .store import Store
 from secure_afl.session.relay import check_same
 from secure_afl.session.signed import load_signed
@@ -91,13 +93,13 @@ class AggregationServer:
         self._door = None  # the backend that admits uploads, built once per session parameters
         self._drained = threading.Condition(self._lock)
         self._closing = False
-        # unauthenticated refusals per TLS peer: [window start, suppressed count, {reason: count}]
-        self._unauth: dict[str, list] = {}
-        self._unauth_lock = threading.Lock()
         self.definition = self._signed_definition()
         self.release_policy = release_policy(self.definition)
         self._enrolled = self._load_enrolled()
         self._keyholders = pki.load_enrolments(config.pki_dir, role="keyholder")
+        self.roster = SessionRoster(config.session_id, config.keyholder, self._enrolled, self._keyholders)
+        self.lookup_pub, self.enrolment = self.roster.lookup_pub, self.roster.enrolment
+        self.refusals = RefusalLog(self.audit, config.session_id, config.refusal_interval_s, self.roster.peer_party)
         if self.store.get_meta("created_at") is None:
             self.store.set_meta("created_at", time.time())
             self.audit.append("session_created", actor=config.name, outcome="accepted",
@@ -207,90 +209,14 @@ class AggregationServer:
         return None
 
     def info(self) -> dict:
-        return {
-            "session_id": self.config.session_id,
-            "status": self.status,
-            "backend": self.config.backend,
-            "params": self.params.to_dict() if self.params else None,
-            "params_digest": self.params.digest().hex() if self.params else None,
-            "min_clients": self.config.min_clients,
-            "min_class_count": self.config.min_class_count,
-            "colluders": self.release_policy.colluders,
-            "contributions": self.store.upload_count(),
-            "hospitals": sorted(self._enrolled),
-            "deadline": self.deadline,
-            "max_upload_bytes": self.config.max_upload_bytes,
-            "server_identity_pub": self.identity_pub_hex,
-            "keyholder_params_signature": self.store.get_meta("params_signature"),
-        }
+        """The public session info every party reads (:func:`server.status.session_info`)."""
+        return session_info(self)
 
     def session_status(self) -> dict:
-        """Where the session stands, for an operator's ``secure-afl session status``: every roster hospital's
-        state (uploaded, asked to be judged, refused with the reason, silent), the quorum and how many more
-        may still drop out, the deadline. Who took part is in the manifest every party reads at the release
-        anyway; this says it while the session runs, to the consortium's own parties (mTLS) only."""
-        roster = sorted(self._enrolled)
-        uploaded = sorted({row["hospital"] for row in self.store.uploads()})
-        judged = sorted(self.store.verifier_messages()) if self.config.backend == "split" else []
-        refused: dict[str, str] = {}
-        for rec in self._audit_records():  # the server's own refusals of roster hospitals' uploads
-            if rec.get("event") == "upload" and rec.get("outcome") == "refused" and rec.get("actor") in roster:
-                refused[rec["actor"]] = rec.get("reason") or "refused"
-        report = (self.store.get_meta("split_result") or {}).get("report") or {}
-        for h, why in (report.get("refused") or {}).items():  # the key holder's verdicts, known at the release
-            refused[h] = why
-        for h in uploaded:  # a later accepted upload replaces a refused attempt, a release verdict does not
-            if h in refused and h not in (report.get("refused") or {}):
-                del refused[h]
-        policy = self.release_policy
-        counted = [h for h in uploaded if h not in refused]
-        return {
-            "session_id": self.config.session_id, "backend": self.config.backend, "status": self.status,
-            "roster": roster, "uploaded": uploaded, "judged": judged,
-            "valid": sorted(report.get("participants") or []), "refused": dict(sorted(refused.items())),
-            "silent": [h for h in roster if h not in uploaded and h not in refused],
-            "quorum": policy.quorum, "still_needed": max(0, policy.quorum - len(counted)),
-            "dropouts_left": max(0, len(roster) - len(refused) - policy.quorum),
-            "deadline": self.deadline, "now": time.time(),
-        }
-
-    def _audit_records(self):
-        import json as _json
-
-        try:
-            with open(self.audit.path, "rb") as f:
-                for line in f:
-                    try:
-                        yield _json.loads(line)
-                    except ValueError:
-                        continue  # a torn last line is the log's to recover, not this view's
-        except OSError:
-            return
+        """Where the session stands, for ``secure-afl session status`` (:func:`server.status.session_status`)."""
+        return session_status(self)
 
     # -- authentication --------------------------------------------------------------
-    def lookup_pub(self, party: str):
-        role, _, name = party.partition(":")
-        if role == "hospital" and name in self._enrolled:
-            return self._enrolled[name].public_key()
-        if role == "keyholder" and name == self.config.keyholder and name in self._keyholders:
-            return self._keyholders[name].public_key()
-        raise self._not_in_session(party)
-
-    def enrolment(self, party: str):
-        role, _, name = party.partition(":")
-        if role == "hospital" and name in self._enrolled:
-            return self._enrolled[name]
-        if role == "keyholder" and name == self.config.keyholder and name in self._keyholders:
-            return self._keyholders[name]
-        raise self._not_in_session(party)
-
-    def _not_in_session(self, party: str) -> UnknownParty:
-        role, _, name = party.partition(":")
-        if role == "hospital":
-            # a certificate of this consortium may belong to a spare or withdrawn identity: the signed roster decides
-            return UnknownParty(f"{name[:64]!r} is not in the signed roster of session {self.config.session_id!r}")
-        return UnknownParty(f"{party[:80]!r} is not enrolled in this session")
-
     def check_peer(self, party: str, peer: dict | None) -> None:
         """The Ed25519 signer must be the party enrolled for the TLS certificate the client presented.
 
@@ -336,7 +262,7 @@ class AggregationServer:
                 raise MalformedPayload("the upload statement is not a JSON object")
             hospital = statement.get("hospital")
             if not isinstance(hospital, str) or hospital not in self._enrolled:
-                raise self._not_in_session(f"hospital:{str(hospital)[:64]}")
+                raise self.roster.not_in_session(f"hospital:{str(hospital)[:64]}")
             sha = statement.get("payload_sha256")
             if not isinstance(sha, str) or len(sha) != 64:
                 raise MalformedPayload("the upload statement lacks a payload digest")
@@ -352,69 +278,14 @@ class AggregationServer:
             self.refuse("upload", None, err, peer=peer)
             raise err from None
 
-    def _peer_party(self, peer: dict) -> str | None:
-        fp = peer.get("cert_sha256")
-        for role, table in (("hospital", self._enrolled), ("keyholder", self._keyholders)):
-            for name, e in table.items():
-                if fp is not None and e.cert_sha256 == fp:
-                    return f"{role}:{name}"
-        return None
-
     def refuse(self, event: str, actor: str | None, err: SecureAFLError, details: dict | None = None, *,
                peer: dict | None = None) -> None:
-        """Audit a refusal. ``actor`` must be an authenticated identity, or None.
-
-        A refusal without an authenticated identity is recorded as
-        ``unauthenticated`` with the TLS peer (address, certificate digest and
-        the enrolled party that certificate belongs to); at most one such
-        record per peer per ``refusal_interval_s`` is written in full, the
-        rest are counted and summarised in one ``refusals_suppressed`` record,
-        so unsigned requests cannot grow the log at line rate.
-        """
-        details = {**(details or {}), "message": str(err)[:300]}
-        if peer is not None:
-            details["tls_peer"] = {**peer, "cert_party": self._peer_party(peer)}
-        if actor is None:
-            if not self._admit_unauthenticated(peer, err.reason):
-                return
-            actor = "unauthenticated"
-        self.audit.append(event, actor=str(actor)[:128], outcome="refused",
-                          session=self.config.session_id, reason=err.reason, details=details)
-
-    # distinct peers tracked at once; beyond it, all further peers share one counter
-    _MAX_TRACKED_PEERS = 1024
-
-    def _admit_unauthenticated(self, peer: dict | None, reason: str) -> bool:
-        peer = peer or {}
-        key = peer.get("cert_sha256") or str(peer.get("addr") or "local").rpartition(":")[0] or "local"
-        now = time.monotonic()
-        with self._unauth_lock:
-            slot = self._unauth.get(key)
-            if slot is None and len(self._unauth) >= self._MAX_TRACKED_PEERS:
-                key, slot = "*", self._unauth.get("*")
-            if slot is not None and now - slot[0] < self.config.refusal_interval_s:
-                slot[1] += 1
-                slot[2][reason] = slot[2].get(reason, 0) + 1
-                return False
-            if slot is not None:
-                self._write_suppressed(key, slot)
-            self._unauth[key] = [now, 0, {}]
-            return True
+        """Audit a refusal (:meth:`server.refusals.RefusalLog.refuse`). ``actor``: an authenticated identity,
+        or None."""
+        self.refusals.refuse(event, actor, err, details, peer=peer)
 
     def flush_refusals(self) -> None:
-        """Write the pending ``refusals_suppressed`` summaries (at release and shutdown)."""
-        with self._unauth_lock:
-            for key, slot in self._unauth.items():
-                self._write_suppressed(key, slot)
-            self._unauth.clear()
-
-    def _write_suppressed(self, key: str, slot: list) -> None:
-        if slot[1]:
-            self.audit.append("refusals_suppressed", actor="unauthenticated", outcome="refused",
-                              session=self.config.session_id, reason="rate_limited",
-                              details={"peer": key, "count": slot[1], "reasons": dict(sorted(slot[2].items())),
-                                       "interval_s": self.config.refusal_interval_s})
-            slot[1], slot[2] = 0, {}
+        self.refusals.flush()
 
     # -- ckks: the key holder publishes the public context ----------------------------------
     def publish_context(self, party: str, body: bytes) -> dict:
@@ -468,7 +339,7 @@ class AggregationServer:
         with self._lock:
             try:  # until the statement verifies, ``hospital`` is only a claim
                 if hospital not in self._enrolled:
-                    raise self._not_in_session(f"hospital:{str(hospital)[:64]}")
+                    raise self.roster.not_in_session(f"hospital:{str(hospital)[:64]}")
                 verify_upload(statement, self._enrolled[hospital].public_key(),
                               session_id=self.config.session_id, payload_sha256=bytes.fromhex(sha),
                               hospital=hospital, max_age_s=MAX_SKEW_S)

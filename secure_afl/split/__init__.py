@@ -49,7 +49,8 @@ from .roles import __all__ as _roles
 from .sizes import *  # noqa: F401,F403
 from .sizes import __all__ as _sizes
 from .driver import SplitRun, default_policy, run_split
-from .statements import Composed, DPStatement, GramStatement, PlainStatement, Statement, Unlucky
+from .gram_statement import GramStatement
+from .statements import Composed, DPStatement, PlainStatement, Statement, Unlucky
 
 __all__ = [*_keys, *_signed, *_proof, *_roles, *_sizes, "keyholder_verdicts", "leader_messages", "SplitRun",
            "default_policy", "run_split", "Composed", "DPStatement", "GramStatement", "PlainStatement", "Statement",

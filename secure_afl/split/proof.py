@@ -9,7 +9,7 @@ enough to need it for a soundness error below ``2^-SOUNDNESS_BITS``) and the sta
 relations hold in F_p, checked as ``LINEAR_REPS`` verifier-chosen random linear combinations (so only their
 values, zero for a valid upload, are revealed). A statement may add words of its own after the lanes, proofs
 of its own and a part of its own to each verifier's message (:class:`secure_afl.split.statements.Statement`);
-this module names no statement: the session's is :func:`secure_afl.split.statements.statement_for`.
+this module names no statement: the session's is :func:`secure_afl.split.session_statement.statement_for`.
 
 The projection rows ``r_j in {-1, 0, 1}^L`` (0 with probability 1/2) come from a hash of the committed
 upload: ``<r_j, hi> + T = sum 2^i bp_(j,i)`` with ``T = 2^(m - 1)`` puts every row's projection of the high
@@ -47,7 +47,8 @@ from ..params import SessionParams
 from . import projection
 from .signed_messages import UploadCommitment, seed_digest, FS_PREFIX
 from .sizes import LINEAR_REPS, MAX_REPS, REPS, RETRIES, ROWS, SOUNDNESS_BITS, fits, statement_sizes
-from .statements import PROOF_DOMAIN, VERDICTS, AFFINE, Prover, Shares, Unlucky, bits_of, statement_for
+from .session_statement import statement_for
+from .statements import PROOF_DOMAIN, VERDICTS, AFFINE, Prover, Shares, Unlucky, bits_of
 
 __all__ = ["Circuit", "DOMAIN_SHARE", "soundness_bits", "describe"]
 

@@ -1,0 +1,376 @@
+"""split's Gram statement, the optional part of a session's statement (``[split] gram_proof``): the statistics
+are ``2^t (L L^T + D)`` for a lower-triangular factor L the upload carries (docs/VALIDITY.md, "The Gram
+statement"); under DP also each noise share's per-entry and l2 bounds. It implements the one interface of
+:class:`secure_afl.split.statements.Statement`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+
+import numpy as np
+
+from .. import domains
+from ..exceptions import BoundsExceeded, InvalidInputError
+from ..hazmat import flp
+from ..hazmat.flp_square import SquareSumProof
+from ..params import SessionParams
+from .projection import exact_gram, project
+from .sizes import GRAM_QUERIES, GRAM_RHOS, LINEAR_REPS, NOISE_L2_TAIL_BITS, ROWS
+from .statements import PROOF_DOMAIN, Prover, Shares, Statement, Unlucky, total
+
+__all__ = ["GramStatement"]
+
+_FROW_DOMAIN = domains.SPLIT_GRAM_ROW_XOF
+_RHO_DOMAIN = domains.SPLIT_RHO_XOF
+
+
+class GramStatement(Statement):
+    """The Gram part (docs/VALIDITY.md, "The Gram statement"): ``A = [[diag(counts), Q^T], [Q, C^r]]`` in the
+    high lane (classes first, so the factor's first block is diagonal) equals ``2^t (L L^T + diag(delta, 0))``
+    with L lower triangular (its words follow the lanes in the body), ``delta >= 0`` (bits), every factor entry
+    within ``2 T_f`` (projection rows of its own); the identity is checked on ``GRAM_RHOS`` Fiat-Shamir vectors
+    rho through ``GRAM_QUERIES`` square-sum proofs of ``|L^T rho|^2``.
+
+    With DP the lanes hold the statistics plus the hospital's noise share z; z travels as words of its own after
+    the factor, each proven in ``[-T_z, T_z)`` (bits, ``noise_range``), and A is read from the lanes less z: the
+    identity is of the statistics before the noise (docs/VALIDITY.md, "The Gram statement with differential
+    privacy")."""
+
+    def __init__(self, params: SessionParams, sizes: dict, L: int):
+        self.params, self.g, self.L = params, sizes, L
+        lay = params.layout
+        self.d, self.C = lay.dim, lay.n_classes
+        self.n_f = sizes["n_f"]
+        self.T_f = 1 << (sizes["m_f"] - 1)
+        #: DP: the noise share's words (the noised entries, in layout order) and their proven range
+        self.n_z = sizes["n_z"]
+        self.noise = self.n_z > 0
+        self.T_z = 1 << (sizes["m_z"] - 1) if self.noise else 0
+        self.i_noise = np.arange(lay.slices["gram"].start, lay.slices["gram"].start + self.n_z)
+        self.i_counts = np.arange(lay.slices["counts"].start, lay.slices["counts"].stop)
+        #: the words the statement adds after the lanes: the factor, then the noise share
+        self.n_words = self.n_f + self.n_z
+        self.sq = SquareSumProof(sizes["m"], GRAM_RHOS)
+        #: DP: the square-sum proofs of |z|^2 in z_groups groups of z_len entries, checked against the share's l2
+        #: bound l2_z
+        self.zsq = SquareSumProof(sizes["z_len"], sizes["z_groups"]) if self.noise else None
+        self.l2_z = sizes["l2_z"] if self.noise else 0
+        self.z_groups = sizes["z_groups"] if self.noise else 0
+        #: proofs (each blinded by 32 bytes of the prover's randomness): GRAM_QUERIES of |L^T rho|^2, and under DP
+        #: GRAM_QUERIES of |z|^2
+        self.n_proofs = GRAM_QUERIES * (2 if self.noise else 1)
+        self.proof_len = GRAM_QUERIES * (self.sq.proof_len + (self.zsq.proof_len if self.noise else 0))
+        self.verifier_len = 2 * LINEAR_REPS + GRAM_QUERIES * self.sq.verifier_len + \
+            ((LINEAR_REPS + GRAM_QUERIES * self.zsq.verifier_len) if self.noise else 0)
+        self.n_gram_relations = GRAM_QUERIES * GRAM_RHOS
+        self._tril = np.tril_indices(self.d)
+
+    name = "gram"
+
+    def relation_groups(self):
+        return []  # its relations are checked in random combinations of their own (:meth:`query`)
+
+    def relations(self, v):
+        return []
+
+    def upload(self, lanes_of, vector, noise):
+        return self.factorise(lanes_of, vector, noise)
+
+    def witness(self, u: Prover, *, check: bool) -> dict:
+        return self._witness([int(u.hi[i]) for i in self.i_counts], u.words, u.fs, check=check)
+
+    def query(self, v: Shares, query_seed: bytes) -> np.ndarray:
+        return self._query(v.hi, v.words, v.dec, v.proofs, v.fs, v.aux_sha256, query_seed, leader=v.leader)
+
+    def failures(self, v: Shares) -> list[str]:
+        fw = np.asarray(v.words, dtype=np.uint64)
+        rhos = self.rhos(v.fs, v.aux_sha256)
+        squares = [flp.dot(x, x) for x in self.factor_vectors(fw, rhos)]
+        zsquare = [flp.dot(g, g) for g in self._z_groups(fw)] if self.noise else None
+        rng, quad, _, noise, l2 = self.values(v.hi, fw, v.dec, None, v.fs, v.aux_sha256, leader=True,
+                                              squares=squares, zsquare=zsquare)
+        return [name for name, vals in (("gram_range", rng), ("gram_identity", quad), ("noise_range", noise),
+                                        ("noise_l2", l2)) if np.any(vals)]
+
+    def soundness(self) -> tuple[float, float, int]:
+        # the factor's range rows; GRAM_RHOS vectors rho, each missing a nonzero symmetric A - 2^t (L L^T + D)
+        # with probability <= 2/p (Schwartz-Zippel, degree 2); the square-sum proofs' query points (the factor's,
+        # and under DP the noise share's); two more random combinations, three under DP
+        p = float(flp.P)
+        per_query = 2.0 ** -ROWS + (2.0 / p) ** GRAM_RHOS
+        query_point = ((2 * self.sq.n - 2) / (p - self.sq.n)) ** GRAM_QUERIES
+        if self.noise:
+            query_point += ((2 * self.zsq.n - 2) / (p - self.zsq.n)) ** GRAM_QUERIES
+        return per_query, query_point, 2 + (1 if self.noise else 0)
+
+    def describe(self) -> dict:
+        g = self.g
+        return {"gram": {
+            "factor_words": self.n_f, "noise_words": self.n_z, "noise_bound_log2": g["m_z"] - 1,
+            "noise_l2_bound": g["l2_z"] if self.noise else None,
+            "noise_l2_groups": g["z_groups"] if self.noise else None,
+            "factor_scale_bits": g["f"], "t": g["t"], "T_factor_log2": g["m_f"] - 1, "jitter": g["jitter"],
+            "square_sum_proof_words": GRAM_QUERIES * self.sq.proof_len}}
+
+    def blocks(self) -> list[tuple[str, int, int]]:
+        return [("gram_slack", self.C, self.g["m_d"]), ("proj_f", ROWS, self.g["m_f"])] + \
+            ([("noise", self.n_z, self.g["m_z"]), ("noise_sq", self.z_groups, self.g["m_g"]),
+              ("noise_l2", 1, self.g["m_l"])] if self.noise else [])
+
+    def relation_names(self) -> list[str]:
+        return ["gram_range", "gram_identity"] + (["noise_range", "noise_l2"] if self.noise else [])
+
+    def statistics(self, hi, words) -> np.ndarray:
+        """The high lane less the noise share (its words after the factor; the lane itself without DP)."""
+        if not self.noise:
+            return hi
+        out = np.array(hi, dtype=np.uint64, copy=True)
+        out[self.i_noise] = flp.sub(out[self.i_noise], np.asarray(words, dtype=np.uint64)[self.n_f:])
+        return out
+
+    # -- the factor ---------------------------------------------------------------------------------------
+    def rhos(self, fs: bytes, aux_sha256: str) -> np.ndarray:
+        """(GRAM_RHOS, m): the Fiat-Shamir vectors, fixed by the lanes, the factor and the bits (delta)."""
+        key = hashlib.sha256(fs + domains.SPLIT_FS_GRAM + bytes.fromhex(aux_sha256)).digest()
+        return flp.expand_field(key, GRAM_RHOS * self.g["m"], _RHO_DOMAIN).reshape(GRAM_RHOS, self.g["m"])
+
+    def _factor_blocks(self, fw: np.ndarray):
+        d, C = self.d, self.C
+        l21 = fw[C:C + d * C].reshape(d, C)
+        l22 = np.zeros((d, d), dtype=np.uint64)
+        l22[self._tril] = fw[C + d * C:self.n_f]
+        return fw[:C], l21, l22
+
+    def factor_vectors(self, fw, rhos) -> np.ndarray:
+        """``L^T rho`` for each rho (linear in the factor words: the verifiers apply it to their shares)."""
+        l11, l21, l22 = self._factor_blocks(np.asarray(fw, dtype=np.uint64))
+        out = []
+        for rho in rhos:
+            rc, rf = rho[:self.C], rho[self.C:].reshape(-1, 1)
+            out.append(np.concatenate([flp.add(flp.mul(l11, rc), flp.sum_mod(flp.mul(l21, rf), axis=0)),
+                                       flp.sum_mod(flp.mul(l22, rf), axis=0)]))
+        return np.stack(out)
+
+    def kappa(self, rho) -> np.ndarray:
+        """The high-lane coefficients of ``rho^T A rho`` (A read from the packed triu(C^r), Q and counts)."""
+        sl = self.params.layout.slices
+        rc, rf = rho[:self.C], rho[self.C:]
+        r, c = np.triu_indices(self.d)
+        k = np.zeros(self.L, dtype=np.uint64)
+        g = flp.mul(rf[r], rf[c])
+        k[sl["gram"]] = np.where(r == c, g, flp.add(g, g))
+        q = flp.mul(rf.reshape(-1, 1), rc.reshape(1, -1)).ravel()
+        k[sl["cross"]] = flp.add(q, q)
+        k[sl["counts"]] = flp.mul(rc, rc)
+        return k
+
+    def project_factor(self, fw, fs: bytes) -> np.ndarray:
+        """``<r_j, factor>`` mod p for ROWS rows of their own."""
+        return project(np.asarray(fw, dtype=np.uint64)[:self.n_f], hashlib.sha256(fs + domains.SPLIT_FS_FACTOR_ROWS).digest(),
+                       _FROW_DOMAIN)
+
+    def factorise(self, lanes_of, vector, noise=None) -> tuple[np.ndarray, np.ndarray]:
+        """Hospital: ``(lanes, factor words)`` with the Gram, cross and count entries of the lanes exactly
+        ``2^t L L^T`` (low lanes 0) for the rounded factor L at scale 2^f: l_c = floor(sqrt(count_c) 2^f),
+        the rest of L the Cholesky factor of the statistics (plus the session's jitter where gamma does not
+        cover the rounding), rounded towards zero so no diagonal grows. :class:`BoundsExceeded` if the
+        statistics are not positive semi-definite (not the Gram of any rows). ``lanes_of``: the session's
+        fixed-point lanes of a packed vector. With DP, ``vector`` is the statistics BEFORE the noise and ``noise``
+        the hospital's share (:func:`secure_afl.dp.noise_share`, grid units): the lanes get it added on the
+        snapped statistics (what :func:`secure_afl.dp.add_noise_share` gives) and the words carry it after the
+        factor."""
+        g = self.g
+        f, t = g["f"], g["t"]
+        v = np.asarray(vector, dtype=np.float64)
+        lay = self.params.layout
+        st = lay.unpack(v)
+        counts = np.asarray(st.class_counts, dtype=np.float64)
+        if not np.all(np.isfinite(v)) or np.any(counts < 0) or np.any(counts != np.round(counts)):
+            raise BoundsExceeded("the class counts must be non-negative integers")
+        s2f = 1 << (2 * f)
+        cnt = [int(c) for c in counts]
+        l11 = np.array([math.isqrt(c * s2f) for c in cnt], dtype=np.int64)
+        Q = np.asarray(st.cross, dtype=np.float64)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            l21 = np.where(l11 > 0, np.trunc(Q * float(s2f) / np.maximum(l11, 1)), 0.0)
+        if np.any(l11 == 0) and np.any(Q[:, l11 == 0] != 0):
+            raise BoundsExceeded("a class with no samples has a nonzero cross-term column")
+        lr = l21 / 2.0 ** f
+        S = np.asarray(st.gram, dtype=np.float64) + g["jitter"] * np.eye(self.d) - lr @ lr.T
+        try:
+            chol = np.linalg.cholesky(0.5 * (S + S.T))
+        except np.linalg.LinAlgError:
+            raise BoundsExceeded("the statistics are not positive semi-definite: no rows have this Gram matrix "
+                                 "and these cross terms") from None
+        l21 = l21.astype(np.int64)
+        l22 = np.trunc(chol * 2.0 ** f).astype(np.int64)
+        gram = exact_gram(np.concatenate([l21, l22], axis=1))
+        x = lanes_of(v).copy()
+        sl = lay.slices
+        r, c = np.triu_indices(self.d)
+        idx = np.concatenate([np.arange(sl["gram"].start, sl["gram"].stop), np.arange(sl["cross"].start,
+                              sl["cross"].stop), np.arange(sl["counts"].start, sl["counts"].stop)])
+        vals = np.concatenate([gram[r, c], (l21 * l11.reshape(1, -1)).ravel(),
+                               np.array(cnt, dtype=np.int64) * s2f]) << t
+        x[idx] = flp.encode_signed(vals)
+        x[self.L + idx] = 0
+        fw = flp.encode_signed(np.concatenate([l11, l21.ravel(), l22[self._tril]]))
+        if not self.noise:
+            return x, fw
+        if noise is None:
+            raise InvalidInputError("a DP session's Gram statement takes the noise share beside the statistics")
+        z = np.asarray(noise, dtype=np.float64)
+        if z.shape != (lay.length,):
+            raise InvalidInputError("the noise share is not one entry per packed slot")
+        z = z[self.i_noise]
+        if not np.all(np.isfinite(z)) or np.any(z != np.round(z)) or np.any(np.abs(z) >= self.T_z):
+            raise BoundsExceeded("the noise share is not integers within the session's noise bound")
+        zi = z.astype(np.int64)
+        hi = flp.decode_signed(x[:self.L])
+        hi[self.i_noise] += zi
+        x[:self.L] = flp.encode_signed(hi)
+        return x, np.concatenate([fw, flp.encode_signed(zi)])
+
+    # -- prover -------------------------------------------------------------------------------------------
+    def _witness(self, hi_counts, factor, fs: bytes, *, check: bool) -> dict:
+        """The count slack delta_c = hi(count_c) / 2^t - l_c^2 (the count less its noise under DP), the factor's
+        projection values and the noise words shifted by T_z."""
+        g = self.g
+        fw = np.zeros(self.n_words, dtype=np.uint64) if factor is None else np.asarray(factor, dtype=np.uint64)
+        out = {}
+        if self.noise:
+            z = flp.decode_signed(fw[self.n_f:]).tolist()
+            zc = z[self.i_counts[0] - self.i_noise[0]:self.i_counts[-1] + 1 - self.i_noise[0]]
+            hi_counts = [h - v for h, v in zip(hi_counts, zc)]
+            out["noise"] = [v + self.T_z for v in z]  # the honest prover's range is checked in factorise
+            n = g["z_len"]
+            out["noise_sq"] = [sum(v * v for v in z[i:i + n]) for i in range(0, n * self.z_groups, n)]
+            out["noise_l2"] = [self.l2_z - sum(out["noise_sq"])]
+            if check and not (0 <= out["noise_l2"][0] < 1 << g["m_l"] and max(out["noise_sq"]) < 1 << g["m_g"]):
+                raise BoundsExceeded("the noise share's l2 norm exceeds the session's bound (an honest share does "
+                                     f"with probability below 2^-{NOISE_L2_TAIL_BITS}: draw it again)")
+        l11 = flp.decode_signed(fw[:self.C]).tolist()
+        delta = [(h >> g["t"]) - int(v) * int(v) for h, v in zip(hi_counts, l11)]
+        proj = [int(v) + self.T_f for v in flp.decode_signed(self.project_factor(fw, fs))]
+        if check:
+            if not all(0 <= x < 1 << g["m_d"] for x in delta):
+                raise BoundsExceeded("the Gram factor does not match the class counts")
+            if not all(0 <= v < 2 * self.T_f for v in proj):
+                raise Unlucky()
+        return {"gram_slack": delta, "proj_f": proj, **out}
+
+    def prove(self, fw, fs: bytes, aux_sha256: str, proof_rand: list[bytes]) -> list[np.ndarray]:
+        """The ``GRAM_QUERIES`` square-sum proofs of ``L^T rho`` (then, under DP, those of the noise share z), each
+        blinded by its 32 random bytes (:attr:`n_proofs` of them)."""
+        v = self.factor_vectors(fw, self.rhos(fs, aux_sha256))
+        out = [self.sq.prove(v, flp.expand_field(r, self.sq.chunk, PROOF_DOMAIN))
+               for r in proof_rand[:GRAM_QUERIES]]
+        if self.noise:
+            z = self._z_groups(fw)
+            out += [self.zsq.prove(z, flp.expand_field(r, self.zsq.chunk, PROOF_DOMAIN))
+                    for r in proof_rand[GRAM_QUERIES:self.n_proofs]]
+        return out
+
+    def _z_groups(self, fw) -> np.ndarray:
+        """(z_groups, z_len): the noise words (a share of them) in their groups, the last padded with zeros."""
+        z = np.zeros(self.z_groups * self.g["z_len"], dtype=np.uint64)
+        z[:self.n_z] = np.asarray(fw, dtype=np.uint64)[self.n_f:self.n_words]
+        return z.reshape(self.z_groups, -1)
+
+    def _split_proofs(self, proofs):
+        """The flat proof words as ``(|L^T rho|^2 proofs, |z|^2 proofs or None)``."""
+        proofs = np.asarray(proofs, dtype=np.uint64).reshape(-1)
+        k = GRAM_QUERIES * self.sq.proof_len
+        sq = proofs[:k].reshape(GRAM_QUERIES, self.sq.proof_len)
+        return sq, (proofs[k:].reshape(GRAM_QUERIES, self.zsq.proof_len) if self.noise else None)
+
+    # -- verifiers ----------------------------------------------------------------------------------------
+    def _rand(self, fs: bytes, aux_sha256: str, query_seed: bytes):
+        key = hashlib.sha256(bytes(query_seed) + fs + bytes.fromhex(aux_sha256) + b"gram").digest()
+        n_co = LINEAR_REPS * (ROWS + self.n_gram_relations)
+        n_noise = (self.n_z + GRAM_QUERIES * self.z_groups + 1) if self.noise else 0
+        # the noise relations' coefficients and the |z|^2 proofs' query points come last: a session without DP
+        # draws the same stream as before
+        stream = flp.expand_field(key, 4 * GRAM_QUERIES + n_co + LINEAR_REPS * n_noise +
+                                  (4 * GRAM_QUERIES if self.noise else 0), domains.SPLIT_GRAM_QUERY_XOF)
+        pts = [int(v) for v in stream[:4 * GRAM_QUERIES] if pow(int(v), self.sq.n, flp.P) != 1][:GRAM_QUERIES]
+        co = stream[4 * GRAM_QUERIES:]
+        end = n_co + LINEAR_REPS * n_noise
+        zpts = [int(v) for v in co[end:] if pow(int(v), self.zsq.n, flp.P) != 1][:GRAM_QUERIES] \
+            if self.noise else []
+        if len(pts) < GRAM_QUERIES or len(zpts) < (GRAM_QUERIES if self.noise else 0):  # pragma: no cover
+            raise InvalidInputError("query points fell on the interpolation domain; draw another query seed")
+        return pts, co[:LINEAR_REPS * ROWS].reshape(LINEAR_REPS, ROWS), \
+            co[LINEAR_REPS * ROWS:n_co].reshape(LINEAR_REPS, self.n_gram_relations), \
+            co[n_co:end].reshape(LINEAR_REPS, n_noise), zpts
+
+    def values(self, hi, fw, decompose, proofs, fs: bytes, aux_sha256: str, *, leader: bool, squares=None,
+               zsquare=None):
+        """This verifier's shares of the factor's range relations (ROWS), of the quadratic identities (one per
+        query and rho), from the square-sum proofs' outputs, and under DP of the noise share's range (one per
+        entry) and l2 relations (one per |z|^2 proof); ``squares`` and ``zsquare``: the true ``|L^T rho|^2`` and
+        ``|z|^2`` instead (the unshared circuit, ``proofs`` None)."""
+        one = 1 if leader else 0
+        sq_proofs, z_proofs = (None, None) if proofs is None else self._split_proofs(proofs)
+        rng = flp.sub(flp.add(self.project_factor(fw, fs), np.uint64(self.T_f * one)), decompose("proj_f"))
+        noise = flp.sub(flp.add(np.asarray(fw, dtype=np.uint64)[self.n_f:], np.uint64(self.T_z * one)),
+                        decompose("noise")) if self.noise else np.zeros(0, dtype=np.uint64)
+        l2 = np.zeros(0, dtype=np.uint64)
+        if self.noise:
+            outs = [np.asarray(zsquare, dtype=np.uint64)] * GRAM_QUERIES if z_proofs is None else \
+                [self.zsq.outputs(pf) for pf in z_proofs]
+            # each group's squared norm is its m_g bits, and l2_z - (their sum) is the m_l bits of noise_l2: zero
+            # iff the share's squared norm is at most l2_z (docs/VALIDITY.md, "The noise share's l2 bound")
+            groups = decompose("noise_sq")
+            l2 = np.concatenate([flp.sub(o, groups) for o in outs] + [
+                flp.sub(flp.sub(np.array([self.l2_z * one], dtype=np.uint64), total(groups)),
+                        decompose("noise_l2"))])
+        hi = self.statistics(hi, fw)
+        delta = decompose("gram_slack")
+        rhos = self.rhos(fs, aux_sha256)
+        lhs = [flp.dot(self.kappa(rho), hi) for rho in rhos]
+        slack = [flp.dot(flp.mul(rho[:self.C], rho[:self.C]), delta) for rho in rhos]
+        two_t = 1 << self.g["t"]
+        quad = []
+        for q in range(GRAM_QUERIES):
+            outs = self.sq.outputs(sq_proofs[q]) if squares is None else squares
+            quad += [(lhs[r] - two_t * (int(outs[r]) + slack[r])) % flp.P for r in range(GRAM_RHOS)]
+        return rng, np.array(quad, dtype=np.uint64), rhos, noise, l2
+
+    def _query(self, hi, fw, decompose, sq_proofs, fs: bytes, aux_sha256: str, query_seed: bytes, *,
+               leader: bool) -> np.ndarray:
+        """``[range combinations] ++ [identity combinations] ++ GRAM_QUERIES square-sum queries`` (``++ [noise
+        range combinations]`` under DP)."""
+        pts, c_range, c_gram, c_noise, zpts = self._rand(fs, aux_sha256, query_seed)
+        rng, quad, rhos, noise, l2 = self.values(hi, fw, decompose, sq_proofs, fs, aux_sha256, leader=leader)
+        sq, zsq = self._split_proofs(sq_proofs)
+        v = self.factor_vectors(fw, rhos)
+        msg = [np.array([flp.dot(row, rng) for row in c_range], dtype=np.uint64),
+               np.array([flp.dot(row, quad) for row in c_gram], dtype=np.uint64)]
+        msg += [self.sq.query(v, sq[q], t) for q, t in enumerate(pts)]
+        if self.noise:
+            rel = np.concatenate([noise, l2])
+            msg.append(np.array([flp.dot(row, rel) for row in c_noise], dtype=np.uint64))
+            msg += [self.zsq.query(self._z_groups(fw), zsq[q], t) for q, t in enumerate(zpts)]
+        return np.concatenate(msg)
+
+    def decide(self, v: np.ndarray) -> str | None:
+        if any(int(z) for z in v[:LINEAR_REPS]):
+            return "gram_range"
+        if any(int(z) for z in v[LINEAR_REPS:2 * LINEAR_REPS]):
+            return "gram"
+        o, k = 2 * LINEAR_REPS, self.sq.verifier_len
+        for q in range(GRAM_QUERIES):
+            if not self.sq.decide(v[o + q * k:o + (q + 1) * k]):
+                return "gram"
+        if self.noise:
+            o += GRAM_QUERIES * k
+            if any(int(z) for z in v[o:o + LINEAR_REPS]):
+                return "noise"
+            o, k = o + LINEAR_REPS, self.zsq.verifier_len
+            for q in range(GRAM_QUERIES):
+                if not self.zsq.decide(v[o + q * k:o + (q + 1) * k]):
+                    return "noise"
+        return None
