@@ -33,9 +33,10 @@ def _chromium() -> str:
 
 
 def _browser(exe: str, *args: str, cwd: Path) -> subprocess.CompletedProcess:
-    # a throwaway profile, no sandbox (containers run as root), nothing but the file itself
+    # a throwaway profile, no sandbox (containers run as root), nothing but the file itself; tall enough for
+    # the whole page (the signed guarantees take a line each)
     return subprocess.run([exe, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
-                           f"--user-data-dir={cwd / 'profile'}", "--window-size=1100,2200", *args],
+                           f"--user-data-dir={cwd / 'profile'}", "--window-size=1100,3200", *args],
                           capture_output=True, text=True, timeout=180, cwd=cwd)
 
 
