@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import sqlite3
-import threading
 import time
 
 import numpy as np
@@ -18,6 +17,7 @@ import pytest
 from secure_afl.analytic import centralised_weights
 from secure_afl.exceptions import InsufficientShares, StaleRound
 from secure_afl.secagg import decode_message
+from support.sessions import run_secagg_plan
 
 
 pytestmark = pytest.mark.e2e
@@ -35,29 +35,6 @@ def _plain(c, data, names):
 
 def _audit(c) -> list[dict]:
     return [json.loads(line) for line in c.audit_path().read_text().splitlines()]
-
-
-def _run(c, data, plan, timeout=90):
-    """Each hospital runs the steps in ``plan[h]``: a stop_before stage (a crash) or None (a full run)."""
-    results, errors = {}, {}
-
-    def go(h):
-        try:
-            for stop in plan[h]:
-                cl = c.hospital(h)
-                try:
-                    results[h] = cl.submit(c.stats(*data[h]), stop_before=stop, timeout=timeout)
-                finally:
-                    cl.close()
-        except Exception as e:  # collected and asserted on by the caller
-            errors[h] = e
-
-    threads = [threading.Thread(target=go, args=(h,), daemon=True) for h in plan]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=timeout + 60)
-    return results, errors
 
 
 def _wait_for(pred, what: str, limit: float = 60.0):
@@ -88,7 +65,7 @@ def test_aborted_round_is_retried_with_fresh_keys_and_round_2_is_exact(consortiu
     data = {h: c.data(h, n=30) for h in names}
     plan = {"h1": [None], "h2": [None], "h3": ["masked_input", None], "h4": ["masked_input"]}
     # Execute
-    results, errors = _run(c, data, plan)
+    results, errors = run_secagg_plan(c, data, plan)
     conn = c.connect_keyholder()
     info = conn.info()
     res = c.keyholder.finalize(conn, min_clients=2)
@@ -128,7 +105,7 @@ def test_round_1_message_replayed_into_round_2_is_refused_audited_not_stored(con
     c = consortium(backend="secagg", hospitals=names, min_clients=2,
                    secagg={"threshold": 2, "stage_timeout_s": 2.0}).start()
     data = {h: c.data(h, n=25) for h in names}
-    _, errors = _run(c, data, {h: ["masked_input"] for h in names})
+    _, errors = run_secagg_plan(c, data, {h: ["masked_input"] for h in names})
     assert not errors, errors
     kh = c.connect_keyholder()
     _wait_for(lambda: kh.info()["secagg"]["stage"] == "aborted", "round 1 to abort")
@@ -149,7 +126,7 @@ def test_round_1_message_replayed_into_round_2_is_refused_audited_not_stored(con
     assert [(r["actor"], r["reason"]) for r in refusals] == [("h1", "stale_round")]
     assert "h1" not in _stored(c, "setup@2") and "request" in again
     # ... and round 2 still completes exactly with all three (fresh keys, same session)
-    results, errors = _run(c, data, {h: [None] for h in names})
+    results, errors = run_secagg_plan(c, data, {h: [None] for h in names})
     res = c.keyholder.finalize(kh, min_clients=2)
     kh.close()
     assert not errors, errors
@@ -166,7 +143,7 @@ def test_session_with_max_rounds_1_stays_aborted(consortium):
                    secagg={"threshold": 2, "stage_timeout_s": 2.0, "max_rounds": 1}).start()
     data = {h: c.data(h, n=20) for h in names}
     # Execute
-    results, errors = _run(c, data, {"h1": [None], "h2": [None], "h3": ["masked_input", None],
+    results, errors = run_secagg_plan(c, data, {"h1": [None], "h2": [None], "h3": ["masked_input", None],
                                       "h4": ["masked_input"]}, timeout=40)
     kh = c.connect_keyholder()
     info = kh.info()
@@ -189,7 +166,7 @@ def test_round_aborted_after_unmask_requests_went_out_is_not_retried(consortium)
                    secagg={"threshold": 2, "stage_timeout_s": 2.0, "max_rounds": 3}).start()
     data = {h: c.data(h, n=20) for h in names}
     # Execute
-    _, errors = _run(c, data, {"h1": [None], "h2": ["unmask_response"], "h3": ["unmask_response"]}, timeout=40)
+    _, errors = run_secagg_plan(c, data, {"h1": [None], "h2": ["unmask_response"], "h3": ["unmask_response"]}, timeout=40)
     kh = c.connect_keyholder()
     info = kh.info()
     kh.close()
@@ -211,7 +188,7 @@ def test_hospital_that_signed_a_survivor_set_takes_part_in_no_later_round(consor
                    secagg={"threshold": 2, "stage_timeout_s": 2.0, "max_rounds": 2}).start()
     data = {h: c.data(h, n=20) for h in names}
     # Execute: h3 comes back for round 2
-    _, errors = _run(c, data, {"h1": [None], "h2": [None], "h3": ["unmask", None]}, timeout=40)
+    _, errors = run_secagg_plan(c, data, {"h1": [None], "h2": [None], "h3": ["unmask", None]}, timeout=40)
     # Assert: h1 and h2 refuse round 2 (a server that secretly completed round 1 could difference the sums)
     assert {h: type(e).__name__ for h, e in errors.items()} == {
         "h1": "InvalidContribution", "h2": "InvalidContribution", "h3": "InsufficientShares"}

@@ -28,37 +28,7 @@ from secure_afl.keyholder.split_stream import SplitJudge
 from secure_afl.packing import Layout
 from secure_afl.params import Bounds
 from secure_afl.release_checks import ReleaseLedger
-
-
-def _start(consortium, hospitals=("h1", "h2", "h3")):
-    c = consortium(backend="split", hospitals=hospitals, min_clients=2,
-                   extra_session={"max_refusals": 1}).start()  # one cheater is refused, not the release
-    conn = c.connect_keyholder()
-    c.keyholder.keygen(split.split_session_params(c.session_id, Layout(c.dim, c.classes), 1.0,
-                                                  Bounds(c.max_norm, 1000, 8)))
-    c.keyholder.publish(conn)
-    return c, conn
-
-
-def _honest(c, name, seed):
-    cl = c.hospital(name)
-    cl.submit(c.stats(*c.data(name, seed=seed)))
-    cl.close()
-
-
-def _cheat(c, name, seed):
-    """A hospital's modified software: a well-formed, signed upload with one Gram entry of 2^61 / 2^f1."""
-    cl = c.hospital(name)
-    params = cl.fetch_params()
-    be = get_backend(params)
-    ctx = cl.conn.request("GET", cl.conn.path("/context"), signed=False).content
-    lanes = be.circuit.lanes(Layout(c.dim, c.classes).pack(c.stats(*c.data(name, seed=seed)))).copy()
-    lanes[1] = 1 << 61
-    body, s, com = be.circuit.prove(name, lanes=lanes, check=False)
-    payload, statement = be.seal_upload(body, s, com, ctx, name, cl.party.identity_key())
-    cl.upload(params, payload, tag=statement)
-    cl.close()
-    return payload, statement, s
+from support.sessions import cheating_upload, honest_upload, open_split_session
 
 
 def _paths(conn):
@@ -79,13 +49,13 @@ def test_streaming_and_release_time_verdicts_and_sums_are_the_same(consortium, m
     results = {}
     for mode in ("streaming", "at release"):
         # Prepare: h1, h2 honest, h3 cheats; the same statistics in both sessions
-        c, conn = _start(consortium)
+        c, conn = open_split_session(consortium)
         opened = []  # the sealed seed key's openings (each one runs the passphrase KDF)
         monkeypatch.setattr(c.keyholder, "secret_context",
                             lambda sid, _orig=type(c.keyholder).secret_context.__get__(c.keyholder):
                             opened.append(sid) or _orig(sid))
         streamed = []
-        for name, upload in (("h1", _honest), ("h2", _honest), ("h3", _cheat)):
+        for name, upload in (("h1", honest_upload), ("h2", honest_upload), ("h3", cheating_upload)):
             upload(c, name, seed={"h1": 1, "h2": 2, "h3": 3}[name])
             if mode == "streaming":  # judged while the session is open, upload by upload
                 assert conn.info()["status"] != "released"
@@ -179,9 +149,9 @@ class _Predicting(HTTPSource):
 @pytest.mark.e2e
 def test_a_verifier_message_for_another_upload_is_refused(consortium):
     # Prepare: two honest uploads; the server answers the key holder's queries with each other's messages
-    c, conn = _start(consortium)
-    _honest(c, "h1", 1)
-    _honest(c, "h2", 2)
+    c, conn = open_split_session(consortium)
+    honest_upload(c, "h1", 1)
+    honest_upload(c, "h2", 2)
     ledger = ReleaseLedger(c.keyholder.keys_dir / "releases.sqlite3")
     # Execute: the key holder's streaming pass over that source
     try:
@@ -204,17 +174,17 @@ def test_a_message_formed_before_the_query_gets_an_invalid_upload_accepted_only_
         monkeypatch.setattr(split, "query_seed", lambda *a: b"\x07" * 32)
     elif derivation != "keyed":
         monkeypatch.setattr(split, "query_seed", lambda key, *a: _Predicting.GUESSES[derivation](*a))
-    c, conn = _start(consortium)
+    c, conn = open_split_session(consortium)
     params = c.keyholder.params(c.session_id)
     source = _Predicting(conn, params, pki.load_party(c.pki_dir, "server", "aggregator").identity_key())
     judge, ledger = SplitJudge(c.keyholder, c.session_id), ReleaseLedger(c.keyholder.keys_dir / "releases.sqlite3")
     try:
         # an honest upload, judged while the session is open: the server sees the key holder's query for it
-        _honest(c, "h1", 1)
+        honest_upload(c, "h1", 1)
         judge.poll(source, ledger)
         # Execute: h3's upload breaks the bounds; the server forms its message for it at once, then the key
         # holder's next pass asks for it
-        payload, statement, seed = _cheat(c, "h3", 3)
+        payload, statement, seed = cheating_upload(c, "h3", 3)
         source.form_before_the_query("h3", payload, statement, seed)
         if derivation == "keyed":
             # Assert: the message is not at the key holder's seed: refused, the key blocked, no release
@@ -236,8 +206,8 @@ def test_the_server_answers_one_query_per_upload_and_none_for_an_upload_it_does_
     # Prepare: one accepted upload, judged once (its query answered)
     from secure_afl.exceptions import SecureAFLError
 
-    c, conn = _start(consortium)
-    _honest(c, "h1", 1)
+    c, conn = open_split_session(consortium)
+    honest_upload(c, "h1", 1)
     c.keyholder.judge_split(conn)
     source = HTTPSource(conn)
     sha = source.split_statements()["h1"]["payload_sha256"]
@@ -249,7 +219,7 @@ def test_the_server_answers_one_query_per_upload_and_none_for_an_upload_it_does_
         source.split_queries({"h2": {"payload_sha256": sha, "query_seed": "00" * 32}})
     # the message formed at the key holder's seed is unchanged, and the release goes on from it
     assert kept == {} and len(conn.request("GET", conn.path("/split/verifier")).json()) == 1
-    _honest(c, "h2", 2)
+    honest_upload(c, "h2", 2)
     res = c.keyholder.finalize(conn, min_clients=2)
     assert res.report["refused"] == {} and res.report["participants"] == ["h1", "h2"]
     conn.close()
@@ -259,9 +229,9 @@ def test_the_server_answers_one_query_per_upload_and_none_for_an_upload_it_does_
 def test_the_judge_reads_only_new_statements_and_the_release_judges_what_the_server_left_out(consortium):
     # Prepare: a server that leaves h2's statement out of every streaming answer (it may: what it relays
     # while the session is open is unsigned by it), then h3 uploads
-    c, conn = _start(consortium)
-    _honest(c, "h1", 1)
-    _honest(c, "h2", 2)
+    c, conn = open_split_session(consortium)
+    honest_upload(c, "h1", 1)
+    honest_upload(c, "h2", 2)
     source = HTTPSource(conn)
     assert sorted(source.split_statements()) == ["h1", "h2"] and list(source.split_statements(after=1)) == ["h2"]
     assert source.split_statements(after=2) == {}
@@ -279,7 +249,7 @@ def test_the_judge_reads_only_new_statements_and_the_release_judges_what_the_ser
     ledger = ReleaseLedger(c.keyholder.keys_dir / "releases.sqlite3")
     try:
         first = judge.poll(Omits(conn), ledger)
-        _honest(c, "h3", 3)
+        honest_upload(c, "h3", 3)
         second = judge.poll(Omits(conn), ledger)
     finally:
         ledger.close()
@@ -355,9 +325,9 @@ def test_keyholder_judge_command_prints_each_verdict_once_the_upload_is_in(conso
     import subprocess
     import sys
 
-    c, conn = _start(consortium)
-    _honest(c, "h1", 1)
-    _cheat(c, "h3", 3)
+    c, conn = open_split_session(consortium)
+    honest_upload(c, "h1", 1)
+    cheating_upload(c, "h3", 3)
     phrase = tmp_path / "passphrase"
     phrase.write_bytes(b"test passphrase")
     phrase.chmod(0o600)
@@ -370,7 +340,7 @@ def test_keyholder_judge_command_prints_each_verdict_once_the_upload_is_in(conso
     assert out.returncode == 0, out.stderr
     assert "h1: valid" in out.stdout and "h3: refused (linear)" in out.stdout
     assert conn.info()["status"] != "released"
-    _honest(c, "h2", 2)
+    honest_upload(c, "h2", 2)
     res = c.keyholder.finalize(conn, min_clients=2)
     assert res.report["refused"] == {"h3": "linear"} and res.report["participants"] == ["h1", "h2"]
     conn.close()
