@@ -39,18 +39,24 @@ def session_status(server) -> dict:
     for rec in _audit_records(server.audit.path):  # the server's own refusals of roster hospitals' uploads
         if rec.get("event") == "upload" and rec.get("outcome") == "refused" and rec.get("actor") in roster:
             refused[rec["actor"]] = rec.get("reason") or "refused"
-    report = (server.store.get_meta("split_result") or {}).get("report") or {}
-    for h, why in (report.get("refused") or {}).items():  # the key holder's verdicts, known at the release
+    # the release's cohort: split's from the key holder's signed share statement (its verdicts), the others'
+    # from the server's manifest
+    statement = (server.store.get_meta("split_result") or {}).get("share_statement") or {}
+    manifest = server.store.get_meta("manifest") or {}
+    verdicts = dict(statement.get("refused") or {})
+    valid = list(statement.get("cohort") or []) if statement else \
+        [p["hospital"] for p in manifest.get("participants") or []] if server.config.backend != "split" else []
+    for h, why in verdicts.items():  # the key holder's verdicts, known at the release
         refused[h] = why
     for h in uploaded:  # a later accepted upload replaces a refused attempt, a release verdict does not
-        if h in refused and h not in (report.get("refused") or {}):
+        if h in refused and h not in verdicts:
             del refused[h]
     policy = server.release_policy
     counted = [h for h in uploaded if h not in refused]
     return {
         "session_id": server.config.session_id, "backend": server.config.backend, "status": server.status,
         "roster": roster, "uploaded": uploaded, "judged": judged,
-        "valid": sorted(report.get("participants") or []), "refused": dict(sorted(refused.items())),
+        "valid": sorted(valid), "refused": dict(sorted(refused.items())),
         "silent": [h for h in roster if h not in uploaded and h not in refused],
         "quorum": policy.quorum, "still_needed": max(0, policy.quorum - len(counted)),
         "dropouts_left": max(0, len(roster) - len(refused) - policy.quorum),
