@@ -20,7 +20,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 ROOT = Path(__file__).resolve().parents[1]
 # README lines of its native session (the Flower round replaces them) and of what follows the release
 _NATIVE = ("server run", "keyholder keygen", "keyholder publish", "client submit", "keyholder finalize", "predict",
-           "audit verify", "cp ../server/", "cp ../keyholder/")
+           "audit verify", "audit compare", "cp ../server/", "cp ../keyholder/")
 
 
 def test_the_flower_script_runs_as_written_and_releases(tmp_path):
