@@ -119,8 +119,13 @@ def _installed_modules(env) -> dict:
     py, _, cwd, environ = env
     code = """
 import importlib, json, pkgutil, sys
-import secure_afl
-names = ["secure_afl"] + [m.name for m in pkgutil.walk_packages(secure_afl.__path__, "secure_afl.")]
+names = []
+for top in ("secure_afl", "secure_afl_tools"):  # the party's package and, where installed, the tools' own
+    try:
+        pkg = importlib.import_module(top)
+    except ModuleNotFoundError:
+        continue
+    names += [top] + [m.name for m in pkgutil.walk_packages(pkg.__path__, top + ".")]
 files = {n: importlib.import_module(n).__file__ for n in names}
 print(json.dumps({"files": files, "path": sys.path,
                   "finders": [type(f).__module__ for f in sys.meta_path]}))
