@@ -32,7 +32,7 @@ def honest_upload(c, name, seed):
 
 def cheating_upload(c, name, seed):
     """A hospital's modified software: a well-formed, signed upload with one Gram entry of 2^61 / 2^f1, which
-    the key holder's linear check refuses."""
+    the key holder's linear check refuses. Returns (payload, seed statement, mask seed)."""
     cl = c.hospital(name)
     params = cl.fetch_params()
     be = get_backend(params)
@@ -43,6 +43,7 @@ def cheating_upload(c, name, seed):
     payload, statement = be.seal_upload(body, s, com, ctx, name, cl.party.identity_key())
     cl.upload(params, payload, tag=statement)
     cl.close()
+    return payload, statement, s
 
 
 def run_secagg_plan(c, data, plan, timeout=90):
