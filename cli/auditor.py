@@ -12,26 +12,9 @@ from secure_afl.audit_report import render_report, session_facts
 from secure_afl.audit_verify import load_receipts, verify_log
 from secure_afl.encoding import parse_json
 from secure_afl.exceptions import InvalidInputError
+from secure_afl.session.definition import guarantee_lines, split_soundness
 
 __all__ = ["add_report"]
-
-
-def _guarantees(definition) -> list[str]:
-    from secure_afl.session import definition as d
-
-    full = getattr(d, "guarantee_lines", None)  # every guarantee, where this version has the one list
-    if full is not None:
-        return [line for _, line in full(definition)]
-    return [d.dropout_line(definition)[1], d.share_line(definition)]
-
-
-def _soundness(definition) -> float | None:
-    if definition.backend != "split":
-        return None
-    from secure_afl.backends import get_backend
-    from secure_afl.split.proof import soundness_bits
-
-    return soundness_bits(get_backend(definition.session_params()).circuit)
 
 
 def _cmd_report(args) -> int:
@@ -59,8 +42,10 @@ def _cmd_report(args) -> int:
         report = parse_json(Path(args.release).read_bytes(), f"release report {args.release}")
         if not isinstance(report, dict) or report.get("session_id") not in (None, definition.session_id):
             raise InvalidInputError(f"{args.release} is not the release report of session {definition.session_id}")
-    facts = session_facts(args.log, result, definition, report=report, guarantees=_guarantees(definition),
-                          soundness_bits=_soundness(definition))
+    # the same lines `session sign` printed, and split's soundness, from the signed definition alone
+    bits = split_soundness(definition.session_params())[0] if definition.backend == "split" else None
+    facts = session_facts(args.log, result, definition, report=report,
+                          guarantees=[line for _, line in guarantee_lines(definition)], soundness_bits=bits)
     page = render_report(facts, generated=time.time())
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(out.name + ".tmp")

@@ -430,3 +430,39 @@ def test_a_refused_hospital_proves_the_server_forged_its_refusal_with_its_own_up
                                     json.loads(s3.read_text()), seed3, genuine, None,
                                     pki.pinned_identity(c.pki_dir, "server"))
     assert honest["server_message_true"]
+
+
+def test_a_key_holder_without_the_signed_definition_releases_nothing(tmp_path):
+    # Prepare: a ckks session whose key holder made its key, but whose PKI holds no signed definition (a bundle
+    # copied before `session sign`): the server relays min_clients = 1 and signs a manifest of 3 uploads
+    from secure_afl.backends.ckks import CKKSBackend, ckks_session_params
+    from secure_afl.exceptions import DecryptionRefused
+    from secure_afl.keyholder import KeyHolder
+    from secure_afl.packing import Layout
+    from secure_afl.params import Bounds
+    from secure_afl.release_checks import ReleaseLedger
+    from secure_afl_tools.attack_parties import MaliciousServer, signed_participant, tagged_upload
+    from secure_afl_tools.harness import make_pki
+
+    names = [f"h{i}" for i in range(6)]
+    server, parties = make_pki(tmp_path / "pki", names, name="unsigned")
+    layout = Layout(4, 2)
+    kh = KeyHolder(tmp_path / "pki", "keyholder", tmp_path / "keys", passphrase=b"unsigned test passphrase")
+    public = kh.keygen(ckks_session_params("unsigned", layout, 1.0, Bounds(2.0, 100, 8)))
+    params = kh.params("unsigned")
+    be = CKKSBackend(params)
+    rng = np.random.default_rng(0)
+    ups = {h: tagged_upload(parties[h], params, be, public, rng.uniform(0, 0.1, layout.length)) for h in names[:3]}
+    relay = MaliciousServer(server, params, [signed_participant(parties[h], params, ups[h][0]) for h in ups],
+                            {h: u[0] for h, u in ups.items()}, {h: u[1] for h, u in ups.items()}, min_clients=1)
+
+    # Execute / Assert: the key holder's real release path refuses, naming the missing definition
+    from secure_afl.keyholder.release import HTTPSource
+
+    with pytest.raises(DecryptionRefused, match="signed definition"):
+        kh.release_he("unsigned", HTTPSource(relay), min_clients=1)
+    ledger = ReleaseLedger(kh.keys_dir / "releases.sqlite3")
+    try:
+        assert ledger.decryption_count(params.backend_params["public_context_sha256"]) == 0
+    finally:
+        ledger.close()
