@@ -1,7 +1,7 @@
 """Message-level vectors for ``split``: one upload and the messages around it, for fixed keys and randomness.
 
-    python -m secure_afl_tools.split_vectors            # rewrite vectors/split_messages.json
-    python -m secure_afl_tools.split_vectors --check    # exit 1 if regenerating changes a byte
+    python -m secure_afl_tools.vectors split            # rewrite vectors/split_messages.json
+    python -m secure_afl_tools.vectors split --check    # exit 1 if regenerating changes a byte
 
 The file holds the session's parameters, the keys (as the seeds they are derived from), the hospital's packed
 vector and proving randomness, its sealed payload with the validity commitment, the seed box and the signed
@@ -42,10 +42,8 @@ randomness) is deterministic.
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -55,9 +53,9 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
 from secure_afl.split.sizes import GRAM_MIN_F
 
-__all__ = ["PATH", "build", "render", "fixed_keys", "main"]
+__all__ = ["PATH", "build", "render", "fixed_keys", "regenerate"]
 
-PATH = Path(__file__).resolve().parent.parent / "vectors" / "split_messages.json"
+PATH = Path(__file__).resolve().parents[2] / "vectors" / "split_messages.json"
 HOSPITAL = "h1"
 #: the inputs every key and random byte is derived from (SHAKE-256 of the label)
 _LABEL = b"secure-afl split message vectors v1 "
@@ -428,21 +426,6 @@ def render(vectors: dict) -> str:
     return json.dumps(vectors, indent=1, sort_keys=True) + "\n"
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--check", action="store_true", help="exit 1 if regenerating would change the file")
-    ap.add_argument("--out", type=Path, default=PATH)
-    args = ap.parse_args(argv)
-    recorded = json.loads(args.out.read_text()) if args.out.exists() else None
-    text = render(build(recorded))
-    if args.check:
-        same = args.out.exists() and args.out.read_text() == text
-        print(f"{args.out}: {'unchanged' if same else 'DIFFERS'}")
-        return 0 if same else 1
-    args.out.write_text(text)
-    print(f"wrote {args.out}")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+def regenerate() -> str:
+    """What the file must hold: the recorded seed boxes (and DP noise share) are kept while they still open."""
+    return render(build(json.loads(PATH.read_text()) if PATH.exists() else None))
