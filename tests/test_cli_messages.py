@@ -144,7 +144,8 @@ def test_a_missing_file_is_named_in_words(tmp_path, capsys):
 
     # Assert: a reason in words, not the Python exception's name
     assert rc == EXIT_INPUT
-    assert capsys.readouterr().err.strip() == f"secure-afl: error [file_not_found]: no such file: {tmp_path / 'session.toml'}"
+    assert capsys.readouterr().err.strip() == \
+        f"secure-afl: error [file_not_found]: no such file: {tmp_path / 'session.toml'}"
 
 
 @e2e

@@ -197,7 +197,7 @@ def build() -> dict:
                        "graph) as the real client and server produce it, each message's exact wire bytes "
                        "(canonical JSON, or the sealed envelope in hex for a masked input), then negative cases "
                        "with the typed exception each must raise. Regenerate with "
-                       "`python -m vectors.generate_secagg`; see the generator for how every key and random "
+                       "`python -m secure_afl_tools.vectors secagg`; see the generator for how every key and random "
                        "draw is fixed.",
         "session_id": SESSION,
         "n": N,
