@@ -18,13 +18,15 @@ import json
 import struct
 from fractions import Fraction
 
+import numpy as np
 import pytest
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes, hpke
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.asymmetric.mlkem import MLKEM768PrivateKey
-from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
+from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from support import VECTORS as VECTOR_DIR
@@ -242,7 +244,6 @@ def test_split_shares_sum_to_the_recorded_statistics(section):
     mask = chacha_field(seed, SHARE_XOF, circuit.total)
     w = [(y - m) % P for y, m in zip(words(body), mask)]
     lanes = w[:circuit.main_len]
-    got = decode_lanes(lanes, f1, f2)
 
     # Assert: the lanes hold the recorded statistics (exactly in the plain statement; the Gram statement uploads
     # them snapped onto its grid, and DP adds the noise share), and the library's shares are the same words
@@ -350,7 +351,6 @@ def _bit_proof_accepts(v: list[int], chunk: int) -> bool:
 
 @pytest.mark.parametrize("section,case", SPLIT_CASES, ids=SPLIT_IDS)
 def test_split_verdict_is_what_the_two_recorded_verifier_messages_decide(section, case):
-    sec = SECTIONS[section]
     circuit = _circuit(section)
     kh = case["keyholder"]
     seed = bytes.fromhex(case["seed"])
@@ -434,3 +434,240 @@ def test_split_release_is_the_masked_sum_plus_the_negated_seed_mask_and_both_sta
     split.verify_masked_sum(params, st, bytes.fromhex(rel["masked_sum"]), sm, ED["server"])
     assert [float(x) for x in split.collect(params, bytes.fromhex(rel["masked_sum"]), ours)] == rel["released"]
     assert [int(x) for x in split.lane_masks(n, [seed])] == share
+
+
+# -- secagg ---------------------------------------------------------------------------------------------------
+SECAGG = json.loads((VECTOR_DIR / "secagg_messages.json").read_text())
+SECAGG_MSGS = {m["name"]: m for m in SECAGG["messages"]}
+SID = SECAGG["session_id"]
+ROUND_CTX = f"{SID}#round=1"  # every key, AEAD and commitment of a round binds "session#round=r"
+N = SECAGG["n"]
+SHAMIR_P = 2 ** 521 - 1
+IDS = range(1, N + 1)
+IDENTITY = {u: Ed25519PrivateKey.from_private_bytes(bytes.fromhex(SECAGG["identity_seeds"][str(u)])).public_key()
+            for u in IDS}
+SIG_ADVERTISEMENT = b"secure-afl/secagg/v2/key-advertisement\0"
+SIG_CONSISTENCY = b"secure-afl/secagg/v2/consistency-digest\0"
+SIG_DEAL = b"secure-afl/secagg/v2/deal\0"
+SHARE_COMMITMENT = b"secure-afl/secagg/v2/share-commitment\0"
+DEAL_CHALLENGE = b"secure-afl/secagg/v2/deal-challenge\0"
+SELF_MASK, PAIR_MASK = b"saflSELFmask", b"saflPAIRmask"
+
+
+def _label(text: str) -> bytes:
+    """The generator's fixed secrets (tools/vectors/secagg_messages.py): SHA-256 of a label."""
+    return hashlib.sha256(text.encode()).digest()
+
+
+def _b64(s: str) -> bytes:
+    import base64
+
+    return base64.b64decode(s)
+
+
+def _msg(name: str) -> dict:
+    return json.loads(SECAGG_MSGS[name]["json"])
+
+
+def _pair_key(purpose: str, private: bytes, peer_public: bytes, u: int, v: int) -> bytes:
+    """s_uv = HKDF-SHA256(X25519(sk_u, pk_v), salt none, info "secure-afl/secagg/v1/" purpose/session/lo/hi)."""
+    shared = X25519PrivateKey.from_private_bytes(private).exchange(X25519PublicKey.from_public_bytes(peer_public))
+    info = f"secure-afl/secagg/v1/{purpose}/{ROUND_CTX}/{min(u, v)}/{max(u, v)}".encode()
+    return HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=info).derive(shared)
+
+
+def _prg(seed: bytes, domain: bytes, n: int) -> list[int]:
+    """PRG(seed, domain)[i] = LE uint64 word i of ChaCha20(key = seed, counter 0, nonce = domain)."""
+    enc = Cipher(algorithms.ChaCha20(seed, bytes(4) + domain), mode=None).encryptor()
+    return list(struct.unpack(f"<{n}Q", enc.update(bytes(8 * n))))
+
+
+def _commit(kind: str, owner: int, holder: int, share: bytes, digest: str) -> bytes:
+    head = f"{ROUND_CTX}/{digest}/{kind}/{owner}->{holder}".encode()
+    return hashlib.sha256(SHARE_COMMITMENT + len(head).to_bytes(2, "big") + head + share).digest()
+
+
+def _deal_weights(dealer: int, commitments: list, digest: str) -> tuple[int, int]:
+    """The deal's Fiat-Shamir weights (c_1, c_2): SHAKE-256 over the round, digest and dealer, then every holder's
+    three commitments; 80 bytes each, reduced mod p."""
+    xof = hashlib.shake_256(DEAL_CHALLENGE)
+    head = f"{ROUND_CTX}/{digest}/{dealer}".encode()
+    xof.update(len(head).to_bytes(2, "big") + head)
+    for h, cb, cs, cr in commitments:
+        xof.update(int(h).to_bytes(2, "big") + cb + cs + cr)
+    out = xof.digest(160)
+    return int.from_bytes(out[:80], "big") % SHAMIR_P, int.from_bytes(out[80:], "big") % SHAMIR_P
+
+
+def _lagrange_at_zero(points: list[tuple[int, int]]) -> int:
+    total = 0
+    for i, (xi, yi) in enumerate(points):
+        num = den = 1
+        for j, (xj, _) in enumerate(points):
+            if j != i:
+                num, den = num * -xj % SHAMIR_P, den * (xi - xj) % SHAMIR_P
+        total = (total + yi * num * pow(den, -1, SHAMIR_P)) % SHAMIR_P
+    return total
+
+
+def _parse_share(raw: bytes) -> tuple[int, int, int]:
+    """Shamir share bytes: >HHB index, threshold, secret length, then the 66-byte big-endian value."""
+    index, threshold, _length = struct.unpack(">HHB", raw[:5])
+    return index, threshold, int.from_bytes(raw[5:], "big")
+
+
+def _gen():
+    from secure_afl_tools.vectors import secagg_messages
+
+    return secagg_messages
+
+
+def test_secagg_signatures_verify_under_the_recorded_identity_seeds_over_the_documented_bytes():
+    # Execute and assert: each advertisement, consistency statement and deal record is signed by its sender's
+    # Ed25519 identity (the recorded seed) over prefix || canonical JSON of its signed fields
+    from secure_afl.secagg.messages import decode_message
+
+    for u in IDS:
+        ad = _msg(f"advertise_keys_response_{u}")
+        # the stage is the wire's routing, not signed; a consistency statement signs its survivors' count and digest
+        body = {k: v for k, v in ad.items() if k not in ("signature", "stage")}
+        IDENTITY[u].verify(_b64(ad["signature"]), SIG_ADVERTISEMENT + canon(body))
+        st = _msg(f"consistency_{u}")
+        body = {k: v for k, v in st.items() if k not in ("signature", "stage", "survivors")}
+        body.update(n_survivors=len(st["survivors"]),
+                    survivors_sha256=hashlib.sha256(canon(sorted(st["survivors"]))).hexdigest())
+        IDENTITY[u].verify(_b64(st["signature"]), SIG_CONSISTENCY + canon(body))
+        deal = _msg(f"share_keys_response_{u}")["deal"]
+        IDENTITY[u].verify(_b64(deal["signature"]), SIG_DEAL + canon({k: v for k, v in deal.items()
+                                                                       if k != "signature"}))
+        with pytest.raises(InvalidSignature):  # and not under another hospital's key
+            IDENTITY[u % N + 1].verify(_b64(ad["signature"]), SIG_ADVERTISEMENT + canon(body))
+        # the library accepts the same signatures
+        assert decode_message(SECAGG_MSGS[f"advertise_keys_response_{u}"]["json"].encode()).verify(IDENTITY[u])
+        assert decode_message(SECAGG_MSGS[f"consistency_{u}"]["json"].encode()).verify(IDENTITY[u])
+
+
+def test_secagg_shares_decrypt_under_the_agreed_keys_match_their_commitments_and_reconstruct_the_secrets():
+    digest = SECAGG["params_digest"]
+    gen = _gen()
+    enc = {u: _label(f"secagg vector enc {u}") for u in IDS}
+    held: dict[int, dict[str, list]] = {u: {"b": [], "s": []} for u in IDS}
+    for u in IDS:
+        resp = _msg(f"share_keys_response_{u}")
+        deal = resp["deal"]
+        listed = [(h, _b64(cb), _b64(cs), _b64(cr)) for h, cb, cs, cr in deal["commitments"]]
+        commits = {h: rest for h, *rest in listed}
+        c1, c2 = _deal_weights(u, listed, digest)
+        from secure_afl.secagg import masking
+
+        assert masking.deal_challenge(SID, digest, u, listed) == (c1, c2)
+        z = [int.from_bytes(_b64(c), "big") for c in deal["check"]]
+        for es in resp["shares"]:
+            v = es["recipient"]
+            assert es["sender"] == u and v != u
+            # Execute: the AEAD key from the encryption keys, the AD binding round, digest, direction, commitments
+            key = _pair_key("share-enc", enc[u], X25519PrivateKey.from_private_bytes(enc[v]).public_key()
+                            .public_bytes_raw(), u, v)
+            ad = f"secure-afl/secagg/v2/share/{ROUND_CTX}/{digest}/{u}->{v}/".encode() + _b64(es["commit_b"]) + \
+                _b64(es["commit_s"])
+            plain = ChaCha20Poly1305(key).decrypt(_b64(es["nonce"]), _b64(es["ciphertext"]), ad)
+            bs, ss, rs = plain[:71], plain[71:142], plain[142:]
+            # Assert: each share is the one committed to, and the three lie on the published check polynomial
+            assert [_commit("b", u, v, bs, digest), _commit("s", u, v, ss, digest), _commit("r", u, v, rs, digest)] \
+                == commits[v] == [_b64(es["commit_b"]), _b64(es["commit_s"]), commits[v][2]]
+            (ib, t, b), (_, _, s), (_, _, r) = _parse_share(bs), _parse_share(ss), _parse_share(rs)
+            assert ib == v and sum(c * pow(v, k, SHAMIR_P) for k, c in enumerate(z)) % SHAMIR_P == \
+                (r + c1 * b + c2 * s) % SHAMIR_P
+            held[u]["b"].append((v, b))
+            held[u]["s"].append((v, s))
+    # any t holders' shares give the dealer's self-mask seed and mask private key
+    material = json.loads(SECAGG["unmask_material"]["json"])
+    for u in IDS:
+        assert len(held[u]["b"]) >= t
+        b = _lagrange_at_zero(held[u]["b"][:t]).to_bytes(32, "big")
+        s = _lagrange_at_zero(held[u]["s"][:t]).to_bytes(32, "big")
+        assert b == _label(f"secagg vector self-mask {u}") == _b64(material["self_mask_seeds"][str(u)])
+        assert s == _label(f"secagg vector mask {u}")
+    # the library derives the same AEAD key, AD and commitments
+    from secure_afl.secagg import masking
+
+    es = _msg("share_keys_response_1")["shares"][0]
+    v = es["recipient"]
+    peer = X25519PrivateKey.from_private_bytes(enc[v]).public_key().public_bytes_raw()
+    lib = masking.share_key(X25519PrivateKey.from_private_bytes(enc[1]), peer, SID, 1, v)
+    ad = masking.share_ad(SID, digest, 1, v, _b64(es["commit_b"]), _b64(es["commit_s"]))
+    plain = lib.decrypt(_b64(es["nonce"]), _b64(es["ciphertext"]), ad)
+    assert masking.share_commitment(SID, digest, "b", 1, v, plain[:71]) == _b64(es["commit_b"])
+    assert gen.N == N
+
+
+def _masked_words(u: int) -> list[int]:
+    raw = bytes.fromhex(SECAGG_MSGS[f"masked_input_response_{u}"]["hex"])
+    _, body = envelope_body(raw, "contribution")
+    return words(body)
+
+
+def test_secagg_masked_inputs_are_the_encoded_input_plus_the_self_mask_and_the_pairwise_masks():
+    gen = _gen()
+    f1, f2 = gen.params().backend_params["frac_bits"]
+    mask_sk = {u: _label(f"secagg vector mask {u}") for u in IDS}
+    mask_pk = {u: X25519PrivateKey.from_private_bytes(mask_sk[u]).public_key().public_bytes_raw() for u in IDS}
+    for u in IDS:
+        assert _b64(_msg(f"advertise_keys_response_{u}")["mask_public_key"]) == mask_pk[u]
+        x = [float(v) for v in gen.vector_input(u)]
+        y = [w % 2 ** 64 for w in encode_lanes_ring(x, f1, f2)]
+        n = len(y)
+
+        # Execute: y_u = enc(x_u) + PRG(b_u) + sum_{w != u} sign(u, w) PRG(s_uw) mod 2^64, sign + iff w > u,
+        # s_uw from the mask keys (the complete graph: every pair)
+        self_mask = _prg(_label(f"secagg vector self-mask {u}"), SELF_MASK, n)
+        y = [(a + m) % 2 ** 64 for a, m in zip(y, self_mask)]
+        for w in IDS:
+            if w == u:
+                continue
+            pm = _prg(_pair_key("mask", mask_sk[u], mask_pk[w], u, w), PAIR_MASK, n)
+            y = [(a + m if w > u else a - m) % 2 ** 64 for a, m in zip(y, pm)]
+
+        # Assert: the recorded masked input's body; the library's masks are the same words
+        assert _masked_words(u) == y
+        from secure_afl.hazmat.prg import DOMAIN_SELF_MASK, expand
+        from secure_afl.secagg import masking
+
+        assert [int(v) for v in expand(_label(f"secagg vector self-mask {u}"), n, domain=DOMAIN_SELF_MASK)] == \
+            self_mask
+        w = u % N + 1
+        assert masking.pair_seed(X25519PrivateKey.from_private_bytes(mask_sk[u]), mask_pk[w], SID, u, w) == \
+            _pair_key("mask", mask_sk[u], mask_pk[w], u, w)
+
+
+def encode_lanes_ring(vector, f1: int, f2: int) -> list[int]:
+    """The two-lane fixed point as signed integers (secagg carries them mod 2^64)."""
+    half = len(vector)
+    p_lanes = encode_lanes(vector, f1, f2)
+    return [centred(w) for w in p_lanes[:half]] + [centred(w) for w in p_lanes[half:]]
+
+
+def test_secagg_aggregate_is_the_masked_sum_less_the_self_masks_decoded():
+    gen = _gen()
+    f1, f2 = gen.params().backend_params["frac_bits"]
+    material = json.loads(SECAGG["unmask_material"]["json"])
+    assert material["survivors"] == list(IDS) and material["dropped"] == []
+    n = len(_masked_words(1))
+
+    # Execute: the pairwise masks cancel over the survivors; the server removes each reconstructed self mask
+    total = [sum(ws) % 2 ** 64 for ws in zip(*(_masked_words(u) for u in IDS))]
+    for u in IDS:
+        seed = _b64(material["self_mask_seeds"][str(u)])
+        total = [(a - m) % 2 ** 64 for a, m in zip(total, _prg(seed, SELF_MASK, n))]
+    signed = [a - 2 ** 64 if a >= 2 ** 63 else a for a in total]
+    half = n // 2
+    agg = [float(Fraction(h * 2 ** f2 + lo, 2 ** (f1 + f2))) for h, lo in zip(signed[:half], signed[half:])]
+
+    # Assert: the recorded aggregate's SHA-256 (float64 little endian), the inputs' sum within the encoding error
+    assert hashlib.sha256(struct.pack(f"<{half}d", *agg)).hexdigest() == SECAGG["aggregate_sha256"]
+    want = sum(gen.vector_input(u) for u in IDS)
+    assert max(abs(a - w) for a, w in zip(agg, want)) <= N * 2.0 ** -(f1 + f2)
+    from secure_afl.hazmat import fixedpoint
+
+    lib = fixedpoint.decode(np.array(total, dtype=np.uint64), (f1, f2))
+    assert [float(v) for v in lib] == agg
