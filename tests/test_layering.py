@@ -190,8 +190,9 @@ def test_no_private_name_is_imported_across_modules():
 
 
 def test_no_two_modules_share_a_file_name_for_different_jobs():
-    # the same name for the same job in each party's folder is fine: their command lines
-    same_job = {"__init__", "cli"}
+    # the same name for the same job in each party's folder is fine: their command lines, and a package's
+    # `python -m` entry point
+    same_job = {"__init__", "cli", "__main__"}
     seen: dict[str, list[str]] = {}
     for m in st.modules().values():
         if not m.is_package and m.path.stem not in same_job:

@@ -1,6 +1,6 @@
 """vectors/secagg_messages.json: the secagg wire format, byte for byte, and its negative cases.
 
-The generator (vectors/generate_secagg.py) runs one real round with fixed keys and a fixed random stream; here
+The generator (secure_afl_tools.vectors.secagg_messages) runs one real round with fixed keys and a fixed random stream; here
 it runs again and must give the same file, every recorded message must decode and re-encode to its own bytes,
 a fresh server round and fresh clients fed the recorded messages must produce the recorded answers, and each
 negative case, fed in place of the message it replaces, must raise its typed exception.
@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import importlib.util
 import json
 
 import numpy as np
@@ -21,14 +20,10 @@ from secure_afl.encoding import canonical_json
 from secure_afl.secagg import messages
 from secure_afl.secagg.messages import UnmaskMaterial, decode_message
 from secure_afl.secagg.server import SecAggServerRound
+from secure_afl_tools.vectors import secagg_messages as gen
 from support import sourcetree as st
-from support.sourcetree import REPO
 
-_spec = importlib.util.spec_from_file_location("generate_secagg", REPO / "vectors" / "generate_secagg.py")
-gen = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(gen)
-
-VEC = json.loads(gen.OUT.read_text())
+VEC = json.loads(gen.PATH.read_text())
 MESSAGES = VEC["messages"]
 NAMES = [m["name"] for m in MESSAGES]
 
@@ -38,7 +33,7 @@ def _raw(entry) -> bytes:
 
 
 def test_regenerating_gives_the_file_byte_for_byte():
-    assert gen.render() == gen.OUT.read_text()
+    assert gen.regenerate() == gen.PATH.read_text()
 
 
 def test_the_vectors_cover_every_stage_and_the_signed_messages():
@@ -180,6 +175,8 @@ def test_every_message_table_has_the_header_and_the_round_last():
             assert [f.name for f in dataclasses.fields(cls)] == names
 
 
-def test_the_generator_is_not_part_of_the_installed_package():
-    # setup.py's ROOTS are what ships; vectors/ (the file and its generator) is a development folder
+def test_the_generator_is_a_tool_not_part_of_a_partys_install():
+    # setup.py's ROOTS are what a party installs; vectors/ is a development folder, the generators are tools
     assert "vectors" not in st.roots() and all(not f.startswith("vectors") for f in st.roots())
+    assert "tools" not in st.main_roots() and st.separate_roots()["tools"] == "secure_afl_tools"
+    assert gen.__name__.startswith("secure_afl_tools.vectors.")

@@ -1,9 +1,7 @@
-"""Writes vectors/secagg_messages.json: one real secagg round's messages, byte for byte, and negative cases.
+"""vectors/secagg_messages.json: one real secagg round's messages, byte for byte, and negative cases.
 
-Run from the repository root, either way:
-
-    python -m vectors.generate_secagg          # or: python vectors/generate_secagg.py
-    python -m vectors.generate_secagg --check  # exit 1 if the file on disk differs
+    python -m secure_afl_tools.vectors secagg           # rewrite the file
+    python -m secure_afl_tools.vectors secagg --check   # exit 1 if regenerating changes a byte
 
 Everything is fixed: the hospitals' Ed25519 identity keys, their X25519 key pairs and self-mask seeds come
 from SHA-256 of a label, and the protocol's own randomness (Shamir coefficients, share nonces) is drawn
@@ -11,17 +9,13 @@ from a SHA-256 counter stream that replaces :mod:`secrets` in the two modules th
 of one run only. Every message comes out of the real client and server round (secure_afl.secagg), so the
 file pins the wire format: tests/test_secagg_vectors.py regenerates it and compares the bytes, and replays
 each negative case against the real decoder, the real signature check or a real client.
-
-This file is a development tool: it lives beside the vectors, not in the installed package.
 """
 
 from __future__ import annotations
 
-import argparse
 import base64
 import hashlib
 import json
-import sys
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -38,7 +32,7 @@ from secure_afl.secagg.messages import DealerComplaint
 from secure_afl.secagg.server import SecAggServerRound
 from secure_afl.secagg.settings import Stage, secagg_session_params
 
-OUT = Path(__file__).resolve().parent / "secagg_messages.json"
+PATH = Path(__file__).resolve().parents[2] / "vectors" / "secagg_messages.json"
 SESSION = "vector-session"
 N = 3
 LAYOUT = Layout(2, 2)
@@ -203,7 +197,7 @@ def build() -> dict:
                        "graph) as the real client and server produce it, each message's exact wire bytes "
                        "(canonical JSON, or the sealed envelope in hex for a masked input), then negative cases "
                        "with the typed exception each must raise. Regenerate with "
-                       "`python -m vectors.generate_secagg`; see the generator for how every key and random "
+                       "`python -m secure_afl_tools.vectors secagg`; see the generator for how every key and random "
                        "draw is fixed.",
         "session_id": SESSION,
         "n": N,
@@ -223,19 +217,6 @@ def render() -> str:
     return json.dumps(build(), indent=1) + "\n"
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--check", action="store_true", help="compare with the file on disk instead of writing it")
-    args = ap.parse_args(argv)
-    text = render()
-    if args.check:
-        same = OUT.exists() and OUT.read_text() == text
-        print(f"{OUT.name}: {'unchanged' if same else 'DIFFERS'}")
-        return 0 if same else 1
-    OUT.write_text(text)
-    print(f"wrote {OUT}")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+def regenerate() -> str:
+    """What the file must hold."""
+    return render()

@@ -1,0 +1,21 @@
+"""The generators of the message-level vectors in vectors/: one module per file, named after it, one command
+for all.
+
+    python -m secure_afl_tools.vectors                  # rewrite every generated file
+    python -m secure_afl_tools.vectors split --check    # exit 1 if regenerating split's file changes a byte
+
+Each module has ``PATH`` (the file it writes) and ``regenerate()`` (the text the file must hold). The other
+files in vectors/ (PRG, Shamir, CKKS, the field and FLP answers) were computed once by stand-alone code
+independent of the library and are checked by their tests, not regenerated.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+#: vector name -> the module that generates it
+GENERATORS = {"secagg": "secure_afl_tools.vectors.secagg_messages", "split": "secure_afl_tools.vectors.split_messages"}
+
+
+def generator(name: str):
+    return importlib.import_module(GENERATORS[name])
