@@ -4,32 +4,13 @@ answers the key holder with whatever the attack chooses."""
 from __future__ import annotations
 
 import hashlib
-import os
-import shutil
-import sys
-import tempfile
-from contextlib import contextmanager
-from pathlib import Path
 
 import numpy as np
-from secure_afl import pki
 from secure_afl.audit_log import make_close_record
-from secure_afl.backends import get_backend
 from secure_afl.encoding import canonical_json
-from secure_afl.envelope import peek_header
-from secure_afl.envelope import seal
-from secure_afl.exceptions import EXIT_SECURITY
-from secure_afl.exceptions import PolicyViolation
-from secure_afl.exceptions import SecureAFLError
-from secure_afl.hazmat import fixedpoint
 from secure_afl.packing import Layout
-from secure_afl.params import Bounds
-from secure_afl.params import SessionParams
-from secure_afl.secagg import SecAggBackend, secagg_session_params
-from secure_afl.secagg import SecAggClient, SecAggServerRound, decode_message, identities
 from secure_afl.signing import MANIFEST_PREFIX
 from secure_afl.signing import sign_upload
-from secure_afl.stats import SufficientStatistics, local_statistics
 from secure_afl.tagging import new_tag, seal_tag, sign_tag
 
 __all__ = ["tagged_upload", "signed_participant", "MaliciousServer", "ForgingSplitSource", "forge_verifier",
