@@ -329,7 +329,7 @@ def _decryptions(kh, params) -> int:
         ledger.close()
 
 
-@pytest.mark.parametrize("roster,q", [(6, 5), (4, 4)])
+@pytest.mark.parametrize("roster,q", [(6, 5), (4, 4)], ids=["6", "4"])
 def test_the_key_holder_floor_holds_when_the_server_relays_min_clients_1(tmp_path, roster, q):
     # Prepare: a ckks session of 6 hospitals (min_clients 3, so c = 2 and q = 5), or of 4 (c = 1 and q = 4:
     # the smallest consortium at the defaults); the server relays min_clients = 1 in its info and signs a
