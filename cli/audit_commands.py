@@ -25,9 +25,11 @@ __all__ = ["register"]
 
 def _cmd_release(args) -> int:
     from secure_afl import pki
+    from secure_afl.cohort import release_policy
     from secure_afl.model_file import read_model
     from secure_afl.params import SessionParams
     from secure_afl.server.store import Store
+    from secure_afl.session.signed import load_signed
     from secure_afl.split_release import audit_release
 
     state = Path(args.state)
@@ -57,7 +59,8 @@ def _cmd_release(args) -> int:
                            masked, W, {"lambda": meta.lam, "participants": list(meta.participants),
                                        "session": meta.session, "params_digest": meta.params_digest},
                            server_pub=pki.pinned_identity(args.pki, "server"),
-                           keyholder_pub=pki.pinned_identity(args.pki, "keyholder"), enrolled=enrolled)
+                           keyholder_pub=pki.pinned_identity(args.pki, "keyholder"), enrolled=enrolled,
+                           policy=release_policy(load_signed(args.pki, params.session_id)))
     for line in result.checked:
         print(f"ok: {line}")
     for line in result.mismatches:

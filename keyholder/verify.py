@@ -30,6 +30,7 @@ from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Iterator, Mapping
 
+from secure_afl.cohort import ReleasePolicy, check_quorum
 from secure_afl.exceptions import DecryptionRefused, InsufficientContributors, SecureAFLError
 from secure_afl.parallel import PayloadRefused, sum_payloads
 from secure_afl.params import SessionParams
@@ -56,16 +57,19 @@ class ContributionRejected(DecryptionRefused):
 
 
 def verify_manifest_for(params: SessionParams, manifest: dict, server_pub, enrolled: Mapping,
-                        min_clients: int) -> dict:
-    """The manifest under the key holder's own parameters and threshold (no aggregate hash: it is unused)."""
+                        policy: ReleasePolicy) -> dict:
+    """The manifest under the key holder's own parameters and release policy (no aggregate hash: it is unused):
+    :class:`InsufficientContributors` below the policy's quorum, naming it and how it was reached."""
     try:
-        return verify_manifest(manifest, server_pub, enrolled, min_clients, session_id=params.session_id,
-                               params_digest=params.digest())
+        m = verify_manifest(manifest, server_pub, enrolled, 1, session_id=params.session_id,
+                            params_digest=params.digest())
     except InsufficientContributors:
         raise
     except SecureAFLError as e:
         raise ServerForgery(f"the server-signed manifest does not hold under this key holder's parameters "
                             f"and enrolments: {e}") from e
+    check_quorum(policy, len(m["participants"]))
+    return m
 
 
 def default_fetchers() -> int:

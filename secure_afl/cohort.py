@@ -20,6 +20,15 @@ releases over different cohorts of one session cannot both be formed without
 refusals are further capped by the session's signed ``max_refusals``: past
 it, the release aborts instead of shrinking the cohort.
 
+The policy also carries what the signed session asks of the released
+statistics themselves (split only, the one backend whose schema has them):
+``max_share``, the largest share of the pooled samples one hospital may hold,
+and ``gram_proof``, under which every upload proved its statistics a Gram
+matrix so the released sum must be positive semi-definite.
+:func:`secure_afl.release_checks.check_release_policy` applies both to a
+decoded release; the split release (:func:`secure_afl.split_release.form_release`,
+which the key holder, the Flower path and the auditor all go through) calls it.
+
 Nothing relayed by the server enters :func:`release_policy`: its only inputs
 are the signed definition and the stricter floors a party may ask for
 itself.
@@ -33,7 +42,7 @@ from typing import Mapping
 from .exceptions import InsufficientContributors, InvalidParameterError
 
 __all__ = ["ReleasePolicy", "quorum", "default_colluders", "isolation_coalition", "release_policy", "cohort_after_refusals",
-           "JOINT_CHECK", "HOSPITAL_PROVEN"]
+           "check_quorum", "JOINT_CHECK", "HOSPITAL_PROVEN"]
 
 #: the attribution of a refusal whose evidence does not pin the hospital: the server formed one of the two
 #: verifier messages, so a failed joint check is the hospital's or the server's
@@ -90,6 +99,9 @@ class ReleasePolicy:
     deadline: float | None
 
     signed_min_clients: int = 0
+    #: the signed [split] max_share (1.0: no cap) and gram_proof: checked on the decoded release
+    max_share: float = 1.0
+    gram_proof: bool = False
 
     def why_quorum(self) -> str:
         """How :attr:`quorum` was reached, with the values actually used (one phrase)."""
@@ -112,11 +124,21 @@ def release_policy(definition, *, min_clients: int = 0, min_class_count: int = 0
     b = definition.body
     n, c = len(b["hospitals"]), int(b["colluders"])
     mc = max(int(b["min_clients"]), int(min_clients))
+    sp = b.get("split") or {}
     return ReleasePolicy(
         session_id=b["id"], backend=b["backend"], roster=tuple(b["hospitals"]), min_clients=mc, colluders=c,
         quorum=max(quorum(n, c, int(b["min_clients"])), int(min_clients)), max_refusals=int(b["max_refusals"]),
         min_class_count=max(int(b["min_class_count"]), int(min_class_count)), deadline=b.get("deadline"),
-        signed_min_clients=int(b["min_clients"]))
+        signed_min_clients=int(b["min_clients"]), max_share=float(sp.get("max_share", 1.0)),
+        gram_proof=bool(sp.get("gram_proof", False)))
+
+
+def check_quorum(policy: ReleasePolicy, contributors: int) -> None:
+    """:class:`InsufficientContributors` when a manifest of ``contributors`` uploads is below the quorum, naming
+    the quorum enforced and how it was reached (a party's own raised floor included)."""
+    if contributors < policy.quorum:
+        raise InsufficientContributors(f"{contributors} contributions, fewer than the release quorum "
+                                       f"q = {policy.quorum} ({policy.why_quorum()})")
 
 
 def cohort_after_refusals(policy: ReleasePolicy, participants, refused: Mapping[str, str]) -> list[str]:

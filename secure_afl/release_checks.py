@@ -3,8 +3,11 @@
 Library code (no network), used by :mod:`secure_afl.keyholder`:
 
 * :func:`check_aggregate_against_manifest` - the aggregate payload is the one
-  the server-signed manifest names, for this session and parameters, and its
-  header claims as many contributors as the manifest lists;
+  the server-signed manifest names, for this session and parameters, the
+  manifest reaches the release policy's quorum, and the aggregate's header
+  claims as many contributors as the manifest lists;
+* :func:`check_release_policy` - the signed policy's share cap and, under the
+  Gram statement, the released Gram's positive semi-definiteness;
 * :func:`sanity_check` - the revealed sum is a plausible sum of statistics
   (a forwarded single contribution, a poisoned or garbage aggregate fails);
 * :class:`ReleaseLedger` - refuses a second release under the same key whose
@@ -23,28 +26,31 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from secure_afl.analytic import ri_restore_gram
+from secure_afl.cohort import ReleasePolicy, check_quorum
 from secure_afl.envelope import open_envelope
 from secure_afl._io import private_file
 from secure_afl.exceptions import DecryptionRefused, PolicyViolation, SanityCheckFailed
 from secure_afl.params import SessionParams
 from secure_afl.signing import verify_manifest
+from secure_afl.split.sizes import psd_tolerance
 from secure_afl.stats import SufficientStatistics
 
 __all__ = ["check_aggregate_against_manifest", "sanity_check", "SanityReport", "ReleaseLedger",
-           "check_class_minimum"]
+           "check_class_minimum", "check_release_policy"]
 
 
 def check_aggregate_against_manifest(params: SessionParams, aggregate: bytes, manifest: dict, server_pub,
-                                     enrolled: dict, min_clients: int) -> dict:
-    """Verify the manifest (signatures, enrolment, count) and bind the aggregate to it.
+                                     enrolled: dict, policy: ReleasePolicy) -> dict:
+    """Verify the manifest (signatures, enrolment, the ``policy``'s quorum) and bind the aggregate to it.
 
     Raises :class:`DecryptionRefused` (wrapping the precise cause in
     ``__cause__``) so nothing is decrypted for an aggregate the manifest does
     not back.
     """
-    m = verify_manifest(manifest, server_pub, enrolled, min_clients, session_id=params.session_id,
+    m = verify_manifest(manifest, server_pub, enrolled, 1, session_id=params.session_id,
                         params_digest=params.digest(),
                         aggregate_sha256=hashlib.sha256(aggregate).digest())
+    check_quorum(policy, len(m["participants"]))
     env = open_envelope(params, aggregate, "aggregate")
     claimed = env.header.get("contributors")
     if isinstance(claimed, list):  # secagg names the surviving client ids
@@ -149,6 +155,28 @@ def sanity_check(stats: SufficientStatistics, params: SessionParams, expected_co
     need("norm_bound", float(np.trace(C)) <= n * B2 * (1 + 8 * u) + d * e + d * u * diag_mag,
          "the Gram's trace exceeds n B^2: an embedding beyond the declared norm bound")
     return SanityReport(K, n, checks)
+
+
+def check_release_policy(policy: ReleasePolicy, params: SessionParams, stats: SufficientStatistics) -> None:
+    """What the signed ``policy`` asks of the decoded release ``stats`` itself (:class:`SanityCheckFailed`):
+
+    * ``share_cap`` - with ``max_share`` < 1, one hospital (up to n_max samples) holds at most that share of the
+      released n; else one hospital could steer W by more than the consortium signed for;
+    * ``psd`` - under the Gram statement every summed upload proved its statistics a Gram matrix, so an honest
+      sum cannot be indefinite beyond :func:`secure_afl.split.sizes.psd_tolerance` (what the low lanes and the
+      rounding add): an indefinite one means the share or the masked sum is not the cohort's. An honest cohort
+      never fails it, so this refusal is no veto (docs/VALIDITY.md, "The Gram statement").
+
+    Messages name the check and the signed values, never a released entry but the rounded sample count."""
+    cap = float(policy.max_share)
+    if cap < 1.0 and params.bounds.n_max > cap * float(stats.n) * (1 + 2.0 ** -40):
+        raise SanityCheckFailed(f"the release pools {round(stats.n)} samples: one hospital (n_max = "
+                                f"{params.bounds.n_max}) could hold more than the session's max_share = {cap:g} "
+                                "of them", reason="share_cap")
+    if policy.gram_proof and float(np.linalg.eigvalsh(stats.gram)[0]) < -psd_tolerance(params, stats.gram):
+        raise SanityCheckFailed("the released Gram is not positive semi-definite although every upload in it "
+                                "proved its statistics a Gram matrix: the share or the masked sum is not "
+                                "the cohort's", reason="psd")
 
 
 def check_class_minimum(stats: SufficientStatistics, min_class_count: int) -> None:

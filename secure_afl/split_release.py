@@ -19,13 +19,14 @@ import numpy as np
 
 from . import split
 from .analytic import solve_from_sums
+from .cohort import ReleasePolicy
 from .certify import WBound, certify_release
 from .envelope import open_envelope, seal
 from .exceptions import DecryptionRefused, MalformedPayload, SecureAFLError
 from .hazmat import fixedpoint, flp
 from .packing import Layout
 from .params import SessionParams
-from .release_checks import check_class_minimum, sanity_check
+from .release_checks import check_class_minimum, check_release_policy, sanity_check
 from .stats import SufficientStatistics
 
 __all__ = ["SplitRelease", "form_release", "cohort_masked_sum", "ReleaseAudit", "audit_release"]
@@ -61,16 +62,19 @@ def cohort_masked_sum(params: SessionParams, aggregate: bytes, refused_payloads,
     return seal(params, "aggregate", flp.to_bytes(words), contributors=int(contributors))
 
 
-def form_release(params: SessionParams, masked_sum: bytes, share, contributors: int, *, lam: float = 0.0,
-                 min_class_count: int = 1) -> SplitRelease:
+def form_release(params: SessionParams, masked_sum: bytes, share, contributors: int, policy: ReleasePolicy, *,
+                 lam: float = 0.0, min_class_count: int = 1) -> SplitRelease:
     """``dec(masked_sum + share)`` over the ``contributors`` uploads of one cohort, checked and solved as the
-    other backends' key holders check and solve theirs: without DP the shape checks (those a proven upload can
+    other backends' key holders check and solve theirs: first the signed ``policy``'s checks on the released
+    statistics (:func:`~secure_afl.release_checks.check_release_policy`: the share cap, the Gram's
+    definiteness under the Gram statement), then without DP the shape checks (those a proven upload can
     break by a 2^-30 relative slack are reported, not a veto: docs/VALIDITY.md), the rare-class refusal and
     RI restoration; with DP the noise-aware checks and the DP solve (PSD repair and the calibrated ridge).
     ``lam``: the ridge asked on top. :class:`~secure_afl.exceptions.SanityCheckFailed` when the sum and the
     share do not decode within what proven uploads can reach (they were not formed over the same uploads)."""
     vector = split.collect(params, masked_sum, share)
     stats = Layout(params.layout.dim, params.layout.n_classes).unpack(vector, gamma=params.gamma)
+    check_release_policy(policy, params, stats)
     tol = split.expected_abs_error(params, contributors)
     if params.dp is None:
         sanity = sanity_check(stats, params, contributors, abs_tol=tol, advisory=split.ADVISORY_CHECKS).to_dict()
@@ -109,14 +113,16 @@ class ReleaseAudit:
 
 def audit_release(params: SessionParams, manifest: dict, uploads: dict, seed_statements: dict, share: bytes,
                   share_statement: dict, signed_sum: dict, masked_sum: bytes, W, model_meta: dict, *, server_pub,
-                  keyholder_pub, enrolled: dict) -> ReleaseAudit:
+                  keyholder_pub, enrolled: dict, policy: ReleasePolicy) -> ReleaseAudit:
     """Recompute a split release from what the server holds and the signed messages around it, and name
     whatever does not match.
 
     ``uploads``: hospital -> the masked payload the server stored (uniform words without the key holder's
     seeds); ``seed_statements``: hospital -> its signed seed statement; ``share`` and ``share_statement``: the
     key holder's share and its signed statement; ``signed_sum`` and ``masked_sum``: the server's signed
-    statement and the sealed masked sum it handed the key holder; ``W`` and ``model_meta``: the model file.
+    statement and the sealed masked sum it handed the key holder; ``W`` and ``model_meta``: the model file;
+    ``policy``: the signed session's release policy (its checks on the released statistics run as the key
+    holder's did).
 
     Checked, in order: the share statement is the key holder's, over this manifest and share; each cohort
     upload is the one its hospital signed (its payload hash in the manifest and in its signed seed statement);
@@ -165,7 +171,7 @@ def audit_release(params: SessionParams, manifest: dict, uploads: dict, seed_sta
     if words is not None:
         try:
             lam = float(model_meta.get("lambda", 0.0))
-            rel = form_release(params, recomputed, words, len(cohort), lam=lam)
+            rel = form_release(params, recomputed, words, len(cohort), policy, lam=lam)
             W = np.asarray(W, dtype=np.float64)
             if W.shape != rel.W.shape:
                 bad.append(f"model: W has shape {W.shape}, the release's is {rel.W.shape}")

@@ -192,7 +192,8 @@ _BROKEN = {
     # the key holder's floor removed (the signed quorum on the manifest and on the cohort its validity
     # verdicts leave): it releases a share for any cohort
     "split-subset": ("import secure_afl.keyholder.release.split_share as r\nf = r.verify_manifest_for\n"
-                     "r.verify_manifest_for = lambda p, m, s, e, mc: f(p, m, s, e, 1)\n"
+                     "import dataclasses\n"
+                     "r.verify_manifest_for = lambda p, m, s, e, pol: f(p, m, s, e, dataclasses.replace(pol, quorum=1))\n"
                      "rs = r.SplitRelease.release_split\n"
                      "r.SplitRelease.release_split = lambda self, sid, src, *, min_clients, **kw: "
                      "rs(self, sid, src, min_clients=1, **kw)\n"

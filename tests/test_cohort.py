@@ -291,17 +291,13 @@ def test_signed_definition_lists_c_and_the_refusal_limit(tmp_path, capsys):
     assert (body["colluders"], body["max_refusals"]) == (1, 0)
 
 
-@pytest.mark.parametrize("roster", [6, 4])
-def test_the_key_holder_floor_holds_when_the_server_relays_min_clients_1(tmp_path, roster):
-    # Prepare: a ckks session of 6 hospitals (min_clients 3, so c = 2 and q = 5), or of 4 (c = 1 and q = 4:
-    # the smallest consortium at the defaults); the server relays min_clients = 1 in its info and signs a
-    # manifest of 3 uploads (the victim and 2 colluders)
+def _ckks_relay(tmp_path, roster: int, uploads: int):
+    """A signed ckks session of ``roster`` hospitals (min_clients 3), its key holder, and a server relay that
+    signs a manifest of the first ``uploads`` hospitals' uploads and relays min_clients = 1 in its info."""
     from secure_afl.backends.ckks import CKKSBackend, ckks_session_params
-    from secure_afl.exceptions import SecureAFLError
     from secure_afl.keyholder import KeyHolder
     from secure_afl.packing import Layout
     from secure_afl.params import Bounds
-    from secure_afl.release_checks import ReleaseLedger
     from secure_afl_tools.attack_parties import MaliciousServer, signed_participant, tagged_upload
     from secure_afl_tools.harness import make_pki, sign_session
 
@@ -316,21 +312,55 @@ def test_the_key_holder_floor_holds_when_the_server_relays_min_clients_1(tmp_pat
     params = kh.params("floor")
     be = CKKSBackend(params)
     rng = np.random.default_rng(0)
-    ups = {h: tagged_upload(parties[h], params, be, public, rng.uniform(0, 0.1, layout.length)) for h in names[:3]}
+    ups = {h: tagged_upload(parties[h], params, be, public, rng.uniform(0, 0.1, layout.length))
+           for h in names[:uploads]}
     relay = MaliciousServer(server, params, [signed_participant(parties[h], params, ups[h][0]) for h in ups],
                             {h: u[0] for h, u in ups.items()}, {h: u[1] for h, u in ups.items()}, min_clients=1)
+    return kh, relay, params
+
+
+def _decryptions(kh, params) -> int:
+    from secure_afl.release_checks import ReleaseLedger
+
+    ledger = ReleaseLedger(kh.keys_dir / "releases.sqlite3")
+    try:
+        return ledger.decryption_count(params.backend_params["public_context_sha256"])
+    finally:
+        ledger.close()
+
+
+@pytest.mark.parametrize("roster,q", [(6, 5), (4, 4)], ids=["6", "4"])
+def test_the_key_holder_floor_holds_when_the_server_relays_min_clients_1(tmp_path, roster, q):
+    # Prepare: a ckks session of 6 hospitals (min_clients 3, so c = 2 and q = 5), or of 4 (c = 1 and q = 4:
+    # the smallest consortium at the defaults); the server relays min_clients = 1 in its info and signs a
+    # manifest of 3 uploads (the victim and 2 colluders)
+    from secure_afl.exceptions import SecureAFLError
+
+    kh, relay, params = _ckks_relay(tmp_path, roster, 3)
     assert relay.info()["min_clients"] == 1
 
     # Execute: the key holder's real finalize, asked with min_clients 1 as well
-    with pytest.raises(SecureAFLError, match="fewer than"):
+    with pytest.raises(SecureAFLError, match=f"3 contributions, fewer than the release quorum q = {q} ") as info:
         kh.finalize(relay, min_clients=1)
 
-    # Assert: nothing was decrypted
-    ledger = ReleaseLedger(kh.keys_dir / "releases.sqlite3")
-    try:
-        assert ledger.decryption_count(params.backend_params["public_context_sha256"]) == 0
-    finally:
-        ledger.close()
+    # Assert: the signed quorum, and how it was reached, is named; nothing was decrypted
+    assert "signed min_clients = 3" in str(info.value) and "own floor" not in str(info.value)
+    assert _decryptions(kh, params) == 0
+
+
+def test_a_raised_min_clients_refusal_names_the_quorum_actually_enforced(tmp_path):
+    # Prepare: 6 hospitals (signed min_clients 3: q = 5), a manifest of 5, which the signed quorum allows
+    from secure_afl.exceptions import InsufficientContributors
+
+    kh, relay, params = _ckks_relay(tmp_path, 6, 5)
+    # Execute: the key holder raises its own floor to 6 (keyholder finalize --min-clients 6)
+    with pytest.raises(InsufficientContributors) as info:
+        kh.finalize(relay, min_clients=6)
+    # Assert: the message names q = 6, the quorum it enforced, not the signed 5; nothing was decrypted
+    msg = str(info.value)
+    assert "5 contributions, fewer than the release quorum q = 6 " in msg
+    assert "signed min_clients = 3, raised to this party's own floor of 6" in msg
+    assert _decryptions(kh, params) == 0
 
 
 def test_refusals_past_the_signed_limit_abort_even_when_the_quorum_remains(tmp_path):

@@ -223,8 +223,28 @@ def test_gram_proof_with_dp_builds_with_the_factor_on_half_the_noise_grid():
 
 
 # -- the release ---------------------------------------------------------------------------------------------
-def _collect(sess, vectors):
-    """The collector's release over uploads built without their proofs' checks (what a wrong share would do)."""
+def _signed(**split_section):
+    """``(session, release policy)`` of a signed split definition (h1..h3, d = 6, C = 3, n_max = 200): the
+    parameters as the key holder's keygen binds them, the policy as its release reads it."""
+    from secure_afl.cohort import release_policy
+    from secure_afl.session.definition import normalise
+    from secure_afl.session.schema import parse
+
+    definition = normalise(parse(_sections(**({"split": split_section} if split_section else {}))))
+    params = definition.session_params()
+    keys = split.generate_keys(params)
+    params = split.bind_public_context(params, keys.public_context)
+    return (params, get_backend(params), None, keys), release_policy(definition)
+
+
+@pytest.fixture(scope="module")
+def signed_sessions():
+    return {g: _signed(gram_proof=g) for g in (False, True)}
+
+
+def _masked(sess, vectors):
+    """The server's masked sum and the key holder's share over uploads built without their proofs' checks
+    (what a wrong share would decode to)."""
     params, be, _, keys = sess
     acc, manifest, statements, enrolled = be.combiner(), {"participants": []}, {}, {}
     for k, v in enumerate(vectors):
@@ -234,33 +254,76 @@ def _collect(sess, vectors):
         acc.add(payload)
         manifest["participants"].append({"hospital": h, "payload_sha256": hashlib.sha256(payload).hexdigest()})
         statements[h], enrolled[h] = st, ident.public_key()
-    share = split.keyholder_share(params, keys.secret_context, manifest, statements, enrolled)
-    return split.collect(params, acc.aggregate(), share)
+    return acc.aggregate(), split.keyholder_share(params, keys.secret_context, manifest, statements, enrolled)
 
 
-def test_an_indefinite_released_sum_is_refused_only_under_the_gram_statement(attack_sessions):
+def _release(sess, policy, vectors, *, forge=None):
+    """The key holder's release (:func:`form_release`) of ``vectors``' masked sum with its share, the share less
+    ``forge`` (a float vector of the layout's length, encoded as the release decodes) when given."""
+    from secure_afl.hazmat import fixedpoint
+    from secure_afl.split_release import form_release
+
+    params = sess[0]
+    masked, share = _masked(sess, vectors)
+    if forge is not None:
+        share = flp.sub(share, np.asarray(fixedpoint.encode(forge, tuple(params.backend_params["frac_bits"])),
+                                          dtype=np.uint64))
+    return form_release(params, masked, share, len(vectors), policy)
+
+
+def _forged_entry(layout, slot: str, value: float):
+    out = np.zeros(layout.length)
+    out[layout.slices[slot].start] = value
+    return out
+
+
+def test_an_indefinite_released_sum_is_refused_only_under_the_gram_statement(signed_sessions):
     vectors = [_attack_vector_psd(), _attack_vector("half-plus-minus-H")]
-    assert np.all(np.isfinite(_collect(attack_sessions[False], vectors)))
-    with pytest.raises(SanityCheckFailed, match="positive semi-definite"):
-        _collect(attack_sessions[True], vectors)
+    off, on = signed_sessions[False], signed_sessions[True]
+    assert np.all(np.isfinite(_release(*off, vectors).W))
+    # decoding alone refuses nothing: the refusal is the signed policy's, in the release
+    assert np.all(np.isfinite(split.collect(on[0][0], *_masked(on[0], vectors))))
+    with pytest.raises(SanityCheckFailed, match="positive semi-definite") as info:
+        _release(*on, vectors)
+    assert info.value.reason == "psd"
     # an honest PSD sum under the statement is released (the tolerance covers the low lanes and the rounding)
-    sess = attack_sessions[True]
     honest = [_attack_vector_psd(), _attack_vector_psd()]
-    got = _collect(sess, honest)
-    assert np.all(np.isfinite(got))
+    assert np.all(np.isfinite(_release(*on, honest).W))
+
+
+def test_a_forged_share_that_makes_the_released_gram_indefinite_is_refused_under_the_gram_statement(
+        signed_sessions):
+    # Prepare: two honest, proven uploads; the key holder's share moved so that C[0, 0] decodes below zero
+    honest = [_attack_vector_psd(), _attack_vector_psd()]
+    layout = Layout(6, 3)
+    c00 = float(sum(v[layout.slices["gram"].start] for v in honest))
+    forge = _forged_entry(layout, "gram", c00 + 10.0)
+    off, on = signed_sessions[False], signed_sessions[True]
+    # Execute / Assert: within the aggregate bound, so the sum decodes; only the Gram statement's policy refuses it
+    assert np.all(np.isfinite(_release(*off, honest, forge=forge).W))
+    with pytest.raises(SanityCheckFailed, match="positive semi-definite") as info:
+        _release(*on, honest, forge=forge)
+    assert info.value.reason == "psd"
 
 
 def test_max_share_refuses_a_release_too_small_for_the_cap():
-    params = split.split_session_params("cap", Layout(6, 3), GAMMA, Bounds(2.0, 200, 8), max_share=0.5)
-    keys = split.generate_keys(params)
-    params = split.bind_public_context(params, keys.public_context)
-    sess = (params, get_backend(params), None, keys)
-    small = _attack_vector_psd()  # 50 samples: one hospital could hold 200 of 250
-    with pytest.raises(SanityCheckFailed, match="max_share"):
-        _collect(sess, [small, small])
+    sess, policy = _signed(max_share=0.5)
+    assert policy.max_share == 0.5
+    small = _attack_vector_psd()  # 50 samples each, 100 released: one hospital could hold 200
+    with pytest.raises(SanityCheckFailed, match="max_share") as info:
+        _release(sess, policy, [small, small])
+    assert info.value.reason == "share_cap"
     X, y = _embeddings(200, 6, 3, 5)
     big = Layout(6, 3).pack(local_statistics(2.0 * X, y, 3, gamma=GAMMA))
-    assert np.all(np.isfinite(_collect(sess, [big, big])))  # 400 samples: n_max is half of them
+    assert np.all(np.isfinite(_release(sess, policy, [big, big]).W))  # 400 samples: n_max is half of them
+    # a share forged to take 250 samples off the released count: 150 left, under the cap's 400
+    with pytest.raises(SanityCheckFailed, match="max_share") as info:
+        _release(sess, policy, [big, big], forge=_forged_entry(Layout(6, 3), "n", 250.0))
+    assert info.value.reason == "share_cap"
+    # without a cap the same release is formed: the refusal is the signed policy's
+    uncapped, plain = _signed()
+    assert plain.max_share == 1.0
+    assert np.all(np.isfinite(_release(uncapped, plain, [small, small]).W))
 
 
 # -- through the service ----------------------------------------------------------------------------------------

@@ -50,7 +50,7 @@ class HERelease(ReleaseBase):
                 manifest = source.manifest()
                 server_pub, enrolled = self._trust(sid, expected_hospitals)
                 # the signed quorum of the roster, before anything is decrypted
-                m = verify_manifest_for(params, manifest, server_pub, enrolled, self._floor(sid, min_clients))
+                m = verify_manifest_for(params, manifest, server_pub, enrolled, self._policy(sid, min_clients))
                 # before anything is decrypted: a sum short of noise shares is never decrypted at all
                 check_dp_noise(params, len(m["participants"]))
                 backend = get_backend(params)

@@ -34,7 +34,7 @@ class RevealRelease(ReleaseBase):
         server_pub, enrolled = self._trust(params.session_id, expected_hospitals)
         try:
             m = check_aggregate_against_manifest(params, aggregate, manifest, server_pub, enrolled,
-                                                 self._floor(params.session_id, min_clients))
+                                                 self._policy(params.session_id, min_clients))
         except SecureAFLError as e:
             raise DecryptionRefused(f"not decrypting: {e}") from e
         participants = sorted(p["hospital"] for p in m["participants"])

@@ -104,7 +104,7 @@ class SplitRelease(ReleaseBase):
             cohort, refused = list(statement["cohort"]), dict(statement["refused"])
             share = flp.from_bytes(body, what="this key holder's share")
             try:
-                rel = form_release(params, masked_sum, share, len(cohort), lam=lam, min_class_count=min_class_count)
+                rel = form_release(params, masked_sum, share, len(cohort), self._policy(sid, 1), lam=lam, min_class_count=min_class_count)
             except SanityCheckFailed as e:
                 if e.reason != split.SHARE_MISMATCH:  # a release check (the share cap, the Gram), not the sum
                     raise
@@ -179,7 +179,7 @@ class SplitRelease(ReleaseBase):
             server_pub, enrolled = self._trust(sid, expected_hospitals)
             policy, floor = self._policy(sid, min_clients), self._floor(sid, min_clients)
             try:  # the signed quorum of the roster, before any verdict or share is formed for this manifest
-                m = verify_manifest_for(params, manifest, server_pub, enrolled, floor)
+                m = verify_manifest_for(params, manifest, server_pub, enrolled, policy)
             except ServerForgery as e:
                 ledger.block(key_id, f"refused before the share: {e}")
                 raise

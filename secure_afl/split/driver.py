@@ -166,6 +166,8 @@ def run_split(params: SessionParams, keys: SplitKeyPair, vectors: Mapping[str, n
     signed = sign_masked_sum(server_key, params, share_st, masked)
     # key holder: the server's sum for its own statement, plus its share
     verify_masked_sum(params, share_st, masked, signed, server_key.public_key())
+    # decoded and checked against the share only: the signed policy's checks on the released statistics (share
+    # cap, the Gram's definiteness) belong to the release that solves W (secure_afl.split_release.form_release)
     vector = roles.collect(params, masked, share)
     lap("collect")
     return SplitRun(vector, verdicts, uploads, messages, (body, share_st), timings, server_key.public_key(),

@@ -7,7 +7,8 @@
 * key holder (helper), :func:`open_statement_seed` and :func:`helper_verdict` per upload, then
   :func:`keyholder_share` over the manifest's cohort;
 * release, :func:`collect`: ``dec(Y_c + S)`` (the key holder, on the server-signed masked sum of its cohort;
-  an auditor recomputing it), checked against what proven uploads can reach;
+  an auditor recomputing it), checked against what proven uploads can reach (the release policy's own checks,
+  the share cap and the Gram's definiteness, are :func:`secure_afl.release_checks.check_release_policy`);
 * anyone, :func:`joint_verdict` from the two published verifier messages; the refused hospital,
   :func:`dispute`.
 
@@ -32,7 +33,7 @@ from .keys import PUBLIC_CONTEXT_KEY, check_public_key, open_seed, seal_seed
 from .signed_messages import SeedRefused, UploadCommitment, seed_digest, sign_seed_statement, sign_verifier_message, \
     signed_query_seed, verify_leader_message, verify_seed_statement
 from .proof import DOMAIN_SHARE, Circuit
-from .sizes import gram_enabled, proven_aggregate_bound, psd_tolerance
+from .sizes import proven_aggregate_bound
 
 #: the refinement of :class:`SanityCheckFailed` when a masked sum and a share were not formed over one cohort
 SHARE_MISMATCH = "share_mismatch"
@@ -191,7 +192,9 @@ def keyholder_share(params: SessionParams, secret_key: bytes, manifest: Mapping,
 
 # -- release ------------------------------------------------------------------------------------------------
 def collect(params: SessionParams, masked_aggregate: bytes, share: np.ndarray, subtract=()) -> np.ndarray:
-    """``dec(Y - sum subtract + S)`` over F_p: the float64 sum, refused if it leaves the declared aggregate bound.
+    """``dec(Y - sum subtract + S)`` over F_p: the float64 sum, refused if it leaves the declared aggregate bound
+    (the share and the sum were not formed over the same uploads). Nothing else: what the signed policy asks of
+    the released statistics is checked by the release (:func:`secure_afl.release_checks.check_release_policy`).
 
     ``subtract``: the masked words of the uploads the key holder refused (they are in ``Y`` but not in ``S``)."""
     env = open_envelope(params, masked_aggregate, "aggregate")
@@ -208,24 +211,6 @@ def collect(params: SessionParams, masked_aggregate: bytes, share: np.ndarray, s
     if not np.all(np.isfinite(v)) or float(np.max(np.abs(v))) > limit:
         raise SanityCheckFailed("masked sum + key holder's share leaves the declared aggregate bound: the "
                                 "share was not formed for these masked vectors", reason=SHARE_MISMATCH)
-    cap = float(params.backend_params.get("max_share", 1.0))
-    n_released = float(v[params.layout.slices["n"]][0])
-    if cap < 1.0 and params.bounds.n_max > cap * n_released * (1 + 2.0 ** -40):
-        raise SanityCheckFailed(f"the release pools {round(n_released)} samples: one hospital (n_max = "
-                                f"{params.bounds.n_max}) could hold more than the session's max_share = {cap:g} "
-                                "of them", reason="share_cap")
-    if gram_enabled(params):
-        # every summed upload proved its statistics a Gram matrix: an honest sum cannot be indefinite, so this
-        # refusal is no veto (docs/VALIDITY.md, "The Gram statement")
-        d = params.layout.dim
-        gram = np.zeros((d, d))
-        iu = np.triu_indices(d)
-        gram[iu] = v[params.layout.slices["gram"]]
-        gram.T[iu] = v[params.layout.slices["gram"]]
-        if float(np.linalg.eigvalsh(gram)[0]) < -psd_tolerance(params, gram):
-            raise SanityCheckFailed("the released Gram is not positive semi-definite although every upload in it "
-                                    "proved its statistics a Gram matrix: the share or the masked sum is not "
-                                    "the cohort's", reason="psd")
     return v
 
 
