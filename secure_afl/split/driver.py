@@ -23,7 +23,7 @@ from .signed_messages import query_key, query_seed, refusal_evidence, sign_maske
     verify_leader_message, verify_masked_sum, verify_seed_statement, verify_share
 from .proof import Circuit
 from .statements import Unlucky
-from .sizes import RETRIES
+from .sizes import RETRIES, gram_enabled
 
 __all__ = ["SplitRun", "run_split", "default_policy"]
 
@@ -91,12 +91,15 @@ def _judge(circuit: Circuit, keys: SplitKeyPair, uploads: Mapping, shas: Mapping
 
 def default_policy(params: SessionParams, hospitals: Sequence[str], *, min_clients: int = 1) -> ReleasePolicy:
     """The release policy a signed session of ``hospitals`` gets with every default (``session sign``): the
-    most colluders that still let one hospital drop out, ``max_refusals`` = that colluder bound."""
+    default colluder bound (:func:`secure_afl.cohort.default_colluders`), ``max_refusals`` = that bound, and
+    the session's own ``max_share`` and ``gram_proof``."""
     n = len(hospitals)
     c = default_colluders(n, min_clients)
     return ReleasePolicy(session_id=params.session_id, backend=params.backend, roster=tuple(hospitals),
                          min_clients=min_clients, colluders=c, quorum=quorum(n, c, min_clients), max_refusals=c,
-                         min_class_count=1, deadline=None)
+                         min_class_count=1, deadline=None,
+                         max_share=float(params.backend_params.get("max_share", 1.0)),
+                         gram_proof=gram_enabled(params))
 
 
 def run_split(params: SessionParams, keys: SplitKeyPair, vectors: Mapping[str, np.ndarray] | Sequence, *,
