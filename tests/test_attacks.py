@@ -193,8 +193,8 @@ _BROKEN = {
     # verdicts leave): it releases a share for any cohort
     "split-subset": ("import secure_afl.keyholder.release.split_share as r\nf = r.verify_manifest_for\n"
                      "r.verify_manifest_for = lambda p, m, s, e, mc: f(p, m, s, e, 1)\n"
-                     "rs = r.SplitRelease.release_split\n"
-                     "r.SplitRelease.release_split = lambda self, sid, src, *, min_clients, **kw: "
+                     "import secure_afl.keyholder.release as k\nrs = k.KeyHolder.release_split\n"
+                     "k.KeyHolder.release_split = lambda self, sid, src, *, min_clients, **kw: "
                      "rs(self, sid, src, min_clients=1, **kw)\n"
                      "r.cohort_after_refusals = lambda p, parts, refused: [h for h in parts if h not in refused]"),
 }
