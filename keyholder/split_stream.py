@@ -51,7 +51,7 @@ class SplitJudge:
         self.kh, self.sid = kh, session_id
         self.params = kh.params(session_id)  # the keygen record, never the server's word
         self.key_id = self.params.backend_params[split.PUBLIC_CONTEXT_KEY]
-        self.server_pub, self.enrolled = kh._trust(session_id, expected_hospitals)
+        self.server_pub, self.enrolled = kh.trust(session_id, expected_hospitals)
         self.circuit = split.Circuit(self.params)
         self._secret: bytes | None = None
         self._seed_key = None

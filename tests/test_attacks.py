@@ -194,8 +194,8 @@ _BROKEN = {
     "split-subset": ("import secure_afl.keyholder.release.split_share as r\nf = r.verify_manifest_for\n"
                      "import dataclasses\n"
                      "r.verify_manifest_for = lambda p, m, s, e, pol: f(p, m, s, e, dataclasses.replace(pol, quorum=1))\n"
-                     "rs = r.SplitRelease.release_split\n"
-                     "r.SplitRelease.release_split = lambda self, sid, src, *, min_clients, **kw: "
+                     "import secure_afl.keyholder.release as k\nrs = k.KeyHolder.release_split\n"
+                     "k.KeyHolder.release_split = lambda self, sid, src, *, min_clients, **kw: "
                      "rs(self, sid, src, min_clients=1, **kw)\n"
                      "r.cohort_after_refusals = lambda p, parts, refused: [h for h in parts if h not in refused]"),
 }

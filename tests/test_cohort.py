@@ -276,10 +276,15 @@ def test_attack_split_cohort_exits_zero_and_seven_once_the_key_holder_floor_is_g
     assert ok.returncode == 0, ok.stdout + ok.stderr
     assert "REFUSED" in ok.stdout and "RELEASED with residual" in ok.stdout and "RECOVERED" not in ok.stdout
     # the key holder's quorum and refusal limit removed, as a regression would
-    broken = _attack_cli("split-cohort", "import secure_afl.keyholder.release as r\n"
-                                         "r.KeyHolder._floor = lambda self, sid, mc: mc\n"
-                                         "r.KeyHolder._cohort = staticmethod(lambda policy, floor, m, refused: "
-                                         "[p['hospital'] for p in m['participants'] if p['hospital'] not in refused])")
+    broken = _attack_cli("split-cohort", "import dataclasses\n"
+                                         "import secure_afl.keyholder.release.session_release as s\n"
+                                         "import secure_afl.keyholder.release.split_share as r\n"
+                                         "f = s.release_policy\n"
+                                         "s.release_policy = lambda d, min_clients=0, min_class_count=0: "
+                                         "dataclasses.replace(f(d, min_clients=min_clients, "
+                                         "min_class_count=min_class_count), quorum=min_clients)\n"
+                                         "r.cohort_after_refusals = lambda policy, parts, refused: "
+                                         "[h for h in parts if h not in refused]")
     assert broken.returncode == EXIT_SECURITY, broken.stdout + broken.stderr
     assert "RECOVERED" in broken.stdout and "ATTACK SUCCEEDED" in broken.stderr
 

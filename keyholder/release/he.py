@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
+from typing import NamedTuple
 
 import numpy as np
 
@@ -19,106 +20,63 @@ from secure_afl.tagging import check_aggregate_tag
 
 from ..flooding import flood_decryption, flood_plan, release_norms
 from ..verify import ContributionRejected, ServerForgery, resum_signed_contributions, verify_manifest_for
-from .common import FinalResult, ReleaseBase, check_dp_noise, class_minimum, statistics_checks
+from .common import FinalResult, check_dp_noise, class_minimum, release_report, solve_and_account, statistics_checks
+from .session_release import SessionRelease
 
 log = logging.getLogger("secure_afl.keyholder")
 
 
-class HERelease(ReleaseBase):
-    def release_he(self, sid: str, source, *, min_clients: int, lam: float = 0.0, min_class_count: int = 1,
-                   expected_hospitals: list[str] | None = None, workers: int | None = None,
-                   secret: bytes | None = None) -> FinalResult:
-        """ckks, bfv: verify and re-sum the signed uploads here, decrypt that sum once (ckks: flood it), check.
+class _Decrypted(NamedTuple):
+    """The one decryption's vector and what its checks and its solve need of the noise in it."""
 
-        ``workers`` processes check and re-sum the uploads (default: the machine's cores).
-        ``source`` is whatever carried the uploads (the server over HTTPS, a Flower message): its
-        ``manifest()``, ``contribution(hospital)`` and ``tags()`` are what the server stored, trusted
-        for nothing beyond the signatures they carry.
+    vector: np.ndarray
+    tol: float
+    count_tol: float
+    sigma: float
+    spectral: float | None
+    noise_norms: object
+    flood_info: dict
 
-        A forgery found before decryption, and ANY failure after it, blocks the
-        key in the ledger: no later attempt decrypts under it. ``secret``: the opened secret context, when
-        the caller opened it before changing anything (opened here first otherwise).
-        """
-        params = self.params(sid)  # the keygen record, never the server's word
-        secret = self.secret_context(sid) if secret is None else secret
-        key_id = params.backend_params["public_context_sha256"]
-        ledger = ReleaseLedger(self.keys_dir / "releases.sqlite3")
-        try:
-            ledger.check_unused(key_id)
-            t0 = time.perf_counter()
-            try:
-                manifest = source.manifest()
-                server_pub, enrolled = self._trust(sid, expected_hospitals)
-                # the signed quorum of the roster, before anything is decrypted
-                m = verify_manifest_for(params, manifest, server_pub, enrolled, self._policy(sid, min_clients))
-                # before anything is decrypted: a sum short of noise shares is never decrypted at all
-                check_dp_noise(params, len(m["participants"]))
-                backend = get_backend(params)
-                ctx = backend.keyholder_context(secret)
-                chunks, participants = resum_signed_contributions(params, backend, ctx, m, source.contribution,
-                                                                   workers=workers)
-                tags = source.tags()
-            except (ServerForgery, ContributionRejected) as e:
-                ledger.block(key_id, f"refused before decryption: {e}")
-                raise
-            verify_s = time.perf_counter() - t0
-            res = self._decrypt_once(ledger, key_id, params, backend, ctx, chunks, participants, m, tags,
-                                     enrolled, lam=lam, min_class_count=min_class_count)
-            res.report["verify_and_resum_seconds"] = round(verify_s, 3)
-            return res
-        finally:
-            ledger.close()
 
-    def _decrypt_once(self, ledger, key_id, params, backend, ctx, chunks, participants, m, tags, enrolled, *,
-                      lam: float, min_class_count: int) -> FinalResult:
-        """Decrypt once; ckks: flood (``flooding.py``) before any check, so that nothing unflooded,
-        not even a check's outcome, goes further; check; solve; certify.
+def release_he(rel: SessionRelease, source, *, lam: float = 0.0, min_class_count: int = 1,
+               workers: int | None = None) -> FinalResult:
+    """ckks, bfv: verify and re-sum the signed uploads here, decrypt that sum once (ckks: flood it), check, solve,
+    certify. The steps in the order their safety needs.
 
-        Every check's tolerance is the bound proved for the noise actually added
-        (:func:`secure_afl.release_checks.sanity_check`), so an honest cohort passes
-        except with probability 2^-40. Nothing that leaves here (report,
-        exception message) carries a decrypted float: integers are rounded and
-        range-checked, float checks report pass or fail.
-        """
+    ``workers`` processes check and re-sum the uploads (default: the machine's cores).
+    ``source`` is whatever carried the uploads (the server over HTTPS, a Flower message): its
+    ``manifest()``, ``contribution(hospital)`` and ``tags()`` are what the server stored, trusted
+    for nothing beyond the signatures they carry.
 
+    A forgery found before decryption, and ANY failure after it, blocks the
+    key in the ledger: no later attempt decrypts under it.
+    """
+    params = rel.params
+    key_id = params.backend_params["public_context_sha256"]
+    ledger = ReleaseLedger(rel.release_ledger)
+    try:
+        # a key decrypts once: a used or blocked key is refused before anything is fetched
+        ledger.check_unused(key_id)
+        t0 = time.perf_counter()
+        # the manifest under the signed quorum, every upload checked and summed here: nothing the server computed
+        # is decrypted, and a forgery blocks the key before any decryption
+        m, backend, ctx, chunks, participants, tags = _verified_sum(rel, source, ledger, key_id, workers)
+        verify_s = time.perf_counter() - t0
         K = len(participants)
         # the tags are summed in float64 here; allow that summation's own rounding
         tag_sum_err = plain_summation_error(K, params.bounds.aggregate_bound(params.gamma))
-        if params.backend == "ckks":
-            plan = flood_plan(backend, K)  # K <= k_max, so its counts are within 1/2 (checked at keygen)
+        plan = flood_plan(backend, K) if params.backend == "ckks" else None  # K <= k_max: checked at keygen
+        # recorded before the one decryption: a crash or a failed check below still counts as this key's one
         ledger.record_decryption(key_id, params.session_id, participants)
         try:
-            if params.backend == "ckks":
-                # flooded in the coefficient domain before the one decryption: nothing unflooded exists
-                fl = flood_decryption(plan, backend, ctx, chunks, extra_tol=tag_sum_err)
-                vector, tol, count_tol = fl.vector, fl.tol, fl.count_tol
-                backend.check_range(vector, tol)
-                sigma = fl.sigma
-                spectral, noise_norms = release_norms(plan, fl, params.layout.dim, params.layout.n_classes,
-                                                      FLOOD_TAIL)
-                flood_info = fl.to_report()
-            else:  # exact decryption (bfv): the noise is rounded away, nothing key-dependent to flood
-                e_bound = he_module(params.backend).expected_abs_error(params, K) + tag_sum_err
-                vector, tol, count_tol, sigma, spectral = backend.decrypt_sum(ctx, chunks), e_bound, e_bound, 0.0, None
-                noise_norms = None
-                flood_info = {"flood_sigma": 0.0, "error_bound_per_entry": tol}
-            stats = Layout(params.layout.dim, params.layout.n_classes).unpack(vector, gamma=params.gamma)
-            sanity = statistics_checks(stats, params, participants, tol, count_tol=count_tol, spectral_tol=spectral)
-            tag_check = check_aggregate_tag(params, stats.tag, m, tags or {}, enrolled,
-                                            self.tag_secret(params.session_id), tol)
-            # integers stay integers: the checks above proved their error below 1/2
-            stats = dataclasses.replace(stats, contributors=float(K), n=float(np.round(stats.n)),
-                                        class_counts=np.round(stats.class_counts))
-            class_minimum(stats, params, min_class_count)
-            ridge = ridge_if_needed(stats, spectral) if sigma > 0 else 0.0
-            W, privacy = self._solve(params, stats, participants, lam + ridge, "resummed:" + key_id)
-            w_bound = certify_release(params, stats, W, K, lam=lam + ridge, flood_norms=noise_norms,
-                                      ckks=backend.ckks_ if params.backend == "ckks" else None)
-            bias = None
-            if ridge > 0 and params.dp is None:
-                # post-processing of the flooded release: how far the ridge moved W from the unregularised solve
-                W0 = solve_from_sums(stats, lam=lam)
-                bias = float(np.linalg.norm(W - W0) / max(np.linalg.norm(W), 1e-300))
+            # ckks: flooded in the coefficient domain before the one decryption: nothing unflooded exists,
+            # not even a check's outcome
+            dec = _decrypt_once(params, backend, ctx, chunks, plan, K, tag_sum_err)
+            # every check's tolerance is the bound proved for the noise actually added, so an honest cohort
+            # passes except with probability 2^-40; the tag check needs the tag key opened with the release
+            stats, sanity, tag_check = _checks(rel, dec, m, tags, participants, min_class_count)
+            # the privacy ledger records the release as W is solved (the solve is the release)
+            W, privacy, ridge, w_bound, bias = _solve_and_certify(rel, backend, stats, dec, participants, lam, key_id)
         except SecureAFLError as e:  # its message names the check, never a decrypted value
             ledger.block(key_id, f"check after decryption failed: {type(e).__name__}: {e}")
             raise
@@ -130,12 +88,80 @@ class HERelease(ReleaseBase):
             log.exception("release failed after decryption")
             raise DecryptionRefused(f"the release failed after decryption ({type(e).__name__}); the key is "
                                     "blocked, details in the key holder's log", reason="release_failed") from None
+        # the cohort released under this key: a later release covering any of it is refused (differencing)
         ledger.record(key_id, params.session_id, participants, "resummed:" + key_id)
-        report = self._report(params, participants, stats, lam, sanity, tol)
-        report.update({"dp": privacy, "tag_check": tag_check, "resummed_by_keyholder": True, **flood_info,
+        # nothing that leaves here (report, exception message) carries a decrypted float: integers are rounded
+        # and range-checked, float checks report pass or fail
+        report = release_report(params, participants, stats, lam, sanity, dec.tol)
+        report.update({"dp": privacy, "tag_check": tag_check, "resummed_by_keyholder": True, **dec.flood_info,
                        "flood_ridge": ridge, "ridge_rel_change": bias, "lambda_total": lam + ridge,
-                       "w_error_bound": w_bound.to_dict(), "verdict": w_bound.verdict})
+                       "w_error_bound": w_bound.to_dict(), "verdict": w_bound.verdict,
+                       "verify_and_resum_seconds": round(verify_s, 3)})
         return FinalResult(W, stats, params, m, report)
+    finally:
+        ledger.close()
+
+
+def _verified_sum(rel: SessionRelease, source, ledger, key_id: str, workers):
+    """``(manifest, backend, context, summed chunks, participants, tags)``: the server's manifest under this
+    key holder's parameters, trust set and the signed quorum, and the sum of the uploads it lists, each checked
+    against its hospital's signature. A forgery or an invalid signed upload blocks the key."""
+    params = rel.params
+    try:
+        m = verify_manifest_for(params, source.manifest(), rel.server_identity, rel.enrolled, rel.policy)
+        # before anything is decrypted: a sum short of noise shares is never decrypted at all
+        check_dp_noise(params, len(m["participants"]))
+        backend = get_backend(params)
+        ctx = backend.keyholder_context(rel.secret)
+        chunks, participants = resum_signed_contributions(params, backend, ctx, m, source.contribution,
+                                                          workers=workers)
+        tags = source.tags()
+    except (ServerForgery, ContributionRejected) as e:
+        ledger.block(key_id, f"refused before decryption: {e}")
+        raise
+    return m, backend, ctx, chunks, participants, tags
+
+
+def _decrypt_once(params, backend, ctx, chunks, plan, K: int, tag_sum_err: float) -> _Decrypted:
+    """The one decryption; ckks: flooded first (``flooding.py``), bfv: exact (the noise is rounded away,
+    nothing key-dependent to flood)."""
+    if params.backend == "ckks":
+        fl = flood_decryption(plan, backend, ctx, chunks, extra_tol=tag_sum_err)
+        backend.check_range(fl.vector, fl.tol)
+        spectral, noise_norms = release_norms(plan, fl, params.layout.dim, params.layout.n_classes, FLOOD_TAIL)
+        return _Decrypted(fl.vector, fl.tol, fl.count_tol, fl.sigma, spectral, noise_norms, fl.to_report())
+    e_bound = he_module(params.backend).expected_abs_error(params, K) + tag_sum_err
+    return _Decrypted(backend.decrypt_sum(ctx, chunks), e_bound, e_bound, 0.0, None, None,
+                      {"flood_sigma": 0.0, "error_bound_per_entry": e_bound})
+
+
+def _checks(rel: SessionRelease, dec: _Decrypted, m: dict, tags, participants, min_class_count: int):
+    """``(statistics, sanity record, tag check)``: the statistics checks, the aggregate tag, the class minimum."""
+    params = rel.params
+    stats = Layout(params.layout.dim, params.layout.n_classes).unpack(dec.vector, gamma=params.gamma)
+    sanity = statistics_checks(stats, params, participants, dec.tol, count_tol=dec.count_tol,
+                               spectral_tol=dec.spectral)
+    tag_check = check_aggregate_tag(params, stats.tag, m, tags or {}, rel.enrolled, rel.tag_key, dec.tol)
+    # integers stay integers: the checks above proved their error below 1/2
+    stats = dataclasses.replace(stats, contributors=float(len(participants)), n=float(np.round(stats.n)),
+                                class_counts=np.round(stats.class_counts))
+    class_minimum(stats, params, min_class_count)
+    return stats, sanity, tag_check
+
+
+def _solve_and_certify(rel: SessionRelease, backend, stats, dec: _Decrypted, participants, lam: float, key_id: str):
+    """``(W, privacy record, flooding ridge, W's certified error bound, the ridge's relative change of W)``."""
+    params = rel.params
+    ridge = ridge_if_needed(stats, dec.spectral) if dec.sigma > 0 else 0.0
+    W, privacy = solve_and_account(rel, stats, participants, lam + ridge, "resummed:" + key_id)
+    w_bound = certify_release(params, stats, W, len(participants), lam=lam + ridge, flood_norms=dec.noise_norms,
+                              ckks=backend.ckks_ if params.backend == "ckks" else None)
+    bias = None
+    if ridge > 0 and params.dp is None:
+        # post-processing of the flooded release: how far the ridge moved W from the unregularised solve
+        W0 = solve_from_sums(stats, lam=lam)
+        bias = float(np.linalg.norm(W - W0) / max(np.linalg.norm(W), 1e-300))
+    return W, privacy, ridge, w_bound, bias
 
 
 def ridge_if_needed(stats, spectral: float) -> float:
