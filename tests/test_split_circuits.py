@@ -366,3 +366,24 @@ def test_the_statements_are_the_ones_the_session_asks_for(circuits):
                      "dpgram": [split.DPStatement, split.GramStatement]}
     assert circuits["plain"].sizes["gram"] is None and circuits["plain"].part("gram") is None
     assert _beside(circuits["dpgram"]) and not _beside(circuits["gram"])
+
+
+@pytest.mark.parametrize("name", ["plain", "gram", "dp", "dpgram"])
+def test_every_word_of_the_verifier_message_is_checked(circuits, name):
+    """Each word of the summed verifier message enters a check: the random combinations of every relation
+    group (each is a repetition, so each is checked on its own), the bit proofs' and square-sum proofs'
+    ``out`` and ``P(t) = sum U V`` words. One word moved on an honest upload must be refused: a check that
+    read fewer words (only the first combination, or ``P(t)`` without ``out``) would let it through."""
+    c = circuits[name]
+    body, seed, commitment = _build(c, None)
+    qs = hashlib.sha256(b"query " + bytes.fromhex(commitment.main_sha256)).digest()
+    leader = c.query(c.leader_share(body), commitment, "h1", qs, leader=True)
+    helper = c.query(c.helper_share(seed), commitment, "h1", qs, leader=False)
+    assert c.decide(leader, helper) is None
+    passed = []
+    for j in range(c.verifier_len):
+        moved = leader.copy()
+        moved[j] = flp.add(moved[j:j + 1], np.ones(1, dtype=np.uint64))[0]
+        if c.decide(moved, helper) is None:
+            passed.append(j)
+    assert passed == []

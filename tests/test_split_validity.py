@@ -24,6 +24,7 @@ from secure_afl.backends import get_backend
 from secure_afl.exceptions import BoundsExceeded, InvalidInputError, InvalidSignature, MalformedPayload, \
     SecureAFLError
 from secure_afl.hazmat import flp, ternary
+from secure_afl.split.sizes import LINEAR_REPS
 from secure_afl.workers import WorkerPool
 from secure_afl.packing import Layout
 from secure_afl.params import Bounds
@@ -448,6 +449,29 @@ def test_each_bound_violated_alone_is_refused(session, violation):
     cheat = keeping_honest_bits(honest, smart) if smart else None
     body = c.prove("h1", lanes=lanes, check=False, aux_override=cheat)
     assert _verdict(session, *body) == "linear"
+
+
+def test_each_random_combination_of_the_relations_refuses_on_its_own(session):
+    # Prepare: an upload that breaks one linear relation (n + 1/2), and both verifiers' real messages on it
+    c = session[1].circuit
+    i_n = LAYOUT.slices["n"].start
+
+    def edit(lanes, c):
+        _set(lanes, c, i_n, int(flp.decode_signed(lanes[i_n:i_n + 1])[0]) + (1 << c.f1) // 2)
+
+    body, seed, com = _cheat(session, _lanes_with(session, _stats_vector(n=40), edit))
+    qs = os.urandom(32)
+    lead = c.query(c.leader_share(body), com, "h1", qs, leader=True)
+    help_ = c.query(c.helper_share(seed), com, "h1", qs, leader=False)
+    total = flp.add(lead, help_)
+    assert all(int(total[j]) != 0 for j in range(LINEAR_REPS))
+    # Act / Assert: each combination vanishing on its own (probability 1/p each, the case the repetition is for)
+    # leaves the other to refuse the upload
+    for j in range(LINEAR_REPS):
+        moved = lead.copy()
+        moved[j] = flp.sub(moved[j:j + 1], total[j:j + 1])[0]
+        assert int(flp.add(moved, help_)[j]) == 0
+        assert c.decide(moved, help_) == "linear"
 
 
 def test_a_non_bit_that_satisfies_every_linear_relation_is_refused_by_the_bit_proof(session):
