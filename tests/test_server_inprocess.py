@@ -159,3 +159,64 @@ def test_second_upload_of_a_hospital_while_its_first_is_being_added_is_refused(t
         assert np.array_equal(get_backend(srv.params).reveal(blob), v1 + v2)
     finally:
         srv.shutdown()
+
+
+def _audit(srv) -> list[dict]:
+    import json
+
+    return [json.loads(line) for line in (srv.dir / "audit.jsonl").read_text().splitlines()]
+
+
+def test_an_upload_over_the_servers_cap_is_refused_by_the_state_machine_itself(tmp_path):
+    # the HTTP gate caps the body as it streams; a caller of the state machine (the Flower ServerApp, a test
+    # harness) passes bytes already in memory, so the cap is also the state machine's own
+    import dataclasses
+
+    from secure_afl.exceptions import TooLarge
+    from secure_afl.server.aggregator import AggregationServer
+    from secure_afl.server.config import load_config
+
+    # Prepare: the smallest cap the configuration allows, and a signed upload one byte over it
+    c = Consortium(tmp_path, backend="plain", hospitals=("h1", "h2"), min_clients=2)
+    srv = AggregationServer(load_config(c.config))
+    try:
+        srv.config = dataclasses.replace(srv.config, max_upload_bytes=1024)
+        party = pki.load_party(c.pki_dir, "hospital", "h1")
+        big = b"\x01" * 1025
+        st = sign_upload(party.identity_key(), c.session_id, srv.params.digest(), hashlib.sha256(big).digest(), "h1")
+        # Execute / Assert: refused by name, nothing stored, audited; a real upload under the cap is accepted
+        with pytest.raises(TooLarge, match="exceeds the cap"):
+            srv.submit("h1", st, big)
+        assert srv.store.upload_count() == 0 and not srv.store.has_upload("h1")
+        srv.flush_refusals()
+        assert any(r["event"] == "upload" and r["outcome"] == "refused" and r["actor"] == "h1" for r in _audit(srv))
+        st_real, payload, _ = _upload(c, srv, "h1", 1)
+        assert len(payload) <= 1024
+        srv.submit("h1", st_real, payload)
+        assert srv.store.upload_count() == 1
+    finally:
+        srv.shutdown()
+
+
+def test_a_ckks_upload_before_the_key_holders_context_is_refused_as_not_open(tmp_path):
+    from secure_afl.exceptions import StageError
+    from secure_afl.server.aggregator import AggregationServer
+    from secure_afl.server.config import load_config
+
+    # Prepare: a ckks session whose key holder has not published its public context yet
+    c = Consortium(tmp_path, backend="ckks", hospitals=("h1", "h2"), min_clients=2)
+    srv = AggregationServer(load_config(c.config))
+    try:
+        assert srv.params is None
+        party = pki.load_party(c.pki_dir, "hospital", "h1")
+        payload = b"\x00" * 4096
+        # no parameters digest exists before the context: the statement names the session, the body's hash
+        st = sign_upload(party.identity_key(), c.session_id, bytes(32), hashlib.sha256(payload).digest(), "h1")
+        # Execute / Assert: a typed refusal naming the stage (not an internal error), nothing stored, audited
+        with pytest.raises(StageError, match="not open yet"):
+            srv.submit("h1", st, payload)
+        assert srv.store.upload_count() == 0
+        srv.flush_refusals()
+        assert any(r["event"] == "upload" and r["outcome"] == "refused" for r in _audit(srv))
+    finally:
+        srv.shutdown()
