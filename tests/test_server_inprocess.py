@@ -220,3 +220,29 @@ def test_a_ckks_upload_before_the_key_holders_context_is_refused_as_not_open(tmp
         assert any(r["event"] == "upload" and r["outcome"] == "refused" for r in _audit(srv))
     finally:
         srv.shutdown()
+
+
+def test_an_upload_after_the_release_is_refused_by_the_state_machine_and_the_manifest_is_unchanged(tmp_path):
+    # the hospital's command line looks at the session's stage first; a caller that does not (or a hospital that
+    # uploads while the key holder closes) meets the state machine's own refusal
+    from secure_afl.exceptions import RoundAlreadyClosed
+    from secure_afl.server.aggregator import AggregationServer
+    from secure_afl.server.config import load_config
+
+    # Prepare: two of three hospitals uploaded and the key holder closed the session
+    c = Consortium(tmp_path, backend="plain", hospitals=("h1", "h2", "h3"), min_clients=2)
+    srv = AggregationServer(load_config(c.config))
+    try:
+        for i, name in enumerate(("h1", "h2")):
+            st, payload, _ = _upload(c, srv, name, i + 1)
+            srv.submit(name, st, payload)
+        srv.close("keyholder:keyholder")
+        blob, manifest = srv.released()
+        st3, p3, _ = _upload(c, srv, "h3", 3)
+        # Execute / Assert: refused by name; the released aggregate and its manifest are what they were
+        with pytest.raises(RoundAlreadyClosed, match="was released"):
+            srv.submit("h3", st3, p3)
+        assert srv.released() == (blob, manifest)
+        assert srv.store.upload_count() == 2 and not srv.store.has_upload("h3")
+    finally:
+        srv.shutdown()
