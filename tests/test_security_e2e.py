@@ -195,3 +195,30 @@ def test_replay_and_duplicate_over_https_refused_nothing_stored(open_live):
     assert sorted(os.listdir(live["work"] / "server" / SID / "payloads")) == stored
     tail = _audit(live)[-2:]
     assert [(r["outcome"], r["reason"]) for r in tail] == [("refused", "replay"), ("refused", "duplicate")]
+
+
+def test_a_request_signed_by_one_hospital_over_anothers_tls_certificate_is_refused(live):
+    # the signature names the party; the TLS certificate is what the transport authenticated: they must be the
+    # same enrolled party, or a party holding one hospital's certificate key and another's signing key (or a
+    # relay between two connections) would act as either
+    path = f"{API}/sessions/{SID}/receipts/hosp-b"
+    b = pki.load_party(live["pki"], "hospital", "hosp-b")
+
+    def as_b(client):
+        return client.get(path, headers=sign_request(b.identity_key(), "hospital:hosp-b", "GET", path, b""))
+
+    # Execute: hosp-b's signed request over hosp-a's certificate, then over its own
+    _, over_a = _client(live, "hospital", "hosp-a")
+    with over_a:
+        mixed = as_b(over_a)
+    _, over_b = _client(live, "hospital", "hosp-b")
+    with over_b:
+        own = as_b(over_b)
+
+    # Assert: refused as unauthenticated and audited; the same request over its own certificate authenticates
+    # (and finds no receipt: hosp-b has not uploaded)
+    assert mixed.status_code == 401, mixed.text
+    assert "certificate" in mixed.json()["detail"]
+    assert own.status_code == 404, own.text
+    assert any(r["outcome"] == "refused" and r["reason"] == "unauthenticated" and r["details"]["path"] == path
+               and r["details"]["tls_peer"]["cert_party"] == "hospital:hosp-a" for r in _audit(live))
