@@ -501,3 +501,18 @@ def test_a_key_holder_without_the_signed_definition_releases_nothing(tmp_path):
         assert ledger.decryption_count(params.backend_params["public_context_sha256"]) == 0
     finally:
         ledger.close()
+
+
+def test_refusals_that_name_a_hospital_outside_the_manifest_are_refused_by_name():
+    # a refusal list is the key holder's own verdicts on the manifest's uploads; one naming a hospital the
+    # manifest does not carry was not formed over this manifest, and counting it would move the refusal limit
+    from secure_afl.cohort import ReleasePolicy, cohort_after_refusals
+    from secure_afl.exceptions import InsufficientContributors
+
+    roster = ("h1", "h2", "h3", "h4", "h5", "h6")
+    policy = ReleasePolicy(session_id="s", backend="split", roster=roster, min_clients=3, colluders=2,
+                           quorum=quorum(6, 2, 3), max_refusals=1, min_class_count=1, deadline=None)
+    # Assert: a refusal inside the manifest leaves a cohort; one outside it is named and refused
+    assert cohort_after_refusals(policy, roster, {"h6": "linear"}) == ["h1", "h2", "h3", "h4", "h5"]
+    with pytest.raises(InsufficientContributors, match=r"\['h9'\], not in the release's cohort"):
+        cohort_after_refusals(policy, roster, {"h9": "linear"})
