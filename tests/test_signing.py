@@ -347,3 +347,13 @@ def test_manifest_refuses_upload_signed_for_another_session(keys):
     # Execute / Assert
     with pytest.raises(WrongSession):
         build_manifest(keys["server"], SESSION, PARAMS, parts, AGG, 2)
+
+
+def test_manifest_refuses_upload_signed_for_other_session_parameters(keys):
+    # Prepare: hosp-b signed its upload under another parameter digest (another scale, bound or key)
+    other = bytes(b ^ 0xFF for b in PARAMS)
+    parts = [_participant(keys, "hosp-a"), _participant(keys, "hosp-b", params=other)]
+
+    # Execute / Assert: the server signs no manifest that mixes parameters
+    with pytest.raises(ParameterMismatch):
+        build_manifest(keys["server"], SESSION, PARAMS, parts, AGG, 2)
