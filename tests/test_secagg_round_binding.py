@@ -144,3 +144,54 @@ def test_pair_seeds_and_share_aead_differ_between_rounds():
         share_key(a, pb, "s", 1, 2, round=2).decrypt(nonce, ct, share_ad("s", "d", 1, 2, cb, cs, round=2))
     with pytest.raises(InvalidTag):
         k1.decrypt(nonce, ct, share_ad("s", "d", 1, 2, cb, cs, round=2))
+
+
+def _ads_of_a_second_run(p, r):
+    """Hospitals 1..5's genuine signed advertisements from another run of the same session and round (a
+    hospital that restarted and advertised fresh keys)."""
+    _, _, seen = drive(p, [np.zeros(LAYOUT.length)] * 5, r, upto=Stage.SHARE_KEYS)
+    return {m.client_id: m for m in seen if type(m).__name__ == "KeyAdvertisement"}
+
+
+def _relayed(req, ads):
+    # what a malicious server relays: any list of signed advertisements, with the graph seed a hospital will
+    # derive from it (the last advertisement of a client is the one a dictionary keeps)
+    kept = {a.client_id: a for a in ads}
+    return replace(req, advertisements=tuple(ads), graph_seed=graph_seed(kept.values()))
+
+
+def test_two_signed_advertisements_of_one_hospital_in_one_round_are_refused_not_one_picked():
+    # Prepare: hospital 3 advertised twice in round 1 (say, across a restart); the server relays both, so each
+    # hospital would keep whichever it read last, and the server decides which keys h3's masks pair with
+    from secure_afl.exceptions import MalformedPayload
+
+    p = params()
+    other = _ads_of_a_second_run(p, 1)
+
+    def both_of_h3(stage, u, req):
+        if stage != Stage.SHARE_KEYS:
+            return req
+        return _relayed(req, list(req.advertisements) + [other[3]])
+
+    # Execute / Assert
+    with pytest.raises(MalformedPayload, match="duplicate advertisement from client 3"):
+        drive(p, [np.zeros(LAYOUT.length)] * 5, 1, on_request=both_of_h3)
+
+
+def test_an_advertisement_that_copies_another_hospitals_keys_is_refused():
+    # Prepare: hospital 4 (a colluder) signs, under its own identity, an advertisement carrying hospital 3's
+    # public keys, and the server relays it with a graph seed to match
+    p = params()
+
+    def copied(stage, u, req):
+        if stage != Stage.SHARE_KEYS:
+            return req
+        ads = {a.client_id: a for a in req.advertisements}
+        forged = replace(ads[4], enc_public_key=ads[3].enc_public_key, mask_public_key=ads[3].mask_public_key)
+        forged = forged.signed(PRIV[4])
+        assert forged.verify(PUB[4])
+        return _relayed(req, [forged if a.client_id == 4 else a for a in req.advertisements])
+
+    # Execute / Assert
+    with pytest.raises(InvalidContribution, match="same public key"):
+        drive(p, [np.zeros(LAYOUT.length)] * 5, 1, on_request=copied)

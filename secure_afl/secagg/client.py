@@ -261,7 +261,8 @@ class SecAggClient:
             raise InvalidContribution()  # our own keys were not relayed faithfully
         keys = [a.enc_public_key for a in ads.values()] + [a.mask_public_key for a in ads.values()]
         if len(set(keys)) != len(keys):
-            raise InvalidContribution()
+            raise InvalidContribution("two relayed advertisements carry the same public key (a hospital advertised "
+                                      "keys that are not its own)")
         return ads
 
     def _check_graph_seed(self, request: ShareKeysRequest, ads: Mapping[int, KeyAdvertisement]) -> bytes:
