@@ -195,3 +195,21 @@ def test_an_advertisement_that_copies_another_hospitals_keys_is_refused():
     # Execute / Assert
     with pytest.raises(InvalidContribution, match="same public key"):
         drive(p, [np.zeros(LAYOUT.length)] * 5, 1, on_request=copied)
+
+
+def test_a_hospital_signs_one_survivor_set_per_round_and_refuses_a_second():
+    # two signed survivor sets that differ by one hospital would let a server unmask that hospital from the two
+    # sums; the durable record covers a restarted process, this covers the same process asked twice
+    p = params()
+    server, clients, _ = drive(p, [np.zeros(LAYOUT.length)] * 5, 1, upto=Stage.UNMASK)
+    surv = sorted(server.survivors_)
+    assert len(surv) == 5
+    c = clients[1]
+
+    # Execute / Assert: the same set again gives the same statement; another set that is itself signable
+    # (every member advertised, at least the quorum) is refused, and the hospital stops
+    first = c.sign_survivors(surv)
+    assert c.sign_survivors(list(reversed(surv))) == first
+    other = surv[:-1]
+    with pytest.raises(InvalidContribution, match="second survivor set"):
+        c.sign_survivors(other)
