@@ -235,8 +235,13 @@ def commit_split_share(rel: SessionRelease, conn, judge, *, timings: dict | None
     from secure_afl.encoding import canonical_json
 
     source = HTTPSource(conn)
-    body, statement = release_split(rel, source, judge, timings=timings)
-    keep_share(rel, body, statement)
+    if kept_paths(rel.keys_dir, rel.session_id)[0].exists():
+        # formed and kept by an earlier run that stopped before any commitment: the share has not left
+        body, statement = kept_share(rel)
+        judge.pool.close()
+    else:
+        body, statement = release_split(rel, source, judge, timings=timings)
+        keep_share(rel, body, statement)
     answer = conn.request("POST", conn.path("/split/commit"), body=canonical_json(statement)).json()
     return keep_commitment(rel, source.manifest(), body, statement, answer)
 
