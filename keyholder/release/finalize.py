@@ -180,6 +180,8 @@ class KeyHolder(KeyCustody):
         if kept is None:
             body, statement = split_share.kept_share(rel)
             kept = split_share.keep_commitment(rel, manifest, body, statement, answer)
+        else:  # a retry: only the kept sum is ever taken, and another one is the server's, refused by name
+            split_share.check_same_commitment(rel, kept, answer)
         split_share.mark_share_sent(rel)
         return kept.share
 

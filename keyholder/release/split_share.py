@@ -110,6 +110,18 @@ def keep_commitment(rel: SessionRelease, manifest: dict, body: bytes, statement:
     return KeptCommitment(manifest, statement, body, signed, masked)
 
 
+def check_same_commitment(rel: SessionRelease, kept: KeptCommitment, answer) -> None:
+    """A masked sum handed over once a commitment is kept must be that commitment; any other is refused by name
+    (:class:`ServerForgery`, recorded): after the share, the server can form a sum for any release it wants."""
+    try:
+        same = read_commitment(answer) == (kept.signed, kept.masked_sum)
+    except MalformedPayload:
+        same = False
+    if not same:
+        raise refuse_server_sum(rel.release_ledger, rel.params, InvalidSignature(
+            "a second masked sum, not the one the server committed to before the share left"))
+
+
 def kept_commitment(rel: SessionRelease) -> KeptCommitment | None:
     """The commitment the release ledger recorded for this session's key, read back from its kept copy and
     checked again; None if none was kept (the share has not left). A recorded commitment whose copy is gone or
