@@ -391,12 +391,14 @@ def test_a_dispute_names_the_server_the_key_holder_or_the_hospital(consortium):
         cl.close()
     cl = c.hospital("h3")
     params = cl.fetch_params()
+    cl.__dict__["_split_seeds"] = {}  # so that the client keeps the cheater's seed beside its receipt too
     be = get_backend(params)
     ctx = cl.conn.request("GET", cl.conn.path("/context"), signed=False).content
     lanes = be.circuit.lanes(params.layout.pack(c.stats(*c.data("h3")))).copy()
     lanes[params.layout.slices["counts"].start] = (-(1 << be.circuit.f1)) % flp.P
     body, seed3, com = be.circuit.prove("h3", lanes=lanes, check=False)
     payload3, st3 = be.seal_upload(body, seed3, com, ctx, "h3", cl.party.identity_key())
+    cl.__dict__["_split_seeds"][hashlib.sha256(payload3).hexdigest()] = seed3
     cl.upload(params, payload3, tag=st3)
     cl.close()
     # Execute: the key holder's real release refuses h3; the published messages are kept
@@ -435,3 +437,27 @@ def test_a_dispute_names_the_server_the_key_holder_or_the_hospital(consortium):
     # and a refusal "on the commitment" that h1's seed meets
     assert split.dispute(params, "h1", payload1, st1, seed1, genuine["h1"], None, server_pub)["at_fault"] == \
         "keyholder"
+
+    # Execute / Assert: `secure-afl client dispute`, one line per case, from what each hospital kept
+    def cli_dispute(name, evidence_doc):
+        path = c.root / f"evidence-{name}-{len(evidence_doc['server_messages'][name]['signature'])}.json"
+        path.write_text(json.dumps(evidence_doc))
+        out = _cli("client", "dispute", "--server", c.url, "--session", c.session_id, "--pki", c.pki_dir,
+                   "--name", name, "--receipts", c.root / "receipts", "--evidence", path)
+        assert out.returncode == 0, out.stdout + out.stderr
+        assert len(out.stdout.strip().splitlines()) == 1
+        return out.stdout.strip()
+
+    line = cli_dispute("h3", evidence)
+    assert line.startswith("AT FAULT: this hospital (h3)") and "linear" in line
+    forged = forge_verifier(params, genuine["h1"], server_key)
+    seed_file = c.hospital("h1").dispute_paths()[2]
+    kept_seed = seed_file.read_bytes()
+    seed_file.unlink()  # the server-fault case needs no seed
+    line = cli_dispute("h1", {"server_messages": {"h1": forged},
+                              "keyholder": {"h1": {"keyholder_message": flp.to_bytes(true_kh).hex()}}})
+    assert line.startswith("AT FAULT: the server") and "not opened" in line
+    seed_file.write_bytes(kept_seed)
+    line = cli_dispute("h1", {"server_messages": {"h1": genuine["h1"]},
+                              "keyholder": {"h1": {"keyholder_message": flp.to_bytes(true_kh).hex()}}})
+    assert line.startswith("AT FAULT: the key holder") and "accept the upload" in line
