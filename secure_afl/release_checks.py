@@ -32,7 +32,6 @@ from secure_afl._io import private_file
 from secure_afl.exceptions import DecryptionRefused, PolicyViolation, SanityCheckFailed
 from secure_afl.params import SessionParams
 from secure_afl.signing import verify_manifest
-from secure_afl.split.sizes import psd_tolerance
 from secure_afl.stats import SufficientStatistics
 
 __all__ = ["check_aggregate_against_manifest", "sanity_check", "SanityReport", "ReleaseLedger",
@@ -163,9 +162,9 @@ def check_release_policy(policy: ReleasePolicy, params: SessionParams, stats: Su
     * ``share_cap`` - with ``max_share`` < 1, one hospital (up to n_max samples) holds at most that share of the
       released n; else one hospital could steer W by more than the consortium signed for;
     * ``psd`` - under the Gram statement every summed upload proved its statistics a Gram matrix, so an honest
-      sum cannot be indefinite beyond :func:`secure_afl.split.sizes.psd_tolerance` (what the low lanes and the
-      rounding add): an indefinite one means the share or the masked sum is not the cohort's. An honest cohort
-      never fails it, so this refusal is no veto (docs/VALIDITY.md, "The Gram statement").
+      sum cannot be indefinite beyond the backend's ``psd_tolerance`` (:mod:`secure_afl.protection`: what the
+      low lanes and the rounding add): an indefinite one means the share or the masked sum is not the cohort's.
+      An honest cohort never fails it, so this refusal is no veto (docs/VALIDITY.md, "The Gram statement").
 
     Messages name the check and the signed values, never a released entry but the rounded sample count."""
     cap = float(policy.max_share)
@@ -173,7 +172,12 @@ def check_release_policy(policy: ReleasePolicy, params: SessionParams, stats: Su
         raise SanityCheckFailed(f"the release pools {round(stats.n)} samples: one hospital (n_max = "
                                 f"{params.bounds.n_max}) could hold more than the session's max_share = {cap:g} "
                                 "of them", reason="share_cap")
-    if policy.gram_proof and float(np.linalg.eigvalsh(stats.gram)[0]) < -psd_tolerance(params, stats.gram):
+    if not policy.gram_proof:
+        return
+    from secure_afl.backends import get_backend
+
+    tol = get_backend(params).psd_tolerance(stats.gram)
+    if tol is not None and float(np.linalg.eigvalsh(stats.gram)[0]) < -tol:
         raise SanityCheckFailed("the released Gram is not positive semi-definite although every upload in it "
                                 "proved its statistics a Gram matrix: the share or the masked sum is not "
                                 "the cohort's", reason="psd")
