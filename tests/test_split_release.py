@@ -334,6 +334,45 @@ def test_the_honest_release_audits_bit_for_bit_from_the_kept_copy(consortium, tm
     write_model(model, res.W, {**model_metadata(res.params, res.report, 0.0), "participants": ["h1", "h2"]})
     bad = _audit(c, model)
     assert bad.returncode == EXIT_SECURITY and "MISMATCH: model: names participants" in bad.stdout
+    assert "the key holder (W" in bad.stdout.strip().splitlines()[-1]
+    # an upload in the server's state whose hospital-signed seed statement does not hold (its signature moved):
+    # the server's state cannot show that hospital sent it
+    write_model(model, res.W, model_metadata(res.params, res.report, 0.0))
+    store = Store(c.root / "server" / c.session_id)
+    try:
+        row = store.db.execute("SELECT tag FROM uploads WHERE hospital='h2'").fetchone()
+        tag = json.loads(row[0])
+        sig = tag["signature"]
+        tag["signature"] = ("0" if sig[0] != "0" else "1") + sig[1:]
+        store.db.execute("UPDATE uploads SET tag=? WHERE hospital='h2'", (json.dumps(tag),))
+    finally:
+        store.close()
+    bad = _audit(c, model)
+    assert bad.returncode == EXIT_SECURITY, bad.stdout + bad.stderr
+    assert "MISMATCH: upload of h2: its signed seed statement does not hold" in bad.stdout
+    assert bad.stdout.strip().splitlines()[-1].startswith("AT FAULT: the server")
+
+
+def test_the_key_holders_query_seeds_cannot_be_predicted_from_anything_public(consortium):
+    # Prepare: the real release, which sent the server one query seed per upload
+    c, _ = _uploaded(consortium)
+    with c.connect_keyholder() as conn:
+        c.keyholder.finalize(conn, min_clients=2)
+        context = conn.request("GET", conn.path("/context"), signed=False).content
+    store = Store(c.root / "server" / c.session_id)
+    try:
+        sent = store.verifier_messages()
+        tags = {h: tag for h, (_, tag) in store.upload_tags().items()}
+    finally:
+        store.close()
+    params = c.keyholder.params(c.session_id)
+    # Execute: the query seeds a server would derive from what it holds in place of the key holder's secret
+    public = [b"", context, params.digest(), c.session_id.encode(),
+              bytes.fromhex(params.backend_params[split.PUBLIC_CONTEXT_KEY])]
+    guessed = {split.query_seed(split.query_key(p), params, h, tags[h]["payload_sha256"], tags[h]["validity"]).hex()
+               for p in public for h in sent}
+    # Assert: none is a query seed the key holder sent (a predictable one lets the server form its message first)
+    assert len(sent) == 3 and not guessed & {m["query_seed"] for m in sent.values()}
 
 
 def test_audit_compare_against_the_hospitals_own_statistics_files(consortium, tmp_path):
