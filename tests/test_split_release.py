@@ -393,6 +393,18 @@ def test_audit_compare_against_the_hospitals_own_statistics_files(consortium, tm
     ok = _cli("audit", "compare", "--model", tmp_path / "model.safetensors", "--stats", *files)
     assert ok.returncode == 0, ok.stdout + ok.stderr
     assert "equal within the certified bound" in ok.stdout and "certified bound:" in ok.stdout
+    # a W ten times the certified bound away from the plaintext's: NOT EQUAL, and a security exit
+    from safetensors import safe_open
+
+    with safe_open(str(tmp_path / "model.safetensors"), framework="numpy") as f:
+        W, raw = f.get_tensor("W"), dict(f.metadata())
+    bound = float(json.loads(raw["w_rel_bound"]))
+    E = np.random.default_rng(3).standard_normal(W.shape)
+    moved = W + 10 * bound * np.linalg.norm(W) * E / np.linalg.norm(E)
+    write_model(tmp_path / "moved.safetensors", moved, raw)
+    far = _cli("audit", "compare", "--model", tmp_path / "moved.safetensors", "--stats", *files)
+    assert far.returncode == EXIT_SECURITY, far.stdout + far.stderr
+    assert "NOT EQUAL: W differs from the plaintext solve by more than the certified bound" in far.stdout
     # one file left out: what differs is named, and the exit code is not 0
     short = _cli("audit", "compare", "--model", tmp_path / "model.safetensors", "--stats", *files[:2])
     assert short.returncode == EXIT_INPUT, short.stdout + short.stderr
