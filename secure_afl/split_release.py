@@ -1,10 +1,13 @@
-"""split's release as the key holder forms it, and as anyone holding the same inputs recomputes it.
+"""split's release in one place, each party's part beside the others'.
 
-The server signs the masked sum of exactly the cohort the key holder's signed share statement names
-(:func:`secure_afl.split.sign_masked_sum`); the key holder adds its share (``-sum`` of that cohort's masks),
-decodes, runs the release checks and solves W (:func:`form_release`). An auditor given what the server holds
-(the masked uploads) and the signed messages recomputes the masked sum bit for bit, then the release and W
-(:func:`audit_release`).
+* the server (:func:`cohort_masked_sum`, from :mod:`secure_afl.split.roles`): the masked sum of exactly the
+  cohort the key holder's signed share statement names, which it signs and stores as its commitment before it
+  has the share (:func:`secure_afl.split.sign_masked_sum`);
+* the key holder (:func:`form_release`): its share (``-sum`` of that cohort's masks) added to the sum it kept,
+  decoded, checked and solved;
+* the auditor (:func:`audit_release`): from what the server holds (the masked uploads), the signed messages and
+  the key holder's kept copy, the masked sum recomputed bit for bit, then the release and W, naming the party
+  at fault.
 
 This module sits beside :mod:`secure_afl.split`, not in it: the checks and the solve it runs
 (:mod:`secure_afl.certify`, :mod:`secure_afl.dp`) reach the backends, which reach :mod:`secure_afl.split`.
@@ -28,6 +31,7 @@ from .packing import Layout
 from .params import SessionParams
 from .release_checks import check_class_minimum, check_release_policy, sanity_check
 from .stats import SufficientStatistics
+from .split import cohort_masked_sum  # the server's part of the release, beside the key holder's and the auditor's
 
 __all__ = ["SplitRelease", "form_release", "cohort_masked_sum", "ReleaseAudit", "audit_release"]
 
@@ -43,23 +47,6 @@ class SplitRelease:
     dp: dict | None
     bound: WBound
     tol: float
-
-
-def cohort_masked_sum(params: SessionParams, aggregate: bytes, refused_payloads, contributors: int) -> bytes:
-    """Server: the sealed masked sum of one cohort, the manifest's masked sum less the masked words of the
-    uploads the key holder refused (as the server's running sum seals it, so an auditor summing the cohort's
-    uploads afresh gets these bytes exactly)."""
-    from .backends import get_backend
-
-    n = fixedpoint.n_words(params.layout.length)
-    env = open_envelope(params, aggregate, "aggregate")
-    if len(env.body) != 8 * n:
-        raise MalformedPayload("the masked sum has the wrong length")
-    words = flp.from_bytes(env.body, n, what="the masked sum")
-    backend = get_backend(params)
-    for payload in refused_payloads:
-        words = flp.sub(words, backend.masked_words(payload))
-    return seal(params, "aggregate", flp.to_bytes(words), contributors=int(contributors))
 
 
 def form_release(params: SessionParams, masked_sum: bytes, share, contributors: int, policy: ReleasePolicy, *,

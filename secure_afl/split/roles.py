@@ -39,8 +39,8 @@ from .sizes import proven_aggregate_bound
 SHARE_MISMATCH = "share_mismatch"
 
 __all__ = ["SHARE_MISMATCH", "bound_public_key", "shard", "seal_upload", "check_upload", "leader_prep", "leader_message",
-           "open_statement_seed", "helper_verdict", "keyholder_share", "lane_masks", "collect", "joint_verdict",
-           "dispute"]
+           "open_statement_seed", "helper_verdict", "keyholder_share", "lane_masks", "cohort_masked_sum", "collect",
+           "joint_verdict", "dispute"]
 
 
 # -- hospital ---------------------------------------------------------------------------------------------
@@ -191,6 +191,22 @@ def keyholder_share(params: SessionParams, secret_key: bytes, manifest: Mapping,
 
 
 # -- release ------------------------------------------------------------------------------------------------
+def cohort_masked_sum(params: SessionParams, aggregate: bytes, refused_payloads, contributors: int) -> bytes:
+    """Server: the sealed masked sum of one cohort, the manifest's masked sum less the masked words of the
+    uploads the key holder refused, sealed as the server's running sum seals it (so an auditor summing the
+    cohort's uploads afresh gets these bytes exactly). The one computation of it: the server's commitment,
+    the in-memory driver and the audit's comparison all rest on it."""
+    n = fixedpoint.n_words(params.layout.length)
+    env = open_envelope(params, aggregate, "aggregate")
+    if len(env.body) != 8 * n:
+        raise MalformedPayload("the masked sum has the wrong length")
+    words = flp.from_bytes(env.body, n, what="the masked sum")
+    circuit = Circuit(params) if refused_payloads else None
+    for payload in refused_payloads:
+        words = flp.sub(words, circuit.upload_share(payload)[:circuit.main_len])
+    return seal(params, "aggregate", flp.to_bytes(words), contributors=int(contributors))
+
+
 def collect(params: SessionParams, masked_aggregate: bytes, share: np.ndarray, subtract=()) -> np.ndarray:
     """``dec(Y - sum subtract + S)`` over F_p: the float64 sum, refused if it leaves the declared aggregate bound
     (the share and the sum were not formed over the same uploads). Nothing else: what the signed policy asks of
