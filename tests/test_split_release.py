@@ -276,6 +276,17 @@ def test_the_server_takes_no_share_before_it_committed_to_the_sum(consortium):
     assert _stored_share(c) is None
     log = (c.root / "server" / c.session_id / "audit.jsonl").read_text()
     assert '"split_collect"' in log and "no masked sum is committed" in log
+    # the server commits once: the same statement gets the same answer, another statement of the session (a
+    # cohort without h3, signed by the key holder's own key) is refused
+    with c.connect_keyholder() as conn:
+        first = conn.request("POST", conn.path("/split/commit"), body=canonical_json(statement)).json()
+        assert conn.request("POST", conn.path("/split/commit"), body=canonical_json(statement)).json() == first
+        params = c.keyholder.params(c.session_id)
+        manifest = conn.request("GET", conn.path("/manifest")).json()
+        _, other = split.sign_share(c.keyholder.party.identity_key(), params, manifest,
+                                    flp.from_bytes(body), {"h3": "linear"})
+        with pytest.raises(SecureAFLError, match="already committed"):
+            conn.request("POST", conn.path("/split/commit"), body=canonical_json(other))
 
 
 def test_the_audit_recomputes_the_release_and_names_a_forged_masked_sum(consortium, tmp_path):
