@@ -213,8 +213,9 @@ class SplitAggregationServer(AggregationServer):
     def result(self) -> bytes:
         """``{share_statement, share, masked_sum, aggregate}`` as JSON bytes: the key holder's signed share
         statement and share (base64), the server-signed masked-sum statement and the sealed masked sum over that
-        statement's cohort (base64). The key holder forms the release from it; an auditor checks it against
-        the stored uploads. Nothing in it is readable without the share, which only the key holder formed."""
+        statement's cohort (base64), once the share is taken: the record an auditor checks against the stored
+        uploads. The key holder never forms its release from this answer, only from the sum it kept at the
+        commitment (:meth:`commit`)."""
         r = self.store.get_meta("split_result")
         if r is None:
             raise StageError("the key holder has not released its share yet")
