@@ -261,6 +261,29 @@ def test_a_sum_re_masked_after_the_share_cannot_reach_the_model_and_the_audit_na
     assert "key holder (W" not in out.stdout.strip().splitlines()[-1]
 
 
+def test_a_commitment_answered_over_another_manifest_keeps_the_share(consortium):
+    # Prepare: the key holder's statement formed; the compromised server then serves another manifest and
+    # answers the commitment for the key holder's statement without checking it against that manifest
+    c, _ = _uploaded(consortium)
+    conn = c.connect_keyholder()
+    body, statement = _statement_formed(c, conn)
+    params = c.keyholder.params(c.session_id)
+    store = Store(c.root / "server" / c.session_id)
+    try:
+        manifest = store.get_meta("manifest")
+        masked = split.cohort_masked_sum(params, store.get_blob(manifest["aggregate_sha256"]), [], 3)
+        store.set_meta("manifest", {**manifest, "participants": manifest["participants"][::-1]})
+    finally:
+        store.close()
+    _commit_as(c, statement, masked)
+    # Execute / Assert: refused by name before the share leaves; nothing kept
+    with pytest.raises(ServerForgery, match="another manifest"):
+        c.keyholder.finalize(conn, min_clients=2)
+    conn.close()
+    assert _stored_share(c) is None
+    assert split_share.kept_commitment(c.keyholder.open_release(c.session_id, min_clients=0, unseal=False)) is None
+
+
 def test_the_server_takes_no_share_before_it_committed_to_the_sum(consortium):
     # Prepare: the key holder's statement and share formed, no commitment asked
     c, _ = _uploaded(consortium)
