@@ -148,3 +148,13 @@ def test_secure_finding_counts_the_solve_and_keeps_a_split_flip_apart_from_drift
     assert "to 1.5e-13 (AFL, 1 round)" in secagg and "gradient methods to 4.0e-15" in secagg
     assert "at most 0.0010" in ckks and "0.0240" not in ckks.split("FedFac's split")[0]
     assert "accuracy difference +0.0240" in ckks.split("FedFac's split")[1]
+
+
+def test_under_training_variance_the_pooled_test_is_optimistic_and_the_bootstrap_is_not():
+    # study-shaped null data whose seeds move both models' accuracy (no image preference): a test on the pooled
+    # predictions takes that training variance for a difference; the bootstrap over seeds and images does not
+    from secure_afl_tools.baselines.calibrate import null_rejections
+
+    rates = null_rejections(sims=120, seeds=5, n=200, pool=800, image_sd=0.0, seed_sd=0.3, boot=400)
+    assert rates["pooled McNemar"] > 0.15
+    assert rates["bootstrap over seeds and images"] <= 0.1

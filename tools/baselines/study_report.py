@@ -217,11 +217,13 @@ def render(study: dict, out: Path, *, command: str, ablation=None) -> Path:
           "carries the training variance (initialisation, partition, batches) and the split's; resampling "
           f"images as clusters keeps a shared image from counting as new evidence in every split. {BOOT:,} "
           "replicates, fixed; each p is printed with its Monte Carlo standard error (± after it), the interval "
-          "is the replicates' 95 % percentile interval. The bootstrap leans conservative: its seed stage counts "
-          "again the test sampling that each seed's difference already holds (at most 2 - 1/S times that part "
-          f"of the variance, {2 - 1 / ns:.1f} at {ns} seeds). The paired t-test over the seeds' differences "
-          "leans the other way (it takes the seeds' splits as independent although they share images) and is "
-          "computed beside it (the last finding). A difference under 1 point is \"no practical "
+          "is the replicates' 95 % percentile interval. The bootstrap leans conservative where the images, not "
+          "the seeds, carry the variance: its seed stage counts again the test sampling that each seed's "
+          f"difference already holds (up to 2 - 1/S times that part of the variance, {2 - 1 / ns:.1f} at {ns} "
+          "seeds). The paired t-test over the seeds' differences takes the seeds' splits as independent although "
+          "they share images, and is computed beside it (the last finding). `python -m "
+          "secure_afl_tools.baselines.calibrate` prints how often each test, and McNemar's on the pooled "
+          "predictions, rejects on study-shaped data with no difference. A difference under 1 point is \"no practical "
           "difference\" whatever its p-value; above it, \"significant\" at p < 0.05, else \"not "
           "significant\".",
           "* Grids (SGD, as in the FedAvg and FedProx papers; FedProx's mu is its paper's grid): " + "; ".join(
