@@ -683,7 +683,7 @@ def _tests_finding(study) -> list:
                f"No p lies within two Monte Carlo standard errors of 0.05, so {BOOT:,} replicates settle every "
                "verdict.") +
            f" With {S} seeds a test over seeds has {S - 1} degrees of freedom (an exact sign-flip test over them "
-           f"cannot go below p = 2 / 2^{S} = {2 / 2 ** S:.3f}), so a difference whose size moves from seed to seed "
+           f"cannot go below p = 2 / 2^{S} = {2 / 2 ** S:.4g}), so a difference whose size moves from seed to seed "
            "needs more seeds than these to be called.")
     return [txt]
 
