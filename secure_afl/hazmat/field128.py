@@ -167,7 +167,7 @@ class Field128:
     def to_ints(self, a) -> np.ndarray:
         """Elements -> an object array of Python ints in ``[0, p)``, same shape."""
         a = _elements(a)
-        return a["hi"].astype(object) * (1 << 64) + a["lo"].astype(object)
+        return np.asarray(a["hi"].astype(object) * (1 << 64) + a["lo"].astype(object), dtype=object)
 
     def encode_signed(self, z) -> np.ndarray:
         """int64 values, or Python ints with ``|z| <= HALF``, -> ``z mod p`` (past HALF: :class:`BoundsExceeded`)."""
