@@ -134,6 +134,20 @@ def test_arithmetic_against_python_ints(path):
     assert F.sum_mod(a[:5], axis=0).shape == () and _ints(F.sum_mod(a[:5], axis=0)) == [sum(xs[:5]) % P]
 
 
+def test_long_and_broadcast_vectors_against_python_ints(path):
+    # longer than one numpy chunk, a one-element side, and a 2-D shape against a row
+    xs, ys = _pairs(40000, 2)
+    a, b = F.to_field(xs), F.to_field(ys)
+    assert _ints(F.mul(a, b)) == [x * y % P for x, y in zip(xs, ys)]
+    assert _ints(F.sub(b, a)) == [(y - x) % P for x, y in zip(xs, ys)]
+    assert _ints(F.add(F.to_field([ys[0]]), a)) == [(ys[0] + x) % P for x in xs]
+    m = a[:300 * 64].reshape(300, 64)
+    row = b[:64]
+    got = F.mul(m, row)
+    assert got.shape == (300, 64)
+    assert _ints(got) == [xs[i] * ys[i % 64] % P for i in range(300 * 64)]
+
+
 def test_construction_and_conversion():
     assert _ints(F.zeros(3)) == [0, 0, 0] and _ints(F.ones((2, 2))) == [1] * 4
     big = [-1, P, P + 5, -P - 7, 2 ** 300 + 3, 12]

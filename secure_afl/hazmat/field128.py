@@ -90,6 +90,8 @@ _M64 = (1 << 64) - 1
 _P_LO, _P_HI = 1, (1 << 64) - 28
 #: fewest elements worth a compiled loop when the kernels are loaded (below, the copies cost more)
 _COMPILED_MIN = 64
+#: elements per numpy pass: each word array of a chunk (128 KiB) stays in the cache through the word function
+_CHUNK = 1 << 14
 
 
 def _pack(lo, hi) -> np.ndarray:
@@ -212,9 +214,22 @@ class Field128:
             getattr(kern, loop)(_as_pairs(np.broadcast_to(a, shape)), _as_pairs(np.broadcast_to(b, shape)),
                                 out.reshape(-1).view("<u8").reshape(-1, 2))
             return out
-        (a0, a1), (b0, b1) = _words(a), _words(b)
-        lo, hi = words_fn(a0, a1, b0, b1)
-        return _pack(lo, hi).reshape(shape)
+        if len(shape) <= 1 and a.size + b.size <= _CHUNK:
+            (a0, a1), (b0, b1) = _words(a), _words(b)
+            lo, hi = words_fn(a0, a1, b0, b1)
+            return _pack(lo, hi).reshape(shape)
+        # a hundred passes over the words: in chunks that stay in the cache they run several times faster
+        # (docs/BENCHMARKS.md, "Field128"); a one-element side is broadcast inside each chunk
+        af, bf = (x.reshape(-1) if x.size == 1 or x.shape == shape else np.broadcast_to(x, shape).reshape(-1)
+                  for x in (a, b))
+        out = np.empty(int(np.prod(shape)), dtype=DTYPE)
+        for i in range(0, out.size, _CHUNK):
+            j = i + _CHUNK
+            ac = af if af.size == 1 else af[i:j]
+            bc = bf if bf.size == 1 else bf[i:j]
+            out["lo"][i:j], out["hi"][i:j] = words_fn(*(np.ascontiguousarray(c[f]) for c in (ac, bc)
+                                                         for f in ("lo", "hi")))
+        return out.reshape(shape)
 
     def add(self, a, b) -> np.ndarray:
         return self._binary(a, b, K.add_words, "add")
