@@ -130,7 +130,8 @@ def accept_words(buf: bytes) -> np.ndarray:
     if len(buf) % 16:
         raise InvalidInputError("a keystream to read as Field128 words is a multiple of 16 bytes")
     x = np.frombuffer(buf, dtype=DTYPE)
-    return x[_canonical(x)].copy()
+    keep = _canonical(x)
+    return x.copy() if keep.all() else x[keep]
 
 
 class Field128:
