@@ -372,13 +372,21 @@ class Field128:
         if not isinstance(domain, bytes) or len(domain) != 12:
             raise InvalidInputError("a field expansion domain is 12 bytes")
         enc = Cipher(algorithms.ChaCha20(bytes(key), b"\x00\x00\x00\x00" + domain), mode=None).encryptor()
-        parts, have, want = [], 0, n + 2  # a rejection is rare (< 2^-59): one pass almost always suffices
+        # the keystream is written straight into the array's own buffer (no copy of 16 n bytes); a rejection is
+        # rare (< 2^-59 per word), so one pass almost always suffices
+        parts, have, want = [], 0, n + 2
         while have < n:
-            got = accept_words(enc.update(bytes(16 * want)))
-            parts.append(got)
-            have += got.size
+            buf = bytearray(16 * want)
+            enc.update_into(bytes(16 * want), buf)
+            x = np.frombuffer(buf, dtype=DTYPE)
+            if not (x["hi"] < np.uint64(_P_HI)).all():  # only then can a word be >= p
+                x = accept_words(bytes(buf))
+            parts.append(x)
+            have += x.size
             want = max(2, n - have + 2)
-        return np.concatenate(parts)[:n] if parts else np.zeros(0, dtype=DTYPE)
+        if len(parts) == 1:
+            return parts[0][:n]
+        return np.concatenate(parts or [np.zeros(0, dtype=DTYPE)])[:n]
 
 
 FIELD128 = Field128()
