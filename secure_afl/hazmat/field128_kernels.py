@@ -244,7 +244,7 @@ def load():
     from numba.extending import register_jitable
 
     for fn in (mul64, small_mul, mul_words, _below_p, add_words, sub_words):
-        register_jitable(fn)  # callable from compiled code, unchanged for numpy
+        register_jitable(inline="always")(fn)  # callable from compiled code, unchanged for numpy
 
     def jit(fn, *probe):
         try:  # cached beside the module, or in numba's user cache where the install is read-only
