@@ -223,9 +223,15 @@ def test_decode_signed_float_rounds_half_to_even():
     # 2^53 + 1 lies halfway between two doubles: even rounds down; 2^53 + 3 rounds up; a value past 2^64
     # whose dropped bits are not exactly half rounds to nearest
     zs = [2 ** 53 + 1, 2 ** 53 + 3, -(2 ** 53 + 1), 2 ** 100 + 2 ** 47, 2 ** 100 + 2 ** 47 + 1, F.HALF, -F.HALF, 0,
-          3 * 2 ** 90 + 2 ** 37 - 1]
+          3 * 2 ** 90 + 2 ** 37 - 1, 2 ** 100 + 3 * 2 ** 47, -(2 ** 100 + 3 * 2 ** 47), 2 ** 64 - 1, 2 ** 64,
+          2 ** 64 + 2 ** 11, 2 ** 65 - 2 ** 11, 2 ** 65 - 2 ** 11 - 1, -(2 ** 127 - 2 ** 70), 2 ** 116 - 2 ** 62, 0]
+    # a high word just below a power of two rounds up to it as a float: its bit length is not frexp's exponent
+    zs += [(2 ** 63 - 15) * 2 ** 64 + 5, -((2 ** 60 - 1) * 2 ** 64 + 12345), (2 ** 54 - 1) * 2 ** 64]
+    rnd = random.Random(7)
+    zs += [rnd.randrange(-F.HALF, F.HALF) >> rnd.randrange(128) for _ in range(400)]
     got = F.decode_signed_float(F.to_field(zs))
     assert got.dtype == np.float64 and list(got) == [float(z) for z in zs]
+    assert F.decode_signed_float(F.to_field(np.array(zs[:6], dtype=object).reshape(2, 3))).shape == (2, 3)
     assert got[0] == 2.0 ** 53 and got[1] == 2.0 ** 53 + 4
 
 

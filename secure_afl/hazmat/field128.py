@@ -201,9 +201,29 @@ class Field128:
         return np.where(x > self.HALF, x - P, x)
 
     def decode_signed_float(self, a) -> np.ndarray:
-        """The centred integers correctly rounded to float64 (Python's int -> float rounds half to even)."""
-        x = self.decode_signed(a)
-        return np.array([float(v) for v in x.reshape(-1)], dtype=np.float64).reshape(x.shape)
+        """The centred integers correctly rounded to float64 (round half to even), as ``float(int)`` would.
+
+        With ``m = mh 2^64 + ml`` the magnitude (``mh < 2^63``) and ``k`` the bit length of ``mh`` or one more
+        (the float exponent of ``mh``, which may round up): ``m = t 2^k + rem`` with ``t < 2^64`` holding at least
+        63 significant bits. Converting ``t | (rem != 0)`` rounds as ``m / 2^k`` does: the sticky bit sits at
+        least nine bits below the rounding position, so it only breaks a tie that ``rem`` breaks; scaling by
+        ``2^k`` is exact."""
+        a = self._check(a, "a vector to decode")
+        shape, a = a.shape, np.atleast_1d(a).reshape(-1)
+        lo, hi = np.ascontiguousarray(a["lo"]), np.ascontiguousarray(a["hi"])
+        neg = ~((hi < np.uint64(self.HALF >> 64)) | ((hi == np.uint64(self.HALF >> 64)) & (lo <= np.uint64(0))))
+        zero = np.zeros_like(lo)
+        # p - x for the negative ones (x < p: no borrow)
+        nl, nh = K.sub_words(np.where(neg, np.uint64(_P_LO), zero), np.where(neg, np.uint64(_P_HI), zero),
+                             np.where(neg, lo, zero), np.where(neg, hi, zero))
+        ml, mh = np.where(neg, nl, lo), np.where(neg, nh, hi)
+        k = np.frexp(mh.astype(np.float64))[1].astype(np.uint64)  # mh's bit length, or one more (mh < 2^63)
+        big = k > 0
+        kk = np.where(big, k, np.uint64(1))
+        top = (mh << (np.uint64(64) - kk)) | ((ml >> (kk - np.uint64(1))) >> np.uint64(1))
+        top |= ((ml << (np.uint64(64) - kk)) != 0).astype(np.uint64)
+        mag = np.where(big, np.ldexp(top.astype(np.float64), kk.astype(np.int64)), ml.astype(np.float64))
+        return np.where(neg, -mag, mag).reshape(shape)
 
     # -- elementwise arithmetic ---------------------------------------------------------------------------
     def _binary(self, a, b, words_fn, loop: str) -> np.ndarray:
