@@ -412,3 +412,16 @@ def test_the_library_reproduces_the_vectors(path):
     assert _ints(F.intt(F.to_field([int(v, 16) for v in nt["output"]]))) == [int(v, 16) for v in nt["input"]]
     pe = VEC["poly_eval"]
     assert F.poly_eval(F.to_field([int(v, 16) for v in pe["coeffs"]]), int(pe["x"], 16)) == int(pe["value"], 16)
+
+
+# -- the benchmark runs and names every case ------------------------------------------------------------------
+def test_bench_field_prints_every_case_and_column():
+    from secure_afl_tools import bench_field
+
+    res = bench_field.run(log_n=6, ntt_range=(4, 5), repeats=1)
+    assert list(res["seconds"]) == ["mul", "add", "dot", "ntt 2^4", "ntt 2^5", "expand"]
+    assert all(t > 0 for row in res["seconds"].values() for t in row.values())
+    assert all({"gold numpy", "f128 numpy"} <= set(row) for row in res["seconds"].values())
+    assert ("f128 numba" in res["seconds"]["mul"]) == kernels.AVAILABLE
+    table = bench_field.render(res)
+    assert "ntt 2^5" in table and "numba gain" in table and kernels.loaded() is None
