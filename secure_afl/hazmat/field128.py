@@ -343,7 +343,7 @@ class Field128:
         kern = K.loaded()
         if kern is not None and a.size >= _COMPILED_MIN:
             x = np.ascontiguousarray(a)
-            kern.ntt(x.reshape(-1).view("<u8").reshape(-1, n, 2), _as_pairs(tw))
+            kern.ntt(x.reshape(-1).view("<u8").reshape(-1, n, 2), _stage_twiddles(w, n))
             return x
         length = 2
         while length <= n:
@@ -429,3 +429,14 @@ def _twiddles(w: int, n: int) -> np.ndarray:
     tw = FIELD128.powers(w, max(n // 2, 1))
     tw.setflags(write=False)
     return tw
+
+
+@functools.lru_cache(maxsize=16)
+def _stage_twiddles(w: int, n: int) -> np.ndarray:
+    """The compiled NTT's twiddles: stage by stage in one row per word, ``(2, n - 1)`` (lo, then hi)."""
+    tw = _twiddles(w, n)
+    parts = [tw[::n // (2 * h)][:h] for h in (1 << i for i in range(n.bit_length() - 1))]
+    cat = np.concatenate(parts) if parts else np.zeros(0, dtype=DTYPE)
+    out = np.stack([cat["lo"], cat["hi"]])
+    out.setflags(write=False)
+    return out

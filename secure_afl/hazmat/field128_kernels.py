@@ -144,40 +144,76 @@ def sub_words(a0, a1, b0, b1):
 
 
 # -- the compiled loops (numba compiles them after registering the word functions) -----------------------
+# The elements arrive interleaved (lo, hi, lo, hi, ...); LLVM vectorises the word functions only over separate
+# low-word and high-word arrays, so each loop copies a block into such arrays (in the cache), computes, and
+# copies back: about twice as fast as working on the interleaved words (docs/BENCHMARKS.md, "Field128").
+BLOCK = 512
+
+
+def _block_op(a, b, out, op):
+    n = out.shape[0]
+    a0 = np.empty(BLOCK, dtype=np.uint64)
+    a1 = np.empty(BLOCK, dtype=np.uint64)
+    b0 = np.empty(BLOCK, dtype=np.uint64)
+    b1 = np.empty(BLOCK, dtype=np.uint64)
+    o0 = np.empty(BLOCK, dtype=np.uint64)
+    o1 = np.empty(BLOCK, dtype=np.uint64)
+    for s in range(0, n, BLOCK):
+        m = min(BLOCK, n - s)
+        for i in range(m):
+            a0[i] = a[s + i, 0]
+            a1[i] = a[s + i, 1]
+            b0[i] = b[s + i, 0]
+            b1[i] = b[s + i, 1]
+        if op == 0:
+            for i in range(m):
+                o0[i], o1[i] = mul_words(a0[i], a1[i], b0[i], b1[i])
+        elif op == 1:
+            for i in range(m):
+                o0[i], o1[i] = add_words(a0[i], a1[i], b0[i], b1[i])
+        else:
+            for i in range(m):
+                o0[i], o1[i] = sub_words(a0[i], a1[i], b0[i], b1[i])
+        for i in range(m):
+            out[s + i, 0] = o0[i]
+            out[s + i, 1] = o1[i]
+
+
 def mul_loop(a, b, out):
-    for i in range(out.shape[0]):
-        lo, hi = mul_words(a[i, 0], a[i, 1], b[i, 0], b[i, 1])
-        out[i, 0] = lo
-        out[i, 1] = hi
+    _block_op(a, b, out, 0)
 
 
 def add_loop(a, b, out):
-    for i in range(out.shape[0]):
-        lo, hi = add_words(a[i, 0], a[i, 1], b[i, 0], b[i, 1])
-        out[i, 0] = lo
-        out[i, 1] = hi
+    _block_op(a, b, out, 1)
 
 
 def sub_loop(a, b, out):
-    for i in range(out.shape[0]):
-        lo, hi = sub_words(a[i, 0], a[i, 1], b[i, 0], b[i, 1])
-        out[i, 0] = lo
-        out[i, 1] = hi
+    _block_op(a, b, out, 2)
+
+
+def _accumulate(lo, hi, top, pl, ph):
+    """``(lo, hi, top) + (pl, ph)`` in 192 bits."""
+    lo = lo + pl
+    c = np.uint64(lo < pl)
+    hi = hi + ph
+    top = top + np.uint64(hi < ph)
+    hi = hi + c
+    top = top + np.uint64(hi < c)
+    return lo, hi, top
 
 
 def dot_loop(a, b):
     """``sum_i a_i b_i`` (each product reduced) as three words ``(lo, hi, top)``, exact below 2^192."""
+    n = a.shape[0]
+    prod = np.empty((min(n, 1 << 14), 2), dtype=np.uint64)
     lo = np.uint64(0)
     hi = np.uint64(0)
     top = np.uint64(0)
-    for i in range(a.shape[0]):
-        pl, ph = mul_words(a[i, 0], a[i, 1], b[i, 0], b[i, 1])
-        lo = lo + pl
-        c = np.uint64(lo < pl)
-        hi = hi + ph
-        top = top + np.uint64(hi < ph)
-        hi = hi + c
-        top = top + np.uint64(hi < c)
+    for s in range(0, n, prod.shape[0]):
+        m = min(prod.shape[0], n - s)
+        _block_op(a[s:s + m], b[s:s + m], prod[:m], 0)
+        for i in range(m):
+            lo, hi, top = _accumulate(lo, hi, top, prod[i, 0], prod[i, 1])
     return lo, hi, top
 
 
@@ -187,38 +223,46 @@ def sum_loop(a):
     hi = np.uint64(0)
     top = np.uint64(0)
     for i in range(a.shape[0]):
-        lo = lo + a[i, 0]
-        c = np.uint64(lo < a[i, 0])
-        hi = hi + a[i, 1]
-        top = top + np.uint64(hi < a[i, 1])
-        hi = hi + c
-        top = top + np.uint64(hi < c)
+        lo, hi, top = _accumulate(lo, hi, top, a[i, 0], a[i, 1])
     return lo, hi, top
 
 
 def ntt_loop(x, tw):
-    """In-place radix-2 NTT of each row of ``x`` ((rows, n, 2), rows already in bit-reversed order);
-    ``tw`` ((n / 2, 2)) holds ``root^j``, stage ``length`` using every ``n / length``-th of them."""
+    """In-place radix-2 NTT of each row of ``x`` ((rows, n, 2), rows already in bit-reversed order).
+
+    ``tw`` ((2, n - 1): low words, high words) holds each stage's twiddles in a row: stage ``length`` (half
+    ``h = length / 2``) at ``[h - 1, 2h - 1)``, ``root^(j n / length)``. Each row is worked on as separate
+    low-word and high-word arrays (vectorised butterflies), copied in and out once."""
     n = x.shape[1]
+    xl = np.empty(n, dtype=np.uint64)
+    xh = np.empty(n, dtype=np.uint64)
     for r in range(x.shape[0]):
-        length = 2
-        while length <= n:
-            half = length // 2
-            step = n // length
-            for start in range(0, n, length):
-                for j in range(half):
-                    i = start + j
-                    k = i + half
-                    v0, v1 = mul_words(x[r, k, 0], x[r, k, 1], tw[j * step, 0], tw[j * step, 1])
-                    u0 = x[r, i, 0]
-                    u1 = x[r, i, 1]
-                    s0, s1 = add_words(u0, u1, v0, v1)
-                    d0, d1 = sub_words(u0, u1, v0, v1)
-                    x[r, i, 0] = s0
-                    x[r, i, 1] = s1
-                    x[r, k, 0] = d0
-                    x[r, k, 1] = d1
-            length *= 2
+        for i in range(n):
+            xl[i] = x[r, i, 0]
+            xh[i] = x[r, i, 1]
+        h = 1
+        while h < n:
+            tl = tw[0, h - 1:2 * h - 1]
+            th = tw[1, h - 1:2 * h - 1]
+            for start in range(0, n, 2 * h):
+                ul = xl[start:start + h]
+                uh = xh[start:start + h]
+                vl = xl[start + h:start + 2 * h]
+                vh = xh[start + h:start + 2 * h]
+                for j in range(h):
+                    p0, p1 = mul_words(vl[j], vh[j], tl[j], th[j])
+                    u0 = ul[j]
+                    u1 = uh[j]
+                    s0, s1 = add_words(u0, u1, p0, p1)
+                    d0, d1 = sub_words(u0, u1, p0, p1)
+                    ul[j] = s0
+                    uh[j] = s1
+                    vl[j] = d0
+                    vh[j] = d1
+            h *= 2
+        for i in range(n):
+            x[r, i, 0] = xl[i]
+            x[r, i, 1] = xh[i]
 
 
 class _Kernels:
@@ -243,7 +287,7 @@ def load():
     import numba
     from numba.extending import register_jitable
 
-    for fn in (mul64, small_mul, mul_words, _below_p, add_words, sub_words):
+    for fn in (mul64, small_mul, mul_words, _below_p, add_words, sub_words, _block_op, _accumulate):
         register_jitable(inline="always")(fn)  # callable from compiled code, unchanged for numpy
 
     def jit(fn, *probe):
@@ -261,7 +305,7 @@ def load():
     k.sub = jit(sub_loop, one, one, one.copy())
     k.dot = jit(dot_loop, one, one)
     k.sum = jit(sum_loop, one)
-    k.ntt = jit(ntt_loop, np.zeros((1, 2, 2), dtype=np.uint64), one)
+    k.ntt = jit(ntt_loop, np.zeros((1, 2, 2), dtype=np.uint64), np.zeros((2, 1), dtype=np.uint64))
     _loaded = k
     return k
 
