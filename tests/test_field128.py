@@ -20,7 +20,8 @@ from secure_afl_tools.vectors import field128_vectors as gen
 P = 2 ** 128 - 28 * 2 ** 64 + 1
 VEC = json.loads(gen.PATH.read_text())
 EDGE = [0, 1, 2, P - 1, P - 2, 2 ** 64 - 1, 2 ** 64, 2 ** 64 + 1, (2 ** 64 - 28) << 64, P - 2 ** 64, 2 ** 127,
-        (P - 1) // 2, (P + 1) // 2, 28 * 2 ** 64 - 1, 28 * 2 ** 64, 2 ** 96, 2 ** 96 - 1, (2 ** 64 - 29) << 64 | (2 ** 64 - 1)]
+        (P - 1) // 2, (P + 1) // 2, 28 * 2 ** 64 - 1, 28 * 2 ** 64, 2 ** 96, 2 ** 96 - 1,
+        (2 ** 64 - 29) << 64 | (2 ** 64 - 1)]
 elements = st.one_of(st.sampled_from(EDGE), st.integers(0, P - 1))
 
 

@@ -240,7 +240,7 @@ class Field128:
             lo, hi = words_fn(a0, a1, b0, b1)
             return _pack(lo, hi).reshape(shape)
         # a hundred passes over the words: in chunks that stay in the cache they run several times faster
-        # (docs/BENCHMARKS.md, "Field128"); a one-element side is broadcast inside each chunk
+        # (docs/BENCHMARKS_HISTORY.md, "Field128 against Goldilocks"); a one-element side is broadcast in each
         af, bf = (x.reshape(-1) if x.size == 1 or x.shape == shape else np.broadcast_to(x, shape).reshape(-1)
                   for x in (a, b))
         out = np.empty(int(np.prod(shape)), dtype=DTYPE)

@@ -6,7 +6,7 @@ pair of uint64 words. The functions :func:`mul_words`, :func:`add_words` and
 that wrap modulo 2^64 (``+ - * & >> <<``, comparisons turned into 0/1 with
 ``np.uint64``), so the same source runs elementwise on numpy arrays (the
 reference path of :mod:`secure_afl.hazmat.field128`) and, once
-:func:`load` has registered them with numba, inside the compiled loops below.
+:func:`load` has registered them with numba (inlined), inside the compiled loops below.
 Every constant is an ``np.uint64``: a Python integer in numba code would
 promote a uint64 expression to float64. The math of each step (why no
 intermediate overflows) is in :mod:`secure_afl.hazmat.field128`'s docstring,
@@ -146,7 +146,8 @@ def sub_words(a0, a1, b0, b1):
 # -- the compiled loops (numba compiles them after registering the word functions) -----------------------
 # The elements arrive interleaved (lo, hi, lo, hi, ...); LLVM vectorises the word functions only over separate
 # low-word and high-word arrays, so each loop copies a block into such arrays (in the cache), computes, and
-# copies back: about twice as fast as working on the interleaved words (docs/BENCHMARKS.md, "Field128").
+# copies back: about twice as fast as working on the interleaved words (docs/BENCHMARKS_HISTORY.md, "Field128
+# against Goldilocks").
 BLOCK = 512
 
 
@@ -269,21 +270,30 @@ class _Kernels:
     __slots__ = ("mul", "add", "sub", "dot", "sum", "ntt")
 
 
-_loaded = None
+_compiled = None  # built once per process
+_active = False
 
 
 def loaded():
-    """The compiled loops if :func:`load` ran in this process, else None."""
-    return _loaded
+    """The compiled loops if :func:`load` switched them on in this process, else None."""
+    return _compiled if _active else None
 
 
 def load():
-    """Compile (or load from numba's cache) the loops, once per process; returns them (None without numba).
+    """Compile (or load from numba's cache) the loops, once per process, and switch them on; returns them
+    (None without numba).
 
     Importing numba costs about a second per process: a caller that makes a few products stays on numpy."""
-    global _loaded
-    if _loaded is not None or not AVAILABLE:
-        return _loaded
+    global _compiled, _active
+    if not AVAILABLE:
+        return None
+    if _compiled is None:
+        _compiled = _build()
+    _active = True
+    return _compiled
+
+
+def _build():
     import numba
     from numba.extending import register_jitable
 
@@ -306,11 +316,10 @@ def load():
     k.dot = jit(dot_loop, one, one)
     k.sum = jit(sum_loop, one)
     k.ntt = jit(ntt_loop, np.zeros((1, 2, 2), dtype=np.uint64), np.zeros((2, 1), dtype=np.uint64))
-    _loaded = k
     return k
 
 
 def unload() -> None:
     """Back to the numpy path in this process (the benchmark compares both; the tests check both agree)."""
-    global _loaded
-    _loaded = None
+    global _active
+    _active = False
