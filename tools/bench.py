@@ -87,6 +87,8 @@ _SUBCOMMANDS: list = [
      "secure_afl_tools.bench_combine"),
     ("upload-cost", "the server's CPU per upload against its floor (TLS + SHA-256 + fsync) and where it goes",
      "secure_afl_tools.bench_upload"),
+    ("field", "Field128 against the Goldilocks field, numpy and compiled: mul, add, dot, NTT, expansion",
+     "secure_afl_tools.bench_field"),
 ]
 
 
