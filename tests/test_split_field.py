@@ -185,3 +185,62 @@ def test_the_goldilocks_object_is_the_modules_arithmetic_checked_against_python_
     assert np.array_equal(small(F, np.array([0, 1, 1], dtype=np.uint64)), np.array([0, 1, 1], dtype=np.uint64))
     with pytest.raises(AttributeError):
         F.P = 5
+
+
+def test_the_bit_and_square_sum_proofs_run_over_field128_as_over_goldilocks():
+    from secure_afl.hazmat.field128 import FIELD128 as F
+    from secure_afl.hazmat.flp import BitProof
+    from secure_afl.hazmat.flp_square import SquareSumProof
+
+    rng = np.random.default_rng(1)
+    m = 700
+    bits = F.to_field([int(v) for v in rng.integers(0, 2, m)])
+    bp = BitProof(m, field=F)
+    jr, t = (1 << 100) + 12345, (1 << 120) + 987
+    proof = bp.prove(bits, jr, F.expand_field(bytes(32), 2 * bp.chunk, b"saflVALIDprf"))
+    mb, mp = F.expand_field(b"\1" * 32, m, b"saflVALIDprf"), F.expand_field(b"\2" * 32, bp.proof_len, b"saflVALIDprf")
+
+    def verdict(b, pf):
+        lead = bp.query(F.add(b, mb), F.add(pf, mp), jr, t, leader=True)
+        return bp.decide(F.add(lead, bp.query(F.neg(mb), F.neg(mp), jr, t, leader=False)))
+
+    assert verdict(bits, proof)
+    bad = bits.copy()
+    bad[5] = F.to_field([2])[0]
+    assert not verdict(bad, bp.prove(bad, jr, F.expand_field(bytes(32), 2 * bp.chunk, b"saflVALIDprf")))
+    sq = SquareSumProof(50, 3, field=F)
+    vi = [int(x) for x in rng.integers(-1000, 1000, 150)]
+    v = F.to_field(vi)
+    pf = sq.prove(v, F.expand_field(bytes(32), sq.chunk, b"saflVALIDprf"))
+    assert [int(o) for o in F.to_ints(sq.outputs(pf))] == [sum(x * x for x in vi[g * 50:(g + 1) * 50]) % F.P
+                                                             for g in range(3)]
+    assert sq.decide(sq.query(v, pf, t))
+
+
+@pytest.mark.parametrize("gram", [False, True], ids=["plain", "gram"])
+def test_a_circuit_over_field128_proves_an_honest_upload_and_refuses_a_false_one(gram):
+    # the circuit takes every operation from the field its parameters name: the same statement over Field128
+    # (the service's summing path stays on Goldilocks, which every signed session names)
+    params = _params(gram_proof=gram).with_backend_params(**{FIELD_KEY: "field128"})
+    c = split.Circuit(params)
+    assert c.F.name == "field128" and c.F.ENCODED_SIZE == 16
+    rng = np.random.default_rng(2)
+    X = rng.normal(size=(20, 4))
+    X *= 0.9 * BOUNDS.max_norm / np.linalg.norm(X, axis=1, keepdims=True)
+    vec = LAYOUT.pack(local_statistics(X, rng.integers(0, 3, size=20), 3))
+    qs = bytes(range(32))
+
+    def verdict(body, seed, com):
+        lead = c.query(c.leader_share(c.F.to_bytes(body)), com, "h1", qs, leader=True)
+        return c.decide(lead, c.query(c.helper_share(seed), com, "h1", qs, leader=False))
+
+    assert verdict(*c.prove("h1", vec)) is None
+    # a count of -1 with its bits claiming 0: refused by the affine checks, as over Goldilocks
+    x, fw = c.witness(vec)
+    i, j = c.i_counts[0], c.i_counts[1]
+    hi = c.F.decode_signed(x[:c.L]).astype(object)
+    hi[j] += hi[i] + (1 << c.f1)
+    hi[i] = -(1 << c.f1)
+    lanes = np.concatenate([c.F.encode_signed(hi), x[c.L:]])
+    body, seed, com = c.prove("h1", lanes=lanes, factor=fw, check=False)
+    assert verdict(body, seed, com) == "linear"
