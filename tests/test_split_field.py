@@ -244,3 +244,12 @@ def test_a_circuit_over_field128_proves_an_honest_upload_and_refuses_a_false_one
     lanes = np.concatenate([c.F.encode_signed(hi), x[c.L:]])
     body, seed, com = c.prove("h1", lanes=lanes, factor=fw, check=False)
     assert verdict(body, seed, com) == "linear"
+
+
+def test_a_session_naming_field128_is_refused_by_the_summing_path_by_name():
+    params = _params().with_backend_params(**{FIELD_KEY: "field128"})
+    backend = SplitBackend(params)
+    assert backend.circuit.F.name == "field128"
+    with pytest.raises(InvalidParameterError, match="sums its uploads over goldilocks only.*names field128"):
+        backend.combiner()
+    SplitBackend(_params()).combiner()  # the signed default sums
