@@ -1,7 +1,7 @@
 """The aggregation server as a Flower ServerApp: it only sums, signs and audits.
 
 Runs on: the SuperLink's machine (Flower starts it for ``flwr run``). It holds
-the native server's state machine (:func:`secure_afl.server.rounds.open_server`):
+the native server's session (:func:`secure_afl.server.aggregator.open_server`):
 the same SQLite store, content-addressed payload files, hash-chained audit log,
 signed receipts and server-signed manifest. Flower messages replace HTTP:
 
@@ -10,7 +10,7 @@ signed receipts and server-signed manifest. Flower messages replace HTTP:
 2. ckks: the key holder's signed context publication opens the session;
 3. upload: each hospital's signed, protected contribution is validated, stored
    durably, added to the running sum and audited; the signed receipt goes back;
-   secagg instead: the native SecAgg round (:class:`SecAggAggregationServer`)
+   secagg instead: the native SecAgg round (:mod:`secure_afl.server.secagg_round`)
    is driven over Flower messages, one per hospital and stage (setup, advertise
    keys, share keys, masked input, consistency check, unmask); a hospital whose
    answer does not arrive before the stage clock runs out is dropped, exactly as
@@ -55,7 +55,8 @@ from secure_afl.exceptions import (
 from secure_afl.protocol import API, SECAGG_CONSISTENCY
 from secure_afl.secagg import Stage
 from secure_afl.encoding import canonical_json
-from secure_afl.server.rounds import open_server
+from secure_afl.server import aggregator, audit_records, closing, intake, peer_auth, secagg_round, split_round, status
+from secure_afl.server.aggregator import open_server
 from secure_afl.server.config import load_config
 
 from .records import (
@@ -105,7 +106,7 @@ def run_session(grid: Grid, session_config: Path, *, node_wait_s: float, reply_t
         raise InvalidParameterError(f"{session_config} is not valid TOML: {e}", reason="invalid_toml") from None
     server = open_server(config)
     try:
-        hospitals = set(server.info()["hospitals"])
+        hospitals = set(status.session_info(server)["hospitals"])
         parties = _roll_call(grid, len(hospitals) + 1, node_wait_s, reply_timeout_s)
         keyholders = [nid for nid, (role, name) in parties.items()
                       if role == "keyholder" and name == config.keyholder]
@@ -122,39 +123,39 @@ def run_session(grid: Grid, session_config: Path, *, node_wait_s: float, reply_t
                                              if role == "hospital"}, reply_timeout_s)
             else:
                 _uploads(grid, server, hosp_nodes, reply_timeout_s)
-            server.close(config.name)
-        aggregate, manifest = server.released()
+            closing.close(server, config.name)
+        aggregate, manifest = closing.released(server)
         # the signed close record: stored countersigned before the key holder decrypts anything
-        close = server.audit_head()["close"]
+        close = audit_records.audit_head(server)["close"]
         reply = _one(grid, Message(content=pack({"manifest": manifest, "close": close}), dst_node_id=kh_node,
                                    message_type=COUNTERSIGN), reply_timeout_s, "the key holder's countersignature")
         if "error" in reply.content["fields"]:
             raise StageError(f"the key holder refused to countersign: {unpack_str(reply.content, 'error')}: "
                              f"{unpack_str(reply.content, 'detail')}")
-        server.store_countersign(f"keyholder:{config.keyholder}",
-                                 canonical_json(unpack_json(reply.content, "countersign")))
-        fields = {"info": server.info(), "manifest": manifest, "close": close}
+        closing.store_countersign(server, f"keyholder:{config.keyholder}",
+                                  canonical_json(unpack_json(reply.content, "countersign")))
+        fields = {"info": status.session_info(server), "manifest": manifest, "close": close}
         if config.backend == "split":
             return _split_release(grid, server, config, kh_node, fields, reply_timeout_s)
         blob = aggregate
         if config.backend == "secagg":  # what removes the masks from the survivors' sum, and nothing more
-            fields["unmask"] = server.unmask_material()
+            fields["unmask"] = secagg_round.unmask_material(server)
         if config.backend in HE_BACKENDS:
             # the key holder never decrypts a server-formed sum: it gets the signed uploads and re-sums them
-            uploads = [(p["hospital"], server.contribution(p["hospital"])) for p in manifest["participants"]]
-            fields.update(tags=server.tags(), contributions=[[h, len(b)] for h, b in uploads])
+            uploads = [(p["hospital"], closing.contribution(server, p["hospital"])) for p in manifest["participants"]]
+            fields.update(tags=closing.tags(server), contributions=[[h, len(b)] for h, b in uploads])
             blob = b"".join(b for _, b in uploads)
         reply = _one(grid, Message(content=pack(fields, blob), dst_node_id=kh_node, message_type=FINALIZE),
                      reply_timeout_s, "the key holder's finalize")
         # the same countersignature again (Ed25519 is deterministic); storing it is idempotent
-        server.store_countersign(f"keyholder:{config.keyholder}",
-                                 canonical_json(unpack_json(reply.content, "countersign")))
+        closing.store_countersign(server, f"keyholder:{config.keyholder}",
+                                  canonical_json(unpack_json(reply.content, "countersign")))
         if "error" in reply.content["fields"]:
             raise StageError(f"the key holder's finalize failed: {unpack_str(reply.content, 'error')}: "
                              f"{unpack_str(reply.content, 'detail')}")
         return unpack_json(reply.content, "report")
     finally:
-        server.shutdown()
+        aggregator.shutdown(server)
 
 
 def _split_release(grid: Grid, server, config, kh_node: int, fields: dict, timeout_s: float) -> dict:
@@ -168,25 +169,25 @@ def _split_release(grid: Grid, server, config, kh_node: int, fields: dict, timeo
     # the key holder's query seed per upload (from its own key and the signed commitment), then the server's
     # signed verifier message at each, as POST /split/queries forms them: the key holder decides each proof on
     # them before its share
-    tags = server.tags()
+    tags = closing.tags(server)
     reply = _one(grid, Message(content=pack({"info": fields["info"], "tags": tags}, b""), dst_node_id=kh_node,
                                message_type=SPLIT_QUERIES), timeout_s, "the key holder's query seeds")
     _refused(reply, "the key holder sent no query seeds")
     queries = unpack_json(reply.content, "queries")
-    verifier = server.form_verifier_messages(party, canonical_json(queries)) if queries else {}
+    verifier = split_round.form_verifier_messages(server, party, canonical_json(queries)) if queries else {}
     fields = {**fields, "tags": tags, "verifier": verifier, "split": True}
     reply = _one(grid, Message(content=pack(fields, b""), dst_node_id=kh_node,
                                message_type=FINALIZE), timeout_s, "the key holder's split share statement")
-    server.store_countersign(party, canonical_json(unpack_json(reply.content, "countersign")))
+    closing.store_countersign(server, party, canonical_json(unpack_json(reply.content, "countersign")))
     _refused(reply, "the key holder released no share")
     statement = unpack_json(reply.content, "share_statement")
     if not isinstance(statement, dict):
         raise MalformedPayload("the share statement is not a JSON object")
     small = {"info": fields["info"], "manifest": fields["manifest"]}
-    reply = _one(grid, Message(content=pack({**small, "commitment": server.commit(party, statement)}, b""),
+    reply = _one(grid, Message(content=pack({**small, "commitment": split_round.commit(server, party, statement)}, b""),
                                dst_node_id=kh_node, message_type=SPLIT_COMMIT), timeout_s, "the key holder's share")
     _refused(reply, "the key holder refused the committed masked sum")
-    server.collect(party, unpack_blob(reply.content), statement)
+    split_round.collect(server, party, unpack_blob(reply.content), statement)
     reply = _one(grid, Message(content=pack(small, b""), dst_node_id=kh_node, message_type=SPLIT_RESULT),
                  timeout_s, "the key holder's model")
     _refused(reply, "the key holder formed no release")
@@ -258,14 +259,14 @@ def _publish(grid: Grid, server, kh_node: int, timeout_s: float) -> None:
     if not isinstance(headers, dict):
         raise MalformedPayload("publication headers must be a JSON object")
     # the signature covers the body's digest, as the HTTP route checks it before reading the body
-    party = server.authenticate({str(k): str(v) for k, v in headers.items()}, "POST", path,
-                                hashlib.sha256(body).hexdigest(), roles=("keyholder",))
-    server.publish_context(party, body)
+    party = peer_auth.authenticate(server, {str(k): str(v) for k, v in headers.items()}, "POST", path,
+                                   hashlib.sha256(body).hexdigest(), roles=("keyholder",))
+    aggregator.publish_context(server, party, body)
 
 
 def _uploads(grid: Grid, server, nodes: list[int], timeout_s: float) -> None:
     """Each hospital's signed upload through the native server's ``submit``; the receipt goes back."""
-    info = server.info()
+    info = status.session_info(server)
     ctx = server.public_context if info["backend"] in KEYED_BACKENDS else b""
     msgs = [Message(content=pack({"info": info}, ctx), dst_node_id=nid, message_type=UPLOAD) for nid in nodes]
     answers = []
@@ -279,11 +280,11 @@ def _uploads(grid: Grid, server, nodes: list[int], timeout_s: float) -> None:
             statement, tag = unpack_json(reply.content, "statement"), unpack_json(reply.content, "tag")
             payload = unpack_blob(reply.content)
         except SecureAFLError as e:
-            server.refuse("upload", hospital, e, {"transport": "flower"})
+            peer_auth.refuse(server, "upload", hospital, e, {"transport": "flower"})
             answers.append((reply, {"error": e.reason, "detail": str(e)}))
             continue
         try:
-            answers.append((reply, {"receipt": server.submit(hospital, statement, payload, tag)}))
+            answers.append((reply, {"receipt": intake.submit(server, hospital, statement, payload, tag)}))
         except SecureAFLError as e:  # refused and audited by submit; the hospital learns why
             answers.append((reply, {"error": e.reason, "detail": str(e)}))
     receipts = [Message(content=pack(body), dst_node_id=reply.metadata.src_node_id, message_type=RECEIPT)
@@ -304,24 +305,25 @@ def _secagg_round(grid: Grid, server, hospitals: dict[str, int], reply_timeout_s
     time is a dropout, and the round finishes if enough hospitals survive.
     """
     sid = server.config.session_id
-    info = server.info()
-    nodes = {name: nid for name, nid in hospitals.items() if name in server.client_ids}
+    info = status.session_info(server)
+    nodes = {name: nid for name, nid in hospitals.items() if name in server.secagg.client_ids}
     asked: set[tuple[str, str]] = set()
     pending: dict[str, tuple[str, str]] = {}  # Flower message id -> (hospital, phase)
     stage, progress = None, time.monotonic()
     limit = reply_timeout_s + server.config.stage_timeout_s
     # One Flower run drives one SecAgg round: the native service's retry under a new round number needs
     # hospitals that poll again, so a poll must not open round r + 1 here once the clock has aborted round r.
-    first = server.round_number
-    server.open_round(server.config.name)
-    while server.round_stage not in ("done", "aborted") and server.round_number == first:
-        if server.round_stage != stage:
-            stage, progress = server.round_stage, time.monotonic()
+    first = secagg_round.round_number(server)
+    secagg_round.open_round(server, server.config.name)
+    while secagg_round.round_stage(server) not in ("done", "aborted") and secagg_round.round_number(server) == first:
+        if secagg_round.round_stage(server) != stage:
+            stage, progress = secagg_round.round_stage(server), time.monotonic()
         elif time.monotonic() - progress > limit:
             raise StageError(f"the secagg round made no progress in {stage} for {limit:.0f} s")
         out = []
         for name, nid in nodes.items():
-            r = server.secagg_request_in_round(name)  # None: the stage clock (another thread) aborted the round
+            # None: the stage clock (another thread) aborted the round
+            r = secagg_round.secagg_request_in_round(server, name)
             if r is None:
                 break
             if "survivors" in r:
@@ -354,7 +356,7 @@ def _secagg_round(grid: Grid, server, hospitals: dict[str, int], reply_timeout_s
                 elif who is not None and reply.has_error():
                     log.warning("%s did not keep its receipt: %s", who[0], reply.error.reason)
         time.sleep(0.2)  # bounded by the stage clock above; Flower has no push to the ServerApp
-    if server.round_stage != "done":
+    if secagg_round.round_stage(server) != "done":
         raise InsufficientShares("the secagg round aborted: too few hospitals survived; nothing was revealed")
 
 
@@ -369,20 +371,20 @@ def _secagg_answer(server, hospital: str, phase: str, reply: Message) -> dict | 
         if phase == Stage.MASKED_INPUT:
             statement = unpack_json(reply.content, "statement")
             claimed = statement.get("hospital") if isinstance(statement, dict) else None
-            return {"receipt": server.submit(str(claimed), statement, body)}
+            return {"receipt": intake.submit(server, str(claimed), statement, body)}
         headers = unpack_json(reply.content, "headers")
         if not isinstance(headers, dict):
             raise MalformedPayload("request headers must be a JSON object")
         path = f"{API}/sessions/{sid}/secagg/{phase}"
-        party = server.authenticate({str(k): str(v) for k, v in headers.items()}, "POST", path,
-                                    hashlib.sha256(body).hexdigest(), roles=("hospital",))
+        party = peer_auth.authenticate(server, {str(k): str(v) for k, v in headers.items()}, "POST", path,
+                                       hashlib.sha256(body).hexdigest(), roles=("hospital",))
         name = party.partition(":")[2]
         if phase == SECAGG_CONSISTENCY:
-            server.secagg_consistency(name, body)
+            secagg_round.secagg_consistency(server, name, body)
         else:
-            server.secagg_message(name, phase, body)
+            secagg_round.secagg_message(server, name, phase, body)
     except MalformedPayload as e:  # unreadable before any identity is proven
-        server.refuse(f"secagg_{phase}"[:64], None, e, {"transport": "flower"})
+        peer_auth.refuse(server, f"secagg_{phase}"[:64], None, e, {"transport": "flower"})
         log.warning("answer routed as %s for %s refused: %s", hospital, phase, e)
     except SecureAFLError as e:  # refused and audited by the native method
         log.warning("answer routed as %s for %s refused: %s: %s", hospital, phase, e.reason, e)

@@ -6,7 +6,7 @@ public key, or SecAgg masked vectors); with ``plain`` it sees plaintext
 statistics (reference mode only). Trusted for availability, not for
 confidentiality (threat_model/THREAT_MODEL.md).
 
-Stages of a session, visible in :attr:`AggregationServer.status`:
+Stages of a session, visible in :attr:`~server.session_state.ServerSession.status`:
 
     awaiting_context (ckks only) -> open -> released
 
@@ -20,6 +20,10 @@ Stages of a session, visible in :attr:`AggregationServer.status`:
 
 Every decision, accepted or refused, is appended to the hash-chained audit log
 before it is acknowledged.
+
+This module opens a session (:func:`open_server`: the signed definition, the roster, the state rebuilt from
+disk), takes the key holder's public context and shuts the session down; the state is one
+:class:`~server.session_state.ServerSession` and every other stage is a module of functions over it.
 """
 
 from __future__ import annotations
@@ -33,156 +37,126 @@ from secure_afl import pki
 from secure_afl.audit_log import AuditLog
 from secure_afl.backends import get_backend, he_module
 from secure_afl.cohort import release_policy
-from secure_afl.exceptions import DeadlinePassed, MissingEnrolment, RoundAlreadyClosed, SecureAFLError, StageError
-from secure_afl.params import KEYED_BACKENDS, SessionParams
+from secure_afl.exceptions import MissingEnrolment, RoundAlreadyClosed, SecureAFLError, StageError
+from secure_afl.params import KEYED_BACKENDS
 from secure_afl.protocol import parse_context_publication
 from secure_afl.session.relay import check_same
 from secure_afl.session.signed import load_signed
 
-from .closing import ReleaseStage
+from . import running_sum, secagg_round, split_round, status
 from .config import ServerConfig
-from .intake import UploadIntake
-from .peer_auth import PeerAuthentication
+from .peer_auth import flush_refusals, refuse
 from .refusals import RefusalLog
-from .running_sum import RunningSum
 from .session_parties import SessionRoster
-from .status import session_info, session_status
+from .session_state import ServerSession, SplitState
 from .store import Store
 
-__all__ = ["AggregationServer", "DeadlinePassed"]
+__all__ = ["open_server", "publish_context", "shutdown"]
 
 log = logging.getLogger("secure_afl.server")
 
 
-class AggregationServer(PeerAuthentication, RunningSum, UploadIntake, ReleaseStage):
-    """One session's server state machine (no HTTP here; see server/app.py): its set-up, state and the key
-    holder's public context here; who is calling (:mod:`server.peer_auth`), the running sum
-    (:mod:`server.running_sum`), uploads (:mod:`server.intake`) and the release (:mod:`server.closing`) in
-    the mixins it is built from."""
-
-    def __init__(self, config: ServerConfig):
-        self.config = config
-        self.dir = Path(config.data_dir) / config.session_id
-        self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        self.store = Store(self.dir)
-        self.party = pki.load_party(config.pki_dir, "server", config.name)
-        self._key = self.party.identity_key()
-        self.identity_pub_hex = pki.public_key_hex(self._key.public_key())
-        self.audit = AuditLog(self.dir / "audit.jsonl", signing_key=self._key)
-        self._lock = threading.RLock()
-        # uploads past their checks whose contribution a summing worker is adding outside the lock; close and
-        # a rebuild of the sum wait for them (``_drained``), and nothing new starts while ``_closing``
-        self._in_flight: set[str] = set()
-        self._door = None  # the backend that admits uploads, built once per session parameters
-        self._drained = threading.Condition(self._lock)
-        self._closing = False
-        self.definition = self._signed_definition()
-        self.release_policy = release_policy(self.definition)
-        self._enrolled = self._load_enrolled()
-        self._keyholders = pki.load_enrolments(config.pki_dir, role="keyholder")
-        self.roster = SessionRoster(config.session_id, config.keyholder, self._enrolled, self._keyholders)
-        self.lookup_pub, self.enrolment = self.roster.lookup_pub, self.roster.enrolment
-        self.refusals = RefusalLog(self.audit, config.session_id, config.refusal_interval_s, self.roster.peer_party)
-        if self.store.get_meta("created_at") is None:
-            self.store.set_meta("created_at", time.time())
-            self.audit.append("session_created", actor=config.name, outcome="accepted",
-                              session=config.session_id,
-                              details={"backend": config.backend, "min_clients": config.min_clients,
-                                       "hospitals": sorted(self._enrolled)})
-        self.params: SessionParams | None = None
-        self.public_context: bytes | None = None
-        self._combiner = None
-        self._recover()
-
-    # -- set-up ------------------------------------------------------------------
-    def _signed_definition(self):
-        """The operator-signed definition of this session; the server's own settings must agree with it."""
-
-        signed = load_signed(self.config.pki_dir, self.config.session_id)
-        check_same(signed.body, self.config.definition.body, what="",
-                           source=f"the server's session.toml ({self.config.session_id})")
-        return signed
-
-    def _load_enrolled(self) -> dict:
-        issued = pki.load_enrolments(self.config.pki_dir, role="hospital")
-        names = self.definition.hospitals
-        missing = [n for n in names if n not in issued]
-        if missing:
-            raise MissingEnrolment(f"hospitals {missing} are listed in the config but have no enrolment "
-                                    f"in {self.config.pki_dir}; issue them with `secure-afl pki issue`")
-        return {n: issued[n] for n in names}
-
-    def _base_params(self) -> SessionParams:
-        return self.definition.session_params()
-
-    def _recover(self) -> None:
-        """Rebuild in-memory state from SQLite and payload files after a restart."""
-        self._rebuild()
-        if self.store.upload_count():
-            self.audit.append("server_restarted", actor=self.config.name, outcome="accepted",
-                              session=self.config.session_id,
-                              details={"recovered_uploads": self.store.upload_count(), "status": self.status})
+def open_server(config: ServerConfig) -> ServerSession:
+    """One session's server: its set-up checked against the operator's signed definition, its state rebuilt
+    from what is durably stored, and (secagg) its stage clock started."""
+    sdir = Path(config.data_dir) / config.session_id
+    sdir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    store = Store(sdir)
+    party = pki.load_party(config.pki_dir, "server", config.name)
+    key = party.identity_key()
+    audit = AuditLog(sdir / "audit.jsonl", signing_key=key)
+    definition = _signed_definition(config)
+    enrolled = _load_enrolled(config, definition)
+    keyholders = pki.load_enrolments(config.pki_dir, role="keyholder")
+    roster = SessionRoster(config.session_id, config.keyholder, enrolled, keyholders)
+    lock = threading.RLock()
+    session = ServerSession(
+        config=config, dir=sdir, store=store, party=party, key=key,
+        identity_pub_hex=pki.public_key_hex(key.public_key()), audit=audit, definition=definition,
+        release_policy=release_policy(definition), enrolled=enrolled, roster=roster,
+        refusals=RefusalLog(audit, config.session_id, config.refusal_interval_s, roster.peer_party),
+        lock=lock, drained=threading.Condition(lock),
+        secagg=secagg_round.secagg_state(enrolled) if config.backend == "secagg" else None,
+        split=SplitState() if config.backend == "split" else None)
+    if store.get_meta("created_at") is None:
+        store.set_meta("created_at", time.time())
+        audit.append("session_created", actor=config.name, outcome="accepted", session=config.session_id,
+                     details={"backend": config.backend, "min_clients": config.min_clients,
+                              "hospitals": sorted(enrolled)})
+    # in-memory state from SQLite and payload files, after a restart too
+    running_sum.rebuild(session)
+    if store.upload_count():
+        audit.append("server_restarted", actor=config.name, outcome="accepted", session=config.session_id,
+                     details={"recovered_uploads": store.upload_count(), "status": session.status})
+    if session.secagg is not None:
+        secagg_round.start_clock(session)
+    return session
 
 
-    # -- public state ----------------------------------------------------------------
-    @property
-    def status(self) -> str:
-        if self.store.get_meta("manifest") is not None:
-            return "released"
-        if self.params is None:
-            return "awaiting_context"
-        return "open"
-
-    def info(self) -> dict:
-        """The public session info every party reads (:func:`server.status.session_info`)."""
-        return session_info(self)
-
-    def session_status(self) -> dict:
-        """Where the session stands, for ``secure-afl session status`` (:func:`server.status.session_status`)."""
-        return session_status(self)
+def _signed_definition(config: ServerConfig):
+    """The operator-signed definition of this session; the server's own settings must agree with it."""
+    signed = load_signed(config.pki_dir, config.session_id)
+    check_same(signed.body, config.definition.body, what="",
+               source=f"the server's session.toml ({config.session_id})")
+    return signed
 
 
-    # -- ckks: the key holder publishes the public context ----------------------------------
-    def publish_context(self, party: str, body: bytes) -> dict:
-        """Key holder's signed ``{public_context, tag_public_key, params_signature}`` opens a ckks session.
-
-        The parameters are recomputed here from the session config and must be
-        the ones the key holder signed; a degenerate tag key or a context with a
-        secret key is refused.
-        """
-        with self._lock:
-            try:
-                if self.config.backend not in KEYED_BACKENDS:
-                    raise StageError("this session does not use a public context")
-                if self.params is not None:
-                    raise RoundAlreadyClosed("the public context is already published")
-                from secure_afl.keyholder_params import check_tag_public_key, verify_session_params
-                from secure_afl.tagging import TAG_KEY_PARAM
-
-                bind_public_context = he_module(self.config.backend).bind_public_context
-                context, tag_key, signature = parse_context_publication(body)
-                params = bind_public_context(self._base_params(), context)  # refuses secret-key contexts
-                check_tag_public_key(tag_key)
-                params = params.with_backend_params(**{TAG_KEY_PARAM: tag_key})
-                verify_session_params(params, signature, self.lookup_pub(party))
-                get_backend(params).combiner(public_context=context)
-            except SecureAFLError as e:
-                self.refuse("publish_context", party, e)
-                raise
-            digest = self.store.put_blob(context)
-            self.store.set_meta("public_context_sha256", digest)
-            self.store.set_meta("params", params.to_dict())
-            self.store.set_meta("params_signature", signature)
-            self.params, self.public_context = params, context
-            self._combiner = self._new_combiner()
-            self.audit.append("publish_context", actor=party, outcome="accepted", session=self.config.session_id,
-                              details={"public_context_sha256": digest, "params_digest": params.digest().hex()})
-            return self.info()
+def _load_enrolled(config: ServerConfig, definition) -> dict:
+    issued = pki.load_enrolments(config.pki_dir, role="hospital")
+    names = definition.hospitals
+    missing = [n for n in names if n not in issued]
+    if missing:
+        raise MissingEnrolment(f"hospitals {missing} are listed in the config but have no enrolment "
+                               f"in {config.pki_dir}; issue them with `secure-afl pki issue`")
+    return {n: issued[n] for n in names}
 
 
-    def shutdown(self) -> None:
-        if self._combiner is not None:
-            self._combiner.shutdown()
-        self.flush_refusals()
-        self.audit.close()
-        self.store.close()
+# -- ckks, bfv, split: the key holder publishes the public context ----------------------------
+def publish_context(session: ServerSession, party: str, body: bytes) -> dict:
+    """Key holder's signed ``{public_context, tag_public_key, params_signature}`` opens a keyed session.
+
+    The parameters are recomputed here from the session config and must be
+    the ones the key holder signed; a degenerate tag key or a context with a
+    secret key is refused.
+    """
+    with session.lock:
+        try:
+            if session.config.backend not in KEYED_BACKENDS:
+                raise StageError("this session does not use a public context")
+            if session.params is not None:
+                raise RoundAlreadyClosed("the public context is already published")
+            from secure_afl.keyholder_params import check_tag_public_key, verify_session_params
+            from secure_afl.tagging import TAG_KEY_PARAM
+
+            bind_public_context = he_module(session.config.backend).bind_public_context
+            context, tag_key, signature = parse_context_publication(body)
+            # refuses secret-key contexts
+            params = bind_public_context(session.definition.session_params(), context)
+            check_tag_public_key(tag_key)
+            params = params.with_backend_params(**{TAG_KEY_PARAM: tag_key})
+            verify_session_params(params, signature, session.roster.lookup_pub(party))
+            get_backend(params).combiner(public_context=context)
+        except SecureAFLError as e:
+            refuse(session, "publish_context", party, e)
+            raise
+        digest = session.store.put_blob(context)
+        session.store.set_meta("public_context_sha256", digest)
+        session.store.set_meta("params", params.to_dict())
+        session.store.set_meta("params_signature", signature)
+        session.params, session.public_context = params, context
+        session.combiner = running_sum.new_combiner(session)
+        session.audit.append("publish_context", actor=party, outcome="accepted", session=session.config.session_id,
+                             details={"public_context_sha256": digest, "params_digest": params.digest().hex()})
+        return status.session_info(session)
+
+
+def shutdown(session: ServerSession) -> None:
+    if session.secagg is not None:
+        secagg_round.stop_clock(session)
+    if session.split is not None:
+        split_round.close_verifiers(session)
+    if session.combiner is not None:
+        session.combiner.shutdown()
+    flush_refusals(session)
+    session.audit.close()
+    session.store.close()

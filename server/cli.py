@@ -13,7 +13,7 @@ from secure_afl.session.definition import guarantee_lines
 
 
 def _cmd_run(args) -> int:
-    from .rounds import open_server
+    from .aggregator import open_server, shutdown
     from .app import create_app
     from secure_afl.server.tls_server import listen, reserve_open_files, serve
 
@@ -71,7 +71,7 @@ def _cmd_run(args) -> int:
     except SystemExit as e:  # SIGTERM (0), or uvicorn giving up at startup (non-zero, already logged)
         rc = e.code if isinstance(e.code, int) else 0
     finally:
-        server.shutdown()
+        shutdown(server)
     return rc
 
 

@@ -5,11 +5,15 @@ from __future__ import annotations
 import json
 import time
 
+from . import secagg_round
+from .session_state import ServerSession
+
 __all__ = ["session_info", "session_status"]
 
 
-def session_info(server) -> dict:
-    return {
+def session_info(server: ServerSession) -> dict:
+    """The public session info every party reads; secagg adds its round."""
+    info = {
         "session_id": server.config.session_id,
         "status": server.status,
         "backend": server.config.backend,
@@ -19,20 +23,23 @@ def session_info(server) -> dict:
         "min_class_count": server.config.min_class_count,
         "colluders": server.release_policy.colluders,
         "contributions": server.store.upload_count(),
-        "hospitals": sorted(server._enrolled),
+        "hospitals": sorted(server.enrolled),
         "deadline": server.deadline,
         "max_upload_bytes": server.config.max_upload_bytes,
         "server_identity_pub": server.identity_pub_hex,
         "keyholder_params_signature": server.store.get_meta("params_signature"),
     }
+    if server.secagg is not None:
+        info["secagg"] = secagg_round.round_info(server)
+    return info
 
 
-def session_status(server) -> dict:
+def session_status(server: ServerSession) -> dict:
     """Where the session stands, for an operator's ``secure-afl session status``: every roster hospital's
     state (uploaded, asked to be judged, refused with the reason, silent), the quorum and how many more
     may still drop out, the deadline. Who took part is in the manifest every party reads at the release
     anyway; this says it while the session runs, to the consortium's own parties (mTLS) only."""
-    roster = sorted(server._enrolled)
+    roster = sorted(server.enrolled)
     uploaded = sorted({row["hospital"] for row in server.store.uploads()})
     judged = sorted(server.store.verifier_messages()) if server.config.backend == "split" else []
     refused: dict[str, str] = {}

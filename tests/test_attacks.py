@@ -188,7 +188,9 @@ _BROKEN = {
                      "f.expand_field = lambda seed, n, domain: (np.zeros(n, dtype=np.uint64) if domain == "
                      "v.DOMAIN_SHARE else g(seed, n, domain))"),
     # the split server serves a stored masked vector to the key holder (its refusing route removed)
-    "split-keyholder": "import secure_afl.server.split_round as m\ndel m.SplitAggregationServer.contribution",
+    "split-keyholder": ("import secure_afl.server.closing as m\n"
+                        "m.contribution = lambda s, h: (m.released(s), next(s.store.get_blob(r['payload_sha256']) "
+                        "for r in s.store.uploads() if r['hospital'] == h))[1]"),
     # the key holder's floor removed (the signed quorum on the manifest and on the cohort its validity
     # verdicts leave): it releases a share for any cohort
     "split-subset": ("import secure_afl.keyholder.release.split_share as r\nf = r.verify_manifest_for\n"

@@ -19,6 +19,7 @@ import pytest
 from secure_afl.session.signed import load_signed
 from secure_afl.cohort import default_colluders, quorum, release_policy
 from secure_afl.exceptions import EXIT_INPUT, EXIT_SECURITY, InvalidContribution, ParameterMismatch
+from secure_afl.server import aggregator, closing, split_round
 
 pytestmark = pytest.mark.security
 
@@ -213,7 +214,7 @@ def test_the_collector_refuses_a_share_over_fewer_than_q(tmp_path):
     srv, kh, pki_dir, _ = split_service(tmp_path, hospitals=tuple(f"h{i}" for i in range(6)), min_clients=3)
     try:
         params = kh.params(srv.config.session_id)
-        manifest = srv.released()[1]
+        manifest = closing.released(srv)[1]
         from secure_afl.hazmat import fixedpoint
 
         share = np.zeros(fixedpoint.n_words(params.layout.length), dtype=np.uint64)
@@ -221,10 +222,10 @@ def test_the_collector_refuses_a_share_over_fewer_than_q(tmp_path):
         body, st = split.sign_share(kh.party.identity_key(), params, manifest, share, refused)
         # Execute / Assert: the server role applies the signed quorum too, before it commits to any sum
         with pytest.raises(InsufficientContributors, match="quorum"):
-            srv.commit("keyholder:keyholder", st)
+            split_round.commit(srv, "keyholder:keyholder", st)
         assert srv.store.get_meta("split_commit") is None
     finally:
-        srv.shutdown()
+        aggregator.shutdown(srv)
 
 
 # -- secagg: a restarted hospital and a re-run of the same round --------------------------------------------------
@@ -384,10 +385,10 @@ def test_refusals_past_the_signed_limit_abort_even_when_the_quorum_remains(tmp_p
         assert len(names) - 1 >= policy.quorum and policy.max_refusals == 0
         # Execute / Assert: the key holder releases no share
         with pytest.raises(InsufficientContributors, match="max_refusals"):
-            kh.release_split(srv.config.session_id, ForgingSplitSource(srv, srv._key, forge=names[1:2]),
+            kh.release_split(srv.config.session_id, ForgingSplitSource(srv, srv.key, forge=names[1:2]),
                              min_clients=1)
     finally:
-        srv.shutdown()
+        aggregator.shutdown(srv)
 
 
 @pytest.mark.e2e

@@ -18,8 +18,10 @@ import pytest
 
 from secure_afl import pki
 from secure_afl.audit_verify import verify_log
-from secure_afl.server.aggregator import AggregationServer
+from secure_afl.server import aggregator, closing, intake
+from secure_afl.server.aggregator import open_server
 from secure_afl.server.config import load_config
+from secure_afl.server.audit_records import audit_head
 
 from support import Consortium
 
@@ -32,12 +34,13 @@ import hashlib, os, signal, sys
 import numpy as np
 from secure_afl import pki
 from secure_afl.backends import get_backend
-from secure_afl.server.aggregator import AggregationServer
+from secure_afl.server import closing, intake
+from secure_afl.server.aggregator import open_server
 from secure_afl.server.config import load_config
 from secure_afl.signing import sign_upload
 
 config, pki_dir, point = sys.argv[1], sys.argv[2], sys.argv[3]
-srv = AggregationServer(load_config(config))
+srv = open_server(load_config(config))
 
 def die(*a, **k):
     os.kill(os.getpid(), signal.SIGKILL)
@@ -56,7 +59,7 @@ def upload(name, seed):
     payload = get_backend(srv.params).protect(v)
     st = sign_upload(pki.load_party(pki_dir, "hospital", name).identity_key(), srv.config.session_id,
                      srv.params.digest(), hashlib.sha256(payload).digest(), name)
-    return srv.submit(name, st, payload)
+    return intake.submit(srv, name, st, payload)
 
 upload("h1", 1)
 real_append, real_set_meta = srv.audit.append, srv.store.set_meta
@@ -69,7 +72,7 @@ elif point == "before_release_record":
 elif point == "before_close_record":
     srv.store.set_meta = lambda key, value: die() if key == "audit_close" else real_set_meta(key, value)
 upload("h2", 2)
-srv.close("keyholder:keyholder")
+closing.close(srv, "keyholder:keyholder")
 sys.exit(3)  # not reached: the kill point was passed without dying
 """
 
@@ -85,15 +88,15 @@ def test_kill9_between_durable_writes_never_duplicates_a_record(tmp_path, point)
     child = subprocess.run([sys.executable, "-c", _CHILD, str(c.config), str(c.pki_dir), point],
                            env=env, capture_output=True, timeout=120)
     assert child.returncode == -signal.SIGKILL, child.stderr.decode()[-2000:]
-    srv = AggregationServer(load_config(c.config))
+    srv = open_server(load_config(c.config))
     try:
         if point.endswith("upload_record") or point == "before_receipt":
-            srv.close("keyholder:keyholder")
-        srv.close("keyholder:keyholder")  # a retried close after the restart changes nothing
-        receipts = [srv.receipt(h) for h in ("h1", "h2")]
-        head = srv.audit_head()
+            closing.close(srv, "keyholder:keyholder")
+        closing.close(srv, "keyholder:keyholder")  # a retried close after the restart changes nothing
+        receipts = [intake.receipt(srv, h) for h in ("h1", "h2")]
+        head = audit_head(srv)
     finally:
-        srv.shutdown()
+        aggregator.shutdown(srv)
 
     # Assert: one accepted-upload record per hospital, one release, receipts and close record point at them
     records = [json.loads(x) for x in c.audit_path().read_text().splitlines()]

@@ -10,6 +10,7 @@ from secure_afl.dp.solve import calibrated_ridge
 from secure_afl.exceptions import DecryptionRefused
 from secure_afl.packing import Layout
 from secure_afl.params import Bounds
+from support import plain_reference
 
 
 pytestmark = pytest.mark.e2e
@@ -35,11 +36,7 @@ def _upload_all(c, names):
         cl = c.hospital(h)
         cl.submit(c.stats(X, y))
         cl.close()
-    total = None
-    for X, y in data.values():
-        s = c.stats(X, y)
-        total = s if total is None else total + s
-    return total
+    return plain_reference(c, data)
 
 
 @pytest.mark.parametrize("backend", ["plain", "ckks", "bfv"])
@@ -122,10 +119,7 @@ def test_secagg_dp_with_a_dropout_is_accounted_at_the_survivors_noise(consortium
     assert not errors, errors
     survivors = ["h01", "h02", "h03", "h04"]
     assert res.report["participants"] == survivors
-    total = None
-    for h in survivors:
-        s = c.stats(*data[h])
-        total = s if total is None else total + s
+    total = plain_reference(c, data, survivors)
     iu = np.triu_indices(c.dim)
     resid = np.concatenate([(res.stats.gram - total.gram - 4.0 * np.eye(c.dim))[iu],
                             (res.stats.cross - total.cross).ravel()])

@@ -195,20 +195,20 @@ ROGUE_SERVERAPP = '''
 from flwr.serverapp import ServerApp
 
 from secure_afl.flower import server_app
-from secure_afl.server.aggregator import AggregationServer
+from secure_afl.server import intake
 
 app = ServerApp()
-_submit = AggregationServer.submit
+_submit = intake.submit
 
 
-def _forging_submit(self, hospital, statement, payload, tag=None):
-    receipt = _submit(self, hospital, statement, payload, tag)
+def _forging_submit(session, hospital, statement, payload, tag=None):
+    receipt = _submit(session, hospital, statement, payload, tag)
     return {**receipt, "seq": receipt["seq"] + 1000}
 
 
 @app.main()
 def main(grid, context):
-    AggregationServer.submit = _forging_submit
+    intake.submit = _forging_submit
     server_app.main(grid, context)
 '''
 
@@ -330,44 +330,49 @@ from flwr.serverapp import ServerApp
 
 from secure_afl.flower import server_app
 from secure_afl.protocol import SECAGG_REQUEST_PREFIX
-from secure_afl.server.secagg_round import SecAggAggregationServer
+from secure_afl.server import secagg_round, status
 
 app = ServerApp()
-_request = SecAggAggregationServer.secagg_request
+_request = secagg_round.secagg_request
 _other_key = Ed25519PrivateKey.generate()
 
 
-def _signed_by_another_key(self, hospital):
-    r = _request(self, hospital)
+def _signed_by_another_key(session, hospital):
+    r = _request(session, hospital)
     if "request" in r:
         raw = base64.b64decode(r["request"])
         r = {{**r, "signature": _other_key.sign(SECAGG_REQUEST_PREFIX + raw).hex()}}
     return r
 
 
-def _numbered_backwards(self):
-    names = sorted(self._enrolled, reverse=True)
-    return {{name: i + 1 for i, name in enumerate(names)}}
+_state = secagg_round.secagg_state
 
 
-_info = SecAggAggregationServer.info
+def _numbered_backwards(enrolled):
+    state = _state(enrolled)
+    state.names = tuple(sorted(enrolled, reverse=True))
+    state.client_ids = {{name: i + 1 for i, name in enumerate(state.names)}}
+    return state
 
 
-def _with_a_sybil(self):
-    d = _info(self)
-    d["secagg"] = {{**d["secagg"], "client_ids": {{**d["secagg"]["client_ids"], "zz-sybil": len(self._enrolled) + 1}}}}
+_info = status.session_info
+
+
+def _with_a_sybil(session):
+    d = _info(session)
+    sybil = {{**d["secagg"]["client_ids"], "zz-sybil": len(session.enrolled) + 1}}
+    d["secagg"] = {{**d["secagg"], "client_ids": sybil}}
     return d
 
 
 @app.main()
 def main(grid, context):
     if "{forgery}" == "signature":
-        SecAggAggregationServer.secagg_request = _signed_by_another_key
+        secagg_round.secagg_request = _signed_by_another_key
     elif "{forgery}" == "sybil":
-        SecAggAggregationServer.info = _with_a_sybil
+        status.session_info = _with_a_sybil
     else:
-        SecAggAggregationServer.client_ids = property(_numbered_backwards)
-        SecAggAggregationServer._name = lambda self, cid: sorted(self._enrolled, reverse=True)[cid - 1]
+        secagg_round.secagg_state = _numbered_backwards
     server_app.main(grid, context)
 '''
 

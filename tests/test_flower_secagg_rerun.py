@@ -21,7 +21,8 @@ from support.flower import InProcessGrid, node_contexts
 from secure_afl.exceptions import InsufficientShares
 from secure_afl.flower import server_app
 from secure_afl.hazmat import fixedpoint
-from secure_afl.server.rounds import open_server
+from secure_afl.server import aggregator
+from secure_afl.server.aggregator import open_server
 from secure_afl.server.config import load_config
 
 pytestmark = pytest.mark.security
@@ -53,9 +54,9 @@ def test_serverapp_rerunning_setup_without_the_victim_gets_no_second_sum(tmp_pat
     first = _server(c, "server-1")
     try:
         server_app._secagg_round(InProcessGrid(_contexts(c, 7, data)), first, nodes, reply_timeout_s=30)
-        sum_all = first._round.fixed_point_sum_
+        sum_all = first.secagg.round.fixed_point_sum_
     finally:
-        first.shutdown()
+        aggregator.shutdown(first)
 
     # Execute: a second run of the same session, h1 left out
     second = _server(c, "server-2")
@@ -64,9 +65,9 @@ def test_serverapp_rerunning_setup_without_the_victim_gets_no_second_sum(tmp_pat
         with pytest.raises(InsufficientShares):
             server_app._secagg_round(grid, second, {h: n for h, n in nodes.items() if h != "h1"},
                                      reply_timeout_s=30)
-        sum_rest = getattr(second._round, "fixed_point_sum_", None)
+        sum_rest = getattr(second.secagg.round, "fixed_point_sum_", None)
     finally:
-        second.shutdown()
+        aggregator.shutdown(second)
 
     # Assert: the first round was complete; the second produced no sum to subtract it from
     assert sum_all is not None
@@ -102,9 +103,9 @@ def test_a_hospital_that_signed_over_flower_takes_no_part_natively_in_the_same_s
     try:
         server_app._secagg_round(InProcessGrid(contexts), server, {h: i + 1 for i, h in enumerate(HOSPITALS)},
                                  reply_timeout_s=30)
-        assert server._round.fixed_point_sum_ is not None
+        assert server.secagg.round.fixed_point_sum_ is not None
     finally:
-        server.shutdown()
+        aggregator.shutdown(server)
 
     # Execute: h2 restarted as the native client of the same signed session
     site = HospitalClient("https://127.0.0.1:9", c.session_id, pki.load_party(c.pki_dir, "hospital", "h2"))

@@ -22,7 +22,8 @@ import httpx
 
 from secure_afl import pki
 from secure_afl.protocol import API, H_NONCE, H_PARTY, H_SIGNATURE, H_TAG, H_TIME, H_UPLOAD, sign_request
-from secure_afl.server.rounds import open_server
+from secure_afl.server import aggregator, peer_auth, status
+from secure_afl.server.aggregator import open_server
 from secure_afl.server.app import create_app
 from secure_afl.server.config import ServerConfig
 from secure_afl.params import Bounds
@@ -89,7 +90,7 @@ class Target:
         self.log = self.server.dir / "audit.jsonl"
 
     def close(self):
-        self.server.shutdown()
+        aggregator.shutdown(self.server)
 
     def path(self, suffix=""):
         return f"{API}/sessions/{self.sid}{suffix}"
@@ -173,7 +174,7 @@ async def _cases_loop(targets, n_cases: int, seed: int) -> dict:
         text = nested(depth, SHAPES[(i // len(plans)) % len(SHAPES)], rng)
         lines_before = target.server.audit.next_seq
         resp = await fn(text)
-        target.server.flush_refusals()  # the per-peer summary, so each case shows as a record
+        peer_auth.flush_refusals(target.server)  # the per-peer summary, so each case shows as a record
         stats["cases"] += 1
         stats["status"][resp.status_code] = stats["status"].get(resp.status_code, 0) + 1
         stats["by_case"][name] = stats["by_case"].get(name, 0) + 1
@@ -289,10 +290,10 @@ def test_an_unexpected_error_is_an_audited_json_answer_not_a_traceback(consortiu
     # Prepare: the session-info route fails inside the server role (fault injection)
     t = Target(consortium, str(tmp_path / "s"), "plain")
 
-    def broken():
+    def broken(session):
         raise KeyError("injected")
 
-    monkeypatch.setattr(t.server, "info", broken)
+    monkeypatch.setattr(status, "session_info", broken)
 
     async def go():
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=t.app), base_url="http://x") as cl:
@@ -302,7 +303,7 @@ def test_an_unexpected_error_is_an_audited_json_answer_not_a_traceback(consortiu
         before = t.server.audit.next_seq
         # Execute
         resp = asyncio.run(go())
-        t.server.flush_refusals()
+        peer_auth.flush_refusals(t.server)
         # Assert
         assert resp.status_code == 500 and resp.json()["error"] == "internal"
         assert t.server.audit.next_seq > before

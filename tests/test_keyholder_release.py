@@ -19,6 +19,7 @@ from secure_afl.cohort import release_policy
 from secure_afl.exceptions import DecryptionRefused, InsufficientContributors
 from secure_afl.release_checks import ReleaseLedger
 from secure_afl.session.signed import load_signed
+from secure_afl.server import aggregator, closing
 
 ROSTER = ["h0", "h1", "h2", "h3"]
 SPARE = "h9"  # issued by the CA, not on the session's roster
@@ -136,13 +137,13 @@ def test_a_split_manifest_below_the_quorum_opens_no_seed_and_records_no_share(tm
     try:
         sid = srv.config.session_id
         assert release_policy(load_signed(pki_dir, sid)).quorum > 3
-        small = subset_manifest(srv.released()[1], names[:3], srv._key)
+        small = subset_manifest(closing.released(srv)[1], names[:3], srv.key)
 
         # Execute: the real split release path, with the caller's own floor at 1
         with pytest.raises(InsufficientContributors):
-            kh.release_split(sid, Recording(srv, srv._key, manifest=small), min_clients=1)
+            kh.release_split(sid, Recording(srv, srv.key, manifest=small), min_clients=1)
     finally:
-        srv.shutdown()
+        aggregator.shutdown(srv)
 
     # Assert: no seed box opened (no verdict formed, no query seed sent), no share recorded, the key not blocked
     assert not (kh.keys_dir / f"{sid}.split-verdicts.json").exists() and queried == []

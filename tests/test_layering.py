@@ -260,11 +260,123 @@ def test_the_proof_system_names_no_statement():
     assert not (named & (classes - views)), f"proof.py names statement classes: {sorted(named & (classes - views))}"
 
 
-def test_the_server_state_machine_stays_under_400_lines():
-    # server/aggregator.py holds the session's set-up and state; who is calling, the running sum, uploads and the
-    # release are modules of their own (server/peer_auth.py, running_sum.py, intake.py, closing.py)
-    n = len(st.modules()["secure_afl.server.aggregator"].path.read_text().splitlines())
-    assert n < 400, f"server/aggregator.py has {n} lines"
+# the server's session: one object whose state is declared in server/session_state.py; each stage a module of
+# functions over it, as the key holder's release is one SessionRelease with a function per path
+SESSION_STATE = "secure_afl.server.session_state"
+SESSION_CLASS = "ServerSession"
+
+
+def _declared(tree) -> dict[str, tuple[set[str], set[str]]]:
+    """class -> (fields, properties) for every class of a module: annotated class-level names are its fields."""
+    import ast
+
+    out = {}
+    for cls in (n for n in tree.body if isinstance(n, ast.ClassDef)):
+        fields = {n.target.id for n in cls.body if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)}
+        props = {n.name for n in cls.body if isinstance(n, ast.FunctionDef)
+                 and any(isinstance(d, ast.Name) and d.id == "property" for d in n.decorator_list)}
+        out[cls.name] = (fields, props)
+    return out
+
+
+def _session_state_offences(tree, declared: dict[str, tuple[set[str], set[str]]], where: str) -> list[str]:
+    """Every use, in ``tree``, of a parameter annotated as the session object that the state module does not
+    declare: ``session.x`` read or set where ``x`` is no field (or, for a read, no property) of the object, and
+    ``session.secagg.x`` / ``session.split.x`` likewise for the sub-states the object declares by type; and every
+    ``__dict__`` (state kept where no declaration shows it)."""
+    import ast
+
+    fields, props = declared[SESSION_CLASS]
+    # the sub-states: a field annotated ``SomeState | None`` whose class the state module declares
+    state_mod_classes = set(declared)
+    offences = [f"{where}:{n.lineno}: __dict__" for n in ast.walk(tree)
+                if isinstance(n, ast.Attribute) and n.attr == "__dict__"]
+    sub = {}
+    for cls in ast.walk(ast.parse(_SESSION_SOURCE())):
+        if isinstance(cls, ast.ClassDef) and cls.name == SESSION_CLASS:
+            for n in cls.body:
+                if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name):
+                    names = {x.id for x in ast.walk(n.annotation) if isinstance(x, ast.Name)} & state_mod_classes
+                    if names:
+                        sub[n.target.id] = names.pop()
+    for fn in (n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))):
+        params = [a for a in fn.args.args + fn.args.kwonlyargs + fn.args.posonlyargs
+                  if a.annotation is not None and SESSION_CLASS in ast.unparse(a.annotation)]
+        for param in params:
+            for n in ast.walk(fn):
+                if not (isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) and n.value.id == param.arg):
+                    continue
+                stored = isinstance(n.ctx, (ast.Store, ast.Del))
+                if n.attr not in fields and (stored or n.attr not in props):
+                    offences.append(f"{where}:{n.lineno}: {param.arg}.{n.attr} "
+                                    f"({'set' if stored else 'read'}, not declared by {SESSION_CLASS})")
+            for n in ast.walk(fn):  # session.secagg.x: declared by the sub-state's class
+                if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Attribute) and \
+                        isinstance(n.value.value, ast.Name) and n.value.value.id == param.arg and n.value.attr in sub:
+                    sfields, sprops = declared[sub[n.value.attr]]
+                    stored = isinstance(n.ctx, (ast.Store, ast.Del))
+                    if n.attr not in sfields and (stored or n.attr not in sprops):
+                        offences.append(f"{where}:{n.lineno}: {param.arg}.{n.value.attr}.{n.attr} "
+                                        f"(not declared by {sub[n.value.attr]})")
+    return offences
+
+
+def _SESSION_SOURCE() -> str:
+    return st.modules()[SESSION_STATE].path.read_text()
+
+
+def _server_modules():
+    return {name: m for name, m in st.modules().items() if _under(name, ("secure_afl.server",))}
+
+
+def test_the_server_session_state_is_declared_in_one_place():
+    import ast
+
+    declared = _declared(ast.parse(_SESSION_SOURCE()))
+    assert SESSION_CLASS in declared and "in_flight" in declared[SESSION_CLASS][0]
+    offences = []
+    for name, m in _server_modules().items():
+        offences += _session_state_offences(m.tree(), declared, name)
+    assert not offences, "server state not declared by the session object:\n" + "\n".join(offences)
+
+
+def test_no_server_stage_is_a_class_or_keeps_state_of_its_own():
+    # a stage is functions over the session object: no mixin sharing ``self``, no subclass per backend, and
+    # nothing kept at module level between calls (a cache there is state no declaration shows)
+    import ast
+
+    stages = ("peer_auth", "intake", "running_sum", "audit_records", "closing", "split_round", "secagg_round",
+              "aggregator", "status")
+    offences = []
+    for stage in stages:
+        tree = st.modules()[f"secure_afl.server.{stage}"].tree()
+        offences += [f"{stage}: class {n.name}" for n in tree.body if isinstance(n, ast.ClassDef)]
+        for n in tree.body:
+            targets = n.targets if isinstance(n, ast.Assign) else [n.target] if isinstance(n, ast.AnnAssign) else []
+            offences += [f"{stage}:{n.lineno}: module-level {t.id}" for t in targets if isinstance(t, ast.Name)
+                         and not (t.id.isupper() or t.id.lstrip("_").isupper() or t.id in ("log", "__all__"))]
+        offences += [f"{stage}:{n.lineno}: global {', '.join(n.names)}" for n in ast.walk(tree)
+                     if isinstance(n, ast.Global)]
+    assert not offences, "\n".join(offences)
+
+
+def test_the_session_state_check_sees_an_undeclared_attribute():
+    # the two checks above are only as good as this: a planted undeclared field, a sub-state's undeclared field
+    # and a __dict__ cache must each be reported, and the declared ones must not
+    import ast
+
+    declared = _declared(ast.parse(_SESSION_SOURCE()))
+    planted = ast.parse('''
+def stage(session: ServerSession, x):
+    session.in_flight.add(x)
+    session.cache = {}
+    session.secagg.round = None
+    session.secagg.pending = 1
+    return session.status, session.__dict__.get("pool")
+''')
+    found = _session_state_offences(planted, declared, "planted")
+    assert sorted(f.split(": ", 1)[1].split(" ")[0] for f in found) == \
+        ["__dict__", "session.__dict__", "session.cache", "session.secagg.pending"]
 
 
 def test_no_module_of_the_library_or_a_party_is_over_600_lines():

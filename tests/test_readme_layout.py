@@ -1,5 +1,5 @@
-"""docs/LAYOUT.md's Layout section names only what exists, and names every top-level folder; README.md and
-docs/BENCHMARKS.md stay within the sizes a reader can take in.
+"""docs/LAYOUT.md's Layout section names only what exists, names every top-level folder and every module of
+the library and the parties; README.md and docs/BENCHMARKS.md stay within the sizes a reader can take in.
 
 The section is a code block, one folder per line (a line starting with a
 space continues the folder above); every file or folder named on a line
@@ -16,6 +16,8 @@ from support.sourcetree import REPO, roots
 README = REPO / "README.md"
 LAYOUT = REPO / "docs" / "LAYOUT.md"
 BENCHMARKS = REPO / "docs" / "BENCHMARKS.md"
+# the library and the parties: every module of these folders has its line (a package's __init__.py excepted)
+MODULE_FOLDERS = ("secure_afl", "server", "keyholder", "clients", "consortium", "flower", "transport", "cli")
 _NAME = re.compile(r"[A-Za-z0-9_*.-]+(?:/[A-Za-z0-9_*.-]+)*/?")
 _NOT_A_FOLDER = {"build", "dist"}
 
@@ -56,6 +58,30 @@ def test_every_top_level_folder_is_named():
            and d.name not in _NOT_A_FOLDER and not d.name.endswith(".egg-info")}
     assert set(roots()) <= top  # the packages setup.py installs are folders of the repository
     assert top <= named, f"docs/LAYOUT.md omits {sorted(top - named)}"
+
+
+def unnamed_modules(lines: list[tuple[str, str]]) -> list[str]:
+    """Every module of MODULE_FOLDERS that the line of its own folder does not name."""
+    named: dict[str, set[str]] = {}
+    for folder, rest in lines:
+        named.setdefault(folder.rstrip("/"), set()).update(_named(rest))
+    return [f.relative_to(REPO).as_posix() for top in MODULE_FOLDERS for f in sorted((REPO / top).rglob("*.py"))
+            if "__pycache__" not in f.parts and f.name != "__init__.py"
+            and f.name not in named.get(f.parent.relative_to(REPO).as_posix(), set())]
+
+
+def test_every_module_of_the_library_and_the_parties_is_named():
+    missing = unnamed_modules(layout_lines())
+    assert not missing, f"docs/LAYOUT.md names no line for {missing}"
+
+
+def test_the_module_check_sees_a_missing_module():
+    # the same check over the layout without one module's line, and with that module named under another folder
+    lines = layout_lines()
+    dropped = [(folder, rest.replace("intake.py", "")) for folder, rest in lines]
+    assert unnamed_modules(dropped) == ["server/intake.py"]
+    moved = [(folder, rest + (" intake.py" if folder == "keyholder/" else "")) for folder, rest in dropped]
+    assert unnamed_modules(moved) == ["server/intake.py"]
 
 
 def test_the_layout_check_sees_a_wrong_name():

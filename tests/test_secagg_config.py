@@ -8,6 +8,7 @@ import pytest
 from support import Consortium
 
 from secure_afl.cli import main
+from secure_afl.server import aggregator, intake, secagg_round
 
 
 @pytest.mark.parametrize("secagg, min_clients, expect", [
@@ -46,7 +47,7 @@ def test_demo_with_60_hospitals_on_the_secagg_plus_graph(tmp_path, capsys):
 def test_stage_clock_starts_with_the_first_hospital_not_with_the_server(tmp_path):
     import time
 
-    from secure_afl.server.rounds import open_server
+    from secure_afl.server.aggregator import open_server
     from secure_afl.server.config import load_config
 
     # Prepare: a secagg server that sits idle far longer than its stage timeout before anyone comes
@@ -56,17 +57,17 @@ def test_stage_clock_starts_with_the_first_hospital_not_with_the_server(tmp_path
     try:
         later = time.time() + 3600
         # Execute: the clock ticks an hour on; then h1 arrives and waits for the others
-        srv.tick(now=later)
-        first = srv.secagg_request("h1")
-        srv.tick(now=time.time() + 1)
+        secagg_round.tick(srv, now=later)
+        first = secagg_round.secagg_request(srv, "h1")
+        secagg_round.tick(srv, now=time.time() + 1)
         # Assert: nothing closed while nobody was there; h1 gets its setup request
         assert first["stage"] == "setup" and "request" in first
-        assert srv.round_stage == "setup"
+        assert secagg_round.round_stage(srv) == "setup"
         log = [json.loads(line) for line in c.audit_path().read_text().splitlines()]
         assert [r["actor"] for r in log if r["event"] == "secagg_round_opened"] == ["h1"]
         assert not [r for r in log if r["event"] == "secagg_stage_closed"]
     finally:
-        srv.shutdown()
+        aggregator.shutdown(srv)
 
 
 def test_abort_counts_the_hospitals_that_really_answered(tmp_path):
@@ -75,7 +76,7 @@ def test_abort_counts_the_hospitals_that_really_answered(tmp_path):
 
     from secure_afl import pki
     from secure_afl.secagg import SecAggClient, decode_message
-    from secure_afl.server.rounds import open_server
+    from secure_afl.server.aggregator import open_server
     from secure_afl.server.config import load_config
 
     # Prepare: 3 hospitals, t = 2; only h1 acknowledges setup before the stage times out
@@ -83,21 +84,21 @@ def test_abort_counts_the_hospitals_that_really_answered(tmp_path):
                    secagg={"threshold": 2, "stage_timeout_s": 30.0})
     srv = open_server(load_config(c.config))
     try:
-        keys = {i: pki.load_party(c.pki_dir, "hospital", h).identity_pub() for h, i in srv.client_ids.items()}
+        keys = {i: pki.load_party(c.pki_dir, "hospital", h).identity_pub() for h, i in srv.secagg.client_ids.items()}
         h1 = SecAggClient(srv.params, 1, pki.load_party(c.pki_dir, "hospital", "h1").identity_key(), keys)
-        req = decode_message(base64.b64decode(srv.secagg_request("h1")["request"]))
-        srv.secagg_message("h1", "setup", h1.handle(req).to_bytes())
+        req = decode_message(base64.b64decode(secagg_round.secagg_request(srv, "h1")["request"]))
+        secagg_round.secagg_message(srv, "h1", "setup", h1.handle(req).to_bytes())
         # Execute
-        srv.tick(now=time.time() + 60)
+        secagg_round.tick(srv, now=time.time() + 60)
         # Assert: the abort names the one hospital that answered, as the audit log does
         log = [json.loads(line) for line in c.audit_path().read_text().splitlines()]
         answered = [r["actor"] for r in log if r["event"] == "secagg_setup" and r["outcome"] == "accepted"]
         closed = [r for r in log if r["event"] == "secagg_stage_closed"]
-        assert answered == ["h1"] and srv.round_stage == "aborted"
+        assert answered == ["h1"] and secagg_round.round_stage(srv) == "aborted"
         assert closed[-1]["details"]["dropped"] == ["h2", "h3"]
         assert "only 1 hospitals acknowledged setup" in closed[-1]["details"]["message"]
     finally:
-        srv.shutdown()
+        aggregator.shutdown(srv)
 
 
 def test_masked_input_stage_does_not_close_under_an_upload_being_added(tmp_path, monkeypatch):
@@ -109,7 +110,7 @@ def test_masked_input_stage_does_not_close_under_an_upload_being_added(tmp_path,
     from secure_afl import pki
     from secure_afl.clients.hospital import protect_vector
     from secure_afl.secagg import SecAggClient, Stage, decode_message
-    from secure_afl.server.rounds import open_server
+    from secure_afl.server.aggregator import open_server
     from secure_afl.server.config import load_config
     from secure_afl.signing import sign_upload
 
@@ -120,51 +121,51 @@ def test_masked_input_stage_does_not_close_under_an_upload_being_added(tmp_path,
     srv = open_server(load_config(c.config))
     try:
         parties = {h: pki.load_party(c.pki_dir, "hospital", h) for h in names}
-        keys = {srv.client_ids[h]: parties[h].identity_pub() for h in names}
-        cl = {h: SecAggClient(srv.params, srv.client_ids[h], parties[h].identity_key(), keys) for h in names}
+        keys = {srv.secagg.client_ids[h]: parties[h].identity_pub() for h in names}
+        cl = {h: SecAggClient(srv.params, srv.secagg.client_ids[h], parties[h].identity_key(), keys) for h in names}
 
         def request(h):
-            return decode_message(base64.b64decode(srv.secagg_request(h)["request"]))
+            return decode_message(base64.b64decode(secagg_round.secagg_request(srv, h)["request"]))
 
         for stage in (Stage.SETUP, Stage.ADVERTISE_KEYS, Stage.SHARE_KEYS):
             for h in names:
-                srv.secagg_message(h, stage, cl[h].handle(request(h)).to_bytes())
-            srv.tick()  # everyone answered: the stage closes now
-        assert srv.round_stage == Stage.MASKED_INPUT
+                secagg_round.secagg_message(srv, h, stage, cl[h].handle(request(h)).to_bytes())
+            secagg_round.tick(srv)  # everyone answered: the stage closes now
+        assert secagg_round.round_stage(srv) == Stage.MASKED_INPUT
 
         def upload(h):
             vec = protect_vector(srv.params, c.stats(*c.data(h)))
             payload = cl[h].handle(request(h), vector=vec).to_bytes()
             st = sign_upload(parties[h].identity_key(), c.session_id, srv.params.digest(),
                              hashlib.sha256(payload).digest(), h)
-            return srv.submit(h, st, payload)
+            return intake.submit(srv, h, st, payload)
 
         upload("h1")
         upload("h2")
-        real, entered, go = srv._combine_upload, threading.Event(), threading.Event()
+        real, entered, go = secagg_round.combine_upload, threading.Event(), threading.Event()
 
-        def held(hospital, payload):
+        def held(session, hospital, payload):
             entered.set()
             assert go.wait(60)
-            return real(hospital, payload)
+            return real(session, hospital, payload)
 
-        monkeypatch.setattr(srv, "_combine_upload", held)
+        monkeypatch.setattr(secagg_round, "combine_upload", held)
         t = threading.Thread(target=upload, args=("h3",))
         t.start()
         assert entered.wait(60)
 
         # Execute: the stage clock runs past the deadline while h3's masked input is being added
-        srv.tick(now=time.time() + 120)
-        stage_meanwhile = srv.round_stage
+        secagg_round.tick(srv, now=time.time() + 120)
+        stage_meanwhile = secagg_round.round_stage(srv)
         go.set()
         t.join(60)
-        srv.tick()
+        secagg_round.tick(srv)
 
         # Assert: the stage waited for h3, and closed with all three masked inputs
         assert stage_meanwhile == Stage.MASKED_INPUT
-        assert srv.round_stage == Stage.UNMASK and sorted(srv._round.survivors_) == [1, 2, 3]
+        assert secagg_round.round_stage(srv) == Stage.UNMASK and sorted(srv.secagg.round.survivors_) == [1, 2, 3]
     finally:
-        srv.shutdown()
+        aggregator.shutdown(srv)
 
 
 def test_raising_min_clients_never_lowers_the_default_threshold(tmp_path, capsys):

@@ -38,6 +38,7 @@ from secure_afl.exceptions import EXIT_INPUT, EXIT_SECURITY, InvalidContribution
 from secure_afl.protocol import SECAGG_CONSISTENCY
 from secure_afl.secagg import SecAggClient, Stage
 from secure_afl.secagg.record import RECORD_DIR, SurvivorRecord, default_directory
+from secure_afl.server import aggregator
 
 pytestmark = pytest.mark.security
 
@@ -203,7 +204,7 @@ class _TwoFlowerRuns:
 
         from secure_afl.flower import server_app
         from secure_afl.server.config import load_config
-        from secure_afl.server.rounds import open_server
+        from secure_afl.server.aggregator import open_server
 
         nodes = {h: i + 1 for i, h in enumerate(HOSPITALS)}
         runs = []
@@ -230,7 +231,7 @@ class _TwoFlowerRuns:
                 t.join(240)
         finally:
             for r in runs:
-                r[1].shutdown()
+                aggregator.shutdown(r[1])
         return runs
 
 
@@ -259,11 +260,11 @@ def test_flower_the_second_supernode_of_a_hospital_signs_no_second_survivor_set(
     (g1, s1, e1), (g2, s2, e2) = runs.run(c, data, hold_first, hold_second)
     # Assert: run 1 released over the four; in run 2 every hospital answered up to its masked input and then
     # refused to sign, naming the record run 1 wrote; run 2 produced no sum
-    assert e1 is None and s1._round.fixed_point_sum_ is not None, e1
+    assert e1 is None and s1.secagg.round.fixed_point_sum_ is not None, e1
     assert g1.answered.count(SECAGG_CONSISTENCY) == 4
     assert g2.answered.count(Stage.MASKED_INPUT) == 4 and SECAGG_CONSISTENCY not in g2.answered, g2.answered
     assert all("signed a survivor set" in g2.errors[(h, SECAGG_CONSISTENCY)] for h in HOSPITALS), g2.errors
-    assert getattr(s2._round, "fixed_point_sum_", None) is None and e2 is not None
+    assert getattr(s2.secagg.round, "fixed_point_sum_", None) is None and e2 is not None
 
 
 def test_flower_a_supernode_that_reaches_the_signature_while_another_signs_is_refused(tmp_path, monkeypatch):
@@ -305,7 +306,7 @@ def test_flower_a_supernode_that_reaches_the_signature_while_another_signs_is_re
     # Execute
     (g1, s1, e1), (g2, _, _) = runs.run(c, data, hold_first, hold_second)
     # Assert: run 1 completed with h1's signature; h1's second SuperNode was refused at the lock
-    assert e1 is None and s1._round.fixed_point_sum_ is not None, e1
+    assert e1 is None and s1.secagg.round.fixed_point_sum_ is not None, e1
     assert "locked" in g2.errors.get(("h1", SECAGG_CONSISTENCY), "it signed"), (g2.errors, g2.answered)
     assert ("h1", SECAGG_CONSISTENCY) not in g1.errors
 
@@ -316,7 +317,7 @@ def test_flower_a_corrupt_record_refuses_the_setup(tmp_path):
 
     from secure_afl.flower import server_app
     from secure_afl.server.config import load_config
-    from secure_afl.server.rounds import open_server
+    from secure_afl.server.aggregator import open_server
 
     c, data = _flower_consortium(tmp_path)
     rec = _record(c.pki_dir, "h1", c.session_id)
@@ -330,7 +331,7 @@ def test_flower_a_corrupt_record_refuses_the_setup(tmp_path):
     try:
         server_app._secagg_round(grid, server, {h: i + 1 for i, h in enumerate(HOSPITALS)}, reply_timeout_s=60)
     finally:
-        server.shutdown()
+        aggregator.shutdown(server)
     # Assert: h1 refused its setup in one line naming the record, and answered nothing
     why = grid.errors[("h1", Stage.SETUP)]
     assert why.startswith(f"{UnreadableRecord.__name__}: ") and str(rec.path) in why and "\n" not in why

@@ -17,20 +17,13 @@ import pytest
 from secure_afl.analytic import centralised_weights
 from secure_afl.exceptions import InsufficientShares, StaleRound
 from secure_afl.secagg import decode_message
+from support import plain_reference
 from support.sessions import run_secagg_plan
 
 
 pytestmark = pytest.mark.e2e
 
 
-
-
-def _plain(c, data, names):
-    total = None
-    for h in names:
-        s = c.stats(*data[h])
-        total = s if total is None else total + s
-    return total
 
 
 def _audit(c) -> list[dict]:
@@ -79,7 +72,7 @@ def test_aborted_round_is_retried_with_fresh_keys_and_round_2_is_exact(consortiu
     y = np.concatenate([data[h][1] for h in survivors])
     W_joint = centralised_weights(X, y, c.classes)
     assert np.linalg.norm(res.W - W_joint) / np.linalg.norm(W_joint) <= 1e-9
-    ref = _plain(c, data, survivors)
+    ref = plain_reference(c, data, survivors)
     assert np.array_equal(np.round(res.stats.class_counts), ref.class_counts)
     assert np.allclose(res.stats.cross, ref.cross, rtol=1e-12, atol=1e-9)
     # the log tells the story with true counts: round 1 aborted at the masked input with 2 of 4, round 2 opened
@@ -131,7 +124,7 @@ def test_round_1_message_replayed_into_round_2_is_refused_audited_not_stored(con
     kh.close()
     assert not errors, errors
     assert res.report["participants"] == list(names)
-    ref = _plain(c, data, names)
+    ref = plain_reference(c, data, names)
     assert np.array_equal(np.round(res.stats.class_counts), ref.class_counts)
     assert np.allclose(res.stats.cross, ref.cross, rtol=1e-12, atol=1e-9)
 

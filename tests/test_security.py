@@ -2,7 +2,7 @@
 that can be checked in process.
 
 The HTTP tests drive the real FastAPI app (``server.app.create_app``) over the
-real :class:`AggregationServer` with its real SQLite store and hash-chained
+real server session (``open_server``) with its real SQLite store and hash-chained
 audit log, through ``fastapi.testclient.TestClient``; TLS is exercised against
 a real server process in ``tests/test_security_e2e.py``.
 """
@@ -39,7 +39,8 @@ from secure_afl.packing import Layout
 from secure_afl.params import Bounds, SessionParams
 from secure_afl.protocol import API, H_UPLOAD, context_publication, sign_request
 from secure_afl.release_checks import ReleaseLedger, check_class_minimum, sanity_check
-from secure_afl.server.aggregator import AggregationServer
+from secure_afl.server import aggregator, audit_records, closing, peer_auth
+from secure_afl.server.aggregator import open_server
 from secure_afl.server.app import create_app
 from secure_afl.server.config import ServerConfig
 from secure_afl.keyholder import KeyHolder
@@ -87,13 +88,13 @@ class Service:
 
     def __init__(self, consortium, data_dir, **kw):
         self.pki = consortium
-        self.server = AggregationServer(_config(consortium, data_dir, **kw))
+        self.server = open_server(_config(consortium, data_dir, **kw))
         self.client = TestClient(create_app(self.server))
         self.sid = self.server.config.session_id
 
     def close(self):
         self.client.close()
-        self.server.shutdown()
+        aggregator.shutdown(self.server)
 
     def path(self, suffix=""):
         return f"{API}/sessions/{self.sid}{suffix}"
@@ -170,7 +171,7 @@ def test_server_refuses_secret_key_context_over_http(consortium, tmp_path):
     # Prepare: a ckks session awaiting the key holder's public context
     svc = Service(consortium, tmp_path / "server", backend="ckks", sid="sec-ckks", cap=64_000_000)
     try:
-        keys = generate_keys(svc.server._base_params())
+        keys = generate_keys(svc.server.definition.session_params())
         kh = svc.party("keyholder", "keyholder")
 
         # Execute: the key holder (mistakenly or maliciously) publishes the SECRET context
@@ -178,7 +179,8 @@ def test_server_refuses_secret_key_context_over_http(consortium, tmp_path):
         from secure_afl.backends.ckks import bind_public_context
         from secure_afl.keyholder_params import sign_session_params
 
-        sig = sign_session_params(kh.identity_key(), bind_public_context(svc.server._base_params(), keys.public_context)
+        sig = sign_session_params(kh.identity_key(), bind_public_context(svc.server.definition.session_params(),
+                                                                         keys.public_context)
                                   .with_backend_params(tag_public_key=tag_key))
         resp = svc.signed("POST", "/context", kh, context_publication(keys.secret_context, tag_key, sig))
 
@@ -453,7 +455,7 @@ def test_every_refusal_is_audited_and_the_chain_still_verifies(service):
     service.upload("hosp-a", payload)
     service.upload("hosp-a", payload)
 
-    service.server.flush_refusals()
+    peer_auth.flush_refusals(service.server)
 
     # Execute
     v = verify_log(service.server.dir / "audit.jsonl", server_pub=service.party("aggregator", "server").identity_pub(),
@@ -497,7 +499,7 @@ def _released(service, hospitals=HOSPITALS[:2], vectors=None):
         v = vectors[i] if vectors is not None else _vector(seed=i)
         assert service.upload(h, service.payload(v)).status_code == 200, h
     service.signed("POST", "/close", service.party("keyholder", "keyholder"))
-    return service.server.released()
+    return closing.released(service.server)
 
 
 def test_keyholder_releases_an_honest_plain_aggregate(service, keyholder):
@@ -877,7 +879,7 @@ def test_server_stores_only_a_countersignature_over_its_own_close_record(service
     _released(service)
     kh = service.party("keyholder", "keyholder")
     server = service.party("aggregator", "server")
-    close = service.server.audit_head()["close"]
+    close = audit_records.audit_head(service.server)["close"]
     other = make_close_record(server.identity_key(), close["session_id"], close["seq"] - 1, "ab" * 32,
                               close["participants"])
     forged = countersign_head(kh.identity_key(), "keyholder", other, server.identity_pub())
@@ -885,7 +887,7 @@ def test_server_stores_only_a_countersignature_over_its_own_close_record(service
 
     # Execute
     refused = service.signed("POST", "/audit/countersign", kh, canonical_json(forged))
-    nothing_stored = service.server.audit_head()["countersign"] is None
+    nothing_stored = audit_records.audit_head(service.server)["countersign"] is None
     accepted = service.signed("POST", "/audit/countersign", kh, canonical_json(honest))
 
     # Assert

@@ -11,6 +11,7 @@ from secure_afl.backends import get_backend
 from secure_afl.signing import sign_upload
 
 from support import Consortium
+from secure_afl.server import aggregator, closing, intake, peer_auth
 
 
 def _upload(c, srv, name, seed):
@@ -25,15 +26,15 @@ def _upload(c, srv, name, seed):
 
 
 def test_storage_failure_leaves_nothing_half_accepted(tmp_path, monkeypatch):
-    from secure_afl.server.aggregator import AggregationServer
+    from secure_afl.server.aggregator import open_server
     from secure_afl.server.config import load_config
 
     # Prepare: h1 accepted; the disk fails while h2's payload is written
     c = Consortium(tmp_path, backend="plain", hospitals=("h1", "h2"), min_clients=2)
-    srv = AggregationServer(load_config(c.config))
+    srv = open_server(load_config(c.config))
     try:
         st1, p1, v1 = _upload(c, srv, "h1", 1)
-        srv.submit("h1", st1, p1)
+        intake.submit(srv, "h1", st1, p1)
         st2, p2, v2 = _upload(c, srv, "h2", 2)
         real_put = srv.store.put_blob
 
@@ -43,32 +44,32 @@ def test_storage_failure_leaves_nothing_half_accepted(tmp_path, monkeypatch):
         monkeypatch.setattr(srv.store, "put_blob", disk_full)
         # Execute
         with pytest.raises(OSError):
-            srv.submit("h2", st2, p2)
+            intake.submit(srv, "h2", st2, p2)
         monkeypatch.setattr(srv.store, "put_blob", real_put)
         # Assert: h2 not counted, not in the running sum; it can upload again (fresh statement) and the
         # released aggregate is exactly h1 + h2
         assert srv.store.upload_count() == 1
         st2b = sign_upload(pki.load_party(c.pki_dir, "hospital", "h2").identity_key(), c.session_id,
                            srv.params.digest(), hashlib.sha256(p2).digest(), "h2")
-        srv.submit("h2", st2b, p2)
-        srv.close("keyholder:keyholder")
-        blob, manifest = srv.released()
+        intake.submit(srv, "h2", st2b, p2)
+        closing.close(srv, "keyholder:keyholder")
+        blob, manifest = closing.released(srv)
         total = get_backend(srv.params).reveal(blob)
         assert np.array_equal(total, v1 + v2)
         assert [p["hospital"] for p in manifest["participants"]] == ["h1", "h2"]
     finally:
-        srv.shutdown()
+        aggregator.shutdown(srv)
 
 
 def _open_with_h1(tmp_path, hospitals):
     """A plain session in-process with h1's upload accepted; (consortium, server, h1's vector)."""
-    from secure_afl.server.aggregator import AggregationServer
+    from secure_afl.server.aggregator import open_server
     from secure_afl.server.config import load_config
 
     c = Consortium(tmp_path, backend="plain", hospitals=hospitals, min_clients=2)
-    srv = AggregationServer(load_config(c.config))
+    srv = open_server(load_config(c.config))
     st1, p1, v1 = _upload(c, srv, "h1", 1)
-    srv.submit("h1", st1, p1)
+    intake.submit(srv, "h1", st1, p1)
     return c, srv, v1
 
 
@@ -95,40 +96,40 @@ def test_close_waits_for_an_upload_being_added_and_takes_no_new_one(tmp_path, mo
     # Prepare: h1 accepted; h2's contribution is being added when the key holder closes
     c, srv, v1 = _open_with_h1(tmp_path, ("h1", "h2", "h3"))
     try:
-        held = _HeldAdd(srv._combiner)
-        monkeypatch.setattr(srv._combiner, "add", held)
-        closing = threading.Event()
-        real_wait = srv._drained.wait_for
+        held = _HeldAdd(srv.combiner)
+        monkeypatch.setattr(srv.combiner, "add", held)
+        waiting = threading.Event()
+        real_wait = srv.drained.wait_for
 
         def wait_for(pred, timeout=None):
-            closing.set()
+            waiting.set()
             return real_wait(pred, timeout)
 
-        monkeypatch.setattr(srv._drained, "wait_for", wait_for)
+        monkeypatch.setattr(srv.drained, "wait_for", wait_for)
         st2, p2, v2 = _upload(c, srv, "h2", 2)
         results = {}
-        a = threading.Thread(target=lambda: results.setdefault("h2", srv.submit("h2", st2, p2)))
+        a = threading.Thread(target=lambda: results.setdefault("h2", intake.submit(srv, "h2", st2, p2)))
         a.start()
         assert held.entered.wait(60)
-        b = threading.Thread(target=lambda: results.setdefault("close", srv.close("keyholder:keyholder")))
+        b = threading.Thread(target=lambda: results.setdefault("close", closing.close(srv, "keyholder:keyholder")))
         b.start()
 
         # Execute: while the close waits for h2, h3 tries to upload; then h2's add finishes
-        assert closing.wait(60)
+        assert waiting.wait(60)
         st3, p3, _ = _upload(c, srv, "h3", 3)
         with pytest.raises(RoundAlreadyClosed, match="being closed"):
-            srv.submit("h3", st3, p3)
+            intake.submit(srv, "h3", st3, p3)
         held.go.set()
         a.join(60)
         b.join(60)
 
         # Assert: h2 accepted and released, h3 not; the aggregate is exactly h1 + h2
-        blob, manifest = srv.released()
+        blob, manifest = closing.released(srv)
         assert "h2" in results and [p["hospital"] for p in manifest["participants"]] == ["h1", "h2"]
         assert np.array_equal(get_backend(srv.params).reveal(blob), v1 + v2)
         assert srv.store.upload_count() == 2
     finally:
-        srv.shutdown()
+        aggregator.shutdown(srv)
 
 
 @pytest.mark.security
@@ -138,27 +139,27 @@ def test_second_upload_of_a_hospital_while_its_first_is_being_added_is_refused(t
     # Prepare: h2's first upload is being added
     c, srv, v1 = _open_with_h1(tmp_path, ("h1", "h2"))
     try:
-        held = _HeldAdd(srv._combiner)
-        monkeypatch.setattr(srv._combiner, "add", held)
+        held = _HeldAdd(srv.combiner)
+        monkeypatch.setattr(srv.combiner, "add", held)
         st2, p2, v2 = _upload(c, srv, "h2", 2)
-        a = threading.Thread(target=srv.submit, args=("h2", st2, p2))
+        a = threading.Thread(target=intake.submit, args=(srv, "h2", st2, p2))
         a.start()
         assert held.entered.wait(60)
 
         # Execute: the same hospital sends another contribution (a fresh statement) meanwhile
         st2b, p2b, _ = _upload(c, srv, "h2", 22)
         with pytest.raises(DuplicateContribution, match="being added"):
-            srv.submit("h2", st2b, p2b)
+            intake.submit(srv, "h2", st2b, p2b)
         held.go.set()
         a.join(60)
 
         # Assert: one contribution of h2, the first, in the release
-        srv.close("keyholder:keyholder")
-        blob, manifest = srv.released()
+        closing.close(srv, "keyholder:keyholder")
+        blob, manifest = closing.released(srv)
         assert [p["hospital"] for p in manifest["participants"]] == ["h1", "h2"]
         assert np.array_equal(get_backend(srv.params).reveal(blob), v1 + v2)
     finally:
-        srv.shutdown()
+        aggregator.shutdown(srv)
 
 
 def _audit(srv) -> list[dict]:
@@ -173,12 +174,12 @@ def test_an_upload_over_the_servers_cap_is_refused_by_the_state_machine_itself(t
     import dataclasses
 
     from secure_afl.exceptions import TooLarge
-    from secure_afl.server.aggregator import AggregationServer
+    from secure_afl.server.aggregator import open_server
     from secure_afl.server.config import load_config
 
     # Prepare: the smallest cap the configuration allows, and a signed upload one byte over it
     c = Consortium(tmp_path, backend="plain", hospitals=("h1", "h2"), min_clients=2)
-    srv = AggregationServer(load_config(c.config))
+    srv = open_server(load_config(c.config))
     try:
         srv.config = dataclasses.replace(srv.config, max_upload_bytes=1024)
         party = pki.load_party(c.pki_dir, "hospital", "h1")
@@ -186,26 +187,26 @@ def test_an_upload_over_the_servers_cap_is_refused_by_the_state_machine_itself(t
         st = sign_upload(party.identity_key(), c.session_id, srv.params.digest(), hashlib.sha256(big).digest(), "h1")
         # Execute / Assert: refused by name, nothing stored, audited; a real upload under the cap is accepted
         with pytest.raises(TooLarge, match="exceeds the cap"):
-            srv.submit("h1", st, big)
+            intake.submit(srv, "h1", st, big)
         assert srv.store.upload_count() == 0 and not srv.store.has_upload("h1")
-        srv.flush_refusals()
+        peer_auth.flush_refusals(srv)
         assert any(r["event"] == "upload" and r["outcome"] == "refused" and r["actor"] == "h1" for r in _audit(srv))
         st_real, payload, _ = _upload(c, srv, "h1", 1)
         assert len(payload) <= 1024
-        srv.submit("h1", st_real, payload)
+        intake.submit(srv, "h1", st_real, payload)
         assert srv.store.upload_count() == 1
     finally:
-        srv.shutdown()
+        aggregator.shutdown(srv)
 
 
 def test_a_ckks_upload_before_the_key_holders_context_is_refused_as_not_open(tmp_path):
     from secure_afl.exceptions import StageError
-    from secure_afl.server.aggregator import AggregationServer
+    from secure_afl.server.aggregator import open_server
     from secure_afl.server.config import load_config
 
     # Prepare: a ckks session whose key holder has not published its public context yet
     c = Consortium(tmp_path, backend="ckks", hospitals=("h1", "h2"), min_clients=2)
-    srv = AggregationServer(load_config(c.config))
+    srv = open_server(load_config(c.config))
     try:
         assert srv.params is None
         party = pki.load_party(c.pki_dir, "hospital", "h1")
@@ -214,35 +215,35 @@ def test_a_ckks_upload_before_the_key_holders_context_is_refused_as_not_open(tmp
         st = sign_upload(party.identity_key(), c.session_id, bytes(32), hashlib.sha256(payload).digest(), "h1")
         # Execute / Assert: a typed refusal naming the stage (not an internal error), nothing stored, audited
         with pytest.raises(StageError, match="not open yet"):
-            srv.submit("h1", st, payload)
+            intake.submit(srv, "h1", st, payload)
         assert srv.store.upload_count() == 0
-        srv.flush_refusals()
+        peer_auth.flush_refusals(srv)
         assert any(r["event"] == "upload" and r["outcome"] == "refused" for r in _audit(srv))
     finally:
-        srv.shutdown()
+        aggregator.shutdown(srv)
 
 
 def test_an_upload_after_the_release_is_refused_by_the_state_machine_and_the_manifest_is_unchanged(tmp_path):
     # the hospital's command line looks at the session's stage first; a caller that does not (or a hospital that
     # uploads while the key holder closes) meets the state machine's own refusal
     from secure_afl.exceptions import RoundAlreadyClosed
-    from secure_afl.server.aggregator import AggregationServer
+    from secure_afl.server.aggregator import open_server
     from secure_afl.server.config import load_config
 
     # Prepare: two of three hospitals uploaded and the key holder closed the session
     c = Consortium(tmp_path, backend="plain", hospitals=("h1", "h2", "h3"), min_clients=2)
-    srv = AggregationServer(load_config(c.config))
+    srv = open_server(load_config(c.config))
     try:
         for i, name in enumerate(("h1", "h2")):
             st, payload, _ = _upload(c, srv, name, i + 1)
-            srv.submit(name, st, payload)
-        srv.close("keyholder:keyholder")
-        blob, manifest = srv.released()
+            intake.submit(srv, name, st, payload)
+        closing.close(srv, "keyholder:keyholder")
+        blob, manifest = closing.released(srv)
         st3, p3, _ = _upload(c, srv, "h3", 3)
         # Execute / Assert: refused by name; the released aggregate and its manifest are what they were
         with pytest.raises(RoundAlreadyClosed, match="was released"):
-            srv.submit("h3", st3, p3)
-        assert srv.released() == (blob, manifest)
+            intake.submit(srv, "h3", st3, p3)
+        assert closing.released(srv) == (blob, manifest)
         assert srv.store.upload_count() == 2 and not srv.store.has_upload("h3")
     finally:
-        srv.shutdown()
+        aggregator.shutdown(srv)

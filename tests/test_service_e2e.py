@@ -15,17 +15,9 @@ from secure_afl.exceptions import DuplicateContribution, InsufficientContributor
 from secure_afl.exceptions import DeadlinePassed
 from secure_afl.keyholder import read_model
 
-from support import run_hospitals as _run_hospitals, verify_countersigned as _verify_countersigned, w_error_bound
+from support import plain_reference, run_hospitals as _run_hospitals, verify_countersigned as _verify_countersigned, w_error_bound
 
 pytestmark = pytest.mark.e2e
-
-
-def plain_reference(c, data):
-    total = None
-    for X, y in data.values():
-        s = c.stats(X, y)
-        total = s if total is None else total + s
-    return total
 
 
 @pytest.mark.parametrize("backend", ["plain", "ckks", "bfv"])

@@ -15,6 +15,7 @@ from secure_afl.exceptions import BoundsExceeded, DecryptionRefused, SecureAFLEr
 from secure_afl.packing import Layout
 from secure_afl.params import Bounds
 
+from support import plain_reference
 from support.split_cheat import keeping_honest_bits
 
 DP = {"epsilon": 1.0, "delta": 1e-5, "min_contributors": 3}
@@ -49,14 +50,6 @@ def _started_with_honest(consortium, honest, *, hospitals=NAMES, min_clients=3):
     return c, data, conn
 
 
-def _total(c, data, names):
-    total = None
-    for h in names:
-        s = c.stats(*data[h])
-        total = s if total is None else total + s
-    return total
-
-
 def test_split_and_secagg_noise_parameters_are_the_same():
     # Execute: the same declared DP on the same layout and bounds
     lay, b = Layout(6, 3), Bounds(4.0, 1000, 8)
@@ -88,7 +81,7 @@ def test_split_dp_release_is_noisy_and_accounted_as_secagg_accounts_it(consortiu
     sconn.close()
 
     # Assert: noise of four shares of sigma^2 / 3 is in the released Gram and cross
-    truth = _total(c, data, NAMES)
+    truth = plain_reference(c, data, NAMES)
     dp = res.report["dp"]
     iu = np.triu_indices(c.dim)
     resid = np.concatenate([(res.stats.gram - truth.gram - 4.0 * np.eye(c.dim))[iu],
@@ -332,7 +325,7 @@ def test_split_dp_upload_beyond_the_widened_bounds_is_refused_by_name_and_the_re
     assert receipt["hospital"] == "h4"
     assert res.report["refused"] == {"h4": "linear"} and res.report["participants"] == list(NAMES[:3])
     assert res.report["dp"]["contributors"] == 3
-    truth = _total(c, data, NAMES[:3])
+    truth = plain_reference(c, data, NAMES[:3])
     sd = res.report["dp"]["sigma"]  # three shares of sigma^2 / 3: the noise of one declared sigma
     assert abs(res.stats.n - truth.n) < 12 * sd
     with PrivacyLedger(c.keyholder.keys_dir / "privacy.sqlite3") as pl:

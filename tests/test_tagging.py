@@ -24,6 +24,7 @@ from secure_afl.tagging import (
     sign_tag,
     verify_tag,
 )
+from secure_afl.server import aggregator, intake
 
 pytestmark = pytest.mark.security
 
@@ -137,7 +138,7 @@ def test_server_requires_a_valid_tag_on_ckks_uploads(tmp_path):
     from secure_afl.backends.ckks import ckks_session_params
     from secure_afl.exceptions import MalformedPayload as MP
     from secure_afl.protocol import context_publication
-    from secure_afl.server.aggregator import AggregationServer
+    from secure_afl.server.aggregator import open_server
     from secure_afl.server.config import load_config
     from secure_afl.signing import sign_upload
 
@@ -146,13 +147,13 @@ def test_server_requires_a_valid_tag_on_ckks_uploads(tmp_path):
     kh = c.keyholder
     p0 = ckks_session_params(c.session_id, Layout(c.dim, c.classes), 1.0, Bounds(c.max_norm, 1000, 8))
     public = kh.keygen(p0)
-    srv = AggregationServer(load_config(c.config))
+    srv = open_server(load_config(c.config))
     try:
         tag_pub = (c.root / "keys" / f"{c.session_id}.tag.pub").read_text()
         from secure_afl.keyholder_params import sign_session_params
 
         sig = sign_session_params(kh.party.identity_key(), kh.params(c.session_id))
-        srv.publish_context("keyholder:keyholder", context_publication(public, tag_pub, sig))
+        aggregator.publish_context(srv, "keyholder:keyholder", context_publication(public, tag_pub, sig))
         params = srv.params
         from secure_afl.backends import get_backend
 
@@ -171,14 +172,14 @@ def test_server_requires_a_valid_tag_on_ckks_uploads(tmp_path):
                              seal_tag(params, "h1", tag))
         # Execute / Assert
         with pytest.raises(MP):
-            srv.submit("h1", statement(), payload, None)
+            intake.submit(srv, "h1", statement(), payload, None)
         with pytest.raises(MP):
-            srv.submit("h1", statement(), payload, wrong_tag)
+            intake.submit(srv, "h1", statement(), payload, wrong_tag)
         assert srv.store.upload_count() == 0
-        receipt = srv.submit("h1", statement(), payload, good_tag)
+        receipt = intake.submit(srv, "h1", statement(), payload, good_tag)
         assert receipt["hospital"] == "h1" and srv.store.upload_count() == 1
         refused = [json.loads(l) for l in (srv.dir / "audit.jsonl").read_text().splitlines()
                    if '"refused"' in l]
         assert [r["reason"] for r in refused][-2:] == ["malformed", "malformed"]
     finally:
-        srv.shutdown()
+        aggregator.shutdown(srv)

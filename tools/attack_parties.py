@@ -12,6 +12,7 @@ from secure_afl.packing import Layout
 from secure_afl.signing import MANIFEST_PREFIX
 from secure_afl.signing import sign_upload
 from secure_afl.tagging import new_tag, seal_tag, sign_tag
+from secure_afl.server import closing, split_round
 
 __all__ = ["tagged_upload", "signed_participant", "MaliciousServer", "ForgingSplitSource", "forge_verifier",
            "subset_manifest"]
@@ -133,17 +134,17 @@ class ForgingSplitSource:
         self._srv, self._key, self._manifest, self._forge = srv, server_key, manifest, set(forge)
 
     def manifest(self) -> dict:
-        return self._manifest if self._manifest is not None else self._srv.released()[1]
+        return self._manifest if self._manifest is not None else closing.released(self._srv)[1]
 
     def tags(self) -> dict:
-        return self._srv.tags()
+        return closing.tags(self._srv)
 
     def split_queries(self, queries: dict) -> dict:
         """The server's answers to the key holder's query seeds (``POST /split/queries``), those of ``forge``
         falsified and re-signed."""
         from secure_afl.encoding import canonical_json
 
-        out = dict(self._srv.form_verifier_messages("keyholder:keyholder", canonical_json(queries)))
+        out = dict(split_round.form_verifier_messages(self._srv, "keyholder:keyholder", canonical_json(queries)))
         for h in self._forge & set(out):
             out[h] = forge_verifier(self._srv.params, out[h], self._key)
         return out

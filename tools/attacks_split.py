@@ -19,6 +19,7 @@ from secure_afl.stats import local_statistics
 from .attack_parties import ForgingSplitSource, forge_verifier, subset_manifest
 from .harness import make_pki, server_section, write_session
 from .attack_common import fresh_keyholder, CLASSES, DIM, GAMMA, attack_bounds, attack_layout, embeddings, packed_vector, say, workdir
+from secure_afl.server import aggregator, closing, intake, split_round
 
 
 # ---------------------------------------------------------------------------
@@ -33,7 +34,7 @@ def _split_service(d: Path, hospitals=("hosp-a", "hosp-b", "hosp-c"), min_client
     from secure_afl.session.signed import load_signed
     from secure_afl.clients.hospital import protect_contribution
     from secure_afl.keyholder import KeyHolder
-    from secure_afl.server.rounds import open_server
+    from secure_afl.server.aggregator import open_server
     from secure_afl.server.config import load_config
     from secure_afl.signing import sign_upload
     from secure_afl.stats import local_statistics
@@ -51,7 +52,7 @@ def _split_service(d: Path, hospitals=("hosp-a", "hosp-b", "hosp-c"), min_client
     srv = open_server(load_config(config))
     kh = KeyHolder(pki_dir, "keyholder", d / "keys", passphrase=os.urandom(16).hex().encode())
     kh.keygen(load_signed(pki_dir, sid).session_params())
-    srv.publish_context("keyholder:keyholder", kh.publication_body(sid))
+    aggregator.publish_context(srv, "keyholder:keyholder", kh.publication_body(sid))
     rng = np.random.default_rng(seed)
     vectors = {}
     for i, h in enumerate(hospitals):
@@ -60,9 +61,9 @@ def _split_service(d: Path, hospitals=("hosp-a", "hosp-b", "hosp-c"), min_client
         stats = local_statistics(X, y, CLASSES)
         payload, tag = protect_contribution(party, srv.params, stats, public_context=srv.public_context)
         st = sign_upload(party.identity_key(), sid, srv.params.digest(), hashlib.sha256(payload).digest(), h)
-        srv.submit(h, st, payload, tag)
+        intake.submit(srv, h, st, payload, tag)
         vectors[h] = (packed_vector(X, y), X[0])
-    srv.close("keyholder:keyholder")
+    closing.close(srv, "keyholder:keyholder")
     return srv, kh, pki_dir, vectors
 
 
@@ -80,17 +81,17 @@ class _InProcessSource:
         self._srv, self._manifest = srv, manifest
 
     def manifest(self) -> dict:
-        return self._manifest if self._manifest is not None else self._srv.released()[1]
+        return self._manifest if self._manifest is not None else closing.released(self._srv)[1]
 
     def tags(self) -> dict:
-        return self._srv.tags()
+        return closing.tags(self._srv)
 
     def split_queries(self, queries: dict) -> dict:
         """The server's signed verifier messages at the key holder's query seeds, as ``POST /split/queries``
         forms them."""
         from secure_afl.encoding import canonical_json
 
-        return self._srv.form_verifier_messages("keyholder:keyholder", canonical_json(queries))
+        return split_round.form_verifier_messages(self._srv, "keyholder:keyholder", canonical_json(queries))
 
 
 def attack_split_server(*, seed: int = 0, verbose: bool = True, work=None, **_) -> dict:
@@ -109,7 +110,7 @@ def attack_split_server(*, seed: int = 0, verbose: bool = True, work=None, **_) 
             words = get_backend(srv.params).masked_words(payload)
             x_hat = attack_layout().unpack(_field_decode(words, fb), gamma=GAMMA).cross[:, 1]
         finally:
-            srv.shutdown()
+            aggregator.shutdown(srv)
     err = float(np.max(np.abs(x_hat - vectors[victim][1])))
     # 16 bins of the top 4 bits: a few hundred words fill them enough for the chi-square approximation
     top = np.bincount((words >> np.uint64(60)).astype(np.int64), minlength=16)
@@ -136,20 +137,20 @@ def attack_split_keyholder(*, seed: int = 0, verbose: bool = True, work=None, **
             params = kh.params(srv.config.session_id)
             # everything a release gives it: the manifest, the signed seed statements, and its own share
             body, _ = kh.release_split(params.session_id, _InProcessSource(srv), min_clients=2)
-            manifest = srv.released()[1]
+            manifest = closing.released(srv)[1]
             p = next(e for e in manifest["participants"] if e["hospital"] == victim)
-            box = bytes.fromhex(srv.tags()[victim]["box"])
+            box = bytes.fromhex(closing.tags(srv)[victim]["box"])
             seed_v = split.open_seed(params, kh.secret_context(params.session_id), victim, p["payload_sha256"], box)
             got, refusals = None, []
-            for name, ask in (("GET /contributions/{h}", lambda: srv.contribution(victim)),
-                              ("GET /aggregate", srv.masked_aggregate)):
+            for name, ask in (("GET /contributions/{h}", lambda: closing.contribution(srv, victim)),
+                              ("GET /aggregate", lambda: closing.masked_aggregate(srv))):
                 try:
                     got = ask()
                     break
                 except SecureAFLError as e:
                     refusals.append(f"{name}: {type(e).__name__}")
         finally:
-            srv.shutdown()
+            aggregator.shutdown(srv)
     err = float("inf")
     if got is not None:
         from secure_afl import split
@@ -180,11 +181,11 @@ def attack_split_subset(*, seed: int = 0, verbose: bool = True, work=None, **_) 
         try:
             victim = sorted(vectors)[0]
             params = kh.params(srv.config.session_id)
-            genuine = srv.released()[1]
+            genuine = closing.released(srv)[1]
             # (1) the server signs a manifest of the victim alone and asks for the share that unmasks it
             st = {k: v for k, v in genuine.items() if k != "signature"}
             st = {**st, "min_clients": 1, "participants": [e for e in st["participants"] if e["hospital"] == victim]}
-            forged = {**st, "signature": srv._key.sign(MANIFEST_PREFIX + canonical_json(st)).hex()}
+            forged = {**st, "signature": srv.key.sign(MANIFEST_PREFIX + canonical_json(st)).hex()}
             payload = srv.store.get_blob(next(r["payload_sha256"] for r in srv.store.uploads()
                                               if r["hospital"] == victim))
             from secure_afl.envelope import seal
@@ -211,7 +212,7 @@ def attack_split_subset(*, seed: int = 0, verbose: bool = True, work=None, **_) 
             err2, second = combine(genuine, *kh.release_split(params.session_id, _InProcessSource(srv),
                                                               min_clients=2))
         finally:
-            srv.shutdown()
+            aggregator.shutdown(srv)
     err = min(err1, err2)
     victim_share = np.isfinite(err1)
     outcome = "recovered" if err < 1e-6 else "refused" if not np.isfinite(err) else "leak"
@@ -247,8 +248,8 @@ def attack_split_cohort(*, seed: int = 0, verbose: bool = True, work=None, roste
             policy = release_policy(load_signed(pki_dir, params.session_id))
             victim, colluders = hospitals[0], hospitals[-(policy.min_clients - 1):]
             others = [h for h in hospitals if h != victim and h not in colluders]
-            key = srv._key  # the server's identity key: whatever it signs, the key holder takes as the server's
-            genuine = srv.released()[1]
+            key = srv.key  # the server's identity key: whatever it signs, the key holder takes as the server's
+            genuine = closing.released(srv)[1]
             known = sum(vectors[h][0] for h in colluders)
 
             def combine(manifest, source, label):
@@ -288,7 +289,7 @@ def attack_split_cohort(*, seed: int = 0, verbose: bool = True, work=None, roste
             elif one["outcome"] != "refused" and others[0] in one["statement"]["refused"]:
                 h = others[0]
                 row = next(r for r in srv.store.uploads() if r["hospital"] == h)
-                server_msg = forge_verifier(params, srv.verifier_messages()[h], key)
+                server_msg = forge_verifier(params, split_round.verifier_messages(srv)[h], key)
                 # what the server published is in the key holder's evidence file: the forged message it signed
                 ev = one["statement"]["evidence"][h]
                 kept = json.loads((Path(d) / "keys-one" / f"{params.session_id}.validity-refusals.json")
@@ -297,14 +298,14 @@ def attack_split_cohort(*, seed: int = 0, verbose: bool = True, work=None, roste
                                                        ev["keyholder_message"], srv.party.identity_pub())
                 # the hospital's own seed (it keeps it sealed beside its receipt; here the simulation opens its box)
                 h_seed = split.open_seed(params, kh.secret_context(params.session_id), h, row["payload_sha256"],
-                                         bytes.fromhex(srv.tags()[h]["box"]))
-                d_out = split.dispute(params, h, srv.store.get_blob(row["payload_sha256"]), srv.tags()[h], h_seed,
-                                      kept, ev["keyholder_message"], srv.party.identity_pub())
+                                         bytes.fromhex(closing.tags(srv)[h]["box"]))
+                d_out = split.dispute(params, h, srv.store.get_blob(row["payload_sha256"]), closing.tags(srv)[h],
+                                      h_seed, kept, ev["keyholder_message"], srv.party.identity_pub())
                 attributed = {"verdict_from_messages": verdict, "at_fault": d_out["at_fault"],
                               "recorded_as": ev["attribution"], "forged_message_kept": kept == server_msg or
                               kept["message"] == server_msg["message"]}
         finally:
-            srv.shutdown()
+            aggregator.shutdown(srv)
     closed = [forged, smallest]
     outcome = "recovered" if any(r["outcome"] == "recovered" for r in closed) else "refused"
     say(verbose, f"[split-cohort] forged refusals of {len(others)} honest uploads: {forged['outcome'].upper()} "

@@ -14,7 +14,7 @@ other (each: connect, fetch the session, upload, receipt), and its CPU
 protected before the clock starts, so only the server's share is counted.
 
 Where the rest goes: after the HTTPS run the server is stopped, and the same
-handler (:meth:`AggregationServer.submit`: statement check, hashes, envelope
+handler (:func:`secure_afl.server.intake.submit`: statement check, hashes, envelope
 and sum, payload file, SQLite row, audit record, receipt) runs in this process
 under cProfile with a CPU clock for ``--uploads`` more hospitals of the same
 session; what HTTPS adds on top (TLS, HTTP parsing, the body's streaming and
@@ -125,7 +125,8 @@ def run_upload_cost(backend: str, uploads: int, *, dim: int = 512, classes: int 
     from secure_afl.keyholder import KeyHolder
     from secure_afl.packing import Layout
     from secure_afl.params import KEYED_BACKENDS, Bounds
-    from secure_afl.server.rounds import open_server
+    from secure_afl.server import aggregator, intake
+    from secure_afl.server.aggregator import open_server
     from secure_afl.server.config import load_config
     from secure_afl.signing import sign_upload
 
@@ -189,11 +190,11 @@ def run_upload_cost(backend: str, uploads: int, *, dim: int = 512, classes: int 
             st = sign_upload(party.identity_key(), sid, srv.params.digest(), sha, n)
             t = time.thread_time()
             prof.enable()
-            srv.submit(n, st, payload, tag, payload_sha256=sha.hex())  # as server/app.py calls it
+            intake.submit(srv, n, st, payload, tag, payload_sha256=sha.hex())  # as server/app.py calls it
             prof.disable()
             cpu_submit.append(time.thread_time() - t)
     finally:
-        srv.shutdown()
+        aggregator.shutdown(srv)
     floor = measure_floor(pki_dir, names[0], int(np.mean(sizes)), work / "server")
     return {"backend": backend, "uploads": uploads, "dim": dim, "classes": classes,
             "payload_bytes": float(np.mean(sizes)),

@@ -34,7 +34,7 @@ from ..hazmat import fixedpoint
 from ..packing import Layout
 from ..params import Bounds, SessionParams
 from ..protection import check_vector
-from .ckks import PUBLIC_CONTEXT_KEY, CKKSBackend, CKKSKeyPair
+from .ckks import CKKSBackend, he_key_functions
 
 __all__ = ["BFVBackend", "bfv_session_params", "bfv_parameters", "generate_keys", "bind_public_context",
            "new_bfv_session", "expected_abs_error"]
@@ -66,21 +66,8 @@ def bfv_parameters(params: SessionParams) -> hzb.BFVParameters:
 #: Common name for :func:`bfv_session_params` (see :func:`secure_afl.backends.he_module`).
 session_params = bfv_session_params
 
-def generate_keys(params: SessionParams) -> CKKSKeyPair:
-    """Key holder: a FRESH BFV key pair (public context: public key only)."""
-    ctx = hzb.generate_context(bfv_parameters(params))
-    return CKKSKeyPair(secret_context=hzb.serialize_secret(ctx), public_context=hzb.serialize_public(ctx))
-
-
-def bind_public_context(params: SessionParams, public_context: bytes) -> SessionParams:
-    hzb.load_context(public_context, bfv_parameters(params), secret=False)
-    return params.with_backend_params(**{PUBLIC_CONTEXT_KEY: hzb.context_sha256(public_context)})
-
-
-def new_bfv_session(session_id: str, layout: Layout, gamma: float, bounds: Bounds, **kw):
-    params = bfv_session_params(session_id, layout, gamma, bounds, **kw)
-    keys = generate_keys(params)
-    return bind_public_context(params, keys.public_context), keys
+#: The key holder's BFV keys, defined once for both HE schemes (:func:`.ckks.he_key_functions`).
+generate_keys, bind_public_context, new_bfv_session = he_key_functions(hzb, bfv_parameters, bfv_session_params)
 
 
 def expected_abs_error(params: SessionParams, n_clients: int | None = None, *,

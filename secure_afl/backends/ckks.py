@@ -81,6 +81,7 @@ __all__ = [
     "ckks_session_params",
     "generate_keys",
     "bind_public_context",
+    "he_key_functions",
     "new_ckks_session",
     "ckks_parameters",
     "count_breaks",
@@ -156,27 +157,36 @@ def ckks_parameters(params: SessionParams) -> hz.CKKSParameters:
     return hz.CKKSParameters.from_dict(params.backend_params)
 
 
-def generate_keys(params: SessionParams) -> CKKSKeyPair:
-    """Key holder: a FRESH asymmetric context for this session's CKKS parameters.
+def he_key_functions(scheme, parameters_of, session_params_of):
+    """The key holder's key functions of an HE scheme, one definition for ckks and bfv: ``scheme`` is its
+    hazmat module, ``parameters_of(params)`` its parameters in a session's, ``session_params_of`` its session
+    parameters' constructor. Returns ``(generate_keys, bind_public_context, new_session)``:
 
-    The public context holds the public key only: no secret key, and no
-    relinearisation or Galois keys (sums need neither; the context is smaller).
+    * ``generate_keys(params)``: a FRESH asymmetric context (:class:`CKKSKeyPair`); the public context holds the
+      public key only: no secret key, no relinearisation or Galois keys (sums need neither);
+    * ``bind_public_context(params, public_context)``: ``sha256(public_context)`` bound into ``params`` (so into
+      every payload's digest), once the context loads as a public one (a context with a secret key is refused);
+    * ``new_session(session_id, layout, gamma, bounds, **kw)``: ``(params bound to a fresh key, key pair)``.
     """
-    ctx = hz.generate_context(ckks_parameters(params))
-    return CKKSKeyPair(secret_context=hz.serialize_secret(ctx), public_context=hz.serialize_public(ctx))
+
+    def generate_keys(params: SessionParams) -> CKKSKeyPair:
+        ctx = scheme.generate_context(parameters_of(params))
+        return CKKSKeyPair(secret_context=scheme.serialize_secret(ctx), public_context=scheme.serialize_public(ctx))
+
+    def bind_public_context(params: SessionParams, public_context: bytes) -> SessionParams:
+        scheme.load_context(public_context, parameters_of(params), secret=False)
+        return params.with_backend_params(**{PUBLIC_CONTEXT_KEY: scheme.context_sha256(public_context)})
+
+    def new_session(session_id: str, layout: Layout, gamma: float, bounds: Bounds, **kw):
+        params = session_params_of(session_id, layout, gamma, bounds, **kw)
+        keys = generate_keys(params)
+        return bind_public_context(params, keys.public_context), keys
+
+    return generate_keys, bind_public_context, new_session
 
 
-def bind_public_context(params: SessionParams, public_context: bytes) -> SessionParams:
-    """Bind ``sha256(public_context)`` into ``params`` (so into every payload's digest)."""
-    hz.load_context(public_context, ckks_parameters(params), secret=False)
-    return params.with_backend_params(**{PUBLIC_CONTEXT_KEY: hz.context_sha256(public_context)})
-
-
-def new_ckks_session(session_id: str, layout: Layout, gamma: float, bounds: Bounds, **kw):
-    """Key holder convenience: ``(params bound to a fresh key, CKKSKeyPair)``."""
-    params = ckks_session_params(session_id, layout, gamma, bounds, **kw)
-    keys = generate_keys(params)
-    return bind_public_context(params, keys.public_context), keys
+#: The key holder's CKKS keys (:func:`he_key_functions`).
+generate_keys, bind_public_context, new_ckks_session = he_key_functions(hz, ckks_parameters, ckks_session_params)
 
 
 def expected_abs_error(params: SessionParams, n_clients: int | None = None, *,

@@ -7,27 +7,28 @@ from starlette.concurrency import run_in_threadpool
 
 from secure_afl.protocol import API
 
-from ..aggregator import AggregationServer
+from .. import audit_records, closing
+from ..session_state import ServerSession
 from .gate import Gate
 
 
-def audit_router(server: AggregationServer, gate: Gate) -> APIRouter:
+def audit_router(session: ServerSession, gate: Gate) -> APIRouter:
     router = APIRouter()
 
     @router.get(f"{API}/health")
     async def health():
-        return {"ok": True, "session": server.config.session_id, "status": server.status}
+        return {"ok": True, "session": session.config.session_id, "status": session.status}
 
     @router.get(API + "/sessions/{session_id}/audit/head")
     async def audit_head(session_id: str, request: Request):
         gate.session(session_id, request)
         await gate.authed(request, ("keyholder", "hospital"))
-        return server.audit_head()
+        return audit_records.audit_head(session)
 
     @router.post(API + "/sessions/{session_id}/audit/countersign")
     async def audit_countersign(session_id: str, request: Request):
         gate.session(session_id, request)
         party, body = await gate.signed_body(request, ("keyholder",))
-        return await run_in_threadpool(server.store_countersign, party, body)
+        return await run_in_threadpool(closing.store_countersign, session, party, body)
 
     return router

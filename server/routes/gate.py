@@ -25,7 +25,8 @@ from secure_afl.exceptions import (
 )
 from secure_afl.protocol import H_BODY
 
-from ..aggregator import AggregationServer
+from .. import peer_auth
+from ..session_state import ServerSession
 
 log = logging.getLogger("secure_afl.server")
 
@@ -51,7 +52,7 @@ def _target(request: Request) -> str:
 class Gate:
     """One app's checks before a route decides anything."""
 
-    def __init__(self, server: AggregationServer):
+    def __init__(self, server: ServerSession):
         self.server = server
         # bodies read at once; made on first use so it belongs to the serving event loop. A request
         # waiting for a slot holds its headers and at most uvicorn's flow-control buffer of body.
@@ -61,14 +62,15 @@ class Gate:
         sid = self.server.config.session_id
         if session_id != sid:
             err = NotFound(f"unknown session {session_id[:64]!r}; this server runs session {sid!r}")
-            self.server.refuse("request", None, err, {"path": request.url.path[:200]}, peer=peer_of(request))
+            peer_auth.refuse(self.server, "request", None, err, {"path": request.url.path[:200]}, peer=peer_of(request))
             raise err
 
     async def authed(self, request: Request, roles: tuple[str, ...], body: bytes | None = None) -> str:
         """The signed party of a request without a body (or whose body is already known)."""
         digest = _EMPTY_SHA256 if body is None else hashlib.sha256(body).hexdigest()
-        return self.server.authenticate(request.headers, request.method, _target(request), digest, roles=roles,
-                                        peer=peer_of(request))
+        return peer_auth.authenticate(self.server, request.headers, request.method, _target(request), digest,
+                                      roles=roles,
+                                      peer=peer_of(request))
 
     async def stream(self, request: Request, party: str, event: str, expected_sha256: str) -> bytes:
         """The body of an authenticated request: capped, timed, counted, checked against its digest."""
@@ -88,7 +90,7 @@ class Gate:
             except asyncio.TimeoutError:
                 raise ServerBusy(f"{cfg.max_concurrent_uploads} request bodies are being read; retry later") from None
         except SecureAFLError as e:
-            self.server.refuse(event, party, e, peer=peer)
+            peer_auth.refuse(self.server, event, party, e, peer=peer)
             raise
         try:
             h, chunks, size = hashlib.sha256(), [], 0
@@ -115,7 +117,7 @@ class Gate:
                 raise InvalidSignature()  # the signature covers another body
             return b"".join(chunks)
         except SecureAFLError as e:
-            self.server.refuse(event, party, e, peer=peer)
+            peer_auth.refuse(self.server, event, party, e, peer=peer)
             raise
         finally:
             self.slots[0].release()
@@ -123,8 +125,9 @@ class Gate:
     async def signed_body(self, request: Request, roles: tuple[str, ...]) -> tuple[str, bytes]:
         """Authenticate from the headers (the signature covers the body digest), then read the body."""
         digest = request.headers.get(H_BODY, "")
-        party = self.server.authenticate(request.headers, request.method, _target(request), digest, roles=roles,
-                                         peer=peer_of(request))
+        party = peer_auth.authenticate(self.server, request.headers, request.method, _target(request), digest,
+                                       roles=roles,
+                                       peer=peer_of(request))
         return party, await self.stream(request, party, "request", digest)
 
 
@@ -136,7 +139,7 @@ class LastResort:
     audit record, and the server log gets one line.
     """
 
-    def __init__(self, app, server: AggregationServer):
+    def __init__(self, app, server: ServerSession):
         self.app, self.server = app, server
 
     async def __call__(self, scope, receive, send):
@@ -163,8 +166,8 @@ class LastResort:
                 log.error("internal error on %s %s: %s", scope.get("method"), scope.get("path"),
                           type(exc).__name__, exc_info=exc)
             try:
-                self.server.refuse("request", None, err, {"path": str(scope.get("path"))[:200]},
-                                   peer=scope.get("state", {}).get("tls_peer"))
+                peer_auth.refuse(self.server, "request", None, err, {"path": str(scope.get("path"))[:200]},
+                                 peer=scope.get("state", {}).get("tls_peer"))
             except Exception:  # noqa: BLE001 - the audit failure itself is logged, the answer still goes out
                 log.error("could not audit an internal error")
             if not started:

@@ -9,40 +9,41 @@ from starlette.concurrency import run_in_threadpool
 from secure_afl.exceptions import NotFound
 from secure_afl.protocol import API
 
-from ..aggregator import AggregationServer
+from .. import aggregator, closing, status
+from ..session_state import ServerSession
 from .gate import Gate
 
 
-def session_router(server: AggregationServer, gate: Gate) -> APIRouter:
+def session_router(session: ServerSession, gate: Gate) -> APIRouter:
     router = APIRouter()
 
     @router.get(API + "/sessions/{session_id}")
     async def session_info(session_id: str, request: Request):
         gate.session(session_id, request)
-        return JSONResponse(server.info())  # every hospital asks: json.dumps, not FastAPI's walk
+        return JSONResponse(status.session_info(session))  # every hospital asks: json.dumps, not FastAPI's walk
 
     @router.get(API + "/sessions/{session_id}/status")
     async def session_status(session_id: str, request: Request):
         gate.session(session_id, request)
-        return JSONResponse(await run_in_threadpool(server.session_status))
+        return JSONResponse(await run_in_threadpool(status.session_status, session))
 
     @router.get(API + "/sessions/{session_id}/context")
     async def get_context(session_id: str, request: Request):
         gate.session(session_id, request)
-        if server.public_context is None:
+        if session.public_context is None:
             raise NotFound("no public context published")
-        return Response(server.public_context, media_type="application/octet-stream")
+        return Response(session.public_context, media_type="application/octet-stream")
 
     @router.post(API + "/sessions/{session_id}/context")
     async def publish_context(session_id: str, request: Request):
         gate.session(session_id, request)
         party, body = await gate.signed_body(request, ("keyholder",))
-        return await run_in_threadpool(server.publish_context, party, body)
+        return await run_in_threadpool(aggregator.publish_context, session, party, body)
 
     @router.post(API + "/sessions/{session_id}/close")
     async def close(session_id: str, request: Request):
         gate.session(session_id, request)
         party = await gate.authed(request, ("keyholder",))
-        return await run_in_threadpool(server.close, party)
+        return await run_in_threadpool(closing.close, session, party)
 
     return router

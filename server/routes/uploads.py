@@ -11,11 +11,12 @@ from secure_afl.encoding import parse_json
 from secure_afl.exceptions import Forbidden, MalformedPayload, SecureAFLError
 from secure_afl.protocol import API, H_TAG, H_UPLOAD
 
-from ..aggregator import AggregationServer
+from .. import closing, intake, peer_auth
+from ..session_state import ServerSession
 from .gate import Gate, peer_of
 
 
-def upload_router(server: AggregationServer, gate: Gate) -> APIRouter:
+def upload_router(session: ServerSession, gate: Gate) -> APIRouter:
     router = APIRouter()
 
     @router.post(API + "/sessions/{session_id}/uploads")
@@ -29,13 +30,13 @@ def upload_router(server: AggregationServer, gate: Gate) -> APIRouter:
             statement = parse_json(raw, f"{H_UPLOAD} header")
             tag = parse_json(raw_tag, f"{H_TAG} header") if raw_tag else None
         except SecureAFLError as e:
-            server.refuse("upload", None, e, peer=peer)
+            peer_auth.refuse(session, "upload", None, e, peer=peer)
             raise
-        hospital = server.authenticate_upload(statement, peer)
+        hospital = peer_auth.authenticate_upload(session, statement, peer)
         body = await gate.stream(request, hospital, "upload", statement["payload_sha256"])
         # CPU-bound validation (ciphertext parsing) runs off the event loop.
         # gate.stream checked the body against this digest while it arrived: submit need not hash it again
-        return await run_in_threadpool(lambda: server.submit(hospital, statement, body, tag, peer=peer,
+        return await run_in_threadpool(lambda: intake.submit(session, hospital, statement, body, tag, peer=peer,
                                                              payload_sha256=statement["payload_sha256"]))
 
     @router.get(API + "/sessions/{session_id}/receipts/{hospital}")
@@ -44,30 +45,30 @@ def upload_router(server: AggregationServer, gate: Gate) -> APIRouter:
         party = await gate.authed(request, ("hospital", "keyholder"))
         if party.startswith("hospital:") and party != f"hospital:{hospital}":
             raise Forbidden("a hospital may read only its own receipt")
-        return server.receipt(hospital)
+        return intake.receipt(session, hospital)
 
     @router.get(API + "/sessions/{session_id}/aggregate")
     async def aggregate(session_id: str, request: Request):
         gate.session(session_id, request)
         await gate.authed(request, ("keyholder",))
-        return Response(server.masked_aggregate(), media_type="application/octet-stream")
+        return Response(closing.masked_aggregate(session), media_type="application/octet-stream")
 
     @router.get(API + "/sessions/{session_id}/contributions/{hospital}")
     async def contribution(session_id: str, hospital: str, request: Request):
         gate.session(session_id, request)
         await gate.authed(request, ("keyholder",))
-        return Response(server.contribution(hospital), media_type="application/octet-stream")
+        return Response(closing.contribution(session, hospital), media_type="application/octet-stream")
 
     @router.get(API + "/sessions/{session_id}/tags")
     async def tags(session_id: str, request: Request):
         gate.session(session_id, request)
         await gate.authed(request, ("keyholder",))
-        return JSONResponse(server.tags())
+        return JSONResponse(closing.tags(session))
 
     @router.get(API + "/sessions/{session_id}/manifest")
     async def manifest(session_id: str, request: Request):
         gate.session(session_id, request)
         await gate.authed(request, ("keyholder", "hospital"))
-        return JSONResponse(server.released()[1])
+        return JSONResponse(closing.released(session)[1])
 
     return router

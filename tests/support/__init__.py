@@ -36,6 +36,16 @@ def w_error_bound(X, W, entry_bound: float, n_classes: int, ridge: float = 0.0) 
     return (dQ + (dC + ridge) * np.linalg.norm(W)) / (smin - dC)
 
 
+def plain_reference(c: Consortium, data: dict, names=None):
+    """The plaintext sum of the named hospitals' statistics (every hospital of ``data`` by default; ``data``:
+    hospital -> (X, y)): what a release must equal, summed here from the data the hospitals protect."""
+    total = None
+    for h in (list(data) if names is None else names):
+        s = c.stats(*data[h])
+        total = s if total is None else total + s
+    return total
+
+
 def run_hospitals(c: Consortium, data: dict, stop_before: dict) -> tuple[dict, dict]:
     """Every hospital of ``c`` submits its statistics in its own thread; ``stop_before[h]`` makes h drop out
     before that stage. Returns (results, errors) by hospital."""
