@@ -46,7 +46,7 @@ from .peer_auth import PeerAuthentication
 from .refusals import RefusalLog
 from .running_sum import RunningSum
 from .session_parties import SessionRoster
-from .status import session_info, session_status
+from .status import StatusSummary, session_info, status_view
 from .store import Store
 
 __all__ = ["AggregationServer", "DeadlinePassed"]
@@ -68,7 +68,8 @@ class AggregationServer(PeerAuthentication, RunningSum, UploadIntake, ReleaseSta
         self.party = pki.load_party(config.pki_dir, "server", config.name)
         self._key = self.party.identity_key()
         self.identity_pub_hex = pki.public_key_hex(self._key.public_key())
-        self.audit = AuditLog(self.dir / "audit.jsonl", signing_key=self._key)
+        self.status_summary = StatusSummary()  # folded from the log as it is read and appended, for the status view
+        self.audit = AuditLog(self.dir / "audit.jsonl", signing_key=self._key, on_record=self.status_summary.observe)
         self._lock = threading.RLock()
         # uploads past their checks whose contribution a summing worker is adding outside the lock; close and
         # a rebuild of the sum wait for them (``_drained``), and nothing new starts while ``_closing``
@@ -80,7 +81,8 @@ class AggregationServer(PeerAuthentication, RunningSum, UploadIntake, ReleaseSta
         self.release_policy = release_policy(self.definition)
         self._enrolled = self._load_enrolled()
         self._keyholders = pki.load_enrolments(config.pki_dir, role="keyholder")
-        self.roster = SessionRoster(config.session_id, config.keyholder, self._enrolled, self._keyholders)
+        self.roster = SessionRoster(config.session_id, config.keyholder, self._enrolled, self._keyholders,
+                                    server=self.party.enrolment())
         self.lookup_pub, self.enrolment = self.roster.lookup_pub, self.roster.enrolment
         self.refusals = RefusalLog(self.audit, config.session_id, config.refusal_interval_s, self.roster.peer_party)
         if self.store.get_meta("created_at") is None:
@@ -137,9 +139,9 @@ class AggregationServer(PeerAuthentication, RunningSum, UploadIntake, ReleaseSta
         """The public session info every party reads (:func:`server.status.session_info`)."""
         return session_info(self)
 
-    def session_status(self) -> dict:
-        """Where the session stands, for ``secure-afl session status`` (:func:`server.status.session_status`)."""
-        return session_status(self)
+    def session_status(self, party: str, peer: dict | None) -> dict:
+        """Where the session stands, as much of it as ``party`` may see (:func:`server.status.status_view`)."""
+        return status_view(self, party, peer)
 
 
     # -- ckks: the key holder publishes the public context ----------------------------------

@@ -10,7 +10,7 @@ from secure_afl.exceptions import NotFound
 from secure_afl.protocol import API
 
 from ..aggregator import AggregationServer
-from .gate import Gate
+from .gate import Gate, peer_of
 
 
 def session_router(server: AggregationServer, gate: Gate) -> APIRouter:
@@ -23,8 +23,10 @@ def session_router(server: AggregationServer, gate: Gate) -> APIRouter:
 
     @router.get(API + "/sessions/{session_id}/status")
     async def session_status(session_id: str, request: Request):
+        # signed for this session's path like every request; server.status.status_view says who sees what
         gate.session(session_id, request)
-        return JSONResponse(await run_in_threadpool(server.session_status))
+        party = await gate.authed(request, ("hospital", "keyholder", "server"))
+        return JSONResponse(await run_in_threadpool(server.session_status, party, peer_of(request)))
 
     @router.get(API + "/sessions/{session_id}/context")
     async def get_context(session_id: str, request: Request):
