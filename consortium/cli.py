@@ -16,7 +16,7 @@ from pathlib import Path
 from secure_afl.exceptions import InvalidInputError, InvalidParameterError
 from secure_afl.pki import CA_KEY, ROLES, init_ca, issue, write_bundles
 from secure_afl.secagg import consistency_quorum
-from secure_afl.session.definition import dropout_line, guarantee_lines
+from secure_afl.session.definition import dropout_line, guarantee_lines, secagg_shortfall
 from secure_afl.session.schema import reference
 from secure_afl.session.signed import load_signed, sign
 
@@ -99,7 +99,7 @@ def _cmd_session_sign(args) -> int:
           f"{b['min_clients']}{extra})")
     print("what this session guarantees:")
     for name, line in guarantee_lines(definition):
-        if name == "quorum" and dropout_line(definition)[0] == 0:
+        if (name == "quorum" and dropout_line(definition)[0] == 0) or (name == "isolation" and secagg_shortfall(definition)):
             # once, where warnings go (a terminal shows stdout and stderr together)
             print(f"secure-afl session sign: warning: {line}", file=sys.stderr)
         else:
