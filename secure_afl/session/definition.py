@@ -301,7 +301,9 @@ def secagg_shortfall(definition: SessionDefinition) -> str:
     better = [t2 for t2 in range(t + 1, m + 1) if consistency_quorum(n, t2, mc) <= n
               and isolation_shortfall(n, t2, mc) is None]
     how = (f"threshold = {better[0]} reaches it" if better else
-           f"no secagg threshold reaches it here (a quorum of at most n hospitals allows t <= {min(m, n - mc + 1)}): "
+           f"no secagg threshold reaches it here (each hospital's {m} share holders allow t <= {m}): more neighbours "
+           "or the complete graph (neighbours = 0) raise it" if m < n - mc + 1 else
+           f"no secagg threshold reaches it here (a quorum of at most n hospitals allows t <= {n - mc + 1}): "
            "split reaches it, or a larger roster")
     return (f"; fewer than the {short[1]} a plain, ckks, bfv or split session of this roster and min_clients takes "
             f"by default: {how}")
