@@ -11,6 +11,8 @@ client certificate, or with another party's.
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import pytest
 from secure_afl_tools.harness import KEYHOLDER, SERVER
@@ -79,6 +81,14 @@ def test_status_answers_the_sessions_own_parties_only_each_with_its_own_view(con
     log = [json.loads(line) for line in c.audit_path().read_text().splitlines()]
     refused = [r for r in log if r["outcome"] == "refused" and r["event"] == "request"]
     assert {r["reason"] for r in refused} >= {"unknown_party", "unauthenticated"}
+
+    # the command a hospital runs prints its own line and the counts, and names no other hospital
+    shown = subprocess.run([sys.executable, "-m", "secure_afl.cli", "session", "status", "--server", c.url,
+                            "--session", c.session_id, "--pki", str(c.pki_dir), "--as", "hospital-h2"],
+                           capture_output=True, text=True, timeout=120)
+    assert shown.returncode == 0, shown.stderr
+    assert "you       h2: silent" in shown.stdout and "uploaded 1, refused 1, silent 1" in shown.stdout
+    assert "h1" not in shown.stdout and "h3" not in shown.stdout
 
     # Execute: the server restarted; the summary of refusals is rebuilt from the log it reopens
     c.stop()
