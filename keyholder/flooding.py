@@ -43,8 +43,10 @@ session option ``[ckks] flooding``:
   2^-23.6 (K = 10, d = 512, C = 100) down to 2^-19.3 (K = 100); every
   release reports both (``flood_kl_log2`` under the sizing's model,
   ``flood_kl_log2_proved`` against the proved bound).
-* "proved": e = K (N/2 + 1), no heuristic: the KL below holds for any two
-  keys that encrypt honestly. The noise per coefficient grows by the ratio
+* "proved": e = K (N/2 + 1), the honest-encryption worst case, without the
+  independence heuristic: the KL below holds for any two keys when every
+  hospital encrypts honestly (a crafted ciphertext's error is not bounded
+  by it) and up to the float64 sampler (both below). The noise per coefficient grows by the ratio
   of the two bounds (about sqrt(K N / 80): 13 times at K = 3, N = 4096);
   the session's parameters take a larger scale (more data bits, a larger N
   where needed) to keep ``max_abs_error``, so W's error stays about where it
@@ -125,7 +127,7 @@ SECURITIES = {
     model: (f"{KAPPA}-bit security against key recovery (OpenFHE / LMSS convention; KL 2^-{_KL_BITS:.1f} "
             f"{where}; statistical distance <= 2^-{(_KL_BITS + 1) / 2:.1f})")
     for model, where in (("heuristic", "under the independence heuristic"),
-                         ("proved", "against the proved key-error bound"))}
+                         ("proved", "against the honest-encryption worst case, float64 sampler"))}
 SECURITY = SECURITIES["heuristic"]
 
 

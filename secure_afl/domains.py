@@ -42,6 +42,8 @@ SECAGG_SHARE_COMMITMENT = b"secure-afl/secagg/v2/share-commitment\0"
 SECAGG_DEAL_CHALLENGE = b"secure-afl/secagg/v2/deal-challenge\0"
 SPLIT_VALIDITY = b"secure-afl/split/validity/v1\0"        # split: Fiat-Shamir over a committed upload
 SPLIT_QUERY = b"secure-afl/split/query/v1\0"              # split: HMAC(key holder's query key, committed upload)
+SPLIT_QUERY_RAND = b"secure-afl/split/query-rand/v2\0"    # split: the bit proofs' query points and linear checks
+SPLIT_GRAM_QUERY_RAND = b"secure-afl/split/gram-query-rand/v2\0"  # split: the Gram part's query randomness
 
 # -- sub-labels: SHA-256(split Fiat-Shamir seed || LABEL || ...), one per value drawn from the same seed ------
 SPLIT_FS_JOINT = b"joint\0"                              # the bit proofs' joint randomness
@@ -100,7 +102,8 @@ SIGNATURES = {
 }
 HASHES = {"AUDIT_CHAIN": AUDIT_CHAIN, "SECAGG_GRAPH_SEED": SECAGG_GRAPH_SEED,
           "SECAGG_SHARE_COMMITMENT": SECAGG_SHARE_COMMITMENT, "SECAGG_DEAL_CHALLENGE": SECAGG_DEAL_CHALLENGE,
-          "SPLIT_VALIDITY": SPLIT_VALIDITY, "SPLIT_QUERY": SPLIT_QUERY}
+          "SPLIT_VALIDITY": SPLIT_VALIDITY, "SPLIT_QUERY": SPLIT_QUERY, "SPLIT_QUERY_RAND": SPLIT_QUERY_RAND,
+          "SPLIT_GRAM_QUERY_RAND": SPLIT_GRAM_QUERY_RAND}
 # derived from one Fiat-Shamir seed, so no one of them may prefix another
 SUB_LABELS = {"SPLIT_FS_JOINT": SPLIT_FS_JOINT, "SPLIT_FS_ROWS": SPLIT_FS_ROWS, "SPLIT_FS_GRAM": SPLIT_FS_GRAM,
               "SPLIT_FS_FACTOR_ROWS": SPLIT_FS_FACTOR_ROWS, "SPLIT_FS_SEED": SPLIT_FS_SEED}

@@ -50,6 +50,15 @@ def seal(params: SessionParams, kind: str, body: bytes, **extra) -> bytes:
     return _MAGIC + _LEN.pack(len(hb)) + hb + body
 
 
+def sealed_size(params: SessionParams, kind: str, body_len: int, **extra) -> int:
+    """The length :func:`seal` gives a body of ``body_len`` bytes (without forming the body: a hash is always
+    64 hex digits)."""
+    header = {"session_id": params.session_id, "backend": params.backend, "params_digest": params.digest().hex(),
+              "layout": params.layout.layout_id, "kind": kind, "body_sha256": "0" * 64, "body_len": int(body_len)}
+    header.update(extra)
+    return len(_MAGIC) + _LEN.size + len(canonical_json(header)) + int(body_len)
+
+
 def peek_header(data: bytes, *, accepted: bool = False) -> Envelope:
     """Parse the envelope without checking it against any session.
 

@@ -458,68 +458,6 @@ def test_label_prior_is_applied_to_each_personal_model(data):
     assert np.all(per_model >= res["per_client"] - 1e-12)
 
 
-def test_mcnemar_on_constructed_cases_of_known_significance():
-    from secure_afl_tools.baselines.study_report import call, mcnemar
-
-    # a right where b is wrong on 10 samples, never the reverse: p = 2 / 2^10 exactly
-    a = np.ones(500, dtype=bool)
-    b = a.copy()
-    b[:10] = False
-    r = mcnemar(a, b)
-    assert (r["n_ab"], r["n_ba"]) == (10, 0) and r["p"] == pytest.approx(2.0 / 1024, rel=1e-12)
-    assert r["diff"] == pytest.approx(0.02) and call(r).endswith(": significant")
-    # 7 against 1: p = 2 (1 + 8) / 256 = 0.0703, a 1.2-point gap that is not significant
-    b = a.copy()
-    b[:7] = False
-    a2 = a.copy()
-    a2[100] = False
-    r = mcnemar(a2, b)
-    assert (r["n_ab"], r["n_ba"]) == (7, 1) and r["p"] == pytest.approx(18.0 / 256, rel=1e-12)
-    assert call(r).endswith("not significant")
-    # as many discordant samples each way: no difference at all, p = 1
-    b = a.copy()
-    b[:5] = False
-    a3 = a.copy()
-    a3[5:10] = False
-    r = mcnemar(a3, b)
-    assert r["p"] == 1.0 and r["diff"] == 0.0 and call(r).endswith("no practical difference")
-    # a significant difference under one point is still "no practical difference"
-    big_a = np.ones(20000, dtype=bool)
-    big_b = big_a.copy()
-    big_b[:100] = False  # 0.5 point, p ~ 1e-30
-    r = mcnemar(big_a, big_b)
-    assert r["p"] < 1e-20 and call(r).endswith("no practical difference")
-
-
-def test_paired_bootstrap_on_constructed_cases_of_known_significance():
-    from secure_afl_tools.baselines.study_report import paired_bootstrap
-
-    rng = np.random.default_rng(0)
-    y = np.repeat(np.arange(4), 100)
-    base = rng.random(y.size) < 0.7
-    # identical predictions: difference 0, interval [0, 0], p = 1
-    same = paired_bootstrap([(base[None], base[None], y, None)] * 3, boot=500)
-    assert same["diff"] == 0.0 and same["lo"] == same["hi"] == 0.0 and same["p"] == 1.0
-    # b loses 40 of a's correct samples on every one of 3 seeds: a 10-point gap, far outside the resampling
-    worse = base.copy()
-    worse[np.flatnonzero(base)[:40]] = False
-    big = paired_bootstrap([(base[None], worse[None], y, None)] * 3, boot=500)
-    assert big["diff"] == pytest.approx(0.1) and big["lo"] > 0.05 and big["p"] <= 2.0 / 500
-    # 3 discordant samples each way: the difference is 0 and the interval straddles it
-    mixed = base.copy()
-    on, off = np.flatnonzero(base)[:3], np.flatnonzero(~base)[:3]
-    mixed[on], mixed[off] = False, True
-    zero = paired_bootstrap([(base[None], mixed[None], y, None)], boot=2000)
-    assert zero["diff"] == 0.0 and zero["lo"] < 0 < zero["hi"] and zero["p"] > 0.5
-    # the per-hospital form: a hospital holding class 0 only sees class-0 accuracy, and the gap sits there
-    mix = np.array([[1.0, 0, 0, 0], [0, 0.5, 0.5, 0]])
-    a = np.ones((2, y.size), dtype=bool)
-    b = a.copy()
-    b[0, y == 0] = False  # hospital 0's model wrong on every class-0 sample
-    r = paired_bootstrap([(a, b, y, mix)], boot=300)
-    assert r["diff"] == pytest.approx(0.5) and r["p"] <= 2.0 / 300
-
-
 def test_paired_tests_read_the_same_accuracies_the_tables_print(data):
     # what the tests resample is what was measured: at the full sample (no resampling) each paired test's
     # difference is the difference of the reported means, for global models and for FedFac's personal ones
@@ -533,5 +471,13 @@ def test_paired_tests_read_the_same_accuracies_the_tables_print(data):
             got = compare_rows(study, afl, rs, kind)
             want = np.mean([r[key] for r in afl]) - np.mean([r[key] for r in rs])
             assert got["diff"] == pytest.approx(want, abs=1e-12), (method, kind)
-        assert compare_rows(study, afl, rs, "global")["test"] == ("McNemar" if method == "FedAvg-linear"
-                                                                   else "paired bootstrap")
+        got = compare_rows(study, afl, rs, "global")
+        assert got["test"] == "bootstrap over seeds and images"
+        # the study's two seeds split one pool of samples: the test images they share count once
+        assert got["samples"] == sum(len(v) for v in study["meta"]["test_ids"].values()) > got["images"]
+    # the stored ids name the pooled sample each test row is, whatever seed drew it (``_per_seed``'s split)
+    n_test = data[1][1].size
+    te = {s: np.random.default_rng([s, 5]).permutation(400)[:n_test] for s in (1, 2)}
+    ids = study["meta"]["test_ids"]
+    same_id = np.equal.outer(np.asarray(ids["1"]), np.asarray(ids["2"]))
+    assert np.array_equal(same_id, np.equal.outer(te[1], te[2])) and same_id.any()

@@ -185,7 +185,9 @@ def test_security_is_stated_as_key_recovery_security_with_its_kl_and_distance():
     assert f"KL 2^-{kl_bits:.1f} under the independence heuristic" in SECURITY
     assert f"statistical distance <= 2^-{(kl_bits + 1) / 2:.1f}" in SECURITY
     assert SECURITY.startswith(f"{hz.KAPPA}-bit security against key recovery (OpenFHE / LMSS convention")
-    assert SECURITIES["proved"] != SECURITY and "against the proved key-error bound" in SECURITIES["proved"]
+    # "proved" is proved for honest encryptions with a float64 sampler, and says so
+    assert SECURITIES["proved"] != SECURITY and "against the honest-encryption worst case, float64 sampler" in \
+        SECURITIES["proved"]
 
 
 def _key_error_of_honest_sum(params, K: int, chunks: int) -> np.ndarray:

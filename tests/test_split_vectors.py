@@ -19,7 +19,7 @@ from secure_afl.params import SessionParams
 from secure_afl.split.signed_messages import UploadCommitment
 from secure_afl_tools.vectors import split_messages as split_vectors
 
-VECTORS = json.loads(split_vectors.PATH.read_text())
+VECTORS = split_vectors.load()
 H = VECTORS["hospital"]
 SERVER = Ed25519PrivateKey.from_private_bytes(bytes.fromhex(VECTORS["keys"]["server_ed25519"]))
 HOSPITAL = Ed25519PrivateKey.from_private_bytes(bytes.fromhex(VECTORS["keys"]["hospital_ed25519"]))

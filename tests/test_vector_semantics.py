@@ -223,13 +223,24 @@ def test_split_commitment_and_fiat_shamir_seed_are_the_documented_hashes_of_the_
     fs = hashlib.sha256(VALIDITY_FS + canon({
         "session_id": sec["params"]["session_id"], "params_digest": params_digest(section), "hospital": HOSPITAL,
         "main_sha256": main, "seed_sha256": case["validity"]["seed_sha256"]})).digest()
-    joint_key = hashlib.sha256(fs + b"joint\0" + bytes.fromhex(aux)).digest()
+    # the joint randomness's key binds the field's name and the repetition count (name, NUL, one byte)
+    circuit_id = sec["params"]["backend_params"]["field"].encode() + b"\0" + bytes([circuit.reps])
+    joint_key = hashlib.sha256(fs + b"joint\0" + circuit_id + bytes.fromhex(aux)).digest()
+    # the query randomness: SHA-256(its label || the same binding || query seed || fs || aux), expanded
+    qs = bytes.fromhex(case["query_seed"])
+    query_key = hashlib.sha256(b"secure-afl/split/query-rand/v2\0" + circuit_id + qs + fs +
+                               bytes.fromhex(aux)).digest()
+    stream = chacha_field(query_key, b"saflVALIDqry", 4 * circuit.reps + 2 * circuit.n_relations)
 
     # Assert: the hospital's signed commitment names those words (the tampered proof changes a word it does not
     # cover); the library's Fiat-Shamir seed and joint randomness are these
     assert case["validity"]["main_sha256"] == main and case["validity"]["aux_sha256"] == aux
     assert circuit.fs_seed(HOSPITAL, main, case["validity"]["seed_sha256"]) == fs
     assert circuit.joint_rand(fs, aux) == chacha_field(joint_key, b"saflVALIDjnt", circuit.reps)
+    pts, coeffs = circuit.query_rand(fs, aux, qs)
+    assert sec["params"]["backend_params"]["field"] == "goldilocks"
+    assert pts == [t for t in stream[:4 * circuit.reps] if pow(t, circuit.bits.n, P) != 1][:circuit.reps]
+    assert [int(c) for c in coeffs.ravel()] == stream[4 * circuit.reps:]
 
 
 @pytest.mark.parametrize("section", list(SECTIONS))

@@ -71,7 +71,7 @@ def _register_protect(parser: argparse.ArgumentParser) -> None:
                              "other jobs' load then drops out of the per-hospital figure)")
     parser.add_argument("--ckks-flooding", choices=["heuristic", "proved"], default="heuristic",
                         help="ckks: size the key holder's flooding with the heuristic key-error bound (default) or "
-                             "the proved worst case (the session's signed [ckks] flooding)")
+                             "the honest-encryption worst case (the session's signed [ckks] flooding)")
     parser.add_argument("--json", metavar="PATH", help="also write the figures as JSON here")
     parser.set_defaults(func=_cmd_protect)
 
@@ -87,6 +87,8 @@ _SUBCOMMANDS: list = [
      "secure_afl_tools.bench_combine"),
     ("upload-cost", "the server's CPU per upload against its floor (TLS + SHA-256 + fsync) and where it goes",
      "secure_afl_tools.bench_upload"),
+    ("field", "Field128 against the Goldilocks field, numpy and compiled: mul, add, dot, NTT, expansion",
+     "secure_afl_tools.bench_field"),
 ]
 
 

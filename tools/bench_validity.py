@@ -43,12 +43,12 @@ def _stats(dim: int, classes: int, n: int, seed: int):
     return Layout(dim, classes).pack(local_statistics(X, rng.integers(0, classes, n), classes, gamma=1.0))
 
 
-def run(dim: int, classes: int, *, n: int = 1000, seed: int = 0, gram: bool = False, dp: bool = False) -> dict:
+def run(dim: int, classes: int, *, n: int = 1000, seed: int = 0, gram: bool = False, dp: bool = False,
+        field: str | None = None) -> dict:
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
     from secure_afl import split
     from secure_afl.backends import get_backend
-    from secure_afl.hazmat import flp
     from secure_afl.packing import Layout
     from secure_afl.params import Bounds
 
@@ -62,10 +62,15 @@ def run(dim: int, classes: int, *, n: int = 1000, seed: int = 0, gram: bool = Fa
     else:
         params = split.split_session_params(f"bench-validity-{dim}", layout, 1.0, Bounds(1.0, n, 10),
                                             gram_proof=gram)
+    if field is not None:  # the same statement over another field (the summing path stays on the signed one)
+        from secure_afl.split.sizes import FIELD_KEY
+
+        params = params.with_backend_params(**{FIELD_KEY: field})
     keys = split.generate_keys(params)
     params = split.bind_public_context(params, keys.public_context)
     be = get_backend(params)
     c = be.circuit
+    F = c.F
     v = _stats(dim, classes, n, seed)
     noise = None
     if dp:
@@ -79,8 +84,8 @@ def run(dim: int, classes: int, *, n: int = 1000, seed: int = 0, gram: bool = Fa
 
     t = time.perf_counter()  # the same upload without a proof: lanes + mask
     seed_bytes = os.urandom(32)
-    plain = flp.add(c.lanes(v), flp.expand_field(seed_bytes, c.main_len, split.DOMAIN_SHARE))
-    plain_bytes = len(flp.to_bytes(plain))
+    plain = F.add(c.lanes(v), F.expand_field(seed_bytes, c.main_len, split.DOMAIN_SHARE))
+    plain_bytes = len(F.to_bytes(plain))
     plain_s = time.perf_counter() - t
 
     t = time.perf_counter()
@@ -101,10 +106,10 @@ def run(dim: int, classes: int, *, n: int = 1000, seed: int = 0, gram: bool = Fa
     verdict = split.helper_verdict(c, "h1", s, st, qs, leader)
     keyholder_s = time.perf_counter() - t
 
-    proof_bytes = 8 * (c.n_f + c.n_bits + c.proof_len)  # the Gram statement's factor words included
-    return {"gram_proof": gram, "dp": dp, "upload_bytes": 8 * c.total, "dim": dim, "classes": classes, "L": c.L, "plain_upload_bytes": plain_bytes, "proof_bytes": proof_bytes,
+    proof_bytes = F.ENCODED_SIZE * (c.n_f + c.n_bits + c.proof_len)  # the Gram statement's factor words included
+    return {"field": F.name, "gram_proof": gram, "dp": dp, "upload_bytes": c.upload_bytes(), "dim": dim, "classes": classes, "L": c.L, "plain_upload_bytes": plain_bytes, "proof_bytes": proof_bytes,
             "proof_fraction": proof_bytes / plain_bytes, "aux_bits": c.n_bits, "flp_words": c.proof_len,
-            "verifier_message_bytes": 8 * c.verifier_len, "plain_s": plain_s, "prove_s": prove_s,
+            "verifier_message_bytes": F.ENCODED_SIZE * c.verifier_len, "plain_s": plain_s, "prove_s": prove_s,
             "server_verify_s": server_s, "keyholder_verify_s": keyholder_s,
             "prove_plus_verify_s": prove_s + server_s + keyholder_s, "accepted": verdict is None,
             "soundness_bits_q64": split.soundness_bits(c)}
@@ -137,20 +142,23 @@ def main(argv=None) -> int:
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--gram", action="store_true", help="each d also under the Gram statement ([split] gram_proof)")
     ap.add_argument("--dp", action="store_true", help="every row under [dp] (the noise share drawn off the clock)")
+    ap.add_argument("--fields", default="goldilocks", metavar="NAMES",
+                    help="comma-separated fields to run each row over (goldilocks, field128), in one run")
     ap.add_argument("--round", type=int, default=0, metavar="K",
                     help="also run one round of K hospitals through every role in memory (run_split)")
     args = ap.parse_args(argv)
     dims = ([64, 128, 256] if args.scaling else []) + [args.dim]
-    rows = [run(d, args.classes, n=args.n, gram=g, dp=args.dp) for d in dims for g in ((False, True) if args.gram else (False,))]
+    rows = [run(d, args.classes, n=args.n, gram=g, dp=args.dp, field=f) for d in dims
+            for f in args.fields.split(",") for g in ((False, True) if args.gram else (False,))]
     rounds = [round_timings(args.dim, args.classes, args.round, n=args.n, gram=g)
               for g in ((False, True) if args.gram else (False,))] if args.round else []
     if args.json:
         print(json.dumps(rows if not rounds else {"uploads": rows, "rounds": rounds}, indent=1))
         return 0
-    print(f"{'dp':>3} {'gram':>4} {'d':>5} {'L':>7} {'upload MB':>9} {'proof MB':>8} {'proof/up':>8} {'plain s':>7} {'prove s':>7} "
+    print(f"{'field':>10} {'dp':>3} {'gram':>4} {'d':>5} {'L':>7} {'upload MB':>9} {'proof MB':>8} {'proof/up':>8} {'plain s':>7} {'prove s':>7} "
           f"{'server s':>8} {'kh s':>6} {'p+v s':>6} {'ok':>3} {'sound':>6} {'whole MB':>8}")
     for r in rows:
-        print(f"{'on' if r['dp'] else 'off':>3} {'on' if r['gram_proof'] else 'off':>4} {r['dim']:5d} {r['L']:7d} {r['plain_upload_bytes'] / 1e6:9.3f} {r['proof_bytes'] / 1e6:8.3f} "
+        print(f"{r['field']:>10} {'on' if r['dp'] else 'off':>3} {'on' if r['gram_proof'] else 'off':>4} {r['dim']:5d} {r['L']:7d} {r['plain_upload_bytes'] / 1e6:9.3f} {r['proof_bytes'] / 1e6:8.3f} "
               f"{100 * r['proof_fraction']:7.1f}% {r['plain_s']:7.3f} {r['prove_s']:7.3f} {r['server_verify_s']:8.3f} "
               f"{r['keyholder_verify_s']:6.3f} {r['prove_plus_verify_s']:6.3f} {'yes' if r['accepted'] else 'NO':>3} "
               f"{r['soundness_bits_q64']:6.1f} {r['upload_bytes'] / 1e6:8.3f}")

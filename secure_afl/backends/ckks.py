@@ -128,8 +128,9 @@ def ckks_session_params(session_id: str, layout: Layout, gamma: float, bounds: B
 
     ``flooding``: how the key holder's flooding bounds the key error it must hide
     (:func:`secure_afl.hazmat.ckks.key_error_bound`): "heuristic" (default, the independence
-    heuristic) or "proved" (the worst case K (N/2 + 1), no heuristic; larger noise, so a larger
-    scale for the same target). Only "proved" enters ``backend_params`` (so the signed parameters,
+    heuristic) or "proved" (the honest-encryption worst case K (N/2 + 1), without the independence
+    heuristic but still assuming honest encryption and the float64 sampler; larger noise, so a
+    larger scale for the same target). Only "proved" enters ``backend_params`` (so the signed parameters,
     and their digest, of a default session are what they were).
 
     The smallest modulus chain that holds ``bounds.aggregate_bound(gamma)``

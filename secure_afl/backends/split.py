@@ -12,7 +12,7 @@ import os
 import numpy as np
 
 from ..envelope import seal
-from ..exceptions import BoundsExceeded, MalformedPayload
+from ..exceptions import BoundsExceeded, InvalidParameterError, MalformedPayload
 from ..hazmat import fixedpoint, flp
 from ..params import SessionParams
 from ..split import roles
@@ -116,6 +116,11 @@ class SplitBackend(ProtectionBackend):
         return roles.check_upload(self.circuit, payload, tag)
 
     def combiner(self, **kw) -> Combiner:
+        if self.circuit.F is not flp.GOLDILOCKS:
+            # the running sum, the key holder's share and the collector's decoding are two Goldilocks lanes per
+            # value: words of another field summed there would release garbage
+            raise InvalidParameterError(f"split sums its uploads over goldilocks only; this session's proof names "
+                                        f"{self.circuit.F.name}, which proves but cannot be summed yet")
         return _SplitCombiner(self)
 
     def reveal(self, aggregate: bytes, *, share: np.ndarray, **kw) -> np.ndarray:

@@ -11,7 +11,8 @@
 * :mod:`.shamir`     - Shamir t-of-n sharing over GF(2^521 - 1);
 * :mod:`.ckks`       - CKKS parameter choice, error bound and TenSEAL wrappers;
 * :mod:`.flp`        - the Goldilocks field, its NTT and a fully linear proof that a shared vector is all bits;
+* :mod:`.field128`   - Prio3's 128-bit field ``2^128 - 28 2^64 + 1`` as an object (FIELD128), NTT included;
 * :mod:`.ternary`    - ternary projections mod p in a compiled, GIL-free kernel (numba, when installed).
 """
 
-__all__ = ["fixedpoint", "prg", "shamir", "ckks", "flp", "ternary"]
+__all__ = ["fixedpoint", "prg", "shamir", "ckks", "flp", "field128", "ternary"]

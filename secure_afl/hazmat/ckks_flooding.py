@@ -41,8 +41,9 @@ def key_error_bound(params, n_clients: int, coefficients: int, *,
     """Bound on every coefficient of the key-dependent decryption error E of a K-sum of honest
     encryptions, over ``coefficients`` coefficients at once.
 
-    ``model="proved"``: the PROVED worst case ``||E||_inf <= K (N/2 + 1)`` (module docstring, step
-    2; no probability, no heuristic).
+    ``model="proved"``: the PROVED worst case ``||E||_inf <= K (N/2 + 1)`` of honest encryptions
+    (module docstring, step 2; no probability, no independence heuristic; a crafted ciphertext's
+    error is not bounded by it).
 
     ``model="heuristic"`` (default), except with probability 2^-TAIL_BITS UNDER A HEURISTIC (the
     independence heuristic OpenFHE's noise estimates also rest on, not a theorem about SEAL): the

@@ -85,7 +85,7 @@ from ..exceptions import BoundsExceeded, InvalidInputError, MalformedPayload
 __all__ = [
     "P", "HALF", "GENERATOR", "TWO_ADICITY", "root_of_unity", "inv", "to_field", "encode_signed", "decode_signed",
     "add", "sub", "neg", "mul", "scale", "dot", "sum_mod", "powers", "ntt", "intt", "poly_eval",
-    "to_bytes", "from_bytes", "expand_field", "BitProof",
+    "to_bytes", "from_bytes", "expand_field", "batch_inv", "Goldilocks", "GOLDILOCKS", "BitProof",
 ]
 
 P = (1 << 64) - (1 << 32) + 1
@@ -105,17 +105,20 @@ def root_of_unity(n: int) -> int:
     return pow(GENERATOR, (P - 1) // n, P)
 
 
-def _batch_inv(xs: list[int]) -> list[int]:
-    """Inverses of nonzero elements with one exponentiation (prefix products, then unwound)."""
+def batch_inv(xs: list[int], p: int = P) -> list[int]:
+    """Inverses mod the prime ``p`` of nonzero elements with one exponentiation (prefix products, then
+    unwound)."""
     prefix, acc = [], 1
     for x in xs:
         prefix.append(acc)
-        acc = acc * x % P
-    acc = inv(acc)
+        acc = acc * x % p
+    if acc == 0:
+        raise InvalidInputError("zero has no inverse")
+    acc = pow(acc, p - 2, p)
     out = [0] * len(xs)
     for i in range(len(xs) - 1, -1, -1):
-        out[i] = acc * prefix[i] % P
-        acc = acc * xs[i] % P
+        out[i] = acc * prefix[i] % p
+        acc = acc * xs[i] % p
     return out
 
 
@@ -389,15 +392,68 @@ def expand_field(key: bytes, n: int, domain: bytes) -> np.ndarray:
     return out[:n]
 
 
+# -- the field as an object (secure_afl.hazmat.fields names every field a session may sign) ---------------
+class Goldilocks:
+    """The Goldilocks field (``p = 2^64 - 2^32 + 1``, :mod:`secure_afl.hazmat.flp`'s arithmetic) as a field
+    object. Elements are uint64 arrays; ``name`` is what the signed parameters and the joint randomness carry."""
+
+    name = "goldilocks"
+    P = P
+    HALF = HALF
+    GENERATOR = GENERATOR
+    TWO_ADICITY = TWO_ADICITY
+    ENCODED_SIZE = 8
+    dtype = np.dtype(np.uint64)
+
+    def __setattr__(self, key, value):
+        raise AttributeError("a field object is immutable")
+
+    def __repr__(self) -> str:
+        return "GOLDILOCKS"
+
+    def zeros(self, shape) -> np.ndarray:
+        return np.zeros(shape, dtype=np.uint64)
+
+    def ones(self, shape) -> np.ndarray:
+        return np.ones(shape, dtype=np.uint64)
+
+    def to_ints(self, a) -> np.ndarray:
+        a = np.asarray(a, dtype=np.uint64)
+        out = np.empty(a.shape, dtype=object)
+        out.reshape(-1)[:] = [int(v) for v in a.reshape(-1)]
+        return out
+
+    def decode_signed_float(self, a) -> np.ndarray:
+        return decode_signed(a).astype(np.float64)  # |z| < 2^63: int64 -> float64 rounds half to even
+
+    def canonical(self, a, what: str = "field vector") -> np.ndarray:
+        """``a`` as this field's array; :class:`MalformedPayload` if an element is not in ``[0, p)``."""
+        a = np.asarray(a, dtype=np.uint64)
+        if a.size and int(a.max()) >= P:
+            raise MalformedPayload(f"{what} holds a word that is not a field element")
+        return a
+
+
+
+for _name in ("root_of_unity", "inv", "to_field", "encode_signed", "decode_signed", "add", "sub", "neg", "mul",
+              "scale", "sum_mod", "dot", "powers", "ntt", "intt", "poly_eval", "to_bytes", "from_bytes",
+              "expand_field"):
+    setattr(Goldilocks, _name, staticmethod(globals()[_name]))
+del _name
+
+GOLDILOCKS = Goldilocks()
+
+
 # -- the bit proof --------------------------------------------------------------------------------------
 class BitProof:
-    """FLP that a length-``length`` shared vector is all bits (module docstring).
+    """FLP that a length-``length`` shared vector is all bits (module docstring), over ``field`` (a field object:
+    :data:`GOLDILOCKS` or :data:`secure_afl.hazmat.field128.FIELD128`; the soundness terms divide by its p).
 
     Shapes: proof ``proof_len = 2c + 2N - 1`` elements; verifier message ``verifier_len = 2c + 2``.
     ``chunk`` (c) defaults to the one that minimises the proof for this length.
     """
 
-    def __init__(self, length: int, chunk: int | None = None):
+    def __init__(self, length: int, chunk: int | None = None, field=None):
         if not isinstance(length, int) or length < 1:
             raise InvalidInputError("a bit proof covers at least one entry")
         if chunk is None:
@@ -411,6 +467,7 @@ class BitProof:
             chunk = best[1]
         if not isinstance(chunk, int) or chunk < 1:
             raise InvalidInputError("the gadget's arity is a positive integer")
+        self.F = GOLDILOCKS if field is None else field
         self.length = length
         self.chunk = chunk
         self.calls = -(-length // chunk)
@@ -420,25 +477,28 @@ class BitProof:
         self.n = n
         self.proof_len = 2 * chunk + 2 * n - 1
         self.verifier_len = 2 * chunk + 2
-        self._alpha = root_of_unity(n)
+        self._alpha = self.F.root_of_unity(n)
         # out = sum_{k<G} P(alpha^(k+1)) = sum_e coef_e * w_e with w_e = sum_{k=1..G} alpha^(k e)
         self._out_weights = None
 
     # layout of the gadget inputs: (G, c) matrices of u (= r^(i+1) b_i) and v (= b_i - 1)
     def _wires(self, bits: np.ndarray, joint_rand: int, leader: bool) -> tuple[np.ndarray, np.ndarray]:
-        padded = np.zeros(self.calls * self.chunk, dtype=np.uint64)
+        F = self.F
+        padded = F.zeros(self.calls * self.chunk)
         padded[:self.length] = bits
-        u = mul(padded, powers(joint_rand, padded.size, start=1))
-        v = sub(padded, np.uint64(1)) if leader else padded
+        u = F.mul(padded, F.powers(joint_rand, padded.size, start=1))
+        v = F.sub(padded, F.ones(1)) if leader else padded
         return u.reshape(self.calls, self.chunk), v.reshape(self.calls, self.chunk)
 
     def _check(self, x, n: int, what: str) -> np.ndarray:
-        x = np.asarray(x, dtype=np.uint64).reshape(-1)
+        x = np.asarray(x, dtype=self.F.dtype).reshape(-1)
         if x.shape[0] != n:
             raise MalformedPayload(f"{what} has {x.shape[0]} elements, expected {n}")
-        if x.size and int(x.max()) >= P:
-            raise MalformedPayload(f"{what} holds a word that is not a field element")
-        return x
+        if x.dtype == np.uint64:
+            if x.size and int(x.max()) >= self.F.P:
+                raise MalformedPayload(f"{what} holds a word that is not a field element")
+            return x
+        return self.F.from_bytes(self.F.to_bytes(x), what=what)  # refuses an element >= p
 
     def prove(self, bits, joint_rand: int, seeds) -> np.ndarray:
         """The proof for ``bits`` (the whole vector, not a share); ``seeds``: 2c uniform elements."""
@@ -453,84 +513,88 @@ class BitProof:
         of each wire polynomial's coefficients scaled by b^e / N (evaluation on the coset), half the work
         of a 2N-point transform. The V wires (b - 1) do not depend on the joint randomness and their seed
         enters linearly, so their coset values are computed once for every repetition."""
+        F = self.F
         bits = self._check(bits, self.length, "the bit vector")
         seeds_list = [self._check(s, 2 * self.chunk, "the proof seeds") for s in seeds_list]
         if len(seeds_list) != len(joint_rands):
             raise InvalidInputError("one seed vector per joint randomness")
         c, n, G = self.chunk, self.n, self.calls
-        coset = scale(powers(root_of_unity(2 * n), n), inv(n))
-        inv_alpha = inv(self._alpha)
+        coset = F.scale(F.powers(F.root_of_unity(2 * n), n), F.inv(n))
+        inv_alpha = F.inv(self._alpha)
 
         def odd(values: np.ndarray) -> np.ndarray:
-            return ntt(mul(ntt(values, inv_alpha), coset))
+            return F.ntt(F.mul(F.ntt(values, inv_alpha), coset))
 
-        padded = np.zeros(G * c, dtype=np.uint64)
+        padded = F.zeros(G * c)
         padded[:self.length] = bits
-        v = sub(padded, np.uint64(1)).reshape(G, c)
-        v_even = np.zeros((c, n), dtype=np.uint64)  # the seed column (index 0) is added per repetition
+        v = F.sub(padded, F.ones(1)).reshape(G, c)
+        v_even = F.zeros((c, n))  # the seed column (index 0) is added per repetition
         v_even[:, 1:G + 1] = v.T
         v_odd0 = odd(v_even)
-        delta = np.zeros((1, n), dtype=np.uint64)
-        delta[0, 0] = 1
+        delta = F.zeros((1, n))
+        delta[0, 0] = F.ones(1)[0]
         delta_odd = odd(delta)[0]
         proofs = []
         for joint_rand, seeds in zip(joint_rands, seeds_list):
             u, _ = self._wires(bits, joint_rand, leader=True)
-            u_even = np.zeros((c, n), dtype=np.uint64)
+            u_even = F.zeros((c, n))
             u_even[:, 0] = seeds[:c]
             u_even[:, 1:G + 1] = u.T
             v_even[:, 0] = seeds[c:]
-            v_odd = add(v_odd0, mul(seeds[c:].reshape(-1, 1), delta_odd))
-            prod = np.empty(2 * n, dtype=np.uint64)
-            prod[0::2] = sum_mod(mul(u_even, v_even), axis=0)
-            prod[1::2] = sum_mod(mul(odd(u_even), v_odd), axis=0)
-            p_coeffs = intt(prod)
-            if int(p_coeffs[-1]) != 0:  # pragma: no cover - degree <= 2N - 2 by construction
+            v_odd = F.add(v_odd0, F.mul(seeds[c:].reshape(-1, 1), delta_odd))
+            prod = F.zeros(2 * n)
+            prod[0::2] = F.sum_mod(F.mul(u_even, v_even), axis=0)
+            prod[1::2] = F.sum_mod(F.mul(odd(u_even), v_odd), axis=0)
+            p_coeffs = F.intt(prod)
+            if int(F.to_ints(p_coeffs[-1:])[0]) != 0:  # pragma: no cover - degree <= 2N - 2 by construction
                 raise AssertionError("gadget polynomial degree")
             proofs.append(np.concatenate([seeds, p_coeffs[:-1]]))
         return proofs
 
     def _lagrange(self, t: int) -> np.ndarray:
         """``L_m(t)`` for the N-point domain: ``(t^N - 1) a^m / (N (t - a^m))``."""
-        n, a = self.n, self._alpha
-        pts = [pow(a, m, P) for m in range(n)]
-        z = (pow(t, n, P) - 1) * inv(n) % P
-        dens = _batch_inv([(t - x) % P for x in pts])
-        return to_field([z * pts[m] % P * dens[m] % P for m in range(n)])
+        n, a, p = self.n, self._alpha, self.F.P
+        pts = [pow(a, m, p) for m in range(n)]
+        z = (pow(t, n, p) - 1) * self.F.inv(n) % p
+        dens = batch_inv([(t - x) % p for x in pts], p)
+        return self.F.to_field([z * pts[m] % p * dens[m] % p for m in range(n)])
 
     def out_weights(self) -> np.ndarray:
         if self._out_weights is None:
-            pts = powers(self._alpha, self.calls, start=1)  # alpha^(k+1), k < G
-            w = np.empty(2 * self.n - 1, dtype=np.uint64)
-            cur = np.ones(self.calls, dtype=np.uint64)
+            F = self.F
+            pts = F.powers(self._alpha, self.calls, start=1)  # alpha^(k+1), k < G
+            w = F.zeros(2 * self.n - 1)
+            cur = F.ones(self.calls)
             for e in range(2 * self.n - 1):
-                w[e] = sum_mod(cur)
-                cur = mul(cur, pts)
+                w[e] = F.to_field([F.sum_mod(cur)])[0]
+                cur = F.mul(cur, pts)
             self._out_weights = w
         return self._out_weights
 
     def query(self, bits_share, proof_share, joint_rand: int, t: int, *, leader: bool) -> np.ndarray:
         """One verifier's message (linear in its shares); the leader adds the constants."""
+        F = self.F
         bits_share = self._check(bits_share, self.length, "the bit vector share")
         proof_share = self._check(proof_share, self.proof_len, "the proof share")
-        t = int(t) % P
-        if pow(t, self.n, P) == 1:
+        t = int(t) % F.P
+        if pow(t, self.n, F.P) == 1:
             raise InvalidInputError("a query point on the interpolation domain would reveal wire values")
         c = self.chunk
         u, v = self._wires(bits_share, joint_rand, leader)
         lag = self._lagrange(t)
         seeds, p_coeffs = proof_share[:2 * c], proof_share[2 * c:]
         lam_calls = lag[1:self.calls + 1].reshape(-1, 1)
-        u_t = add(mul(seeds[:c], lag[0]), sum_mod(mul(u, lam_calls), axis=0))
-        v_t = add(mul(seeds[c:], lag[0]), sum_mod(mul(v, lam_calls), axis=0))
-        out = dot(p_coeffs, self.out_weights())
-        return np.concatenate([np.array([out], dtype=np.uint64), u_t, v_t,
-                               np.array([poly_eval(p_coeffs, t)], dtype=np.uint64)])
+        u_t = F.add(F.mul(seeds[:c], lag[0:1]), F.sum_mod(F.mul(u, lam_calls), axis=0))
+        v_t = F.add(F.mul(seeds[c:], lag[0:1]), F.sum_mod(F.mul(v, lam_calls), axis=0))
+        out = F.dot(p_coeffs, self.out_weights())
+        return np.concatenate([F.to_field([out]), u_t, v_t, F.to_field([F.poly_eval(p_coeffs, t)])])
 
     def decide(self, verifier) -> bool:
         """Accept iff ``out = 0`` and ``P(t) = sum_j U_j(t) V_j(t)``; ``verifier`` is the SUM of both messages."""
+        F = self.F
         verifier = self._check(verifier, self.verifier_len, "the verifier message")
         c = self.chunk
-        if int(verifier[0]) != 0:
+        ends = F.to_ints(verifier[[0, -1]])
+        if int(ends[0]) != 0:
             return False
-        return dot(verifier[1:1 + c], verifier[1 + c:1 + 2 * c]) == int(verifier[-1])
+        return F.dot(verifier[1:1 + c], verifier[1 + c:1 + 2 * c]) == int(ends[1])

@@ -30,7 +30,8 @@ from __future__ import annotations
 import numpy as np
 
 from ..exceptions import InvalidInputError, MalformedPayload
-from .flp import P, add, dot, intt, inv, mul, ntt, poly_eval, powers, root_of_unity, scale, sum_mod, to_field
+from .fields import GOLDILOCKS, canonical
+from .flp import batch_inv
 
 __all__ = ["SquareSumProof"]
 
@@ -41,7 +42,7 @@ class SquareSumProof:
     Proof ``proof_len = c + 2N - 1`` words; verifier message ``verifier_len = c + 1``. The outputs are NOT in
     the message (their sum is ``||v_g||^2``, private): the caller checks them inside a random combination."""
 
-    def __init__(self, length: int, groups: int, chunk: int | None = None):
+    def __init__(self, length: int, groups: int, chunk: int | None = None, field=None):
         if not isinstance(length, int) or length < 1 or not isinstance(groups, int) or groups < 1:
             raise InvalidInputError("a square-sum proof covers at least one entry in at least one group")
         if chunk is None:
@@ -56,6 +57,7 @@ class SquareSumProof:
                 if best is None or size < best[0]:
                     best = (size, c)
             chunk = best[1]
+        self.F = GOLDILOCKS if field is None else field
         self.length, self.groups, self.chunk = length, groups, int(chunk)
         self.calls_per_group = -(-length // self.chunk)
         self.calls = groups * self.calls_per_group
@@ -65,84 +67,87 @@ class SquareSumProof:
         self.n = n
         self.proof_len = self.chunk + 2 * n - 1
         self.verifier_len = self.chunk + 1
-        self._alpha = root_of_unity(n)
+        self._alpha = self.F.root_of_unity(n)
         self._weights = None
 
     def _wires(self, v: np.ndarray) -> np.ndarray:
         """(calls, c): group g's entries in its own calls, zero-padded."""
-        v = np.asarray(v, dtype=np.uint64).reshape(self.groups, self.length)
-        padded = np.zeros((self.groups, self.calls_per_group * self.chunk), dtype=np.uint64)
+        v = np.asarray(v, dtype=self.F.dtype).reshape(self.groups, self.length)
+        padded = self.F.zeros((self.groups, self.calls_per_group * self.chunk))
         padded[:, :self.length] = v
         return padded.reshape(self.calls, self.chunk)
 
     def prove(self, v, seeds) -> np.ndarray:
         """The proof for the whole vectors ``v`` (groups x length, not shares); ``seeds``: c uniform elements."""
-        seeds = np.asarray(seeds, dtype=np.uint64).reshape(-1)
+        F = self.F
+        seeds = np.asarray(seeds, dtype=F.dtype).reshape(-1)
         if seeds.shape != (self.chunk,):
             raise InvalidInputError("one seed per wire")
         c, n = self.chunk, self.n
-        even = np.zeros((c, n), dtype=np.uint64)
+        even = F.zeros((c, n))
         even[:, 0] = seeds
         even[:, 1:self.calls + 1] = self._wires(v).T
         # P's values on the 2N-th roots: the even ones are the wires', the odd ones one N-point NTT of each
         # wire polynomial's coefficients scaled onto the coset (as in flp.BitProof)
-        coset = scale(powers(root_of_unity(2 * n), n), inv(n))
-        odd = ntt(mul(ntt(even, inv(self._alpha)), coset))
-        prod = np.empty(2 * n, dtype=np.uint64)
-        prod[0::2] = sum_mod(mul(even, even), axis=0)
-        prod[1::2] = sum_mod(mul(odd, odd), axis=0)
-        coeffs = intt(prod)
-        if int(coeffs[-1]) != 0:  # pragma: no cover - degree <= 2N - 2 by construction
+        coset = F.scale(F.powers(F.root_of_unity(2 * n), n), F.inv(n))
+        odd = F.ntt(F.mul(F.ntt(even, F.inv(self._alpha)), coset))
+        prod = F.zeros(2 * n)
+        prod[0::2] = F.sum_mod(F.mul(even, even), axis=0)
+        prod[1::2] = F.sum_mod(F.mul(odd, odd), axis=0)
+        coeffs = F.intt(prod)
+        if int(F.to_ints(coeffs[-1:])[0]) != 0:  # pragma: no cover - degree <= 2N - 2 by construction
             raise AssertionError("gadget polynomial degree")
         return np.concatenate([seeds, coeffs[:-1]])
 
     def out_weights(self) -> np.ndarray:
         """(groups, 2N - 1): ``out_g = <weights_g, P's coefficients>`` (the sum of P at group g's points)."""
         if self._weights is None:
-            w = np.empty((self.groups, 2 * self.n - 1), dtype=np.uint64)
+            F = self.F
+            w = F.zeros((self.groups, 2 * self.n - 1))
             for g in range(self.groups):
-                pts = powers(self._alpha, self.calls_per_group, start=1 + g * self.calls_per_group)
-                cur = np.ones(self.calls_per_group, dtype=np.uint64)
+                pts = F.powers(self._alpha, self.calls_per_group, start=1 + g * self.calls_per_group)
+                cur = F.ones(self.calls_per_group)
                 for e in range(2 * self.n - 1):
-                    w[g, e] = sum_mod(cur)
-                    cur = mul(cur, pts)
+                    w[g, e] = F.to_field([F.sum_mod(cur)])[0]
+                    cur = F.mul(cur, pts)
             self._weights = w
         return self._weights
 
     def outputs(self, proof_share) -> np.ndarray:
         """This verifier's shares of ``out_g`` (linear in its proof share)."""
         coeffs = self._check(proof_share, self.proof_len, "the square-sum proof share")[self.chunk:]
-        return np.array([dot(coeffs, w) for w in self.out_weights()], dtype=np.uint64)
+        return self.F.to_field([self.F.dot(coeffs, w) for w in self.out_weights()])
 
     def _lagrange(self, t: int) -> np.ndarray:
-        n, a = self.n, self._alpha
-        pts = [pow(a, m, P) for m in range(n)]
-        z = (pow(t, n, P) - 1) * inv(n) % P
-        dens = [inv(t - x) for x in pts]  # N <= a few hundred: one exponentiation each
-        return to_field([z * pts[m] % P * dens[m] % P for m in range(n)])
+        n, a, p = self.n, self._alpha, self.F.P
+        pts = [pow(a, m, p) for m in range(n)]
+        z = (pow(t, n, p) - 1) * self.F.inv(n) % p
+        dens = batch_inv([(t - x) % p for x in pts], p)
+        return self.F.to_field([z * pts[m] % p * dens[m] % p for m in range(n)])
 
-    @staticmethod
-    def _check(x, n: int, what: str) -> np.ndarray:
-        x = np.asarray(x, dtype=np.uint64).reshape(-1)
-        if x.shape[0] != n or (x.size and int(x.max()) >= P):
+    def _check(self, x, n: int, what: str) -> np.ndarray:
+        x = np.asarray(x, dtype=self.F.dtype).reshape(-1)
+        if x.shape[0] != n:
             raise MalformedPayload(f"{what} is not {n} field elements")
-        return x
+        return canonical(self.F, x, what)
 
     def query(self, v_share, proof_share, t: int) -> np.ndarray:
         """One verifier's message ``U_j(t) ++ [P(t)]`` (linear in its shares)."""
+        F = self.F
         proof_share = self._check(proof_share, self.proof_len, "the square-sum proof share")
-        t = int(t) % P
-        if pow(t, self.n, P) == 1:
+        t = int(t) % F.P
+        if pow(t, self.n, F.P) == 1:
             raise InvalidInputError("a query point on the interpolation domain would reveal wire values")
         lag = self._lagrange(t)
         u = self._wires(v_share)
-        u_t = add(mul(proof_share[:self.chunk], lag[0]),
-                  sum_mod(mul(u, lag[1:self.calls + 1].reshape(-1, 1)), axis=0))
+        u_t = F.add(F.mul(proof_share[:self.chunk], lag[0:1]),
+                    F.sum_mod(F.mul(u, lag[1:self.calls + 1].reshape(-1, 1)), axis=0))
         coeffs = proof_share[self.chunk:]
-        return np.concatenate([u_t, np.array([poly_eval(coeffs, t)], dtype=np.uint64)])
+        return np.concatenate([u_t, F.to_field([F.poly_eval(coeffs, t)])])
 
     def decide(self, verifier) -> bool:
         """``P(t) = sum_j U_j(t)^2`` on the SUM of both messages (the outputs are checked by the caller)."""
+        F = self.F
         v = self._check(verifier, self.verifier_len, "the square-sum verifier message")
         u_t = v[:self.chunk]
-        return dot(u_t, u_t) == int(v[-1])
+        return F.dot(u_t, u_t) == int(F.to_ints(v[-1:])[0])

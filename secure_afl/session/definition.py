@@ -172,11 +172,20 @@ def normalise(sections: Mapping[str, Mapping[str, Any]], *, issued_hospitals=Non
     if body["backend"] == "split":
         from secure_afl.split.sizes import SOUNDNESS_BITS
 
-        bits, reps = split_soundness(params)
+        from secure_afl.split.proof import Circuit, soundness_bits
+
+        circuit = Circuit(params)
+        bits, reps = soundness_bits(circuit), circuit.reps
         if bits < SOUNDNESS_BITS:
             raise fail(f"{source} [bounds]", f"validity soundness 2^-{bits:.1f} even with {reps} repetitions of the "
                                               f"bit proof, above the 2^-{SOUNDNESS_BITS} every split session "
                                               "keeps: lower n_max, max_norm or dim, or turn [dp] off")
+        # the server refuses every payload above the cap: a session whose uploads all exceed it could never release
+        size = circuit.upload_bytes()
+        if size > body["max_upload_bytes"]:
+            raise fail(where, f"every upload of this session is {size} bytes ({size / 1e6:.1f} MB), above "
+                              f"max_upload_bytes = {body['max_upload_bytes']}: the server would refuse them all; "
+                              "raise max_upload_bytes, or lower dim or classes, or turn [dp] or gram_proof off")
     return definition
 
 

@@ -141,8 +141,10 @@ SECTIONS: dict[str, Section] = {
         "flooding": Key("str", "how the key holder's flooding of the one decryption bounds the key-dependent "
                                "error it hides: \"heuristic\" sizes it with the independence heuristic (30-bit "
                                "security against key recovery, KL 2^-32.6, under that heuristic); \"proved\" with "
-                               "the proved worst case K (N/2 + 1), larger noise and a larger scale for the same "
-                               "precision (docs/BENCHMARKS.md gives the W cost)",
+                               "the honest-encryption worst case K (N/2 + 1), proved only when every hospital "
+                               "encrypts honestly and still using the float64 Gaussian sampler (it drops the "
+                               "independence heuristic, not those assumptions), larger noise and a larger scale "
+                               "for the same precision (docs/BENCHMARKS.md gives the W cost)",
                         "heuristic", "server, hospitals, key holder", allowed="\"heuristic\" or \"proved\""),
     }),
     "secagg": Section("Only with backend = \"secagg\"; every key is signed.", {

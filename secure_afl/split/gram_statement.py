@@ -13,11 +13,10 @@ import numpy as np
 
 from .. import domains
 from ..exceptions import BoundsExceeded, InvalidInputError
-from ..hazmat import flp
 from ..hazmat.flp_square import SquareSumProof
 from ..params import SessionParams
 from .projection import exact_gram, project
-from .sizes import GRAM_QUERIES, GRAM_RHOS, LINEAR_REPS, NOISE_L2_TAIL_BITS, ROWS
+from .sizes import GRAM_QUERIES, GRAM_RHOS, LINEAR_REPS, NOISE_L2_TAIL_BITS, ROWS, field_of
 from .statements import PROOF_DOMAIN, Prover, Shares, Statement, Unlucky, total
 
 __all__ = ["GramStatement"]
@@ -40,6 +39,8 @@ class GramStatement(Statement):
 
     def __init__(self, params: SessionParams, sizes: dict, L: int):
         self.params, self.g, self.L = params, sizes, L
+        #: the field the session's circuit runs over
+        self.F = field_of(params)
         lay = params.layout
         self.d, self.C = lay.dim, lay.n_classes
         self.n_f = sizes["n_f"]
@@ -52,10 +53,10 @@ class GramStatement(Statement):
         self.i_counts = np.arange(lay.slices["counts"].start, lay.slices["counts"].stop)
         #: the words the statement adds after the lanes: the factor, then the noise share
         self.n_words = self.n_f + self.n_z
-        self.sq = SquareSumProof(sizes["m"], GRAM_RHOS)
+        self.sq = SquareSumProof(sizes["m"], GRAM_RHOS, field=self.F)
         #: DP: the square-sum proofs of |z|^2 in z_groups groups of z_len entries, checked against the share's l2
         #: bound l2_z
-        self.zsq = SquareSumProof(sizes["z_len"], sizes["z_groups"]) if self.noise else None
+        self.zsq = SquareSumProof(sizes["z_len"], sizes["z_groups"], field=self.F) if self.noise else None
         self.l2_z = sizes["l2_z"] if self.noise else 0
         self.z_groups = sizes["z_groups"] if self.noise else 0
         #: proofs (each blinded by 32 bytes of the prover's randomness): GRAM_QUERIES of |L^T rho|^2, and under DP
@@ -85,10 +86,10 @@ class GramStatement(Statement):
         return self._query(v.hi, v.words, v.dec, v.proofs, v.fs, v.aux_sha256, query_seed, leader=v.leader)
 
     def failures(self, v: Shares) -> list[str]:
-        fw = np.asarray(v.words, dtype=np.uint64)
+        fw = np.asarray(v.words, dtype=self.F.dtype)
         rhos = self.rhos(v.fs, v.aux_sha256)
-        squares = [flp.dot(x, x) for x in self.factor_vectors(fw, rhos)]
-        zsquare = [flp.dot(g, g) for g in self._z_groups(fw)] if self.noise else None
+        squares = [self.F.dot(x, x) for x in self.factor_vectors(fw, rhos)]
+        zsquare = [self.F.dot(g, g) for g in self._z_groups(fw)] if self.noise else None
         rng, quad, _, noise, l2 = self.values(v.hi, fw, v.dec, None, v.fs, v.aux_sha256, leader=True,
                                               squares=squares, zsquare=zsquare)
         return [name for name, vals in (("gram_range", rng), ("gram_identity", quad), ("noise_range", noise),
@@ -98,7 +99,7 @@ class GramStatement(Statement):
         # the factor's range rows; GRAM_RHOS vectors rho, each missing a nonzero symmetric A - 2^t (L L^T + D)
         # with probability <= 2/p (Schwartz-Zippel, degree 2); the square-sum proofs' query points (the factor's,
         # and under DP the noise share's); two more random combinations, three under DP
-        p = float(flp.P)
+        p = float(self.F.P)
         per_query = 2.0 ** -ROWS + (2.0 / p) ** GRAM_RHOS
         query_point = ((2 * self.sq.n - 2) / (p - self.sq.n)) ** GRAM_QUERIES
         if self.noise:
@@ -126,31 +127,32 @@ class GramStatement(Statement):
         """The high lane less the noise share (its words after the factor; the lane itself without DP)."""
         if not self.noise:
             return hi
-        out = np.array(hi, dtype=np.uint64, copy=True)
-        out[self.i_noise] = flp.sub(out[self.i_noise], np.asarray(words, dtype=np.uint64)[self.n_f:])
+        out = np.array(hi, dtype=self.F.dtype, copy=True)
+        out[self.i_noise] = self.F.sub(out[self.i_noise], np.asarray(words, dtype=self.F.dtype)[self.n_f:])
         return out
 
     # -- the factor ---------------------------------------------------------------------------------------
     def rhos(self, fs: bytes, aux_sha256: str) -> np.ndarray:
         """(GRAM_RHOS, m): the Fiat-Shamir vectors, fixed by the lanes, the factor and the bits (delta)."""
         key = hashlib.sha256(fs + domains.SPLIT_FS_GRAM + bytes.fromhex(aux_sha256)).digest()
-        return flp.expand_field(key, GRAM_RHOS * self.g["m"], _RHO_DOMAIN).reshape(GRAM_RHOS, self.g["m"])
+        return self.F.expand_field(key, GRAM_RHOS * self.g["m"], _RHO_DOMAIN).reshape(GRAM_RHOS, self.g["m"])
 
     def _factor_blocks(self, fw: np.ndarray):
         d, C = self.d, self.C
         l21 = fw[C:C + d * C].reshape(d, C)
-        l22 = np.zeros((d, d), dtype=np.uint64)
+        l22 = self.F.zeros((d, d))
         l22[self._tril] = fw[C + d * C:self.n_f]
         return fw[:C], l21, l22
 
     def factor_vectors(self, fw, rhos) -> np.ndarray:
         """``L^T rho`` for each rho (linear in the factor words: the verifiers apply it to their shares)."""
-        l11, l21, l22 = self._factor_blocks(np.asarray(fw, dtype=np.uint64))
+        l11, l21, l22 = self._factor_blocks(np.asarray(fw, dtype=self.F.dtype))
         out = []
         for rho in rhos:
             rc, rf = rho[:self.C], rho[self.C:].reshape(-1, 1)
-            out.append(np.concatenate([flp.add(flp.mul(l11, rc), flp.sum_mod(flp.mul(l21, rf), axis=0)),
-                                       flp.sum_mod(flp.mul(l22, rf), axis=0)]))
+            F = self.F
+            out.append(np.concatenate([F.add(F.mul(l11, rc), F.sum_mod(F.mul(l21, rf), axis=0)),
+                                       F.sum_mod(F.mul(l22, rf), axis=0)]))
         return np.stack(out)
 
     def kappa(self, rho) -> np.ndarray:
@@ -158,18 +160,18 @@ class GramStatement(Statement):
         sl = self.params.layout.slices
         rc, rf = rho[:self.C], rho[self.C:]
         r, c = np.triu_indices(self.d)
-        k = np.zeros(self.L, dtype=np.uint64)
-        g = flp.mul(rf[r], rf[c])
-        k[sl["gram"]] = np.where(r == c, g, flp.add(g, g))
-        q = flp.mul(rf.reshape(-1, 1), rc.reshape(1, -1)).ravel()
-        k[sl["cross"]] = flp.add(q, q)
-        k[sl["counts"]] = flp.mul(rc, rc)
+        k = self.F.zeros(self.L)
+        g = self.F.mul(rf[r], rf[c])
+        k[sl["gram"]] = np.where(r == c, g, self.F.add(g, g))
+        q = self.F.mul(rf.reshape(-1, 1), rc.reshape(1, -1)).ravel()
+        k[sl["cross"]] = self.F.add(q, q)
+        k[sl["counts"]] = self.F.mul(rc, rc)
         return k
 
     def project_factor(self, fw, fs: bytes) -> np.ndarray:
         """``<r_j, factor>`` mod p for ROWS rows of their own."""
-        return project(np.asarray(fw, dtype=np.uint64)[:self.n_f], hashlib.sha256(fs + domains.SPLIT_FS_FACTOR_ROWS).digest(),
-                       _FROW_DOMAIN)
+        return project(np.asarray(fw, dtype=self.F.dtype)[:self.n_f],
+                       hashlib.sha256(fs + domains.SPLIT_FS_FACTOR_ROWS).digest(), _FROW_DOMAIN, field=self.F)
 
     def factorise(self, lanes_of, vector, noise=None) -> tuple[np.ndarray, np.ndarray]:
         """Hospital: ``(lanes, factor words)`` with the Gram, cross and count entries of the lanes exactly
@@ -214,9 +216,9 @@ class GramStatement(Statement):
                               sl["cross"].stop), np.arange(sl["counts"].start, sl["counts"].stop)])
         vals = np.concatenate([gram[r, c], (l21 * l11.reshape(1, -1)).ravel(),
                                np.array(cnt, dtype=np.int64) * s2f]) << t
-        x[idx] = flp.encode_signed(vals)
+        x[idx] = self.F.encode_signed(vals)
         x[self.L + idx] = 0
-        fw = flp.encode_signed(np.concatenate([l11, l21.ravel(), l22[self._tril]]))
+        fw = self.F.encode_signed(np.concatenate([l11, l21.ravel(), l22[self._tril]]))
         if not self.noise:
             return x, fw
         if noise is None:
@@ -228,20 +230,20 @@ class GramStatement(Statement):
         if not np.all(np.isfinite(z)) or np.any(z != np.round(z)) or np.any(np.abs(z) >= self.T_z):
             raise BoundsExceeded("the noise share is not integers within the session's noise bound")
         zi = z.astype(np.int64)
-        hi = flp.decode_signed(x[:self.L])
+        hi = self.F.decode_signed(x[:self.L])
         hi[self.i_noise] += zi
-        x[:self.L] = flp.encode_signed(hi)
-        return x, np.concatenate([fw, flp.encode_signed(zi)])
+        x[:self.L] = self.F.encode_signed(hi)
+        return x, np.concatenate([fw, self.F.encode_signed(zi)])
 
     # -- prover -------------------------------------------------------------------------------------------
     def _witness(self, hi_counts, factor, fs: bytes, *, check: bool) -> dict:
         """The count slack delta_c = hi(count_c) / 2^t - l_c^2 (the count less its noise under DP), the factor's
         projection values and the noise words shifted by T_z."""
         g = self.g
-        fw = np.zeros(self.n_words, dtype=np.uint64) if factor is None else np.asarray(factor, dtype=np.uint64)
+        fw = self.F.zeros(self.n_words) if factor is None else np.asarray(factor, dtype=self.F.dtype)
         out = {}
         if self.noise:
-            z = flp.decode_signed(fw[self.n_f:]).tolist()
+            z = self.F.decode_signed(fw[self.n_f:]).tolist()
             zc = z[self.i_counts[0] - self.i_noise[0]:self.i_counts[-1] + 1 - self.i_noise[0]]
             hi_counts = [h - v for h, v in zip(hi_counts, zc)]
             out["noise"] = [v + self.T_z for v in z]  # the honest prover's range is checked in factorise
@@ -251,9 +253,9 @@ class GramStatement(Statement):
             if check and not (0 <= out["noise_l2"][0] < 1 << g["m_l"] and max(out["noise_sq"]) < 1 << g["m_g"]):
                 raise BoundsExceeded("the noise share's l2 norm exceeds the session's bound (an honest share does "
                                      f"with probability below 2^-{NOISE_L2_TAIL_BITS}: draw it again)")
-        l11 = flp.decode_signed(fw[:self.C]).tolist()
+        l11 = self.F.decode_signed(fw[:self.C]).tolist()
         delta = [(h >> g["t"]) - int(v) * int(v) for h, v in zip(hi_counts, l11)]
-        proj = [int(v) + self.T_f for v in flp.decode_signed(self.project_factor(fw, fs))]
+        proj = [int(v) + self.T_f for v in self.F.decode_signed(self.project_factor(fw, fs))]
         if check:
             if not all(0 <= x < 1 << g["m_d"] for x in delta):
                 raise BoundsExceeded("the Gram factor does not match the class counts")
@@ -265,40 +267,43 @@ class GramStatement(Statement):
         """The ``GRAM_QUERIES`` square-sum proofs of ``L^T rho`` (then, under DP, those of the noise share z), each
         blinded by its 32 random bytes (:attr:`n_proofs` of them)."""
         v = self.factor_vectors(fw, self.rhos(fs, aux_sha256))
-        out = [self.sq.prove(v, flp.expand_field(r, self.sq.chunk, PROOF_DOMAIN))
+        out = [self.sq.prove(v, self.F.expand_field(r, self.sq.chunk, PROOF_DOMAIN))
                for r in proof_rand[:GRAM_QUERIES]]
         if self.noise:
             z = self._z_groups(fw)
-            out += [self.zsq.prove(z, flp.expand_field(r, self.zsq.chunk, PROOF_DOMAIN))
+            out += [self.zsq.prove(z, self.F.expand_field(r, self.zsq.chunk, PROOF_DOMAIN))
                     for r in proof_rand[GRAM_QUERIES:self.n_proofs]]
         return out
 
     def _z_groups(self, fw) -> np.ndarray:
         """(z_groups, z_len): the noise words (a share of them) in their groups, the last padded with zeros."""
-        z = np.zeros(self.z_groups * self.g["z_len"], dtype=np.uint64)
-        z[:self.n_z] = np.asarray(fw, dtype=np.uint64)[self.n_f:self.n_words]
+        z = self.F.zeros(self.z_groups * self.g["z_len"])
+        z[:self.n_z] = np.asarray(fw, dtype=self.F.dtype)[self.n_f:self.n_words]
         return z.reshape(self.z_groups, -1)
 
     def _split_proofs(self, proofs):
         """The flat proof words as ``(|L^T rho|^2 proofs, |z|^2 proofs or None)``."""
-        proofs = np.asarray(proofs, dtype=np.uint64).reshape(-1)
+        proofs = np.asarray(proofs, dtype=self.F.dtype).reshape(-1)
         k = GRAM_QUERIES * self.sq.proof_len
         sq = proofs[:k].reshape(GRAM_QUERIES, self.sq.proof_len)
         return sq, (proofs[k:].reshape(GRAM_QUERIES, self.zsq.proof_len) if self.noise else None)
 
     # -- verifiers ----------------------------------------------------------------------------------------
     def _rand(self, fs: bytes, aux_sha256: str, query_seed: bytes):
-        key = hashlib.sha256(bytes(query_seed) + fs + bytes.fromhex(aux_sha256) + b"gram").digest()
+        key = hashlib.sha256(domains.SPLIT_GRAM_QUERY_RAND + bytes(query_seed) + fs +
+                             bytes.fromhex(aux_sha256)).digest()
         n_co = LINEAR_REPS * (ROWS + self.n_gram_relations)
         n_noise = (self.n_z + GRAM_QUERIES * self.z_groups + 1) if self.noise else 0
         # the noise relations' coefficients and the |z|^2 proofs' query points come last: a session without DP
         # draws the same stream as before
-        stream = flp.expand_field(key, 4 * GRAM_QUERIES + n_co + LINEAR_REPS * n_noise +
+        stream = self.F.expand_field(key, 4 * GRAM_QUERIES + n_co + LINEAR_REPS * n_noise +
                                   (4 * GRAM_QUERIES if self.noise else 0), domains.SPLIT_GRAM_QUERY_XOF)
-        pts = [int(v) for v in stream[:4 * GRAM_QUERIES] if pow(int(v), self.sq.n, flp.P) != 1][:GRAM_QUERIES]
+        pts = [int(v) for v in self.F.to_ints(stream[:4 * GRAM_QUERIES])
+               if pow(int(v), self.sq.n, self.F.P) != 1][:GRAM_QUERIES]
         co = stream[4 * GRAM_QUERIES:]
         end = n_co + LINEAR_REPS * n_noise
-        zpts = [int(v) for v in co[end:] if pow(int(v), self.zsq.n, flp.P) != 1][:GRAM_QUERIES] \
+        zpts = [int(v) for v in self.F.to_ints(co[end:])
+                if pow(int(v), self.zsq.n, self.F.P) != 1][:GRAM_QUERIES] \
             if self.noise else []
         if len(pts) < GRAM_QUERIES or len(zpts) < (GRAM_QUERIES if self.noise else 0):  # pragma: no cover
             raise InvalidInputError("query points fell on the interpolation domain; draw another query seed")
@@ -314,30 +319,32 @@ class GramStatement(Statement):
         ``|z|^2`` instead (the unshared circuit, ``proofs`` None)."""
         one = 1 if leader else 0
         sq_proofs, z_proofs = (None, None) if proofs is None else self._split_proofs(proofs)
-        rng = flp.sub(flp.add(self.project_factor(fw, fs), np.uint64(self.T_f * one)), decompose("proj_f"))
-        noise = flp.sub(flp.add(np.asarray(fw, dtype=np.uint64)[self.n_f:], np.uint64(self.T_z * one)),
-                        decompose("noise")) if self.noise else np.zeros(0, dtype=np.uint64)
-        l2 = np.zeros(0, dtype=np.uint64)
+        F = self.F
+        rng = F.sub(F.add(self.project_factor(fw, fs), F.to_field([self.T_f * one])), decompose("proj_f"))
+        noise = F.sub(F.add(np.asarray(fw, dtype=F.dtype)[self.n_f:], F.to_field([self.T_z * one])),
+                      decompose("noise")) if self.noise else F.zeros(0)
+        l2 = self.F.zeros(0)
         if self.noise:
-            outs = [np.asarray(zsquare, dtype=np.uint64)] * GRAM_QUERIES if z_proofs is None else \
+            outs = [self.F.to_field(zsquare)] * GRAM_QUERIES if z_proofs is None else \
                 [self.zsq.outputs(pf) for pf in z_proofs]
             # each group's squared norm is its m_g bits, and l2_z - (their sum) is the m_l bits of noise_l2: zero
             # iff the share's squared norm is at most l2_z (docs/VALIDITY.md, "The noise share's l2 bound")
             groups = decompose("noise_sq")
-            l2 = np.concatenate([flp.sub(o, groups) for o in outs] + [
-                flp.sub(flp.sub(np.array([self.l2_z * one], dtype=np.uint64), total(groups)),
+            l2 = np.concatenate([self.F.sub(o, groups) for o in outs] + [
+                self.F.sub(self.F.sub(self.F.to_field([self.l2_z * one]), total(self.F, groups)),
                         decompose("noise_l2"))])
         hi = self.statistics(hi, fw)
         delta = decompose("gram_slack")
         rhos = self.rhos(fs, aux_sha256)
-        lhs = [flp.dot(self.kappa(rho), hi) for rho in rhos]
-        slack = [flp.dot(flp.mul(rho[:self.C], rho[:self.C]), delta) for rho in rhos]
+        lhs = [self.F.dot(self.kappa(rho), hi) for rho in rhos]
+        slack = [self.F.dot(self.F.mul(rho[:self.C], rho[:self.C]), delta) for rho in rhos]
         two_t = 1 << self.g["t"]
         quad = []
         for q in range(GRAM_QUERIES):
             outs = self.sq.outputs(sq_proofs[q]) if squares is None else squares
-            quad += [(lhs[r] - two_t * (int(outs[r]) + slack[r])) % flp.P for r in range(GRAM_RHOS)]
-        return rng, np.array(quad, dtype=np.uint64), rhos, noise, l2
+            outs = self.F.to_ints(np.asarray(outs, dtype=self.F.dtype)) if squares is None else outs
+            quad += [(lhs[r] - two_t * (int(outs[r]) + slack[r])) % self.F.P for r in range(GRAM_RHOS)]
+        return rng, self.F.to_field(quad), rhos, noise, l2
 
     def _query(self, hi, fw, decompose, sq_proofs, fs: bytes, aux_sha256: str, query_seed: bytes, *,
                leader: bool) -> np.ndarray:
@@ -347,19 +354,19 @@ class GramStatement(Statement):
         rng, quad, rhos, noise, l2 = self.values(hi, fw, decompose, sq_proofs, fs, aux_sha256, leader=leader)
         sq, zsq = self._split_proofs(sq_proofs)
         v = self.factor_vectors(fw, rhos)
-        msg = [np.array([flp.dot(row, rng) for row in c_range], dtype=np.uint64),
-               np.array([flp.dot(row, quad) for row in c_gram], dtype=np.uint64)]
+        msg = [self.F.to_field([self.F.dot(row, rng) for row in c_range]),
+               self.F.to_field([self.F.dot(row, quad) for row in c_gram])]
         msg += [self.sq.query(v, sq[q], t) for q, t in enumerate(pts)]
         if self.noise:
             rel = np.concatenate([noise, l2])
-            msg.append(np.array([flp.dot(row, rel) for row in c_noise], dtype=np.uint64))
+            msg.append(self.F.to_field([self.F.dot(row, rel) for row in c_noise]))
             msg += [self.zsq.query(self._z_groups(fw), zsq[q], t) for q, t in enumerate(zpts)]
         return np.concatenate(msg)
 
     def decide(self, v: np.ndarray) -> str | None:
-        if any(int(z) for z in v[:LINEAR_REPS]):
+        if any(int(z) for z in self.F.to_ints(v[:LINEAR_REPS])):
             return "gram_range"
-        if any(int(z) for z in v[LINEAR_REPS:2 * LINEAR_REPS]):
+        if any(int(z) for z in self.F.to_ints(v[LINEAR_REPS:2 * LINEAR_REPS])):
             return "gram"
         o, k = 2 * LINEAR_REPS, self.sq.verifier_len
         for q in range(GRAM_QUERIES):
@@ -367,7 +374,7 @@ class GramStatement(Statement):
                 return "gram"
         if self.noise:
             o += GRAM_QUERIES * k
-            if any(int(z) for z in v[o:o + LINEAR_REPS]):
+            if any(int(z) for z in self.F.to_ints(v[o:o + LINEAR_REPS])):
                 return "noise"
             o, k = o + LINEAR_REPS, self.zsq.verifier_len
             for q in range(GRAM_QUERIES):

@@ -59,7 +59,8 @@ def leader_messages(params: SessionParams, uploads, identity_key, *, pool: Worke
     holds ``identity_key`` and signs."""
     items = [(h, str(path), sha, statement.get("validity"), bytes(qs)) for h, path, sha, statement, qs in uploads]
     messages = {h: msg for chunk in _map(pool, _leader_chunk, params.to_dict(), items) for h, msg in chunk}
-    return {h: sign_verifier_message(params, h, sha, qs, flp.from_bytes(messages[h]), identity_key)
+    F = sizes.field_of(params)
+    return {h: sign_verifier_message(params, h, sha, qs, F.from_bytes(messages[h]), identity_key)
             for h, _, sha, _, qs in items}
 
 
@@ -72,7 +73,7 @@ def _leader_chunk(params_dict: dict, items: list) -> list:
             payload = f.read()
         if hashlib.sha256(payload).hexdigest() != sha:
             raise MalformedPayload(f"the stored upload of {h} is not the one the manifest names")
-        out.append((h, flp.to_bytes(roles.leader_prep(circuit, h, payload, validity, qs, accepted=True))))
+        out.append((h, circuit.F.to_bytes(roles.leader_prep(circuit, h, payload, validity, qs, accepted=True))))
     return out
 
 
@@ -87,7 +88,8 @@ def keyholder_verdicts(params: SessionParams, items, *, pool: WorkerPool | None 
 
     ``messages``, if given, receives for each refused upload this key holder's own verifier message (bytes),
     which it publishes beside the server's (:func:`secure_afl.split.signed_messages.refusal_evidence`)."""
-    items = [(h, bytes(seed), validity, bytes(qs), flp.to_bytes(msg)) for h, seed, validity, qs, msg in items]
+    F = sizes.field_of(params)
+    items = [(h, bytes(seed), validity, bytes(qs), F.to_bytes(msg)) for h, seed, validity, qs, msg in items]
     total = np.zeros(fixedpoint.n_words(params.layout.length), dtype=np.uint64)
     refused: dict[str, str] = {}
     for partial, refused_here, own in _map(pool, _share_chunk, params.to_dict(), items):
@@ -108,7 +110,7 @@ def _share_chunk(params_dict: dict, items: list) -> tuple[np.ndarray, dict, dict
     messages: dict[str, bytes] = {}
     for h, seed, validity, query_seed, message in items:
         mask = circuit.helper_share(seed)  # -m over the whole body: the verdict's share, the lanes first
-        msg = flp.from_bytes(message, circuit.verifier_len, what=f"the server's verifier message for {h}")
+        msg = circuit.F.from_bytes(message, circuit.verifier_len, what=f"the server's verifier message for {h}")
         reason, own = roles.helper_verdict(circuit, h, seed, {"validity": validity}, query_seed, msg,
                                            share=mask, with_message=True)
         if reason is None:
@@ -116,7 +118,7 @@ def _share_chunk(params_dict: dict, items: list) -> tuple[np.ndarray, dict, dict
         else:
             refused[h] = reason
             if own is not None:
-                messages[h] = flp.to_bytes(own)
+                messages[h] = circuit.F.to_bytes(own)
     return total, refused, messages
 
 

@@ -14,7 +14,8 @@ from contextlib import contextmanager
 import numpy as np
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
 
-from ..hazmat import flp, ternary
+from ..hazmat import ternary
+from ..hazmat.fields import GOLDILOCKS
 from .sizes import ROWS
 
 __all__ = ["project", "exact_gram"]
@@ -68,18 +69,22 @@ def _one_blas_thread():
                 _blas["limit"].restore_original_limits()
 
 
-def project(words, key: bytes, domain: bytes, *, compiled: bool = False) -> np.ndarray:
+def project(words, key: bytes, domain: bytes, *, compiled: bool = False, field=None) -> np.ndarray:
     """``<r_j, words>`` mod p for the ROWS rows of the ChaCha20 stream under ``key`` and ``domain``, shape
-    (ROWS,). ``compiled``: the compiled kernel may sum them (the same rows, a loop that releases the GIL)."""
-    words = np.asarray(words, dtype=np.uint64)
+    (ROWS,), over ``field`` (Goldilocks when None). ``compiled``: the compiled kernel may sum them (the same
+    rows, a loop that releases the GIL; Goldilocks only). The rows do not depend on the field: a word's bytes
+    are its little-endian encoding, ``ENCODED_SIZE`` of them."""
+    F = GOLDILOCKS if field is None else field
+    words = np.asarray(words, dtype=F.dtype)
     n = words.shape[0]
     row_bytes = -(-n // 4)
     enc = Cipher(algorithms.ChaCha20(key, b"\x00\x00\x00\x00" + domain), mode=None).encryptor()
-    if compiled and _COMPILED and ternary.worth_it():
+    if compiled and _COMPILED and F is GOLDILOCKS and ternary.worth_it():
         raw = np.frombuffer(enc.update(bytes(ROWS * row_bytes)), dtype=np.uint8).reshape(ROWS, row_bytes)
         return ternary.project(raw, words)
-    limbs = np.ascontiguousarray(words, dtype="<u8").view(np.uint8).reshape(n, 8).T.astype(np.float32)
-    sums = np.zeros((ROWS, 8), dtype=np.int64)
+    size = F.ENCODED_SIZE
+    limbs = np.frombuffer(F.to_bytes(words), dtype=np.uint8).reshape(n, size).T.astype(np.float32)
+    sums = np.zeros((ROWS, size), dtype=np.int64)
     block = 16
     with _one_blas_thread():
         for j0 in range(0, ROWS, block):
@@ -89,9 +94,9 @@ def project(words, key: bytes, domain: bytes, *, compiled: bool = False) -> np.n
             for c0 in range(0, n, _PROJ_CHUNK):
                 c1 = min(n, c0 + _PROJ_CHUNK)
                 sums[j0:j0 + nb] += (R[:, c0:c1] @ limbs[:, c0:c1].T).astype(np.int64)
-    out = np.zeros(ROWS, dtype=np.uint64)
-    for i in range(8):
-        out = flp.add(out, flp.scale(flp.encode_signed(sums[:, i]), 1 << (8 * i)))
+    out = F.zeros(ROWS)
+    for i in range(size):
+        out = F.add(out, F.scale(F.encode_signed(sums[:, i]), 1 << (8 * i)))
     return out
 
 

@@ -40,13 +40,14 @@ import numpy as np
 
 from .. import domains
 from ..encoding import canonical_json
-from ..envelope import open_envelope
+from ..envelope import open_envelope, sealed_size
 from ..exceptions import BoundsExceeded, InvalidInputError, InvalidParameterError, MalformedPayload
 from ..hazmat import fixedpoint, flp
+from ..hazmat.fields import canonical
 from ..params import SessionParams
 from . import projection
 from .signed_messages import UploadCommitment, seed_digest, FS_PREFIX
-from .sizes import LINEAR_REPS, MAX_REPS, REPS, RETRIES, ROWS, SOUNDNESS_BITS, fits, statement_sizes
+from .sizes import LINEAR_REPS, MAX_REPS, REPS, RETRIES, ROWS, SOUNDNESS_BITS, field_of, fits, statement_sizes
 from .session_statement import statement_for
 from .statements import PROOF_DOMAIN, VERDICTS, AFFINE, Prover, Shares, Unlucky, bits_of
 
@@ -58,11 +59,18 @@ _ROW_DOMAIN = domains.SPLIT_ROW_XOF
 _SEED = 32
 
 
+def _circuit_id(field_name: str, reps: int) -> bytes:
+    """The field's name and the repetition count, as one prefix-free string (name, NUL, one byte)."""
+    return field_name.encode("ascii") + b"\0" + bytes([reps])
+
+
 class Circuit:
     """The validity statement of one session with its proof system: sizes, prover and verifier."""
 
     def __init__(self, params: SessionParams):
         self.params = params
+        #: the field the whole circuit runs over, as the session's signed parameters name it
+        self.F = field_of(params)
         lay = params.layout
         f1, f2 = (int(v) for v in params.backend_params["frac_bits"])
         why = fits(params, f1, f2)
@@ -90,7 +98,7 @@ class Circuit:
             self.offsets[name] = (off, cnt, width)
             off += cnt * width
         self.n_bits = off
-        self.bits = flp.BitProof(self.n_bits)
+        self.bits = flp.BitProof(self.n_bits, field=self.F)
         #: repetitions of the bit proof: REPS, or more where a long bit vector would leave the validity soundness
         #: error above 2^-SOUNDNESS_BITS (one more repetition multiplies its per-query term by |bits| / p)
         self.reps = REPS
@@ -112,6 +120,10 @@ class Circuit:
         #: statement's)
         self.rand_size = _SEED * (1 + self.reps + st.n_proofs)
 
+    def upload_bytes(self) -> int:
+        """The sealed payload's length: every upload of the session is exactly this long."""
+        return sealed_size(self.params, "contribution", self.total * self.F.ENCODED_SIZE)
+
     def part(self, name: str):
         """The named part of the session's statement (None if the session does not carry it)."""
         return self.statement.part(name)
@@ -132,30 +144,36 @@ class Circuit:
             "hospital": hospital, "main_sha256": main_sha256, "seed_sha256": seed_sha256})).digest()
 
     def joint_rand(self, fs: bytes, aux_sha256: str) -> list[int]:
-        key = hashlib.sha256(fs + domains.SPLIT_FS_JOINT + bytes.fromhex(aux_sha256)).digest()
-        return [int(v) for v in flp.expand_field(key, self.reps, domains.SPLIT_JOINT_XOF)]
+        """The bit proofs' joint randomness, one per repetition. Its key binds the field's name and the number
+        of repetitions (as Prio3 binds its algorithm and its number of proofs): a circuit with another count
+        or over another field draws unrelated values, not a prefix of these."""
+        key = hashlib.sha256(fs + domains.SPLIT_FS_JOINT + _circuit_id(self.F.name, self.reps) +
+                             bytes.fromhex(aux_sha256)).digest()
+        return [int(v) for v in self.F.to_ints(self.F.expand_field(key, self.reps, domains.SPLIT_JOINT_XOF))]
 
     def query_rand(self, fs: bytes, aux_sha256: str, query_seed: bytes) -> tuple[list[int], np.ndarray]:
         """Query points (off the FLP domain) and the linear-check coefficients, from the verifiers' seed."""
         if not isinstance(query_seed, (bytes, bytearray)) or len(query_seed) != 32:
             raise MalformedPayload("a query seed is 32 bytes")
-        key = hashlib.sha256(bytes(query_seed) + fs + bytes.fromhex(aux_sha256)).digest()
+        key = hashlib.sha256(domains.SPLIT_QUERY_RAND + _circuit_id(self.F.name, self.reps) + bytes(query_seed) +
+                             fs + bytes.fromhex(aux_sha256)).digest()
         r = self.reps
-        stream = flp.expand_field(key, 4 * r + LINEAR_REPS * self.n_relations, domains.SPLIT_QUERY_XOF)
-        pts = [int(v) for v in stream[:4 * r] if pow(int(v), self.bits.n, flp.P) != 1][:r]
+        stream = self.F.expand_field(key, 4 * r + LINEAR_REPS * self.n_relations, domains.SPLIT_QUERY_XOF)
+        pts = [int(v) for v in self.F.to_ints(stream[:4 * r]) if pow(int(v), self.bits.n, self.F.P) != 1][:r]
         if len(pts) < r:  # pragma: no cover - probability about (N/p)^(3 reps)
             raise InvalidInputError("query points fell on the interpolation domain; draw another query seed")
         return pts, stream[4 * r:].reshape(LINEAR_REPS, self.n_relations)
 
     def project(self, x, fs: bytes) -> np.ndarray:
         """``<r_j, hi> mod p`` for the ROWS rows, shape (ROWS,)."""
-        hi = np.asarray(x, dtype=np.uint64)[:self.L]
-        return projection.project(hi, hashlib.sha256(fs + domains.SPLIT_FS_ROWS).digest(), _ROW_DOMAIN, compiled=True)
+        hi = np.asarray(x, dtype=self.F.dtype)[:self.L]
+        return projection.project(hi, hashlib.sha256(fs + domains.SPLIT_FS_ROWS).digest(), _ROW_DOMAIN,
+                                  compiled=True, field=self.F)
 
     # -- prover ------------------------------------------------------------------------------------------
     def lanes(self, vector) -> np.ndarray:
         """Fixed-point lanes of a packed float64 vector as field elements (2L)."""
-        return flp.encode_signed(fixedpoint.encode(np.asarray(vector, dtype=np.float64),
+        return self.F.encode_signed(fixedpoint.encode(np.asarray(vector, dtype=np.float64),
                                                    (self.f1, self.f2)).view(np.int64))
 
     _bits_of = staticmethod(bits_of)
@@ -163,18 +181,18 @@ class Circuit:
     def _hi_ints(self, x: np.ndarray) -> dict:
         """The centred high lane of n, the counts and the diagonal, as Python integers (what the bits encode)."""
         idx = np.concatenate([[self.i_n], self.i_counts, self.i_diag])
-        return dict(zip(idx.tolist(), flp.decode_signed(x[idx]).tolist()))
+        return dict(zip(idx.tolist(), (int(v) for v in self.F.decode_signed(x[idx]))))
 
     def witness_values(self, x: np.ndarray, fs: bytes, *, check: bool, factor=None) -> dict:
         """Block name -> the prover's values for lanes ``x`` (and factor words ``factor``) under Fiat-Shamir seed
         ``fs``; with ``check``, :class:`BoundsExceeded` if the statistics break the statement and
         :class:`Unlucky` if a projection leaves its honest range."""
-        x = np.asarray(x, dtype=np.uint64)
+        x = np.asarray(x, dtype=self.F.dtype)
         hi = self._hi_ints(x)
-        lo = flp.decode_signed(x[self.L:]) if check else None
-        words = np.zeros(self.n_f, dtype=np.uint64) if factor is None else np.asarray(factor, dtype=np.uint64)
+        lo = self.F.decode_signed(x[self.L:]) if check else None
+        words = self.F.zeros(self.n_f) if factor is None else np.asarray(factor, dtype=self.F.dtype)
         values = self.statement.witness(Prover(hi, lo, words, fs), check=check)
-        proj = [int(v) + self.T for v in flp.decode_signed(self.project(x, fs))]
+        proj = [int(v) + self.T for v in self.F.decode_signed(self.project(x, fs))]
         if check and not all(0 <= v < 2 * self.T for v in proj):
             raise Unlucky()
         values["proj"] = proj
@@ -182,7 +200,7 @@ class Circuit:
 
     def bits_from(self, values: dict) -> np.ndarray:
         """The auxiliary bits of block values (each wrapped modulo its width, as an unchecked prover would)."""
-        return np.concatenate([bits_of(values[name], width) for name, _, width in self.blocks])
+        return np.concatenate([bits_of(values[name], width, self.F) for name, _, width in self.blocks])
 
     def _aux(self, x: np.ndarray, fs: bytes, *, check: bool, factor=None) -> np.ndarray:
         return self.bits_from(self.witness_values(x, fs, check=check, factor=factor))
@@ -191,7 +209,7 @@ class Circuit:
         """The auxiliary bits for lanes ``x`` (and, under the Gram statement, factor words ``factor``) under
         Fiat-Shamir seed ``fs``, unchecked (values outside a range wrap modulo its width): the starting point
         of the attack commands and of the verifiers' tests."""
-        return self._aux(np.asarray(x, dtype=np.uint64), fs, check=False, factor=factor)
+        return self._aux(np.asarray(x, dtype=self.F.dtype), fs, check=False, factor=factor)
 
     def witness(self, vector=None, *, lanes=None, factor=None, noise=None) -> tuple[np.ndarray, np.ndarray]:
         """``(lanes, words)`` an upload proves: what the statement uploads for the vector (its lanes, or under the
@@ -202,12 +220,14 @@ class Circuit:
         if up is not None:
             x, factor = up
         else:
-            x = self.lanes(vector) if lanes is None else np.asarray(lanes, dtype=np.uint64)
-        if x.shape != (self.main_len,) or (x.size and int(x.max()) >= flp.P):
+            x = self.lanes(vector) if lanes is None else np.asarray(lanes, dtype=self.F.dtype)
+        if x.shape != (self.main_len,):
             raise MalformedPayload("the lane vector is not 2L field elements")
-        fw = np.zeros(self.n_f, dtype=np.uint64) if factor is None else np.asarray(factor, dtype=np.uint64)
-        if fw.shape != (self.n_f,) or (fw.size and int(fw.max()) >= flp.P):
+        x = canonical(self.F, x, "the lane vector")
+        fw = self.F.zeros(self.n_f) if factor is None else np.asarray(factor, dtype=self.F.dtype)
+        if fw.shape != (self.n_f,):
             raise MalformedPayload("the factor is not the session's number of field elements")
+        fw = canonical(self.F, fw, "the factor")
         return x, fw
 
     def prove_once(self, hospital: str, x: np.ndarray, fw: np.ndarray, rand: bytes, *, check: bool = True,
@@ -221,19 +241,20 @@ class Circuit:
         s = rand[:_SEED]
         blind = [rand[i:i + _SEED] for i in range(_SEED, len(rand), _SEED)]
         c0, c1 = self.commit_len, self.commit_len + self.n_bits
-        mask = flp.expand_field(s, self.total, DOMAIN_SHARE)
-        y_main = flp.add(np.concatenate([x, fw]), mask[:c0])
-        main_sha = hashlib.sha256(flp.to_bytes(y_main)).hexdigest()
+        F = self.F
+        mask = F.expand_field(s, self.total, DOMAIN_SHARE)
+        y_main = F.add(np.concatenate([x, fw]), mask[:c0])
+        main_sha = hashlib.sha256(F.to_bytes(y_main)).hexdigest()
         seed_sha = seed_digest(s)
         fs = self.fs_seed(hospital, main_sha, seed_sha)
         aux = self._aux(x, fs, check=check, factor=fw) if aux_override is None else aux_override(self, x, fs)
-        y_aux = flp.add(aux, mask[c0:c1])
-        aux_sha = hashlib.sha256(flp.to_bytes(y_aux)).hexdigest()
+        y_aux = F.add(aux, mask[c0:c1])
+        aux_sha = hashlib.sha256(F.to_bytes(y_aux)).hexdigest()
         jrs = self.joint_rand(fs, aux_sha)
-        proofs = self.bits.prove_reps(aux, jrs, [flp.expand_field(r, 2 * self.bits.chunk, PROOF_DOMAIN)
+        proofs = self.bits.prove_reps(aux, jrs, [F.expand_field(r, 2 * self.bits.chunk, PROOF_DOMAIN)
                                                  for r in blind[:self.reps]])
         proofs += self.statement.prove(fw, fs, aux_sha, blind[self.reps:])
-        y_proof = flp.add(np.concatenate(proofs), mask[c1:])
+        y_proof = F.add(np.concatenate(proofs), mask[c1:])
         body = np.concatenate([y_main, y_aux, y_proof])
         return body, s, UploadCommitment(main_sha, aux_sha, seed_sha)
 
@@ -260,11 +281,11 @@ class Circuit:
     def leader_share(self, body: bytes | np.ndarray) -> np.ndarray:
         """Server: the upload's words as its share (length-checked, every word a field element)."""
         if isinstance(body, (bytes, bytearray, memoryview)):
-            return flp.from_bytes(bytes(body), self.total, what="the split upload")
-        body = np.asarray(body, dtype=np.uint64)
-        if body.shape != (self.total,) or (body.size and int(body.max()) >= flp.P):
+            return self.F.from_bytes(bytes(body), self.total, what="the split upload")
+        body = np.asarray(body, dtype=self.F.dtype)
+        if body.shape != (self.total,):
             raise MalformedPayload("the split upload is not the session's number of field elements")
-        return body
+        return canonical(self.F, body, "the split upload")
 
     def upload_share(self, payload: bytes, *, accepted: bool = False) -> np.ndarray:
         """Server: a sealed upload's words as its share (the envelope opened and checked for this session;
@@ -273,14 +294,14 @@ class Circuit:
 
     def helper_share(self, seed: bytes) -> np.ndarray:
         """Key holder: ``-m`` from the opened seed."""
-        return flp.neg(flp.expand_field(seed, self.total, DOMAIN_SHARE))
+        return self.F.neg(self.F.expand_field(seed, self.total, DOMAIN_SHARE))
 
     def check_commitment(self, share: np.ndarray, commitment: UploadCommitment, *, leader: bool,
                          seed: bytes | None = None) -> None:
         """Leader: the hashes are of its words; helper: ``seed_sha256`` is of the opened seed."""
         if leader:
-            if hashlib.sha256(flp.to_bytes(share[:self.commit_len])).hexdigest() != commitment.main_sha256 or \
-                    hashlib.sha256(flp.to_bytes(share[self.commit_len:self.commit_len + self.n_bits])).hexdigest() \
+            if hashlib.sha256(self.F.to_bytes(share[:self.commit_len])).hexdigest() != commitment.main_sha256 or \
+                    hashlib.sha256(self.F.to_bytes(share[self.commit_len:self.commit_len + self.n_bits])).hexdigest() \
                     != commitment.aux_sha256:
                 raise MalformedPayload("the validity commitment does not match the uploaded words")
         elif seed is None or seed_digest(seed) != commitment.seed_sha256:
@@ -289,8 +310,8 @@ class Circuit:
     def _decompose(self, bits: np.ndarray, name: str) -> np.ndarray:
         off, cnt, width = self.offsets[name]
         blk = bits[off:off + cnt * width].reshape(cnt, width)
-        w = flp.to_field([1 << j for j in range(width)])
-        return flp.sum_mod(flp.mul(blk, w), axis=1)
+        w = self.F.to_field([1 << j for j in range(width)])
+        return self.F.sum_mod(self.F.mul(blk, w), axis=1)
 
     def _parts(self, share: np.ndarray):
         """``(bits, bit proofs, the statement's words, the statement's proofs)`` of a share (or plain body)."""
@@ -309,9 +330,9 @@ class Circuit:
             return self._decompose(bits, name)
 
         def proj():
-            return flp.sub(flp.add(self.project(x, fs), np.uint64(self.T * one)), dec("proj"))
+            return self.F.sub(self.F.add(self.project(x, fs), self.F.to_field([self.T * one])), dec("proj"))
 
-        return Shares(x, self.L, dec, leader, proj, words=words, proofs=own, fs=fs, aux_sha256=aux_sha256)
+        return Shares(x, self.L, dec, leader, proj, field=self.F, words=words, proofs=own, fs=fs, aux_sha256=aux_sha256)
 
     def relation_values(self, share: np.ndarray, fs: bytes, *, leader: bool) -> list[np.ndarray]:
         """This verifier's shares of each relation group's values (:meth:`Statement.relation_groups`)."""
@@ -333,7 +354,7 @@ class Circuit:
         view = self._view(share, fs, commitment.aux_sha256, leader=leader)
         rel = np.concatenate(self.statement.relations(view))
         bits, proofs, _, _ = self._parts(share)
-        msgs = [np.array([flp.dot(row, rel) for row in coeffs], dtype=np.uint64)]
+        msgs = [self.F.to_field([self.F.dot(row, rel) for row in coeffs])]
         for jr, t, pf in zip(self.joint_rand(fs, commitment.aux_sha256), pts, proofs):
             msgs.append(self.bits.query(bits, pf, jr, t, leader=leader))
         msgs.append(self.statement.query(view, query_seed))
@@ -342,13 +363,14 @@ class Circuit:
     def decide(self, leader_msg, helper_msg) -> str | None:
         """None if the upload is valid, else which check failed (``linear``, ``bits``, or the statement's own
         verdict, e.g. ``gram_range``, ``gram``, ``noise``)."""
-        a = np.asarray(leader_msg, dtype=np.uint64)
-        b = np.asarray(helper_msg, dtype=np.uint64)
-        if a.shape != (self.verifier_len,) or b.shape != (self.verifier_len,) or \
-                int(max(a.max(), b.max())) >= flp.P:
+        a = np.asarray(leader_msg, dtype=self.F.dtype)
+        b = np.asarray(helper_msg, dtype=self.F.dtype)
+        if a.shape != (self.verifier_len,) or b.shape != (self.verifier_len,):
             raise MalformedPayload("a verifier message has the wrong shape")
-        v = flp.add(a, b)
-        if any(int(z) for z in v[:LINEAR_REPS]):
+        a = canonical(self.F, a, "a verifier message")
+        b = canonical(self.F, b, "a verifier message")
+        v = self.F.add(a, b)
+        if any(int(z) for z in self.F.to_ints(v[:LINEAR_REPS])):
             return AFFINE
         k, o = self.bits.verifier_len, LINEAR_REPS
         for r in range(self.reps):
@@ -361,12 +383,12 @@ class Circuit:
         """The relations an UNMASKED body ``w`` breaks (empty: valid), evaluated on the plain words rather
         than through shares and queries: what the two verifiers' messages decide, without their soundness
         error. For tests and the vectors only; no party ever holds ``w``."""
-        w = np.asarray(body, dtype=np.uint64)
+        w = np.asarray(body, dtype=self.F.dtype)
         fs = self.fs_seed(hospital, commitment.main_sha256, commitment.seed_sha256)
         failed = [name for (name, _), vals in zip(self.groups, self.relation_values(w, fs, leader=True))
                   if np.any(vals)]
         bits, _, _, _ = self._parts(w)
-        if np.any(bits > 1):
+        if any(int(b) > 1 for b in self.F.to_ints(bits)):
             failed.append("bits")
         return failed + self.statement.failures(self._view(w, fs, commitment.aux_sha256, leader=True))
 
@@ -375,7 +397,7 @@ def soundness_bits(circuit: Circuit, hash_queries_log2: int = 64) -> float:
     """-log2 of the bound on accepting an invalid upload, for a prover making 2^q hash queries (docs/VALIDITY.md):
     the projection rows and the bit proof's terms, and the statement's own (:meth:`Statement.soundness`)."""
     q = 2.0 ** hash_queries_log2
-    p = float(flp.P)
+    p = float(circuit.F.P)
     bp = circuit.bits
     own_query, own_point, pairs = circuit.statement.soundness()
     per_query = 2.0 ** -ROWS + (bp.length / p) ** circuit.reps + own_query

@@ -33,7 +33,7 @@ from .keys import PUBLIC_CONTEXT_KEY, check_public_key, open_seed, seal_seed
 from .signed_messages import SeedRefused, UploadCommitment, seed_digest, sign_seed_statement, sign_verifier_message, \
     signed_query_seed, verify_leader_message, verify_seed_statement
 from .proof import DOMAIN_SHARE, Circuit
-from .sizes import proven_aggregate_bound
+from .sizes import field_of, proven_aggregate_bound
 
 #: the refinement of :class:`SanityCheckFailed` when a masked sum and a share were not formed over one cohort
 SHARE_MISMATCH = "share_mismatch"
@@ -57,7 +57,7 @@ def seal_upload(params: SessionParams, body, seed: bytes, commitment: UploadComm
                 hospital: str, identity_key) -> tuple[bytes, dict]:
     """The sealed payload and signed seed statement for a proven body (the attack commands build bodies
     whose statement is false and seal them here, as a malicious hospital's software would)."""
-    payload = seal(params, "contribution", flp.to_bytes(body))
+    payload = seal(params, "contribution", field_of(params).to_bytes(body))
     sha = hashlib.sha256(payload).hexdigest()
     box = seal_seed(params, bound_public_key(params, public_context), hospital, sha, seed)
     return payload, sign_seed_statement(identity_key, params, hospital, sha, box, commitment.to_dict())
@@ -222,7 +222,7 @@ def joint_verdict(params: SessionParams, hospital: str, payload_sha256: str, ser
     circuit = Circuit(params)
     _, leader = verify_leader_message(server_message, server_pub, circuit, hospital, payload_sha256,
                                       signed_query_seed(server_message, hospital))
-    helper = flp.from_bytes(bytes.fromhex(keyholder_message_hex), circuit.verifier_len,
+    helper = circuit.F.from_bytes(bytes.fromhex(keyholder_message_hex), circuit.verifier_len,
                             what=f"the key holder's verifier message for {hospital}")
     return circuit.decide(leader, helper)
 
@@ -264,7 +264,7 @@ def dispute(params: SessionParams, hospital: str, payload: bytes, statement: Map
     own_helper = circuit.query(circuit.helper_share(bytes(seed)), commitment, hospital, qs, leader=False)
     if keyholder_message_hex is None:  # a commitment refusal, but the seed meets the commitment
         return {**out, "at_fault": "keyholder", "keyholder_message_true": False, "verdict": "commitment"}
-    helper = flp.from_bytes(bytes.fromhex(keyholder_message_hex), circuit.verifier_len,
+    helper = circuit.F.from_bytes(bytes.fromhex(keyholder_message_hex), circuit.verifier_len,
                             what=f"the key holder's verifier message for {hospital}")
     out["verdict"] = circuit.decide(leader, helper)
     out["keyholder_message_true"] = bool(np.array_equal(np.asarray(own_helper), np.asarray(helper)))

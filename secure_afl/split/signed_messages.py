@@ -34,6 +34,7 @@ from ..params import SessionParams
 from ..cohort import HOSPITAL_PROVEN, JOINT_CHECK
 from ..signing import box_statement, sign_box_statement, verify_box_statement
 from .keys import BOX_LEN, refuse_retired
+from .sizes import field_of
 
 __all__ = ["UploadCommitment", "seed_digest", "SeedRefused", "sign_seed_statement", "verify_seed_statement",
            "verifier_statement", "sign_verifier_message", "verify_leader_message", "signed_query_seed",
@@ -117,7 +118,7 @@ def verifier_statement(params: SessionParams, hospital: str, payload_sha256: str
                         message: np.ndarray) -> dict:
     return {"type": "split-verifier", "v": 1, "session_id": params.session_id,
             "params_digest": params.digest().hex(), "hospital": hospital, "payload_sha256": payload_sha256,
-            "query_seed": bytes(query_seed).hex(), "message": flp.to_bytes(message).hex()}
+            "query_seed": bytes(query_seed).hex(), "message": field_of(params).to_bytes(message).hex()}
 
 
 def sign_verifier_message(params: SessionParams, hospital: str, payload_sha256: str, query_seed: bytes, message,
@@ -152,7 +153,7 @@ def verify_leader_message(statement, server_pub, circuit, hospital: str,
     or session, or formed at a query seed of the server's own: before the key holder's query existed)."""
     try:
         qs = bytes.fromhex(statement["query_seed"])
-        msg = flp.from_bytes(bytes.fromhex(statement["message"]), circuit.verifier_len,
+        msg = circuit.F.from_bytes(bytes.fromhex(statement["message"]), circuit.verifier_len,
                              what=f"the server's verifier message for {hospital}")
         sig = bytes.fromhex(statement["signature"])
     except (KeyError, TypeError, ValueError):

@@ -13,11 +13,12 @@ import numpy as np
 
 from ..exceptions import InvalidParameterError
 from ..hazmat import fixedpoint
+from ..hazmat.fields import field_named
 from ..hazmat.flp import P as P_FIELD
 from ..packing import Layout
 from ..params import Bounds, SessionParams
 
-__all__ = ["REPS", "MAX_REPS", "SOUNDNESS_BITS", "LINEAR_REPS", "ROWS", "TAIL", "WRAP_BITS", "RETRIES", "GRAM_KEY", "GRAM_RHOS", "GRAM_QUERIES",
+__all__ = ["FIELD_KEY", "DEFAULT_FIELD", "field_of", "REPS", "MAX_REPS", "SOUNDNESS_BITS", "LINEAR_REPS", "ROWS", "TAIL", "WRAP_BITS", "RETRIES", "GRAM_KEY", "GRAM_RHOS", "GRAM_QUERIES",
            "GRAM_MIN_F", "NOISE_L2_TAIL_BITS", "noise_l2_bound", "PROCESS_MIN_UPLOADS", "VERIFIER_WORKERS", "ADVISORY_CHECKS", "gram_enabled", "noise_beside", "noise_bound",
            "statement_sizes",
            "fits", "choose_frac_bits", "split_session_params", "session_params", "expected_abs_error",
@@ -43,12 +44,22 @@ WRAP_BITS = 62
 RETRIES = 8
 #: backend_params key of the Gram statement (docs/VALIDITY.md, "The Gram statement"); absent means off
 GRAM_KEY = "gram_proof"
+#: backend_params key naming the field the proof runs over (:data:`secure_afl.hazmat.flp.FIELD_NAMES`)
+FIELD_KEY = "field"
+#: the field every split session signs
+DEFAULT_FIELD = "goldilocks"
 #: Fiat-Shamir vectors rho the quadratic identity is checked on (each misses a false one w.p. 2/p)
 GRAM_RHOS = 3
 #: independent square-sum proofs, each queried at its own point
 GRAM_QUERIES = 2
 #: fewest fractional bits of the factor: below, snapping the statistics onto L L^T would cost more than float32
 GRAM_MIN_F = 12
+
+
+def field_of(params: SessionParams):
+    """The field object the session's signed parameters name (:func:`secure_afl.hazmat.flp.field_named`): a
+    session signed before the field was part of them is refused by name."""
+    return field_named(params.backend_params.get(FIELD_KEY))
 
 
 def gram_enabled(params: SessionParams) -> bool:
@@ -318,7 +329,8 @@ def split_session_params(session_id: str, layout: Layout, gamma: float, bounds: 
     """Lane bits from the bounds (as secagg and bfv, lowered where a validity-proven upload needs the room:
     :func:`choose_frac_bits`); not yet bound to the key holder's seed key. ``gram_proof``: every upload also
     proves its statistics are a Gram matrix (docs/VALIDITY.md, "The Gram statement")."""
-    base = SessionParams(session_id, "split", layout, gamma, bounds)
+    base = SessionParams(session_id, "split", layout, gamma, bounds).with_backend_params(
+        **{FIELD_KEY: DEFAULT_FIELD})
     if gram_proof:  # absent when off, so the digest of a session without it is unchanged
         base = base.with_backend_params(**{GRAM_KEY: True})
     if float(max_share) < 1.0:

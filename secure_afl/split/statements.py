@@ -32,9 +32,9 @@ import numpy as np
 
 from .. import domains
 from ..exceptions import BoundsExceeded
-from ..hazmat import flp
+from ..hazmat.fields import GOLDILOCKS, small
 from ..params import SessionParams
-from .sizes import ROWS
+from .sizes import ROWS, field_of
 
 __all__ = ["Statement", "Composed", "PlainStatement", "DPStatement", "Unlucky", "Prover", "Shares", "AFFINE",
            "VERDICTS", "PROOF_DOMAIN", "bits_of", "total"]
@@ -56,10 +56,12 @@ class Unlucky(BoundsExceeded):
         super().__init__("this seed's projection rows leave the honest range; draw a fresh seed")
 
 
-def bits_of(values, width: int) -> np.ndarray:
-    """Bits of non-negative ints (Python ints), little-endian, ``width`` (< 64) each; wraps mod 2^width."""
+def bits_of(values, width: int, field=None) -> np.ndarray:
+    """Bits of non-negative ints (Python ints), little-endian, ``width`` (< 64) each; wraps mod 2^width; as
+    elements of ``field`` (Goldilocks when None)."""
     v = np.array([int(x) % (1 << width) for x in values], dtype=np.uint64)
-    return ((v[:, None] >> np.arange(width, dtype=np.uint64)) & np.uint64(1)).ravel()
+    bits = ((v[:, None] >> np.arange(width, dtype=np.uint64)) & np.uint64(1)).ravel()
+    return small(field or GOLDILOCKS, bits)
 
 
 class Prover:
@@ -78,8 +80,9 @@ class Shares:
     bits' hash. In the unshared circuit (:meth:`secure_afl.split.proof.Circuit.evaluate`) the same view holds
     the plain words."""
 
-    def __init__(self, lanes: np.ndarray, L: int, decompose, leader: bool, projection, *, words=None,
+    def __init__(self, lanes: np.ndarray, L: int, decompose, leader: bool, projection, *, field, words=None,
                  proofs=None, fs: bytes = b"", aux_sha256: str = ""):
+        self.F = field
         self.lanes, self.L = lanes, L
         self.hi, self.lo = lanes[:L], lanes[L:]
         self.dec = decompose
@@ -88,16 +91,18 @@ class Shares:
         self._projection = projection
         self.words, self.proofs, self.fs, self.aux_sha256 = words, proofs, fs, aux_sha256
 
-    def const(self, v: int) -> np.uint64:
-        return np.uint64(int(v) * self.one)
+    def const(self, v: int) -> np.ndarray:
+        """The public constant ``v`` on the leader's side, 0 on the helper's (one element, broadcasting)."""
+        return self.F.to_field([int(v) * self.one])
 
     def projection(self) -> np.ndarray:
         """``<r_j, hi> + T - (the proven projection value)`` per row: zero when the bits hold the projection."""
         return self._projection()
 
 
-def total(v) -> np.ndarray:
-    return np.array([flp.sum_mod(v)], dtype=np.uint64)
+def total(F, v) -> np.ndarray:
+    """The sum of ``v`` as a one-element array of field ``F``."""
+    return F.to_field([F.sum_mod(v)])
 
 
 class Statement:
@@ -124,7 +129,7 @@ class Statement:
         return []
 
     def query(self, v: "Shares", query_seed: bytes) -> np.ndarray:
-        return np.zeros(0, dtype=np.uint64)
+        return self.F.zeros(0)
 
     def decide(self, v: np.ndarray) -> str | None:
         """The verdict of its message part (summed over both verifiers), None if it holds."""
@@ -144,6 +149,8 @@ class Statement:
 
     def __init__(self, params: SessionParams, sizes: dict, f1: int):
         self.params, self.s, self.f1 = params, sizes, f1
+        #: the field the session's circuit runs over (its signed parameters name it)
+        self.F = field_of(params)
         lay = params.layout
         sl = lay.slices
         self.d, self.C = lay.dim, lay.n_classes
@@ -182,10 +189,11 @@ class Statement:
         return [("lo_zero", self.C + 2), ("tag", 2 * len(self.i_tag)), ("contributors", 1)]
 
     def _common(self, v: Shares) -> list[np.ndarray]:
+        F = self.F
         return [
             v.lo[[self.i_n, self.i_contrib, *self.i_counts]],                # n, counts, contributors: lo lane 0
             np.concatenate([v.hi[self.i_tag], v.lo[self.i_tag]]),           # tag slots 0
-            flp.sub(v.hi[[self.i_contrib]], v.const(1 << self.f1)),          # one contributor (never noised)
+            F.sub(v.hi[[self.i_contrib]], v.const(1 << self.f1)),          # one contributor (never noised)
         ]
 
 
@@ -204,15 +212,15 @@ class PlainStatement(Statement):
                                         ("trace", 1), ("projection", ROWS)]
 
     def relations(self, v: Shares):
-        s, f1s = self.s, 1 << self.f1
+        s, f1s, F = self.s, 1 << self.f1, self.F
         n_val, counts = v.dec("n"), v.dec("counts")
         return self._common(v) + [
-            flp.sub(v.hi[[self.i_n]], flp.scale(n_val, f1s)),                          # n integer >= 0
-            flp.sub(flp.add(n_val, v.dec("n_gap")), v.const(self.params.bounds.n_max)),  # n <= n_max
-            flp.sub(v.hi[self.i_counts], flp.scale(counts, f1s)),                      # counts integers >= 0
-            flp.sub(total(counts), n_val),                                             # sum counts = n
-            flp.sub(flp.add(flp.scale(n_val, s["c_B"]), v.const(s["c_0"])),            # trace <= c_B n + c_0
-                    flp.add(v.dec("slack"), total(v.hi[self.i_diag]))),
+            F.sub(v.hi[[self.i_n]], F.scale(n_val, f1s)),                          # n integer >= 0
+            F.sub(F.add(n_val, v.dec("n_gap")), v.const(self.params.bounds.n_max)),  # n <= n_max
+            F.sub(v.hi[self.i_counts], F.scale(counts, f1s)),                      # counts integers >= 0
+            F.sub(total(F, counts), n_val),                                             # sum counts = n
+            F.sub(F.add(F.scale(n_val, s["c_B"]), v.const(s["c_0"])),            # trace <= c_B n + c_0
+                    F.add(v.dec("slack"), total(F, v.hi[self.i_diag]))),
             v.projection(),
         ]
 
@@ -256,18 +264,18 @@ class DPStatement(Statement):
                                         ("trace", 1), ("projection", ROWS)]
 
     def relations(self, v: Shares):
-        s, tau = self.s, self.tau
+        s, tau, F = self.s, self.tau, self.F
         n_val, cval = v.dec("n"), v.dec("counts")
         return self._common(v) + [
-            flp.sub(flp.add(v.hi[[self.i_n]], v.const(tau)), n_val),                   # hi_n >= -tau
-            flp.sub(flp.add(n_val, v.dec("n_gap")), v.const(s["n_top"])),              # hi_n <= n_max 2^f1 + tau
-            flp.sub(flp.add(v.hi[self.i_counts], v.const(tau)), cval),                 # counts >= -tau
-            flp.sub(flp.add(cval, v.dec("count_gap")), v.const(s["n_top"])),           # counts <= n_max 2^f1 + tau
-            flp.sub(flp.add(flp.sub(total(cval), n_val), v.const(2 * tau)), v.dec("sum")),  # sum - n >= -(C+1) tau
-            flp.sub(flp.add(v.dec("sum"), v.dec("sum_gap")), v.const(s["e_top"])),     # sum - n <= (C+1) tau
-            flp.sub(flp.add(flp.scale(n_val, s["c_B"]), v.const(s["trace_c"])),        # 2^g trace <= c_B hi_n + ...
-                    flp.add(v.dec("slack"),
-                            flp.scale(flp.add(total(v.hi[self.i_diag]), v.const(self.d * tau)), 1 << s["g"]))),
+            F.sub(F.add(v.hi[[self.i_n]], v.const(tau)), n_val),                   # hi_n >= -tau
+            F.sub(F.add(n_val, v.dec("n_gap")), v.const(s["n_top"])),              # hi_n <= n_max 2^f1 + tau
+            F.sub(F.add(v.hi[self.i_counts], v.const(tau)), cval),                 # counts >= -tau
+            F.sub(F.add(cval, v.dec("count_gap")), v.const(s["n_top"])),           # counts <= n_max 2^f1 + tau
+            F.sub(F.add(F.sub(total(F, cval), n_val), v.const(2 * tau)), v.dec("sum")),  # sum - n >= -(C+1) tau
+            F.sub(F.add(v.dec("sum"), v.dec("sum_gap")), v.const(s["e_top"])),     # sum - n <= (C+1) tau
+            F.sub(F.add(F.scale(n_val, s["c_B"]), v.const(s["trace_c"])),        # 2^g trace <= c_B hi_n + ...
+                    F.add(v.dec("slack"),
+                            F.scale(F.add(total(F, v.hi[self.i_diag]), v.const(self.d * tau)), 1 << s["g"]))),
             v.projection(),
         ]
 
@@ -303,7 +311,7 @@ class Composed(Statement):
     def __init__(self, parts: list[Statement]):
         self.parts = list(parts)
         base = self.parts[0]
-        self.params, self.s, self.f1, self.tau = base.params, base.s, base.f1, base.tau
+        self.params, self.s, self.f1, self.tau, self.F = base.params, base.s, base.f1, base.tau, base.F
         self.d, self.C = base.d, base.C
         self.i_n, self.i_counts, self.i_contrib, self.i_tag, self.i_diag = \
             base.i_n, base.i_counts, base.i_contrib, base.i_tag, base.i_diag
@@ -340,7 +348,7 @@ class Composed(Statement):
         return next((u for u in (p.upload(lanes_of, vector, noise) for p in self.parts) if u is not None), None)
 
     def _words(self, words, p_cut):
-        return None if words is None else np.asarray(words, dtype=np.uint64)[p_cut[0]:p_cut[1]]
+        return None if words is None else np.asarray(words, dtype=self.F.dtype)[p_cut[0]:p_cut[1]]
 
     def witness(self, u: Prover, *, check: bool) -> dict:
         out = {}
@@ -355,11 +363,11 @@ class Composed(Statement):
         return out
 
     def _view(self, v: Shares, words_cut, proofs_cut) -> Shares:
-        return Shares(v.lanes, v.L, v.dec, v.leader, v._projection, words=self._words(v.words, words_cut),
+        return Shares(v.lanes, v.L, v.dec, v.leader, v._projection, field=v.F, words=self._words(v.words, words_cut),
                       proofs=self._words(v.proofs, proofs_cut), fs=v.fs, aux_sha256=v.aux_sha256)
 
     def query(self, v: Shares, query_seed: bytes) -> np.ndarray:
-        return np.concatenate([np.zeros(0, dtype=np.uint64)] + [
+        return np.concatenate([self.F.zeros(0)] + [
             p.query(self._view(v, wc, pc), query_seed)
             for p, wc, pc in zip(self.parts, self._cuts("n_words"), self._cuts("proof_len"))])
 

@@ -15,8 +15,9 @@ What it runs (every number in the report comes from here, seeds fixed):
    every REPORTED seed, on that seed's own split, so the spread over seeds
    includes the test set's sampling variance; its test accuracy is recorded
    after every round, and so is which test samples each model gets right
-   (``correct``, ``correct_prior``), for the paired tests of the report
-   (McNemar, paired bootstrap: ``study_report.py``). A chosen value on the
+   (``correct``, ``correct_prior``), and each test sample's image id
+   (``meta.test_ids``: the seeds' splits share images), for the report's
+   bootstrap over seeds and images (``study_report.py``). A chosen value on the
    edge of its grid is reported in ``edges``.
 2. Bytes on the wire per hospital: one real round of each method's vector
    through the secagg encoder and through ckks (what a hospital uploads), so
@@ -50,6 +51,7 @@ from .fl import FLConfig, client_label_mix, evaluate, run_fedavg, run_fedfac
 from .heads import LinearHead, MLPHead
 from .securesum import SecureSum
 from .study_report import pack_bits
+from .study_stats import image_ids
 
 __all__ = ["GRIDS", "FEDFAC_GRID", "split_validation", "label_prior_accuracy", "rounds_to_reach", "run_study",
            "grid_edges", "write_study_report"]
@@ -434,6 +436,7 @@ def run_study(*, dataset="digits", seeds=(1, 2, 3, 4, 5), tune_seed=0, K=10, rou
                      "rounds": rounds, "hidden": hidden, "fa_epochs": fa_epochs, "train": int(Xtr.shape[0]),
                      "test": int(Xte.shape[0]), "dim": int(d), "classes": int(C),
                      "test_labels": {str(s): "".join(map(str, _data(dataset, s)[3].tolist())) for s in seeds},
+                     "test_ids": dict(zip(map(str, seeds), image_ids([_data(dataset, s)[2] for s in seeds]))),
                      "seconds": time.perf_counter() - t0}}
 
 

@@ -4,11 +4,12 @@ Everything printed is computed from the study's JSON: the tables, the
 figures and the numbers quoted in the findings. Accuracies are the mean and
 the sample standard deviation over the reported seeds (each its own test
 split, so the spread includes the test set's sampling variance). Every
-difference between two methods is called with a paired test on the test
-samples of every reported seed: McNemar's exact test on the pooled
-predictions for two global models' accuracy (:func:`mcnemar`), a paired
-bootstrap over the test samples otherwise (:func:`paired_bootstrap`:
-per-client and personal-model accuracies). A difference under
+difference between two methods is called with a paired bootstrap over the
+reported seeds and the distinct test images (:func:`seed_image_bootstrap`:
+the seeds carry the training variance, and the seeds' test splits share
+images, so an image is one cluster), a fixed :data:`BOOT` replicates, each p
+printed with its Monte Carlo standard error; the paired t-test over the
+seeds (:func:`seeds_t_test`) is its cross-check. A difference under
 :data:`PRACTICAL` (one point) is called "no practical difference", whatever
 its p-value.
 """
@@ -20,14 +21,16 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["render", "FEATURES_JSON", "mcnemar", "paired_bootstrap", "call", "PRACTICAL", "ALPHA"]
+from secure_afl.exceptions import InvalidInputError
+
+from .study_stats import BOOT, image_ids, seed_image_bootstrap, seeds_t_test
+
+__all__ = ["render", "FEATURES_JSON", "image_ids", "compare_rows", "call", "PRACTICAL", "ALPHA"]
 
 #: A difference of accuracy below this is "no practical difference" (one point).
 PRACTICAL = 0.01
 #: Significance level of the paired tests.
 ALPHA = 0.05
-#: Bootstrap replicates (p-values resolve to 1 / BOOT).
-BOOT = 4000
 
 #: The ``compare --features/--embed-digits`` result beside the study's JSON; its section joins the report.
 FEATURES_JSON = "comparison_features.json"
@@ -53,74 +56,18 @@ def _ms(vals, digits=3):
     return txt + (f" ({bad} refused)" if bad else "")
 
 
-def mcnemar(a, b) -> dict:
-    """McNemar's exact test of two classifiers' accuracy on the same samples (``a``, ``b``: which samples each
-    gets right, pooled over seeds). Only discordant samples count: n_ab (a right, b wrong) against n_ba; under
-    the null each is Binomial(n_ab + n_ba, 1/2); two-sided p = min(1, 2 P(X <= min)). Exact integer
-    arithmetic, no approximation."""
-    a, b = np.asarray(a, dtype=bool), np.asarray(b, dtype=bool)
-    n_ab, n_ba = int(np.sum(a & ~b)), int(np.sum(~a & b))
-    n, m = n_ab + n_ba, min(n_ab, n_ba)
-    from math import comb
-    from fractions import Fraction
-
-    p = 1.0 if n == 0 else float(min(Fraction(1), 2 * Fraction(sum(comb(n, k) for k in range(m + 1)), 2 ** n)))
-    return {"diff": (n_ab - n_ba) / a.size, "n_ab": n_ab, "n_ba": n_ba, "p": p}
-
-
-def _weighted(corr, y, mix, w):
-    """The accuracy metric of ``corr`` (models x samples) under sample weights ``w`` (replicates x samples):
-    ``mix`` None: the mean over models of each model's accuracy; else each hospital k's accuracy on a test
-    distribution with its label mix, sum_c mix[k, c] acc_k(c), averaged over hospitals (a single model row
-    serves every hospital)."""
-    if mix is None:
-        return ((w @ corr.T.astype(float)) / w.sum(axis=1)[:, None]).mean(axis=1)
-    mix = np.asarray(mix, dtype=float)
-    out = np.zeros(w.shape[0])
-    for c in range(mix.shape[1]):
-        m = y == c
-        if not m.any():
-            continue
-        den = w[:, m].sum(axis=1)
-        acc = (w[:, m] @ corr[:, m].T.astype(float)) / np.where(den > 0, den, 1.0)[:, None]
-        acc[den == 0] = 0.0
-        out += (acc * mix[None, :, c]).mean(axis=1) if corr.shape[0] == mix.shape[0] else \
-            acc[:, 0] * mix[:, c].mean()
-    return out
-
-
-def paired_bootstrap(pairs, *, boot: int = BOOT, seed: int = 0) -> dict:
-    """Paired bootstrap of a difference of accuracies over the test samples of every seed.
-
-    ``pairs``: one (corr_a, corr_b, y, mix) per seed, corr_* (models x samples) booleans, mix as in
-    :func:`_weighted` (None: plain accuracy). Each replicate resamples every seed's test samples with
-    replacement, the SAME samples for both sides (paired), and averages the per-seed differences over seeds.
-    Returns the difference, its 95 % percentile interval and the two-sided p-value of the interval's
-    inversion: min(1, 2 min(P*(d <= 0), P*(d >= 0))), resolved to 1 / boot."""
-    rng = np.random.default_rng(seed)
-    est, reps = 0.0, np.zeros(boot)
-    for ca, cb, y, mix in pairs:
-        n = y.size
-        ones = np.ones((1, n))
-        est += float(_weighted(ca, y, mix, ones)[0] - _weighted(cb, y, mix, ones)[0])
-        w = np.stack([np.bincount(rng.integers(0, n, n), minlength=n) for _ in range(boot)]).astype(float)
-        reps += _weighted(ca, y, mix, w) - _weighted(cb, y, mix, w)
-    k = len(pairs)
-    est, reps = est / k, reps / k
-    p = min(1.0, 2.0 * min(np.mean(reps <= 0), np.mean(reps >= 0)))
-    if np.all(reps == 0):
-        p = 1.0
-    return {"diff": est, "lo": float(np.quantile(reps, 0.025)), "hi": float(np.quantile(reps, 0.975)), "p": p}
-
-
 def call(res: dict) -> str:
-    """One difference in words: the difference (and interval), its p-value, and the verdict."""
+    """One difference in words: the difference (and interval), its p-value with the bootstrap's Monte Carlo
+    standard error, and the verdict."""
     d, p = res["diff"], res["p"]
 
     def sg(x):
         return f"{x:+.3f}".replace("-0.000", "+0.000")
     ci = f" [{sg(res['lo'])}, {sg(res['hi'])}]" if "lo" in res else ""
+    se = res.get("p_se")
     pt = "p < 0.001" if p < 0.001 else f"p = {p:.3f}" if p < 0.1 else f"p = {p:.2f}"
+    if se is not None and p >= 0.001:
+        pt += f" ± {se:.3f}" if p < 0.1 else f" ± {se:.2f}"
     if abs(d) < PRACTICAL:
         verdict = "no practical difference"
     elif p < ALPHA:
@@ -149,26 +96,38 @@ def _labels(study, seed):
 
 def compare_rows(study, rows_a, rows_b, kind: str) -> dict:
     """The paired test of ``rows_a`` against ``rows_b`` (final or AFL rows, paired by seed) on ``kind``:
-    "global" (test accuracy; McNemar when both are one global model each, else the bootstrap), "client" (per
-    hospital, no prior) or "prior" (per hospital with the label prior). Every seed present in both counts."""
+    "global" (test accuracy), "client" (per hospital, no prior) or "prior" (per hospital with the label prior),
+    by :func:`seed_image_bootstrap` over the seeds present in both and their test images."""
+    memo = study.get("_tests")
+    key = (tuple(map(id, rows_a)), tuple(map(id, rows_b)), kind)
+    if memo is not None and key in memo:
+        return memo[key][1]
+    res = _compare_rows(study, rows_a, rows_b, kind)
+    if memo is not None and rows_a and rows_b:
+        part = rows_a[0].get("partition") or rows_b[0].get("partition")
+        memo[key] = (f"{rows_a[0].get('method', 'AFL')} minus {rows_b[0].get('method', 'AFL')} ({part}, {kind})",
+                     res)
+    return res
+
+
+def _compare_rows(study, rows_a, rows_b, kind: str) -> dict:
     by_b = {r["seed"]: r for r in rows_b}
     pairs = [(r, by_b[r["seed"]]) for r in rows_a if r["seed"] in by_b and r.get("correct") and
              by_b[r["seed"]].get("correct")]
     if not pairs:
         return {"diff": float("nan"), "p": float("nan")}
+    ids = study["meta"].get("test_ids")
+    if not ids:
+        raise InvalidInputError("the study stores no test image ids (meta.test_ids): its p-values cannot cluster "
+                                "the images its seeds' test splits share; re-run the study")
     key = "correct_prior" if kind == "prior" else "correct"
     data = []
     for ra, rb in pairs:
         y = _labels(study, ra["seed"])
         n = y.size
-        ca, cb = _bits(ra, key, n), _bits(rb, key, n)
-        mix = None if kind == "global" else ra["mix"]
-        data.append((ca, cb, y, mix))
-    if kind == "global" and all(ca.shape[0] == 1 and cb.shape[0] == 1 for ca, cb, _, _ in data):
-        res = mcnemar(np.concatenate([ca[0] for ca, _, _, _ in data]), np.concatenate([cb[0] for _, cb, _, _ in data]))
-        # the pooled difference of McNemar weights every seed's test set equally: all have the same size
-        return {**res, "test": "McNemar", **{k: v for k, v in paired_bootstrap(data).items() if k in ("lo", "hi")}}
-    return {**paired_bootstrap(data), "test": "paired bootstrap"}
+        data.append((_bits(ra, key, n), _bits(rb, key, n), y, None if kind == "global" else ra["mix"]))
+    res = seed_image_bootstrap(data, [ids[str(ra["seed"])] for ra, _ in pairs])
+    return {**res, "p_seeds": seeds_t_test(res["per_seed"]), "test": "bootstrap over seeds and images"}
 
 
 def _bytes(v):
@@ -220,6 +179,7 @@ def _grid_text(name, g):
 
 def render(study: dict, out: Path, *, command: str, ablation=None) -> Path:
     out.mkdir(parents=True, exist_ok=True)
+    study = {**study, "_tests": {}}  # this render's tests (compare_rows), read again by the last finding
     meta = study["meta"]
     afl = study["afl"]
     finals = study["finals"]
@@ -249,11 +209,23 @@ def render(study: dict, out: Path, *, command: str, ablation=None) -> Path:
           "reported figure moves).",
           f"* Each chosen point is then re-run on all of each hospital's training data on every reported seed "
           f"({ns} runs per cell); cells are the mean ± the sample standard deviation over those seeds. Every "
-          "difference between two methods is called with a paired test on the test samples of all reported "
-          "seeds: McNemar's exact test on the pooled predictions when both sides are one global model (test "
-          "accuracy), a paired bootstrap over the test samples (4,000 replicates, 95 % interval) for per-client "
-          "and personal-model accuracies. A difference under 1 point is \"no practical difference\" whatever "
-          "its p-value; above it, \"significant\" at p < 0.05, else \"not significant\".",
+          "difference between two methods (test accuracy, per-client and personal-model accuracy alike) is "
+          "called with a paired bootstrap over the reported seeds and the test images: each replicate draws "
+          f"the {ns} seeds with replacement and, independently, the distinct images of all the seeds' test "
+          f"splits with replacement ({_test_sizes(study)}: the splits share images, so an image counts as one "
+          "cluster wherever it appears), and scores both methods on the same draw. Resampling the seeds "
+          "carries the training variance (initialisation, partition, batches) and the split's; resampling "
+          f"images as clusters keeps a shared image from counting as new evidence in every split. {BOOT:,} "
+          "replicates, fixed; each p is printed with its Monte Carlo standard error (± after it), the interval "
+          "is the replicates' 95 % percentile interval. The bootstrap leans conservative where the images, not "
+          "the seeds, carry the variance: its seed stage counts again the test sampling that each seed's "
+          f"difference already holds (up to 2 - 1/S times that part of the variance, {2 - 1 / ns:.1f} at {ns} "
+          "seeds). The paired t-test over the seeds' differences takes the seeds' splits as independent although "
+          "they share images, and is computed beside it (the last finding). `python -m "
+          "secure_afl_tools.baselines.calibrate` prints how often each test, and McNemar's on the pooled "
+          "predictions, rejects on study-shaped data with no difference. A difference under 1 point is \"no practical "
+          "difference\" whatever its p-value; above it, \"significant\" at p < 0.05, else \"not "
+          "significant\".",
           "* Grids (SGD, as in the FedAvg and FedProx papers; FedProx's mu is its paper's grid): " + "; ".join(
               _grid_text(m, g) for m, g in study["grids"].items()) + ". A grid point whose update leaves the "
           "declared bound (a diverging run) is refused by the secure sum and never chosen.",
@@ -272,7 +244,8 @@ def render(study: dict, out: Path, *, command: str, ablation=None) -> Path:
           f"{', '.join(map(str, seeds))}); \"rounds to AFL - 1 pt\" is, per seed, the first round whose test "
           "accuracy is within 1 point of AFL's (never: not within the run); bytes are per hospital to get "
           "there on the slowest seed that did (secagg / ckks).", ""]
-    L += ["| partition | method | chosen (validation, seed %d) | test accuracy | AFL minus it (McNemar, pooled) | "
+    L += ["| partition | method | chosen (validation, seed %d) | test accuracy | AFL minus it (bootstrap over "
+          "seeds and images) | "
           "rounds to AFL - 1 pt (per seed) | bytes to get there, secagg | ckks |" % meta["tune_seed"],
           "|---|---|---|---|---|---|---|---|"]
     headline = {}
@@ -315,8 +288,8 @@ def render(study: dict, out: Path, *, command: str, ablation=None) -> Path:
         L.append(f"| {m} + label prior | " + " | ".join(_ms(_vals(_rows(rows, m, s), "client_acc_prior"))
                                                            for s in cols) + " |")
     L.append("")
-    L += ["AFL + label prior minus each method + label prior, paired bootstrap over the test samples of every "
-          "seed (positive: AFL ahead; difference [95 % interval], p):", "",
+    L += ["AFL + label prior minus each method + label prior, paired bootstrap over the seeds and the test "
+          "images (positive: AFL ahead; difference [95 % interval], p ± its Monte Carlo error):", "",
           "| method | " + " | ".join(cols) + " |", "|---|" + "---|" * len(cols)]
     for m, rows in [(m, finals) for m in methods] + [(m, fac) for m in ("FedFac-static", "FedFac-dynamic")]:
         cells = []
@@ -501,7 +474,8 @@ def _fedfac_section(study, cols, out):
         L.append(f"| {s} | {_cfg(st[0])} | {_cfg(dy[0]) if dy else '-'} | {st[0]['r_offdiag'][0]:.3f} / "
                  f"{one[0]['r_offdiag'][0] if one else float('nan'):.3f} |")
     L += ["", "Factor-analysis split against a random split of the same size, at the best static point with "
-          "tau < 1 (per-client accuracy, mean ± std over seeds; FA - random by the paired bootstrap):", "",
+          "tau < 1 (per-client accuracy, mean ± std over seeds; FA - random by the paired bootstrap over seeds "
+          "and images):", "",
           "| partition | split point | FA split | random split | FA - random | 1 epoch (R near I) |",
           "|---|---|---|---|---|---|"]
     for s in cols:
@@ -594,8 +568,9 @@ def _findings(study, specs, methods, headline, cols):
     L = ["## What it shows", "",
          f"Every statement below is about this setting (digits through random features, K = {meta['K']}, "
          f"{meta['rounds']} rounds, {ns} reported seeds, each its own test split of {meta['test']} samples, "
-         f"tuned on seed {meta['tune_seed']}). Each difference is called by its paired test (difference [95 % "
-         "interval], p); under 1 point it is \"no practical difference\".", ""]
+         f"tuned on seed {meta['tune_seed']}). Each difference is called by the paired bootstrap over seeds and test "
+         "images (difference [95 % interval], p ± its Monte Carlo error); under 1 point it is \"no practical "
+         "difference\".", ""]
     gaps = []
     for s in specs:
         cands = [(float(np.nanmean(_vals(headline[(m, s)][0], "global_acc"))), m) for m in methods if (m, s) in headline]
@@ -608,7 +583,7 @@ def _findings(study, specs, methods, headline, cols):
     afl_txt = ", ".join(f"{s} {_ms(_vals(afl[s]['seeds'], 'global_acc'), 4)}" for s in specs)
     L.append(f"* Accuracy after {meta['rounds']} rounds (global model, test set): AFL {afl_txt} (its solve does "
              "not depend on the partition; the spread is the test splits'). The best tuned gradient baseline "
-             "per partition, AFL minus it by McNemar's test on the pooled predictions: " + "; ".join(gaps) +
+             "per partition, AFL minus it: " + "; ".join(gaps) +
              ". AFL gets its accuracy in one aggregation.")
     fast = []
     for s in specs:
@@ -633,8 +608,8 @@ def _findings(study, specs, methods, headline, cols):
         per.append(f"{s}: " + ", ".join(parts))
     count = ", ".join(f"{verdicts.count(v)} {v}" for v in ("significant", "not significant",
                                                             "no practical difference") if verdicts.count(v))
-    L.append("* Per client, with the label prior given to every method (AFL + prior minus FedFac + prior, paired "
-             "bootstrap): " + "; ".join(per) + f". Of these {len(verdicts)} differences: {count}. Without the "
+    L.append("* Per client, with the label prior given to every method (AFL + prior minus FedFac + prior): " +
+             "; ".join(per) + f". Of these {len(verdicts)} differences: {count}. Without the "
              "prior, a global model is scored on classes the hospital never sees; with it on both sides, the "
              "comparison is between models, not metrics.")
     ab, res_ab = [], []
@@ -661,6 +636,7 @@ def _findings(study, specs, methods, headline, cols):
     ver = study["verify"]
     if ver:
         L.append(_secure_finding(study, ver))
+    L += _tests_finding(study)
     L.append("")
     L += [f"What is not covered: grids are searched on one seed (seed {meta['tune_seed']}, not reported) and the "
           "chosen point run on every reported seed, so the spread is that of the chosen point on new splits, "
@@ -678,34 +654,82 @@ def _findings(study, specs, methods, headline, cols):
     return L
 
 
+def _test_sizes(study) -> str:
+    ids = study["meta"].get("test_ids") or {}
+    n = sum(len(v) for v in ids.values())
+    return f"{n:,} test predictions per model, {len({i for v in ids.values() for i in v}):,} distinct images"
+
+
+def _verdict(d, p) -> str:
+    return "no practical difference" if abs(d) < PRACTICAL else "significant" if p < ALPHA else "not significant"
+
+
+def _tests_finding(study) -> list:
+    """Every test this report called, checked against the paired t-test over the seeds."""
+    tests = [(label, r) for label, r in study.get("_tests", {}).values() if np.isfinite(r.get("p", np.nan))]
+    if not tests:
+        return []
+    differ = [(label, r) for label, r in tests if _verdict(r["diff"], r["p"]) != _verdict(r["diff"], r["p_seeds"])]
+    sig = [label for label, r in tests if _verdict(r["diff"], r["p"]) == "significant"]
+    near = [(label, r) for label, r in tests if abs(r["p"] - ALPHA) < 2 * r["p_se"]]
+    S = tests[0][1]["seeds"]
+    txt = (f"* The tests themselves: {len(tests)} differences are called above, {len(sig)} of them significant"
+           + (f" ({'; '.join(sig)})" if sig else "") + f". The paired t-test over the {S} seeds' differences "
+           f"(df {S - 1}) gives the same verdict on {len(tests) - len(differ)} of them"
+           + (": it differs on " + "; ".join(f"{label}: bootstrap p = {r['p']:.3f}, t-test p = {r['p_seeds']:.3f}"
+                                          for label, r in differ) if differ else "") +
+           ". " + (("Within two Monte Carlo standard errors of 0.05: " + "; ".join(
+               f"{label} (p = {r['p']:.3f} ± {r['p_se']:.3f})" for label, r in near) + ".") if near else
+               f"No p lies within two Monte Carlo standard errors of 0.05, so {BOOT:,} replicates settle every "
+               "verdict.") +
+           f" With {S} seeds a test over seeds has {S - 1} degrees of freedom (an exact sign-flip test over them "
+           f"cannot go below p = 2 / 2^{S} = {2 / 2 ** S:.4g}), so a difference whose size moves from seed to seed "
+           "needs more seeds than these to be called.")
+    return [txt]
+
+
 def _secure_finding(study, ver) -> str:
-    """The secure = plain bullet: where secure and plain agree to rounding, and what flipped, and why."""
-    sec = [v for v in ver if v["backend"] == "secagg" and v["method"] != "AFL"]
-    ck = [v for v in ver if v["backend"] == "ckks" and v["method"] != "AFL"]
+    """The secure = plain bullet: where secure and plain agree to rounding, and what flipped, and why. AFL (one
+    aggregation and a solve) counts with the others; a run whose FedFac split flipped is reported apart, since
+    its difference is the split's discontinuity, not the secure sum's error or the flooding's drift."""
+    def runs(backend):
+        rows = [v for v in ver if v["backend"] == backend]
+        return ([v for v in rows if v.get("splits_equal") is not False],
+                [v for v in rows if v.get("splits_equal") is False])
+
+    def worst(rows):
+        w = max(rows, key=lambda v: v["max_abs_diff"])
+        return f"{w['max_abs_diff']:.1e} ({w['method']}, {w['rounds']} round{'s' if w['rounds'] != 1 else ''})"
+
+    def flipped_txt(rows):
+        return ", ".join(f"{v['method']} (max parameter difference {v['max_abs_diff']:.2e}, prediction agreement "
+                         f"{v['agreement']:.3f}, accuracy difference {v['acc_secure'] - v['acc_plain']:+.4f})"
+                         for v in rows)
     worst_ratio = max((v["err_ratio"] for v in ver if v.get("err_ratio") is not None), default=float("nan"))
-    flipped_sec = [v for v in sec if v.get("splits_equal") is False]
-    exact_sec = [v for v in sec if v.get("splits_equal") is not False]
-    moved_ck = [v["method"] for v in ck if v.get("splits_equal") is False]
+    exact_sec, flipped_sec = runs("secagg")
+    grad = [v for v in exact_sec if v["method"] != "AFL"]
     txt = ("* Secure = plain: under secagg every run whose path is continuous in the sums matches its plain run "
-           f"to {max((v['max_abs_diff'] for v in exact_sec), default=float('nan')):.1e} (the secure sum is "
-           "exact on fixed-point encodings, so it differs from the plain float64 sum only in the last bits: the "
-           "encoding's rounding and the summation order); every revealed sum of every secure run lies "
-           f"within its bound (worst ratio {worst_ratio:.2f}).")
+           f"to {worst(exact_sec)}" + (f"; the gradient methods to {worst(grad)}" if grad and len(grad) < len(exact_sec)
+                                        else "") +
+           ". The secure sum is exact on fixed-point encodings, so it differs from the plain float64 sum only in "
+           "the last bits (the encoding's rounding and the summation order); every revealed sum of every secure "
+           f"run lies within its bound (worst ratio {worst_ratio:.2f}).")
     if flipped_sec:
-        txt += (" " + ", ".join(f"{v['method']} (max parameter difference {v['max_abs_diff']:.2e}, prediction "
-                                f"agreement {v['agreement']:.3f})" for v in flipped_sec) +
+        txt += (" " + flipped_txt(flipped_sec) +
                 " differs under secagg because its split flipped: FedFac chooses the personal units by ranking "
                 "communalities computed from the summed Gram, and units whose communalities are near-equal swap "
                 "sides when the sum moves in its last bits (the summation order and the fixed-point rounding, no "
                 "noise); from then on the two runs train different units. It is a discontinuity of FedFac's "
                 "split, not an error of the secure sum (every sum is within its bound).")
-    if ck:
-        txt += (" Under ckks the flooding moves each sum by up to its bound, so runs drift apart slowly: largest "
-                f"accuracy difference {max(abs(v['acc_secure'] - v['acc_plain']) for v in ck):.4f} over "
-                f"{ck[0]['rounds']} rounds" + (
-                    f"; FedFac's split on the flooded Gram differs from the plain split in: {', '.join(moved_ck)} "
-                    "(the same discontinuity, triggered by the noise as well as by the order)" if moved_ck
-                    else "; FedFac's splits equal the plain ones") + ".")
+    cont_ck, flipped_ck = runs("ckks")
+    if cont_ck:
+        txt += (" Under ckks the flooding moves each sum by up to its bound, so runs drift apart slowly: every run "
+                f"whose split does not flip stays within {worst(cont_ck)} of its plain run, and its accuracy "
+                f"moves by at most {max(abs(v['acc_secure'] - v['acc_plain']) for v in cont_ck):.4f}")
+        txt += ((". FedFac's split on the flooded Gram differs from the plain split in " + flipped_txt(flipped_ck) +
+                 ": the same discontinuity, triggered by the noise as well as by the order; its accuracy "
+                 "difference is the split's, not the flooding's drift") if flipped_ck else "; FedFac's splits equal "
+                "the plain ones") + "."
     return txt
 
 
