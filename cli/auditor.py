@@ -37,11 +37,7 @@ def _cmd_report(args) -> int:
     if len(result.sessions) != 1:
         raise InvalidInputError(f"{args.log} records {len(result.sessions)} sessions; a report is of one")
     definition = load_signed(args.pki, result.sessions[0])
-    report = None
-    if args.release:
-        report = parse_json(Path(args.release).read_bytes(), f"release report {args.release}")
-        if not isinstance(report, dict) or report.get("session_id") not in (None, definition.session_id):
-            raise InvalidInputError(f"{args.release} is not the release report of session {definition.session_id}")
+    report = _release_report(args.release, definition.session_id) if args.release else None
     # the same lines `session sign` printed, and split's soundness, from the signed definition alone
     bits = split_soundness(definition.session_params())[0] if definition.backend == "split" else None
     facts = session_facts(args.log, result, definition, report=report,
@@ -54,6 +50,43 @@ def _cmd_report(args) -> int:
     print(f"{result.summary()}\nreport of session {definition.session_id} -> {out} ({len(page)} bytes, "
           "self-contained: open it in any browser, offline)")
     return 0
+
+
+def _release_report(path, session_id: str) -> dict:
+    """The key holder's report as the page reads it, or :class:`InvalidInputError` (``malformed``) naming the
+    first field the page formats as a number that is not one: a hand-edited or truncated report is refused
+    before any page is written, never an internal error half-way through."""
+    report = parse_json(Path(path).read_bytes(), f"release report {path}")
+    if not isinstance(report, dict) or report.get("session_id") not in (None, session_id):
+        raise InvalidInputError(f"{path} is not the release report of session {session_id}")
+
+    def bad(field: str, value, what: str = "a number"):
+        return InvalidInputError(f"{path}: the release report's {field} is {str(value)[:60]!r}, not {what}; "
+                                 "give the report `keyholder finalize --report` wrote", reason="malformed")
+
+    def number(field: str, value) -> None:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise bad(field, value)
+
+    bound = report.get("w_error_bound")
+    if bound is not None and not isinstance(bound, dict):
+        raise bad("w_error_bound", bound, "an object")
+    if bound and bound.get("applies"):
+        for k in ("rel_bound", "condition_number"):
+            number(f"w_error_bound.{k}", bound.get(k))
+    dp = report.get("dp")
+    if dp:
+        if not isinstance(dp, dict):
+            raise bad("dp", dp, "an object")
+        for k in ("epsilon", "delta") + (("epsilon_composed",) if "epsilon_composed" in dp else ()):
+            number(f"dp.{k}", dp.get(k))
+    counts = report.get("class_counts")
+    if counts is not None:
+        if not isinstance(counts, list):
+            raise bad("class_counts", counts, "a list of numbers")
+        for i, c in enumerate(counts):
+            number(f"class_counts[{i}]", c)
+    return report
 
 
 def add_report(sub) -> None:

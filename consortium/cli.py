@@ -16,7 +16,7 @@ from pathlib import Path
 from secure_afl.exceptions import InvalidInputError, InvalidParameterError
 from secure_afl.pki import CA_KEY, ROLES, init_ca, issue, write_bundles
 from secure_afl.secagg import consistency_quorum
-from secure_afl.session.definition import dropout_line, guarantee_lines
+from secure_afl.session.definition import dropout_line, guarantee_lines, secagg_shortfall
 from secure_afl.session.schema import reference
 from secure_afl.session.signed import load_signed, sign
 
@@ -99,7 +99,7 @@ def _cmd_session_sign(args) -> int:
           f"{b['min_clients']}{extra})")
     print("what this session guarantees:")
     for name, line in guarantee_lines(definition):
-        if name == "quorum" and dropout_line(definition)[0] == 0:
+        if (name == "quorum" and dropout_line(definition)[0] == 0) or (name == "isolation" and secagg_shortfall(definition)):
             # once, where warnings go (a terminal shows stdout and stderr together)
             print(f"secure-afl session sign: warning: {line}", file=sys.stderr)
         else:
@@ -144,16 +144,17 @@ def _bundle_party(pki_dir, who: str | None):
 
 
 def _cmd_session_status(args) -> int:
-    import datetime as dt
-
     from secure_afl.transport.tls_client import ServiceClient
 
     party = _bundle_party(args.pki, args.as_party)
     with ServiceClient(args.server, party, args.session, timeout=30.0, retry_s=args.wait_server) as conn:
-        st = conn.request("GET", conn.path("/status"), signed=False).json()
+        # signed, over mTLS: the server answers the session's own parties only (server/status.py)
+        st = conn.request("GET", conn.path("/status")).json()
     if args.json:
         print(json.dumps(st, indent=2, sort_keys=True))
         return 0
+    if st.get("view") == "hospital":
+        return _print_hospital_status(st)
     n = len(st["roster"])
     refused = st["refused"]
 
@@ -169,6 +170,25 @@ def _cmd_session_status(args) -> int:
         print(f"  released  {len(st['valid'])}: {names(st['valid'])}")
     print(f"  refused   {len(refused)}: " + (", ".join(f"{h} ({why})" for h, why in refused.items()) or "none"))
     print(f"  silent    {len(st['silent'])}: {names(st['silent'])}")
+    _print_progress(st, n)
+    return 0
+
+
+def _print_hospital_status(st: dict) -> int:
+    """A roster hospital's view: its own entry and the counts, no other hospital's name."""
+    you, k = st["you"], st["counts"]
+    print(f"session {st['session_id']} ({st['backend']}): {st['status']}")
+    print(f"  you       {you['hospital']}: {you['state']}" + (f" ({you['reason']})" if you["reason"] else "") +
+          (", judged" if you["judged"] else "") + (", in the release" if you["released"] else ""))
+    print(f"  roster    {k['roster']}; uploaded {k['uploaded']}, refused {k['refused']}, silent {k['silent']}"
+          + (f", released {k['valid']}" if k["valid"] else ""))
+    _print_progress(st, k["roster"])
+    return 0
+
+
+def _print_progress(st: dict, n: int) -> None:
+    import datetime as dt
+
     print(f"  quorum    {st['quorum']} of {n}; {st['still_needed']} more upload(s) needed; "
           f"{st['dropouts_left']} more hospital(s) may drop out or be refused")
     if st["deadline"] is None:
@@ -177,7 +197,6 @@ def _cmd_session_status(args) -> int:
         left = st["deadline"] - st["now"]
         at = dt.datetime.fromtimestamp(st["deadline"], dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
         print(f"  deadline  {at} ({'in ' + _duration(left) if left > 0 else 'passed ' + _duration(-left) + ' ago'})")
-    return 0
 
 
 def _duration(s: float) -> str:
@@ -203,10 +222,13 @@ def register_session(parser) -> None:
     p.add_argument("--pki", required=True, help="a PKI directory or bundle")
     p.set_defaults(func=_cmd_session_show)
     p = sub.add_parser("status", help="the running session as the server sees it: who uploaded, was judged, "
-                                      "refused or is silent; the quorum, dropouts left, the deadline")
+                                      "refused or is silent; the quorum, dropouts left, the deadline (the key "
+                                      "holder and the server's identity see every hospital, a roster hospital "
+                                      "its own entry and the counts)")
     p.add_argument("--server", required=True, help="https://host:port of the aggregation server")
     p.add_argument("--session", required=True, help="session id")
-    p.add_argument("--pki", required=True, help="a party's bundle (the server's, for instance)")
+    p.add_argument("--pki", required=True, help="a party's bundle: the server's, the key holder's or a roster "
+                                                "hospital's")
     p.add_argument("--as", dest="as_party", metavar="ROLE-NAME",
                    help="the party to connect as, where --pki holds several (the operator's PKI directory)")
     p.add_argument("--json", action="store_true", help="the server's answer as JSON")

@@ -187,6 +187,10 @@ class AuditLog:
         The server's identity key; signs every record's hash.
     clock : callable, optional
         Returns Unix seconds; ``time.time`` by default (a seam for tests).
+    on_record : callable, optional
+        Called with every record, each existing one as the chain is checked at opening and each one appended
+        (under the writer's lock, so in log order): a reader that keeps a summary of the log pays for each
+        record once, never a re-read per question.
 
     Opening reads and checks the whole existing chain (O(n)); a torn last line
     is quarantined and logged as ``log_recovered``; any other damage raises
@@ -194,9 +198,11 @@ class AuditLog:
     (``flock``) so a second writer on the same file fails fast. Thread-safe.
     """
 
-    def __init__(self, path, *, signing_key=None, clock: Callable[[], float] | None = None):
+    def __init__(self, path, *, signing_key=None, clock: Callable[[], float] | None = None,
+                 on_record: Callable[[dict], None] | None = None):
         self.path = Path(path)
         self._key = signing_key
+        self._on_record = on_record
         self._clock = clock or _time.time
         self._lock = threading.Lock()
         self._fd: int | None = None
@@ -222,7 +228,10 @@ class AuditLog:
             lines, torn = split_lines(data)
             prev = GENESIS_HASH
             for i, line in enumerate(lines):
-                prev = check_record(line, i, prev)["hash"]
+                rec = check_record(line, i, prev)
+                prev = rec["hash"]
+                if self._on_record is not None:
+                    self._on_record(rec)
             self._seq, self._head, self._fd = len(lines), prev, fd
             if torn:
                 self._recover(torn, len(data) - len(torn))
@@ -325,6 +334,8 @@ class AuditLog:
             os.fsync(self._fd)
             self._seq += 1
             self._head = rec["hash"]
+            if self._on_record is not None:
+                self._on_record(rec)
             return rec
 
 

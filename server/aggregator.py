@@ -48,7 +48,7 @@ from .config import ServerConfig
 from .peer_auth import flush_refusals, refuse
 from .refusals import RefusalLog
 from .session_parties import SessionRoster
-from .session_state import ServerSession, SplitState
+from .session_state import ServerSession, SplitState, StatusSummary
 from .store import Store
 
 __all__ = ["open_server", "publish_context", "shutdown"]
@@ -64,16 +64,18 @@ def open_server(config: ServerConfig) -> ServerSession:
     store = Store(sdir)
     party = pki.load_party(config.pki_dir, "server", config.name)
     key = party.identity_key()
-    audit = AuditLog(sdir / "audit.jsonl", signing_key=key)
+    # folded from the log as it is read and appended: the status view never re-reads the log
+    status_summary = StatusSummary()
+    audit = AuditLog(sdir / "audit.jsonl", signing_key=key, on_record=status_summary.observe)
     definition = _signed_definition(config)
     enrolled = _load_enrolled(config, definition)
     keyholders = pki.load_enrolments(config.pki_dir, role="keyholder")
-    roster = SessionRoster(config.session_id, config.keyholder, enrolled, keyholders)
+    roster = SessionRoster(config.session_id, config.keyholder, enrolled, keyholders, server=party.enrolment())
     lock = threading.RLock()
     session = ServerSession(
         config=config, dir=sdir, store=store, party=party, key=key,
         identity_pub_hex=pki.public_key_hex(key.public_key()), audit=audit, definition=definition,
-        release_policy=release_policy(definition), enrolled=enrolled, roster=roster,
+        release_policy=release_policy(definition), enrolled=enrolled, roster=roster, status_summary=status_summary,
         refusals=RefusalLog(audit, config.session_id, config.refusal_interval_s, roster.peer_party),
         lock=lock, drained=threading.Condition(lock),
         secagg=secagg_round.secagg_state(enrolled) if config.backend == "secagg" else None,

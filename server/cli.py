@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import signal
 from pathlib import Path
 
@@ -25,13 +26,19 @@ def _cmd_run(args) -> int:
         reserve_open_files(cfg.connection_limit)
     except InvalidParameterError as e:
         raise _naming_the_config(e, args.config)
-    if (Path(cfg.pki_dir) / CA_KEY).exists() and not args.allow_ca_key:
-        # the operator's own PKI directory: a server started there serves beside the key that can enrol
-        # anyone, and usually from the operator's state rather than the server's
-        raise InvalidInputError(f"{args.config}: the server's PKI directory {cfg.pki_dir} holds the consortium "
-                                f"CA's private key ({CA_KEY}); run the server from its own bundle "
-                                "(secure-afl pki bundle), or pass --allow-ca-key where one machine is both",
-                                reason="ca_key_present")
+    foreign = [] if args.allow_ca_key else foreign_private_keys(cfg.pki_dir, cfg.name, skip=cfg.data_dir)
+    if foreign:
+        # the operator's own PKI directory (even with the CA key moved offline it holds every party's keys): a
+        # server started there serves beside keys that enrol or impersonate others, and usually from the
+        # operator's state rather than the server's
+        ca = Path(cfg.pki_dir) / CA_KEY
+        first = ca if ca in foreign else foreign[0]
+        what = "the consortium CA's private key" if first == ca else "a private key that is not the server's own"
+        more = f" and {len(foreign) - 1} other private key{'s' if len(foreign) > 2 else ''}" if len(foreign) > 1 else ""
+        raise InvalidInputError(f"{args.config}: the server's PKI directory {cfg.pki_dir} holds {what} ({first}"
+                                f"){more}; run the server from its own bundle (secure-afl pki bundle), or pass "
+                                "--allow-ca-key where one machine is both operator and server (a test bed)",
+                                reason="ca_key_present" if first == ca else "private_key_present")
     sock = listen(cfg.host, cfg.port)  # a taken port refuses the start (exit 3) before anything is opened
     resumed = (Path(cfg.data_dir) / cfg.session_id / "audit.jsonl").exists()  # a restart, not a new session
     try:
@@ -75,6 +82,37 @@ def _cmd_run(args) -> int:
     return rc
 
 
+#: files up to this size are read for a PEM private-key block whatever their name (keys are a few hundred bytes)
+_SNIFF_BYTES = 16 * 1024
+
+
+def foreign_private_keys(pki_dir, server_name: str, *, skip=None) -> list[Path]:
+    """Every private key under ``pki_dir`` but the server's own TLS and identity keys, sorted: files holding a PEM
+    ``PRIVATE KEY`` block, whatever they are called (the CA's ``ca.key``, another party's ``key.pem`` or
+    ``identity.key``, a copy renamed). ``skip``: a folder not to search (the server's data, if it lies inside)."""
+    d = Path(pki_dir)
+    own_dir = d / f"server-{server_name}"
+    own = {own_dir / "key.pem", own_dir / "identity.key"}
+    skip = None if skip is None else Path(skip).resolve()
+    found = []
+    for root, dirs, files in os.walk(d):
+        dirs[:] = sorted(x for x in dirs if skip is None or Path(root, x).resolve() != skip)
+        for f in sorted(files):
+            p = Path(root, f)
+            if p in own:
+                continue
+            try:
+                if p.stat().st_size > _SNIFF_BYTES and p.suffix not in (".key", ".pem"):
+                    continue
+                with open(p, "rb") as fh:
+                    head = fh.read(_SNIFF_BYTES)
+            except OSError:
+                continue  # unreadable to the server: it cannot use it either
+            if b"PRIVATE KEY-----" in head:
+                found.append(p)
+    return found
+
+
 def _naming_the_config(e: Exception, config) -> Exception:
     e.args = (f"{config}: {e}",)
     return e
@@ -91,7 +129,8 @@ def register(parser) -> None:
     p.add_argument("--config", required=True, help="session.toml")
     p.add_argument("--port", type=int, help="override [server].port")
     p.add_argument("--allow-ca-key", action="store_true",
-                   help="serve even though the PKI directory holds the CA's private key (one machine is both "
-                        "operator and server, as in a test); refused otherwise")
+                   help="serve even though the PKI directory holds private keys other than the server's own "
+                        "(the CA's, other parties'): one machine is both operator and server, as in a test bed; "
+                        "refused otherwise")
     p.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
     p.set_defaults(func=_cmd_run)

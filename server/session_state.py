@@ -33,6 +33,26 @@ from .store import Store
 __all__ = ["SecAggState", "ServerSession", "SplitState"]
 
 
+class StatusSummary:
+    """The last refusal of each authenticated hospital's upload, folded from the audit log record by record
+    (every existing one when the log is opened, then each one appended), so the status view costs nothing in
+    the log's length. Only authenticated actors are kept: a hospital name is one of the roster's, so the map
+    holds at most one entry per roster hospital."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._refused: dict[str, str] = {}
+
+    def observe(self, rec: dict) -> None:
+        if rec.get("event") == "upload" and rec.get("outcome") == "refused" and rec.get("actor") != "unauthenticated":
+            with self._lock:
+                self._refused[str(rec.get("actor"))] = rec.get("reason") or "refused"
+
+    def refused(self) -> dict[str, str]:
+        with self._lock:
+            return dict(self._refused)
+
+
 @dataclass(eq=False)
 class SecAggState:
     """The secagg rounds' state (server/secagg_round.py); durable messages and stage closings are in the store."""
@@ -79,6 +99,8 @@ class ServerSession:
     #: roster hospital -> enrolment
     enrolled: dict
     roster: SessionRoster
+    #: each roster hospital's last upload refusal, folded from the audit log as it grows (the status view)
+    status_summary: StatusSummary
     refusals: RefusalLog
     #: guards every field below and the store's multi-step changes
     lock: threading.RLock

@@ -1,14 +1,28 @@
-"""A running session's state for its operator (``secure-afl session status``), from the server's own records."""
+"""A running session's state for the parties that run it (``secure-afl session status``), from the server's own
+records: who may read it, what each caller sees, and the summary of refusals kept as the log grows.
+
+Who sees what. The view names every roster hospital's fate (uploaded, refused and why, silent) while the
+session runs; polled, it dates each hospital's arrival. So it goes only to a caller authenticated over mTLS
+(the signer of the request must be the party enrolled for the TLS client certificate, whatever
+``[server] require_client_cert`` says) and signed for this session's path:
+
+* the session's key holder and the server's own identity (the operator's ``--as server-NAME``): the whole view;
+* a hospital of the signed roster: its own entry and the aggregate progress (counts, quorum, dropouts left,
+  deadline), no other hospital's name or fate;
+* anyone else, a consortium hospital outside the roster included: refused (``unknown_party``), audited.
+"""
 
 from __future__ import annotations
 
-import json
 import time
 
+from secure_afl.exceptions import Unauthenticated
+
 from . import secagg_round
+from .peer_auth import refuse
 from .session_state import ServerSession
 
-__all__ = ["session_info", "session_status"]
+__all__ = ["session_info", "session_status", "status_view"]
 
 
 def session_info(server: ServerSession) -> dict:
@@ -35,17 +49,13 @@ def session_info(server: ServerSession) -> dict:
 
 
 def session_status(server: ServerSession) -> dict:
-    """Where the session stands, for an operator's ``secure-afl session status``: every roster hospital's
-    state (uploaded, asked to be judged, refused with the reason, silent), the quorum and how many more
-    may still drop out, the deadline. Who took part is in the manifest every party reads at the release
-    anyway; this says it while the session runs, to the consortium's own parties (mTLS) only."""
+    """Where the session stands: every roster hospital's state (uploaded, asked to be judged, refused with the
+    reason, silent), the quorum and how many more may still drop out, the deadline. O(roster), never a read of
+    the audit log (:class:`StatusSummary`)."""
     roster = sorted(server.enrolled)
-    uploaded = sorted({row["hospital"] for row in server.store.uploads()})
-    judged = sorted(server.store.verifier_messages()) if server.config.backend == "split" else []
-    refused: dict[str, str] = {}
-    for rec in _audit_records(server.audit.path):  # the server's own refusals of roster hospitals' uploads
-        if rec.get("event") == "upload" and rec.get("outcome") == "refused" and rec.get("actor") in roster:
-            refused[rec["actor"]] = rec.get("reason") or "refused"
+    uploaded = sorted(server.store.upload_tags())
+    judged = sorted(server.store.judged_hospitals()) if server.config.backend == "split" else []
+    refused = {h: why for h, why in server.status_summary.refused().items() if h in server.enrolled}
     # the release's cohort: split's from the key holder's signed share statement (its verdicts), the others'
     # from the server's manifest
     statement = (server.store.get_meta("split_result") or {}).get("share_statement") or {}
@@ -71,13 +81,31 @@ def session_status(server: ServerSession) -> dict:
     }
 
 
-def _audit_records(path):
+def status_view(server: ServerSession, party: str, peer: dict | None) -> dict:
+    """What ``party`` (already authenticated by its signed request) may see of :func:`session_status`.
+
+    mTLS is required here whatever ``require_client_cert`` says: the TLS client certificate must be the one
+    enrolled for the signer, so a stolen identity key alone reads nothing. A roster hospital gets its own
+    entry and the counts; the key holder and the server's own identity get everything."""
     try:
-        with open(path, "rb") as f:
-            for line in f:
-                try:
-                    yield json.loads(line)
-                except ValueError:
-                    continue  # a torn last line is the log's to recover, not this view's
-    except OSError:
-        return
+        cert = (peer or {}).get("cert_sha256")
+        if cert is None:
+            raise Unauthenticated("the session status is served over mutual TLS only: present the consortium "
+                                  "certificate enrolled for the signing party")
+        if cert != server.roster.enrolment(party).cert_sha256:
+            raise Unauthenticated(f"the request is signed by {party!r} but the TLS client certificate is not the "
+                                  "one enrolled for it")
+    except Unauthenticated as e:
+        refuse(server, "request", party, e, {"path": "status"}, peer=peer)
+        raise
+    full = session_status(server)
+    role, _, name = party.partition(":")
+    if role in ("keyholder", "server"):
+        return {**full, "view": "session"}
+    state = "refused" if name in full["refused"] else "uploaded" if name in full["uploaded"] else "silent"
+    own = {"hospital": name, "state": state, "reason": full["refused"].get(name),
+           "judged": name in full["judged"], "released": name in full["valid"]}
+    return {"view": "hospital", "you": own,
+            **{k: full[k] for k in ("session_id", "backend", "status", "quorum", "still_needed", "dropouts_left",
+                                    "deadline", "now")},
+            "counts": {k: len(full[k]) for k in ("roster", "uploaded", "judged", "valid", "refused", "silent")}}

@@ -181,6 +181,10 @@ class Store:
                                    f"({','.join('?' * len(part))})", tuple(part))
         return {r[0]: json.loads(r[1]) for r in rows}
 
+    def judged_hospitals(self) -> list[str]:
+        """The hospitals whose upload has a kept verifier message (the messages themselves are not read)."""
+        return [r[0] for r in self._rows("SELECT hospital FROM verifier_messages")]
+
     def keep_verifier_messages(self, messages: dict) -> None:
         """Keep each message unless its upload has one already (the first one formed stays), in one
         transaction."""

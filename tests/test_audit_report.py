@@ -121,3 +121,71 @@ def test_a_log_that_does_not_verify_gets_no_report(released_session, tmp_path):
     # Assert: refused as `audit verify` refuses it (a security check: exit 7), and no page written
     assert out.returncode == 7, out.stdout + out.stderr
     assert not page.exists()
+
+
+_INJECT = ('</td></tr></table><style>#fates{display:none}</style><b id="injected">x</b>'
+           '<p style="display:none">hidden</p>')
+
+
+@pytest.mark.security
+def test_text_from_the_log_is_shown_as_text_and_the_policy_admits_only_the_pages_own_style(tmp_path):
+    # Prepare: a page whose server-written refusal text, key holder's verdict, verdict line and guarantee each
+    # carry markup that would close the table of fates, restyle it and add an element, were it not escaped
+    exe = _chromium()
+    from secure_afl.audit_report import SessionFacts, render_report
+
+    t0 = 1.7e9
+    facts = SessionFacts(session_id="s-esc", backend="plain", verification="OK: " + _INJECT, head_seq=3,
+                         head_hash="ab" * 32, countersigned_by=None, log_sha256="cd" * 32,
+                         definition={"id": "s-esc", "backend": "plain"}, guarantees=[_INJECT],
+                         roster=["h1", "h2", "h3"], created=t0, uploads=[("h1", t0 + 5, "ef" * 32)],
+                         refused_uploads=[("h2", t0 + 9, "malformed", _INJECT)],
+                         verdicts={"h3": {"check": _INJECT, "by": "keyholder:keyholder", "seq": 7, "time": t0 + 20}})
+    page = tmp_path / "page.html"
+    page.write_text(render_report(facts, generated=t0 + 30))
+    # the same page with markup let through raw, as unescaped text would put it
+    raw = tmp_path / "raw.html"
+    raw.write_text(page.read_text().replace("</body>", _INJECT + "</body>"))
+
+    # Execute: both pages in a real browser, its console (CSP violations) on stderr
+    dom = _browser(exe, "--enable-logging=stderr", "--v=0", "--dump-dom", page.as_uri(), cwd=tmp_path)
+    dom_raw = _browser(exe, "--enable-logging=stderr", "--v=0", "--dump-dom", raw.as_uri(), cwd=tmp_path)
+
+    # Assert: the markup is text on the page: no element, no style block but the page's own, every fate shown
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    d = dom.stdout
+    assert '<b id="injected">' not in d and d.count("<style>") == 1 and "&lt;b id=\"injected\"&gt;" in d
+    assert all(f'<tr data-hospital="{h}">' in d for h in ("h1", "h2", "h3"))
+    assert re.search(r'<tr data-hospital="h2">.*?&lt;/table&gt;.*?</tr>', d)
+    # the policy names its one style block by hash, no 'unsafe-inline', and the browser applied it unblocked
+    text = page.read_text()
+    assert "'unsafe-inline'" not in text and "style-src 'sha256-" in text
+    assert not re.search(r"<[a-z][^<>]*\sstyle=", text)  # no style attribute: the policy would block it
+    assert "Content Security Policy" not in dom.stderr, dom.stderr[-2000:]
+    # markup that did get through raw could still neither add a style block nor restyle an element
+    blocked = [line for line in dom_raw.stderr.splitlines() if "Content Security Policy" in line]
+    assert len(blocked) == 2 and all("has been blocked" in line for line in blocked), dom_raw.stderr[-2000:]
+
+
+def test_a_malformed_release_report_is_refused_by_name_and_no_page_is_written(released_session, tmp_path):
+    # Prepare: the key holder's report with one number the page formats replaced, field by field
+    c, res = released_session
+    head = c.root / "keys" / f"{c.session_id}.audit-head.json"
+    good = json.loads((tmp_path / "report.json").read_text())
+    cases = {"w_error_bound.rel_bound": lambda r: r["w_error_bound"].update(rel_bound="tiny"),
+             "class_counts[1]": lambda r: r.update(class_counts=[1, "many", 3]),
+             "w_error_bound": lambda r: r.update(w_error_bound=[1, 2])}
+    for field, spoil in cases.items():
+        bad = json.loads(json.dumps(good))
+        spoil(bad)
+        (tmp_path / "bad.json").write_text(json.dumps(bad))
+        page = tmp_path / "report.html"
+        # Execute
+        out = subprocess.run([sys.executable, "-m", "secure_afl.cli", "audit", "report", str(c.audit_path()),
+                              "--pki", str(c.pki_dir), "--head", str(head), "--release", str(tmp_path / "bad.json"),
+                              "--out", str(page)], capture_output=True, text=True, timeout=300)
+        # Assert: one line naming the file and the field, the input exit code (not an internal error); no page
+        lines = out.stderr.strip().splitlines()
+        assert out.returncode == 3 and len(lines) == 1, (field, out.stderr)
+        assert lines[0].startswith("secure-afl: error [malformed]: ") and f"report's {field} is" in lines[0]
+        assert "bad.json" in lines[0] and not page.exists()

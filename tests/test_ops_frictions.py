@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+from pathlib import Path
 import subprocess
 import sys
 
@@ -119,6 +120,34 @@ def test_server_run_refuses_the_operators_pki_directory_unless_asked(consortium)
     assert out.returncode == 3 and len(lines) == 1, out.stderr
     assert "[ca_key_present]" in lines[0] and CA_KEY in lines[0] and "--allow-ca-key" in lines[0]
     assert not (c.root / "server").exists()
+
+
+@pytest.mark.e2e
+def test_server_run_refuses_a_pki_directory_with_other_parties_keys_even_without_the_ca_key(consortium, tmp_path):
+    # Prepare: the operator's directory with the CA key moved offline: every hospital's and the key holder's
+    # private keys are still in it; and the server's own bundle beside it
+    from secure_afl import pki
+    from secure_afl.pki import CA_KEY
+    from secure_afl.server.cli import foreign_private_keys
+
+    c = consortium(backend="plain")
+    offline = tmp_path / "offline-ca.key"
+    (c.pki_dir / CA_KEY).rename(offline)
+    # Execute
+    out = _cli("server", "run", "--config", c.config, timeout=120)
+    # Assert: one line naming a key that is not the server's, the way out; no state was made
+    lines = out.stderr.strip().splitlines()
+    assert out.returncode == 3 and len(lines) == 1, out.stderr
+    assert "[private_key_present]" in lines[0] and "--allow-ca-key" in lines[0]
+    named = re.search(r"\((\S+)\) and \d+ other private keys", lines[0])
+    assert named and Path(named.group(1)).parent.name != "server-aggregator", lines[0]
+    assert Path(named.group(1)).name in ("key.pem", "identity.key")
+    assert not (c.root / "server").exists()
+    # the server's own bundle holds no key but its own: nothing to refuse there
+    (c.pki_dir / CA_KEY).write_bytes(offline.read_bytes())
+    pki.write_bundles(c.pki_dir, tmp_path / "bundles")
+    assert foreign_private_keys(tmp_path / "bundles" / "server-aggregator", "aggregator") == []
+    assert foreign_private_keys(tmp_path / "bundles" / "hospital-h1", "aggregator")  # a hospital's is refused
 
 
 @pytest.mark.e2e

@@ -86,3 +86,31 @@ def test_altered_roster_is_refused_by_the_hospital_command(bundles, tmp_path):
     assert out.returncode == EXIT_KEYS and len(lines) == 1 and "[bad_signature]" in lines[0], out.stderr
     with pytest.raises(InvalidSignature):
         pki.load_roster(b)
+
+
+@pytest.mark.security
+@pytest.mark.parametrize("planted", ["sessions/s-new.json", "sessions", ".roster.json.tmp"])
+def test_a_symlink_planted_in_the_bundles_is_refused_by_name_and_nothing_is_written_through_it(tmp_path, planted):
+    # Prepare: bundles made once; then a session signed since (its file is copied as is), and a link planted
+    # in the output tree (dangling: exists() calls it absent) pointing outside it
+    d, out = tmp_path / "pki", tmp_path / "bundles"
+    pki.init_ca(d)
+    pki.issue(d, "server", "aggregator")
+    pki.issue(d, "hospital", "hosp-a")
+    assert _cli("pki", "bundle", "--dir", d, "--out", out).returncode == 0
+    (d / "sessions").mkdir()
+    (d / "sessions" / "s-new.json").write_text('{"a signed definition": "copied byte for byte"}\n')
+    target = tmp_path / "elsewhere" / "written-through-the-link"
+    link = out / "hospital-hosp-a" / planted
+    link.parent.mkdir(exist_ok=True)
+    link.symlink_to(target if planted != "sessions" else target.parent, target_is_directory=planted == "sessions")
+    if planted == "sessions":
+        target.parent.mkdir()
+    # Execute
+    done = _cli("pki", "bundle", "--dir", d, "--out", out)
+    # Assert: one line naming the link, the input exit code; nothing written through it, nor anywhere else
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 3 and len(lines) == 1, done.stderr
+    assert "[symlink]" in lines[0] and str(link) in lines[0]
+    assert not target.exists() and not (target.parent / "s-new.json").exists()
+    assert not (out / "server-aggregator" / "sessions").exists()

@@ -336,3 +336,16 @@ def test_flower_a_corrupt_record_refuses_the_setup(tmp_path):
     why = grid.errors[("h1", Stage.SETUP)]
     assert why.startswith(f"{UnreadableRecord.__name__}: ") and str(rec.path) in why and "\n" not in why
     assert grid.answered.count(Stage.SETUP) == 3
+
+
+@pytest.mark.security
+def test_a_record_the_system_cannot_read_refuses_by_name_and_never_counts_as_unsigned(tmp_path):
+    # Prepare: the record's path exists but reading it is an OS error (a directory in its place: what root's
+    # permissions cannot stop; an unreadable disk or a loop of links fails the same way)
+    rec = SurvivorRecord(tmp_path / "records", "s-os", "h1")
+    rec.path.mkdir(parents=True)
+    # Execute / Assert: a refusal naming the record, for the question and for the check before any part
+    for ask in (rec.signed_round, lambda: rec.refuse_if_signed(1)):
+        with pytest.raises(UnreadableRecord) as refused:
+            ask()
+        assert str(rec.path) in str(refused.value) and "takes no part" in str(refused.value)

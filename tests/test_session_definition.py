@@ -188,15 +188,15 @@ def test_sign_places_the_definition_in_every_bundle_and_fills_in_the_defaults(tm
 
     # Assert: every bundle pins the same definition; threshold and degree are final numbers
     assert out.returncode == 0, out.stderr
-    # the default threshold is the cohort's (5 hospitals: t = 2, the largest whose round survives a dropout at
-    # min_clients 3), not raised for this session's lower min_clients, so raising min_clients never lowers it
-    assert "threshold 2, neighbours all, quorum 4 of 5" in out.stdout
+    # the default threshold is privacy first (5 hospitals at min_clients 2: t = 3, the server needs 3 colluders
+    # to isolate one hospital, as in a split session of five) and one hospital may still drop out
+    assert "threshold 3, neighbours all, quorum 4 of 5" in out.stdout
     bundles = sorted((tmp_path / "bundles").iterdir())
     assert len(bundles) == 7
     for b in bundles:
         d = load_signed(b, c.session_id)
         assert d.body == load_signed(c.pki_dir, c.session_id).body
-        assert d["secagg"] == {"threshold": 2, "neighbours": 0, "stage_timeout_s": 60.0, "max_rounds": 3}
+        assert d["secagg"] == {"threshold": 3, "neighbours": 0, "stage_timeout_s": 60.0, "max_rounds": 3}
 
 
 @pytest.mark.parametrize("text", ['quote " and backslash \\ here', "new\nline\ttab\x7fdel\x01", "ünïcødé 🩺",

@@ -88,14 +88,37 @@ def test_every_signable_roster_keeps_its_quorum_promises(backend):
 
 
 def test_every_signable_secagg_threshold_keeps_its_quorum_promises():
+    # Execute: sign every (n, min_clients, threshold) a consortium of 2 to 30 hospitals can write, the default
+    # threshold included
+    from secure_afl.cohort import default_colluders
+    from secure_afl.secagg import consistency_quorum, recommended_neighbours
+
+    signed = refused = 0
     for n in range(2, 31):
-        for mc in range(1, n + 1):
+        m = (recommended_neighbours(n) or n - 1) + 1  # each hospital's share holders on the default graph
+        can_sign = {mc: [t for t in range(2, m + 1) if consistency_quorum(n, t, mc) <= n] for mc in range(1, n + 2)}
+        for mc in range(1, n + 2):
             for t in [None, *range(2, n + 1)]:
                 d = _sign(_sections(n, mc, backend="secagg", threshold=t))
                 if d is None:
+                    refused += 1
+                    # refused only when no release could be formed: the threshold's quorum (or every one's, for
+                    # the default) above the roster, or more share holders than a hospital has
+                    assert (t is None and not can_sign[mc]) or (t is not None and t not in can_sign[mc])
                     continue
+                signed += 1
                 policy = _check_policy(d)
-                assert policy.colluders == d["secagg"]["threshold"] - 1
+                t_signed = d["secagg"]["threshold"]
+                assert policy.colluders == t_signed - 1
+                k = isolation_coalition(n, policy.colluders, mc, secagg_threshold=t_signed)
+                others = isolation_coalition(n, default_colluders(n, mc), mc)
+                # a session that isolates with fewer colluders than the other backends' default says so
+                assert (f"fewer than the {others} " in dict(guarantee_lines(d))["isolation"]) == (k < others)
+                if t is None:
+                    # privacy first, as the others: their isolation, or the most any signable threshold gives
+                    best = max(isolation_coalition(n, x - 1, mc, secagg_threshold=x) for x in can_sign[mc])
+                    assert k >= others or k == best, (n, mc, t_signed, k, others, best)
+    assert signed > 3000 and refused > 1000  # both sides of the rule were exercised
 
 
 def test_the_printed_lines_carry_the_enforced_numbers():

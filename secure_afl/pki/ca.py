@@ -220,6 +220,24 @@ def write_roster(pki_dir, out_file) -> Path:
     return out
 
 
+def _refuse_links(out: Path, paths) -> None:
+    """:class:`InvalidInputError` (``symlink``) naming the first symbolic link at or above any of ``paths``
+    below ``out``: a link planted in a bundle (even a dangling one, which ``exists()`` calls absent) would make
+    the copy write where it points. Checked before the first write, so a refusal changes nothing."""
+    from secure_afl.exceptions import InvalidInputError
+
+    for path in paths:
+        rel = path.relative_to(out)
+        for i in range(1, len(rel.parts) + 1):
+            here = out.joinpath(*rel.parts[:i])
+            if here.is_symlink():
+                raise InvalidInputError(f"{here} is a symbolic link (to {os.readlink(here)}); a bundle is written "
+                                        "as plain files and folders only: remove the link, nothing was written",
+                                        reason="symlink")
+            if not here.exists():
+                break
+
+
 def _roster_body(path: Path):
     try:
         return json.loads(path.read_text())["roster"]
@@ -272,6 +290,10 @@ def write_bundles(pki_dir, out_dir) -> dict[str, tuple[Path, list[str]]]:
                                       "(another CA's bundle, or another party of that name?)")
             if not path.exists() and path.parent == bundle / own.name:
                 raise FileExistsError(f"{bundle} exists without {path.name}; bundles are never overwritten")
+    _refuse_links(out, [out / f".{ROSTER}.tmp"] + [
+        p for role, name in parties for b in [out / f"{role}-{name}"]
+        for p in [b / CA_CERT, b / ROSTER, b / f".{ROSTER}.tmp", *(b / f"{role}-{name}" / f for f in _PARTY_FILES),
+                  *(b / "sessions" / s.name for s in signed)]])
     roster = write_roster(d, out / f".{ROSTER}.tmp")
     made: dict[str, tuple[Path, list[str]]] = {}
     try:
@@ -298,7 +320,7 @@ def write_bundles(pki_dir, out_dir) -> dict[str, tuple[Path, list[str]]]:
             for s in signed:  # session definitions signed so far
                 if not (bundle / "sessions" / s.name).exists():
                     (bundle / "sessions").mkdir(exist_ok=True)
-                    shutil.copyfile(s, bundle / "sessions" / s.name)
+                    _write_file(bundle / "sessions" / s.name, s.read_bytes(), private=False)
                     if not new:
                         added.append(f"sessions/{s.name}")
             made[f"{role}-{name}"] = (bundle, added)

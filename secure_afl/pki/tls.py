@@ -16,19 +16,19 @@ __all__ = ["server_ssl_context", "client_ssl_context", "uvicorn_ssl_kwargs"]
 def server_ssl_context(cert_file, key_file, ca_file, *, require_client_cert: bool = True) -> ssl.SSLContext:
     """TLS server context; mutual TLS (client cert from the CA) unless disabled.
 
-    TLS 1.2 is the floor. With ``require_client_cert=False`` any client may
-    connect and the application must authenticate it another way.
+    TLS 1.2 is the floor. With ``require_client_cert=False`` a client may
+    connect without a certificate and the application must authenticate it
+    another way; a certificate it does present is still checked against the
+    CA, so a view served over mutual TLS only (the session status) stays
+    reachable to the parties that present theirs.
     """
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     ctx.minimum_version = ssl.TLSVersion.TLSv1_2
     # TLS 1.2: forward-secret AEAD suites only (TLS 1.3 suites are all of that kind)
     ctx.set_ciphers("ECDHE+AESGCM:ECDHE+CHACHA20")
     ctx.load_cert_chain(certfile=str(cert_file), keyfile=str(key_file))
-    if require_client_cert:
-        ctx.load_verify_locations(cafile=str(ca_file))
-        ctx.verify_mode = ssl.CERT_REQUIRED
-    else:
-        ctx.verify_mode = ssl.CERT_NONE
+    ctx.load_verify_locations(cafile=str(ca_file))
+    ctx.verify_mode = ssl.CERT_REQUIRED if require_client_cert else ssl.CERT_OPTIONAL
     return ctx
 
 
@@ -57,5 +57,5 @@ def uvicorn_ssl_kwargs(cert_file, key_file, ca_file, *, require_client_cert: boo
         "ssl_certfile": str(cert_file),
         "ssl_keyfile": str(key_file),
         "ssl_ca_certs": str(ca_file),
-        "ssl_cert_reqs": ssl.CERT_REQUIRED if require_client_cert else ssl.CERT_NONE,
+        "ssl_cert_reqs": ssl.CERT_REQUIRED if require_client_cert else ssl.CERT_OPTIONAL,
     }

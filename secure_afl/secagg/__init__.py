@@ -119,6 +119,7 @@ from .settings import (
     Stage,
     consistency_quorum,
     default_threshold,
+    isolation_shortfall,
     dropout_tolerance,
     graph_seed,
     max_min_clients,
@@ -133,7 +134,7 @@ __all__ = [
     "PROTOCOL", "Stage", "SecAggBackend", "SecAggClient", "SecAggServerRound", "BadShare", "UnmaskMaterial",
     "SetupRequest", "SetupAck", "AdvertiseKeysRequest", "KeyAdvertisement", "ShareKeysRequest", "EncryptedShare",
     "ShareKeysResponse", "MaskedInputRequest", "MaskedInput", "ConsistencyStatement", "UnmaskRequest",
-    "UnmaskResponse", "DealRecord", "DealerComplaint", "decode_message", "secagg_session_params", "recommended_neighbours", "default_threshold",
+    "UnmaskResponse", "DealRecord", "DealerComplaint", "decode_message", "secagg_session_params", "recommended_neighbours", "default_threshold", "isolation_shortfall",
     "dropout_tolerance", "consistency_quorum", "max_min_clients", "graph_seed", "neighbour_graph", "share_commitment", "simulate_round",
     "identities",
 ]

@@ -16,7 +16,7 @@ from ..packing import Layout
 from ..params import Bounds, SessionParams
 
 __all__ = ["PROTOCOL", "Stage", "recommended_neighbours", "secagg_session_params", "consistency_quorum",
-           "default_threshold", "dropout_tolerance", "min_clients_advice",
+           "default_threshold", "dropout_tolerance", "isolation_shortfall", "min_clients_advice",
            "max_min_clients", "graph_seed", "neighbour_graph", "config", "Config"]
 
 PROTOCOL = "secagg/v2"
@@ -65,32 +65,60 @@ def _degree(n_parties: int, neighbours: int | None) -> int:
     return n_parties - 1 if neighbours is None else neighbours
 
 
-def default_threshold(share_holders: int, n_parties: int | None = None) -> int:
+def default_threshold(share_holders: int, n_parties: int | None = None, min_clients: int | None = None) -> int:
     """The default Shamir threshold for ``m`` share holders per hospital (THREAT_MODEL.md 6.1: choosing t).
 
-    Without ``n_parties``: the majority ``floor(m / 2) + 1``. With it: the
-    largest ``t <= floor(m / 2) + 1`` whose round survives one hospital
-    dropping out (:func:`dropout_tolerance` >= 1) at session.toml's default
-    min_clients = 3 (at 2 where no t does at 3), since a session that aborts
-    whenever one site is slow releases nothing in practice; the majority when
-    no ``t >= 2`` does (small n: the operator is told). At n = 6 that is t = 3
-    (2 colluders, quorum 5 at min_clients 3) instead of the majority 4, whose
-    quorum max(5, 3 + 3) = 6 is everybody.
+    Without ``n_parties``: the majority ``floor(m / 2) + 1``. With it, privacy first, as every other backend's
+    default colluder bound (:func:`~secure_afl.cohort.default_colluders`): the server needs
+    ``k(t) = min(q(t) - 1, t)`` colluding hospitals to learn one hospital's statistics (q - 1 to difference a
+    release down to it, or t share holders to open its masks; :func:`~secure_afl.cohort.isolation_coalition`),
+    and the default t is one whose k reaches ``k*``, what a plain, ckks, bfv or split session of the same roster
+    and ``min_clients`` (default 2 here) takes by default. Among those t, the one that leaves the most
+    hospitals free to drop out (:func:`dropout_tolerance`), and of equals the largest. Where no signable t
+    reaches k* (small rosters: t <= n - min_clients + 1 caps it), the largest signable t, the most k any t
+    gives; ``session sign`` then warns that this secagg session isolates with fewer colluders than the other
+    backends would (:func:`isolation_shortfall`). The majority when no t >= 2 signs at all (the parameters are
+    then refused, naming the ways out).
 
-    It depends on the cohort only, never on the session's ``min_clients``: a
-    stricter release threshold must not quietly buy its quorum with fewer
-    tolerated colluders. A ``min_clients`` whose quorum this t cannot reach is
-    refused, and the message names both ways out (a lower min_clients, or a
-    lower threshold set explicitly).
+    At n = 20, min_clients = 3, 15 share holders: k* = 11, so t = 11 (quorum 16, 4 dropouts), where the
+    earlier dropout-first default took t = 8 and let the server and 8 colluders open a hospital's masks.
     """
     majority = max(2, share_holders // 2 + 1)
     if n_parties is None:
         return majority
-    for min_clients in (3, 2):
-        for t in range(min(majority, share_holders), 1, -1):
-            if dropout_tolerance(n_parties, t, min_clients, share_holders) >= 1:
-                return t
-    return majority
+    n, m = n_parties, share_holders
+    mc = 2 if min_clients is None else min_clients
+    signable = [t for t in range(2, m + 1) if consistency_quorum(n, t, mc) <= n]
+    if not signable:
+        return majority
+    target = _others_isolation(n, mc)
+    reach = [t for t in signable if _isolation(n, t, mc) >= target]
+    if not reach:
+        return max(signable)
+    return max(reach, key=lambda t: (dropout_tolerance(n, t, mc, m), t))
+
+
+def _isolation(n: int, t: int, min_clients: int) -> int:
+    from ..cohort import isolation_coalition
+
+    return isolation_coalition(n, t - 1, min_clients, secagg_threshold=t)
+
+
+def _others_isolation(n: int, min_clients: int) -> int:
+    """k*: colluders the server needs to isolate one hospital in a plain, ckks, bfv or split session of this
+    roster at its default colluder bound."""
+    from ..cohort import default_colluders, isolation_coalition
+
+    return isolation_coalition(n, default_colluders(n, min_clients), min_clients)
+
+
+def isolation_shortfall(n_parties: int, threshold: int, min_clients: int) -> tuple[int, int] | None:
+    """``(k, k*)`` when a secagg session with ``threshold`` isolates one hospital with fewer colluders (k) than
+    the other backends' default does for the same roster (k*), else None."""
+    if min_clients > n_parties:
+        return None
+    k, target = _isolation(n_parties, threshold, min_clients), _others_isolation(n_parties, min_clients)
+    return (k, target) if k < target else None
 
 
 def dropout_tolerance(n_parties: int, threshold: int, min_clients: int, share_holders: int | None = None) -> int:
@@ -213,7 +241,7 @@ def secagg_session_params(
     m = _degree(n, neighbours) + 1
     defaulted = threshold is None
     if defaulted:
-        threshold = default_threshold(m, n)
+        threshold = default_threshold(m, n, min_clients)
     threshold = check_int("threshold", threshold, caller, low=2)
     if threshold > m:
         where, more = ((f"n_parties={n}", "enrol more hospitals") if neighbours is None else

@@ -13,7 +13,7 @@ from secure_afl.exceptions import InvalidParameterError, MissingEnrolment
 from secure_afl.extractor import ExtractorFingerprint
 from secure_afl.packing import Layout
 from secure_afl.params import BACKENDS, Bounds
-from secure_afl.secagg import consistency_quorum, dropout_tolerance
+from secure_afl.secagg import consistency_quorum, dropout_tolerance, isolation_shortfall
 from secure_afl.secagg import recommended_neighbours, secagg_session_params
 
 from .schema import SCHEMA, default, fail, suggest
@@ -295,6 +295,29 @@ def dropout_line(definition: SessionDefinition) -> tuple[int, str]:
     return k, line
 
 
+def secagg_shortfall(definition: SessionDefinition) -> str:
+    """What a secagg session's isolation falls short of (the other backends' default for this roster and
+    min_clients) and why, as a clause of its isolation line; empty where it does not fall short, and for the
+    other backends. ``session sign`` prints such a line as a warning."""
+    b = definition.body
+    if b["backend"] != "secagg":
+        return ""
+    n, mc, t = len(b["hospitals"]), b["min_clients"], b["secagg"]["threshold"]
+    short = isolation_shortfall(n, t, mc)
+    if short is None:
+        return ""
+    m = b["secagg"]["neighbours"] + 1 if b["secagg"]["neighbours"] else n
+    better = [t2 for t2 in range(t + 1, m + 1) if consistency_quorum(n, t2, mc) <= n
+              and isolation_shortfall(n, t2, mc) is None]
+    how = (f"threshold = {better[0]} reaches it" if better else
+           f"no secagg threshold reaches it here (each hospital's {m} share holders allow t <= {m}): more neighbours "
+           "or the complete graph (neighbours = 0) raise it" if m < n - mc + 1 else
+           f"no secagg threshold reaches it here (a quorum of at most n hospitals allows t <= {n - mc + 1}): "
+           "split reaches it, or a larger roster")
+    return (f"; fewer than the {short[1]} a plain, ckks, bfv or split session of this roster and min_clients takes "
+            f"by default: {how}")
+
+
 def guarantee_lines(definition: SessionDefinition) -> list[tuple[str, str]]:
     """Every guarantee a signed session keeps, one ``(name, line)`` each: what ``session sign``, ``session
     show`` and ``server run`` print, and what the audit report shows. Each line is computed from the signed
@@ -311,7 +334,7 @@ def guarantee_lines(definition: SessionDefinition) -> list[tuple[str, str]]:
            (f", and {t} share holders open a hospital's masks" if t is not None and t < q - 1 else ""))
     out.append(("isolation", f"isolating one hospital's statistics takes the server and {k} colluding hospitals "
                              f"({why}); the session is signed for c = {c} colluders, so at least {q - c} honest "
-                             f"hospitals (min_clients = {mc}) stand behind every release"))
+                             f"hospitals (min_clients = {mc}) stand behind every release" + secagg_shortfall(definition)))
     if b["backend"] == "split":
         bits, reps = split_soundness(definition.session_params())
         out.append(("soundness", f"validity: an invalid upload is accepted with probability at most 2^-{bits:.1f} "

@@ -150,8 +150,10 @@ SECTIONS: dict[str, Section] = {
     "secagg": Section("Only with backend = \"secagg\"; every key is signed.", {
         "threshold": Key("int", "Shamir threshold t: tolerates t - 1 colluding hospitals next to a malicious "
                                 "server; the consistency quorum grows with it", None, "server, hospitals",
-                         low=2, default_text="the largest t <= floor(m/2) + 1 (m share holders per hospital) "
-                                             "that lets one hospital drop out; floor(m/2) + 1 if none does",
+                         low=2, default_text="privacy first: a t whose isolation (min(q - 1, t) colluders) "
+                                             "reaches the other backends' default for this roster, the one "
+                                             "leaving most dropouts (then the largest); where none reaches it, "
+                                             "the largest t that signs, and sign warns",
                          allowed=">= 2, <= m = neighbours + 1"),
         "neighbours": Key("int", "degree k of the SecAgg+ neighbour graph", -1, "server, hospitals", low=-1,
                           allowed="-1: 2 ceil(1.5 log2 n) once smaller than n - 1; 0: complete graph; "

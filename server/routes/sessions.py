@@ -11,7 +11,7 @@ from secure_afl.protocol import API
 
 from .. import aggregator, closing, status
 from ..session_state import ServerSession
-from .gate import Gate
+from .gate import Gate, peer_of
 
 
 def session_router(session: ServerSession, gate: Gate) -> APIRouter:
@@ -24,8 +24,10 @@ def session_router(session: ServerSession, gate: Gate) -> APIRouter:
 
     @router.get(API + "/sessions/{session_id}/status")
     async def session_status(session_id: str, request: Request):
+        # signed for this session's path like every request; server.status.status_view says who sees what
         gate.session(session_id, request)
-        return JSONResponse(await run_in_threadpool(status.session_status, session))
+        party = await gate.authed(request, ("hospital", "keyholder", "server"))
+        return JSONResponse(await run_in_threadpool(status.status_view, session, party, peer_of(request)))
 
     @router.get(API + "/sessions/{session_id}/context")
     async def get_context(session_id: str, request: Request):
