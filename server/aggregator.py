@@ -66,7 +66,7 @@ def open_server(config: ServerConfig) -> ServerSession:
     key = party.identity_key()
     # folded from the log as it is read and appended: the status view never re-reads the log
     status_summary = StatusSummary()
-    audit = AuditLog(sdir / "audit.jsonl", signing_key=key, on_record=status_summary.observe)
+    audit = AuditLog(sdir / "audit.jsonl", signing_key=key, on_record=lambda rec: status.observe_record(status_summary, rec))
     definition = _signed_definition(config)
     enrolled = _load_enrolled(config, definition)
     keyholders = pki.load_enrolments(config.pki_dir, role="keyholder")

@@ -33,24 +33,17 @@ from .store import Store
 __all__ = ["SecAggState", "ServerSession", "SplitState"]
 
 
+@dataclass(eq=False)
 class StatusSummary:
     """The last refusal of each authenticated hospital's upload, folded from the audit log record by record
-    (every existing one when the log is opened, then each one appended), so the status view costs nothing in
-    the log's length. Only authenticated actors are kept: a hospital name is one of the roster's, so the map
-    holds at most one entry per roster hospital."""
+    (every existing one when the log is opened, then each one appended: ``status.observe_record``), so the
+    status view costs nothing in the log's length. Only authenticated actors are kept: a hospital name is one
+    of the roster's, so the map holds at most one entry per roster hospital."""
 
-    def __init__(self):
-        self._lock = threading.Lock()
-        self._refused: dict[str, str] = {}
-
-    def observe(self, rec: dict) -> None:
-        if rec.get("event") == "upload" and rec.get("outcome") == "refused" and rec.get("actor") != "unauthenticated":
-            with self._lock:
-                self._refused[str(rec.get("actor"))] = rec.get("reason") or "refused"
-
-    def refused(self) -> dict[str, str]:
-        with self._lock:
-            return dict(self._refused)
+    #: guards ``refused``: the log appends from request threads while a status request reads it
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    #: hospital -> the reason its last upload was refused
+    refused: dict = field(default_factory=dict)
 
 
 @dataclass(eq=False)

@@ -20,9 +20,16 @@ from secure_afl.exceptions import Unauthenticated
 
 from . import secagg_round
 from .peer_auth import refuse
-from .session_state import ServerSession
+from .session_state import ServerSession, StatusSummary
 
-__all__ = ["session_info", "session_status", "status_view"]
+__all__ = ["observe_record", "session_info", "session_status", "status_view"]
+
+
+def observe_record(summary: StatusSummary, rec: dict) -> None:
+    """Fold one audit record into the status summary (the audit log's ``on_record``)."""
+    if rec.get("event") == "upload" and rec.get("outcome") == "refused" and rec.get("actor") != "unauthenticated":
+        with summary.lock:
+            summary.refused[str(rec.get("actor"))] = rec.get("reason") or "refused"
 
 
 def session_info(server: ServerSession) -> dict:
@@ -55,7 +62,8 @@ def session_status(server: ServerSession) -> dict:
     roster = sorted(server.enrolled)
     uploaded = sorted(server.store.upload_tags())
     judged = sorted(server.store.judged_hospitals()) if server.config.backend == "split" else []
-    refused = {h: why for h, why in server.status_summary.refused().items() if h in server.enrolled}
+    with server.status_summary.lock:
+        refused = {h: why for h, why in server.status_summary.refused.items() if h in server.enrolled}
     # the release's cohort: split's from the key holder's signed share statement (its verdicts), the others'
     # from the server's manifest
     statement = (server.store.get_meta("split_result") or {}).get("share_statement") or {}
