@@ -20,9 +20,10 @@ __all__ = ["add_report"]
 def _cmd_report(args) -> int:
     from secure_afl.session.signed import load_signed
 
+    from secure_afl._io import place_new, refuse_existing
+
     out = Path(args.out)
-    if out.is_dir():
-        raise InvalidInputError(f"--out {out} is a directory; name the .html file", reason="is_a_directory")
+    refuse_existing(out, "--out")  # an earlier page (perhaps of another session) is never replaced
     # the same verification as `audit verify`: a log that does not verify gets no report (BROKEN, exit 7)
     server_pub = pki.pinned_identity(args.pki, "server", args.server)
     head, countersign, keyholder_pub = args.head, None, None
@@ -50,7 +51,7 @@ def _cmd_report(args) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(out.name + ".tmp")
     tmp.write_text(page, encoding="utf-8")
-    tmp.replace(out)
+    place_new(tmp, out, "--out")
     print(f"{result.summary()}\nreport of session {definition.session_id} -> {out} ({len(page)} bytes, "
           "self-contained: open it in any browser, offline)")
     return 0
@@ -69,5 +70,5 @@ def add_report(sub) -> None:
     p.add_argument("--session", default=None, help="the session you mean (default: the one the log records)")
     p.add_argument("--release", default=None, metavar="REPORT.json",
                    help="the key holder's release report (`keyholder finalize --report`): W's bound, DP, counts")
-    p.add_argument("--out", required=True, help="the HTML file to write")
+    p.add_argument("--out", required=True, help="the HTML file to create (never an existing one)")
     p.set_defaults(func=_cmd_report)

@@ -82,7 +82,10 @@ class UploadIntake:
                 if not self.store.claim_nonce("upload:" + st["nonce"], "hospital:" + hospital):
                     raise ReplayedContribution("this upload statement was already presented")
                 if self.store.has_upload(hospital):
-                    raise DuplicateContribution(f"{hospital} already contributed to this session")
+                    raise DuplicateContribution(
+                        f"{hospital} already contributed to this session, and uploads are final: the first one "
+                        "stands and is in the sum (its receipt is in the hospital's receipts folder); a corrected "
+                        "file can only go into a new session the operator signs")
                 self._check_stage_allows_upload(hospital)
                 # each backend's own door (tag or seed statement, envelope, commitment): the words it opened,
                 # where it opened any, feed the running sum
