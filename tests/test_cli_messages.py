@@ -638,6 +638,24 @@ def test_audit_verify_refuses_the_log_of_another_session(released):
     assert f"audit log of session {released.session_id}, not of session the-session-i-meant" in line
 
 
+@e2e
+def test_audit_verify_with_the_head_of_another_session_names_it_and_raises_no_tampering_alarm(released, tmp_path):
+    # Prepare: a head the same server signed in another session (a receipt pins a head as well as a close record)
+    head = tmp_path / "other-head.json"
+    head.write_text(json.dumps(_other_session_receipt(released)))
+
+    # Execute
+    log = released.audit_path()
+    out = run_cli("audit", "verify", log, "--pki", released.pki_dir, "--head", head, "--receipts",
+                  released.root / "receipts")[0]
+
+    # Assert: a wrong file named as such, with its exit code, not BROKEN with the security one
+    line = one_line(out, EXIT_INPUT, "head_of_other_session")
+    assert (f"the expected head is of session earlier-session, but {log} is the audit log of session "
+            f"{released.session_id}") in line
+    assert "BROKEN" not in out.stdout + out.stderr
+
+
 # -- reasons in words, wherever the error comes from -----------------------------------
 def test_a_timeout_is_reported_in_words():
     from secure_afl.cli import one_line as render
