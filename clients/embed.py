@@ -148,6 +148,9 @@ def _cmd_embed(args) -> int:
     target = args.stats_only or args.out
     refuse_existing(target, "--stats-only" if args.stats_only else "--out",
                     hint=" or pass --force to replace it" if not args.force else "", force=args.force)
+    if args.no_progress:  # no bar to show that it works: one line before the backbone loads
+        print(f"secure-afl client embed: embedding {args.images or args.cifar_root or args.npz} with "
+              f"{args.backbone} -> {target} (a line when done)", file=sys.stderr, flush=True)
     with warnings.catch_warnings():
         warnings.simplefilter("always", RandomWeightsWarning)
         warnings.showwarning = _loud_warning

@@ -65,6 +65,10 @@ def _cmd_judge(args) -> int:
     kh = _keyholder(args)
     kh.check_unlock(args.session)
     seen: dict = {}
+    # the first pass opens the key and fetches every upload so far (seconds): said before, not after
+    print(f"secure-afl keyholder judge: judging the uploads of session {args.session} on {args.server}"
+          + (" once" if args.once else f" as they arrive (every {args.interval:g} s, until the release)")
+          + ", one line per upload", flush=True)
     with _connect(kh, args) as conn:
         while True:
             released = conn.info()["status"] == "released"  # read first: a last pass after it takes the rest
@@ -194,8 +198,9 @@ def register(parser) -> None:
     p.add_argument("--once", action="store_true", help="one pass over the uploads accepted so far")
     p.set_defaults(func=_cmd_judge)
     p = sub.add_parser("finalize", help="close the session and release it once: split, judge what is left, open "
-                                        "the manifest's seeds and post the masks' share (the server sums and "
-                                        "solves); bfv, ckks, re-sum the signed uploads and decrypt once (ckks "
+                                        "the manifest's seeds and post the masks' share (the server answers with "
+                                        "the masked sum; this key holder unmasks it and solves); bfv, ckks, "
+                                        "re-sum the signed uploads and decrypt once (ckks "
                                         "floods); secagg, plain, check the sum; then check, solve, write the model")
     common(p, True)
     p.add_argument("--min-clients", type=int, required=True, help="this key holder's own release threshold")

@@ -563,7 +563,7 @@ def test_an_exact_release_of_a_singular_c_does_not_blame_noise_and_reports_one_l
     # Assert
     assert out.returncode == 0, out.stderr
     w_line = next(ln for ln in out.stdout.splitlines() if ln.startswith("W: "))
-    assert w_line == ("W: no bound (C singular): W is the minimum-norm solution C^+ Q of sums decrypted exactly "
+    assert w_line == ("W: no bound (C singular): W is the minimum-norm solution C^+ Q of sums released exactly "
                       "(no noise was added), but a singular C gives it no perturbation bound; more samples or a "
                       "--lambda ridge give one")
     assert "at this noise" not in out.stdout
