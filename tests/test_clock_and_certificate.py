@@ -73,3 +73,39 @@ def test_a_request_from_a_clock_two_days_ahead_is_refused_naming_the_difference(
     text = str(err.value)
     assert "request timestamp outside the accepted window: the request's clock is 1728" in text
     assert "s ahead of the server's" in text and "clocks" in text
+
+
+@e2e
+def test_the_server_logs_a_refused_tls_handshake_with_its_reason(consortium):
+    # Prepare: a running session; h1's certificate expired, presented anyway by a client that does not check it
+    import socket
+    import ssl
+    import time
+    from urllib.parse import urlparse
+
+    c = consortium(backend="plain", hospitals=("h1", "h2"), min_clients=2).start()
+    _expire(c, "h1")
+    d = c.pki_dir / "hospital-h1"
+    ctx = ssl.create_default_context(cafile=str(c.pki_dir / "ca.pem"))
+    ctx.load_cert_chain(str(d / "cert.pem"), str(d / "key.pem"))
+    u = urlparse(c.url)
+
+    # Execute: the handshake (TLS 1.3 reports the client certificate's refusal on the first read)
+    answer = b""
+    with socket.create_connection((u.hostname, u.port), timeout=30) as raw:
+        try:
+            with ctx.wrap_socket(raw, server_hostname=u.hostname) as tls:
+                tls.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+                answer = tls.recv(1)
+        except (ssl.SSLError, ConnectionError):
+            pass
+    assert answer == b""  # no HTTP answer: the server dropped the connection
+    log = c.root / "server.log"
+    for _ in range(100):  # bounded: the server writes its line as it drops the connection
+        if "TLS handshake refused" in log.read_text():
+            break
+        time.sleep(0.1)
+
+    # Assert: the server's log names the refusal and its reason
+    line = next(ln for ln in log.read_text().splitlines() if "TLS handshake refused" in ln)
+    assert "certificate has expired" in line or "expired" in line, line
