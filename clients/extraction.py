@@ -252,7 +252,7 @@ def embed_to_file(*, images=None, cifar_root=None, npz=None, split: str | None =
     is recorded in the statistics file as metadata; ``gram`` never includes it.
     The file records the extractor's fingerprint (:mod:`secure_afl.extractor`)
     under the metadata key ``extractor``; random weights need ``seed``. It also records the source it was made
-    from (``source``: the images folder, CIFAR root or npz, as an absolute path) and, given ``hospital``, the
+    from (``source_path``: the images folder, CIFAR root or npz, as an absolute path) and, given ``hospital``, the
     hospital it was made for (``hospital``), which ``client submit`` checks against its ``--name``.
     """
     if sum(v is not None for v in (images, cifar_root, npz)) != 1:
@@ -294,7 +294,7 @@ def embed_to_file(*, images=None, cifar_root=None, npz=None, split: str | None =
 
     res.metadata.update({"n_images": len(source), "dataset": source.description,
                          "extractor": fingerprint.to_json(),
-                         "source": str(Path(images or cifar_root or npz).resolve()),
+                         "source_path": str(Path(images or cifar_root or npz).resolve()),
                          **({"hospital": str(hospital)} if hospital else {})})
     if stats_only is not None:
         write_statistics_file(stats_only, res.statistics, res.classes, {**res.metadata, "gamma": float(gamma)})

@@ -47,7 +47,7 @@ def _check_made_for(source, name: str) -> None:
     meta = read_metadata(source)
     made_for = meta.get("hospital")
     if made_for and made_for != name:
-        origin = f" from {meta['source']}" if meta.get("source") else ""
+        origin = f" from {meta['source_path']}" if meta.get("source_path") else ""
         raise InvalidInputError(f"{source} was made for hospital {made_for}{origin}, not for {name}: submit "
                                 f"{name}'s own file (nothing was sent)", reason="other_hospital")
 

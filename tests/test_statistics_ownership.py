@@ -18,7 +18,7 @@ def _file_for(c, name: str, made_for: str, path, seed=None):
     X, y = c.data(name, seed=seed)
     return write_statistics_file(path, c.stats(X, y), [f"class-{i}" for i in range(c.classes)],
                                  metadata={"max_row_norm": float(np.linalg.norm(X, axis=1).max()),
-                                           "hospital": made_for, "source": f"/data/{made_for}/images"})
+                                           "hospital": made_for, "source_path": f"/data/{made_for}/images"})
 
 
 @e2e
@@ -77,6 +77,6 @@ def test_embed_predict_refuse_an_existing_output_and_embed_records_the_hospital(
     assert f"--stats-only {out} already exists" in line and "--force" in line and took < FAST_S
     assert forced.returncode == 0, forced.stderr
     meta = read_metadata(out)
-    assert meta["hospital"] == "hosp-a" and meta["source"] == str((tmp_path / "images").resolve())
+    assert meta["hospital"] == "hosp-a" and meta["source_path"] == str((tmp_path / "images").resolve())
     line = one_line(pred, EXIT_INPUT, "output_exists")
     assert f"--out {csv} already exists" in line and csv.read_text() == "kept"
