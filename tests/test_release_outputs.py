@@ -101,3 +101,25 @@ def test_a_closed_session_without_a_release_is_not_called_released(consortium, t
     assert text.splitlines()[0] == (f"session {c.session_id} (split): closed, not released yet: the manifest is "
                                     "signed; `keyholder finalize` releases it")
     assert st["phase"].startswith("closed, not released yet")
+
+
+@e2e
+def test_a_mistyped_keys_directory_is_named_and_not_created(consortium, tmp_path):
+    # Prepare: a split session with its quorum in
+    from secure_afl.exceptions import EXIT_KEYS
+
+    c, conn = open_split_session(consortium)
+    honest_upload(c, "h1", 1)
+    honest_upload(c, "h2", 2)
+    conn.close()
+    phrase = passphrase_file(tmp_path / "passphrase", "test passphrase")
+    typo = tmp_path / "kyes"
+
+    # Execute
+    out = run_cli("keyholder", "finalize", "--pki", c.pki_dir, "--keys", typo, "--passphrase-file", phrase,
+                  "--server", c.url, "--session", c.session_id, "--min-clients", 2, cwd=tmp_path)[0]
+
+    # Assert: named, nothing created, no "closing session" announced, the round still open
+    line = one_line(out, EXIT_KEYS, "invalid_key")
+    assert f"no key directory {typo}" in line and not typo.exists() and "closing session" not in out.stdout
+    assert f"session {c.session_id} (split): open" in _status(c)
