@@ -166,6 +166,9 @@ def main(argv: list[str] | None = None) -> int:
         print(one_line(err), file=sys.stderr)
         return exit_code(err)
     except KeyboardInterrupt:
-        print("secure-afl: interrupted", file=sys.stderr)
+        # what has left this machine is the server's to say: a signed receipt in --receipts, or `session
+        # status`, tells whether an interrupted upload arrived (a second one is refused if it did)
+        print("secure-afl: interrupted; whatever was sent before this is the server's record: check for a receipt "
+              "(client submit) or `secure-afl session status` before running the command again", file=sys.stderr)
         return 130
     return int(rc or 0)

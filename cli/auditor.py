@@ -20,9 +20,12 @@ __all__ = ["add_report"]
 def _cmd_report(args) -> int:
     from secure_afl.session.signed import load_signed
 
+    from secure_afl._io import place_new, refuse_existing
+
     out = Path(args.out)
-    if out.is_dir():
-        raise InvalidInputError(f"--out {out} is a directory; name the .html file", reason="is_a_directory")
+    refuse_existing(out, "--out")  # an earlier page (perhaps of another session) is never replaced
+    if args.model is not None and not Path(args.model).is_file():
+        raise InvalidInputError(f"--model {args.model}: no such file", reason="file_not_found")
     # the same verification as `audit verify`: a log that does not verify gets no report (BROKEN, exit 7)
     server_pub = pki.pinned_identity(args.pki, "server", args.server)
     head, countersign, keyholder_pub = args.head, None, None
@@ -41,12 +44,13 @@ def _cmd_report(args) -> int:
     # the same lines `session sign` printed, and split's soundness, from the signed definition alone
     bits = split_soundness(definition.session_params())[0] if definition.backend == "split" else None
     facts = session_facts(args.log, result, definition, report=report,
-                          guarantees=[line for _, line in guarantee_lines(definition)], soundness_bits=bits)
+                          guarantees=[line for _, line in guarantee_lines(definition)], soundness_bits=bits,
+                          model_path=args.model)
     page = render_report(facts, generated=time.time())
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(out.name + ".tmp")
     tmp.write_text(page, encoding="utf-8")
-    tmp.replace(out)
+    place_new(tmp, out, "--out")
     print(f"{result.summary()}\nreport of session {definition.session_id} -> {out} ({len(page)} bytes, "
           "self-contained: open it in any browser, offline)")
     return 0
@@ -102,5 +106,7 @@ def add_report(sub) -> None:
     p.add_argument("--session", default=None, help="the session you mean (default: the one the log records)")
     p.add_argument("--release", default=None, metavar="REPORT.json",
                    help="the key holder's release report (`keyholder finalize --report`): W's bound, DP, counts")
-    p.add_argument("--out", required=True, help="the HTML file to write")
+    p.add_argument("--model", default=None, metavar="MODEL.safetensors",
+                   help="the model file delivered with the release: its sha256 goes on the page")
+    p.add_argument("--out", required=True, help="the HTML file to create (never an existing one)")
     p.set_defaults(func=_cmd_report)

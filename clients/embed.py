@@ -133,11 +133,24 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gamma", type=float, default=0.0, metavar="G",
                         help="RI gamma recorded in the statistics file (metadata; not added to gram)")
     parser.add_argument("--dtype", choices=["float32", "float64"], default="float32", help="dtype of X in --out")
+    parser.add_argument("--name", metavar="HOSPITAL", help="the hospital the file is made for, recorded in it: "
+                                                           "`client submit --name` refuses another hospital's file")
+    parser.add_argument("--force", action="store_true", help="replace an existing output file (a statistics file "
+                                                             "already submitted cannot be submitted again anyway)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.set_defaults(func=_cmd_embed)
 
 
 def _cmd_embed(args) -> int:
+    from secure_afl._io import refuse_existing
+
+    # before the backbone loads and minutes of embedding: a file made earlier (perhaps already submitted) stays
+    target = args.stats_only or args.out
+    refuse_existing(target, "--stats-only" if args.stats_only else "--out",
+                    hint=" or pass --force to replace it" if not args.force else "", force=args.force)
+    if args.no_progress:  # no bar to show that it works: one line before the backbone loads
+        print(f"secure-afl client embed: embedding {args.images or args.cifar_root or args.npz} with "
+              f"{args.backbone} -> {target} (a line when done)", file=sys.stderr, flush=True)
     with warnings.catch_warnings():
         warnings.simplefilter("always", RandomWeightsWarning)
         warnings.showwarning = _loud_warning
@@ -146,8 +159,7 @@ def _cmd_embed(args) -> int:
             backbone=args.backbone, weights=args.weights, preset=args.preset, device=args.device,
             batch_size=args.batch_size, workers=args.workers, out=args.out, stats_only=args.stats_only,
             classes=args.classes, gamma=args.gamma, dtype=args.dtype, progress=not args.no_progress,
-            seed=args.seed, normalisation=args.normalisation)
-    target = args.stats_only or args.out
+            seed=args.seed, normalisation=args.normalisation, hospital=args.name)
     rate = len(res.y) / res.seconds if res.seconds > 0 else float("inf")
     print(f"{len(res.y)} images, d={res.dim}, {len(res.classes)} classes, {rate:.1f} img/s on "
           f"{res.metadata['device']} -> {target}", file=sys.stderr)

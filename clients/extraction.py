@@ -244,14 +244,16 @@ def embed_to_file(*, images=None, cifar_root=None, npz=None, split: str | None =
                   weights: str = "DEFAULT", preset: str = "paper", device: str = "auto", batch_size: int = 64,
                   workers: int = 0, out=None, stats_only=None, classes=None, gamma: float = 0.0,
                   dtype: str = "float32", progress: bool = True, seed: int | None = None,
-                  normalisation: str = "none") -> Extraction:
+                  normalisation: str = "none", hospital: str | None = None) -> Extraction:
     """Library form of ``secure-afl client embed``: open the source, extract, write one file atomically.
 
     Exactly one of ``images`` / ``cifar_root`` / ``npz`` and exactly one of
     ``out`` (embeddings file) / ``stats_only`` (statistics file). ``gamma``
     is recorded in the statistics file as metadata; ``gram`` never includes it.
     The file records the extractor's fingerprint (:mod:`secure_afl.extractor`)
-    under the metadata key ``extractor``; random weights need ``seed``.
+    under the metadata key ``extractor``; random weights need ``seed``. It also records the source it was made
+    from (``source_path``: the images folder, CIFAR root or npz, as an absolute path) and, given ``hospital``, the
+    hospital it was made for (``hospital``), which ``client submit`` checks against its ``--name``.
     """
     if sum(v is not None for v in (images, cifar_root, npz)) != 1:
         raise InvalidInputError("give exactly one of images=, cifar_root=, npz=")
@@ -288,8 +290,12 @@ def embed_to_file(*, images=None, cifar_root=None, npz=None, split: str | None =
         backbone=bb.name, weights=weights_id(kind, wenum, wpath, seed), preset=prep.name, input_size=prep.crop,
         classes=tuple(res.classes), dim=bb.dim,
         normalisation="none" if l2_radius is None else f"l2:{l2_radius:g}")
+    from pathlib import Path
+
     res.metadata.update({"n_images": len(source), "dataset": source.description,
-                         "extractor": fingerprint.to_json()})
+                         "extractor": fingerprint.to_json(),
+                         "source_path": str(Path(images or cifar_root or npz).resolve()),
+                         **({"hospital": str(hospital)} if hospital else {})})
     if stats_only is not None:
         write_statistics_file(stats_only, res.statistics, res.classes, {**res.metadata, "gamma": float(gamma)})
     else:

@@ -132,6 +132,10 @@ def _check_weights(ext, weights, seed) -> None:
 
 
 def _cmd_predict(args) -> int:
+    if args.out:
+        from secure_afl._io import refuse_existing
+
+        refuse_existing(args.out, "--out")  # before any image is embedded
     res = predict_file(args.model, embeddings=args.embeddings, images=args.images, backbone=args.backbone,
                        weights=args.weights,
                        seed=args.seed, out=args.out, progress=not args.no_progress)

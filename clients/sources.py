@@ -53,7 +53,8 @@ class ImageSource:
             with Image.open(path) as im:
                 return im.convert("RGB")  # forces the full decode
         except Exception as exc:  # UnidentifiedImageError, truncated file (OSError), SyntaxError, bombs
-            raise CorruptImage(f"cannot decode image {path}: {type(exc).__name__}: {exc}") from None
+            raise CorruptImage(f"cannot decode image {path}: {type(exc).__name__}: {exc}; remove or replace that "
+                               "file and run the command again (nothing was written)") from None
 
 
 def parse_class_names(classes) -> list | None:

@@ -21,6 +21,7 @@ def _cmd_submit(args) -> int:
     client.conn.retry_s = args.wait_server
     try:
         source = check_readable(args.embeddings or args.stats)  # a wrong path is refused before any connection
+        _check_made_for(source, args.name)
         params = client.fetch_params()
         if params.extractor is not None:
             # before anything is computed or sent: the session's sum is meaningless across extractors
@@ -35,6 +36,20 @@ def _cmd_submit(args) -> int:
                       "samples": int(stats.n), "bytes_uploaded": client.bytes_uploaded,
                       "receipt_seq": receipt.get("seq")}))
     return 0
+
+
+def _check_made_for(source, name: str) -> None:
+    """Refuse, before any connection, a file ``client embed --name`` made for another hospital: uploads are
+    final, and one under the wrong name would stand for that hospital's data in the sum."""
+    from secure_afl.clients.statsfile import read_metadata
+    from secure_afl.exceptions import InvalidInputError
+
+    meta = read_metadata(source)
+    made_for = meta.get("hospital")
+    if made_for and made_for != name:
+        origin = f" from {meta['source_path']}" if meta.get("source_path") else ""
+        raise InvalidInputError(f"{source} was made for hospital {made_for}{origin}, not for {name}: submit "
+                                f"{name}'s own file (nothing was sent)", reason="other_hospital")
 
 
 def register(parser) -> None:

@@ -161,11 +161,12 @@ def _cmd_session_status(args) -> int:
     def names(hs):
         return ", ".join(hs) if hs else "none"
 
-    print(f"session {st['session_id']} ({st['backend']}): {st['status']}")
+    print(f"session {st['session_id']} ({st['backend']}): {st.get('phase', st['status'])}")
     print(f"  roster    {n}: {names(st['roster'])}")
     print(f"  uploaded  {len(st['uploaded'])}: {names(st['uploaded'])}")
     if st["backend"] == "split":
-        print(f"  judged    {len(st['judged'])} (the key holder has asked for its verifier message)")
+        print(f"  judged    {len(st['judged'])}: {names(st['judged'])} (uploads whose verifier message the key "
+              "holder has asked for)")
     if st["valid"]:
         print(f"  released  {len(st['valid'])}: {names(st['valid'])}")
     print(f"  refused   {len(refused)}: " + (", ".join(f"{h} ({why})" for h, why in refused.items()) or "none"))

@@ -299,6 +299,12 @@ def finalize(msg: Message, context: Context) -> Message:
     unmask = unpack_json(msg.content, "unmask") if "unmask" in msg.content["fields"] else None
     # before anything is decrypted: countersign the server's close record, or refuse (DecryptionRefused)
     countersign = keyholder_adapter.countersign(kh, unpack_json(msg.content, "close"), manifest)
+    try:  # and before the key is used: outputs an earlier run wrote stay as they are
+        keyholder_adapter.check_outputs(Path(str(_cfg(context, "out", "keyholder"))),
+                                        Path(str(nc.get("report", "report.json"))))
+    except SecureAFLError as e:
+        return Message(content=pack({"countersign": countersign, "error": e.reason, "detail": str(e)}),
+                       reply_to=msg)
     if "split" in msg.content["fields"]:
         return _split_share(kh, info, manifest, msg, context, countersign)
     try:

@@ -25,7 +25,24 @@ from secure_afl.session.relay import check_same
 from secure_afl.session.signed import load_signed
 from secure_afl.cohort import release_policy
 
-__all__ = ["open_keyholder", "publication", "countersign", "finalize", "split_share", "split_commit", "split_result"]
+__all__ = ["open_keyholder", "publication", "countersign", "check_outputs", "finalize", "split_share",
+           "split_commit", "split_result"]
+
+
+def check_outputs(out: Path, report_path: Path) -> None:
+    """Refuse, before the release uses the key, a model or report path that already holds a file: a release
+    happens once, and this node never replaces what an earlier run (or README's native session) wrote."""
+    from secure_afl._io import refuse_existing
+
+    refuse_existing(out, "the key holder's node config names out =", hint=" in the node config")
+    refuse_existing(report_path, "the key holder's node config names report =", hint=" in the node config")
+
+
+def _write_report(report_path: Path, report: dict) -> None:
+    from secure_afl._io import write_file
+
+    report_path.parent.mkdir(parents=True, exist_ok=True)
+    write_file(report_path, json.dumps(report, indent=2).encode(), mode=0o644)
 
 
 def open_keyholder(node_config) -> KeyHolder:
@@ -100,8 +117,7 @@ def finalize(kh: KeyHolder, info: dict, aggregate: bytes, manifest: dict, tags: 
         check_same(params.to_dict(), info.get("params") or {}, what="params.", source="the ServerApp")
         res = kh.reveal_and_solve(params, aggregate, manifest, unmask=unmask, **policy)
     write_model(out, res.W, model_metadata(res.params, res.report, lam))
-    report_path.parent.mkdir(parents=True, exist_ok=True)
-    report_path.write_text(json.dumps(res.report, indent=2))
+    _write_report(report_path, res.report)
     return res.report
 
 
@@ -135,6 +151,5 @@ def split_result(kh: KeyHolder, info: dict, *, lam: float, min_class_count: int,
     rp = release_policy(definition, min_class_count=min_class_count)
     res = kh.release_kept(definition.session_id, lam=lam, min_class_count=rp.min_class_count)
     write_model(out, res.W, model_metadata(res.params, res.report, lam))
-    report_path.parent.mkdir(parents=True, exist_ok=True)
-    report_path.write_text(json.dumps(res.report, indent=2))
+    _write_report(report_path, res.report)
     return res.report

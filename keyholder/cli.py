@@ -65,6 +65,10 @@ def _cmd_judge(args) -> int:
     kh = _keyholder(args)
     kh.check_unlock(args.session)
     seen: dict = {}
+    # the first pass opens the key and fetches every upload so far (seconds): said before, not after
+    print(f"secure-afl keyholder judge: judging the uploads of session {args.session} on {args.server}"
+          + (" once" if args.once else f" as they arrive (every {args.interval:g} s, until the release)")
+          + ", one line per upload", flush=True)
     with _connect(kh, args) as conn:
         while True:
             released = conn.info()["status"] == "released"  # read first: a last pass after it takes the rest
@@ -88,36 +92,52 @@ def _cmd_judge(args) -> int:
 
 
 def _check_writable(path, what: str) -> None:
-    """Refuse an output path that cannot be written before anything is released: a release happens once,
-    and a model that cannot be saved after it would be lost."""
-    from secure_afl.exceptions import InvalidInputError
+    """Refuse an output path that exists already or cannot be written, before anything is released: a release
+    happens once, so a model that cannot be saved after it, or one it would replace, could not be made again."""
+    from secure_afl._io import refuse_existing
 
     p = Path(path)
-    if p.is_dir():
-        raise InvalidInputError(f"{what} {p} is a directory; name a file (nothing was changed)",
-                                reason="is_a_directory")
+    refuse_existing(p, what)
     p.parent.mkdir(parents=True, exist_ok=True)
     probe = p.with_name(p.name + ".tmp")
     probe.write_bytes(b"")
     probe.unlink()
 
 
+def _check_keys_dir(args) -> None:
+    """A mistyped ``--keys`` names the directory keygen wrote, not a new empty one made on the way."""
+    from secure_afl.exceptions import InvalidKey
+
+    definition = load_signed(args.pki, args.session)
+    if definition.backend in KEYED_BACKENDS and not Path(args.keys).is_dir():
+        raise InvalidKey(f"no key directory {args.keys}: pass the --keys directory `keyholder keygen --session "
+                         f"{args.session}` wrote (nothing was changed)")
+
+
 def _cmd_finalize(args) -> int:
+    from secure_afl._io import write_file
+
     # everything this command can get wrong locally is refused before the round is closed or a key is used
+    args.out = args.out or f"model-{args.session}.safetensors"
     _check_writable(args.out, "--out")
     if args.report:
         _check_writable(args.report, "--report")
+    _check_keys_dir(args)
     kh = _keyholder(args)
-    with _connect(kh, args) as conn:
-        n = conn.info().get("contributions")
+
+    def announce(n: int) -> None:
         # the release runs without a word otherwise (seconds to minutes with many uploads); on stdout, with
-        # the result, so that a refusal stays the one line on stderr
+        # the result, so that a refusal stays the one line on stderr; said once the key is open and this key
+        # holder's own floor holds, so it never announces a release that is then refused locally
         print(f"secure-afl keyholder finalize: closing session {args.session} on {args.server} and releasing its "
               f"{n} uploads: checking each one, opening the aggregate once, solving W ...", flush=True)
-        res = kh.finalize(conn, min_clients=args.min_clients, lam=args.lam, min_class_count=args.min_class_count)
+
+    with _connect(kh, args) as conn:
+        res = kh.finalize(conn, min_clients=args.min_clients, lam=args.lam, min_class_count=args.min_class_count,
+                          announce=announce)
     write_model(args.out, res.W, model_metadata(res.params, res.report, args.lam))
     if args.report:
-        Path(args.report).write_text(json.dumps(res.report, indent=2))
+        write_file(args.report, json.dumps(res.report, indent=2).encode(), mode=0o644)
     flood = (f"; decryption flooded (sigma {res.report['flood_sigma']:.2e} per entry, "
              f"{res.report['flood_security']} over the whole release), per-entry bound "
              f"{res.report['error_bound_per_entry']:.2e}, ridge {res.report['flood_ridge']:.2e}"
@@ -178,13 +198,15 @@ def register(parser) -> None:
     p.add_argument("--once", action="store_true", help="one pass over the uploads accepted so far")
     p.set_defaults(func=_cmd_judge)
     p = sub.add_parser("finalize", help="close the session and release it once: split, judge what is left, open "
-                                        "the manifest's seeds and post the masks' share (the server sums and "
-                                        "solves); bfv, ckks, re-sum the signed uploads and decrypt once (ckks "
+                                        "the manifest's seeds and post the masks' share (the server answers with "
+                                        "the masked sum; this key holder unmasks it and solves); bfv, ckks, "
+                                        "re-sum the signed uploads and decrypt once (ckks "
                                         "floods); secagg, plain, check the sum; then check, solve, write the model")
     common(p, True)
     p.add_argument("--min-clients", type=int, required=True, help="this key holder's own release threshold")
     p.add_argument("--min-class-count", type=int, default=1, help="refuse a release with a rarer present class")
     p.add_argument("--lambda", dest="lam", type=float, default=0.0, help="optional final ridge (default 0)")
-    p.add_argument("--out", required=True, help="model file (.safetensors)")
-    p.add_argument("--report", help="report JSON")
+    p.add_argument("--out", help="model file (.safetensors) to create; never an existing one (default: "
+                                 "model-SESSION.safetensors)")
+    p.add_argument("--report", help="report JSON to create; never an existing one")
     p.set_defaults(func=_cmd_finalize)

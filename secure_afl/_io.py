@@ -9,7 +9,7 @@ from pathlib import Path
 
 from .exceptions import InsecureFileMode, WeakPassphrase
 
-__all__ = ["write_all", "write_file", "fsync_dir", "refuse_if_shared", "private_file", "read_private_file", "check_passphrase",
+__all__ = ["write_all", "write_file", "refuse_existing", "place_new", "fsync_dir", "refuse_if_shared", "private_file", "read_private_file", "check_passphrase",
            "MIN_PASSPHRASE_CHARS"]
 
 # scrypt slows guessing but cannot make a short passphrase safe: 12 characters of
@@ -38,6 +38,38 @@ def write_file(path, data: bytes, *, mode: int = 0o600, exclusive: bool = True) 
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def refuse_existing(path, what: str, *, force: bool = False, hint: str = "") -> None:
+    """:class:`InvalidInputError` (reason ``output_exists``) when ``path`` exists and ``force`` is not set: a
+    command writes only files it creates in this run (a released model cannot be released again)."""
+    from .exceptions import InvalidInputError
+
+    p = Path(path)
+    if p.is_dir():
+        raise InvalidInputError(f"{what} {p} is a directory; name a file (nothing was changed)",
+                                reason="is_a_directory")
+    if p.exists() and not force:
+        raise InvalidInputError(f"{what} {p} already exists; it was not written by this run and is left as it is: "
+                                f"name another file{hint or ' or remove it first'} (nothing was changed)",
+                                reason="output_exists")
+
+
+def place_new(tmp, path, what: str, *, force: bool = False) -> None:
+    """Move the finished ``tmp`` to ``path``: with ``force`` replacing it, otherwise only if ``path`` does not
+    exist at that moment (a hard link fails on an existing name, so a file made meanwhile is never replaced)."""
+    from .exceptions import InvalidInputError
+
+    if force:
+        os.replace(tmp, path)
+        return
+    try:
+        os.link(tmp, path)
+    except FileExistsError:
+        os.unlink(tmp)
+        raise InvalidInputError(f"{what} {path} appeared while this command ran; it is left as it is and "
+                                "nothing was written to it", reason="output_exists") from None
+    os.unlink(tmp)
 
 
 def fsync_dir(directory: Path) -> None:

@@ -65,6 +65,10 @@ class SessionFacts:
     aggregate_sha256: str | None = None
     report: dict | None = None
     soundness_bits: float | None = None
+    n_records: int = 0
+    #: sha256 of the model file the auditor was handed (``audit report --model``), tying it to this page
+    model_sha256: str | None = None
+    model_path: str | None = None
 
 
 def _ts(rec: dict) -> float | None:
@@ -78,8 +82,10 @@ def _ts(rec: dict) -> float | None:
 
 
 def session_facts(log_path, verification, definition, *, report: dict | None = None,
-                  guarantees: list[str] | None = None, soundness_bits: float | None = None) -> SessionFacts:
-    """Collect the facts of a log that :func:`secure_afl.audit_verify.verify_log` has verified."""
+                  guarantees: list[str] | None = None, soundness_bits: float | None = None,
+                  model_path=None) -> SessionFacts:
+    """Collect the facts of a log that :func:`secure_afl.audit_verify.verify_log` has verified (and, given
+    ``model_path``, the sha256 of the model file delivered with it)."""
     data = Path(log_path).read_bytes()
     records = [json.loads(line) for line in data.splitlines() if line.strip()]
     body = dict(definition.body)
@@ -88,7 +94,11 @@ def session_facts(log_path, verification, definition, *, report: dict | None = N
                      head_seq=verification.head_seq, head_hash=verification.head_hash,
                      countersigned_by=verification.countersigned_by,
                      log_sha256=hashlib.sha256(data).hexdigest(), definition=body, guarantees=list(guarantees or []),
-                     roster=roster, created=None, report=report, soundness_bits=soundness_bits)
+                     roster=roster, created=None, report=report, soundness_bits=soundness_bits,
+                     n_records=len(records))
+    if model_path is not None:
+        f.model_path = str(model_path)
+        f.model_sha256 = hashlib.sha256(Path(model_path).read_bytes()).hexdigest()
     for rec in records:
         ev, actor, t, d = rec.get("event"), str(rec.get("actor")), _ts(rec), rec.get("details") or {}
         if ev == "session_created" and f.created is None:
@@ -215,6 +225,8 @@ def _release_rows(f: SessionFacts) -> list[tuple[str, str]]:
     rows = [("released", _when(f.release_time) if released else "not released in this log")]
     if f.aggregate_sha256:
         rows.append(("aggregate sha256", f.aggregate_sha256))
+    rows.append(("model file sha256", f"{f.model_sha256} ({Path(f.model_path).name})" if f.model_sha256 else
+                 "not given (--model MODEL.safetensors adds the delivered model file's sha256 to this page)"))
     r = f.report
     if r is None:
         rows.append(("key holder's report", "not given (--release REPORT.json adds W's bound, DP and the counts)"))
@@ -226,7 +238,12 @@ def _release_rows(f: SessionFacts) -> list[tuple[str, str]]:
                                                 f"(W* = {b.get('solution')} of the exact sums, condition number "
                                                 f"{b.get('condition_number'):.3g})"))
         else:
-            rows.append(("W's certified bound", str(b.get("verdict") or r.get("verdict") or "none")))
+            from secure_afl.certify import verdict_text
+
+            # "at this noise" only where the release added noise (ckks flooding, DP); exact backends add none
+            noisy = bool(r.get("flood_sigma") or r.get("dp"))
+            rows.append(("W's certified bound", verdict_text(str(b.get("verdict") or r.get("verdict") or "none"),
+                                                             f.backend, noisy)))
         dp = r.get("dp")
         rows.append(("differential privacy",
                      f"epsilon {dp['epsilon']:.4g} at delta {dp['delta']:g} ({dp.get('mechanism')} noise), "
@@ -247,7 +264,7 @@ def render_report(f: SessionFacts, *, generated: float | None = None) -> str:
     session_rows = [("id", b.get("id")), ("backend", b.get("backend")), ("dimension d, classes C",
                     f"{b.get('dim')}, {b.get('classes')}"), ("min_clients", b.get("min_clients")),
                     ("colluders tolerated", b.get("colluders")), ("max_refusals", b.get("max_refusals")),
-                    ("roster", ", ".join(f.roster)), ("bounds", json.dumps(b.get("bounds"), sort_keys=True)),
+                    ("roster", ", ".join(f.roster)),
                     ("deadline", b.get("deadline") or (f"{b['deadline_s']:g} s after the server's first start"
                                                        if b.get("deadline_s") else "none"))]
     if b.get("extractor"):
@@ -270,11 +287,24 @@ def render_report(f: SessionFacts, *, generated: float | None = None) -> str:
              f"whose chain verified; log sha256 <span class=\"mono\">{_e(f.log_sha256)}</span>.</p>")
     p.append('<h2 id="chain">The chain</h2>')
     p.append(f'<p class="ok" id="verdict">{_e(f.verification)}</p>')
+    after = f.n_records - 1 - f.head_seq
+    tail = ("none: the head is the log's last record" if after <= 0 else
+            f"{after} (records {f.head_seq + 1} to {f.n_records - 1}): written after the head, such as the key "
+            "holder's countersignature and later requests; the server's signature on each and the hash chain from "
+            "the head cover them, the countersignature does not")
+    n_up, n_ref = len(f.uploads), len(f.refused_uploads)
     p.append("<table>" + "".join(f"<tr><th>{_e(k)}</th><td class=\"mono\">{_e(v)}</td></tr>" for k, v in (
-        ("head record", f.head_seq), ("head hash", f.head_hash),
+        ("records", f"{f.n_records} (every event of the session, not only uploads)"),
+        ("uploads", f"{n_up} accepted, {n_ref} refused"),
+        ("head record", f"{f.head_seq} (the release the key holder countersigned)"), ("head hash", f.head_hash),
+        ("records after the head", tail),
         ("countersigned by", f.countersigned_by or "no countersignature given"))) + "</table>")
     p.append('<h2 id="session">The signed session</h2>')
     p.append("<table>" + "".join(f"<tr><th>{_e(k)}</th><td>{_e(v)}</td></tr>" for k, v in session_rows) + "</table>")
+    bounds = b.get("bounds") if isinstance(b.get("bounds"), dict) else {}
+    p.append('<p>The signed bounds every upload is checked against:</p><table id="bounds"><tr><th>bound</th>'
+             "<th>value</th></tr>" + "".join(f"<tr><td>{_e(k)}</td><td>{_e(v)}</td></tr>"
+                                             for k, v in sorted(bounds.items())) + "</table>")
     p.append('<p>What the operator signed, as every party pins it (signature checked against the consortium CA):</p>'
              '<ul class="g" id="guarantees">' + "".join(f"<li>{_e(g)}</li>" for g in f.guarantees) + "</ul>")
     p.append('<h2 id="hospitals">Each roster hospital</h2>')

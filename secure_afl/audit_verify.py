@@ -184,6 +184,14 @@ def verify_log(path, *, server_pub, head, receipts: Iterable[Mapping] = (), coun
                                reason="head_bad_signature") from None
     except MalformedPayload as e:
         raise AuditChainBroken(f"expected head unusable: {e}", reason="head_malformed") from None
+    logged = sorted({r["session"] for r in records if isinstance(r.get("session"), str)})
+    # a head of another session says nothing about this log: a wrong file, named as such, not a tampering alarm
+    of = _head_session(head)
+    if of is not None and logged and of not in logged:
+        raise InvalidInputError(f"the expected head is of session {of}, but {path} is the audit log of session "
+                                f"{', '.join(logged)}: pass that session's head (the key holder's "
+                                f"keys/{logged[0]}.audit-head.json), or the log of session {of}",
+                                reason="head_of_other_session")
     if seq >= len(records):
         raise AuditChainBroken(f"the log ends at record {len(records) - 1} but the expected head is record "
                                f"{seq}: its tail was cut", index=len(records), reason="truncated")
@@ -208,7 +216,6 @@ def verify_log(path, *, server_pub, head, receipts: Iterable[Mapping] = (), coun
                                    reason="head_bad_countersign") from None
         countersigned_by = cs["keyholder"]
 
-    logged = sorted({r["session"] for r in records if isinstance(r.get("session"), str)})
     if session is not None and session not in logged:
         raise InvalidInputError(f"{path} is the audit log of session {', '.join(logged) or '(none)'}, "
                                 f"not of session {session}")
@@ -226,6 +233,15 @@ def verify_log(path, *, server_pub, head, receipts: Iterable[Mapping] = (), coun
                              n_receipts=n_receipts, head_seq=seq, head_hash=head_hash,
                              countersigned_by=countersigned_by, sessions=tuple(sorted(wanted)),
                              n_other_receipts=n_other)
+
+
+def _head_session(head) -> str | None:
+    """The session a signed head object names (close record, receipt, manifest), once its signature held."""
+    if not isinstance(head, Mapping):
+        return None
+    obj = head.get("close", head)
+    sid = obj.get("session_id") if isinstance(obj, Mapping) else None
+    return sid if isinstance(sid, str) else None
 
 
 def _check_receipt(receipt, j: int, records: list[dict], pub) -> None:

@@ -118,7 +118,7 @@ EXCEEDS = "exceeds bound"
 
 
 NO_BOUND_EXACT = "no bound (C singular)"
-NO_BOUND_EXACT_NOTE = (": W is the minimum-norm solution C^+ Q of sums decrypted exactly (no noise was added), "
+NO_BOUND_EXACT_NOTE = (": W is the minimum-norm solution C^+ Q of sums released exactly (no noise was added), "
                        "but a singular C gives it no perturbation bound; more samples or a --lambda ridge give one")
 
 

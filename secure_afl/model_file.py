@@ -100,16 +100,19 @@ def model_metadata(params: SessionParams, report: dict, lam: float) -> dict:
     return meta
 
 
-def write_model(path, W: np.ndarray, metadata: dict) -> None:
-    """safetensors file: tensor "W" (d, C) float64 plus string metadata; atomic."""
+def write_model(path, W: np.ndarray, metadata: dict, *, force: bool = False) -> None:
+    """safetensors file: tensor "W" (d, C) float64 plus string metadata; atomic. An existing file is never
+    replaced unless ``force``: a release happens once, and the model it replaced could not be made again."""
     from safetensors.numpy import save_file
+
+    from secure_afl._io import place_new
 
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
     meta = {k: v if isinstance(v, str) else json.dumps(v) for k, v in metadata.items()}
     save_file({"W": np.ascontiguousarray(W, dtype=np.float64)}, str(tmp), metadata=meta)
-    os.replace(tmp, path)
+    place_new(tmp, path, "model file", force=force)
 
 
 def read_model(path) -> tuple[np.ndarray, "ModelMetadata"]:

@@ -107,7 +107,11 @@ def verify_request_digest(headers: Mapping[str, str], method: str, path: str, bo
         raise InvalidSignature() from None
     current = _time.time() if now is None else now
     if abs(current - t) > max_skew_s:
-        raise ReplayedContribution("request timestamp outside the accepted window")
+        skew = t - current
+        raise ReplayedContribution(
+            f"request timestamp outside the accepted window: the request's clock is {abs(skew):.0f} s "
+            f"{'ahead of' if skew > 0 else 'behind'} the server's (at most {max_skew_s:.0f} s is accepted): set "
+            "the clocks of both machines right (NTP) and retry")
     return st
 
 

@@ -249,7 +249,11 @@ def verify_upload(upload: Mapping, identity_pub, *, session_id: str | None = Non
     if max_age_s is not None:
         t = _time.time() if now is None else now
         if abs(t - statement["time"]) > max_age_s:
-            raise ReplayedContribution("upload statement is stale or from the future")
+            skew = statement["time"] - t
+            raise ReplayedContribution(
+                f"upload statement is stale or from the future: signed {abs(skew):.0f} s "
+                f"{'ahead of' if skew > 0 else 'behind'} the server's clock (at most {max_age_s:.0f} s is "
+                "accepted): a replayed upload, or clocks that differ; set both machines' clocks right and retry")
     return {**statement, "signature": up["signature"]}
 
 

@@ -71,7 +71,10 @@ def submit(session: ServerSession, hospital: str, statement: dict, payload: byte
             if not session.store.claim_nonce("upload:" + st["nonce"], "hospital:" + hospital):
                 raise ReplayedContribution("this upload statement was already presented")
             if session.store.has_upload(hospital):
-                raise DuplicateContribution(f"{hospital} already contributed to this session")
+                raise DuplicateContribution(
+                    f"{hospital} already contributed to this session, and uploads are final: the first one "
+                    "stands and is in the sum (its receipt is in the hospital's receipts folder); a corrected "
+                    "file can only go into a new session the operator signs")
             if session.secagg is not None:  # a round before the upload: masked inputs in its stage only
                 secagg_round.check_upload_stage(session)
             # each backend's own door (tag or seed statement, envelope, commitment): the words it opened,

@@ -80,6 +80,7 @@ def session_status(server: ServerSession) -> dict:
     counted = [h for h in uploaded if h not in refused]
     return {
         "session_id": server.config.session_id, "backend": server.config.backend, "status": server.status,
+        "phase": _phase(server),
         "roster": roster, "uploaded": uploaded, "judged": judged,
         "valid": sorted(valid), "refused": dict(sorted(refused.items())),
         "silent": [h for h in roster if h not in uploaded and h not in refused],
@@ -87,6 +88,22 @@ def session_status(server: ServerSession) -> dict:
         "dropouts_left": max(0, len(roster) - len(refused) - policy.quorum),
         "deadline": server.deadline, "now": time.time(),
     }
+
+
+def _phase(server: ServerSession) -> str:
+    """What the session's state means for its parties, in words. The server's own state says "released" once
+    it has closed the round and signed the manifest; the release itself is the key holder's, and only split's
+    (its signed share statement and masked sum) passes through the server."""
+    if server.status != "released":
+        return server.status
+    if server.config.backend == "split":
+        if server.store.get_meta("split_result") is not None:
+            return "released (the key holder's share statement and the masked sum are recorded)"
+        return "closed, not released yet: the manifest is signed; `keyholder finalize` releases it"
+    if server.store.get_meta("audit_countersign") is not None:
+        return ("closed: the manifest is signed and the key holder has countersigned it, the step before its "
+                "release (the release itself happens at the key holder, unseen by the server)")
+    return "closed, not released yet: the manifest is signed; `keyholder finalize` releases it"
 
 
 def status_view(server: ServerSession, party: str, peer: dict | None) -> dict:

@@ -26,7 +26,9 @@ from __future__ import annotations
 import asyncio
 import errno
 import hashlib
+import logging
 import socket
+import ssl
 
 import h11
 import uvicorn
@@ -35,6 +37,8 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 from secure_afl.exceptions import InvalidParameterError
 
 __all__ = ["GuardedH11Protocol", "listen", "reserve_open_files", "serve", "uvicorn_config"]
+
+log = logging.getLogger("secure_afl.server")
 
 #: Descriptors the server needs besides its connections: payload files, SQLite and its WAL, the audit log,
 #: the summing processes' pipes, the listening socket, the interpreter's own.
@@ -111,6 +115,22 @@ class GuardedH11Protocol(H11Protocol):
         super().connection_lost(exc)
 
 
+class _LoggedHandshake(ssl.SSLObject):
+    """The server side of each TLS connection, logging why a handshake was refused: asyncio drops such a
+    connection without a word (it logs TLS errors only in debug mode), so an expired or foreign client
+    certificate would otherwise leave nothing in the server's log while the client only sees a reset."""
+
+    def do_handshake(self) -> None:
+        try:
+            super().do_handshake()
+        except (ssl.SSLWantReadError, ssl.SSLWantWriteError):
+            raise
+        except ssl.SSLError as e:
+            why = getattr(e, "verify_message", None) or e.reason or str(e)
+            log.warning("TLS handshake refused: %s (%s)", why, e.library or "ssl")
+            raise
+
+
 def uvicorn_config(app, cfg, party, *, log_level: str = "warning") -> uvicorn.Config:
     """A ``uvicorn.Config`` serving ``app`` with the project's TLS context and limits from ``cfg``."""
 
@@ -118,7 +138,9 @@ def uvicorn_config(app, cfg, party, *, log_level: str = "warning") -> uvicorn.Co
         config_ref = cfg
 
     def _context(_config, _default):
-        return party.server_ssl_context(require_client_cert=cfg.require_client_cert)
+        ctx = party.server_ssl_context(require_client_cert=cfg.require_client_cert)
+        ctx.sslobject_class = _LoggedHandshake
+        return ctx
 
     return uvicorn.Config(app, host=cfg.host, port=cfg.port, log_level=log_level, http=_Protocol,
                           ssl_context_factory=_context, limit_concurrency=cfg.connection_limit,

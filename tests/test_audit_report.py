@@ -189,3 +189,34 @@ def test_a_malformed_release_report_is_refused_by_name_and_no_page_is_written(re
         assert out.returncode == 3 and len(lines) == 1, (field, out.stderr)
         assert lines[0].startswith("secure-afl: error [malformed]: ") and f"report's {field} is" in lines[0]
         assert "bad.json" in lines[0] and not page.exists()
+
+
+def test_the_page_ties_the_model_file_counts_uploads_and_explains_the_records_after_the_head(released_session,
+                                                                                              tmp_path):
+    # Prepare: the released model as the key holder delivers it, and the auditor's inputs
+    import hashlib
+
+    from secure_afl.model_file import model_metadata, write_model
+
+    c, res = released_session
+    model = tmp_path / "model.safetensors"
+    write_model(model, res.W, model_metadata(res.params, res.report, 0.0))
+    head = c.root / "keys" / f"{c.session_id}.audit-head.json"
+    page = tmp_path / "page.html"
+    args = [sys.executable, "-m", "secure_afl.cli", "audit", "report", str(c.audit_path()), "--pki", str(c.pki_dir),
+            "--head", str(head), "--release", str(tmp_path / "report.json"), "--model", str(model)]
+
+    # Execute: the page, then the same command onto the page it wrote
+    made = subprocess.run([*args, "--out", str(page)], capture_output=True, text=True, timeout=300)
+    again = subprocess.run([*args, "--out", str(page)], capture_output=True, text=True, timeout=300)
+
+    # Assert: the model's sha256; uploads counted as uploads; the records after the head explained; the bounds
+    # as a table; no noise wording for split, which adds none; the page is not replaced by the second run
+    assert made.returncode == 0, made.stderr
+    text = page.read_text()
+    assert hashlib.sha256(model.read_bytes()).hexdigest() in text
+    assert "<th>uploads</th><td class=\"mono\">5 accepted, 0 refused</td>" in text
+    assert "records after the head" in text and "(the release the key holder countersigned)" in text
+    assert re.search(r'<table id="bounds"><tr><th>bound</th><th>value</th></tr><tr><td>k_max</td>', text)
+    assert "at this noise" not in text
+    assert again.returncode == 3 and "[output_exists]" in again.stderr and page.read_text() == text

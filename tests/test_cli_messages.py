@@ -563,7 +563,7 @@ def test_an_exact_release_of_a_singular_c_does_not_blame_noise_and_reports_one_l
     # Assert
     assert out.returncode == 0, out.stderr
     w_line = next(ln for ln in out.stdout.splitlines() if ln.startswith("W: "))
-    assert w_line == ("W: no bound (C singular): W is the minimum-norm solution C^+ Q of sums decrypted exactly "
+    assert w_line == ("W: no bound (C singular): W is the minimum-norm solution C^+ Q of sums released exactly "
                       "(no noise was added), but a singular C gives it no perturbation bound; more samples or a "
                       "--lambda ridge give one")
     assert "at this noise" not in out.stdout
@@ -636,6 +636,24 @@ def test_audit_verify_refuses_the_log_of_another_session(released):
     out = _verify(released, released.root / "receipts", "--session", "the-session-i-meant")
     line = one_line(out, EXIT_INPUT, "invalid_input")
     assert f"audit log of session {released.session_id}, not of session the-session-i-meant" in line
+
+
+@e2e
+def test_audit_verify_with_the_head_of_another_session_names_it_and_raises_no_tampering_alarm(released, tmp_path):
+    # Prepare: a head the same server signed in another session (a receipt pins a head as well as a close record)
+    head = tmp_path / "other-head.json"
+    head.write_text(json.dumps(_other_session_receipt(released)))
+
+    # Execute
+    log = released.audit_path()
+    out = run_cli("audit", "verify", log, "--pki", released.pki_dir, "--head", head, "--receipts",
+                  released.root / "receipts")[0]
+
+    # Assert: a wrong file named as such, with its exit code, not BROKEN with the security one
+    line = one_line(out, EXIT_INPUT, "head_of_other_session")
+    assert (f"the expected head is of session earlier-session, but {log} is the audit log of session "
+            f"{released.session_id}") in line
+    assert "BROKEN" not in out.stdout + out.stderr
 
 
 # -- reasons in words, wherever the error comes from -----------------------------------

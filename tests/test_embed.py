@@ -222,10 +222,10 @@ def test_corrupt_image_is_typed_error_and_leaves_nothing(weights_pth, tmp_path, 
                         batch_size=4, out=str(outdir / "emb.npz"), progress=False)
     assert isinstance(info.value, InvalidInputError) and info.value.reason == "corrupt_image"
     assert _no_output_left(outdir, "emb.npz")
-    # Execute / Assert (CLI; an existing file is not replaced by a failed run)
+    # Execute / Assert (CLI; an existing file is not replaced by a failed run, even one told to replace it)
     rc = main(["client", "embed", "--images", str(root), "--backbone", "resnet18", "--weights",
                str(weights_pth), "--device", "cpu", "--workers", "2", "--no-progress",
-               "--stats-only", str(outdir / "kept.npz")])
+               "--stats-only", str(outdir / "kept.npz"), "--force"])
     err = capsys.readouterr().err
     assert rc == 3 and "corrupt_image" in err and "img0.png" in err and "Traceback" not in err
     assert (outdir / "kept.npz").read_bytes() == b"previous complete file"

@@ -86,14 +86,14 @@ def test_sealed_keys_and_ledger_are_owner_only_and_a_shared_one_is_refused(tmp_p
             cl.submit(c.stats(*c.data(h)))
             cl.close()
         args = ["keyholder", "finalize", "--pki", c.pki_dir, "--keys", c.root / "keys", "--server", c.url,
-                "--session", c.session_id, "--min-clients", 2, "--out", tmp_path / "model.safetensors"]
+                "--session", c.session_id, "--min-clients", 2, "--out"]
 
-        # Execute
-        first = _cli(*args)
+        # Execute (the second run names a new model file: an existing one is refused before the ledger is read)
+        first = _cli(*args, tmp_path / "model.safetensors")
         ledger = c.root / "keys" / "releases.sqlite3"
         modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in ledger.parent.glob("releases.sqlite3*")}
         ledger.chmod(0o644)
-        again = _cli(*args)
+        again = _cli(*args, tmp_path / "model-again.safetensors")
     finally:
         c.stop()
 

@@ -45,6 +45,6 @@ def test_the_flower_script_runs_as_written_and_releases(tmp_path):
     log = (tmp_path / "flwr-run.log").read_text()
     assert "secure-afl round done" in log, out.stdout[-3000:] + out.stderr[-3000:]
     assert "Connection to the SuperLink is unavailable" not in out.stdout + out.stderr
-    report = json.loads((tmp_path / "keyholder" / "report.json").read_text())
+    report = json.loads((tmp_path / "keyholder" / "report-flower-cohort-split.json").read_text())
     assert report["participants"] == ["hosp-a", "hosp-b", "hosp-c"] and report["samples"] == 18
     assert re.search(r"^OK\b", out.stdout, re.M), out.stdout[-3000:]

@@ -53,17 +53,18 @@ def test_documented_session_runs_as_written(tmp_path, backend):
     # Execute
     timing = run_session(tmp_path, commands)
 
-    # Assert: the key holder's model and report, the hospital's audit check, each party's files
-    report = json.loads((tmp_path / "keyholder" / "report.json").read_text())
+    # Assert: the key holder's model and report (named by the session), the hospital's audit check, each
+    # party's files
+    session_id = {"CKKS": "cohort-ckks", "BFV": "cohort-bfv", "SecAgg": "cohort-secagg",
+                  "split": "cohort-split"}[backend]
+    report = json.loads((tmp_path / "keyholder" / f"report-{session_id}.json").read_text())
     assert report["participants"] == list(HOSPITALS)
     assert report["class_counts"] == [6, 6, 6] and report["samples"] == 18
     from secure_afl.keyholder import read_model
 
-    W, meta = read_model(tmp_path / "keyholder" / "model.safetensors")
+    W, meta = read_model(tmp_path / "keyholder" / f"model-{session_id}.safetensors")
     assert W.shape == (512, 3) and np.all(np.isfinite(W))
     # the model says which session, class order and extractor it belongs to: the session.toml's own
-    session_id = {"CKKS": "cohort-ckks", "BFV": "cohort-bfv", "SecAgg": "cohort-secagg",
-                  "split": "cohort-split"}[backend]
     from secure_afl.server.config import load_config
 
     declared = load_config(tmp_path / "server" / "session.toml").extractor

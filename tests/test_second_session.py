@@ -107,9 +107,8 @@ def test_the_documented_second_session_with_a_new_hospital_runs_as_written(tmp_p
     pytest.importorskip("torchvision")
     from PIL import Image
 
-    # Prepare: README's split session run as written, then the new hospital's images
+    # Prepare: the new hospital's images
     make_inputs(tmp_path)
-    run_session(tmp_path, documented_sessions()["split"])
     rng = np.random.default_rng(4)
     for c in CLASSES:
         (tmp_path / "hosp-d" / "images" / c).mkdir(parents=True)
@@ -117,12 +116,13 @@ def test_the_documented_second_session_with_a_new_hospital_runs_as_written(tmp_p
             Image.fromarray(rng.integers(0, 256, (32, 32, 3), dtype=np.uint8)).save(
                 tmp_path / "hosp-d" / "images" / c / f"{i}.png")
 
-    # Execute: the second session as docs/RUNNING.md writes it
-    run_session(tmp_path, _second_session_commands())
+    # Execute: README's split session, then the second session as docs/RUNNING.md writes it, in one run: the
+    # first session's server still running, as a reader who followed README would have it
+    run_session(tmp_path, documented_sessions()["split"] + _second_session_commands())
 
     # Assert: four hospitals released; every party's pki/ is its one bundle, not a bundle inside a bundle;
     # the first session's report is untouched
-    report = json.loads((tmp_path / "keyholder" / "report-2.json").read_text())
+    report = json.loads((tmp_path / "keyholder" / "report-cohort-split-2.json").read_text())
     assert report["participants"] == ["hosp-a", "hosp-b", "hosp-c", "hosp-d"] and report["samples"] == 24
     own = {"server": "server-aggregator", "keyholder": "keyholder-keyholder",
            **{h: f"hospital-{h}" for h in ("hosp-a", "hosp-b", "hosp-c", "hosp-d")}}
@@ -130,4 +130,5 @@ def test_the_documented_second_session_with_a_new_hospital_runs_as_written(tmp_p
         held = sorted(p.name for p in (tmp_path / party / "pki").iterdir())
         assert held == sorted(["ca.pem", "roster.json", "sessions", bundle]), (party, held)
         assert (tmp_path / party / "pki" / "sessions" / "cohort-split-2.json").exists()
-    assert json.loads((tmp_path / "keyholder" / "report.json").read_text())["samples"] == 18
+    assert json.loads((tmp_path / "keyholder" / "report-cohort-split.json").read_text())["samples"] == 18
+    assert (tmp_path / "keyholder" / "model-cohort-split.safetensors").is_file()

@@ -75,12 +75,14 @@ class KeyHolder(KeyCustody):
                             expected_hospitals=expected_hospitals, params=params, unseal=unseal, secret=secret)
 
     def finalize(self, conn, *, min_clients: int, lam: float = 0.0, min_class_count: int = 1,
-                 expected_hospitals: list[str] | None = None) -> FinalResult:
+                 expected_hospitals: list[str] | None = None, announce=None) -> FinalResult:
         """Close (if needed), countersign the audit head, then release by the session's backend: fetch, verify,
         reveal, check, restore and solve.
 
         The release policy is the stricter of this key holder's and the session's
-        (``min_clients``, ``min_class_count``): the server cannot relax it.
+        (``min_clients``, ``min_class_count``): the server cannot relax it. This key holder's own floor is
+        checked against the uploads accepted so far before the round is closed, so a refusal on its side leaves
+        the session open. ``announce(n)`` is called just before the close, once nothing local can refuse.
         """
         from secure_afl.session.relay import check_same
         from secure_afl.session.signed import load_signed
@@ -99,8 +101,13 @@ class KeyHolder(KeyCustody):
         min_class_count = rel.policy.min_class_count
         info = conn.info()
         if info["status"] != "released":
+            self._check_floor(rel.policy, int(info.get("contributions") or 0))
+            if announce is not None:
+                announce(int(info.get("contributions") or 0))
             self.close_round(conn)
             info = conn.info()
+        elif announce is not None:
+            announce(int(info.get("contributions") or 0))
         # before anything is decrypted: the auditor holds a head the server alone cannot rewrite
         self.countersign_audit_head(conn, conn.request("GET", conn.path("/manifest")).json())
         if definition.backend == "split":
@@ -116,6 +123,28 @@ class KeyHolder(KeyCustody):
             unmask = conn.request("GET", conn.path("/secagg/unmask-material")).json()
         return reveal.reveal_and_solve(rel, aggregate, manifest, lam=lam, min_class_count=min_class_count,
                                        unmask=unmask)
+
+    @staticmethod
+    def _check_floor(policy, uploads: int) -> None:
+        """:class:`InsufficientContributors` before the close when fewer uploads are in than this key holder's
+        own floor asks: the server would otherwise close the round at the signed quorum and the release be
+        refused here, leaving a closed session with nothing released."""
+        from secure_afl.exceptions import InsufficientContributors
+
+        if uploads >= policy.quorum:
+            return
+        signed = max(policy.signed_min_clients, 1)
+        from secure_afl.cohort import quorum as signed_quorum
+
+        q = signed_quorum(len(policy.roster), policy.colluders, signed)
+        if uploads >= q:
+            how = (f"to release these {uploads} uploads, rerun with --min-clients {uploads} (the signed quorum is "
+                   f"{q}); or wait for more uploads and rerun")
+        else:
+            how = f"wait until at least {policy.quorum} have uploaded and rerun"
+        raise InsufficientContributors(
+            f"not closing session {policy.session_id}: {uploads} uploads accepted, fewer than the release quorum "
+            f"q = {policy.quorum} ({policy.why_quorum()}); the session stays open and takes further uploads: {how}")
 
     # -- each path's entry point, for a caller that drives one step itself (the Flower app, the tools) --------
     def release_he(self, sid: str, source, *, min_clients: int, lam: float = 0.0, min_class_count: int = 1,

@@ -247,8 +247,29 @@ class PartyFiles:
         return server_ssl_context(self.cert_file, self.key_file, self.ca_file,
                                   require_client_cert=require_client_cert)
 
+    def check_validity(self, now: _dt.datetime | None = None) -> None:
+        """:class:`InvalidKey` (reason ``certificate_expired``) naming the date when this party's certificate
+        or its CA's is outside its validity window: the server's handshake would refuse it with no reason the
+        client can read, and a retry would only wait."""
+        from secure_afl.exceptions import InvalidKey
+
+        now = now or utc_now()
+        for what, path in ((f"the certificate of {self.role} {self.name}", self.cert_file),
+                           ("the consortium CA's certificate", self.ca_file)):
+            cert = load_certificate(path)
+            start, end = cert.not_valid_before_utc, cert.not_valid_after_utc
+            if now > end:
+                raise InvalidKey(f"{what} ({path}) expired on {end:%Y-%m-%d %H:%M:%S} UTC: the server refuses it at "
+                                 "the handshake; ask the consortium operator for a renewed bundle "
+                                 "(nothing was sent)", reason="certificate_expired")
+            if now < start:
+                raise InvalidKey(f"{what} ({path}) is valid only from {start:%Y-%m-%d %H:%M:%S} UTC, and this "
+                                 f"machine's clock says {now:%Y-%m-%d %H:%M:%S} UTC: check the clock (nothing "
+                                 "was sent)", reason="certificate_expired")
+
     def client_ssl_context(self, *, present_cert: bool = True) -> ssl.SSLContext:
         if present_cert:
+            self.check_validity()  # before any connection, in words
             return client_ssl_context(self.ca_file, cert_file=self.cert_file, key_file=self.key_file)
         return client_ssl_context(self.ca_file)
 

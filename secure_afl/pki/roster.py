@@ -79,7 +79,9 @@ def pinned_identity(pki_dir, role: str, name: str | None = None):
     parties = load_enrolments(pki_dir, role=role)
     if name is None:
         if len(parties) != 1:
-            raise MissingEnrolment(f"{pki_dir} enrols {len(parties)} {role} identities; name the one to pin")
+            raise MissingEnrolment(f"{pki_dir} enrols {len(parties)} {role} identities "
+                                   f"({', '.join(sorted(parties)) or 'none'}); name the one to pin with --{role} NAME "
+                                   "where the command has it, or use that party's own bundle")
         return next(iter(parties.values())).public_key()
     if name not in parties:
         raise MissingEnrolment(f"{role} {name!r} is not enrolled in {pki_dir}")

@@ -69,10 +69,10 @@ def make_inputs(root: Path) -> None:
 
 
 def run_session(root: Path, commands: list[tuple[str, str]]) -> dict:
-    port = str(free_port())
+    port, port2 = str(free_port()), str(free_port())  # the documented 8443, and 8444 of a session beside it
     env = {k: v for k, v in os.environ.items() if k != "SECURE_AFL_KEY_PASSPHRASE"}
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
-    server, background = None, []
+    servers, background = [], []
 
     def wait_for(party):
         """``party$ wait``: that party's shell waits for its own background jobs, and only then."""
@@ -85,7 +85,7 @@ def run_session(root: Path, commands: list[tuple[str, str]]) -> dict:
     t0 = time.monotonic()
     try:
         for i, (party, cmd) in enumerate(commands):
-            cmd = cmd.replace("8443", port)
+            cmd = cmd.replace("8443", port).replace("8444", port2)
             cwd = root / party
             cwd.mkdir(exist_ok=True)
             if cmd.rstrip().endswith("&") and "<<" not in cmd:
@@ -94,7 +94,7 @@ def run_session(root: Path, commands: list[tuple[str, str]]) -> dict:
                                         stdout=subprocess.DEVNULL, stderr=open(err, "wb"), start_new_session=True)
                 proc.stderr_path = err
                 if "server run" in cmd:
-                    server = proc
+                    servers.append(proc)
                 else:
                     background.append((party, cmd, proc))
                 continue
@@ -110,6 +110,6 @@ def run_session(root: Path, commands: list[tuple[str, str]]) -> dict:
     finally:
         for _, _, proc in background:
             os.killpg(proc.pid, signal.SIGTERM)
-        if server is not None:
+        for server in servers:
             os.killpg(server.pid, signal.SIGTERM)
             server.wait(timeout=60)
