@@ -3,7 +3,8 @@
 * ``verify``: the hash-chained audit log, its head and the receipts (:mod:`secure_afl.audit_verify`);
 * ``release``: a split release recomputed from what the server holds (its session state directory: the masked
   uploads, the hospitals' signed seed statements, the key holder's signed share statement and share, the
-  server-signed masked sum) against the model file (:func:`secure_afl.split_release.audit_release`);
+  server-signed masked sum) and the key holder's kept copy of that sum against the model file, naming the party
+  at fault (:func:`secure_afl.split_release.audit_release`);
 * ``compare``: a model against the plaintext solve of the hospitals' own statistics files
   (:func:`secure_afl.plaintext_compare.compare_with_plaintext`);
 * ``report``: after ``verify``'s check, the HTML page an auditor keeps (:mod:`secure_afl.cli.auditor`).
@@ -54,21 +55,35 @@ def _cmd_release(args) -> int:
         masked = store.get_blob(record["masked_sum_blob"])
     finally:
         store.close()
+    kept = None
+    if args.kept is not None:
+        kept = parse_json(Path(args.kept).read_bytes(), f"the key holder's kept commitment {args.kept}")
+        if not isinstance(kept, dict) or kept.get("session_id") != params.session_id:
+            raise InvalidInputError(f"{args.kept} is not the key holder's kept commitment of session "
+                                    f"{params.session_id}")
     enrolled = pki.enrolled_keys(pki.load_enrolments(args.pki, role="hospital"))
     result = audit_release(params, manifest, uploads, tags, share, record["share_statement"], record["masked_sum"],
                            masked, W, {"lambda": meta.lam, "participants": list(meta.participants),
-                                       "session": meta.session, "params_digest": meta.params_digest},
+                                       "session": meta.session, "params_digest": meta.params_digest,
+                                       "share_statement_sha256": meta.share_statement_sha256,
+                                       "masked_sum_sha256": meta.masked_sum_sha256},
                            server_pub=pki.pinned_identity(args.pki, "server"),
                            keyholder_pub=pki.pinned_identity(args.pki, "keyholder"), enrolled=enrolled,
-                           policy=release_policy(load_signed(args.pki, params.session_id)))
+                           policy=release_policy(load_signed(args.pki, params.session_id)), kept=kept)
     for line in result.checked:
         print(f"ok: {line}")
     for line in result.mismatches:
         print(f"MISMATCH: {line}")
     if result.ok:
         print(f"OK: session {params.session_id}: the release and W recompute from the server's masked uploads, "
-              "the signed masked sum and the key holder's signed share")
+              "the signed masked sum " + ("the key holder kept " if kept is not None else "") +
+              "and the key holder's signed share")
         return 0
+    names = {"server": "the server (its signed masked sum is not the sum of the cohort's uploads, or not the one it "
+                       "gave the key holder)",
+             "keyholder": "the key holder (W is not the release of the server's signed sum with its share)"}
+    print("AT FAULT: " + "; ".join(names[p] for p in result.at_fault) if result.at_fault else
+          "AT FAULT: undetermined (see the mismatches)")
     return EXIT_SECURITY
 
 
@@ -166,6 +181,10 @@ def register(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--pki", required=True, help="consortium PKI directory or a party's PKI bundle (pins the server, "
                                                 "the key holder and the hospitals)")
     p.add_argument("--model", required=True, help="the model file the key holder wrote")
+    p.add_argument("--kept", default=None,
+                   help="the key holder's kept copy of the server's commitment (<session>.split-commitment.json "
+                        "beside its keys): the release is then judged on the sum the key holder was given, and "
+                        "the server's state is checked against it")
     p.set_defaults(func=_cmd_release)
     p = sub.add_parser("compare", help="compare a model's W with the plaintext solve of the hospitals' own "
                                        "statistics files")

@@ -23,6 +23,8 @@ _SUBCOMMANDS = [
      "secure_afl.clients.submit"),
     ("fingerprint", "print the session.toml [extractor] block for a backbone, weights and class list",
      "secure_afl.clients.fingerprint"),
+    ("dispute", "split: who is at fault for a refused upload -- the server, the key holder or this hospital",
+     "secure_afl.clients.dispute"),
     ("weights", "write the backbone weights file every party shares (pretrained if cached here, else seeded "
                 "random)", "secure_afl.clients.weights"),
 ]

@@ -315,16 +315,18 @@ def finalize(msg: Message, context: Context) -> Message:
 
 
 def _split_share(kh, info: dict, manifest: dict, msg: Message, context: Context, countersign: dict) -> Message:
-    """split: this key holder's share over the manifest's cohort (from the seed statements only), or why not."""
+    """split: this key holder's share statement over the manifest's cohort (from the seed statements only), or
+    why not."""
     nc = context.node_config
     try:
         verifier = unpack_json(msg.content, "verifier") if "verifier" in msg.content["fields"] else None
-        body, statement = keyholder_adapter.split_share(
+        statement = keyholder_adapter.split_share(
             kh, info, manifest, unpack_json(msg.content, "tags"), verifier,
             min_clients=int(_cfg(context, "min-clients", "keyholder")))
     except SecureAFLError as e:
         return Message(content=pack({"countersign": countersign, "error": e.reason, "detail": str(e)}), reply_to=msg)
-    return Message(content=pack({"countersign": countersign, "share_statement": statement}, body), reply_to=msg)
+    # the share stays here (kept by the adapter) until the server has committed to its masked sum
+    return Message(content=pack({"countersign": countersign, "share_statement": statement}, b""), reply_to=msg)
 
 
 @app.query("split_queries")
@@ -341,16 +343,31 @@ def split_queries(msg: Message, context: Context) -> Message:
     return Message(content=pack({"queries": queries}), reply_to=msg)
 
 
+@app.query("split_commit")
+def split_commit(msg: Message, context: Context) -> Message:
+    """split: the server's committed masked sum over this key holder's own share statement, checked and kept;
+    only then its share, as the answer."""
+    _role(context, "keyholder")
+    kh = keyholder_adapter.open_keyholder(context.node_config)
+    try:
+        share = keyholder_adapter.split_commit(kh, unpack_json(msg.content, "info"),
+                                               unpack_json(msg.content, "manifest"),
+                                               unpack_json(msg.content, "commitment"))
+    except SecureAFLError as e:
+        return Message(content=pack({"error": e.reason, "detail": str(e)}), reply_to=msg)
+    return Message(content=pack({}, share), reply_to=msg)
+
+
 @app.query("split_result")
 def split_result(msg: Message, context: Context) -> Message:
-    """split: the release this key holder forms from the server-signed masked sum over its own statement's cohort
-    and its share (W, the report), written as ``keyholder finalize`` writes it, with its own privacy record."""
+    """split: the release this key holder forms from the masked sum it kept before its share left, and its
+    share (W, the report), written as ``keyholder finalize`` writes it, with its own privacy record."""
     _role(context, "keyholder")
     nc = context.node_config
     kh = keyholder_adapter.open_keyholder(nc)
     try:
         report = keyholder_adapter.split_result(
-            kh, unpack_json(msg.content, "info"), unpack_json(msg.content, "manifest"), unpack_blob(msg.content),
+            kh, unpack_json(msg.content, "info"),
             lam=float(nc.get("lambda", 0.0)), min_class_count=int(nc.get("min-class-count", 1)),
             out=Path(str(_cfg(context, "out", "keyholder"))), report_path=Path(str(nc.get("report", "report.json"))))
     except SecureAFLError as e:

@@ -4,8 +4,9 @@ Everything the key holder decides (manifest and upload signatures, its own
 ``min_clients``, the re-sum of the signed uploads and the single flooded
 decryption for HE sessions, the release ledger, the aggregate tag, sanity
 checks, RI restoration and the solve) is :meth:`KeyHolder.release_he` (ckks,
-bfv), :meth:`KeyHolder.release_split` and :meth:`KeyHolder.release_from_sum` (split: its share, from the seed
-statements alone, then the release from the server-signed masked sum over its cohort) or
+bfv), :meth:`KeyHolder.release_split`, :meth:`KeyHolder.take_commitment` and :meth:`KeyHolder.release_kept` (split:
+its share statement, from the seed statements alone; the server's committed masked sum over its cohort, kept before
+the share leaves; the release from that kept sum) or
 :meth:`KeyHolder.reveal_and_solve` (plain, secagg); this module only feeds it
 what the ServerApp sent and writes the model and report the way
 ``secure-afl keyholder finalize`` writes them.
@@ -16,16 +17,15 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from secure_afl.exceptions import InvalidInputError, MalformedPayload
+from secure_afl.exceptions import InvalidInputError
 from secure_afl.backends import HE_BACKENDS
 from secure_afl.keyholder import KeyHolder, write_model
 from secure_afl.model_file import model_metadata
-from secure_afl.keyholder.release.split_share import read_split_answer
 from secure_afl.session.relay import check_same
 from secure_afl.session.signed import load_signed
 from secure_afl.cohort import release_policy
 
-__all__ = ["open_keyholder", "publication", "countersign", "finalize", "split_share", "split_result"]
+__all__ = ["open_keyholder", "publication", "countersign", "finalize", "split_share", "split_commit", "split_result"]
 
 
 def open_keyholder(node_config) -> KeyHolder:
@@ -105,31 +105,35 @@ def finalize(kh: KeyHolder, info: dict, aggregate: bytes, manifest: dict, tags: 
     return res.report
 
 
-def split_share(kh: KeyHolder, info: dict, manifest: dict, tags: dict, verifier, *, min_clients: int) -> tuple[bytes, dict]:
+def split_share(kh: KeyHolder, info: dict, manifest: dict, tags: dict, verifier, *, min_clients: int) -> dict:
     """split: :meth:`KeyHolder.release_split` over what the ServerApp sent (the manifest, the hospitals'
     signed seed statements and the server's signed verifier messages; never a masked vector): the same
-    validity decision and refusals by name as over HTTP."""
+    validity decision and refusals by name as over HTTP. The share is kept here; its signed statement, returned,
+    is all that goes to the ServerApp before the server has committed to its masked sum."""
     definition = load_signed(kh.pki_dir, str(info.get("session_id")))
     if definition.backend != "split":
         raise InvalidInputError(f"session {definition.session_id} runs {definition.backend}, not split")
     rp = release_policy(definition, min_clients=min_clients)
-    return kh.release_split(definition.session_id, _MessageSource(manifest, {}, tags, verifier),
-                            min_clients=rp.min_clients)
+    body, statement = kh.release_split(definition.session_id, _MessageSource(manifest, {}, tags, verifier),
+                                       min_clients=rp.min_clients)
+    kh.keep_split_share(definition.session_id, body, statement)
+    return statement
 
 
-def split_result(kh: KeyHolder, info: dict, manifest: dict, answer: bytes, *, lam: float, min_class_count: int,
-                 out: Path, report_path: Path) -> dict:
-    """split: the release this key holder forms from its own share statement and share (relayed back by the
-    ServerApp, checked against its own signature) and the server-signed masked sum over that statement's
-    cohort (:meth:`KeyHolder.release_from_sum`), written as ``keyholder finalize`` writes it."""
+def split_commit(kh: KeyHolder, info: dict, manifest: dict, commitment) -> bytes:
+    """split: the server's signed masked sum relayed by the ServerApp, checked against this key holder's own
+    kept share statement and kept (:meth:`KeyHolder.take_commitment`) -> the share, which only now leaves."""
+    return kh.take_commitment(str(info.get("session_id")), manifest, commitment)
+
+
+def split_result(kh: KeyHolder, info: dict, *, lam: float, min_class_count: int, out: Path,
+                 report_path: Path) -> dict:
+    """split: the release this key holder forms from the masked sum it kept before its share left and its share
+    (:meth:`KeyHolder.release_kept`), written as ``keyholder finalize`` writes it; nothing the ServerApp sends
+    now enters it."""
     definition = load_signed(kh.pki_dir, str(info.get("session_id")))
     rp = release_policy(definition, min_class_count=min_class_count)
-    try:
-        statement, body, signed, masked = read_split_answer(json.loads(answer))
-    except (ValueError, MalformedPayload) as e:
-        raise kh.refuse_server_sum(definition.session_id, e) from None
-    res = kh.release_from_sum(definition.session_id, body, statement, signed, masked, manifest, lam=lam,
-                              min_class_count=rp.min_class_count)
+    res = kh.release_kept(definition.session_id, lam=lam, min_class_count=rp.min_class_count)
     write_model(out, res.W, model_metadata(res.params, res.report, lam))
     report_path.parent.mkdir(parents=True, exist_ok=True)
     report_path.write_text(json.dumps(res.report, indent=2))

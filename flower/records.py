@@ -25,11 +25,12 @@ RECEIPT = "query.receipt"
 COUNTERSIGN = "query.countersign"
 FINALIZE = "query.finalize"
 SECAGG = "query.secagg"
+SPLIT_COMMIT = "query.split_commit"
 SPLIT_RESULT = "query.split_result"
 SPLIT_QUERIES = "query.split_queries"
 
 __all__ = ["PROJECT_DIR", "ROLL_CALL", "PUBLISH", "UPLOAD", "RECEIPT", "COUNTERSIGN", "FINALIZE", "SECAGG",
-           "SPLIT_RESULT", "SPLIT_QUERIES", "pack",
+           "SPLIT_COMMIT", "SPLIT_RESULT", "SPLIT_QUERIES", "pack",
            "unpack_blob", "unpack_json", "unpack_str"]
 
 

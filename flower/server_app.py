@@ -65,6 +65,7 @@ from .records import (
     RECEIPT,
     ROLL_CALL,
     SECAGG,
+    SPLIT_COMMIT,
     SPLIT_RESULT,
     SPLIT_QUERIES,
     UPLOAD,
@@ -157,10 +158,12 @@ def run_session(grid: Grid, session_config: Path, *, node_wait_s: float, reply_t
 
 
 def _split_release(grid: Grid, server, config, kh_node: int, fields: dict, timeout_s: float) -> dict:
-    """split: the key holder gets the manifest, the hospitals' signed seed statements and the server's signed
-    verifier messages -- no masked vector, no masked sum -- and answers with its share (over the uploads whose
-    validity proof holds); the server checks it against its own manifest and the signed policy and signs the
-    masked sum of exactly the share statement's cohort, from which the key holder forms the release itself."""
+    """split, commit before reveal: the key holder gets the manifest, the hospitals' signed seed statements and
+    the server's signed verifier messages -- no masked vector, no masked sum -- and answers with its signed share
+    statement alone (its share kept); the server checks it against its own manifest and the signed policy, signs
+    and stores the masked sum of exactly that statement's cohort (:meth:`commit`) and relays it; the key holder
+    checks and keeps it, and only then answers with its share, which the server takes for the committed
+    statement alone; the key holder forms the release from the sum it kept."""
     party = f"keyholder:{config.keyholder}"
     # the key holder's query seed per upload (from its own key and the signed commitment), then the server's
     # signed verifier message at each, as POST /split/queries forms them: the key holder decides each proof on
@@ -168,28 +171,31 @@ def _split_release(grid: Grid, server, config, kh_node: int, fields: dict, timeo
     tags = server.tags()
     reply = _one(grid, Message(content=pack({"info": fields["info"], "tags": tags}, b""), dst_node_id=kh_node,
                                message_type=SPLIT_QUERIES), timeout_s, "the key holder's query seeds")
-    if "error" in reply.content["fields"]:
-        raise StageError(f"the key holder sent no query seeds: {unpack_str(reply.content, 'error')}: "
-                         f"{unpack_str(reply.content, 'detail')}")
+    _refused(reply, "the key holder sent no query seeds")
     queries = unpack_json(reply.content, "queries")
     verifier = server.form_verifier_messages(party, canonical_json(queries)) if queries else {}
     fields = {**fields, "tags": tags, "verifier": verifier, "split": True}
     reply = _one(grid, Message(content=pack(fields, b""), dst_node_id=kh_node,
-                               message_type=FINALIZE), timeout_s, "the key holder's split share")
+                               message_type=FINALIZE), timeout_s, "the key holder's split share statement")
     server.store_countersign(party, canonical_json(unpack_json(reply.content, "countersign")))
-    if "error" in reply.content["fields"]:
-        raise StageError(f"the key holder released no share: {unpack_str(reply.content, 'error')}: "
-                         f"{unpack_str(reply.content, 'detail')}")
+    _refused(reply, "the key holder released no share")
     statement = unpack_json(reply.content, "share_statement")
     if not isinstance(statement, dict):
         raise MalformedPayload("the share statement is not a JSON object")
+    small = {"info": fields["info"], "manifest": fields["manifest"]}
+    reply = _one(grid, Message(content=pack({**small, "commitment": server.commit(party, statement)}, b""),
+                               dst_node_id=kh_node, message_type=SPLIT_COMMIT), timeout_s, "the key holder's share")
+    _refused(reply, "the key holder refused the committed masked sum")
     server.collect(party, unpack_blob(reply.content), statement)
-    reply = _one(grid, Message(content=pack({"info": fields["info"], "manifest": fields["manifest"]}, server.result()),
-                               dst_node_id=kh_node, message_type=SPLIT_RESULT), timeout_s, "the key holder's model")
-    if "error" in reply.content["fields"]:
-        raise StageError(f"the key holder formed no release: {unpack_str(reply.content, 'error')}: "
-                         f"{unpack_str(reply.content, 'detail')}")
+    reply = _one(grid, Message(content=pack(small, b""), dst_node_id=kh_node, message_type=SPLIT_RESULT),
+                 timeout_s, "the key holder's model")
+    _refused(reply, "the key holder formed no release")
     return unpack_json(reply.content, "report")
+
+
+def _refused(reply, what: str) -> None:
+    if "error" in reply.content["fields"]:
+        raise StageError(f"{what}: {unpack_str(reply.content, 'error')}: {unpack_str(reply.content, 'detail')}")
 
 
 def _roll_call(grid: Grid, expected: int, wait_s: float, timeout_s: float) -> dict[int, tuple[str, str]]:

@@ -46,6 +46,7 @@ from typing import Iterable, Sequence
 import numpy as np
 import scipy.linalg
 
+from ._blas import one_blas_thread
 from ._validation import check_embeddings, check_int, check_labels, check_real
 from .exceptions import InvalidInputError
 from .stats import SufficientStatistics
@@ -86,7 +87,9 @@ def solve_head(C: np.ndarray, Q: np.ndarray, *, lam: float = 0.0) -> np.ndarray:
     when C is numerically full rank (relative to :func:`eigen_cutoff`),
     otherwise the minimum-norm solution C^+ Q from an eigendecomposition,
     which equals X^+ Y of the pooled data (range(Q) lies in range(C)).
-    No undeclared ridge is ever added.
+    No undeclared ridge is ever added. BLAS runs on one thread inside, so W is
+    the same bytes for the same (C, Q, lam) on one install, whatever the
+    process's thread settings.
     """
     lam = check_real("lam", lam, "solve_head", low=0.0)
     C = np.asarray(C, dtype=np.float64)
@@ -95,6 +98,11 @@ def solve_head(C: np.ndarray, Q: np.ndarray, *, lam: float = 0.0) -> np.ndarray:
         raise InvalidInputError(f"shapes C {C.shape} and Q {Q.shape} do not form C W = Q")
     if not (np.all(np.isfinite(C)) and np.all(np.isfinite(Q))):
         raise InvalidInputError("C or Q contains NaN or inf")
+    with one_blas_thread():  # W a function of (C, Q) alone, whatever the thread count (secure_afl/_blas.py)
+        return _solve_psd(C, Q, lam)
+
+
+def _solve_psd(C: np.ndarray, Q: np.ndarray, lam: float) -> np.ndarray:
     d = C.shape[0]
     A = 0.5 * (C + C.T)
     if lam > 0:

@@ -47,12 +47,15 @@ class ModelMetadata:
     samples: int | None = None
     class_counts: tuple[int, ...] | None = None
     w_rel_bound: float | None = None
+    share_statement_sha256: str | None = None
+    masked_sum_sha256: str | None = None
 
     @classmethod
     def from_file(cls, raw: dict[str, str], where: str = "the model file") -> "ModelMetadata":
         """From the string metadata of a safetensors file (JSON-encoded values, as :func:`write_model` stores)."""
         try:
-            value = {k: v if k in ("session", "params_digest", "backend", "extractor_sha256") else json.loads(v)
+            value = {k: v if k in ("session", "params_digest", "backend", "extractor_sha256",
+                                   "share_statement_sha256", "masked_sum_sha256") else json.loads(v)
                      for k, v in raw.items()}
             ext = value.get("extractor")
             return cls(session=value["session"], params_digest=value["params_digest"], backend=value["backend"],
@@ -64,7 +67,9 @@ class ModelMetadata:
                        samples=None if value.get("samples") is None else int(value["samples"]),
                        class_counts=None if value.get("class_counts") is None else
                        tuple(int(c) for c in value["class_counts"]),
-                       w_rel_bound=None if value.get("w_rel_bound") is None else float(value["w_rel_bound"]))
+                       w_rel_bound=None if value.get("w_rel_bound") is None else float(value["w_rel_bound"]),
+                       share_statement_sha256=value.get("share_statement_sha256"),
+                       masked_sum_sha256=value.get("masked_sum_sha256"))
         except (KeyError, TypeError, ValueError) as e:
             raise InvalidInputError(f"{where} is not a secure-afl model file: its metadata lacks or garbles "
                                     f"{e}", reason="invalid_model") from None
@@ -81,7 +86,9 @@ def model_metadata(params: SessionParams, report: dict, lam: float) -> dict:
             "classes": params.layout.n_classes, "participants": report["participants"]}
     # what a pilot compares its plaintext against (``secure-afl audit compare``): the released counts and the
     # certified bound on W's relative error (None: no bound, C singular)
-    for k in ("samples", "class_counts", "refused"):
+    # split: the key holder's share statement and the server's committed masked sum the release was formed from,
+    # which `secure-afl audit release` matches against the key holder's kept copy and the server's state
+    for k in ("samples", "class_counts", "refused", "share_statement_sha256", "masked_sum_sha256"):
         if report.get(k) is not None:
             meta[k] = report[k]
     bound = report.get("w_error_bound") or {}

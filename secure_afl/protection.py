@@ -125,3 +125,9 @@ class ProtectionBackend(ABC):
     @abstractmethod
     def reveal(self, aggregate: bytes, **kw) -> np.ndarray:
         """Allowed party: the float64 aggregate vector from the combined payload."""
+
+    def psd_tolerance(self, gram: np.ndarray) -> float | None:
+        """How far below 0 the smallest eigenvalue of a released Gram sum may be computed when every upload
+        proved its statistics a Gram matrix; None: this backend proves no such statement (so the signed policy's
+        definiteness check does not apply). Only split proves one."""
+        return None

@@ -32,7 +32,6 @@ from secure_afl._io import private_file
 from secure_afl.exceptions import DecryptionRefused, PolicyViolation, SanityCheckFailed
 from secure_afl.params import SessionParams
 from secure_afl.signing import verify_manifest
-from secure_afl.split.sizes import psd_tolerance
 from secure_afl.stats import SufficientStatistics
 
 __all__ = ["check_aggregate_against_manifest", "sanity_check", "SanityReport", "ReleaseLedger",
@@ -163,9 +162,9 @@ def check_release_policy(policy: ReleasePolicy, params: SessionParams, stats: Su
     * ``share_cap`` - with ``max_share`` < 1, one hospital (up to n_max samples) holds at most that share of the
       released n; else one hospital could steer W by more than the consortium signed for;
     * ``psd`` - under the Gram statement every summed upload proved its statistics a Gram matrix, so an honest
-      sum cannot be indefinite beyond :func:`secure_afl.split.sizes.psd_tolerance` (what the low lanes and the
-      rounding add): an indefinite one means the share or the masked sum is not the cohort's. An honest cohort
-      never fails it, so this refusal is no veto (docs/VALIDITY.md, "The Gram statement").
+      sum cannot be indefinite beyond the backend's ``psd_tolerance`` (:mod:`secure_afl.protection`: what the
+      low lanes and the rounding add): an indefinite one means the share or the masked sum is not the cohort's.
+      An honest cohort never fails it, so this refusal is no veto (docs/VALIDITY.md, "The Gram statement").
 
     Messages name the check and the signed values, never a released entry but the rounded sample count."""
     cap = float(policy.max_share)
@@ -173,7 +172,12 @@ def check_release_policy(policy: ReleasePolicy, params: SessionParams, stats: Su
         raise SanityCheckFailed(f"the release pools {round(stats.n)} samples: one hospital (n_max = "
                                 f"{params.bounds.n_max}) could hold more than the session's max_share = {cap:g} "
                                 "of them", reason="share_cap")
-    if policy.gram_proof and float(np.linalg.eigvalsh(stats.gram)[0]) < -psd_tolerance(params, stats.gram):
+    if not policy.gram_proof:
+        return
+    from secure_afl.backends import get_backend
+
+    tol = get_backend(params).psd_tolerance(stats.gram)
+    if tol is not None and float(np.linalg.eigvalsh(stats.gram)[0]) < -tol:
         raise SanityCheckFailed("the released Gram is not positive semi-definite although every upload in it "
                                 "proved its statistics a Gram matrix: the share or the masked sum is not "
                                 "the cohort's", reason="psd")
@@ -205,6 +209,8 @@ class ReleaseLedger:
         self.db.execute("CREATE TABLE IF NOT EXISTS blocked (key_id TEXT PRIMARY KEY, reason TEXT, at REAL)")
         self.db.execute("CREATE TABLE IF NOT EXISTS decryptions (key_id TEXT, session_id TEXT, participants TEXT, "
                         "at REAL)")
+        self.db.execute("CREATE TABLE IF NOT EXISTS commitments (key_id TEXT PRIMARY KEY, session_id TEXT, "
+                        "statement_sha256 TEXT, masked_sum_sha256 TEXT, share_sent INTEGER, at REAL)")
 
     def close(self) -> None:
         self.db.close()
@@ -260,3 +266,28 @@ class ReleaseLedger:
     def record(self, key_id: str, session_id: str, participants: list[str], aggregate_sha256: str) -> None:
         self.db.execute("INSERT INTO releases VALUES (?, ?, ?, ?, ?)",
                         (key_id, session_id, json.dumps(sorted(participants)), aggregate_sha256, time.time()))
+
+    def keep_commitment(self, key_id: str, session_id: str, statement_sha256: str, masked_sum_sha256: str) -> None:
+        """split: the server's signed masked sum for this key's one share statement, recorded once its copy is
+        on disk and before the share leaves. Every later release under the key uses exactly that sum; a
+        second, different one is refused (the server could have formed it after seeing the share)."""
+        row = self.commitment(key_id)
+        if row is not None and (row["statement_sha256"], row["masked_sum_sha256"]) != (statement_sha256,
+                                                                                        masked_sum_sha256):
+            raise PolicyViolation(f"key {key_id[:16]} already kept the server's masked sum "
+                                  f"{row['masked_sum_sha256'][:16]} for its share statement; another one "
+                                  f"({masked_sum_sha256[:16]}) is refused", reason="key_used")
+        self.db.execute("INSERT OR IGNORE INTO commitments VALUES (?, ?, ?, ?, 0, ?)",
+                        (key_id, session_id, statement_sha256, masked_sum_sha256, time.time()))
+
+    def mark_share_sent(self, key_id: str) -> None:
+        """split: written before the share is sent (a crash after it still counts the share as gone)."""
+        self.db.execute("UPDATE commitments SET share_sent=1 WHERE key_id=?", (key_id,))
+
+    def commitment(self, key_id: str) -> dict | None:
+        """split: the kept commitment of ``key_id`` (session, statement and masked-sum hashes, whether the share
+        has left), or None."""
+        row = self.db.execute("SELECT session_id, statement_sha256, masked_sum_sha256, share_sent FROM commitments "
+                              "WHERE key_id=?", (key_id,)).fetchone()
+        return None if row is None else {"session_id": row[0], "statement_sha256": row[1],
+                                         "masked_sum_sha256": row[2], "share_sent": bool(row[3])}

@@ -7,14 +7,19 @@ relays to the key holder as that upload's tag. No route serves a masked
 vector or the masked sum to anyone: the key holder holds every seed, so
 either would be readable there.
 
-Once the key holder posted its share ``S = -sum PRG(s_k)`` with its statement
-signed over this session's manifest (its digest, masked-sum hash and cohort),
-the server checks that signature against the pinned key holder identity, its
-own stored manifest and the signed release policy, and signs the masked sum
-``Y_c`` of exactly that statement's cohort. The key holder takes ``Y_c``,
-adds ``S`` and forms the release itself, as every other backend's key holder
-does; the share is accepted once, and the server keeps the statement, the
-share and its signed sum for an auditor (``secure-afl audit release``).
+Commit before reveal. The key holder first sends only its statement, signed
+over this session's manifest, the cohort its share covers and the share's
+hash; the server checks it against the pinned key holder identity, its own
+stored manifest and the signed release policy, signs the masked sum ``Y_c``
+of exactly that cohort and stores the signed answer before returning it
+(:meth:`commit`). Only then does the key holder send its share
+``S = -sum PRG(s_k)`` (:meth:`collect`), which the server takes for the
+committed statement alone. A server holding ``S`` and every masked upload
+knows the aggregate and could answer ``enc(v*) - S`` for any ``v*``; signed
+and stored before ``S`` exists for it, ``Y_c`` cannot depend on the
+aggregate. The key holder adds ``S`` to the ``Y_c`` it kept and forms the
+release itself; the server keeps the statement, the share and its signed sum
+for an auditor (``secure-afl audit release``).
 """
 
 from __future__ import annotations
@@ -115,19 +120,26 @@ class SplitAggregationServer(AggregationServer):
             done = self.store.verifier_messages(list(queries))
         return {h: done[h] for h in queries}
 
-    def collect(self, party: str, body: bytes, statement: dict) -> dict:
-        """Check the key holder's share statement against the stored manifest and the signed policy, then sign
-        the masked sum of exactly the cohort it names (the manifest's sum less the refused uploads' masked
-        words) and keep the statement, the share and the signed sum: the key holder adds its share and forms
-        the release itself; an auditor recomputes the sum from the stored uploads. Returns the signed sum."""
+    def commit(self, party: str, statement: dict) -> dict:
+        """``POST .../split/commit``: the key holder's signed share statement alone (its share not yet sent) ->
+        the server-signed masked sum of exactly that statement's cohort (the manifest's sum less the refused
+        uploads' masked words, :func:`~secure_afl.split_release.cohort_masked_sum`), stored before it is
+        returned. That stored answer is the server's commitment: it is formed while the server holds no share,
+        so it cannot depend on the aggregate; the same statement again gets the same answer, any other
+        statement of this session is refused (one commitment per session and seed key)."""
         with self._lock:
             try:
                 aggregate, manifest = self.released()
-                if self.store.get_meta("split_result") is not None:
-                    raise RoundAlreadyClosed("the key holder's share was already taken; a share is taken once")
-                split.verify_share(self.params, manifest, body, statement, self.lookup_pub(party))
+                kept = self.store.get_meta("split_commit")
+                if kept is not None:
+                    if not isinstance(statement, dict) or kept["masked_sum"]["share_statement_sha256"] != \
+                            split.share_statement_digest(statement):
+                        raise RoundAlreadyClosed("the server already committed to the masked sum of another share "
+                                                 "statement of this session; it commits once")
+                    return self._commitment(kept)
+                split.verify_share_statement(self.params, manifest, statement, self.lookup_pub(party))
                 refused = dict(statement["refused"])
-                # the signed session's floor, whatever the share says: refusals past max_refusals or a cohort
+                # the signed session's floor, whatever the statement says: refusals past max_refusals or a cohort
                 # below the quorum abort the release here too
                 cohort_after_refusals(self.release_policy, [p["hospital"] for p in manifest["participants"]],
                                       refused)
@@ -135,12 +147,50 @@ class SplitAggregationServer(AggregationServer):
                     self.store.get_blob(row["payload_sha256"]) for row in self.store.uploads()
                     if row["hospital"] in refused], len(statement["cohort"]))
             except SecureAFLError as e:
-                self.refuse("split_collect", party, e)
+                self.refuse("split_commit", party, e)
                 raise
             signed = split.sign_masked_sum(self._key, self.params, statement, masked_sum)
+            kept = {"share_statement": statement, "masked_sum": signed,
+                    "masked_sum_blob": self.store.put_blob(masked_sum)}
+            self.store.set_meta("split_commit", kept)
+            self.audit.append("split_commit", actor=party, outcome="accepted", session=self.config.session_id,
+                              details={"share_statement_sha256": signed["share_statement_sha256"],
+                                       "masked_sum_sha256": signed["masked_sum_sha256"],
+                                       "contributors": len(statement["cohort"])})
+            return self._commitment(kept)
+
+    def _commitment(self, kept: dict) -> dict:
+        return {"masked_sum": kept["masked_sum"],
+                "aggregate": base64.b64encode(self.store.get_blob(kept["masked_sum_blob"])).decode()}
+
+    def collect(self, party: str, body: bytes, statement: dict) -> dict:
+        """``POST .../split/share``: the key holder's share, taken only for the statement the server already
+        committed a masked sum to (:meth:`commit`); a share for any other statement, or before a commitment, is
+        refused. Keeps the statement, the share and the committed sum for an auditor, who recomputes the sum
+        from the stored uploads. Returns the committed signed sum."""
+        with self._lock:
+            try:
+                _, manifest = self.released()
+                kept = self.store.get_meta("split_commit")
+                digest = split.share_statement_digest(statement)
+                if kept is None or kept["masked_sum"]["share_statement_sha256"] != digest:
+                    raise StageError("no masked sum is committed for this share statement: the server takes a "
+                                     "share only after it has signed and kept the cohort's masked sum "
+                                     "(POST .../split/commit)")
+                split.verify_share(self.params, manifest, body, statement, self.lookup_pub(party))
+                taken = self.store.get_meta("split_result")
+                if taken is not None:
+                    if taken["share_statement"] == statement:
+                        return taken["masked_sum"]  # the same share again (a key holder's retry): nothing new
+                    raise RoundAlreadyClosed("the key holder's share was already taken; a share is taken once")
+            except SecureAFLError as e:
+                self.refuse("split_collect", party, e)
+                raise
+            refused = dict(statement["refused"])
+            signed = kept["masked_sum"]
             self.store.set_meta("split_result", {"share_statement": statement, "masked_sum": signed,
                                                  "share_sha256": self.store.put_blob(body),
-                                                 "masked_sum_blob": self.store.put_blob(masked_sum)})
+                                                 "masked_sum_blob": kept["masked_sum_blob"]})
             for h, check in refused.items():
                 # the key holder's signed share names it; the server's own verifier message is kept beside
                 # and so is the key holder's own message: with the two, anyone recomputes the verdict; only the
@@ -156,15 +206,16 @@ class SplitAggregationServer(AggregationServer):
                                        "manifest_sha256": statement["manifest_sha256"],
                                        "masked_sum_sha256": signed["masked_sum_sha256"],
                                        "contributors": len(statement["cohort"])})
-            log.info("[Stage release] split: masked sum over the key holder's cohort of %d signed",
+            log.info("[Stage release] split: the key holder's share taken over its cohort of %d",
                      len(statement["cohort"]))
             return signed
 
     def result(self) -> bytes:
         """``{share_statement, share, masked_sum, aggregate}`` as JSON bytes: the key holder's signed share
         statement and share (base64), the server-signed masked-sum statement and the sealed masked sum over that
-        statement's cohort (base64). The key holder forms the release from it; an auditor checks it against
-        the stored uploads. Nothing in it is readable without the share, which only the key holder formed."""
+        statement's cohort (base64), once the share is taken: the record an auditor checks against the stored
+        uploads. The key holder never forms its release from this answer, only from the sum it kept at the
+        commitment (:meth:`commit`)."""
         r = self.store.get_meta("split_result")
         if r is None:
             raise StageError("the key holder has not released its share yet")
@@ -173,17 +224,26 @@ class SplitAggregationServer(AggregationServer):
                            "aggregate": base64.b64encode(self.store.get_blob(r["masked_sum_blob"])).decode()}
                           ).encode()
 
-    def collect_request(self, party: str, body: bytes, raw_statement: str | None) -> dict:
-        """``POST .../split/share``: the key holder's share with its signed statement in the ``H_TAG``
-        header (parsed here, so a malformed header is refused and audited like any other refusal)."""
+    def _statement(self, event: str, party: str, raw: str | bytes | None, what: str) -> dict:
+        """The key holder's signed share statement from ``raw`` JSON (parsed here, so a malformed one is refused
+        and audited like any other refusal)."""
         try:
-            if not raw_statement:
-                raise MalformedPayload(f"missing {H_TAG} header (the key holder's signed share statement)")
-            statement = json.loads(raw_statement)
+            if not raw:
+                raise MalformedPayload(f"missing {what} (the key holder's signed share statement)")
+            statement = json.loads(raw)
             if not isinstance(statement, dict):
                 raise MalformedPayload("the share statement is not a JSON object")
         except (ValueError, SecureAFLError) as e:
             err = e if isinstance(e, SecureAFLError) else MalformedPayload("the share statement is not JSON")
-            self.refuse("split_collect", party, err)
+            self.refuse(event, party, err)
             raise err from None
-        return self.collect(party, body, statement)
+        return statement
+
+    def commit_request(self, party: str, body: bytes) -> dict:
+        """``POST .../split/commit``: the body is the key holder's signed share statement (no share)."""
+        return self.commit(party, self._statement("split_commit", party, body, "request body"))
+
+    def collect_request(self, party: str, body: bytes, raw_statement: str | None) -> dict:
+        """``POST .../split/share``: the key holder's share with its signed statement in the ``H_TAG``
+        header."""
+        return self.collect(party, body, self._statement("split_collect", party, raw_statement, f"{H_TAG} header"))

@@ -219,9 +219,10 @@ def test_the_collector_refuses_a_share_over_fewer_than_q(tmp_path):
         share = np.zeros(fixedpoint.n_words(params.layout.length), dtype=np.uint64)
         refused = {"h1": "linear", "h2": "linear"}
         body, st = split.sign_share(kh.party.identity_key(), params, manifest, share, refused)
-        # Execute / Assert: the server role, as collector, applies the signed quorum too
+        # Execute / Assert: the server role applies the signed quorum too, before it commits to any sum
         with pytest.raises(InsufficientContributors, match="quorum"):
-            srv.collect("keyholder:keyholder", body, st)
+            srv.commit("keyholder:keyholder", st)
+        assert srv.store.get_meta("split_commit") is None
     finally:
         srv.shutdown()
 

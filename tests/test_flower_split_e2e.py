@@ -105,3 +105,35 @@ def test_flower_split_refuses_an_invalid_upload_by_name_and_releases_the_rest(tm
     assert [r["actor"] for r in records if r["event"] == "split_validity"] == ["hospital:h3"]
     evidence = json.loads((c.root / "keys" / f"{c.session_id}.validity-refusals.json").read_text())
     assert set(evidence["server_messages"]) == {"h3"}
+
+
+def test_flower_split_a_sum_re_masked_after_the_share_never_reaches_the_model(tmp_path, deployment):
+    from pathlib import Path
+
+    from secure_afl import split
+    from secure_afl.release_checks import ReleaseLedger
+
+    # Prepare: the ServerApp runs modified software (tests/support/flower_server_cheat): once the share is in, it
+    # relays a second masked sum, enc(v*) - share, signed over the key holder's own share statement
+    c, data, server_config = _started(tmp_path, deployment, seed=21, min_clients=3)
+
+    # Execute
+    out = deployment.run({"session-config": str(server_config), "node-wait-s": 120.0, "reply-timeout-s": 240.0},
+                         timeout=420, project=Path(__file__).resolve().parent / "support" / "flower_server_cheat")
+
+    # Assert: the key holder refused the second sum by name and released from the one committed before its share:
+    # W is the native service's on the same data, bit for bit
+    assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-4000:] + deployment.logs()
+    assert (tmp_path / "model.safetensors").exists(), out.stdout[-6000:] + deployment.logs()
+    W, meta = read_model(tmp_path / "model.safetensors")
+    W_native = native_w(Consortium(tmp_path / "native", backend="split", hospitals=HOSPITALS, min_clients=3,
+                                    extra_session={"min_class_count": 1}), data, keygen=_keygen)
+    assert np.array_equal(W, W_native)
+    kept = json.loads((c.root / "keys" / f"{c.session_id}.split-commitment.json").read_text())
+    assert meta.masked_sum_sha256 == kept["masked_sum"]["masked_sum_sha256"]
+    ledger = ReleaseLedger(c.root / "keys" / "releases.sqlite3")
+    try:
+        reason = ledger.blocked_reason(c.keyholder.params(c.session_id).backend_params[split.PUBLIC_CONTEXT_KEY])
+    finally:
+        ledger.close()
+    assert reason and "a second masked sum" in reason

@@ -126,6 +126,7 @@ class _Recording:
 def test_split_session_equals_plain_and_keyholder_sees_no_masked_vector(consortium):
     # Prepare: three hospitals, h3 never uploads (a dropout: simply absent)
     from secure_afl.analytic import centralised_weights
+    from secure_afl.keyholder.release import HTTPSource
 
     c, conn = _start(consortium)
     rec = _Recording(conn)
@@ -146,9 +147,12 @@ def test_split_session_equals_plain_and_keyholder_sees_no_masked_vector(consorti
         words = body[-8 * fixedpoint.n_words(params.layout.length):]
         for got in rec.downloaded:
             assert words[:16] not in got and words[-16:] not in got
-    # and a second release under the same seeds is refused
-    with c.connect_keyholder() as again, pytest.raises(PolicyViolation) as second:
-        c.keyholder.finalize(again, min_clients=2)
+    # and no second share under the same seeds: finalize run again gives back the one release, from the sum the
+    # key holder kept, and a fresh share is refused
+    with c.connect_keyholder() as again:
+        assert np.array_equal(c.keyholder.finalize(again, min_clients=2).W, res.W)
+        with pytest.raises(PolicyViolation) as second:
+            c.keyholder.release_split(c.session_id, HTTPSource(again), min_clients=2)
     assert second.value.reason == "key_used"
     conn.close()
 

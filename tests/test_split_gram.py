@@ -320,6 +320,11 @@ def test_max_share_refuses_a_release_too_small_for_the_cap():
     with pytest.raises(SanityCheckFailed, match="max_share") as info:
         _release(sess, policy, [big, big], forge=_forged_entry(Layout(6, 3), "n", 250.0))
     assert info.value.reason == "share_cap"
+    # 300 samples left: n_max = 200 is two thirds of them, past the cap of a half (and within twice the cap, so
+    # the check's factor is what this case pins)
+    with pytest.raises(SanityCheckFailed, match="max_share") as info:
+        _release(sess, policy, [big, big], forge=_forged_entry(Layout(6, 3), "n", 100.0))
+    assert info.value.reason == "share_cap"
     # without a cap the same release is formed: the refusal is the signed policy's
     uncapped, plain = _signed()
     assert plain.max_share == 1.0
@@ -415,3 +420,27 @@ def test_session_sign_prints_the_largest_share_and_signs_gram_proof_with_dp(tmp_
     out = sign(d)
     assert out.returncode == 0, out.stdout + out.stderr
     assert list((d.pki_dir / "sessions").glob("*.json"))
+
+
+def test_the_definiteness_check_refuses_just_past_the_proven_tolerance_and_takes_just_within(signed_sessions):
+    from secure_afl.release_checks import check_release_policy
+    from secure_afl.split import psd_tolerance
+    from secure_afl.stats import SufficientStatistics
+
+    # Prepare: a released Gram with one eigenvalue at a chosen multiple of the tolerance below zero
+    sess, policy = signed_sessions[True]
+    params = sess[0]
+    d = params.layout.dim
+    base = np.diag(np.r_[np.full(d - 1, 4.0), 0.0])
+    tol = psd_tolerance(params, base)
+
+    def stats(k):
+        gram = base.copy()
+        gram[-1, -1] = -k * tol
+        return SufficientStatistics(gram, np.zeros((d, 3)), 400.0, np.array([200.0, 100.0, 100.0]), 2.0, GAMMA)
+
+    # Execute / Assert: 3 tolerances below zero is refused, half of one is not (the tolerance moves by 2^-53 only)
+    with pytest.raises(SanityCheckFailed, match="positive semi-definite") as info:
+        check_release_policy(policy, params, stats(3.0))
+    assert info.value.reason == "psd"
+    check_release_policy(policy, params, stats(0.5))

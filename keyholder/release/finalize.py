@@ -15,7 +15,7 @@ sanity-check, tag check, class minimum, RI restoration, solve).
 :class:`KeyHolder` keeps the keys (``custody.py``), the split judges of the sessions it is judging, and the
 online stages; each release is one :class:`~.session_release.SessionRelease` (policy, trust set, opened key)
 handed to its backend's path: ``he.release_he``, ``split_share.release_split`` then
-``split_share.release_from_sum``, ``reveal.reveal_and_solve``.
+``split_share.keep_commitment`` and ``split_share.release_from_sum``, ``reveal.reveal_and_solve``.
 """
 
 from __future__ import annotations
@@ -151,27 +151,57 @@ class KeyHolder(KeyCustody):
         return split_share.finalize_split(rel, conn, self.split_judge(conn.session_id, expected_hospitals),
                                           lam=lam, min_class_count=min_class_count)
 
-    def post_split_share(self, conn, *, min_clients: int, expected_hospitals: list[str] | None = None,
-                         timings: dict | None = None, secret: bytes | None = None) -> tuple[bytes, dict]:
-        """This key holder's share and signed statement (:meth:`release_split`), posted to the server."""
+    def commit_split_share(self, conn, *, min_clients: int, expected_hospitals: list[str] | None = None,
+                           timings: dict | None = None, secret: bytes | None = None):
+        """This key holder's share and signed statement (:meth:`release_split`) kept, the statement posted and the
+        server's committed masked sum over it checked and kept (:func:`~.split_share.commit_split_share`); the
+        share has not left."""
         rel = self.open_release(conn.session_id, min_clients=min_clients, expected_hospitals=expected_hospitals,
                                 secret=secret)
-        return split_share.post_split_share(rel, conn, self.split_judge(conn.session_id, expected_hospitals),
-                                            timings=timings)
+        return split_share.commit_split_share(rel, conn, self.split_judge(conn.session_id, expected_hospitals),
+                                              timings=timings)
 
-    def take_split_release(self, conn, body: bytes, statement: dict, *, lam: float = 0.0,
-                           min_class_count: int = 1) -> FinalResult:
-        """The release from the server's signed masked sum over ``statement``'s cohort and this key holder's
-        own share (:func:`~.split_share.take_split_release`); no key is opened."""
+    def send_split_share(self, conn) -> None:
+        """The kept share, sent for the statement the server committed to (:func:`~.split_share.send_split_share`);
+        refused if no commitment was kept."""
         rel = self.open_release(conn.session_id, min_clients=0, unseal=False)
-        return split_share.take_split_release(rel, conn, body, statement, lam=lam, min_class_count=min_class_count)
+        split_share.send_split_share(rel, conn, self._kept(rel))
 
-    def release_from_sum(self, sid: str, body: bytes, statement: dict, signed: dict, masked_sum: bytes,
-                         manifest: dict, *, lam: float = 0.0, min_class_count: int = 1) -> FinalResult:
-        """split: :func:`~.split_share.release_from_sum` (the Flower path: the answer relayed by the ServerApp)."""
+    def keep_split_share(self, sid: str, body: bytes, statement: dict) -> None:
+        """The share and statement :meth:`release_split` formed, kept until the server has committed its sum."""
+        split_share.keep_share(self.open_release(sid, min_clients=0, unseal=False), body, statement)
+
+    def take_commitment(self, sid: str, manifest: dict, answer) -> bytes:
+        """split, the Flower path: the server's committed masked sum (relayed by the ServerApp) checked against
+        this key holder's own kept statement and kept (:func:`~.split_share.keep_commitment`); returns the share
+        to send, the ledger already counting it as gone."""
         rel = self.open_release(sid, min_clients=0, unseal=False)
-        return split_share.release_from_sum(rel, body, statement, signed, masked_sum, manifest, lam=lam,
+        kept = split_share.kept_commitment(rel)
+        if kept is None:
+            body, statement = split_share.kept_share(rel)
+            kept = split_share.keep_commitment(rel, manifest, body, statement, answer)
+        else:  # a retry: only the kept sum is ever taken, and another one is the server's, refused by name
+            split_share.check_same_commitment(rel, kept, answer)
+        split_share.mark_share_sent(rel)
+        return kept.share
+
+    def release_kept(self, sid: str, *, lam: float = 0.0, min_class_count: int = 1) -> FinalResult:
+        """split: the release from the kept commitment and share (:func:`~.split_share.release_from_sum`), never
+        from a sum the server hands over after the share."""
+        rel = self.open_release(sid, min_clients=0, unseal=False)
+        k = self._kept(rel)
+        return split_share.release_from_sum(rel, k.share, k.statement, k.signed, k.masked_sum, k.manifest, lam=lam,
                                             min_class_count=min_class_count)
+
+    @staticmethod
+    def _kept(rel):
+        from secure_afl.exceptions import PolicyViolation
+
+        kept = split_share.kept_commitment(rel)
+        if kept is None:
+            raise PolicyViolation(f"no masked sum of the server is kept for session {rel.session_id}: the share "
+                                  "leaves only after the server committed to the sum", reason="no_commitment")
+        return kept
 
     def refuse_server_sum(self, sid: str, err: Exception):
         """The server's masked sum refused, recorded against the session's seed key; returns the

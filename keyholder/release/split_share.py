@@ -1,6 +1,7 @@
 """split: judge each upload's validity, then form this key holder's share over the cohort the verdicts leave,
-signed and bound to the manifest; keep the refusals' evidence; account the release it enables; form the release
-from the server-signed masked sum over exactly that cohort."""
+signed and bound to the manifest; keep the refusals' evidence; account the release it enables; have the server
+commit to the masked sum of exactly that cohort before the share leaves, keep that commitment, and form the
+release from it."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import binascii
 import json
 import logging
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -30,18 +32,124 @@ from .session_release import SessionRelease
 log = logging.getLogger("secure_afl.keyholder")
 
 
-def read_split_answer(answer) -> tuple[dict, bytes, dict, bytes]:
-    """``(share statement, share bytes, signed masked-sum statement, masked sum bytes)`` from the server's
-    ``.../split/result`` answer (parsed JSON); :class:`MalformedPayload` for anything else."""
+@dataclass(frozen=True)
+class KeptCommitment:
+    """What this key holder keeps of one split release before its share leaves: the manifest, its own signed
+    share statement and share, the server's signed masked-sum statement over that statement and the masked
+    sum's bytes. The release is formed from exactly these, on the first run and on any retry."""
+
+    manifest: dict
+    statement: dict
+    share: bytes
+    signed: dict
+    masked_sum: bytes
+
+
+def kept_paths(keys_dir: Path, session_id: str) -> tuple[Path, Path]:
+    """``(this key holder's share and statement (private), the server's commitment it verified (evidence))``."""
+    return Path(keys_dir) / f"{session_id}.split-share.json", Path(keys_dir) / f"{session_id}.split-commitment.json"
+
+
+def read_commitment(answer) -> tuple[dict, bytes]:
+    """``(signed masked-sum statement, masked sum bytes)`` from the server's ``.../split/commit`` answer (parsed
+    JSON); :class:`MalformedPayload` for anything else."""
     try:
-        st, signed = answer["share_statement"], answer["masked_sum"]
-        share = base64.b64decode(answer["share"], validate=True)
+        signed = answer["masked_sum"]
         masked = base64.b64decode(answer["aggregate"], validate=True)
-        if not isinstance(st, dict) or not isinstance(signed, dict):
+        if not isinstance(signed, dict):
             raise ValueError
     except (KeyError, TypeError, ValueError, binascii.Error):
-        raise MalformedPayload("the server's answer is not a share statement, share and signed masked sum") from None
-    return st, share, signed, masked
+        raise MalformedPayload("the server's answer is not a signed masked sum") from None
+    return signed, masked
+
+
+def keep_share(rel: SessionRelease, body: bytes, statement: dict) -> None:
+    """This key holder's share and signed statement, kept (private, fsynced) as soon as they are formed: the
+    one share of this key, which the Flower path sends in a later message than the one that formed it."""
+    from secure_afl._io import write_file
+
+    write_file(kept_paths(rel.keys_dir, rel.session_id)[0], json.dumps(
+        {"share_statement": statement, "share": base64.b64encode(body).decode()}, sort_keys=True).encode(), mode=0o600)
+
+
+def kept_share(rel: SessionRelease) -> tuple[bytes, dict]:
+    path = kept_paths(rel.keys_dir, rel.session_id)[0]
+    try:
+        kept = json.loads(path.read_bytes())
+        return base64.b64decode(kept["share"], validate=True), kept["share_statement"]
+    except (OSError, ValueError, KeyError, TypeError, binascii.Error):
+        raise PolicyViolation(f"this key holder formed no share for session {rel.session_id} ({path} is missing or "
+                              "unreadable)", reason="no_share") from None
+
+
+def keep_commitment(rel: SessionRelease, manifest: dict, body: bytes, statement: dict, answer) -> KeptCommitment:
+    """The server's answer to this key holder's share statement, checked and kept before the share leaves:
+    the statement and share are its own for this manifest, the sum is signed by the server over exactly that
+    statement (else :class:`ServerForgery`, recorded in the release ledger); the copy is written beside the
+    keys (``<session>.split-commitment.json``) and then recorded in the release ledger, which from then on
+    allows a release from that sum only."""
+    from secure_afl._io import write_file
+
+    params = rel.params
+    try:
+        split.verify_share(params, manifest, body, statement, rel.identity_key.public_key())
+        signed, masked = read_commitment(answer)
+        split.verify_masked_sum(params, statement, masked, signed, rel.server_identity)
+    except (InvalidSignature, MalformedPayload) as e:
+        raise refuse_server_sum(rel.release_ledger, params, e) from None
+    path = kept_paths(rel.keys_dir, rel.session_id)[1]
+    doc = {"session_id": rel.session_id, "manifest": manifest, "share_statement": statement, "masked_sum": signed,
+           "aggregate": base64.b64encode(masked).decode()}
+    write_file(path, json.dumps(doc, indent=1, sort_keys=True).encode(), mode=0o644)
+    ledger = ReleaseLedger(rel.release_ledger)
+    try:
+        ledger.keep_commitment(params.backend_params[split.PUBLIC_CONTEXT_KEY], rel.session_id,
+                               signed["share_statement_sha256"], signed["masked_sum_sha256"])
+    finally:
+        ledger.close()
+    return KeptCommitment(manifest, statement, body, signed, masked)
+
+
+def check_same_commitment(rel: SessionRelease, kept: KeptCommitment, answer) -> None:
+    """A masked sum handed over once a commitment is kept must be that commitment; any other is refused by name
+    (:class:`ServerForgery`, recorded): after the share, the server can form a sum for any release it wants."""
+    try:
+        same = read_commitment(answer) == (kept.signed, kept.masked_sum)
+    except MalformedPayload:
+        same = False
+    if not same:
+        raise refuse_server_sum(rel.release_ledger, rel.params, InvalidSignature(
+            "a second masked sum, not the one the server committed to before the share left"))
+
+
+def kept_commitment(rel: SessionRelease) -> KeptCommitment | None:
+    """The commitment the release ledger recorded for this session's key, read back from its kept copy and
+    checked again; None if none was kept (the share has not left). A recorded commitment whose copy is gone or
+    differs refuses the release: the only other sum would be one the server formed after it could have seen
+    the share."""
+    params = rel.params
+    ledger = ReleaseLedger(rel.release_ledger)
+    try:
+        row = ledger.commitment(params.backend_params[split.PUBLIC_CONTEXT_KEY])
+    finally:
+        ledger.close()
+    if row is None:
+        return None
+    path = kept_paths(rel.keys_dir, rel.session_id)[1]
+    try:
+        doc = json.loads(path.read_bytes())
+        masked = base64.b64decode(doc["aggregate"], validate=True)
+        manifest, statement, signed = doc["manifest"], doc["share_statement"], doc["masked_sum"]
+    except (OSError, ValueError, KeyError, TypeError, binascii.Error):
+        raise PolicyViolation(f"the release ledger records the server's committed masked sum for session "
+                              f"{rel.session_id}, but its kept copy {path} is missing or unreadable: not releasing "
+                              "from any other sum", reason="commitment_missing") from None
+    body, own = kept_share(rel)
+    if own != statement or (signed.get("share_statement_sha256"), signed.get("masked_sum_sha256")) != \
+            (row["statement_sha256"], row["masked_sum_sha256"]):
+        raise PolicyViolation(f"the kept commitment {path} is not the one the release ledger recorded: not "
+                              "releasing from it", reason="commitment_missing")
+    return KeptCommitment(manifest, statement, body, signed, masked)
 
 
 def release_split(rel: SessionRelease, source, judge, *, timings: dict | None = None) -> tuple[bytes, dict]:
@@ -108,55 +216,77 @@ def release_split(rel: SessionRelease, source, judge, *, timings: dict | None = 
 
 
 def finalize_split(rel: SessionRelease, conn, judge, *, lam: float = 0.0, min_class_count: int = 1) -> FinalResult:
-    """split: post this key holder's share statement (and share) to the server, take the server-signed
-    masked sum over exactly that statement's cohort, and form the release here (:func:`release_from_sum`).
+    """split, commit before reveal: this key holder's signed share statement (no share) to the server, which
+    signs and stores the masked sum of that statement's cohort; that sum checked and kept here
+    (:func:`commit_split_share`); only then the share sent (:func:`send_split_share`) and the release formed
+    from exactly the kept sum (:func:`release_from_sum`). A retry after the commitment was kept skips to
+    the share and the kept sum: the server is never asked for a sum again.
 
-    What is downloaded before the share leaves: the manifest and the seed statements. After it: the masked
-    sum of the cohort this key holder signed -- nothing per hospital, and no sum over any other set.
-    """
+    What is downloaded before the share leaves: the manifest, the seed statements and the committed masked sum
+    of the cohort this key holder signed -- nothing per hospital, and no sum over any other set."""
     t0 = time.perf_counter()
     timings: dict = {}
-    body, statement = post_split_share(rel, conn, judge, timings=timings)
+    kept = kept_commitment(rel)
+    if kept is None:
+        kept = commit_split_share(rel, conn, judge, timings=timings)
+    else:
+        judge.pool.close()  # this key's share was formed in an earlier run
     share_s = time.perf_counter() - t0  # manifest and seed statements fetched, checked, opened, expanded, summed
-    res = take_split_release(rel, conn, body, statement, lam=lam, min_class_count=min_class_count)
+    send_split_share(rel, conn, kept)
+    res = release_from_sum(rel, kept.share, kept.statement, kept.signed, kept.masked_sum, kept.manifest, lam=lam,
+                           min_class_count=min_class_count)
     res.report.update({"keyholder_share_seconds": round(share_s, 3),
                        **{k: round(v, 3) for k, v in timings.items()}})
     return res
 
 
-def post_split_share(rel: SessionRelease, conn, judge, *, timings: dict | None = None) -> tuple[bytes, dict]:
-    """This key holder's share and signed statement (:func:`release_split`), posted to the server."""
+def commit_split_share(rel: SessionRelease, conn, judge, *, timings: dict | None = None) -> KeptCommitment:
+    """This key holder's share and signed statement (:func:`release_split`), kept; the statement alone posted
+    to ``.../split/commit``; the server's signed masked sum over it checked and kept (:func:`keep_commitment`).
+    The share has not left when this returns."""
     from secure_afl.encoding import canonical_json
 
-    body, statement = release_split(rel, HTTPSource(conn), judge, timings=timings)
-    conn.request("POST", conn.path("/split/share"), body=body, headers={H_TAG: canonical_json(statement).decode()})
-    return body, statement
+    source = HTTPSource(conn)
+    if kept_paths(rel.keys_dir, rel.session_id)[0].exists():
+        # formed and kept by an earlier run that stopped before any commitment: the share has not left
+        body, statement = kept_share(rel)
+        judge.pool.close()
+    else:
+        body, statement = release_split(rel, source, judge, timings=timings)
+        keep_share(rel, body, statement)
+    answer = conn.request("POST", conn.path("/split/commit"), body=canonical_json(statement)).json()
+    return keep_commitment(rel, source.manifest(), body, statement, answer)
 
 
-def take_split_release(rel: SessionRelease, conn, body: bytes, statement: dict, *, lam: float = 0.0,
-                       min_class_count: int = 1) -> FinalResult:
-    """The server's signed masked sum over ``statement``'s cohort, fetched, and the release formed from it and
-    this key holder's own share (:func:`release_from_sum`)."""
+def mark_share_sent(rel: SessionRelease) -> None:
+    ledger = ReleaseLedger(rel.release_ledger)
     try:
-        _, _, signed, masked = read_split_answer(conn.request("GET", conn.path("/split/result")).json())
-    except (MalformedPayload, ValueError) as e:
-        raise refuse_server_sum(rel.release_ledger, rel.params, e) from None
-    return release_from_sum(rel, body, statement, signed, masked, conn.request("GET", conn.path("/manifest")).json(),
-                            lam=lam, min_class_count=min_class_count)
+        ledger.mark_share_sent(rel.params.backend_params[split.PUBLIC_CONTEXT_KEY])
+    finally:
+        ledger.close()
+
+
+def send_split_share(rel: SessionRelease, conn, kept: KeptCommitment) -> None:
+    """The share, sent for the statement the server committed to, once the ledger counts it as gone."""
+    from secure_afl.encoding import canonical_json
+
+    mark_share_sent(rel)
+    conn.request("POST", conn.path("/split/share"), body=kept.share,
+                 headers={H_TAG: canonical_json(kept.statement).decode()})
 
 
 def release_from_sum(rel: SessionRelease, body: bytes, statement: dict, signed: dict, masked_sum: bytes,
                      manifest: dict, *, lam: float = 0.0, min_class_count: int = 1) -> FinalResult:
     """split: the release from this key holder's own share and signed statement and the server-signed masked
-    sum, as every other backend's key holder forms its release: the sum must be the server's, over exactly
+    sum it kept before the share left (:class:`KeptCommitment`), as every other backend's key holder forms its release: the sum must be the server's, over exactly
     the cohort and refusals of ``statement``, for that statement and its manifest (else
     :class:`ServerForgery`, naming what differs, recorded in the release ledger); then the share is added,
     the sum decoded, checked and solved here. The cohort, contributors and refusals in the report and the
     model file are the statement's, never the server's."""
     params = rel.params
     try:
-        # this key holder's own statement (the Flower path relays it back through the server): its signature
-        # and share hash, so the share added below is the one it formed
+        # this key holder's own statement and share, as kept: its signature and share hash, so the share added
+        # below is the one it formed
         split.verify_share(params, manifest, body, statement, rel.identity_key.public_key())
         split.verify_masked_sum(params, statement, masked_sum, signed, rel.server_identity)
         cohort, refused = list(statement["cohort"]), dict(statement["refused"])
@@ -174,7 +304,8 @@ def release_from_sum(rel: SessionRelease, body: bytes, statement: dict, signed: 
     report = release_report(params, cohort, res.stats, lam, res.sanity, res.tol, statement["aggregate_sha256"])
     report.update({"dp": res.dp, "w_error_bound": res.bound.to_dict(), "verdict": res.bound.verdict,
                    "share_sha256": statement["share_sha256"], "refused": refused,
-                   "masked_sum_sha256": signed["masked_sum_sha256"]})
+                   "masked_sum_sha256": signed["masked_sum_sha256"],
+                   "share_statement_sha256": signed["share_statement_sha256"]})
     if params.dp is not None:  # this key holder's own accounting of the release, made before its share left
         report["dp"] = {**(report.get("dp") or {}), **split_privacy(rel, manifest, refused)}
     return FinalResult(res.W, res.stats, params, manifest, report)

@@ -126,3 +126,10 @@ class SplitBackend(ProtectionBackend):
     def reveal(self, aggregate: bytes, *, share: np.ndarray, **kw) -> np.ndarray:
         """Collector: the float64 sum from the masked aggregate and the key holder's (verified) share."""
         return roles.collect(self.params, aggregate, share)
+
+    def psd_tolerance(self, gram: np.ndarray) -> float:
+        """:func:`secure_afl.split.sizes.psd_tolerance`: what the low lanes, the rounding and, under DP, the
+        proven noise shares can move the smallest eigenvalue of a released Gram sum by."""
+        from ..split.sizes import psd_tolerance
+
+        return psd_tolerance(self.params, gram)

@@ -26,6 +26,7 @@ import math
 
 import numpy as np
 
+from .._blas import one_blas_thread
 from ..analytic import solve_head
 from ..exceptions import SanityCheckFailed
 from ..params import SessionParams
@@ -45,9 +46,10 @@ def calibrated_ridge(noise_std: float, dim: int, beta: float) -> float:
 
 
 def psd_repair(C: np.ndarray) -> np.ndarray:
-    A = 0.5 * (C + C.T)
-    w, V = np.linalg.eigh(A)
-    return (V * np.clip(w, 0.0, None)) @ V.T
+    with one_blas_thread():  # as the solve: W a function of the release alone, whatever the thread count
+        A = 0.5 * (C + C.T)
+        w, V = np.linalg.eigh(A)
+        return (V * np.clip(w, 0.0, None)) @ V.T
 
 
 def dp_solve(stats: SufficientStatistics, params: SessionParams, contributors: int, *,

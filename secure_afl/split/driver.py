@@ -14,13 +14,13 @@ import numpy as np
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from ..cohort import ReleasePolicy, cohort_after_refusals, default_colluders, quorum
-from ..envelope import open_envelope, seal
+from ..envelope import seal
 from ..hazmat import fixedpoint, flp
 from ..params import SessionParams
 from . import roles
 from .keys import SplitKeyPair
 from .signed_messages import query_key, query_seed, refusal_evidence, sign_masked_sum, sign_share, \
-    verify_leader_message, verify_masked_sum, verify_seed_statement, verify_share
+    verify_leader_message, verify_masked_sum, verify_seed_statement, verify_share, verify_share_statement
 from .proof import Circuit
 from .statements import Unlucky
 from .sizes import RETRIES, gram_enabled
@@ -158,17 +158,16 @@ def run_split(params: SessionParams, keys: SplitKeyPair, vectors: Mapping[str, n
                                   enrolled, refused=refused)
     body, share_st = sign_share(keyholder_key, params, manifest, share, refused, evidence)
     lap("keyholder")
-    # server: the share statement for exactly this manifest and the policy, then the signed masked sum of its
-    # cohort (the refused uploads' masked words taken out)
-    verify_share(params, manifest, body, share_st, keyholder_key.public_key())
+    # commit before reveal. Server: the share statement (no share yet) for exactly this manifest and the policy,
+    # then the signed masked sum of its cohort (the refused uploads' masked words taken out), as the real server
+    # forms it (one function)
+    verify_share_statement(params, manifest, share_st, keyholder_key.public_key())
     cohort_after_refusals(policy, list(uploads), refused)
-    env = flp.from_bytes(open_envelope(params, aggregate, "aggregate").body, what="the masked sum")
-    for h in refused:
-        env = flp.sub(env, circuit.upload_share(uploads[h][0])[:circuit.main_len])
-    masked = seal(params, "aggregate", flp.to_bytes(env), contributors=len(share_st["cohort"]))
+    masked = roles.cohort_masked_sum(params, aggregate, [uploads[h][0] for h in refused], len(share_st["cohort"]))
     signed = sign_masked_sum(server_key, params, share_st, masked)
-    # key holder: the server's sum for its own statement, plus its share
+    # key holder: the server's sum for its own statement, kept; only then the share, which the server checks
     verify_masked_sum(params, share_st, masked, signed, server_key.public_key())
+    verify_share(params, manifest, body, share_st, keyholder_key.public_key())
     # decoded and checked against the share only: the signed policy's checks on the released statistics (share
     # cap, the Gram's definiteness) belong to the release that solves W (secure_afl.split_release.form_release)
     vector = roles.collect(params, masked, share)

@@ -8,7 +8,6 @@ adds in; chunk sums are then added as int64 and the bytes recombined mod p.
 
 from __future__ import annotations
 
-import threading
 from contextlib import contextmanager
 
 import numpy as np
@@ -42,31 +41,12 @@ _PROJ_CHUNK = 1 << 16
 _COMPILED = True
 
 
-_blas_lock = threading.Lock()
-_blas: dict = {"users": 0, "limit": None, "controller": None}
-
-
-@contextmanager
 def _one_blas_thread():
     """BLAS on one thread while any projection runs: each product is 16 x 65536 by 65536 x 8, too small to
-    share, and a BLAS pool per process spinning on every core multiplied a hospital's CPU time on a 16-core
-    machine (one hospital process per core). Counted, so that threads projecting at once restore the
-    process's own setting only when the last one leaves."""
-    from threadpoolctl import ThreadpoolController
+    share (:func:`secure_afl._blas.one_blas_thread`)."""
+    from .._blas import one_blas_thread
 
-    with _blas_lock:
-        if _blas["users"] == 0:
-            if _blas["controller"] is None:
-                _blas["controller"] = ThreadpoolController()
-            _blas["limit"] = _blas["controller"].limit(limits=1, user_api="blas")
-        _blas["users"] += 1
-    try:
-        yield
-    finally:
-        with _blas_lock:
-            _blas["users"] -= 1
-            if _blas["users"] == 0:
-                _blas["limit"].restore_original_limits()
+    return one_blas_thread()
 
 
 def project(words, key: bytes, domain: bytes, *, compiled: bool = False, field=None) -> np.ndarray:

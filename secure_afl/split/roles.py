@@ -39,8 +39,8 @@ from .sizes import field_of, proven_aggregate_bound
 SHARE_MISMATCH = "share_mismatch"
 
 __all__ = ["SHARE_MISMATCH", "bound_public_key", "shard", "seal_upload", "check_upload", "leader_prep", "leader_message",
-           "open_statement_seed", "helper_verdict", "keyholder_share", "lane_masks", "collect", "joint_verdict",
-           "dispute"]
+           "open_statement_seed", "helper_verdict", "keyholder_share", "lane_masks", "cohort_masked_sum", "collect",
+           "joint_verdict", "dispute"]
 
 
 # -- hospital ---------------------------------------------------------------------------------------------
@@ -191,6 +191,22 @@ def keyholder_share(params: SessionParams, secret_key: bytes, manifest: Mapping,
 
 
 # -- release ------------------------------------------------------------------------------------------------
+def cohort_masked_sum(params: SessionParams, aggregate: bytes, refused_payloads, contributors: int) -> bytes:
+    """Server: the sealed masked sum of one cohort, the manifest's masked sum less the masked words of the
+    uploads the key holder refused, sealed as the server's running sum seals it (so an auditor summing the
+    cohort's uploads afresh gets these bytes exactly). The one computation of it: the server's commitment,
+    the in-memory driver and the audit's comparison all rest on it."""
+    n = fixedpoint.n_words(params.layout.length)
+    env = open_envelope(params, aggregate, "aggregate")
+    if len(env.body) != 8 * n:
+        raise MalformedPayload("the masked sum has the wrong length")
+    words = flp.from_bytes(env.body, n, what="the masked sum")
+    circuit = Circuit(params) if refused_payloads else None
+    for payload in refused_payloads:
+        words = flp.sub(words, circuit.upload_share(payload)[:circuit.main_len])
+    return seal(params, "aggregate", flp.to_bytes(words), contributors=int(contributors))
+
+
 def collect(params: SessionParams, masked_aggregate: bytes, share: np.ndarray, subtract=()) -> np.ndarray:
     """``dec(Y - sum subtract + S)`` over F_p: the float64 sum, refused if it leaves the declared aggregate bound
     (the share and the sum were not formed over the same uploads). Nothing else: what the signed policy asks of
@@ -227,18 +243,19 @@ def joint_verdict(params: SessionParams, hospital: str, payload_sha256: str, ser
     return circuit.decide(leader, helper)
 
 
-def dispute(params: SessionParams, hospital: str, payload: bytes, statement: Mapping, seed: bytes,
+def dispute(params: SessionParams, hospital: str, payload: bytes, statement: Mapping, seed,
             server_message: Mapping, keyholder_message_hex: str | None, server_pub) -> dict:
     """The refused hospital: who is at fault, from its own upload (``payload`` and signed seed ``statement``,
-    whose hash its receipt acknowledges), its own mask ``seed`` (kept sealed beside the receipt) and the two
-    published messages (the server's signed verifier message; the key holder's, in its signed share statement,
-    None where it refused on the commitment).
+    whose hash its receipt acknowledges), its own mask ``seed`` (kept sealed beside the receipt: the bytes, or a
+    function that opens them, called only when the server's message holds) and the two published messages (the
+    server's signed verifier message; the key holder's, in its signed share statement, None where it refused on
+    the commitment).
 
     Each verifier message is a deterministic function of the upload, the seed and the query seed the server
     signed, so the hospital recomputes both:
 
-    * the server's signed message differs from the recomputed one: the **server** (provable to anyone given
-      the payload);
+    * the server's signed message differs from the one recomputed from the payload alone: the **server**
+      (provable to anyone given the payload; the seed is not opened);
     * else the two published messages give "valid", or the key holder's message differs from the recomputed
       one (or it refused on a commitment this seed meets): the **key holder**, whose share statement signed
       that message and refusal;
@@ -246,22 +263,27 @@ def dispute(params: SessionParams, hospital: str, payload: bytes, statement: Map
       when the upload's own words or seed miss the commitment it signed).
 
     Returns ``{"at_fault": "server" | "keyholder" | "hospital", "server_message_true", "keyholder_message_true",
-    "verdict"}`` (``verdict``: what the published messages give; None: valid)."""
+    "verdict", "seed_opened"}`` (``verdict``: what the published messages give; None: valid)."""
     circuit = Circuit(params)
     sha = hashlib.sha256(payload).hexdigest()
     qs, leader = verify_leader_message(server_message, server_pub, circuit, hospital, sha,
                                        signed_query_seed(server_message, hospital))
-    out = {"server_message_true": None, "keyholder_message_true": None, "verdict": None}
+    out = {"server_message_true": None, "keyholder_message_true": None, "verdict": None, "seed_opened": False}
     commitment = UploadCommitment.from_dict(statement.get("validity"))
     try:
         own_leader = leader_prep(circuit, hospital, payload, statement.get("validity"), qs)
-        circuit.check_commitment(None, commitment, leader=False, seed=bytes(seed))
     except MalformedPayload:
         return {**out, "at_fault": "hospital", "verdict": "commitment"}
     out["server_message_true"] = bool(np.array_equal(np.asarray(own_leader), np.asarray(leader)))
     if not out["server_message_true"]:
         return {**out, "at_fault": "server"}
-    own_helper = circuit.query(circuit.helper_share(bytes(seed)), commitment, hospital, qs, leader=False)
+    seed = bytes(seed() if callable(seed) else seed)
+    out["seed_opened"] = True
+    try:
+        circuit.check_commitment(None, commitment, leader=False, seed=seed)
+    except MalformedPayload:
+        return {**out, "at_fault": "hospital", "verdict": "commitment"}
+    own_helper = circuit.query(circuit.helper_share(seed), commitment, hospital, qs, leader=False)
     if keyholder_message_hex is None:  # a commitment refusal, but the seed meets the commitment
         return {**out, "at_fault": "keyholder", "keyholder_message_true": False, "verdict": "commitment"}
     helper = circuit.F.from_bytes(bytes.fromhex(keyholder_message_hex), circuit.verifier_len,

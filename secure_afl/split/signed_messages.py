@@ -39,7 +39,7 @@ from .sizes import field_of
 __all__ = ["UploadCommitment", "seed_digest", "SeedRefused", "sign_seed_statement", "verify_seed_statement",
            "verifier_statement", "sign_verifier_message", "verify_leader_message", "signed_query_seed",
            "query_key", "query_seed", "manifest_digest", "refusal_evidence", "share_statement", "sign_share",
-           "verify_share", "share_statement_digest", "masked_sum_statement", "sign_masked_sum", "verify_masked_sum"]
+           "verify_share_statement", "verify_share", "share_statement_digest", "masked_sum_statement", "sign_masked_sum", "verify_masked_sum"]
 
 #: the prefix of the validity proof's Fiat-Shamir hashes (and of a seed's digest)
 FS_PREFIX = domains.SPLIT_VALIDITY
@@ -227,18 +227,29 @@ def sign_share(identity_key, params: SessionParams, manifest: Mapping, share: np
     return body, {**st, "signature": identity_key.sign(_SHARE_SIG_PREFIX + canonical_json(st)).hex()}
 
 
-def verify_share(params: SessionParams, manifest: Mapping, body: bytes, statement: Mapping,
-                 keyholder_pub) -> np.ndarray:
-    """Collector: the key holder's share for exactly this manifest -> words (``statement["refused"]`` names
-    the uploads it does not cover)."""
-    st = share_statement(params, manifest, hashlib.sha256(body).hexdigest(), statement.get("refused"),
-                          statement.get("evidence"))
+def verify_share_statement(params: SessionParams, manifest: Mapping, statement: Mapping, keyholder_pub) -> None:
+    """Server, before it commits to a masked sum: ``statement`` is the key holder's, signed over exactly this
+    manifest, a cohort and refusals of its participants, and a share hash -- the share itself not yet seen."""
+    if not isinstance(statement, Mapping) or not isinstance(statement.get("share_sha256"), str) or \
+            len(statement["share_sha256"]) != 64:
+        raise MalformedPayload("the share statement carries no share hash")
+    st = share_statement(params, manifest, statement["share_sha256"], statement.get("refused"),
+                         statement.get("evidence"))
     if {k: statement.get(k) for k in st} != st:
-        raise InvalidSignature("the key holder's share is for another manifest, cohort or body")
+        raise InvalidSignature("the key holder's share statement is for another manifest or cohort")
     try:
         keyholder_pub.verify(bytes.fromhex(statement["signature"]), _SHARE_SIG_PREFIX + canonical_json(st))
     except (_CryptoInvalidSignature, KeyError, TypeError, ValueError):
         raise InvalidSignature("the key holder's share is not signed by the key holder") from None
+
+
+def verify_share(params: SessionParams, manifest: Mapping, body: bytes, statement: Mapping,
+                 keyholder_pub) -> np.ndarray:
+    """Collector: the key holder's share for exactly this manifest -> words (``statement["refused"]`` names
+    the uploads it does not cover)."""
+    verify_share_statement(params, manifest, statement, keyholder_pub)
+    if not hmac.compare_digest(hashlib.sha256(body).hexdigest(), statement["share_sha256"]):
+        raise InvalidSignature("the key holder's share is for another manifest, cohort or body")
     if len(body) != 8 * fixedpoint.n_words(params.layout.length):
         raise MalformedPayload("the key holder's share has the wrong length")
     return flp.from_bytes(body, what="the key holder's share")

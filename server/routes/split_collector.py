@@ -1,5 +1,6 @@
-"""split's routes: the key holder's share in, the server's verifier messages and its signed masked sum over the
-share statement's cohort out (server/split_round.py decides, this maps)."""
+"""split's routes: the server's verifier messages out; the key holder's share statement in and the server's
+signed masked sum over its cohort out (the commitment); then the key holder's share in (server/split_round.py
+decides, this maps)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,12 @@ from .gate import Gate
 
 def split_router(server: SplitAggregationServer, gate: Gate) -> APIRouter:
     router = APIRouter()
+
+    @router.post(API + "/sessions/{session_id}/split/commit")
+    async def split_commit(session_id: str, request: Request):
+        gate.session(session_id, request)
+        party, body = await gate.signed_body(request, ("keyholder",))
+        return JSONResponse(await run_in_threadpool(server.commit_request, party, body))
 
     @router.post(API + "/sessions/{session_id}/split/share")
     async def split_share(session_id: str, request: Request):
