@@ -27,9 +27,9 @@ P = flp.P
 GAMMA = 1.0
 
 
-def _session(dim, classes, n_max, gram=True, gamma=GAMMA, k_max=8, max_norm=1.0):
+def _session(dim, classes, n_max, gram=True, gamma=GAMMA, k_max=8, max_norm=1.0, field="goldilocks"):
     params = split.split_session_params(f"gram-{dim}-{gram}", Layout(dim, classes), gamma,
-                                        Bounds(max_norm, n_max, k_max), gram_proof=gram)
+                                        Bounds(max_norm, n_max, k_max), gram_proof=gram, field=field)
     keys = split.generate_keys(params)
     params = split.bind_public_context(params, keys.public_context)
     return params, get_backend(params), Ed25519PrivateKey.generate(), keys
@@ -140,9 +140,10 @@ def _attack_vector(name):
                                                   1.0, GAMMA))
 
 
-@pytest.fixture(scope="module")
-def attack_sessions():
-    return {g: _session(6, 3, 200, gram=g, max_norm=2.0) for g in (False, True)}
+@pytest.fixture(scope="module", params=["goldilocks", "field128"])
+def attack_sessions(request):
+    # each attack over both fields: two Goldilocks lanes, or one exact Field128 word with the factor at f = F / 2
+    return {g: _session(6, 3, 200, gram=g, max_norm=2.0, field=request.param) for g in (False, True)}
 
 
 def _verdict_past_projection(sess, lanes, tries=20, **kw):

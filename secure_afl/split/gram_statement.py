@@ -214,10 +214,15 @@ class GramStatement(Statement):
         r, c = np.triu_indices(self.d)
         idx = np.concatenate([np.arange(sl["gram"].start, sl["gram"].stop), np.arange(sl["cross"].start,
                               sl["cross"].stop), np.arange(sl["counts"].start, sl["counts"].stop)])
-        vals = np.concatenate([gram[r, c], (l21 * l11.reshape(1, -1)).ravel(),
-                               np.array(cnt, dtype=np.int64) * s2f]) << t
+        if gram.dtype == object:  # one Field128 word per value: A at 2^(2f + t) is past int64
+            vals = np.concatenate([gram[r, c], (l21.astype(object) * l11.astype(object).reshape(1, -1)).ravel(),
+                                   np.array([v * s2f for v in cnt], dtype=object)]) * (1 << t)
+        else:
+            vals = np.concatenate([gram[r, c], (l21 * l11.reshape(1, -1)).ravel(),
+                                   np.array(cnt, dtype=np.int64) * s2f]) << t
         x[idx] = self.F.encode_signed(vals)
-        x[self.L + idx] = 0
+        if x.shape[0] > self.L:  # two lanes: the snapped entries' low lanes are 0
+            x[self.L + idx] = 0
         fw = self.F.encode_signed(np.concatenate([l11, l21.ravel(), l22[self._tril]]))
         if not self.noise:
             return x, fw

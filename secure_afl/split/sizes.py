@@ -278,9 +278,9 @@ def fits(params: SessionParams, f1: int, f2: int) -> str | None:
     s = statement_sizes(params, f1, f2)
     k, d = params.bounds.k_max, params.layout.dim
     wrap = 1 << wrap_bits(params)
-    if lanes_per_value(params) == 1 and (params.dp is not None or gram_enabled(params)):
-        # the DP and Gram statements read a high lane at the noise grid / the factor's scale beside a low lane
-        return "one Field128 word per value carries neither the DP statement nor the Gram statement yet"
+    if lanes_per_value(params) == 1 and params.dp is not None:
+        # the DP statement reads a high lane on the noise grid beside a low lane
+        return "one Field128 word per value does not carry the DP statement yet"
     if k * (1 << s["m_hi"]) >= wrap:  # per entry |hi| <= 2T = 2^m_hi
         return "k_max * 2T_hi"
     if k * (1 << max(f2 - 1, 0)) >= wrap:  # honest low lanes, |lo| <= 2^(f2 - 1); a dishonest one cannot wrap hi
@@ -379,9 +379,6 @@ def split_session_params(session_id: str, layout: Layout, gamma: float, bounds: 
         base = base.with_backend_params(max_share=float(max_share))
     # the validity proof bounds an upload's entries only up to a factor (docs/VALIDITY.md): the lanes keep
     # room for k_max such uploads in F_p
-    if lanes_per_value(base) == 1 and gram_proof:
-        raise InvalidParameterError("field = \"field128\" carries no Gram statement yet: its statement reads "
-                                    "two lanes; sign the session over goldilocks or without gram_proof")
     fb = choose_frac_bits(base) if frac_bits is None else fixedpoint.check_frac_bits(frac_bits, bounds, gamma)
     return base.with_backend_params(frac_bits=[int(f) for f in fb])
 
