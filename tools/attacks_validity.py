@@ -585,7 +585,9 @@ def field_factor(circuit, lanes):
             L[i][j] = (A[i][j] - sum(L[i][k] * L[j][k] for k in range(j))) * ri % P
     words = [L[c][c] for c in range(C)] + [L[C + i][c] for i in range(d) for c in range(C)] + \
         [L[C + i][C + j] for i, j in zip(*np.tril_indices(d))]
-    return F.to_field(words + [0] * circuit.part("gram").n_z)  # under DP: noise words 0, all of A in L
+    # under DP: noise words 0, all of A in L; with exact Field128 lanes: residual words 0 (L L^T = A mod p)
+    gram = circuit.part("gram")
+    return F.to_field(words + [0] * (gram.n_z + gram.n_r))
 
 
 def _zero_noise(circuit):

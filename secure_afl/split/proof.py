@@ -401,7 +401,7 @@ class Circuit:
         w = np.asarray(body, dtype=self.F.dtype)
         fs = self.fs_seed(hospital, commitment.main_sha256, commitment.seed_sha256)
         failed = [name for (name, _), vals in zip(self.groups, self.relation_values(w, fs, leader=True))
-                  if np.any(vals)]
+                  if np.any(self.F.to_ints(vals) != 0)]
         bits, _, _, _ = self._parts(w)
         if any(int(b) > 1 for b in self.F.to_ints(bits)):
             failed.append("bits")

@@ -124,7 +124,21 @@ def gramsizes(params: SessionParams, f1: int) -> dict:
     m_f = pow2_at_least(TAIL * (2.0 ** f * l2 + 1.0)) + 1
     out = {"f": f, "t": max(f1, 0) - 2 * f, "m": d + C, "n_f": C + d * C + d * (d + 1) // 2, "m_f": m_f,
            "m_d": bitlen(2 * (math.isqrt(b.n_max) + 1) << f), "jitter": jitter,
-           "jitter_units": math.ceil(jitter * 2.0 ** max(f1, 0)), "n_z": 0, "m_z": 0}
+           "jitter_units": math.ceil(jitter * 2.0 ** max(f1, 0)), "n_z": 0, "m_z": 0, "n_r": 0, "m_r": 0}
+    if lanes_per_value(params) == 1:
+        # one exact Field128 word per value: the lanes are NOT snapped; the residual R = 2^t (L L^T + D) - A
+        # travels as words of its own (one per entry of A), each proven within 2T_R by projection rows, so
+        # A >= -||R||_op >= -m 2T_R (docs/VALIDITY.md, "Exact lanes over Field128"). ||R||_F in released units:
+        # the truncation, 2 ||L||_F ||E||_F + ||E||_F^2 with |E_ij| < 2^-f over n_f entries, plus the float64
+        # Cholesky's backward error, (m + 1) u / (1 - (m + 1) u) ||L||_F^2, plus the jitter on the diagonal
+        e = 2.0 ** -f * math.sqrt(out["n_f"])
+        u = (out["m"] + 1) * 2.0 ** -53
+        r_l2 = (2 * l2 * e + e * e + u / (1 - u) * l2 * l2 + math.sqrt(d) * jitter) * (1 + 2.0 ** -30)
+        out["n_r"] = out["n_f"]
+        out["m_r"] = pow2_at_least(TAIL * (2.0 ** max(f1, 0) * r_l2 + 1.0)) + 1
+        out["r_l2"] = r_l2
+        #: the proven floor on each upload's least eigenvalue (released units): Gershgorin on |R_ij| <= 2T_R
+        out["slack"] = out["m"] * 2.0 ** (out["m_r"] - max(f1, 0))
     if params.dp is not None:
         # the noise share travels beside the lanes, each entry proven in [-2^(m_z - 1), 2^(m_z - 1)), a range
         # that holds every honest entry (|z| <= tau): the Gram identity is of the lanes less the noise
@@ -289,7 +303,7 @@ def fits(params: SessionParams, f1: int, f2: int) -> str | None:
     # the quadratic identity A = 2^t (L L^T + D), entrywise: |A_ij| <= 2T (less a noise entry, |z| <= 2^(m_z - 1),
     # under DP), |(L L^T)_ij| <= m (2T_f)^2, D < 2^m_d; below p/2 the identity mod p is the identity over the
     # integers
-    if g is not None and (1 << s["m_hi"]) + (1 << g["m_z"]) + \
+    if g is not None and (1 << s["m_hi"]) + (1 << g["m_z"]) + (g["n_r"] and 1 << g["m_r"]) + \
             ((g["m"] << (2 * g["m_f"])) + (1 << g["m_d"]) << g["t"]) >= wrap:
         return "the Gram identity"
     if g is not None and params.dp is None and g["f"] < GRAM_MIN_F:
@@ -417,6 +431,9 @@ def psd_tolerance(params: SessionParams, gram: np.ndarray) -> float:
         # that) and whose squared norm below l2_z (||Z||_op <= ||Z||_F <= sqrt(2 l2_z)): the smaller of the two
         g = gramsizes(params, f1)
         noise = params.bounds.k_max * min(d * 2.0 ** (g["m_z"] - 1), math.sqrt(2.0 * g["l2_z"])) * 2.0 ** -f1
+    if gram_enabled(params) and lanes_per_value(params) == 1:
+        # exact lanes: each upload's A is only proven >= -slack I (its residual's Gershgorin bound)
+        noise += params.bounds.k_max * gramsizes(params, f1 + f2)["slack"]
     return lo_lanes + (2 * d + 1) * 2.0 ** -53 * fro + noise
 
 
