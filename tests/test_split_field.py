@@ -246,10 +246,14 @@ def test_a_circuit_over_field128_proves_an_honest_upload_and_refuses_a_false_one
     assert verdict(body, seed, com) == "linear"
 
 
-def test_a_field128_session_with_the_gram_statement_is_refused_by_name():
-    # the Gram statement reads a high lane beside a low one: over one Field128 word it is not carried yet
-    with pytest.raises(InvalidParameterError, match="field128.*no Gram statement"):
-        _params(field="field128", gram_proof=True)
-    forged = _params(gram_proof=True).with_backend_params(**{FIELD_KEY: "field128"})
-    with pytest.raises(InvalidParameterError, match="neither the DP statement nor the Gram statement"):
+def test_a_field128_session_with_dp_is_refused_by_name():
+    # the DP statement reads a high lane on the noise grid beside a low lane: not carried over one word yet
+    from secure_afl.backends.session_params import dp_session_params
+    from secure_afl.dp import DPSpec
+
+    with pytest.raises(InvalidParameterError, match="does not carry the DP statement"):
+        dp_session_params(DPSpec(1.0, 1e-5, 3), "split", "field-dp", LAYOUT, 1.0, BOUNDS, field="field128")
+    forged = dp_session_params(DPSpec(1.0, 1e-5, 3), "split", "field-dp", LAYOUT, 1.0, BOUNDS).with_backend_params(
+        **{FIELD_KEY: "field128"})
+    with pytest.raises(InvalidParameterError, match="does not carry the DP statement"):
         split.Circuit(forged)
