@@ -151,14 +151,17 @@ def test_a_refused_upload_is_taken_out_of_a_field128_sum_word_for_word():
 
 
 @pytest.mark.e2e
-def test_a_field128_session_runs_end_to_end_through_the_real_server(consortium):
-    # Prepare: a split session signed over field128 by the key holder, two of three hospitals upload
+@pytest.mark.parametrize("gram", [False, True], ids=["plain", "gram"])
+def test_a_field128_session_runs_end_to_end_through_the_real_server(consortium, gram):
+    # Prepare: a split session signed over field128 (with the exact Gram statement or without) by the key
+    # holder, two of three hospitals upload
     from secure_afl.analytic import centralised_weights
 
-    c = consortium(backend="split", hospitals=("h1", "h2", "h3"), min_clients=2, split={"field": "field128"}).start()
+    section = {"field": "field128", **({"gram_proof": True} if gram else {})}
+    c = consortium(backend="split", hospitals=("h1", "h2", "h3"), min_clients=2, split=section).start()
     conn = c.connect_keyholder()
     c.keyholder.keygen(split.split_session_params(c.session_id, Layout(c.dim, c.classes), 1.0,
-                                                  Bounds(c.max_norm, 1000, 8), field="field128"))
+                                                  Bounds(c.max_norm, 1000, 8), field="field128", gram_proof=gram))
     c.keyholder.publish(conn)
     data = {h: c.data(h) for h in ("h1", "h2")}
     for h, (X, y) in data.items():
@@ -171,7 +174,7 @@ def test_a_field128_session_runs_end_to_end_through_the_real_server(consortium):
     # Assert: the signed session is field128 and its release is the pooled plaintext solve, from exactly the
     # float64 sum secagg's encoding gives
     params = c.keyholder.params(c.session_id)
-    assert params.backend_params["field"] == "field128"
+    assert params.backend_params["field"] == "field128" and split.gram_enabled(params) == gram
     X_all = np.concatenate([data[h][0] for h in data])
     y_all = np.concatenate([data[h][1] for h in data])
     W_joint = centralised_weights(X_all, y_all, c.classes)
