@@ -425,6 +425,7 @@ def describe(circuit: Circuit) -> Mapping:
     """Sizes for the docs and the benchmark."""
     return {"L": circuit.L, "main_words": circuit.main_len, "aux_bits": circuit.n_bits,
             "proof_words": circuit.proof_len, "verifier_words": circuit.verifier_len,
-            "chunk": circuit.bits.chunk, "domain": circuit.bits.n, "frac_bits": [circuit.f1, circuit.f2],
+            "chunk": circuit.bits.chunk, "domain": circuit.bits.n, "frac_bits": list(circuit.frac_bits),
+            "lanes_per_value": circuit.lanes_per_value, "proof_scale": [circuit.f1, circuit.f2],
             "T_hi_log2": circuit.sizes["m_hi"] - 1, **circuit.statement.describe(),
             "bit_proof_reps": circuit.reps, "soundness_bits_q64": round(soundness_bits(circuit), 1)}
