@@ -19,12 +19,10 @@ release, which refuses it by name as before.
 """
 
 from __future__ import annotations
-
 import hashlib
 import json
 import os
 from pathlib import Path
-
 import numpy as np
 
 from secure_afl import domains
@@ -32,7 +30,6 @@ from secure_afl._io import write_file
 from secure_afl import split
 from secure_afl.encoding import canonical_json
 from secure_afl.exceptions import InvalidSignature, MalformedPayload, SecureAFLError
-from secure_afl.hazmat import flp
 from secure_afl.hazmat.at_rest import open_secret, seal_secret
 
 from .verify import ServerForgery
@@ -108,17 +105,18 @@ class SplitJudge:
     def judged(self, state: dict | None = None) -> tuple[dict, np.ndarray]:
         """``(hospital -> seed digest, -sum m_k)`` over the uploads judged valid so far (sealed at rest: one
         hospital's mask alone would unmask its upload)."""
-        n = 2 * self.params.layout.length
+        F, n = split.field_of(self.params), split.main_words(self.params)
         state = self._state() if state is None else state
         if "sum" not in state:
-            return {}, np.zeros(n, dtype=np.uint64)
+            return {}, F.zeros(n)
         covered = state["covered"]
         body = open_secret(bytes.fromhex(state["sum"]), associated_data=self._sum_ad(covered), key=self._sum_key())
-        return covered, flp.from_bytes(body, n, what="the judged sum")
+        return covered, F.from_bytes(body, n, what="the judged sum")
 
     def _save(self, records: dict, covered: dict, total: np.ndarray) -> None:
         """One file, replaced whole: a reader (a release beside a judging loop) sees one state or the next."""
-        sealed = seal_secret(flp.to_bytes(total), associated_data=self._sum_ad(covered), key=self._sum_key())
+        sealed = seal_secret(split.field_of(self.params).to_bytes(total), associated_data=self._sum_ad(covered),
+                             key=self._sum_key())
         tmp = self.state_path.with_name(self.state_path.name + f".{os.getpid()}.tmp")
         write_file(tmp, json.dumps({"records": records, "covered": covered, "sum": sealed.hex()},
                                    sort_keys=True).encode(), exclusive=False)
@@ -171,7 +169,7 @@ class SplitJudge:
             # a hospital judged valid before under another statement: its mask is in the sum and cannot be
             # told apart; start the sum again (the release expands every mask the sum does not cover)
             covered, total = {}, np.zeros_like(total)
-        total = flp.add(total, partial)
+        total = split.field_of(self.params).add(total, partial)
         for h, sha, st, seed, qs in todo:
             if verdicts[h] is None:
                 covered[h] = split.seed_digest(seed)

@@ -14,10 +14,8 @@ This module sits beside :mod:`secure_afl.split`, not in it: the checks and the s
 """
 
 from __future__ import annotations
-
 import hashlib
 from dataclasses import dataclass, field
-
 import numpy as np
 
 from . import split
@@ -26,7 +24,6 @@ from .cohort import ReleasePolicy
 from .certify import WBound, certify_release
 from .envelope import open_envelope, seal
 from .exceptions import DecryptionRefused, MalformedPayload, SecureAFLError
-from .hazmat import fixedpoint, flp
 from .packing import Layout
 from .params import SessionParams
 from .release_checks import check_class_minimum, check_release_policy, sanity_check
@@ -156,8 +153,8 @@ def audit_release(params: SessionParams, manifest: dict, uploads: dict, seed_sta
             given, given_signed = bytes(masked_sum), signed_sum
     by_h = {p["hospital"]: p["payload_sha256"] for p in manifest.get("participants", [])}
     backend = get_backend(params)
-    n = fixedpoint.n_words(params.layout.length)
-    total = np.zeros(n, dtype=np.uint64)
+    F = split.field_of(params)
+    total = F.zeros(split.main_words(params))
     for h in cohort:
         payload = uploads.get(h)
         sha = None if payload is None else hashlib.sha256(payload).hexdigest()
@@ -169,8 +166,8 @@ def audit_release(params: SessionParams, manifest: dict, uploads: dict, seed_sta
         except (KeyError, SecureAFLError) as e:
             blame("server", f"upload of {h}: its signed seed statement does not hold ({e})")
             continue
-        total = flp.add(total, backend.masked_words(payload))
-    recomputed = seal(params, "aggregate", flp.to_bytes(total), contributors=len(cohort))
+        total = F.add(total, backend.masked_words(payload))
+    recomputed = seal(params, "aggregate", F.to_bytes(total), contributors=len(cohort))
     if recomputed != given:
         blame("server", "masked sum: the server's signed sum is not the sum of the cohort's stored masked uploads "
                         "(forged or over another set)")

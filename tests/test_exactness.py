@@ -14,6 +14,7 @@ import operator
 import numpy as np
 import pytest
 
+from secure_afl import split
 from secure_afl.analytic import solve_from_sums
 from secure_afl.backends.bfv import BFVBackend, new_bfv_session
 from secure_afl.backends.ckks import CKKSBackend, new_ckks_session
@@ -225,8 +226,9 @@ def test_w_error_bound_refuses_bad_shapes():
         w_error_bound(np.eye(3), np.ones((2, 1)), np.ones((2, 1)), eps_C=0.0, eps_Q=0.0)
 
 
-def _split_release(session_id, layout, bounds, vectors):
-    """split through its three roles in-process: hospitals protect, server sums, key holder's share, collect."""
+def _split_release(session_id, layout, bounds, vectors, field="goldilocks", gram=False):
+    """split through its three roles in-process: hospitals protect, server sums, key holder's share, collect
+    (over ``field``: two Goldilocks lanes per value, or one Field128 word)."""
     import hashlib
 
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
@@ -234,7 +236,7 @@ def _split_release(session_id, layout, bounds, vectors):
     from secure_afl import split
     from secure_afl.backends import get_backend
 
-    params = split.split_session_params(session_id, layout, GAMMA, bounds)
+    params = split.split_session_params(session_id, layout, GAMMA, bounds, field=field, gram_proof=gram)
     keys = split.generate_keys(params)
     params = split.bind_public_context(params, keys.public_context)
     be = get_backend(params)
@@ -249,8 +251,9 @@ def _split_release(session_id, layout, bounds, vectors):
     return params, split.collect(params, acc.aggregate(), share)
 
 
+@pytest.mark.parametrize("field", ["goldilocks", "field128"])
 def test_split_equals_secagg_and_bfv_bit_for_bit_on_ill_conditioned_data(data, secagg_result, bfv_result,
-                                                                         plaintext):
+                                                                         plaintext, field):
     # Prepare
     vectors, bounds = data
     _, agg = secagg_result
@@ -258,14 +261,35 @@ def test_split_equals_secagg_and_bfv_bit_for_bit_on_ill_conditioned_data(data, s
     W_plain, spread = plaintext
 
     # Execute
-    _, split_sum = _split_release("exact-split", LAYOUT, bounds, vectors)
+    params, split_sum = _split_release("exact-split", LAYOUT, bounds, vectors, field)
 
     # Assert
+    assert params.backend_params["field"] == field
     assert np.array_equal(split_sum, agg) and np.array_equal(split_sum, revealed)
     assert _rel(_W(split_sum), W_plain) <= spread
 
 
-def test_split_equals_secagg_bit_for_bit_at_d512_c100():
+def test_split_field128_with_the_gram_statement_equals_secagg_and_bfv_bit_for_bit(data, secagg_result, bfv_result,
+                                                                                  plaintext):
+    # Prepare: the Gram statement over one exact Field128 word per value: the lanes are not snapped (the factor's
+    # rounding travels as the residual witness), so the release is the exact sum
+    vectors, bounds = data
+    _, agg = secagg_result
+    _, revealed = bfv_result
+    W_plain, spread = plaintext
+
+    # Execute
+    params, split_sum = _split_release("exact-split-gram", LAYOUT, bounds, vectors, "field128", gram=True)
+
+    # Assert
+    assert split.gram_enabled(params) and params.backend_params["field"] == "field128"
+    assert np.array_equal(split_sum, agg) and np.array_equal(split_sum, revealed)
+    assert _rel(_W(split_sum), W_plain) <= spread
+
+
+@pytest.mark.parametrize("field,gram", [("goldilocks", False), ("field128", False), ("field128", True)],
+                         ids=["goldilocks", "field128", "field128-gram"])
+def test_split_equals_secagg_bit_for_bit_at_d512_c100(field, gram):
     # Prepare: three hospitals' statistics at d = 512, C = 100
     layout = Layout(512, 100)
     rng = np.random.default_rng(11)
@@ -279,9 +303,11 @@ def test_split_equals_secagg_bit_for_bit_at_d512_c100():
     secagg_sum, exact, _, _ = simulate_round(params, vectors)
 
     # Execute
-    _, split_sum = _split_release("exact-split-100", layout, bounds, vectors)
+    params, split_sum = _split_release("exact-split-100", layout, bounds, vectors, field, gram)
 
-    # Assert: the same released float64 sum, and float64 summation is within its rounding of it
+    # Assert: the same released float64 sum (with the Gram statement on too), and float64 summation is within its
+    # rounding of it
+    assert params.backend_params["field"] == field and split.gram_enabled(params) == gram
     assert exact and np.array_equal(split_sum, secagg_sum)
     plain = functools.reduce(operator.add, vectors)
     assert np.max(np.abs(split_sum - plain) / np.maximum(np.abs(plain), 1.0)) <= 1e-13

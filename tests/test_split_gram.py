@@ -27,9 +27,9 @@ P = flp.P
 GAMMA = 1.0
 
 
-def _session(dim, classes, n_max, gram=True, gamma=GAMMA, k_max=8, max_norm=1.0):
+def _session(dim, classes, n_max, gram=True, gamma=GAMMA, k_max=8, max_norm=1.0, field="goldilocks"):
     params = split.split_session_params(f"gram-{dim}-{gram}", Layout(dim, classes), gamma,
-                                        Bounds(max_norm, n_max, k_max), gram_proof=gram)
+                                        Bounds(max_norm, n_max, k_max), gram_proof=gram, field=field)
     keys = split.generate_keys(params)
     params = split.bind_public_context(params, keys.public_context)
     return params, get_backend(params), Ed25519PrivateKey.generate(), keys
@@ -140,9 +140,10 @@ def _attack_vector(name):
                                                   1.0, GAMMA))
 
 
-@pytest.fixture(scope="module")
-def attack_sessions():
-    return {g: _session(6, 3, 200, gram=g, max_norm=2.0) for g in (False, True)}
+@pytest.fixture(scope="module", params=["goldilocks", "field128"])
+def attack_sessions(request):
+    # each attack over both fields: two Goldilocks lanes, or one exact Field128 word with the factor at f = F / 2
+    return {g: _session(6, 3, 200, gram=g, max_norm=2.0, field=request.param) for g in (False, True)}
 
 
 def _verdict_past_projection(sess, lanes, tries=20, **kw):
@@ -444,3 +445,70 @@ def test_the_definiteness_check_refuses_just_past_the_proven_tolerance_and_takes
         check_release_policy(policy, params, stats(3.0))
     assert info.value.reason == "psd"
     check_release_policy(policy, params, stats(0.5))
+
+
+# -- exact lanes over Field128: the residual witness and its slack -------------------------------------------
+def _null_direction_upload(sess, lam_units: int):
+    """An upload whose A has the eigenvalue -lam_units 2^-F: a hospital whose samples are all 0 in coordinate k
+    (so e_k is a null vector of A), its diagonal C_kk lowered by lam_units, and the residual word of that entry
+    raised by as much, so that A + R is still the honest 2^t (L L^T + D)."""
+    params, be = sess[0], sess[1]
+    c = be.circuit
+    gram = c.part("gram")
+    X, y = _embeddings(40, 6, 3, 5)
+    X[:, 2] = 0.0
+    X /= np.linalg.norm(X, axis=1, keepdims=True)
+    v = Layout(6, 3).pack(local_statistics(2.0 * X, y, 3, gamma=0.0))
+    x, fw = c.witness(v)
+    r, cc = np.triu_indices(6)
+    slot = Layout(6, 3).slices["gram"].start + int(np.nonzero((r == 2) & (cc == 2))[0][0])
+    j = gram.n_f + gram.n_z + int(np.nonzero(gram.i_a == slot)[0][0])
+    F = c.F
+    x[slot] = F.sub(x[slot], F.to_field([lam_units]))[0]
+    fw[j] = F.add(fw[j], F.to_field([lam_units]))[0]
+    A = Layout(6, 3).unpack(np.ldexp(F.decode_signed_float(x), -c.f1))
+    return x, fw, float(np.linalg.eigvalsh(A.gram)[0])
+
+
+@pytest.fixture(scope="module")
+def exact_session():
+    return _session(6, 3, 200, gamma=0.0, max_norm=2.0, field="field128")
+
+
+def test_exact_lanes_leave_the_statistics_unsnapped_and_carry_the_residual(exact_session):
+    c = exact_session[1].circuit
+    g = c.sizes["gram"]
+    assert c.part("gram").exact and c.main_len == c.L and g["n_r"] == g["n_f"]
+    X, y = _embeddings(40, 6, 3, 3)
+    v = Layout(6, 3).pack(local_statistics(2.0 * X, y, 3, gamma=0.0))
+    x, fw = c.witness(v)
+    # the lanes are the vector's own exact words (nothing snapped) and the upload proves
+    assert np.array_equal(x, c.lanes(v))
+    assert _verdict(exact_session, *c.prove("h1", v)) is None
+    # the honest residual is within its proven bound, far inside it
+    R = c.F.decode_signed(c.part("gram").residual(fw))
+    assert max(abs(int(e)) for e in R) < c.part("gram").T_r
+
+
+def test_a_negative_eigenvalue_within_the_residual_bound_passes_and_stays_above_the_stated_floor(exact_session):
+    c = exact_session[1].circuit
+    gram = c.part("gram")
+    # lowered by half the residual's per-entry bound: the proof accepts, as the statement allows
+    x, fw, least = _null_direction_upload(exact_session, gram.T_r // 2)
+    assert least < 0
+    assert _verdict(exact_session, *c.prove("h2", lanes=x, factor=fw, check=False), "h2") is None
+    # and the eigenvalue it reaches is above the floor VALIDITY.md states, -m 2T_R 2^-F
+    assert least >= -c.sizes["gram"]["slack"]
+
+
+def test_a_residual_hiding_one_negative_eigenvalue_past_the_slack_is_refused_by_its_range_rows(exact_session):
+    c = exact_session[1].circuit
+    gram = c.part("gram")
+    # past the per-entry bound: the residual's range rows refuse it, whatever seed the software draws
+    x, fw, least = _null_direction_upload(exact_session, 4 * gram.T_r)
+    assert least < -2 * gram.T_r * 2.0 ** -c.f1
+    assert _verdict_past_projection(exact_session, x, factor=fw) == "gram_range"
+    # and with the residual left out the identity is what refuses it
+    fw0 = fw.copy()
+    fw0[gram.n_f + gram.n_z:] = 0
+    assert _verdict_past_projection(exact_session, x, factor=fw0) == "gram"

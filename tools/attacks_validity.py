@@ -525,10 +525,10 @@ def attack_steer_service(*, seed: int = 0, verbose: bool = True, backends=SERVIC
 
 
 # -- indefinite statistics: what the Gram statement (split, [split] gram_proof) closes ---------------------------
-def _field_sqrt(a: int) -> int | None:
-    """A square root of ``a`` in the Goldilocks field (Tonelli-Shanks), or None for a non-residue."""
-    from secure_afl.hazmat.flp import P, GENERATOR
-
+def _field_sqrt(a: int, P: int | None = None) -> int | None:
+    """A square root of ``a`` in F_P (Tonelli-Shanks; Goldilocks when P is None), or None for a non-residue."""
+    if P is None:
+        from secure_afl.hazmat.flp import P
     a %= P
     if a == 0:
         return 0
@@ -537,7 +537,9 @@ def _field_sqrt(a: int) -> int | None:
     q, s = P - 1, 0
     while q % 2 == 0:
         q, s = q // 2, s + 1
-    z = GENERATOR  # 7 generates the multiplicative group: a non-residue
+    z = 2
+    while pow(z, (P - 1) // 2, P) != P - 1:  # the least non-residue
+        z += 1
     m, c, t, r = s, pow(z, q, P), pow(a, q, P), pow(a, (q + 1) // 2, P)
     while t != 1:
         i, t2 = 0, t
@@ -553,12 +555,11 @@ def field_factor(circuit, lanes):
     ``A / 2^t`` over F_p (square roots of negative pivots exist there), so that ``L L^T = A`` holds mod p with
     no slack. None if a pivot has no square root. Its entries are field elements far beyond any honest bound:
     the factor's range rows are what refuses it."""
-    from secure_afl.hazmat import flp
-
-    P = flp.P
+    F = circuit.F
+    P = F.P
     g, d, C = circuit.sizes["gram"], circuit.d, circuit.C
     sl = circuit.params.layout.slices
-    hi = [int(v) for v in flp.decode_signed(np.asarray(lanes, dtype=np.uint64)[:circuit.L])]
+    hi = [int(v) for v in F.decode_signed(np.asarray(lanes, dtype=F.dtype)[:circuit.L])]
     m = d + C
     A = [[0] * m for _ in range(m)]
     for c in range(C):
@@ -568,23 +569,25 @@ def field_factor(circuit, lanes):
     for i in range(d):
         for c in range(C):
             A[C + i][c] = A[c][C + i] = hi[sl["cross"].start + i * C + c]
-    inv_t = flp.inv(1 << g["t"])
+    inv_t = pow(1 << g["t"], P - 2, P)
     A = [[a * inv_t % P for a in row] for row in A]
     L = [[0] * m for _ in range(m)]
     for j in range(m):
         piv = (A[j][j] - sum(L[j][k] * L[j][k] for k in range(j))) % P
-        r = _field_sqrt(piv)
+        r = _field_sqrt(piv, P)
         if r is None:
             return None
         L[j][j] = r
         if r == 0:
             continue
-        ri = flp.inv(r)
+        ri = pow(r, P - 2, P)
         for i in range(j + 1, m):
             L[i][j] = (A[i][j] - sum(L[i][k] * L[j][k] for k in range(j))) * ri % P
     words = [L[c][c] for c in range(C)] + [L[C + i][c] for i in range(d) for c in range(C)] + \
         [L[C + i][C + j] for i, j in zip(*np.tril_indices(d))]
-    return flp.to_field(words + [0] * circuit.part("gram").n_z)  # under DP: noise words 0, all of A in L
+    # under DP: noise words 0, all of A in L; with exact Field128 lanes: residual words 0 (L L^T = A mod p)
+    gram = circuit.part("gram")
+    return F.to_field(words + [0] * (gram.n_z + gram.n_r))
 
 
 def _zero_noise(circuit):

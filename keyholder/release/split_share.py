@@ -4,7 +4,6 @@ commit to the masked sum of exactly that cohort before the share leaves, keep th
 release from it."""
 
 from __future__ import annotations
-
 import base64
 import binascii
 import json
@@ -12,19 +11,17 @@ import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
-
 import numpy as np
 
 from secure_afl import split
 from secure_afl.cohort import cohort_after_refusals
 from secure_afl.exceptions import InvalidSignature, MalformedPayload, PolicyViolation, \
     SanityCheckFailed
-from secure_afl.hazmat import flp
+
 from secure_afl.params import SessionParams
 from secure_afl.protocol import H_TAG
 from secure_afl.release_checks import ReleaseLedger
 from secure_afl.split_release import form_release
-
 from ..verify import ContributionRejected, ServerForgery, verify_manifest_for
 from .common import FinalResult, HTTPSource, check_dp_noise, release_report
 from .session_release import SessionRelease
@@ -290,7 +287,7 @@ def release_from_sum(rel: SessionRelease, body: bytes, statement: dict, signed: 
         split.verify_share(params, manifest, body, statement, rel.identity_key.public_key())
         split.verify_masked_sum(params, statement, masked_sum, signed, rel.server_identity)
         cohort, refused = list(statement["cohort"]), dict(statement["refused"])
-        share = flp.from_bytes(body, what="this key holder's share")
+        share = split.field_of(params).from_bytes(body, what="this key holder's share")
         try:
             res = form_release(params, masked_sum, share, len(cohort), rel.policy, lam=lam,
                                min_class_count=min_class_count)

@@ -12,8 +12,8 @@ import os
 import numpy as np
 
 from ..envelope import seal
-from ..exceptions import BoundsExceeded, InvalidParameterError, MalformedPayload
-from ..hazmat import fixedpoint, flp
+from ..exceptions import BoundsExceeded, MalformedPayload
+from ..hazmat import fixedpoint
 from ..params import SessionParams
 from ..split import roles
 from ..split.proof import Circuit
@@ -26,26 +26,27 @@ __all__ = ["SplitBackend", "noise_beside"]
 
 
 class _SplitCombiner(Combiner):
-    """``Y = sum y_k mod p`` (O(L) memory); the server cannot read any y_k or Y."""
+    """``Y = sum y_k mod p`` in the session's field (O(L) memory); the server cannot read any y_k or Y."""
 
     def __init__(self, backend: "SplitBackend"):
         super().__init__()
         self._b = backend
-        self._sum = np.zeros(fixedpoint.n_words(backend.params.layout.length), dtype=np.uint64)
+        self._F = backend.circuit.F
+        self._sum = self._F.zeros(backend.circuit.main_len)
 
     def _add(self, payload) -> None:
         # the server's upload check opens the envelope and hands its words here (an array), not the bytes again
         words = payload[:self._b.circuit.main_len] if isinstance(payload, np.ndarray) else \
             self._b.masked_words(payload)
-        self._sum = flp.add(self._sum, words)
+        self._sum = self._F.add(self._sum, words)
 
     def _partial(self) -> bytes:
-        return self._sum.astype("<u8", copy=False).tobytes()
+        return self._F.to_bytes(self._sum)
 
     def _merge(self, body: bytes) -> None:
-        if len(body) != 8 * self._sum.shape[0]:
+        if len(body) != self._F.ENCODED_SIZE * self._sum.shape[0]:
             raise MalformedPayload("split partial sum has the wrong length")
-        self._sum = flp.add(self._sum, flp.from_bytes(body, what="split partial sum"))
+        self._sum = self._F.add(self._sum, self._F.from_bytes(body, what="split partial sum"))
 
     def _aggregate(self) -> bytes:
         return seal(self._b.params, "aggregate", self._partial(), contributors=self.count)
@@ -102,7 +103,7 @@ class SplitBackend(ProtectionBackend):
         return self.circuit.upload_share(payload)
 
     def masked_words(self, payload: bytes) -> np.ndarray:
-        """The masked main vector (2L field elements), the part that is summed."""
+        """The masked main vector (``lanes_per_value * L`` field elements), the part that is summed."""
         return self.upload_share(payload)[:self.circuit.main_len]
 
     def admit(self, payload: bytes, tag, *, hospital: str, identity_pub, payload_sha256: str):
@@ -116,11 +117,6 @@ class SplitBackend(ProtectionBackend):
         return roles.check_upload(self.circuit, payload, tag)
 
     def combiner(self, **kw) -> Combiner:
-        if self.circuit.F is not flp.GOLDILOCKS:
-            # the running sum, the key holder's share and the collector's decoding are two Goldilocks lanes per
-            # value: words of another field summed there would release garbage
-            raise InvalidParameterError(f"split sums its uploads over goldilocks only; this session's proof names "
-                                        f"{self.circuit.F.name}, which proves but cannot be summed yet")
         return _SplitCombiner(self)
 
     def reveal(self, aggregate: bytes, *, share: np.ndarray, **kw) -> np.ndarray:

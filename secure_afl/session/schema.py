@@ -133,6 +133,11 @@ SECTIONS: dict[str, Section] = {
                                   "indefinite Gram sum; about +1.1 MB per upload at d = 512, C = 100 (with [dp] "
                                   "the noise share and its bound too)",
                           False, "server, hospitals, key holder"),
+        "field": Key("str", "the field the uploads are masked, summed and proven in: \"goldilocks\" (two 8-byte "
+                            "lanes per value) or \"field128\" (one exact 16-byte word per value, the same bytes; "
+                            "with gram_proof the lanes stay exact, about 9.4 MB per upload at d = 512, C = 100; "
+                            "no [dp] yet)", "goldilocks", "server, hospitals, key holder",
+                     allowed="\"goldilocks\" or \"field128\""),
         "max_share": Key("real", "largest share of the pooled samples one hospital may hold: the release is "
                                  "refused unless n_max <= max_share * n (n the released sample count)", 1.0,
                          "server, key holder", low=0.0, low_open=True, high=1.0),

@@ -3,19 +3,15 @@ transport, store or ledger between them. The tests and the benchmarks run the pr
 parties (server/split_round.py, keyholder/) call the same roles around their transport and storage."""
 
 from __future__ import annotations
-
 import hashlib
 import os
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Mapping, Sequence
-
 import numpy as np
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-
 from ..cohort import ReleasePolicy, cohort_after_refusals, default_colluders, quorum
 from ..envelope import seal
-from ..hazmat import fixedpoint, flp
 from ..params import SessionParams
 from . import roles
 from .keys import SplitKeyPair
@@ -64,14 +60,15 @@ def _server_upload(circuit: Circuit, uploads: Mapping, enrolled: Mapping) -> tup
     """Server, at upload: each statement is its hospital's and its commitment is of the payload; the masked
     sum. -> (hospital -> payload hash, the sealed masked sum)."""
     params = circuit.params
-    total = np.zeros(fixedpoint.n_words(params.layout.length), dtype=np.uint64)
+    F = circuit.F
+    total = F.zeros(circuit.main_len)
     shas = {}
     for h, (payload, st) in uploads.items():
         shas[h] = hashlib.sha256(payload).hexdigest()
         verify_seed_statement(st, enrolled[h], params, h, shas[h])
         roles.check_upload(circuit, payload, st)
-        total = flp.add(total, circuit.upload_share(payload)[:circuit.main_len])
-    return shas, seal(params, "aggregate", flp.to_bytes(total), contributors=len(uploads))
+        total = F.add(total, circuit.upload_share(payload)[:circuit.main_len])
+    return shas, seal(params, "aggregate", F.to_bytes(total), contributors=len(uploads))
 
 
 def _judge(circuit: Circuit, keys: SplitKeyPair, uploads: Mapping, shas: Mapping, enrolled: Mapping, messages,
@@ -84,7 +81,7 @@ def _judge(circuit: Circuit, keys: SplitKeyPair, uploads: Mapping, shas: Mapping
         seed = roles.open_statement_seed(circuit.params, keys.secret_context, statements, enrolled, h, shas[h])
         verdicts[h], own[h] = roles.helper_verdict(circuit, h, seed, statements[h], seeds[h], leader,
                                                    with_message=True)
-    evidence = {h: refusal_evidence(v, None if own[h] is None else flp.to_bytes(own[h]))
+    evidence = {h: refusal_evidence(v, None if own[h] is None else circuit.F.to_bytes(own[h]))
                 for h, v in verdicts.items() if v is not None}
     return verdicts, evidence
 

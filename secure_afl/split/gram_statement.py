@@ -51,8 +51,19 @@ class GramStatement(Statement):
         self.T_z = 1 << (sizes["m_z"] - 1) if self.noise else 0
         self.i_noise = np.arange(lay.slices["gram"].start, lay.slices["gram"].start + self.n_z)
         self.i_counts = np.arange(lay.slices["counts"].start, lay.slices["counts"].stop)
-        #: the words the statement adds after the lanes: the factor, then the noise share
-        self.n_words = self.n_f + self.n_z
+        #: one exact Field128 word per value: the residual R = 2^t (L L^T + D) - A, one word per entry of A
+        #: (its slots in layout order: Gram, cross, counts), each proven within 2T_R (docs/VALIDITY.md)
+        self.n_r = sizes["n_r"]
+        self.exact = self.n_r > 0
+        self.T_r = 1 << (sizes["m_r"] - 1) if self.exact else 0
+        sl = lay.slices
+        self.i_a = np.concatenate([np.arange(sl["gram"].start, sl["gram"].stop),
+                                   np.arange(sl["cross"].start, sl["cross"].stop),
+                                   np.arange(sl["counts"].start, sl["counts"].stop)])
+        #: the range rows (the factor's, then the residual's), combined in one random combination pair
+        self.n_range = ROWS * (2 if self.exact else 1)
+        #: the words the statement adds after the lanes: the factor, then the noise share, then the residual
+        self.n_words = self.n_f + self.n_z + self.n_r
         self.sq = SquareSumProof(sizes["m"], GRAM_RHOS, field=self.F)
         #: DP: the square-sum proofs of |z|^2 in z_groups groups of z_len entries, checked against the share's l2
         #: bound l2_z
@@ -93,14 +104,14 @@ class GramStatement(Statement):
         rng, quad, _, noise, l2 = self.values(v.hi, fw, v.dec, None, v.fs, v.aux_sha256, leader=True,
                                               squares=squares, zsquare=zsquare)
         return [name for name, vals in (("gram_range", rng), ("gram_identity", quad), ("noise_range", noise),
-                                        ("noise_l2", l2)) if np.any(vals)]
+                                        ("noise_l2", l2)) if np.any(self.F.to_ints(vals) != 0)]
 
     def soundness(self) -> tuple[float, float, int]:
         # the factor's range rows; GRAM_RHOS vectors rho, each missing a nonzero symmetric A - 2^t (L L^T + D)
         # with probability <= 2/p (Schwartz-Zippel, degree 2); the square-sum proofs' query points (the factor's,
         # and under DP the noise share's); two more random combinations, three under DP
         p = float(self.F.P)
-        per_query = 2.0 ** -ROWS + (2.0 / p) ** GRAM_RHOS
+        per_query = 2.0 ** -ROWS * (2 if self.exact else 1) + (2.0 / p) ** GRAM_RHOS
         query_point = ((2 * self.sq.n - 2) / (p - self.sq.n)) ** GRAM_QUERIES
         if self.noise:
             query_point += ((2 * self.zsq.n - 2) / (p - self.zsq.n)) ** GRAM_QUERIES
@@ -113,10 +124,13 @@ class GramStatement(Statement):
             "noise_l2_bound": g["l2_z"] if self.noise else None,
             "noise_l2_groups": g["z_groups"] if self.noise else None,
             "factor_scale_bits": g["f"], "t": g["t"], "T_factor_log2": g["m_f"] - 1, "jitter": g["jitter"],
-            "square_sum_proof_words": GRAM_QUERIES * self.sq.proof_len}}
+            "square_sum_proof_words": GRAM_QUERIES * self.sq.proof_len,
+            "residual_words": self.n_r, "T_residual_log2": g["m_r"] - 1 if self.exact else None,
+            "least_eigenvalue_floor": -g["slack"] if self.exact else 0.0}}
 
     def blocks(self) -> list[tuple[str, int, int]]:
         return [("gram_slack", self.C, self.g["m_d"]), ("proj_f", ROWS, self.g["m_f"])] + \
+            ([("proj_r", ROWS, self.g["m_r"])] if self.exact else []) + \
             ([("noise", self.n_z, self.g["m_z"]), ("noise_sq", self.z_groups, self.g["m_g"]),
               ("noise_l2", 1, self.g["m_l"])] if self.noise else [])
 
@@ -124,7 +138,12 @@ class GramStatement(Statement):
         return ["gram_range", "gram_identity"] + (["noise_range", "noise_l2"] if self.noise else [])
 
     def statistics(self, hi, words) -> np.ndarray:
-        """The high lane less the noise share (its words after the factor; the lane itself without DP)."""
+        """The high lane less the noise share (its words after the factor; the lane itself without DP), plus the
+        residual R on A's entries where the lanes are exact (one Field128 word per value)."""
+        if self.exact:
+            out = np.array(hi, dtype=self.F.dtype, copy=True)
+            out[self.i_a] = self.F.add(out[self.i_a], self.residual(words))
+            return out
         if not self.noise:
             return hi
         out = np.array(hi, dtype=self.F.dtype, copy=True)
@@ -167,6 +186,16 @@ class GramStatement(Statement):
         k[sl["cross"]] = self.F.add(q, q)
         k[sl["counts"]] = self.F.mul(rc, rc)
         return k
+
+    def residual(self, words) -> np.ndarray:
+        """The residual words R (after the factor and the noise share), one per entry of A."""
+        o = self.n_f + self.n_z
+        return np.asarray(words, dtype=self.F.dtype)[o:o + self.n_r]
+
+    def project_residual(self, words, fs: bytes) -> np.ndarray:
+        """``<r_j, R>`` mod p for ROWS rows of their own."""
+        return project(self.residual(words), hashlib.sha256(fs + domains.SPLIT_FS_RESIDUAL_ROWS).digest(),
+                       _FROW_DOMAIN, field=self.F)
 
     def project_factor(self, fw, fs: bytes) -> np.ndarray:
         """``<r_j, factor>`` mod p for ROWS rows of their own."""
@@ -214,11 +243,21 @@ class GramStatement(Statement):
         r, c = np.triu_indices(self.d)
         idx = np.concatenate([np.arange(sl["gram"].start, sl["gram"].stop), np.arange(sl["cross"].start,
                               sl["cross"].stop), np.arange(sl["counts"].start, sl["counts"].stop)])
-        vals = np.concatenate([gram[r, c], (l21 * l11.reshape(1, -1)).ravel(),
-                               np.array(cnt, dtype=np.int64) * s2f]) << t
-        x[idx] = self.F.encode_signed(vals)
-        x[self.L + idx] = 0
+        if gram.dtype == object:  # one Field128 word per value: A at 2^(2f + t) is past int64
+            vals = np.concatenate([gram[r, c], (l21.astype(object) * l11.astype(object).reshape(1, -1)).ravel(),
+                                   np.array([v * s2f for v in cnt], dtype=object)]) * (1 << t)
+        else:
+            vals = np.concatenate([gram[r, c], (l21 * l11.reshape(1, -1)).ravel(),
+                                   np.array(cnt, dtype=np.int64) * s2f]) << t
         fw = self.F.encode_signed(np.concatenate([l11, l21.ravel(), l22[self._tril]]))
+        if self.exact:
+            # the lanes stay exact; R = 2^t (L L^T + D) - A travels beside the factor (0 on the counts, where
+            # D = diag(delta) takes the count's rounding)
+            a = self.F.decode_signed(x[self.i_a])
+            return x, np.concatenate([fw, self.F.encode_signed(np.asarray(vals, dtype=object) - a)])
+        x[idx] = self.F.encode_signed(vals)
+        if x.shape[0] > self.L:  # two lanes: the snapped entries' low lanes are 0
+            x[self.L + idx] = 0
         if not self.noise:
             return x, fw
         if noise is None:
@@ -256,10 +295,13 @@ class GramStatement(Statement):
         l11 = self.F.decode_signed(fw[:self.C]).tolist()
         delta = [(h >> g["t"]) - int(v) * int(v) for h, v in zip(hi_counts, l11)]
         proj = [int(v) + self.T_f for v in self.F.decode_signed(self.project_factor(fw, fs))]
+        if self.exact:
+            out["proj_r"] = [int(v) + self.T_r for v in self.F.decode_signed(self.project_residual(fw, fs))]
         if check:
             if not all(0 <= x < 1 << g["m_d"] for x in delta):
                 raise BoundsExceeded("the Gram factor does not match the class counts")
-            if not all(0 <= v < 2 * self.T_f for v in proj):
+            if not all(0 <= v < 2 * self.T_f for v in proj) or \
+                    not all(0 <= v < 2 * self.T_r for v in out.get("proj_r", [])):
                 raise Unlucky()
         return {"gram_slack": delta, "proj_f": proj, **out}
 
@@ -292,7 +334,7 @@ class GramStatement(Statement):
     def _rand(self, fs: bytes, aux_sha256: str, query_seed: bytes):
         key = hashlib.sha256(domains.SPLIT_GRAM_QUERY_RAND + bytes(query_seed) + fs +
                              bytes.fromhex(aux_sha256)).digest()
-        n_co = LINEAR_REPS * (ROWS + self.n_gram_relations)
+        n_co = LINEAR_REPS * (self.n_range + self.n_gram_relations)
         n_noise = (self.n_z + GRAM_QUERIES * self.z_groups + 1) if self.noise else 0
         # the noise relations' coefficients and the |z|^2 proofs' query points come last: a session without DP
         # draws the same stream as before
@@ -307,8 +349,8 @@ class GramStatement(Statement):
             if self.noise else []
         if len(pts) < GRAM_QUERIES or len(zpts) < (GRAM_QUERIES if self.noise else 0):  # pragma: no cover
             raise InvalidInputError("query points fell on the interpolation domain; draw another query seed")
-        return pts, co[:LINEAR_REPS * ROWS].reshape(LINEAR_REPS, ROWS), \
-            co[LINEAR_REPS * ROWS:n_co].reshape(LINEAR_REPS, self.n_gram_relations), \
+        return pts, co[:LINEAR_REPS * self.n_range].reshape(LINEAR_REPS, self.n_range), \
+            co[LINEAR_REPS * self.n_range:n_co].reshape(LINEAR_REPS, self.n_gram_relations), \
             co[n_co:end].reshape(LINEAR_REPS, n_noise), zpts
 
     def values(self, hi, fw, decompose, proofs, fs: bytes, aux_sha256: str, *, leader: bool, squares=None,
@@ -321,6 +363,9 @@ class GramStatement(Statement):
         sq_proofs, z_proofs = (None, None) if proofs is None else self._split_proofs(proofs)
         F = self.F
         rng = F.sub(F.add(self.project_factor(fw, fs), F.to_field([self.T_f * one])), decompose("proj_f"))
+        if self.exact:
+            rng = np.concatenate([rng, F.sub(F.add(self.project_residual(fw, fs), F.to_field([self.T_r * one])),
+                                             decompose("proj_r"))])
         noise = F.sub(F.add(np.asarray(fw, dtype=F.dtype)[self.n_f:], F.to_field([self.T_z * one])),
                       decompose("noise")) if self.noise else F.zeros(0)
         l2 = self.F.zeros(0)

@@ -14,7 +14,7 @@ import os
 import numpy as np
 
 from ..exceptions import MalformedPayload
-from ..hazmat import fixedpoint, flp, ternary
+from ..hazmat import field128_kernels, ternary
 from ..params import SessionParams
 from ..workers import WorkerPool
 from . import roles, sizes
@@ -32,7 +32,13 @@ def verifier_pool(*, spare: int = 0) -> WorkerPool:
     :data:`~secure_afl.split.sizes.PROCESS_MIN_UPLOADS` uploads, each with the compiled projection loaded.
     The server leaves one core to its own process, which takes the uploads (TLS, hashes, the running sum)."""
     return WorkerPool(max(1, min(sizes.VERIFIER_WORKERS, (os.cpu_count() or 1) - spare)),
-                      start_after=sizes.PROCESS_MIN_UPLOADS, warm=ternary.warm)
+                      start_after=sizes.PROCESS_MIN_UPLOADS, warm=_warm)
+
+
+def _warm() -> None:
+    """A worker's compiled kernels, loaded before its first batch: the projection's and Field128's."""
+    ternary.warm()
+    field128_kernels.load()
 
 
 def _map(pool: WorkerPool | None, fn, common, items) -> list:
@@ -90,10 +96,10 @@ def keyholder_verdicts(params: SessionParams, items, *, pool: WorkerPool | None 
     which it publishes beside the server's (:func:`secure_afl.split.signed_messages.refusal_evidence`)."""
     F = sizes.field_of(params)
     items = [(h, bytes(seed), validity, bytes(qs), F.to_bytes(msg)) for h, seed, validity, qs, msg in items]
-    total = np.zeros(fixedpoint.n_words(params.layout.length), dtype=np.uint64)
+    total = F.zeros(sizes.main_words(params))
     refused: dict[str, str] = {}
     for partial, refused_here, own in _map(pool, _share_chunk, params.to_dict(), items):
-        total = flp.add(total, partial)
+        total = F.add(total, partial)
         refused.update(refused_here)
         if messages is not None:
             messages.update(own)
@@ -104,8 +110,8 @@ def _share_chunk(params_dict: dict, items: list) -> tuple[np.ndarray, dict, dict
     """One worker's part of :func:`keyholder_verdicts`: ``-sum m_k`` over its accepted uploads, its refusals,
     and its own verifier message for each refused one."""
     circuit = _circuit(params_dict)
-    n = fixedpoint.n_words(circuit.params.layout.length)
-    total = np.zeros(n, dtype=np.uint64)
+    n = circuit.main_len
+    total = circuit.F.zeros(n)
     refused: dict[str, str] = {}
     messages: dict[str, bytes] = {}
     for h, seed, validity, query_seed, message in items:
@@ -114,7 +120,7 @@ def _share_chunk(params_dict: dict, items: list) -> tuple[np.ndarray, dict, dict
         reason, own = roles.helper_verdict(circuit, h, seed, {"validity": validity}, query_seed, msg,
                                            share=mask, with_message=True)
         if reason is None:
-            total = flp.add(total, mask[:n])
+            total = circuit.F.add(total, mask[:n])
         else:
             refused[h] = reason
             if own is not None:
@@ -126,13 +132,15 @@ def lane_masks(params: SessionParams, pool: WorkerPool | None = None):
     """``sum_masks`` for :func:`secure_afl.split.roles.keyholder_share` over ``pool``'s processes."""
     def sum_masks(n: int, seeds) -> np.ndarray:
         seeds = list(seeds)
-        total = np.zeros(n, dtype=np.uint64)
+        F = sizes.field_of(params)
+        total = F.zeros(n)
         for partial in _map(pool, _mask_chunk, params.to_dict(), seeds):
-            total = flp.add(total, partial)
+            total = F.add(total, partial)
         return total
     return sum_masks
 
 
 def _mask_chunk(params_dict: dict, seeds: list) -> np.ndarray:
     """One worker's part of :func:`lane_masks`."""
-    return roles.lane_masks(fixedpoint.n_words(SessionParams.from_dict(params_dict).layout.length), seeds)
+    params = SessionParams.from_dict(params_dict)
+    return roles.lane_masks(sizes.main_words(params), seeds, sizes.field_of(params))

@@ -82,15 +82,41 @@ def project(words, key: bytes, domain: bytes, *, compiled: bool = False, field=N
 
 def exact_gram(m: np.ndarray) -> np.ndarray:
     """``m m^T`` of an int64 matrix, exactly, through float64 BLAS: entries cut into 2^h limbs so every product
-    sum of limbs stays below 2^53; the result (below 2^62 here) is recombined in int64."""
+    sum of limbs stays below 2^53; a result below 2^62 is recombined in int64, a wider one (a Field128
+    session's factor at f near 48) as Python integers (object array) from more limbs."""
     from ..exceptions import InvalidParameterError
 
     width = max(1, int(np.max(np.abs(m))).bit_length()) if m.size else 1
+    cols = max(1, m.shape[1]).bit_length()
+    if 2 * width + cols > 62:
+        return _exact_gram_wide(m, width, cols)
     h = -(-width // 2)
-    if 2 * h + max(1, m.shape[1]).bit_length() > 53:  # pragma: no cover - the session's sizes keep it below
+    if 2 * h + cols > 53:  # pragma: no cover - the session's sizes keep it below
         raise InvalidParameterError("the Gram factor's entries are too wide for an exact product")
     hi, lo = np.divmod(m, np.int64(1 << h))
     a, b = hi.astype(np.float64), lo.astype(np.float64)
     aa, bb = (a @ a.T).astype(np.int64), (b @ b.T).astype(np.int64)
     ab = (a @ b.T).astype(np.int64)
     return (aa << (2 * h)) + ((ab + ab.T) << h) + bb
+
+
+def _exact_gram_wide(m: np.ndarray, width: int, cols: int) -> np.ndarray:
+    """:func:`exact_gram` past int64: limbs of h bits with ``2h + cols <= 53`` (each limb product sum exact in
+    float64, and below 2^53 in int64), recombined as Python integers."""
+    from ..exceptions import InvalidParameterError
+
+    h = (53 - cols) // 2
+    if h < 8:  # pragma: no cover - the session's sizes keep the factor's rows far shorter
+        raise InvalidParameterError("the Gram factor has too many columns for an exact product")
+    m = np.asarray(m, dtype=np.int64)
+    sign = np.where(m < 0, -1, 1).astype(np.int64)
+    mag = np.abs(m)
+    limbs = []
+    for _ in range(-(-width // h)):
+        limbs.append((sign * (mag & np.int64((1 << h) - 1))).astype(np.float64))
+        mag = mag >> np.int64(h)
+    out = np.zeros((m.shape[0], m.shape[0]), dtype=object)
+    for i, a in enumerate(limbs):
+        for j, b in enumerate(limbs):
+            out += (a @ b.T).astype(np.int64).astype(object) * (1 << (h * (i + j)))
+    return out

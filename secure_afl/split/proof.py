@@ -42,12 +42,13 @@ from .. import domains
 from ..encoding import canonical_json
 from ..envelope import open_envelope, sealed_size
 from ..exceptions import BoundsExceeded, InvalidInputError, InvalidParameterError, MalformedPayload
-from ..hazmat import fixedpoint, flp
+from ..hazmat import field128_kernels, fixedpoint, flp
 from ..hazmat.fields import canonical
 from ..params import SessionParams
 from . import projection
 from .signed_messages import UploadCommitment, seed_digest, FS_PREFIX
-from .sizes import LINEAR_REPS, MAX_REPS, REPS, RETRIES, ROWS, SOUNDNESS_BITS, field_of, fits, statement_sizes
+from .sizes import LINEAR_REPS, MAX_REPS, REPS, RETRIES, ROWS, SOUNDNESS_BITS, field_of, fits, lanes_per_value, \
+    proof_scale, statement_sizes
 from .session_statement import statement_for
 from .statements import PROOF_DOMAIN, VERDICTS, AFFINE, Prover, Shares, Unlucky, bits_of
 
@@ -71,11 +72,20 @@ class Circuit:
         self.params = params
         #: the field the whole circuit runs over, as the session's signed parameters name it
         self.F = field_of(params)
+        if self.F.name != flp.GOLDILOCKS.name:
+            # a session over Field128 multiplies millions of its elements per upload: its compiled loops, once
+            # per process (numba's import, about a second, is paid where such a session is first met)
+            field128_kernels.load()
         lay = params.layout
-        f1, f2 = (int(v) for v in params.backend_params["frac_bits"])
+        #: the session's (f1, f2), the encoding secagg and bfv share
+        self.frac_bits = tuple(int(v) for v in params.backend_params["frac_bits"])
+        #: field words per value: 2 lanes in Goldilocks, one exact word in Field128 (sizes.lanes_per_value)
+        self.lanes_per_value = lanes_per_value(params)
+        # the statement reads its lanes at (f1, f2), or with one word at (f1 + f2, 0)
+        f1, f2 = proof_scale(params, *self.frac_bits)
         why = fits(params, f1, f2)
         if why is not None:
-            raise InvalidParameterError(f"frac_bits {[f1, f2]} let a proven upload wrap ({why}); use "
+            raise InvalidParameterError(f"frac_bits {list(self.frac_bits)} let a proven upload wrap ({why}); use "
                                         "secure_afl.split.sizes.choose_frac_bits")
         self.f1, self.f2 = f1, f2
         s = statement_sizes(params, f1, f2)
@@ -104,7 +114,7 @@ class Circuit:
         self.reps = REPS
         while soundness_bits(self) < SOUNDNESS_BITS and self.reps < MAX_REPS:
             self.reps += 1
-        self.main_len = 2 * self.L
+        self.main_len = self.lanes_per_value * self.L
         # body: lanes (summed) | the statement's words | bits | bit proofs | the statement's proofs; the
         # commitment's main hash covers the lanes and those words
         self.n_f = st.n_words
@@ -172,9 +182,13 @@ class Circuit:
 
     # -- prover ------------------------------------------------------------------------------------------
     def lanes(self, vector) -> np.ndarray:
-        """Fixed-point lanes of a packed float64 vector as field elements (2L)."""
-        return self.F.encode_signed(fixedpoint.encode(np.asarray(vector, dtype=np.float64),
-                                                   (self.f1, self.f2)).view(np.int64))
+        """Fixed-point lanes of a packed float64 vector as field elements: the 2L lanes secagg sums, or with
+        one word per value the L integers ``hi 2^f2 + lo`` (exact in the field: secagg's lane sums, combined)."""
+        words = fixedpoint.encode(np.asarray(vector, dtype=np.float64), self.frac_bits).view(np.int64)
+        if self.lanes_per_value == 2:
+            return self.F.encode_signed(words)
+        return self.F.add(self.F.scale(self.F.encode_signed(words[:self.L]), 1 << self.frac_bits[1]),
+                          self.F.encode_signed(words[self.L:]))
 
     _bits_of = staticmethod(bits_of)
 
@@ -189,7 +203,8 @@ class Circuit:
         :class:`Unlucky` if a projection leaves its honest range."""
         x = np.asarray(x, dtype=self.F.dtype)
         hi = self._hi_ints(x)
-        lo = self.F.decode_signed(x[self.L:]) if check else None
+        # one word per value has no low lane: it reads as zero where a statement checks one
+        lo = (self.F.decode_signed(x[self.L:]) if self.lanes_per_value == 2 else [0] * self.L) if check else None
         words = self.F.zeros(self.n_f) if factor is None else np.asarray(factor, dtype=self.F.dtype)
         values = self.statement.witness(Prover(hi, lo, words, fs), check=check)
         proj = [int(v) + self.T for v in self.F.decode_signed(self.project(x, fs))]
@@ -222,7 +237,7 @@ class Circuit:
         else:
             x = self.lanes(vector) if lanes is None else np.asarray(lanes, dtype=self.F.dtype)
         if x.shape != (self.main_len,):
-            raise MalformedPayload("the lane vector is not 2L field elements")
+            raise MalformedPayload(f"the lane vector is not {self.lanes_per_value}L field elements")
         x = canonical(self.F, x, "the lane vector")
         fw = self.F.zeros(self.n_f) if factor is None else np.asarray(factor, dtype=self.F.dtype)
         if fw.shape != (self.n_f,):
@@ -386,7 +401,7 @@ class Circuit:
         w = np.asarray(body, dtype=self.F.dtype)
         fs = self.fs_seed(hospital, commitment.main_sha256, commitment.seed_sha256)
         failed = [name for (name, _), vals in zip(self.groups, self.relation_values(w, fs, leader=True))
-                  if np.any(vals)]
+                  if np.any(self.F.to_ints(vals) != 0)]
         bits, _, _, _ = self._parts(w)
         if any(int(b) > 1 for b in self.F.to_ints(bits)):
             failed.append("bits")
@@ -410,6 +425,7 @@ def describe(circuit: Circuit) -> Mapping:
     """Sizes for the docs and the benchmark."""
     return {"L": circuit.L, "main_words": circuit.main_len, "aux_bits": circuit.n_bits,
             "proof_words": circuit.proof_len, "verifier_words": circuit.verifier_len,
-            "chunk": circuit.bits.chunk, "domain": circuit.bits.n, "frac_bits": [circuit.f1, circuit.f2],
+            "chunk": circuit.bits.chunk, "domain": circuit.bits.n, "frac_bits": list(circuit.frac_bits),
+            "lanes_per_value": circuit.lanes_per_value, "proof_scale": [circuit.f1, circuit.f2],
             "T_hi_log2": circuit.sizes["m_hi"] - 1, **circuit.statement.describe(),
             "bit_proof_reps": circuit.reps, "soundness_bits_q64": round(soundness_bits(circuit), 1)}

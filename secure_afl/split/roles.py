@@ -33,7 +33,7 @@ from .keys import PUBLIC_CONTEXT_KEY, check_public_key, open_seed, seal_seed
 from .signed_messages import SeedRefused, UploadCommitment, seed_digest, sign_seed_statement, sign_verifier_message, \
     signed_query_seed, verify_leader_message, verify_seed_statement
 from .proof import DOMAIN_SHARE, Circuit
-from .sizes import field_of, proven_aggregate_bound
+from .sizes import field_of, main_words, proven_aggregate_bound
 
 #: the refinement of :class:`SanityCheckFailed` when a masked sum and a share were not formed over one cohort
 SHARE_MISMATCH = "share_mismatch"
@@ -140,17 +140,19 @@ def helper_verdict(circuit: Circuit, hospital: str, seed: bytes, statement: Mapp
     return (verdict, own) if with_message else verdict
 
 
-def lane_masks(n: int, seeds) -> np.ndarray:
-    """``-sum`` of the lane masks (the first ``n`` words of each body's mask) of ``seeds``."""
-    total = np.zeros(n, dtype=np.uint64)
+def lane_masks(n: int, seeds, field=flp.GOLDILOCKS) -> np.ndarray:
+    """``-sum`` of the lane masks (the first ``n`` words of each body's mask) of ``seeds``, in ``field`` (the
+    session's, :func:`secure_afl.split.sizes.field_of`)."""
+    F = field
+    total = F.zeros(n)
     for seed in seeds:
-        total = flp.add(total, flp.neg(flp.expand_field(seed, n, DOMAIN_SHARE)))
+        total = F.sub(total, F.expand_field(seed, n, DOMAIN_SHARE))
     return total
 
 
 def keyholder_share(params: SessionParams, secret_key: bytes, manifest: Mapping, statements: Mapping,
                     enrolled: Mapping, *, refused: Mapping | None = None,
-                    judged: tuple[Mapping, np.ndarray] | None = None, sum_masks=lane_masks) -> np.ndarray:
+                    judged: tuple[Mapping, np.ndarray] | None = None, sum_masks=None) -> np.ndarray:
     """``-sum m_k (mod p)`` over EXACTLY the (already verified) manifest's participants not in ``refused``
     (hospital -> the check its upload failed: left out of the sum, for the server to subtract from the
     masked sum).
@@ -167,15 +169,19 @@ def keyholder_share(params: SessionParams, secret_key: bytes, manifest: Mapping,
     the cohort and that set differ (a judged upload under another seed counts
     as not judged), so its total is the same as summing every mask here.
 
-    ``sum_masks(n, seeds)``: how the masks left to add are summed (:func:`lane_masks`; the key holder passes
-    its worker pool's, :func:`secure_afl.split.pool.lane_masks`).
+    ``sum_masks(n, seeds)``: how the masks left to add are summed (None: :func:`lane_masks` in the session's
+    field; the key holder passes its worker pool's, :func:`secure_afl.split.pool.lane_masks`).
     """
+    F = field_of(params)
+    if sum_masks is None:
+        def sum_masks(n, seeds):
+            return lane_masks(n, seeds, F)
     if not isinstance(statements, Mapping):
         raise MalformedPayload("the relayed seed statements are not a mapping")
     refused = dict(refused or {})
     covered, total = ({}, None) if judged is None else (dict(judged[0]), judged[1])
-    n = fixedpoint.n_words(params.layout.length)
-    total = np.zeros(n, dtype=np.uint64) if total is None else np.asarray(total, dtype=np.uint64).copy()
+    n = main_words(params)
+    total = F.zeros(n) if total is None else np.asarray(total, dtype=F.dtype).copy()
     cohort = {}
     for p in manifest["participants"]:
         h = p["hospital"]
@@ -186,8 +192,8 @@ def keyholder_share(params: SessionParams, secret_key: bytes, manifest: Mapping,
     if any(h not in cohort or seed_digest(cohort[h]) != d for h, d in covered.items()):
         # a judged upload the cohort does not take (left out of the manifest, or under another seed): its
         # mask is in the running sum, and its seed is not in this manifest to take it out again; sum afresh
-        total, add = np.zeros(n, dtype=np.uint64), list(cohort.values())
-    return flp.add(total, sum_masks(n, add))
+        total, add = F.zeros(n), list(cohort.values())
+    return F.add(total, sum_masks(n, add))
 
 
 # -- release ------------------------------------------------------------------------------------------------
@@ -196,15 +202,15 @@ def cohort_masked_sum(params: SessionParams, aggregate: bytes, refused_payloads,
     uploads the key holder refused, sealed as the server's running sum seals it (so an auditor summing the
     cohort's uploads afresh gets these bytes exactly). The one computation of it: the server's commitment,
     the in-memory driver and the audit's comparison all rest on it."""
-    n = fixedpoint.n_words(params.layout.length)
+    F, n = field_of(params), main_words(params)
     env = open_envelope(params, aggregate, "aggregate")
-    if len(env.body) != 8 * n:
+    if len(env.body) != F.ENCODED_SIZE * n:
         raise MalformedPayload("the masked sum has the wrong length")
-    words = flp.from_bytes(env.body, n, what="the masked sum")
+    words = F.from_bytes(env.body, n, what="the masked sum")
     circuit = Circuit(params) if refused_payloads else None
     for payload in refused_payloads:
-        words = flp.sub(words, circuit.upload_share(payload)[:circuit.main_len])
-    return seal(params, "aggregate", flp.to_bytes(words), contributors=int(contributors))
+        words = F.sub(words, circuit.upload_share(payload)[:circuit.main_len])
+    return seal(params, "aggregate", F.to_bytes(words), contributors=int(contributors))
 
 
 def collect(params: SessionParams, masked_aggregate: bytes, share: np.ndarray, subtract=()) -> np.ndarray:
@@ -214,14 +220,21 @@ def collect(params: SessionParams, masked_aggregate: bytes, share: np.ndarray, s
 
     ``subtract``: the masked words of the uploads the key holder refused (they are in ``Y`` but not in ``S``)."""
     env = open_envelope(params, masked_aggregate, "aggregate")
-    n = fixedpoint.n_words(params.layout.length)
-    if len(env.body) != 8 * n or np.asarray(share).shape != (n,):
-        raise MalformedPayload("masked aggregate or share has the wrong length")
-    words = flp.add(flp.from_bytes(env.body, n, what="the masked sum"), np.asarray(share, dtype=np.uint64))
+    F, n = field_of(params), main_words(params)
+    share = np.asarray(share, dtype=np.uint64) if F is flp.GOLDILOCKS else np.asarray(share)
+    if len(env.body) != F.ENCODED_SIZE * n or share.shape != (n,) or share.dtype != F.dtype:
+        raise MalformedPayload("masked aggregate or share has the wrong length or is not of the session's field")
+    words = F.add(F.from_bytes(env.body, n, what="the masked sum"), share)
     for w in subtract:
-        words = flp.sub(words, w)
-    # every proven lane sum is below 2^62 < p/2 (choose_frac_bits): the centred value is exact
-    v = fixedpoint.decode(flp.decode_signed(words).view(np.uint64), tuple(params.backend_params["frac_bits"]))
+        words = F.sub(words, w)
+    fb = tuple(int(f) for f in params.backend_params["frac_bits"])
+    # every proven lane sum is below 2^wrap_bits < p/2 (choose_frac_bits): the centred value is exact
+    if F is flp.GOLDILOCKS:
+        v = fixedpoint.decode(flp.decode_signed(words).view(np.uint64), fb)
+    else:
+        # one word per value: the centred integer S = S_hi 2^f2 + S_lo rounded once to float64 (as
+        # fixedpoint.decode rounds it), then scaled by 2^-(f1 + f2), exactly
+        v = np.ldexp(F.decode_signed_float(words), -(fb[0] + fb[1]))
     # what k_max validity-proven uploads can reach (proven_aggregate_bound): past it the share and sum do not match
     limit = proven_aggregate_bound(params) * (1 + 2.0 ** -50)
     if not np.all(np.isfinite(v)) or float(np.max(np.abs(v))) > limit:

@@ -15,26 +15,22 @@ Each message's signed bytes are its domain prefix (:mod:`secure_afl.domains`) an
 """
 
 from __future__ import annotations
-
 import hashlib
 import hmac
 from dataclasses import dataclass
 from typing import Mapping
-
 import numpy as np
 from cryptography.exceptions import InvalidSignature as _CryptoInvalidSignature
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
-
 from .. import domains
 from ..encoding import canonical_json
 from ..exceptions import InvalidContribution, InvalidSignature, MalformedPayload
-from ..hazmat import fixedpoint, flp
 from ..params import SessionParams
 from ..cohort import HOSPITAL_PROVEN, JOINT_CHECK
 from ..signing import box_statement, sign_box_statement, verify_box_statement
 from .keys import BOX_LEN, refuse_retired
-from .sizes import field_of
+from .sizes import field_of, main_words
 
 __all__ = ["UploadCommitment", "seed_digest", "SeedRefused", "sign_seed_statement", "verify_seed_statement",
            "verifier_statement", "sign_verifier_message", "verify_leader_message", "signed_query_seed",
@@ -222,7 +218,7 @@ def sign_share(identity_key, params: SessionParams, manifest: Mapping, share: np
     """Key holder: ``(share bytes, signed statement)`` bound to the manifest, its masked aggregate, the cohort
     it covers, the uploads it refused (hospital -> failed check), which the collector leaves out, and for each
     refusal this key holder's own verifier message (:func:`refusal_evidence`)."""
-    body = np.asarray(share, dtype=np.uint64).astype("<u8", copy=False).tobytes()
+    body = field_of(params).to_bytes(share)
     st = share_statement(params, manifest, hashlib.sha256(body).hexdigest(), refused or {}, evidence)
     return body, {**st, "signature": identity_key.sign(_SHARE_SIG_PREFIX + canonical_json(st)).hex()}
 
@@ -250,9 +246,10 @@ def verify_share(params: SessionParams, manifest: Mapping, body: bytes, statemen
     verify_share_statement(params, manifest, statement, keyholder_pub)
     if not hmac.compare_digest(hashlib.sha256(body).hexdigest(), statement["share_sha256"]):
         raise InvalidSignature("the key holder's share is for another manifest, cohort or body")
-    if len(body) != 8 * fixedpoint.n_words(params.layout.length):
+    F = field_of(params)
+    if len(body) != F.ENCODED_SIZE * main_words(params):
         raise MalformedPayload("the key holder's share has the wrong length")
-    return flp.from_bytes(body, what="the key holder's share")
+    return F.from_bytes(body, what="the key holder's share")
 
 
 # -- the server's masked sum over one share statement's cohort ---------------------------------------------

@@ -18,7 +18,7 @@ from ..hazmat.flp import P as P_FIELD
 from ..packing import Layout
 from ..params import Bounds, SessionParams
 
-__all__ = ["FIELD_KEY", "DEFAULT_FIELD", "field_of", "REPS", "MAX_REPS", "SOUNDNESS_BITS", "LINEAR_REPS", "ROWS", "TAIL", "WRAP_BITS", "RETRIES", "GRAM_KEY", "GRAM_RHOS", "GRAM_QUERIES",
+__all__ = ["FIELD_KEY", "DEFAULT_FIELD", "field_of", "lanes_per_value", "main_words", "wrap_bits", "proof_scale", "REPS", "MAX_REPS", "SOUNDNESS_BITS", "LINEAR_REPS", "ROWS", "TAIL", "WRAP_BITS", "RETRIES", "GRAM_KEY", "GRAM_RHOS", "GRAM_QUERIES",
            "GRAM_MIN_F", "NOISE_L2_TAIL_BITS", "noise_l2_bound", "PROCESS_MIN_UPLOADS", "VERIFIER_WORKERS", "ADVISORY_CHECKS", "gram_enabled", "noise_beside", "noise_bound",
            "statement_sizes",
            "fits", "choose_frac_bits", "split_session_params", "session_params", "expected_abs_error",
@@ -62,6 +62,32 @@ def field_of(params: SessionParams):
     return field_named(params.backend_params.get(FIELD_KEY))
 
 
+def lanes_per_value(params: SessionParams) -> int:
+    """Field words per packed value: two Goldilocks lanes (``hi``, ``lo``, each summed on its own), or ONE
+    Field128 word holding the integer ``hi 2^f2 + lo`` that secagg and bfv sum (``round(v 2^(f1 + f2))``), so
+    the released sum is theirs bit for bit. secagg's scale keeps an honest sum of k_max below ``2^(117 - log2
+    k_max)``; the statement's projection bounds a proven word by ``2T < 2^(f1 + f2 + log2(honest l2) + 5)``,
+    and :func:`fits` checks k_max of those below ``2^126``."""
+    return 2 if field_of(params).P.bit_length() <= 64 else 1
+
+
+def main_words(params: SessionParams) -> int:
+    """The summed part of an upload: ``lanes_per_value * L`` field words."""
+    return lanes_per_value(params) * params.layout.length
+
+
+def wrap_bits(params: SessionParams) -> int:
+    """Every proven lane sum and integer relation stays below ``2^wrap_bits < p/2``: 62 in Goldilocks
+    (p > 2^63.99), 126 in Field128 (p > 2^127.99)."""
+    return field_of(params).P.bit_length() - 2
+
+
+def proof_scale(params: SessionParams, f1: int, f2: int) -> tuple[int, int]:
+    """The ``(f1, f2)`` the statement reads its lanes at: the session's own with two lanes; ``(f1 + f2, 0)``
+    with one word per value (the word is the value at scale ``2^(f1 + f2)``, and no low lane is left)."""
+    return (int(f1), int(f2)) if lanes_per_value(params) == 2 else (int(f1) + int(f2), 0)
+
+
 def gram_enabled(params: SessionParams) -> bool:
     return bool(params.backend_params.get(GRAM_KEY))
 
@@ -98,7 +124,21 @@ def gramsizes(params: SessionParams, f1: int) -> dict:
     m_f = pow2_at_least(TAIL * (2.0 ** f * l2 + 1.0)) + 1
     out = {"f": f, "t": max(f1, 0) - 2 * f, "m": d + C, "n_f": C + d * C + d * (d + 1) // 2, "m_f": m_f,
            "m_d": bitlen(2 * (math.isqrt(b.n_max) + 1) << f), "jitter": jitter,
-           "jitter_units": math.ceil(jitter * 2.0 ** max(f1, 0)), "n_z": 0, "m_z": 0}
+           "jitter_units": math.ceil(jitter * 2.0 ** max(f1, 0)), "n_z": 0, "m_z": 0, "n_r": 0, "m_r": 0}
+    if lanes_per_value(params) == 1:
+        # one exact Field128 word per value: the lanes are NOT snapped; the residual R = 2^t (L L^T + D) - A
+        # travels as words of its own (one per entry of A), each proven within 2T_R by projection rows, so
+        # A >= -||R||_op >= -m 2T_R (docs/VALIDITY.md, "Exact lanes over Field128"). ||R||_F in released units:
+        # the truncation, 2 ||L||_F ||E||_F + ||E||_F^2 with |E_ij| < 2^-f over n_f entries, plus the float64
+        # Cholesky's backward error, (m + 1) u / (1 - (m + 1) u) ||L||_F^2, plus the jitter on the diagonal
+        e = 2.0 ** -f * math.sqrt(out["n_f"])
+        u = (out["m"] + 1) * 2.0 ** -53
+        r_l2 = (2 * l2 * e + e * e + u / (1 - u) * l2 * l2 + math.sqrt(d) * jitter) * (1 + 2.0 ** -30)
+        out["n_r"] = out["n_f"]
+        out["m_r"] = pow2_at_least(TAIL * (2.0 ** max(f1, 0) * r_l2 + 1.0)) + 1
+        out["r_l2"] = r_l2
+        #: the proven floor on each upload's least eigenvalue (released units): Gershgorin on |R_ij| <= 2T_R
+        out["slack"] = out["m"] * 2.0 ** (out["m_r"] - max(f1, 0))
     if params.dp is not None:
         # the noise share travels beside the lanes, each entry proven in [-2^(m_z - 1), 2^(m_z - 1)), a range
         # that holds every honest entry (|z| <= tau): the Gram identity is of the lanes less the noise
@@ -225,7 +265,7 @@ def statement_sizes(params: SessionParams, f1: int, f2: int) -> dict:
         m_n = bitlen(b.n_max)
         slack_max = c_B * b.n_max + c_0
         return {"m_hi": m_hi, "m_n": m_n, "m_s": bitlen(slack_max), "c_B": c_B,
-                "c_0": c_0, "slack_max": slack_max, "tau": 0, "gram": gram}
+                "c_0": c_0, "slack_max": slack_max, "tau": 0, "gram": gram, "lanes": lanes_per_value(params)}
     # DP (docs/VALIDITY.md, "With differential privacy"): n and the counts are grid values shifted by tau; the
     # trace relation is taken times 2^g so that n (now a grid value) needs no division: g = f1 unless the
     # diagonal's sum, within the projection bound, times 2^g would come near 2^62 (c_B rounds up: the bound is
@@ -233,7 +273,7 @@ def statement_sizes(params: SessionParams, f1: int, f2: int) -> dict:
     n_top = b.n_max * (1 << f1) + 2 * tau
     d, C = lay.dim, lay.n_classes
     g = f1
-    while g > 0 and (d * ((1 << m_hi) + tau)) << g >= 1 << (WRAP_BITS - 2):
+    while g > 0 and (d * ((1 << m_hi) + tau)) << g >= 1 << (wrap_bits(params) - 2):
         g -= 1
     c_B = math.ceil(2.0 ** g * B2 * (1 + 2.0 ** -30))
     trace_c = (1 << g) * (c_0 + 2 * d * tau)
@@ -241,16 +281,20 @@ def statement_sizes(params: SessionParams, f1: int, f2: int) -> dict:
     return {"m_hi": m_hi, "m_n": bitlen(n_top),
             "m_s": bitlen(slack_max), "m_e": bitlen(2 * (C + 1) * tau), "c_B": c_B, "c_0": c_0,
             "slack_max": slack_max, "tau": tau, "n_top": n_top, "trace_c": trace_c, "e_top": 2 * (C + 1) * tau,
-            "g": g, "gram": gram}
+            "g": g, "gram": gram, "lanes": lanes_per_value(params)}
 
 
 def fits(params: SessionParams, f1: int, f2: int) -> str | None:
-    """None if (f1, f2) keeps every proven lane sum and every relation below 2^WRAP_BITS, else why not."""
+    """None if (f1, f2) (the statement's scale, :func:`proof_scale`) keeps every proven lane sum and every
+    relation below ``2^wrap_bits`` (:func:`wrap_bits`), else why not."""
     if f1 < 0:
         return "f1 < 0 (counts would not be integers in the hi lane)"
     s = statement_sizes(params, f1, f2)
     k, d = params.bounds.k_max, params.layout.dim
-    wrap = 1 << WRAP_BITS
+    wrap = 1 << wrap_bits(params)
+    if lanes_per_value(params) == 1 and params.dp is not None:
+        # the DP statement reads a high lane on the noise grid beside a low lane
+        return "one Field128 word per value does not carry the DP statement yet"
     if k * (1 << s["m_hi"]) >= wrap:  # per entry |hi| <= 2T = 2^m_hi
         return "k_max * 2T_hi"
     if k * (1 << max(f2 - 1, 0)) >= wrap:  # honest low lanes, |lo| <= 2^(f2 - 1); a dishonest one cannot wrap hi
@@ -259,7 +303,7 @@ def fits(params: SessionParams, f1: int, f2: int) -> str | None:
     # the quadratic identity A = 2^t (L L^T + D), entrywise: |A_ij| <= 2T (less a noise entry, |z| <= 2^(m_z - 1),
     # under DP), |(L L^T)_ij| <= m (2T_f)^2, D < 2^m_d; below p/2 the identity mod p is the identity over the
     # integers
-    if g is not None and (1 << s["m_hi"]) + (1 << g["m_z"]) + \
+    if g is not None and (1 << s["m_hi"]) + (1 << g["m_z"]) + (g["n_r"] and 1 << g["m_r"]) + \
             ((g["m"] << (2 * g["m_f"])) + (1 << g["m_d"]) << g["t"]) >= wrap:
         return "the Gram identity"
     if g is not None and params.dp is None and g["f"] < GRAM_MIN_F:
@@ -295,6 +339,16 @@ def choose_frac_bits(params: SessionParams) -> tuple[int, int]:
     With DP, f1 is the noise grid's (already in ``params``, :func:`secure_afl.backends.session_params.dp_session_params`) and
     only f2 is lowered: the noise shares are integers on the grid 2^-f1."""
     f1, f2 = fixedpoint.choose_frac_bits(params.bounds, params.gamma, min_frac_bits=0)
+    if lanes_per_value(params) == 1:
+        # one word per value: secagg's own scale, so the release is theirs bit for bit, lowered (f2 first) only
+        # where k_max proven words would not fit below 2^126
+        while f2 > 1 and fits(params, *proof_scale(params, f1, f2)) is not None:
+            f2 -= 1
+        why = fits(params, *proof_scale(params, f1, f2))
+        if why is not None:
+            raise InvalidParameterError(f"no fixed-point scale lets a validity-proven split upload stay below "
+                                        f"2^{wrap_bits(params)} ({why}); lower `max_norm`, `n_max` or `k_max`")
+        return f1, f2
     if params.dp is not None:
         f1 = int(params.backend_params["frac_bits"][0])
     else:
@@ -325,12 +379,14 @@ VERIFIER_WORKERS = 4
 
 def split_session_params(session_id: str, layout: Layout, gamma: float, bounds: Bounds, *,
                          frac_bits: tuple | None = None, gram_proof: bool = False, max_share: float = 1.0,
-                         **_) -> SessionParams:
+                         field: str = DEFAULT_FIELD, **_) -> SessionParams:
     """Lane bits from the bounds (as secagg and bfv, lowered where a validity-proven upload needs the room:
     :func:`choose_frac_bits`); not yet bound to the key holder's seed key. ``gram_proof``: every upload also
-    proves its statistics are a Gram matrix (docs/VALIDITY.md, "The Gram statement")."""
+    proves its statistics are a Gram matrix (docs/VALIDITY.md, "The Gram statement"). ``field``: the proof's
+    and the sum's field (:data:`secure_afl.hazmat.fields.FIELD_NAMES`; ``field128``: one exact word per value)."""
+    field_named(field)  # an unknown name is refused here, naming the known ones
     base = SessionParams(session_id, "split", layout, gamma, bounds).with_backend_params(
-        **{FIELD_KEY: DEFAULT_FIELD})
+        **{FIELD_KEY: str(field)})
     if gram_proof:  # absent when off, so the digest of a session without it is unchanged
         base = base.with_backend_params(**{GRAM_KEY: True})
     if float(max_share) < 1.0:
@@ -366,6 +422,8 @@ def psd_tolerance(params: SessionParams, gram: np.ndarray) -> float:
     f1, f2 = (int(v) for v in params.backend_params["frac_bits"])
     d = params.layout.dim
     fro = float(np.linalg.norm(gram))
+    # one Field128 word per value has no low lane: the word sum is read exactly, only the rounding counts
+    lo_lanes = d * 2.0 ** (63 - f1 - f2) if lanes_per_value(params) == 2 else 0.0
     noise = 0.0
     if params.dp is not None:
         # under DP each upload's proven part is its statistics less its noise share, whose entries are proven
@@ -373,12 +431,17 @@ def psd_tolerance(params: SessionParams, gram: np.ndarray) -> float:
         # that) and whose squared norm below l2_z (||Z||_op <= ||Z||_F <= sqrt(2 l2_z)): the smaller of the two
         g = gramsizes(params, f1)
         noise = params.bounds.k_max * min(d * 2.0 ** (g["m_z"] - 1), math.sqrt(2.0 * g["l2_z"])) * 2.0 ** -f1
-    return d * 2.0 ** (63 - f1 - f2) + (2 * d + 1) * 2.0 ** -53 * fro + noise
+    if gram_enabled(params) and lanes_per_value(params) == 1:
+        # exact lanes: each upload's A is only proven >= -slack I (its residual's Gershgorin bound)
+        noise += params.bounds.k_max * gramsizes(params, f1 + f2)["slack"]
+    return lo_lanes + (2 * d + 1) * 2.0 ** -53 * fro + noise
 
 
 def proven_aggregate_bound(params: SessionParams) -> float:
     """|entry| of a sum of k_max proven uploads (docs/VALIDITY.md): each high-lane entry is within 2T, and the
     low-lane sum, whatever the uploads hold there, is read as a centred value below 2^63."""
     f1, f2 = (int(v) for v in params.backend_params["frac_bits"])
-    s = statement_sizes(params, f1, f2)
-    return float(params.bounds.k_max) * 2.0 ** (s["m_hi"] - f1) + 2.0 ** (63 - f1 - f2)
+    g1, g2 = proof_scale(params, f1, f2)
+    s = statement_sizes(params, g1, g2)
+    lo = 2.0 ** (63 - f1 - f2) if lanes_per_value(params) == 2 else 0.0  # one word: no low lane
+    return float(params.bounds.k_max) * 2.0 ** (s["m_hi"] - g1) + lo

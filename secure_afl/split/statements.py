@@ -57,10 +57,14 @@ class Unlucky(BoundsExceeded):
 
 
 def bits_of(values, width: int, field=None) -> np.ndarray:
-    """Bits of non-negative ints (Python ints), little-endian, ``width`` (< 64) each; wraps mod 2^width; as
-    elements of ``field`` (Goldilocks when None)."""
-    v = np.array([int(x) % (1 << width) for x in values], dtype=np.uint64)
-    bits = ((v[:, None] >> np.arange(width, dtype=np.uint64)) & np.uint64(1)).ravel()
+    """Bits of non-negative ints (Python ints), little-endian, ``width`` each (past 64 only in a field above
+    2^64, Field128's one-word lanes); wraps mod 2^width; as elements of ``field`` (Goldilocks when None)."""
+    wrapped = [int(x) % (1 << width) for x in values]
+    words = []
+    for w0 in range(0, max(width, 1), 64):
+        v = np.array([(x >> w0) & 0xFFFFFFFFFFFFFFFF for x in wrapped], dtype=np.uint64)
+        words.append((v[:, None] >> np.arange(min(64, width - w0), dtype=np.uint64)) & np.uint64(1))
+    bits = np.concatenate(words, axis=1).ravel() if words else np.zeros(0, dtype=np.uint64)
     return small(field or GOLDILOCKS, bits)
 
 
@@ -186,14 +190,19 @@ class Statement:
         return [name for name, _ in self.relation_groups()] + ["bits"]
 
     def _common_groups(self) -> list[tuple[str, int]]:
+        if self.s.get("lanes", 2) == 1:  # one word per value: no low lane to pin
+            return [("tag", len(self.i_tag)), ("contributors", 1)]
         return [("lo_zero", self.C + 2), ("tag", 2 * len(self.i_tag)), ("contributors", 1)]
 
     def _common(self, v: Shares) -> list[np.ndarray]:
         F = self.F
+        one = F.sub(v.hi[[self.i_contrib]], v.const(1 << self.f1))        # one contributor (never noised)
+        if self.s.get("lanes", 2) == 1:
+            return [v.hi[self.i_tag], one]                                   # tag slots 0
         return [
             v.lo[[self.i_n, self.i_contrib, *self.i_counts]],                # n, counts, contributors: lo lane 0
             np.concatenate([v.hi[self.i_tag], v.lo[self.i_tag]]),           # tag slots 0
-            F.sub(v.hi[[self.i_contrib]], v.const(1 << self.f1)),          # one contributor (never noised)
+            one,
         ]
 
 
