@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from secure_afl.exceptions import InvalidInputError
-from secure_afl_tools.baselines.study_report import _secure_finding, compare_rows, pack_bits
+from secure_afl_tools.baselines.study_report import secure_finding, compare_rows, pack_bits
 from secure_afl_tools.baselines.study_stats import image_ids, seed_image_bootstrap, seeds_t_test
 
 
@@ -143,7 +143,7 @@ def test_secure_finding_counts_the_solve_and_keeps_a_split_flip_apart_from_drift
            _verify_row("FedFac-static", "secagg", 0.7, 0.015, split=False, agreement=0.88),
            _verify_row("FedFac-static", "ckks", 0.7, 0.024, split=False, agreement=0.87),
            _verify_row("AFL", "secagg", 1.5e-13, 0.0, rounds=1), _verify_row("AFL", "ckks", 1e-2, 0.0, rounds=1)]
-    txt = _secure_finding({}, ver)
+    txt = secure_finding({}, ver)
     secagg, ckks = txt.split("Under ckks")
     assert "to 1.5e-13 (AFL, 1 round)" in secagg and "gradient methods to 4.0e-15" in secagg
     assert "at most 0.0010" in ckks and "0.0240" not in ckks.split("FedFac's split")[0]

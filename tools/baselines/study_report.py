@@ -25,7 +25,7 @@ from secure_afl.exceptions import InvalidInputError
 
 from .study_stats import BOOT, image_ids, seed_image_bootstrap, seeds_t_test
 
-__all__ = ["render", "FEATURES_JSON", "image_ids", "compare_rows", "call", "PRACTICAL", "ALPHA"]
+__all__ = ["render", "FEATURES_JSON", "image_ids", "compare_rows", "secure_finding", "call", "PRACTICAL", "ALPHA"]
 
 #: A difference of accuracy below this is "no practical difference" (one point).
 PRACTICAL = 0.01
@@ -635,7 +635,7 @@ def _findings(study, specs, methods, headline, cols):
     L += _dynamic_finding(study, cols)
     ver = study["verify"]
     if ver:
-        L.append(_secure_finding(study, ver))
+        L.append(secure_finding(study, ver))
     L += _tests_finding(study)
     L.append("")
     L += [f"What is not covered: grids are searched on one seed (seed {meta['tune_seed']}, not reported) and the "
@@ -688,7 +688,7 @@ def _tests_finding(study) -> list:
     return [txt]
 
 
-def _secure_finding(study, ver) -> str:
+def secure_finding(study, ver) -> str:
     """The secure = plain bullet: where secure and plain agree to rounding, and what flipped, and why. AFL (one
     aggregation and a solve) counts with the others; a run whose FedFac split flipped is reported apart, since
     its difference is the split's discontinuity, not the secure sum's error or the flooding's drift."""
