@@ -184,9 +184,9 @@ _BROKEN = {
                       "mk.expand = zero"),
     # split hospitals add no mask to what the server stores
     "split-server": ("import numpy as np, secure_afl.hazmat.flp as f, secure_afl.split.proof as v\n"
-                     "g = f.expand_field\n"
-                     "f.expand_field = lambda seed, n, domain: (np.zeros(n, dtype=np.uint64) if domain == "
-                     "v.DOMAIN_SHARE else g(seed, n, domain))"),
+                     "g = f.Goldilocks.expand_field\n"
+                     "f.Goldilocks.expand_field = staticmethod(lambda seed, n, domain: (np.zeros(n, dtype=np.uint64) "
+                     "if domain == v.DOMAIN_SHARE else g(seed, n, domain)))"),
     # the split server serves a stored masked vector to the key holder (its refusing route removed)
     "split-keyholder": ("import secure_afl.server.closing as m\n"
                         "m.contribution = lambda s, h: (m.released(s), next(s.store.get_blob(r['payload_sha256']) "
