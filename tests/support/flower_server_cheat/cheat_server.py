@@ -27,13 +27,13 @@ def _target_sum(params, masked: bytes, share) -> bytes:
 
 
 def _split_release(grid, server, config, kh_node, fields, timeout_s):
-    collect = server.collect
+    collect = real.split_round.collect
 
-    def collect_then_re_mask(party, body, statement):
-        signed = collect(party, body, statement)
+    def collect_then_re_mask(session, party, body, statement):
+        signed = collect(session, party, body, statement)
         kept = server.store.get_meta("split_commit")
         forged = _target_sum(server.params, server.store.get_blob(kept["masked_sum_blob"]), flp.from_bytes(body))
-        commitment = {"masked_sum": split.sign_masked_sum(server._key, server.params, statement, forged),
+        commitment = {"masked_sum": split.sign_masked_sum(server.key, server.params, statement, forged),
                       "aggregate": base64.b64encode(forged).decode()}
         reply = real._one(grid, Message(content=pack({"info": fields["info"], "manifest": fields["manifest"],
                                                       "commitment": commitment}, b""),
@@ -41,8 +41,11 @@ def _split_release(grid, server, config, kh_node, fields, timeout_s):
         print("re-mask answer:", dict(reply.content["fields"]).get("detail"), flush=True)
         return signed
 
-    server.collect = collect_then_re_mask
-    return _honest_release(grid, server, config, kh_node, fields, timeout_s)
+    real.split_round.collect = collect_then_re_mask
+    try:
+        return _honest_release(grid, server, config, kh_node, fields, timeout_s)
+    finally:
+        real.split_round.collect = collect
 
 
 real._split_release = _split_release
