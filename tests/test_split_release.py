@@ -341,7 +341,7 @@ def test_the_audit_recomputes_the_release_and_names_a_forged_masked_sum(consorti
         assert bad.stdout.strip().splitlines()[-1].startswith("AT FAULT: the server"), bad.stdout
         assert "model: W" not in bad.stdout  # W is the release of the sum it was given: the key holder is clear
     # the key holder at fault: a W that is not the release of the sum it kept
-    write_model(model, res.W + 1e-6, model_metadata(res.params, res.report, 0.0))
+    write_model(model, res.W + 1e-6, model_metadata(res.params, res.report, 0.0), force=True)
     bad = _audit(c, model)
     assert "MISMATCH: model: W is not the release of the server's sum" in bad.stdout
     assert "the key holder (W" in bad.stdout.strip().splitlines()[-1]
@@ -365,13 +365,14 @@ def test_the_honest_release_audits_bit_for_bit_from_the_kept_copy(consortium, tm
     assert meta.share_statement_sha256 == split.share_statement_digest(kept["share_statement"])
     assert meta.masked_sum_sha256 == kept["masked_sum"]["masked_sum_sha256"]
     # the model naming another cohort is the key holder's fault
-    write_model(model, res.W, {**model_metadata(res.params, res.report, 0.0), "participants": ["h1", "h2"]})
+    write_model(model, res.W, {**model_metadata(res.params, res.report, 0.0), "participants": ["h1", "h2"]},
+                force=True)
     bad = _audit(c, model)
     assert bad.returncode == EXIT_SECURITY and "MISMATCH: model: names participants" in bad.stdout
     assert "the key holder (W" in bad.stdout.strip().splitlines()[-1]
     # an upload in the server's state whose hospital-signed seed statement does not hold (its signature moved):
     # the server's state cannot show that hospital sent it
-    write_model(model, res.W, model_metadata(res.params, res.report, 0.0))
+    write_model(model, res.W, model_metadata(res.params, res.report, 0.0), force=True)
     store = Store(c.root / "server" / c.session_id)
     try:
         row = store.db.execute("SELECT tag FROM uploads WHERE hospital='h2'").fetchone()
