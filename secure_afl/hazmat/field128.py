@@ -81,6 +81,7 @@ from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
 
 from ..exceptions import BoundsExceeded, InvalidInputError, MalformedPayload
 from . import field128_kernels as K
+from .flp import bitrev  # the bit-reversal permutation depends on no field
 
 __all__ = ["Field128", "FIELD128", "accept_words"]
 
@@ -339,7 +340,7 @@ class Field128:
             raise InvalidInputError(f"an NTT runs over a power-of-two length, not {n}")
         w = self.root_of_unity(n) if root is None else int(root) % P
         tw = _twiddles(w, n)
-        a = a[..., _bitrev(n)]
+        a = a[..., bitrev(n)]
         kern = K.loaded()
         if kern is not None and a.size >= _COMPILED_MIN:
             x = np.ascontiguousarray(a)
@@ -410,17 +411,6 @@ class Field128:
 
 
 FIELD128 = Field128()
-
-
-@functools.lru_cache(maxsize=32)
-def _bitrev(n: int) -> np.ndarray:
-    bits = n.bit_length() - 1
-    idx = np.arange(n)
-    rev = np.zeros(n, dtype=np.int64)
-    for b in range(bits):
-        rev |= ((idx >> b) & 1) << (bits - 1 - b)
-    rev.setflags(write=False)
-    return rev
 
 
 @functools.lru_cache(maxsize=16)

@@ -300,13 +300,7 @@ def _build():
     for fn in (mul64, small_mul, mul_words, _below_p, add_words, sub_words, _block_op, _accumulate):
         register_jitable(inline="always")(fn)  # callable from compiled code, unchanged for numpy
 
-    def jit(fn, *probe):
-        try:  # cached beside the module, or in numba's user cache where the install is read-only
-            compiled = numba.njit(nogil=True, cache=True)(fn)
-            compiled(*probe)
-        except RuntimeError:  # no writable cache anywhere: compile in memory, once per process
-            compiled = numba.njit(nogil=True)(fn)
-        return compiled
+    from .ternary import compile_kernel as jit  # one way to compile (cached where writable) for every kernel
 
     one = np.zeros((1, 2), dtype=np.uint64)
     k = _Kernels()

@@ -308,7 +308,7 @@ def powers(x: int, n: int, start: int = 0) -> np.ndarray:
 
 # -- NTT ------------------------------------------------------------------------------------------------
 @functools.lru_cache(maxsize=32)
-def _bitrev(n: int) -> np.ndarray:
+def bitrev(n: int) -> np.ndarray:
     bits = n.bit_length() - 1
     idx = np.arange(n)
     rev = np.zeros(n, dtype=np.int64)
@@ -332,7 +332,7 @@ def ntt(a, root: int | None = None) -> np.ndarray:
     a = np.asarray(a, dtype=np.uint64)
     n = a.shape[-1]
     w = root_of_unity(n) if root is None else int(root)
-    a = a[..., _bitrev(n)].copy()
+    a = a[..., bitrev(n)].copy()
     length = 2
     while length <= n:
         half = length // 2

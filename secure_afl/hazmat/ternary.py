@@ -78,7 +78,7 @@ def warm() -> None:
         _calls = max(_calls, WARM_CALLS)
 
 
-def _compile(fn, *probe):
+def compile_kernel(fn, *probe):
     import numba
 
     try:  # cached beside the module, or in numba's user cache where the install is read-only
@@ -94,7 +94,7 @@ def product_kernel():
     global _compiled_product
     if _compiled_product is None:
         one = np.zeros(1, dtype=np.uint64)
-        _compiled_product = _compile(flp.mul_into, one, one, one.copy())
+        _compiled_product = compile_kernel(flp.mul_into, one, one, one.copy())
     return _compiled_product
 
 
@@ -103,7 +103,7 @@ def _kernel():
     queries use."""
     global _compiled
     if _compiled is None:
-        _compiled = _compile(_sums, np.zeros((1, 1), dtype=np.uint8), np.zeros(1, dtype=np.int64),
+        _compiled = compile_kernel(_sums, np.zeros((1, 1), dtype=np.uint8), np.zeros(1, dtype=np.int64),
                              np.zeros(1, dtype=np.int64))
     flp._compiled_mul = product_kernel()
     return _compiled
