@@ -291,7 +291,7 @@ def run_service_bench(backend: str, hospitals: int, *, dim: int = 64, classes: i
             phase("hospitals", hospitals_phase)
         if backend == "split":
             phases["hospitals"]["keyholder_judged_while_open"] = judging.uploads
-            accepted = conn.info()["contributions"]
+            accepted = len(conn.status()["uploaded"])
             phase("judging", lambda: judging.catch_up(accepted))
         if backend == "secagg":
             phases["hospitals"]["stages"] = _secagg_stages(work / "server" / session_id / "audit.jsonl")
