@@ -43,7 +43,6 @@ def session_info(server: ServerSession) -> dict:
         "min_clients": server.config.min_clients,
         "min_class_count": server.config.min_class_count,
         "colluders": server.release_policy.colluders,
-        "contributions": server.store.upload_count(),
         "hospitals": sorted(server.enrolled),
         "deadline": server.deadline,
         "max_upload_bytes": server.config.max_upload_bytes,

@@ -176,7 +176,7 @@ def test_server_address_without_https_is_one_line_at_once(consortium, tmp_path, 
     assert f"did you mean https://127.0.0.1:{c.port}?" in line
     assert seconds < FAST_S < RETRY_WINDOW_S
     with c.connect_keyholder() as conn:
-        assert conn.info()["contributions"] == 0
+        assert conn.status()["uploaded"] == []
 
 
 @e2e
@@ -194,7 +194,7 @@ def test_server_of_another_consortium_is_one_line_at_once(consortium, tmp_path):
     assert a.url in line and "certificate" in line and "bundle" in line
     assert seconds < FAST_S < RETRY_WINDOW_S
     with a.connect_keyholder() as conn:
-        assert conn.info()["contributions"] == 0
+        assert conn.status()["uploaded"] == []
 
 
 @e2e
@@ -265,7 +265,7 @@ def test_stats_file_with_other_class_count_is_one_line(consortium, tmp_path):
     line = one_line(out, EXIT_INPUT, "invalid_input")
     assert "2 classes" in line and "3" in line
     with c.connect_keyholder() as conn:
-        assert conn.info()["contributions"] == 0
+        assert conn.status()["uploaded"] == []
 
 
 @e2e
@@ -293,7 +293,7 @@ def test_file_with_a_row_over_the_bound_is_one_line(consortium, tmp_path, kind):
     line = one_line(out, EXIT_INPUT, "bounds_exceeded")
     assert f"B={c.max_norm}" in line
     with c.connect_keyholder() as conn:
-        assert conn.info()["contributions"] == 0
+        assert conn.status()["uploaded"] == []
 
 
 @e2e

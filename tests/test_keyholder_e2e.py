@@ -130,7 +130,7 @@ def test_substituted_keys_refused_by_hospital_before_it_encrypts(consortium, swa
         cl.submit(c.stats(*c.data("h1")))
 
     # Assert: nothing was encrypted for, or uploaded to, the substituted keys
-    assert cl.bytes_uploaded == 0 and cl.conn.info()["contributions"] == 0
+    assert cl.bytes_uploaded == 0 and cl.conn.status()["counts"]["uploaded"] == 0
     cl.close()
 
 

@@ -98,8 +98,8 @@ def test_a_hospital_restarted_from_another_directory_refuses_the_rerun_of_the_se
         assert code == EXIT_SECURITY and len(lines) == 1, (h, code, stderr)
         assert "signed a survivor set" in lines[0] and f"hospital-{h}/{RECORD_DIR}" in lines[0], lines[0]
     with c.connect_keyholder() as conn:
-        info = conn.info()
-    assert info["contributions"] == 0, info
+        view = conn.status()
+    assert view["uploaded"] == [], view
 
 
 @pytest.mark.e2e
@@ -117,8 +117,8 @@ def test_a_corrupt_record_refuses_in_one_line_before_anything_is_sent(secagg_con
     assert code == EXIT_INPUT and len(lines) == 1, stderr
     assert lines[0].startswith("secure-afl: error [unreadable_record]: ") and str(rec.path) in lines[0]
     with c.connect_keyholder() as conn:
-        info = conn.info()
-    assert info["contributions"] == 0, info
+        view = conn.status()
+    assert view["uploaded"] == [], view
 
 
 # -- the native participant loop: two processes of one hospital ---------------------------------------------------

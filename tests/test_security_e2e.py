@@ -101,6 +101,15 @@ def _info(live):
         return c.get(f"{API}/sessions/{SID}").json()
 
 
+def _uploaded(live):
+    """Who uploaded, from the key holder's signed status view (the public info carries no upload count)."""
+    from secure_afl.transport.tls_client import ServiceClient
+
+    with ServiceClient(live["url"], pki.load_party(live["pki"], "keyholder", "keyholder"), SID, timeout=30,
+                       retry_s=5) as conn:
+        return conn.status()["uploaded"]
+
+
 def _audit(live):
     return [json.loads(x) for x in (live["work"] / "server" / SID / "audit.jsonl").read_text().splitlines()]
 
@@ -191,7 +200,7 @@ def test_replay_and_duplicate_over_https_refused_nothing_stored(open_live):
     # Assert
     assert replay.status_code == 409 and replay.json()["error"] == "replay"
     assert dup.status_code == 409 and dup.json()["error"] == "duplicate"
-    assert _info(live)["contributions"] == 1
+    assert _uploaded(live) == ["hosp-a"]
     assert sorted(os.listdir(live["work"] / "server" / SID / "payloads")) == stored
     tail = _audit(live)[-2:]
     assert [(r["outcome"], r["reason"]) for r in tail] == [("refused", "replay"), ("refused", "duplicate")]

@@ -103,9 +103,9 @@ def test_release_refused_below_min_clients(consortium):
     conn = c.connect_keyholder()
     with pytest.raises(InsufficientContributors):
         c.keyholder.close_round(conn)
-    info = conn.info()
+    view = conn.status()
     conn.close()
-    assert info["status"] == "open" and info["contributions"] == 1
+    assert view["status"] == "open" and view["uploaded"] == ["h1"], view
 
 
 def test_sigkill_mid_session_loses_nothing(consortium):
@@ -158,7 +158,7 @@ def test_uploads_after_deadline_refused(consortium):
     cl.close()
     assert ei.value.reason == "deadline_passed" and ei.value.status_code == 410
     conn = c.connect_keyholder()
-    assert conn.info()["contributions"] == 0
+    assert conn.status()["uploaded"] == []
     conn.close()
 
 
@@ -273,7 +273,7 @@ def test_secagg_sigkill_mid_round_then_restart_finishes_exactly(consortium):
     p4 = SecAggParticipant(h4, h4.fetch_params(), c.stats(*data["h4"]))
     assert p4.run(pause_before="masked_input", timeout=120) is None
     conn = c.connect_keyholder()
-    conn.wait_until(lambda i: i["contributions"] == 3, timeout=60, what="three masked inputs")
+    conn.wait_until(lambda s: len(s["uploaded"]) == 3, timeout=60, what="three masked inputs", read=conn.status)
     # Execute: kill -9 in the middle of the masked-input stage, restart, let h4 go on
     c.kill9()
     c.start()

@@ -63,6 +63,11 @@ def test_status_answers_the_sessions_own_parties_only_each_with_its_own_view(con
         _status(c, "hospital", "h2", present_cert=False)
     with pytest.raises(Unauthenticated) as borrowed:
         _status(c, "hospital", "h2", cert_of=("hospital", "h1"))
+    # the public session info, unsigned and without a certificate (what the spare or anyone reaching the port
+    # reads)
+    with ServiceClient(c.url, pki.load_party(c.pki_dir, "hospital", SPARE), c.session_id, timeout=30, retry_s=5,
+                       present_cert=False) as conn:
+        public = conn.info()
 
     # Assert: the key holder and the operator see every roster hospital's fate
     for full in (keyholder, operator):
@@ -75,6 +80,10 @@ def test_status_answers_the_sessions_own_parties_only_each_with_its_own_view(con
     assert h2["counts"] == {"roster": 3, "uploaded": 1, "judged": 0, "valid": 0, "refused": 1, "silent": 1}
     assert not {"roster", "uploaded", "refused", "silent"} & set(h2)
     assert "h1" not in json.dumps(h2) and "h3" not in json.dumps(h2)
+    # the public info dates no upload: no count, no name that uploaded, only what building an upload needs
+    assert public["session_id"] == c.session_id and public["status"] == "open"
+    assert not {"contributions", "uploaded", "refused", "counts"} & set(public), sorted(public)
+    assert "h3" in public["hospitals"] and h3_refused.value.reason not in json.dumps(public)
     # the spare, a certificate-less request and a borrowed certificate are refused, each audited
     assert f"{SPARE!r} is not in the signed roster" in str(spare.value)
     assert "mutual TLS only" in str(bare.value) and "not the one enrolled" in str(borrowed.value)

@@ -43,7 +43,7 @@ def test_another_hospitals_file_is_refused_by_name_and_a_second_upload_is_final(
     assert "uploads are final: the first one stands and is in the sum" in line
     assert "a corrected file can only go into a new session" in line
     with c.connect_keyholder() as conn:
-        assert conn.info()["contributions"] == 1
+        assert len(conn.status()["uploaded"]) == 1
 
 
 @e2e

@@ -138,7 +138,7 @@ def test_response_dropped_after_commit_is_one_post_then_the_receipt(session):
     uploads = _uploads_in_audit(session)
     assert [(u["actor"], u["outcome"]) for u in uploads] == [("h1", "accepted")]
     with session.connect_keyholder() as conn:
-        assert conn.info()["contributions"] == 1
+        assert conn.status()["uploaded"] == ["h1"]
 
 
 def test_request_cut_before_the_server_saw_it_is_posted_again(session):
@@ -158,4 +158,4 @@ def test_request_cut_before_the_server_saw_it_is_posted_again(session):
     assert uploads[-1][:2] == ("h1", "accepted")
     assert uploads[:-1] in ([], [("h1", "refused", "disconnected")]), uploads
     with session.connect_keyholder() as conn:
-        assert conn.info()["contributions"] == 1
+        assert conn.status()["uploaded"] == ["h1"]

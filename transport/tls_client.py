@@ -206,13 +206,22 @@ class ServiceClient:
         return resp
 
     def info(self) -> dict:
+        """The public session info: what a hospital needs to build its upload; no upload count, no names' fates."""
         return self.request("GET", self.path(), signed=False).json()
 
-    def wait_until(self, predicate, *, timeout: float, interval: float = 0.2, what: str = "condition") -> dict:
-        """Poll the session info until ``predicate(info)``; bounded by ``timeout``."""
+    def status(self) -> dict:
+        """The signed party's own view of the session status (mutual TLS; server/status.py ``status_view``):
+        the key holder sees every roster hospital's state, a roster hospital its own entry and the counts."""
+        return self.request("GET", self.path("/status")).json()
+
+    def wait_until(self, predicate, *, timeout: float, interval: float = 0.2, what: str = "condition",
+                   read=None) -> dict:
+        """Poll ``read()`` (the public info by default; :meth:`status` for what only the parties see) until
+        ``predicate`` holds on it; bounded by ``timeout``."""
+        read = self.info if read is None else read
         deadline = time.monotonic() + timeout
         while True:
-            info = self.info()
+            info = read()
             if predicate(info):
                 return info
             if time.monotonic() > deadline:

@@ -99,15 +99,18 @@ class KeyHolder(KeyCustody):
                                 params=None if keyed else definition.session_params())
         # the session's own floors, from the signed definition only; this key holder's may only raise them
         min_class_count = rel.policy.min_class_count
-        info = conn.info()
-        if info["status"] != "released":
-            self._check_floor(rel.policy, int(info.get("contributions") or 0))
+        # the upload count from the signed status view: the public info carries none (any consortium client
+        # polling it would date every upload)
+        view = conn.status()
+        uploaded = len(view["uploaded"])
+        if view["status"] != "released":
+            self._check_floor(rel.policy, uploaded)
             if announce is not None:
-                announce(int(info.get("contributions") or 0))
+                announce(uploaded)
             self.close_round(conn)
-            info = conn.info()
         elif announce is not None:
-            announce(int(info.get("contributions") or 0))
+            announce(uploaded)
+        info = conn.info()
         # before anything is decrypted: the auditor holds a head the server alone cannot rewrite
         self.countersign_audit_head(conn, conn.request("GET", conn.path("/manifest")).json())
         if definition.backend == "split":
