@@ -74,7 +74,7 @@ def _copy_with(tmp_path, protocol: str, filename: str, **changes) -> None:
 @pytest.mark.parametrize("step", [-1, 1])
 def test_an_instance_of_another_version_is_refused_by_name(protocol, step, tmp_path):
     name = files.instances(protocol)[0]
-    current = files.version(protocol)
+    current = files.VERSIONS[protocol]
     assert files.instance(protocol, name)["version"] == current
     _copy_with(tmp_path, protocol, f"{name}.json", version=current + step)
     with pytest.raises(InvalidInputError, match=rf"{name}\.json is version {current + step} of the {protocol} "
@@ -86,7 +86,7 @@ def test_an_instance_of_another_version_is_refused_by_name(protocol, step, tmp_p
 def test_a_bad_case_of_another_version_is_refused_by_name(protocol, tmp_path):
     name = files.instances(protocol)[0]
     case = files.instance(protocol, name)["bad_cases"][-1]
-    _copy_with(tmp_path, protocol, f"{files.BAD}{case}.json", version=files.version(protocol) + 1)
+    _copy_with(tmp_path, protocol, f"{files.BAD}{case}.json", version=files.VERSIONS[protocol] + 1)
     with pytest.raises(InvalidInputError, match=rf"{files.BAD}{case}\.json is version"):
         files.bad_cases(protocol, name, tmp_path)
 

@@ -7,8 +7,8 @@
 
 Every file is self-contained past its instance: a bad case carries its own payload or message, and names the
 instance whose keys and parameters it is judged under. Each file records its protocol's format ``version``
-(the generator's ``VERSION``); a file of another version is refused by name, never read as if it were current,
-since its messages were formed under other derivations.
+(``VERSIONS``); a file of another version is refused by name, never read as if it were current, since its
+messages were formed under other derivations.
 """
 
 from __future__ import annotations
@@ -18,12 +18,20 @@ from pathlib import Path
 
 from secure_afl.exceptions import InvalidInputError
 
-__all__ = ["ROOT", "BAD", "render", "load", "instances", "instance", "bad_case", "bad_cases", "listing"]
+__all__ = ["ROOT", "BAD", "VERSIONS", "render", "load", "instances", "instance", "bad_case", "bad_cases", "listing"]
 
 #: the tree's vectors/ folder: the shipped files, and the record regeneration keeps randomised values from
 ROOT = Path(__file__).resolve().parents[2] / "vectors"
 #: the prefix of a bad case's file name
 BAD = "bad_"
+#: each protocol's file format, stamped by its generator and required by the loader
+VERSIONS = {
+    # 2 since the session's parameters name the proof's field and the joint and query randomness bind it (with
+    # the repetition count and a label of their own)
+    "split": 2,
+    # the round's messages as round.json's fields, each bad case a file naming the message it replaces
+    "secagg": 1,
+}
 
 
 def render(obj: dict) -> str:
@@ -31,16 +39,10 @@ def render(obj: dict) -> str:
     return json.dumps(obj, indent=1, sort_keys=True) + "\n"
 
 
-def version(protocol: str) -> int:
-    from secure_afl_tools.vectors import generator
-
-    return generator(protocol).VERSION
-
-
 def load(path: Path, protocol: str) -> dict:
     """The file at ``path``, refused by name when it is of another version of ``protocol``'s vectors."""
     data = json.loads(Path(path).read_text())
-    want = version(protocol)
+    want = VERSIONS[protocol]
     if data.get("version") != want:
         raise InvalidInputError(f"{Path(path).name} is version {data.get('version')} of the {protocol} vectors; this "
                                 f"tree reads version {want}: regenerate it with "

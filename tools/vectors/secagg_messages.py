@@ -39,9 +39,8 @@ from secure_afl_tools.vectors import files as vector_files
 
 #: the folder of vectors/ this generator writes, every file in it
 OWNS = "secagg"
-#: the files' format (the round's wire messages as the fields of round.json, each case a file naming the
-#: message it replaces); a file of another version is refused by name
-VERSION = 1
+#: the files' format (files.VERSIONS); a file of another version is refused by name
+VERSION = vector_files.VERSIONS[OWNS]
 INSTANCE = "round"
 SESSION = "vector-session"
 N = 3

@@ -63,9 +63,8 @@ OWNS = "split"
 #: the instances, each a file of its own
 INSTANCES = ("plain", "gram", "dp_gram")
 HOSPITAL = "h1"
-#: the files' format: 2 since the session's parameters name the proof's field and the joint and query randomness
-#: bind it (with the repetition count and a label of their own); a file of another version is refused by name
-VERSION = 2
+#: the files' format (why it is 2: files.VERSIONS); a file of another version is refused by name
+VERSION = vector_files.VERSIONS[OWNS]
 #: the inputs every key and random byte is derived from (SHAKE-256 of the label)
 _LABEL = b"secure-afl split message vectors v1 "
 
