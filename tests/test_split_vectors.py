@@ -5,7 +5,6 @@ the Gram statement's (``dp_gram``). tests/test_vector_files.py regenerates the f
 from __future__ import annotations
 
 import hashlib
-import json
 
 import numpy as np
 import pytest
