@@ -1,9 +1,10 @@
-"""vectors/secagg_messages.json: the secagg wire format, byte for byte, and its negative cases.
+"""vectors/secagg/: the secagg wire format, byte for byte, and its bad cases.
 
-The generator (secure_afl_tools.vectors.secagg_messages) runs one real round with fixed keys and a fixed random stream; here
-it runs again and must give the same file, every recorded message must decode and re-encode to its own bytes,
-a fresh server round and fresh clients fed the recorded messages must produce the recorded answers, and each
-negative case, fed in place of the message it replaces, must raise its typed exception.
+The generator (secure_afl_tools.vectors.secagg_messages) runs one real round with fixed keys and a fixed random
+stream; tests/test_vector_files.py runs it again and must get the same files. Here every recorded message must
+decode and re-encode to its own bytes, a fresh server round and fresh clients fed the recorded messages must
+produce the recorded answers, and each bad case, fed in place of the message it replaces, must raise its typed
+exception.
 """
 
 from __future__ import annotations
@@ -20,20 +21,17 @@ from secure_afl.encoding import canonical_json
 from secure_afl.secagg import messages
 from secure_afl.secagg.messages import UnmaskMaterial, decode_message
 from secure_afl.secagg.server import SecAggServerRound
-from secure_afl_tools.vectors import secagg_messages as gen
+from secure_afl_tools.vectors import files, secagg_messages as gen
 from support import sourcetree as st
 
-VEC = json.loads(gen.PATH.read_text())
+VEC = files.instance("secagg", gen.INSTANCE)
+BAD = files.bad_cases("secagg", gen.INSTANCE)
 MESSAGES = VEC["messages"]
 NAMES = [m["name"] for m in MESSAGES]
 
 
 def _raw(entry) -> bytes:
     return entry["json"].encode("ascii") if "json" in entry else bytes.fromhex(entry["hex"])
-
-
-def test_regenerating_gives_the_file_byte_for_byte():
-    assert gen.regenerate() == gen.PATH.read_text()
 
 
 def test_the_vectors_cover_every_stage_and_the_signed_messages():
@@ -112,8 +110,8 @@ def _client_until(u: int, stop: str, replacement: bytes):
     raise AssertionError(f"{stop} is not a recorded request to client {u}")
 
 
-@pytest.mark.parametrize("case", VEC["negative"], ids=[c["name"] for c in VEC["negative"]])
-def test_each_negative_vector_raises_its_typed_exception(case):
+@pytest.mark.parametrize("case", BAD, ids=[c["name"] for c in BAD])
+def test_each_bad_case_raises_its_typed_exception(case):
     expected = getattr(exceptions, case["expect"])
     assert issubclass(expected, exceptions.SecureAFLError)
     raw = _raw(case)
@@ -127,9 +125,9 @@ def test_each_negative_vector_raises_its_typed_exception(case):
             _client_until(u, case["replaces"], raw)
 
 
-@pytest.mark.parametrize("case", [c for c in VEC["negative"] if c["replay"] != "decode"],
-                         ids=[c["name"] for c in VEC["negative"] if c["replay"] != "decode"])
-def test_the_message_each_negative_vector_replaces_is_accepted(case):
+@pytest.mark.parametrize("case", [c for c in BAD if c["replay"] != "decode"],
+                         ids=[c["name"] for c in BAD if c["replay"] != "decode"])
+def test_the_message_each_bad_case_replaces_is_accepted(case):
     # the same replay with the recorded message goes through: the refusal is the case's, not the replay's
     original = _raw(MESSAGES[NAMES.index(case["replaces"])])
     if case["replay"] == "server":

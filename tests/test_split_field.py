@@ -16,7 +16,7 @@ from secure_afl.packing import Layout
 from secure_afl.params import Bounds, SessionParams
 from secure_afl.split.sizes import FIELD_KEY
 from secure_afl.stats import local_statistics
-from secure_afl_tools.vectors import split_messages as split_vectors
+from secure_afl_tools.vectors import files as vector_files, split_messages as split_vectors
 
 LAYOUT = Layout(4, 3)
 BOUNDS = Bounds(4.0, 60, 8)
@@ -122,11 +122,14 @@ def test_an_honest_upload_still_proves_and_a_proof_for_another_repetition_count_
 
 
 def test_a_vector_file_of_the_old_version_is_refused_by_name(tmp_path):
-    old = tmp_path / "split_messages.json"
-    old.write_text(split_vectors.PATH.read_text().replace(f'"version": {split_vectors.VERSION}', '"version": 1'))
-    with pytest.raises(InvalidInputError, match="version 1 of the split vectors"):
-        split_vectors.load(old)
-    assert split_vectors.load()["version"] == split_vectors.VERSION
+    # version 1: the vectors of sessions signed before the field was named
+    (tmp_path / "split").mkdir()
+    text = (vector_files.ROOT / "split" / "plain.json").read_text()
+    (tmp_path / "split" / "plain.json").write_text(
+        text.replace(f'"version": {split_vectors.VERSION}', '"version": 1'))
+    with pytest.raises(InvalidInputError, match="plain.json is version 1 of the split vectors"):
+        vector_files.instance("split", "plain", tmp_path)
+    assert vector_files.instance("split", "plain")["version"] == split_vectors.VERSION
 
 
 def _sections(**extra):

@@ -1,7 +1,7 @@
-"""What the recorded derivations in vectors/split_messages.json and vectors/secagg_messages.json mean, checked
-from the documented formulas, not by byte comparison.
+"""What the recorded derivations in vectors/split/ and vectors/secagg/ mean, checked from the documented
+formulas, not by byte comparison.
 
-tests/test_split_vectors.py and tests/test_secagg_vectors.py regenerate the files and compare bytes: they pin the
+tests/test_vector_files.py regenerates the files and compares bytes: it pins the
 wire format, but a derivation that changed on purpose or by mistake is regenerated with it. Here each derived
 value is recomputed by code of the test's own, from ``cryptography``, ``hashlib`` and ``hmac`` and the formulas
 of docs/VALIDITY.md, docs/SESSION.md and threat_model/ (the domain strings written out as the documents publish
@@ -88,6 +88,14 @@ def decode_lanes(w: list[int], f1: int, f2: int) -> list[Fraction]:
     return [Fraction(centred(h) * 2 ** f2 + centred(lo), 2 ** (f1 + f2)) for h, lo in zip(w[:half], w[half:])]
 
 
+def vector_files(protocol: str, name: str) -> tuple[dict, list[dict]]:
+    """An instance of vectors/<protocol>/ and its bad cases in the order it lists them (each in
+    bad_<case>.json beside it), read as plain JSON."""
+    folder = VECTOR_DIR / protocol
+    inst = json.loads((folder / f"{name}.json").read_text())
+    return inst, [json.loads((folder / f"bad_{case}.json").read_text()) for case in inst["bad_cases"]]
+
+
 def ed25519_verifies(public_key, prefix: bytes, signed: dict, field: str = "signature") -> bool:
     body = {k: v for k, v in signed.items() if k != field}
     try:
@@ -98,9 +106,11 @@ def ed25519_verifies(public_key, prefix: bytes, signed: dict, field: str = "sign
 
 
 # -- split ----------------------------------------------------------------------------------------------------
-SPLIT = json.loads((VECTOR_DIR / "split_messages.json").read_text())
-SECTIONS = {"plain": SPLIT, "gram": SPLIT["gram"], "dp_gram": SPLIT["dp_gram"]}
-SPLIT_CASES = [(s, c) for s, sec in SECTIONS.items() for c in (sec["honest"], *sec["negative"])]
+SECTIONS, SPLIT_BAD = {}, {}
+for _name in ("plain", "gram", "dp_gram"):
+    SECTIONS[_name], SPLIT_BAD[_name] = vector_files("split", _name)
+SPLIT = SECTIONS["plain"]
+SPLIT_CASES = [(s, c) for s, sec in SECTIONS.items() for c in (sec["honest"], *SPLIT_BAD[s])]
 SPLIT_IDS = [f"{s}-{c['name']}" for s, c in SPLIT_CASES]
 SECRET = bytes.fromhex(SPLIT["keys"]["keyholder_secret_key"])
 HOSPITAL = SPLIT["hospital"]
@@ -189,7 +199,7 @@ def test_the_kat_seed_box_opens_by_rfc9180_to_its_seed():
 @pytest.mark.parametrize("section,case", SPLIT_CASES, ids=SPLIT_IDS)
 def test_split_query_seed_is_the_hmac_of_the_committed_upload_under_the_hkdf_query_key(section, case):
     sec = SECTIONS[section]
-    payload = bytes.fromhex(sec["payloads"][case["payload"]])
+    payload = bytes.fromhex(case["payload"])
     sha = hashlib.sha256(payload).hexdigest()
     assert sha == case["payload_sha256"]
 
@@ -212,7 +222,7 @@ def test_split_query_seed_is_the_hmac_of_the_committed_upload_under_the_hkdf_que
 def test_split_commitment_and_fiat_shamir_seed_are_the_documented_hashes_of_the_uploaded_words(section, case):
     sec = SECTIONS[section]
     circuit = _circuit(section)
-    _, body = envelope_body(bytes.fromhex(sec["payloads"][case["payload"]]), "contribution")
+    _, body = envelope_body(bytes.fromhex(case["payload"]), "contribution")
     w = words(body)
     assert len(w) == circuit.total and max(w) < P
 
@@ -248,7 +258,7 @@ def test_split_shares_sum_to_the_recorded_statistics(section):
     sec = SECTIONS[section]
     circuit = _circuit(section)
     f1, f2 = sec["params"]["backend_params"]["frac_bits"]
-    _, body = envelope_body(bytes.fromhex(sec["payloads"]["honest"]), "contribution")
+    _, body = envelope_body(bytes.fromhex(sec["honest"]["payload"]), "contribution")
     seed = bytes.fromhex(sec["upload"]["seed"])
 
     # Execute: the key holder's share is -m, m = ChaCha20 field words of the seed (the split share domain); the
@@ -454,7 +464,7 @@ def test_split_release_is_the_masked_sum_plus_the_negated_seed_mask_and_both_sta
 
 
 # -- secagg ---------------------------------------------------------------------------------------------------
-SECAGG = json.loads((VECTOR_DIR / "secagg_messages.json").read_text())
+SECAGG, _ = vector_files("secagg", "round")
 SECAGG_MSGS = {m["name"]: m for m in SECAGG["messages"]}
 SID = SECAGG["session_id"]
 ROUND_CTX = f"{SID}#round=1"  # every key, AEAD and commitment of a round binds "session#round=r"

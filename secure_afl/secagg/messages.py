@@ -1,7 +1,7 @@
 """secagg messages, stage by stage: canonical JSON on the wire, parsed strictly, each declared by one field
 table (:mod:`secure_afl.secagg.wire`).
 
-The wire bytes are pinned by vectors/secagg_messages.json (tests/test_secagg_vectors.py).
+The wire bytes are pinned by vectors/secagg/ (tests/test_secagg_vectors.py, tests/test_vector_files.py).
 """
 
 from __future__ import annotations

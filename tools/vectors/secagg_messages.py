@@ -1,14 +1,19 @@
-"""vectors/secagg_messages.json: one real secagg round's messages, byte for byte, and negative cases.
+"""vectors/secagg/: one real secagg round's messages, byte for byte, and its bad cases.
 
-    python -m secure_afl_tools.vectors secagg           # rewrite the file
+    python -m secure_afl_tools.vectors secagg           # rewrite vectors/secagg/
     python -m secure_afl_tools.vectors secagg --check   # exit 1 if regenerating changes a byte
+
+One instance, vectors/secagg/round.json (every message of the round in wire order, the complaint and the
+unmask material), and one file per bad case beside it, vectors/secagg/bad_<case>.json (the layout:
+:mod:`secure_afl_tools.vectors.files`).
 
 Everything is fixed: the hospitals' Ed25519 identity keys, their X25519 key pairs and self-mask seeds come
 from SHA-256 of a label, and the protocol's own randomness (Shamir coefficients, share nonces) is drawn
 from a SHA-256 counter stream that replaces :mod:`secrets` in the two modules that draw it, for the length
 of one run only. Every message comes out of the real client and server round (secure_afl.secagg), so the
-file pins the wire format: tests/test_secagg_vectors.py regenerates it and compares the bytes, and replays
-each negative case against the real decoder, the real signature check or a real client.
+files pin the wire format: tests/test_vector_files.py regenerates them and compares the bytes, and
+tests/test_secagg_vectors.py replays each bad case against the real decoder, the real server round or a real
+client.
 """
 
 from __future__ import annotations
@@ -17,7 +22,6 @@ import base64
 import hashlib
 import json
 from contextlib import contextmanager
-from pathlib import Path
 
 import numpy as np
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
@@ -31,8 +35,13 @@ from secure_afl.secagg.client import SecAggClient
 from secure_afl.secagg.messages import DealerComplaint
 from secure_afl.secagg.server import SecAggServerRound
 from secure_afl.secagg.settings import Stage, secagg_session_params
+from secure_afl_tools.vectors import files as vector_files
 
-PATH = Path(__file__).resolve().parents[2] / "vectors" / "secagg_messages.json"
+#: the folder of vectors/ this generator writes, every file in it
+OWNS = "secagg"
+#: the files' format (files.VERSIONS); a file of another version is refused by name
+VERSION = vector_files.VERSIONS[OWNS]
+INSTANCE = "round"
 SESSION = "vector-session"
 N = 3
 LAYOUT = Layout(2, 2)
@@ -162,41 +171,57 @@ def _negative(by_name: dict) -> list[dict]:
     # before it to a fresh server round ("server") or a fresh fixed client ("client"), then the case
     return [
         {"name": "key_advertisement_tampered_signature", "json": _flip_signature(ad), "replay": "server",
-         "replaces": "advertise_keys_response_1", "expect": "InvalidContribution"},
+         "replaces": "advertise_keys_response_1", "expect": "InvalidContribution",
+         "mutation": "hospital 1's key advertisement with one bit of its signature flipped"},
         {"name": "consistency_tampered_signature", "json": _flip_signature(st, 63), "replay": "server",
-         "replaces": "consistency_2", "expect": "InvalidContribution"},
+         "replaces": "consistency_2", "expect": "InvalidContribution",
+         "mutation": "hospital 2's signed survivor list with one bit of its signature's last byte flipped"},
         {"name": "consistency_other_session", "json": _edit(st, session_id="another-session"), "replay": "server",
-         "replaces": "consistency_2", "expect": "WrongSession"},
+         "replaces": "consistency_2", "expect": "WrongSession",
+         "mutation": "hospital 2's signed survivor list naming another session"},
         {"name": "share_keys_request_tampered_advertisement", "json": _edit(skr, advertisements=tampered_ads),
-         "replay": "client", "replaces": "share_keys_request_1", "expect": "InvalidContribution"},
+         "replay": "client", "replaces": "share_keys_request_1", "expect": "InvalidContribution",
+         "mutation": "the server's share-keys request to hospital 1 forwarding hospital 2's advertisement with "
+                     "one bit of its signature flipped"},
         {"name": "share_keys_request_other_session", "json": _edit(skr, session_id="another-session"),
-         "replay": "client", "replaces": "share_keys_request_1", "expect": "WrongSession"},
+         "replay": "client", "replaces": "share_keys_request_1", "expect": "WrongSession",
+         "mutation": "the server's share-keys request to hospital 1 naming another session"},
         {"name": "share_keys_request_other_round", "json": _edit(skr, round=2), "replay": "client",
-         "replaces": "share_keys_request_1", "expect": "StaleRound"},
+         "replaces": "share_keys_request_1", "expect": "StaleRound",
+         "mutation": "the server's share-keys request to hospital 1 naming round 2 in round 1"},
         {"name": "key_advertisement_round_zero", "json": _edit(ad, round=0), "replay": "decode",
-         "expect": "MalformedPayload"},
+         "expect": "MalformedPayload", "mutation": "hospital 1's key advertisement naming round 0"},
         {"name": "key_advertisement_round_past_16_bits", "json": _edit(ad, round=0x10000), "replay": "decode",
-         "expect": "MalformedPayload"},
+         "expect": "MalformedPayload", "mutation": "hospital 1's key advertisement naming round 2^16"},
         {"name": "key_advertisement_short_public_key",
          "json": json.dumps(short_key, sort_keys=True, separators=(",", ":")), "replay": "decode",
-         "expect": "MalformedPayload"},
+         "expect": "MalformedPayload", "mutation": "hospital 1's key advertisement with a 31-byte public key"},
         {"name": "share_keys_request_truncated", "json": skr[:len(skr) // 2], "replay": "decode",
-         "expect": "MalformedPayload"},
+         "expect": "MalformedPayload", "mutation": "the first half of the share-keys request to hospital 1"},
         {"name": "masked_input_truncated", "hex": masked[:len(masked) // 2], "replay": "decode",
-         "expect": "MalformedPayload"},
+         "expect": "MalformedPayload", "mutation": "the first half of hospital 1's sealed masked input"},
     ]
 
 
-def build() -> dict:
+def build() -> dict[str, dict]:
+    """The files by name: the round, then each bad case (naming the round it mutates)."""
     messages, total, material = run_round()
     wire = [{"name": name, "stage": stage, "type": m.TYPE, **_wire(m)} for name, stage, m in messages]
     complaint = wire.pop()
     by_name = {w["name"]: w for w in wire}
-    return {
+    bad = _negative(by_name) + [
+        {"name": "dealer_complaint_proving_nothing", "json": complaint["json"], "replay": "server",
+         "replaces": "masked_input_response_1", "expect": "InvalidContribution",
+         "mutation": "hospital 1's complaint against dealer 2 with shares that are fixed values, not the ones "
+                     "dealt, in place of its masked input"}]
+    head = {"version": VERSION, "protocol": OWNS}
+    round_ = {
+        **head,
+        "instance": INSTANCE,
         "description": "One secagg round of 3 hospitals (session 'vector-session', Layout(2, 2), the complete "
                        "graph) as the real client and server produce it, each message's exact wire bytes "
-                       "(canonical JSON, or the sealed envelope in hex for a masked input), then negative cases "
-                       "with the typed exception each must raise. Regenerate with "
+                       "(canonical JSON, or the sealed envelope in hex for a masked input); its bad cases, each "
+                       "a file naming the typed exception it must raise, are listed in bad_cases. Regenerate with "
                        "`python -m secure_afl_tools.vectors secagg`; see the generator for how every key and random "
                        "draw is fixed.",
         "session_id": SESSION,
@@ -207,16 +232,12 @@ def build() -> dict:
         "messages": wire,
         "dealer_complaint": complaint,
         "unmask_material": {"json": canonical_json(material.to_dict()).decode("ascii")},
-        "negative": _negative(by_name) + [
-            {"name": "dealer_complaint_proving_nothing", "json": complaint["json"], "replay": "server",
-             "replaces": "masked_input_response_1", "expect": "InvalidContribution"}],
+        "bad_cases": [c["name"] for c in bad],
     }
+    return {INSTANCE: round_, **{f"{vector_files.BAD}{c['name']}": {**head, "instance": INSTANCE, **c} for c in bad}}
 
 
-def render() -> str:
-    return json.dumps(build(), indent=1) + "\n"
-
-
-def regenerate() -> str:
-    """What the file must hold."""
-    return render()
+def files(root=vector_files.ROOT) -> dict[str, str]:
+    """``{path under vectors/: text}``: every file this generator writes (nothing is recorded: ``root`` is
+    unused, every draw is fixed)."""
+    return {f"{OWNS}/{name}.json": vector_files.render(d) for name, d in build().items()}

@@ -1,12 +1,14 @@
 """Message-level vectors for ``split``: one upload and the messages around it, for fixed keys and randomness.
 
-    python -m secure_afl_tools.vectors split            # rewrite vectors/split_messages.json
+    python -m secure_afl_tools.vectors split            # rewrite vectors/split/
     python -m secure_afl_tools.vectors split --check    # exit 1 if regenerating changes a byte
 
-The file holds the session's parameters, the keys (as the seeds they are derived from), the hospital's packed
-vector and proving randomness, its sealed payload with the validity commitment, the seed box and the signed
-seed statement, the key holder's query seed, the server's signed verifier message and the key holder's own.
-Then the bad cases, each replayed against both verifiers (tests/test_split_vectors.py):
+One file per instance (a session's parameterisation), vectors/split/<instance>.json, and one per bad case,
+vectors/split/bad_<case>.json (the layout: :mod:`secure_afl_tools.vectors.files`). An instance holds the
+session's parameters, the keys (as the seeds they are derived from), the hospital's packed vector and proving
+randomness, the honest upload's sealed payload with the validity commitment, the seed box and the signed seed
+statement, the key holder's query seed, the server's signed verifier message and the key holder's own. Each
+bad case is replayed against both verifiers (tests/test_split_vectors.py); ``plain``'s are:
 
 * ``count_minus_one``: a class count of -1, the next count raised so that they still sum to n, the bits
   claiming 0 (every other relation holds): both messages formed, the joint check refuses it (``linear``);
@@ -17,11 +19,11 @@ Then the bad cases, each replayed against both verifiers (tests/test_split_vecto
 * ``message_for_another_payload``: the server's signed message for the honest upload presented for the
   count_minus_one payload: the key holder refuses it (``InvalidSignature``).
 
-``release``: the honest upload's release: the key holder's share and signed share statement over a manifest
-naming it alone, the server's masked sum over that statement's cohort with its signed statement
-(``split-sum``), and the decoded sum.
+``plain`` also holds ``release``, the honest upload's release: the key holder's share and signed share
+statement over a manifest naming it alone, the server's masked sum over that statement's cohort with its
+signed statement (``split-sum``), and the decoded sum.
 
-Two more sections, each with its own session, upload, seed box, statement and cases:
+Two more instances, each with its own session, upload, seed box, statement and cases:
 
 * ``gram``: the same layout with ``[split] gram_proof`` at the fewest fractional bits the factor allows
   (f1 = 24): the honest upload (its statistics snapped onto 2^t L L^T), then an indefinite upload,
@@ -35,16 +37,15 @@ Two more sections, each with its own session, upload, seed box, statement and ca
   share's squared l2 norm beyond its bound: ``noise``.
 
 HPKE encapsulation is randomised and ``cryptography`` offers no deterministic path, so the seed box is
-recorded: regenerating keeps the recorded box while it opens under the fixed key and the upload's
-associated data to the fixed seed (else seals a new one). Everything else (Ed25519 signatures, the proof's
-randomness) is deterministic.
+recorded: regenerating keeps the box in the tree's file while it opens under the fixed key and the upload's
+associated data to the fixed seed (else seals a new one). ``dp_gram``'s noise share is recorded the same way
+(numpy may change its seeded stream), kept while the instance's session parameters are the recorded ones.
+Everything else (Ed25519 signatures, the proof's randomness) is deterministic.
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
-from pathlib import Path
 
 import numpy as np
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
@@ -53,14 +54,17 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
 from secure_afl.exceptions import InvalidInputError
 from secure_afl.split.sizes import GRAM_MIN_F
+from secure_afl_tools.vectors import files as vector_files
 
-__all__ = ["PATH", "VERSION", "build", "render", "fixed_keys", "load", "regenerate"]
+__all__ = ["OWNS", "VERSION", "INSTANCES", "build", "fixed_keys", "files"]
 
-PATH = Path(__file__).resolve().parents[2] / "vectors" / "split_messages.json"
+#: the folder of vectors/ this generator writes, every file in it
+OWNS = "split"
+#: the instances, each a file of its own
+INSTANCES = ("plain", "gram", "dp_gram")
 HOSPITAL = "h1"
-#: the file's format: 2 since the session's parameters name the proof's field and the joint and query randomness
-#: bind it (with the repetition count and a label of their own); a file of another version is refused by name
-VERSION = 2
+#: the files' format (why it is 2: files.VERSIONS); a file of another version is refused by name
+VERSION = vector_files.VERSIONS[OWNS]
 #: the inputs every key and random byte is derived from (SHAKE-256 of the label)
 _LABEL = b"secure-afl split message vectors v1 "
 
@@ -135,18 +139,21 @@ def _count_minus_one(circuit, x):
     return bad, aux
 
 
-def _case(circuit, name: str, what: str, payloads: dict, payload_name: str, validity: dict, seed: bytes, qs: bytes,
-          server_key, server_message: dict | None = None) -> dict:
+def _case(circuit, name: str, expect: str | None, payload: bytes, validity: dict, seed: bytes, qs: bytes, server_key,
+          mutation: str | None = None, server_message: dict | None = None) -> dict:
     """One replay: the server's signed message (formed here unless given), the key holder's check of it and
-    its verdict, as recorded; an exception is recorded by its class name."""
+    its verdict, as recorded; an exception is recorded by its class name. ``expect``: the verdict or exception
+    the case is for (None: valid); a case that meets another is a generator bug, refused here rather than
+    written."""
     from secure_afl import split
     from secure_afl.exceptions import SecureAFLError
     from secure_afl.hazmat import flp
 
-    payload = payloads[payload_name]
     sha = hashlib.sha256(payload).hexdigest()
-    out = {"name": name, "what": what, "payload": payload_name, "payload_sha256": sha, "validity": validity,
+    out = {"name": name, "expect": expect, "payload": payload.hex(), "payload_sha256": sha, "validity": validity,
            "seed": seed.hex(), "query_seed": qs.hex()}
+    if mutation is not None:
+        out["mutation"] = mutation
     if server_message is None:
         server_message = split.leader_message(circuit, HOSPITAL, payload, {"validity": validity}, server_key, qs)
     out["server_message"] = server_message
@@ -155,18 +162,55 @@ def _case(circuit, name: str, what: str, payloads: dict, payload_name: str, vali
         verdict, own = split.helper_verdict(circuit, HOSPITAL, seed, {"validity": validity}, qs, leader,
                                             with_message=True)
         out["keyholder"] = {"verdict": verdict, "message": None if own is None else flp.to_bytes(own).hex()}
+        got = verdict
     except SecureAFLError as e:
         out["keyholder"] = {"exception": type(e).__name__}
+        got = type(e).__name__
+    if got != expect:  # pragma: no cover - a generator change that breaks a case
+        raise RuntimeError(f"the {name} case meets {got!r}, not the {expect!r} it is for")
     return out
 
 
-def build(recorded: dict | None = None) -> dict:
-    """The vectors; ``recorded``: the file as it stands, whose seed box is kept while it still opens."""
+def _instance(name: str, description: str, pair, ed, fields: dict, honest: dict, bad: list[dict]) -> dict:
+    """``{file name: content}``: the instance (its keys, parameters, honest case and the names of its bad
+    cases in order) and one file per bad case, naming the instance it mutates."""
+    head = {"version": VERSION, "protocol": OWNS}
+    inst = {**head, "instance": name, "description": description + " " + _RECORDED, "hospital": HOSPITAL,
+            "keys": _keys(pair, ed), **fields, "honest": honest, "bad_cases": [c["name"] for c in bad]}
+    return {name: inst, **{f"{vector_files.BAD}{c['name']}": {**head, "instance": name, **c} for c in bad}}
+
+
+_RECORDED = ("Generated by `python -m secure_afl_tools.vectors split`. HPKE encapsulation is randomised (cryptography "
+             "has no deterministic path): the seed box is recorded and must open under the fixed key to the seed; a "
+             "DP instance's noise share is recorded too; every other field is deterministic and regenerated byte "
+             "for byte.")
+
+
+def _keys(pair, ed) -> dict:
+    return {"derivation": "SHAKE-256(\"" + _LABEL.decode() + "\" || label)",
+            "keyholder_secret_key": pair.secret_context.hex(),
+            "keyholder_public_key_sha256": hashlib.sha256(pair.public_context).hexdigest(),
+            "hospital_ed25519": ed["hospital"].private_bytes_raw().hex(),
+            "server_ed25519": ed["server"].private_bytes_raw().hex(),
+            "keyholder_ed25519": ed["keyholder"].private_bytes_raw().hex()}
+
+
+def build(recorded: dict[str, dict] | None = None) -> dict[str, dict]:
+    """The files by name (the instances and their bad cases); ``recorded``: the instances as they stand, by
+    name, whose seed boxes (and DP noise share) are kept while they still hold."""
+    recorded = recorded or {}
+    pair, ed = fixed_keys()
+    out: dict[str, dict] = {}
+    for make in (_plain, _gram, _dp_gram):
+        out.update(make(pair, ed, recorded))
+    return out
+
+
+def _plain(pair, ed, recorded: dict[str, dict]) -> dict[str, dict]:
     from secure_afl import split
     from secure_afl.envelope import seal
     from secure_afl.hazmat import flp
 
-    pair, ed = fixed_keys()
     params = _session(pair)
     circuit = split.Circuit(params)
     v = _vector(params)
@@ -174,12 +218,10 @@ def build(recorded: dict | None = None) -> dict:
     rand, (body, seed, com) = _prove(circuit, x, fw, "honest")
     payload = seal(params, "contribution", flp.to_bytes(body))
     sha = hashlib.sha256(payload).hexdigest()
-    upload = _upload(params, pair, ed, sha, seed, com, recorded)
+    upload = _upload(params, pair, ed, sha, seed, com, recorded.get("plain"))
     qs = split.query_seed(split.query_key(pair.secret_context), params, HOSPITAL, sha, com.to_dict())
     server = ed["server"]
-    payloads = {"honest": payload}
-    honest = _case(circuit, "honest", "the honest upload: valid", payloads, "honest", com.to_dict(), seed, qs,
-                   server)
+    honest = _case(circuit, "honest", None, payload, com.to_dict(), seed, qs, server)
 
     bad_lanes, aux = _count_minus_one(circuit, x)
     _, (b_body, b_seed, b_com) = _prove(circuit, bad_lanes, fw, "count_minus_one", check=False, aux_override=aux)
@@ -194,43 +236,22 @@ def build(recorded: dict | None = None) -> dict:
     t_qs = split.query_seed(split.query_key(pair.secret_context), params, HOSPITAL,
                             hashlib.sha256(t_payload).hexdigest(), com.to_dict())
     other_seed = bytes([seed[0] ^ 1]) + seed[1:]
-    payloads.update(count_minus_one=b_payload, tampered_proof=t_payload)
 
-    negatives = [
-        _case(circuit, "count_minus_one", "a class count of -1, every other relation kept", payloads,
-              "count_minus_one", b_com.to_dict(), b_seed, b_qs, server),
-        _case(circuit, "tampered_proof", "one bit-proof word of the honest body changed", payloads,
-              "tampered_proof", com.to_dict(), seed, t_qs, server),
-        _case(circuit, "seed_misses_commitment", "the honest upload judged with a seed it does not commit to",
-              payloads, "honest", com.to_dict(), other_seed, qs, server),
-        _case(circuit, "message_for_another_payload", "the server's signed message for the honest upload, "
-              "presented for the count_minus_one upload", payloads, "count_minus_one", b_com.to_dict(), b_seed,
-              b_qs, server, server_message=honest["server_message"]),
+    bad = [
+        _case(circuit, "count_minus_one", "linear", b_payload, b_com.to_dict(), b_seed, b_qs, server,
+              "a class count of -1, every other relation kept"),
+        _case(circuit, "tampered_proof", "bits", t_payload, com.to_dict(), seed, t_qs, server,
+              "one bit-proof word of the honest body changed"),
+        _case(circuit, "seed_misses_commitment", "commitment", payload, com.to_dict(), other_seed, qs, server,
+              "the honest upload judged with a seed it does not commit to"),
+        _case(circuit, "message_for_another_payload", "InvalidSignature", b_payload, b_com.to_dict(), b_seed, b_qs,
+              server, "the server's signed message for the honest upload, presented for the count_minus_one upload",
+              server_message=honest["server_message"]),
     ]
-    return {
-        "description": __doc__.split("\n\n", 1)[0] + " Generated by `python -m secure_afl_tools.vectors split`. "
-                       "HPKE encapsulation is randomised (cryptography has no deterministic path): the seed box is "
-                       "recorded and must open under the fixed key to the seed; every other field is deterministic "
-                       "and regenerated byte for byte.",
-        "version": VERSION,
-        "keys": {"derivation": "SHAKE-256(\"" + _LABEL.decode() + "\" || label)",
-                 "keyholder_secret_key": pair.secret_context.hex(),
-                 "keyholder_public_key_sha256": hashlib.sha256(pair.public_context).hexdigest(),
-                 "hospital_ed25519": ed["hospital"].private_bytes_raw().hex(),
-                 "server_ed25519": ed["server"].private_bytes_raw().hex(),
-                 "keyholder_ed25519": ed["keyholder"].private_bytes_raw().hex()},
-        "params": params.to_dict(),
-        "hospital": HOSPITAL,
-        "vector": [float(f) for f in v],
-        "rand": rand.hex(),
-        "upload": upload,
-        "payloads": {name: p.hex() for name, p in payloads.items()},
-        "honest": honest,
-        "negative": negatives,
-        "release": _release(params, pair, ed, payload, upload),
-        "gram": _gram(pair, ed, None if recorded is None else recorded.get("gram")),
-        "dp_gram": _dp_gram(pair, ed, None if recorded is None else recorded.get("dp_gram")),
-    }
+    fields = {"params": params.to_dict(), "vector": [float(f) for f in v], "rand": rand.hex(), "upload": upload,
+              "release": _release(params, pair, ed, payload, upload)}
+    return _instance("plain", "split, the plain statement: one honest upload, the messages around it and its "
+                     "release alone, for fixed keys and randomness.", pair, ed, fields, honest, bad)
 
 
 def _release(params, pair, ed, payload: bytes, upload: dict) -> dict:
@@ -330,7 +351,7 @@ def _indefinite(params) -> np.ndarray:
     return params.layout.pack(st)
 
 
-def _gram(pair, ed, recorded: dict | None) -> dict:
+def _gram(pair, ed, recorded: dict[str, dict]) -> dict[str, dict]:
     from secure_afl import split
     from secure_afl_tools.attacks_validity import field_factor, gram_cheat
 
@@ -341,28 +362,28 @@ def _gram(pair, ed, recorded: dict | None) -> dict:
     rand, (body, seed, com) = _prove(circuit, x, fw, "gram honest")
     payload, sha, qs = _sealed(params, pair, body, seed, com)
     server = ed["server"]
-    payloads = {"honest": payload}
-    honest = _case(circuit, "honest", "the honest upload: valid", payloads, "honest", com.to_dict(), seed, qs,
-                   server)
+    honest = _case(circuit, "honest", None, payload, com.to_dict(), seed, qs, server)
 
     lanes = circuit.lanes(_indefinite(params))
     assert field_factor(circuit, lanes) is not None
-    negatives = []
-    for name, what, kw, failing in (
+    bad = []
+    for name, what, kw, failing, expect in (
             ("indefinite_field_factor", "indefinite statistics with their Cholesky factor over F_p (L L^T = A "
-             "mod p, the count slack 0)", gram_cheat(circuit, lanes), ["gram_range"]),
+             "mod p, the count slack 0)", gram_cheat(circuit, lanes), ["gram_range"], "gram_range"),
             ("indefinite_stand_in_factor", "indefinite statistics with the honest upload's factor beside them",
-             gram_cheat(circuit, lanes, stand_in=v), ["gram_identity"])):
+             gram_cheat(circuit, lanes, stand_in=v), ["gram_identity"], "gram")):
         kw = dict(kw)
         b_body, b_seed, b_com = _prove_false(circuit, lanes, kw.pop("factor"), f"gram {name}", failing, **kw)
-        payloads[name], _, b_qs = _sealed(params, pair, b_body, b_seed, b_com)
-        negatives.append(_case(circuit, name, what, payloads, name, b_com.to_dict(), b_seed, b_qs, server))
-    return {"params": params.to_dict(), "vector": [float(f) for f in v], "rand": rand.hex(),
-            "upload": _upload(params, pair, ed, sha, seed, com, recorded),
-            "payloads": {name: p.hex() for name, p in payloads.items()}, "honest": honest, "negative": negatives}
+        b_payload, _, b_qs = _sealed(params, pair, b_body, b_seed, b_com)
+        bad.append(_case(circuit, name, expect, b_payload, b_com.to_dict(), b_seed, b_qs, server, what))
+    fields = {"params": params.to_dict(), "vector": [float(f) for f in v], "rand": rand.hex(),
+              "upload": _upload(params, pair, ed, sha, seed, com, recorded.get("gram"))}
+    return _instance("gram", "split with the Gram statement ([split] gram_proof) at the fewest fractional bits "
+                     "its factor allows: one honest upload and the messages around it.", pair, ed, fields, honest,
+                     bad)
 
 
-def _dp_gram(pair, ed, recorded: dict | None) -> dict:
+def _dp_gram(pair, ed, recorded: dict[str, dict]) -> dict[str, dict]:
     from secure_afl import split
     from secure_afl.dp import noise_share
     from secure_afl.hazmat import flp
@@ -373,16 +394,16 @@ def _dp_gram(pair, ed, recorded: dict | None) -> dict:
     gs = circuit.part("gram")
     v = _vector(params)  # the statistics before the noise: the backend proves the share beside them
     # the share is a draw from numpy's seeded generator, whose stream numpy may change between releases: the
-    # recorded share is kept, as the seed box is
-    z = np.asarray(recorded["noise"], dtype=np.float64) if recorded is not None and "noise" in recorded else \
-        noise_share(params, np.random.default_rng(int.from_bytes(_bytes("dp noise", 8), "big")))
+    # recorded share is kept, as the seed box is, while the session is the one it was drawn for (another noise
+    # bound or scale draws afresh)
+    old = recorded.get("dp_gram")
+    z = np.asarray(old["noise"], dtype=np.float64) if old is not None and old.get("params") == params.to_dict() \
+        else noise_share(params, np.random.default_rng(int.from_bytes(_bytes("dp noise", 8), "big")))
     x, fw = circuit.witness(v, noise=z)
     rand, (body, seed, com) = _prove(circuit, x, fw, "dp_gram honest")
     payload, sha, qs = _sealed(params, pair, body, seed, com)
     server = ed["server"]
-    payloads = {"honest": payload}
-    honest = _case(circuit, "honest", "the honest upload with its noise share: valid", payloads, "honest",
-                   com.to_dict(), seed, qs, server)
+    honest = _case(circuit, "honest", None, payload, com.to_dict(), seed, qs, server)
 
     st = params.layout.unpack(v)
     gamma = params.gamma
@@ -400,10 +421,10 @@ def _dp_gram(pair, ed, recorded: dict | None) -> dict:
     name = "statistics_in_the_noise"
     failing = ["noise_range"] + (["noise_l2"] if 2 * gs.T_z ** 2 > gs.l2_z else [])
     b_body, b_seed, b_com = _prove_false(circuit, lanes, words, f"dp_gram {name}", failing)
-    payloads[name], _, b_qs = _sealed(params, pair, b_body, b_seed, b_com)
-    negatives = [_case(circuit, name, "statistics before noise a Gram matrix (gamma I and the counts), the noise "
-                       "words carrying diag(+T_z, -T_z) grid steps, one beyond their proven range", payloads, name,
-                       b_com.to_dict(), b_seed, b_qs, server)]
+    b_payload, _, b_qs = _sealed(params, pair, b_body, b_seed, b_com)
+    bad = [_case(circuit, name, "noise", b_payload, b_com.to_dict(), b_seed, b_qs, server,
+                 "statistics before noise a Gram matrix (gamma I and the counts), the noise words carrying "
+                 "diag(+T_z, -T_z) grid steps, one beyond their proven range")]
     # the Q-residual: the same zero statistics, every cross-term noise word at +-(T_z - 1) (inside the per-entry
     # range), the Q lanes carrying them: only the share's l2 bound refuses it
     cross = np.arange(params.layout.slices["cross"].start, params.layout.slices["cross"].stop)
@@ -417,34 +438,30 @@ def _dp_gram(pair, ed, recorded: dict | None) -> dict:
     words = np.concatenate([fw0[:gs.n_f], flp.encode_signed(resid)])
     name = "q_residual_past_l2"
     b_body, b_seed, b_com = _prove_false(circuit, lanes, words, f"dp_gram {name}", ["noise_l2"])
-    payloads[name], _, b_qs = _sealed(params, pair, b_body, b_seed, b_com)
-    negatives.append(_case(circuit, name, "statistics before noise a Gram matrix, the noise words carrying Q at "
-                           "+-(T_z - 1): every entry in range, the share's squared l2 norm above l2_z", payloads,
-                           name, b_com.to_dict(), b_seed, b_qs, server))
-    return {"params": params.to_dict(), "vector": [float(f) for f in v], "noise": [float(f) for f in z],
-            "rand": rand.hex(), "upload": _upload(params, pair, ed, sha, seed, com, recorded),
-            "payloads": {name: p.hex() for name, p in payloads.items()}, "honest": honest, "negative": negatives}
+    b_payload, _, b_qs = _sealed(params, pair, b_body, b_seed, b_com)
+    bad.append(_case(circuit, name, "noise", b_payload, b_com.to_dict(), b_seed, b_qs, server,
+                     "statistics before noise a Gram matrix, the noise words carrying Q at +-(T_z - 1): every "
+                     "entry in range, the share's squared l2 norm above l2_z"))
+    fields = {"params": params.to_dict(), "vector": [float(f) for f in v], "noise": [float(f) for f in z],
+              "rand": rand.hex(), "upload": _upload(params, pair, ed, sha, seed, com, old)}
+    return _instance("dp_gram", "split with DP and the Gram statement together (the noise share travels as its "
+                     "own words): one honest upload with a fixed noise share and the messages around it.", pair, ed,
+                     fields, honest, bad)
 
 
-def render(vectors: dict) -> str:
-    return json.dumps(vectors, indent=1, sort_keys=True) + "\n"
+def recorded(root=vector_files.ROOT) -> dict[str, dict]:
+    """The instances as the tree holds them, by name: those of another version (their boxes open to no upload
+    of this one) and missing ones are left out, and are generated from nothing."""
+    out = {}
+    for name in INSTANCES:
+        try:
+            out[name] = vector_files.instance(OWNS, name, root)
+        except (FileNotFoundError, InvalidInputError):
+            continue
+    return out
 
 
-def load(path: Path = PATH) -> dict:
-    """The vector file, refused by name when it is of another version (its uploads were proven under other
-    derivations, and its sessions were signed without the field the proof runs over)."""
-    data = json.loads(path.read_text())
-    if data.get("version") != VERSION:
-        raise InvalidInputError(f"{path.name} is version {data.get('version')} of the split vectors; this tree reads "
-                         f"version {VERSION} (the proof's field and repetition count are bound since): regenerate it "
-                         "with `python -m secure_afl_tools.vectors split`")
-    return data
-
-
-def regenerate() -> str:
-    """What the file must hold: the recorded seed boxes (and DP noise share) are kept while they still open; a
-    file of an earlier version is regenerated from nothing (its boxes open to no upload of this one)."""
-    if not PATH.exists():
-        return render(build(None))
-    recorded = json.loads(PATH.read_text())
-    return render(build(recorded if recorded.get("version") == VERSION else None))
+def files(root=vector_files.ROOT) -> dict[str, str]:
+    """``{path under vectors/: text}``: every file this generator writes, the randomised values kept from
+    the files under ``root`` while they still hold."""
+    return {f"{OWNS}/{name}.json": vector_files.render(d) for name, d in build(recorded(root)).items()}
