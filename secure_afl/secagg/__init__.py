@@ -96,24 +96,7 @@ threat_model/THREAT_MODEL.md states the colluder bound.
 from .backend import SecAggBackend
 from .client import SecAggClient
 from .masking import share_commitment
-from .messages import (
-    AdvertiseKeysRequest,
-    ConsistencyStatement,
-    DealerComplaint,
-    DealRecord,
-    EncryptedShare,
-    KeyAdvertisement,
-    MaskedInput,
-    MaskedInputRequest,
-    SetupAck,
-    SetupRequest,
-    ShareKeysRequest,
-    ShareKeysResponse,
-    UnmaskMaterial,
-    UnmaskRequest,
-    UnmaskResponse,
-    decode_message,
-)
+from .messages import *  # noqa: F401,F403
 from .settings import (
     PROTOCOL,
     Stage,

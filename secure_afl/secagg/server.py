@@ -27,25 +27,7 @@ from ..hazmat.shamir import Share, combine_shares
 from ..params import SessionParams
 from .backend import SecAggBackend, SecAggCombiner
 from .masking import raw_public, share_commitment
-from .messages import (
-    AdvertiseKeysRequest,
-    ConsistencyStatement,
-    DealerComplaint,
-    DealRecord,
-    EncryptedShare,
-    KeyAdvertisement,
-    MaskedInput,
-    MaskedInputRequest,
-    SetupAck,
-    SetupRequest,
-    ShareKeysRequest,
-    ShareKeysResponse,
-    UnmaskMaterial,
-    UnmaskRequest,
-    UnmaskResponse,
-    MessageBase,
-    decode_message,
-)
+from . import messages as msg
 from .settings import ABORTED, DONE, Stage, graph_seed
 
 __all__ = ["SecAggServerRound", "BadShare"]
@@ -111,18 +93,18 @@ class SecAggServerRound:
         #: the stage at which each hospital left the round (SETUP: it never joined)
         self.left_at: dict[int, str] = {}
         self._responded: set[int] = set()
-        self._ads: dict[int, KeyAdvertisement] = {}
+        self._ads: dict[int, msg.KeyAdvertisement] = {}
         self.advertised: frozenset[int] = frozenset()
         self.graph_seed: bytes | None = None
         self._graph: dict[int, frozenset[int]] = {}
-        self._inbox: dict[int, dict[int, EncryptedShare]] = {}
+        self._inbox: dict[int, dict[int, msg.EncryptedShare]] = {}
         self._commits: dict[tuple[int, int], tuple[bytes, bytes]] = {}
-        self._deals: dict[int, DealRecord] = {}
-        self.complaints: dict[int, DealerComplaint] = {}  # dealer -> the first complaint proving it cheated
+        self._deals: dict[int, msg.DealRecord] = {}
+        self.complaints: dict[int, msg.DealerComplaint] = {}  # dealer -> the first complaint proving it cheated
         self._combiner: SecAggCombiner | None = None
         self._aggregate: bytes | None = None
         self._unmask_lists: dict[int, tuple[tuple[int, ...], tuple[int, ...]]] = {}
-        self._statements: dict[int, ConsistencyStatement] = {}
+        self._statements: dict[int, msg.ConsistencyStatement] = {}
         self._b_shares: dict[int, list[Share]] = {}
         self._s_shares: dict[int, list[Share]] = {}
         self.bad_shares: list[BadShare] = []
@@ -143,12 +125,12 @@ class SecAggServerRound:
         return self.active - self._responded
 
     @property
-    def advertisements(self) -> dict[int, KeyAdvertisement]:
+    def advertisements(self) -> dict[int, msg.KeyAdvertisement]:
         """The signed key advertisements received, by client id."""
         return dict(self._ads)
 
     @property
-    def statements(self) -> dict[int, ConsistencyStatement]:
+    def statements(self) -> dict[int, msg.ConsistencyStatement]:
         """Signed consistency statements received in the UNMASK stage, by signer."""
         return dict(self._statements)
 
@@ -178,36 +160,37 @@ class SecAggServerRound:
         return self._graph[u] | {u}
 
     # -- requests ---------------------------------------------------------------
-    def request(self, client_id: int) -> MessageBase:
+    def request(self, client_id: int) -> msg.MessageBase:
         """The request for ``client_id`` in the current stage."""
         self._check_open()
         if client_id not in self.active:
             raise StageError(f"client {client_id} takes no part in stage {self.stage}")
         sid, u, r = self.params.session_id, client_id, self.round
         if self.stage == Stage.SETUP:
-            return SetupRequest(sid, u, self._digest, r)
+            return msg.SetupRequest(sid, u, self._digest, r)
         if self.stage == Stage.ADVERTISE_KEYS:
-            return AdvertiseKeysRequest(sid, u, r)
+            return msg.AdvertiseKeysRequest(sid, u, r)
         if self.stage == Stage.SHARE_KEYS:
-            return ShareKeysRequest(sid, u, tuple(self._ads[v] for v in sorted(self.advertised)), self.graph_seed, r)
+            ads = tuple(self._ads[v] for v in sorted(self.advertised))
+            return msg.ShareKeysRequest(sid, u, ads, self.graph_seed, r)
         if self.stage == Stage.MASKED_INPUT:
             inbox = self._inbox.get(u, {})
             senders = [v for v in sorted(inbox) if v in self.active]
-            return MaskedInputRequest(sid, u, tuple(inbox[v] for v in senders), tuple(self._deals[v] for v in senders),
-                                      r)
+            return msg.MaskedInputRequest(sid, u, tuple(inbox[v] for v in senders),
+                                          tuple(self._deals[v] for v in senders), r)
         if not self.unmask_open:
             raise StageError(f"{len(self._statements)} of {self.quorum} survivors signed the survivor set so far")
         surv, drop = self._unmask_lists[u]
         # a quorum of signatures is what the hospital checks; more would only cost bytes
         signers = sorted(self._statements)[:self.quorum]
-        return UnmaskRequest(sid, u, surv, drop, tuple(self._statements[v] for v in signers), r)
+        return msg.UnmaskRequest(sid, u, surv, drop, tuple(self._statements[v] for v in signers), r)
 
     # -- responses --------------------------------------------------------------
     def receive(self, message) -> None:
         """Accept one hospital's response for the current stage (or its consistency statement)."""
         self._check_open()
         if isinstance(message, (bytes, bytearray, memoryview, Mapping)):
-            message = decode_message(message)
+            message = msg.decode_message(message)
         if getattr(message, "STAGE", None) != self.stage:
             raise StageError(f"expect {self.stage} stage, but receive {getattr(message, 'STAGE', None)} stage")
         if message.session_id != self.params.session_id:
@@ -217,10 +200,10 @@ class SecAggServerRound:
         u = message.client_id
         if u not in self.active:
             raise StageError(f"client {u} takes no part in stage {self.stage}")
-        if isinstance(message, ConsistencyStatement):
+        if isinstance(message, msg.ConsistencyStatement):
             self._receive_statement(message)
             return
-        if isinstance(message, DealerComplaint):
+        if isinstance(message, msg.DealerComplaint):
             self._receive_complaint(message)
             return
         if u in self._responded:
@@ -230,15 +213,15 @@ class SecAggServerRound:
             Stage.SHARE_KEYS: self._receive_shares, Stage.MASKED_INPUT: self._receive_masked,
             Stage.UNMASK: self._receive_unmask,
         }[self.stage]
-        expected = {Stage.SETUP: SetupAck, Stage.ADVERTISE_KEYS: KeyAdvertisement,
-                    Stage.SHARE_KEYS: ShareKeysResponse, Stage.MASKED_INPUT: MaskedInput,
-                    Stage.UNMASK: UnmaskResponse}[self.stage]
+        expected = {Stage.SETUP: msg.SetupAck, Stage.ADVERTISE_KEYS: msg.KeyAdvertisement,
+                    Stage.SHARE_KEYS: msg.ShareKeysResponse, Stage.MASKED_INPUT: msg.MaskedInput,
+                    Stage.UNMASK: msg.UnmaskResponse}[self.stage]
         if not isinstance(message, expected):
             raise MalformedPayload(f"expected a {expected.__name__}")
         handler(message)
         self._responded.add(u)
 
-    def _receive_setup(self, m: SetupAck) -> None:
+    def _receive_setup(self, m: msg.SetupAck) -> None:
         if m.params_digest != self._digest:
             raise ParameterMismatch("the hospital runs other session parameters")
 
@@ -248,13 +231,13 @@ class SecAggServerRound:
             if pub is None or not m.verify(pub):
                 raise InvalidContribution(f"{what} of client {m.client_id} is not signed by its hospital")
 
-    def _receive_advertisement(self, m: KeyAdvertisement) -> None:
+    def _receive_advertisement(self, m: msg.KeyAdvertisement) -> None:
         if m.params_digest != self._digest:
             raise ParameterMismatch("the advertisement is for other session parameters")
         self._check_signed(m, "advertisement")
         self._ads[m.client_id] = m
 
-    def _receive_shares(self, m: ShareKeysResponse) -> None:
+    def _receive_shares(self, m: msg.ShareKeysResponse) -> None:
         u = m.client_id
         allowed = (self.holders(u) & self.advertised) - {u}
         seen = set()
@@ -269,7 +252,7 @@ class SecAggServerRound:
             self._commits[(u, es.recipient)] = (es.commit_b, es.commit_s)
         self._commits[(u, u)] = (m.own_commit_b, m.own_commit_s)
 
-    def _check_deal(self, m: ShareKeysResponse) -> None:
+    def _check_deal(self, m: msg.ShareKeysResponse) -> None:
         """The deal record is for this round and dealer, over the holders it sent shares to, with their commitments.
 
         A record at odds with the shares would make every holder refuse its masked input, unattributed; it is
@@ -286,7 +269,7 @@ class SecAggServerRound:
                 dl.commitment(es.recipient)[:2] != (es.commit_b, es.commit_s) for es in m.shares):
             raise MalformedPayload(f"the deal record of client {u} carries other commitments than its shares")
 
-    def _receive_complaint(self, m: DealerComplaint) -> None:
+    def _receive_complaint(self, m: msg.DealerComplaint) -> None:
         """A holder's proof that the dealer of its shares cheated; the round will abort before any unmask."""
         if self.stage != Stage.MASKED_INPUT:
             raise StageError("complaints about a dealing are accepted in the masked_input stage")
@@ -299,14 +282,14 @@ class SecAggServerRound:
         self._responded.add(m.client_id)  # it uploads nothing; the stage need not wait for it
         logger.warning("[Stage 3] client %d proved that client %d dealt inconsistent shares", m.client_id, w)
 
-    def _receive_masked(self, m: MaskedInput) -> None:
+    def _receive_masked(self, m: msg.MaskedInput) -> None:
         # checks envelope, session, parameters, round, length
         cid, words = self.backend._decode_masked(m.payload, round=self.round)
         if cid != m.client_id:
             raise MalformedPayload("masked input header names another client")
         self._combiner.add_decoded(cid, words)
 
-    def _receive_statement(self, m: ConsistencyStatement) -> None:
+    def _receive_statement(self, m: msg.ConsistencyStatement) -> None:
         if m.client_id in self._statements:
             raise DuplicateContribution(f"client {m.client_id} already signed the survivor set")
         if (m.params_digest, m.graph_seed, m.survivors) != (self._digest, self.graph_seed, self.survivors_):
@@ -314,7 +297,7 @@ class SecAggServerRound:
         self._check_signed(m, "consistency statement")
         self._statements[m.client_id] = m
 
-    def _receive_unmask(self, m: UnmaskResponse) -> None:
+    def _receive_unmask(self, m: msg.UnmaskResponse) -> None:
         """Keep the shares that match their owner's commitment; name the holder of any other."""
         u = m.client_id
         if not self.unmask_open:
@@ -461,7 +444,7 @@ class SecAggServerRound:
         self.stage = DONE
         return True
 
-    def unmask_material(self) -> UnmaskMaterial:
+    def unmask_material(self) -> msg.UnmaskMaterial:
         """Reconstruct ``b_u`` (survivors) and ``s_v^SK`` (dropped) from the correct shares received."""
         seeds = {u: self._combine(u, self._b_shares[u], "self-mask") for u in self.survivors_}
         keys = {}
@@ -474,7 +457,7 @@ class SecAggServerRound:
         for v in self.dropped_:
             need |= self._graph[v] & set(self.survivors_)
         pks = {u: self._ads[u].mask_public_key for u in sorted(need)}
-        return UnmaskMaterial(self.survivors_, self.dropped_, seeds, keys, pks, self.graph_seed, self.round)
+        return msg.UnmaskMaterial(self.survivors_, self.dropped_, seeds, keys, pks, self.graph_seed, self.round)
 
     def _combine(self, owner: int, shares: list[Share], what: str) -> bytes:
         """The secret, or the dealer named: every share kept matched a commitment in its signed deal record.
