@@ -7,16 +7,7 @@ import hashlib
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from secure_afl.exceptions import (
-    DuplicateContribution,
-    InsufficientContributors,
-    InvalidSignature,
-    MalformedPayload,
-    ParameterMismatch,
-    PolicyViolation,
-    ReplayedContribution,
-    WrongSession,
-)
+from secure_afl import exceptions
 from secure_afl.pki import public_key_hex
 from secure_afl.signing import (
     MANIFEST_PREFIX,
@@ -111,7 +102,7 @@ def test_tampered_upload_statement_detected(keys, field, value):
     tampered = {**up, field: value}
 
     # Execute / Assert
-    with pytest.raises(InvalidSignature):
+    with pytest.raises(exceptions.InvalidSignature):
         verify_upload(tampered, keys["hosp-a"].public_key())
 
 
@@ -121,7 +112,7 @@ def test_upload_signed_by_another_key_refused(keys):
     up = sign_upload(keys["rogue"], SESSION, PARAMS, _payload("hosp-a"), "hosp-a")
 
     # Execute / Assert
-    with pytest.raises(InvalidSignature):
+    with pytest.raises(exceptions.InvalidSignature):
         verify_upload(up, keys["hosp-a"].public_key())
 
 
@@ -132,13 +123,13 @@ def test_upload_for_other_payload_session_or_parameters_refused(keys):
     up = sign_upload(keys["hosp-a"], SESSION, PARAMS, _payload("hosp-a"), "hosp-a")
 
     # Execute / Assert
-    with pytest.raises(InvalidSignature):
+    with pytest.raises(exceptions.InvalidSignature):
         verify_upload(up, pub, payload_sha256=_payload("other"))
-    with pytest.raises(InvalidSignature):
+    with pytest.raises(exceptions.InvalidSignature):
         verify_upload(up, pub, hospital="hosp-b")
-    with pytest.raises(WrongSession):
+    with pytest.raises(exceptions.WrongSession):
         verify_upload(up, pub, session_id="s2")
-    with pytest.raises(ParameterMismatch):
+    with pytest.raises(exceptions.ParameterMismatch):
         verify_upload(up, pub, params_digest=hashlib.sha256(b"other").digest())
 
 
@@ -149,7 +140,7 @@ def test_stale_upload_statement_refused(keys):
 
     # Execute / Assert
     verify_upload(up, keys["hosp-a"].public_key(), max_age_s=300, now=T0 + 299)
-    with pytest.raises(ReplayedContribution):
+    with pytest.raises(exceptions.ReplayedContribution):
         verify_upload(up, keys["hosp-a"].public_key(), max_age_s=300, now=T0 + 301)
 
 
@@ -158,11 +149,11 @@ def test_malformed_upload_statement_refused(keys):
     up = sign_upload(keys["hosp-a"], SESSION, PARAMS, _payload("hosp-a"), "hosp-a", timestamp=T0)
 
     # Execute / Assert
-    with pytest.raises(MalformedPayload):
+    with pytest.raises(exceptions.MalformedPayload):
         verify_upload({k: v for k, v in up.items() if k != "nonce"}, keys["hosp-a"].public_key())
-    with pytest.raises(MalformedPayload):
+    with pytest.raises(exceptions.MalformedPayload):
         verify_upload({**up, "payload_sha256": up["payload_sha256"].upper()}, keys["hosp-a"].public_key())
-    with pytest.raises(MalformedPayload):
+    with pytest.raises(exceptions.MalformedPayload):
         verify_upload("not a dict", keys["hosp-a"].public_key())
 
 
@@ -198,7 +189,7 @@ def test_tampered_receipt_detected(keys, field, value):
     r = make_receipt(keys["server"], SESSION, "hosp-a", _payload("hosp-a"), 7, T0)
 
     # Execute / Assert
-    with pytest.raises(InvalidSignature):
+    with pytest.raises(exceptions.InvalidSignature):
         verify_receipt({**r, field: value}, keys["server"].public_key())
 
 
@@ -208,7 +199,7 @@ def test_receipt_signed_by_non_server_key_refused(keys):
     r = make_receipt(keys["rogue"], SESSION, "hosp-a", _payload("hosp-a"), 7, T0)
 
     # Execute / Assert
-    with pytest.raises(InvalidSignature):
+    with pytest.raises(exceptions.InvalidSignature):
         verify_receipt(r, keys["server"].public_key())
 
 
@@ -219,7 +210,7 @@ def test_signature_of_one_kind_cannot_be_replayed_as_another(keys):
     cross = _resign(r, keys["server"], prefix=UPLOAD_PREFIX)
 
     # Execute / Assert
-    with pytest.raises(InvalidSignature):
+    with pytest.raises(exceptions.InvalidSignature):
         verify_receipt(cross, keys["server"].public_key())
 
 
@@ -247,9 +238,9 @@ def test_manifest_with_fewer_than_min_clients_refused(keys, enrolled):
     m = _manifest(keys, ["hosp-a", "hosp-b"], min_clients=2)
 
     # Execute / Assert
-    with pytest.raises(InsufficientContributors):
+    with pytest.raises(exceptions.InsufficientContributors):
         verify_manifest(m, keys["server"].public_key(), enrolled, 3)
-    with pytest.raises(InsufficientContributors):
+    with pytest.raises(exceptions.InsufficientContributors):
         _manifest(keys, ["hosp-a"], min_clients=2)
 
 
@@ -260,7 +251,7 @@ def test_manifest_with_unknown_identity_refused(keys, enrolled):
     m = build_manifest(keys["server"], SESSION, PARAMS, parts, AGG, 2, timestamp=T0)
 
     # Execute / Assert
-    with pytest.raises(PolicyViolation) as exc:
+    with pytest.raises(exceptions.PolicyViolation) as exc:
         verify_manifest(m, keys["server"].public_key(), enrolled, 2)
     assert exc.value.reason == "unknown_identity"
 
@@ -272,9 +263,9 @@ def test_manifest_with_enrolled_name_but_foreign_key_refused(keys, enrolled):
     m = build_manifest(keys["server"], SESSION, PARAMS, parts, AGG, 2, timestamp=T0)
 
     # Execute / Assert
-    with pytest.raises(PolicyViolation):
+    with pytest.raises(exceptions.PolicyViolation):
         verify_manifest(m, keys["server"].public_key(), enrolled, 2)
-    with pytest.raises(PolicyViolation):
+    with pytest.raises(exceptions.PolicyViolation):
         build_manifest(keys["server"], SESSION, PARAMS, parts, AGG, 2, enrolled=enrolled)
 
 
@@ -290,9 +281,9 @@ def test_manifest_with_duplicate_identity_refused(keys, enrolled):
          for p in (first, second)], key=lambda p: p["payload_sha256"])}, keys["server"])
 
     # Execute / Assert
-    with pytest.raises(DuplicateContribution):
+    with pytest.raises(exceptions.DuplicateContribution):
         verify_manifest(forged, keys["server"].public_key(), enrolled, 2)
-    with pytest.raises(DuplicateContribution):
+    with pytest.raises(exceptions.DuplicateContribution):
         build_manifest(keys["server"], SESSION, PARAMS, [first, second], AGG, 2)
 
 
@@ -306,9 +297,9 @@ def test_manifest_with_tampered_participant_entry_refused(keys, enrolled):
 
     # Execute / Assert: caught by the server signature, and, if the server
     # re-signs it, by the hospital's own upload signature
-    with pytest.raises(InvalidSignature):
+    with pytest.raises(exceptions.InvalidSignature):
         verify_manifest(tampered, keys["server"].public_key(), enrolled, 2)
-    with pytest.raises(InvalidSignature):
+    with pytest.raises(exceptions.InvalidSignature):
         verify_manifest(_resign(tampered, keys["server"]), keys["server"].public_key(), enrolled, 2)
 
 
@@ -318,9 +309,9 @@ def test_manifest_with_bad_server_signature_refused(keys, enrolled):
     m = _manifest(keys, ["hosp-a", "hosp-b"])
 
     # Execute / Assert
-    with pytest.raises(InvalidSignature):
+    with pytest.raises(exceptions.InvalidSignature):
         verify_manifest(_resign(m, keys["rogue"]), keys["server"].public_key(), enrolled, 2)
-    with pytest.raises(InvalidSignature):
+    with pytest.raises(exceptions.InvalidSignature):
         verify_manifest({**m, "signature": "00" * 64}, keys["server"].public_key(), enrolled, 2)
 
 
@@ -331,11 +322,11 @@ def test_manifest_for_other_aggregate_session_or_parameters_refused(keys, enroll
     pub = keys["server"].public_key()
 
     # Execute / Assert
-    with pytest.raises(InvalidSignature):
+    with pytest.raises(exceptions.InvalidSignature):
         verify_manifest(m, pub, enrolled, 2, aggregate_sha256=hashlib.sha256(b"other").digest())
-    with pytest.raises(WrongSession):
+    with pytest.raises(exceptions.WrongSession):
         verify_manifest(m, pub, enrolled, 2, session_id="s2")
-    with pytest.raises(ParameterMismatch):
+    with pytest.raises(exceptions.ParameterMismatch):
         verify_manifest(m, pub, enrolled, 2, params_digest=hashlib.sha256(b"other").digest())
 
 
@@ -345,7 +336,7 @@ def test_manifest_refuses_upload_signed_for_another_session(keys):
     parts = [_participant(keys, "hosp-a"), _participant(keys, "hosp-b", session="s2")]
 
     # Execute / Assert
-    with pytest.raises(WrongSession):
+    with pytest.raises(exceptions.WrongSession):
         build_manifest(keys["server"], SESSION, PARAMS, parts, AGG, 2)
 
 
@@ -355,5 +346,5 @@ def test_manifest_refuses_upload_signed_for_other_session_parameters(keys):
     parts = [_participant(keys, "hosp-a"), _participant(keys, "hosp-b", params=other)]
 
     # Execute / Assert: the server signs no manifest that mixes parameters
-    with pytest.raises(ParameterMismatch):
+    with pytest.raises(exceptions.ParameterMismatch):
         build_manifest(keys["server"], SESSION, PARAMS, parts, AGG, 2)
