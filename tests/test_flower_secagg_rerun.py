@@ -34,14 +34,8 @@ def _contexts(c: Consortium, run_id: int, data: dict):
     return node_contexts(c, run_id, data, HOSPITALS)
 
 
-def _server(c: Consortium, data_dir: str):
-    cfg = load_config(c.config)
-    cfg.data_dir = c.root / data_dir
-    return open_server(cfg)
-
-
-def test_serverapp_rerunning_setup_without_the_victim_gets_no_second_sum(tmp_path):
-    # Prepare: 4 hospitals, t = 2, quorum 3; every hospital's embeddings in a file its node config names
+def _consortium(tmp_path) -> tuple[Consortium, dict]:
+    """4 secagg hospitals (t = 2, quorum 3), each one's embeddings in the file its node config names."""
     c = Consortium(tmp_path, backend="secagg", hospitals=HOSPITALS, min_clients=2,
                    secagg={"threshold": 2, "stage_timeout_s": 3.0})
     data = {}
@@ -49,6 +43,18 @@ def test_serverapp_rerunning_setup_without_the_victim_gets_no_second_sum(tmp_pat
         X, y = c.data(h, n=12)
         data[h] = c.root / f"{h}.npz"
         np.savez(data[h], X=X, y=y)
+    return c, data
+
+
+def _server(c: Consortium, data_dir: str):
+    cfg = load_config(c.config)
+    cfg.data_dir = c.root / data_dir
+    return open_server(cfg)
+
+
+def test_serverapp_rerunning_setup_without_the_victim_gets_no_second_sum(tmp_path):
+    # Prepare: 4 hospitals, t = 2, quorum 3, every one's data on disk; one complete round
+    c, data = _consortium(tmp_path)
     TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 7, 0, 0
     nodes = {h: i + 1 for i, h in enumerate(HOSPITALS)}
     first = _server(c, "server-1")
@@ -90,13 +96,7 @@ def test_a_hospital_that_signed_over_flower_takes_no_part_natively_in_the_same_s
     from secure_afl.clients.secagg_client import SecAggParticipant
     from secure_afl.exceptions import InvalidContribution
 
-    c = Consortium(tmp_path, backend="secagg", hospitals=HOSPITALS, min_clients=2,
-                   secagg={"threshold": 2, "stage_timeout_s": 3.0})
-    data = {}
-    for h in HOSPITALS:
-        X, y = c.data(h, n=12)
-        data[h] = c.root / f"{h}.npz"
-        np.savez(data[h], X=X, y=y)
+    c, data = _consortium(tmp_path)
     contexts = _contexts(c, 9, data)
     TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 9, 0, 0
     server = _server(c, "server-1")
