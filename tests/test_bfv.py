@@ -10,16 +10,7 @@ from secure_afl.backends import get_backend
 from secure_afl.backends.bfv import BFVBackend, bfv_parameters, bfv_session_params, new_bfv_session
 from secure_afl.backends.secagg import secagg_session_params, simulate_round
 from secure_afl.envelope import peek_header, seal
-from secure_afl.exceptions import (
-    BoundsExceeded,
-    InvalidContribution,
-    InvalidKey,
-    InvalidParameterError,
-    MalformedPayload,
-    ParameterMismatch,
-    SanityCheckFailed,
-    SecretKeyNotAllowed,
-)
+from secure_afl import exceptions
 from secure_afl.hazmat import bfv as hzb
 from secure_afl.hazmat import fixedpoint
 from secure_afl.packing import Layout
@@ -90,7 +81,7 @@ def test_protect_refuses_out_of_bound_vector(session):
     v[3] = 2 * H
 
     # Execute / Assert
-    with pytest.raises(BoundsExceeded):
+    with pytest.raises(exceptions.BoundsExceeded):
         BFVBackend(params).protect(v, public_context=keys.public_context)
 
 
@@ -101,11 +92,11 @@ def test_server_refuses_a_secret_context_and_a_foreign_one(session):
     _, other = new_bfv_session("bfv-test", LAYOUT, GAMMA, BOUNDS)
 
     # Execute / Assert
-    with pytest.raises(SecretKeyNotAllowed):
+    with pytest.raises(exceptions.SecretKeyNotAllowed):
         BFVBackend(params).combiner(public_context=keys.secret_context)
-    with pytest.raises(ParameterMismatch):
+    with pytest.raises(exceptions.ParameterMismatch):
         BFVBackend(params).combiner(public_context=other.public_context)
-    with pytest.raises(InvalidKey):
+    with pytest.raises(exceptions.InvalidKey):
         BFVBackend(params).reveal(_combine(params, keys, [BFVBackend(params).protect(
             _vectors(1)[0], public_context=keys.public_context)]), secret_context=keys.public_context)
 
@@ -125,7 +116,7 @@ def test_ciphertext_under_another_key_is_refused_or_caught(session):
     agg = _combine(params, keys, [bad, be.protect(_vectors(1, 1)[0], public_context=keys.public_context)])
 
     # Assert: decrypts to garbage far outside the declared bound, which the key holder refuses
-    with pytest.raises(SanityCheckFailed):
+    with pytest.raises(exceptions.SanityCheckFailed):
         be.reveal(agg, secret_context=keys.secret_context)
 
 
@@ -143,7 +134,7 @@ def test_reveal_refuses_an_aggregate_beyond_the_declared_bound(session):
     agg = _combine(params, keys, [bad] * 3)
 
     # Assert
-    with pytest.raises(SanityCheckFailed, match="declared aggregate bound"):
+    with pytest.raises(exceptions.SanityCheckFailed, match="declared aggregate bound"):
         BFVBackend(params).reveal(agg, secret_context=keys.secret_context)
 
 
@@ -163,7 +154,7 @@ def test_aggregate_without_noise_budget_is_not_decrypted(session):
     agg = seal(params, "aggregate", hzb.dump_chunks(chunks, n), contributors=1)
 
     # Execute / Assert
-    with pytest.raises(SanityCheckFailed, match="noise budget"):
+    with pytest.raises(exceptions.SanityCheckFailed, match="noise budget"):
         be.reveal(agg, secret_context=keys.secret_context)
 
 
@@ -180,15 +171,15 @@ def test_malformed_and_wrong_scheme_bodies_refused(session):
 
     # Execute / Assert
     acc = be.combiner(public_context=keys.public_context)
-    with pytest.raises(MalformedPayload):
+    with pytest.raises(exceptions.MalformedPayload):
         acc.add(seal(params, "contribution", b"XXXXXXXX" + body[8:]))
-    with pytest.raises(MalformedPayload):
+    with pytest.raises(exceptions.MalformedPayload):
         acc.add(seal(params, "contribution", body[:-3]))
-    with pytest.raises(InvalidContribution):
+    with pytest.raises(exceptions.InvalidContribution):
         acc.add(seal(params, "contribution", hzb._raw_body([ckks_blob] * 1, fixedpoint.n_words(LAYOUT.length))))
     pub = ts.context_from(keys.public_context)
     short = ts.bfv_vector(pub, [1, 2, 3]).serialize()  # a valid BFV ciphertext with the wrong slot count
-    with pytest.raises(InvalidContribution):
+    with pytest.raises(exceptions.InvalidContribution):
         acc.add(seal(params, "contribution", hzb._raw_body([short], fixedpoint.n_words(LAYOUT.length))))
     acc.add(payload)  # nothing accepted so far was lost
     assert acc.count == 1
@@ -200,13 +191,13 @@ def test_parameters_are_checked():
     bp = dict(params.backend_params)
 
     # Execute / Assert
-    with pytest.raises(InvalidParameterError):
+    with pytest.raises(exceptions.InvalidParameterError):
         hzb.BFVParameters.from_dict({**bp, "plain_modulus": 65537})
-    with pytest.raises(InvalidParameterError):
+    with pytest.raises(exceptions.InvalidParameterError):
         hzb.BFVParameters(8192, (60, 60, 60, 60))  # 240 bits > 218: below 128-bit security
-    with pytest.raises(InvalidParameterError):
+    with pytest.raises(exceptions.InvalidParameterError):
         many = Bounds(1.0, 100, 4000)  # lanes sized for 4000 hospitals, chain for 4: too little noise budget
         fb = list(fixedpoint.choose_frac_bits(many, GAMMA))
         BFVBackend(SessionParams("p", "bfv", LAYOUT, GAMMA, many, {**bp, "frac_bits": fb}))
-    with pytest.raises(InvalidParameterError):
+    with pytest.raises(exceptions.InvalidParameterError):
         BFVBackend(params.with_backend_params(frac_bits=[60, 56]))  # lanes could wrap
