@@ -3,14 +3,13 @@
 import numpy as np
 import pytest
 
-from secure_afl.analytic import solve_from_sums, solve_head
-from secure_afl.dp import DPSpec, psd_repair
+from secure_afl.dp import DPSpec
 from secure_afl.backends.session_params import dp_session_params
-from secure_afl.dp.solve import calibrated_ridge
 from secure_afl.exceptions import DecryptionRefused
 from secure_afl.packing import Layout
 from secure_afl.params import Bounds
 from support import plain_reference
+from support.dp_release import check_four_share_noise, check_noisy_solve
 
 
 pytestmark = pytest.mark.e2e
@@ -50,20 +49,12 @@ def test_dp_release_is_noisy_accounted_and_never_ri_restored(consortium, backend
     res = c.keyholder.finalize(conn, min_clients=3)
     conn.close()
     # Assert: the revealed Gram carries noise of the summed shares' standard deviation (4 shares of sigma^2/3)
-    dp = res.report["dp"]
-    iu = np.triu_indices(c.dim)
-    resid = np.concatenate([(res.stats.gram - truth.gram - 4.0 * np.eye(c.dim))[iu],
-                            (res.stats.cross - truth.cross).ravel()])
-    expected_sd = dp["sigma"] * np.sqrt(4 / 3)
-    assert 0.5 < resid.std() / expected_sd < 1.6  # 39 entries: the ratio's 1e-6 two-sided range is (0.45, 1.75)
+    expected_sd = check_four_share_noise(res, truth)
     # accounted: a release of 4 shares is better than the declared target; the ledger composes it
+    dp = res.report["dp"]
     assert dp["epsilon"] <= DP["epsilon"] and dp["epsilon_composed"] == pytest.approx(dp["epsilon"])
     # the solve: PSD repair of the revealed C^r plus the calibrated ridge beyond the RI term, no RI restoration
-    lam = calibrated_ridge(expected_sd, c.dim, 0.01)
-    W_expected = solve_head(psd_repair(res.stats.gram), res.stats.cross, lam=max(0.0, lam - 4.0))
-    assert np.allclose(res.W, W_expected, rtol=1e-9, atol=1e-12)
-    W_ri = solve_from_sums(res.stats)
-    assert np.linalg.norm(res.W - W_ri) > 1e-3 * np.linalg.norm(W_ri)
+    check_noisy_solve(res, expected_sd)
 
 
 @pytest.mark.parametrize("backend", ["plain", "bfv"])
@@ -119,12 +110,8 @@ def test_secagg_dp_with_a_dropout_is_accounted_at_the_survivors_noise(consortium
     assert not errors, errors
     survivors = ["h01", "h02", "h03", "h04"]
     assert res.report["participants"] == survivors
-    total = plain_reference(c, data, survivors)
-    iu = np.triu_indices(c.dim)
-    resid = np.concatenate([(res.stats.gram - total.gram - 4.0 * np.eye(c.dim))[iu],
-                            (res.stats.cross - total.cross).ravel()])
+    check_four_share_noise(res, plain_reference(c, data, survivors))
     dp = res.report["dp"]
-    assert 0.5 < resid.std() / (dp["sigma"] * np.sqrt(4 / 3)) < 1.6  # 1e-6 two-sided range (0.45, 1.75)
     assert dp["contributors"] == 4 and dp["epsilon"] < DP["epsilon"]
 
 

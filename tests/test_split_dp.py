@@ -6,16 +6,15 @@ import os
 import numpy as np
 import pytest
 
-from secure_afl.analytic import solve_from_sums, solve_head
-from secure_afl.dp import DPSpec, psd_repair
+from secure_afl.dp import DPSpec
 from secure_afl.backends.session_params import dp_session_params
 from secure_afl.dp.ledger import PrivacyLedger
-from secure_afl.dp.solve import calibrated_ridge
 from secure_afl.exceptions import BoundsExceeded, DecryptionRefused, SecureAFLError
 from secure_afl.packing import Layout
 from secure_afl.params import Bounds
 
 from support import plain_reference
+from support.dp_release import check_four_share_noise, check_noisy_solve
 from support.split_cheat import keeping_honest_bits
 
 DP = {"epsilon": 1.0, "delta": 1e-5, "min_contributors": 3}
@@ -50,6 +49,19 @@ def _started_with_honest(consortium, honest, *, hospitals=NAMES, min_clients=3):
     return c, data, conn
 
 
+def _check_refused_for_short_noise(c, conn):
+    """The key holder refuses its share for want of noise shares, accounts nothing, and the collector has
+    nothing to release (it would hold a sum short of the declared noise)."""
+    with pytest.raises(DecryptionRefused) as e:
+        c.keyholder.finalize(conn, min_clients=2)
+    assert e.value.reason == "dp_noise_short"
+    with PrivacyLedger(c.keyholder.keys_dir / "privacy.sqlite3") as pl:
+        assert pl.releases() == []
+    with pytest.raises(SecureAFLError):
+        conn.request("GET", conn.path("/split/result"))
+    conn.close()
+
+
 def test_split_and_secagg_noise_parameters_are_the_same():
     # Execute: the same declared DP on the same layout and bounds
     lay, b = Layout(6, 3), Bounds(4.0, 1000, 8)
@@ -81,15 +93,9 @@ def test_split_dp_release_is_noisy_and_accounted_as_secagg_accounts_it(consortiu
     sconn.close()
 
     # Assert: noise of four shares of sigma^2 / 3 is in the released Gram and cross
-    truth = plain_reference(c, data, NAMES)
-    dp = res.report["dp"]
-    iu = np.triu_indices(c.dim)
-    resid = np.concatenate([(res.stats.gram - truth.gram - 4.0 * np.eye(c.dim))[iu],
-                            (res.stats.cross - truth.cross).ravel()])
-    expected_sd = dp["sigma"] * np.sqrt(4 / 3)
-    assert 0.5 < resid.std() / expected_sd < 1.6  # 39 entries: the ratio's 1e-6 two-sided range is (0.45, 1.75)
+    expected_sd = check_four_share_noise(res, plain_reference(c, data, NAMES))
     # the same accounting as secagg's for the same declared DP and cohort: the same curve, epsilon and record
-    sdp = ref.report["dp"]
+    dp, sdp = res.report["dp"], ref.report["dp"]
     for key in ("mechanism", "sigma", "noise_multiplier", "delta", "min_contributors", "contributors", "epsilon"):
         assert dp[key] == sdp[key], key
     assert dp["epsilon"] <= DP["epsilon"] and dp["epsilon_composed"] == pytest.approx(dp["epsilon"])
@@ -98,11 +104,7 @@ def test_split_dp_release_is_noisy_and_accounted_as_secagg_accounts_it(consortiu
     assert [(r["session_id"], r["aggregate_sha256"], r["epsilon"]) for r in rows] == \
         [(c.session_id, res.manifest["aggregate_sha256"], dp["epsilon"])]
     # the collector's solve: PSD repair plus the calibrated ridge beyond the RI term, never RI restoration
-    lam = calibrated_ridge(expected_sd, c.dim, 0.01)
-    W_expected = solve_head(psd_repair(res.stats.gram), res.stats.cross, lam=max(0.0, lam - 4.0))
-    assert np.allclose(res.W, W_expected, rtol=1e-9, atol=1e-12)
-    W_ri = solve_from_sums(res.stats)
-    assert np.linalg.norm(res.W - W_ri) > 1e-3 * np.linalg.norm(W_ri)
+    check_noisy_solve(res, expected_sd)
 
 
 @pytest.mark.e2e
@@ -111,14 +113,7 @@ def test_split_dp_share_refused_with_fewer_noise_shares_than_declared(consortium
     c, data, conn = _started_with_honest(consortium, ("h1", "h2"), hospitals=("h1", "h2", "h3"), min_clients=2)
 
     # Execute / Assert: no share leaves, nothing is accounted, the collector has nothing to release
-    with pytest.raises(DecryptionRefused) as e:
-        c.keyholder.finalize(conn, min_clients=2)
-    assert e.value.reason == "dp_noise_short"
-    with PrivacyLedger(c.keyholder.keys_dir / "privacy.sqlite3") as pl:
-        assert pl.releases() == []
-    with pytest.raises(SecureAFLError):
-        conn.request("GET", conn.path("/split/result"))
-    conn.close()
+    _check_refused_for_short_noise(c, conn)
 
 
 # -- the validity proof under DP: the statement widened by the noise share's hard bound tau ----------------------
@@ -342,14 +337,7 @@ def test_split_dp_refusal_that_leaves_fewer_noise_shares_than_declared_releases_
     _modified_upload(c, data, "h3", lambda lanes, circuit: _put(lanes, circuit, 1, -circuit.tau - 1))
 
     # Execute / Assert: the key holder refuses its share (the collector would hold a sum short of the noise)
-    with pytest.raises(DecryptionRefused) as e:
-        c.keyholder.finalize(conn, min_clients=2)
-    assert e.value.reason == "dp_noise_short"
-    with PrivacyLedger(c.keyholder.keys_dir / "privacy.sqlite3") as pl:
-        assert pl.releases() == []
-    with pytest.raises(SecureAFLError):
-        conn.request("GET", conn.path("/split/result"))
-    conn.close()
+    _check_refused_for_short_noise(c, conn)
 
 
 @pytest.mark.e2e
