@@ -81,11 +81,12 @@ import numpy as np
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
 
 from ..exceptions import BoundsExceeded, InvalidInputError, MalformedPayload
+from .flp_domain import lagrange_basis, power_sums, query_point
 
 __all__ = [
     "P", "HALF", "GENERATOR", "TWO_ADICITY", "root_of_unity", "inv", "to_field", "encode_signed", "decode_signed",
     "add", "sub", "neg", "mul", "scale", "dot", "sum_mod", "powers", "ntt", "intt", "poly_eval",
-    "to_bytes", "from_bytes", "expand_field", "batch_inv", "Goldilocks", "GOLDILOCKS", "BitProof",
+    "to_bytes", "from_bytes", "expand_field", "Goldilocks", "GOLDILOCKS", "BitProof",
 ]
 
 P = (1 << 64) - (1 << 32) + 1
@@ -103,23 +104,6 @@ def root_of_unity(n: int) -> int:
     if n < 1 or n & (n - 1) or n > 1 << TWO_ADICITY:
         raise InvalidInputError(f"no radix-2 root of unity of order {n} in the Goldilocks field")
     return pow(GENERATOR, (P - 1) // n, P)
-
-
-def batch_inv(xs: list[int], p: int = P) -> list[int]:
-    """Inverses mod the prime ``p`` of nonzero elements with one exponentiation (prefix products, then
-    unwound)."""
-    prefix, acc = [], 1
-    for x in xs:
-        prefix.append(acc)
-        acc = acc * x % p
-    if acc == 0:
-        raise InvalidInputError("zero has no inverse")
-    acc = pow(acc, p - 2, p)
-    out = [0] * len(xs)
-    for i in range(len(xs) - 1, -1, -1):
-        out[i] = acc * prefix[i] % p
-        acc = acc * xs[i] % p
-    return out
 
 
 def inv(x: int) -> int:
@@ -551,24 +535,9 @@ class BitProof:
             proofs.append(np.concatenate([seeds, p_coeffs[:-1]]))
         return proofs
 
-    def _lagrange(self, t: int) -> np.ndarray:
-        """``L_m(t)`` for the N-point domain: ``(t^N - 1) a^m / (N (t - a^m))``."""
-        n, a, p = self.n, self._alpha, self.F.P
-        pts = [pow(a, m, p) for m in range(n)]
-        z = (pow(t, n, p) - 1) * self.F.inv(n) % p
-        dens = batch_inv([(t - x) % p for x in pts], p)
-        return self.F.to_field([z * pts[m] % p * dens[m] % p for m in range(n)])
-
     def out_weights(self) -> np.ndarray:
-        if self._out_weights is None:
-            F = self.F
-            pts = F.powers(self._alpha, self.calls, start=1)  # alpha^(k+1), k < G
-            w = F.zeros(2 * self.n - 1)
-            cur = F.ones(self.calls)
-            for e in range(2 * self.n - 1):
-                w[e] = F.to_field([F.sum_mod(cur)])[0]
-                cur = F.mul(cur, pts)
-            self._out_weights = w
+        if self._out_weights is None:  # the call points alpha^(k+1), k < G
+            self._out_weights = power_sums(self.F, self.F.powers(self._alpha, self.calls, start=1), 2 * self.n - 1)
         return self._out_weights
 
     def query(self, bits_share, proof_share, joint_rand: int, t: int, *, leader: bool) -> np.ndarray:
@@ -576,12 +545,10 @@ class BitProof:
         F = self.F
         bits_share = self._check(bits_share, self.length, "the bit vector share")
         proof_share = self._check(proof_share, self.proof_len, "the proof share")
-        t = int(t) % F.P
-        if pow(t, self.n, F.P) == 1:
-            raise InvalidInputError("a query point on the interpolation domain would reveal wire values")
+        t = query_point(F, self.n, t)
         c = self.chunk
         u, v = self._wires(bits_share, joint_rand, leader)
-        lag = self._lagrange(t)
+        lag = lagrange_basis(F, self.n, self._alpha, t)
         seeds, p_coeffs = proof_share[:2 * c], proof_share[2 * c:]
         lam_calls = lag[1:self.calls + 1].reshape(-1, 1)
         u_t = F.add(F.mul(seeds[:c], lag[0:1]), F.sum_mod(F.mul(u, lam_calls), axis=0))

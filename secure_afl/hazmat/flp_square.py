@@ -31,7 +31,7 @@ import numpy as np
 
 from ..exceptions import InvalidInputError, MalformedPayload
 from .fields import GOLDILOCKS, canonical
-from .flp import batch_inv
+from .flp_domain import lagrange_basis, power_sums, query_point
 
 __all__ = ["SquareSumProof"]
 
@@ -106,10 +106,7 @@ class SquareSumProof:
             w = F.zeros((self.groups, 2 * self.n - 1))
             for g in range(self.groups):
                 pts = F.powers(self._alpha, self.calls_per_group, start=1 + g * self.calls_per_group)
-                cur = F.ones(self.calls_per_group)
-                for e in range(2 * self.n - 1):
-                    w[g, e] = F.to_field([F.sum_mod(cur)])[0]
-                    cur = F.mul(cur, pts)
+                w[g] = power_sums(F, pts, 2 * self.n - 1)
             self._weights = w
         return self._weights
 
@@ -117,13 +114,6 @@ class SquareSumProof:
         """This verifier's shares of ``out_g`` (linear in its proof share)."""
         coeffs = self._check(proof_share, self.proof_len, "the square-sum proof share")[self.chunk:]
         return self.F.to_field([self.F.dot(coeffs, w) for w in self.out_weights()])
-
-    def _lagrange(self, t: int) -> np.ndarray:
-        n, a, p = self.n, self._alpha, self.F.P
-        pts = [pow(a, m, p) for m in range(n)]
-        z = (pow(t, n, p) - 1) * self.F.inv(n) % p
-        dens = batch_inv([(t - x) % p for x in pts], p)
-        return self.F.to_field([z * pts[m] % p * dens[m] % p for m in range(n)])
 
     def _check(self, x, n: int, what: str) -> np.ndarray:
         x = np.asarray(x, dtype=self.F.dtype).reshape(-1)
@@ -135,10 +125,8 @@ class SquareSumProof:
         """One verifier's message ``U_j(t) ++ [P(t)]`` (linear in its shares)."""
         F = self.F
         proof_share = self._check(proof_share, self.proof_len, "the square-sum proof share")
-        t = int(t) % F.P
-        if pow(t, self.n, F.P) == 1:
-            raise InvalidInputError("a query point on the interpolation domain would reveal wire values")
-        lag = self._lagrange(t)
+        t = query_point(F, self.n, t)
+        lag = lagrange_basis(F, self.n, self._alpha, t)
         u = self._wires(v_share)
         u_t = F.add(F.mul(proof_share[:self.chunk], lag[0:1]),
                     F.sum_mod(F.mul(u, lag[1:self.calls + 1].reshape(-1, 1)), axis=0))
