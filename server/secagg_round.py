@@ -364,15 +364,25 @@ def _consistency_gate(session: ServerSession, cid: int) -> dict | None:
     return {"stage": Stage.UNMASK, "waiting": True}
 
 
+def _own_message(session: ServerSession, hospital: str, body: bytes, stage: str, kind: type, not_now: str,
+                 only: str):
+    """The ``kind`` message in ``body``, taken only while the round is in ``stage`` and only as ``hospital``'s
+    own (its client id): :class:`StageError` (the round's stage, then ``not_now``) or :class:`Forbidden`
+    (``hospital`` may only ``only``) otherwise."""
+    if round_stage(session) != stage:
+        raise StageError(f"the round is in {round_stage(session)}{not_now}")
+    msg = decode_message(body)
+    if not isinstance(msg, kind) or msg.client_id != session.secagg.client_ids[hospital]:
+        raise Forbidden(f"{hospital} may only {only}")
+    return msg
+
+
 def secagg_consistency(session: ServerSession, hospital: str, body: bytes) -> dict:
     """A survivor's signed statement of the survivor set (Bonawitz et al.'s consistency check)."""
     with session.lock:
         try:
-            if round_stage(session) != Stage.UNMASK:
-                raise StageError(f"the round is in {round_stage(session)}, not in its consistency check")
-            msg = decode_message(body)
-            if not isinstance(msg, ConsistencyStatement) or msg.client_id != session.secagg.client_ids[hospital]:
-                raise Forbidden(f"{hospital} may only sign its own consistency statement")
+            msg = _own_message(session, hospital, body, Stage.UNMASK, ConsistencyStatement,
+                               ", not in its consistency check", "sign its own consistency statement")
             session.secagg.round.receive(msg)
         except SecureAFLError as e:
             refuse(session, "secagg_consistency", hospital, e)
@@ -390,11 +400,8 @@ def secagg_complaint(session: ServerSession, hospital: str, body: bytes) -> dict
     """A holder's proof that the dealer of its shares cheated: the dealer is named, the round will abort."""
     with session.lock:
         try:
-            if round_stage(session) != Stage.MASKED_INPUT:
-                raise StageError(f"the round is in {round_stage(session)}; complaints belong to {Stage.MASKED_INPUT}")
-            msg = decode_message(body)
-            if not isinstance(msg, DealerComplaint) or msg.client_id != session.secagg.client_ids[hospital]:
-                raise Forbidden(f"{hospital} may only send its own complaint")
+            msg = _own_message(session, hospital, body, Stage.MASKED_INPUT, DealerComplaint,
+                               f"; complaints belong to {Stage.MASKED_INPUT}", "send its own complaint")
             if session.store.has_message(_mkey(session, COMPLAINT), hospital):
                 raise DuplicateContribution(f"{hospital} already sent a complaint")
             session.secagg.round.receive(msg)  # refuses, changing nothing, a complaint that proves nothing
