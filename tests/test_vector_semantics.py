@@ -517,13 +517,11 @@ def _commit(kind: str, owner: int, holder: int, share: bytes, digest: str) -> by
 def _deal_weights(dealer: int, commitments: list, digest: str) -> tuple[int, int]:
     """The deal's Fiat-Shamir weights (c_1, c_2): SHAKE-256 over the round, digest and dealer, then every holder's
     three commitments; 80 bytes each, reduced mod p."""
-    xof = hashlib.shake_256(DEAL_CHALLENGE)
     head = f"{ROUND_CTX}/{digest}/{dealer}".encode()
-    xof.update(len(head).to_bytes(2, "big") + head)
-    for h, cb, cs, cr in commitments:
-        xof.update(int(h).to_bytes(2, "big") + cb + cs + cr)
-    out = xof.digest(160)
-    return int.from_bytes(out[:80], "big") % SHAMIR_P, int.from_bytes(out[80:], "big") % SHAMIR_P
+    held = b"".join(int(h).to_bytes(2, "big") + cb + cs + cr for h, cb, cs, cr in commitments)
+    out = hashlib.shake_256(DEAL_CHALLENGE + len(head).to_bytes(2, "big") + head + held).digest(160)
+    c_1, c_2 = (int.from_bytes(out[i:i + 80], "big") % SHAMIR_P for i in (0, 80))
+    return c_1, c_2
 
 
 def _lagrange_at_zero(points: list[tuple[int, int]]) -> int:
