@@ -559,26 +559,17 @@ def test_resealed_tampered_bodies_are_typed_errors(session, payload):
 
 
 @pytest.mark.security
-def test_wrong_session_is_refused(session, payload):
-    # Prepare
+@pytest.mark.parametrize("session_id, gamma, error", [("another-session", GAMMA, WrongSession),
+                                                      ("ckks-test", 2.0, ParameterMismatch)],
+                         ids=["wrong session", "wrong parameters"])
+def test_payload_of_another_session_or_parameters_is_refused(session, session_id, gamma, error):
+    # Prepare: the same key, another session id or (same session id) another gamma
     params, keys = session
-    other = bind_public_context(ckks_session_params("another-session", LAYOUT, GAMMA, BOUNDS), keys.public_context)
+    other = bind_public_context(ckks_session_params(session_id, LAYOUT, gamma, BOUNDS), keys.public_context)
     foreign = CKKSBackend(other).protect(_vectors(1)[0], public_context=keys.public_context)
 
     # Execute / Assert
-    with pytest.raises(WrongSession):
-        CKKSBackend(params).combiner(public_context=keys.public_context).add(foreign)
-
-
-@pytest.mark.security
-def test_wrong_parameters_are_refused(session):
-    # Prepare: same session id and key, another gamma
-    params, keys = session
-    other = bind_public_context(ckks_session_params("ckks-test", LAYOUT, 2.0, BOUNDS), keys.public_context)
-    foreign = CKKSBackend(other).protect(_vectors(1)[0], public_context=keys.public_context)
-
-    # Execute / Assert
-    with pytest.raises(ParameterMismatch):
+    with pytest.raises(error):
         CKKSBackend(params).combiner(public_context=keys.public_context).add(foreign)
 
 
