@@ -202,17 +202,24 @@ def _check_logs(targets):
                    head=f"{t.server.audit.next_seq - 1}:{t.server.audit.head}")
 
 
-def test_nested_json_on_every_route_is_a_4xx_with_an_audit_record(consortium, tmp_path):
-    # Prepare: a plain, a ckks (awaiting its context) and a secagg server, in process
-    targets = _targets(consortium, str(tmp_path))
+def _fuzz(consortium, root: str, cases: int, seed: int):
+    """``cases`` nested-JSON cases over the servers of :func:`_targets` under ``root``, then every audit log
+    verified; the servers are closed however it ends. Returns (the run's figures, the targets)."""
+    targets = _targets(consortium, root)
     try:
-        # Execute: every route x header/body x shape x depth
-        stats = _run(targets, 400, seed=1)
-        # Assert: (per case inside _run) 4xx, a reason, an audit record; logs verify; every place hit
+        stats = _run(targets, cases, seed=seed)
         _check_logs(targets)
     finally:
         for t in targets:
             t.close()
+    return stats, targets
+
+
+def test_nested_json_on_every_route_is_a_4xx_with_an_audit_record(consortium, tmp_path):
+    # Prepare / Execute: a plain, a ckks (awaiting its context) and a secagg server, in process; every route x
+    # header/body x shape x depth
+    # Assert: (per case inside _run) 4xx, a reason, an audit record; logs verify; every place hit
+    stats, targets = _fuzz(consortium, str(tmp_path), 400, seed=1)
     print(f"\nnested-JSON fuzz: {stats['cases']} cases, {stats['rate']:.0f} cases/s, 5xx {stats['five_xx']}, "
           f"statuses {stats['status']}")
     assert stats["five_xx"] == 0
@@ -225,13 +232,7 @@ def test_nested_json_on_every_route_is_a_4xx_with_an_audit_record(consortium, tm
 def test_nested_json_fuzz_100k_cases(consortium, tmp_path):
     base = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else str(tmp_path)
     with tempfile.TemporaryDirectory(dir=base) as d:
-        targets = _targets(consortium, d)
-        try:
-            stats = _run(targets, 100_000, seed=2)
-            _check_logs(targets)
-        finally:
-            for t in targets:
-                t.close()
+        stats, _ = _fuzz(consortium, d, 100_000, seed=2)
     print(f"\nnested-JSON fuzz: {stats['cases']} cases in {stats['seconds']:.0f} s ({stats['rate']:.0f} cases/s), "
           f"5xx {stats['five_xx']}, statuses {stats['status']}")
     assert stats["cases"] >= 100_000 and stats["five_xx"] == 0
