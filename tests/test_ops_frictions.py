@@ -11,7 +11,8 @@ import sys
 import pytest
 
 from support import free_port
-from support.sessions import cheating_upload, honest_upload, open_split_session
+from support.cli import passphrase_file
+from support.sessions import cheating_upload, honest_upload, open_split_session, split_session_at_quorum
 
 
 def _cli(*args, env=None, timeout=300, cwd=None):
@@ -23,13 +24,9 @@ def _cli(*args, env=None, timeout=300, cwd=None):
 @pytest.mark.e2e
 def test_keyholder_judge_ends_with_success_once_its_session_is_released(consortium, tmp_path):
     # Prepare: a split session released by finalize, as README's judge beside the session would see it end
-    c, conn = open_split_session(consortium)
-    honest_upload(c, "h1", 1)
-    honest_upload(c, "h2", 2)
+    c, conn = split_session_at_quorum(consortium)
     conn.close()
-    phrase = tmp_path / "passphrase"
-    phrase.write_bytes(b"test passphrase")
-    phrase.chmod(0o600)
+    phrase = passphrase_file(tmp_path / "passphrase", "test passphrase")
     released = _cli("keyholder", "finalize", "--pki", c.pki_dir, "--keys", c.root / "keys", "--passphrase-file",
                     phrase, "--server", c.url, "--session", c.session_id, "--min-clients", 2,
                     "--out", tmp_path / "W.safetensors")

@@ -10,7 +10,7 @@ import pytest
 
 from secure_afl.exceptions import EXIT_INPUT, EXIT_REFUSED
 from support.cli import one_line, passphrase_file, run_cli
-from support.sessions import honest_upload, open_split_session
+from support.sessions import split_session_at_quorum
 
 e2e = pytest.mark.e2e
 
@@ -32,9 +32,7 @@ def _status(c):
 @e2e
 def test_finalize_never_replaces_an_existing_model_and_leaves_the_session_open(consortium, tmp_path):
     # Prepare: a split session whose quorum has uploaded, and the model file of an earlier release at --out
-    c, conn = open_split_session(consortium)
-    honest_upload(c, "h1", 1)
-    honest_upload(c, "h2", 2)
+    c, conn = split_session_at_quorum(consortium)
     conn.close()
     earlier = tmp_path / "model.safetensors"
     earlier.write_bytes(b"the model another session released")
@@ -86,9 +84,7 @@ def test_a_floor_of_the_key_holder_refuses_before_the_close_and_a_late_hospital_
 @e2e
 def test_a_closed_session_without_a_release_is_not_called_released(consortium, tmp_path):
     # Prepare: a split session closed by the server at the quorum, its key holder not having released yet
-    c, conn = open_split_session(consortium)
-    honest_upload(c, "h1", 1)
-    honest_upload(c, "h2", 2)
+    c, conn = split_session_at_quorum(consortium)
     c.keyholder.close_round(conn)
     conn.close()
 
@@ -108,9 +104,7 @@ def test_a_mistyped_keys_directory_is_named_and_not_created(consortium, tmp_path
     # Prepare: a split session with its quorum in
     from secure_afl.exceptions import EXIT_KEYS
 
-    c, conn = open_split_session(consortium)
-    honest_upload(c, "h1", 1)
-    honest_upload(c, "h2", 2)
+    c, conn = split_session_at_quorum(consortium)
     conn.close()
     phrase = passphrase_file(tmp_path / "passphrase", "test passphrase")
     typo = tmp_path / "kyes"

@@ -30,6 +30,14 @@ def honest_upload(c, name, seed):
     cl.close()
 
 
+def split_session_at_quorum(consortium):
+    """:func:`open_split_session` with its quorum in: h1's and h2's honest uploads; (consortium, connection)."""
+    c, conn = open_split_session(consortium)
+    honest_upload(c, "h1", 1)
+    honest_upload(c, "h2", 2)
+    return c, conn
+
+
 def cheating_upload(c, name, seed):
     """A hospital's modified software: a well-formed, signed upload with one Gram entry of 2^61 / 2^f1, which
     the key holder's linear check refuses. Returns (payload, seed statement, mask seed)."""
