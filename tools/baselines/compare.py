@@ -138,14 +138,16 @@ def ri_ablation(data, *, clients=(10, 100), gammas=(0.0, 0.1, 1.0, 10.0, 100.0),
 _ORDER = {"iid": 0}
 
 
-def _alpha_key(spec: str):
+def partition_order(spec: str):
+    """iid first, then Dirichlet from mild to strong skew, then shards."""
     if spec == "iid":
         return (0, 0.0)
     kind, _, arg = spec.partition(":")
     return (1, -float(arg)) if kind == "dirichlet" else (2, float(arg))
 
 
-def _ms(vals):
+def mean_std(vals) -> str:
+    """mean ± std over seeds; refused runs (NaN) counted apart."""
     vals = np.asarray(vals, dtype=float)
     bad = int(np.isnan(vals).sum())
     vals = vals[~np.isnan(vals)]
@@ -193,7 +195,7 @@ def write_report(rows, ablation, out_dir, *, meta: dict, verify=None) -> Path:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     method_names = list(dict.fromkeys(r["method"] for r in rows))
-    specs = sorted({r["partition"] for r in rows}, key=_alpha_key)
+    specs = sorted({r["partition"] for r in rows}, key=partition_order)
     Ks = sorted({r["K"] for r in rows})
     by = _group(rows, "method", "K", "partition")
     lines = ["# AFL against FedAvg, FedProx and FedFac", ""]
@@ -209,7 +211,7 @@ def write_report(rows, ablation, out_dir, *, meta: dict, verify=None) -> Path:
             cells = []
             for s in specs:
                 rs = by.get((m, K, s), [])
-                cells.append(f"{_ms([r['global_acc'] for r in rs])} / {_ms([r['client_acc'] for r in rs])}"
+                cells.append(f"{mean_std([r['global_acc'] for r in rs])} / {mean_std([r['client_acc'] for r in rs])}"
                              if rs else "")
             lines.append(f"| {m} | " + " | ".join(cells) + " |")
         lines.append("")
@@ -234,8 +236,8 @@ def write_report(rows, ablation, out_dir, *, meta: dict, verify=None) -> Path:
             lines += [f"## K = {K}: clients where FedFac beats AFL (own label mix)", ""]
             lines.append("| method | partition | clients better / all (mean over seeds) | mean gain where better |")
             lines.append("|---|---|---|---|")
-            for (m, s), rs in sorted(_group(fac, "method", "partition").items(), key=lambda x: (x[0][0],
-                                                                                                _alpha_key(x[0][1]))):
+            for (m, s), rs in sorted(_group(fac, "method", "partition").items(),
+                                     key=lambda x: (x[0][0], partition_order(x[0][1]))):
                 wins, gains, n = [], [], []
                 for r in rs:
                     a = afl.get((s, r["seed"]))

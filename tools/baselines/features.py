@@ -116,9 +116,11 @@ def embed_digits(out, *, size: int = 64, seed: int = 0, per_class: int | None = 
 
 
 def features_section(blob: dict) -> list:
-    """Markdown lines of the comparison on client-embedded features, for COMPARISON.md."""
+    """Markdown lines of the comparison on client-embedded features, for COMPARISON.md (compare's table format)."""
+    from .compare import mean_std, partition_order
+
     rows, cfg = blob["rows"], blob.get("config", {})
-    specs = sorted({r["partition"] for r in rows}, key=_partition_order)
+    specs = sorted({r["partition"] for r in rows}, key=partition_order)
     by = {}
     for r in rows:
         by.setdefault((r["method"], r["K"], r["partition"]), []).append(r)
@@ -139,8 +141,8 @@ def features_section(blob: dict) -> list:
               "| method | " + " | ".join(specs) + f" | bytes / hospital / round ({cfg.get('backend')}) |",
               "|---|" + "---|" * (len(specs) + 1)]
         for m in names:
-            cells = [f"{_ms([r['global_acc'] for r in by.get((m, K, s), [])])} / "
-                     f"{_ms([r['client_acc'] for r in by.get((m, K, s), [])])}" if (m, K, s) in by else ""
+            cells = [f"{mean_std([r['global_acc'] for r in by.get((m, K, s), [])])} / "
+                     f"{mean_std([r['client_acc'] for r in by.get((m, K, s), [])])}" if (m, K, s) in by else ""
                      for s in specs]
             bpr = [r["bytes_per_round"] for r in rows if r["method"] == m and r["K"] == K]
             L.append(f"| {m} | " + " | ".join(cells) + f" | {np.nanmean(bpr):,.0f} |")
@@ -180,22 +182,3 @@ def features_section(blob: dict) -> list:
                      f"{f(a['sum_without_ri'])} | {f(a['sum_with_ri'])} |")
         L.append("")
     return L
-
-
-def _partition_order(spec: str):
-    """iid first, then Dirichlet from mild to strong skew, then shards."""
-    if spec == "iid":
-        return (0, 0.0)
-    kind, _, arg = spec.partition(":")
-    return (1, -float(arg)) if kind == "dirichlet" else (2, float(arg))
-
-
-def _ms(vals) -> str:
-    """mean ± std over seeds; refused runs (NaN) counted apart."""
-    v = np.asarray(vals, dtype=float)
-    bad = int(np.isnan(v).sum())
-    v = v[~np.isnan(v)]
-    if not v.size:
-        return "refused"
-    txt = f"{v.mean():.3f} ± {v.std():.3f}" if v.size > 1 else f"{v.mean():.3f}"
-    return txt + (f" ({bad} refused)" if bad else "")
