@@ -72,6 +72,19 @@ def _closed_by_server(sock: ssl.SSLSocket, deadline: float) -> bool:
     return False
 
 
+def _signed_upload_head(c: Consortium, fill: bytes) -> tuple[bytes, bytes]:
+    """(the raw HTTP head of h1's signed upload, its 1 MiB body of ``fill`` bytes): what a client sends before
+    and as the body, for tests that then send only part of it."""
+    party = pki.load_party(c.pki_dir, "hospital", "h1")
+    info = _client(c).get(f"{API}/sessions/{c.session_id}").json()
+    body = fill * (1 << 20)
+    st = sign_upload(party.identity_key(), c.session_id, bytes.fromhex(info["params_digest"]),
+                     hashlib.sha256(body).digest(), "h1")
+    head = (f"POST {API}/sessions/{c.session_id}/uploads HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+            f"Content-Length: {len(body)}\r\n{H_UPLOAD}: {json.dumps(st, separators=(',', ':'))}\r\n\r\n").encode()
+    return head, body
+
+
 def _audit(c: Consortium) -> list[dict]:
     return [json.loads(line) for line in c.audit_path().read_text().splitlines()]
 
@@ -138,14 +151,7 @@ def test_slow_headers_are_cut_by_the_read_timeout(service):
 
 def test_held_authenticated_body_is_cut_by_the_read_timeout(service):
     # Prepare: h1 announces a signed 1 MiB upload and sends only half of it
-    party = pki.load_party(service.pki_dir, "hospital", "h1")
-    info = _client(service).get(f"{API}/sessions/{service.session_id}").json()
-    body = b"\1" * (1 << 20)
-    st = sign_upload(party.identity_key(), service.session_id, bytes.fromhex(info["params_digest"]),
-                     hashlib.sha256(body).digest(), "h1")
-    path = f"{API}/sessions/{service.session_id}/uploads"
-    head = (f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: {len(body)}\r\n"
-            f"{H_UPLOAD}: {json.dumps(st, separators=(',', ':'))}\r\n\r\n").encode()
+    head, body = _signed_upload_head(service, b"\1")
     s = _tls_socket(service)
     try:
         s.sendall(head + body[: len(body) // 2])
@@ -247,13 +253,7 @@ def test_unsigned_requests_cannot_grow_the_log_cheaply(service):
 
 def test_client_disconnect_mid_body_is_audited_without_a_traceback(service):
     # Prepare: h1's signed upload statement for a 1 MiB body
-    party = pki.load_party(service.pki_dir, "hospital", "h1")
-    info = _client(service).get(f"{API}/sessions/{service.session_id}").json()
-    body = b"\2" * (1 << 20)
-    st = sign_upload(party.identity_key(), service.session_id, bytes.fromhex(info["params_digest"]),
-                     hashlib.sha256(body).digest(), "h1")
-    head = (f"POST {API}/sessions/{service.session_id}/uploads HTTP/1.1\r\nHost: 127.0.0.1\r\n"
-            f"Content-Length: {len(body)}\r\n{H_UPLOAD}: {json.dumps(st, separators=(',', ':'))}\r\n\r\n").encode()
+    head, body = _signed_upload_head(service, b"\2")
 
     # Execute: half the body, then the client goes away; a later request shows the server still serves
     s = _tls_socket(service)
