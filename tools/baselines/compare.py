@@ -28,6 +28,7 @@ from secure_afl_tools.baselines.fl import FLConfig, client_label_mix, evaluate, 
 from secure_afl_tools.baselines.heads import LinearHead, MLPHead
 from secure_afl_tools.baselines.securesum import SecureSum
 from secure_afl_tools.baselines.afl import afl_ckks_release, run_afl
+from secure_afl_tools.baselines.features import mean_std, partition_order
 from secure_afl_tools.demo import load_embedded
 
 __all__ = ["run_afl", "run_grid", "ri_ablation", "write_report", "register"]
@@ -136,25 +137,6 @@ def ri_ablation(data, *, clients=(10, 100), gammas=(0.0, 0.1, 1.0, 10.0, 100.0),
 
 # -- report -------------------------------------------------------------------------
 _ORDER = {"iid": 0}
-
-
-def partition_order(spec: str):
-    """iid first, then Dirichlet from mild to strong skew, then shards."""
-    if spec == "iid":
-        return (0, 0.0)
-    kind, _, arg = spec.partition(":")
-    return (1, -float(arg)) if kind == "dirichlet" else (2, float(arg))
-
-
-def mean_std(vals) -> str:
-    """mean ± std over seeds; refused runs (NaN) counted apart."""
-    vals = np.asarray(vals, dtype=float)
-    bad = int(np.isnan(vals).sum())
-    vals = vals[~np.isnan(vals)]
-    if not vals.size:
-        return "refused"
-    txt = f"{vals.mean():.3f} ± {vals.std():.3f}" if vals.size > 1 else f"{vals.mean():.3f}"
-    return txt + (f" ({bad} refused)" if bad else "")
 
 
 def _group(rows, *keys):

@@ -15,6 +15,9 @@ to AFL and to the gradient baselines), not as a pretrained model's features.
 The images are embedded at ``size`` pixels (the paper preset's
 normalisation, with resize and crop at ``size`` instead of 224) so that the
 1,797 images take seconds on two cores.
+
+``features_section`` renders its tables as ``compare`` renders the study's, with the two helpers both use
+(``partition_order``, ``mean_std``), kept here because ``compare`` imports this module and not the reverse.
 """
 
 from __future__ import annotations
@@ -116,9 +119,7 @@ def embed_digits(out, *, size: int = 64, seed: int = 0, per_class: int | None = 
 
 
 def features_section(blob: dict) -> list:
-    """Markdown lines of the comparison on client-embedded features, for COMPARISON.md (compare's table format)."""
-    from .compare import mean_std, partition_order
-
+    """Markdown lines of the comparison on client-embedded features, for COMPARISON.md."""
     rows, cfg = blob["rows"], blob.get("config", {})
     specs = sorted({r["partition"] for r in rows}, key=partition_order)
     by = {}
@@ -182,3 +183,22 @@ def features_section(blob: dict) -> list:
                      f"{f(a['sum_without_ri'])} | {f(a['sum_with_ri'])} |")
         L.append("")
     return L
+
+
+def partition_order(spec: str):
+    """iid first, then Dirichlet from mild to strong skew, then shards."""
+    if spec == "iid":
+        return (0, 0.0)
+    kind, _, arg = spec.partition(":")
+    return (1, -float(arg)) if kind == "dirichlet" else (2, float(arg))
+
+
+def mean_std(vals) -> str:
+    """mean ± std over seeds; refused runs (NaN) counted apart."""
+    vals = np.asarray(vals, dtype=float)
+    bad = int(np.isnan(vals).sum())
+    vals = vals[~np.isnan(vals)]
+    if not vals.size:
+        return "refused"
+    txt = f"{vals.mean():.3f} ± {vals.std():.3f}" if vals.size > 1 else f"{vals.mean():.3f}"
+    return txt + (f" ({bad} refused)" if bad else "")
