@@ -173,31 +173,15 @@ NOISE_L2_TAIL_BITS = 40
 def noise_l2_bound(params: SessionParams, f1: int, n: int | None = None, tail_bits: int = NOISE_L2_TAIL_BITS) -> int:
     """The bound on ``|z|^2`` (grid units squared) of ``n`` entries (default all) of one hospital's noise share
     ``z`` that an honest share exceeds with probability at most ``2^-tail_bits`` (docs/VALIDITY.md, "The noise
-    share's l2 bound").
+    share's l2 bound"): the Chernoff bound of the entries' own distribution, a Skellam of variance s^2 (grid
+    units) redrawn beyond tau (:func:`secure_afl.dp.mechanism.share_square_tail`), rounded up with a relative
+    2^-30 for the float64 evaluation."""
+    from ..dp.mechanism import share_square_tail
 
-    Each of the n entries is a Skellam variable of variance s^2 (grid units) redrawn beyond tau, drawn
-    independently. Truncation to ``|z| <= tau`` lowers every even moment (``z^2``, ``z^4`` increase in ``|z|``), so
-    ``Y = z^2`` has ``E Y <= s^2``, ``Var Y <= E z^4 <= 3 s^4 + s^2`` (Skellam's fourth cumulant is s^2) and
-    ``Y - E Y <= tau^2``. Bennett's inequality then gives ``P(sum Y - n s^2 >= t) <= exp(-(n v / b^2) h(b t / (n v)))``,
-    ``h(u) = (1 + u) ln(1 + u) - u``, v = 3 s^4 + s^2, b = tau^2; t solves it at 2^-NOISE_L2_TAIL_BITS."""
     n = noised_count(params) if n is None else int(n)
-    tau = float(noise_bound(params, f1))
     s = dp_share_std(params) * 2.0 ** f1
-    v, b = 3.0 * s ** 4 + s * s, tau * tau
-    target = tail_bits * math.log(2.0)
-    scale = n * v / (b * b)
-
-    def h(u):
-        return (1.0 + u) * math.log1p(u) - u
-
-    lo, hi = 0.0, 1.0
-    while scale * h(hi) < target:
-        hi *= 2.0
-    for _ in range(200):
-        mid = 0.5 * (lo + hi)
-        lo, hi = (mid, hi) if scale * h(mid) < target else (lo, mid)
-    t = hi * n * v / b
-    return int(math.ceil((n * s * s + t) * (1 + 2.0 ** -30))) + 1
+    t = share_square_tail(s, int(noise_bound(params, f1)), n, float(tail_bits))
+    return int(math.ceil(t * (1 + 2.0 ** -30))) + 1
 
 
 def bitlen(x: int) -> int:
