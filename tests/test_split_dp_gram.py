@@ -328,8 +328,13 @@ def test_the_release_tolerates_the_proven_noise_and_refuses_beyond_it(sessions):
 
 # -- through the service ----------------------------------------------------------------------------------------
 @pytest.mark.e2e
-def test_a_dp_gram_session_releases_through_the_service_within_the_proven_noise(consortium):
+def test_a_dp_gram_session_releases_through_the_service_within_the_proven_noise(consortium, tmp_path):
+    import subprocess
+    import sys
+
     from secure_afl.dp.mechanism import share_std
+    from secure_afl.keyholder import write_model
+    from secure_afl.model_file import model_metadata
 
     names = ("h1", "h2", "h3")
     c = consortium(backend="split", hospitals=names, min_clients=3, dp={"epsilon": 1.0, "delta": 1e-5,
@@ -362,6 +367,15 @@ def test_a_dp_gram_session_releases_through_the_service_within_the_proven_noise(
     assert np.max(np.abs(res.stats.cross - truth.cross)) <= bound
     # noise was added: the release is not the truth (12 share std away from it only with probability ~0)
     assert np.max(np.abs(res.stats.gram - truth.gram - 3.0 * np.eye(c.dim))) > 0.01 * share_std(params)
+    # the auditor recomputes the server's masked sum bit for bit, each upload's noise words permuted at the
+    # query seed the server signed its verifier message at
+    model = tmp_path / "model.safetensors"
+    write_model(model, res.W, model_metadata(res.params, res.report, 0.0))
+    ok = subprocess.run([sys.executable, "-m", "secure_afl.cli", "audit", "release", "--state",
+                         str(c.root / "server" / c.session_id), "--pki", str(c.pki_dir), "--model", str(model),
+                         "--kept", str(c.keyholder.keys_dir / f"{c.session_id}.split-commitment.json")],
+                        capture_output=True, text=True, timeout=300)
+    assert ok.returncode == 0 and "bit for bit" in ok.stdout, ok.stdout + ok.stderr
 
 
 def _q_residual_past_l2(c):
