@@ -156,12 +156,13 @@ def noise_groups(params: SessionParams, f1: int, n_z: int, m_z: int) -> dict:
     honest group exceeds with probability at most ``2^-(NOISE_L2_TAIL_BITS + 1 + log2 G)``, the total's
     ``2^-(NOISE_L2_TAIL_BITS + 1)``: an honest share fails one with probability below ``2^-NOISE_L2_TAIL_BITS``."""
     t2 = 1 << (2 * m_z - 2)
+    P = field_of(params).P  # the session's field: a group's squared norm must be exact in it
     l2 = noise_l2_bound(params, f1, n_z, NOISE_L2_TAIL_BITS + 1)
     m_l = bitlen(l2)
     for groups in range(1, n_z + 1):
         z_len = -(-n_z // groups)
         m_g = bitlen(noise_l2_bound(params, f1, z_len, NOISE_L2_TAIL_BITS + 1 + math.ceil(math.log2(groups))))
-        if z_len * t2 < P_FIELD and (groups << m_g) + (1 << m_l) <= P_FIELD:
+        if z_len * t2 < P and (groups << m_g) + (1 << m_l) <= P:
             return {"l2_z": l2, "m_l": m_l, "z_groups": groups, "z_len": z_len, "m_g": m_g}
     raise InvalidParameterError("no grouping of the noise share keeps its squared norm exact in the field")
 
@@ -273,12 +274,13 @@ def fits(params: SessionParams, f1: int, f2: int) -> str | None:
     relation below ``2^wrap_bits`` (:func:`wrap_bits`), else why not."""
     if f1 < 0:
         return "f1 < 0 (counts would not be integers in the hi lane)"
+    if lanes_per_value(params) == 1 and params.dp is not None:
+        # the DP statement reads a high lane on the noise grid beside a low lane (refused before any size is
+        # taken: the noise share's sizes assume that grid)
+        return "one Field128 word per value does not carry the DP statement yet"
     s = statement_sizes(params, f1, f2)
     k, d = params.bounds.k_max, params.layout.dim
     wrap = 1 << wrap_bits(params)
-    if lanes_per_value(params) == 1 and params.dp is not None:
-        # the DP statement reads a high lane on the noise grid beside a low lane
-        return "one Field128 word per value does not carry the DP statement yet"
     if k * (1 << s["m_hi"]) >= wrap:  # per entry |hi| <= 2T = 2^m_hi
         return "k_max * 2T_hi"
     if k * (1 << max(f2 - 1, 0)) >= wrap:  # honest low lanes, |lo| <= 2^(f2 - 1); a dishonest one cannot wrap hi
