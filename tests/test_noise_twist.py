@@ -109,9 +109,11 @@ def test_an_aimed_residual_no_longer_aims_through_the_real_roles():
     from secure_afl_tools.bench_dp_steer import _session, steer_draw
 
     params, keys = _session(1000, 10)
+    # (the honest hospitals' shares are drawn from fresh entropy, as a hospital draws them: over three draws the
+    # means are compared, the aimed loss -8 points on average in the benchmark, the released one -0.4)
     rng = np.random.default_rng(11)
-    for _ in range(2):
-        r = steer_draw(params, keys, rng)
-        assert r["verdict"] is None
-        assert r["aimed"] - r["honest"] < -0.03
-        assert r["released"] - r["honest"] > -0.02
+    rows = [steer_draw(params, keys, rng) for _ in range(3)]
+    assert all(r["verdict"] is None for r in rows)
+    released = np.mean([r["released"] - r["honest"] for r in rows])
+    aimed = np.mean([r["aimed"] - r["honest"] for r in rows])
+    assert released > -0.02 and aimed < released - 0.02
