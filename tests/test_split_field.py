@@ -260,3 +260,7 @@ def test_a_field128_session_with_dp_is_refused_by_name():
         **{FIELD_KEY: "field128"})
     with pytest.raises(InvalidParameterError, match="does not carry the DP statement"):
         split.Circuit(forged)
+    # with the Gram statement too, at d = 512, C = 100 (the noise share's grouping is sized in the session's field)
+    with pytest.raises(InvalidParameterError, match="does not carry the DP statement"):
+        dp_session_params(DPSpec(1.0, 1e-5, 3), "split", "field-dp-gram", Layout(512, 100), 1.0,
+                          Bounds(1.0, 1000, 10), gram_proof=True, field="field128")

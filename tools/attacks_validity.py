@@ -125,19 +125,22 @@ def _split_release(vectors, cheat: dict) -> dict:
     manifest = {"participants": participants}
     statements = {h: u[1] for h, u in uploads.items()}
     qkey = split.query_key(keys.secret_context)
-    items = []
+    items, qseeds = [], {}
     for p in participants:
         h, sha = p["hospital"], p["payload_sha256"]
-        qs = split.query_seed(qkey, params, h, sha, statements[h]["validity"])
+        qs = qseeds[h] = split.query_seed(qkey, params, h, sha, statements[h]["validity"])
         msg = split.leader_message(be.circuit, h, *uploads[h], server_key, qs)
         _, leader = split.verify_leader_message(msg, server_key.public_key(), be.circuit, h, sha, qs)
         seed = split.open_statement_seed(params, keys.secret_context, statements, enrolled, h, sha)
         items.append((h, seed, statements[h]["validity"], qs, leader))
     verdicts, _ = split.keyholder_verdicts(params, items)
     refused = {h: v for h, v in verdicts.items() if v}
-    share = split.keyholder_share(params, keys.secret_context, manifest, statements, enrolled, refused=refused)
-    vec = split.collect(params, acc.aggregate(), share, subtract=[be.masked_words(uploads[h][0]) for h in refused])
+    share = split.keyholder_share(params, keys.secret_context, manifest, statements, enrolled, refused=refused,
+                                  query_seeds=qseeds)
     k = len(vectors) - len(refused)
+    masked = split.cohort_masked_sum(params, acc.aggregate(), [uploads[h][0] for h in refused], k,
+                                     [(uploads[h][0], qseeds[h]) for h in uploads if h not in refused])
+    vec = split.collect(params, masked, share)
     stats = _layout().unpack(vec, gamma=GAMMA)
     sanity_check(stats, params, k, abs_tol=split.expected_abs_error(params, k),
                  advisory=split.ADVISORY_CHECKS)
@@ -754,7 +757,7 @@ def attack_steer_indefinite_service(*, seed: int = 0, verbose: bool = True, back
 
 
 
-def _digits_gaussian(rng, hospitals: int, n: int):
+def digits_gaussian(rng, hospitals: int, n: int):
     """A Gaussian fit of sklearn's digits (d = 64, C = 10: each class's mean and covariance), ``n`` samples per
     hospital drawn from it, every row scaled by the digits' largest row norm and clipped to norm 1; the real
     digits, scaled alike, held out as the test set."""
@@ -772,7 +775,7 @@ def _digits_gaussian(rng, hospitals: int, n: int):
     return [draw(n) for _ in range(hospitals)], (X / scale, y)
 
 
-def _accuracy(stats, X, y, lam: float = 0.0):
+def release_accuracy(stats, X, y, lam: float = 0.0):
     """The key holder's solve of a release (RI restored, W = (C + lam I)^+ Q over the eigenvalues above the
     cutoff)."""
     from secure_afl.analytic import solve_from_sums
@@ -781,7 +784,7 @@ def _accuracy(stats, X, y, lam: float = 0.0):
     return float(np.mean(np.argmax(X @ W, axis=1) == y))
 
 
-def _residual_words(D, T: int, l2: int) -> np.ndarray:
+def residual_words(D, T: int, l2: int) -> np.ndarray:
     """The integer residual along ``D`` with every entry inside ``[-(T - 1), T - 1]`` and the largest squared norm
     at most ``l2`` (entries clipped, then the scale found by bisection)."""
     u = D.ravel() / np.linalg.norm(D)
@@ -828,14 +831,14 @@ def attack_dp_q_residual(*, seed: int = 0, verbose: bool = True, hospitals: int 
     out = {"lam": float(lam), "honest_alone": [], "with_cheater": [], "verdicts": [], "residual_fro": []}
     cross = np.arange(lay.slices["cross"].start, lay.slices["cross"].stop) - gs.i_noise[0]
     for trial in range(trials):
-        shares, (Xt, yt) = _digits_gaussian(rng, hospitals - 1, n)
+        shares, (Xt, yt) = digits_gaussian(rng, hospitals - 1, n)
         noisy = [lay.unpack(add_noise_share(params, lay.pack(local_statistics(X, yy, C, gamma=gamma)),
                                             rng=np.random.default_rng(1000 * seed + 100 * trial + h)))
                  for h, (X, yy) in enumerate(shares)]
         honest = noisy[0]
         for s in noisy[1:]:
             honest = honest + s
-        out["honest_alone"].append(_accuracy(honest, Xt, yt, lam))
+        out["honest_alone"].append(release_accuracy(honest, Xt, yt, lam))
         from secure_afl.analytic import solve_from_sums
 
         W_h = solve_from_sums(honest, lam=lam)
@@ -843,8 +846,8 @@ def attack_dp_q_residual(*, seed: int = 0, verbose: bool = True, hospitals: int 
             [-honest.cross, honest.gram @ W_h[:, np.roll(np.arange(C), 1)] - honest.cross]
         worst = None
         for D in dirs:
-            zq = _residual_words(D, gs.T_z, gs.l2_z).reshape(d, C) * 2.0 ** -circuit.f1
-            acc = _accuracy(SufficientStatistics(honest.gram + gamma * np.eye(d), honest.cross + zq, honest.n,
+            zq = residual_words(D, gs.T_z, gs.l2_z).reshape(d, C) * 2.0 ** -circuit.f1
+            acc = release_accuracy(SufficientStatistics(honest.gram + gamma * np.eye(d), honest.cross + zq, honest.n,
                                                  honest.class_counts, honest.contributors + 1, gamma), Xt, yt, lam)
             if worst is None or acc < worst[0]:
                 worst = (acc, D)
@@ -852,7 +855,7 @@ def attack_dp_q_residual(*, seed: int = 0, verbose: bool = True, hospitals: int 
         zero = lay.pack(SufficientStatistics(gamma * np.eye(d), np.zeros((d, C)), 0.0, np.zeros(C), 1.0, gamma))
         x0, fw0 = circuit.witness(zero, noise=np.zeros(circuit.L))
         z = np.zeros(gs.n_z, dtype=np.int64)
-        z[cross] = _residual_words(worst[1], gs.T_z, gs.l2_z)
+        z[cross] = residual_words(worst[1], gs.T_z, gs.l2_z)
         hi = flp.decode_signed(x0[:circuit.L])
         hi[gs.i_noise] += z
         lanes = np.concatenate([flp.encode_signed(hi), x0[circuit.L:]])
@@ -864,7 +867,7 @@ def attack_dp_q_residual(*, seed: int = 0, verbose: bool = True, hospitals: int 
         cheat = lay.unpack(fixedpoint.decode(flp.decode_signed(lanes).view(np.uint64), (circuit.f1, circuit.f2)))
         out["verdicts"].append(verdict)
         out["residual_fro"].append(float(np.linalg.norm(cheat.cross)))
-        out["with_cheater"].append(_accuracy(honest + cheat if verdict is None else honest, Xt, yt, lam))
+        out["with_cheater"].append(release_accuracy(honest + cheat if verdict is None else honest, Xt, yt, lam))
     if verbose:
         v = out["verdicts"]
         print(f"DP + Gram split, d = {d}, C = {C}, Gaussian fit of digits, {hospitals - 1} honest hospitals of {n} "

@@ -156,12 +156,13 @@ def noise_groups(params: SessionParams, f1: int, n_z: int, m_z: int) -> dict:
     honest group exceeds with probability at most ``2^-(NOISE_L2_TAIL_BITS + 1 + log2 G)``, the total's
     ``2^-(NOISE_L2_TAIL_BITS + 1)``: an honest share fails one with probability below ``2^-NOISE_L2_TAIL_BITS``."""
     t2 = 1 << (2 * m_z - 2)
+    P = field_of(params).P  # the session's field: a group's squared norm must be exact in it
     l2 = noise_l2_bound(params, f1, n_z, NOISE_L2_TAIL_BITS + 1)
     m_l = bitlen(l2)
     for groups in range(1, n_z + 1):
         z_len = -(-n_z // groups)
         m_g = bitlen(noise_l2_bound(params, f1, z_len, NOISE_L2_TAIL_BITS + 1 + math.ceil(math.log2(groups))))
-        if z_len * t2 < P_FIELD and (groups << m_g) + (1 << m_l) <= P_FIELD:
+        if z_len * t2 < P and (groups << m_g) + (1 << m_l) <= P:
             return {"l2_z": l2, "m_l": m_l, "z_groups": groups, "z_len": z_len, "m_g": m_g}
     raise InvalidParameterError("no grouping of the noise share keeps its squared norm exact in the field")
 
@@ -173,31 +174,15 @@ NOISE_L2_TAIL_BITS = 40
 def noise_l2_bound(params: SessionParams, f1: int, n: int | None = None, tail_bits: int = NOISE_L2_TAIL_BITS) -> int:
     """The bound on ``|z|^2`` (grid units squared) of ``n`` entries (default all) of one hospital's noise share
     ``z`` that an honest share exceeds with probability at most ``2^-tail_bits`` (docs/VALIDITY.md, "The noise
-    share's l2 bound").
+    share's l2 bound"): the Chernoff bound of the entries' own distribution, a Skellam of variance s^2 (grid
+    units) redrawn beyond tau (:func:`secure_afl.dp.mechanism.share_square_tail`), rounded up with a relative
+    2^-30 for the float64 evaluation."""
+    from ..dp.mechanism import share_square_tail
 
-    Each of the n entries is a Skellam variable of variance s^2 (grid units) redrawn beyond tau, drawn
-    independently. Truncation to ``|z| <= tau`` lowers every even moment (``z^2``, ``z^4`` increase in ``|z|``), so
-    ``Y = z^2`` has ``E Y <= s^2``, ``Var Y <= E z^4 <= 3 s^4 + s^2`` (Skellam's fourth cumulant is s^2) and
-    ``Y - E Y <= tau^2``. Bennett's inequality then gives ``P(sum Y - n s^2 >= t) <= exp(-(n v / b^2) h(b t / (n v)))``,
-    ``h(u) = (1 + u) ln(1 + u) - u``, v = 3 s^4 + s^2, b = tau^2; t solves it at 2^-NOISE_L2_TAIL_BITS."""
     n = noised_count(params) if n is None else int(n)
-    tau = float(noise_bound(params, f1))
     s = dp_share_std(params) * 2.0 ** f1
-    v, b = 3.0 * s ** 4 + s * s, tau * tau
-    target = tail_bits * math.log(2.0)
-    scale = n * v / (b * b)
-
-    def h(u):
-        return (1.0 + u) * math.log1p(u) - u
-
-    lo, hi = 0.0, 1.0
-    while scale * h(hi) < target:
-        hi *= 2.0
-    for _ in range(200):
-        mid = 0.5 * (lo + hi)
-        lo, hi = (mid, hi) if scale * h(mid) < target else (lo, mid)
-    t = hi * n * v / b
-    return int(math.ceil((n * s * s + t) * (1 + 2.0 ** -30))) + 1
+    t = share_square_tail(s, int(noise_bound(params, f1)), n, float(tail_bits))
+    return int(math.ceil(t * (1 + 2.0 ** -30))) + 1
 
 
 def bitlen(x: int) -> int:
@@ -289,12 +274,13 @@ def fits(params: SessionParams, f1: int, f2: int) -> str | None:
     relation below ``2^wrap_bits`` (:func:`wrap_bits`), else why not."""
     if f1 < 0:
         return "f1 < 0 (counts would not be integers in the hi lane)"
+    if lanes_per_value(params) == 1 and params.dp is not None:
+        # the DP statement reads a high lane on the noise grid beside a low lane (refused before any size is
+        # taken: the noise share's sizes assume that grid)
+        return "one Field128 word per value does not carry the DP statement yet"
     s = statement_sizes(params, f1, f2)
     k, d = params.bounds.k_max, params.layout.dim
     wrap = 1 << wrap_bits(params)
-    if lanes_per_value(params) == 1 and params.dp is not None:
-        # the DP statement reads a high lane on the noise grid beside a low lane
-        return "one Field128 word per value does not carry the DP statement yet"
     if k * (1 << s["m_hi"]) >= wrap:  # per entry |hi| <= 2T = 2^m_hi
         return "k_max * 2T_hi"
     if k * (1 << max(f2 - 1, 0)) >= wrap:  # honest low lanes, |lo| <= 2^(f2 - 1); a dishonest one cannot wrap hi
