@@ -225,13 +225,14 @@ def test_gram_proof_with_dp_builds_with_the_factor_on_half_the_noise_grid():
 
 # -- the release ---------------------------------------------------------------------------------------------
 def _signed(**split_section):
-    """``(session, release policy)`` of a signed split definition (h1..h3, d = 6, C = 3, n_max = 200): the
-    parameters as the key holder's keygen binds them, the policy as its release reads it."""
+    """``(session, release policy)`` of a signed split definition (h1..h3, d = 6, C = 3, n_max = 200), in
+    Goldilocks unless ``split_section`` names a field (these tests forge Goldilocks lanes): the parameters as the
+    key holder's keygen binds them, the policy as its release reads it."""
     from secure_afl.cohort import release_policy
     from secure_afl.session.definition import normalise
     from secure_afl.session.schema import parse
 
-    definition = normalise(parse(_sections(**({"split": split_section} if split_section else {}))))
+    definition = normalise(parse(_sections(split={"field": "goldilocks", **split_section})))
     params = definition.session_params()
     keys = split.generate_keys(params)
     params = split.bind_public_context(params, keys.public_context)
@@ -359,6 +360,27 @@ def _sections(backend="split", **extra):
     return base
 
 
+def test_a_definition_signed_without_split_keys_keeps_meaning_goldilocks_without_the_statement():
+    # Prepare: the body `session sign` wrote for a default split session before it wrote [split] (none at all)
+    from secure_afl.cohort import release_policy
+    from secure_afl.session.definition import guarantee_lines, normalise
+    from secure_afl.session.schema import parse
+    from secure_afl.session.signed import from_body
+
+    spelled = normalise(parse(_sections(split={"gram_proof": False, "field": "goldilocks"})))
+    old_body = {**spelled.body, "split": None}
+    # Execute: every party re-reads a signed body through from_body
+    old = from_body(old_body, source="old signed session")
+    # Assert: accepted as signed (canonical), and read as it was signed: Goldilocks lanes, no Gram statement, the
+    # same parameters (digest) as the session that spells it out, the steering line and policy saying so
+    assert old.body["split"] is None
+    assert old.session_params().digest() == spelled.session_params().digest()
+    assert not split.gram_enabled(old.session_params()) and not release_policy(old).gram_proof
+    assert "Gram statement off (goldilocks)" in dict(guarantee_lines(old))["steering"]
+    # and a party's own settings spelling that out are the same session
+    assert old.comparable() == spelled.comparable()
+
+
 def test_the_session_signs_gram_proof_into_the_parameters_with_or_without_dp_and_refuses_another_backend():
     from secure_afl.session.definition import normalise, share_line
     from secure_afl.session.schema import parse
@@ -367,11 +389,17 @@ def test_the_session_signs_gram_proof_into_the_parameters_with_or_without_dp_and
     on = normalise(parse(_sections(split={"gram_proof": True, "max_share": 0.5})))
     params = on.session_params()
     assert split.gram_enabled(params) and params.backend_params["max_share"] == 0.5
-    off = normalise(parse(_sections()))
-    assert not split.gram_enabled(off.session_params()) and off.body["split"] is None
+    off = normalise(parse(_sections(split={"gram_proof": False})))
+    assert not split.gram_enabled(off.session_params()) and off.body["split"]["gram_proof"] is False
     assert params.digest() != off.session_params().digest()  # the setting is signed: the parameters differ
+    # the default: on, in Field128, both written into the signed body (what is signed is what runs)
+    default = normalise(parse(_sections()))
+    assert default.body["split"] == {"gram_proof": True, "field": "field128", "max_share": 1.0}
+    assert split.gram_enabled(default.session_params())
     with_dp = normalise(parse(_sections(split={"gram_proof": True}, dp={"epsilon": 1.0}))).session_params()
     assert split.gram_enabled(with_dp) and with_dp.dp is not None
+    dp_default = normalise(parse(_sections(dp={"epsilon": 1.0})))
+    assert dp_default.body["split"] == {"gram_proof": True, "field": "goldilocks", "max_share": 1.0}
     with pytest.raises(SecureAFLError, match=r"\[split\] is for backend"):
         normalise(parse(_sections("ckks", split={"gram_proof": True})))
     line = share_line(on)
