@@ -365,18 +365,16 @@ def guarantee_lines(definition: SessionDefinition) -> list[tuple[str, str]]:
         bits, reps = split_soundness(definition.session_params())
         out.append(("soundness", f"validity: an invalid upload is accepted with probability at most 2^-{bits:.1f} "
                                  f"against a prover making 2^64 hash queries ({reps} repetitions of the bit proof)"))
-    sp = definition.split_settings() if b["backend"] == "split" else {}
-    if sp.get("gram_proof"):
-        lanes = ("exact lanes" if sp["field"] == "field128" else
-                 "the statistics snapped onto the factor")
-        out.append(("steering", f"validity: Gram statement on ({sp['field']}, {lanes}): every upload proves its "
-                                "statistics positive semi-definite, so no hospital can set W exactly; it can still "
-                                "pull W by its share of the samples"))
+    split_on = b["backend"] == "split"
+    if split_on and definition.split_settings()["gram_proof"]:
+        out.append(("steering", f"validity: {split_validity(definition)}: every upload proves its statistics "
+                                "positive semi-definite, so no hospital can set W exactly; it can still pull W by "
+                                "its share of the samples"))
     else:
-        out.append(("steering", (f"validity: Gram statement off ({sp['field']}): " if sp else "no Gram statement: ") +
+        out.append(("steering", (f"validity: {split_validity(definition)}: " if split_on else "no Gram statement: ") +
                                 "one hospital that knows the others' sums can set W exactly (positive "
                                 "semi-definite C_k with a chosen Q_k passes every check)" +
-                                ("; sign [split] gram_proof = true to refuse it" if sp else
+                                ("; sign [split] gram_proof = true to refuse it" if split_on else
                                  "; only split with gram_proof refuses it")))
     dp = b.get("dp")
     if dp:
@@ -390,6 +388,17 @@ def guarantee_lines(definition: SessionDefinition) -> list[tuple[str, str]]:
         out.append(("dp", "no differential privacy: whoever receives the release learns the exact aggregate"))
     out.append(("share", share_line(definition)))
     return out
+
+
+def split_validity(definition: SessionDefinition) -> str:
+    """A split session's field and Gram statement as read (:meth:`SessionDefinition.split_settings`), in words:
+    "Gram statement on (field128, exact lanes)", "... on (goldilocks, statistics snapped onto the factor)" or
+    "Gram statement off (goldilocks)"."""
+    sp = definition.split_settings()
+    if not sp["gram_proof"]:
+        return f"Gram statement off ({sp['field']})"
+    lanes = "exact lanes" if sp["field"] == "field128" else "statistics snapped onto the factor"
+    return f"Gram statement on ({sp['field']}, {lanes})"
 
 
 def share_line(definition: SessionDefinition) -> str:
