@@ -540,3 +540,38 @@ def test_a_residual_hiding_one_negative_eigenvalue_past_the_slack_is_refused_by_
     fw0 = fw.copy()
     fw0[gram.n_f + gram.n_z:] = 0
     assert _verdict_past_projection(exact_session, x, factor=fw0) == "gram"
+
+
+@pytest.mark.e2e
+def test_sign_show_and_server_run_state_the_default_split_sessions_field_and_gram_statement(consortium, tmp_path):
+    import json as _json
+    import os
+    import subprocess
+    import sys
+
+    from support import Consortium
+
+    def cli(*args):
+        return subprocess.run([sys.executable, "-m", "secure_afl.cli", *map(str, args)], capture_output=True,
+                              text=True, timeout=180, env=dict(os.environ))
+
+    # Prepare: a split session.toml with no [split] (the default), and one that turns the statement off
+    c = consortium(backend="split", sign=False)
+    off = Consortium(tmp_path / "off", backend="split", split={"gram_proof": False}, sign=False)
+
+    # Execute: the operator signs and shows each; the server runs the default one
+    signed = cli("session", "sign", c.config, "--pki", c.pki_dir)
+    shown = cli("session", "show", "--session", c.session_id, "--pki", c.pki_dir)
+    signed_off = cli("session", "sign", off.config, "--pki", off.pki_dir)
+    c.start()
+
+    # Assert: the resolved values are written into the signed definition (what is signed is what runs), and
+    # sign, show and the server's start say the Gram statement is on in Field128; off still signs, saying so
+    on_line = "validity: Gram statement on (field128, exact lanes): every upload proves its statistics positive"
+    assert signed.returncode == 0 and on_line in signed.stdout, signed.stdout + signed.stderr
+    assert shown.returncode == 0 and on_line in shown.stderr, shown.stderr
+    assert _json.loads(shown.stdout)["split"] == {"field": "field128", "gram_proof": True, "max_share": 1.0}
+    assert on_line in (c.root / "server.log").read_text()
+    assert signed_off.returncode == 0, signed_off.stderr
+    assert "validity: Gram statement off (field128): one hospital that knows the others' sums can set W exactly" \
+        in signed_off.stdout and "sign [split] gram_proof = true to refuse it" in signed_off.stdout
