@@ -338,17 +338,41 @@ def test_max_share_refuses_a_release_too_small_for_the_cap():
 def test_an_indefinite_upload_is_refused_by_name_through_the_service_only_under_the_gram_statement():
     from secure_afl_tools.attacks_validity import attack_steer_indefinite_service
 
-    # Execute: a real server per setting, two honest hospitals, h2's rank-one cancellation and its exact control
-    # with a positive semi-definite C_k (C_k = (n_max B^2 / d) I, Q_k = (C_h + C_k) W* - Q_h: A_k is indefinite)
+    # Execute: a real server per setting (the default split session, one signed gram_proof = false), two honest
+    # hospitals, h2's rank-one cancellation and its exact control with a positive semi-definite C_k
+    # (C_k = (n_max B^2 / d) I, Q_k = (C_h + C_k) W* - Q_h: A_k is indefinite)
     r = attack_steer_indefinite_service(backends=("split",), attacks=("rank-one-cancel-0.99", "psd-exact-control"),
                                         verbose=False)
-    off, off_psd, on, on_psd = r["rows"]
+    on, on_psd, off, off_psd = r["rows"]
     # Assert: released and W blown up, or set to W*, without the statement; h2 named and W the honest one with it
-    assert not off["gram_proof"] and off["released"] and not off["refused"] and off["norm_ratio"] > 4
+    assert off["session"] == "gram_proof = false" and not off["gram_proof"]
+    assert off["released"] and not off["refused"] and off["norm_ratio"] > 4
     assert off_psd["released"] and not off_psd["refused"] and abs(off_psd["pull"] - 1.0) < 1e-6
     for row in (on, on_psd):
-        assert row["gram_proof"] and row["released"] and row["refused"] == {"h2": "gram"}
-        assert abs(row["norm_ratio"] - 1.0) < 1e-4  # the honest two, their statistics snapped onto their factors
+        assert row["session"] == "default" and row["gram_proof"] and row["field"] == "field128"
+        assert row["released"] and row["refused"] == {"h2": "gram"}
+        assert abs(row["norm_ratio"] - 1.0) < 1e-9  # the honest two, exact lanes: their statistics unsnapped
+
+
+@pytest.mark.e2e
+@pytest.mark.security
+def test_attack_steer_on_the_default_split_session_refuses_every_exact_control_case_by_name():
+    from secure_afl_tools.attacks_validity import INDEFINITE, SPLIT_SESSIONS, attack_steer_service
+
+    # Execute: `attack steer --backend split`'s cases against the default session, each through a real server:
+    # alpha I with alpha W* at the bound (wide and inside the Cauchy-Schwarz cone), and every indefinite case,
+    # the PSD C_k with a chosen Q_k that sets W exactly included
+    r = attack_steer_service(backends=("split",), alphas=(None,), indefinite=INDEFINITE, dp_residual=False,
+                             verbose=False, split_sessions=SPLIT_SESSIONS[:1])
+    # Assert: every exact-control case named (h2, the Gram statement), the release formed over the honest two
+    rows = r["indefinite"]
+    assert [row["attack"] for row in rows] == list(INDEFINITE) and r["default_refused_by_name"]
+    for row in rows:
+        assert row["session"] == "default" and row["refused"] == {"h2": "gram"} and row["released"], row
+    # the within-bound steering uploads are no Gram matrix either: the client will not prove them, and sent
+    # unchecked by modified software they are refused by name
+    for row in r["rows"]:
+        assert row["modified_software"] and row["refused"] == {"h2": "gram"} and not row["accepted"], row
 
 
 # -- the signed session -----------------------------------------------------------------------------------------
