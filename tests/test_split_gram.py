@@ -599,3 +599,32 @@ def test_sign_show_and_server_run_state_the_default_split_sessions_field_and_gra
     assert signed_off.returncode == 0, signed_off.stderr
     assert "validity: Gram statement off (field128): one hospital that knows the others' sums can set W exactly" \
         in signed_off.stdout and "sign [split] gram_proof = true to refuse it" in signed_off.stdout
+
+
+@pytest.mark.e2e
+@pytest.mark.security
+def test_cli_attack_steer_exits_seven_once_the_default_split_session_lets_an_exact_control_upload_through():
+    import subprocess
+    import sys
+
+    # the command's scope narrowed to the one case (the PSD exact control, the default session only); its checks
+    # and exit status are the command's own
+    scope = ("import functools\nimport secure_afl_tools.attacks as A\nfrom secure_afl_tools.attacks_validity import "
+             "SPLIT_SESSIONS, attack_steer_service\nA.ATTACKS['steer'] = functools.partial(attack_steer_service, "
+             "alphas=(), indefinite=('psd-exact-control',), dp_residual=False, split_sessions=SPLIT_SESSIONS[:1])\n")
+    # the regression: a verifier that no longer refuses on the Gram statement's verdict
+    broken = ("from secure_afl.split.proof import Circuit\n_d = Circuit.decide\n"
+              "Circuit.decide = lambda self, a, b: (lambda v: None if v == 'gram' else v)(_d(self, a, b))\n")
+
+    def run(prelude):
+        code = f"import sys\n{prelude}\nfrom secure_afl.cli import main\nsys.exit(main(['attack', 'steer', " \
+               "'--backend', 'split']))\n"
+        return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+
+    ok, bad = run(scope), run(scope + broken)
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    assert "psd-exact-control    h2 REFUSED by name (gram check)" in ok.stdout
+    assert "1 of 1 exact-control cases refused by name" in ok.stdout
+    assert bad.returncode == 7, bad.stdout + bad.stderr
+    assert "psd-exact-control    released: pull 100.0%" in bad.stdout and "NOT every one" in bad.stdout
+    assert "not refused by name on split's default session" in bad.stderr
