@@ -377,8 +377,10 @@ def choose_frac_bits(params: SessionParams) -> tuple[int, int]:
         f2 -= 1
     why = fits(params, f1, f2)
     if why is not None:
+        # the Gram statement is on by default: a session it does not fit may sign it off instead
+        off = "; or sign [split] gram_proof = false" if gram_enabled(params) and "Gram" in why else ""
         raise InvalidParameterError(f"no fixed-point scale lets a validity-proven split upload stay below "
-                                    f"2^{WRAP_BITS} ({why}); lower `max_norm`, `n_max` or `k_max`")
+                                    f"2^{WRAP_BITS} ({why}); lower `max_norm`, `n_max` or `k_max`{off}")
     if f1 + f2 < fixedpoint.MIN_FRAC_BITS:
         raise InvalidParameterError(f"validity-proven split leaves {f1 + f2} fractional bits, below "
                                     f"{fixedpoint.MIN_FRAC_BITS}; lower `max_norm`, `n_max` or `k_max`")
