@@ -174,7 +174,8 @@ def test_a_message_formed_before_the_query_gets_an_invalid_upload_accepted_only_
         monkeypatch.setattr(split, "query_seed", lambda *a: b"\x07" * 32)
     elif derivation != "keyed":
         monkeypatch.setattr(split, "query_seed", lambda key, *a: _Predicting.GUESSES[derivation](*a))
-    c, conn = open_split_session(consortium)
+    # Goldilocks without the statement, signed explicitly: the forged messages below are Goldilocks words
+    c, conn = open_split_session(consortium, split={"field": "goldilocks", "gram_proof": False})
     params = c.keyholder.params(c.session_id)
     source = _Predicting(conn, params, pki.load_party(c.pki_dir, "server", "aggregator").identity_key())
     judge, ledger = SplitJudge(c.keyholder, c.session_id), ReleaseLedger(c.keyholder.keys_dir / "releases.sqlite3")
