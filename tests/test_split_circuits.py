@@ -42,9 +42,11 @@ def _vector(n: int, seed: int = 0) -> np.ndarray:
 
 @pytest.fixture(scope="module")
 def circuits():
-    plain = split.Circuit(split.split_session_params("circuits-plain", LAYOUT, GAMMA, BOUNDS))
-    gram = split.Circuit(split.split_session_params("circuits-gram", LAYOUT, GAMMA, BOUNDS, gram_proof=True))
-    dp_params = dp_session_params(SPEC, "split", "circuits-dp", LAYOUT, GAMMA, BOUNDS)
+    # each statement signed explicitly, in Goldilocks (the default session is gram's, in Field128)
+    gl = {"field": "goldilocks"}
+    plain = split.Circuit(split.split_session_params("circuits-plain", LAYOUT, GAMMA, BOUNDS, gram_proof=False, **gl))
+    gram = split.Circuit(split.split_session_params("circuits-gram", LAYOUT, GAMMA, BOUNDS, gram_proof=True, **gl))
+    dp_params = dp_session_params(SPEC, "split", "circuits-dp", LAYOUT, GAMMA, BOUNDS, gram_proof=False)
     dp = split.Circuit(dp_params)
     dpgram = split.Circuit(dp_session_params(SPEC, "split", "circuits-dp-gram", LAYOUT, GAMMA, BOUNDS,
                                              gram_proof=True))

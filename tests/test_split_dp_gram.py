@@ -111,7 +111,10 @@ def test_a_dp_session_whose_factor_rounding_exceeds_the_noise_spread_is_refused(
     with pytest.raises(InvalidParameterError, match="Gram factor's scale"):
         dp_session_params(SPEC, "split", "too-coarse", Layout(64, 10), GAMMA, Bounds(1.0, 100000, 8),
                           gram_proof=True)
-    dp_session_params(SPEC, "split", "no-gram", Layout(64, 10), GAMMA, Bounds(1.0, 100000, 8))
+    dp_session_params(SPEC, "split", "no-gram", Layout(64, 10), GAMMA, Bounds(1.0, 100000, 8), gram_proof=False)
+    # the default DP session proves the statement, so it is refused there too, naming the way out
+    with pytest.raises(InvalidParameterError, match="Gram factor's scale.*gram_proof = false"):
+        dp_session_params(SPEC, "split", "default", Layout(64, 10), GAMMA, Bounds(1.0, 100000, 8))
 
 
 # -- an honest hospital ----------------------------------------------------------------------------------------

@@ -108,13 +108,15 @@ def forge_verifier(params, statement: dict, server_key) -> dict:
     """The server's verifier message for one upload with one word changed, re-signed with the server's key:
     the key holder's joint check then fails on an honest upload."""
     from secure_afl import split
-    from secure_afl.hazmat import flp
+    from secure_afl.hazmat.fields import small
+    from secure_afl.split.sizes import field_of
 
-    msg = flp.from_bytes(bytes.fromhex(statement["message"]))
-    bump = np.zeros_like(msg)
+    F = field_of(params)
+    msg = F.from_bytes(bytes.fromhex(statement["message"]))
+    bump = np.zeros(len(msg), dtype=np.uint64)
     bump[0] = 1
     return split.sign_verifier_message(params, statement["hospital"], statement["payload_sha256"],
-                                      bytes.fromhex(statement["query_seed"]), flp.add(msg, bump), server_key)
+                                      bytes.fromhex(statement["query_seed"]), F.add(msg, small(F, bump)), server_key)
 
 
 def subset_manifest(manifest: dict, keep, server_key) -> dict:

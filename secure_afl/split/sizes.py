@@ -18,7 +18,7 @@ from ..hazmat.flp import P as P_FIELD
 from ..packing import Layout
 from ..params import Bounds, SessionParams
 
-__all__ = ["FIELD_KEY", "DEFAULT_FIELD", "field_of", "lanes_per_value", "main_words", "wrap_bits", "proof_scale", "REPS", "MAX_REPS", "SOUNDNESS_BITS", "LINEAR_REPS", "ROWS", "TAIL", "WRAP_BITS", "RETRIES", "GRAM_KEY", "GRAM_RHOS", "GRAM_QUERIES",
+__all__ = ["FIELD_KEY", "DEFAULT_GRAM_PROOF", "UNSIGNED_SPLIT", "default_field", "split_choice", "field_of", "lanes_per_value", "main_words", "wrap_bits", "proof_scale", "REPS", "MAX_REPS", "SOUNDNESS_BITS", "LINEAR_REPS", "ROWS", "TAIL", "WRAP_BITS", "RETRIES", "GRAM_KEY", "GRAM_RHOS", "GRAM_QUERIES",
            "GRAM_MIN_F", "NOISE_L2_TAIL_BITS", "noise_l2_bound", "PROCESS_MIN_UPLOADS", "VERIFIER_WORKERS", "ADVISORY_CHECKS", "gram_enabled", "noise_beside", "noise_bound",
            "statement_sizes",
            "fits", "choose_frac_bits", "split_session_params", "session_params", "expected_abs_error",
@@ -46,14 +46,33 @@ RETRIES = 8
 GRAM_KEY = "gram_proof"
 #: backend_params key naming the field the proof runs over (:data:`secure_afl.hazmat.flp.FIELD_NAMES`)
 FIELD_KEY = "field"
-#: the field every split session signs
-DEFAULT_FIELD = "goldilocks"
+#: the Gram statement a new split session signs unless it says ``gram_proof = false``: with it no hospital can set
+#: W exactly (docs/VALIDITY.md, "The Gram statement")
+DEFAULT_GRAM_PROOF = True
+#: what a signed split definition WITHOUT these keys means: it was signed before every split session wrote them,
+#: when the default was two Goldilocks lanes and no Gram statement; it keeps that meaning when read
+UNSIGNED_SPLIT = {FIELD_KEY: "goldilocks", GRAM_KEY: False}
 #: Fiat-Shamir vectors rho the quadratic identity is checked on (each misses a false one w.p. 2/p)
 GRAM_RHOS = 3
 #: independent square-sum proofs, each queried at its own point
 GRAM_QUERIES = 2
 #: fewest fractional bits of the factor: below, snapping the statistics onto L L^T would cost more than float32
 GRAM_MIN_F = 12
+
+
+def default_field(dp_on: bool) -> str:
+    """The field a new split session signs unless it names one: Field128, whose one exact word per value keeps
+    the lanes exact under the Gram statement (the release is secagg's and bfv's bit for bit); with [dp]
+    Goldilocks, since one Field128 word per value does not carry the DP statement yet (:func:`fits`)."""
+    return "goldilocks" if dp_on else "field128"
+
+
+def split_choice(field: str | None = None, gram_proof: bool | None = None, *, dp_on: bool = False) -> dict:
+    """``{field, gram_proof}`` with what is not given (None) filled in by the defaults above: the one rule
+    ``session sign``, the library's :func:`split_session_params` and :func:`~secure_afl.backends.session_params.
+    dp_session_params` apply."""
+    return {FIELD_KEY: default_field(dp_on) if field is None else str(field),
+            GRAM_KEY: DEFAULT_GRAM_PROOF if gram_proof is None else bool(gram_proof)}
 
 
 def field_of(params: SessionParams):
@@ -344,8 +363,10 @@ def choose_frac_bits(params: SessionParams) -> tuple[int, int]:
         f2 -= 1
     why = fits(params, f1, f2)
     if why is not None:
+        # the Gram statement is on by default: a session it does not fit may sign it off instead
+        off = "; or sign [split] gram_proof = false" if gram_enabled(params) and "Gram" in why else ""
         raise InvalidParameterError(f"no fixed-point scale lets a validity-proven split upload stay below "
-                                    f"2^{WRAP_BITS} ({why}); lower `max_norm`, `n_max` or `k_max`")
+                                    f"2^{WRAP_BITS} ({why}); lower `max_norm`, `n_max` or `k_max`{off}")
     if f1 + f2 < fixedpoint.MIN_FRAC_BITS:
         raise InvalidParameterError(f"validity-proven split leaves {f1 + f2} fractional bits, below "
                                     f"{fixedpoint.MIN_FRAC_BITS}; lower `max_norm`, `n_max` or `k_max`")
@@ -364,12 +385,16 @@ VERIFIER_WORKERS = 4
 
 
 def split_session_params(session_id: str, layout: Layout, gamma: float, bounds: Bounds, *,
-                         frac_bits: tuple | None = None, gram_proof: bool = False, max_share: float = 1.0,
-                         field: str = DEFAULT_FIELD, **_) -> SessionParams:
+                         frac_bits: tuple | None = None, gram_proof: bool | None = None, max_share: float = 1.0,
+                         field: str | None = None, **_) -> SessionParams:
     """Lane bits from the bounds (as secagg and bfv, lowered where a validity-proven upload needs the room:
     :func:`choose_frac_bits`); not yet bound to the key holder's seed key. ``gram_proof``: every upload also
     proves its statistics are a Gram matrix (docs/VALIDITY.md, "The Gram statement"). ``field``: the proof's
-    and the sum's field (:data:`secure_afl.hazmat.fields.FIELD_NAMES`; ``field128``: one exact word per value)."""
+    and the sum's field (:data:`secure_afl.hazmat.fields.FIELD_NAMES`; ``field128``: one exact word per value).
+    Either left None takes the session default (:func:`split_choice`; a caller with DP resolves the field with
+    ``dp_on``, as :func:`~secure_afl.backends.session_params.dp_session_params` does)."""
+    chosen = split_choice(field, gram_proof)
+    field, gram_proof = chosen[FIELD_KEY], chosen[GRAM_KEY]
     field_named(field)  # an unknown name is refused here, naming the known ones
     base = SessionParams(session_id, "split", layout, gamma, bounds).with_backend_params(
         **{FIELD_KEY: str(field)})
