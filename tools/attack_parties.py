@@ -88,6 +88,10 @@ class MaliciousServer:
                 "params_digest": self._params.digest().hex(), "min_clients": self._min_clients,
                 "min_class_count": 1}
 
+    def status(self) -> dict:
+        """The key holder's signed status view: the round closed over the uploads it serves."""
+        return {"status": "released", "uploaded": sorted(self._payloads)}
+
     def request(self, method: str, path: str, *, body: bytes = b""):
         if path == "/manifest":
             return _Answer(self._manifest)
