@@ -53,6 +53,7 @@ def _cmd_release(args) -> int:
         tags = {h: tag for h, (_, tag) in store.upload_tags().items() if tag is not None}
         share = store.get_blob(record["share_sha256"])
         masked = store.get_blob(record["masked_sum_blob"])
+        messages = store.verifier_messages()
     finally:
         store.close()
     kept = None
@@ -69,7 +70,8 @@ def _cmd_release(args) -> int:
                                        "masked_sum_sha256": meta.masked_sum_sha256},
                            server_pub=pki.pinned_identity(args.pki, "server"),
                            keyholder_pub=pki.pinned_identity(args.pki, "keyholder"), enrolled=enrolled,
-                           policy=release_policy(load_signed(args.pki, params.session_id)), kept=kept)
+                           policy=release_policy(load_signed(args.pki, params.session_id)), kept=kept,
+                           verifier_messages=messages)
     for line in result.checked:
         print(f"ok: {line}")
     for line in result.mismatches:

@@ -53,6 +53,10 @@ def _cmd_report(args) -> int:
     place_new(tmp, out, "--out")
     print(f"{result.summary()}\nreport of session {definition.session_id} -> {out} ({len(page)} bytes, "
           "self-contained: open it in any browser, offline)")
+    if definition.backend == "split":
+        from secure_afl.session.definition import split_validity
+
+        print(f"validity: {split_validity(definition)}")
     return 0
 
 

@@ -267,6 +267,10 @@ def render_report(f: SessionFacts, *, generated: float | None = None) -> str:
                     ("roster", ", ".join(f.roster)),
                     ("deadline", b.get("deadline") or (f"{b['deadline_s']:g} s after the server's first start"
                                                        if b.get("deadline_s") else "none"))]
+    if b.get("backend") == "split":
+        from secure_afl.session.definition import SessionDefinition, split_validity
+
+        session_rows.append(("validity statement", split_validity(SessionDefinition(b))))
     if b.get("extractor"):
         ex = b["extractor"]
         session_rows.append(("feature extractor", f"{ex.get('backbone')} {ex.get('weights')}, {ex.get('preset')}, "

@@ -99,7 +99,8 @@ class ReleasePolicy:
     deadline: float | None
 
     signed_min_clients: int = 0
-    #: the signed [split] max_share (1.0: no cap) and gram_proof: checked on the decoded release
+    #: the signed [split] max_share (1.0: no cap) and gram_proof (as read: SessionDefinition.split_settings),
+    #: checked on the decoded release
     max_share: float = 1.0
     gram_proof: bool = False
 
@@ -124,13 +125,13 @@ def release_policy(definition, *, min_clients: int = 0, min_class_count: int = 0
     b = definition.body
     n, c = len(b["hospitals"]), int(b["colluders"])
     mc = max(int(b["min_clients"]), int(min_clients))
-    sp = b.get("split") or {}
+    sp = definition.split_settings() if b["backend"] == "split" else {}
     return ReleasePolicy(
         session_id=b["id"], backend=b["backend"], roster=tuple(b["hospitals"]), min_clients=mc, colluders=c,
         quorum=max(quorum(n, c, int(b["min_clients"])), int(min_clients)), max_refusals=int(b["max_refusals"]),
         min_class_count=max(int(b["min_class_count"]), int(min_class_count)), deadline=b.get("deadline"),
         signed_min_clients=int(b["min_clients"]), max_share=float(sp.get("max_share", 1.0)),
-        gram_proof=bool(sp.get("gram_proof", False)))
+        gram_proof=bool(sp.get("gram_proof")))
 
 
 def check_quorum(policy: ReleasePolicy, contributors: int) -> None:

@@ -44,6 +44,7 @@ SPLIT_VALIDITY = b"secure-afl/split/validity/v1\0"        # split: Fiat-Shamir o
 SPLIT_QUERY = b"secure-afl/split/query/v1\0"              # split: HMAC(key holder's query key, committed upload)
 SPLIT_QUERY_RAND = b"secure-afl/split/query-rand/v2\0"    # split: the bit proofs' query points and linear checks
 SPLIT_GRAM_QUERY_RAND = b"secure-afl/split/gram-query-rand/v2\0"  # split: the Gram part's query randomness
+SPLIT_NOISE_PERM = b"secure-afl/split/noise-permutation/v1\0"  # split DP: the noise words' signed permutation
 
 # -- sub-labels: SHA-256(split Fiat-Shamir seed || LABEL || ...), one per value drawn from the same seed ------
 SPLIT_FS_JOINT = b"joint\0"                              # the bit proofs' joint randomness
@@ -82,6 +83,7 @@ SPLIT_RHO_XOF = b"saflVALIDrho"                           # split validity: the 
 SPLIT_JOINT_XOF = b"saflVALIDjnt"                         # split validity: the joint randomness r
 SPLIT_QUERY_XOF = b"saflVALIDqry"                         # split validity: the query points and linear checks
 SPLIT_GRAM_QUERY_XOF = b"saflVALIDgqy"                    # split validity: the Gram square-sum queries
+SPLIT_NOISE_PERM_XOF = b"saflDPnzperm"                     # split DP: the noise words' signed permutation
 
 # -- byte formats (magic numbers) and file formats ---------------------------------------------
 PAYLOAD_MAGIC = b"SAFLPAY1"                               # the payload envelope
@@ -104,7 +106,7 @@ SIGNATURES = {
 HASHES = {"AUDIT_CHAIN": AUDIT_CHAIN, "SECAGG_GRAPH_SEED": SECAGG_GRAPH_SEED,
           "SECAGG_SHARE_COMMITMENT": SECAGG_SHARE_COMMITMENT, "SECAGG_DEAL_CHALLENGE": SECAGG_DEAL_CHALLENGE,
           "SPLIT_VALIDITY": SPLIT_VALIDITY, "SPLIT_QUERY": SPLIT_QUERY, "SPLIT_QUERY_RAND": SPLIT_QUERY_RAND,
-          "SPLIT_GRAM_QUERY_RAND": SPLIT_GRAM_QUERY_RAND}
+          "SPLIT_GRAM_QUERY_RAND": SPLIT_GRAM_QUERY_RAND, "SPLIT_NOISE_PERM": SPLIT_NOISE_PERM}
 # derived from one Fiat-Shamir seed, so no one of them may prefix another
 SUB_LABELS = {"SPLIT_FS_JOINT": SPLIT_FS_JOINT, "SPLIT_FS_ROWS": SPLIT_FS_ROWS, "SPLIT_FS_GRAM": SPLIT_FS_GRAM,
               "SPLIT_FS_FACTOR_ROWS": SPLIT_FS_FACTOR_ROWS, "SPLIT_FS_RESIDUAL_ROWS": SPLIT_FS_RESIDUAL_ROWS,
@@ -119,7 +121,7 @@ XOF = {"PRG_SELF_MASK": PRG_SELF_MASK, "PRG_PAIR_MASK": PRG_PAIR_MASK, "PRG_GRAP
        "PRG_SPLIT_MASK": PRG_SPLIT_MASK, "SPLIT_SHARE_XOF": SPLIT_SHARE_XOF, "SPLIT_ROW_XOF": SPLIT_ROW_XOF,
        "SPLIT_PROOF_XOF": SPLIT_PROOF_XOF, "SPLIT_GRAM_ROW_XOF": SPLIT_GRAM_ROW_XOF, "SPLIT_RHO_XOF": SPLIT_RHO_XOF,
        "SPLIT_JOINT_XOF": SPLIT_JOINT_XOF, "SPLIT_QUERY_XOF": SPLIT_QUERY_XOF,
-       "SPLIT_GRAM_QUERY_XOF": SPLIT_GRAM_QUERY_XOF}
+       "SPLIT_GRAM_QUERY_XOF": SPLIT_GRAM_QUERY_XOF, "SPLIT_NOISE_PERM_XOF": SPLIT_NOISE_PERM_XOF}
 MAGICS = {"PAYLOAD_MAGIC": PAYLOAD_MAGIC, "CKKS_BODY_MAGIC": CKKS_BODY_MAGIC, "BFV_BODY_MAGIC": BFV_BODY_MAGIC,
           "SECRET_KEY_MAGIC": SECRET_KEY_MAGIC, "PACKED_STATS_MAGIC": PACKED_STATS_MAGIC}
 FORMATS = {"EMBEDDINGS_FORMAT": EMBEDDINGS_FORMAT, "STATISTICS_FORMAT": STATISTICS_FORMAT}

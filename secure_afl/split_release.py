@@ -99,7 +99,8 @@ class ReleaseAudit:
 
 def audit_release(params: SessionParams, manifest: dict, uploads: dict, seed_statements: dict, share: bytes,
                   share_statement: dict, signed_sum: dict, masked_sum: bytes, W, model_meta: dict, *, server_pub,
-                  keyholder_pub, enrolled: dict, policy: ReleasePolicy, kept: dict | None = None) -> ReleaseAudit:
+                  keyholder_pub, enrolled: dict, policy: ReleasePolicy, kept: dict | None = None,
+                  verifier_messages: dict | None = None) -> ReleaseAudit:
     """Recompute a split release from what the server holds, the signed messages around it and (``kept``) the
     key holder's kept copy of the server's commitment, and name whatever does not match and who is at fault.
 
@@ -109,7 +110,10 @@ def audit_release(params: SessionParams, manifest: dict, uploads: dict, seed_sta
     the server's stored signed statement and sealed masked sum; ``kept``: the key holder's
     ``<session>.split-commitment.json`` (its share statement, the server-signed sum statement it was given and
     the sum's bytes, base64); ``W`` and ``model_meta``: the model file; ``policy``: the signed session's
-    release policy (its checks on the released statistics run as the key holder's did).
+    release policy (its checks on the released statistics run as the key holder's did);
+    ``verifier_messages``: hospital -> the server's signed verifier message (under DP with the Gram statement
+    each cohort upload's noise words are permuted at the query seed the server signed it at,
+    :mod:`secure_afl.split.noise_twist`).
 
     The sum the release is judged on is the one the key holder was given: its kept copy when there is one,
     else the server's stored one. The server is at fault when that sum, signed by it for the key holder's
@@ -155,6 +159,7 @@ def audit_release(params: SessionParams, manifest: dict, uploads: dict, seed_sta
     backend = get_backend(params)
     F = split.field_of(params)
     total = F.zeros(split.main_words(params))
+    circuit = split.Circuit(params) if split.noise_beside(params) else None
     for h in cohort:
         payload = uploads.get(h)
         sha = None if payload is None else hashlib.sha256(payload).hexdigest()
@@ -167,6 +172,14 @@ def audit_release(params: SessionParams, manifest: dict, uploads: dict, seed_sta
             blame("server", f"upload of {h}: its signed seed statement does not hold ({e})")
             continue
         total = F.add(total, backend.masked_words(payload))
+        if split.noise_beside(params):
+            try:
+                msg = (verifier_messages or {})[h]
+                qs = split.verify_leader_message(msg, server_pub, circuit, h, sha, split.signed_query_seed(msg, h))[0]
+            except (KeyError, SecureAFLError) as e:
+                blame("server", f"upload of {h}: no signed verifier message of the server's for it ({e})")
+                continue
+            total = F.add(total, split.noise_twist(circuit, circuit.upload_share(payload), qs))
     recomputed = seal(params, "aggregate", F.to_bytes(total), contributors=len(cohort))
     if recomputed != given:
         blame("server", "masked sum: the server's signed sum is not the sum of the cohort's stored masked uploads "

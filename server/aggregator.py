@@ -98,7 +98,7 @@ def open_server(config: ServerConfig) -> ServerSession:
 def _signed_definition(config: ServerConfig):
     """The operator-signed definition of this session; the server's own settings must agree with it."""
     signed = load_signed(config.pki_dir, config.session_id)
-    check_same(signed.body, config.definition.body, what="",
+    check_same(signed.comparable(), config.definition.comparable(), what="",
                source=f"the server's session.toml ({config.session_id})")
     return signed
 

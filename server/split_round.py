@@ -147,7 +147,7 @@ def commit(session: ServerSession, party: str, statement: dict) -> dict:
                                   refused)
             masked_sum = cohort_masked_sum(session.params, aggregate, [
                 session.store.get_blob(row["payload_sha256"]) for row in session.store.uploads()
-                if row["hospital"] in refused], len(statement["cohort"]))
+                if row["hospital"] in refused], len(statement["cohort"]), _twisted(session, statement["cohort"]))
         except SecureAFLError as e:
             refuse(session, "split_commit", party, e)
             raise
@@ -160,6 +160,20 @@ def commit(session: ServerSession, party: str, statement: dict) -> dict:
                                       "masked_sum_sha256": signed["masked_sum_sha256"],
                                       "contributors": len(statement["cohort"])})
         return _commitment(session, kept)
+
+
+def _twisted(session: ServerSession, cohort) -> list:
+    """``(payload, query seed)`` of each cohort upload under DP with the Gram statement (none otherwise): the
+    server permutes each one's noise words at the query seed it signed its verifier message at
+    (:mod:`secure_afl.split.noise_twist`); an upload without a message has no verdict, and so no cohort."""
+    if not split.noise_beside(session.params):
+        return []
+    messages = session.store.verifier_messages(list(cohort))
+    rows = {r["hospital"]: r["payload_sha256"] for r in session.store.uploads()}
+    missing = [h for h in cohort if h not in messages]
+    if missing:
+        raise MalformedPayload(f"no verifier message of this server for {', '.join(missing)}, a cohort hospital")
+    return [(session.store.get_blob(rows[h]), split.signed_query_seed(messages[h], h)) for h in cohort]
 
 
 def _commitment(session: ServerSession, kept: dict) -> dict:

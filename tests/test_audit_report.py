@@ -79,6 +79,10 @@ def test_the_audit_report_renders_offline_in_chromium_and_shows_each_hospitals_f
     # the chain verified, the signed guarantees, each hospital's fate with the refusal's evidence
     assert re.search(r'id="verdict">OK: session t-split: \d+ records', d)
     assert "may drop out, go silent or be refused and session t-split still releases" in d
+    # the default split session's validity: the Gram statement in Field128, in the session table and the lines
+    assert "<th>validity statement</th><td>Gram statement on (field128, exact lanes)</td>" in d
+    assert "validity: Gram statement on (field128, exact lanes): every upload proves" in d
+    assert "validity: Gram statement on (field128, exact lanes)" in made.stdout
     fates = dict(re.findall(r'<tr data-hospital="(h\d)"><td>h\d</td><td class="fate"[^>]*>([a-z ]+)</td>', d))
     assert fates == {"h1": "released", "h2": "released", "h3": "refused", "h4": "released", "h5": "released",
                      "h6": "silent"}

@@ -215,9 +215,7 @@ def test_the_collector_refuses_a_share_over_fewer_than_q(tmp_path):
     try:
         params = kh.params(srv.config.session_id)
         manifest = closing.released(srv)[1]
-        from secure_afl.hazmat import fixedpoint
-
-        share = np.zeros(fixedpoint.n_words(params.layout.length), dtype=np.uint64)
+        share = split.field_of(params).zeros(split.main_words(params))
         refused = {"h1": "linear", "h2": "linear"}
         body, st = split.sign_share(kh.party.identity_key(), params, manifest, share, refused)
         # Execute / Assert: the server role applies the signed quorum too, before it commits to any sum

@@ -24,14 +24,17 @@ from secure_afl.stats import local_statistics
 pytestmark = pytest.mark.security
 
 
-def _sections(n, mc, *, backend="plain", colluders=None, d=6, C=2, dp=False, gram=False, n_max=100, threshold=None):
+def _sections(n, mc, *, backend="plain", colluders=None, d=6, C=2, dp=False, gram=None, field=None, n_max=100,
+              threshold=None):
+    """A session's sections; ``gram`` and ``field`` (split only) are signed as given, None leaves the default."""
     s = {"session": {"id": "s-sweep", "backend": backend, "dim": d, "classes": C, "min_clients": mc,
                      "hospitals": [f"h{i:02d}" for i in range(n)]},
          "bounds": {"max_norm": 1.0, "n_max": n_max, "k_max": max(n, 8)}}
     if colluders is not None:
         s["session"]["colluders"] = colluders
-    if gram:
-        s["split"] = {"gram_proof": True}
+    chosen = {k: v for k, v in (("gram_proof", gram), ("field", field)) if v is not None}
+    if chosen:
+        s["split"] = chosen
     if dp:
         s["dp"] = {"epsilon": 1.0, "delta": 1e-6}
     if threshold is not None:
@@ -142,16 +145,16 @@ def test_a_roster_too_small_for_min_clients_is_refused_naming_the_smallest_that_
 # -- soundness ------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("d, C", list(itertools.product([6, 64, 512], [2, 10, 100])))
 def test_every_signable_split_session_reaches_64_bits(d, C):
-    for dp, gram in itertools.product([False, True], repeat=2):
+    for dp, gram, field in itertools.product([False, True], [None, False, True], [None, "goldilocks", "field128"]):
         # what sign refuses is asserted on too: never for the soundness floor (the verifier adds repetitions
-        # until the circuit reaches it), only for a named sizing reason with what to change
+        # until the circuit reaches it), only for a named sizing reason with what to change (None: the default)
         try:
-            defn = normalise(_sections(6, 3, backend="split", d=d, C=C, dp=dp, gram=gram, n_max=1000))
+            defn = normalise(_sections(6, 3, backend="split", d=d, C=C, dp=dp, gram=gram, field=field, n_max=1000))
         except InvalidParameterError as e:
-            assert "soundness" not in str(e) and "lower" in str(e), (d, C, dp, gram, str(e))
+            assert "soundness" not in str(e) and "lower" in str(e), (d, C, dp, gram, field, str(e))
             continue
         bits, reps = split_soundness(defn.session_params())
-        assert bits >= 64, (d, C, dp, gram, bits, reps)
+        assert bits >= 64, (d, C, dp, gram, field, bits, reps)
         assert f"2^-{bits:.1f}" in dict(guarantee_lines(defn))["soundness"]
 
 
@@ -182,7 +185,8 @@ def test_extra_repetitions_prove_and_verify_as_three_do(monkeypatch):
     import secure_afl.split.proof as proof
 
     monkeypatch.setattr(proof, "SOUNDNESS_BITS", 90)
-    params = normalise(_sections(4, 3, backend="split", d=4, C=2)).session_params()
+    # Goldilocks without the statement: the flipped auxiliary word below is one uint64
+    params = normalise(_sections(4, 3, backend="split", d=4, C=2, gram=False, field="goldilocks")).session_params()
     circuit = proof.Circuit(params)
     assert circuit.reps > 3
     rng = np.random.default_rng(1)

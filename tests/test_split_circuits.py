@@ -10,6 +10,7 @@ must give that relation's verdict. A relation a statement lists without a row he
 from __future__ import annotations
 
 import hashlib
+import math
 from dataclasses import dataclass
 from typing import Callable
 
@@ -23,7 +24,7 @@ from secure_afl.hazmat import flp
 from secure_afl.packing import Layout
 from secure_afl.params import Bounds
 from secure_afl.stats import local_statistics
-from secure_afl_tools.attacks_validity import field_factor
+from secure_afl_tools.attacks_validity import _field_sqrt, field_factor
 
 LAYOUT = Layout(4, 3)
 BOUNDS = Bounds(4.0, 60, 8)
@@ -41,9 +42,11 @@ def _vector(n: int, seed: int = 0) -> np.ndarray:
 
 @pytest.fixture(scope="module")
 def circuits():
-    plain = split.Circuit(split.split_session_params("circuits-plain", LAYOUT, GAMMA, BOUNDS))
-    gram = split.Circuit(split.split_session_params("circuits-gram", LAYOUT, GAMMA, BOUNDS, gram_proof=True))
-    dp_params = dp_session_params(SPEC, "split", "circuits-dp", LAYOUT, GAMMA, BOUNDS)
+    # each statement signed explicitly, in Goldilocks (the default session is gram's, in Field128)
+    gl = {"field": "goldilocks"}
+    plain = split.Circuit(split.split_session_params("circuits-plain", LAYOUT, GAMMA, BOUNDS, gram_proof=False, **gl))
+    gram = split.Circuit(split.split_session_params("circuits-gram", LAYOUT, GAMMA, BOUNDS, gram_proof=True, **gl))
+    dp_params = dp_session_params(SPEC, "split", "circuits-dp", LAYOUT, GAMMA, BOUNDS, gram_proof=False)
     dp = split.Circuit(dp_params)
     dpgram = split.Circuit(dp_session_params(SPEC, "split", "circuits-dp-gram", LAYOUT, GAMMA, BOUNDS,
                                              gram_proof=True))
@@ -246,12 +249,22 @@ GRAM = [
 ]
 
 def _noise_out_of_range(c, lanes, fw):
-    # n's noise word moved by 2 T_z: n is not in A, so the identity and the lanes are untouched
+    # n's noise word set to a square root in F_p of a small non-square integer r: a field element far outside
+    # the range whose square is r, so |z|^2 stays within l2_z (the l2 bound is tight enough that any integer at
+    # T_z would cross it too); n is not in A, so the identity and the lanes are untouched
     gs = c.part("gram")
     fw = fw.copy()
     i = gs.n_f + c.i_n - int(gs.i_noise[0])
-    fw[i] = flp.add(fw[i:i + 1], np.uint64(2 * gs.T_z))[0]
+    fw[i] = next(r for r in (_field_sqrt(k) for k in range(2, 100) if math.isqrt(k) ** 2 != k) if r)
+    z = [int(v) for v in flp.decode_signed(fw[gs.n_f:gs.n_words])]
+    assert abs(z[c.i_n - int(gs.i_noise[0])]) >= gs.T_z and sum(v * v for v in z) % flp.P <= gs.l2_z
     return fw
+
+
+def _squares_mod_p(vals, honest, sizes):
+    # the cheater's software takes the groups' squared norms as the field does, mod p
+    vals["noise_sq"] = [v % flp.P for v in vals["noise_sq"]]
+    vals["noise_l2"] = [sizes["gram"]["l2_z"] - sum(vals["noise_sq"])]
 
 
 def _noise_past_l2(c, lanes, fw):
@@ -274,7 +287,7 @@ def _noise_past_l2(c, lanes, fw):
 
 # DP with the Gram statement: the Gram part's rows on the statistics before the noise, and the share's range and
 # l2 bound
-DPGRAM = GRAM + [Row("noise_range", factor=_noise_out_of_range), Row("noise_l2", factor=_noise_past_l2)]
+DPGRAM = GRAM + [Row("noise_range", factor=_noise_out_of_range, values=_squares_mod_p), Row("noise_l2", factor=_noise_past_l2)]
 
 TABLE = {"plain": PLAIN, "dp": DP, "gram": GRAM, "dpgram": DPGRAM}
 

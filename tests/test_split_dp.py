@@ -20,12 +20,15 @@ from support.split_cheat import keeping_honest_bits
 DP = {"epsilon": 1.0, "delta": 1e-5, "min_contributors": 3}
 SPEC = DPSpec(DP["epsilon"], DP["delta"], DP["min_contributors"])
 NAMES = ("h1", "h2", "h3", "h4")
+#: what this file tests: DP without the Gram statement (tests/test_split_dp_gram.py has it with), signed
+#: explicitly since the default split session proves it
+NO_GRAM = {"gram_proof": False}
 
 
 def _split_session(c):
     conn = c.connect_keyholder()
     c.keyholder.keygen(dp_session_params(SPEC, "split", c.session_id, Layout(c.dim, c.classes), 1.0,
-                                         Bounds(c.max_norm, 1000, 8)))
+                                         Bounds(c.max_norm, 1000, 8), **NO_GRAM))
     c.keyholder.publish(conn)
     return conn
 
@@ -38,7 +41,7 @@ def _started_with_honest(consortium, honest, *, hospitals=NAMES, min_clients=3):
     """A DP split consortium with its key published and ``honest`` hospitals' statistics submitted by the
     ordinary client: (consortium, data, key holder connection)."""
     # one refusal within the signed limit: the tests below refuse one upload and judge what is left
-    c = consortium(backend="split", hospitals=hospitals, min_clients=min_clients, dp=DP,
+    c = consortium(backend="split", hospitals=hospitals, min_clients=min_clients, dp=DP, split=NO_GRAM,
                    extra_session={"max_refusals": 1}).start()
     data = _data(c)
     conn = _split_session(c)
@@ -65,7 +68,7 @@ def _check_refused_for_short_noise(c, conn):
 def test_split_and_secagg_noise_parameters_are_the_same():
     # Execute: the same declared DP on the same layout and bounds
     lay, b = Layout(6, 3), Bounds(4.0, 1000, 8)
-    sp = dp_session_params(SPEC, "split", "s", lay, 1.0, b)
+    sp = dp_session_params(SPEC, "split", "s", lay, 1.0, b, **NO_GRAM)
     sa = dp_session_params(SPEC, "secagg", "s", lay, 1.0, b, n_parties=4, threshold=2, min_clients=3)
 
     # Assert: one mechanism, one noise, one grid (the high lane's bits), so one accounting
@@ -128,7 +131,7 @@ def dp_split():
     from secure_afl import split
     from secure_afl.backends import get_backend
 
-    params = dp_session_params(SPEC, "split", "dp-validity", LAY, 1.0, BND)
+    params = dp_session_params(SPEC, "split", "dp-validity", LAY, 1.0, BND, **NO_GRAM)
     keys = split.generate_keys(params)
     params = split.bind_public_context(params, keys.public_context)
     return params, get_backend(params), Ed25519PrivateKey.generate(), keys.public_context
@@ -193,7 +196,7 @@ def _verdict(dp_split, body, seed, com, hospital="h1"):
 def test_split_dp_frac_bits_are_the_noise_grid_and_the_proofs_choice():
     from secure_afl import split
 
-    params = dp_session_params(SPEC, "split", "s", LAY, 1.0, BND)
+    params = dp_session_params(SPEC, "split", "s", LAY, 1.0, BND, **NO_GRAM)
     # the high lane is the noise grid; the low lane is what the widened statement leaves without a wrap
     assert split.choose_frac_bits(params) == tuple(params.backend_params["frac_bits"])
     c = split.Circuit(params)

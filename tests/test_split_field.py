@@ -11,7 +11,7 @@ import pytest
 from secure_afl import split
 from secure_afl.backends.split import SplitBackend
 from secure_afl.exceptions import InvalidInputError, InvalidParameterError
-from secure_afl.hazmat.fields import GOLDILOCKS
+from secure_afl.hazmat.fields import GOLDILOCKS, field_named
 from secure_afl.packing import Layout
 from secure_afl.params import Bounds, SessionParams
 from secure_afl.split.sizes import FIELD_KEY
@@ -23,7 +23,9 @@ BOUNDS = Bounds(4.0, 60, 8)
 
 
 def _params(**kw) -> SessionParams:
-    return split.split_session_params("field-test", LAYOUT, 1.0, BOUNDS, **kw)
+    """Goldilocks without the Gram statement unless ``kw`` says otherwise: most of what follows is that path."""
+    return split.split_session_params("field-test", LAYOUT, 1.0, BOUNDS, **{"field": "goldilocks",
+                                                                           "gram_proof": False, **kw})
 
 
 def _without_field(params: SessionParams) -> SessionParams:
@@ -33,6 +35,15 @@ def _without_field(params: SessionParams) -> SessionParams:
 
 
 def test_every_split_session_signs_its_field_and_the_circuit_runs_over_it():
+    # the default: Field128 with the Gram statement; with DP, Goldilocks (Field128 does not carry DP yet)
+    default = split.split_session_params("field-test", LAYOUT, 1.0, BOUNDS)
+    assert default.backend_params[FIELD_KEY] == "field128" and split.gram_enabled(default)
+    assert split.Circuit(default).F is field_named("field128")
+    from secure_afl.backends.session_params import dp_session_params
+    from secure_afl.dp import DPSpec
+
+    with_dp = dp_session_params(DPSpec(1.0, 1e-5, 3), "split", "field-test", LAYOUT, 1.0, BOUNDS)
+    assert with_dp.backend_params[FIELD_KEY] == "goldilocks" and split.gram_enabled(with_dp)
     params = _params()
     assert params.backend_params[FIELD_KEY] == "goldilocks"
     c = split.Circuit(params)
@@ -154,7 +165,8 @@ def test_session_sign_refuses_a_session_whose_upload_exceeds_max_upload_bytes_na
     # the size is the sealed payload's, byte for byte (a proven upload of this session, sealed as a hospital does)
     layout = params.layout
     X = np.full((5, layout.dim), 0.3)
-    body, _, _ = c.prove("h1", layout.pack(local_statistics(X, np.array([0, 1, 2, 0, 1]), layout.n_classes)))
+    body, _, _ = c.prove("h1", layout.pack(local_statistics(X, np.array([0, 1, 2, 0, 1]), layout.n_classes,
+                                                            gamma=params.gamma)))
     assert len(seal(params, "contribution", c.F.to_bytes(body))) == size
     normalise(parse(_sections(max_upload_bytes=size)))  # exactly at the cap: signed
     with pytest.raises(SecureAFLError, match=rf"every upload of this session is {size} bytes.*max_upload_bytes = "
@@ -260,3 +272,7 @@ def test_a_field128_session_with_dp_is_refused_by_name():
         **{FIELD_KEY: "field128"})
     with pytest.raises(InvalidParameterError, match="does not carry the DP statement"):
         split.Circuit(forged)
+    # with the Gram statement too, at d = 512, C = 100 (the noise share's grouping is sized in the session's field)
+    with pytest.raises(InvalidParameterError, match="does not carry the DP statement"):
+        dp_session_params(DPSpec(1.0, 1e-5, 3), "split", "field-dp-gram", Layout(512, 100), 1.0,
+                          Bounds(1.0, 1000, 10), gram_proof=True, field="field128")

@@ -157,7 +157,7 @@ def test_a_field128_session_runs_end_to_end_through_the_real_server(consortium, 
     # holder, two of three hospitals upload
     from secure_afl.analytic import centralised_weights
 
-    section = {"field": "field128", **({"gram_proof": True} if gram else {})}
+    section = {"field": "field128", "gram_proof": gram}
     c = consortium(backend="split", hospitals=("h1", "h2", "h3"), min_clients=2, split=section).start()
     conn = c.connect_keyholder()
     c.keyholder.keygen(split.split_session_params(c.session_id, Layout(c.dim, c.classes), 1.0,

@@ -225,13 +225,14 @@ def test_gram_proof_with_dp_builds_with_the_factor_on_half_the_noise_grid():
 
 # -- the release ---------------------------------------------------------------------------------------------
 def _signed(**split_section):
-    """``(session, release policy)`` of a signed split definition (h1..h3, d = 6, C = 3, n_max = 200): the
-    parameters as the key holder's keygen binds them, the policy as its release reads it."""
+    """``(session, release policy)`` of a signed split definition (h1..h3, d = 6, C = 3, n_max = 200), in
+    Goldilocks unless ``split_section`` names a field (these tests forge Goldilocks lanes): the parameters as the
+    key holder's keygen binds them, the policy as its release reads it."""
     from secure_afl.cohort import release_policy
     from secure_afl.session.definition import normalise
     from secure_afl.session.schema import parse
 
-    definition = normalise(parse(_sections(**({"split": split_section} if split_section else {}))))
+    definition = normalise(parse(_sections(split={"field": "goldilocks", **split_section})))
     params = definition.session_params()
     keys = split.generate_keys(params)
     params = split.bind_public_context(params, keys.public_context)
@@ -337,17 +338,41 @@ def test_max_share_refuses_a_release_too_small_for_the_cap():
 def test_an_indefinite_upload_is_refused_by_name_through_the_service_only_under_the_gram_statement():
     from secure_afl_tools.attacks_validity import attack_steer_indefinite_service
 
-    # Execute: a real server per setting, two honest hospitals, h2's rank-one cancellation and its exact control
-    # with a positive semi-definite C_k (C_k = (n_max B^2 / d) I, Q_k = (C_h + C_k) W* - Q_h: A_k is indefinite)
+    # Execute: a real server per setting (the default split session, one signed gram_proof = false), two honest
+    # hospitals, h2's rank-one cancellation and its exact control with a positive semi-definite C_k
+    # (C_k = (n_max B^2 / d) I, Q_k = (C_h + C_k) W* - Q_h: A_k is indefinite)
     r = attack_steer_indefinite_service(backends=("split",), attacks=("rank-one-cancel-0.99", "psd-exact-control"),
                                         verbose=False)
-    off, off_psd, on, on_psd = r["rows"]
+    on, on_psd, off, off_psd = r["rows"]
     # Assert: released and W blown up, or set to W*, without the statement; h2 named and W the honest one with it
-    assert not off["gram_proof"] and off["released"] and not off["refused"] and off["norm_ratio"] > 4
+    assert off["session"] == "gram_proof = false" and not off["gram_proof"]
+    assert off["released"] and not off["refused"] and off["norm_ratio"] > 4
     assert off_psd["released"] and not off_psd["refused"] and abs(off_psd["pull"] - 1.0) < 1e-6
     for row in (on, on_psd):
-        assert row["gram_proof"] and row["released"] and row["refused"] == {"h2": "gram"}
-        assert abs(row["norm_ratio"] - 1.0) < 1e-4  # the honest two, their statistics snapped onto their factors
+        assert row["session"] == "default" and row["gram_proof"] and row["field"] == "field128"
+        assert row["released"] and row["refused"] == {"h2": "gram"}
+        assert abs(row["norm_ratio"] - 1.0) < 1e-9  # the honest two, exact lanes: their statistics unsnapped
+
+
+@pytest.mark.e2e
+@pytest.mark.security
+def test_attack_steer_on_the_default_split_session_refuses_every_exact_control_case_by_name():
+    from secure_afl_tools.attacks_validity import INDEFINITE, SPLIT_SESSIONS, attack_steer_service
+
+    # Execute: `attack steer --backend split`'s cases against the default session, each through a real server:
+    # alpha I with alpha W* at the bound (wide and inside the Cauchy-Schwarz cone), and every indefinite case,
+    # the PSD C_k with a chosen Q_k that sets W exactly included
+    r = attack_steer_service(backends=("split",), alphas=(None,), indefinite=INDEFINITE, dp_residual=False,
+                             verbose=False, split_sessions=SPLIT_SESSIONS[:1])
+    # Assert: every exact-control case named (h2, the Gram statement), the release formed over the honest two
+    rows = r["indefinite"]
+    assert [row["attack"] for row in rows] == list(INDEFINITE) and r["default_refused_by_name"]
+    for row in rows:
+        assert row["session"] == "default" and row["refused"] == {"h2": "gram"} and row["released"], row
+    # the within-bound steering uploads are no Gram matrix either: the client will not prove them, and sent
+    # unchecked by modified software they are refused by name
+    for row in r["rows"]:
+        assert row["modified_software"] and row["refused"] == {"h2": "gram"} and not row["accepted"], row
 
 
 # -- the signed session -----------------------------------------------------------------------------------------
@@ -359,6 +384,27 @@ def _sections(backend="split", **extra):
     return base
 
 
+def test_a_definition_signed_without_split_keys_keeps_meaning_goldilocks_without_the_statement():
+    # Prepare: the body `session sign` wrote for a default split session before it wrote [split] (none at all)
+    from secure_afl.cohort import release_policy
+    from secure_afl.session.definition import guarantee_lines, normalise
+    from secure_afl.session.schema import parse
+    from secure_afl.session.signed import from_body
+
+    spelled = normalise(parse(_sections(split={"gram_proof": False, "field": "goldilocks"})))
+    old_body = {**spelled.body, "split": None}
+    # Execute: every party re-reads a signed body through from_body
+    old = from_body(old_body, source="old signed session")
+    # Assert: accepted as signed (canonical), and read as it was signed: Goldilocks lanes, no Gram statement, the
+    # same parameters (digest) as the session that spells it out, the steering line and policy saying so
+    assert old.body["split"] is None
+    assert old.session_params().digest() == spelled.session_params().digest()
+    assert not split.gram_enabled(old.session_params()) and not release_policy(old).gram_proof
+    assert "Gram statement off (goldilocks)" in dict(guarantee_lines(old))["steering"]
+    # and a party's own settings spelling that out are the same session
+    assert old.comparable() == spelled.comparable()
+
+
 def test_the_session_signs_gram_proof_into_the_parameters_with_or_without_dp_and_refuses_another_backend():
     from secure_afl.session.definition import normalise, share_line
     from secure_afl.session.schema import parse
@@ -367,11 +413,17 @@ def test_the_session_signs_gram_proof_into_the_parameters_with_or_without_dp_and
     on = normalise(parse(_sections(split={"gram_proof": True, "max_share": 0.5})))
     params = on.session_params()
     assert split.gram_enabled(params) and params.backend_params["max_share"] == 0.5
-    off = normalise(parse(_sections()))
-    assert not split.gram_enabled(off.session_params()) and off.body["split"] is None
+    off = normalise(parse(_sections(split={"gram_proof": False})))
+    assert not split.gram_enabled(off.session_params()) and off.body["split"]["gram_proof"] is False
     assert params.digest() != off.session_params().digest()  # the setting is signed: the parameters differ
+    # the default: on, in Field128, both written into the signed body (what is signed is what runs)
+    default = normalise(parse(_sections()))
+    assert default.body["split"] == {"gram_proof": True, "field": "field128", "max_share": 1.0}
+    assert split.gram_enabled(default.session_params())
     with_dp = normalise(parse(_sections(split={"gram_proof": True}, dp={"epsilon": 1.0}))).session_params()
     assert split.gram_enabled(with_dp) and with_dp.dp is not None
+    dp_default = normalise(parse(_sections(dp={"epsilon": 1.0})))
+    assert dp_default.body["split"] == {"gram_proof": True, "field": "goldilocks", "max_share": 1.0}
     with pytest.raises(SecureAFLError, match=r"\[split\] is for backend"):
         normalise(parse(_sections("ckks", split={"gram_proof": True})))
     line = share_line(on)
@@ -512,3 +564,67 @@ def test_a_residual_hiding_one_negative_eigenvalue_past_the_slack_is_refused_by_
     fw0 = fw.copy()
     fw0[gram.n_f + gram.n_z:] = 0
     assert _verdict_past_projection(exact_session, x, factor=fw0) == "gram"
+
+
+@pytest.mark.e2e
+def test_sign_show_and_server_run_state_the_default_split_sessions_field_and_gram_statement(consortium, tmp_path):
+    import json as _json
+    import os
+    import subprocess
+    import sys
+
+    from support import Consortium
+
+    def cli(*args):
+        return subprocess.run([sys.executable, "-m", "secure_afl.cli", *map(str, args)], capture_output=True,
+                              text=True, timeout=180, env=dict(os.environ))
+
+    # Prepare: a split session.toml with no [split] (the default), and one that turns the statement off
+    c = consortium(backend="split", sign=False)
+    off = Consortium(tmp_path / "off", backend="split", split={"gram_proof": False}, sign=False)
+
+    # Execute: the operator signs and shows each; the server runs the default one
+    signed = cli("session", "sign", c.config, "--pki", c.pki_dir)
+    shown = cli("session", "show", "--session", c.session_id, "--pki", c.pki_dir)
+    signed_off = cli("session", "sign", off.config, "--pki", off.pki_dir)
+    c.start()
+
+    # Assert: the resolved values are written into the signed definition (what is signed is what runs), and
+    # sign, show and the server's start say the Gram statement is on in Field128; off still signs, saying so
+    on_line = "validity: Gram statement on (field128, exact lanes): every upload proves its statistics positive"
+    assert signed.returncode == 0 and on_line in signed.stdout, signed.stdout + signed.stderr
+    assert shown.returncode == 0 and on_line in shown.stderr, shown.stderr
+    assert _json.loads(shown.stdout)["split"] == {"field": "field128", "gram_proof": True, "max_share": 1.0}
+    assert on_line in (c.root / "server.log").read_text()
+    assert signed_off.returncode == 0, signed_off.stderr
+    assert "validity: Gram statement off (field128): one hospital that knows the others' sums can set W exactly" \
+        in signed_off.stdout and "sign [split] gram_proof = true to refuse it" in signed_off.stdout
+
+
+@pytest.mark.e2e
+@pytest.mark.security
+def test_cli_attack_steer_exits_seven_once_the_default_split_session_lets_an_exact_control_upload_through():
+    import subprocess
+    import sys
+
+    # the command's scope narrowed to the one case (the PSD exact control, the default session only); its checks
+    # and exit status are the command's own
+    scope = ("import functools\nimport secure_afl_tools.attacks as A\nfrom secure_afl_tools.attacks_validity import "
+             "SPLIT_SESSIONS, attack_steer_service\nA.ATTACKS['steer'] = functools.partial(attack_steer_service, "
+             "alphas=(), indefinite=('psd-exact-control',), dp_residual=False, split_sessions=SPLIT_SESSIONS[:1])\n")
+    # the regression: a verifier that no longer refuses on the Gram statement's verdict
+    broken = ("from secure_afl.split.proof import Circuit\n_d = Circuit.decide\n"
+              "Circuit.decide = lambda self, a, b: (lambda v: None if v == 'gram' else v)(_d(self, a, b))\n")
+
+    def run(prelude):
+        code = f"import sys\n{prelude}\nfrom secure_afl.cli import main\nsys.exit(main(['attack', 'steer', " \
+               "'--backend', 'split']))\n"
+        return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+
+    ok, bad = run(scope), run(scope + broken)
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    assert "psd-exact-control    h2 REFUSED by name (gram check)" in ok.stdout
+    assert "1 of 1 exact-control cases refused by name" in ok.stdout
+    assert bad.returncode == 7, bad.stdout + bad.stderr
+    assert "psd-exact-control    released: pull 100.0%" in bad.stdout and "NOT every one" in bad.stdout
+    assert "not refused by name on split's default session" in bad.stderr

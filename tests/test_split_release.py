@@ -49,7 +49,9 @@ def _cli(*args) -> subprocess.CompletedProcess:
 
 def _uploaded(consortium):
     """A split session with three honest uploads and the round closed: (consortium, plaintext stats per hospital)."""
-    c = consortium(backend="split", hospitals=HOSPITALS, min_clients=2, extra_session={"min_class_count": 1})
+    # Goldilocks without the statement, signed explicitly: these tests forge Goldilocks words
+    c = consortium(backend="split", hospitals=HOSPITALS, min_clients=2, extra_session={"min_class_count": 1},
+                   split={"field": "goldilocks", "gram_proof": False})
     c.start()
     c.keyholder.keygen(load_signed(c.pki_dir, c.session_id).session_params())
     with c.connect_keyholder() as conn:
@@ -467,7 +469,8 @@ def test_a_dispute_names_the_server_the_key_holder_or_the_hospital(consortium):
     from secure_afl_tools.attack_parties import forge_verifier
 
     c = consortium(backend="split", hospitals=HOSPITALS, min_clients=2,
-                   extra_session={"min_class_count": 1, "max_refusals": 1})
+                   extra_session={"min_class_count": 1, "max_refusals": 1},
+                   split={"field": "goldilocks", "gram_proof": False})  # forged Goldilocks words below
     c.start()
     c.keyholder.keygen(load_signed(c.pki_dir, c.session_id).session_params())
     conn = c.connect_keyholder()

@@ -174,7 +174,8 @@ def test_a_message_formed_before_the_query_gets_an_invalid_upload_accepted_only_
         monkeypatch.setattr(split, "query_seed", lambda *a: b"\x07" * 32)
     elif derivation != "keyed":
         monkeypatch.setattr(split, "query_seed", lambda key, *a: _Predicting.GUESSES[derivation](*a))
-    c, conn = open_split_session(consortium)
+    # Goldilocks without the statement, signed explicitly: the forged messages below are Goldilocks words
+    c, conn = open_split_session(consortium, split={"field": "goldilocks", "gram_proof": False})
     params = c.keyholder.params(c.session_id)
     source = _Predicting(conn, params, pki.load_party(c.pki_dir, "server", "aggregator").identity_key())
     judge, ledger = SplitJudge(c.keyholder, c.session_id), ReleaseLedger(c.keyholder.keys_dir / "releases.sqlite3")
@@ -279,7 +280,8 @@ def test_the_share_from_a_judged_sum_is_the_cohorts_whatever_the_sum_covers():
     from secure_afl.stats import local_statistics
 
     lay = Layout(6, 3)
-    params = split.split_session_params("judged-sum", lay, 1.0, Bounds(4.0, 1000, 8))
+    params = split.split_session_params("judged-sum", lay, 1.0, Bounds(4.0, 1000, 8), field="goldilocks",
+                                        gram_proof=False)  # the Goldilocks lanes this test sums
     keys = split.generate_keys(params)
     params = split.bind_public_context(params, keys.public_context)
     be = get_backend(params)

@@ -38,6 +38,13 @@ P = flp.P
 LAYOUT = Layout(6, 3)
 BOUNDS = Bounds(4.0, 50, 8)
 GAMMA = 1.0
+#: what this file tests: the statement without the Gram part, over Goldilocks (two lanes per value), signed
+#: explicitly since the default session is the Gram statement in Field128
+GOLDILOCKS_PLAIN = {"field": "goldilocks", "gram_proof": False}
+
+
+def _params(*args, **kw):
+    return split.split_session_params(*args, **{**GOLDILOCKS_PLAIN, **kw})
 
 
 def _arr(xs):
@@ -216,7 +223,7 @@ def test_bit_proof_refuses_a_query_point_on_the_domain():
 @pytest.fixture(scope="module")
 def session():
     """(params, backend, the server's identity key, the key holder's public seed key)."""
-    params = split.split_session_params("validity-unit", LAYOUT, GAMMA, BOUNDS)
+    params = _params("validity-unit", LAYOUT, GAMMA, BOUNDS)
     keys = split.generate_keys(params)
     params = split.bind_public_context(params, keys.public_context)
     return params, get_backend(params), Ed25519PrivateKey.generate(), keys.public_context
@@ -260,7 +267,7 @@ def test_projection_matches_the_reference_on_edge_values(session, monkeypatch, c
         monkeypatch.setattr(split.projection, "_PROJ_CHUNK", chunk)
     rng = random.Random(17)
     for dim in (6, 40):
-        params = split.split_session_params(f"proj-{dim}", Layout(dim, 5), GAMMA, BOUNDS)
+        params = _params(f"proj-{dim}", Layout(dim, 5), GAMMA, BOUNDS)
         c = split.Circuit(params)
         edge = [0, 1, P - 1, P // 2, P // 2 + 1, 2 ** 63, 2 ** 64 - 2 ** 32, 15, 16, 2 ** 60 + 7]
         hi = [edge[i] if i < len(edge) else rng.randrange(P) for i in range(c.L)]
@@ -288,7 +295,7 @@ def test_both_verifiers_in_worker_processes_decide_and_sum_as_one_process_does(t
     # The release's verdicts run in spawned worker processes once there are enough uploads: the server's
     # messages (read from the payload files) and the key holder's verdicts and share must be those of one
     # process, a cheater refused by name either way.
-    params = split.split_session_params("procs", LAYOUT, GAMMA, BOUNDS)
+    params = _params("procs", LAYOUT, GAMMA, BOUNDS)
     keys = split.generate_keys(params)
     params = split.bind_public_context(params, keys.public_context)
     be = get_backend(params)
@@ -336,7 +343,7 @@ def test_a_free_low_lane_is_accepted_and_moves_the_release_by_less_than_its_boun
     # The low lane is not range-proven: whatever a hospital puts there, the collector reads the low-lane sum
     # through its centred representative, so the release moves by less than 2^(63 - f1 - f2) per entry and
     # n, the counts and the contributors (whose low lanes the proof pins to 0) stay exact.
-    params = split.split_session_params("free-lo", LAYOUT, GAMMA, BOUNDS)
+    params = _params("free-lo", LAYOUT, GAMMA, BOUNDS)
     keys = split.generate_keys(params)
     params = split.bind_public_context(params, keys.public_context)
     be, c = get_backend(params), None
@@ -583,7 +590,7 @@ def test_choose_frac_bits_keeps_k_max_proven_uploads_below_the_wrap_bound(sessio
     assert params.bounds.k_max * (1 << (c.f2 - 1)) < 1 << split.WRAP_BITS  # honest low lanes
     assert split.proven_aggregate_bound(params) < 2.0 ** 63 / 2.0 ** c.f1
     # the trace relation sums the diagonal entries unbounded but for 2T each: at d = 512 that is what sets f1
-    for circuit in (c, split.Circuit(split.split_session_params("wide", Layout(512, 100), GAMMA,
+    for circuit in (c, split.Circuit(_params("wide", Layout(512, 100), GAMMA,
                                                                          Bounds(1.0, 1000, 10)))):
         worst = circuit.d * 2 * circuit.T + circuit.sizes["slack_max"] + (1 << circuit.sizes["m_s"])
         assert worst < 1 << split.WRAP_BITS
@@ -600,9 +607,9 @@ def test_query_seed_must_be_32_bytes(session):
 def _start(consortium, hospitals=("h1", "h2", "h3"), min_clients=2, k_max=8, max_refusals=1):
     # one refusal allowed: the cohort left (2 of 3) still meets the quorum of c = 0
     c = consortium(backend="split", hospitals=hospitals, min_clients=min_clients, k_max=k_max,
-                   extra_session={"max_refusals": max_refusals, "colluders": 0}).start()
+                   extra_session={"max_refusals": max_refusals, "colluders": 0}, split=GOLDILOCKS_PLAIN).start()
     conn = c.connect_keyholder()
-    c.keyholder.keygen(split.split_session_params(c.session_id, Layout(c.dim, c.classes), 1.0,
+    c.keyholder.keygen(_params(c.session_id, Layout(c.dim, c.classes), 1.0,
                                                   Bounds(c.max_norm, 1000, k_max)))
     c.keyholder.publish(conn)
     return c, conn

@@ -88,6 +88,10 @@ class MaliciousServer:
                 "params_digest": self._params.digest().hex(), "min_clients": self._min_clients,
                 "min_class_count": 1}
 
+    def status(self) -> dict:
+        """The key holder's signed status view: the round closed over the uploads it serves."""
+        return {"status": "released", "uploaded": sorted(self._payloads)}
+
     def request(self, method: str, path: str, *, body: bytes = b""):
         if path == "/manifest":
             return _Answer(self._manifest)
@@ -108,13 +112,15 @@ def forge_verifier(params, statement: dict, server_key) -> dict:
     """The server's verifier message for one upload with one word changed, re-signed with the server's key:
     the key holder's joint check then fails on an honest upload."""
     from secure_afl import split
-    from secure_afl.hazmat import flp
+    from secure_afl.hazmat.fields import small
+    from secure_afl.split.sizes import field_of
 
-    msg = flp.from_bytes(bytes.fromhex(statement["message"]))
-    bump = np.zeros_like(msg)
+    F = field_of(params)
+    msg = F.from_bytes(bytes.fromhex(statement["message"]))
+    bump = np.zeros(len(msg), dtype=np.uint64)
     bump[0] = 1
     return split.sign_verifier_message(params, statement["hospital"], statement["payload_sha256"],
-                                      bytes.fromhex(statement["query_seed"]), flp.add(msg, bump), server_key)
+                                      bytes.fromhex(statement["query_seed"]), F.add(msg, small(F, bump)), server_key)
 
 
 def subset_manifest(manifest: dict, keep, server_key) -> dict:

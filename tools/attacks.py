@@ -80,7 +80,9 @@ veto, steer
     each through a real ``secure-afl server run`` process, the key holder's HTTPS release
     and honest HTTPS hospitals: an impossible in-bounds upload vetoes plain, ckks, bfv
     and secagg releases (nobody named) and is refused by name under split (released over
-    the honest rest); steering within the bounds works everywhere.
+    the honest rest); steering within the bounds works everywhere, and setting W exactly
+    (indefinite statistics, or a PSD C_k with a chosen Q_k) works everywhere but on split's
+    default session (the Gram statement), which refuses every such case by name.
 """
 
 from __future__ import annotations
@@ -146,6 +148,10 @@ def _cmd_attack(args) -> int:
         if r["outcome"] in ("recovered", "leak") and not _demonstration(n, args.dp):
             print(f"[{n}] ATTACK SUCCEEDED against a protection this project claims", file=sys.stderr)
             rc = EXIT_SECURITY
+        if r.get("default_refused_by_name") is False:  # steering is a demonstration, but not on split's default
+            print(f"[{n}] ATTACK SUCCEEDED against a protection this project claims: an exact-control upload "
+                  "was not refused by name on split's default session", file=sys.stderr)
+            rc = EXIT_SECURITY
         line = _residual(n, r, args.dp)
         if line:
             residuals.append(line)
@@ -168,7 +174,12 @@ def _residual(name: str, r: dict, dp) -> str | None:
                 f"relative residual {r['residual']:.3g} (use bfv against a malicious hospital)")
     if name == "steer":
         moved = max((row["moved"] for row in r["rows"] if row["accepted"]), default=0.0)
-        return f"steer: one hospital within the declared bounds moves W up to {100 * moved:.1f}% of the way to its target"
+        line = f"steer: one hospital within the declared bounds moves W up to {100 * moved:.1f}% of the way to its target"
+        if "default_refused_by_name" in r:
+            line += ("; split's default session refused every exact-control case by name" if
+                     r["default_refused_by_name"] else "; split's default session did NOT refuse every "
+                     "exact-control case by name")
+        return line
     if name == "split-cohort" and r.get("quorum_residual") is not None:
         return (f"split-cohort: the most a server and its colluders can release is a cohort of q = {r['quorum']}; "
                 f"their view of the victim is then off by {r['quorum_residual']:.3g} (the other honest hospitals)")

@@ -67,11 +67,21 @@ def _split_service(d: Path, hospitals=("hosp-a", "hosp-b", "hosp-c"), min_client
     return srv, kh, pki_dir, vectors
 
 
-def _field_decode(words, frac_bits):
-    """split's lanes are centred integers carried in F_p: back to two's complement, then the fixed point."""
+def _field(params):
+    from secure_afl.split.sizes import field_of
+
+    return field_of(params)
+
+
+def _field_decode(params, words):
+    """split's lanes are centred integers carried in F_p, in the session's field: two Goldilocks lanes back to
+    two's complement and the fixed point, or one Field128 word scaled by 2^-(f1 + f2) (as the collector reads)."""
     from secure_afl.hazmat import fixedpoint, flp
 
-    return fixedpoint.decode(flp.decode_signed(words).view(np.uint64), frac_bits)
+    F, fb = _field(params), tuple(int(f) for f in params.backend_params["frac_bits"])
+    if F is flp.GOLDILOCKS:
+        return fixedpoint.decode(flp.decode_signed(words).view(np.uint64), fb)
+    return np.ldexp(F.decode_signed_float(words), -(fb[0] + fb[1]))
 
 
 class _InProcessSource:
@@ -106,14 +116,14 @@ def attack_split_server(*, seed: int = 0, verbose: bool = True, work=None, **_) 
             victim = sorted(vectors)[0]
             payload = srv.store.get_blob(next(r["payload_sha256"] for r in srv.store.uploads()
                                               if r["hospital"] == victim))
-            fb = tuple(srv.params.backend_params["frac_bits"])
             words = get_backend(srv.params).masked_words(payload)
-            x_hat = attack_layout().unpack(_field_decode(words, fb), gamma=GAMMA).cross[:, 1]
+            x_hat = attack_layout().unpack(_field_decode(srv.params, words), gamma=GAMMA).cross[:, 1]
         finally:
             aggregator.shutdown(srv)
     err = float(np.max(np.abs(x_hat - vectors[victim][1])))
     # 16 bins of the top 4 bits: a few hundred words fill them enough for the chi-square approximation
-    top = np.bincount((words >> np.uint64(60)).astype(np.int64), minlength=16)
+    high = words["hi"] if words.dtype.names else words  # a Field128 word's high half
+    top = np.bincount((high >> np.uint64(60)).astype(np.int64), minlength=16)
     p_uniform = float(sstats.chisquare(top).pvalue)
     uniform = p_uniform > 1e-4
     outcome = "recovered" if err < 1e-3 else "refused" if uniform and err > 1.0 else "leak"
@@ -154,12 +164,10 @@ def attack_split_keyholder(*, seed: int = 0, verbose: bool = True, work=None, **
     err = float("inf")
     if got is not None:
         from secure_afl import split
-        from secure_afl.hazmat import flp
-
+        F = _field(params)
         words = np.array(get_backend(params).masked_words(got))
-        words = flp.sub(words, flp.expand_field(seed_v, words.shape[0], split.DOMAIN_SHARE))
-        x_hat = attack_layout().unpack(_field_decode(words, tuple(params.backend_params["frac_bits"])),
-                                 gamma=GAMMA).cross[:, 1]
+        words = F.sub(words, F.expand_field(seed_v, words.shape[0], split.DOMAIN_SHARE))
+        x_hat = attack_layout().unpack(_field_decode(params, words), gamma=GAMMA).cross[:, 1]
         err = float(np.max(np.abs(x_hat - vectors[victim][1])))
     outcome = "recovered" if err < 1e-6 else "refused" if got is None else "leak"
     say(verbose, f"[split-keyholder] {outcome.upper()}: it holds the victim's seed and a {len(body)}-byte share; "
@@ -190,7 +198,7 @@ def attack_split_subset(*, seed: int = 0, verbose: bool = True, work=None, **_) 
                                               if r["hospital"] == victim))
             from secure_afl.envelope import seal
 
-            alone_sum = seal(params, "aggregate", get_backend(params).masked_words(payload).astype("<u8").tobytes(),
+            alone_sum = seal(params, "aggregate", _field(params).to_bytes(get_backend(params).masked_words(payload)),
                              contributors=1)  # what the server combines: the victim's masked vector alone
 
             def combine(manifest, body, statement):
@@ -223,15 +231,13 @@ def attack_split_subset(*, seed: int = 0, verbose: bool = True, work=None, **_) 
 
 def _subset_sum(srv, params, keep) -> bytes:
     """The masked sum of the uploads of ``keep`` as the server forms it (the collector's input)."""
-    from secure_afl.hazmat import flp
-
-    be = get_backend(params)
+    F, be = _field(params), get_backend(params)
     total = None
     for r in srv.store.uploads():
         if r["hospital"] in keep:
             w = be.masked_words(srv.store.get_blob(r["payload_sha256"]))
-            total = w if total is None else flp.add(total, w)
-    return seal(params, "aggregate", total.astype("<u8").tobytes(), contributors=len(keep))
+            total = w if total is None else F.add(total, w)
+    return seal(params, "aggregate", F.to_bytes(total), contributors=len(keep))
 
 
 def attack_split_cohort(*, seed: int = 0, verbose: bool = True, work=None, roster: int = 6, **_) -> dict:

@@ -49,6 +49,9 @@ BACKENDS = ("split", "ckks", "bfv", "secagg")
 #: the indefinite steering attacks (:func:`indefinite_statistics`)
 INDEFINITE = ("diag-exact-rows", "half-plus-minus-H", "rank-one-cancel-0.9", "rank-one-cancel-0.99",
               "psd-exact-control")
+#: the split sessions the steering attacks run against: the default one (no [split] section: the Gram statement
+#: in Field128), and the one that signs the statement off
+SPLIT_SESSIONS = (("default", None), ("gram_proof = false", {"gram_proof": False}))
 DIM, CLASSES, GAMMA = 6, 3, 1.0
 
 
@@ -96,8 +99,9 @@ def _steering(alpha: float, target: np.ndarray):
 
 
 # -- split: the server's and the key holder's real protocol functions, in process ------------------------------
-def _split_release(vectors, cheat: dict) -> dict:
-    """Hospitals h0..h(k-1); ``cheat``: hospital index -> vector sent without a valid proof (modified software)."""
+def _split_release(vectors, cheat: dict, **session) -> dict:
+    """Hospitals h0..h(k-1); ``cheat``: hospital index -> vector sent without a valid proof (modified software);
+    ``session``: the split session's keywords (:func:`secure_afl.split.split_session_params`; none: the default)."""
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
     from secure_afl.analytic import solve_from_sums
@@ -105,7 +109,7 @@ def _split_release(vectors, cheat: dict) -> dict:
     from secure_afl.backends import get_backend
     from secure_afl.release_checks import sanity_check
 
-    params = split.split_session_params("attack-split", _layout(), GAMMA, _bounds())
+    params = split.split_session_params("attack-split", _layout(), GAMMA, _bounds(), **session)
     keys = split.generate_keys(params)
     params = split.bind_public_context(params, keys.public_context)
     be = get_backend(params)
@@ -125,19 +129,22 @@ def _split_release(vectors, cheat: dict) -> dict:
     manifest = {"participants": participants}
     statements = {h: u[1] for h, u in uploads.items()}
     qkey = split.query_key(keys.secret_context)
-    items = []
+    items, qseeds = [], {}
     for p in participants:
         h, sha = p["hospital"], p["payload_sha256"]
-        qs = split.query_seed(qkey, params, h, sha, statements[h]["validity"])
+        qs = qseeds[h] = split.query_seed(qkey, params, h, sha, statements[h]["validity"])
         msg = split.leader_message(be.circuit, h, *uploads[h], server_key, qs)
         _, leader = split.verify_leader_message(msg, server_key.public_key(), be.circuit, h, sha, qs)
         seed = split.open_statement_seed(params, keys.secret_context, statements, enrolled, h, sha)
         items.append((h, seed, statements[h]["validity"], qs, leader))
     verdicts, _ = split.keyholder_verdicts(params, items)
     refused = {h: v for h, v in verdicts.items() if v}
-    share = split.keyholder_share(params, keys.secret_context, manifest, statements, enrolled, refused=refused)
-    vec = split.collect(params, acc.aggregate(), share, subtract=[be.masked_words(uploads[h][0]) for h in refused])
+    share = split.keyholder_share(params, keys.secret_context, manifest, statements, enrolled, refused=refused,
+                                  query_seeds=qseeds)
     k = len(vectors) - len(refused)
+    masked = split.cohort_masked_sum(params, acc.aggregate(), [uploads[h][0] for h in refused], k,
+                                     [(uploads[h][0], qseeds[h]) for h in uploads if h not in refused])
+    vec = split.collect(params, masked, share)
     stats = _layout().unpack(vec, gamma=GAMMA)
     sanity_check(stats, params, k, abs_tol=split.expected_abs_error(params, k),
                  advisory=split.ADVISORY_CHECKS)
@@ -231,17 +238,19 @@ def attack_veto(*, seed: int = 0, verbose: bool = True, backends=BACKENDS, **_) 
 
 
 def attack_steer(*, seed: int = 0, verbose: bool = True, alphas=(0.1, 1.0, 10.0, None), **_) -> dict:
-    """Within the bounds: C_k = alpha I, Q_k = alpha W*; how far W moves towards W* (split, proof checked)."""
+    """Within the bounds: C_k = alpha I, Q_k = alpha W*; how far W moves towards W* (split signed with
+    ``gram_proof = false``, proof checked: what the statement leaves open; :func:`attack_steer_service` runs the
+    default session too)."""
     rng = np.random.default_rng(seed)
     vectors = _honest_vectors(rng)
     target = rng.choice([-5.0, 5.0], size=(DIM, CLASSES))
     b = _bounds()
     a_max = b.n_max * b.max_norm ** 2 / DIM  # trace(C_k) = alpha d <= n_max B^2
-    W0 = _split_release(vectors[:2], {})["W"]
+    W0 = _split_release(vectors[:2], {}, gram_proof=False)["W"]
     rows = []
     for a in alphas:
         alpha = a_max if a is None else float(a)
-        r = _split_release(vectors[:2] + [_steering(alpha, target)], {})
+        r = _split_release(vectors[:2] + [_steering(alpha, target)], {}, gram_proof=False)
         moved = float(np.linalg.norm(r["W"] - W0) / np.linalg.norm(target - W0))
         rows.append({"alpha": alpha, "accepted": not r["refused"], "moved": moved})
         if verbose:
@@ -280,14 +289,14 @@ def _raw_steering(alpha: float, target: np.ndarray):
 class _Consortium:
     """A throw-away consortium: PKI, signed session, a real server process, the key holder's keys published."""
 
-    def __init__(self, backend: str, names, work: Path, gram: bool = False):
-        self.backend, self.names, self.work, self.gram = backend, list(names), work, gram
+    def __init__(self, backend: str, names, work: Path, split: dict | None = None):
+        """``split``: the [split] section signed as given (None: none, the session default)."""
+        self.backend, self.names, self.work, self.split = backend, list(names), work, split
         self.server = self.conn = None
 
     def __enter__(self):
-        from secure_afl.backends.session_params import dp_session_params
         from secure_afl.keyholder import KeyHolder
-        from secure_afl.server.config import load_config
+        from secure_afl.session.signed import load_signed
 
         w, b, K = self.work, _bounds(), len(self.names)
         self.pki_dir = pki_dir = w / "pki"
@@ -297,8 +306,8 @@ class _Consortium:
                            "min_clients": 2, "min_class_count": 1, "deadline_s": 3600, "hospitals": self.names},
                "bounds": {"max_norm": b.max_norm, "n_max": b.n_max, "k_max": b.k_max},
                "server": server_section(w, pki_dir)}
-        if self.gram:
-            cfg["split"] = {"gram_proof": True}
+        if self.split is not None:
+            cfg["split"] = dict(self.split)
         if self.backend == "secagg":
             cfg["secagg"] = {"stage_timeout_s": 120.0}
             cfg["session"]["min_clients"] = secagg_quorum(K)
@@ -314,11 +323,8 @@ class _Consortium:
         try:  # a failed start must not leave the server process behind (__exit__ does not run)
             self.conn = self.kh.connect(self.url, sid)
             if self.backend in ("ckks", "bfv", "split"):
-                from secure_afl.packing import Layout
-
-                extra = {"gram_proof": True} if self.gram else {}
-                self.kh.keygen(dp_session_params(load_config(w / "session.toml").dp, self.backend, sid,
-                                                 Layout(DIM, CLASSES), GAMMA, b, **extra))
+                # the parameters `keyholder keygen` derives from the signed definition
+                self.kh.keygen(load_signed(pki_dir, sid).session_params())
                 self.kh.publish(self.conn)
         except BaseException:
             self.__exit__(None, None, None)
@@ -390,7 +396,7 @@ def _malicious_client_class():
     return MaliciousHospital
 
 
-def _service_round(backend: str, honest, work: Path, *, bad=None, steer=None, gram: bool = False) -> dict:
+def _service_round(backend: str, honest, work: Path, *, bad=None, steer=None, split: dict | None = None) -> dict:
     """Honest hospitals h0..h(k-1) submit ``honest``; then either h(k) uploads the packed vector
     ``bad(packed_honest)`` with modified software, or submits ``steer`` (raw statistics) with the honest
     client; the key holder's ordinary release. Returns refused (hospital -> check), W, contributors, or
@@ -401,7 +407,7 @@ def _service_round(backend: str, honest, work: Path, *, bad=None, steer=None, gr
     from secure_afl.exceptions import SecureAFLError
 
     names = [f"h{i}" for i in range(len(honest) + (bad is not None or steer is not None))]
-    with _Consortium(backend, names, work, gram=gram) as c:
+    with _Consortium(backend, names, work, split=split) as c:
         jobs = []
         for h, s in zip(names, honest):
             jobs.append((h, c.hospital(h), s))
@@ -466,11 +472,12 @@ def attack_veto_service(*, seed: int = 0, verbose: bool = True, backends=SERVICE
 
 def attack_steer_service(*, seed: int = 0, verbose: bool = True, backends=SERVICE_BACKENDS,
                          alphas=(0.1, 1.0, 10.0, None), indefinite=INDEFINITE, dp_residual: bool = True,
-                         **_) -> dict:
+                         split_sessions=SPLIT_SESSIONS, **_) -> dict:
     """Within the bounds: C_k = alpha I, Q_k = alpha W* submitted by an unmodified client, through a real
     server process per backend; how far the released W moves towards W*. Then the indefinite attacks
-    (:data:`INDEFINITE`, :func:`attack_steer_indefinite_service`; split also under ``[split] gram_proof``),
-    in ``result["indefinite"]``; and the DP Q residual (:func:`attack_dp_q_residual`, in process) in
+    (:data:`INDEFINITE`, :func:`attack_steer_indefinite_service`; split on its default session, which refuses
+    every one by name, and signed ``gram_proof = false``), in ``result["indefinite"]`` (and
+    ``result["default_refused_by_name"]``); and the DP Q residual (:func:`attack_dp_q_residual`, in process) in
     ``result["dp_q_residual"]``."""
     from secure_afl.analytic import solve_from_sums
     from secure_afl.stats import SufficientStatistics
@@ -489,21 +496,36 @@ def attack_steer_service(*, seed: int = 0, verbose: bool = True, backends=SERVIC
     n_c = float(_raw_steering(a_max, target).class_counts.min())
     cone = target * min(1.0, 0.9 * np.sqrt(n_c / a_max) / float(np.max(np.abs(target))))
     plan = [(a, target, "+-5") for a in alphas] + [(None, cone, "cone")]
+    from secure_afl.exceptions import BoundsExceeded
+
     rows = []
     for backend in backends:
         for a, goal, kind in plan:
             alpha = a_max if a is None else float(a)
+            raw, modified = _raw_steering(alpha, goal), False
             with _workdir() as d:
-                r = _service_round(backend, honest, Path(d), steer=_raw_steering(alpha, goal))
+                try:
+                    r = _service_round(backend, honest, Path(d), steer=raw)
+                except BoundsExceeded:
+                    # split's default session: the honest client will not prove statistics that are no Gram
+                    # matrix; modified software sends them unchecked, and the servers' proof check judges them
+                    if backend != "split":
+                        raise
+                    modified = True
+            if modified:
+                with _workdir() as d:
+                    r = _service_round(backend, honest, Path(d), bad=lambda _p, raw=raw: _packed_with_gamma(raw))
             accepted = not r.get("error") and not r["refused"]
             moved = float(np.linalg.norm(r["W"] - W0) / np.linalg.norm(goal - W0)) if accepted else 0.0
-            rows.append({"backend": backend, "alpha": alpha, "target": kind, "accepted": accepted, "moved": moved,
-                         "error": r.get("error"), "refused": r["refused"]})
+            rows.append({"backend": backend, "session": "default" if backend == "split" else None, "alpha": alpha,
+                         "target": kind, "accepted": accepted, "moved": moved, "error": r.get("error"),
+                         "refused": r["refused"], "modified_software": modified})
             if verbose:
                 if accepted:
                     what = f"released, W moved {100 * moved:5.1f}% of the way to W*"
                 elif r["refused"]:
-                    what = f"h2 refused by name ({r['refused']})"
+                    what = (f"h2 REFUSED by name ({r['refused']}"
+                            f"{'; sent by modified software: the client will not prove it' if modified else ''})")
                 else:  # receipted, then the key holder's release checks fail on the sum: a veto, not a steer
                     what = f"NO RELEASE, nobody named ({r['error'][:110]})"
                 label = " (bound)" if a is None else ""
@@ -513,8 +535,11 @@ def attack_steer_service(*, seed: int = 0, verbose: bool = True, backends=SERVIC
     out = {"attack": "steer", "outcome": "leak" if any(r["accepted"] and r["moved"] > 0.5 for r in rows)
            else "refused", "rows": rows, "alpha_max": a_max}
     if indefinite:
-        out["indefinite"] = attack_steer_indefinite_service(seed=seed, verbose=verbose, backends=backends,
-                                                            attacks=tuple(indefinite))["rows"]
+        ind = attack_steer_indefinite_service(seed=seed, verbose=verbose, backends=backends,
+                                              attacks=tuple(indefinite), split_sessions=split_sessions)
+        out["indefinite"] = ind["rows"]
+        if "default_refused_by_name" in ind:
+            out["default_refused_by_name"] = ind["default_refused_by_name"]
     if dp_residual and "split" in backends:
         # in process (the cheater's upload proven and judged by the session's real circuit, the release formed
         # from the decoded lanes): split with DP and the Gram statement is the one setting that bounds it
@@ -682,10 +707,11 @@ def _indefinite_row(name, W, W0, target, released) -> dict:
 
 
 def attack_steer_indefinite_service(*, seed: int = 0, verbose: bool = True, backends=SERVICE_BACKENDS,
-                                    attacks=INDEFINITE, **_) -> dict:
-    """The indefinite attacks through a real server process: split without and with the Gram statement, and
-    each other backend named; per row the pull towards W*, ||W|| against the honest release, and whether
-    anything was released (and who was refused)."""
+                                    attacks=INDEFINITE, split_sessions=SPLIT_SESSIONS, **_) -> dict:
+    """The indefinite attacks through a real server process: split on each of ``split_sessions`` (the default
+    session, with the Gram statement in Field128, and one signed ``gram_proof = false``), and each other backend
+    named; per row the pull towards W*, ||W|| against the honest release, and whether anything was released (and
+    who was refused). ``default_refused_by_name``: every case refused by name on the default split session."""
     from secure_afl.analytic import solve_from_sums
     from secure_afl.stats import SufficientStatistics
 
@@ -697,48 +723,48 @@ def attack_steer_indefinite_service(*, seed: int = 0, verbose: bool = True, back
                                               1.0, 2 * GAMMA))
     rows = []
     for backend in backends:
-        for gram in ((False, True) if backend == "split" else (False,)):
+        for session, section in (split_sessions if backend == "split" else ((None, None),)):
+            gram, field = split_session_settings(section) if backend == "split" else (False, None)
+            label = f"split {session}" if backend == "split" else backend
             for name in attacks:
                 goal = psd_exact_target(honest, target) if name == "psd-exact-control" else target
                 raw = indefinite_statistics(name, honest, goal)
 
                 def bad(_packed, raw=raw):
-                    from secure_afl.packing import Layout
-                    from secure_afl.stats import SufficientStatistics as S
-
-                    return Layout(DIM, CLASSES).pack(S(raw.gram + GAMMA * np.eye(DIM), raw.cross, raw.n,
-                                                       raw.class_counts, 1.0, GAMMA))
+                    return _packed_with_gamma(raw)
 
                 from secure_afl.exceptions import BoundsExceeded, InsufficientShares
 
+                base = {"backend": backend, "session": session, "gram_proof": gram, "field": field, "attack": name}
                 try:
                     with _workdir() as d:
-                        r = _service_round(backend, honest, Path(d), bad=bad, gram=gram)
+                        r = _service_round(backend, honest, Path(d), bad=bad, split=section)
                 except InsufficientShares as e:  # secagg: the hospital's own software refuses to mask it, so
                     # the round loses it as a dropout and, with three hospitals, aborts: nothing revealed
-                    rows.append({"backend": backend, "gram_proof": gram, "attack": name, "released": False,
+                    rows.append({**base, "released": False,
                                  "refused": {}, "error": f"{type(e).__name__}: {e}", "pull": None,
                                  "norm_ratio": None, "rows_at_target": None})
                     if verbose:
-                        print(f"[steer] {backend:17s} {name:20s} NO RELEASE, nobody named ({str(e)[:90]})",
+                        print(f"[steer] {label:24s} {name:20s} NO RELEASE, nobody named ({str(e)[:90]})",
                               flush=True)
                     continue
                 except BoundsExceeded as e:  # plain, ckks, bfv: an entry beyond the declared per-hospital bound
-                    rows.append({"backend": backend, "gram_proof": gram, "attack": name, "released": False,
+                    rows.append({**base, "released": False,
                                  "refused": {}, "error": f"refused before upload: {e}", "pull": None,
                                  "norm_ratio": None, "rows_at_target": None, "before_upload": True})
                     if verbose:
-                        print(f"[steer] {backend:17s} {name:20s} REFUSED before upload ({str(e)[:90]})", flush=True)
+                        print(f"[steer] {label:24s} {name:20s} REFUSED before upload ({str(e)[:90]})", flush=True)
                     continue
                 released = not r.get("error")
-                row = {"backend": backend, "gram_proof": gram, "attack": name, "released": released,
+                row = {**base, "released": released,
                        "refused": r["refused"], "error": r.get("error"),
                        **_indefinite_row(name, r["W"], W0, goal, released and "h2" not in r["refused"])}
                 if released and "h2" in r["refused"]:
                     row.update(pull=0.0, norm_ratio=float(np.linalg.norm(r["W"]) / np.linalg.norm(W0)))
                 rows.append(row)
                 if verbose:
-                    label = f"{backend}{' gram_proof' if gram else ''}"
+                    if backend == "split":
+                        label = f"split {session} ({field}, Gram statement {'on' if gram else 'off'})"
                     if not released:
                         what = f"NO RELEASE, nobody named ({(r['error'] or '')[:100]})"
                     elif r["refused"]:
@@ -747,14 +773,39 @@ def attack_steer_indefinite_service(*, seed: int = 0, verbose: bool = True, back
                     else:
                         what = (f"released: pull {100 * row['pull']:5.1f}%, {row['rows_at_target']} of {DIM} rows "
                                 f"within 10% of W*, ||W|| {row['norm_ratio']:.2f} x honest")
-                    print(f"[steer] {label:17s} {name:20s} {what}", flush=True)
+                    print(f"[steer] {label:24s} {name:20s} {what}", flush=True)
     accepted = [r for r in rows if r["backend"] == "split" and r["gram_proof"] and r["released"]
                 and "h2" not in r["refused"]]
-    return {"attack": "steer-indefinite", "outcome": "leak" if accepted else "refused", "rows": rows}
+    default = [r for r in rows if r["backend"] == "split" and r["session"] == "default"]
+    out = {"attack": "steer-indefinite", "outcome": "leak" if accepted else "refused", "rows": rows}
+    if default:
+        named = [r for r in default if r["refused"].get("h2")]
+        out["default_refused_by_name"] = len(named) == len(default)
+        if verbose:
+            print(f"[steer] split default session: {len(named)} of {len(default)} exact-control cases refused by "
+                  f"name{'' if len(named) == len(default) else ' (NOT every one)'}", flush=True)
+    return out
+
+
+def split_session_settings(section: dict | None) -> tuple[bool, str]:
+    """(gram_proof, field) a split session signs with ``section`` as its [split] (None: the default)."""
+    from secure_afl.split.sizes import FIELD_KEY, GRAM_KEY, split_choice
+
+    chosen = split_choice((section or {}).get("field"), (section or {}).get("gram_proof"))
+    return chosen[GRAM_KEY], chosen[FIELD_KEY]
+
+
+def _packed_with_gamma(raw):
+    """Raw statistics packed as the client packs them, the session's gamma I added (what modified software
+    sends unchecked)."""
+    from secure_afl.stats import SufficientStatistics
+
+    return _layout().pack(SufficientStatistics(raw.gram + GAMMA * np.eye(DIM), raw.cross, raw.n, raw.class_counts,
+                                               1.0, GAMMA))
 
 
 
-def _digits_gaussian(rng, hospitals: int, n: int):
+def digits_gaussian(rng, hospitals: int, n: int):
     """A Gaussian fit of sklearn's digits (d = 64, C = 10: each class's mean and covariance), ``n`` samples per
     hospital drawn from it, every row scaled by the digits' largest row norm and clipped to norm 1; the real
     digits, scaled alike, held out as the test set."""
@@ -772,7 +823,7 @@ def _digits_gaussian(rng, hospitals: int, n: int):
     return [draw(n) for _ in range(hospitals)], (X / scale, y)
 
 
-def _accuracy(stats, X, y, lam: float = 0.0):
+def release_accuracy(stats, X, y, lam: float = 0.0):
     """The key holder's solve of a release (RI restored, W = (C + lam I)^+ Q over the eigenvalues above the
     cutoff)."""
     from secure_afl.analytic import solve_from_sums
@@ -781,7 +832,7 @@ def _accuracy(stats, X, y, lam: float = 0.0):
     return float(np.mean(np.argmax(X @ W, axis=1) == y))
 
 
-def _residual_words(D, T: int, l2: int) -> np.ndarray:
+def residual_words(D, T: int, l2: int) -> np.ndarray:
     """The integer residual along ``D`` with every entry inside ``[-(T - 1), T - 1]`` and the largest squared norm
     at most ``l2`` (entries clipped, then the scale found by bisection)."""
     u = D.ravel() / np.linalg.norm(D)
@@ -828,14 +879,14 @@ def attack_dp_q_residual(*, seed: int = 0, verbose: bool = True, hospitals: int 
     out = {"lam": float(lam), "honest_alone": [], "with_cheater": [], "verdicts": [], "residual_fro": []}
     cross = np.arange(lay.slices["cross"].start, lay.slices["cross"].stop) - gs.i_noise[0]
     for trial in range(trials):
-        shares, (Xt, yt) = _digits_gaussian(rng, hospitals - 1, n)
+        shares, (Xt, yt) = digits_gaussian(rng, hospitals - 1, n)
         noisy = [lay.unpack(add_noise_share(params, lay.pack(local_statistics(X, yy, C, gamma=gamma)),
                                             rng=np.random.default_rng(1000 * seed + 100 * trial + h)))
                  for h, (X, yy) in enumerate(shares)]
         honest = noisy[0]
         for s in noisy[1:]:
             honest = honest + s
-        out["honest_alone"].append(_accuracy(honest, Xt, yt, lam))
+        out["honest_alone"].append(release_accuracy(honest, Xt, yt, lam))
         from secure_afl.analytic import solve_from_sums
 
         W_h = solve_from_sums(honest, lam=lam)
@@ -843,8 +894,8 @@ def attack_dp_q_residual(*, seed: int = 0, verbose: bool = True, hospitals: int 
             [-honest.cross, honest.gram @ W_h[:, np.roll(np.arange(C), 1)] - honest.cross]
         worst = None
         for D in dirs:
-            zq = _residual_words(D, gs.T_z, gs.l2_z).reshape(d, C) * 2.0 ** -circuit.f1
-            acc = _accuracy(SufficientStatistics(honest.gram + gamma * np.eye(d), honest.cross + zq, honest.n,
+            zq = residual_words(D, gs.T_z, gs.l2_z).reshape(d, C) * 2.0 ** -circuit.f1
+            acc = release_accuracy(SufficientStatistics(honest.gram + gamma * np.eye(d), honest.cross + zq, honest.n,
                                                  honest.class_counts, honest.contributors + 1, gamma), Xt, yt, lam)
             if worst is None or acc < worst[0]:
                 worst = (acc, D)
@@ -852,7 +903,7 @@ def attack_dp_q_residual(*, seed: int = 0, verbose: bool = True, hospitals: int 
         zero = lay.pack(SufficientStatistics(gamma * np.eye(d), np.zeros((d, C)), 0.0, np.zeros(C), 1.0, gamma))
         x0, fw0 = circuit.witness(zero, noise=np.zeros(circuit.L))
         z = np.zeros(gs.n_z, dtype=np.int64)
-        z[cross] = _residual_words(worst[1], gs.T_z, gs.l2_z)
+        z[cross] = residual_words(worst[1], gs.T_z, gs.l2_z)
         hi = flp.decode_signed(x0[:circuit.L])
         hi[gs.i_noise] += z
         lanes = np.concatenate([flp.encode_signed(hi), x0[circuit.L:]])
@@ -864,7 +915,7 @@ def attack_dp_q_residual(*, seed: int = 0, verbose: bool = True, hospitals: int 
         cheat = lay.unpack(fixedpoint.decode(flp.decode_signed(lanes).view(np.uint64), (circuit.f1, circuit.f2)))
         out["verdicts"].append(verdict)
         out["residual_fro"].append(float(np.linalg.norm(cheat.cross)))
-        out["with_cheater"].append(_accuracy(honest + cheat if verdict is None else honest, Xt, yt, lam))
+        out["with_cheater"].append(release_accuracy(honest + cheat if verdict is None else honest, Xt, yt, lam))
     if verbose:
         v = out["verdicts"]
         print(f"DP + Gram split, d = {d}, C = {C}, Gaussian fit of digits, {hospitals - 1} honest hospitals of {n} "

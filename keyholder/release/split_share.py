@@ -187,8 +187,13 @@ def release_split(rel: SessionRelease, source, judge, *, timings: dict | None = 
         try:
             t = time.perf_counter()
             # the share is the cohort's masks, started from the sum of those judged valid as they arrived
+            # (under DP with the Gram statement a mask not judged as it arrived adds its part of the noise words'
+            # permutation here, at this key holder's own query seed for the upload)
+            qseeds = {h: bytes.fromhex(q["query_seed"]) for h, q in judge.queries(statements).items()} \
+                if split.noise_beside(params) else None
             share = split.keyholder_share(params, judge.seed_key(), m, statements, rel.enrolled, refused=refused,
-                                          judged=judge.judged(), sum_masks=split.pool.lane_masks(params, judge.pool))
+                                          judged=judge.judged(), sum_masks=split.pool.lane_masks(params, judge.pool),
+                                          query_seeds=qseeds)
             if timings is not None:
                 timings.update({"server_verifier_seconds": verifier_s,
                                 "judge_and_share_seconds": time.perf_counter() - t})

@@ -40,6 +40,12 @@ def dp_session_params(spec: DPSpec | None, backend: str, session_id: str, layout
             return he_module(backend).session_params(session_id, layout, gamma, b, **kw)
         return secagg_session_params(session_id, layout, gamma, b, **kw)
 
+    if backend == "split":
+        # the field and the Gram statement a split session runs under, what is not given filled in by the one rule
+        from ..split.sizes import split_choice
+
+        backend_kw = {**backend_kw, **split_choice(backend_kw.get("field"), backend_kw.get("gram_proof"),
+                                                   dp_on=spec is not None)}
     if spec is None:
         return build(bounds, **backend_kw)
     if backend not in MECHANISMS:

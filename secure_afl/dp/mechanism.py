@@ -39,6 +39,7 @@ delta) is found by bisection on the same conversion.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -50,7 +51,7 @@ from ..params import Bounds, SessionParams
 
 __all__ = ["ORDERS", "share_std", "share_bound", "DPSpec", "sensitivity", "gaussian_rdp", "skellam_rdp", "epsilon_from_rdp",
            "noise_multiplier_for", "release_rdp", "release_epsilon", "MECHANISMS", "dp_config",
-           "noised_entries"]
+           "noised_entries", "share_square_log_mgf", "share_square_tail"]
 
 #: Renyi orders of the accountant (dp_accounting's defaults).
 # dp_accounting's DEFAULT_RDP_ORDERS (a test checks they are equal): written out so that importing this module,
@@ -232,3 +233,52 @@ def share_bound(params: SessionParams, frac_bits: int | None = None) -> int:
         raise InvalidParameterError("the session has no skellam noise configured")
     f = grid_bits(params) if frac_bits is None else int(frac_bits)
     return int(math.floor(TAIL * share_std(params) * 2.0 ** f))
+
+
+def share_square_log_mgf(x: float, sd: float, tau: int) -> float:
+    """An upper bound on ``ln E[exp(lambda z^2)]`` for one share entry z (Skellam of variance ``sd^2``, redrawn
+    beyond ``|z| <= tau``), at ``x = 2 lambda sd^2`` in (0, 1).
+
+    The pmf itself is out of reach at the sizes a session has (sd about 2^20 grid steps: Bessel functions of
+    argument 2^40), so the MGF of the square is bounded through the Gaussian mixture
+    ``exp(lambda z^2) = E_g exp(a g z)``, ``g ~ N(0, 1)``, ``a = sqrt(2 lambda)``. For each g the truncated entry
+    has ``E[exp(a g z); |z| <= tau] <= min(exp(sd^2 (cosh(a g) - 1)), exp(a |g| tau))`` (the untruncated Skellam
+    MGF, or the largest value on the support). Below a cut ``|g| <= u0`` the first is at most
+    ``exp(lambda sd^2 g^2 (1 + eta))`` with ``eta = cosh(a u0) - 1`` (``cosh y - 1 <= (y^2 / 2) cosh y``), which
+    integrates to ``(1 - x (1 + eta))^(-1/2)``; beyond, the second integrates to ``2 exp((a tau)^2 / 2)
+    Phi(a tau - u0)``. The redraw conditions on ``|z| <= tau``, whose probability is at least ``1 - 2 exp(-tau^2
+    / (2 (sd^2 + tau / 3)))`` (Bernstein for a difference of Poissons). Every cut gives a bound: the least over
+    ``eta = 2^-1 .. 2^-60`` is taken; at sd = 2^20 it exceeds the Gaussian ``-ln(1 - x) / 2`` by a relative
+    1e-8 at most."""
+    from scipy import special
+
+    a = math.sqrt(x) / sd
+    eta = 2.0 ** -np.arange(1, 61, dtype=np.float64)
+    c = x * (1.0 + eta)
+    ok = c < 1.0
+    eta, c = eta[ok], c[ok]
+    main = -0.5 * np.log1p(-c)
+    tail = math.log(2.0) + 0.5 * (a * tau) ** 2 + special.log_ndtr(a * tau - np.arccosh(1.0 + eta) / a)
+    p_out = 2.0 * math.exp(-tau * tau / (2.0 * (sd * sd + tau / 3.0)))
+    return float(np.min(np.logaddexp(main, tail))) - math.log1p(-p_out)
+
+
+@functools.lru_cache(maxsize=256)
+def share_square_tail(sd: float, tau: int, n: int, tail_bits: float) -> float:
+    """A bound t on ``|z|^2`` for n independent share entries (grid units squared) that an honest share exceeds
+    with probability at most ``2^-tail_bits``: Chernoff, ``P(sum z_i^2 >= t) <= exp(-lambda t) M(lambda)^n`` for
+    every lambda > 0 (M the MGF of z^2, bounded by :func:`share_square_log_mgf`), so every lambda gives the valid
+    ``t(lambda) = (n ln M(lambda) + tail_bits ln 2) / lambda``; a bounded 1-D search takes the least (where it
+    stops does not matter for validity). At sd about 2^19.2 and 2^-41, ``t / (n sd^2)`` is 1.218 at n = 2 731,
+    1.120 at 8 581 and 1.025 at 182 629 (the squares of 1.104, 1.058, 1.013)."""
+    from scipy import optimize
+
+    sd, n = float(sd), int(n)
+    target = float(tail_bits) * math.log(2.0)
+
+    def t_of(x):
+        return (n * share_square_log_mgf(x, sd, int(tau)) + target) * 2.0 * sd * sd / x
+
+    best = optimize.minimize_scalar(t_of, bounds=(1e-12, 1.0 - 1e-12), method="bounded",
+                                    options={"xatol": 1e-12})
+    return float(min(t_of(float(best.x)), t_of(0.5)))

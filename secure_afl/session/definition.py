@@ -58,6 +58,24 @@ class SessionDefinition:
 
         return DPSpec(**self.body["dp"])
 
+    def split_settings(self) -> dict:
+        """split: the signed ``[split]`` keys (``session sign`` writes every one, defaults resolved). A definition
+        signed before it did, with no ``[split]``, keeps its meaning then: two Goldilocks lanes, no Gram
+        statement (:data:`~secure_afl.split.sizes.UNSIGNED_SPLIT`)."""
+        from secure_afl.split.sizes import UNSIGNED_SPLIT
+
+        sp = self.body.get("split")
+        return dict(sp) if sp else {**UNSIGNED_SPLIT, "max_share": default("split", "max_share")}
+
+    def comparable(self) -> dict:
+        """The body with split's settings as they are read (:meth:`split_settings`): what a party's own
+        settings must agree with, so that a definition signed without ``[split]`` and settings that spell out
+        what it means are the same session."""
+        out = dict(self.body)
+        if out["backend"] == "split":
+            out["split"] = self.split_settings()
+        return out
+
     def session_params(self):
         """The session's :class:`~secure_afl.params.SessionParams` before any key exists (the one derivation).
 
@@ -69,9 +87,9 @@ class SessionDefinition:
 
         b = self.body
         layout = Layout(b["dim"], b["classes"])
-        if b["backend"] == "split" and b.get("split"):
+        if b["backend"] == "split":
             params = dp_session_params(self.dp_spec(), "split", b["id"], layout, b["gamma"], self.bounds(),
-                                       **b["split"])
+                                       **self.split_settings())
         elif b["backend"] != "secagg":
             params = dp_session_params(self.dp_spec(), b["backend"], b["id"], layout, b["gamma"], self.bounds(),
                                        **(b.get("ckks") or {}))
@@ -84,12 +102,16 @@ class SessionDefinition:
 
 
 def normalise(sections: Mapping[str, Mapping[str, Any]], *, issued_hospitals=None,
-              source: str = "session.toml") -> SessionDefinition:
+              source: str = "session.toml", signed: bool = False) -> SessionDefinition:
     """The canonical definition of parsed sections; refuses combinations no session can run.
 
     ``hospitals = []`` (or absent) means every hospital issued in the
     operator's PKI (``issued_hospitals``); the signed definition always names
-    them, so n is fixed before the session starts.
+    them, so n is fixed before the session starts. A split session's
+    ``[split]`` is always written, its field and Gram statement resolved
+    (:func:`~secure_afl.split.sizes.split_choice`), so what is signed is what
+    runs; ``signed``: re-reading a signed body, whose missing ``[split]``
+    keeps the meaning it had (:meth:`SessionDefinition.split_settings`).
     """
 
     s = dict(sections.get("session", {}))
@@ -137,10 +159,14 @@ def normalise(sections: Mapping[str, Mapping[str, Any]], *, issued_hospitals=Non
         sa = dict(sa or {})
         body["secagg"] = {k: sa.get(k, default("secagg", k)) for k in SCHEMA["secagg"]}
     sp = sections.get("split")
-    if sp is not None:
-        if s["backend"] != "split":
-            raise fail(source, f"[split] is for backend = \"split\", and this session runs {s['backend']}")
-        body["split"] = {k: sp.get(k, default("split", k)) for k in SCHEMA["split"]}
+    if sp is not None and s["backend"] != "split":
+        raise fail(source, f"[split] is for backend = \"split\", and this session runs {s['backend']}")
+    if s["backend"] == "split" and (sp is not None or not signed):
+        from secure_afl.split.sizes import split_choice
+
+        sp = dict(sp or {})
+        body["split"] = {**{k: sp.get(k, default("split", k)) for k in SCHEMA["split"]},
+                         **split_choice(sp.get("field"), sp.get("gram_proof"), dp_on="dp" in sections)}
     ck = sections.get("ckks")
     if ck is not None:  # only a given section enters the body: a default session signs what it signed before
         if s["backend"] != "ckks":
@@ -339,13 +365,16 @@ def guarantee_lines(definition: SessionDefinition) -> list[tuple[str, str]]:
         bits, reps = split_soundness(definition.session_params())
         out.append(("soundness", f"validity: an invalid upload is accepted with probability at most 2^-{bits:.1f} "
                                  f"against a prover making 2^64 hash queries ({reps} repetitions of the bit proof)"))
-    if b["backend"] == "split" and (b.get("split") or {}).get("gram_proof"):
-        out.append(("steering", "gram_proof on: every upload proves its statistics positive semi-definite, so no "
-                                "hospital can set W exactly; it can still pull W by its share of the samples"))
+    split_on = b["backend"] == "split"
+    if split_on and definition.split_settings()["gram_proof"]:
+        out.append(("steering", f"validity: {split_validity(definition)}: every upload proves its statistics "
+                                "positive semi-definite, so no hospital can set W exactly; it can still pull W by "
+                                "its share of the samples"))
     else:
-        out.append(("steering", "no Gram statement: one hospital that knows the others' sums can set W exactly "
-                                "(positive semi-definite C_k with a chosen Q_k passes every check)" +
-                                ("; sign [split] gram_proof = true to refuse it" if b["backend"] == "split" else
+        out.append(("steering", (f"validity: {split_validity(definition)}: " if split_on else "no Gram statement: ") +
+                                "one hospital that knows the others' sums can set W exactly (positive "
+                                "semi-definite C_k with a chosen Q_k passes every check)" +
+                                ("; sign [split] gram_proof = true to refuse it" if split_on else
                                  "; only split with gram_proof refuses it")))
     dp = b.get("dp")
     if dp:
@@ -361,12 +390,23 @@ def guarantee_lines(definition: SessionDefinition) -> list[tuple[str, str]]:
     return out
 
 
+def split_validity(definition: SessionDefinition) -> str:
+    """A split session's field and Gram statement as read (:meth:`SessionDefinition.split_settings`), in words:
+    "Gram statement on (field128, exact lanes)", "... on (goldilocks, statistics snapped onto the factor)" or
+    "Gram statement off (goldilocks)"."""
+    sp = definition.split_settings()
+    if not sp["gram_proof"]:
+        return f"Gram statement off ({sp['field']})"
+    lanes = "exact lanes" if sp["field"] == "field128" else "statistics snapped onto the factor"
+    return f"Gram statement on ({sp['field']}, {lanes})"
+
+
 def share_line(definition: SessionDefinition) -> str:
     """The largest share of the pooled samples one hospital may hold (one line): its n_max against the others,
     and the session's cap. Steering is bounded by it, whatever the upload proves (docs/VALIDITY.md)."""
     b = definition.body
     n, n_max = len(b["hospitals"]), b["bounds"]["n_max"]
-    cap = (b.get("split") or {}).get("max_share", 1.0)
+    cap = definition.split_settings()["max_share"] if b["backend"] == "split" else 1.0
     line = (f"one hospital may hold up to n_max = {n_max} samples: {100.0 / n:.3g} % of the pooled statistics if "
             f"the other {n - 1} hold n_max each, all of them if they hold none")
     if cap < 1.0:

@@ -130,13 +130,17 @@ SECTIONS: dict[str, Section] = {
     "split": Section("Only with backend = \"split\"; every key is signed (docs/VALIDITY.md).", {
         "gram_proof": Key("bool", "every upload also proves its statistics [[C, Q], [Q^T, diag(counts)]] positive "
                                   "semi-definite (a Gram matrix of bounded rows), and the release refuses an "
-                                  "indefinite Gram sum; about +1.1 MB per upload at d = 512, C = 100 (with [dp] "
-                                  "the noise share and its bound too)",
-                          False, "server, hospitals, key holder"),
-        "field": Key("str", "the field the uploads are masked, summed and proven in: \"goldilocks\" (two 8-byte "
-                            "lanes per value) or \"field128\" (one exact 16-byte word per value, the same bytes; "
-                            "with gram_proof the lanes stay exact, about 9.4 MB per upload at d = 512, C = 100; "
-                            "no [dp] yet)", "goldilocks", "server, hospitals, key holder",
+                                  "indefinite Gram sum: no hospital can set W exactly; false lets one that knows "
+                                  "the others' sums set W (`session sign` then says so). About 9.4 MB per upload "
+                                  "at d = 512, C = 100 with field128 (2.99 MB without the statement); with [dp] "
+                                  "the noise share and its bound too",
+                          True, "server, hospitals, key holder"),
+        "field": Key("str", "the field the uploads are masked, summed and proven in: \"field128\" (one exact "
+                            "16-byte word per value: the release is secagg's and bfv's bit for bit, with "
+                            "gram_proof too) or \"goldilocks\" (two 8-byte lanes per value, the same bytes; "
+                            "with gram_proof the statistics are snapped onto the factor, W relative 2.6e-4 at "
+                            "d = 512); field128 does not carry [dp] yet", None, "server, hospitals, key holder",
+                     default_text="\"field128\"; \"goldilocks\" with [dp]",
                      allowed="\"goldilocks\" or \"field128\""),
         "max_share": Key("real", "largest share of the pooled samples one hospital may hold: the release is "
                                  "refused unless n_max <= max_share * n (n the released sample count)", 1.0,
@@ -343,14 +347,18 @@ def reference() -> str:
            "(every session but split with `gram_proof`); the DP epsilon and delta; and the largest share of the "
            "pooled samples one hospital may hold (its n_max against the other hospitals at n_max each, and "
            "`[split] max_share` when set): what bounds how far one hospital can steer W (docs/VALIDITY.md).", "",
-           "`[split] gram_proof` is off by default, chosen by measurement (docs/VALIDITY.md, \"The Gram "
-           "statement\"): at d = 512, C = 100 it adds 1.5 MB (about 50 %) to each upload and about 2.9 times "
-           "the proving and verifying time, it moves an honest hospital's statistics by the factor's rounding "
-           "(W relative 2.6e-4 at d = 512). Turn it on for a session in which no hospital may dictate W: it "
-           "refuses indefinite statistics by name and makes the release refuse an indefinite sum. With [dp] it "
-           "proves the statistics before the noise share and the share's per-entry and l2 bounds (a residual "
-           "hidden in the share keeps at most one honest share's norm), which costs about 9 times the DP upload "
-           "at d = 64, C = 100 (docs/VALIDITY.md, \"The Gram statement with differential privacy\").", ""]
+           "A split session proves the Gram statement in Field128 by default (`[split] gram_proof = true`, "
+           "`field = \"field128\"`; docs/VALIDITY.md, \"The Gram statement\" and \"Exact lanes over Field128\"): "
+           "every upload proves its statistics positive semi-definite, so no hospital can set W exactly, and the "
+           "lanes stay exact, so the release is secagg's and bfv's bit for bit. At d = 512, C = 100 an upload is "
+           "about 9.4 MB (2.99 MB in Goldilocks without the statement, 1.46 MB plain). With [dp] the field "
+           "defaults to Goldilocks (one Field128 word per value does not carry the DP statement yet), where the "
+           "statement snaps the statistics onto its factor and proves the statistics before the noise share and "
+           "the share's per-entry and l2 bounds (about 9 times the DP upload at d = 64, C = 100; docs/VALIDITY.md, "
+           "\"The Gram statement with differential privacy\"). `gram_proof = false` still signs, and `session "
+           "sign` then says that one hospital can set W. `session sign` writes both keys into the signed "
+           "definition; a split definition signed before it did (no [split] keys) keeps meaning Goldilocks "
+           "without the statement.", ""]
     for name, sec in SECTIONS.items():
         out += [f"## [{name}]", "", sec.meaning, "",
                 "| key | type | default | allowed | read by | meaning |", "|---|---|---|---|---|---|"]

@@ -133,7 +133,7 @@ def from_body(body: Mapping[str, Any], *, source: str) -> SessionDefinition:
                 sections[key] = {k: v for k, v in body[key].items() if v is not None}
         if "deadline" in sections["session"]:
             sections["session"]["deadline"] = _dt.datetime.fromtimestamp(body["deadline"], _dt.timezone.utc)
-        again = normalise(parse(sections, source=source), source=source)
+        again = normalise(parse(sections, source=source), source=source, signed=True)
     except (KeyError, TypeError, AttributeError):
         raise ParameterMismatch(f"{source}: not a session definition") from None
     extra = set(body) - set(again.body)

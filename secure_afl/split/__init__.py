@@ -33,6 +33,8 @@ Rooms:
 * :mod:`.keys` -- the key holder's hybrid seed key and the HPKE seed boxes;
 * :mod:`.signed` -- every signed message (seed statement, verifier message, share statement, evidence);
 * :mod:`.roles` -- hospital, server, key holder and collector as pure functions;
+* :mod:`.noise_twist` -- under DP with the Gram statement, the post-commitment signed permutation of each
+  upload's noise words that both verifiers apply to their shares of the sum;
 * :mod:`.pool` -- the same work over worker processes; :mod:`.driver` -- :func:`run_split`, all roles in
   memory.
 """
@@ -49,9 +51,10 @@ from .roles import __all__ as _roles
 from .sizes import *  # noqa: F401,F403
 from .sizes import __all__ as _sizes
 from .driver import SplitRun, default_policy, run_split
+from .noise_twist import noise_permutation, noise_twist
 from .gram_statement import GramStatement
 from .statements import Composed, DPStatement, PlainStatement, Statement, Unlucky
 
 __all__ = [*_keys, *_signed, *_proof, *_roles, *_sizes, "keyholder_verdicts", "leader_messages", "SplitRun",
-           "default_policy", "run_split", "Composed", "DPStatement", "GramStatement", "PlainStatement", "Statement",
+           "default_policy", "run_split", "noise_permutation", "noise_twist", "Composed", "DPStatement", "GramStatement", "PlainStatement", "Statement",
            "Unlucky"]

@@ -15,11 +15,12 @@ from ..envelope import seal
 from ..params import SessionParams
 from . import roles
 from .keys import SplitKeyPair
-from .signed_messages import query_key, query_seed, refusal_evidence, sign_masked_sum, sign_share, \
+from .signed_messages import query_key, query_seed, refusal_evidence, sign_masked_sum, sign_share, signed_query_seed, \
     verify_leader_message, verify_masked_sum, verify_seed_statement, verify_share, verify_share_statement
 from .proof import Circuit
 from .statements import Unlucky
-from .sizes import RETRIES, gram_enabled
+from ..dp.noise import noise_share
+from .sizes import RETRIES, gram_enabled, noise_beside
 
 __all__ = ["SplitRun", "run_split", "default_policy"]
 
@@ -44,10 +45,14 @@ def _shard_all(circuit: Circuit, keys: SplitKeyPair, vectors: Mapping, identitie
     """Hospitals: each one's ``(payload, seed statement)``, a fresh draw per unlucky try."""
     uploads = {}
     for h, v in vectors.items():
+        # under DP with the Gram statement the vector is the statistics before the noise, and the hospital's
+        # share is drawn here, as its backend draws it (secure_afl.backends.split)
+        noise = noise_share(circuit.params) if noise_beside(circuit.params) else None
         for _ in range(RETRIES):
             try:
                 uploads[h] = roles.shard(circuit, v, hospital=h, public_context=keys.public_context,
-                                         identity_key=identities[h], rand=randbytes(circuit.rand_size))
+                                         identity_key=identities[h], rand=randbytes(circuit.rand_size),
+                                         noise=noise)
                 break
             except Unlucky:
                 continue
@@ -152,7 +157,7 @@ def run_split(params: SessionParams, keys: SplitKeyPair, vectors: Mapping[str, n
     # the key holder: no share for a cohort the policy does not allow
     cohort_after_refusals(policy, list(uploads), refused)
     share = roles.keyholder_share(params, keys.secret_context, manifest, {h: st for h, (_, st) in uploads.items()},
-                                  enrolled, refused=refused)
+                                  enrolled, refused=refused, query_seeds=seeds)
     body, share_st = sign_share(keyholder_key, params, manifest, share, refused, evidence)
     lap("keyholder")
     # commit before reveal. Server: the share statement (no share yet) for exactly this manifest and the policy,
@@ -160,7 +165,10 @@ def run_split(params: SessionParams, keys: SplitKeyPair, vectors: Mapping[str, n
     # forms it (one function)
     verify_share_statement(params, manifest, share_st, keyholder_key.public_key())
     cohort_after_refusals(policy, list(uploads), refused)
-    masked = roles.cohort_masked_sum(params, aggregate, [uploads[h][0] for h in refused], len(share_st["cohort"]))
+    # (under DP with the Gram statement, each cohort upload's noise words permuted at the query seed the server
+    # signed its message at)
+    masked = roles.cohort_masked_sum(params, aggregate, [uploads[h][0] for h in refused], len(share_st["cohort"]),
+                                     [(uploads[h][0], signed_query_seed(messages[h], h)) for h in share_st["cohort"]])
     signed = sign_masked_sum(server_key, params, share_st, masked)
     # key holder: the server's sum for its own statement, kept; only then the share, which the server checks
     verify_masked_sum(params, share_st, masked, signed, server_key.public_key())

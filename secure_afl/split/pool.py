@@ -18,6 +18,7 @@ from ..hazmat import field128_kernels, ternary
 from ..params import SessionParams
 from ..workers import WorkerPool
 from . import roles, sizes
+from .noise_twist import noise_twist
 from .signed_messages import sign_verifier_message
 from .proof import Circuit
 
@@ -121,6 +122,9 @@ def _share_chunk(params_dict: dict, items: list) -> tuple[np.ndarray, dict, dict
                                            share=mask, with_message=True)
         if reason is None:
             total = circuit.F.add(total, mask[:n])
+            twist = noise_twist(circuit, mask, query_seed)  # the key holder's part of lanes - z + pi(z)
+            if twist is not None:
+                total = circuit.F.add(total, twist)
         else:
             refused[h] = reason
             if own is not None:

@@ -32,8 +32,9 @@ from ..params import SessionParams
 from .keys import PUBLIC_CONTEXT_KEY, check_public_key, open_seed, seal_seed
 from .signed_messages import SeedRefused, UploadCommitment, seed_digest, sign_seed_statement, sign_verifier_message, \
     signed_query_seed, verify_leader_message, verify_seed_statement
+from .noise_twist import noise_twist
 from .proof import DOMAIN_SHARE, Circuit
-from .sizes import field_of, main_words, proven_aggregate_bound
+from .sizes import field_of, main_words, noise_beside, proven_aggregate_bound
 
 #: the refinement of :class:`SanityCheckFailed` when a masked sum and a share were not formed over one cohort
 SHARE_MISMATCH = "share_mismatch"
@@ -152,7 +153,8 @@ def lane_masks(n: int, seeds, field=flp.GOLDILOCKS) -> np.ndarray:
 
 def keyholder_share(params: SessionParams, secret_key: bytes, manifest: Mapping, statements: Mapping,
                     enrolled: Mapping, *, refused: Mapping | None = None,
-                    judged: tuple[Mapping, np.ndarray] | None = None, sum_masks=None) -> np.ndarray:
+                    judged: tuple[Mapping, np.ndarray] | None = None, sum_masks=None,
+                    query_seeds: Mapping | None = None) -> np.ndarray:
     """``-sum m_k (mod p)`` over EXACTLY the (already verified) manifest's participants not in ``refused``
     (hospital -> the check its upload failed: left out of the sum, for the server to subtract from the
     masked sum).
@@ -171,6 +173,10 @@ def keyholder_share(params: SessionParams, secret_key: bytes, manifest: Mapping,
 
     ``sum_masks(n, seeds)``: how the masks left to add are summed (None: :func:`lane_masks` in the session's
     field; the key holder passes its worker pool's, :func:`secure_afl.split.pool.lane_masks`).
+
+    ``query_seeds``: hospital -> this key holder's query seed for its upload, needed under DP with the Gram
+    statement, where each mask added here also adds its part of the post-commitment permutation of the noise
+    words (:mod:`secure_afl.split.noise_twist`; the judged sum carries it already).
     """
     F = field_of(params)
     if sum_masks is None:
@@ -188,28 +194,42 @@ def keyholder_share(params: SessionParams, secret_key: bytes, manifest: Mapping,
         seed = open_statement_seed(params, secret_key, statements, enrolled, h, p["payload_sha256"])
         if h not in refused:
             cohort[h] = seed
-    add = [seed for h, seed in cohort.items() if covered.get(h) != seed_digest(seed)]
+    add = {h: seed for h, seed in cohort.items() if covered.get(h) != seed_digest(seed)}
     if any(h not in cohort or seed_digest(cohort[h]) != d for h, d in covered.items()):
         # a judged upload the cohort does not take (left out of the manifest, or under another seed): its
         # mask is in the running sum, and its seed is not in this manifest to take it out again; sum afresh
-        total, add = F.zeros(n), list(cohort.values())
-    return F.add(total, sum_masks(n, add))
+        total, add = F.zeros(n), dict(cohort)
+    total = F.add(total, sum_masks(n, list(add.values())))
+    circuit = Circuit(params) if add and noise_beside(params) else None
+    for h, seed in add.items() if circuit is not None else ():
+        qs = (query_seeds or {}).get(h)
+        if qs is None:
+            raise MalformedPayload(f"no query seed for {h}: the noise words' permutation needs each upload's")
+        total = F.add(total, noise_twist(circuit, circuit.helper_share(seed), bytes(qs)))
+    return total
 
 
 # -- release ------------------------------------------------------------------------------------------------
-def cohort_masked_sum(params: SessionParams, aggregate: bytes, refused_payloads, contributors: int) -> bytes:
+def cohort_masked_sum(params: SessionParams, aggregate: bytes, refused_payloads, contributors: int,
+                      twisted=()) -> bytes:
     """Server: the sealed masked sum of one cohort, the manifest's masked sum less the masked words of the
     uploads the key holder refused, sealed as the server's running sum seals it (so an auditor summing the
     cohort's uploads afresh gets these bytes exactly). The one computation of it: the server's commitment,
-    the in-memory driver and the audit's comparison all rest on it."""
+    the in-memory driver and the audit's comparison all rest on it.
+
+    ``twisted``: ``(payload, query seed)`` of every cohort upload under DP with the Gram statement (none
+    otherwise): each adds the server's part of ``lanes - z + pi(z)`` (:mod:`secure_afl.split.noise_twist`)."""
     F, n = field_of(params), main_words(params)
     env = open_envelope(params, aggregate, "aggregate")
     if len(env.body) != F.ENCODED_SIZE * n:
         raise MalformedPayload("the masked sum has the wrong length")
     words = F.from_bytes(env.body, n, what="the masked sum")
-    circuit = Circuit(params) if refused_payloads else None
+    twisted = list(twisted) if noise_beside(params) else []
+    circuit = Circuit(params) if refused_payloads or twisted else None
     for payload in refused_payloads:
         words = F.sub(words, circuit.upload_share(payload)[:circuit.main_len])
+    for payload, qs in twisted:
+        words = F.add(words, noise_twist(circuit, circuit.upload_share(payload), bytes(qs)))
     return seal(params, "aggregate", F.to_bytes(words), contributors=int(contributors))
 
 

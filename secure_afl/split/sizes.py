@@ -18,7 +18,7 @@ from ..hazmat.flp import P as P_FIELD
 from ..packing import Layout
 from ..params import Bounds, SessionParams
 
-__all__ = ["FIELD_KEY", "DEFAULT_FIELD", "field_of", "lanes_per_value", "main_words", "wrap_bits", "proof_scale", "REPS", "MAX_REPS", "SOUNDNESS_BITS", "LINEAR_REPS", "ROWS", "TAIL", "WRAP_BITS", "RETRIES", "GRAM_KEY", "GRAM_RHOS", "GRAM_QUERIES",
+__all__ = ["FIELD_KEY", "DEFAULT_GRAM_PROOF", "UNSIGNED_SPLIT", "default_field", "split_choice", "field_of", "lanes_per_value", "main_words", "wrap_bits", "proof_scale", "REPS", "MAX_REPS", "SOUNDNESS_BITS", "LINEAR_REPS", "ROWS", "TAIL", "WRAP_BITS", "RETRIES", "GRAM_KEY", "GRAM_RHOS", "GRAM_QUERIES",
            "GRAM_MIN_F", "NOISE_L2_TAIL_BITS", "noise_l2_bound", "PROCESS_MIN_UPLOADS", "VERIFIER_WORKERS", "ADVISORY_CHECKS", "gram_enabled", "noise_beside", "noise_bound",
            "statement_sizes",
            "fits", "choose_frac_bits", "split_session_params", "session_params", "expected_abs_error",
@@ -46,14 +46,33 @@ RETRIES = 8
 GRAM_KEY = "gram_proof"
 #: backend_params key naming the field the proof runs over (:data:`secure_afl.hazmat.flp.FIELD_NAMES`)
 FIELD_KEY = "field"
-#: the field every split session signs
-DEFAULT_FIELD = "goldilocks"
+#: the Gram statement a new split session signs unless it says ``gram_proof = false``: with it no hospital can set
+#: W exactly (docs/VALIDITY.md, "The Gram statement")
+DEFAULT_GRAM_PROOF = True
+#: what a signed split definition WITHOUT these keys means: it was signed before every split session wrote them,
+#: when the default was two Goldilocks lanes and no Gram statement; it keeps that meaning when read
+UNSIGNED_SPLIT = {FIELD_KEY: "goldilocks", GRAM_KEY: False}
 #: Fiat-Shamir vectors rho the quadratic identity is checked on (each misses a false one w.p. 2/p)
 GRAM_RHOS = 3
 #: independent square-sum proofs, each queried at its own point
 GRAM_QUERIES = 2
 #: fewest fractional bits of the factor: below, snapping the statistics onto L L^T would cost more than float32
 GRAM_MIN_F = 12
+
+
+def default_field(dp_on: bool) -> str:
+    """The field a new split session signs unless it names one: Field128, whose one exact word per value keeps
+    the lanes exact under the Gram statement (the release is secagg's and bfv's bit for bit); with [dp]
+    Goldilocks, since one Field128 word per value does not carry the DP statement yet (:func:`fits`)."""
+    return "goldilocks" if dp_on else "field128"
+
+
+def split_choice(field: str | None = None, gram_proof: bool | None = None, *, dp_on: bool = False) -> dict:
+    """``{field, gram_proof}`` with what is not given (None) filled in by the defaults above: the one rule
+    ``session sign``, the library's :func:`split_session_params` and :func:`~secure_afl.backends.session_params.
+    dp_session_params` apply."""
+    return {FIELD_KEY: default_field(dp_on) if field is None else str(field),
+            GRAM_KEY: DEFAULT_GRAM_PROOF if gram_proof is None else bool(gram_proof)}
 
 
 def field_of(params: SessionParams):
@@ -156,12 +175,13 @@ def noise_groups(params: SessionParams, f1: int, n_z: int, m_z: int) -> dict:
     honest group exceeds with probability at most ``2^-(NOISE_L2_TAIL_BITS + 1 + log2 G)``, the total's
     ``2^-(NOISE_L2_TAIL_BITS + 1)``: an honest share fails one with probability below ``2^-NOISE_L2_TAIL_BITS``."""
     t2 = 1 << (2 * m_z - 2)
+    P = field_of(params).P  # the session's field: a group's squared norm must be exact in it
     l2 = noise_l2_bound(params, f1, n_z, NOISE_L2_TAIL_BITS + 1)
     m_l = bitlen(l2)
     for groups in range(1, n_z + 1):
         z_len = -(-n_z // groups)
         m_g = bitlen(noise_l2_bound(params, f1, z_len, NOISE_L2_TAIL_BITS + 1 + math.ceil(math.log2(groups))))
-        if z_len * t2 < P_FIELD and (groups << m_g) + (1 << m_l) <= P_FIELD:
+        if z_len * t2 < P and (groups << m_g) + (1 << m_l) <= P:
             return {"l2_z": l2, "m_l": m_l, "z_groups": groups, "z_len": z_len, "m_g": m_g}
     raise InvalidParameterError("no grouping of the noise share keeps its squared norm exact in the field")
 
@@ -173,31 +193,15 @@ NOISE_L2_TAIL_BITS = 40
 def noise_l2_bound(params: SessionParams, f1: int, n: int | None = None, tail_bits: int = NOISE_L2_TAIL_BITS) -> int:
     """The bound on ``|z|^2`` (grid units squared) of ``n`` entries (default all) of one hospital's noise share
     ``z`` that an honest share exceeds with probability at most ``2^-tail_bits`` (docs/VALIDITY.md, "The noise
-    share's l2 bound").
+    share's l2 bound"): the Chernoff bound of the entries' own distribution, a Skellam of variance s^2 (grid
+    units) redrawn beyond tau (:func:`secure_afl.dp.mechanism.share_square_tail`), rounded up with a relative
+    2^-30 for the float64 evaluation."""
+    from ..dp.mechanism import share_square_tail
 
-    Each of the n entries is a Skellam variable of variance s^2 (grid units) redrawn beyond tau, drawn
-    independently. Truncation to ``|z| <= tau`` lowers every even moment (``z^2``, ``z^4`` increase in ``|z|``), so
-    ``Y = z^2`` has ``E Y <= s^2``, ``Var Y <= E z^4 <= 3 s^4 + s^2`` (Skellam's fourth cumulant is s^2) and
-    ``Y - E Y <= tau^2``. Bennett's inequality then gives ``P(sum Y - n s^2 >= t) <= exp(-(n v / b^2) h(b t / (n v)))``,
-    ``h(u) = (1 + u) ln(1 + u) - u``, v = 3 s^4 + s^2, b = tau^2; t solves it at 2^-NOISE_L2_TAIL_BITS."""
     n = noised_count(params) if n is None else int(n)
-    tau = float(noise_bound(params, f1))
     s = dp_share_std(params) * 2.0 ** f1
-    v, b = 3.0 * s ** 4 + s * s, tau * tau
-    target = tail_bits * math.log(2.0)
-    scale = n * v / (b * b)
-
-    def h(u):
-        return (1.0 + u) * math.log1p(u) - u
-
-    lo, hi = 0.0, 1.0
-    while scale * h(hi) < target:
-        hi *= 2.0
-    for _ in range(200):
-        mid = 0.5 * (lo + hi)
-        lo, hi = (mid, hi) if scale * h(mid) < target else (lo, mid)
-    t = hi * n * v / b
-    return int(math.ceil((n * s * s + t) * (1 + 2.0 ** -30))) + 1
+    t = share_square_tail(s, int(noise_bound(params, f1)), n, float(tail_bits))
+    return int(math.ceil(t * (1 + 2.0 ** -30))) + 1
 
 
 def bitlen(x: int) -> int:
@@ -289,12 +293,13 @@ def fits(params: SessionParams, f1: int, f2: int) -> str | None:
     relation below ``2^wrap_bits`` (:func:`wrap_bits`), else why not."""
     if f1 < 0:
         return "f1 < 0 (counts would not be integers in the hi lane)"
+    if lanes_per_value(params) == 1 and params.dp is not None:
+        # the DP statement reads a high lane on the noise grid beside a low lane (refused before any size is
+        # taken: the noise share's sizes assume that grid)
+        return "one Field128 word per value does not carry the DP statement yet"
     s = statement_sizes(params, f1, f2)
     k, d = params.bounds.k_max, params.layout.dim
     wrap = 1 << wrap_bits(params)
-    if lanes_per_value(params) == 1 and params.dp is not None:
-        # the DP statement reads a high lane on the noise grid beside a low lane
-        return "one Field128 word per value does not carry the DP statement yet"
     if k * (1 << s["m_hi"]) >= wrap:  # per entry |hi| <= 2T = 2^m_hi
         return "k_max * 2T_hi"
     if k * (1 << max(f2 - 1, 0)) >= wrap:  # honest low lanes, |lo| <= 2^(f2 - 1); a dishonest one cannot wrap hi
@@ -358,8 +363,10 @@ def choose_frac_bits(params: SessionParams) -> tuple[int, int]:
         f2 -= 1
     why = fits(params, f1, f2)
     if why is not None:
+        # the Gram statement is on by default: a session it does not fit may sign it off instead
+        off = "; or sign [split] gram_proof = false" if gram_enabled(params) and "Gram" in why else ""
         raise InvalidParameterError(f"no fixed-point scale lets a validity-proven split upload stay below "
-                                    f"2^{WRAP_BITS} ({why}); lower `max_norm`, `n_max` or `k_max`")
+                                    f"2^{WRAP_BITS} ({why}); lower `max_norm`, `n_max` or `k_max`{off}")
     if f1 + f2 < fixedpoint.MIN_FRAC_BITS:
         raise InvalidParameterError(f"validity-proven split leaves {f1 + f2} fractional bits, below "
                                     f"{fixedpoint.MIN_FRAC_BITS}; lower `max_norm`, `n_max` or `k_max`")
@@ -378,12 +385,16 @@ VERIFIER_WORKERS = 4
 
 
 def split_session_params(session_id: str, layout: Layout, gamma: float, bounds: Bounds, *,
-                         frac_bits: tuple | None = None, gram_proof: bool = False, max_share: float = 1.0,
-                         field: str = DEFAULT_FIELD, **_) -> SessionParams:
+                         frac_bits: tuple | None = None, gram_proof: bool | None = None, max_share: float = 1.0,
+                         field: str | None = None, **_) -> SessionParams:
     """Lane bits from the bounds (as secagg and bfv, lowered where a validity-proven upload needs the room:
     :func:`choose_frac_bits`); not yet bound to the key holder's seed key. ``gram_proof``: every upload also
     proves its statistics are a Gram matrix (docs/VALIDITY.md, "The Gram statement"). ``field``: the proof's
-    and the sum's field (:data:`secure_afl.hazmat.fields.FIELD_NAMES`; ``field128``: one exact word per value)."""
+    and the sum's field (:data:`secure_afl.hazmat.fields.FIELD_NAMES`; ``field128``: one exact word per value).
+    Either left None takes the session default (:func:`split_choice`; a caller with DP resolves the field with
+    ``dp_on``, as :func:`~secure_afl.backends.session_params.dp_session_params` does)."""
+    chosen = split_choice(field, gram_proof)
+    field, gram_proof = chosen[FIELD_KEY], chosen[GRAM_KEY]
     field_named(field)  # an unknown name is refused here, naming the known ones
     base = SessionParams(session_id, "split", layout, gamma, bounds).with_backend_params(
         **{FIELD_KEY: str(field)})

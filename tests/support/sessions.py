@@ -5,10 +5,8 @@ from __future__ import annotations
 
 import threading
 
-from secure_afl import split
 from secure_afl.backends import get_backend
 from secure_afl.packing import Layout
-from secure_afl.params import Bounds
 
 
 def open_split_session(consortium, hospitals=("h1", "h2", "h3"), **kw):
@@ -18,10 +16,16 @@ def open_split_session(consortium, hospitals=("h1", "h2", "h3"), **kw):
     c = consortium(backend="split", hospitals=hospitals, min_clients=kw.pop("min_clients", 2),
                    extra_session=extra, **kw).start()
     conn = c.connect_keyholder()
-    c.keyholder.keygen(split.split_session_params(c.session_id, Layout(c.dim, c.classes), 1.0,
-                                                  Bounds(c.max_norm, 1000, 8)))
+    c.keyholder.keygen(signed_params(c))
     c.keyholder.publish(conn)
     return c, conn
+
+
+def signed_params(c):
+    """The parameters of ``c``'s signed session, as `keyholder keygen` derives them from the definition."""
+    from secure_afl.session.signed import load_signed
+
+    return load_signed(c.pki_dir, c.session_id).session_params()
 
 
 def honest_upload(c, name, seed):
@@ -39,14 +43,16 @@ def split_session_at_quorum(consortium):
 
 
 def cheating_upload(c, name, seed):
-    """A hospital's modified software: a well-formed, signed upload with one Gram entry of 2^61 / 2^f1, which
-    the key holder's linear check refuses. Returns (payload, seed statement, mask seed)."""
+    """A hospital's modified software: a well-formed, signed upload with one Gram entry of 2^61 / 2^f1 (its
+    high lane, or its Field128 word at 2^(61 + f2)), which the key holder's linear check refuses. Returns
+    (payload, seed statement, mask seed)."""
     cl = c.hospital(name)
     params = cl.fetch_params()
     be = get_backend(params)
     ctx = cl.conn.request("GET", cl.conn.path("/context"), signed=False).content
-    lanes = be.circuit.lanes(Layout(c.dim, c.classes).pack(c.stats(*c.data(name, seed=seed)))).copy()
-    lanes[1] = 1 << 61
+    circuit = be.circuit
+    lanes = circuit.lanes(Layout(c.dim, c.classes).pack(c.stats(*c.data(name, seed=seed)))).copy()
+    lanes[1] = circuit.F.to_field([1 << (61 if circuit.lanes_per_value == 2 else 61 + circuit.frac_bits[1])])[0]
     body, s, com = be.circuit.prove(name, lanes=lanes, check=False)
     payload, statement = be.seal_upload(body, s, com, ctx, name, cl.party.identity_key())
     cl.upload(params, payload, tag=statement)

@@ -92,7 +92,8 @@ def _session(pair):
     from secure_afl.params import Bounds
 
     # a coarse fixed point (f1 = 4) keeps the projection's bit widths, and so the file, small
-    params = split.split_session_params("split-vectors", Layout(2, 2), 1.0, Bounds(2.0, 8, 4), frac_bits=(4, 8))
+    params = split.split_session_params("split-vectors", Layout(2, 2), 1.0, Bounds(2.0, 8, 4), frac_bits=(4, 8),
+                                        field="goldilocks", gram_proof=False)
     return split.bind_public_context(params, pair.public_context)
 
 
@@ -294,7 +295,7 @@ def _gram_session(pair, dp: bool):
                                    gram_proof=True)
     else:
         params = split.split_session_params("split-vectors-gram", layout, 1.0, bounds, frac_bits=_GRAM_FRAC_BITS,
-                                            gram_proof=True)
+                                            gram_proof=True, field="goldilocks")
     return split.bind_public_context(params, pair.public_context)
 
 
