@@ -13,7 +13,8 @@ from contextlib import contextmanager
 import numpy as np
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
 
-from ..hazmat import ternary
+from ..hazmat import field128_kernels, ternary
+from ..hazmat.field128 import FIELD128
 from ..hazmat.fields import GOLDILOCKS
 from .sizes import ROWS
 
@@ -52,8 +53,10 @@ def _one_blas_thread():
 def project(words, key: bytes, domain: bytes, *, compiled: bool = False, field=None) -> np.ndarray:
     """``<r_j, words>`` mod p for the ROWS rows of the ChaCha20 stream under ``key`` and ``domain``, shape
     (ROWS,), over ``field`` (Goldilocks when None). ``compiled``: the compiled kernel may sum them (the same
-    rows, a loop that releases the GIL; Goldilocks only). The rows do not depend on the field: a word's bytes
-    are its little-endian encoding, ``ENCODED_SIZE`` of them."""
+    rows, a loop that releases the GIL): Goldilocks once this process has projected often enough
+    (:func:`ternary.worth_it`), Field128 once its compiled loops are loaded (:func:`ternary.project128`, four
+    32-bit limbs in int64, one reduction per row). The rows do not depend on the field: a word's bytes are its
+    little-endian encoding, ``ENCODED_SIZE`` of them."""
     F = GOLDILOCKS if field is None else field
     words = np.asarray(words, dtype=F.dtype)
     n = words.shape[0]
@@ -62,6 +65,10 @@ def project(words, key: bytes, domain: bytes, *, compiled: bool = False, field=N
     if compiled and _COMPILED and F is GOLDILOCKS and ternary.worth_it():
         raw = np.frombuffer(enc.update(bytes(ROWS * row_bytes)), dtype=np.uint8).reshape(ROWS, row_bytes)
         return ternary.project(raw, words)
+    if compiled and _COMPILED and F is FIELD128 and field128_kernels.loaded() is not None:
+        # a Field128 session's process has loaded numba already (its circuit does): no start to amortise
+        raw = np.frombuffer(enc.update(bytes(ROWS * row_bytes)), dtype=np.uint8).reshape(ROWS, row_bytes)
+        return F.to_field(ternary.project128(raw, words))
     size = F.ENCODED_SIZE
     limbs = np.frombuffer(F.to_bytes(words), dtype=np.uint8).reshape(n, size).T.astype(np.float32)
     sums = np.zeros((ROWS, size), dtype=np.int64)
