@@ -93,7 +93,8 @@ def test_compiled_equals_blas_around_the_chunk_boundaries(n):
 def test_the_limb_sums_hold_at_their_extremes():
     # every limb 2^32 - 1 under rows of all +1 and all -1: each accumulator at n (2^32 - 1) in magnitude
     n = 10_001
-    top = np.full(n, 2 ** 32 - 1, dtype=np.int64)
+    top = np.zeros(4 * -(-n // 4), dtype=np.int64)  # the kernel's limbs come padded to four per row byte
+    top[:n] = 2 ** 32 - 1
     raw = np.array([[0b01010101] * -(-n // 4), [0xFF] * -(-n // 4), [0] * -(-n // 4)], dtype=np.uint8)
     ternary.project128(raw[:1], _words([1]))  # compiles
     sums = ternary._compiled128(raw, top, top, top, top)

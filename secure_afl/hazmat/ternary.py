@@ -71,12 +71,13 @@ def _sums(raw, lo, hi):
 
 
 def _sums128(raw, x0, x1, x2, x3):
-    """Per row, the four signed limb sums ``s_k = sum_i r_ji x_k[i]`` as (rows, 4) int64 (limbs below 2^32).
+    """Per row, the four signed limb sums ``s_k = sum_i r_ji x_k[i]`` as (rows, 4) int64 (limbs below 2^32; the
+    limb arrays padded with zeros to four entries per row byte).
 
-    The loop of :func:`_sums` with four accumulators: row by row over contiguous limb arrays, which numba
-    vectorises (measured against entry blocks, three times slower)."""
+    The loop of :func:`_sums` with four accumulators, a row byte at a time (its four entries unrolled: a
+    quarter faster than one entry at a time; blocking the entries for the cache gained nothing measurable)."""
     rows = raw.shape[0]
-    n = x0.shape[0]
+    nb = x0.shape[0] >> 2
     out = np.zeros((rows, 4), dtype=np.int64)
     for j in range(rows):
         r = raw[j]
@@ -84,14 +85,17 @@ def _sums128(raw, x0, x1, x2, x3):
         s1 = np.int64(0)
         s2 = np.int64(0)
         s3 = np.int64(0)
-        for i in range(n):
-            t = np.int64((r[i >> 2] >> ((i & 3) * 2)) & 3)
-            nz = -(t & 1)
-            neg = -(t >> 1)
-            s0 += ((x0[i] & nz) ^ neg) - neg
-            s1 += ((x1[i] & nz) ^ neg) - neg
-            s2 += ((x2[i] & nz) ^ neg) - neg
-            s3 += ((x3[i] & nz) ^ neg) - neg
+        for b in range(nb):
+            byte = np.int64(r[b])
+            for k in range(4):
+                i = 4 * b + k
+                t = (byte >> (2 * k)) & 3
+                nz = -(t & 1)
+                neg = -(t >> 1)
+                s0 += ((x0[i] & nz) ^ neg) - neg
+                s1 += ((x1[i] & nz) ^ neg) - neg
+                s2 += ((x2[i] & nz) ^ neg) - neg
+                s3 += ((x3[i] & nz) ^ neg) - neg
         out[j, 0] = s0
         out[j, 1] = s1
         out[j, 2] = s2
@@ -176,5 +180,7 @@ def project128(raw: np.ndarray, words: np.ndarray) -> list[int]:
     if _compiled128 is None:
         one = np.zeros(1, dtype=np.int64)
         _compiled128 = compile_kernel(_sums128, np.zeros((1, 1), dtype=np.uint8), one, one, one, one)
-    sums = _compiled128(raw, *(limbs[:, k].astype(np.int64) for k in range(4)))
+    padded = np.zeros((4, 4 * raw.shape[1]), dtype=np.int64)  # entries past the vector count zero
+    padded[:, :limbs.shape[0]] = limbs.T
+    sums = _compiled128(raw, *padded)
     return [sum(int(v) << (32 * k) for k, v in enumerate(row)) for row in sums.tolist()]
