@@ -3,7 +3,9 @@ applied to field words exactly (docs/VALIDITY.md, "The projection").
 
 Exact in float32: the words are cut into their 8 bytes and summed over at most ``_PROJ_CHUNK`` entries at a
 time, so every partial sum is an integer of magnitude at most ``255 * 2^16 < 2^24`` whatever order the BLAS
-adds in; chunk sums are then added as int64 and the bytes recombined mod p.
+adds in; chunk sums are then added as int64 and the bytes recombined mod p. The compiled kernels
+(:mod:`secure_afl.hazmat.ternary`, numba) draw the same rows from the same stream and sum 32-bit limbs in
+int64 instead; the tests hold both paths to Python integers.
 """
 
 from __future__ import annotations
