@@ -60,7 +60,6 @@ from secure_afl.backends import HE_BACKENDS
 from secure_afl.backends import get_backend
 from secure_afl.keyholder.verify import default_fetchers, resum_signed_contributions
 from secure_afl.packing import Layout
-from secure_afl.params import Bounds
 from secure_afl.secagg import Stage
 from secure_afl.secagg import default_threshold, max_min_clients, recommended_neighbours
 from secure_afl.server.config import load_config
@@ -167,9 +166,11 @@ def run_service_bench(backend: str, hospitals: int, *, dim: int = 64, classes: i
                       dropout: float = 0.0, seed: int = 0, workdir: str | None = None,
                       stage_timeout_s: float = 60.0, hospital_timeout_s: float = 1800.0,
                       processes: int | None = None, compare_fetchers: bool = False,
-                      max_connections: int | None = None, combine_workers: int = 0) -> dict:
+                      max_connections: int | None = None, combine_workers: int = 0,
+                      split_section: dict | None = None) -> dict:
     """The real service end to end; ``compare_fetchers`` also times the key holder's verify + re-sum over
-    HTTPS again with one download at a time and with the default number in flight (no decryption)."""
+    HTTPS again with one download at a time and with the default number in flight (no decryption).
+    ``split_section``: the session's signed ``[split]`` keys (field, gram_proof), for split only."""
     from secure_afl.analytic import solve_from_sums
     from secure_afl.clients.hospital import HospitalClient
     from secure_afl.keyholder import KeyHolder
@@ -204,6 +205,8 @@ def run_service_bench(backend: str, hospitals: int, *, dim: int = 64, classes: i
         "server": {**server_section(work, pki_dir), "max_connections": int(max_connections or 0),
                    "combine_workers": int(combine_workers)},
     }
+    if backend == "split" and split_section:
+        cfg["split"] = dict(split_section)
     if backend == "secagg":  # a [secagg] section in another backend's session is refused
         cfg["secagg"] = {"stage_timeout_s": float(stage_timeout_s)}
 
@@ -243,11 +246,8 @@ def run_service_bench(backend: str, hospitals: int, *, dim: int = 64, classes: i
                             "server_peak_rss": meter.peak_rss(), "peak_is_phase": True}
         conn = kh.connect(url, session_id)
         if backend in HE_BACKENDS or backend == "split":
-            from secure_afl.backends.session_params import dp_session_params
-
             def keys():
-                params0 = dp_session_params(load_config(work / "session.toml").dp, backend, session_id,
-                                            Layout(dim, classes), 1.0, Bounds(1.0, samples, K))
+                params0 = load_config(work / "session.toml").definition.session_params()  # as the server
                 kh.keygen(params0)
                 kh.publish(conn)
 
@@ -329,7 +329,7 @@ def run_service_bench(backend: str, hospitals: int, *, dim: int = 64, classes: i
     return {
         "backend": backend, "hospitals": K, "dropped": n_drop, "contributors": len(included),
         "dim": dim, "classes": classes, "length": Layout(dim, classes).length, "samples": samples,
-        "min_clients": min_clients, "phases": phases,
+        "min_clients": min_clients, "phases": phases, "split": cfg.get("split"),
         "bytes_up_per_hospital": float(up.mean()) if len(up) else 0.0,
         "bytes_down_per_hospital": float(down.mean()) if len(down) else 0.0,
         "hospital_cpu_s": {"mean": float(cpu.mean()), "max": float(cpu.max())} if len(cpu) else None,
@@ -458,7 +458,7 @@ def format_report(r: dict) -> str:
     lines = [f"bench service: {r['backend']}, K = {r['hospitals']} ({r['dropped']} dropped, "
              f"{r['contributors']} in the release), d = {r['dim']}, C = {r['classes']}, L = {r['length']}, "
              f"{r['samples']} samples per hospital, {r['cpus']} CPUs, server max_connections "
-             f"{r.get('max_connections', 64)}",
+             f"{r.get('max_connections', 64)}" + (f", [split] {r['split']}" if r.get("split") else ""),
              f"{'phase':<10} {'wall s':>9} {'server CPU s':>13} {'server peak RSS MB':>19} "
              f"{'summing workers RSS MB':>23}"]
     for name, p in r["phases"].items():
@@ -514,12 +514,22 @@ def _run_one(args, backend: str) -> dict:
                               samples=args.samples, dropout=args.dropout, seed=args.seed, workdir=workdir,
                               stage_timeout_s=args.stage_timeout, processes=args.processes,
                               compare_fetchers=args.compare_fetchers, max_connections=args.max_connections,
-                              combine_workers=args.combine_workers)
+                              combine_workers=args.combine_workers, split_section=_split_section(args))
     finally:
         if not args.workdir:  # the temp dir goes, whatever happened
             shutil.rmtree(workdir, ignore_errors=True)
     print(format_report(r), flush=True)
     return r
+
+
+def _split_section(args) -> dict:
+    """The ``[split]`` keys given on the command line (the session's defaults for the others)."""
+    out = {}
+    if args.field:
+        out["field"] = args.field
+    if args.gram_proof:
+        out["gram_proof"] = args.gram_proof == "on"
+    return out
 
 
 def format_versus(runs: list[dict]) -> str:
@@ -572,6 +582,10 @@ def register(parser) -> None:
     parser.add_argument("--versus", nargs="+", default=[], metavar="BACKEND",
                         choices=["plain", "ckks", "bfv", "secagg", "split"],
                         help="also run these backends first, same K, d and C, and print each phase beside them")
+    parser.add_argument("--field", choices=["goldilocks", "field128"],
+                        help="split: the session's [split] field (default: the session's default)")
+    parser.add_argument("--gram-proof", choices=["on", "off"],
+                        help="split: the session's [split] gram_proof (default: the session's default)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--compare-fetchers", action="store_true",
                         help="HE: time the key holder's verify + re-sum again with 1 and N downloads in flight")

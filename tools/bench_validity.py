@@ -15,6 +15,9 @@ For one hospital with real statistics (n rows of norm <= B), in one run:
 ``--dp`` runs each row under ``[dp]`` (epsilon 1, delta 1e-5, three contributors): the hospital's noise share
 is drawn before the clock starts; with ``--gram`` too, the share is proven beside the statistics.
 
+``--projections blas,compiled`` runs each row with the projections on float32 BLAS and then compiled (numba),
+in one run: the compiled kernels' gain as a ratio.
+
 ``--scaling`` repeats at smaller d to show how the cost grows with L. ``--round K`` also runs one whole
 round of K hospitals in memory (:func:`secure_afl.split.run_split`: every role, no transport) and prints the
 seconds of each role.
@@ -44,7 +47,20 @@ def _stats(dim: int, classes: int, n: int, seed: int):
 
 
 def run(dim: int, classes: int, *, n: int = 1000, seed: int = 0, gram: bool = False, dp: bool = False,
-        field: str | None = None) -> dict:
+        field: str | None = None, projection: str = "compiled") -> dict:
+    """One upload's figures; ``projection="blas"`` keeps every projection on the float32 BLAS path (the
+    compiled kernels switched off), ``"compiled"`` lets them run as a verifier's process runs them."""
+    from secure_afl.split import projection as proj_module
+
+    saved = proj_module._COMPILED
+    proj_module._COMPILED = projection == "compiled"
+    try:
+        return {**_run(dim, classes, n=n, seed=seed, gram=gram, dp=dp, field=field), "projection": projection}
+    finally:
+        proj_module._COMPILED = saved
+
+
+def _run(dim: int, classes: int, *, n: int, seed: int, gram: bool, dp: bool, field: str | None) -> dict:
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
     from secure_afl import split
@@ -141,6 +157,8 @@ def main(argv=None) -> int:
     ap.add_argument("--dp", action="store_true", help="every row under [dp] (the noise share drawn off the clock)")
     ap.add_argument("--fields", default="goldilocks", metavar="NAMES",
                     help="comma-separated fields to run each row over (goldilocks, field128), in one run")
+    ap.add_argument("--projections", default="compiled", metavar="NAMES",
+                    help="comma-separated projection paths to run each row under (blas, compiled), in one run")
     ap.add_argument("--round", type=int, default=0, metavar="K",
                     help="also run one round of K hospitals through every role in memory (run_split)")
     args = ap.parse_args(argv)
@@ -150,9 +168,10 @@ def main(argv=None) -> int:
     rows, refused = [], []
     for d in dims:
         for f in args.fields.split(","):
-            for g in ((False, True) if args.gram else (False,)):
+            for g, pr in ((g, pr) for g in ((False, True) if args.gram else (False,))
+                          for pr in args.projections.split(",")):
                 try:
-                    rows.append(run(d, args.classes, n=args.n, gram=g, dp=args.dp, field=f))
+                    rows.append(run(d, args.classes, n=args.n, gram=g, dp=args.dp, field=f, projection=pr))
                 except InvalidParameterError as e:  # a combination the session signing refuses: say so
                     refused.append(f"{f} dp {'on' if args.dp else 'off'} gram {'on' if g else 'off'} d = {d}: {e}")
     rounds = [round_timings(args.dim, args.classes, args.round, n=args.n, gram=g)
@@ -160,10 +179,10 @@ def main(argv=None) -> int:
     if args.json:
         print(json.dumps(rows if not rounds else {"uploads": rows, "rounds": rounds}, indent=1))
         return 0
-    print(f"{'field':>10} {'dp':>3} {'gram':>4} {'d':>5} {'L':>7} {'upload MB':>9} {'proof MB':>8} {'proof/up':>8} {'plain s':>7} {'prove s':>7} "
+    print(f"{'field':>10} {'proj':>8} {'dp':>3} {'gram':>4} {'d':>5} {'L':>7} {'upload MB':>9} {'proof MB':>8} {'proof/up':>8} {'plain s':>7} {'prove s':>7} "
           f"{'server s':>8} {'kh s':>6} {'p+v s':>6} {'ok':>3} {'sound':>6} {'whole MB':>8}")
     for r in rows:
-        print(f"{r['field']:>10} {'on' if r['dp'] else 'off':>3} {'on' if r['gram_proof'] else 'off':>4} {r['dim']:5d} {r['L']:7d} {r['plain_upload_bytes'] / 1e6:9.3f} {r['proof_bytes'] / 1e6:8.3f} "
+        print(f"{r['field']:>10} {r['projection']:>8} {'on' if r['dp'] else 'off':>3} {'on' if r['gram_proof'] else 'off':>4} {r['dim']:5d} {r['L']:7d} {r['plain_upload_bytes'] / 1e6:9.3f} {r['proof_bytes'] / 1e6:8.3f} "
               f"{100 * r['proof_fraction']:7.1f}% {r['plain_s']:7.3f} {r['prove_s']:7.3f} {r['server_verify_s']:8.3f} "
               f"{r['keyholder_verify_s']:6.3f} {r['prove_plus_verify_s']:6.3f} {'yes' if r['accepted'] else 'NO':>3} "
               f"{r['soundness_bits_q64']:6.1f} {r['upload_bytes'] / 1e6:8.3f}")

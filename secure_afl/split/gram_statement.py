@@ -195,12 +195,13 @@ class GramStatement(Statement):
     def project_residual(self, words, fs: bytes) -> np.ndarray:
         """``<r_j, R>`` mod p for ROWS rows of their own."""
         return project(self.residual(words), hashlib.sha256(fs + domains.SPLIT_FS_RESIDUAL_ROWS).digest(),
-                       _FROW_DOMAIN, field=self.F)
+                       _FROW_DOMAIN, compiled=True, field=self.F)
 
     def project_factor(self, fw, fs: bytes) -> np.ndarray:
         """``<r_j, factor>`` mod p for ROWS rows of their own."""
         return project(np.asarray(fw, dtype=self.F.dtype)[:self.n_f],
-                       hashlib.sha256(fs + domains.SPLIT_FS_FACTOR_ROWS).digest(), _FROW_DOMAIN, field=self.F)
+                       hashlib.sha256(fs + domains.SPLIT_FS_FACTOR_ROWS).digest(), _FROW_DOMAIN, compiled=True,
+                       field=self.F)
 
     def factorise(self, lanes_of, vector, noise=None) -> tuple[np.ndarray, np.ndarray]:
         """Hospital: ``(lanes, factor words)`` with the Gram, cross and count entries of the lanes exactly

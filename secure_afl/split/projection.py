@@ -3,7 +3,9 @@ applied to field words exactly (docs/VALIDITY.md, "The projection").
 
 Exact in float32: the words are cut into their 8 bytes and summed over at most ``_PROJ_CHUNK`` entries at a
 time, so every partial sum is an integer of magnitude at most ``255 * 2^16 < 2^24`` whatever order the BLAS
-adds in; chunk sums are then added as int64 and the bytes recombined mod p.
+adds in; chunk sums are then added as int64 and the bytes recombined mod p. The compiled kernels
+(:mod:`secure_afl.hazmat.ternary`, numba) draw the same rows from the same stream and sum 32-bit limbs in
+int64 instead; the tests hold both paths to Python integers.
 """
 
 from __future__ import annotations
@@ -13,7 +15,8 @@ from contextlib import contextmanager
 import numpy as np
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
 
-from ..hazmat import ternary
+from ..hazmat import field128_kernels, ternary
+from ..hazmat.field128 import FIELD128
 from ..hazmat.fields import GOLDILOCKS
 from .sizes import ROWS
 
@@ -52,8 +55,10 @@ def _one_blas_thread():
 def project(words, key: bytes, domain: bytes, *, compiled: bool = False, field=None) -> np.ndarray:
     """``<r_j, words>`` mod p for the ROWS rows of the ChaCha20 stream under ``key`` and ``domain``, shape
     (ROWS,), over ``field`` (Goldilocks when None). ``compiled``: the compiled kernel may sum them (the same
-    rows, a loop that releases the GIL; Goldilocks only). The rows do not depend on the field: a word's bytes
-    are its little-endian encoding, ``ENCODED_SIZE`` of them."""
+    rows, a loop that releases the GIL): Goldilocks once this process has projected often enough
+    (:func:`ternary.worth_it`), Field128 once its compiled loops are loaded (:func:`ternary.project128`, four
+    32-bit limbs in int64, one reduction per row). The rows do not depend on the field: a word's bytes are its
+    little-endian encoding, ``ENCODED_SIZE`` of them."""
     F = GOLDILOCKS if field is None else field
     words = np.asarray(words, dtype=F.dtype)
     n = words.shape[0]
@@ -62,6 +67,10 @@ def project(words, key: bytes, domain: bytes, *, compiled: bool = False, field=N
     if compiled and _COMPILED and F is GOLDILOCKS and ternary.worth_it():
         raw = np.frombuffer(enc.update(bytes(ROWS * row_bytes)), dtype=np.uint8).reshape(ROWS, row_bytes)
         return ternary.project(raw, words)
+    if compiled and _COMPILED and F is FIELD128 and field128_kernels.loaded() is not None:
+        # a Field128 session's process has loaded numba already (its circuit does): no start to amortise
+        raw = np.frombuffer(enc.update(bytes(ROWS * row_bytes)), dtype=np.uint8).reshape(ROWS, row_bytes)
+        return F.to_field(ternary.project128(raw, words))
     size = F.ENCODED_SIZE
     limbs = np.frombuffer(F.to_bytes(words), dtype=np.uint8).reshape(n, size).T.astype(np.float32)
     sums = np.zeros((ROWS, size), dtype=np.int64)
