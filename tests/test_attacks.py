@@ -183,10 +183,15 @@ _BROKEN = {
                       "c.expand = zero\n"
                       "mk.expand = zero"),
     # split hospitals add no mask to what the server stores
-    "split-server": ("import numpy as np, secure_afl.hazmat.flp as f, secure_afl.split.proof as v\n"
+    # (in either field: the attack's session is split's default)
+    "split-server": ("import numpy as np, secure_afl.hazmat.flp as f, secure_afl.hazmat.field128 as w, "
+                     "secure_afl.split.proof as v\n"
                      "g = f.Goldilocks.expand_field\n"
                      "f.Goldilocks.expand_field = staticmethod(lambda seed, n, domain: (np.zeros(n, dtype=np.uint64) "
-                     "if domain == v.DOMAIN_SHARE else g(seed, n, domain)))"),
+                     "if domain == v.DOMAIN_SHARE else g(seed, n, domain)))\n"
+                     "h = w.Field128.expand_field\n"
+                     "w.Field128.expand_field = lambda self, seed, n, domain: (self.zeros(n) "
+                     "if domain == v.DOMAIN_SHARE else h(self, seed, n, domain))"),
     # the split server serves a stored masked vector to the key holder (its refusing route removed)
     "split-keyholder": ("import secure_afl.server.closing as m\n"
                         "m.contribution = lambda s, h: (m.released(s), next(s.store.get_blob(r['payload_sha256']) "
