@@ -10,7 +10,7 @@ import pytest
 
 from secure_afl.exceptions import EXIT_INPUT, EXIT_REFUSED
 from support.cli import one_line, passphrase_file, run_cli
-from support.sessions import split_session_at_quorum
+from support.sessions import honest_upload, open_split_session, split_session_at_quorum
 
 e2e = pytest.mark.e2e
 

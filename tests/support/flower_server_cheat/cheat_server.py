@@ -10,7 +10,6 @@ import secure_afl.flower.server_app as real
 from secure_afl import split
 from secure_afl.flower.records import SPLIT_COMMIT, pack
 from secure_afl.envelope import seal
-from secure_afl.hazmat import fixedpoint, flp
 from secure_afl.packing import Layout
 
 _honest_release = real._split_release
@@ -21,9 +20,10 @@ def _target_sum(params, masked: bytes, share) -> bytes:
                                                                       gamma=params.gamma)
     swap = [1, 0] + list(range(2, params.layout.n_classes))
     target = type(stats)(stats.gram, stats.cross[:, swap], stats.n, stats.class_counts[swap], stats.gamma, 0.0)
-    enc = flp.encode_signed(fixedpoint.encode(params.layout.pack(target),
-                                              tuple(params.backend_params["frac_bits"])).view("int64"))
-    return seal(params, "aggregate", flp.to_bytes(flp.sub(enc, share)), contributors=round(stats.contributors))
+    # the target's lanes as an honest hospital encodes them, in the session's field
+    F = split.field_of(params)
+    enc = split.Circuit(params).lanes(params.layout.pack(target))
+    return seal(params, "aggregate", F.to_bytes(F.sub(enc, share)), contributors=round(stats.contributors))
 
 
 def _split_release(grid, server, config, kh_node, fields, timeout_s):
@@ -32,7 +32,8 @@ def _split_release(grid, server, config, kh_node, fields, timeout_s):
     def collect_then_re_mask(session, party, body, statement):
         signed = collect(session, party, body, statement)
         kept = server.store.get_meta("split_commit")
-        forged = _target_sum(server.params, server.store.get_blob(kept["masked_sum_blob"]), flp.from_bytes(body))
+        forged = _target_sum(server.params, server.store.get_blob(kept["masked_sum_blob"]),
+                             split.field_of(server.params).from_bytes(body))
         commitment = {"masked_sum": split.sign_masked_sum(server.key, server.params, statement, forged),
                       "aggregate": base64.b64encode(forged).decode()}
         reply = real._one(grid, Message(content=pack({"info": fields["info"], "manifest": fields["manifest"],
