@@ -106,9 +106,9 @@ def test_an_aimed_residual_no_longer_aims_through_the_real_roles():
     # one cheater among ten hospitals (d = 64, C = 10, a Gaussian fit of digits) puts the residual that hurts
     # most, as large as the statement lets it keep, in its Q noise words; through run_split (every role) it is
     # accepted, and the release it aimed at (its words as uploaded) loses points, the one released does not
-    from secure_afl_tools.bench_dp_steer import _session, steer_draw
+    from secure_afl_tools.bench_dp_steer import steer_draw, steer_session
 
-    params, keys = _session(1000, 10)
+    params, keys = steer_session(1000, 10)
     # (the honest hospitals' shares are drawn from fresh entropy, as a hospital draws them: over three draws the
     # means are compared, the aimed loss -8 points on average in the benchmark, the released one -0.4)
     rng = np.random.default_rng(11)

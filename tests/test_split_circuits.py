@@ -24,7 +24,7 @@ from secure_afl.hazmat import flp
 from secure_afl.packing import Layout
 from secure_afl.params import Bounds
 from secure_afl.stats import local_statistics
-from secure_afl_tools.attacks_validity import _field_sqrt, field_factor
+from secure_afl_tools.attacks_validity import field_sqrt, field_factor
 
 LAYOUT = Layout(4, 3)
 BOUNDS = Bounds(4.0, 60, 8)
@@ -255,7 +255,7 @@ def _noise_out_of_range(c, lanes, fw):
     gs = c.part("gram")
     fw = fw.copy()
     i = gs.n_f + c.i_n - int(gs.i_noise[0])
-    fw[i] = next(r for r in (_field_sqrt(k) for k in range(2, 100) if math.isqrt(k) ** 2 != k) if r)
+    fw[i] = next(r for r in (field_sqrt(k) for k in range(2, 100) if math.isqrt(k) ** 2 != k) if r)
     z = [int(v) for v in flp.decode_signed(fw[gs.n_f:gs.n_words])]
     assert abs(z[c.i_n - int(gs.i_noise[0])]) >= gs.T_z and sum(v * v for v in z) % flp.P <= gs.l2_z
     return fw

@@ -14,7 +14,7 @@ import pytest
 
 from secure_afl.exceptions import InvalidInputError
 from secure_afl_tools.vectors import GENERATORS, KEPT, files, generator
-from secure_afl_tools.vectors.__main__ import main, owned
+from secure_afl_tools.vectors.command import main, owned
 
 PROTOCOLS = ["split", "secagg"]
 

@@ -550,7 +550,7 @@ def attack_steer_service(*, seed: int = 0, verbose: bool = True, backends=SERVIC
 
 
 # -- indefinite statistics: what the Gram statement (split, [split] gram_proof) closes ---------------------------
-def _field_sqrt(a: int, P: int | None = None) -> int | None:
+def field_sqrt(a: int, P: int | None = None) -> int | None:
     """A square root of ``a`` in F_P (Tonelli-Shanks; Goldilocks when P is None), or None for a non-residue."""
     if P is None:
         from secure_afl.hazmat.flp import P
@@ -599,7 +599,7 @@ def field_factor(circuit, lanes):
     L = [[0] * m for _ in range(m)]
     for j in range(m):
         piv = (A[j][j] - sum(L[j][k] * L[j][k] for k in range(j))) % P
-        r = _field_sqrt(piv, P)
+        r = field_sqrt(piv, P)
         if r is None:
             return None
         L[j][j] = r

@@ -246,7 +246,9 @@ def run_protect(backend: str, dim: int, classes: int, clients: int, *, dropout: 
     out["w_bound"] = _w_bound(params, layout, revealed, len(sizes))
     out["w_rel_error"] = _w_rel_error(params, layout, None, ref, revealed)
     if backend == "split":  # what each upload carries beyond its lanes (docs/VALIDITY.md)
-        out["validity_proof_bytes"] = 8 * (be.circuit.n_bits + be.circuit.proof_len)
+        # every word after the lanes (the statement's witness words, the bits, the proofs), in the session's field
+        c = be.circuit
+        out["validity_proof_bytes"] = (c.total - c.main_len) * c.F.ENCODED_SIZE
     return out
 
 

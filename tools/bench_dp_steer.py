@@ -24,7 +24,7 @@ import numpy as np
 __all__ = ["steer_draw", "run_bench", "main"]
 
 
-def _session(n: int, hospitals: int):
+def steer_session(n: int, hospitals: int):
     from secure_afl import split
     from secure_afl.backends.session_params import dp_session_params
     from secure_afl.dp import DPSpec
@@ -99,7 +99,7 @@ def steer_draw(params, keys, rng, *, hospitals: int = 10, n: int = 1000, lam: fl
 
 
 def run_bench(*, draws: int = 10, hospitals: int = 10, n: int = 1000, seed: int = 0, verbose: bool = True) -> dict:
-    params, keys = _session(n, hospitals)
+    params, keys = steer_session(n, hospitals)
     rng = np.random.default_rng(seed)
     rows = []
     for i in range(draws):
