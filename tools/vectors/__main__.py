@@ -4,4 +4,5 @@ import sys
 
 from secure_afl_tools.vectors.command import main
 
-sys.exit(main())
+if __name__ == "__main__":
+    sys.exit(main())
