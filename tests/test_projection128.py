@@ -10,12 +10,12 @@ import random
 
 import numpy as np
 import pytest
-from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
 
 from secure_afl.hazmat import field128_kernels, ternary
 from secure_afl.hazmat.field128 import FIELD128 as F
 from secure_afl.split import projection
 from secure_afl.split.sizes import ROWS
+from support.flp_reference import ternary_rows
 
 P = 2 ** 128 - 28 * 2 ** 64 + 1
 DOMAIN = b"saflVALIDrow"
@@ -27,19 +27,8 @@ needs_numba = pytest.mark.skipif(not ternary.AVAILABLE, reason="numba is not ins
 
 
 def reference(words: list[int], key: bytes, domain: bytes, rows: int) -> list[int]:
-    """The first ``rows`` projections mod p from the definition: row j is the next ceil(n / 4) bytes of the
-    ChaCha20 stream, entry i two bits of byte i // 4 (low: nonzero, high: negative)."""
-    enc = Cipher(algorithms.ChaCha20(key, b"\x00" * 4 + domain), mode=None).encryptor()
-    out = []
-    for _ in range(rows):
-        stream = enc.update(bytes(-(-len(words) // 4)))
-        acc = 0
-        for i, x in enumerate(words):
-            pair = (stream[i // 4] >> (2 * (i % 4))) & 3
-            if pair & 1:
-                acc += -x if pair & 2 else x
-        out.append(acc % P)
-    return out
+    """The first ``rows`` projections mod p from the definition (the independent reference's trit decoding)."""
+    return ternary_rows(words, key, domain, rows, P)
 
 
 def _words(ints: list[int]) -> np.ndarray:

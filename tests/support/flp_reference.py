@@ -57,24 +57,29 @@ def bit_proof(bits: list[int], r: int, seeds: list[int], chunk: int) -> list[int
 
 
 def projection(hi: list[int], fs: bytes, rows: int) -> list[int]:
-    """``<r_j, hi> mod p`` for the validity circuit's rows, decoded trit by trit from the ChaCha20 stream:
-    byte b of row j holds entries 4b..4b+3, two bits each (low: nonzero, high: sign)."""
+    """``<r_j, hi> mod p`` for the validity circuit's rows (:func:`ternary_rows` under its row key and domain)."""
     import hashlib
 
+    return ternary_rows(hi, hashlib.sha256(fs + b"rows\0").digest(), b"saflVALIDrow", rows, P)
+
+
+def ternary_rows(words: list[int], key: bytes, domain: bytes, rows: int, p: int) -> list[int]:
+    """The first ``rows`` projections mod ``p`` from the definition, trit by trit: row j is the next
+    ceil(n / 4) bytes of the ChaCha20 stream, byte b holding entries 4b..4b+3, two bits each (low: nonzero,
+    high: sign)."""
     from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
 
-    key = hashlib.sha256(fs + b"rows\0").digest()
-    enc = Cipher(algorithms.ChaCha20(key, b"\x00" * 4 + b"saflVALIDrow"), mode=None).encryptor()
-    row_bytes = -(-len(hi) // 4)
+    enc = Cipher(algorithms.ChaCha20(key, b"\x00" * 4 + domain), mode=None).encryptor()
+    row_bytes = -(-len(words) // 4)
     out = []
     for _ in range(rows):
         stream = enc.update(bytes(row_bytes))
         acc = 0
-        for i, x in enumerate(hi):
+        for i, x in enumerate(words):
             pair = (stream[i // 4] >> (2 * (i % 4))) & 3
             if pair & 1:
                 acc += -x if pair & 2 else x
-        out.append(acc % P)
+        out.append(acc % p)
     return out
 
 
