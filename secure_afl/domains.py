@@ -52,6 +52,7 @@ SPLIT_FS_ROWS = b"rows\0"                                # the projection rows' 
 SPLIT_FS_GRAM = b"gram\0"                                # the Gram statement's rho vectors
 SPLIT_FS_FACTOR_ROWS = b"factor-rows\0"                  # the Gram factor's projection rows' key
 SPLIT_FS_RESIDUAL_ROWS = b"residual-rows\0"              # the Gram residual's projection rows' key (Field128)
+SPLIT_FS_NOISE_ROWS = b"noise-rows\0"                    # the DP noise share's projection rows' key (Field128)
 SPLIT_FS_SEED = b"seed\0"                                # a hospital's seed digest (under SPLIT_VALIDITY)
 
 # -- HKDF info ---------------------------------------------------------------------------------
@@ -110,7 +111,7 @@ HASHES = {"AUDIT_CHAIN": AUDIT_CHAIN, "SECAGG_GRAPH_SEED": SECAGG_GRAPH_SEED,
 # derived from one Fiat-Shamir seed, so no one of them may prefix another
 SUB_LABELS = {"SPLIT_FS_JOINT": SPLIT_FS_JOINT, "SPLIT_FS_ROWS": SPLIT_FS_ROWS, "SPLIT_FS_GRAM": SPLIT_FS_GRAM,
               "SPLIT_FS_FACTOR_ROWS": SPLIT_FS_FACTOR_ROWS, "SPLIT_FS_RESIDUAL_ROWS": SPLIT_FS_RESIDUAL_ROWS,
-              "SPLIT_FS_SEED": SPLIT_FS_SEED}
+              "SPLIT_FS_NOISE_ROWS": SPLIT_FS_NOISE_ROWS, "SPLIT_FS_SEED": SPLIT_FS_SEED}
 KDF_INFO = {"SECAGG_PAIRWISE": SECAGG_PAIRWISE, "TAG_BOX": TAG_BOX, "SPLIT_SEED_HPKE": SPLIT_SEED_HPKE,
             "SPLIT_QUERY_KEY": SPLIT_QUERY_KEY, "SPLIT_JUDGED_KEY": SPLIT_JUDGED_KEY,
             "SPLIT_KEPT_SEED_KEY": SPLIT_KEPT_SEED_KEY}

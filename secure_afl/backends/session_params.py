@@ -44,8 +44,7 @@ def dp_session_params(spec: DPSpec | None, backend: str, session_id: str, layout
         # the field and the Gram statement a split session runs under, what is not given filled in by the one rule
         from ..split.sizes import split_choice
 
-        backend_kw = {**backend_kw, **split_choice(backend_kw.get("field"), backend_kw.get("gram_proof"),
-                                                   dp_on=spec is not None)}
+        backend_kw = {**backend_kw, **split_choice(backend_kw.get("field"), backend_kw.get("gram_proof"))}
     if spec is None:
         return build(bounds, **backend_kw)
     if backend not in MECHANISMS:

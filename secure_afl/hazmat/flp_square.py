@@ -31,7 +31,7 @@ import numpy as np
 
 from ..exceptions import InvalidInputError, MalformedPayload
 from .fields import GOLDILOCKS, canonical
-from .flp_domain import lagrange_basis, power_sums, query_point
+from .flp_domain import lagrange_basis, query_point
 
 __all__ = ["SquareSumProof"]
 
@@ -68,7 +68,6 @@ class SquareSumProof:
         self.proof_len = self.chunk + 2 * n - 1
         self.verifier_len = self.chunk + 1
         self._alpha = self.F.root_of_unity(n)
-        self._weights = None
 
     def _wires(self, v: np.ndarray) -> np.ndarray:
         """(calls, c): group g's entries in its own calls, zero-padded."""
@@ -99,21 +98,25 @@ class SquareSumProof:
             raise AssertionError("gadget polynomial degree")
         return np.concatenate([seeds, coeffs[:-1]])
 
-    def out_weights(self) -> np.ndarray:
-        """(groups, 2N - 1): ``out_g = <weights_g, P's coefficients>`` (the sum of P at group g's points)."""
-        if self._weights is None:
-            F = self.F
-            w = F.zeros((self.groups, 2 * self.n - 1))
-            for g in range(self.groups):
-                pts = F.powers(self._alpha, self.calls_per_group, start=1 + g * self.calls_per_group)
-                w[g] = power_sums(F, pts, 2 * self.n - 1)
-            self._weights = w
-        return self._weights
-
     def outputs(self, proof_share) -> np.ndarray:
-        """This verifier's shares of ``out_g`` (linear in its proof share)."""
+        """This verifier's shares of ``out_g`` (linear in its proof share): P's sum over group g's call points
+        ``a^(1 + g k + j)``, ``j < k`` (k calls per group), which for P's coefficient ``c_e`` is the geometric sum
+        ``b_e^(1 + g k) S_e`` with ``b_e = a^e`` and ``S_e = sum_(j<k) b_e^j``; each group's weights are the last
+        one's times ``b^k``, so G groups cost G vector products, whatever the degree."""
+        F = self.F
         coeffs = self._check(proof_share, self.proof_len, "the square-sum proof share")[self.chunk:]
-        return self.F.to_field([self.F.dot(coeffs, w) for w in self.out_weights()])
+        b = F.powers(self._alpha, 2 * self.n - 1)
+        s, term = F.ones(b.shape[0]), F.ones(b.shape[0])
+        for _ in range(self.calls_per_group - 1):
+            term = F.mul(term, b)
+            s = F.add(s, term)
+        step = F.mul(term, b)
+        v = F.mul(F.mul(coeffs, b), s)
+        out = []
+        for _ in range(self.groups):
+            out.append(F.sum_mod(v))
+            v = F.mul(v, step)
+        return F.to_field(out)
 
     def _check(self, x, n: int, what: str) -> np.ndarray:
         x = np.asarray(x, dtype=self.F.dtype).reshape(-1)

@@ -166,7 +166,7 @@ def normalise(sections: Mapping[str, Mapping[str, Any]], *, issued_hospitals=Non
 
         sp = dict(sp or {})
         body["split"] = {**{k: sp.get(k, default("split", k)) for k in SCHEMA["split"]},
-                         **split_choice(sp.get("field"), sp.get("gram_proof"), dp_on="dp" in sections)}
+                         **split_choice(sp.get("field"), sp.get("gram_proof"))}
     ck = sections.get("ckks")
     if ck is not None:  # only a given section enters the body: a default session signs what it signed before
         if s["backend"] != "ckks":

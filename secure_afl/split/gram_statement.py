@@ -32,10 +32,11 @@ class GramStatement(Statement):
     within ``2 T_f`` (projection rows of its own); the identity is checked on ``GRAM_RHOS`` Fiat-Shamir vectors
     rho through ``GRAM_QUERIES`` square-sum proofs of ``|L^T rho|^2``.
 
-    With DP the lanes hold the statistics plus the hospital's noise share z; z travels as words of its own after
-    the factor, each proven in ``[-T_z, T_z)`` (bits, ``noise_range``), and A is read from the lanes less z: the
-    identity is of the statistics before the noise (docs/VALIDITY.md, "The Gram statement with differential
-    privacy")."""
+    With DP the lanes hold the statistics plus the hospital's noise share z (grid units, at ``2^z_shift`` in the
+    lanes); z travels as words of its own after the factor, each proven in ``[-T_z, T_z)`` by its bits in
+    Goldilocks, within ``2 T_z`` by ROWS projection rows of its own in Field128 (``noise_range``), and A is read
+    from the lanes less ``2^z_shift z``: the identity is of the statistics before the noise (docs/VALIDITY.md,
+    "The Gram statement with differential privacy")."""
 
     def __init__(self, params: SessionParams, sizes: dict, L: int):
         self.params, self.g, self.L = params, sizes, L
@@ -49,6 +50,10 @@ class GramStatement(Statement):
         self.n_z = sizes["n_z"]
         self.noise = self.n_z > 0
         self.T_z = 1 << (sizes["m_z"] - 1) if self.noise else 0
+        #: Field128: the share's range by projection rows (its square below p there), not per-entry bits
+        self.noise_rows = bool(sizes["noise_rows"])
+        #: the share's weight in the lanes: 2^f2 within one Field128 word, 1 in the high lane beside a low one
+        self.z_scale = 1 << sizes["z_shift"]
         self.i_noise = np.arange(lay.slices["gram"].start, lay.slices["gram"].start + self.n_z)
         self.i_counts = np.arange(lay.slices["counts"].start, lay.slices["counts"].stop)
         #: one exact Field128 word per value: the residual R = 2^t (L L^T + D) - A, one word per entry of A
@@ -74,6 +79,8 @@ class GramStatement(Statement):
         #: GRAM_QUERIES of |z|^2
         self.n_proofs = GRAM_QUERIES * (2 if self.noise else 1)
         self.proof_len = GRAM_QUERIES * (self.sq.proof_len + (self.zsq.proof_len if self.noise else 0))
+        #: the noise share's range relations: one per word (its bits) or one per projection row
+        self.n_noise_range = (ROWS if self.noise_rows else self.n_z) if self.noise else 0
         self.verifier_len = 2 * LINEAR_REPS + GRAM_QUERIES * self.sq.verifier_len + \
             ((LINEAR_REPS + GRAM_QUERIES * self.zsq.verifier_len) if self.noise else 0)
         self.n_gram_relations = GRAM_QUERIES * GRAM_RHOS
@@ -111,7 +118,7 @@ class GramStatement(Statement):
         # with probability <= 2/p (Schwartz-Zippel, degree 2); the square-sum proofs' query points (the factor's,
         # and under DP the noise share's); two more random combinations, three under DP
         p = float(self.F.P)
-        per_query = 2.0 ** -ROWS * (2 if self.exact else 1) + (2.0 / p) ** GRAM_RHOS
+        per_query = 2.0 ** -ROWS * (1 + self.exact + self.noise_rows) + (2.0 / p) ** GRAM_RHOS
         query_point = ((2 * self.sq.n - 2) / (p - self.sq.n)) ** GRAM_QUERIES
         if self.noise:
             query_point += ((2 * self.zsq.n - 2) / (p - self.zsq.n)) ** GRAM_QUERIES
@@ -120,7 +127,8 @@ class GramStatement(Statement):
     def describe(self) -> dict:
         g = self.g
         return {"gram": {
-            "factor_words": self.n_f, "noise_words": self.n_z, "noise_bound_log2": g["m_z"] - 1,
+            "factor_words": self.n_f, "noise_words": self.n_z, "noise_bound_log2": g["z_log2"] if self.noise else None,
+            "noise_range": ("projection rows" if self.noise_rows else "bits") if self.noise else None,
             "noise_l2_bound": g["l2_z"] if self.noise else None,
             "noise_l2_groups": g["z_groups"] if self.noise else None,
             "factor_scale_bits": g["f"], "t": g["t"], "T_factor_log2": g["m_f"] - 1, "jitter": g["jitter"],
@@ -131,24 +139,28 @@ class GramStatement(Statement):
     def blocks(self) -> list[tuple[str, int, int]]:
         return [("gram_slack", self.C, self.g["m_d"]), ("proj_f", ROWS, self.g["m_f"])] + \
             ([("proj_r", ROWS, self.g["m_r"])] if self.exact else []) + \
-            ([("noise", self.n_z, self.g["m_z"]), ("noise_sq", self.z_groups, self.g["m_g"]),
+            ([("proj_z", ROWS, self.g["m_z"]) if self.noise_rows else ("noise", self.n_z, self.g["m_z"]),
+              ("noise_sq", self.z_groups, self.g["m_g"]),
               ("noise_l2", 1, self.g["m_l"])] if self.noise else [])
 
     def relation_names(self) -> list[str]:
         return ["gram_range", "gram_identity"] + (["noise_range", "noise_l2"] if self.noise else [])
 
     def statistics(self, hi, words) -> np.ndarray:
-        """The high lane less the noise share (its words after the factor; the lane itself without DP), plus the
-        residual R on A's entries where the lanes are exact (one Field128 word per value)."""
-        if self.exact:
-            out = np.array(hi, dtype=self.F.dtype, copy=True)
-            out[self.i_a] = self.F.add(out[self.i_a], self.residual(words))
-            return out
-        if not self.noise:
+        """The high lane less the noise share (its words after the factor, at 2^z_shift; the lane itself without
+        DP), plus the residual R on A's entries where the lanes are exact (one Field128 word per value, no DP)."""
+        if not (self.exact or self.noise):
             return hi
         out = np.array(hi, dtype=self.F.dtype, copy=True)
-        out[self.i_noise] = self.F.sub(out[self.i_noise], np.asarray(words, dtype=self.F.dtype)[self.n_f:])
+        if self.exact:
+            out[self.i_a] = self.F.add(out[self.i_a], self.residual(words))
+        if self.noise:
+            out[self.i_noise] = self.F.sub(out[self.i_noise], self.F.scale(self.noise_words(words), self.z_scale))
         return out
+
+    def noise_words(self, words) -> np.ndarray:
+        """The noise share's words (after the factor; grid units)."""
+        return np.asarray(words, dtype=self.F.dtype)[self.n_f:self.n_f + self.n_z]
 
     # -- the factor ---------------------------------------------------------------------------------------
     def rhos(self, fs: bytes, aux_sha256: str) -> np.ndarray:
@@ -195,6 +207,11 @@ class GramStatement(Statement):
     def project_residual(self, words, fs: bytes) -> np.ndarray:
         """``<r_j, R>`` mod p for ROWS rows of their own."""
         return project(self.residual(words), hashlib.sha256(fs + domains.SPLIT_FS_RESIDUAL_ROWS).digest(),
+                       _FROW_DOMAIN, compiled=True, field=self.F)
+
+    def project_noise(self, words, fs: bytes) -> np.ndarray:
+        """``<r_j, z>`` mod p for ROWS rows of their own (Field128: the noise share's range)."""
+        return project(self.noise_words(words), hashlib.sha256(fs + domains.SPLIT_FS_NOISE_ROWS).digest(),
                        _FROW_DOMAIN, compiled=True, field=self.F)
 
     def project_factor(self, fw, fs: bytes) -> np.ndarray:
@@ -271,7 +288,8 @@ class GramStatement(Statement):
             raise BoundsExceeded("the noise share is not integers within the session's noise bound")
         zi = z.astype(np.int64)
         hi = self.F.decode_signed(x[:self.L])
-        hi[self.i_noise] += zi
+        # over one Field128 word the share sits at 2^f2 (Python integers there: past int64)
+        hi[self.i_noise] += zi if self.z_scale == 1 else zi.astype(object) * self.z_scale
         x[:self.L] = self.F.encode_signed(hi)
         return x, np.concatenate([fw, self.F.encode_signed(zi)])
 
@@ -283,10 +301,15 @@ class GramStatement(Statement):
         fw = self.F.zeros(self.n_words) if factor is None else np.asarray(factor, dtype=self.F.dtype)
         out = {}
         if self.noise:
-            z = self.F.decode_signed(fw[self.n_f:]).tolist()
+            z = [int(v) for v in self.F.decode_signed(self.noise_words(fw))]
             zc = z[self.i_counts[0] - self.i_noise[0]:self.i_counts[-1] + 1 - self.i_noise[0]]
-            hi_counts = [h - v for h, v in zip(hi_counts, zc)]
-            out["noise"] = [v + self.T_z for v in z]  # the honest prover's range is checked in factorise
+            hi_counts = [h - v * self.z_scale for h, v in zip(hi_counts, zc)]
+            if self.noise_rows:
+                out["proj_z"] = [int(v) + self.T_z for v in self.F.decode_signed(self.project_noise(fw, fs))]
+                if check and not all(0 <= v < 2 * self.T_z for v in out["proj_z"]):
+                    raise Unlucky()
+            else:
+                out["noise"] = [v + self.T_z for v in z]  # the honest prover's range is checked in factorise
             n = g["z_len"]
             out["noise_sq"] = [sum(v * v for v in z[i:i + n]) for i in range(0, n * self.z_groups, n)]
             out["noise_l2"] = [self.l2_z - sum(out["noise_sq"])]
@@ -321,7 +344,7 @@ class GramStatement(Statement):
     def _z_groups(self, fw) -> np.ndarray:
         """(z_groups, z_len): the noise words (a share of them) in their groups, the last padded with zeros."""
         z = self.F.zeros(self.z_groups * self.g["z_len"])
-        z[:self.n_z] = np.asarray(fw, dtype=self.F.dtype)[self.n_f:self.n_words]
+        z[:self.n_z] = self.noise_words(fw)
         return z.reshape(self.z_groups, -1)
 
     def _split_proofs(self, proofs):
@@ -336,7 +359,7 @@ class GramStatement(Statement):
         key = hashlib.sha256(domains.SPLIT_GRAM_QUERY_RAND + bytes(query_seed) + fs +
                              bytes.fromhex(aux_sha256)).digest()
         n_co = LINEAR_REPS * (self.n_range + self.n_gram_relations)
-        n_noise = (self.n_z + GRAM_QUERIES * self.z_groups + 1) if self.noise else 0
+        n_noise = (self.n_noise_range + GRAM_QUERIES * self.z_groups + 1) if self.noise else 0
         # the noise relations' coefficients and the |z|^2 proofs' query points come last: a session without DP
         # draws the same stream as before
         stream = self.F.expand_field(key, 4 * GRAM_QUERIES + n_co + LINEAR_REPS * n_noise +
@@ -367,8 +390,11 @@ class GramStatement(Statement):
         if self.exact:
             rng = np.concatenate([rng, F.sub(F.add(self.project_residual(fw, fs), F.to_field([self.T_r * one])),
                                              decompose("proj_r"))])
-        noise = F.sub(F.add(np.asarray(fw, dtype=F.dtype)[self.n_f:], F.to_field([self.T_z * one])),
-                      decompose("noise")) if self.noise else F.zeros(0)
+        noise = F.zeros(0)
+        if self.noise_rows:
+            noise = F.sub(F.add(self.project_noise(fw, fs), F.to_field([self.T_z * one])), decompose("proj_z"))
+        elif self.noise:
+            noise = F.sub(F.add(self.noise_words(fw), F.to_field([self.T_z * one])), decompose("noise"))
         l2 = self.F.zeros(0)
         if self.noise:
             outs = [self.F.to_field(zsquare)] * GRAM_QUERIES if z_proofs is None else \

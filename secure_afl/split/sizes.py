@@ -18,7 +18,7 @@ from ..hazmat.flp import P as P_FIELD
 from ..packing import Layout
 from ..params import Bounds, SessionParams
 
-__all__ = ["FIELD_KEY", "DEFAULT_GRAM_PROOF", "UNSIGNED_SPLIT", "default_field", "split_choice", "field_of", "lanes_per_value", "main_words", "wrap_bits", "proof_scale", "REPS", "MAX_REPS", "SOUNDNESS_BITS", "LINEAR_REPS", "ROWS", "TAIL", "WRAP_BITS", "RETRIES", "GRAM_KEY", "GRAM_RHOS", "GRAM_QUERIES",
+__all__ = ["FIELD_KEY", "DEFAULT_FIELD", "DEFAULT_GRAM_PROOF", "UNSIGNED_SPLIT", "split_choice", "field_of", "lanes_per_value", "main_words", "wrap_bits", "proof_scale", "REPS", "MAX_REPS", "SOUNDNESS_BITS", "LINEAR_REPS", "ROWS", "TAIL", "WRAP_BITS", "RETRIES", "GRAM_KEY", "GRAM_RHOS", "GRAM_QUERIES",
            "GRAM_MIN_F", "NOISE_L2_TAIL_BITS", "noise_l2_bound", "PROCESS_MIN_UPLOADS", "VERIFIER_WORKERS", "ADVISORY_CHECKS", "gram_enabled", "noise_beside", "noise_bound",
            "statement_sizes",
            "fits", "choose_frac_bits", "split_session_params", "session_params", "expected_abs_error",
@@ -60,18 +60,18 @@ GRAM_QUERIES = 2
 GRAM_MIN_F = 12
 
 
-def default_field(dp_on: bool) -> str:
-    """The field a new split session signs unless it names one: Field128, whose one exact word per value keeps
-    the lanes exact under the Gram statement (the release is secagg's and bfv's bit for bit); with [dp]
-    Goldilocks, since one Field128 word per value does not carry the DP statement yet (:func:`fits`)."""
-    return "goldilocks" if dp_on else "field128"
+#: the field a new split session signs unless it names one: Field128, whose one exact word per value keeps the
+#: lanes exact under the Gram statement (the release is secagg's and bfv's bit for bit) and, under DP, bounds the
+#: noise share by projection rows instead of per-entry bits (docs/VALIDITY.md, "The Gram statement with
+#: differential privacy")
+DEFAULT_FIELD = "field128"
 
 
-def split_choice(field: str | None = None, gram_proof: bool | None = None, *, dp_on: bool = False) -> dict:
+def split_choice(field: str | None = None, gram_proof: bool | None = None) -> dict:
     """``{field, gram_proof}`` with what is not given (None) filled in by the defaults above: the one rule
     ``session sign``, the library's :func:`split_session_params` and :func:`~secure_afl.backends.session_params.
     dp_session_params` apply."""
-    return {FIELD_KEY: default_field(dp_on) if field is None else str(field),
+    return {FIELD_KEY: DEFAULT_FIELD if field is None else str(field),
             GRAM_KEY: DEFAULT_GRAM_PROOF if gram_proof is None else bool(gram_proof)}
 
 
@@ -143,8 +143,9 @@ def gramsizes(params: SessionParams, f1: int) -> dict:
     m_f = pow2_at_least(TAIL * (2.0 ** f * l2 + 1.0)) + 1
     out = {"f": f, "t": max(f1, 0) - 2 * f, "m": d + C, "n_f": C + d * C + d * (d + 1) // 2, "m_f": m_f,
            "m_d": bitlen(2 * (math.isqrt(b.n_max) + 1) << f), "jitter": jitter,
-           "jitter_units": math.ceil(jitter * 2.0 ** max(f1, 0)), "n_z": 0, "m_z": 0, "n_r": 0, "m_r": 0}
-    if lanes_per_value(params) == 1:
+           "jitter_units": math.ceil(jitter * 2.0 ** max(f1, 0)), "n_z": 0, "m_z": 0, "z_log2": 0, "z_shift": 0,
+           "noise_rows": False, "n_r": 0, "m_r": 0}
+    if lanes_per_value(params) == 1 and params.dp is None:
         # one exact Field128 word per value: the lanes are NOT snapped; the residual R = 2^t (L L^T + D) - A
         # travels as words of its own (one per entry of A), each proven within 2T_R by projection rows, so
         # A >= -||R||_op >= -m 2T_R (docs/VALIDITY.md, "Exact lanes over Field128"). ||R||_F in released units:
@@ -159,31 +160,71 @@ def gramsizes(params: SessionParams, f1: int) -> dict:
         #: the proven floor on each upload's least eigenvalue (released units): Gershgorin on |R_ij| <= 2T_R
         out["slack"] = out["m"] * 2.0 ** (out["m_r"] - max(f1, 0))
     if params.dp is not None:
-        # the noise share travels beside the lanes, each entry proven in [-2^(m_z - 1), 2^(m_z - 1)), a range
-        # that holds every honest entry (|z| <= tau): the Gram identity is of the lanes less the noise
+        # the noise share travels beside the lanes as words on the noise grid 2^-grid (grid units; in the lanes it
+        # sits at 2^z_shift within a word: 2^f2 over one Field128 word, 1 beside two lanes), and the Gram identity
+        # is of the lanes less it. Each entry is proven below 2^z_log2: in Goldilocks by its m_z bits
+        # ([-2^(m_z - 1), 2^(m_z - 1)) holds every honest |z| <= tau); in Field128 by ROWS projection rows of
+        # their own, |<r_j, z>| < T_z = 2^(m_z - 1) >= TAIL sqrt(l2_z), so |z_i| <= 2 T_z, whose square times n_z
+        # stays below p there (docs/VALIDITY.md, "The Gram statement with differential privacy")
+        grid = _grid(params)
         out["n_z"] = noised_count(params)
-        out["m_z"] = bitlen(noise_bound(params, f1)) + 1
+        out["z_shift"] = max(f1, 0) - grid
+        out["noise_rows"] = lanes_per_value(params) == 1
         # and its squared l2 norm proven at most l2_z: |z|^2 in G groups of z_len entries (each group's sum of
         # squares below p, so exact, and proven below 2^m_g), and l2_z - (sum of the groups) in m_l bits
-        out.update(noise_groups(params, f1, out["n_z"], out["m_z"]))
+        cap = bitlen(noise_bound(params, grid))
+        if out["noise_rows"]:
+            l2 = noise_l2_bound(params, grid, out["n_z"], NOISE_L2_TAIL_BITS + 1)
+            out["m_z"] = pow2_at_least(TAIL * (math.sqrt(l2) + 1.0)) + 1
+            # the rows bound an entry only by about 12 times the share's l2 norm; the groups are made small
+            # enough that each one's proven squared norm, 2^m_g <= 2^(2 cap), bounds every entry as the bits
+            # do in Goldilocks (|z_i| < 2^cap, cap the bit length of tau): no entry can carry the whole l2 budget
+            out.update(noise_groups(params, grid, out["n_z"], out["m_z"], cap_log2=cap + 1))
+            out["z_log2"] = min(out["m_z"], (out["m_g"] + 1) // 2)
+        else:
+            out["m_z"] = cap + 1
+            out["z_log2"] = cap
+            out.update(noise_groups(params, grid, out["n_z"], out["z_log2"]))
     return out
 
 
-def noise_groups(params: SessionParams, f1: int, n_z: int, m_z: int) -> dict:
+def _grid(params: SessionParams) -> int:
+    """The DP noise grid's fractional bits (the session's f1)."""
+    from ..dp.mechanism import grid_bits
+
+    return grid_bits(params)
+
+
+def noise_groups(params: SessionParams, f1: int, n_z: int, z_log2: int, cap_log2: int | None = None) -> dict:
     """The fewest groups G of the noise share whose squared norms are each exact in F_p (``z_len T_z^2 < p``) and
-    whose proven bounds sum, with the total's slack, below p (``G 2^m_g + 2^m_l <= p``); each bound is what an
+    whose proven bounds sum, with the total's slack, below p (``G 2^m_g + 2^m_l <= p``; ``|z_i| <= 2^z_log2`` is
+    the proven per-entry bound, in grid units ``2^-f1``); each bound is what an
     honest group exceeds with probability at most ``2^-(NOISE_L2_TAIL_BITS + 1 + log2 G)``, the total's
-    ``2^-(NOISE_L2_TAIL_BITS + 1)``: an honest share fails one with probability below ``2^-NOISE_L2_TAIL_BITS``."""
-    t2 = 1 << (2 * m_z - 2)
+    ``2^-(NOISE_L2_TAIL_BITS + 1)``: an honest share fails one with probability below ``2^-NOISE_L2_TAIL_BITS``.
+    ``cap_log2``: also every group's bound at most ``2^(2 cap_log2)``, so that it bounds each of its entries below
+    ``2^cap_log2``. G is found by doubling, then bisection (each test is monotone in G up to the tail's
+    ``log2 G``; the G returned is checked)."""
+    t2 = 1 << (2 * z_log2)
     P = field_of(params).P  # the session's field: a group's squared norm must be exact in it
     l2 = noise_l2_bound(params, f1, n_z, NOISE_L2_TAIL_BITS + 1)
     m_l = bitlen(l2)
-    for groups in range(1, n_z + 1):
+
+    def grouping(groups: int) -> dict | None:
         z_len = -(-n_z // groups)
         m_g = bitlen(noise_l2_bound(params, f1, z_len, NOISE_L2_TAIL_BITS + 1 + math.ceil(math.log2(groups))))
-        if z_len * t2 < P and (groups << m_g) + (1 << m_l) <= P:
-            return {"l2_z": l2, "m_l": m_l, "z_groups": groups, "z_len": z_len, "m_g": m_g}
-    raise InvalidParameterError("no grouping of the noise share keeps its squared norm exact in the field")
+        ok = z_len * t2 < P and (groups << m_g) + (1 << m_l) <= P and (cap_log2 is None or m_g <= 2 * cap_log2)
+        return {"l2_z": l2, "m_l": m_l, "z_groups": groups, "z_len": z_len, "m_g": m_g} if ok else None
+
+    hi = 1
+    while grouping(hi) is None:
+        if hi >= n_z:
+            raise InvalidParameterError("no grouping of the noise share keeps its squared norm exact in the field")
+        hi = min(2 * hi, n_z)
+    lo = hi // 2  # infeasible (or 0)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if grouping(mid) is not None else (mid, hi)
+    return grouping(hi)
 
 
 #: an honest noise share exceeds its proven l2 bound with probability at most 2^-NOISE_L2_TAIL_BITS
@@ -253,7 +294,8 @@ def noised_count(params: SessionParams) -> int:
 def statement_sizes(params: SessionParams, f1: int, f2: int) -> dict:
     lay, b = params.layout, params.bounds
     L = lay.length
-    tau = noise_bound(params, f1)
+    # tau in the statement's units: grid units shifted to the statement's scale (2^f2 within one Field128 word)
+    tau = noise_bound(params) << max(f1 - _grid(params), 0) if params.dp is not None else 0
     # a noise share adds at most sqrt(m) tau to the high lane's l2 norm (m noised entries; none in the low lane)
     noise_l2 = math.sqrt(noised_count(params)) * tau if tau else 0.0
     m_hi = pow2_at_least(TAIL * (2.0 ** f1 * honest_l2(params) + math.sqrt(L) / 2 + noise_l2)) + 1
@@ -293,10 +335,6 @@ def fits(params: SessionParams, f1: int, f2: int) -> str | None:
     relation below ``2^wrap_bits`` (:func:`wrap_bits`), else why not."""
     if f1 < 0:
         return "f1 < 0 (counts would not be integers in the hi lane)"
-    if lanes_per_value(params) == 1 and params.dp is not None:
-        # the DP statement reads a high lane on the noise grid beside a low lane (refused before any size is
-        # taken: the noise share's sizes assume that grid)
-        return "one Field128 word per value does not carry the DP statement yet"
     s = statement_sizes(params, f1, f2)
     k, d = params.bounds.k_max, params.layout.dim
     wrap = 1 << wrap_bits(params)
@@ -308,12 +346,13 @@ def fits(params: SessionParams, f1: int, f2: int) -> str | None:
     # the quadratic identity A = 2^t (L L^T + D), entrywise: |A_ij| <= 2T (less a noise entry, |z| <= 2^(m_z - 1),
     # under DP), |(L L^T)_ij| <= m (2T_f)^2, D < 2^m_d; below p/2 the identity mod p is the identity over the
     # integers
-    if g is not None and (1 << s["m_hi"]) + (1 << g["m_z"]) + (g["n_r"] and 1 << g["m_r"]) + \
+    if g is not None and (1 << s["m_hi"]) + (g["n_z"] and 1 << (g["z_log2"] + g["z_shift"])) + \
+            (g["n_r"] and 1 << g["m_r"]) + \
             ((g["m"] << (2 * g["m_f"])) + (1 << g["m_d"]) << g["t"]) >= wrap:
         return "the Gram identity"
     if g is not None and params.dp is None and g["f"] < GRAM_MIN_F:
         return "the Gram factor's scale"
-    if g is not None and params.dp is not None and \
+    if g is not None and params.dp is not None and lanes_per_value(params) == 2 and \
             gram_rounding(params, g["f"]) > 2 * math.sqrt(params.layout.dim) * dp_share_std(params):
         # under DP the factor's scale is half the noise grid's, below GRAM_MIN_F: allowed while the rounding it
         # costs stays below the spectral spread one noise share has, 2 sqrt(d) sigma (docs/VALIDITY.md, "The Gram
@@ -346,7 +385,10 @@ def choose_frac_bits(params: SessionParams) -> tuple[int, int]:
     f1, f2 = fixedpoint.choose_frac_bits(params.bounds, params.gamma, min_frac_bits=0)
     if lanes_per_value(params) == 1:
         # one word per value: secagg's own scale, so the release is theirs bit for bit, lowered (f2 first) only
-        # where k_max proven words would not fit below 2^126
+        # where k_max proven words would not fit below 2^126; under DP f1 is the noise grid's and f2 secagg's
+        # below it (what dp_session_params gave)
+        if params.dp is not None:
+            f1, f2 = (int(v) for v in params.backend_params["frac_bits"])
         while f2 > 1 and fits(params, *proof_scale(params, f1, f2)) is not None:
             f2 -= 1
         why = fits(params, *proof_scale(params, f1, f2))
@@ -436,15 +478,15 @@ def psd_tolerance(params: SessionParams, gram: np.ndarray) -> float:
     # one Field128 word per value has no low lane: the word sum is read exactly, only the rounding counts
     lo_lanes = d * 2.0 ** (63 - f1 - f2) if lanes_per_value(params) == 2 else 0.0
     noise = 0.0
-    if params.dp is not None:
+    g = gramsizes(params, proof_scale(params, f1, f2)[0]) if gram_enabled(params) else None
+    if g is not None and params.dp is not None:
         # under DP each upload's proven part is its statistics less its noise share, whose entries are proven
-        # below 2^(m_z - 1) grid steps (by Gershgorin a share moves the smallest eigenvalue by at most d times
+        # below 2^z_log2 grid steps (by Gershgorin a share moves the smallest eigenvalue by at most d times
         # that) and whose squared norm below l2_z (||Z||_op <= ||Z||_F <= sqrt(2 l2_z)): the smaller of the two
-        g = gramsizes(params, f1)
-        noise = params.bounds.k_max * min(d * 2.0 ** (g["m_z"] - 1), math.sqrt(2.0 * g["l2_z"])) * 2.0 ** -f1
-    if gram_enabled(params) and lanes_per_value(params) == 1:
+        noise = params.bounds.k_max * min(d * 2.0 ** g["z_log2"], math.sqrt(2.0 * g["l2_z"])) * 2.0 ** -f1
+    if g is not None and g["n_r"]:
         # exact lanes: each upload's A is only proven >= -slack I (its residual's Gershgorin bound)
-        noise += params.bounds.k_max * gramsizes(params, f1 + f2)["slack"]
+        noise += params.bounds.k_max * g["slack"]
     return lo_lanes + (2 * d + 1) * 2.0 ** -53 * fro + noise
 
 
