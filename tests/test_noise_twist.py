@@ -15,7 +15,7 @@ from secure_afl import split
 from secure_afl.backends.session_params import dp_session_params
 from secure_afl.dp import DPSpec, noise_share
 from secure_afl.dp.mechanism import noised_entries
-from secure_afl.hazmat import fixedpoint, flp
+from secure_afl_tools.attacks_validity import field_decode
 from secure_afl.packing import Layout
 from secure_afl.params import Bounds
 from secure_afl.stats import local_statistics
@@ -23,10 +23,11 @@ from secure_afl.stats import local_statistics
 LAY = Layout(6, 3)
 
 
-@pytest.fixture(scope="module")
-def session():
+@pytest.fixture(scope="module", params=["field128", "goldilocks"])
+def session(request):
+    # the default field (the share at 2^f2 within one word) and Goldilocks (the share in the high lane)
     params = dp_session_params(DPSpec(1.0, 1e-5, 3), "split", "noise-twist", LAY, 1.0, Bounds(2.0, 200, 8),
-                               gram_proof=True)
+                               gram_proof=True, field=request.param)
     keys = split.generate_keys(params)
     return split.bind_public_context(params, keys.public_context), keys
 
@@ -85,20 +86,22 @@ def test_the_release_through_every_role_is_the_statistics_plus_the_permuted_shar
         identities[h] = key
     run = split.run_split(params, keys, {}, uploads=uploads, identities=identities)
     assert all(v is None for v in run.verdicts.values())
-    total = np.zeros(circuit.main_len, dtype=np.uint64)
+    F = circuit.F
+    total = F.zeros(circuit.main_len)
     moved = False
     for h, (payload, st) in uploads.items():
         sha = hashlib.sha256(payload).hexdigest()
         seed = split.open_statement_seed(params, keys.secret_context, {h: st}, {h: identities[h].public_key()}, h,
                                          sha)
-        plain = flp.add(circuit.upload_share(payload), circuit.helper_share(seed))  # y + (-m): its own words
-        z = flp.decode_signed(plain[circuit.main_len + gs.n_f:circuit.main_len + gs.n_f + gs.n_z])
+        plain = F.add(circuit.upload_share(payload), circuit.helper_share(seed))  # y + (-m): its own words
+        z = F.decode_signed(plain[circuit.main_len + gs.n_f:circuit.main_len + gs.n_f + gs.n_z]).astype(np.int64)
         pz = _permuted(z, split.signed_query_seed(run.server_messages[h], h))
         moved |= not np.array_equal(pz, z)
         lanes = plain[:circuit.main_len].copy()
-        lanes[gs.i_noise] = flp.add(lanes[gs.i_noise], flp.encode_signed(pz - z))
-        total = flp.add(total, lanes)
-    want = fixedpoint.decode(flp.decode_signed(total).view(np.uint64), (circuit.f1, circuit.f2))
+        # the share sits at 2^z_shift in the lanes (2^f2 within one Field128 word)
+        lanes[gs.i_noise] = F.add(lanes[gs.i_noise], F.encode_signed((pz - z).astype(object) * gs.z_scale))
+        total = F.add(total, lanes)
+    want = field_decode(params, total)
     assert moved and np.array_equal(run.vector, want)
 
 

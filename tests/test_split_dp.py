@@ -22,7 +22,7 @@ SPEC = DPSpec(DP["epsilon"], DP["delta"], DP["min_contributors"])
 NAMES = ("h1", "h2", "h3", "h4")
 #: what this file tests: DP without the Gram statement (tests/test_split_dp_gram.py has it with), signed
 #: explicitly since the default split session proves it
-NO_GRAM = {"gram_proof": False}
+NO_GRAM = {"gram_proof": False, "field": "goldilocks"}
 
 
 def _split_session(c):

@@ -30,11 +30,14 @@ SPEC = DPSpec(1.0, 1e-5, 3)
 GAMMA = 1.0
 LAY = Layout(6, 3)
 BND = Bounds(2.0, 200, 8)
+#: what this file tests: the Goldilocks path (the noise share's range by its bits), which a session signs by
+#: naming the field; tests/test_split_dp_field128.py has the default, Field128
+FIELD = "goldilocks"
 
 
 def _session(dim=6, classes=3, bounds=BND, gram=True):
     params = dp_session_params(SPEC, "split", f"dp-gram-{dim}-{gram}", Layout(dim, classes), GAMMA, bounds,
-                               gram_proof=gram)
+                               gram_proof=gram, field=FIELD)
     keys = split.generate_keys(params)
     params = split.bind_public_context(params, keys.public_context)
     return params, get_backend(params), Ed25519PrivateKey.generate(), keys
@@ -90,7 +93,7 @@ def test_a_dp_session_with_gram_proof_signs_and_carries_the_noise_beside_the_lan
 
     sections = {"session": {"id": "dp-gram", "backend": "split", "dim": 6, "classes": 3, "hospitals":
                             ["h1", "h2", "h3"], "min_clients": 3},
-                "bounds": {"max_norm": 2.0, "n_max": 200, "k_max": 8}, "split": {"gram_proof": True},
+                "bounds": {"max_norm": 2.0, "n_max": 200, "k_max": 8}, "split": {"gram_proof": True, "field": FIELD},
                 "dp": {"epsilon": 1.0}}
     params = normalise(parse(sections)).session_params()
     assert split.gram_enabled(params) and params.dp is not None and split.noise_beside(params)
@@ -107,14 +110,16 @@ def test_a_dp_session_whose_factor_rounding_exceeds_the_noise_spread_is_refused(
     from secure_afl.exceptions import InvalidParameterError
 
     # d = 64, C = 10, B = 1: n_max = 10 000 fits (rounding 66 < 2 sqrt(d) sd = 75), 100 000 does not (208)
-    dp_session_params(SPEC, "split", "fits", Layout(64, 10), GAMMA, Bounds(1.0, 10000, 8), gram_proof=True)
+    dp_session_params(SPEC, "split", "fits", Layout(64, 10), GAMMA, Bounds(1.0, 10000, 8), gram_proof=True,
+                      field=FIELD)
     with pytest.raises(InvalidParameterError, match="Gram factor's scale"):
         dp_session_params(SPEC, "split", "too-coarse", Layout(64, 10), GAMMA, Bounds(1.0, 100000, 8),
-                          gram_proof=True)
-    dp_session_params(SPEC, "split", "no-gram", Layout(64, 10), GAMMA, Bounds(1.0, 100000, 8), gram_proof=False)
+                          gram_proof=True, field=FIELD)
+    dp_session_params(SPEC, "split", "no-gram", Layout(64, 10), GAMMA, Bounds(1.0, 100000, 8), gram_proof=False,
+                      field=FIELD)
     # the default DP session proves the statement, so it is refused there too, naming the way out
     with pytest.raises(InvalidParameterError, match="Gram factor's scale.*gram_proof = false"):
-        dp_session_params(SPEC, "split", "default", Layout(64, 10), GAMMA, Bounds(1.0, 100000, 8))
+        dp_session_params(SPEC, "split", "default", Layout(64, 10), GAMMA, Bounds(1.0, 100000, 8), field=FIELD)
 
 
 # -- an honest hospital ----------------------------------------------------------------------------------------
@@ -162,7 +167,7 @@ def test_the_noise_l2_bound_holds_an_honest_share_with_the_stated_tail():
     # C = 100; and against shares drawn by the hospital's own noise function, none comes near it
     for dim, classes, lo, hi in ((64, 10, 1.08, 1.12), (512, 100, 1.005, 1.02)):
         params = dp_session_params(SPEC, "split", f"l2-{dim}", Layout(dim, classes), GAMMA, Bounds(1.0, 1000, 10),
-                                   gram_proof=True)
+                                   gram_proof=True, field=FIELD)
         f1 = int(params.backend_params["frac_bits"][0])
         g = split.sizes.gramsizes(params, f1)
         sd = split.sizes.dp_share_std(params) * 2.0 ** f1
@@ -342,10 +347,10 @@ def test_a_dp_gram_session_releases_through_the_service_within_the_proven_noise(
     names = ("h1", "h2", "h3")
     c = consortium(backend="split", hospitals=names, min_clients=3, dp={"epsilon": 1.0, "delta": 1e-5,
                                                                         "min_contributors": 3},
-                   split={"gram_proof": True}, n_max=200, max_norm=2.0).start()
+                   split={"gram_proof": True, "field": FIELD}, n_max=200, max_norm=2.0).start()
     conn = c.connect_keyholder()
     params = dp_session_params(SPEC, "split", c.session_id, Layout(c.dim, c.classes), 1.0, Bounds(2.0, 200, 8),
-                               gram_proof=True)
+                               gram_proof=True, field=FIELD)
     c.keyholder.keygen(params)
     c.keyholder.publish(conn)
     data = {h: c.data(h, n=60) for h in names}
@@ -403,11 +408,11 @@ def test_a_hospital_hiding_its_attack_in_the_noise_is_refused_by_name_through_th
     names = ("h1", "h2", "h3", "h4")
     c = consortium(backend="split", hospitals=names, min_clients=3, dp={"epsilon": 1.0, "delta": 1e-5,
                                                                         "min_contributors": 3},
-                   split={"gram_proof": True}, n_max=200, max_norm=2.0,
+                   split={"gram_proof": True, "field": FIELD}, n_max=200, max_norm=2.0,
                    extra_session={"max_refusals": 1, "colluders": 0}).start()  # quorum 3 of 4: h4 may be refused
     conn = c.connect_keyholder()
     c.keyholder.keygen(dp_session_params(SPEC, "split", c.session_id, Layout(c.dim, c.classes), 1.0,
-                                         Bounds(2.0, 200, 8), gram_proof=True))
+                                         Bounds(2.0, 200, 8), gram_proof=True, field=FIELD))
     c.keyholder.publish(conn)
     data = {h: c.data(h, n=60) for h in names[:3]}
     for h in names[:3]:
@@ -447,7 +452,7 @@ def test_a_share_too_long_for_one_exact_square_sum_is_proven_in_groups():
     # group relations (on the true group sums, as the unshared circuit reads them) hold for an honest share and
     # fail when one group's claimed value is moved while the total stays within l2_z
     params = dp_session_params(SPEC, "split", "groups", Layout(730, 3), GAMMA, Bounds(1.0, 1000, 10),
-                               gram_proof=True)
+                               gram_proof=True, field=FIELD)
     c = split.Circuit(params)
     gs, g = c.part("gram"), c.sizes["gram"]
     assert g["z_groups"] == 2 and g["z_len"] * gs.T_z ** 2 < flp.P and (2 << g["m_g"]) + (1 << g["m_l"]) <= flp.P

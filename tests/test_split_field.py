@@ -35,7 +35,7 @@ def _without_field(params: SessionParams) -> SessionParams:
 
 
 def test_every_split_session_signs_its_field_and_the_circuit_runs_over_it():
-    # the default: Field128 with the Gram statement; with DP, Goldilocks (Field128 does not carry DP yet)
+    # the default, with DP or without: Field128 with the Gram statement
     default = split.split_session_params("field-test", LAYOUT, 1.0, BOUNDS)
     assert default.backend_params[FIELD_KEY] == "field128" and split.gram_enabled(default)
     assert split.Circuit(default).F is field_named("field128")
@@ -43,7 +43,8 @@ def test_every_split_session_signs_its_field_and_the_circuit_runs_over_it():
     from secure_afl.dp import DPSpec
 
     with_dp = dp_session_params(DPSpec(1.0, 1e-5, 3), "split", "field-test", LAYOUT, 1.0, BOUNDS)
-    assert with_dp.backend_params[FIELD_KEY] == "goldilocks" and split.gram_enabled(with_dp)
+    assert with_dp.backend_params[FIELD_KEY] == "field128" and split.gram_enabled(with_dp)
+    assert split.Circuit(with_dp).F is field_named("field128")
     params = _params()
     assert params.backend_params[FIELD_KEY] == "goldilocks"
     c = split.Circuit(params)
@@ -261,18 +262,3 @@ def test_a_circuit_over_field128_proves_an_honest_upload_and_refuses_a_false_one
     assert verdict(body, seed, com) == "linear"
 
 
-def test_a_field128_session_with_dp_is_refused_by_name():
-    # the DP statement reads a high lane on the noise grid beside a low lane: not carried over one word yet
-    from secure_afl.backends.session_params import dp_session_params
-    from secure_afl.dp import DPSpec
-
-    with pytest.raises(InvalidParameterError, match="does not carry the DP statement"):
-        dp_session_params(DPSpec(1.0, 1e-5, 3), "split", "field-dp", LAYOUT, 1.0, BOUNDS, field="field128")
-    forged = dp_session_params(DPSpec(1.0, 1e-5, 3), "split", "field-dp", LAYOUT, 1.0, BOUNDS).with_backend_params(
-        **{FIELD_KEY: "field128"})
-    with pytest.raises(InvalidParameterError, match="does not carry the DP statement"):
-        split.Circuit(forged)
-    # with the Gram statement too, at d = 512, C = 100 (the noise share's grouping is sized in the session's field)
-    with pytest.raises(InvalidParameterError, match="does not carry the DP statement"):
-        dp_session_params(DPSpec(1.0, 1e-5, 3), "split", "field-dp-gram", Layout(512, 100), 1.0,
-                          Bounds(1.0, 1000, 10), gram_proof=True, field="field128")

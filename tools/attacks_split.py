@@ -18,6 +18,7 @@ from secure_afl.stats import local_statistics
 
 from .attack_parties import ForgingSplitSource, forge_verifier, subset_manifest
 from .harness import make_pki, server_section, write_session
+from .attacks_validity import field_decode
 from .attack_common import fresh_keyholder, CLASSES, DIM, GAMMA, attack_bounds, attack_layout, embeddings, packed_vector, say, workdir
 from secure_afl.server import aggregator, closing, intake, split_round
 
@@ -73,17 +74,6 @@ def _field(params):
     return field_of(params)
 
 
-def _field_decode(params, words):
-    """split's lanes are centred integers carried in F_p, in the session's field: two Goldilocks lanes back to
-    two's complement and the fixed point, or one Field128 word scaled by 2^-(f1 + f2) (as the collector reads)."""
-    from secure_afl.hazmat import fixedpoint, flp
-
-    F, fb = _field(params), tuple(int(f) for f in params.backend_params["frac_bits"])
-    if F is flp.GOLDILOCKS:
-        return fixedpoint.decode(flp.decode_signed(words).view(np.uint64), fb)
-    return np.ldexp(F.decode_signed_float(words), -(fb[0] + fb[1]))
-
-
 class _InProcessSource:
     """What the server hands the key holder for a split release (the manifest and the signed seed statements)."""
 
@@ -117,7 +107,7 @@ def attack_split_server(*, seed: int = 0, verbose: bool = True, work=None, **_) 
             payload = srv.store.get_blob(next(r["payload_sha256"] for r in srv.store.uploads()
                                               if r["hospital"] == victim))
             words = get_backend(srv.params).masked_words(payload)
-            x_hat = attack_layout().unpack(_field_decode(srv.params, words), gamma=GAMMA).cross[:, 1]
+            x_hat = attack_layout().unpack(field_decode(srv.params, words), gamma=GAMMA).cross[:, 1]
         finally:
             aggregator.shutdown(srv)
     err = float(np.max(np.abs(x_hat - vectors[victim][1])))
@@ -167,7 +157,7 @@ def attack_split_keyholder(*, seed: int = 0, verbose: bool = True, work=None, **
         F = _field(params)
         words = np.array(get_backend(params).masked_words(got))
         words = F.sub(words, F.expand_field(seed_v, words.shape[0], split.DOMAIN_SHARE))
-        x_hat = attack_layout().unpack(_field_decode(params, words), gamma=GAMMA).cross[:, 1]
+        x_hat = attack_layout().unpack(field_decode(params, words), gamma=GAMMA).cross[:, 1]
         err = float(np.max(np.abs(x_hat - vectors[victim][1])))
     outcome = "recovered" if err < 1e-6 else "refused" if got is None else "leak"
     say(verbose, f"[split-keyholder] {outcome.upper()}: it holds the victim's seed and a {len(body)}-byte share; "

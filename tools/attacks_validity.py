@@ -832,19 +832,57 @@ def release_accuracy(stats, X, y, lam: float = 0.0):
     return float(np.mean(np.argmax(X @ W, axis=1) == y))
 
 
-def residual_words(D, T: int, l2: int) -> np.ndarray:
-    """The integer residual along ``D`` with every entry inside ``[-(T - 1), T - 1]`` and the largest squared norm
-    at most ``l2`` (entries clipped, then the scale found by bisection)."""
+def residual_words(D, gs, offset: int) -> np.ndarray:
+    """The cheater's noise words (``gs.n_z``, grid units): an integer residual along ``D`` placed from ``offset``,
+    as large as the session's noise statement lets it keep: every entry inside the proven per-entry range (the
+    bits' ``[-(T_z - 1), T_z - 1]`` in Goldilocks, ``2^z_log2`` in Field128), every group's squared norm below its
+    bound ``2^m_g`` and the whole at most ``l2_z`` (entries clipped, then the scale found by bisection)."""
     u = D.ravel() / np.linalg.norm(D)
+    cap = (gs.T_z - 1) if not gs.noise_rows else (1 << gs.g["z_log2"]) - 1
+    z_len, g_max = gs.g["z_len"], (1 << gs.g["m_g"]) - 1
 
     def at(s):
-        return np.clip(np.trunc(s * u), -(T - 1), T - 1).astype(np.int64)
+        z = np.zeros(gs.n_z, dtype=np.int64)
+        z[offset:offset + u.size] = np.clip(np.trunc(s * u), -cap, cap).astype(np.int64)
+        return z
 
-    lo, hi = 0.0, float(np.sqrt(l2)) * 64.0
+    def fits(z):
+        sq = [int(v) * int(v) for v in z]
+        groups = [sum(sq[i:i + z_len]) for i in range(0, len(sq), z_len)]
+        return sum(sq) <= gs.l2_z and max(groups) <= g_max
+
+    lo, hi = 0.0, float(np.sqrt(gs.l2_z)) * 64.0
     for _ in range(80):
         mid = 0.5 * (lo + hi)
-        lo, hi = (mid, hi) if int(np.sum(at(mid) ** 2)) <= l2 else (lo, mid)
+        lo, hi = (mid, hi) if fits(at(mid)) else (lo, mid)
     return at(lo)
+
+
+def noisy_zero_upload(circuit, z) -> tuple[np.ndarray, np.ndarray]:
+    """``(lanes, factor words)`` of zero statistics (gamma I, no samples) carrying the noise words ``z`` (grid
+    units) in the session's field: the lanes hold ``2^z_shift z`` at the noised entries, the words ``z``."""
+    from secure_afl.stats import SufficientStatistics
+
+    lay, gamma, gs, F = circuit.params.layout, float(circuit.params.gamma), circuit.part("gram"), circuit.F
+    d, C = lay.dim, lay.n_classes
+    zero = lay.pack(SufficientStatistics(gamma * np.eye(d), np.zeros((d, C)), 0.0, np.zeros(C), 1.0, gamma))
+    x0, fw0 = circuit.witness(zero, noise=np.zeros(circuit.L))
+    hi = F.decode_signed(x0[:circuit.L]).astype(object)
+    hi[gs.i_noise] += np.asarray(z, dtype=np.int64).astype(object) * gs.z_scale
+    return np.concatenate([F.encode_signed(hi), x0[circuit.L:]]), \
+        np.concatenate([fw0[:gs.n_f], F.encode_signed(np.asarray(z, dtype=np.int64))])
+
+
+def field_decode(params, words) -> np.ndarray:
+    """split's lanes are centred integers carried in F_p, in the session's field: two Goldilocks lanes back to
+    two's complement and the fixed point, or one Field128 word scaled by 2^-(f1 + f2) (as the collector reads)."""
+    from secure_afl.hazmat import fixedpoint, flp
+    from secure_afl.split.sizes import field_of
+
+    F, fb = field_of(params), tuple(int(f) for f in params.backend_params["frac_bits"])
+    if F is flp.GOLDILOCKS:
+        return fixedpoint.decode(flp.decode_signed(words).view(np.uint64), fb)
+    return np.ldexp(F.decode_signed_float(words), -(fb[0] + fb[1]))
 
 
 def attack_dp_q_residual(*, seed: int = 0, verbose: bool = True, hospitals: int = 10, trials: int = 3,
@@ -862,7 +900,6 @@ def attack_dp_q_residual(*, seed: int = 0, verbose: bool = True, hospitals: int 
     from secure_afl import split
     from secure_afl.backends.session_params import dp_session_params
     from secure_afl.dp import DPSpec, add_noise_share
-    from secure_afl.hazmat import fixedpoint, flp
     from secure_afl.packing import Layout
     from secure_afl.params import Bounds
     from secure_afl.stats import SufficientStatistics, local_statistics
@@ -893,26 +930,20 @@ def attack_dp_q_residual(*, seed: int = 0, verbose: bool = True, hospitals: int 
         dirs = [np.outer(Xt.mean(axis=0), np.eye(C)[c]) for c in range(C)] + \
             [-honest.cross, honest.gram @ W_h[:, np.roll(np.arange(C), 1)] - honest.cross]
         worst = None
+        grid = 2.0 ** -int(params.backend_params["frac_bits"][0])
         for D in dirs:
-            zq = residual_words(D, gs.T_z, gs.l2_z).reshape(d, C) * 2.0 ** -circuit.f1
+            zq = residual_words(D, gs, int(cross[0]))[cross].reshape(d, C) * grid
             acc = release_accuracy(SufficientStatistics(honest.gram + gamma * np.eye(d), honest.cross + zq, honest.n,
                                                  honest.class_counts, honest.contributors + 1, gamma), Xt, yt, lam)
             if worst is None or acc < worst[0]:
                 worst = (acc, D)
         # the cheater's upload: zero statistics (gamma I, no samples), the residual in its Q noise words
-        zero = lay.pack(SufficientStatistics(gamma * np.eye(d), np.zeros((d, C)), 0.0, np.zeros(C), 1.0, gamma))
-        x0, fw0 = circuit.witness(zero, noise=np.zeros(circuit.L))
-        z = np.zeros(gs.n_z, dtype=np.int64)
-        z[cross] = residual_words(worst[1], gs.T_z, gs.l2_z)
-        hi = flp.decode_signed(x0[:circuit.L])
-        hi[gs.i_noise] += z
-        lanes = np.concatenate([flp.encode_signed(hi), x0[circuit.L:]])
-        fw = np.concatenate([fw0[:gs.n_f], flp.encode_signed(z)])
+        lanes, fw = noisy_zero_upload(circuit, residual_words(worst[1], gs, int(cross[0])))
         body, seed_b, com = circuit.prove("cheater", lanes=lanes, factor=fw)
         qs = os.urandom(32)
         verdict = circuit.decide(circuit.query(circuit.leader_share(body), com, "cheater", qs, leader=True),
                                  circuit.query(circuit.helper_share(seed_b), com, "cheater", qs, leader=False))
-        cheat = lay.unpack(fixedpoint.decode(flp.decode_signed(lanes).view(np.uint64), (circuit.f1, circuit.f2)))
+        cheat = lay.unpack(field_decode(params, lanes))
         out["verdicts"].append(verdict)
         out["residual_fro"].append(float(np.linalg.norm(cheat.cross)))
         out["with_cheater"].append(release_accuracy(honest + cheat if verdict is None else honest, Xt, yt, lam))
@@ -920,7 +951,7 @@ def attack_dp_q_residual(*, seed: int = 0, verbose: bool = True, hospitals: int 
         v = out["verdicts"]
         print(f"DP + Gram split, d = {d}, C = {C}, Gaussian fit of digits, {hospitals - 1} honest hospitals of {n} "
               f"and one cheater (zero statistics, a Q residual of Frobenius norm {max(out['residual_fro']):.1f}, "
-              f"sqrt(l2_z) = {np.sqrt(gs.l2_z) * 2.0 ** -circuit.f1:.1f}): "
+              f"sqrt(l2_z) = {np.sqrt(gs.l2_z) * 2.0 ** -int(params.backend_params['frac_bits'][0]):.1f}): "
               f"{'RELEASED' if all(x is None for x in v) else 'REFUSED by name ' + str(v)}; accuracy "
               f"{np.mean(out['honest_alone']):.3f} (honest alone) -> {np.mean(out['with_cheater']):.3f} "
               f"(with the cheater), mean of {trials}, ridge {lam:.0f}")

@@ -24,7 +24,7 @@ import numpy as np
 __all__ = ["steer_draw", "run_bench", "main"]
 
 
-def steer_session(n: int, hospitals: int):
+def steer_session(n: int, hospitals: int, field: str | None = None):
     from secure_afl import split
     from secure_afl.backends.session_params import dp_session_params
     from secure_afl.dp import DPSpec
@@ -32,7 +32,8 @@ def steer_session(n: int, hospitals: int):
     from secure_afl.params import Bounds
 
     params = dp_session_params(DPSpec(1.0, 1e-5, 3), "split", "dp-steer", Layout(64, 10), 1.0,
-                               Bounds(1.0, n, max(10, hospitals)), gram_proof=True)
+                               Bounds(1.0, n, max(10, hospitals)), gram_proof=True,
+                               **({} if field is None else {"field": field}))
     keys = split.generate_keys(params)
     return split.bind_public_context(params, keys.public_context), keys
 
@@ -41,9 +42,9 @@ def steer_draw(params, keys, rng, *, hospitals: int = 10, n: int = 1000, lam: fl
     """One draw: ``{honest, released, aimed, verdict}`` (accuracies, and the cheater's verdict)."""
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
     from secure_afl import split
-    from secure_afl.hazmat import fixedpoint, flp
     from secure_afl.stats import SufficientStatistics, local_statistics
-    from secure_afl_tools.attacks_validity import release_accuracy, digits_gaussian, residual_words
+    from secure_afl_tools.attacks_validity import digits_gaussian, field_decode, noisy_zero_upload, \
+        release_accuracy, residual_words
 
     lay, gamma = params.layout, float(params.gamma)
     d, C = lay.dim, lay.n_classes
@@ -63,28 +64,21 @@ def steer_draw(params, keys, rng, *, hospitals: int = 10, n: int = 1000, lam: fl
     dirs = [np.outer(Xt.mean(axis=0), np.eye(C)[c]) for c in range(C)] + \
         [-honest.cross, honest.gram @ W_h[:, np.roll(np.arange(C), 1)] - honest.cross]
 
+    cross = np.arange(lay.slices["cross"].start, lay.slices["cross"].stop) - gs.i_noise[0]
+    grid = 2.0 ** -int(params.backend_params["frac_bits"][0])
+
     def hurt(D):
-        zq = residual_words(D, gs.T_z, gs.l2_z).reshape(d, C) * 2.0 ** -circuit.f1
+        zq = residual_words(D, gs, int(cross[0]))[cross].reshape(d, C) * grid
         return release_accuracy(SufficientStatistics(honest.gram + gamma * np.eye(d), honest.cross + zq, honest.n,
                                               honest.class_counts, honest.contributors + 1, gamma), Xt, yt, lam)
     D = min(dirs, key=hurt)
-    zero = lay.pack(SufficientStatistics(gamma * np.eye(d), np.zeros((d, C)), 0.0, np.zeros(C), 1.0, gamma))
-    x0, fw0 = circuit.witness(zero, noise=np.zeros(circuit.L))
-    cross = np.arange(lay.slices["cross"].start, lay.slices["cross"].stop) - gs.i_noise[0]
-    z = np.zeros(gs.n_z, dtype=np.int64)
-    z[cross] = residual_words(D, gs.T_z, gs.l2_z)
-    hi0 = flp.decode_signed(x0[:circuit.L])
-
-    def lanes_with(noise):
-        hi = hi0.copy()
-        hi[gs.i_noise] += noise
-        return np.concatenate([flp.encode_signed(hi), x0[circuit.L:]])
+    z = residual_words(D, gs, int(cross[0]))
 
     def decoded(noise):
-        return fixedpoint.decode(flp.decode_signed(lanes_with(noise)).view(np.uint64), (circuit.f1, circuit.f2))
+        return field_decode(params, noisy_zero_upload(circuit, noise)[0])
 
-    body, seed, com = circuit.prove("cheater", lanes=lanes_with(z), factor=np.concatenate(
-        [fw0[:gs.n_f], flp.encode_signed(z)]))
+    lanes, fw = noisy_zero_upload(circuit, z)
+    body, seed, com = circuit.prove("cheater", lanes=lanes, factor=fw)
     key = Ed25519PrivateKey.generate()
     payload, st = split.seal_upload(params, body, seed, com, keys.public_context, "cheater", key)
     vectors = {f"h{k}": lay.pack(s) for k, s in enumerate(stats)}
@@ -98,8 +92,9 @@ def steer_draw(params, keys, rng, *, hospitals: int = 10, n: int = 1000, lam: fl
             "aimed": release_accuracy(lay.unpack(alone + decoded(z), gamma=gamma), Xt, yt, lam)}
 
 
-def run_bench(*, draws: int = 10, hospitals: int = 10, n: int = 1000, seed: int = 0, verbose: bool = True) -> dict:
-    params, keys = steer_session(n, hospitals)
+def run_bench(*, draws: int = 10, hospitals: int = 10, n: int = 1000, seed: int = 0, field: str | None = None,
+              verbose: bool = True) -> dict:
+    params, keys = steer_session(n, hospitals, field)
     rng = np.random.default_rng(seed)
     rows = []
     for i in range(draws):
@@ -115,7 +110,8 @@ def run_bench(*, draws: int = 10, hospitals: int = 10, n: int = 1000, seed: int 
     out = {"draws": rows, "released_mean": float(rel.mean()), "released_worst": float(rel.min()),
            "aimed_mean": float(aim.mean()), "aimed_worst": float(aim.min())}
     if verbose:
-        print(f"{draws} draws, one cheater of {hospitals} hospitals (d = 64, C = 10, Gaussian fit of digits): "
+        print(f"{draws} draws, one cheater of {hospitals} hospitals (d = 64, C = 10, Gaussian fit of digits, "
+              f"{params.backend_params['field']}): "
               f"accuracy change with the permutation {out['released_mean']:+.2f} points mean, "
               f"{out['released_worst']:+.2f} worst; aimed (without it) {out['aimed_mean']:+.2f} mean, "
               f"{out['aimed_worst']:+.2f} worst; honest alone {np.mean([r['honest'] for r in rows]):.3f}")
@@ -128,8 +124,9 @@ def main(argv=None) -> int:
     ap.add_argument("--hospitals", type=int, default=10)
     ap.add_argument("--n", type=int, default=1000)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--field", default=None, help="the session's field (default: split's default)")
     a = ap.parse_args(argv)
-    run_bench(draws=a.draws, hospitals=a.hospitals, n=a.n, seed=a.seed)
+    run_bench(draws=a.draws, hospitals=a.hospitals, n=a.n, seed=a.seed, field=a.field)
     return 0
 
 

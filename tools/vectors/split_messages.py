@@ -292,7 +292,7 @@ def _gram_session(pair, dp: bool):
         from secure_afl.dp import DPSpec
 
         params = dp_session_params(DPSpec(*_DP_SPEC), "split", "split-vectors-dp-gram", layout, 1.0, bounds,
-                                   gram_proof=True)
+                                   gram_proof=True, field="goldilocks")
     else:
         params = split.split_session_params("split-vectors-gram", layout, 1.0, bounds, frac_bits=_GRAM_FRAC_BITS,
                                             gram_proof=True, field="goldilocks")
