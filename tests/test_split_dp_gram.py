@@ -336,7 +336,9 @@ def test_the_release_tolerates_the_proven_noise_and_refuses_beyond_it(sessions):
 
 # -- through the service ----------------------------------------------------------------------------------------
 @pytest.mark.e2e
-def test_a_dp_gram_session_releases_through_the_service_within_the_proven_noise(consortium, tmp_path):
+@pytest.mark.parametrize("field", [None, FIELD])
+def test_a_dp_gram_session_releases_through_the_service_within_the_proven_noise(consortium, tmp_path, field):
+    # None: the default session (Field128, the share's range by projection rows); Goldilocks (by its bits)
     import subprocess
     import sys
 
@@ -347,10 +349,11 @@ def test_a_dp_gram_session_releases_through_the_service_within_the_proven_noise(
     names = ("h1", "h2", "h3")
     c = consortium(backend="split", hospitals=names, min_clients=3, dp={"epsilon": 1.0, "delta": 1e-5,
                                                                         "min_contributors": 3},
-                   split={"gram_proof": True, "field": FIELD}, n_max=200, max_norm=2.0).start()
+                   split={} if field is None else {"field": field}, n_max=200, max_norm=2.0).start()
     conn = c.connect_keyholder()
     params = dp_session_params(SPEC, "split", c.session_id, Layout(c.dim, c.classes), 1.0, Bounds(2.0, 200, 8),
-                               gram_proof=True, field=FIELD)
+                               **({} if field is None else {"field": field}))
+    assert split.gram_enabled(params) and params.backend_params["field"] == (field or "field128")
     c.keyholder.keygen(params)
     c.keyholder.publish(conn)
     data = {h: c.data(h, n=60) for h in names}
