@@ -31,12 +31,18 @@ EXPECTED = {
               "seed_misses_commitment": "commitment", "message_for_another_payload": "InvalidSignature"},
     "gram": {"honest": None, "indefinite_field_factor": "gram_range", "indefinite_stand_in_factor": "gram"},
     "dp_gram": {"honest": None, "statistics_in_the_noise": "noise", "q_residual_past_l2": "noise"},
+    "dp_gram_field128": {"honest": None, "statistics_past_the_noise_rows": "noise",
+                         "q_residual_past_the_groups_l2": "noise"},
 }
 #: the relations the unmasked body of each Gram section's case breaks, by its verdict
 BROKEN = {None: [], "gram_range": ["gram_range"], "gram": ["gram_identity"]}
 #: the noise verdict covers two relations: which each case breaks (diag(+T_z, -T_z) is past both the per-entry
 #: range and the l2 bound; the Q residual is within the range and past the l2 bound only)
-BROKEN_NOISE = {"statistics_in_the_noise": ["noise_range", "noise_l2"], "q_residual_past_l2": ["noise_l2"]}
+BROKEN_NOISE = {"statistics_in_the_noise": ["noise_range", "noise_l2"], "q_residual_past_l2": ["noise_l2"],
+                # Field128: past the noise rows (and so past the l2 bound); every entry within the bound its group
+                # gives, the whole share past its l2 bound
+                "statistics_past_the_noise_rows": ["noise_range", "noise_l2"],
+                "q_residual_past_the_groups_l2": ["noise_l2"]}
 CASES = [(s, c) for s, sec in SECTIONS.items() for c in (sec["honest"], *BAD[s])]
 IDS = [f"{s}-{c['name']}" for s, c in CASES]
 
@@ -54,6 +60,14 @@ def test_the_sessions_are_what_their_instances_name():
     z = np.array(SECTIONS["dp_gram"]["noise"])
     c = split.Circuit(dp_gram)
     assert 0 < np.max(np.abs(z)) <= c.tau < c.part("gram").T_z
+    # over Field128 (the default): one word per value, the share's range by its own projection rows
+    dp128 = _params("dp_gram_field128")
+    assert dp128.backend_params["field"] == "field128" and split.noise_beside(dp128)
+    c = split.Circuit(dp128)
+    z = np.array(SECTIONS["dp_gram_field128"]["noise"])
+    assert c.lanes_per_value == 1 and c.part("gram").noise_rows
+    assert 0 < np.max(np.abs(z)) <= split.sizes.noise_bound(dp128)
+    assert np.max(np.abs(z)) < 2 ** c.sizes["gram"]["z_log2"] and np.sum(z * z) <= c.part("gram").l2_z
 
 
 @pytest.mark.parametrize("section", list(SECTIONS))
@@ -111,9 +125,9 @@ def test_each_case_replayed_against_both_verifiers(section, case):
         return
     verdict, own = split.helper_verdict(circuit, H, seed, st, qs, leader, with_message=True)
     assert verdict == expected == case["keyholder"]["verdict"]
-    assert (None if own is None else flp.to_bytes(own).hex()) == case["keyholder"]["message"]
+    assert (None if own is None else circuit.F.to_bytes(own).hex()) == case["keyholder"]["message"]
     if own is not None:  # anyone holding the two messages recomputes the verdict
-        assert circuit.decide(leader, flp.from_bytes(bytes.fromhex(case["keyholder"]["message"]))) == expected
+        assert circuit.decide(leader, circuit.F.from_bytes(bytes.fromhex(case["keyholder"]["message"]))) == expected
 
 
 @pytest.mark.parametrize("section,case", [(s, c) for s, c in CASES if s != "plain"],
@@ -123,7 +137,7 @@ def test_each_gram_case_breaks_only_the_relation_its_verdict_names(section, case
     # is the one false relation, not a projection row that happened to fall out of range
     circuit = split.Circuit(_params(section))
     body = open_envelope(circuit.params, bytes.fromhex(case["payload"]), "contribution").body
-    w = flp.add(circuit.leader_share(body), circuit.helper_share(bytes.fromhex(case["seed"])))
+    w = circuit.F.add(circuit.leader_share(body), circuit.helper_share(bytes.fromhex(case["seed"])))
     com = UploadCommitment.from_dict(case["validity"])
     verdict = EXPECTED[section][case["name"]]
     assert circuit.evaluate(w, com, H) == (BROKEN_NOISE[case["name"]] if verdict == "noise" else BROKEN[verdict])

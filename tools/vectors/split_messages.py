@@ -34,7 +34,10 @@ Two more instances, each with its own session, upload, seed box, statement and c
   upload with a fixed share, and a cheater whose statistics before noise are a Gram matrix (gamma I and
   the counts) and whose noise words carry diag(+T_z, -T_z), one grid step beyond their proven range:
   ``noise``; and one whose noise words carry the cross terms Q at +-(T_z - 1), every entry in range but the
-  share's squared l2 norm beyond its bound: ``noise``.
+  share's squared l2 norm beyond its bound: ``noise``;
+* ``dp_gram_field128``: the same over Field128, the default (the share's range by projection rows of its own
+  and by groups of its l2 bound): the honest upload, noise words at +-(2 T_z + 1) (past the rows: ``noise``),
+  and the cross terms at +-(2^z_log2 - 1), the per-entry bound the groups give, past the l2 bound: ``noise``.
 
 HPKE encapsulation is randomised and ``cryptography`` offers no deterministic path, so the seed box is
 recorded: regenerating keeps the box in the tree's file while it opens under the fixed key and the upload's
@@ -61,7 +64,7 @@ __all__ = ["OWNS", "VERSION", "INSTANCES", "build", "fixed_keys", "files"]
 #: the folder of vectors/ this generator writes, every file in it
 OWNS = "split"
 #: the instances, each a file of its own
-INSTANCES = ("plain", "gram", "dp_gram")
+INSTANCES = ("plain", "gram", "dp_gram", "dp_gram_field128")
 HOSPITAL = "h1"
 #: the files' format (why it is 2: files.VERSIONS); a file of another version is refused by name
 VERSION = vector_files.VERSIONS[OWNS]
@@ -162,7 +165,7 @@ def _case(circuit, name: str, expect: str | None, payload: bytes, validity: dict
         _, leader = split.verify_leader_message(server_message, server_key.public_key(), circuit, HOSPITAL, sha, qs)
         verdict, own = split.helper_verdict(circuit, HOSPITAL, seed, {"validity": validity}, qs, leader,
                                             with_message=True)
-        out["keyholder"] = {"verdict": verdict, "message": None if own is None else flp.to_bytes(own).hex()}
+        out["keyholder"] = {"verdict": verdict, "message": None if own is None else circuit.F.to_bytes(own).hex()}
         got = verdict
     except SecureAFLError as e:
         out["keyholder"] = {"exception": type(e).__name__}
@@ -202,7 +205,7 @@ def build(recorded: dict[str, dict] | None = None) -> dict[str, dict]:
     recorded = recorded or {}
     pair, ed = fixed_keys()
     out: dict[str, dict] = {}
-    for make in (_plain, _gram, _dp_gram):
+    for make in (_plain, _gram, _dp_gram, _dp_gram_field128):
         out.update(make(pair, ed, recorded))
     return out
 
@@ -281,7 +284,7 @@ _GRAM_FRAC_BITS = (2 * GRAM_MIN_F, 8)
 _DP_SPEC = (1.0, 1e-5, 3)  # epsilon, delta, min_contributors
 
 
-def _gram_session(pair, dp: bool):
+def _gram_session(pair, dp: bool, field: str = "goldilocks"):
     from secure_afl import split
     from secure_afl.packing import Layout
     from secure_afl.params import Bounds
@@ -291,8 +294,9 @@ def _gram_session(pair, dp: bool):
         from secure_afl.backends.session_params import dp_session_params
         from secure_afl.dp import DPSpec
 
-        params = dp_session_params(DPSpec(*_DP_SPEC), "split", "split-vectors-dp-gram", layout, 1.0, bounds,
-                                   gram_proof=True, field="goldilocks")
+        sid = "split-vectors-dp-gram" + ("" if field == "goldilocks" else f"-{field}")
+        params = dp_session_params(DPSpec(*_DP_SPEC), "split", sid, layout, 1.0, bounds, gram_proof=True,
+                                   field=field)
     else:
         params = split.split_session_params("split-vectors-gram", layout, 1.0, bounds, frac_bits=_GRAM_FRAC_BITS,
                                             gram_proof=True, field="goldilocks")
@@ -307,7 +311,7 @@ def _prove_false(circuit, x, fw, label: str, failing: list, **kw):
     for i in range(16):
         rand = _bytes(f"{label} rand {i}", circuit.rand_size)
         body, seed, com = circuit.prove_once(HOSPITAL, x, fw, rand, check=False, **kw)
-        if circuit.evaluate(flp.add(body, circuit.helper_share(seed)), com, HOSPITAL) == failing:
+        if circuit.evaluate(circuit.F.add(body, circuit.helper_share(seed)), com, HOSPITAL) == failing:
             return body, seed, com
     raise RuntimeError(f"no labelled try of {label} breaks exactly {failing}")  # pragma: no cover
 
@@ -318,7 +322,9 @@ def _sealed(params, pair, body, seed, com):
     from secure_afl.envelope import seal
     from secure_afl.hazmat import flp
 
-    payload = seal(params, "contribution", flp.to_bytes(body))
+    from secure_afl.split.sizes import field_of
+
+    payload = seal(params, "contribution", field_of(params).to_bytes(body))
     sha = hashlib.sha256(payload).hexdigest()
     return payload, sha, split.query_seed(split.query_key(pair.secret_context), params, HOSPITAL, sha, com.to_dict())
 
@@ -384,24 +390,41 @@ def _gram(pair, ed, recorded: dict[str, dict]) -> dict[str, dict]:
                      bad)
 
 
-def _dp_gram(pair, ed, recorded: dict[str, dict]) -> dict[str, dict]:
+def _dp_gram_field128(pair, ed, recorded: dict[str, dict]) -> dict[str, dict]:
+    return _dp_gram(pair, ed, recorded, "field128")
+
+
+def _dp_gram(pair, ed, recorded: dict[str, dict], field: str = "goldilocks") -> dict[str, dict]:
     from secure_afl import split
     from secure_afl.dp import noise_share
-    from secure_afl.hazmat import flp
     from secure_afl.stats import SufficientStatistics
 
-    params = _gram_session(pair, dp=True)
+    inst = "dp_gram" + ("" if field == "goldilocks" else f"_{field}")
+    params = _gram_session(pair, dp=True, field=field)
     circuit = split.Circuit(params)
-    gs = circuit.part("gram")
+    gs, F = circuit.part("gram"), circuit.F
+    # the range a noise word is proven in: its bits' [-T_z, T_z) in Goldilocks; in Field128 the rows' 2 T_z,
+    # and below that its group's l2 bound, 2^z_log2 per entry
+    past = gs.T_z if not gs.noise_rows else 2 * gs.T_z + 1
+    inside = gs.T_z - 1 if not gs.noise_rows else (1 << gs.g["z_log2"]) - 1
+    # a bad case's file is named by the case: Field128's take names of their own
+    names = ("statistics_in_the_noise", "q_residual_past_l2") if not gs.noise_rows else \
+        ("statistics_past_the_noise_rows", "q_residual_past_the_groups_l2")
+    said = ("+T_z, -T_z", "+-(T_z - 1)") if not gs.noise_rows else ("+(2 T_z + 1), -(2 T_z + 1)", "+-(2^z_log2 - 1)")
+
+    def noisy(zero_lanes, z):
+        hi = F.decode_signed(zero_lanes[:circuit.L]).astype(object)
+        hi[gs.i_noise] += np.asarray(z, dtype=np.int64).astype(object) * gs.z_scale
+        return np.concatenate([F.encode_signed(hi), zero_lanes[circuit.L:]])
     v = _vector(params)  # the statistics before the noise: the backend proves the share beside them
     # the share is a draw from numpy's seeded generator, whose stream numpy may change between releases: the
     # recorded share is kept, as the seed box is, while the session is the one it was drawn for (another noise
     # bound or scale draws afresh)
-    old = recorded.get("dp_gram")
+    old = recorded.get(inst)
     z = np.asarray(old["noise"], dtype=np.float64) if old is not None and old.get("params") == params.to_dict() \
         else noise_share(params, np.random.default_rng(int.from_bytes(_bytes("dp noise", 8), "big")))
     x, fw = circuit.witness(v, noise=z)
-    rand, (body, seed, com) = _prove(circuit, x, fw, "dp_gram honest")
+    rand, (body, seed, com) = _prove(circuit, x, fw, f"{inst} honest")
     payload, sha, qs = _sealed(params, pair, body, seed, com)
     server = ed["server"]
     honest = _case(circuit, "honest", None, payload, com.to_dict(), seed, qs, server)
@@ -414,38 +437,36 @@ def _dp_gram(pair, ed, recorded: dict[str, dict]) -> dict[str, dict]:
     r, k = np.triu_indices(2)
     diag = params.layout.slices["gram"].start + np.nonzero(r == k)[0]
     hidden = np.zeros(gs.n_z, dtype=np.int64)
-    hidden[diag - gs.i_noise[0]] = [gs.T_z, -gs.T_z]
-    hi = flp.decode_signed(x0[:circuit.L])
-    hi[gs.i_noise] += hidden
-    lanes = np.concatenate([flp.encode_signed(hi), x0[circuit.L:]])
-    words = np.concatenate([fw0[:gs.n_f], flp.encode_signed(hidden)])
-    name = "statistics_in_the_noise"
-    failing = ["noise_range"] + (["noise_l2"] if 2 * gs.T_z ** 2 > gs.l2_z else [])
-    b_body, b_seed, b_com = _prove_false(circuit, lanes, words, f"dp_gram {name}", failing)
+    hidden[diag - gs.i_noise[0]] = [past, -past]
+    lanes = noisy(x0, hidden)
+    words = np.concatenate([fw0[:gs.n_f], F.encode_signed(hidden)])
+    name = names[0]
+    failing = ["noise_range"] + (["noise_l2"] if 2 * past ** 2 > gs.l2_z else [])
+    b_body, b_seed, b_com = _prove_false(circuit, lanes, words, f"{inst} {name}", failing)
     b_payload, _, b_qs = _sealed(params, pair, b_body, b_seed, b_com)
     bad = [_case(circuit, name, "noise", b_payload, b_com.to_dict(), b_seed, b_qs, server,
                  "statistics before noise a Gram matrix (gamma I and the counts), the noise words carrying "
-                 "diag(+T_z, -T_z) grid steps, one beyond their proven range")]
+                 f"diag({said[0]}) grid steps, one beyond their proven range")]
     # the Q-residual: the same zero statistics, every cross-term noise word at +-(T_z - 1) (inside the per-entry
     # range), the Q lanes carrying them: only the share's l2 bound refuses it
     cross = np.arange(params.layout.slices["cross"].start, params.layout.slices["cross"].stop)
     resid = np.zeros(gs.n_z, dtype=np.int64)
-    resid[cross - gs.i_noise[0]] = [(gs.T_z - 1) * (-1) ** i for i in range(len(cross))]
+    resid[cross - gs.i_noise[0]] = [inside * (-1) ** i for i in range(len(cross))]
     if int(np.sum(resid * resid)) <= gs.l2_z:  # pragma: no cover - a layout change would need a larger residual
         raise RuntimeError("the Q residual does not exceed the noise l2 bound")
-    hi = flp.decode_signed(x0[:circuit.L])
-    hi[gs.i_noise] += resid
-    lanes = np.concatenate([flp.encode_signed(hi), x0[circuit.L:]])
-    words = np.concatenate([fw0[:gs.n_f], flp.encode_signed(resid)])
-    name = "q_residual_past_l2"
-    b_body, b_seed, b_com = _prove_false(circuit, lanes, words, f"dp_gram {name}", ["noise_l2"])
+    lanes = noisy(x0, resid)
+    words = np.concatenate([fw0[:gs.n_f], F.encode_signed(resid)])
+    name = names[1]
+    b_body, b_seed, b_com = _prove_false(circuit, lanes, words, f"{inst} {name}", ["noise_l2"])
     b_payload, _, b_qs = _sealed(params, pair, b_body, b_seed, b_com)
     bad.append(_case(circuit, name, "noise", b_payload, b_com.to_dict(), b_seed, b_qs, server,
-                     "statistics before noise a Gram matrix, the noise words carrying Q at +-(T_z - 1): every "
+                     f"statistics before noise a Gram matrix, the noise words carrying Q at {said[1]}: every "
                      "entry in range, the share's squared l2 norm above l2_z"))
     fields = {"params": params.to_dict(), "vector": [float(f) for f in v], "noise": [float(f) for f in z],
               "rand": rand.hex(), "upload": _upload(params, pair, ed, sha, seed, com, old)}
-    return _instance("dp_gram", "split with DP and the Gram statement together (the noise share travels as its "
+    over = "" if field == "goldilocks" else f" over {field}, the default (the share's range by projection rows and " \
+        "by groups of its l2 bound)"
+    return _instance(inst, f"split with DP and the Gram statement together{over} (the noise share travels as its "
                      "own words): one honest upload with a fixed noise share and the messages around it.", pair, ed,
                      fields, honest, bad)
 
