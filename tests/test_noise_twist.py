@@ -105,13 +105,16 @@ def test_the_release_through_every_role_is_the_statistics_plus_the_permuted_shar
     assert moved and np.array_equal(run.vector, want)
 
 
-def test_an_aimed_residual_no_longer_aims_through_the_real_roles():
+@pytest.mark.parametrize("field", ["goldilocks", "field128"])
+def test_an_aimed_residual_no_longer_aims_through_the_real_roles(field):
     # one cheater among ten hospitals (d = 64, C = 10, a Gaussian fit of digits) puts the residual that hurts
     # most, as large as the statement lets it keep, in its Q noise words; through run_split (every role) it is
-    # accepted, and the release it aimed at (its words as uploaded) loses points, the one released does not
+    # accepted, and the release it aimed at (its words as uploaded) loses points, the one released does not.
+    # Goldilocks lets the whole l2 budget into Q; over Field128 the groups' l2 bounds keep the aimed loss itself
+    # near a point (the benchmark: -1.3 on average against -7.2), so the gap asked of it is one point
     from secure_afl_tools.bench_dp_steer import steer_draw, steer_session
 
-    params, keys = steer_session(1000, 10)
+    params, keys = steer_session(1000, 10, field)
     # (the honest hospitals' shares are drawn from fresh entropy, as a hospital draws them: over three draws the
     # means are compared, the aimed loss -8 points on average in the benchmark, the released one -0.4)
     rng = np.random.default_rng(11)
@@ -119,4 +122,4 @@ def test_an_aimed_residual_no_longer_aims_through_the_real_roles():
     assert all(r["verdict"] is None for r in rows)
     released = np.mean([r["released"] - r["honest"] for r in rows])
     aimed = np.mean([r["aimed"] - r["honest"] for r in rows])
-    assert released > -0.02 and aimed < released - 0.02
+    assert released > -0.02 and aimed < released - (0.02 if field == "goldilocks" else 0.005)

@@ -159,10 +159,12 @@ def test_every_signable_split_session_reaches_64_bits(d, C):
 
 
 def test_the_dp_gram_session_at_d512_reaches_64_bits_with_a_fourth_repetition():
-    # Prepare: the session a review found at 2^-61.6 with three repetitions (the noise share's range bits)
+    # Prepare: the session a review found at 2^-61.6 with three repetitions (the noise share's range bits, in
+    # Goldilocks; over Field128, the default, rows replace them and three repetitions reach the floor)
     from secure_afl.split.proof import Circuit, soundness_bits
 
-    defn = normalise(_sections(6, 3, backend="split", d=512, C=100, dp=True, gram=True, n_max=1000))
+    defn = normalise(_sections(6, 3, backend="split", d=512, C=100, dp=True, gram=True, field="goldilocks",
+                               n_max=1000))
     circuit = Circuit(defn.session_params())
     # Assert: the circuit the parties build takes more repetitions and so reaches the floor
     assert circuit.reps > 3 and soundness_bits(circuit) >= 64
@@ -177,7 +179,8 @@ def test_a_split_session_below_the_floor_is_refused_naming_what_to_change(monkey
     monkeypatch.setattr(proof, "MAX_REPS", 3)
     # Execute / Assert: sign refuses the DP + Gram session at d = 512 by name
     with pytest.raises(InvalidParameterError, match="validity soundness 2\\^-6[0-3].*lower n_max"):
-        normalise(_sections(6, 3, backend="split", d=512, C=100, dp=True, gram=True, n_max=1000))
+        normalise(_sections(6, 3, backend="split", d=512, C=100, dp=True, gram=True, field="goldilocks",
+                            n_max=1000))
 
 
 def test_extra_repetitions_prove_and_verify_as_three_do(monkeypatch):

@@ -42,14 +42,15 @@ def _vector(n: int, seed: int = 0) -> np.ndarray:
 
 @pytest.fixture(scope="module")
 def circuits():
-    # each statement signed explicitly, in Goldilocks (the default session is gram's, in Field128)
+    # each statement signed explicitly, in Goldilocks (the default sessions, gram's and dpgram's, are in Field128:
+    # tests/test_split_field128_*.py and tests/test_split_dp_field128.py)
     gl = {"field": "goldilocks"}
     plain = split.Circuit(split.split_session_params("circuits-plain", LAYOUT, GAMMA, BOUNDS, gram_proof=False, **gl))
     gram = split.Circuit(split.split_session_params("circuits-gram", LAYOUT, GAMMA, BOUNDS, gram_proof=True, **gl))
-    dp_params = dp_session_params(SPEC, "split", "circuits-dp", LAYOUT, GAMMA, BOUNDS, gram_proof=False)
+    dp_params = dp_session_params(SPEC, "split", "circuits-dp", LAYOUT, GAMMA, BOUNDS, gram_proof=False, **gl)
     dp = split.Circuit(dp_params)
     dpgram = split.Circuit(dp_session_params(SPEC, "split", "circuits-dp-gram", LAYOUT, GAMMA, BOUNDS,
-                                             gram_proof=True))
+                                             gram_proof=True, **gl))
     return {"plain": plain, "gram": gram, "dp": dp, "dpgram": dpgram}
 
 

@@ -217,10 +217,16 @@ def test_gram_proof_with_dp_builds_with_the_factor_on_half_the_noise_grid():
     from secure_afl.backends.session_params import dp_session_params
 
     params = dp_session_params(DPSpec(epsilon=1.0, delta=1e-5, min_contributors=3), "split", "dp-gram",
-                               Layout(6, 3), 1.0, Bounds(4.0, 100, 8), gram_proof=True)
+                               Layout(6, 3), 1.0, Bounds(4.0, 100, 8), gram_proof=True, field="goldilocks")
     c = split.Circuit(params)
-    # below GRAM_MIN_F, allowed under DP (docs/VALIDITY.md): the scale is the noise grid's half
+    # in Goldilocks, below GRAM_MIN_F, allowed under DP (docs/VALIDITY.md): the scale is the noise grid's half
     assert c.sizes["gram"]["f"] == c.f1 // 2 < split.sizes.GRAM_MIN_F and c.part("gram").noise
+    # over Field128, the default, the word's scale f1 + f2: the factor at half of it, far finer than the grid
+    params = dp_session_params(DPSpec(epsilon=1.0, delta=1e-5, min_contributors=3), "split", "dp-gram",
+                               Layout(6, 3), 1.0, Bounds(4.0, 100, 8))
+    c = split.Circuit(params)
+    f1, f2 = (int(v) for v in params.backend_params["frac_bits"])
+    assert c.sizes["gram"]["f"] == (f1 + f2) // 2 > f1 and c.part("gram").noise
 
 
 # -- the release ---------------------------------------------------------------------------------------------
@@ -423,7 +429,7 @@ def test_the_session_signs_gram_proof_into_the_parameters_with_or_without_dp_and
     with_dp = normalise(parse(_sections(split={"gram_proof": True}, dp={"epsilon": 1.0}))).session_params()
     assert split.gram_enabled(with_dp) and with_dp.dp is not None
     dp_default = normalise(parse(_sections(dp={"epsilon": 1.0})))
-    assert dp_default.body["split"] == {"gram_proof": True, "field": "goldilocks", "max_share": 1.0}
+    assert dp_default.body["split"] == {"gram_proof": True, "field": "field128", "max_share": 1.0}
     with pytest.raises(SecureAFLError, match=r"\[split\] is for backend"):
         normalise(parse(_sections("ckks", split={"gram_proof": True})))
     line = share_line(on)
