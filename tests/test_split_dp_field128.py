@@ -91,9 +91,15 @@ def test_a_dp_session_signed_by_the_session_definition_is_field128_too():
     sections = {"session": {"id": "dp128", "backend": "split", "dim": 6, "classes": 3, "hospitals":
                             ["h1", "h2", "h3"], "min_clients": 3},
                 "bounds": {"max_norm": 2.0, "n_max": 200, "k_max": 8}, "dp": {"epsilon": 1.0}}
-    params = normalise(parse(sections)).session_params()
+    definition = normalise(parse(sections))
+    params = definition.session_params()
     assert params.backend_params["field"] == "field128" and split.noise_beside(params)
-    split.Circuit(params)
+    assert split.Circuit(params).sizes["gram"]["n_r"] == 0
+    # what sign, show, server run and the audit report print: snapped under DP, not the exact lanes
+    from secure_afl.session.definition import split_validity
+
+    line = split_validity(definition)
+    assert "snapped" in line and "exact lanes" not in line and "projection rows" in line
 
 
 # -- an honest hospital ----------------------------------------------------------------------------------------

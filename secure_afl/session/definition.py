@@ -393,11 +393,16 @@ def guarantee_lines(definition: SessionDefinition) -> list[tuple[str, str]]:
 def split_validity(definition: SessionDefinition) -> str:
     """A split session's field and Gram statement as read (:meth:`SessionDefinition.split_settings`), in words:
     "Gram statement on (field128, exact lanes)", "... on (goldilocks, statistics snapped onto the factor)" or
-    "Gram statement off (goldilocks)"."""
+    "Gram statement off (goldilocks)". Under [dp] the statistics are snapped in either field (the residual
+    witness is not carried: the noise moves them far more), and the noise share's bound is named."""
     sp = definition.split_settings()
     if not sp["gram_proof"]:
         return f"Gram statement off ({sp['field']})"
-    lanes = "exact lanes" if sp["field"] == "field128" else "statistics snapped onto the factor"
+    dp = definition.body.get("dp") is not None
+    lanes = "exact lanes" if sp["field"] == "field128" and not dp else "statistics snapped onto the factor"
+    if dp:
+        lanes += (", noise share bounded by projection rows and its groups' l2 bounds" if sp["field"] == "field128"
+                  else ", noise share bounded entry by entry")
     return f"Gram statement on ({sp['field']}, {lanes})"
 
 
