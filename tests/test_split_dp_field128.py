@@ -7,7 +7,6 @@ Goldilocks path."""
 
 from __future__ import annotations
 
-import hashlib
 import math
 
 import numpy as np
@@ -22,6 +21,7 @@ from secure_afl.dp.mechanism import grid_bits
 from secure_afl.packing import Layout
 from secure_afl.params import Bounds
 from secure_afl.stats import SufficientStatistics, local_statistics
+from support.sessions import split_verdict
 from secure_afl_tools.attacks_validity import field_decode, noisy_zero_upload
 
 SPEC = DPSpec(1.0, 1e-5, 3)
@@ -43,15 +43,7 @@ def sessions():
     return {g: _session(g) for g in (False, True)}
 
 
-def _verdict(sess, body, seed, com, hospital="h1"):
-    params, be, server_key, keys = sess
-    payload, st = be.seal_upload(body, seed, com, keys.public_context, hospital, Ed25519PrivateKey.generate())
-    split.check_upload(be.circuit, payload, st)
-    sha = hashlib.sha256(payload).hexdigest()
-    expected = split.query_seed(split.query_key(keys.secret_context), params, hospital, sha, st.get("validity"))
-    msg = split.leader_message(be.circuit, hospital, payload, st, server_key, expected)
-    qs, leader = split.verify_leader_message(msg, server_key.public_key(), be.circuit, hospital, sha, expected)
-    return split.helper_verdict(be.circuit, hospital, seed, st, qs, leader)
+_verdict = split_verdict
 
 
 def _vector(n, seed=0):

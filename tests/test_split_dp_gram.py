@@ -7,7 +7,6 @@ release path's protocol functions); the e2e test drives a real server process wi
 
 from __future__ import annotations
 
-import hashlib
 import math
 
 import numpy as np
@@ -24,6 +23,7 @@ from secure_afl.packing import Layout
 from secure_afl.params import Bounds
 from secure_afl.split.statements import Prover
 from secure_afl.stats import SufficientStatistics, local_statistics
+from support.sessions import split_verdict
 from secure_afl_tools.attacks_validity import gram_cheat, indefinite_statistics, raw_statistics
 
 SPEC = DPSpec(1.0, 1e-5, 3)
@@ -48,15 +48,7 @@ def sessions():
     return {g: _session(gram=g) for g in (False, True)}
 
 
-def _verdict(sess, body, seed, com, hospital="h1"):
-    params, be, server_key, keys = sess
-    payload, st = be.seal_upload(body, seed, com, keys.public_context, hospital, Ed25519PrivateKey.generate())
-    split.check_upload(be.circuit, payload, st)
-    sha = hashlib.sha256(payload).hexdigest()
-    expected = split.query_seed(split.query_key(keys.secret_context), params, hospital, sha, st.get("validity"))
-    msg = split.leader_message(be.circuit, hospital, payload, st, server_key, expected)
-    qs, leader = split.verify_leader_message(msg, server_key.public_key(), be.circuit, hospital, sha, expected)
-    return split.helper_verdict(be.circuit, hospital, seed, st, qs, leader)
+_verdict = split_verdict
 
 
 def _vector(n, dim=6, classes=3, max_norm=2.0, seed=0):

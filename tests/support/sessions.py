@@ -82,3 +82,23 @@ def run_secagg_plan(c, data, plan, timeout=90):
     for t in threads:
         t.join(timeout=timeout + 60)
     return results, errors
+
+
+def split_verdict(sess, body, seed, com, hospital="h1"):
+    """The key holder's verdict on one proven body through the release path's protocol functions: sealed by the
+    backend, checked, the server's signed verifier message at the key holder's query seed, then the key holder's
+    judgement on its own share. ``sess``: ``(params, backend, server signing key, split key pair)``."""
+    import hashlib
+
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    from secure_afl import split
+
+    params, be, server_key, keys = sess
+    payload, st = be.seal_upload(body, seed, com, keys.public_context, hospital, Ed25519PrivateKey.generate())
+    split.check_upload(be.circuit, payload, st)
+    sha = hashlib.sha256(payload).hexdigest()
+    expected = split.query_seed(split.query_key(keys.secret_context), params, hospital, sha, st.get("validity"))
+    msg = split.leader_message(be.circuit, hospital, payload, st, server_key, expected)
+    qs, leader = split.verify_leader_message(msg, server_key.public_key(), be.circuit, hospital, sha, expected)
+    return split.helper_verdict(be.circuit, hospital, seed, st, qs, leader)
