@@ -171,7 +171,8 @@ def test_a_share_past_its_projection_rows_is_refused(sessions):
     sess = sessions[True]
     gs = sess[1].circuit.part("gram")
     z = np.zeros(gs.n_z, dtype=object)
-    z[LAY.slices["cross"].start - gs.i_noise[0]] = 1 << 70  # its square, 2^140, would wrap mod p; in the lanes it sits at 2^(70 + f2) < p / 2
+    # its square, 2^140, would wrap mod p; in the lanes it sits at 2^(70 + f2) < p / 2
+    z[LAY.slices["cross"].start - gs.i_noise[0]] = 1 << 70
     c = sess[1].circuit
     lanes, fw = noisy_zero_upload(c, np.zeros(gs.n_z, dtype=np.int64))
     fw = fw.copy()

@@ -177,8 +177,9 @@ def gramsizes(params: SessionParams, f1: int) -> dict:
             l2 = noise_l2_bound(params, grid, out["n_z"], NOISE_L2_TAIL_BITS + 1)
             out["m_z"] = pow2_at_least(TAIL * (math.sqrt(l2) + 1.0)) + 1
             # the rows bound an entry only by about 12 times the share's l2 norm; the groups are made small
-            # enough that each one's proven squared norm, 2^m_g <= 2^(2 cap), bounds every entry as the bits
-            # do in Goldilocks (|z_i| < 2^cap, cap the bit length of tau): no entry can carry the whole l2 budget
+            # enough that each one's proven squared norm, 2^m_g <= 2^(2 (cap + 1)), bounds every entry below
+            # 2^(cap + 1) <= 4 tau (cap the bit length of tau; Goldilocks' bits give 2^cap <= 2 tau, at four
+            # times the upload): no entry can carry the whole l2 budget
             out.update(noise_groups(params, grid, out["n_z"], out["m_z"], cap_log2=cap + 1))
             out["z_log2"] = min(out["m_z"], (out["m_g"] + 1) // 2)
         else:
