@@ -39,9 +39,11 @@ class WorkerPool:
     returns the results in chunk order. A verifier that streams (a poll every second, a few uploads each time)
     pays the interpreter start-up (a second or more of CPU per process) once, not at every batch, and a batch
     of any size is spread over ``min(workers, len(items))`` of them (a single item too: the caller, a server's
-    request thread, stays free). Once the pool has been handed ``start_after`` items in all it starts its
-    processes and runs ``warm`` in each; until they are all up, batches run in the calling process, so no batch
-    waits for an interpreter to start and a small session never starts one.
+    request thread, stays free). Once the pool has been handed ``start_after`` items in all, or its batches
+    have taken ``start_after_s`` seconds of the calling thread's CPU (about what starting a worker costs: past
+    it, the workers pay for themselves whatever comes next), it starts its processes and runs ``warm`` in each;
+    until they are all up, batches run in the calling process, so no batch waits for an interpreter to start
+    and a small or cheap session never starts one.
 
     ``fn`` must be a module-level function (a spawned interpreter imports it by name) and ``common`` and the
     items picklable. The first exception a chunk raises is raised here. Thread-safe; :meth:`close` (or leaving
@@ -49,13 +51,16 @@ class WorkerPool:
     process is gone.
     """
 
-    def __init__(self, workers: int | None = None, *, start_after: int = 32, warm=None):
+    def __init__(self, workers: int | None = None, *, start_after: int = 32, start_after_s: float | None = None,
+                 warm=None):
         if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int) or workers < 1):
             raise ValueError("workers must be an int >= 1")
         self.workers = workers or os.cpu_count() or 1
         self.start_after = int(start_after)
+        self.start_after_s = None if start_after_s is None else float(start_after_s)
         self._warm = warm
         self._seen = 0
+        self._inline_s = 0.0  # the calling threads' CPU seconds in batches run here
         self._pool: ProcessPoolExecutor | None = None
         self._starting: list = []
         self._lock = threading.Lock()
@@ -66,6 +71,12 @@ class WorkerPool:
         with self._lock:
             return self._pool is not None and all(f.done() for f in self._starting)
 
+    @property
+    def launched(self) -> bool:
+        """The worker processes were asked to start (they may still be coming up)."""
+        with self._lock:
+            return self._pool is not None
+
     def start(self, *, wait: bool = True, timeout: float | None = None) -> None:
         """Start the workers now, whatever ``start_after`` says (a benchmark's setup, tests); ``wait``: until
         they are up."""
@@ -75,6 +86,11 @@ class WorkerPool:
         if wait:
             for f in starting:
                 f.result(timeout)
+
+    def _start_if_due_locked(self) -> None:
+        if self.workers > 1 and (self._seen >= self.start_after or (
+                self.start_after_s is not None and self._inline_s >= self.start_after_s)):
+            self._start_locked()
 
     def _start_locked(self) -> None:
         if self._pool is None:
@@ -87,14 +103,19 @@ class WorkerPool:
         items = list(items)
         with self._lock:
             self._seen += len(items)
-            if self.workers > 1 and self._seen >= self.start_after:
-                self._start_locked()
+            self._start_if_due_locked()
             pool, starting = self._pool, list(self._starting)
         ready = pool is not None and all(f.done() for f in starting)
         for f in starting if ready else ():
             f.result()
         if not ready or not items:
-            return [fn(common, items)]
+            cpu0 = time.thread_time()
+            try:
+                return [fn(common, items)]
+            finally:
+                with self._lock:  # started now, not at the next batch: they warm while the caller waits for it
+                    self._inline_s += time.thread_time() - cpu0
+                    self._start_if_due_locked()
         size = -(-len(items) // min(self.workers, len(items)))
         chunks = [items[i:i + size] for i in range(0, len(items), size)]
         return list(pool.map(fn, [common] * len(chunks), chunks))

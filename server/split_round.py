@@ -49,7 +49,7 @@ def _verifiers(session: ServerSession):
     """This session's verifier worker processes, started on the first query and kept for every later one."""
     with session.lock:
         if session.split.verifier_pool is None:
-            session.split.verifier_pool = split.pool.verifier_pool(spare=1)
+            session.split.verifier_pool = split.pool.verifier_pool()
         return session.split.verifier_pool
 
 

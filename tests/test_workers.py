@@ -10,7 +10,7 @@ import time
 import pytest
 
 from secure_afl.workers import WorkerPool
-from support.pool_fns import fail_on, mark_warm, pid_and_square, was_warmed
+from support.pool_fns import burn_cpu, fail_on, mark_warm, pid_and_square, was_warmed
 
 
 def _run(pool, items, common=0):
@@ -29,6 +29,23 @@ def test_a_pool_works_in_the_calling_process_until_its_workers_are_up():
         pids, values = _run(pool, range(6), common=2)
         assert pool.started and os.getpid() not in pids and len(pids) == 2  # two chunks, in the workers
         assert values == [2 + x * x for x in range(6)]  # chunk order kept
+
+
+def test_a_pool_starts_its_workers_once_its_batches_cost_the_calling_thread_start_after_s_of_cpu():
+    # Prepare: an item count that is never reached; 0.2 s of the caller's CPU is
+    with WorkerPool(2, start_after=10**6, start_after_s=0.2) as pool:
+        # Execute: cheap batches (microseconds of CPU), then one of 0.25 s
+        for _ in range(3):
+            _run(pool, range(6))
+        cheap_launched = pool.launched
+        pid, items = pool.map_chunks(burn_cpu, 0.25, [1, 2, 3])[0]
+        # Assert: the cheap batches started nothing; the costly one ran here and started the workers as it
+        # ended, not at the next batch (they come up while the caller waits for one)
+        assert not cheap_launched
+        assert pid == os.getpid() and items == [1, 2, 3] and pool.launched
+        pool.start()
+        pids, values = _run(pool, range(4))
+        assert os.getpid() not in pids and values == [x * x for x in range(4)]
 
 
 def test_the_workers_are_kept_between_batches_and_a_batch_is_spread_over_them():

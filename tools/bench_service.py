@@ -288,16 +288,25 @@ def run_service_bench(backend: str, hospitals: int, *, dim: int = 64, classes: i
                         p.terminate()
 
         with Judging(kh, url, session_id, enabled=backend == "split") as judging:
+            hospitals_t0 = time.time()
             phase("hospitals", hospitals_phase)
-        if backend == "split":
-            phases["hospitals"]["keyholder_judged_while_open"] = judging.uploads
-            accepted = len(conn.status()["uploaded"])
-            phase("judging", lambda: judging.catch_up(accepted))
+            if backend == "split":
+                phases["hospitals"]["keyholder_judged_while_open"] = judging.uploads
+                accepted = len(conn.status()["uploaded"])
+
+                def judging_phase():  # the loop's pass in flight when the uploads stopped counts here too
+                    judging.stop()
+                    judging.catch_up(accepted)
+
+                phase("judging", judging_phase)
         if backend == "secagg":
             phases["hospitals"]["stages"] = _secagg_stages(work / "server" / session_id / "audit.jsonl")
         if errors:
             raise RuntimeError(f"{len(errors)} hospital failure(s), e.g. {next(iter(errors.items()))}")
         res = phase("release", lambda: kh.finalize(conn, min_clients=min_clients))
+        if backend == "split":
+            phases["judging"]["timeline"] = _judging_timeline(work / "server" / session_id / "audit.jsonl",
+                                                              judging.judged_at, hospitals_t0, time.time())
         busy["keyholder"] = conn.busy_retries
         conn.close()
         phases["release"]["contributors"] = res.report.get("contributors")
@@ -352,6 +361,30 @@ def _uploads_counted(audit_path: Path) -> dict[str, int]:
             if rec["event"] == "upload" and rec["outcome"] == "accepted":
                 counts[rec["actor"]] = counts.get(rec["actor"], 0) + 1
     return counts
+
+
+def _judging_timeline(audit_path: Path, judged_at: dict, t0: float, released: float) -> dict:
+    """When the uploads arrived (the server's accepted-upload records), how long each waited for the key
+    holder's verdict, and the release's end after the last upload, in seconds from the start of the
+    hospitals' phase (``t0``; ``released``: the release's end, both ``time.time()``)."""
+    from datetime import datetime
+
+    arrived = {}
+    with open(audit_path, "rb") as fh:
+        for line in fh:
+            rec = json.loads(line)
+            if rec["event"] == "upload" and rec["outcome"] == "accepted":
+                arrived[rec["actor"].partition(":")[2] or rec["actor"]] = \
+                    datetime.fromisoformat(rec["time"].replace("Z", "+00:00")).timestamp() - t0
+    if not arrived:
+        return {}
+    times = np.sort(np.array(list(arrived.values())))
+    lags = np.array([judged_at[h] - t0 - a for h, a in arrived.items() if h in judged_at])
+    return {"first_arrival_s": float(times[0]), "median_arrival_s": float(np.median(times)),
+            "last_arrival_s": float(times[-1]), "released_after_last_upload_s": released - t0 - float(times[-1]),
+            "lag_s": {"median": float(np.median(lags)), "p90": float(np.percentile(lags, 90)),
+                      "max": float(lags.max())} if len(lags) else None,
+            "arrivals_per_tenth": np.histogram(times, bins=10, range=(0.0, float(times[-1]) or 1.0))[0].tolist()}
 
 
 def _default_processes(backend: str, K: int) -> int:
@@ -484,6 +517,14 @@ def format_report(r: dict) -> str:
                      f"share {rel['judge_and_share_s']:.2f} s"
                      + ("" if judged is None else f"; {judged} uploads judged as they arrived, the others in "
                         f"the judging phase"))
+    tl = r["phases"].get("judging", {}).get("timeline")
+    if tl:
+        lag = tl["lag_s"] or {}
+        lines.append(f"uploads arrived {tl['first_arrival_s']:.1f} .. {tl['last_arrival_s']:.1f} s into the hospitals' "
+                     f"phase (median {tl['median_arrival_s']:.1f} s; per tenth of that span: "
+                     f"{tl['arrivals_per_tenth']}); arrival to verdict: median {lag.get('median', 0):.2f} s, "
+                     f"p90 {lag.get('p90', 0):.2f} s, max {lag.get('max', 0):.2f} s; released "
+                     f"{tl['released_after_last_upload_s']:.2f} s after the last upload")
     if r.get("uploads_counted"):
         u = r["uploads_counted"]
         lines.append(f"uploads counted: {u['accepted_records']} accepted upload records from {u['hospitals']} "

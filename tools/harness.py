@@ -281,11 +281,14 @@ class Judging:
     judges.
 
     ``with Judging(kh, url, session_id, enabled=...) as j:`` around the uploads; afterwards ``j.uploads`` is
-    how many were judged, and a failure (a blocked key: the release would be refused) is raised on leaving."""
+    how many were judged, and a failure (a blocked key: the release would be refused) is raised on leaving or
+    at :meth:`stop`."""
 
     def __init__(self, kh, url: str, session_id: str, *, enabled: bool = True, interval_s: float = 0.5):
         self.kh, self.url, self.session_id, self.interval_s = kh, url, session_id, interval_s
         self.uploads, self.passes, self.error = 0, 0, None
+        #: hospital -> wall-clock time (time.time(), the audit log's clock) of the pass that judged it first
+        self.judged_at: dict[str, float] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True) if enabled else None
 
@@ -293,24 +296,42 @@ class Judging:
         conn = self.kh.connect(self.url, self.session_id)
         try:
             while not self._stop.wait(self.interval_s):
-                self.uploads = len(self.kh.judge_split(conn))
-                self.passes += 1
+                self._pass(conn)
         except Exception as e:  # raised by __exit__
             self.error = e
         finally:
             conn.close()
+
+    def _pass(self, conn) -> None:
+        records = self.kh.judge_split(conn)
+        now = time.time()
+        for h in records:
+            self.judged_at.setdefault(h, now)
+        self.uploads = len(records)
+        self.passes += 1
 
     def __enter__(self):
         if self._thread is not None:
             self._thread.start()
         return self
 
-    def __exit__(self, exc_type, *exc):
+    def stop(self) -> None:
+        """Stop the loop once its pass in flight is done (a benchmark times that pass with the judging after
+        the uploads); its failure is raised here."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
-        if exc_type is None and self.error is not None:
-            raise RuntimeError(f"the key holder's judging failed: {self.error}") from self.error
+        if self.error is not None:
+            err, self.error = self.error, None
+            raise RuntimeError(f"the key holder's judging failed: {err}") from err
+
+    def __exit__(self, exc_type, *exc):
+        if exc_type is None:
+            self.stop()
+        else:  # the loop stops; the failure in flight is the one to see
+            self._stop.set()
+            if self._thread is not None:
+                self._thread.join()
 
     def catch_up(self, uploads: int, timeout_s: float = 600.0) -> int:
         """After the uploads (the loop stopped): judge, pass after pass, until ``uploads`` are judged or a pass
@@ -325,7 +346,7 @@ class Judging:
                 if time.monotonic() > deadline:
                     raise RuntimeError(f"the key holder judged {self.uploads} of {uploads} uploads in {timeout_s:g} s")
                 before = self.uploads
-                self.uploads = len(self.kh.judge_split(conn))
+                self._pass(conn)
                 passes += 1
         finally:
             conn.close()
