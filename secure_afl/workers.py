@@ -47,8 +47,8 @@ class WorkerPool:
 
     ``fn`` must be a module-level function (a spawned interpreter imports it by name) and ``common`` and the
     items picklable. The first exception a chunk raises is raised here. Thread-safe; :meth:`close` (or leaving
-    ``with``) stops the workers (a later batch starts them again), and each worker also stops when its parent
-    process is gone.
+    ``with``) stops the workers without waiting for them to exit (a later batch starts them again), and each
+    worker also stops when its parent process is gone.
     """
 
     def __init__(self, workers: int | None = None, *, start_after: int = 32, start_after_s: float | None = None,
@@ -121,10 +121,13 @@ class WorkerPool:
         return list(pool.map(fn, [common] * len(chunks), chunks))
 
     def close(self) -> None:
+        """Stop the workers: queued chunks are cancelled and each worker leaves after its chunk in flight. Not
+        waited for: a worker's interpreter takes 0.3 s (quiet) to 1.3 s (a loaded 2-core VM) to finalise, which
+        a key holder closing its pool before its share leaves would add to every release."""
         with self._lock:
             pool, self._pool, self._starting = self._pool, None, []
         if pool is not None:
-            pool.shutdown(wait=True, cancel_futures=True)
+            pool.shutdown(wait=False, cancel_futures=True)
 
     def __enter__(self):
         return self

@@ -20,6 +20,10 @@ def test_bench_service_versus_runs_both_backends_and_counts_every_upload_once(tm
     assert rc == 0 and [r["backend"] for r in runs] == ["plain", "split"]
     assert all(r["uploads_counted"] == {"accepted_records": 3, "hospitals": 3, "each_once": True} for r in runs)
     assert runs[1]["phases"]["release"]["keyholder_share_s"] > 0
+    # split's release starts once every upload is judged; the hospitals' figures are still all collected after it
+    assert all(r["hospitals_measured"] == 3 for r in runs)
+    assert isinstance(runs[1]["phases"]["hospitals"]["processes_ended_after_release_s"], float)
+    assert "processes ended" in out
     assert "split / plain" in out and "each survivor exactly once" in out
 
 

@@ -96,6 +96,24 @@ def test_workers_leave_when_their_parent_is_killed(tmp_path):
     assert not any(_alive(p) for p in pids)
 
 
+def test_close_returns_and_its_workers_leave():
+    # a key holder closes its pool before its share leaves: the workers (opened seeds in memory) must go, and
+    # the release does not wait for their interpreters to finish
+    pool = WorkerPool(2)
+    pool.start()
+    pids, _ = _run(pool, [1, 2])
+    assert len(pids) == 2 and os.getpid() not in pids
+    pool.close()
+    assert not pool.launched
+    deadline = time.monotonic() + 30
+    while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(_alive(p) for p in pids)
+    pids, values = _run(pool, [3])  # a later batch runs (here, until the workers are up again)
+    assert values == [9]
+    pool.close()
+
+
 def _alive(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/stat") as f:

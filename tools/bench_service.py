@@ -13,7 +13,9 @@ interpreter's GIL nor by K contributions in memory at once. Phases:
 * ``server``     server start until ``/v1/health`` answers;
 * ``keys``       (ckks, bfv) the key holder's keygen and publication;
 * ``hospitals``  K hospitals fetch the parameters, protect, sign, upload (secagg:
-                 every stage of the round, the server's unmasking included);
+                 every stage of the round, the server's unmasking included); split: it ends once the
+                 key holder's judging loop holds every expected upload, and the benchmark's hospital
+                 processes exit while the judging and the release run (the report says when);
 * ``judging``    (split) the key holder judges what the uploads' last burst left, as a session whose
                  deadline falls after its last upload does before the release;
 * ``release``    the key holder closes the round, verifies the manifest, reveals and solves W.
@@ -223,10 +225,8 @@ def run_service_bench(backend: str, hospitals: int, *, dim: int = 64, classes: i
     url = f"https://127.0.0.1:{cfg['server']['port']}"
     kh = KeyHolder(pki_dir, "keyholder", work / "keyholder", passphrase=os.urandom(16).hex().encode())
     server = ServerProcess(work / "session.toml", work / "server.log")
-    results: dict[str, tuple[int, int]] = {}
-    errors: dict[str, str] = {}
     busy = {"hospitals": 0, "keyholder": 0}
-    meter = None
+    meter = fleet = None
 
     def phase(name, fn):
         peak_reset = meter.reset_peak()
@@ -258,38 +258,14 @@ def run_service_bench(backend: str, hospitals: int, *, dim: int = 64, classes: i
                "timeout": hospital_timeout_s}
         n_proc = max(1, min(processes or _default_processes(backend, K), K))
 
-        def hospitals_phase():
-            ctx = mp.get_context("spawn")
-            out = ctx.Queue()
-            slices = [[(i, names[i], i in dropped) for i in range(j, K, n_proc)] for j in range(n_proc)]
-            procs = [ctx.Process(target=_hospital_slice, args=(job, sl, out), daemon=True) for sl in slices]
-            for p in procs:
-                p.start()
-            deadline = time.monotonic() + hospital_timeout_s + 120
-            done = 0
-            try:
-                while done < n_proc:
-                    try:
-                        part = out.get(timeout=max(0.1, min(5.0, deadline - time.monotonic())))
-                    except queue_mod.Empty:
-                        if time.monotonic() > deadline:
-                            raise RuntimeError("hospitals did not finish within the bound") from None
-                        if any(p.exitcode not in (0, None) for p in procs):
-                            raise RuntimeError("a hospital worker process died") from None
-                        continue
-                    done += 1
-                    results.update({k: tuple(v) for k, v in part["results"].items()})
-                    errors.update(part["errors"])
-                    busy["hospitals"] += part["busy_retries"]
-            finally:
-                for p in procs:
-                    p.join(timeout=10)
-                    if p.is_alive():
-                        p.terminate()
-
+        fleet = _HospitalFleet(job, [[(i, names[i], i in dropped) for i in range(j, K, n_proc)]
+                                     for j in range(n_proc)], hospital_timeout_s + 120)
         with Judging(kh, url, session_id, enabled=backend == "split") as judging:
             hospitals_t0 = time.time()
-            phase("hospitals", hospitals_phase)
+            # split: the release starts once the key holder's judging holds every expected upload, as a key holder
+            # whose roster has all uploaded would start it, not when the benchmark's hospital processes exit
+            phase("hospitals", lambda: fleet.run(until=(lambda: judging.uploads >= survivors)
+                                                 if backend == "split" else None))
             if backend == "split":
                 phases["hospitals"]["keyholder_judged_while_open"] = judging.uploads
                 accepted = len(conn.status()["uploaded"])
@@ -301,13 +277,17 @@ def run_service_bench(backend: str, hospitals: int, *, dim: int = 64, classes: i
                 phase("judging", judging_phase)
         if backend == "secagg":
             phases["hospitals"]["stages"] = _secagg_stages(work / "server" / session_id / "audit.jsonl")
-        if errors:
-            raise RuntimeError(f"{len(errors)} hospital failure(s), e.g. {next(iter(errors.items()))}")
+        fleet.raise_errors()
         res = phase("release", lambda: kh.finalize(conn, min_clients=min_clients))
+        released_at = time.time()
+        fleet.finish()  # the hospitals' processes exit (their receipts, their memory) while the parties work
+        fleet.raise_errors()
+        phases["hospitals"]["processes_ended_after_release_s"] = fleet.ended_at - released_at
         if backend == "split":
             phases["judging"]["timeline"] = _judging_timeline(work / "server" / session_id / "audit.jsonl",
-                                                              judging.judged_at, hospitals_t0, time.time())
+                                                              judging.judged_at, hospitals_t0, released_at)
         busy["keyholder"] = conn.busy_retries
+        results, busy["hospitals"] = fleet.results, fleet.busy_retries
         conn.close()
         phases["release"]["contributors"] = res.report.get("contributors")
         if "verify_and_resum_seconds" in res.report:
@@ -320,6 +300,8 @@ def run_service_bench(backend: str, hospitals: int, *, dim: int = 64, classes: i
             phases["release"]["resum_s_by_fetchers"] = _resum_by_fetchers(kh, kh.connect(url, session_id))
         disk = _disk_used(work / "server")
     finally:
+        if fleet is not None:
+            fleet.stop()
         server.stop()
     counted = None if backend == "secagg" else _uploads_counted(work / "server" / session_id / "audit.jsonl")
 
@@ -342,6 +324,7 @@ def run_service_bench(backend: str, hospitals: int, *, dim: int = 64, classes: i
         "bytes_up_per_hospital": float(up.mean()) if len(up) else 0.0,
         "bytes_down_per_hospital": float(down.mean()) if len(down) else 0.0,
         "hospital_cpu_s": {"mean": float(cpu.mean()), "max": float(cpu.max())} if len(cpu) else None,
+        "hospitals_measured": len(results),
         "server_disk_bytes": disk, "w_rel_error_vs_plain": w_err, "busy_retries": busy,
         "uploads_counted": None if counted is None else {
             "accepted_records": sum(counted.values()), "hospitals": len(counted),
@@ -443,6 +426,70 @@ def _resum_by_fetchers(kh, conn) -> dict[int, float]:
     return seconds
 
 
+class _HospitalFleet:
+    """The hospitals' worker processes (one slice each, :func:`_hospital_slice`) and what they report.
+
+    :meth:`run` returns when every process has ended, or, sooner, when ``until()`` says the key holder holds
+    every expected upload: the release does not wait for the benchmark's own processes to exit (at K = 1000,
+    d = 512 each held 6.5 GB and ended 5.5 s after the last upload). :meth:`finish` collects the rest."""
+
+    _POLL_S = 0.25
+
+    def __init__(self, job: dict, slices: list, timeout_s: float):
+        ctx = mp.get_context("spawn")
+        self._out = ctx.Queue()
+        self._procs = [ctx.Process(target=_hospital_slice, args=(job, sl, self._out), daemon=True) for sl in slices]
+        self._timeout_s, self._deadline = timeout_s, None
+        self._reported = 0
+        self.results: dict[str, tuple] = {}
+        self.errors: dict[str, str] = {}
+        self.busy_retries = 0
+        self.ended_at: float | None = None  # time.time() when the last process had ended
+
+    def _collect(self, wait_s: float) -> None:
+        try:
+            part = self._out.get(timeout=wait_s)
+        except queue_mod.Empty:
+            if time.monotonic() > self._deadline:
+                raise RuntimeError("hospitals did not finish within the bound") from None
+            if any(p.exitcode not in (0, None) for p in self._procs):
+                raise RuntimeError("a hospital worker process died") from None
+            return
+        self._reported += 1
+        self.results.update({k: tuple(v) for k, v in part["results"].items()})
+        self.errors.update(part["errors"])
+        self.busy_retries += part["busy_retries"]
+
+    def run(self, until=None) -> None:
+        for p in self._procs:
+            p.start()
+        self._deadline = time.monotonic() + self._timeout_s
+        while self._reported < len(self._procs):
+            self._collect(self._POLL_S if until else 5.0)
+            if until is not None and until():
+                return
+        self.stop()
+
+    def finish(self) -> None:
+        while self._reported < len(self._procs):
+            self._collect(5.0)
+        self.stop()
+
+    def raise_errors(self) -> None:
+        if self.errors:
+            raise RuntimeError(f"{len(self.errors)} hospital failure(s), e.g. {next(iter(self.errors.items()))}")
+
+    def stop(self) -> None:
+        for p in self._procs:
+            if p.pid is None:
+                continue
+            p.join(timeout=10)
+            if p.is_alive():
+                p.terminate()
+        if self.ended_at is None:
+            self.ended_at = time.time()
+
+
 def _hospital_slice(job: dict, hospitals: list, out) -> None:
     """One worker process: its slice of hospitals as threads, figures back to the parent through ``out``."""
     from secure_afl import pki
@@ -524,7 +571,9 @@ def format_report(r: dict) -> str:
                      f"phase (median {tl['median_arrival_s']:.1f} s; per tenth of that span: "
                      f"{tl['arrivals_per_tenth']}); arrival to verdict: median {lag.get('median', 0):.2f} s, "
                      f"p90 {lag.get('p90', 0):.2f} s, max {lag.get('max', 0):.2f} s; released "
-                     f"{tl['released_after_last_upload_s']:.2f} s after the last upload")
+                     f"{tl['released_after_last_upload_s']:.2f} s after the last upload (the benchmark's hospital "
+                     f"processes ended {r['phases']['hospitals']['processes_ended_after_release_s']:+.2f} s from "
+                     f"the release's end)")
     if r.get("uploads_counted"):
         u = r["uploads_counted"]
         lines.append(f"uploads counted: {u['accepted_records']} accepted upload records from {u['hospitals']} "
