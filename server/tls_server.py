@@ -36,13 +36,16 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from secure_afl.exceptions import InvalidParameterError
 
-__all__ = ["GuardedH11Protocol", "listen", "reserve_open_files", "serve", "uvicorn_config"]
+__all__ = ["GuardedH11Protocol", "KEEP_ALIVE_S", "listen", "reserve_open_files", "serve", "uvicorn_config"]
 
 log = logging.getLogger("secure_afl.server")
 
 #: Descriptors the server needs besides its connections: payload files, SQLite and its WAL, the audit log,
 #: the summing processes' pipes, the listening socket, the interpreter's own.
 SPARE_FILES = 256
+#: Seconds an idle connection is kept open; a client reuses one for less (``transport.tls_client``
+#: ``KEEPALIVE_EXPIRY_S``), so no request is sent on a connection this side is closing.
+KEEP_ALIVE_S = 5
 
 
 def reserve_open_files(connections: int) -> int | None:
@@ -144,7 +147,7 @@ def uvicorn_config(app, cfg, party, *, log_level: str = "warning") -> uvicorn.Co
 
     return uvicorn.Config(app, host=cfg.host, port=cfg.port, log_level=log_level, http=_Protocol,
                           ssl_context_factory=_context, limit_concurrency=cfg.connection_limit,
-                          timeout_keep_alive=5, h11_max_incomplete_event_size=MAX_HEADER_BYTES)
+                          timeout_keep_alive=KEEP_ALIVE_S, h11_max_incomplete_event_size=MAX_HEADER_BYTES)
 
 
 def listen(host: str, port: int) -> socket.socket:

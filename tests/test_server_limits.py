@@ -107,3 +107,31 @@ def test_server_run_raises_its_soft_open_files_limit_to_its_connection_cap(conso
         assert _soft_open_files(server.proc.pid) == 1016 + SPARE_FILES
     finally:
         server.stop()
+
+
+def test_a_client_reuses_an_idle_connection_for_less_time_than_the_server_keeps_it(consortium):
+    """Equal limits (httpx's 5 s against the server's 5 s) let a hospital send a request on a connection the
+    server was closing: at K = 1000 the request was lost, retried after a warning, and an upload sent again."""
+    import time
+
+    from secure_afl.transport.tls_client import KEEPALIVE_EXPIRY_S, ServiceClient
+
+    # Prepare
+    c = consortium(backend="plain").start()
+    party = pki.load_party(c.pki_dir, "hospital", "h1")
+    sock = _open_tls(c.port, party.client_ssl_context())
+    try:
+        # Execute: one request, then the idle connection held until the server closes it (bounded by the timeout)
+        sock.sendall(b"GET /v1/health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+        assert _status(sock) == 200
+        t0 = time.monotonic()
+        while sock.recv(4096):
+            pass
+        held = time.monotonic() - t0
+        with ServiceClient(c.url, party, c.session_id, timeout=30) as client:
+            expiry = client.http._transport._pool._keepalive_expiry  # the pool the client's requests go through
+    finally:
+        sock.close()
+        c.stop()
+    # Assert: the client lets go of an idle connection well before the server does
+    assert expiry == KEEPALIVE_EXPIRY_S and 2 * expiry <= held, (expiry, held)
