@@ -57,7 +57,8 @@ _CONNECT_TIMEOUT_S = 10.0
 #: An idle connection is reused for at most this long, well under the server's keep-alive (``server.tls_server``
 #: ``KEEP_ALIVE_S``, 5 s; httpx's own default is also 5 s). At equal limits a request sent as the server closed the
 #: connection was lost ("Server disconnected without sending a response"): at K = 1000, d = 512, 28 hospitals'
-#: requests, each then retried after a warning that the server did not answer, and an upload sent again in full.
+#: requests, each then retried after a warning that the server did not answer (an upload lost so is sent again
+#: in full).
 KEEPALIVE_EXPIRY_S = 2.0
 
 
