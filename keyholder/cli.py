@@ -65,6 +65,7 @@ def _cmd_judge(args) -> int:
     kh = _keyholder(args)
     kh.check_unlock(args.session)
     seen: dict = {}
+    roster = set(kh.split_judge(args.session).enrolled)
     # the first pass opens the key and fetches every upload so far (seconds): said before, not after
     print(f"secure-afl keyholder judge: judging the uploads of session {args.session} on {args.server}"
           + (" once" if args.once else f" as they arrive (every {args.interval:g} s, until the release)")
@@ -83,6 +84,9 @@ def _cmd_judge(args) -> int:
                 break
             for h in sorted(set(verdicts) - set(seen)):
                 print(f"{h}: {'valid' if verdicts[h] is None else 'refused (' + verdicts[h] + ')'}", flush=True)
+            if set(verdicts) >= roster > set(seen):  # said once: no one is left to wait for
+                print(f"every hospital of the roster ({len(roster)}) has uploaded and is judged: nothing is left to "
+                      f"wait for; `secure-afl keyholder finalize` can release now", flush=True)
             seen = verdicts
             if args.once or released:
                 break

@@ -42,6 +42,27 @@ def test_keyholder_judge_ends_with_success_once_its_session_is_released(consorti
     assert "released" in out.stdout and "error" not in out.stderr
 
 
+@pytest.mark.e2e
+def test_keyholder_judge_says_when_every_roster_hospital_is_in_and_judged(consortium, tmp_path):
+    # Prepare: a split session of three with two uploads in
+    c, conn = split_session_at_quorum(consortium)
+    conn.close()
+    phrase = passphrase_file(tmp_path / "passphrase", "test passphrase")
+    args = ("keyholder", "judge", "--pki", c.pki_dir, "--keys", c.root / "keys", "--passphrase-file", phrase,
+            "--server", c.url, "--session", c.session_id, "--once")
+
+    # Execute: one pass with h3 still out, one after its upload
+    partial = _cli(*args)
+    honest_upload(c, "h3", 3)
+    complete = _cli(*args)
+
+    # Assert: the line comes only once no one is left to wait for
+    assert partial.returncode == 0 and complete.returncode == 0, partial.stderr + complete.stderr
+    assert "h1: valid" in partial.stdout and "roster" not in partial.stdout
+    assert "h3: valid" in complete.stdout
+    assert "every hospital of the roster (3) has uploaded and is judged" in complete.stdout
+
+
 def _main(capsys, *args):
     """secure-afl's main() in this process: (exit code, stdout, stderr)."""
     from secure_afl.cli import main
