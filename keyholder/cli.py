@@ -12,6 +12,7 @@ from secure_afl.exceptions import SecureAFLError
 
 from .connection import KeyHolderConnection
 from .custody import PASSPHRASE_ENV
+from .split_stream import POLL_S
 from secure_afl.model_file import model_metadata
 from .release import KeyHolder, write_model
 from secure_afl.session.signed import load_signed
@@ -198,7 +199,8 @@ def register(parser) -> None:
     p = sub.add_parser("judge", help="split: judge each upload's validity proof as it arrives (the release then "
                                       "only sums); runs until the round is released")
     common(p, True)
-    p.add_argument("--interval", type=float, default=2.0, metavar="SECONDS", help="poll interval (default 2)")
+    p.add_argument("--interval", type=float, default=POLL_S, metavar="SECONDS",
+                   help=f"poll interval (default {POLL_S:g})")
     p.add_argument("--once", action="store_true", help="one pass over the uploads accepted so far")
     p.set_defaults(func=_cmd_judge)
     p = sub.add_parser("finalize", help="close the session and release it once: split, judge what is left, open "

@@ -34,7 +34,12 @@ from secure_afl.hazmat.at_rest import open_secret, seal_secret
 
 from .verify import ServerForgery
 
-__all__ = ["SplitJudge"]
+__all__ = ["POLL_S", "SplitJudge"]
+
+#: Seconds between two judging passes while the session is open (``keyholder judge``'s default): the last upload
+#: waits at most this long for its verdict before the release can start. A pass with nothing new is two small
+#: requests.
+POLL_S = 0.5
 
 
 def _digest(statement) -> str:

@@ -28,6 +28,7 @@ from secure_afl.session.definition import normalise
 from secure_afl.session.schema import parse
 from secure_afl.session.signed import sign, sign_definition
 from secure_afl.pki import client_ssl_context
+from secure_afl.keyholder.split_stream import POLL_S
 from secure_afl.server.config import write_config
 
 SERVER, KEYHOLDER = "aggregator", "keyholder"
@@ -284,7 +285,7 @@ class Judging:
     how many were judged, and a failure (a blocked key: the release would be refused) is raised on leaving or
     at :meth:`stop`."""
 
-    def __init__(self, kh, url: str, session_id: str, *, enabled: bool = True, interval_s: float = 0.5):
+    def __init__(self, kh, url: str, session_id: str, *, enabled: bool = True, interval_s: float = POLL_S):
         self.kh, self.url, self.session_id, self.interval_s = kh, url, session_id, interval_s
         self.uploads, self.passes, self.error = 0, 0, None
         #: hospital -> wall-clock time (time.time(), the audit log's clock) of the pass that judged it first
