@@ -79,6 +79,20 @@ def test_split_server_or_keyholder_alone_recovers_nothing(tmp_path, name):
     assert r["max_error"] > 1.0
 
 
+@pytest.mark.e2e  # the auditor's `secure-afl audit release` runs as its own process
+def test_a_split_server_holding_the_share_cannot_choose_w_and_the_audit_names_it(tmp_path):
+    # Execute: the real server role and key holder in process; the server asks for the share first, then
+    # relays enc(v*) - share as a second commitment, then stores that sum in place of the one it gave
+    r = run_attack("split-remask", verbose=False, work=tmp_path)
+
+    # Assert: each step refused by name, W the plaintext solve's (not the target's), the server named
+    assert r["outcome"] == "refused", r
+    assert "no_commitment" in r["refusals"]["share_before_commit"]
+    assert "a second masked sum" in r["refusals"]["second_sum"]
+    assert r["w_rel_error"] <= r["w_rel_bound"] and r["w_to_target"] > 0.1
+    assert r["audit_rc"] == 7 and r["audit"].startswith("AT FAULT: the server") and "key holder (W" not in r["audit"]
+
+
 def test_malicious_server_gets_no_victim_statistics_decrypted(tmp_path):
     """T2/T25: a malicious server answering the key holder's real finalize. Every forgery is refused
     BEFORE any decryption (ledger count measured), and a forged server "aggregate" is simply not used."""
@@ -165,7 +179,7 @@ def _attack_cli(name: str, patch: str = "") -> subprocess.CompletedProcess:
 
 @pytest.mark.e2e
 @pytest.mark.parametrize("name", ["ckks-server", "secagg-server", "split-server", "split-keyholder",
-                                  "split-subset"])
+                                  "split-subset", "split-remask"])
 def test_attack_cli_exits_zero_when_the_protection_holds(name):
     r = _attack_cli(name)
     assert r.returncode == 0, r.stderr
@@ -205,6 +219,13 @@ _BROKEN = {
                      "k.KeyHolder.release_split = lambda self, sid, src, *, min_clients, **kw: "
                      "rs(self, sid, src, min_clients=1, **kw)\n"
                      "r.cohort_after_refusals = lambda p, parts, refused: [h for h in parts if h not in refused]"),
+    # the key holder takes a sum relayed after its share and releases from it (the refusal of a second sum
+    # and the release from the kept sum alone removed)
+    "split-remask": ("import secure_afl.keyholder.release.split_share as r\nlast = {}\n"
+                     "r.check_same_commitment = lambda rel, kept, answer: last.update(a=r.read_commitment(answer))\n"
+                     "rf = r.release_from_sum\n"
+                     "r.release_from_sum = lambda rel, body, st, signed, masked, manifest, **kw: "
+                     "rf(rel, body, st, *last.get('a', (signed, masked)), manifest, **kw)"),
 }
 
 
@@ -213,4 +234,4 @@ _BROKEN = {
 def test_attack_cli_exits_non_zero_when_the_attack_succeeds(name):
     r = _attack_cli(name, _BROKEN[name])
     assert r.returncode == 7, r.stdout + r.stderr  # EXIT_SECURITY
-    assert "RECOVERED" in r.stdout and "ATTACK SUCCEEDED" in r.stderr
+    assert ("STEERED" if name == "split-remask" else "RECOVERED") in r.stdout and "ATTACK SUCCEEDED" in r.stderr

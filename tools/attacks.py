@@ -71,6 +71,13 @@ split-cohort
     with the residual the colluders are left with); (4) one forged refusal,
     within the limit: released over 5, and attributed to the server from the
     two published verifier messages and the victim's own upload.
+split-remask
+    A malicious ``split`` server that would choose W: it asks for the key
+    holder's share before committing to the cohort's masked sum (refused: no
+    commitment kept); once it holds the share it answers ``enc(v*) - share``
+    for a target aggregate v* (classes 0 and 1 swapped) as a second commitment
+    (refused by name, W stays the plaintext solve's); it then stores that sum in
+    place of the one it gave, and ``audit release --kept`` names the server.
 secagg-rerun
     A ``secagg`` server that completed a round runs it again, same round number
     and fresh keys, after every hospital restarted, without the victim: two
@@ -95,6 +102,7 @@ from .attacks_curious import attack_plain_singleton, attack_plain_singleton_clas
     attack_differencing, attack_ckks_server, attack_secagg_server
 from .attacks_keyholder import attack_forward_ciphertext, attack_decryption_error, attack_noisy_upload
 from .attacks_split import attack_split_server, attack_split_keyholder, attack_split_subset, attack_split_cohort, \
+    attack_split_remask, \
     attack_secagg_rerun, split_service
 from .attacks_validity import SERVICE_BACKENDS, attack_steer_service, attack_veto_service
 
@@ -115,6 +123,7 @@ ATTACKS = {
     "split-keyholder": attack_split_keyholder,
     "split-subset": attack_split_subset,
     "split-cohort": attack_split_cohort,
+    "split-remask": attack_split_remask,
     "secagg-rerun": attack_secagg_rerun,
 }
 
@@ -145,7 +154,7 @@ def _cmd_attack(args) -> int:
     for n in names:
         kw = {"backends": tuple(args.backend)} if getattr(args, "backend", None) else {}
         r = run_attack(n, seed=args.seed, dp=args.dp, **kw)
-        if r["outcome"] in ("recovered", "leak") and not _demonstration(n, args.dp):
+        if r["outcome"] in ("recovered", "leak", "steered") and not _demonstration(n, args.dp):
             print(f"[{n}] ATTACK SUCCEEDED against a protection this project claims", file=sys.stderr)
             rc = EXIT_SECURITY
         if r.get("default_refused_by_name") is False:  # steering is a demonstration, but not on split's default

@@ -324,6 +324,106 @@ def attack_split_cohort(*, seed: int = 0, verbose: bool = True, work=None, roste
             "max_error": min(r.get("residual", float("inf")) for r in (forged, smallest))}
 
 
+# ---------------------------------------------------------------------------
+# split: a server that re-masks the sum once it holds the key holder's share
+# ---------------------------------------------------------------------------
+class _ShareConn:
+    """The key holder's connection as its share path uses it: ``POST .../split/share`` to the in-process server."""
+
+    def __init__(self, srv):
+        self.srv, self.session_id = srv, srv.config.session_id
+
+    def path(self, p: str) -> str:
+        return p
+
+    def request(self, method, path, body=b"", headers=None):
+        from secure_afl.protocol import H_TAG
+
+        return split_round.collect_request(self.srv, "keyholder:keyholder", body, (headers or {}).get(H_TAG))
+
+
+def _re_masked(params, masked_sum: bytes, share: bytes, contributors: int):
+    """What a server holding every masked upload and the share forms: ``enc(v*) - share`` for v* the cohort's
+    true statistics with classes 0 and 1 swapped. Returns (sealed forged sum, v* unpacked)."""
+    import dataclasses
+
+    from secure_afl import split
+
+    F, layout = _field(params), attack_layout()
+    share = F.from_bytes(share, split.main_words(params))
+    stats = layout.unpack(split.collect(params, masked_sum, share), gamma=params.gamma)
+    swap = [1, 0] + list(range(2, CLASSES))
+    target = dataclasses.replace(stats, cross=stats.cross[:, swap], class_counts=stats.class_counts[swap])
+    forged = F.sub(split.Circuit(params).lanes(layout.pack(target)), share)
+    return seal(params, "aggregate", F.to_bytes(forged), contributors=contributors), target
+
+
+def attack_split_remask(*, seed: int = 0, verbose: bool = True, work=None, **_) -> dict:
+    """A split server that would choose W: it asks for the key holder's share before it commits to the
+    cohort's masked sum, then, holding the share, answers ``enc(v*) - share`` for its target aggregate v*
+    (classes 0 and 1 swapped) as a second commitment, and finally stores that sum in place of the one it gave."""
+    import base64
+    import subprocess
+    import sys
+
+    from secure_afl import split
+    from secure_afl.analytic import solve_from_sums
+    from secure_afl.model_file import model_metadata, write_model
+
+    refusals = {}
+    with workdir(work) as d:
+        srv, kh, pki_dir, vectors = _split_service(d, seed=seed)
+        try:
+            sid, party = srv.config.session_id, "keyholder:keyholder"
+            params = kh.params(sid)
+            body, statement = kh.release_split(sid, _InProcessSource(srv), min_clients=2)
+            kh.keep_split_share(sid, body, statement)
+            try:  # (1) the share asked for before any commitment
+                kh.send_split_share(_ShareConn(srv))
+            except SecureAFLError as e:
+                refusals["share_before_commit"] = f"{type(e).__name__}({getattr(e, 'reason', '')}): {e}"
+            manifest = closing.released(srv)[1]
+            honest = split_round.commit(srv, party, statement)
+            share = kh.take_commitment(sid, manifest, honest)
+            split_round.collect(srv, party, share, statement)
+            # (2) holding the share: enc(v*) - share, signed by the server for the key holder's statement
+            forged, target = _re_masked(params, base64.b64decode(honest["aggregate"]), share,
+                                        len(statement["cohort"]))
+            second = {"masked_sum": split.sign_masked_sum(srv.key, params, statement, forged),
+                      "aggregate": base64.b64encode(forged).decode()}
+            try:
+                kh.take_commitment(sid, manifest, second)
+            except SecureAFLError as e:
+                refusals["second_sum"] = f"{type(e).__name__}: {e}"
+            res = kh.release_kept(sid)
+            # (3) the server's state then holds the re-masked sum in place of the one it gave
+            srv.store.set_meta("split_result", {**srv.store.get_meta("split_result"),
+                                                "masked_sum": second["masked_sum"],
+                                                "masked_sum_blob": srv.store.put_blob(forged)})
+        finally:
+            aggregator.shutdown(srv)
+        write_model(d / "model.safetensors", res.W, model_metadata(res.params, res.report, 0.0))
+        audit = subprocess.run([sys.executable, "-m", "secure_afl.cli", "audit", "release", "--state",
+                                str(d / "server" / sid), "--pki", str(pki_dir), "--model", str(d / "model.safetensors"),
+                                "--kept", str(kh.keys_dir / f"{sid}.split-commitment.json")],
+                               capture_output=True, text=True, timeout=300)
+    lines = audit.stdout.strip().splitlines()
+    named = lines[-1] if lines else audit.stderr.strip()[-200:]
+    W_plain = solve_from_sums(attack_layout().unpack(sum(v for v, _ in vectors.values()), gamma=GAMMA))
+    W_target = solve_from_sums(target)
+    rel = float(np.linalg.norm(res.W - W_plain) / np.linalg.norm(W_plain))
+    to_target = float(np.linalg.norm(res.W - W_target) / np.linalg.norm(W_target))
+    bound = float(res.report["w_error_bound"]["rel_bound"])
+    outcome = "steered" if to_target < 1e-3 else \
+        "refused" if rel <= bound and len(refusals) == 2 and named.startswith("AT FAULT: the server") else "leak"
+    say(verbose, f"[split-remask] {outcome.upper()}: share before the commitment: "
+                 f"{refusals.get('share_before_commit', 'SENT')}; enc(v*) - share as a second sum: "
+                 f"{refusals.get('second_sum', 'TAKEN')}; W off the plaintext solve by {rel:.3g} (bound {bound:.3g}), "
+                 f"off the server's target by {to_target:.3g}; the audit of the stored re-masked sum: {named}")
+    return {"attack": "split-remask", "outcome": outcome, "refusals": refusals, "w_rel_error": rel,
+            "w_rel_bound": bound, "w_to_target": to_target, "audit": named, "audit_rc": audit.returncode}
+
+
 def attack_secagg_rerun(*, seed: int = 0, verbose: bool = True, work=None, **_) -> dict:
     """A secagg server re-runs a completed round (same number, fresh keys) after the hospitals restarted."""
     from concurrent.futures import ThreadPoolExecutor
