@@ -10,6 +10,7 @@ before the key holder asks for it, or after the share has left (then holding the
 from __future__ import annotations
 
 import base64
+import dataclasses
 import hashlib
 import json
 import logging
@@ -223,7 +224,7 @@ def test_a_sum_re_masked_after_the_share_cannot_reach_the_model_and_the_audit_na
     stats = Layout(params.layout.dim, params.layout.n_classes).unpack(split.collect(params, kept.masked_sum, share),
                                                                       gamma=params.gamma)
     swap = [1, 0] + list(range(2, params.layout.n_classes))
-    target = type(stats)(stats.gram, stats.cross[:, swap], stats.n, stats.class_counts[swap], stats.gamma, 0.0)
+    target = dataclasses.replace(stats, cross=stats.cross[:, swap], class_counts=stats.class_counts[swap])
     v_star = params.layout.pack(target)
     enc = flp.encode_signed(fixedpoint.encode(v_star, tuple(params.backend_params["frac_bits"])).view(np.int64))
     forged = seal(params, "aggregate", flp.to_bytes(flp.sub(enc, share)), contributors=3)
