@@ -117,6 +117,30 @@ def test_the_snapped_statistics_are_within_the_stated_rounding_of_the_true_ones(
     assert np.array_equal(got[sl["counts"]], v[sl["counts"]]) and got[sl["n"]][0] == v[sl["n"]][0]
 
 
+def test_the_hospital_factors_its_statistics_on_one_blas_thread_whatever_the_process_allows(monkeypatch):
+    """A second BLAS thread adds CPU to the factor and no wall time; a many-core hospital would spin one per
+    core. Inside the factor BLAS runs on one thread although the process allows two."""
+    from threadpoolctl import threadpool_info, threadpool_limits
+
+    from secure_afl.split import gram_statement
+
+    def blas_threads():
+        return sorted({m["num_threads"] for m in threadpool_info() if m["user_api"] == "blas"})
+
+    seen = []
+    real_cholesky, real_gram = np.linalg.cholesky, gram_statement.exact_gram
+    monkeypatch.setattr(np.linalg, "cholesky", lambda a: (seen.append(blas_threads()), real_cholesky(a))[1])
+    monkeypatch.setattr(gram_statement, "exact_gram", lambda m: (seen.append(blas_threads()), real_gram(m))[1])
+    sess = _session(16, 4, 40, field="field128")
+    X, y = _embeddings(40, 16, 4, 3)
+    v = Layout(16, 4).pack(local_statistics(X, y, 4, gamma=GAMMA))
+    with threadpool_limits(2, user_api="blas"):
+        assert blas_threads() == [2]  # what the process allows outside the factor
+        assert _verdict(sess, *sess[1].circuit.prove("h1", v)) is None
+        assert blas_threads() == [2]
+    assert len(seen) >= 2 and all(s == [1] for s in seen), seen
+
+
 def test_the_honest_prover_refuses_indefinite_statistics():
     sess = _session(6, 3, 200, max_norm=2.0)
     X, y = _embeddings(3, 6, 3, 0)
