@@ -15,7 +15,8 @@ def test_bench_service_versus_runs_both_backends_and_counts_every_upload_once(tm
     # Assert: both runs, side by side; each upload accepted once and in the release; the share timed
     import json
 
-    out = capsys.readouterr().out
+    captured = capsys.readouterr()
+    out = captured.out
     runs = json.loads((tmp_path / "r.json").read_text())
     assert rc == 0 and [r["backend"] for r in runs] == ["plain", "split"]
     assert all(r["uploads_counted"] == {"accepted_records": 3, "hospitals": 3, "each_once": True} for r in runs)
@@ -25,6 +26,10 @@ def test_bench_service_versus_runs_both_backends_and_counts_every_upload_once(tm
     assert isinstance(runs[1]["phases"]["hospitals"]["processes_ended_after_release_s"], float)
     assert "processes ended" in out
     assert "split / plain" in out and "each survivor exactly once" in out
+    # nothing waits silently: each phase says so on stderr as it starts, in the order it runs
+    said = [line.partition(": ")[2] for line in captured.err.splitlines() if line.startswith("bench service (split)")]
+    starts = [line for line in said if line.endswith(" ...")]
+    assert starts[:3] == ["keys ...", "hospitals ...", "judging ..."] and "release ..." in starts, said
 
 
 def test_bench_upload_cost_splits_the_server_cpu_against_its_floor(tmp_path):

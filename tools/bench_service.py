@@ -53,6 +53,7 @@ import json
 import multiprocessing as mp
 import os
 import queue as queue_mod
+import sys
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -177,10 +178,11 @@ def run_service_bench(backend: str, hospitals: int, *, dim: int = 64, classes: i
                       stage_timeout_s: float = 60.0, hospital_timeout_s: float = 1800.0,
                       processes: int | None = None, compare_fetchers: bool = False,
                       max_connections: int | None = None, combine_workers: int = 0,
-                      split_section: dict | None = None) -> dict:
+                      split_section: dict | None = None, progress=None) -> dict:
     """The real service end to end; ``compare_fetchers`` also times the key holder's verify + re-sum over
     HTTPS again with one download at a time and with the default number in flight (no decryption).
-    ``split_section``: the session's signed ``[split]`` keys (field, gram_proof), for split only."""
+    ``split_section``: the session's signed ``[split]`` keys (field, gram_proof), for split only.
+    ``progress``: called with a line as each phase starts and every ``_PROGRESS_S`` of the hospitals' phase."""
     from secure_afl.analytic import solve_from_sums
     from secure_afl.clients.hospital import HospitalClient
     from secure_afl.keyholder import KeyHolder
@@ -198,8 +200,10 @@ def run_service_bench(backend: str, hospitals: int, *, dim: int = 64, classes: i
     work.mkdir(parents=True, exist_ok=True)
     pki_dir = work / "pki"
     phases: dict[str, dict] = {}
+    say = progress or (lambda line: None)
 
     t = time.perf_counter()
+    say(f"pki: a consortium of {K} hospitals")
     # every party reads the consortium from a CA-signed roster, as from its bundle (one file and one signature
     # check, not one enrolment file per hospital: 10 ms instead of 85 ms per hospital at K = 1000)
     make_pki(pki_dir, names, name="secure-afl bench consortium", roster=True)
@@ -237,6 +241,7 @@ def run_service_bench(backend: str, hospitals: int, *, dim: int = 64, classes: i
     meter = fleet = None
 
     def phase(name, fn):
+        say(f"{name} ...")
         peak_reset = meter.reset_peak()
         cpu0, t0 = meter.cpu_s(), time.perf_counter()
         out = fn()
@@ -247,6 +252,7 @@ def run_service_bench(backend: str, hospitals: int, *, dim: int = 64, classes: i
 
     try:
         t = time.perf_counter()
+        say("server: starting it and waiting for /v1/health")
         server.start()
         meter = ServerMeter(server.proc.pid)
         server.wait_ready(url, kh.party.ca_file, (kh.party.cert_file, kh.party.key_file), timeout=120)
@@ -271,12 +277,22 @@ def run_service_bench(backend: str, hospitals: int, *, dim: int = 64, classes: i
                                # the idle class runs hospitals on what the parties and any other job leave: at
                                # K = 1000, d = 512 a run beside other jobs passed a bound of 1 920 s
                                hospital_timeout_s + 120 + 2.0 * K)
+        audit_path = work / "server" / session_id / "audit.jsonl"
+
+        def hospitals_progress():
+            if not audit_path.exists():
+                return
+            done = (f"{len(_secagg_stages(audit_path))} secagg stages closed" if backend == "secagg" else
+                    f"{sum(_uploads_counted(audit_path).values())} of {survivors} uploads accepted")
+            say(f"hospitals: {time.time() - hospitals_t0:.0f} s, {done}"
+                + (f", {judging.uploads} judged by the key holder" if backend == "split" else ""))
+
         with Judging(kh, url, session_id, enabled=backend == "split") as judging:
             hospitals_t0 = time.time()
             # split: the release starts once the key holder's judging holds every expected upload, as a key holder
             # whose roster has all uploaded would start it, not when the benchmark's hospital processes exit
             phase("hospitals", lambda: fleet.run(until=(lambda: judging.uploads >= survivors)
-                                                 if backend == "split" else None))
+                                                 if backend == "split" else None, tick=hospitals_progress))
             if backend == "split":
                 phases["hospitals"]["keyholder_judged_while_open"] = judging.uploads
                 accepted = len(conn.status()["uploaded"])
@@ -317,6 +333,7 @@ def run_service_bench(backend: str, hospitals: int, *, dim: int = 64, classes: i
     counted = None if backend == "secagg" else _uploads_counted(work / "server" / session_id / "audit.jsonl")
 
     # W error against the plaintext solve of the same hospitals' statistics
+    say("W against the plaintext solve of the same hospitals' statistics ...")
     included = sorted(res.report["participants"]) if "participants" in res.report else \
         [n for i, n in enumerate(names) if i not in dropped]
     plain_sum = None  # one hospital's statistics at a time: O(L) memory
@@ -346,14 +363,21 @@ def run_service_bench(backend: str, hospitals: int, *, dim: int = 64, classes: i
     }
 
 
+def _audit_records(audit_path: Path):
+    """The server's audit records, in order; a line the server is still writing (no newline yet) is not one."""
+    with open(audit_path, "rb") as fh:
+        for line in fh:
+            if not line.endswith(b"\n"):
+                return
+            yield json.loads(line)
+
+
 def _uploads_counted(audit_path: Path) -> dict[str, int]:
     """Accepted upload records per hospital in the server's audit log (each survivor must appear once)."""
     counts: dict[str, int] = {}
-    with open(audit_path, "rb") as fh:
-        for line in fh:
-            rec = json.loads(line)
-            if rec["event"] == "upload" and rec["outcome"] == "accepted":
-                counts[rec["actor"]] = counts.get(rec["actor"], 0) + 1
+    for rec in _audit_records(audit_path):
+        if rec["event"] == "upload" and rec["outcome"] == "accepted":
+            counts[rec["actor"]] = counts.get(rec["actor"], 0) + 1
     return counts
 
 
@@ -364,12 +388,10 @@ def _judging_timeline(audit_path: Path, judged_at: dict, t0: float, released: fl
     from datetime import datetime
 
     arrived = {}
-    with open(audit_path, "rb") as fh:
-        for line in fh:
-            rec = json.loads(line)
-            if rec["event"] == "upload" and rec["outcome"] == "accepted":
-                arrived[rec["actor"].partition(":")[2] or rec["actor"]] = \
-                    datetime.fromisoformat(rec["time"].replace("Z", "+00:00")).timestamp() - t0
+    for rec in _audit_records(audit_path):
+        if rec["event"] == "upload" and rec["outcome"] == "accepted":
+            arrived[rec["actor"].partition(":")[2] or rec["actor"]] = \
+                datetime.fromisoformat(rec["time"].replace("Z", "+00:00")).timestamp() - t0
     if not arrived:
         return {}
     times = np.sort(np.array(list(arrived.values())))
@@ -398,18 +420,16 @@ def _secagg_stages(audit_path: Path) -> list[dict]:
     from datetime import datetime
 
     out, last = [], None
-    with open(audit_path, "rb") as fh:
-        for line in fh:
-            rec = json.loads(line)
-            if rec["event"] not in ("secagg_round_opened", "secagg_stage_closed"):
-                continue
-            t = datetime.fromisoformat(rec["time"].replace("Z", "+00:00")).timestamp()
-            d = rec.get("details") or {}
-            if rec["event"] == "secagg_stage_closed":
-                out.append({"round": d.get("round"), "stage": d.get("stage"), "seconds": t - last,
-                            "answered": d.get("answered"), "expected": d.get("expected"),
-                            "outcome": rec["outcome"]})
-            last = t
+    for rec in _audit_records(audit_path):
+        if rec["event"] not in ("secagg_round_opened", "secagg_stage_closed"):
+            continue
+        t = datetime.fromisoformat(rec["time"].replace("Z", "+00:00")).timestamp()
+        d = rec.get("details") or {}
+        if rec["event"] == "secagg_stage_closed":
+            out.append({"round": d.get("round"), "stage": d.get("stage"), "seconds": t - last,
+                        "answered": d.get("answered"), "expected": d.get("expected"),
+                        "outcome": rec["outcome"]})
+        last = t
     return out
 
 
@@ -445,6 +465,7 @@ class _HospitalFleet:
     d = 512 each held 6.5 GB and ended 5.5 s after the last upload). :meth:`finish` collects the rest."""
 
     _POLL_S = 0.25
+    _PROGRESS_S = 10.0
 
     def __init__(self, job: dict, slices: list, timeout_s: float):
         ctx = mp.get_context("spawn")
@@ -471,19 +492,22 @@ class _HospitalFleet:
         self.errors.update(part["errors"])
         self.busy_retries += part["busy_retries"]
 
-    def run(self, until=None) -> None:
+    def run(self, until=None, tick=None) -> None:
+        """Start the processes and :meth:`finish`; ``tick()`` every ``_PROGRESS_S`` (the benchmark's progress)."""
         for p in self._procs:
             p.start()
         self._deadline = time.monotonic() + self._timeout_s
+        self.finish(until, tick)
+
+    def finish(self, until=None, tick=None) -> None:
+        next_tick = time.monotonic() + self._PROGRESS_S
         while self._reported < len(self._procs):
-            self._collect(self._POLL_S if until else 5.0)
+            self._collect(self._POLL_S if until or tick else 5.0)
             if until is not None and until():
                 return
-        self.stop()
-
-    def finish(self) -> None:
-        while self._reported < len(self._procs):
-            self._collect(5.0)
+            if tick is not None and time.monotonic() >= next_tick:
+                tick()
+                next_tick = time.monotonic() + self._PROGRESS_S
         self.stop()
 
     def raise_errors(self) -> None:
@@ -619,7 +643,9 @@ def _run_one(args, backend: str) -> dict:
                               samples=args.samples, dropout=args.dropout, seed=args.seed, workdir=workdir,
                               stage_timeout_s=args.stage_timeout, processes=args.processes,
                               compare_fetchers=args.compare_fetchers, max_connections=args.max_connections,
-                              combine_workers=args.combine_workers, split_section=_split_section(args))
+                              combine_workers=args.combine_workers, split_section=_split_section(args),
+                              progress=lambda line: print(f"bench service ({backend}): {line}", file=sys.stderr,
+                                                          flush=True))
     finally:
         if not args.workdir:  # the temp dir goes, whatever happened
             shutil.rmtree(workdir, ignore_errors=True)

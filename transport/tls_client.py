@@ -42,7 +42,8 @@ from secure_afl import exceptions as E
 from secure_afl.exceptions import ServiceError
 from secure_afl.protocol import API, sign_request
 
-__all__ = ["BACKOFF_MAX_S", "KEEPALIVE_EXPIRY_S", "ServiceClient", "ServiceError", "check_server_url", "error_from_response", "retry_delay"]
+__all__ = ["BACKOFF_MAX_S", "KEEPALIVE_EXPIRY_S", "ServiceClient", "ServiceError", "check_server_url",
+           "error_from_response", "retry_delay"]
 
 log = logging.getLogger("secure_afl.transport")
 
